@@ -1,0 +1,45 @@
+"""tb_layergrad: the gradient of the loss w.r.t. each layer's output, in TensorBoard.
+
+Quick use inside a training loop:
+
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap:
+            loss = loss_fn(y, model(x))
+    grads = cap.gradients(tape, loss)          # {"my_model/dense": dL/d(output), ...}
+    optimizer.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
+    with writer.as_default(step=optimizer.iterations):
+        tb_layergrad.summary.gradients(grads)
+
+The heavy submodules (TensorFlow, Keras) load on first use, so that the
+TensorBoard plugin, which imports this package, starts without TensorFlow.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tb_layergrad.metadata import FORMAT_VERSION, PLUGIN_NAME
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "capture": ("tb_layergrad.layer_capture", "capture"),
+    "Capture": ("tb_layergrad.layer_capture", "Capture"),
+    "GradientMap": ("tb_layergrad.gradient_map", "GradientMap"),
+    "GradientLogger": ("tb_layergrad.callbacks.gradient_logger", "GradientLogger"),
+    "load": ("tb_layergrad.loading", "load"),
+}
+_SUBMODULES = ("summary", "reductions", "metadata")
+
+__all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tb_layergrad.{name}")
+    raise AttributeError(f"module 'tb_layergrad' has no attribute {name!r}")

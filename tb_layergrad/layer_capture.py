@@ -1,0 +1,239 @@
+"""`capture(model)`: record layer outputs during a forward pass, then differentiate.
+
+How it works: entering the context stores a wrapper as the *instance*
+attribute `call` of each chosen layer (set with `object.__setattr__`, which
+bypasses Keras' attribute tracking). `Layer.__call__` looks up `self.call`, so
+the wrapper is reached for Sequential, Functional, subclassed and nested models
+alike, and nothing depends on `layer.output`. The wrapper returns the layer's
+outputs untouched (no op is added to the forward pass) and, when it knows the
+tape, `tape.watch`es them. `gradients()` then makes ONE `tape.gradient` call
+for (trainable variables, recorded outputs): the weight gradients are the very
+ones a plain step would compute, bit for bit. Leaving the context deletes the
+instance attributes, which restores the class's `call`.
+
+Why pass `tape=`: TensorFlow offers no way to watch a tensor on "the active
+tape", and an output that nothing trainable feeds (a layer before the first
+weight) is only recorded if it is watched. Without `tape=`, such outputs may
+report no gradient; with it, every output is exact.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import tensorflow as tf
+
+from tb_layergrad import metadata
+from tb_layergrad.gradient_map import Entry, GradientMap
+from tb_layergrad.layer_tree import LayerNode, LayerTree
+
+LayerSpec = Union[None, str, Any, Sequence[Union[str, Any]]]
+
+
+class _Record:
+    __slots__ = ("node", "call", "sub", "tensor")
+
+    def __init__(self, node: LayerNode, call: int, sub: Optional[str], tensor: Any):
+        self.node, self.call, self.sub, self.tensor = node, call, sub, tensor
+
+    @property
+    def key(self) -> str:
+        key = self.node.path if self.call == 1 else f"{self.node.path}#{self.call}"
+        return key if self.sub is None else f"{key}[{self.sub}]"
+
+
+def _is_differentiable(t: Any) -> bool:
+    return isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_complex)
+
+
+def _flatten_output(out: Any) -> List[tuple]:
+    """[(sub-key or None, tensor)] for a layer's output structure."""
+    if isinstance(out, tf.Tensor):
+        return [(None, out)]
+    try:
+        flat = tf.nest.flatten_with_joined_string_paths(out)
+    except (TypeError, ValueError):
+        return []
+    return [(path, t) for path, t in flat if isinstance(t, tf.Tensor)]
+
+
+def _static_elements(t: Any) -> int:
+    n = t.shape.num_elements() if t.shape.rank is not None else None
+    return -1 if n is None else int(n)
+
+
+class Capture:
+    """Context manager returned by `capture()`; see the module docstring."""
+
+    def __init__(self, model: Any, layers: LayerSpec = None, weights: bool = False, tape: Any = None):
+        self.tree = LayerTree(model)
+        self.model = model
+        self.nodes = self.tree.select(layers)
+        self.weights = bool(weights)
+        self._tapes = [tape] if tape is not None else []
+        self._records: List[_Record] = []
+        self._calls: Dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._installed: List[tuple] = []
+        self._active = False
+        self._used_tapes: set = set()
+
+    # -- context ---------------------------------------------------------------
+    def __enter__(self) -> "Capture":
+        if self._active:
+            raise RuntimeError("this capture is already active; create a new one per forward pass")
+        self._records.clear()
+        self._calls.clear()
+        self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        self._used_tapes.clear()
+        for node in self.nodes:
+            self._install(node)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._restore()
+        self._active = False
+
+    def _install(self, node: LayerNode) -> None:
+        layer = node.layer
+        had_instance_call = "call" in layer.__dict__
+        previous = layer.__dict__.get("call")
+        original = layer.call
+
+        def call_and_record(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            self._record(node, out)
+            return out
+
+        call_and_record.__wrapped__ = original  # keeps inspect.signature() truthful
+        object.__setattr__(layer, "call", call_and_record)
+        self._installed.append((layer, had_instance_call, previous))
+
+    def _restore(self) -> None:
+        while self._installed:
+            layer, had_instance_call, previous = self._installed.pop()
+            if had_instance_call:
+                object.__setattr__(layer, "call", previous)
+            else:
+                layer.__dict__.pop("call", None)
+
+    def _belongs_to_this_pass(self, t: Any) -> bool:
+        """False for tensors of Keras' build-time scratch graphs (shape inference)."""
+        if self._graph is None:
+            return hasattr(t, "numpy") and tf.executing_eagerly()
+        return getattr(t, "graph", None) is self._graph
+
+    def _record(self, node: LayerNode, out: Any) -> None:
+        tensors = [(s, t) for s, t in _flatten_output(out) if self._belongs_to_this_pass(t)]
+        if not tensors:
+            return
+        with self._lock:
+            call = self._calls.get(node.index, 0) + 1
+            self._calls[node.index] = call
+            for sub, t in tensors:
+                self._records.append(_Record(node, call, sub, t))
+        for tape in self._tapes:
+            for _, t in tensors:
+                if _is_differentiable(t):
+                    tape.watch(t)
+
+    def watch_with(self, tape: Any) -> None:
+        """Also watch outputs on `tape` (for a tape created after `capture()`)."""
+        self._tapes.append(tape)
+
+    # -- differentiation -------------------------------------------------------
+    @property
+    def outputs(self) -> Dict[str, Any]:
+        """The recorded layer outputs of this context, by key, in model order."""
+        return {r.key: r.tensor for r in self._ordered_records()}
+
+    def _ordered_records(self) -> List[_Record]:
+        return sorted(self._records, key=lambda r: (r.node.index, r.call))
+
+    def gradients(self, tape: Any, target: Any, name: str = metadata.DEFAULT_TARGET) -> GradientMap:
+        """d target / d (each recorded output), and the weight gradients.
+
+        Args:
+          tape: the `tf.GradientTape` the forward pass ran under.
+          target: a scalar tensor: the loss, `tf.reduce_sum(model(x))`, one unit...
+          name: the target's name in the logs ("loss" by default).
+
+        Returns:
+          A GradientMap: path -> gradient (None where the target does not
+          depend on that output), weight paths too when `weights=True`, and
+          `.variable_gradients` aligned with `model.trainable_variables`.
+        """
+        target = tf.convert_to_tensor(target)
+        if target.shape.rank is None or target.shape.rank != 0:
+            raise ValueError(
+                f"target must be a scalar, got shape {target.shape}; reduce it first, e.g. "
+                "tf.reduce_sum(model(x)[:, 3]) for one output unit summed over the batch"
+            )
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ValueError(f"target name must be a non-empty string without '/', got {name!r}")
+        if not self._records:
+            raise RuntimeError(
+                f"no layer output was recorded: model {self.model.name!r} was not called inside "
+                "`with capture(...)` (or none of the chosen layers ran)"
+            )
+        persistent = getattr(tape, "_persistent", False)
+        if id(tape) in self._used_tapes and not persistent:
+            raise RuntimeError(
+                "gradients() was already called with this non-persistent tape; a non-persistent "
+                "GradientTape computes one set of gradients. Use tf.GradientTape(persistent=True) "
+                "for several targets."
+            )
+        records = self._ordered_records()
+        variables = list(self.model.trainable_variables)
+        differentiable = [r for r in records if _is_differentiable(r.tensor)]
+        try:
+            var_grads, out_grads = tape.gradient(target, (variables, [r.tensor for r in differentiable]))
+        except RuntimeError as e:
+            if "non-persistent" in str(e):
+                raise RuntimeError(
+                    "this GradientTape was already used to compute gradients; call cap.gradients(tape, ...) "
+                    "instead of tape.gradient(...) (its result carries .variable_gradients), or make the "
+                    "tape persistent"
+                ) from e
+            raise
+        self._used_tapes.add(id(tape))
+        grad_of = {id(r): g for r, g in zip(differentiable, out_grads)}
+        entries: Dict[str, Entry] = {}
+        for r in records:
+            g = grad_of.get(id(r))
+            entries[r.key] = Entry(g, metadata.SOURCE_OUTPUT, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name)
+        if self.weights:
+            entries.update(self._weight_entries(variables, var_grads))
+        return GradientMap(entries, name, var_grads)
+
+    def _weight_entries(self, variables: List[Any], grads: List[Any]) -> Dict[str, Entry]:
+        owners = self.tree.variable_paths()
+        chosen = {node.index for node in self.nodes}
+        chosen_layers = [node for node in self.nodes]
+        entries: Dict[str, Entry] = {}
+        for var, g in zip(variables, grads):
+            path, owner = owners.get(id(var), (getattr(var, "path", var.name), self.tree.root))
+            if owner.index not in chosen and not any(path.startswith(n.path + "/") for n in chosen_layers):
+                continue
+            entries[path] = Entry(g, metadata.SOURCE_WEIGHT, owner.index, _static_elements(var), var.dtype.name if hasattr(var.dtype, "name") else str(var.dtype))
+        return entries
+
+
+def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape: Any = None) -> Capture:
+    """Capture d target / d (layer output) for the chosen layers of `model`.
+
+    Example:
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, tape=tape) as cap:
+                loss = loss_fn(y, model(x))
+        grads = cap.gradients(tape, loss)
+        optimizer.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
+
+    Args:
+      model: any Keras model (Sequential, Functional, subclassed) or layer.
+      layers: None for every layer, or names / glob patterns / Layer objects.
+      weights: also return the gradients of the chosen layers' weights.
+      tape: the GradientTape to watch outputs on (recommended; see module doc).
+    """
+    return Capture(model, layers=layers, weights=weights, tape=tape)
