@@ -19,6 +19,7 @@ report no gradient; with it, every output is exact.
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -30,11 +31,19 @@ from tb_layergrad.layer_tree import LayerNode, LayerTree
 LayerSpec = Union[None, str, Any, Sequence[Union[str, Any]]]
 
 
-class _Record:
-    __slots__ = ("node", "call", "sub", "tensor")
+try:  # private, but the only way to ask "does any active tape record this tensor?"
+    from tensorflow.python.eager.record import should_record_backprop as _recorded
+except ImportError:  # pragma: no cover - a TF without it: assume recorded, never warn
+    def _recorded(tensors: Any) -> bool:
+        return True
 
-    def __init__(self, node: LayerNode, call: int, sub: Optional[str], tensor: Any):
+
+class _Record:
+    __slots__ = ("node", "call", "sub", "tensor", "recorded")
+
+    def __init__(self, node: LayerNode, call: int, sub: Optional[str], tensor: Any, recorded: bool = True):
         self.node, self.call, self.sub, self.tensor = node, call, sub, tensor
+        self.recorded = recorded
 
     @property
     def key(self) -> str:
@@ -46,15 +55,25 @@ def _is_differentiable(t: Any) -> bool:
     return isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_complex)
 
 
-def _flatten_output(out: Any) -> List[tuple]:
-    """[(sub-key or None, tensor)] for a layer's output structure."""
+def _flatten_output(out: Any, prefix: Optional[str] = None) -> List[tuple]:
+    """[(sub-key or None, tensor)] for a layer's output structure.
+
+    A single tensor has no sub-key; a tuple/list output is keyed by position
+    and a dict by key, nested levels joined: `0`, `1`, `state][0`, so that the
+    full key reads `path[0]`, `path[state][0]`.
+    """
     if isinstance(out, tf.Tensor):
-        return [(None, out)]
-    try:
-        flat = tf.nest.flatten_with_joined_string_paths(out)
-    except (TypeError, ValueError):
+        return [(prefix, out)]
+    if isinstance(out, dict):
+        items = [(str(k), v) for k, v in sorted(out.items(), key=lambda kv: str(kv[0]))]
+    elif isinstance(out, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(out)]
+    else:
         return []
-    return [(path, t) for path, t in flat if isinstance(t, tf.Tensor)]
+    flat: List[tuple] = []
+    for key, value in items:
+        flat.extend(_flatten_output(value, key if prefix is None else f"{prefix}][{key}"))
+    return flat
 
 
 def _static_elements(t: Any) -> int:
@@ -132,7 +151,8 @@ class Capture:
             call = self._calls.get(node.index, 0) + 1
             self._calls[node.index] = call
             for sub, t in tensors:
-                self._records.append(_Record(node, call, sub, t))
+                watched = bool(self._tapes) or not _is_differentiable(t) or bool(_recorded([t]))
+                self._records.append(_Record(node, call, sub, t, watched))
         for tape in self._tapes:
             for _, t in tensors:
                 if _is_differentiable(t):
@@ -199,6 +219,13 @@ class Capture:
             raise
         self._used_tapes.add(id(tape))
         grad_of = {id(r): g for r, g in zip(differentiable, out_grads)}
+        unsure = [r.key for r in differentiable if grad_of[id(r)] is None and not r.recorded]
+        if unsure:
+            warnings.warn(
+                f"no gradient for {', '.join(unsure)}: nothing trainable feeds these outputs, so no tape "
+                "recorded them. Pass the tape to capture(model, tape=tape) to watch them.",
+                stacklevel=2,
+            )
         entries: Dict[str, Entry] = {}
         for r in records:
             g = grad_of.get(id(r))

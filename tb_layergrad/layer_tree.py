@@ -42,6 +42,11 @@ def _is_rnn(layer: Any) -> bool:
     return any(cls.__name__ == "RNN" for cls in type(layer).__mro__) and is_layer(getattr(layer, "cell", None))
 
 
+def _is_input_layer(layer: Any) -> bool:
+    """Input placeholders are never called in a forward pass: nothing to capture."""
+    return type(layer).__name__ == "InputLayer"
+
+
 def direct_children(layer: Any) -> List[Any]:
     flatten = getattr(layer, "_flatten_layers", None)
     if flatten is not None:
@@ -93,9 +98,8 @@ class LayerTree:
         layer name, or a glob pattern over either. Layer objects match
         themselves. Anything unmatched is an error that lists what exists.
         """
-        capturable = [n for n in self.layers if not n.in_loop]
         if spec is None:
-            return capturable
+            return [n for n in self._candidates() if not n.in_loop]
         specs: Iterable[Any] = [spec] if isinstance(spec, str) or is_layer(spec) else list(spec)
         chosen: Dict[int, LayerNode] = {}
         for item in specs:
@@ -109,6 +113,9 @@ class LayerTree:
                 chosen[node.index] = node
         return [chosen[i] for i in sorted(chosen)]
 
+    def _candidates(self) -> List[LayerNode]:
+        return [n for n in self.layers if not _is_input_layer(n.layer)]
+
     def _match(self, item: Any) -> List[LayerNode]:
         if is_layer(item):
             node = self.node_of(item)
@@ -117,15 +124,16 @@ class LayerTree:
             return [node]
         if not isinstance(item, str):
             raise TypeError(f"layers must be names, glob patterns or Layer objects, got {type(item).__name__}")
-        exact = [n for n in self.layers if item in (n.path, n.name)]
+        candidates = self._candidates()
+        exact = [n for n in candidates if item in (n.path, n.name)]
         if exact:
             return exact
         if any(ch in item for ch in "*?["):
-            globbed = [n for n in self.layers if fnmatch.fnmatchcase(n.path, item) or fnmatch.fnmatchcase(n.name, item)]
+            globbed = [n for n in candidates if fnmatch.fnmatchcase(n.path, item) or fnmatch.fnmatchcase(n.name, item)]
             if globbed:
                 return globbed
-        names = [n.path for n in self.layers]
-        close = difflib.get_close_matches(item, names + [n.name for n in self.layers], n=5, cutoff=0.5)
+        names = [n.path for n in candidates]
+        close = difflib.get_close_matches(item, names + [n.name for n in candidates], n=5, cutoff=0.5)
         rest = [p for p in names if p not in close]
         listing = ", ".join(close + rest)
         raise ValueError(f"no layer matches {item!r} in model {self.model.name!r}. Layers: {listing}")

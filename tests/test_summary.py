@@ -1,0 +1,191 @@
+"""Summary ops write what TensorBoard's own readers give back, numbers included."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import model_zoo
+import tb_layergrad
+from tb_layergrad import metadata
+from tb_reading import read_all, values_at
+
+S = metadata.STAT_INDEX
+
+
+def numpy_stats(a: np.ndarray) -> dict:
+    a = np.asarray(a, np.float64).ravel()
+    fin = a[np.isfinite(a)]
+    return {
+        "elements": a.size,
+        "nan": np.isnan(a).sum(),
+        "pos_inf": np.isposinf(a).sum(),
+        "neg_inf": np.isneginf(a).sum(),
+        "zeros": (a == 0).sum(),
+        "min": fin.min() if fin.size else np.nan,
+        "max": fin.max() if fin.size else np.nan,
+        "mean": fin.mean() if fin.size else np.nan,
+        "std": fin.std() if fin.size else np.nan,
+        "norm": np.sqrt((fin**2).sum()),
+        "mean_abs": np.abs(fin).mean() if fin.size else np.nan,
+        "no_gradient": 0.0,
+    }
+
+
+def assert_stats(got: np.ndarray, a: np.ndarray, rtol=1e-5):
+    want = numpy_stats(a)
+    for name, value in want.items():
+        np.testing.assert_allclose(got[S[name]], value, rtol=rtol, atol=1e-6, equal_nan=True, err_msg=name)
+
+
+def assert_histogram(hist: np.ndarray, a: np.ndarray, buckets: int):
+    a = np.asarray(a, np.float64).ravel()
+    fin = a[np.isfinite(a)]
+    assert hist.shape == (buckets, 3)
+    assert hist[:, 2].sum() == fin.size
+    if fin.size:
+        assert hist[0, 0] == pytest.approx(fin.min(), rel=1e-6)
+        assert hist[-1, 1] == pytest.approx(fin.max(), rel=1e-6)
+        assert np.all(np.diff(hist[:, 0]) >= 0)
+        np.testing.assert_allclose(hist[:-1, 1], hist[1:, 0])
+        if fin.min() < fin.max():
+            edges = np.append(hist[:, 0], hist[-1, 1])
+            want, _ = np.histogram(fin, bins=edges)
+            assert np.abs(hist[:, 2] - want).sum() <= 2  # float32 vs float64 at bucket boundaries
+
+
+def write(logdir, fn, run="run"):
+    writer = tf.summary.create_file_writer(str(logdir / run))
+    with writer.as_default():
+        fn()
+    writer.close()
+
+
+def test_planted_nan_inf_stats_and_histogram(tmp_path):
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(64, 10)).astype(np.float32)
+    a[0, 0] = np.nan
+    a[1, 1] = np.inf
+    a[2, 2] = -np.inf
+    a[3, 3:6] = 0.0
+    a[5, 5] = np.nan
+    write(tmp_path, lambda: tb_layergrad.summary.gradient("model/dense", tf.constant(a), step=7, buckets=20))
+    recs = read_all(str(tmp_path))["run"]
+    hist = values_at(recs, "loss/output/model/dense/histogram", 7)
+    stats = values_at(recs, "loss/output/model/dense/stats", 7)
+    assert stats[S["nan"]] == 2 and stats[S["pos_inf"]] == 1 and stats[S["neg_inf"]] == 1
+    assert stats[S["zeros"]] == 3
+    assert_stats(stats, a)
+    assert_histogram(hist, a, 20)
+    info = recs["loss/output/model/dense/stats"][0]
+    assert (info.layer, info.kind, info.target, info.source, info.version) == ("model/dense", "stats", "loss", "output", metadata.FORMAT_VERSION)
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
+def test_float_dtypes(tmp_path, dtype):
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(300,)) * 3
+    t = tf.cast(tf.constant(a), dtype)
+    exact = tf.cast(t, tf.float64).numpy()  # the values as stored in that dtype
+    write(tmp_path, lambda: tb_layergrad.summary.gradient("g", t, step=1))
+    recs = read_all(str(tmp_path))["run"]
+    assert_stats(values_at(recs, "loss/output/g/stats", 1), exact, rtol=1e-4 if dtype != tf.float64 else 1e-10)
+    assert_histogram(values_at(recs, "loss/output/g/histogram", 1), exact, 30)
+    assert recs["loss/output/g/stats"][0].dtype == dtype.name
+
+
+def test_empty_single_value_integer_and_no_gradient(tmp_path):
+    def fn():
+        tb_layergrad.summary.gradient("empty", tf.zeros([0, 4]), step=0)
+        tb_layergrad.summary.gradient("single", tf.fill([5, 5], 0.25), step=0)
+        tb_layergrad.summary.gradient("ints", tf.constant([1, 2, 2, 3], tf.int32), step=0)
+        tb_layergrad.summary.gradient("none", None, step=0, elements=12)
+        tb_layergrad.summary.gradient("allnan", tf.constant([np.nan, np.inf]), step=0)
+
+    write(tmp_path, fn)
+    recs = read_all(str(tmp_path))["run"]
+    empty_h = values_at(recs, "loss/output/empty/histogram", 0)
+    assert empty_h.shape == (30, 3) and not empty_h.any()
+    assert values_at(recs, "loss/output/empty/stats", 0)[S["elements"]] == 0
+    single = values_at(recs, "loss/output/single/histogram", 0)
+    assert np.all(single[:, :2] == 0.25) and single[-1, 2] == 25 and single[:-1, 2].sum() == 0
+    assert_stats(values_at(recs, "loss/output/ints/stats", 0), np.array([1, 2, 2, 3]))
+    none = values_at(recs, "loss/output/none/stats", 0)
+    assert none[S["no_gradient"]] == 1 and none[S["elements"]] == 12 and np.isnan(none[S["mean"]])
+    assert not values_at(recs, "loss/output/none/histogram", 0).any()
+    allnan = values_at(recs, "loss/output/allnan/stats", 0)
+    assert allnan[S["nan"]] == 1 and allnan[S["pos_inf"]] == 1 and np.isnan(allnan[S["min"]])
+    assert values_at(recs, "loss/output/allnan/histogram", 0)[:, 2].sum() == 0
+
+
+def test_bounded_raw_tensor(tmp_path):
+    a = np.arange(6 * 50, dtype=np.float32).reshape(6, 5, 10)
+    write(tmp_path, lambda: tb_layergrad.summary.gradient("t", tf.constant(a), step=2, max_elements=120))
+    recs = read_all(str(tmp_path))["run"]
+    raw = values_at(recs, "loss/output/t/tensor", 2)
+    np.testing.assert_array_equal(raw, a.reshape(6, 50)[:2])  # whole rows while they fit
+    write(tmp_path, lambda: tb_layergrad.summary.gradient("wide", tf.constant(a), step=2, max_elements=20), run="wide")
+    wide = values_at(read_all(str(tmp_path))["wide"], "loss/output/wide/tensor", 2)
+    np.testing.assert_array_equal(wide, a.reshape(6, 50)[:1, ::3])  # one row, strided columns
+
+
+def test_gradients_writes_a_capture_result_in_graph_mode(tmp_path):
+    model, x, y, _ = model_zoo.seed_model()
+    writer = tf.summary.create_file_writer(str(tmp_path / "run"))
+    step_var = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, tape=tape, weights=True) as cap:
+                loss = model_zoo.mse(y, model(x))
+        grads = cap.gradients(tape, loss)
+        with writer.as_default(step=step_var):
+            tb_layergrad.summary.gradients(grads)
+        step_var.assign_add(1)
+        return grads
+
+    kept = [step(x, y) for _ in range(3)]
+    writer.close()
+    recs = read_all(str(tmp_path))["run"]
+    cell = model.minimalrnn.cell.name
+    for s, grads in enumerate(kept):
+        for path, g in grads.items():
+            source = "weight" if path in grads.weights else "output"
+            assert_stats(values_at(recs, f"loss/{source}/{path}/stats", s), g.numpy())
+    infos = {tag: info for tag, (info, _) in recs.items()}
+    assert infos["loss/output/my_model/minimalrnn/stats"].index < infos["loss/output/my_model/out/stats"].index
+    assert infos[f"loss/weight/my_model/minimalrnn/{cell}/kernel/histogram"].source == "weight"
+
+
+def test_record_if_false_writes_nothing(tmp_path):
+    def fn():
+        with tf.summary.record_if(False):
+            tb_layergrad.summary.gradient("g", tf.ones([3]), step=1)
+        tb_layergrad.summary.gradient("h", tf.ones([3]), step=1)
+
+    write(tmp_path, fn)
+    recs = read_all(str(tmp_path))["run"]
+    assert not any(tag.startswith("loss/output/g/") for tag in recs)
+    assert "loss/output/h/stats" in recs
+
+
+def test_step_is_required():
+    with pytest.raises(ValueError, match="no step given"):
+        tb_layergrad.summary.gradient("g", tf.ones([2]))
+
+
+def test_target_name_is_its_own_series(tmp_path):
+    write(tmp_path, lambda: (tb_layergrad.summary.gradients({"a": tf.ones([2])}, step=1, target="class_3"), None))
+    recs = read_all(str(tmp_path))["run"]
+    assert recs["class_3/output/a/stats"][0].target == "class_3"
+
+
+def test_reductions_compile_under_xla():
+    from tb_layergrad import reductions
+
+    a = tf.random.normal([1000])
+    eager = reductions.histogram_and_stats(a, 30)
+    xla = tf.function(lambda t: reductions.histogram_and_stats(t, 30), jit_compile=True)(a)
+    np.testing.assert_allclose(xla[0].numpy(), eager[0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(xla[1].numpy(), eager[1].numpy(), rtol=1e-5)
