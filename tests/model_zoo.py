@@ -12,32 +12,10 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
-
-class MinimalRNNCell(layers.Layer):
-    """The seed question's cell, updated for Keras 3 (a plain Layer with state_size)."""
-
-    def __init__(self, units, **kwargs):
-        super().__init__(**kwargs)
-        self.units = units
-        self.state_size = units
-
-    def build(self, input_shape):
-        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer="uniform", name="kernel")
-        self.recurrent_kernel = self.add_weight(shape=(self.units, self.units), initializer="uniform", name="recurrent_kernel")
-
-    def call(self, inputs, states):
-        output = inputs @ self.kernel + states[0] @ self.recurrent_kernel
-        return output, [output]
+from tb_layergrad.demo_models import MinimalRNNCell, MyModel  # noqa: F401
 
 
-class SeedModel(keras.Model):
-    def __init__(self, size):
-        super().__init__(name="my_model")
-        self.minimalrnn = layers.RNN(MinimalRNNCell(size), name="minimalrnn")
-        self.out = layers.Dense(4, name="out")
-
-    def call(self, inputs):
-        return self.out(self.minimalrnn(inputs))
+SeedModel = MyModel  # the seed question's model, shared with the demo
 
 
 def seed_data():
