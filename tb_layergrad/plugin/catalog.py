@@ -1,0 +1,161 @@
+"""Which series exist: runs, layers in model order, kinds, targets, sources.
+
+Built from `list_tensors` only (metadata, never tensor bodies), once per
+request: no cache, so a layer or run that appears during training shows up on
+the next request. Every "unknown name" 404 is decided here, before any tensor
+is read, so a made-up name never reaches `read_tensors`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from tensorboard import errors
+from tensorboard.data import provider as tb_provider
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin.responses import quote
+
+SeriesKey = Tuple[str, str, str, str]  # (layer, target, source, kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One stored time series (one tag of one run)."""
+
+    run: str
+    tag: str
+    info: metadata.SeriesInfo
+    max_step: Optional[int]
+    max_wall_time: Optional[float]
+
+
+def _layer_order(index: int, layer: str) -> Tuple[bool, int, str]:
+    """Model order: known index first (ascending), unknown (-1) last, then path."""
+    return (index < 0, index, layer)
+
+
+class RunCatalog:
+    """The series of one run, indexed for lookups and listed in model order."""
+
+    def __init__(self, run: str, series: Iterable[Series]) -> None:
+        self.run = run
+        self._by_key: Dict[SeriesKey, Series] = {}
+        self._layer_index: Dict[str, int] = {}
+        for s in series:
+            i = s.info
+            self._by_key[(i.layer, i.target, i.source, i.kind)] = s
+            known = self._layer_index.get(i.layer, -1)
+            if i.index >= 0 and (known < 0 or i.index < known):
+                self._layer_index[i.layer] = i.index
+            else:
+                self._layer_index.setdefault(i.layer, known)
+
+    @property
+    def series(self) -> List[Series]:
+        return list(self._by_key.values())
+
+    def layers(self) -> List[str]:
+        """Every layer path of the run, in model order."""
+        return sorted(self._layer_index, key=lambda layer: _layer_order(self._layer_index[layer], layer))
+
+    def layer_index(self, layer: str) -> int:
+        return self._layer_index.get(layer, -1)
+
+    def targets(self) -> List[str]:
+        return sorted({key[1] for key in self._by_key})
+
+    def sources(self) -> List[str]:
+        present = {key[2] for key in self._by_key}
+        return [s for s in metadata.SOURCES if s in present]
+
+    def of_layer(self, layer: str) -> List[Series]:
+        return [s for key, s in self._by_key.items() if key[0] == layer]
+
+    def with_kind(self, target: str, source: str, kind: str) -> List[Series]:
+        """Series of one kind for (target, source), in model order of their layers."""
+        found = [s for (layer, t, src, k), s in self._by_key.items() if (t, src, k) == (target, source, kind)]
+        return sorted(found, key=lambda s: _layer_order(self.layer_index(s.info.layer), s.info.layer))
+
+    def has_layer(self, layer: str) -> bool:
+        return layer in self._layer_index
+
+    def find(self, layer: str, target: str, source: str, kind: str) -> Optional[Series]:
+        return self._by_key.get((layer, target, source, kind))
+
+    def require(self, layer: str, target: str, source: str, kind: str) -> Series:
+        """The series, or a 404 saying which part of the name is unknown."""
+        found = self.find(layer, target, source, kind)
+        if found is not None:
+            return found
+        if not self.has_layer(layer):
+            raise errors.NotFoundError(f"layer {quote(layer)} not found in run {quote(self.run)}")
+        mine = self.of_layer(layer)
+        targets = sorted({s.info.target for s in mine})
+        if target not in targets:
+            raise errors.NotFoundError(
+                f"target {quote(target)} not found for layer {quote(layer)} in run {quote(self.run)}; it has {targets}"
+            )
+        sources = sorted({s.info.source for s in mine if s.info.target == target})
+        if source not in sources:
+            raise errors.NotFoundError(
+                f"no {source!r} gradients for layer {quote(layer)}, target {quote(target)} in run {quote(self.run)}"
+            )
+        raise errors.NotFoundError(
+            f"no {kind!r} records for layer {quote(layer)} (target {quote(target)}, source {source!r}) in run {quote(self.run)}"
+        )
+
+
+@dataclasses.dataclass
+class Catalog:
+    runs: Dict[str, RunCatalog]
+    warnings: List[str]
+
+    def run(self, name: str) -> RunCatalog:
+        found = self.runs.get(name)
+        if found is None:
+            raise errors.NotFoundError(f"run {quote(name)} not found (or it has no layergrad data)")
+        return found
+
+
+def load(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    runs: Optional[Iterable[str]] = None,
+) -> Catalog:
+    """List the plugin's series, optionally only of some runs (metadata only)."""
+    run_filter = None if runs is None else tb_provider.RunTagFilter(runs=sorted(set(runs)))
+    listing = data_provider.list_tensors(
+        ctx,
+        experiment_id=experiment_id,
+        plugin_name=metadata.PLUGIN_NAME,
+        run_tag_filter=run_filter,
+    )
+    catalogs: Dict[str, RunCatalog] = {}
+    warnings: List[str] = []
+    for run in sorted(listing):
+        series: List[Series] = []
+        newer = malformed = 0
+        for tag, ts in listing[run].items():
+            try:
+                info = metadata.parse_plugin_content(ts.plugin_content)
+            except metadata.UnsupportedFormatError:
+                newer += 1
+                continue
+            except (ValueError, TypeError):
+                malformed += 1
+                continue
+            max_step = None if ts.max_step is None else int(ts.max_step)
+            max_wall = None if ts.max_wall_time is None else float(ts.max_wall_time)
+            series.append(Series(run, tag, info, max_step, max_wall))
+        if newer:
+            warnings.append(
+                f"run {run!r}: {newer} series were written by a newer tb_layergrad "
+                f"(format version > {metadata.FORMAT_VERSION}) and are skipped; upgrade tb_layergrad"
+            )
+        if malformed:
+            warnings.append(f"run {run!r}: {malformed} series have unreadable metadata and are skipped")
+        if series:
+            catalogs[run] = RunCatalog(run, series)
+    return Catalog(catalogs, warnings)

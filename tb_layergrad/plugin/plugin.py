@@ -1,0 +1,56 @@
+"""The TBPlugin: its name, its tab, and the table of routes.
+
+Deliberately thin: the handlers are in `routes`, file serving in `static`.
+The plugin reads only through `context.data_provider` (the multiplexer is None
+under the default Rust loader), so the same code serves `--load_fast=true`,
+`false` and `auto`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+from tensorboard.plugins import base_plugin
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin.routes import Routes
+from tb_layergrad.plugin.static import Root, StaticFiles
+
+TAB_NAME = "Layer gradients"
+ES_MODULE_PATH = "/index.js"
+
+
+class LayerGradPlugin(base_plugin.TBPlugin):
+    """Serves the `layergrad` tab and its JSON API (docs/HTTP_API.md)."""
+
+    plugin_name = metadata.PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext, *, frontend_root: Optional[Root] = None) -> None:
+        """`frontend_root` overrides the folder of static files (tests)."""
+        self._routes = Routes(context.data_provider, StaticFiles(frontend_root))
+
+    def get_plugin_apps(self) -> Dict[str, Callable]:
+        r = self._routes
+        return {
+            ES_MODULE_PATH: r.static_file,
+            "/runs": r.runs,
+            "/matrix": r.matrix,
+            "/stats": r.stats,
+            "/histograms": r.histograms,
+            "/tensor": r.tensor,
+            "/timesteps": r.timesteps,
+            "/compare": r.compare,
+            "/csv": r.csv,
+            # Every other path below the plugin: a file of frontend/ (or a JSON 404).
+            "/*": r.static_file,
+        }
+
+    def is_active(self) -> bool:
+        # Only asked when no `layergrad` series exists (TensorBoard enables the
+        # tab by itself as soon as `list_plugins` reports data): nothing to show.
+        return False
+
+    def data_plugin_names(self):
+        return (metadata.PLUGIN_NAME,)
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path=ES_MODULE_PATH, tab_name=TAB_NAME)

@@ -1,0 +1,403 @@
+"""The JSON routes of docs/HTTP_API.md, one method each.
+
+Every handler follows the same three steps: validate the query (400), look the
+names up in the catalog built from `list_tensors` (404), then read only the
+tags it shows, filtered by run and tag. Nothing is cached between requests, so
+a run being written shows its new steps on the next call.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from tensorboard import errors, plugin_util
+from tensorboard.backend import http_util
+from tensorboard.data import provider as tb_provider
+from werkzeug import wrappers
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin import catalog, params, series
+from tb_layergrad.plugin.responses import (
+    count_list,
+    csv_number,
+    csv_response,
+    csv_text,
+    finite_or_none,
+    float_list,
+    float_matrix,
+    json_errors,
+    json_response,
+    quote,
+)
+from tb_layergrad.plugin.static import StaticFiles
+
+PLUGIN_PREFIX = f"/data/plugin/{metadata.PLUGIN_NAME}/"
+_UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def _column(values: np.ndarray, stat: str) -> list:
+    return count_list(values) if stat in series.COUNT_STATS else float_list(values)
+
+
+def _align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """`column` (at `points_steps`) placed on the `steps` axis; NaN where absent."""
+    row = np.full(steps.shape, np.nan, dtype=np.float64)
+    if steps.size and points_steps.size:
+        pos = np.searchsorted(steps, points_steps)
+        pos_clipped = np.minimum(pos, steps.size - 1)
+        hit = steps[pos_clipped] == points_steps
+        row[pos_clipped[hit]] = column[hit]
+    return row
+
+
+def _union_steps(all_steps: Sequence[np.ndarray], max_steps: Optional[int]) -> np.ndarray:
+    steps = np.unique(np.concatenate(all_steps)) if all_steps else np.zeros([0], np.int64)
+    steps = steps.astype(np.int64)
+    return steps[series.pick_evenly(steps.size, max_steps)]
+
+
+def _int_list(steps: np.ndarray) -> List[int]:
+    return [int(s) for s in steps]
+
+
+def _missing_series(rc: catalog.RunCatalog, target: str, source: str, kind: str) -> errors.NotFoundError:
+    """The 404 for a run with no series of `kind` for (target, source)."""
+    if target not in rc.targets():
+        return errors.NotFoundError(f"target {quote(target)} not found in run {quote(rc.run)}; it has {rc.targets()}")
+    return errors.NotFoundError(f"run {quote(rc.run)} has no {source!r} {kind} records for target {quote(target)}")
+
+
+@dataclasses.dataclass
+class LayerQuery:
+    """The validated query of a one-layer route and the series it names."""
+
+    head: dict  # echoed at the top of the response
+    series: Optional[catalog.Series] = None
+    step: Optional[int] = None
+    start: Optional[int] = None
+    end: Optional[int] = None
+    max_steps: Optional[int] = None
+
+
+class Routes:
+    """Handlers bound to one data provider; each is a WSGI app (see `json_errors`)."""
+
+    def __init__(self, data_provider: tb_provider.DataProvider, static: StaticFiles) -> None:
+        self._provider = data_provider
+        self._static = static
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _where(self, request: wrappers.Request) -> Tuple[object, str]:
+        return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+
+    def _run_catalog(self, request: wrappers.Request, run: str) -> catalog.RunCatalog:
+        ctx, eid = self._where(request)
+        return catalog.load(self._provider, ctx, eid, runs=[run]).run(run)
+
+    def _points(
+        self, request: wrappers.Request, s: catalog.Series, start: Optional[int], end: Optional[int]
+    ) -> series.Points:
+        ctx, eid = self._where(request)
+        data = series.read(self._provider, ctx, eid, s.run, [s.tag])
+        return series.select(data.get(s.tag, ()), start, end)
+
+    def _layer_query(self, request: wrappers.Request, kind: str) -> "LayerQuery":
+        """Validate every parameter of a one-layer route (400), then find its series (404).
+
+        All parameters are checked before any lookup, so a malformed value is a
+        400 even when the names are unknown too.
+        """
+        args = request.args
+        run = params.required_name(args, "run")
+        layer = params.required_name(args, "layer")
+        target = params.target(args)
+        if kind == metadata.KIND_TIMESTEPS:  # only ever written for layer outputs
+            source, head = metadata.SOURCE_OUTPUT, {"run": run, "layer": layer, "target": target}
+        else:
+            source = params.source(args)
+            head = {"run": run, "layer": layer, "target": target, "source": source}
+        q = LayerQuery(head=head)
+        if kind == metadata.KIND_TENSOR:
+            q.step = params.step(args)
+        else:
+            q.start, q.end = params.step_range(args)
+            q.max_steps = params.max_steps(args)
+        q.series = self._run_catalog(request, run).require(layer, target, source, kind)
+        return q
+
+    # -- routes ----------------------------------------------------------------
+
+    @json_errors
+    def runs(self, request: wrappers.Request) -> wrappers.Response:
+        run = params.optional_name(request.args, "run", None)
+        ctx, eid = self._where(request)
+        cat = catalog.load(self._provider, ctx, eid, runs=None if run is None else [run])
+        if run is not None:
+            cat.run(run)  # 404 if unknown
+        return json_response(
+            request,
+            {
+                "format_version": metadata.FORMAT_VERSION,
+                "stats": list(series.ALL_STATS),
+                "default_stat": series.DEFAULT_STAT,
+                "runs": [self._describe_run(rc) for rc in cat.runs.values()],
+                "warnings": cat.warnings,
+            },
+        )
+
+    @staticmethod
+    def _describe_run(rc: catalog.RunCatalog) -> dict:
+        all_series = rc.series
+        max_steps = [s.max_step for s in all_series if s.max_step is not None]
+        max_walls = [s.max_wall_time for s in all_series if s.max_wall_time is not None]
+        layers = []
+        for layer in rc.layers():
+            mine = rc.of_layer(layer)
+            groups: Dict[Tuple[str, str], List[catalog.Series]] = {}
+            for s in mine:
+                groups.setdefault((s.info.target, s.info.source), []).append(s)
+            detail = []
+            for (target, source) in sorted(groups, key=lambda ts: (ts[0], metadata.SOURCES.index(ts[1]))):
+                group = groups[(target, source)]
+                kinds = {s.info.kind for s in group}
+                steps = [s.max_step for s in group if s.max_step is not None]
+                walls = [s.max_wall_time for s in group if s.max_wall_time is not None]
+                detail.append(
+                    {
+                        "target": target,
+                        "source": source,
+                        "kinds": [k for k in metadata.KINDS if k in kinds],
+                        "max_step": max(steps) if steps else None,
+                        "max_wall_time": finite_or_none(max(walls)) if walls else None,
+                    }
+                )
+            kinds = {s.info.kind for s in mine}
+            dtypes = [s.info.dtype for s in mine if s.info.dtype]
+            layers.append(
+                {
+                    "layer": layer,
+                    "index": rc.layer_index(layer),
+                    "dtype": dtypes[0] if dtypes else "",
+                    "histograms": metadata.KIND_HISTOGRAM in kinds,
+                    "stats": metadata.KIND_STATS in kinds,
+                    "tensors": metadata.KIND_TENSOR in kinds,
+                    "timesteps": metadata.KIND_TIMESTEPS in kinds,
+                    "targets": sorted({s.info.target for s in mine}),
+                    "sources": [src for src in metadata.SOURCES if any(s.info.source == src for s in mine)],
+                    "series": detail,
+                }
+            )
+        return {
+            "run": rc.run,
+            "max_step": max(max_steps) if max_steps else None,
+            "max_wall_time": finite_or_none(max(max_walls)) if max_walls else None,
+            "targets": rc.targets(),
+            "sources": rc.sources(),
+            "layers": layers,
+        }
+
+    @json_errors
+    def matrix(self, request: wrappers.Request) -> wrappers.Response:
+        args = request.args
+        run = params.required_name(args, "run")
+        stat = params.stat(args)
+        target = params.target(args)
+        source = params.source(args)
+        start, end = params.step_range(args)
+        max_steps = params.max_steps(args)
+        rc = self._run_catalog(request, run)
+        stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
+        if not stats_series:
+            raise _missing_series(rc, target, source, "stats")
+        ctx, eid = self._where(request)
+        data = series.read(self._provider, ctx, eid, run, [s.tag for s in stats_series])
+        columns = []
+        for s in stats_series:
+            points = series.select(data.get(s.tag, ()), start, end)
+            columns.append((points.steps, series.stat_column(series.stats_table(points.values), stat)))
+        steps = _union_steps([c[0] for c in columns], max_steps)
+        return json_response(
+            request,
+            {
+                "run": run,
+                "target": target,
+                "source": source,
+                "stat": stat,
+                "layers": [s.info.layer for s in stats_series],
+                "steps": _int_list(steps),
+                "values": [_column(_align(pts, col, steps), stat) for pts, col in columns],
+            },
+        )
+
+    @json_errors
+    def stats(self, request: wrappers.Request) -> wrappers.Response:
+        q = self._layer_query(request, metadata.KIND_STATS)
+        s = q.series
+        points = series.thin(self._points(request, s, q.start, q.end), q.max_steps)
+        table = series.stats_table(points.values)
+        return json_response(
+            request,
+            {
+                **q.head,
+                "index": s.info.index,
+                "dtype": s.info.dtype,
+                "steps": _int_list(points.steps),
+                "wall_times": float_list(points.wall_times),
+                "stats": {name: _column(series.stat_column(table, name), name) for name in series.ALL_STATS},
+            },
+        )
+
+    @json_errors
+    def histograms(self, request: wrappers.Request) -> wrappers.Response:
+        q = self._layer_query(request, metadata.KIND_HISTOGRAM)
+        points = series.thin(self._points(request, q.series, q.start, q.end), q.max_steps)
+        hists = []
+        for value in points.values:
+            arr = np.asarray(value, dtype=np.float64)
+            hists.append(float_matrix(arr.reshape(-1, 3)) if arr.size % 3 == 0 and arr.size else [])
+        return json_response(
+            request,
+            {
+                **q.head,
+                "steps": _int_list(points.steps),
+                "wall_times": float_list(points.wall_times),
+                "histograms": hists,
+            },
+        )
+
+    @json_errors
+    def tensor(self, request: wrappers.Request) -> wrappers.Response:
+        q = self._layer_query(request, metadata.KIND_TENSOR)
+        s, step = q.series, q.step
+        points = self._points(request, s, None, None)
+        if not len(points):
+            raise errors.NotFoundError(f"no tensor records for layer {quote(s.info.layer)} yet")
+        if step is None:
+            i = len(points) - 1
+        else:
+            i = int(np.searchsorted(points.steps, step))
+            if i >= len(points) or int(points.steps[i]) != step:
+                raise errors.NotFoundError(f"no tensor record at step {step} for layer {quote(s.info.layer)}")
+        arr = np.asarray(points.values[i], dtype=np.float64)
+        if arr.ndim != 2:
+            arr = arr.reshape(1, -1) if arr.ndim < 2 else arr.reshape(arr.shape[0], -1)
+        finite = np.isfinite(arr)
+        nonfinite = [
+            [int(r), int(c), "nan" if np.isnan(arr[r, c]) else ("+inf" if arr[r, c] > 0 else "-inf")]
+            for r, c in np.argwhere(~finite)
+        ]
+        return json_response(
+            request,
+            {
+                **q.head,
+                "step": int(points.steps[i]),
+                "wall_time": finite_or_none(points.wall_times[i]),
+                "shape": [int(d) for d in arr.shape],
+                "values": float_matrix(arr),
+                "nonfinite": nonfinite,
+                "min": float(arr[finite].min()) if finite.any() else None,
+                "max": float(arr[finite].max()) if finite.any() else None,
+                "steps": _int_list(points.steps),
+            },
+        )
+
+    @json_errors
+    def timesteps(self, request: wrappers.Request) -> wrappers.Response:
+        q = self._layer_query(request, metadata.KIND_TIMESTEPS)
+        points = series.thin(self._points(request, q.series, q.start, q.end), q.max_steps)
+        return json_response(
+            request,
+            {
+                **q.head,
+                "steps": _int_list(points.steps),
+                "wall_times": float_list(points.wall_times),
+                "norms": [float_list(np.asarray(v, dtype=np.float64).reshape(-1)) for v in points.values],
+            },
+        )
+
+    @json_errors
+    def compare(self, request: wrappers.Request) -> wrappers.Response:
+        args = request.args
+        names = params.runs(args)
+        layer = params.required_name(args, "layer")
+        stat = params.stat(args)
+        target = params.target(args)
+        source = params.source(args)
+        start, end = params.step_range(args)
+        max_steps = params.max_steps(args)
+        ctx, eid = self._where(request)
+        cat = catalog.load(self._provider, ctx, eid, runs=names)
+        found: Dict[str, catalog.Series] = {}
+        for name in names:
+            s = cat.run(name).find(layer, target, source, metadata.KIND_STATS)
+            if s is not None:
+                found[name] = s
+        if not found:
+            raise errors.NotFoundError(
+                f"no {source!r} stats for layer {quote(layer)}, target {quote(target)} in any of the runs"
+            )
+        columns: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+        for name, s in found.items():
+            data = series.read(self._provider, ctx, eid, name, [s.tag])
+            points = series.select(data.get(s.tag, ()), start, end)
+            columns[name] = (points.steps, series.stat_column(series.stats_table(points.values), stat))
+        steps = _union_steps([c[0] for c in columns.values()], max_steps)
+        empty = np.zeros([0], np.int64)
+        values = []
+        for name in names:
+            pts, col = columns.get(name, (empty, np.zeros([0])))
+            values.append(_column(_align(pts, col, steps), stat))
+        return json_response(
+            request,
+            {
+                "layer": layer,
+                "target": target,
+                "source": source,
+                "stat": stat,
+                "runs": names,
+                "steps": _int_list(steps),
+                "values": values,
+                "missing": [n for n in names if n not in found],
+            },
+        )
+
+    @json_errors
+    def csv(self, request: wrappers.Request) -> wrappers.Response:
+        args = request.args
+        run = params.required_name(args, "run")
+        layer = params.optional_name(args, "layer", None)
+        target = params.target(args)
+        source = params.source(args)
+        start, end = params.step_range(args)
+        rc = self._run_catalog(request, run)
+        if layer is not None:
+            chosen = [rc.require(layer, target, source, metadata.KIND_STATS)]
+        else:
+            chosen = rc.with_kind(target, source, metadata.KIND_STATS)
+            if not chosen:
+                raise _missing_series(rc, target, source, "stats")
+        ctx, eid = self._where(request)
+        data = series.read(self._provider, ctx, eid, run, [s.tag for s in chosen])
+        rows = []
+        for s in chosen:
+            points = series.select(data.get(s.tag, ()), start, end)
+            table = series.stats_table(points.values)
+            for step, wall, record in zip(points.steps, points.wall_times, table):
+                rows.append(
+                    [run, target, source, s.info.layer, str(rc.layer_index(s.info.layer)), str(int(step)), csv_number(wall)]
+                    + [csv_number(v, name in series.COUNT_STATS) for name, v in zip(series.STORED_STATS, record)]
+                )
+        header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
+        filename = "layergrad-" + (_UNSAFE_FILENAME.sub("_", run).strip("._") or "run") + ".csv"
+        return csv_response(request, csv_text(header, rows), filename)
+
+    @json_errors
+    def static_file(self, request: wrappers.Request) -> wrappers.Response:
+        path = request.path
+        if not path.startswith(PLUGIN_PREFIX):
+            raise errors.NotFoundError("no such file in the layergrad frontend")
+        content, content_type = self._static.read(path[len(PLUGIN_PREFIX) :])
+        return http_util.Respond(request, content, content_type)

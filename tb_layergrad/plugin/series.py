@@ -1,0 +1,139 @@
+"""Reading tensor series of one run, selecting steps, and the statistics table.
+
+Reads are always filtered by run AND tag (`RunTagFilter`): the Rust data
+server caps a gRPC answer at 256 MiB and the Python one would copy every
+tensor of the logdir, so a route never asks for more than it shows.
+
+Step selection happens here, after the read, because the data provider has no
+step filter: `downsample` picks a *random* subset, which could drop exactly the
+step with the NaN. We read everything the server kept (the loader makes it keep
+everything) and thin deterministically when a client asks for `max_steps`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+from tensorboard.data import provider as tb_provider
+
+from tb_layergrad import metadata
+
+# `downsample` for "every stored point"; both data providers return min(n, this).
+READ_ALL = 2**31 - 1
+
+STORED_STATS = metadata.STAT_FIELDS
+DERIVED_STATS = ("nonfinite", "nonfinite_frac", "zero_frac", "rms")
+ALL_STATS = STORED_STATS + DERIVED_STATS
+# Sent as JSON integers.
+COUNT_STATS = frozenset({"elements", "nan", "pos_inf", "neg_inf", "zeros", "no_gradient", "nonfinite"})
+DEFAULT_STAT = "norm"
+
+
+@dataclasses.dataclass
+class Points:
+    """One series after step selection: ascending unique steps, one value each."""
+
+    steps: np.ndarray  # int64 [n]
+    wall_times: np.ndarray  # float64 [n]
+    values: List[np.ndarray]  # n tensors
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+
+EMPTY = Points(np.zeros([0], np.int64), np.zeros([0], np.float64), [])
+
+
+def read(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    run: str,
+    tags: Iterable[str],
+) -> Dict[str, Sequence[tb_provider.TensorDatum]]:
+    """`{tag: [TensorDatum...]}` for the given tags of one run (missing tags absent)."""
+    tags = sorted(set(tags))
+    if not tags:
+        return {}
+    result = data_provider.read_tensors(
+        ctx,
+        experiment_id=experiment_id,
+        plugin_name=metadata.PLUGIN_NAME,
+        downsample=READ_ALL,
+        run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
+    )
+    return result.get(run, {})
+
+
+def select(data: Sequence[tb_provider.TensorDatum], start: Optional[int] = None, end: Optional[int] = None) -> Points:
+    """Sort by step, keep the last record of a repeated step, keep [start, end]."""
+    by_step: Dict[int, tb_provider.TensorDatum] = {}
+    for datum in data:
+        step = int(datum.step)
+        if (start is None or step >= start) and (end is None or step <= end):
+            by_step[step] = datum  # later records win (a restarted run rewrites steps)
+    if not by_step:
+        return EMPTY
+    steps = sorted(by_step)
+    return Points(
+        steps=np.asarray(steps, dtype=np.int64),
+        wall_times=np.asarray([by_step[s].wall_time for s in steps], dtype=np.float64),
+        values=[np.asarray(by_step[s].numpy) for s in steps],
+    )
+
+
+def pick_evenly(n: int, k: Optional[int]) -> np.ndarray:
+    """Indices of at most k of n items, evenly spread, first and last kept (k=1: the last)."""
+    if k is None or k >= n:
+        return np.arange(n)
+    if k == 1:
+        return np.asarray([n - 1])
+    # With k <= n the spacing is >= 1, so the rounded positions are distinct.
+    return np.round(np.linspace(0, n - 1, k)).astype(np.int64)
+
+
+def thin(points: Points, max_steps: Optional[int]) -> Points:
+    if max_steps is None or len(points) <= max_steps:
+        return points
+    keep = pick_evenly(len(points), max_steps)
+    return Points(points.steps[keep], points.wall_times[keep], [points.values[i] for i in keep])
+
+
+def stats_table(values: Sequence[np.ndarray]) -> np.ndarray:
+    """Stats records as float64 [n, len(STAT_FIELDS)].
+
+    A record of another length (a malformed file) is cut or padded with NaN
+    rather than failing the whole route.
+    """
+    width = len(STORED_STATS)
+    table = np.full([len(values), width], np.nan, dtype=np.float64)
+    for i, value in enumerate(values):
+        flat = np.asarray(value, dtype=np.float64).reshape(-1)[:width]
+        table[i, : flat.shape[0]] = flat
+    return table
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def stat_column(table: np.ndarray, name: str) -> np.ndarray:
+    """One statistic (stored or derived) for every row of a stats table."""
+    col = {field: table[:, i] for i, field in enumerate(STORED_STATS)}
+    if name in col:
+        return col[name]
+    nonfinite = col["nan"] + col["pos_inf"] + col["neg_inf"]
+    if name == "nonfinite":
+        return nonfinite
+    if name == "nonfinite_frac":
+        return _ratio(nonfinite, col["elements"])
+    if name == "zero_frac":
+        return _ratio(col["zeros"], col["elements"])
+    if name == "rms":
+        finite = col["elements"] - nonfinite
+        with np.errstate(invalid="ignore"):
+            rms = _ratio(col["norm"], np.sqrt(np.maximum(finite, 0.0)))
+        return np.where(col["no_gradient"] > 0, np.nan, rms)
+    raise KeyError(name)

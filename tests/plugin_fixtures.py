@@ -1,0 +1,393 @@
+"""Test logdirs for the plugin tests, written with the real summary ops, and helpers.
+
+`write_small_logdir` returns, next to the logdir, exactly what was written (the
+input arrays and the histogram/stats tensors the reductions produced), so the
+tests can compare every route's numbers with it and recompute them with numpy.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from typing import Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import pytest
+
+from tb_layergrad import metadata
+
+# (run, target, source, layer) -> {step: input array}
+Key = Tuple[str, str, str, str]
+
+# Layers of the small logdir: (layer path, model index, source).
+LAYERS = [
+    ("model/embedding", 0, metadata.SOURCE_OUTPUT),
+    ("model/dense", 1, metadata.SOURCE_OUTPUT),
+    ("model/dense/kernel", 1, metadata.SOURCE_WEIGHT),
+    ("model/rnn", 2, metadata.SOURCE_OUTPUT),
+    ("extra/no_index", -1, metadata.SOURCE_OUTPUT),
+]
+UNUSED_LAYER = ("model/unused", 3)  # written with data=None (no gradient)
+NAN_STEP = 5  # "model/dense" at this step holds NaN, +Inf and -Inf
+TENSOR_LAYER = "model/dense"
+TENSOR_MAX_ELEMENTS = 64
+RNN_LAYER = "model/rnn"
+AUX_TARGET = "aux"
+TRAIN_STEPS = list(range(10))
+EVAL_STEPS = list(range(0, 20, 2))  # overlaps train on even steps, extends past it
+BUCKETS = 6
+
+
+def layer_data(run: str, target: str, layer: str, step: int) -> np.ndarray:
+    """The deterministic float32 'gradient' written for one (run, target, layer, step)."""
+    seed = zlib.crc32(f"{run}|{target}|{layer}|{step}".encode())
+    rng = np.random.default_rng(seed)
+    shape = (4, 3, 5) if layer == TENSOR_LAYER else (6, 7)
+    x = rng.normal(scale=1.0 + step, size=shape).astype(np.float32)
+    x.reshape(-1)[3] = 0.0  # a zero to count
+    if layer == TENSOR_LAYER and step == NAN_STEP and target == metadata.DEFAULT_TARGET and run == "train":
+        flat = x.reshape(-1)
+        flat[0] = np.nan
+        flat[7] = np.inf
+        flat[8] = -np.inf
+        flat[20] = np.nan
+    return x
+
+
+def timestep_norms(run: str, step: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 + step + (0 if run == "train" else 500))
+    norms = rng.uniform(0.0, 2.0, size=7)
+    if step == NAN_STEP:
+        norms[2] = np.nan
+    return norms
+
+
+@dataclasses.dataclass
+class Written:
+    """What the small logdir holds, keyed like the routes ask for it."""
+
+    logdir: str
+    inputs: Dict[Key, Dict[int, np.ndarray]]
+    hist: Dict[Key, Dict[int, np.ndarray]]
+    stats: Dict[Key, Dict[int, np.ndarray]]
+    timesteps: Dict[Tuple[str, str], Dict[int, np.ndarray]]  # (run, layer) -> {step: norms}
+    indices: Dict[str, int]
+
+
+def write_small_logdir(logdir: str) -> Written:
+    """Two runs, two targets, weight and output sources, raw tensors, timesteps, NaN/Inf."""
+    import tensorflow as tf
+
+    from tb_layergrad import reductions, summary
+
+    w = Written(logdir, {}, {}, {}, {}, {layer: i for layer, i, _ in LAYERS})
+    w.indices[UNUSED_LAYER[0]] = UNUSED_LAYER[1]
+
+    def put(table, key, step, value):
+        table.setdefault(key, {})[step] = np.asarray(value)
+
+    for run, steps in (("train", TRAIN_STEPS), ("eval", EVAL_STEPS)):
+        writer = tf.summary.create_file_writer(os.path.join(logdir, run))
+        with writer.as_default():
+            for step in steps:
+                for layer, index, source in LAYERS:
+                    targets = [metadata.DEFAULT_TARGET]
+                    if run == "train" and layer == TENSOR_LAYER:
+                        targets.append(AUX_TARGET)
+                    for target in targets:
+                        x = layer_data(run, target, layer, step)
+                        summary.gradient(
+                            layer,
+                            tf.constant(x),
+                            step=step,
+                            buckets=BUCKETS,
+                            target=target,
+                            source=source,
+                            layer_index=index,
+                            max_elements=TENSOR_MAX_ELEMENTS if layer == TENSOR_LAYER else 0,
+                        )
+                        key = (run, target, source, layer)
+                        h, s = reductions.histogram_and_stats(tf.constant(x), BUCKETS)
+                        put(w.inputs, key, step, x)
+                        put(w.hist, key, step, h.numpy())
+                        put(w.stats, key, step, s.numpy())
+                if run == "train":
+                    summary.gradient(
+                        UNUSED_LAYER[0], None, step=step, buckets=BUCKETS, layer_index=UNUSED_LAYER[1], elements=10
+                    )
+                    h, s = reductions.no_gradient_records(10, BUCKETS)
+                    key = (run, metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, UNUSED_LAYER[0])
+                    put(w.hist, key, step, h.numpy())
+                    put(w.stats, key, step, s.numpy())
+                norms = timestep_norms(run, step)
+                summary.timesteps(RNN_LAYER, tf.constant(norms), step=step, layer_index=w.indices[RNN_LAYER])
+                put(w.timesteps, (run, RNN_LAYER), step, norms)
+        writer.close()
+    return w
+
+
+BIG_STEPS = 1000
+BIG_LAYERS = ("net/first", "net/second")
+BIG_NAN_STEP = 777
+
+
+def write_big_logdir(logdir: str, steps: int = BIG_STEPS) -> None:
+    """One run, two layers, `steps` steps; layer 0 has a NaN at BIG_NAN_STEP. Fast: one tf.function."""
+    import tensorflow as tf
+
+    from tb_layergrad import summary
+
+    writer = tf.summary.create_file_writer(os.path.join(logdir, "long"), max_queue=1000, flush_millis=60_000)
+
+    @tf.function
+    def write_all() -> None:
+        with writer.as_default():
+            for step in tf.range(steps, dtype=tf.int64):
+                for i, name in enumerate(BIG_LAYERS):
+                    x = tf.fill([3, 4], tf.cast(step, tf.float32) + float(i))
+                    if i == 0:
+                        x = tf.where(tf.equal(step, BIG_NAN_STEP), x * float("nan"), x)
+                    summary.gradient(name, x, step=step, buckets=4, layer_index=i)
+
+    write_all()
+    writer.close()
+
+
+def big_expected_norm(layer_i: int, step: int) -> float:
+    return float(np.sqrt(12.0) * (step + layer_i))
+
+
+def numpy_stats(x: np.ndarray) -> Dict[str, float]:
+    """STAT_FIELDS recomputed with numpy, independently of the reductions module."""
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    fin = flat[np.isfinite(flat)]
+    has = fin.size > 0
+    return {
+        "elements": float(flat.size),
+        "nan": float(np.isnan(flat).sum()),
+        "pos_inf": float(np.isposinf(flat).sum()),
+        "neg_inf": float(np.isneginf(flat).sum()),
+        "zeros": float((flat == 0).sum()),
+        "min": float(fin.min()) if has else np.nan,
+        "max": float(fin.max()) if has else np.nan,
+        "mean": float(fin.mean()) if has else np.nan,
+        "std": float(fin.std()) if has else np.nan,
+        "norm": float(np.sqrt((fin * fin).sum())),
+        "mean_abs": float(np.abs(fin).mean()) if has else np.nan,
+        "no_gradient": 0.0,
+    }
+
+
+def as_float(values: List[Optional[float]]) -> np.ndarray:
+    """JSON numbers (None for null) as a float array with NaN."""
+    return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+# -- a real TensorBoard process ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TensorBoardProcess:
+    """`python -m tensorboard.main` in its own process group (so the Rust data server dies with it)."""
+
+    def __init__(self, logdir: str, load_fast: str, extra: Optional[List[str]] = None, log_dir: str = "") -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        args = [
+            sys.executable, "-m", "tensorboard.main",
+            "--logdir", logdir,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--load_fast", load_fast,
+            "--reload_interval", "1",
+        ] + list(extra or [])
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+        # stderr to a file, not a pipe: nobody drains a pipe while the server runs.
+        self.log_path = os.path.join(log_dir or logdir, f"tensorboard-{self.port}.log")
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True, env=env
+        )
+
+    def log_tail(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-3000:]
+
+    def get(self, path: str, timeout: float = 10.0) -> Tuple[int, bytes, str]:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
+                return r.status, r.read(), r.headers.get("Content-Type", "")
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), e.headers.get("Content-Type", "")
+
+    def wait_until(self, predicate, what: str, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tensorboard exited ({self.proc.returncode}): {self.log_tail()}")
+            try:
+                if predicate(self):
+                    return
+            except (OSError, ValueError, KeyError) as e:
+                last = e
+            time.sleep(0.3)
+        raise TimeoutError(f"tensorboard ({self.base}) never got {what}; last error {last!r}\n{self.log_tail()}")
+
+    def terminate(self) -> None:
+        """SIGTERM to the whole process group (tensorboard and its Rust data server)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def stop(self) -> None:
+        """Terminate, then kill what is left of the group; close the log."""
+        self.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        # The leader may be gone while its data-server child lingers in the group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@contextlib.contextmanager
+def tensorboards(
+    logdir: str, configs: List[Tuple[str, List[str]]], log_dir: str
+) -> Iterator[List[TensorBoardProcess]]:
+    """Start several TensorBoards at once (start-up overlaps), stop them all after.
+
+    `log_dir` holds their stderr logs; keep it outside `logdir`.
+    """
+    procs: List[TensorBoardProcess] = []
+    try:
+        for load_fast, extra in configs:
+            procs.append(TensorBoardProcess(logdir, load_fast, extra, log_dir))
+        yield procs
+    finally:
+        for p in procs:  # signal all first: they shut down in parallel
+            p.terminate()
+        for p in procs:
+            p.stop()
+
+
+# -- in-process TensorBoard ---------------------------------------------------------------------
+
+FUTURE_RUN = "future"  # holds only a series of format version 2: skipped with a warning
+
+
+def write_future_series(logdir: str) -> None:
+    """A series written by a (pretend) newer tb_layergrad: the plugin must skip it, not crash."""
+    import json
+
+    import tensorflow as tf
+    from tensorboard.compat.proto import summary_pb2
+
+    content = json.dumps({"layer": "model/new", "kind": "stats", "target": "loss", "source": "output",
+                          "index": 0, "dtype": "float32", "version": metadata.FORMAT_VERSION + 1}).encode()
+    md = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
+    writer = tf.summary.create_file_writer(os.path.join(logdir, FUTURE_RUN))
+    with writer.as_default():
+        tf.summary.write("loss/output/model/new/stats", tf.zeros([12], tf.float64), step=0, metadata=md)
+    writer.close()
+
+
+class RecordingProvider:
+    """Wraps a data provider; records every list/read call (experiment id, filter)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.calls: List[Tuple[str, str, Optional[frozenset], Optional[frozenset]]] = []
+
+    def _record(self, name: str, experiment_id: str, run_tag_filter) -> None:
+        runs = tags = None
+        if run_tag_filter is not None:
+            runs = None if run_tag_filter.runs is None else frozenset(run_tag_filter.runs)
+            tags = None if run_tag_filter.tags is None else frozenset(run_tag_filter.tags)
+        self.calls.append((name, experiment_id, runs, tags))
+
+    def list_tensors(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
+        self._record("list_tensors", experiment_id, run_tag_filter)
+        return self.inner.list_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                                       run_tag_filter=run_tag_filter)
+
+    def read_tensors(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
+        self._record("read_tensors", experiment_id, run_tag_filter)
+        return self.inner.read_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                                       downsample=downsample, run_tag_filter=run_tag_filter)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+class InProcess:
+    """TensorBoardWSGI with only the layergrad plugin, over a MultiplexerDataProvider."""
+
+    def __init__(self, logdir: str, path_prefix: str = "", frontend_root=None) -> None:
+        from tensorboard.backend import application
+        from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+        from tensorboard.plugins import base_plugin
+        from werkzeug import test as wtest
+
+        from tb_layergrad.plugin.plugin import LayerGradPlugin
+
+        self.logdir = logdir
+        self.multiplexer = plugin_event_multiplexer.EventMultiplexer(
+            tensor_size_guidance={metadata.PLUGIN_NAME: 0}
+        )
+        self.multiplexer.AddRunsFromDirectory(logdir)
+        self.multiplexer.Reload()
+        self.provider = RecordingProvider(data_provider.MultiplexerDataProvider(self.multiplexer, logdir))
+        context = base_plugin.TBContext(logdir=logdir, data_provider=self.provider)
+        self.plugin = LayerGradPlugin(context, frontend_root=frontend_root)
+        self.app = application.TensorBoardWSGI([self.plugin], data_provider=self.provider, path_prefix=path_prefix)
+        self.client = wtest.Client(self.app)
+        self.prefix = path_prefix
+
+    def reload(self) -> None:
+        self.multiplexer.AddRunsFromDirectory(self.logdir)
+        self.multiplexer.Reload()
+
+    def get(self, route: str, query=None, prefix: str = "/data/plugin/layergrad/"):
+        return self.client.get(self.prefix + prefix + route, query_string=query)
+
+
+def strict_json(body: bytes):
+    """Parse JSON, failing on NaN/Infinity literals (which JSON.parse would reject)."""
+    import json
+
+    def reject(literal):
+        raise AssertionError(f"non-standard JSON literal {literal} in the body")
+
+    return json.loads(body, parse_constant=reject)
+
+
+# -- fixtures (import them into a test module to use them) --------------------------------------
+
+
+@pytest.fixture(scope="session")
+def small_logdir(tmp_path_factory) -> Written:
+    """The small logdir, written once per session and shared by the plugin test modules."""
+    logdir = str(tmp_path_factory.mktemp("layergrad_small"))
+    written = write_small_logdir(logdir)
+    write_future_series(logdir)
+    return written

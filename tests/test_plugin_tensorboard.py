@@ -1,0 +1,163 @@
+"""The plugin inside a real `tensorboard` process, with the Rust and the Python loader.
+
+1,000 steps are written with no sampling flag: without the loader's flag fix
+TensorBoard would keep 10 (Python) or 100 (Rust) of them. Four servers start at
+once on the same logdir (both loaders, with and without a user sampling flag)
+so their start-up times overlap.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+
+import pytest
+
+from plugin_fixtures import (
+    BIG_LAYERS,
+    BIG_NAN_STEP,
+    BIG_STEPS,
+    big_expected_norm,
+    strict_json,
+    tensorboards,
+    write_big_logdir,
+)
+from tb_layergrad import metadata
+from tb_layergrad.plugin.loader import LayerGradLoader
+
+USER_SAMPLES = 50
+CONFIGS = {
+    "rust": ("true", []),
+    "python": ("false", []),
+    "rust_user": ("true", ["--samples_per_plugin", f"layergrad={USER_SAMPLES}"]),
+    "python_user": ("false", ["--samples_per_plugin", f"images=3,layergrad={USER_SAMPLES}"]),
+}
+API = "/data/plugin/layergrad/"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("layergrad_big")
+    write_big_logdir(str(logdir))
+    logs = tmp_path_factory.mktemp("tensorboard_logs")
+    names = list(CONFIGS)
+    with tensorboards(str(logdir), [CONFIGS[n] for n in names], str(logs)) as procs:
+        by_name = dict(zip(names, procs))
+
+        def fully_loaded(p):
+            # The last step is the last record of the file and is always kept by sampling:
+            # once it is visible, the whole file has been read.
+            status, body, _ = p.get(API + "runs")
+            runs = json.loads(body)["runs"] if status == 200 else []
+            return bool(runs) and runs[0]["max_step"] == BIG_STEPS - 1
+
+        for p in procs:
+            p.wait_until(fully_loaded, "the last step", timeout=120)
+        yield by_name
+
+
+def get_json(p, path, status=200):
+    code, body, ctype = p.get(path)
+    assert code == status, body[:300]
+    assert ctype.startswith("application/json")
+    return strict_json(body)
+
+
+@pytest.mark.parametrize("name", ["rust", "python"])
+def test_all_steps_without_any_flag(servers, name):
+    body = get_json(servers[name], API + "matrix?run=long&stat=norm")
+    assert body["layers"] == list(BIG_LAYERS)
+    assert body["steps"] == list(range(BIG_STEPS))
+    for i, row in enumerate(body["values"]):
+        want = [big_expected_norm(i, s) for s in range(BIG_STEPS)]
+        if i == 0:
+            want[BIG_NAN_STEP] = 0.0  # an all-NaN tensor: the norm of no finite element is 0
+        assert row == pytest.approx(want, rel=1e-6)
+    nonfinite = get_json(servers[name], API + "matrix?run=long&stat=nonfinite")
+    assert [s for s, v in zip(nonfinite["steps"], nonfinite["values"][0]) if v] == [BIG_NAN_STEP]
+    assert nonfinite["values"][0][BIG_NAN_STEP] == 12
+    hist = get_json(servers[name], API + f"histograms?run=long&layer={BIG_LAYERS[1]}")
+    assert hist["steps"] == list(range(BIG_STEPS))
+
+
+@pytest.mark.parametrize("name", ["rust_user", "python_user"])
+def test_a_user_sampling_flag_is_respected(servers, name):
+    steps = get_json(servers[name], API + "matrix?run=long")["steps"]
+    assert len(steps) == USER_SAMPLES
+    assert steps[-1] == BIG_STEPS - 1
+
+
+def test_both_loaders_give_the_same_answers(servers):
+    paths = [
+        "runs",
+        "matrix?run=long&stat=mean",
+        "matrix?run=long&stat=nonfinite&start=700&end=800&max_steps=17",
+        f"stats?run=long&layer={BIG_LAYERS[0]}",
+        f"histograms?run=long&layer={BIG_LAYERS[0]}&start=770&end=780",
+        f"compare?run=long&layer={BIG_LAYERS[1]}&stat=max",
+        "stats?run=long&layer=nope",
+        "matrix?run=long&start=x",
+    ]
+    for path in paths:
+        rust = servers["rust"].get(API + path)
+        python = servers["python"].get(API + path)
+        assert rust[0] == python[0], path
+        assert strict_json(rust[1]) == strict_json(python[1]), path
+    rust_csv, python_csv = servers["rust"].get(API + "csv?run=long"), servers["python"].get(API + "csv?run=long")
+    assert rust_csv[0] == 200 and rust_csv[1] == python_csv[1]
+    assert rust_csv[1].count(b"\n") == 1 + BIG_STEPS * len(BIG_LAYERS)
+
+
+@pytest.mark.parametrize("name", ["rust", "python"])
+def test_tab_enabled_and_served(servers, name):
+    p = servers[name]
+    listing = get_json(p, "/data/plugins_listing")["layergrad"]
+    assert listing["enabled"] is True
+    assert listing["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/layergrad/index.js"}
+    code, body, ctype = p.get(API + "index.js")
+    assert code == 200 and ctype.split(";")[0] == "text/javascript"
+    assert b"export function render" in body
+    assert get_json(p, API + "runs?run=%3Cb%3E", status=404)["error"]
+    assert get_json(p, API + "tensor?run=long&layer=net/first&step=-1", status=400)["error"]
+
+
+@pytest.mark.parametrize("raw", ["/data/plugin/layergrad/../../../setup.py", "/data/plugin/layergrad/%2e%2e/%2e%2e/setup.py",
+                                 "/data/plugin/layergrad/..%2f..%2fsetup.py"])
+def test_real_server_never_serves_outside_the_frontend(servers, raw):
+    p = servers["python"]
+    conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
+    try:
+        conn.request("GET", raw)  # sent verbatim, not normalised by a client library
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    assert response.status == 404
+    assert b"setup(" not in body
+
+
+# -- the loader's flag fix, without starting a server ----------------------------------------------
+
+
+def configured_flags(argv=(), **kwargs):
+    from tensorboard import default, program
+
+    tb = program.TensorBoard(plugins=default.get_plugins() + [LayerGradLoader()])
+    tb.configure(argv=["", "--logdir", "/nonexistent", *argv], **kwargs)
+    return tb.flags
+
+
+def test_fix_flags_keeps_everything_unless_the_user_says_otherwise():
+    assert configured_flags().samples_per_plugin == {metadata.PLUGIN_NAME: 0}
+    assert configured_flags(["--samples_per_plugin", "images=3"]).samples_per_plugin == {
+        "images": 3, metadata.PLUGIN_NAME: 0}
+    assert configured_flags(["--samples_per_plugin", "layergrad=7,images=3"]).samples_per_plugin == {
+        "images": 3, metadata.PLUGIN_NAME: 7}
+    assert configured_flags(samples_per_plugin="scalars=9").samples_per_plugin == {
+        "scalars": 9, metadata.PLUGIN_NAME: 0}
+
+
+def test_the_entry_point_is_the_loader():
+    from importlib.metadata import entry_points
+
+    found = [ep for ep in entry_points(group="tensorboard_plugins") if ep.name == metadata.PLUGIN_NAME]
+    assert len(found) == 1 and found[0].load() is LayerGradLoader
