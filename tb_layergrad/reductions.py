@@ -1,9 +1,10 @@
 """The per-tensor reductions written to disk: histogram, statistics, bounded tensor.
 
 All of it is plain TensorFlow with static output shapes, so it runs on the
-tensor's own device, inside `tf.function` and under XLA (`jit_compile=True`).
-The histogram is O(N): one bucket index per element and one segment sum,
-instead of the O(N*k) one-hot matrix `tf.summary.histogram` builds.
+tensor's own device and inside `tf.function`; with `xla_safe=True` also under
+XLA (`jit_compile=True`). The histogram is O(N) (`histogram_fixed_width`, or
+one bucket index per element and a segment sum), instead of the O(N*k)
+one-hot matrix `tf.summary.histogram` builds.
 
 Numerical rules (see docs/FORMAT.md):
 - non-finite elements are counted (NaN, +Inf, -Inf) and excluded from buckets
@@ -39,12 +40,73 @@ def _count(mask: tf.Tensor) -> tf.Tensor:
     return tf.reduce_sum(tf.cast(mask, tf.float64))
 
 
-def histogram_and_stats(data: tf.Tensor, buckets: int = 30) -> Tuple[tf.Tensor, tf.Tensor]:
-    """Returns (histogram float64 [buckets, 3], stats float64 [NUM_STATS])."""
+def histogram_and_stats(data: tf.Tensor, buckets: int = 30, xla_safe: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Returns (histogram float64 [buckets, 3], stats float64 [NUM_STATS]).
+
+    The common case (every element finite) takes a fast path of single-kernel
+    reductions and `tf.histogram_fixed_width`: about 6 passes over memory. A
+    tensor with NaN/Inf takes the general, masked path. `xla_safe=True` always
+    uses the general path, which compiles under XLA (histogram_fixed_width
+    does not).
+    """
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
     data = tf.convert_to_tensor(data)
     x = tf.reshape(tf.cast(data, compute_dtype(data.dtype)), [-1])
+    if xla_safe:
+        return _general(x, buckets)
+    return _fast_or_general(x, buckets)
+
+
+def _fast_or_general(x: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
+    dt = x.dtype
+    n = tf.cast(tf.size(x), dt)
+    total = tf.reduce_sum(x)
+    sumsq = 2 * tf.nn.l2_loss(x)
+    lo = tf.reduce_min(x)
+    hi = tf.reduce_max(x)
+    # A NaN or an Inf anywhere makes one of these non-finite (an overflowing
+    # sum of squares also lands here; the general path handles it exactly).
+    # An empty tensor has lo=+max, hi=-max: also sent to the general path.
+    fast = tf.reduce_all(tf.math.is_finite(tf.stack([total, sumsq, lo, hi]))) & (n > 0)
+    mean = total / tf.maximum(n, 1)
+    var = tf.maximum(sumsq / tf.maximum(n, 1) - mean * mean, 0)
+    # One-pass variance loses digits when |mean| >> std: redo those exactly.
+    exact_enough = mean * mean <= 1e3 * var
+
+    def fast_path() -> Tuple[tf.Tensor, tf.Tensor]:
+        sum_abs = tf.reduce_sum(tf.abs(x))
+        zeros = tf.cast(tf.size(x, out_type=tf.int64) - tf.math.count_nonzero(x, dtype=tf.int64), tf.float64)
+        std = tf.cond(exact_enough, lambda: tf.sqrt(var), lambda: tf.sqrt(tf.reduce_mean(tf.square(x - mean))))
+        zero = tf.zeros([], tf.float64)
+        stats = tf.stack(
+            [
+                tf.cast(n, tf.float64),
+                zero,
+                zero,
+                zero,
+                zeros,
+                tf.cast(lo, tf.float64),
+                tf.cast(hi, tf.float64),
+                tf.cast(mean, tf.float64),
+                tf.cast(std, tf.float64),
+                tf.cast(tf.sqrt(sumsq), tf.float64),
+                tf.cast(sum_abs / n, tf.float64),
+                zero,
+            ]
+        )
+        counts = tf.cond(
+            hi > lo,
+            lambda: tf.cast(tf.histogram_fixed_width(x, tf.stack([lo, hi]), nbins=k), tf.float64),
+            lambda: tf.concat([tf.zeros([k - 1], tf.float64), tf.cast(n, tf.float64)[tf.newaxis]], 0),
+        )
+        return _with_edges(counts, lo, hi, k), stats
+
+    return tf.cond(fast, fast_path, lambda: _general(x, k))
+
+
+def _general(x: tf.Tensor, buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Masked reductions: correct for any mix of NaN/Inf, empty tensors; XLA-compilable."""
     dt = x.dtype
     finite = tf.math.is_finite(x)
     elements = tf.cast(tf.size(x), tf.float64)
@@ -100,14 +162,29 @@ def _histogram(x, finite, lo, hi, has_finite, k: int) -> tf.Tensor:
     scaled = tf.where(span > 0, (x - lo_safe) / tf.where(span > 0, width, tf.ones([], dt)), tf.fill(tf.shape(x), tf.constant(k - 1, dt)))
     scaled = tf.where(finite, scaled, tf.zeros_like(scaled))
     index = tf.clip_by_value(tf.cast(tf.floor(scaled), tf.int32), 0, k - 1)
+    # The division above may round across an edge (and graph optimizers may
+    # rewrite it): settle elements next to an edge against the float64 edges
+    # that are written, so both paths bucket exactly like those edges say.
+    left = _left_edges(lo_safe, hi_safe, k)
+    xd = tf.cast(tf.where(finite, x, tf.zeros_like(x)), tf.float64)
+    below = (index > 0) & (xd < tf.gather(left, index))
+    above = (index < k - 1) & (xd >= tf.gather(left, tf.minimum(index + 1, k - 1)))
+    index = index - tf.cast(below, tf.int32) + tf.cast(above, tf.int32)
     index = tf.where(finite, index, tf.fill(tf.shape(index), k))  # bucket k is discarded
     counts = tf.math.unsorted_segment_sum(tf.ones_like(index, tf.float64), index, k + 1)[:k]
-    lo64 = tf.cast(lo_safe, tf.float64)
-    hi64 = tf.cast(hi_safe, tf.float64)
-    width64 = (hi64 - lo64) / k
-    steps = tf.range(k, dtype=tf.float64)
-    left = lo64 + steps * width64
-    right = tf.concat([left[1:], hi64[tf.newaxis]], axis=0)
+    return _with_edges(counts, lo_safe, hi_safe, k)
+
+
+def _left_edges(lo: tf.Tensor, hi: tf.Tensor, k: int) -> tf.Tensor:
+    lo64 = tf.cast(lo, tf.float64)
+    hi64 = tf.cast(hi, tf.float64)
+    return lo64 + tf.range(k, dtype=tf.float64) * ((hi64 - lo64) / k)
+
+
+def _with_edges(counts: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor, k: int) -> tf.Tensor:
+    """TensorBoard's [k, 3] layout: (left, right, count), k equal widths over [lo, hi]."""
+    left = _left_edges(lo, hi, k)
+    right = tf.concat([left[1:], tf.cast(hi, tf.float64)[tf.newaxis]], axis=0)
     return tf.stack([left, right, counts], axis=1)
 
 

@@ -88,11 +88,20 @@ def gradient(
     Returns:
       A boolean scalar tensor: True if something was written.
     """
+    step = _resolve_step(step)
+    write = _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description)
+    with tf.name_scope("layergrad"):
+        return _when_recording(write)
+
+
+def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description=""):
+    """Validate now; return the function that computes and writes the records."""
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
-    step = _resolve_step(step)
+    if max_elements < 0:
+        raise ValueError(f"max_elements must be >= 0, got {max_elements}")
     dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
 
     def write() -> None:
@@ -100,17 +109,17 @@ def gradient(
             hist, stats = reductions.no_gradient_records(elements, buckets)
         else:
             hist, stats = reductions.histogram_and_stats(data, buckets)
-        _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step)
-        _write(_info(name, metadata.KIND_STATS, target, source, layer_index, dtype), stats, step)
+        _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step, description)
+        _write(_info(name, metadata.KIND_STATS, target, source, layer_index, dtype), stats, step, description)
         if max_elements > 0 and data is not None:
             _write(
                 _info(name, metadata.KIND_TENSOR, target, source, layer_index, dtype),
                 reductions.bounded_tensor(data, max_elements),
                 step,
+                description,
             )
 
-    with tf.name_scope("layergrad"):
-        return _when_recording(write)
+    return write
 
 
 def gradients(
@@ -124,7 +133,9 @@ def gradients(
     """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
 
     For a plain dict, every entry is taken as a layer output, in dict order.
-    `target` overrides the target name the result carries.
+    `target` overrides the target name the result carries. One recording
+    condition guards the whole step: when nothing is recorded (record_if
+    false, no writer), no reduction runs at all.
     """
     step = _resolve_step(step)
     if isinstance(grads, GradientMap):
@@ -133,20 +144,17 @@ def gradients(
     else:
         target_name = target or metadata.DEFAULT_TARGET
         items = [(path, Entry(g, metadata.SOURCE_OUTPUT, i)) for i, (path, g) in enumerate(grads.items())]
-    written = tf.constant(False)
-    for path, entry in items:
-        written = gradient(
-            path,
-            entry.gradient,
-            step,
-            buckets,
-            max_elements=max_elements,
-            target=target_name,
-            source=entry.source,
-            layer_index=entry.index,
-            elements=entry.elements,
-        )
-    return written
+    writers = [
+        _writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements)
+        for path, e in items
+    ]
+
+    def write_all() -> None:
+        for write in writers:
+            write()
+
+    with tf.name_scope("layergrad"):
+        return _when_recording(write_all)
 
 
 def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET, layer_index: int = -1) -> tf.Tensor:

@@ -51,7 +51,7 @@ def assert_histogram(hist: np.ndarray, a: np.ndarray, buckets: int):
         if fin.min() < fin.max():
             edges = np.append(hist[:, 0], hist[-1, 1])
             want, _ = np.histogram(fin, bins=edges)
-            assert np.abs(hist[:, 2] - want).sum() <= 2  # float32 vs float64 at bucket boundaries
+            assert np.abs(hist[:, 2] - want).sum() <= 2  # float32 rounding at an edge (FORMAT.md)
 
 
 def write(logdir, fn, run="run"):
@@ -186,6 +186,26 @@ def test_reductions_compile_under_xla():
 
     a = tf.random.normal([1000])
     eager = reductions.histogram_and_stats(a, 30)
-    xla = tf.function(lambda t: reductions.histogram_and_stats(t, 30), jit_compile=True)(a)
+    xla = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True), jit_compile=True)(a)
     np.testing.assert_allclose(xla[0].numpy(), eager[0].numpy(), rtol=1e-6)
     np.testing.assert_allclose(xla[1].numpy(), eager[1].numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shift", [0.0, 1e4])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16])
+def test_fast_path_equals_general_path(shift, dtype):
+    """The all-finite fast path and the masked general path agree."""
+    from tb_layergrad import reductions
+
+    rng = np.random.default_rng(3)
+    a = tf.cast(tf.constant(rng.normal(size=5000) * 2 + (shift if dtype != tf.float16 else 10.0)), dtype)
+    fast_h, fast_s = tf.function(lambda t: reductions.histogram_and_stats(t, 30))(a)
+    gen_h, gen_s = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True))(a)
+    np.testing.assert_allclose(fast_s.numpy(), gen_s.numpy(), rtol=2e-5)
+    np.testing.assert_allclose(fast_h.numpy()[:, :2], gen_h.numpy()[:, :2], rtol=1e-12)
+    edges = np.append(fast_h.numpy()[:, 0], fast_h.numpy()[-1, 1])
+    want, _ = np.histogram(tf.cast(a, tf.float64).numpy(), bins=edges)
+    np.testing.assert_array_equal(gen_h.numpy()[:, 2], want)  # exact against the float64 edges
+    # The fast path buckets in float32: an element within rounding of an edge may change side.
+    assert np.abs(fast_h.numpy()[:, 2] - want).sum() <= 2
+    assert fast_h.numpy()[:, 2].sum() == 5000
