@@ -25,7 +25,8 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["tb_layergrad", "tb_layergrad.*"]) + ["tb_layergrad.frontend"],
     package_dir={"tb_layergrad.frontend": "frontend"},
-    package_data={"tb_layergrad.frontend": ["*.js", "*.css", "*.html", "vendor/*", "LICENSES/*"]},
+    # Everything under frontend/ (nested ES modules, styles, vendored libraries and their licences).
+    package_data={"tb_layergrad.frontend": ["**/*"]},
     install_requires=["tensorboard>=2.16", "numpy>=1.23", "protobuf>=3.20"],
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
