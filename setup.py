@@ -14,6 +14,7 @@ TEST_REQUIRES = [
     "werkzeug>=2",
     "hypothesis>=6",
     "playwright>=1.40",
+    "pandas>=1.5",
 ]
 
 setup(
