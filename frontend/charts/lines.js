@@ -1,0 +1,237 @@
+// SVG line charts: statistics over steps, several series, linear or log y axis,
+// a marker at the chosen step, hover read-out, click to pick a step.
+
+import { h, s, clear, replace } from "../dom.js";
+import { fmtNum, fmtTick } from "../format.js";
+import { COLORS } from "./colors.js";
+import { extent, linearScale, logScale, logTicks, nearestIndex, niceTicks } from "./scale.js";
+import { tooltip } from "./tooltip.js";
+
+const M = { top: 8, right: 14, bottom: 26, left: 58 };
+
+export class LineChart {
+  /**
+   * @param {HTMLElement} parent
+   * @param {{title?: string, height?: number, onPick?: (x: number) => void, className?: string}} opts
+   */
+  constructor(parent, opts = {}) {
+    this.opts = opts;
+    this.titleEl = h("div", { class: "lg-chart-title", text: opts.title || "" });
+    this.svg = s("svg", { class: "lg-lines", role: "img" });
+    this.legend = h("div", { class: "lg-legend" });
+    this.root = h("div", { class: `lg-chart ${opts.className || ""}` }, this.titleEl, this.svg, this.legend);
+    parent.appendChild(this.root);
+    this.data = null;
+    this._resize = new ResizeObserver(() => {
+      if (this.data && this.root.clientWidth !== this._width) this.update(this.data);
+    });
+    this._resize.observe(this.root);
+  }
+
+  setTitle(text) {
+    this.titleEl.textContent = text;
+  }
+
+  /**
+   * @param {{series: {name: string, color: string, xs: number[], ys: (number|null)[], dash?: string, width?: number}[],
+   *          log?: boolean, marker?: number|null, xMarks?: {x: number, color?: string, title?: string}[],
+   *          xLabel?: string, yLabel?: string, integerX?: boolean, empty?: string, xFormat?: (x) => string}} data
+   */
+  update(data) {
+    this.data = data;
+    const width = Math.max(240, this.root.clientWidth || 400);
+    this._width = this.root.clientWidth;
+    const height = this.opts.height || 170;
+    const svg = this.svg;
+    clear(svg);
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", height);
+    svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+    svg.setAttribute("aria-label", this.titleEl.textContent || "line chart");
+    const series = data.series || [];
+    this._legend(series);
+
+    const xr = extent(series.map((x) => x.xs));
+    let log = Boolean(data.log);
+    let yr = extent(series.map((x) => x.ys), log);
+    if (log && !yr) {
+      yr = extent(series.map((x) => x.ys));
+      if (yr) log = false; // nothing positive: a log axis could show nothing
+    }
+    const plotW = width - M.left - M.right;
+    const plotH = height - M.top - M.bottom;
+    if (!xr || !yr) {
+      svg.appendChild(s("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "lg-empty-text", text: data.empty || "no finite values" }));
+      this.scales = null;
+      return;
+    }
+    let [y0, y1] = yr;
+    if (log) {
+      const pad = Math.max(0.05, 0.05 * Math.log10(y1 / y0));
+      y0 /= Math.pow(10, pad);
+      y1 *= Math.pow(10, pad);
+    } else {
+      const pad = (y1 - y0) * 0.06 || Math.abs(y1) * 0.1 || 1;
+      y0 -= pad;
+      y1 += pad;
+    }
+    const x = linearScale(xr[0], xr[1], M.left, M.left + plotW);
+    const y = (log ? logScale : linearScale)(y0, y1, M.top + plotH, M.top);
+    this.scales = { x, y, xs: [...new Set(series.flatMap((q) => q.xs))].sort((a, b) => a - b) };
+
+    // Axes and grid.
+    const grid = s("g", { class: "lg-grid" });
+    const yTicks = log ? logTicks(y.domain[0], y.domain[1], 6) : niceTicks(y.domain[0], y.domain[1], 5);
+    for (const t of yTicks) {
+      const py = y(t);
+      if (!(py >= M.top - 0.5 && py <= M.top + plotH + 0.5)) continue;
+      grid.appendChild(s("line", { x1: M.left, x2: M.left + plotW, y1: py, y2: py }));
+      grid.appendChild(s("text", { x: M.left - 6, y: py + 3.5, "text-anchor": "end", class: "lg-tick", text: fmtTick(t) }));
+    }
+    const xTicks = niceTicks(xr[0], xr[1], Math.max(2, Math.floor(plotW / 80)), data.integerX !== false);
+    const xFormat = data.xFormat || fmtTick;
+    for (const t of xTicks) {
+      const px = x(t);
+      grid.appendChild(s("line", { x1: px, x2: px, y1: M.top + plotH, y2: M.top + plotH + 4, class: "lg-tickmark" }));
+      grid.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick", text: xFormat(t) }));
+    }
+    grid.appendChild(s("rect", { x: M.left, y: M.top, width: plotW, height: plotH, class: "lg-frame" }));
+    svg.appendChild(grid);
+    if (data.xLabel) svg.appendChild(s("text", { x: M.left + plotW, y: height - 1, "text-anchor": "end", class: "lg-axis-label", text: data.xLabel }));
+
+    // Marks on the x axis (e.g. steps with non-finite values).
+    for (const m of data.xMarks || []) {
+      const px = x(m.x);
+      const mark = s("path", {
+        d: `M${px},${M.top + plotH - 7} l4,7 l-8,0 z`,
+        fill: m.color || COLORS.nonfinite,
+        class: "lg-xmark",
+      });
+      if (m.title) mark.appendChild(s("title", { text: m.title }));
+      svg.appendChild(mark);
+    }
+
+    // Series.
+    const clipId = `clip${Math.random().toString(36).slice(2)}`;
+    svg.appendChild(s("clipPath", { id: clipId }, s("rect", { x: M.left, y: M.top - 2, width: plotW, height: plotH + 4 })));
+    const lines = s("g", { "clip-path": `url(#${clipId})` });
+    series.forEach((q, k) => {
+      let d = "";
+      let pen = false;
+      const dots = [];
+      for (let n = 0; n < q.xs.length; n++) {
+        const v = q.ys[n];
+        const ok = typeof v === "number" && Number.isFinite(v) && (!log || v > 0);
+        if (!ok) {
+          pen = false;
+          continue;
+        }
+        const px = x(q.xs[n]).toFixed(1);
+        const py = y(v).toFixed(1);
+        const prevOk = n > 0 && isOk(q.ys[n - 1], log);
+        const nextOk = n + 1 < q.xs.length && isOk(q.ys[n + 1], log);
+        if (!prevOk && !nextOk) dots.push([px, py]);
+        d += `${pen ? "L" : "M"}${px},${py}`;
+        pen = true;
+      }
+      const path = s("path", {
+        d: d || "M0,0",
+        class: "lg-line",
+        stroke: q.color,
+        "stroke-width": q.width || 1.6,
+        "stroke-dasharray": q.dash || null,
+        fill: "none",
+        dataset: { series: q.name, index: k },
+      });
+      lines.appendChild(path);
+      for (const [px, py] of dots) lines.appendChild(s("circle", { cx: px, cy: py, r: 2.2, fill: q.color }));
+    });
+    svg.appendChild(lines);
+
+    // The chosen step.
+    this.markerEl = s("line", { x1: 0, x2: 0, y1: M.top, y2: M.top + plotH, class: "lg-marker" });
+    svg.appendChild(this.markerEl);
+    this._placeMarker(data.marker);
+
+    // Hover / click layer.
+    this.hoverG = s("g", { class: "lg-hover" });
+    svg.appendChild(this.hoverG);
+    const catcher = s("rect", { x: M.left, y: M.top, width: plotW, height: plotH, class: "lg-catcher" });
+    catcher.addEventListener("mousemove", (e) => this._hover(e));
+    catcher.addEventListener("mouseleave", () => {
+      clear(this.hoverG);
+      tooltip().hide();
+    });
+    catcher.addEventListener("click", (e) => {
+      const xv = this._xAt(e);
+      if (xv !== null && this.opts.onPick) this.opts.onPick(xv);
+    });
+    if (this.opts.onPick) catcher.style.cursor = "pointer";
+    svg.appendChild(catcher);
+  }
+
+  /** Move the step marker without redrawing the chart. */
+  setMarker(x) {
+    if (this.data) this.data.marker = x;
+    this._placeMarker(x);
+  }
+
+  _placeMarker(v) {
+    const el = this.markerEl;
+    if (!el || !this.scales) return;
+    const px = v === null || v === undefined ? NaN : this.scales.x(v);
+    const [a, b] = [this.scales.x.domain[0], this.scales.x.domain[1]].map(this.scales.x);
+    const show = Number.isFinite(px) && px >= a - 1 && px <= b + 1;
+    el.style.display = show ? "" : "none";
+    if (show) {
+      el.setAttribute("x1", px);
+      el.setAttribute("x2", px);
+    }
+  }
+
+  _legend(series) {
+    if (this.opts.legend === false || (series.length < 2 && !this.opts.alwaysLegend)) {
+      clear(this.legend);
+      return;
+    }
+    replace(
+      this.legend,
+      series.map((q) =>
+        h("span", { class: "lg-legend-item", dataset: { series: q.name } },
+          h("span", { class: "lg-swatch", style: { background: q.color } }),
+          h("span", { class: "lg-legend-name", text: q.name })),
+      ),
+    );
+  }
+
+  _xAt(e) {
+    if (!this.scales || !this.scales.xs.length) return null;
+    const r = this.svg.getBoundingClientRect();
+    const xv = this.scales.x.invert(e.clientX - r.left);
+    return this.scales.xs[nearestIndex(this.scales.xs, xv)];
+  }
+
+  _hover(e) {
+    const xv = this._xAt(e);
+    if (xv === null) return;
+    const { x, y } = this.scales;
+    const data = this.data;
+    clear(this.hoverG);
+    const px = x(xv);
+    this.hoverG.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: (this.opts.height || 170) - M.bottom, class: "lg-crosshair" }));
+    const rows = [];
+    for (const q of data.series) {
+      const n = q.xs.indexOf(xv);
+      const v = n >= 0 ? q.ys[n] : undefined;
+      if (n < 0) continue;
+      rows.push([q.name, fmtNum(v, 6)]);
+      if (isOk(v, this.scales.y.log)) this.hoverG.appendChild(s("circle", { cx: px, cy: y(v), r: 3.2, fill: q.color, stroke: "#fff" }));
+    }
+    const title = (data.xFormatHover || ((v) => `${data.xLabel || "step"} ${v}`))(xv);
+    tooltip().show(e.clientX, e.clientY, title, rows);
+  }
+}
+
+function isOk(v, log) {
+  return typeof v === "number" && Number.isFinite(v) && (!log || v > 0);
+}

@@ -1,0 +1,98 @@
+// Number and label formatting, in one place so every view prints values the same way.
+
+/** Human labels of the statistics of docs/HTTP_API.md. */
+export const STAT_LABELS = {
+  elements: "elements",
+  nan: "NaN count",
+  pos_inf: "+Inf count",
+  neg_inf: "−Inf count",
+  zeros: "zero count",
+  min: "min",
+  max: "max",
+  mean: "mean",
+  std: "std",
+  norm: "L2 norm",
+  mean_abs: "mean |g|",
+  no_gradient: "no gradient",
+  nonfinite: "non-finite count",
+  nonfinite_frac: "non-finite fraction",
+  zero_frac: "zero fraction",
+  rms: "RMS",
+};
+
+/** Statistics that are never negative: the ones a log10 colour or log axis can show. */
+export const MAGNITUDE_STATS = ["norm", "mean_abs", "std", "rms", "zero_frac", "nonfinite"];
+
+export function statLabel(name) {
+  return STAT_LABELS[name] || name;
+}
+
+/**
+ * A value for reading: integers as is, others with `digits` significant digits,
+ * exponent form for very small or large magnitudes. null/NaN -> "—".
+ */
+export function fmtNum(v, digits = 5) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "—";
+  if (!Number.isFinite(v)) return v > 0 ? "+Inf" : "−Inf";
+  if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
+  const a = Math.abs(v);
+  if (a < 1e-3 || a >= 1e6) return trimExp(v.toExponential(digits - 1));
+  return String(Number(v.toPrecision(digits)));
+}
+
+/** The exact value as JavaScript prints it (shortest round-trip form). */
+export function fmtExact(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "— (no finite value)";
+  return String(v);
+}
+
+/** Short axis labels: 3 significant digits at most. */
+export function fmtTick(v) {
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a < 1e-3 || a >= 1e5) return trimExp(v.toExponential(1)).replace("e+", "e");
+  return String(Number(v.toPrecision(3)));
+}
+
+/** 10^k as a compact label. */
+export function fmtPow10(k) {
+  if (k === 0) return "1";
+  if (k > -3 && k < 4) return String(Number(Math.pow(10, k).toPrecision(3)));
+  return `1e${k}`;
+}
+
+export function fmtPercent(f) {
+  if (f === null || f === undefined || Number.isNaN(f)) return "—";
+  return `${Number((100 * f).toPrecision(3))}%`;
+}
+
+function trimExp(s) {
+  // 1.2000e-8 -> 1.2e-8 ; 1.0000e-8 -> 1e-8
+  return s.replace(/\.?0+e/, "e");
+}
+
+/** The common leading path (whole segments) of layer names, e.g. "mlp/" of mlp/dense_1, mlp/dense_2. */
+export function commonPrefix(names) {
+  if (names.length < 2) return "";
+  const split = names.map((n) => n.split("/"));
+  const first = split[0];
+  let k = 0;
+  while (k < first.length - 1 && split.every((p) => p.length - 1 > k && p[k] === first[k])) k++;
+  return k ? first.slice(0, k).join("/") + "/" : "";
+}
+
+/** One CSV field (RFC 4180 quoting). */
+export function csvField(v) {
+  if (v === null || v === undefined) return "";
+  const s = typeof v === "number" ? (Number.isNaN(v) ? "nan" : String(v)) : String(v);
+  return /[",\r\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s;
+}
+
+export function csvText(header, rows) {
+  return [header, ...rows].map((r) => r.map(csvField).join(",")).join("\r\n") + "\r\n";
+}
+
+/** A file name made of safe characters only. */
+export function safeFilename(s) {
+  return String(s).replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^[._]+|[._]+$/g, "") || "layergrad";
+}

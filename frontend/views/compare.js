@@ -1,0 +1,341 @@
+// Compare runs: one layer's statistic over steps in several runs (colour per run),
+// their histograms at one step on common bins, and the depth profile (statistic vs
+// layer, model order) of each run at that step.
+
+import { api, isAbort } from "../api.js";
+import { paletteColor } from "../charts/colors.js";
+import { HistogramChart } from "../charts/histograms.js";
+import { LineChart } from "../charts/lines.js";
+import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
+import { csvText, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
+import { findRun, layerKey, layersWith, union } from "../model.js";
+import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
+
+export class CompareView {
+  constructor(app) {
+    this.app = app;
+    this.abort = null;
+    this.data = null;
+    this.runPicker = h("div", { class: "lg-run-picker", role: "group", "aria-label": "runs to compare" });
+    this.layerSelect = select([], null, (key) => this._pickLayer(key), { "aria-label": "layer" });
+    this.statSelect = select(MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), "norm", (v) => app.setState({ stat: v }), { "aria-label": "statistic" });
+    this.logToggle = new Toggle([["1", "log"], ["0", "linear"]], "1", (v) => app.setState({ log: v === "1" }), "y scale");
+    this.csvBtn = h("button", { type: "button", class: "lg-button", text: "Download CSV", title: "the values of the charts below", on: { click: () => this._csv() } });
+    this.toolbar = h(
+      "div",
+      { class: "lg-toolbar" },
+      field("Layer", this.layerSelect, "lg-field-wide"),
+      field("Statistic", this.statSelect),
+      app.runControls({ run: false }),
+      field("Y scale", this.logToggle.el),
+      h("span", { class: "lg-spacer" }),
+      this.csvBtn,
+    );
+    this.slider = new StepSlider((step) => app.setState({ step }));
+    this.message = h("div", { class: "lg-messages" });
+    this.overlay = new LineChart(h("div"), { height: 240, onPick: (x) => app.setState({ step: x }), alwaysLegend: true });
+    this.hist = new HistogramChart(h("div"), { height: 240 });
+    this.histNote = h("div", { class: "lg-muted" });
+    this.depth = new LineChart(h("div"), { height: 240, onPick: (i) => this._depthPick(i), alwaysLegend: true });
+    this.body = h(
+      "div",
+      { class: "lg-compare-body" },
+      h("div", { class: "lg-panel lg-panel-wide" }, this.overlay.root),
+      h("div", { class: "lg-layer-row" },
+        h("div", { class: "lg-panel" }, h("h3", { class: "lg-panel-title", text: "Histograms at this step (common bins)" }), this.histNote, this.hist.root),
+        h("div", { class: "lg-panel" }, h("h3", { class: "lg-panel-title", text: "Depth profile at this step" }), this.depth.root)),
+    );
+    this.el = h(
+      "section",
+      { class: "lg-view lg-compare", dataset: { view: "compare" } },
+      h("div", { class: "lg-toolbar lg-toolbar-runs" }, h("span", { class: "lg-field-label", text: "Runs" }), this.runPicker),
+      this.toolbar,
+      this.slider.el,
+      this.message,
+      this.body,
+    );
+  }
+
+  /** Runs chosen in the URL that exist, else the first two. */
+  _runs(state) {
+    const all = this.app.runs.runs.map((r) => r.run);
+    const chosen = state.runs.filter((r) => all.includes(r));
+    if (chosen.length) return chosen;
+    const first = all.includes(state.run) ? [state.run] : [];
+    for (const r of all) if (first.length < 2 && !first.includes(r)) first.push(r);
+    return first;
+  }
+
+  /** Colours follow the order in which runs were picked, so picking one more keeps the others' colours. */
+  _color(run) {
+    const k = this._chosen ? this._chosen.indexOf(run) : -1;
+    return k < 0 ? "#dadce0" : paletteColor(k);
+  }
+
+  /** Layer keys (paths without the model name) of the chosen runs, in model order. */
+  _keys(state, runs) {
+    const keys = [];
+    for (const name of runs) {
+      for (const l of layersWith(findRun(this.app.runs, name), state.target, state.source)) {
+        const k = layerKey(l.layer);
+        if (!keys.includes(k)) keys.push(k);
+      }
+    }
+    return keys;
+  }
+
+  /** The path of the layer with `key` in `run` (exact path first), or null. */
+  _resolve(state, runName, key, path) {
+    const layers = layersWith(findRun(this.app.runs, runName), state.target, state.source);
+    if (path && layers.some((l) => l.layer === path)) return path;
+    const hit = layers.find((l) => layerKey(l.layer) === key);
+    return hit ? hit.layer : null;
+  }
+
+  _pickers(state, runs) {
+    const all = this.app.runs.runs.map((r) => r.run);
+    replace(
+      this.runPicker,
+      all.map((name) => {
+        const on = runs.includes(name);
+        const b = h(
+          "button",
+          {
+            type: "button",
+            class: on ? "lg-run-chip lg-on" : "lg-run-chip",
+            "aria-pressed": on ? "true" : "false",
+            title: on ? "click to remove" : "click to compare",
+            dataset: { run: name },
+            on: {
+              click: () => {
+                const next = on ? runs.filter((r) => r !== name) : [...runs, name];
+                if (next.length) this.app.setState({ runs: next });
+              },
+            },
+          },
+          h("span", { class: "lg-swatch", style: { background: this._color(name) } }),
+          h("span", { class: "lg-run-chip-name", text: name }),
+        );
+        return b;
+      }),
+    );
+  }
+
+  async show(state) {
+    this.state = state;
+    const runs = this._runs(state);
+    this._chosen = runs;
+    this._pickers(state, runs);
+    setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), state.stat);
+    this.logToggle.set(state.log ? "1" : "0");
+    const keys = this._keys(state, runs);
+    const key = state.layer ? layerKey(state.layer) : keys[0];
+    const options = keys.map((k) => [k, k]);
+    if (key && !keys.includes(key)) options.push([key, `${key} (in none of these runs)`]);
+    setOptions(this.layerSelect, options, key);
+    if (!runs.length || !key) {
+      replace(this.message, note("Nothing to compare: no run has statistics for this target and source."));
+      this.body.hidden = true;
+      return;
+    }
+    const fetchKey = JSON.stringify([runs, key, state.layer, state.stat, state.target, state.source]);
+    if (!this.data || this.data.fetchKey !== fetchKey) await this._load(state, runs, key, fetchKey, false);
+    else this._apply(state);
+  }
+
+  async refresh() {
+    if (this.abort) return; // a load is under way: it brings the new data too
+    this.state = this.app.resolved();
+    if (this.data) await this._load(this.state, this.data.runs, this.data.key, this.data.fetchKey, true);
+  }
+
+  async _load(state, runs, key, fetchKey, quiet) {
+    if (this.abort) this.abort.abort();
+    const abort = (this.abort = new AbortController());
+    const signal = abort.signal;
+    if (!quiet) this.app.busy(true);
+    try {
+      const paths = runs.map((r) => this._resolve(state, r, key, state.layer));
+      const present = runs.filter((_, k) => paths[k]);
+      const common = { stat: state.stat, target: state.target, source: state.source };
+      let steps;
+      let values;
+      const same = present.length && present.every((r) => paths[runs.indexOf(r)] === paths[runs.indexOf(present[0])]);
+      if (!present.length) {
+        // Let the route say why (404 for a layer no run has).
+        await api.compare({ run: runs, layer: state.layer || key, ...common }, { signal });
+        steps = [];
+        values = runs.map(() => []);
+      } else if (same) {
+        const b = await api.compare({ run: present, layer: paths[runs.indexOf(present[0])], ...common }, { signal });
+        steps = b.steps;
+        values = runs.map((r) => (b.runs.includes(r) ? b.values[b.runs.indexOf(r)] : steps.map(() => null)));
+      } else {
+        // Layer paths differ between runs (models with other names): one stats call per run.
+        const bodies = await Promise.all(
+          present.map((r) => api.stats({ run: r, layer: paths[runs.indexOf(r)], target: state.target, source: state.source }, { signal })),
+        );
+        steps = union(bodies.map((b) => b.steps));
+        values = runs.map((r) => {
+          const k = present.indexOf(r);
+          if (k < 0) return steps.map(() => null);
+          const pos = new Map(bodies[k].steps.map((x, n) => [x, n]));
+          return steps.map((x) => (pos.has(x) ? bodies[k].stats[state.stat][pos.get(x)] : null));
+        });
+      }
+      if (signal.aborted) return;
+      this.data = { fetchKey, runs, key, paths, steps, values, atStep: new Map() };
+      clear(this.message);
+      const missing = runs.filter((_, k) => !paths[k]);
+      if (missing.length) this.message.appendChild(note(`No layer '${key}' in: ${missing.join(", ")}.`));
+      this.body.hidden = false;
+      this._apply(state, true);
+    } catch (e) {
+      if (isAbort(e)) return;
+      if (!quiet) {
+        this.data = null;
+        this.body.hidden = true;
+      }
+      replace(this.message, errorBox(e, `layer '${key}' in runs ${runs.join(", ")}`));
+    } finally {
+      if (this.abort === abort) this.abort = null;
+      if (!quiet) this.app.busy(false);
+    }
+  }
+
+  _apply(state, full = false) {
+    const d = this.data;
+    const step = this.slider.set(d.steps, state.step);
+    this.step = step;
+    if (full) {
+      this.overlay.setTitle(`${statLabel(state.stat)} of ${d.key} — ${state.target} / ${state.source}`);
+      this.overlay.update({
+        // Each run's own points joined (a run logged at other steps is null on the common axis).
+        series: d.runs.map((r, k) => {
+          const keep = d.steps.map((_, j) => j).filter((j) => d.values[k][j] !== null);
+          return { name: r, color: this._color(r), xs: keep.map((j) => d.steps[j]), ys: keep.map((j) => d.values[k][j]) };
+        }),
+        log: state.log,
+        marker: step,
+        xLabel: "step",
+      });
+    } else this.overlay.setMarker(step);
+    this._atStep(state, step);
+  }
+
+  async _atStep(state, step) {
+    const d = this.data;
+    if (step === null) return;
+    const cacheKey = `${step}`;
+    let at = d.atStep.get(cacheKey);
+    if (!at) {
+      try {
+        at = await this._fetchAtStep(state, d, step);
+      } catch (e) {
+        if (!isAbort(e)) replace(this.histNote, errorBox(e, `the runs at step ${step}`));
+        return;
+      }
+      d.atStep.set(cacheKey, at);
+    }
+    if (this.data !== d || this.step !== step) return;
+    clear(this.histNote);
+    const items = d.runs.map((r, k) => ({
+      key: r,
+      label: r,
+      color: this._color(r),
+      buckets: at.hists[k] ? at.hists[k].buckets : [],
+      note: at.hists[k] && at.hists[k].step !== step ? ` (step ${at.hists[k].step})` : "",
+    }));
+    this.hist.update({ items, mode: "aligned", bins: 40, empty: `no histogram at or before step ${step}` });
+    const keys = at.depthKeys;
+    const idx = keys.indexOf(d.key);
+    this.depthKeys = keys;
+    this.depth.setTitle(`${statLabel(state.stat)} by layer (model order) at step ${step}`);
+    this.depth.update({
+      series: d.runs.map((r, k) => ({
+        name: at.depth[k] && at.depth[k].step !== step && at.depth[k].step !== null ? `${r} (step ${at.depth[k].step})` : r,
+        color: this._color(r),
+        xs: keys.map((_, i) => i),
+        ys: keys.map((key) => (at.depth[k] ? at.depth[k].byKey.get(key) ?? null : null)),
+      })),
+      log: state.log,
+      marker: idx >= 0 ? idx : null,
+      xLabel: "layer",
+      xFormat: (i) => shorten(keys[i] ?? ""),
+      xFormatHover: (i) => keys[i] ?? "",
+      empty: "no values at this step",
+    });
+  }
+
+  async _fetchAtStep(state, d, step) {
+    const signal = this.abort ? this.abort.signal : undefined;
+    const one = async (route, params) => {
+      const b = await api[route]({ ...params, start: step, end: step }, { signal });
+      if (b.steps.length) return b;
+      return api[route]({ ...params, end: step, max_steps: 2 }, { signal });
+    };
+    const hists = await Promise.all(
+      d.runs.map(async (r, k) => {
+        if (!d.paths[k]) return null;
+        const b = await one("histograms", { run: r, layer: d.paths[k], target: state.target, source: state.source });
+        const n = b.steps.length - 1;
+        return n < 0 ? null : { step: b.steps[n], buckets: b.histograms[n] };
+      }),
+    );
+    const depth = await Promise.all(
+      d.runs.map(async (r) => {
+        const b = await one("matrix", { run: r, stat: state.stat, target: state.target, source: state.source });
+        const n = b.steps.length - 1;
+        const byKey = new Map();
+        b.layers.forEach((l, i) => byKey.set(layerKey(l), n < 0 ? null : b.values[i][n]));
+        return { step: n < 0 ? null : b.steps[n], byKey, layers: b.layers };
+      }),
+    );
+    const depthKeys = [];
+    for (const x of depth) for (const l of x.layers) if (!depthKeys.includes(layerKey(l))) depthKeys.push(layerKey(l));
+    return { hists, depth, depthKeys };
+  }
+
+  _pickLayer(key) {
+    const state = this.state;
+    const runs = this._runs(state);
+    let path = null;
+    for (const r of runs) {
+      path = this._resolve(state, r, key, null);
+      if (path) break;
+    }
+    this.app.setState({ layer: path || key });
+  }
+
+  _depthPick(i) {
+    const key = this.depthKeys && this.depthKeys[i];
+    if (key) this._pickLayer(key);
+  }
+
+  onKey(e) {
+    return stepKeys(e, this.slider);
+  }
+
+  _csv() {
+    const d = this.data;
+    if (!d) return;
+    const state = this.state;
+    const rows = [];
+    d.runs.forEach((r, k) => {
+      d.steps.forEach((step, j) => rows.push(["over_steps", r, d.paths[k] || "", step, state.stat, d.values[k][j]]));
+    });
+    const at = d.atStep.get(`${this.step}`);
+    if (at) {
+      d.runs.forEach((r, k) => {
+        const dep = at.depth[k];
+        if (!dep) return;
+        for (const l of dep.layers) rows.push(["depth_profile", r, l, dep.step, state.stat, dep.byKey.get(layerKey(l))]);
+      });
+    }
+    downloadText(csvText(["chart", "run", "layer", "step", "stat", "value"], rows), `layergrad-compare-${safeFilename(d.key)}.csv`);
+  }
+}
+
+function shorten(s) {
+  return s.length > 14 ? `…${s.slice(-13)}` : s;
+}

@@ -1,0 +1,532 @@
+// Layer detail: one layer of one run over steps — statistics table at the chosen
+// step, statistics as line charts, histograms (offset / overlay), the raw gradient
+// when one was written, per-timestep norms for RNN layers, the layer's weight
+// gradients beside its output gradient, one series per target.
+
+import { api, isAbort } from "../api.js";
+import { detect, flagNames } from "../anomalies.js";
+import { COLORS, RDBU, lutIndex, packHex, paletteColor } from "../charts/colors.js";
+import { Heatmap } from "../charts/heatmap.js";
+import { HistogramChart } from "../charts/histograms.js";
+import { LineChart } from "../charts/lines.js";
+import { indexAtOrBefore } from "../charts/scale.js";
+import { tooltip } from "../charts/tooltip.js";
+import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
+import { csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
+import { findLayer, findRun, layerSeries, pickableLayers } from "../model.js";
+import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
+
+const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
+const STORED = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "min", "max", "mean", "std", "norm", "mean_abs", "no_gradient"];
+const CHARTS = [
+  { stat: "norm", log: true },
+  { stat: "mean_abs", log: true },
+  { stat: "std", log: true },
+  { stat: "zero_frac", log: false },
+  { stat: "nonfinite", log: false },
+];
+const HIST_STEPS = 60;
+const NAN_COLOR = packHex(COLORS.nan);
+const INF_COLOR = packHex(COLORS.inf);
+
+export class LayerView {
+  constructor(app) {
+    this.app = app;
+    this.loaded = null; // {key, series, stats: {key: body}}
+    this.abort = null;
+    this.layerSelect = select([], null, (v) => app.setState({ layer: v, series: null }), { "aria-label": "layer" });
+    this.logToggle = new Toggle([["1", "log"], ["0", "linear"]], "1", (v) => app.setState({ log: v === "1" }), "y scale");
+    this.csvBtn = h("button", { type: "button", class: "lg-button", text: "Download CSV", title: "every statistic of every series shown, at every step", on: { click: () => this._csv() } });
+    this.toolbar = h(
+      "div",
+      { class: "lg-toolbar" },
+      app.runControls({ targetSource: false }),
+      field("Layer", this.layerSelect, "lg-field-wide"),
+      field("Y scale", this.logToggle.el),
+      h("span", { class: "lg-spacer" }),
+      this.csvBtn,
+    );
+    this.slider = new StepSlider((step) => app.setState({ step }));
+    this.header = h("div", { class: "lg-layer-head" });
+    this.message = h("div", { class: "lg-messages" });
+
+    // At-step table.
+    this.table = h("div", { class: "lg-at-step" });
+    this.flags = h("div", { class: "lg-step-flags" });
+    const tablePanel = h("div", { class: "lg-panel lg-panel-table" }, h("h3", { class: "lg-panel-title", text: "At this step" }), this.flags, this.table);
+
+    // Line charts.
+    this.charts = CHARTS.map((c) => ({ ...c, chart: null }));
+    this.chartGrid = h("div", { class: "lg-chart-grid" });
+    for (const c of this.charts) c.chart = new LineChart(this.chartGrid, { title: statLabel(c.stat), height: 150, legend: false, onPick: (x) => app.setState({ step: x }) });
+    this.mmm = new LineChart(this.chartGrid, { title: "min · mean · max", height: 150, onPick: (x) => app.setState({ step: x }), alwaysLegend: true });
+    this.seriesLegend = h("div", { class: "lg-legend" });
+    const chartsPanel = h(
+      "div",
+      { class: "lg-panel lg-panel-charts" },
+      h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Over steps" }), this.seriesLegend),
+      this.chartGrid,
+    );
+
+    // Histograms.
+    this.histSelect = select([], null, (v) => app.setState({ series: v }), { "aria-label": "histogram series" });
+    this.histMode = new Toggle([["offset", "offset"], ["overlay", "overlay"]], "offset", (v) => app.setState({ hist: v }), "histogram mode");
+    this.histMsg = h("div");
+    this.hist = null;
+    const histHead = h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Histograms" }), field("Series", this.histSelect), this.histMode.el);
+    this.histPanel = h("div", { class: "lg-panel lg-panel-hist" }, histHead, this.histMsg);
+    this.hist = new HistogramChart(this.histPanel, { height: 300, onPick: (step) => app.setState({ step }) });
+
+    // Raw tensor.
+    this.tensorSelect = select([], null, () => this._loadTensor(), { "aria-label": "tensor series" });
+    this.tensorInfo = h("div", { class: "lg-muted" });
+    this.tensorMsg = h("div");
+    this.tensorPlot = h("div", { class: "lg-tensor-plot" });
+    this.tensorMap = new Heatmap(this.tensorPlot, { label: "raw gradient", onHover: (c) => this._tensorHover(c), onLeave: () => tooltip().hide() });
+    this.tensorLegend = h("div", { class: "lg-heat-legend" });
+    this.tensorPanel = h(
+      "div",
+      { class: "lg-panel lg-panel-tensor", hidden: true },
+      h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Raw gradient" }), this.tensorSelect),
+      this.tensorInfo,
+      this.tensorMsg,
+      this.tensorLegend,
+      this.tensorPlot,
+    );
+
+    // Timesteps.
+    this.tsMsg = h("div");
+    this.tsPanel = h("div", { class: "lg-panel lg-panel-ts", hidden: true }, h("h3", { class: "lg-panel-title", text: "Gradient norm per timestep (RNN)" }), this.tsMsg);
+    this.tsChart = new LineChart(this.tsPanel, { height: 200, alwaysLegend: true });
+
+    this.body = h(
+      "div",
+      { class: "lg-layer-body" },
+      h("div", { class: "lg-layer-row" }, tablePanel, this.histPanel),
+      chartsPanel,
+      h("div", { class: "lg-layer-row" }, this.tensorPanel, this.tsPanel),
+    );
+    this.el = h("section", { class: "lg-view lg-layer", dataset: { view: "layer" } }, this.toolbar, this.header, this.slider.el, this.message, this.body);
+    this.tensorCache = new Map();
+  }
+
+  _key(state) {
+    return JSON.stringify([state.run, state.layer]);
+  }
+
+  async show(state) {
+    this.state = state;
+    const run = findRun(this.app.runs, state.run);
+    const layers = pickableLayers(run);
+    const options = layers.map((l) => [l.layer, l.layer]);
+    if (state.layer && !options.some(([v]) => v === state.layer)) options.push([state.layer, findLayer(run, state.layer) ? state.layer : `${state.layer} (not in this run)`]);
+    setOptions(this.layerSelect, options, state.layer);
+    this.logToggle.set(state.log ? "1" : "0");
+    this.histMode.set(state.hist);
+    if (!this.loaded || this.loaded.key !== this._key(state)) await this._load(state, false);
+    else this._apply(state);
+  }
+
+  async refresh() {
+    if (this.abort) return; // a load is under way: it brings the new data too
+    this.state = this.app.resolved();
+    if (this.loaded && this.loaded.key === this._key(this.state)) await this._load(this.state, true);
+  }
+
+  async _load(state, quiet) {
+    if (this.abort) this.abort.abort();
+    const abort = (this.abort = new AbortController());
+    const signal = abort.signal;
+    const run = findRun(this.app.runs, state.run);
+    let series = layerSeries(run, state.layer).filter((x) => x.kinds.includes("stats"));
+    if (!series.length) {
+      // Unknown to `runs`: ask the route anyway so that its message is what the user sees.
+      series = [{ key: "?", layer: state.layer, target: state.target, source: state.source, kinds: ["stats"], label: state.source }];
+    }
+    if (!quiet) {
+      this.app.busy(true);
+      this._header(state, null);
+    }
+    try {
+      const bodies = await Promise.all(series.map((x) => api.stats({ run: state.run, layer: x.layer, target: x.target, source: x.source }, { signal })));
+      if (signal.aborted) return;
+      const stats = {};
+      series.forEach((x, k) => {
+        stats[x.key] = bodies[k];
+      });
+      const all = layerSeries(run, state.layer);
+      this.loaded = { key: this._key(state), series, all, stats, hist: null, ts: null, runInfo: run };
+      if (!quiet) this.tensorCache.clear();
+      else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
+      clear(this.message);
+      this.body.hidden = false;
+      await Promise.all([this._loadHist(state, signal), this._loadTimesteps(state, signal)]);
+      if (signal.aborted) return;
+      this._apply(state, true);
+    } catch (e) {
+      if (isAbort(e)) return;
+      if (!quiet) {
+        this.loaded = null;
+        this.body.hidden = true;
+        this._header(state, null);
+        this.slider.set([], null);
+      }
+      const msg = errorBox(e, `layer '${state.layer}' of run '${state.run}'`);
+      const layers = pickableLayers(run);
+      replace(this.message, msg, layers.length ? note(`Pick one of the ${layers.length} layers of run '${state.run}' above, or go back to the overview.`) : null);
+    } finally {
+      if (this.abort === abort) this.abort = null;
+      if (!quiet) this.app.busy(false);
+    }
+  }
+
+  /** The series whose steps drive the slider and whose histograms are shown. */
+  _primary(state) {
+    const L = this.loaded;
+    const byKey = L.series.find((x) => x.key === state.series);
+    if (byKey) return byKey;
+    return L.series.find((x) => x.target === state.target && x.layer === state.layer && x.source !== "weight") ||
+      L.series.find((x) => x.layer === state.layer) || L.series[0];
+  }
+
+  async _loadHist(state, signal) {
+    const L = this.loaded;
+    const withHist = L.all.filter((x) => x.kinds.includes("histogram"));
+    setOptions(this.histSelect, withHist.map((x) => [x.key, x.label]), null);
+    const hs = this._histSeriesFor(state);
+    L.histSeries = hs || null;
+    if (!hs) {
+      L.hist = null;
+      return;
+    }
+    this.histSelect.value = hs.key;
+    try {
+      const body = await api.histograms({ run: state.run, layer: hs.layer, target: hs.target, source: hs.source, max_steps: HIST_STEPS }, { signal });
+      L.hist = { series: hs, steps: body.steps, hists: body.histograms, extra: new Map() };
+      clear(this.histMsg);
+    } catch (e) {
+      if (isAbort(e)) throw e;
+      L.hist = null;
+      replace(this.histMsg, errorBox(e, "the histograms"));
+    }
+  }
+
+  _histSeriesFor(state) {
+    const withHist = this.loaded.all.filter((x) => x.kinds.includes("histogram"));
+    const primary = this._primary(state);
+    return withHist.find((x) => x.key === state.series) || withHist.find((x) => x.key === primary.key) || withHist[0] || null;
+  }
+
+  async _histAt(step) {
+    // The ridges are thinned to HIST_STEPS; fetch the chosen step's histogram if it is not among them.
+    const L = this.loaded;
+    const H = L && L.hist;
+    if (!H || step === null || H.steps.includes(step) || H.extra.has(step)) return;
+    const hs = H.series;
+    try {
+      const body = await api.histograms({ run: this.state.run, layer: hs.layer, target: hs.target, source: hs.source, start: step, end: step });
+      if (body.steps.length) H.extra.set(step, body.histograms[0]);
+      if (this.loaded === L) this._drawHist(this.state, step);
+    } catch (e) {
+      if (!isAbort(e)) replace(this.histMsg, errorBox(e, `the histogram at step ${step}`));
+    }
+  }
+
+  async _loadTimesteps(state, signal) {
+    const L = this.loaded;
+    const entry = findLayer(L.runInfo, state.layer);
+    const targets = entry ? entry.series.filter((x) => x.kinds.includes("timesteps")).map((x) => x.target) : [];
+    this.tsPanel.hidden = !targets.length;
+    if (!targets.length) {
+      L.ts = null;
+      return;
+    }
+    try {
+      const bodies = await Promise.all(targets.map((t) => api.timesteps({ run: state.run, layer: state.layer, target: t }, { signal })));
+      L.ts = bodies;
+      clear(this.tsMsg);
+    } catch (e) {
+      if (isAbort(e)) throw e;
+      L.ts = null;
+      replace(this.tsMsg, errorBox(e, "the per-timestep norms"));
+    }
+  }
+
+  /** Draw everything for the chosen step (`full`: also the charts over steps). */
+  _apply(state, full = false) {
+    const L = this.loaded;
+    if (!L) return;
+    const primary = this._primary(state);
+    const steps = L.stats[primary.key].steps;
+    const step = this.slider.set(steps, state.step);
+    this.step = step;
+    this._header(state, primary);
+    this._table(step);
+    const chartsKey = JSON.stringify([L.key, state.log, primary.key, steps.length]);
+    if (full || this._chartsKey !== chartsKey) {
+      this._chartsKey = chartsKey;
+      this._charts(state, primary, step);
+    } else {
+      for (const c of this.charts) c.chart.setMarker(step);
+      this.mmm.setMarker(step);
+    }
+    const wanted = this._histSeriesFor(state);
+    if (L.histSeries && wanted && wanted.key !== L.histSeries.key) {
+      this._loadHist(state).then(() => {
+        if (this.loaded === L) this._drawHist(this.state, this.step);
+      }, () => {});
+    } else {
+      this._drawHist(state, step);
+      this._histAt(step);
+    }
+    this._timesteps(state, step);
+    this._tensorSetup(state, step);
+    if (step === null) replace(this.message, note(`Nothing logged yet for ${primary.label}.`));
+  }
+
+  _header(state, primary) {
+    const entry = findLayer(this.loaded && this.loaded.runInfo, state.layer);
+    const bits = [];
+    if (entry) {
+      bits.push(`model position ${entry.index >= 0 ? entry.index : "unknown"}`);
+      const body = primary && this.loaded && this.loaded.stats[primary.key];
+      const dtype = (body && body.dtype) || entry.dtype;
+      if (dtype) bits.push(dtype);
+      const kinds = ["histograms", "stats", "tensors", "timesteps"].filter((k) => entry[k]);
+      bits.push(`logged: ${kinds.join(", ")}`);
+      if (entry.targets.length > 1) bits.push(`targets: ${entry.targets.join(", ")}`);
+    }
+    const back = h("button", { type: "button", class: "lg-link", text: "← overview", on: { click: () => this.app.setState({ view: "overview" }) } });
+    replace(
+      this.header,
+      back,
+      h("h2", { class: "lg-layer-name", text: state.layer || "" }),
+      h("span", { class: "lg-muted", text: `${state.run}${bits.length ? ` · ${bits.join(" · ")}` : ""}` }),
+    );
+  }
+
+  _valueAt(body, stat, step) {
+    const j = body.steps.indexOf(step);
+    return j < 0 ? undefined : body.stats[stat][j];
+  }
+
+  _table(step) {
+    const L = this.loaded;
+    const cols = L.series;
+    const table = h("table", { class: "lg-stats-table", dataset: { step: step ?? "", run: this.state.run, layer: this.state.layer } });
+    const head = h("tr", null, h("th", { text: "statistic" }), cols.map((x, k) => h("th", { class: "lg-series-head", title: `${x.target} / ${x.source} / ${x.layer}` }, h("span", { class: "lg-swatch", style: { background: paletteColor(k) } }), h("span", { text: x.label }))));
+    table.appendChild(h("thead", null, head));
+    const tbody = h("tbody");
+    for (const stat of TABLE_STATS) {
+      const tr = h("tr", { dataset: { stat } }, h("th", { text: statLabel(stat) }));
+      for (const x of cols) {
+        const v = step === null ? undefined : this._valueAt(L.stats[x.key], stat, step);
+        const bad = (["nan", "pos_inf", "neg_inf"].includes(stat) && v > 0) || (stat === "no_gradient" && v === 1);
+        tr.appendChild(h("td", { class: bad ? "lg-bad" : null, dataset: { series: x.key, stat }, title: v === undefined ? "no record at this step" : fmtExact(v), text: v === undefined ? "·" : fmtNum(v) }));
+      }
+      tbody.appendChild(tr);
+    }
+    table.appendChild(tbody);
+    replace(this.table, table);
+    // Flags of the primary output series at this step (rules need other layers for "vanishing": see the overview).
+    const bits = [];
+    for (const x of cols) {
+      const b = L.stats[x.key];
+      const j = step === null ? -1 : b.steps.indexOf(step);
+      if (j < 0) continue;
+      const res = detect({ rms: [b.stats.rms], norm: [b.stats.norm], nonfinite: [b.stats.nonfinite], zero_frac: [b.stats.zero_frac] }, 1, b.steps.length);
+      const f = flagNames(res.flags[j]);
+      if (f.length) bits.push(h("span", { class: "lg-chip lg-chip-" + f[0].replace("non-finite", "nonfinite") }, `${x.label}: ${f.join(", ")}`));
+    }
+    replace(this.flags, bits);
+  }
+
+  _charts(state, primary, step) {
+    const L = this.loaded;
+    const pb = L.stats[primary.key];
+    const xMarks = pb.steps.filter((_, j) => pb.stats.nonfinite[j] > 0).map((x) => ({ x, title: `non-finite values at step ${x}` }));
+    replace(
+      this.seriesLegend,
+      L.series.map((x, k) =>
+        h("span", { class: "lg-legend-item", dataset: { series: x.key } },
+          h("span", { class: "lg-swatch", style: { background: paletteColor(k) } }),
+          h("span", { class: "lg-legend-name", text: x.label }))),
+    );
+    for (const c of this.charts) {
+      const log = c.log && state.log;
+      c.chart.setTitle(`${statLabel(c.stat)}${log ? " (log)" : ""}`);
+      c.chart.update({
+        series: L.series.map((x, k) => ({ name: x.label, color: paletteColor(k), xs: L.stats[x.key].steps, ys: L.stats[x.key].stats[c.stat] })),
+        log,
+        marker: step,
+        xMarks,
+        xLabel: "step",
+      });
+    }
+    this.mmm.setTitle(`min · mean · max — ${primary.label}`);
+    this.mmm.update({
+      series: [
+        { name: "max", color: "#c62828", xs: pb.steps, ys: pb.stats.max, dash: "4 3", width: 1.2 },
+        { name: "mean", color: "#37474f", xs: pb.steps, ys: pb.stats.mean },
+        { name: "min", color: "#1565c0", xs: pb.steps, ys: pb.stats.min, dash: "4 3", width: 1.2 },
+      ],
+      log: false,
+      marker: step,
+      xMarks,
+      xLabel: "step",
+    });
+  }
+
+  _drawHist(state, step) {
+    const L = this.loaded;
+    const H = L && L.hist;
+    this.histPanel.hidden = !(L && L.histSeries);
+    if (!H) return;
+    const items = H.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: H.hists[k] }));
+    if (step !== null && !H.steps.includes(step) && H.extra.has(step)) {
+      items.push({ key: step, label: `step ${step}`, buckets: H.extra.get(step) });
+      items.sort((a, b) => a.key - b.key);
+    }
+    const stats = L.stats[H.series.key];
+    const total = stats ? stats.steps.length : H.steps.length;
+    const shown = total > H.steps.length ? `${H.steps.length} of ${total} steps (evenly spread)` : `${H.steps.length} steps`;
+    this.hist.setTitle(`${H.series.label} — ${shown}; orange: step ${step ?? "—"}`);
+    this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
+  }
+
+  _timesteps(state, step) {
+    const L = this.loaded;
+    if (!L.ts || !L.ts.length) return;
+    const series = [];
+    const t0 = L.ts[0];
+    // A few other steps of the first target, faint, for context.
+    if (t0.steps.length > 1) {
+      const n = Math.min(5, t0.steps.length);
+      for (let k = 0; k < n; k++) {
+        const j = Math.round((k * (t0.steps.length - 1)) / Math.max(1, n - 1));
+        if (t0.steps[j] === step) continue;
+        const ys = t0.norms[j];
+        series.push({ name: `step ${t0.steps[j]}`, color: "#c5cad3", xs: ys.map((_, t) => t), ys, width: 1 });
+      }
+    }
+    L.ts.forEach((b, k) => {
+      const j = step === null ? b.steps.length - 1 : b.steps.indexOf(step);
+      if (j < 0) return;
+      const ys = b.norms[j];
+      series.push({ name: `${b.target} · step ${b.steps[j]}`, color: k ? paletteColor(k + 1) : COLORS.accent, xs: ys.map((_, t) => t), ys, width: 2.2 });
+    });
+    this.tsChart.update({
+      series,
+      log: state.log,
+      xLabel: "timestep t",
+      integerX: true,
+      xFormatHover: (t) => `timestep ${t}`,
+      empty: step === null ? "no data" : `no per-timestep norms at step ${step}`,
+    });
+  }
+
+  // -- raw tensor ------------------------------------------------------------------------------
+
+  _tensorSetup(state, step) {
+    const L = this.loaded;
+    const withTensor = L.all.filter((x) => x.kinds.includes("tensor"));
+    this.tensorPanel.hidden = !withTensor.length;
+    if (!withTensor.length) return;
+    const current = this.tensorSelect.value;
+    setOptions(this.tensorSelect, withTensor.map((x) => [x.key, x.label]), withTensor.some((x) => x.key === current) ? current : withTensor[0].key);
+    this.tensorSelect.hidden = withTensor.length < 2;
+    clearTimeout(this._tensorTimer);
+    this._tensorTimer = setTimeout(() => this._loadTensor(), 120);
+  }
+
+  async _loadTensor() {
+    const L = this.loaded;
+    if (!L) return;
+    const x = L.all.find((q) => q.key === this.tensorSelect.value);
+    if (!x) return;
+    const step = this.step;
+    const run = this.state.run;
+    const ck = (s) => `${x.key}@${s}`;
+    try {
+      // The steps that have a tensor: from a first answer (the latest), cached.
+      let latest = this.tensorCache.get(ck("latest"));
+      if (!latest) {
+        latest = await api.tensor({ run, layer: x.layer, target: x.target, source: x.source });
+        this.tensorCache.set(ck("latest"), latest);
+        this.tensorCache.set(ck(latest.step), latest);
+      }
+      const steps = latest.steps;
+      let k = step === null ? steps.length - 1 : indexAtOrBefore(steps, step);
+      const exact = k >= 0 && steps[k] === step;
+      if (k < 0) k = 0;
+      const want = steps[k];
+      let body = this.tensorCache.get(ck(want));
+      if (!body) {
+        body = await api.tensor({ run, layer: x.layer, target: x.target, source: x.source, step: want });
+        this.tensorCache.set(ck(want), body);
+      }
+      if (this.loaded !== L || this.step !== step) return;
+      clear(this.tensorMsg);
+      this._drawTensor(body, exact ? null : `no raw tensor at step ${step}; showing step ${want} (raw tensors at ${steps.length} steps)`);
+    } catch (e) {
+      if (isAbort(e)) return;
+      replace(this.tensorMsg, errorBox(e, "the raw gradient"));
+    }
+  }
+
+  _drawTensor(body, why) {
+    const [rows, cols] = body.shape.length === 2 ? body.shape : [1, body.values.flat().length];
+    const bad = new Map(body.nonfinite.map(([r, c, kind]) => [r * cols + c, kind]));
+    let m = Math.max(Math.abs(body.min || 0), Math.abs(body.max || 0)) || 1;
+    const cell = (i, j) => {
+      const kind = bad.get(i * cols + j);
+      if (kind) return kind === "nan" ? NAN_COLOR : INF_COLOR;
+      const v = body.values[i][j];
+      if (v === null || v === undefined) return 0;
+      return RDBU.packed[lutIndex(0.5 + v / (2 * m))];
+    };
+    this.tensorBody = body;
+    const width = Math.max(160, this.tensorPlot.clientWidth || this.tensorPanel.clientWidth - 24 || 400);
+    const rowH = Math.max(4, Math.min(26, Math.floor(260 / rows)));
+    this.tensorMap.draw({ rows, cols, width, rowHeight: rowH, cell });
+    this.tensorInfo.textContent = `step ${body.step} · shown as [${rows}, ${cols}] · min ${fmtNum(body.min)} · max ${fmtNum(body.max)}` +
+      (body.nonfinite.length ? ` · ${body.nonfinite.length} non-finite` : "") + (why ? ` — ${why}` : "");
+    const sw = (color, text) => h("span", { class: "lg-legend-item" }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
+    replace(
+      this.tensorLegend,
+      sw(RDBU.css[0], `−${fmtNum(m, 3)}`),
+      sw(RDBU.css[128], "0"),
+      sw(RDBU.css[255], `+${fmtNum(m, 3)}`),
+      body.nonfinite.some((q) => q[2] === "nan") ? sw(COLORS.nan, "NaN") : null,
+      body.nonfinite.some((q) => q[2] !== "nan") ? sw(COLORS.inf, "±Inf") : null,
+    );
+  }
+
+  _tensorHover(c) {
+    const b = this.tensorBody;
+    if (!b) return;
+    const kind = b.nonfinite.find((q) => q[0] === c.i && q[1] === c.j);
+    const v = kind ? kind[2] : fmtExact(b.values[c.i][c.j]);
+    tooltip().show(c.clientX, c.clientY, `[${c.i}, ${c.j}]`, [["value", v], ["step", String(b.step)]]);
+  }
+
+  // -- keys, CSV -------------------------------------------------------------------------------
+
+  onKey(e) {
+    return stepKeys(e, this.slider);
+  }
+
+  _csv() {
+    const L = this.loaded;
+    if (!L) return;
+    const run = this.state.run;
+    const rows = [];
+    for (const x of L.series) {
+      const b = L.stats[x.key];
+      b.steps.forEach((step, j) => {
+        rows.push([run, x.target, x.source, x.layer, step, b.wall_times[j], ...STORED.map((st) => b.stats[st][j])]);
+      });
+    }
+    downloadText(csvText(["run", "target", "source", "layer", "step", "wall_time", ...STORED], rows), `layergrad-${safeFilename(run)}-${safeFilename(this.state.layer)}.csv`);
+  }
+}

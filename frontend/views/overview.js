@@ -1,0 +1,533 @@
+// Gradient flow overview: layers (rows, model order) x steps (columns) of one run,
+// colour = log10 of a statistic, anomalies marked, hover for exact values, click
+// for the layer's detail at that step.
+
+import { api, isAbort } from "../api.js";
+import { detect, firstNonfinite, flagNames, FLAG, FLAG_INFO, REQUIRED_STATS, THRESHOLDS } from "../anomalies.js";
+import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
+import { Heatmap } from "../charts/heatmap.js";
+import { tooltip } from "../charts/tooltip.js";
+import { h, s, clear, replace, select, setOptions } from "../dom.js";
+import { commonPrefix, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
+import { errorBox, field, note } from "./common.js";
+
+const RED = packHex(COLORS.nonfinite);
+const ZERO = packHex(COLORS.zero);
+const MISSING = packHex(COLORS.missing);
+const CHIP_W = 168;
+
+export class OverviewView {
+  constructor(app) {
+    this.app = app;
+    this.data = null; // {key, layers, steps, m: {stat: rows}}
+    this.abort = null;
+    this.statSelect = select(MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), "norm", (v) => app.setState({ stat: v }), { "aria-label": "statistic" });
+    this.marks = h("input", { type: "checkbox", checked: true, on: { change: () => this.draw() } });
+    this.csv = h("a", { class: "lg-button", download: "", text: "Download CSV", title: "every statistic of every layer of this run (the plugin's csv route)" });
+    this.toolbar = h(
+      "div",
+      { class: "lg-toolbar" },
+      app.runControls(),
+      field("Colour", this.statSelect),
+      h("label", { class: "lg-check" }, this.marks, h("span", { text: "mark anomalies" })),
+      h("span", { class: "lg-spacer" }),
+      this.csv,
+    );
+    this.summary = h("div", { class: "lg-summary" });
+    this.message = h("div", { class: "lg-messages" });
+    this.legend = h("div", { class: "lg-heat-legend" });
+    this.labels = h("div", { class: "lg-row-labels", role: "list", "aria-label": "layers in model order" });
+    this.chips = h("div", { class: "lg-row-chips" });
+    this.plot = h("div", { class: "lg-heat-plot" });
+    this.axis = s("svg", { class: "lg-step-axis" });
+    this.heatmap = new Heatmap(this.plot, {
+      label: "gradient flow heatmap: layers by steps",
+      onHover: (c) => this._hover(c),
+      onLeave: () => tooltip().hide(),
+      onClick: (c) => this._open(c.i, c.j),
+    });
+    this.plot.appendChild(this.axis);
+    this.grid = h("div", { class: "lg-heat-grid" }, this.labels, this.plot, this.chips);
+    this.el = h("section", { class: "lg-view lg-overview", dataset: { view: "overview" } }, this.toolbar, this.message, this.summary, this.legend, this.grid);
+    this._resize = new ResizeObserver(() => {
+      if (this.data && this.el.clientWidth !== this._width) this.draw();
+    });
+    this._resize.observe(this.el);
+  }
+
+  _wanted(state) {
+    return [...new Set([state.stat, ...REQUIRED_STATS])];
+  }
+
+  _key(state) {
+    return JSON.stringify([state.run, state.target, state.source]);
+  }
+
+  /** Called whenever the state changes while this view is shown. */
+  async show(state) {
+    this.state = state;
+    setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), state.stat);
+    this.csv.href = api.csvUrl({ run: state.run, target: state.target, source: state.source });
+    this.csv.setAttribute("download", `layergrad-${state.run}.csv`);
+    const key = this._key(state);
+    const missing = this._wanted(state).filter((x) => !(this.data && this.data.key === key && this.data.m[x]));
+    if (this.data && this.data.key === key && !missing.length) {
+      this.draw();
+      return;
+    }
+    await this._load(state, this.data && this.data.key === key ? missing : this._wanted(state), false);
+  }
+
+  /** Poll: fetch the steps from the last one known on (the last may have been partial). */
+  async refresh() {
+    if (this.abort) return; // a load is under way: it brings the new data too
+    this.state = this.app.resolved();
+    const state = this.state;
+    if (!this.data || this.data.key !== this._key(state)) return this.show(state);
+    await this._load(state, Object.keys(this.data.m), true);
+  }
+
+  async _load(state, stats, incremental) {
+    if (!state.run) return;
+    if (this.abort) this.abort.abort();
+    const abort = (this.abort = new AbortController());
+    const key = this._key(state);
+    const start = incremental && this.data.steps.length ? this.data.steps[this.data.steps.length - 1] : undefined;
+    if (!incremental) this.app.busy(true);
+    try {
+      const bodies = await Promise.all(
+        stats.map((stat) => api.matrix({ run: state.run, target: state.target, source: state.source, stat, start }, { signal: abort.signal })),
+      );
+      if (abort.signal.aborted) return;
+      const layers = bodies[0].layers;
+      const sameLayers = this.data && this.data.key === key && JSON.stringify(this.data.layers) === JSON.stringify(layers);
+      if (incremental && !sameLayers) {
+        // A layer appeared: start over with every step.
+        this.data = null;
+        return await this._load(state, this._wanted(state), false);
+      }
+      if (!(this.data && this.data.key === key && sameLayers)) this.data = { key, layers, steps: [], m: {} };
+      if (!merge(this.data, stats, bodies, start)) {
+        this.data = null;
+        return await this._load(state, this._wanted(state), false);
+      }
+      this.data.version = (this.data.version || 0) + 1;
+      clear(this.message);
+      this.draw();
+    } catch (e) {
+      if (isAbort(e)) return;
+      if (!incremental) {
+        this.data = null;
+        this._clearPlot();
+      }
+      replace(this.message, errorBox(e, `the gradient-flow matrix of run '${state.run}'`));
+    } finally {
+      if (this.abort === abort) this.abort = null;
+      if (!incremental) this.app.busy(false);
+    }
+  }
+
+  _clearPlot() {
+    clear(this.labels);
+    clear(this.chips);
+    clear(this.summary);
+    clear(this.legend);
+    clear(this.axis);
+    this.heatmap.draw({ rows: 0, cols: 0, width: 1, rowHeight: 1, cell: () => 0 });
+  }
+
+  /** Redraw from the loaded data (no fetching). */
+  draw() {
+    const d = this.data;
+    const state = this.state;
+    if (!d) return;
+    this._width = this.el.clientWidth;
+    const stat = d.m[state.stat] ? state.stat : Object.keys(d.m)[0];
+    const rows = d.layers.length;
+    const cols = d.steps.length;
+    if (!rows) {
+      this._clearPlot();
+      replace(this.message, note(`Run '${state.run}' has no ${state.source} statistics for target '${state.target}'.`));
+      return;
+    }
+    const values = d.m[stat];
+    const nonfinite = d.m.nonfinite;
+    if (this._anFor !== d || this._anVersion !== d.version) {
+      this.anomalies = detect(d.m, rows, cols);
+      this._anFor = d;
+      this._anVersion = d.version;
+    }
+    const an = this.anomalies;
+    const showMarks = this.marks.checked;
+
+    // Colour scale: log10 of the positive finite values.
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const row of values) for (const v of row) if (v > 0 && Number.isFinite(v)) {
+      const l = Math.log10(v);
+      if (l < lo) lo = l;
+      if (l > hi) hi = l;
+    }
+    if (!(lo <= hi)) {
+      lo = 0;
+      hi = 1;
+    }
+    if (hi - lo < 1e-9) {
+      lo -= 0.5;
+      hi += 0.5;
+    }
+    const span = hi - lo;
+    const redOverride = stat !== "nonfinite";
+    const colorOf = (v) => (v === null || v === undefined ? MISSING : v === 0 ? ZERO : v > 0 ? VIRIDIS.packed[lutIndex((Math.log10(v) - lo) / span)] : MISSING);
+    const cell = (i, j) => (redOverride && nonfinite[i][j] > 0 ? RED : colorOf(values[i][j]));
+    const bin = (i, j0, j1) => {
+      let best = null;
+      let any = false;
+      for (let j = j0; j < j1; j++) {
+        if (redOverride && nonfinite[i][j] > 0) return RED;
+        const v = values[i][j];
+        if (v === null || v === undefined) continue;
+        any = true;
+        if (best === null || v > best) best = v;
+      }
+      return any ? colorOf(best) : MISSING;
+    };
+    const pick = (i, j0, j1) => {
+      let bestJ = j0;
+      let best = -Infinity;
+      for (let j = j0; j < j1; j++) {
+        if (nonfinite[i][j] > 0) return j;
+        const v = values[i][j];
+        if (v !== null && v > best) {
+          best = v;
+          bestJ = j;
+        }
+      }
+      return bestJ;
+    };
+
+    // Layout: labels | heatmap | chips.
+    const prefix = commonPrefix(d.layers);
+    const names = d.layers.map((l) => l.slice(prefix.length));
+    const labelW = Math.max(90, Math.min(280, 24 + 7.2 * Math.max(...names.map((n) => n.length))));
+    const avail = this.el.clientWidth || 900;
+    const anyChip = an.layers.some((l) => l.firstNonfinite !== null || l.count.vanishing || l.count.exploding || l.count.dead);
+    const chipW = anyChip ? CHIP_W : 12;
+    const width = Math.max(120, avail - labelW - chipW - 24);
+    const rowH = Math.max(3, Math.min(22, Math.floor(560 / rows)));
+    this.geom = { rowH, labelW, prefix, names, stat, lo, hi };
+    this.grid.style.gridTemplateColumns = `${labelW}px ${width}px ${chipW}px`;
+
+    const first = firstNonfinite(an);
+    this.heatmap.draw({
+      rows,
+      cols,
+      width,
+      rowHeight: rowH,
+      cell,
+      bin,
+      pick,
+      selected: {},
+      decorate: (ctx, g) => this._decorate(ctx, g, an, first, showMarks),
+    });
+    this._labels(names, rowH);
+    this._chips(an, rowH);
+    this._axis(width, first);
+    this._legend(stat, lo, hi, showMarks);
+    this._summary(an, first);
+  }
+
+  _decorate(ctx, g, an, first, showMarks) {
+    const { rows, cols } = g;
+    // Rings around the first non-finite cell of each layer (always, at least 5 px).
+    ctx.lineWidth = 2;
+    for (let i = 0; i < rows; i++) {
+      const j = an.layers[i].firstNonfinite;
+      if (j === null) continue;
+      const w = Math.max(5, g.colWidth);
+      const hgt = Math.max(5, g.rowHeight);
+      const x = g.x(j) + g.colWidth / 2 - w / 2;
+      const y = g.y(i) + g.rowHeight / 2 - hgt / 2;
+      ctx.strokeStyle = "#000";
+      ctx.strokeRect(x + 1, y + 1, w - 2, hgt - 2);
+    }
+    if (!showMarks || g.rowHeight < 6) return;
+    // A bar along the bottom of each run of flagged cells: the row reads "vanishing from here to there".
+    const barH = Math.max(2, Math.round(g.rowHeight * 0.2));
+    const colorOf = (f) => (f & FLAG.EXPLODING ? COLORS.exploding : f & FLAG.DEAD ? "#263238" : f & FLAG.VANISHING ? COLORS.vanishing : null);
+    const px = Math.max(1, Math.round(g.width));
+    const perPx = g.binned ? cols / px : 1;
+    const n = g.binned ? px : cols;
+    for (let i = 0; i < rows; i++) {
+      let runStart = 0;
+      let runColor = null;
+      const y = g.y(i) + g.rowHeight - barH;
+      for (let k = 0; k <= n; k++) {
+        let color = null;
+        if (k < n) {
+          let f = 0;
+          const j0 = Math.floor(k * perPx);
+          const j1 = g.binned ? Math.max(j0 + 1, Math.floor((k + 1) * perPx)) : j0 + 1;
+          for (let j = j0; j < j1; j++) f |= an.flags[i * cols + j];
+          if (!(f & FLAG.NONFINITE)) color = colorOf(f);
+        }
+        if (color !== runColor) {
+          if (runColor) {
+            const x0 = g.binned ? runStart : g.x(runStart);
+            const x1 = g.binned ? k : g.x(k);
+            ctx.fillStyle = runColor;
+            ctx.fillRect(x0, y, x1 - x0, barH);
+          }
+          runColor = color;
+          runStart = k;
+        }
+      }
+    }
+  }
+
+  _labels(names, rowH) {
+    const d = this.data;
+    // Rows under 13 px cannot hold text: then labels float over their row, one every `every` rows.
+    const dense = rowH < 13;
+    const every = dense ? Math.ceil(14 / rowH) : 1;
+    this.labels.classList.toggle("lg-dense", dense);
+    this.labels.style.height = `${rowH * names.length}px`;
+    const items = names.map((name, i) => {
+      const full = d.layers[i];
+      const el = h("div", {
+        class: "lg-row-label",
+        role: "listitem",
+        title: `${full} — click for the layer's detail`,
+        dataset: { layer: full, row: i },
+        style: dense ? { top: `${(i + 0.5) * rowH - 7}px` } : { height: `${rowH}px`, "line-height": `${rowH}px` },
+        on: { click: () => this._open(i, null) },
+      });
+      el.textContent = name;
+      if (i % every !== 0) el.hidden = true;
+      const f = this.anomalies.layers[i];
+      if (f.firstNonfinite !== null) el.classList.add("lg-flag-nonfinite");
+      else if (f.latest & FLAG.EXPLODING) el.classList.add("lg-flag-exploding");
+      else if (f.latest & FLAG.DEAD) el.classList.add("lg-flag-dead");
+      else if (f.latest & FLAG.VANISHING) el.classList.add("lg-flag-vanishing");
+      return el;
+    });
+    replace(this.labels, items);
+  }
+
+  _chips(an, rowH) {
+    const d = this.data;
+    const dense = rowH < 12;
+    this.chips.classList.toggle("lg-dense", dense);
+    this.chips.style.height = `${rowH * an.layers.length}px`;
+    const items = [];
+    an.layers.forEach((f, i) => {
+      const chips = [];
+      const n = Math.max(1, f.recorded);
+      if (f.firstNonfinite !== null) chips.push(["nonfinite", `NaN/Inf @${d.steps[f.firstNonfinite]}`, `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${d.steps[f.firstNonfinite]}`]);
+      for (const info of FLAG_INFO.slice(1)) {
+        const c = f.count[info.key];
+        if (!c) continue;
+        const now = f.latest & info.flag;
+        chips.push([info.key, now ? info.label : `${info.label} ${c}/${n}`, `${info.label} at ${c} of ${n} steps${now ? ", including the latest" : ""}: ${info.rule}`]);
+      }
+      if (dense) {
+        // One thin bar per flagged row, in the colour of its most serious flag.
+        if (chips.length) {
+          items.push(h("span", {
+            class: `lg-row-bar lg-chip-${chips[0][0]}`,
+            title: `${d.layers[i]}\n${chips.map((c) => c[2]).join("\n")}`,
+            dataset: { row: i },
+            style: { top: `${i * rowH}px`, height: `${Math.max(2, rowH)}px` },
+          }));
+        }
+        return;
+      }
+      const row = h("div", { class: "lg-row-chip", style: { height: `${rowH}px` }, dataset: { row: i } });
+      for (const [kind, text, title] of chips.slice(0, 2)) row.appendChild(h("span", { class: `lg-chip lg-chip-${kind}`, text, title }));
+      items.push(row);
+    });
+    replace(this.chips, items);
+  }
+
+  _axis(width, first) {
+    const d = this.data;
+    const svg = this.axis;
+    clear(svg);
+    const H = 30;
+    svg.setAttribute("width", width);
+    svg.setAttribute("height", H);
+    const cols = d.steps.length;
+    if (!cols) return;
+    const colW = width / cols;
+    const n = Math.max(2, Math.min(cols, Math.floor(width / 70)));
+    const seen = new Set();
+    for (let k = 0; k < n; k++) {
+      const j = Math.round((k * (cols - 1)) / (n - 1));
+      if (seen.has(j)) continue;
+      seen.add(j);
+      const x = (j + 0.5) * colW;
+      svg.appendChild(s("line", { x1: x, x2: x, y1: 0, y2: 4, class: "lg-tickmark" }));
+      svg.appendChild(s("text", { x, y: 15, "text-anchor": k === 0 && x < 20 ? "start" : k === n - 1 && x > width - 20 ? "end" : "middle", class: "lg-tick", text: String(d.steps[j]) }));
+    }
+    svg.appendChild(s("text", { x: width, y: H - 2, "text-anchor": "end", class: "lg-axis-label", text: `step (${cols} logged${cols > width ? `; a pixel column shows the largest value of ${(cols / width).toFixed(1)} steps` : ""})` }));
+    if (first) {
+      const x = (first.col + 0.5) * colW;
+      const m = s("path", { d: `M${x},0 l5,8 l-10,0 z`, fill: COLORS.nonfinite, class: "lg-xmark" });
+      m.appendChild(s("title", { text: `first non-finite gradient: step ${d.steps[first.col]}` }));
+      svg.appendChild(m);
+    }
+  }
+
+  _legend(stat, lo, hi, showMarks) {
+    const W = 220;
+    const bar = h("canvas", { width: W, height: 10, class: "lg-colorbar" });
+    const ctx = bar.getContext("2d");
+    for (let x = 0; x < W; x++) {
+      ctx.fillStyle = VIRIDIS.css[lutIndex(x / (W - 1))];
+      ctx.fillRect(x, 0, 1, 10);
+    }
+    const ticks = h("div", { class: "lg-colorbar-ticks", style: { width: `${W}px` } });
+    const kLo = Math.ceil(lo - 1e-9);
+    const kHi = Math.floor(hi + 1e-9);
+    const at = (l, text) => ticks.appendChild(h("span", { class: "lg-colorbar-tick", style: { left: `${((l - lo) / (hi - lo)) * 100}%` }, text }));
+    if (kHi - kLo >= 2) {
+      const every = Math.max(1, Math.ceil((kHi - kLo + 1) / 6));
+      for (let k = kLo; k <= kHi; k += every) at(k, fmtPow10(k));
+    } else {
+      // Less than two decades: 1-2-5 ticks.
+      const marks = [];
+      for (let k = Math.floor(lo) - 1; k <= Math.ceil(hi); k++) for (const m of [1, 2, 5]) marks.push(Math.log10(m) + k);
+      const inside = marks.filter((l) => l >= lo - 1e-9 && l <= hi + 1e-9);
+      const every = Math.max(1, Math.ceil(inside.length / 6));
+      inside.forEach((l, n) => {
+        if (n % every === 0) at(l, fmtNum(Number(Math.pow(10, l).toPrecision(2)), 2));
+      });
+      if (!inside.length) {
+        at(lo, fmtNum(Math.pow(10, lo), 3));
+        at(hi, fmtNum(Math.pow(10, hi), 3));
+      }
+    }
+    const swatch = (color, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
+    const glyph = (cls, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: `lg-bar ${cls}` }), h("span", { text }));
+    replace(
+      this.legend,
+      h("span", { class: "lg-legend-title", text: `${statLabel(stat)} (log10 colour)` }),
+      h("span", { class: "lg-colorbar-wrap" }, bar, ticks),
+      swatch(COLORS.zero, "0", "exactly zero (e.g. no gradient reaches the layer)"),
+      swatch(COLORS.missing, "no record", "nothing logged for this layer at this step"),
+      stat !== "nonfinite" ? swatch(COLORS.nonfinite, "NaN/Inf", "the gradient holds NaN or ±Inf at this step; a black box marks each layer's first") : null,
+      showMarks ? glyph("lg-bar-vanishing", "vanishing", FLAG_INFO[2].rule) : null,
+      showMarks ? glyph("lg-bar-exploding", "exploding", FLAG_INFO[1].rule) : null,
+      showMarks ? glyph("lg-bar-dead", "dead", FLAG_INFO[3].rule) : null,
+    );
+  }
+
+  _summary(an, first) {
+    const d = this.data;
+    const state = this.state;
+    const cols = d.steps.length;
+    const parts = [];
+    const head = h(
+      "div",
+      { class: "lg-summary-head" },
+      h("span", { class: "lg-run-name", text: state.run }),
+      h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${cols} steps` + (cols ? ` (${d.steps[0]}–${d.steps[cols - 1]})` : "") + (this.geom.prefix ? ` · model ${this.geom.prefix.slice(0, -1)}` : "") }),
+    );
+    parts.push(head);
+    if (first) {
+      const names = first.layers.map((i) => d.layers[i]);
+      const link = h("button", {
+        type: "button",
+        class: "lg-alert lg-alert-nonfinite",
+        title: "open that layer at that step",
+        on: { click: () => this._open(first.layers[0], first.col) },
+      });
+      link.textContent = `First non-finite gradient: step ${d.steps[first.col]} in ${names[0]}${names.length > 1 ? ` and ${names.length - 1} more layer${names.length > 2 ? "s" : ""}` : ""} →`;
+      parts.push(link);
+    }
+    const last = cols - 1;
+    const counts = { "non-finite": 0, vanishing: 0, exploding: 0, dead: 0 };
+    an.layers.forEach((l) => {
+      if (l.latestStep !== last) return;
+      if (l.latest & FLAG.NONFINITE) counts["non-finite"]++;
+      if (l.latest & FLAG.VANISHING) counts.vanishing++;
+      if (l.latest & FLAG.EXPLODING) counts.exploding++;
+      if (l.latest & FLAG.DEAD) counts.dead++;
+    });
+    const bits = Object.entries(counts).filter(([, c]) => c).map(([k, c]) => `${c} ${k}`);
+    const health = h("span", { class: bits.length ? "lg-health lg-health-bad" : "lg-health lg-health-ok" });
+    health.textContent = cols
+      ? bits.length
+        ? `At the latest step (${d.steps[last]}): ${bits.join(", ")} of ${d.layers.length} layers.`
+        : `At the latest step (${d.steps[last]}): no non-finite, vanishing, exploding or dead layer.`
+      : "No steps logged yet.";
+    health.title = FLAG_INFO.map((x) => `${x.label}: ${x.rule}`).join("\n");
+    parts.push(health);
+    replace(this.summary, parts);
+  }
+
+  _hover(c) {
+    const d = this.data;
+    if (!d) return;
+    const { i, j, j0, j1 } = c;
+    const stat = this.geom.stat;
+    const m = d.m;
+    const rows = [["step", j1 - j0 > 1 ? `${d.steps[j]} (this pixel: steps ${d.steps[j0]}–${d.steps[j1 - 1]})` : String(d.steps[j])]];
+    rows.push([statLabel(stat), fmtExact(m[stat][i][j])]);
+    for (const x of ["norm", "rms", "mean_abs", "std"]) if (x !== stat && m[x]) rows.push([statLabel(x), fmtNum(m[x][i][j], 6)]);
+    if (m.zero_frac) rows.push(["zero fraction", fmtPercent(m.zero_frac[i][j])]);
+    if (m.nonfinite) rows.push(["non-finite", fmtNum(m.nonfinite[i][j])]);
+    const f = this.anomalies.flags[i * d.steps.length + j];
+    const flags = flagNames(f);
+    if (flags.length) rows.push(["anomaly", flags.join(", "), "lg-tip-bad"]);
+    if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j], 3)} × (threshold ${THRESHOLDS.VANISH_REL})`]);
+    tooltip().show(c.clientX, c.clientY, d.layers[i], rows, "click: this layer at this step");
+  }
+
+  _open(i, j) {
+    const d = this.data;
+    tooltip().hide();
+    this.app.setState({ view: "layer", layer: d.layers[i], step: j === null ? null : d.steps[j], series: null });
+  }
+
+  onKey() {
+    return false;
+  }
+}
+
+/**
+ * Put matrix answers (for `stats`, fetched from step `start` on) into `data`.
+ * False when they do not line up with what `data` holds (then reload everything).
+ */
+function merge(data, stats, bodies, start) {
+  const steps = [...new Set(bodies.flatMap((b) => b.steps))].sort((a, b) => a - b);
+  // Columns kept from before: those before `start`.
+  let keep = data.steps.length;
+  if (start !== undefined) {
+    keep = data.steps.findIndex((x) => x >= start);
+    if (keep < 0) keep = data.steps.length;
+  }
+  const oldSteps = data.steps.slice(0, keep);
+  const rowsN = data.layers.length;
+  // Stats held from before and not fetched now must have exactly these steps.
+  const others = Object.keys(data.m).filter((name) => !stats.includes(name));
+  if (others.length && (start !== undefined || JSON.stringify(data.steps) !== JSON.stringify(steps))) return false;
+  stats.forEach((stat, k) => {
+    const b = bodies[k];
+    const pos = new Map(b.steps.map((x, n) => [x, n]));
+    const old = data.m[stat] && start !== undefined ? data.m[stat] : null;
+    const rows = new Array(rowsN);
+    for (let i = 0; i < rowsN; i++) {
+      const src = b.values[i] || [];
+      const row = old ? old[i].slice(0, keep) : [];
+      for (const x of steps) {
+        const n = pos.get(x);
+        row.push(n === undefined ? null : src[n]);
+      }
+      rows[i] = row;
+    }
+    data.m[stat] = rows;
+  });
+  data.steps = start !== undefined ? oldSteps.concat(steps) : steps;
+  return true;
+}

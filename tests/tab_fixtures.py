@@ -1,0 +1,305 @@
+"""Helpers for the tab's browser tests and for scripts/screenshots.py.
+
+- `write_tab_logdir(d)` writes, with the real `tb_layergrad.summary` ops, the logdir the
+  end-to-end tests browse, and returns what was written so the tests can compute every
+  number the tab shows with numpy.
+- `TensorBoard` runs the real `tensorboard` process in its own process group.
+- `Browser` is headless Debian Chromium driven by Playwright, collecting console errors,
+  page errors, CSP violations and dialogs from every frame.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+PLUGIN = "layergrad"
+TAB_NAME = "Layer gradients"
+IFRAME = f'iframe[src*="plugin_entry.html?name={PLUGIN}"]'
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--disable-dev-shm-usage",
+]
+
+# -- the test logdir -----------------------------------------------------------------------------
+
+HOSTILE_RUN = "<img src=x onerror=alert(1)>"
+HOSTILE_LAYER = "net/<img src=y onerror=alert(2)>"
+# (path, model index). Alphabetical order differs from model order on purpose.
+LAYERS = [("net/zeta_embed", 1), ("net/dense", 2), ("net/lstm", 3), ("net/alpha_head", 4)]
+WEIGHTS = [("net/dense/kernel", 2), ("net/dense/bias", 2)]
+TENSOR_LAYER = "net/dense"
+RNN_LAYER = "net/lstm"
+AUX_TARGET = "aux"  # a second target for net/dense
+NAN_LAYER = "net/dense"
+NAN_STEP = 7
+STEPS = list(range(20))
+EVAL_STEPS = list(range(0, 20, 2))
+TENSOR_MAX_ELEMENTS = 48
+BUCKETS = 12
+TIMESTEPS = 6
+
+# (run, target, source, layer) -> {step: array written}
+Key = Tuple[str, str, str, str]
+
+
+def layer_array(run: str, target: str, layer: str, step: int) -> np.ndarray:
+    """The deterministic float32 'gradient' of one (run, target, layer, step)."""
+    rng = np.random.default_rng(zlib.crc32(f"{run}|{target}|{layer}|{step}".encode()))
+    shape = {"net/dense": (4, 3, 4), "net/dense/kernel": (8, 6), "net/dense/bias": (6,)}.get(layer, (5, 7))
+    scale = {"net/zeta_embed": 1e-5, "net/dense": 1e-2, "net/lstm": 1e-1, "net/alpha_head": 1.0}.get(layer, 1e-2)
+    x = rng.normal(scale=scale * (1 + 0.05 * step), size=shape).astype(np.float32)
+    x.reshape(-1)[1] = 0.0
+    if run == "train" and target == "loss" and layer == NAN_LAYER and step == NAN_STEP:
+        flat = x.reshape(-1)
+        flat[0] = np.nan
+        flat[5] = np.inf
+    return x
+
+
+def timestep_norms(run: str, step: int) -> np.ndarray:
+    rng = np.random.default_rng(7000 + step + (0 if run == "train" else 100))
+    return np.sort(rng.uniform(0.1, 2.0, size=TIMESTEPS))
+
+
+def has_tensor(layer: str, step: int) -> bool:
+    """Raw tensors of TENSOR_LAYER are written every 5 steps and at the NaN step."""
+    return layer == TENSOR_LAYER and (step % 5 == 0 or step == NAN_STEP)
+
+
+@dataclasses.dataclass
+class Written:
+    logdir: str
+    arrays: Dict[Key, Dict[int, np.ndarray]]
+    timesteps: Dict[str, Dict[int, np.ndarray]]  # run -> {step: norms}
+
+    def expected_stats(self, run: str, layer: str, step: int, target: str = "loss", source: str = "output") -> Dict[str, float]:
+        return numpy_stats(self.arrays[(run, target, source, layer)][step])
+
+
+def numpy_stats(x: np.ndarray) -> Dict[str, float]:
+    """The statistics of docs/FORMAT.md recomputed with numpy (float64)."""
+    flat = np.asarray(x, dtype=np.float64).reshape(-1)
+    fin = flat[np.isfinite(flat)]
+    n = flat.size
+    out = {
+        "elements": float(n),
+        "nan": float(np.isnan(flat).sum()),
+        "pos_inf": float(np.isposinf(flat).sum()),
+        "neg_inf": float(np.isneginf(flat).sum()),
+        "zeros": float((flat == 0).sum()),
+        "min": float(fin.min()),
+        "max": float(fin.max()),
+        "mean": float(fin.mean()),
+        "std": float(fin.std()),
+        "norm": float(np.sqrt((fin * fin).sum())),
+        "mean_abs": float(np.abs(fin).mean()),
+        "no_gradient": 0.0,
+    }
+    out["zero_frac"] = out["zeros"] / n
+    out["rms"] = out["norm"] / np.sqrt(fin.size)
+    return out
+
+
+def _series(run: str, layers_for_run) -> List[Tuple[str, int, str, List[str]]]:
+    """(layer, index, source, targets) of a run, in the order they are written (not model order)."""
+    out = []
+    for layer, index in reversed(layers_for_run):  # reversed: the tab must sort by index itself
+        targets = ["loss", AUX_TARGET] if (run == "train" and layer == "net/dense") else ["loss"]
+        out.append((layer, index, "output", targets))
+    if run == "train":
+        for layer, index in WEIGHTS:
+            out.append((layer, index, "weight", ["loss"]))
+    return out
+
+
+def write_tab_logdir(logdir: str, runs: Tuple[str, ...] = ("train", "eval", HOSTILE_RUN), steps: Optional[List[int]] = None) -> Written:
+    """Write the test runs (see the constants above) with tb_layergrad.summary."""
+    import tensorflow as tf
+
+    from tb_layergrad import summary
+
+    written = Written(logdir, {}, {})
+    for run in runs:
+        run_steps = steps if steps is not None else (EVAL_STEPS if run == "eval" else STEPS)
+        layers = [("net/first", 1), (HOSTILE_LAYER, 2)] if run == HOSTILE_RUN else LAYERS
+        writer = tf.summary.create_file_writer(os.path.join(logdir, run))
+        with writer.as_default():
+            for step in run_steps:
+                for layer, index, source, targets in _series(run, layers):
+                    for target in targets:
+                        x = layer_array(run, target, layer, step)
+                        summary.gradient(
+                            layer, tf.constant(x), step=step, buckets=BUCKETS, target=target, source=source,
+                            layer_index=index,
+                            max_elements=TENSOR_MAX_ELEMENTS if has_tensor(layer, step) else 0,
+                        )
+                        written.arrays.setdefault((run, target, source, layer), {})[step] = x
+                if run != HOSTILE_RUN:
+                    norms = timestep_norms(run, step)
+                    summary.timesteps(RNN_LAYER, tf.constant(norms), step=step, layer_index=dict(LAYERS)[RNN_LAYER])
+                    written.timesteps.setdefault(run, {})[step] = norms
+        writer.close()
+    return written
+
+
+def append_steps(logdir: str, run: str, steps: List[int]) -> None:
+    """More steps for `run` in a new event file (as a resumed training would write)."""
+    import tensorflow as tf
+
+    from tb_layergrad import summary
+
+    writer = tf.summary.create_file_writer(os.path.join(logdir, run), filename_suffix=".more")
+    with writer.as_default():
+        for step in steps:
+            for layer, index, source, targets in _series(run, LAYERS):
+                for target in targets:
+                    x = layer_array(run, target, layer, step)
+                    summary.gradient(layer, tf.constant(x), step=step, buckets=BUCKETS, target=target, source=source, layer_index=index)
+    writer.close()
+
+
+# -- a real TensorBoard ---------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TensorBoard:
+    """`python -m tensorboard.main` on 127.0.0.1, in its own process group (its data server dies with it)."""
+
+    def __init__(self, logdir: str, log_path: str, extra: Optional[List[str]] = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        args = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+                "--port", str(self.port), "--reload_interval", "1"] + list(extra or [])
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True,
+                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+    def get_json(self, path: str):
+        with urllib.request.urlopen(self.base + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def log_tail(self) -> str:
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")[-3000:]
+
+    def wait_for_runs(self, last_steps: Dict[str, int], timeout: float = 60.0) -> dict:
+        """Poll the plugin listing and the `runs` route until every run reaches its last step."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tensorboard exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                if PLUGIN in self.get_json("/data/plugins_listing"):
+                    body = self.get_json(f"/data/plugin/{PLUGIN}/runs")
+                    have = {r["run"]: r for r in body["runs"]}
+                    if all(r in have and (have[r]["max_step"] or -1) >= s for r, s in last_steps.items()):
+                        return body
+                    last = sorted(have)
+            except (OSError, ValueError) as e:
+                last = e
+            time.sleep(0.25)
+        raise TimeoutError(f"tensorboard never served {last_steps}; last: {last!r}\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # a data server child left behind
+        self._log.close()
+
+
+# -- a headless browser -----------------------------------------------------------------------------
+
+# Runs in every frame before its own scripts: records CSP violations, shortens the tab's poll interval.
+INIT_SCRIPT = """
+window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__cspViolations.push(e.violatedDirective + ' ' + e.blockedURI);
+  console.error('CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI);
+});
+window.__LAYERGRAD_POLL_MS = %d;
+"""
+
+
+class Browser:
+    """Headless Chromium (Debian's) with one persistent profile; collects problems from every frame."""
+
+    def __init__(self, profile_dir: str, poll_ms: int = 12000, viewport=(1400, 1000)) -> None:
+        from playwright.sync_api import sync_playwright
+
+        self._pw = sync_playwright().start()
+        self.context = self._pw.chromium.launch_persistent_context(
+            profile_dir, executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True,
+            viewport={"width": viewport[0], "height": viewport[1]}, accept_downloads=True,
+        )
+        self.context.add_init_script(INIT_SCRIPT % poll_ms)
+        self.errors: List[str] = []
+        self.dialogs: List[str] = []
+        self.page = self.context.pages[0] if self.context.pages else self.context.new_page()
+        self.page.on("console", self._console)
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.on("dialog", self._dialog)
+
+    def _console(self, msg) -> None:
+        if msg.type == "error":
+            loc = msg.location or {}
+            self.errors.append(f"console.error: {msg.text} ({loc.get('url')}:{loc.get('lineNumber')})")
+
+    def _dialog(self, dialog) -> None:
+        self.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    def open(self, base: str, state: Optional[Dict[str, str]] = None):
+        """Open TensorBoard on the tab (with `lg_*` state in the hash); returns the tab's Frame."""
+        hash_ = PLUGIN
+        if state:
+            hash_ += "&" + "&".join(f"lg_{k}={urllib.parse.quote(str(v), safe='')}" for k, v in state.items())
+        self.page.goto("about:blank")  # a new document, not a same-page hash change
+        self.page.goto(f"{base}/#{hash_}")
+        return self.frame()
+
+    def frame(self, timeout: float = 20.0):
+        self.page.wait_for_selector(IFRAME, state="attached", timeout=timeout * 1000)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for f in self.page.frames:
+                if f"plugin_entry.html?name={PLUGIN}" in f.url:
+                    f.wait_for_selector(".lg-root", state="attached", timeout=timeout * 1000)
+                    return f
+            time.sleep(0.05)
+        raise TimeoutError("the tab's iframe never loaded")
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.context.close()
+        with contextlib.suppress(Exception):
+            self._pw.stop()
