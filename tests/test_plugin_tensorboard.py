@@ -115,7 +115,7 @@ def test_tab_enabled_and_served(servers, name):
     assert listing["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/layergrad/index.js"}
     code, body, ctype = p.get(API + "index.js")
     assert code == 200 and ctype.split(";")[0] == "text/javascript"
-    assert b"export function render" in body
+    assert b"function render(" in body and b"export" in body
     assert get_json(p, API + "runs?run=%3Cb%3E", status=404)["error"]
     assert get_json(p, API + "tensor?run=long&layer=net/first&step=-1", status=400)["error"]
 
