@@ -1,153 +1,101 @@
-// Anomaly rules of the gradient-flow overview: the ONLY place they are coded in the
-// tab. docs/ANOMALIES.md states the same rules in prose (with the thresholds) so that
-// other readers (e.g. a terminal report) can apply exactly the same ones.
-//
-// Input: for one run, target and source, the matrices (layers x steps, as the
-// `matrix` route returns them, null for "no record or not finite") of
-//   rms        = norm / sqrt(number of finite elements)   (per-element size; compares layers of any size;
-//                null when there is no finite element or no gradient)
-//   norm       = L2 norm of the finite elements (0 for "no gradient" records)
-//   nonfinite  = NaN + Inf + -Inf count
-//   zero_frac  = exact zeros / elements
-// Output: one flag set per cell, a summary per layer and for the run.
-
-export const THRESHOLDS = Object.freeze({
-  // vanishing: rms < VANISH_REL x (largest rms of any layer at that step)
-  VANISH_REL: 1e-3,
-  // exploding: rms > EXPLODE_ABS ...
-  EXPLODE_ABS: 1e3,
-  // ... or rms > EXPLODE_GROWTH x (the layer's baseline: median of its first BASELINE_STEPS finite, > 0 rms values),
-  // for steps after that baseline
-  EXPLODE_GROWTH: 1e2,
-  BASELINE_STEPS: 5,
-  // dead: norm == 0 (no gradient at all, or all zero) or zero_frac >= DEAD_ZERO_FRAC
-  DEAD_ZERO_FRAC: 0.99,
-});
+// Anomaly flags of the tab, as the plugin's `anomalies` route computes them (docs/HTTP_API.md).
+// The rules themselves are NOT coded here: they live in tb_layergrad/anomalies.py (docs/ANOMALIES.md),
+// the one implementation shared by the route, `tb-layergrad report` and notebooks. This module
+// only decodes the route's answer onto the overview's grid (layers x steps) and names the flags.
 
 export const FLAG = Object.freeze({ NONFINITE: 1, VANISHING: 2, EXPLODING: 4, DEAD: 8 });
 
-export const FLAG_INFO = [
-  { flag: FLAG.NONFINITE, key: "nonfinite", label: "non-finite", rule: "NaN or ±Inf in the gradient" },
-  {
-    flag: FLAG.EXPLODING,
-    key: "exploding",
-    label: "exploding",
-    rule: `RMS > ${THRESHOLDS.EXPLODE_ABS}, or > ${THRESHOLDS.EXPLODE_GROWTH}× the layer's first ${THRESHOLDS.BASELINE_STEPS} logged steps`,
-  },
-  {
-    flag: FLAG.VANISHING,
-    key: "vanishing",
-    label: "vanishing",
-    rule: `RMS < ${THRESHOLDS.VANISH_REL}× the largest layer RMS at that step`,
-  },
-  {
-    flag: FLAG.DEAD,
-    key: "dead",
-    label: "dead",
-    rule: `gradient all zero (or none), or ≥ ${100 * THRESHOLDS.DEAD_ZERO_FRAC}% exact zeros`,
-  },
-];
+// Until a route answer brings the server's thresholds (the answer's `thresholds` replaces these).
+const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99 });
 
-/** The statistics the rules need (the `matrix` route's `stat` names). */
-export const REQUIRED_STATS = ["norm", "rms", "nonfinite", "zero_frac"];
-
-const isNum = (v) => typeof v === "number" && Number.isFinite(v);
-
-function median(values) {
-  const a = [...values].sort((x, y) => x - y);
-  const m = a.length >> 1;
-  return a.length % 2 ? a[m] : (a[m - 1] + a[m]) / 2;
+/** Flag descriptions (most serious first after non-finite), with the rule in words. */
+export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
+  const T = { ...DEFAULT_THRESHOLDS, ...(thresholds || {}) };
+  return [
+    { flag: FLAG.NONFINITE, key: "nonfinite", label: "non-finite", rule: "NaN or ±Inf in the gradient" },
+    {
+      flag: FLAG.EXPLODING,
+      key: "exploding",
+      label: "exploding",
+      rule: `RMS > ${T.EXPLODE_ABS}, or > ${T.EXPLODE_GROWTH}× the layer's first ${T.BASELINE_STEPS} logged steps`,
+    },
+    { flag: FLAG.VANISHING, key: "vanishing", label: "vanishing", rule: `RMS < ${T.VANISH_REL}× the largest layer RMS at that step` },
+    { flag: FLAG.DEAD, key: "dead", label: "dead", rule: `gradient all zero (or none), or ≥ ${Math.round(100 * T.DEAD_ZERO_FRAC)}% exact zeros` },
+  ];
 }
 
-/**
- * @param {{rms: (number|null)[][], norm: (number|null)[][], nonfinite: (number|null)[][], zero_frac: (number|null)[][]}} m
- * @param {number} rows  number of layers
- * @param {number} cols  number of steps
- * @returns {{flags: Uint8Array, layers: object[], maxRms: Float64Array}}
- *   flags[i * cols + j] for layer i at step j (bit set of FLAG).
- */
-export function detect(m, rows, cols) {
-  const T = THRESHOLDS;
-  const flags = new Uint8Array(rows * cols);
-  const rms = m.rms || [];
-  const norm = m.norm || [];
-  const nonfinite = m.nonfinite || [];
-  const zeroFrac = m.zero_frac || [];
-
-  // Largest positive rms per step, over layers (needs two layers to compare).
-  const maxRms = new Float64Array(cols).fill(NaN);
-  const counted = new Uint16Array(cols);
-  for (let i = 0; i < rows; i++) {
-    const row = rms[i] || [];
-    for (let j = 0; j < cols; j++) {
-      const r = row[j];
-      if (isNum(r) && r > 0) {
-        counted[j] = Math.min(65535, counted[j] + 1);
-        if (!(maxRms[j] >= r)) maxRms[j] = r;
-      }
-    }
-  }
-
-  const layers = [];
-  for (let i = 0; i < rows; i++) {
-    const r = rms[i] || [];
-    const nm = norm[i] || [];
-    const nf = nonfinite[i] || [];
-    const zf = zeroFrac[i] || [];
-    // Baseline for growth: median of the first BASELINE_STEPS finite positive rms values.
-    const firstValues = [];
-    let baselineEnd = -1;
-    for (let j = 0; j < cols && firstValues.length < T.BASELINE_STEPS; j++) {
-      if (isNum(r[j]) && r[j] > 0) {
-        firstValues.push(r[j]);
-        baselineEnd = j;
-      }
-    }
-    const baseline = firstValues.length === T.BASELINE_STEPS ? median(firstValues) : NaN;
-    const summary = { firstNonfinite: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0 };
-    for (let j = 0; j < cols; j++) {
-      const v = r[j];
-      const n = nf[j];
-      const z = zf[j];
-      const recorded = isNum(v) || isNum(nm[j]) || isNum(n) || isNum(z);
-      if (!recorded) continue;
-      let f = 0;
-      if (isNum(n) && n > 0) f |= FLAG.NONFINITE;
-      if (!f && (nm[j] === 0 || (isNum(z) && z >= T.DEAD_ZERO_FRAC))) f |= FLAG.DEAD;
-      if (!f && isNum(v) && v > 0) {
-        if (counted[j] >= 2 && v < T.VANISH_REL * maxRms[j]) f |= FLAG.VANISHING;
-        if (v > T.EXPLODE_ABS || (j > baselineEnd && v > T.EXPLODE_GROWTH * baseline)) f |= FLAG.EXPLODING;
-      }
-      flags[i * cols + j] = f;
-      summary.recorded++;
-      summary.latest = f;
-      summary.latestStep = j;
-      if (f & FLAG.NONFINITE) {
-        summary.count.nonfinite++;
-        if (summary.firstNonfinite === null) summary.firstNonfinite = j;
-      }
-      if (f & FLAG.VANISHING) summary.count.vanishing++;
-      if (f & FLAG.EXPLODING) summary.count.exploding++;
-      if (f & FLAG.DEAD) summary.count.dead++;
-    }
-    layers.push(summary);
-  }
-  return { flags, layers, maxRms };
-}
-
-/** The first step (column) with a non-finite gradient in any layer, and those layers. */
-export function firstNonfinite(result) {
-  let col = null;
-  for (const l of result.layers) if (l.firstNonfinite !== null && (col === null || l.firstNonfinite < col)) col = l.firstNonfinite;
-  if (col === null) return null;
-  const layers = [];
-  result.layers.forEach((l, i) => {
-    if (l.firstNonfinite === col) layers.push(i);
-  });
-  return { col, layers };
-}
+export const FLAG_INFO = flagInfo();
 
 /** Names of the flags set in `f`. */
 export function flagNames(f) {
   return FLAG_INFO.filter((x) => f & x.flag).map((x) => x.label);
+}
+
+/** One character of a route `flags` string -> bits (0 for "." = no record). */
+export function flagOf(ch) {
+  return ch === "." || ch === undefined ? 0 : parseInt(ch, 16) || 0;
+}
+
+/**
+ * Place an `anomalies` answer on a grid of `layers` (rows) x `steps` (columns) — the overview's
+ * matrix, which may hold a step the answer does not (or the reverse) when a run grows between
+ * two requests: such cells get no flag.
+ * @returns {{flags: Uint8Array, layers: object[], maxRms: Float64Array, thresholds: object, info: object[]}}
+ *   flags[i * cols + j]; layers[i] = {firstNonfinite (column or null), firstNonfiniteStep (step or null),
+ *   count: {nonfinite, vanishing, exploding, dead}, latest (bits at the layer's last step),
+ *   latestStep (column or null), recorded}.
+ */
+export function fromRoute(body, layers, steps) {
+  const rows = layers.length;
+  const cols = steps.length;
+  const flags = new Uint8Array(rows * cols);
+  const maxRms = new Float64Array(cols).fill(NaN);
+  const col = new Map(steps.map((s, j) => [s, j]));
+  const rowOf = new Map(layers.map((l, i) => [l, i]));
+  const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0 });
+  const out = layers.map(empty);
+  const thresholds = (body && body.thresholds) || DEFAULT_THRESHOLDS;
+  if (!body) return { flags, layers: out, maxRms, thresholds, info: flagInfo(thresholds) };
+  const at = body.steps.map((s) => (col.has(s) ? col.get(s) : -1));
+  body.steps.forEach((s, k) => {
+    const j = at[k];
+    const v = body.max_rms ? body.max_rms[k] : null;
+    if (j >= 0 && typeof v === "number") maxRms[j] = v;
+  });
+  for (const entry of body.layers) {
+    const i = rowOf.get(entry.layer);
+    if (i === undefined) continue;
+    const text = entry.flags || "";
+    for (let k = 0; k < text.length && k < at.length; k++) {
+      const j = at[k];
+      if (j >= 0) flags[i * cols + j] = flagOf(text[k]);
+    }
+    const l = out[i];
+    l.count = { ...l.count, ...(entry.counts || {}) };
+    l.recorded = entry.recorded || 0;
+    l.latest = (entry.now || []).reduce((f, name) => f | (FLAG[name.toUpperCase()] || 0), 0);
+    l.latestStep = entry.last_step !== null && col.has(entry.last_step) ? col.get(entry.last_step) : null;
+    if (entry.first_nonfinite !== null && entry.first_nonfinite !== undefined) {
+      l.firstNonfiniteStep = entry.first_nonfinite;
+      // The column of that step, or of the first step after it that the grid holds (TensorBoard may
+      // have sampled the step itself away; the route still knows it from the `first_nonfinite` records).
+      let j = col.get(entry.first_nonfinite);
+      if (j === undefined) j = steps.findIndex((s) => s >= entry.first_nonfinite);
+      l.firstNonfinite = j >= 0 ? j : null;
+    }
+  }
+  return { flags, layers: out, maxRms, thresholds, info: flagInfo(thresholds) };
+}
+
+/** The first step with a non-finite gradient in any layer, and those layers (rows), or null. */
+export function firstNonfinite(result) {
+  let step = null;
+  for (const l of result.layers) if (l.firstNonfiniteStep !== null && (step === null || l.firstNonfiniteStep < step)) step = l.firstNonfiniteStep;
+  if (step === null) return null;
+  const layers = [];
+  result.layers.forEach((l, i) => {
+    if (l.firstNonfiniteStep === step) layers.push(i);
+  });
+  const col = result.layers[layers[0]].firstNonfinite;
+  return { step, col, layers };
 }

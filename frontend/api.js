@@ -71,5 +71,6 @@ export const api = {
   tensor: (p, o) => getJSON("tensor", p, o),
   timesteps: (p, o) => getJSON("timesteps", p, o),
   compare: (p, o) => getJSON("compare", p, o),
+  anomalies: (p, o) => getJSON("anomalies", p, o),
   csvUrl: (p) => routeUrl("csv", p),
 };

@@ -4,7 +4,7 @@
     python scripts/screenshots.py --logdir DIR    # reuse DIR if it already holds the runs
 
 The logdir is realistic: the built-in demo (`tb-layergrad demo --quick`: a seed RNN, a deep sigmoid
-MLP whose gradients vanish, the same MLP with ReLU + He init), plus two runs written here with the
+MLP whose gradients vanish, the same MLP with ReLU + He init, and the other demo runs), plus two runs written here with the
 public API: an LSTM model with weight gradients, raw tensors, per-timestep norms and a second
 target, and an MLP whose learning rate is too high (its gradients explode, then turn NaN).
 Needs Debian's Chromium (`apt-get install chromium`) and Playwright; reuses tests/tab_fixtures.py.
@@ -137,7 +137,7 @@ def make_logdir(logdir: str) -> None:
 
 # name, state (lg_* keys), selectors that say the view is drawn, mouse position over the heatmap (or None)
 SHOTS = [
-    ("overview.png", {"run": "mlp_sigmoid"}, [".lg-overview .lg-heatmap-canvas[data-cols='60']"], (0.3, 2.5 / 13)),
+    ("overview.png", {"run": "mlp_sigmoid"}, [".lg-overview .lg-heatmap-canvas[data-cols='60']"], (0.3, 2.5 / 9)),
     ("overview-nan.png", {"run": "mlp_lr_too_high"}, [".lg-overview .lg-heatmap-canvas[data-cols='60']"], None),
     (
         "layer.png",

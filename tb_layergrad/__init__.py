@@ -29,7 +29,7 @@ _LAZY = {
     "GradientLogger": ("tb_layergrad.callbacks.gradient_logger", "GradientLogger"),
     "load": ("tb_layergrad.loading", "load"),
 }
-_SUBMODULES = ("summary", "reductions", "metadata")
+_SUBMODULES = ("summary", "reductions", "metadata", "anomalies", "report")
 
 __all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]
 

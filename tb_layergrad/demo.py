@@ -1,117 +1,374 @@
-"""The built-in demo: a few small trainings that write gradients, on CPU.
+"""`tb-layergrad demo`: small trainings on CPU, each showing one classic gradient behaviour.
 
-Each run shows one behaviour a person should be able to spot in the tab:
-- `seed_minimalrnn`: the seed question's subclassed RNN model (custom loop);
-  its `minimalrnn` output gradient is exactly what the question asked for.
-- `mlp_sigmoid`: a deep sigmoid MLP; gradient norms shrink toward the input
-  (vanishing gradients).
-- `mlp_relu_he`: the same depth with ReLU and He init; they do not.
-Everything uses the public API the way a user would.
+Every run uses the public API as a user would: `tb_layergrad.GradientLogger`
+in `model.fit()`, except the seed model, which is trained in a custom loop
+with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
+
+| run | what to see (overview of the Layer gradients tab, or `tb-layergrad report`) |
+|---|---|
+| `seed_minimalrnn` | the seed question's subclassed RNN: dL/d(output of `minimalrnn`) at every step |
+| `mlp_sigmoid` | deep sigmoid MLP: the gradient shrinks ~4x per layer toward the input (vanishing) |
+| `mlp_relu_he` | the same depth with ReLU and He init: it does not |
+| `rnn_simplernn` | SimpleRNN, 80 timesteps, the answer is at the first one: dL/dh_t decays ~10^4 back through time |
+| `rnn_lstm` | the same with an LSTM (forget-gate bias 3, "remember" at start): dL/dh_t reaches the first timestep |
+| `dead_relu` | a Dense layer whose bias starts at -10 feeds a ReLU that is 0 everywhere: no gradient (dead) |
+| `nan_log0` | a hand-written cross-entropy takes log(0) once a sigmoid saturates: the gradient turns NaN |
+| `explode_noclip` | a linear head on frozen features, learning rate too high: every step overshoots, the gradient grows exponentially |
+| `explode_clipnorm` | the same with `clipnorm=1.0`: the steps are bounded, it does not |
+
+Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
+TensorBoard on the logdir.
 """
 from __future__ import annotations
 
+import dataclasses
+import glob
 import os
+import shutil
 import sys
 import time
-from typing import Callable, List, Optional
+from typing import Any, List, Optional
 
 DEFAULT_LOGDIR = "layergrad_demo"
 
 
-def _progress(label: str, done: int, total: int, started: float) -> None:
-    width = 30
-    filled = int(width * done / total)
-    bar = "#" * filled + "-" * (width - filled)
-    sys.stdout.write(f"\r  {label:<18} [{bar}] {done}/{total} steps  {time.time() - started:5.1f}s")
-    if done == total:
-        sys.stdout.write("\n")
-    sys.stdout.flush()
+@dataclasses.dataclass(frozen=True)
+class DemoRun:
+    name: str
+    shows: str
 
 
-def _train(label: str, logdir: str, model, make_batch: Callable, loss_fn, steps: int, learning_rate: float, every: int) -> None:
+RUNS = (
+    DemoRun("seed_minimalrnn", "the seed question's subclassed RNN (custom loop)"),
+    DemoRun("mlp_sigmoid", "vanishing: deep sigmoid MLP"),
+    DemoRun("mlp_relu_he", "the same with ReLU + He init: no vanishing"),
+    DemoRun("rnn_simplernn", "SimpleRNN: dL/dh_t decays back through time"),
+    DemoRun("rnn_lstm", "LSTM: it reaches the first timestep"),
+    DemoRun("dead_relu", "dead: a ReLU layer that is 0 everywhere"),
+    DemoRun("nan_log0", "NaN: log(0) in a hand-written loss"),
+    DemoRun("explode_noclip", "exploding: learning rate too high, no clipping"),
+    DemoRun("explode_clipnorm", "the same with clipnorm=1.0: stable"),
+)
+RUN_NAMES = tuple(r.name for r in RUNS)
+
+MLP_DEPTH = 8  # hidden layers of the sigmoid / ReLU pair
+SEQ_LEN = 80  # timesteps of the long-range task
+LSTM_FORGET_BIAS = 3.0  # sigmoid(3) = 0.95: the cell keeps ~2/3 of its memory over 8 steps at the start
+NAN_LR = 1.0  # nan_log0: the sigmoid saturates (p == 1.0 in float32) within ~30 steps
+EXPLODE_LR = 0.7  # explode_*: above 2 / (largest curvature of the head's loss): each step overshoots
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Training steps (batches) per run."""
+
+    seed: int
+    mlp: int
+    rnn: int
+    dead: int
+    nan: int
+    explode: int  # the same in both modes: much longer and the unclipped run overflows to Inf
+
+    @staticmethod
+    def for_mode(quick: bool) -> "Plan":
+        if quick:
+            return Plan(seed=40, mlp=60, rnn=30, dead=30, nan=40, explode=45)
+        return Plan(seed=200, mlp=150, rnn=120, dead=100, nan=100, explode=45)
+
+
+class Progress:
+    """One line per run: a bar, steps, seconds; `\r`-updated on a terminal, printed once when done otherwise."""
+
+    def __init__(self, label: str, total: int, shows: str, stream=None) -> None:
+        self.label, self.total, self.shows = label, total, shows
+        self.stream = stream or sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.started = time.time()
+        self.done = 0
+        self._draw()
+
+    def _line(self) -> str:
+        width = 24
+        filled = int(width * self.done / max(1, self.total))
+        bar = "#" * filled + "-" * (width - filled)
+        return f"  {self.label:<17} [{bar}] {self.done:>3}/{self.total} steps {time.time() - self.started:5.1f}s  {self.shows}"
+
+    def _draw(self) -> None:
+        if self.tty:
+            # One terminal line, or `\r` could not redraw it.
+            width = shutil.get_terminal_size((100, 24)).columns - 1
+            self.stream.write("\r" + self._line()[:width])
+            self.stream.flush()
+
+    def update(self, done: int) -> None:
+        self.done = min(done, self.total)
+        if self.tty and (self.done == self.total or self.done % max(1, self.total // 24) == 0):
+            self._draw()
+
+    def finish(self) -> float:
+        self.done = self.total
+        if self.tty:
+            self.stream.write("\r" + " " * (shutil.get_terminal_size((100, 24)).columns - 1) + "\r")
+        self.stream.write(self._line() + "\n")
+        self.stream.flush()
+        return time.time() - self.started
+
+
+def _progress_callback(progress: Progress):
+    import keras
+
+    class _Bar(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            progress.update(batch + 1)
+
+    return _Bar()
+
+
+def _fit(name: str, logdir: str, model, optimizer, loss, x, y, steps: int, *, batch: int = 64,
+         timesteps: bool = False) -> None:
+    """model.fit() for `steps` batches with GradientLogger: exactly what a user writes."""
+    import tb_layergrad
+
+    model.compile(optimizer=optimizer, loss=loss)
+    progress = Progress(name, steps, _SHOWS[name])
+    model.fit(
+        x[: steps * batch],
+        y[: steps * batch],
+        batch_size=batch,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[tb_layergrad.GradientLogger(logdir, run_name=name, timesteps=timesteps), _progress_callback(progress)],
+    )
+    progress.finish()
+
+
+_SHOWS = {r.name: r.shows for r in RUNS}
+
+
+def _seed_run(logdir: str, steps: int) -> None:
+    """The seed question's model in a custom training loop: capture + summary.gradients.
+
+    Eager, like the README's quickstart: for a model this small, tracing a tf.function
+    would take longer than the steps themselves.
+    """
     import tensorflow as tf
 
     import tb_layergrad
+    from tb_layergrad.demo_models import MyModel
 
-    optimizer = tf.keras.optimizers.SGD(learning_rate)
-    writer = tf.summary.create_file_writer(os.path.join(logdir, label))
-    x0, _ = make_batch(0)
-    model(x0)  # build, so that the optimizer sees every variable
+    name = "seed_minimalrnn"
+    model, optimizer = MyModel(2), tf.keras.optimizers.Adam(0.01)
+    x = tf.constant([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 2)
+    y = tf.constant([[0.0, 1.0, 2.0, 3.0]] * 2)
+    writer = tf.summary.create_file_writer(os.path.join(logdir, name))
 
-    @tf.function
-    def step(x, y):
+    def train_step(x, y):
         with tf.GradientTape() as tape:
             with tb_layergrad.capture(model, tape=tape) as cap:
-                loss = loss_fn(y, model(x))
-        grads = cap.gradients(tape, loss)
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = cap.gradients(tape, loss)  # {"my_model/minimalrnn": dL/d(output), ...}
         optimizer.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
-        with writer.as_default(step=optimizer.iterations), tf.summary.record_if(optimizer.iterations % every == 0):
+        with writer.as_default(step=optimizer.iterations):
             tb_layergrad.summary.gradients(grads)
-            tf.summary.scalar("loss", loss)
         return loss
 
-    started = time.time()
+    progress = Progress(name, steps, _SHOWS[name])
     for i in range(steps):
-        x, y = make_batch(i)
-        step(x, y)
-        if (i + 1) % max(1, steps // 20) == 0 or i + 1 == steps:
-            _progress(label, i + 1, steps, started)
+        train_step(x, y)
+        progress.update(i + 1)
     writer.close()
+    progress.finish()
 
 
-def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
-    """Train the demo runs into `logdir`; returns the run names."""
+def _mlp_runs(logdir: str, steps: int) -> None:
+    import keras
+    import numpy as np
+
+    from tb_layergrad.demo_models import deep_mlp
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(steps * 64, 32)).astype(np.float32)
+    y = ((x[:, :4].sum(axis=1) > 0).astype(np.int32) + 2 * (x[:, 4] > 0).astype(np.int32))
+    for name, act, init in (("mlp_sigmoid", "sigmoid", "glorot_uniform"), ("mlp_relu_he", "relu", "he_normal")):
+        keras.utils.set_random_seed(1)
+        model = deep_mlp(MLP_DEPTH, 64, act, init, 32, 4, name=name)
+        _fit(name, logdir, model, keras.optimizers.SGD(0.1),
+             keras.losses.SparseCategoricalCrossentropy(from_logits=True), x, y, steps)
+
+
+def _rnn_runs(logdir: str, steps: int) -> None:
+    """The answer is the sign of the FIRST input; the loss sees only the last output."""
+    import keras
+    import numpy as np
+    from keras import layers
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(steps * 64, SEQ_LEN, 1)).astype(np.float32)
+    y = (x[:, 0, 0] > 0).astype(np.float32)
+    for name in ("rnn_simplernn", "rnn_lstm"):
+        keras.utils.set_random_seed(2)
+        if name == "rnn_lstm":
+            rnn = layers.LSTM(32, unit_forget_bias=False, bias_initializer=forget_bias(LSTM_FORGET_BIAS), name="rnn")
+        else:
+            rnn = layers.SimpleRNN(32, name="rnn")
+        model = keras.Sequential([keras.Input((SEQ_LEN, 1)), rnn, layers.Dense(1, name="out")], name=name)
+        _fit(name, logdir, model, keras.optimizers.Adam(0.003), keras.losses.BinaryCrossentropy(from_logits=True),
+             x, y, steps, timesteps=True)
+
+
+def forget_bias(value: float):
+    """An LSTM bias initializer: `value` for the forget gate, 0 elsewhere (Keras' gate order i, f, c, o)."""
     import numpy as np
     import tensorflow as tf
 
-    from tb_layergrad import demo_models
+    def init(shape, dtype=None):
+        units = shape[0] // 4
+        bias = np.zeros(shape, np.float32)
+        bias[units : 2 * units] = value
+        return tf.constant(bias, dtype=dtype or tf.float32)
 
-    tf.keras.utils.set_random_seed(0)
-    steps = 60 if quick else 300
-    every = 1 if quick else 2
+    return init
 
-    seed_x = tf.constant([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 2)
-    seed_y = tf.constant([[0.0, 1.0, 2.0, 3.0]] * 2)
-    mse = tf.keras.losses.MeanSquaredError()
-    _train("seed_minimalrnn", logdir, demo_models.MyModel(2), lambda i: (seed_x, seed_y), mse, steps, 0.01, every)
+
+def _dead_run(logdir: str, steps: int) -> None:
+    """dense_0's pre-activations start near -10: relu_0 outputs 0 for every example, so no
+    gradient reaches dense_0 (its output gradient is exactly 0) and it never recovers.
+    (dense_1 is tanh so that relu_0 itself still receives a gradient: one dead layer.)"""
+    import keras
+    import numpy as np
+    from keras import layers
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(steps * 64, 32)).astype(np.float32)
+    y = (x[:, :4].sum(axis=1) > 0).astype(np.int32)
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential(
+        [
+            keras.Input((32,)),
+            layers.Dense(64, bias_initializer=keras.initializers.Constant(-10.0), name="dense_0"),
+            layers.ReLU(name="relu_0"),
+            layers.Dense(64, activation="tanh", name="dense_1"),
+            layers.Dense(2, name="logits"),
+        ],
+        name="dead_relu",
+    )
+    _fit("dead_relu", logdir, model, keras.optimizers.SGD(0.1),
+         keras.losses.SparseCategoricalCrossentropy(from_logits=True), x, y, steps)
+
+
+def naive_binary_crossentropy(y_true, p):
+    """The textbook formula, without Keras' clipping: log(1 - p) is log(0) once p rounds to 1.0."""
+    import tensorflow as tf
+
+    y_true = tf.reshape(tf.cast(y_true, p.dtype), tf.shape(p))
+    return -tf.reduce_mean(y_true * tf.math.log(p) + (1.0 - y_true) * tf.math.log(1.0 - p))
+
+
+def _nan_run(logdir: str, steps: int) -> None:
+    import keras
+    import numpy as np
+    from keras import layers
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(steps * 64, 16)).astype(np.float32)
+    y = (x[:, :1] > 0).astype(np.float32)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            layers.Dense(32, activation="relu", name="dense_0"),
+            layers.Dense(32, activation="relu", name="dense_1"),
+            layers.Dense(1, activation="sigmoid", name="prob"),
+        ],
+        name="nan_log0",
+    )
+    _fit("nan_log0", logdir, model, keras.optimizers.SGD(NAN_LR), naive_binary_crossentropy, x, y, steps)
+
+
+def _explode_runs(logdir: str, steps: int) -> None:
+    """A linear head trained on frozen random features (as when fine-tuning) with too high a
+    learning rate: the error grows by a constant factor per step, and so does the gradient."""
+    import keras
+    import numpy as np
+    from keras import layers
 
     rng = np.random.default_rng(0)
-    x_all = rng.normal(size=(4096, 32)).astype(np.float32)
-    y_all = (x_all[:, :4].sum(axis=1) > 0).astype(np.int32) + 2 * (x_all[:, 4] > 0).astype(np.int32)
+    x = rng.normal(size=(steps * 64, 16)).astype(np.float32)
+    w = rng.normal(size=(16, 1)).astype(np.float32)
+    y = (x @ w).astype(np.float32)
+    for name, clipnorm in (("explode_noclip", None), ("explode_clipnorm", 1.0)):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential(
+            [
+                keras.Input((16,)),
+                layers.Dense(64, activation="tanh", trainable=False, name="features"),
+                layers.Dense(1, name="head"),
+            ],
+            name=name,
+        )
+        _fit(name, logdir, model, keras.optimizers.SGD(EXPLODE_LR, clipnorm=clipnorm), keras.losses.MeanSquaredError(),
+             x, y, steps)
 
-    def batch(i: int):
-        lo = (i * 64) % 4096
-        return tf.constant(x_all[lo : lo + 64]), tf.constant(y_all[lo : lo + 64])
 
-    xent = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    for label, act, init in (("mlp_sigmoid", "sigmoid", "glorot_uniform"), ("mlp_relu_he", "relu", "he_normal")):
-        model = demo_models.deep_mlp(12, 64, act, init, 32, 4, name=label)
-        _train(label, logdir, model, batch, xent, steps, 0.1, every)
-    return ["seed_minimalrnn", "mlp_sigmoid", "mlp_relu_he"]
+def _clear_previous(logdir: str) -> int:
+    """Remove the event files of an earlier demo in the demo's own run folders (else both would show)."""
+    removed = 0
+    for name in RUN_NAMES:
+        for path in glob.glob(os.path.join(glob.escape(logdir), name, "events.out.tfevents.*")):
+            os.remove(path)
+            removed += 1
+    return removed
 
 
-def serve(logdir: str, port: int = 6006, host: str = "127.0.0.1") -> None:
-    """Start TensorBoard on `logdir` and block; prints the URL of the tab."""
+def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
+    """Train every demo run into `logdir` (replacing an earlier demo's runs there); returns the run names."""
+    import keras
+
+    if _clear_previous(logdir):
+        print(f"  (replacing the runs of an earlier demo in {logdir})")
+    plan = Plan.for_mode(quick)
+    keras.utils.set_random_seed(0)
+    _seed_run(logdir, plan.seed)
+    _mlp_runs(logdir, plan.mlp)
+    _rnn_runs(logdir, plan.rnn)
+    _dead_run(logdir, plan.dead)
+    _nan_run(logdir, plan.nan)
+    _explode_runs(logdir, plan.explode)
+    return list(RUN_NAMES)
+
+
+def serve(logdir: str, port: Optional[int] = None, host: str = "127.0.0.1", block: bool = True) -> Any:
+    """Start TensorBoard on `logdir`, print the URL of the tab; block until Ctrl+C (unless `block=False`)."""
     from tensorboard import program
 
     tb = program.TensorBoard()
-    tb.configure(argv=[None, "--logdir", logdir, "--host", host, "--port", str(port)])
+    argv = [None, "--logdir", logdir, "--host", host]
+    if port is not None:  # 0: any free port; None: TensorBoard takes the first free one from 6006 on
+        argv += ["--port", str(port)]
+    tb.configure(argv=argv)
     url = tb.launch()
-    print(f"TensorBoard is serving the layer-gradient tab at {url}#layergrad  (Ctrl+C to stop)")
+    print(f"TensorBoard is serving the Layer gradients tab at {url}#layergrad   (Ctrl+C to stop)", flush=True)
+    if not block:
+        return url
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
+    return url
 
 
 def main(logdir: str = DEFAULT_LOGDIR, quick: bool = False, do_serve: bool = False, port: Optional[int] = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    print(f"Training the demo runs into {os.path.abspath(logdir)} ...")
+    started = time.time()
+    print(f"Training {len(RUNS)} demo runs{' (quick)' if quick else ''} on CPU into {os.path.abspath(logdir)}")
+    print("  (the first step of each run builds its graph: a few seconds)", flush=True)
     runs = run(logdir, quick)
-    print(f"Wrote {len(runs)} runs: {', '.join(runs)}")
+    print(f"Done in {time.time() - started:.0f}s: {len(runs)} runs.")
+    print(f"In a terminal:  tb-layergrad report {logdir}")
     if do_serve:
-        serve(logdir, port or 6006)
+        serve(logdir, port)
     else:
-        print(f"Open them with:  tensorboard --logdir {logdir}   then the 'Layer gradients' tab")
+        print(f"In the browser: tensorboard --logdir {logdir}   then the 'Layer gradients' tab")
     return 0

@@ -1,6 +1,7 @@
 """`tb_layergrad.load(logdir)`: every statistic of every series as a pandas DataFrame.
 
-For notebooks and scripts. It reads through TensorBoard's own event
+For notebooks and scripts; pandas is an optional extra (`pip install
+'tb_layergrad[pandas]'`), imported only when `load` is called. It reads through TensorBoard's own event
 multiplexer and data provider and reuses the plugin's catalog and statistics
 code, so its numbers are the numbers the tab shows (derived statistics such as
 `rms` and `zero_frac` included). Every step is kept: no sampling.
@@ -38,8 +39,12 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     """
     try:
         import pandas as pd
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("tb_layergrad.load needs pandas: pip install 'tb_layergrad[pandas]'") from e
+    except ImportError as e:
+        raise ImportError(
+            "tb_layergrad.load() returns a pandas DataFrame, and pandas is not installed. It is an optional "
+            "extra: pip install 'tb_layergrad[pandas]' (or pip install pandas). Without pandas, "
+            "`tb-layergrad report LOGDIR --format csv|json` gives the per-layer verdicts."
+        ) from e
     from tensorboard import context as tb_context
 
     provider = open_provider(logdir)

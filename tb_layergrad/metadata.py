@@ -23,7 +23,10 @@ KIND_HISTOGRAM = "histogram"  # float64 [k, 3]: (left edge, right edge, count)
 KIND_STATS = "stats"  # float64 [len(STAT_FIELDS)]
 KIND_TENSOR = "tensor"  # float32 [rows, cols]: bounded raw gradient
 KIND_TIMESTEPS = "timesteps"  # float64 [T]: L2 norm of dL/dh_t per timestep
-KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_TENSOR, KIND_TIMESTEPS)
+# int64 [1]: the first logged step with a NaN/Inf in the series so far; written with the
+# stats from that step on, so TensorBoard's sampling (which keeps the last record) cannot lose it.
+KIND_FIRST_NONFINITE = "first_nonfinite"
+KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_TENSOR, KIND_TIMESTEPS, KIND_FIRST_NONFINITE)
 
 # Whose gradient it is (the `source` field).
 SOURCE_OUTPUT = "output"  # d target / d (layer output)

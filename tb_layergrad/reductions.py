@@ -14,7 +14,11 @@ Numerical rules (see docs/FORMAT.md):
   every count in the last bucket with all edges equal; no finite element gives
   an all-zero histogram;
 - float16/bfloat16 are computed in float32, float64 in float64, integers in
-  float64.
+  float64;
+- magnitudes near the dtype's max or min do not overflow or underflow: the
+  general path works on x / 2**e (exact), so a moment is Inf only if its true
+  value exceeds float64; subnormal numbers count as zero, as TensorFlow's CPU
+  kernels flush them.
 """
 from __future__ import annotations
 
@@ -25,6 +29,12 @@ import tensorflow as tf
 from tb_layergrad import metadata
 
 NUM_STATS = len(metadata.STAT_FIELDS)
+
+# The fast path needs max|x| at least this large (or 0): below it squares
+# underflow (the norm would read 0) and histogram_fixed_width's bucket width
+# can flush to 0 (a NaN bucket index, which crashes its CPU kernel).
+_FAST_MIN_MAGNITUDE = {tf.float32: 2.0**-60, tf.float64: 2.0**-500}
+_SMALLEST_NORMAL = {tf.float32: 2.0**-126, tf.float64: 2.0**-1022}
 
 
 def compute_dtype(dtype: tf.DType) -> tf.DType:
@@ -61,14 +71,19 @@ def histogram_and_stats(data: tf.Tensor, buckets: int = 30, xla_safe: bool = Fal
 def _fast_or_general(x: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
     dt = x.dtype
     n = tf.cast(tf.size(x), dt)
+    n64 = tf.cast(tf.size(x, out_type=tf.int64), tf.float64)  # exact past 2**24
     total = tf.reduce_sum(x)
     sumsq = 2 * tf.nn.l2_loss(x)
-    lo = tf.reduce_min(x)
-    hi = tf.reduce_max(x)
+    # A reduction may hand back a subnormal element as it is: flush like every other kernel.
+    lo = _flush_subnormal(tf.reduce_min(x))
+    hi = _flush_subnormal(tf.reduce_max(x))
     # A NaN or an Inf anywhere makes one of these non-finite (an overflowing
     # sum of squares also lands here; the general path handles it exactly).
     # An empty tensor has lo=+max, hi=-max: also sent to the general path.
-    fast = tf.reduce_all(tf.math.is_finite(tf.stack([total, sumsq, lo, hi]))) & (n > 0)
+    # So are tiny magnitudes (see _FAST_MIN_MAGNITUDE).
+    top = tf.maximum(tf.abs(lo), tf.abs(hi))
+    big_enough = (top >= tf.constant(_FAST_MIN_MAGNITUDE[dt], dt)) | tf.equal(top, tf.zeros([], dt))
+    fast = tf.reduce_all(tf.math.is_finite(tf.stack([total, sumsq, lo, hi]))) & (n > 0) & big_enough
     mean = total / tf.maximum(n, 1)
     var = tf.maximum(sumsq / tf.maximum(n, 1) - mean * mean, 0)
     # One-pass variance loses digits when |mean| >> std: redo those exactly.
@@ -81,7 +96,7 @@ def _fast_or_general(x: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
         zero = tf.zeros([], tf.float64)
         stats = tf.stack(
             [
-                tf.cast(n, tf.float64),
+                n64,
                 zero,
                 zero,
                 zero,
@@ -98,9 +113,9 @@ def _fast_or_general(x: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
         counts = tf.cond(
             hi > lo,
             lambda: tf.cast(tf.histogram_fixed_width(x, tf.stack([lo, hi]), nbins=k), tf.float64),
-            lambda: tf.concat([tf.zeros([k - 1], tf.float64), tf.cast(n, tf.float64)[tf.newaxis]], 0),
+            lambda: tf.concat([tf.zeros([k - 1], tf.float64), n64[tf.newaxis]], 0),
         )
-        return _with_edges(counts, lo, hi, k), stats
+        return _with_edges(counts, lo, hi, k, _pow2_scale(top)), stats
 
     return tf.cond(fast, fast_path, lambda: _general(x, k))
 
@@ -109,28 +124,38 @@ def _general(x: tf.Tensor, buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
     """Masked reductions: correct for any mix of NaN/Inf, empty tensors; XLA-compilable."""
     dt = x.dtype
     finite = tf.math.is_finite(x)
-    elements = tf.cast(tf.size(x), tf.float64)
+    # Subnormals count as zero on every path: TensorFlow's CPU kernels flush
+    # them to zero, XLA's do not, so they are flushed here explicitly.
+    zero = tf.abs(x) < tf.constant(_SMALLEST_NORMAL[dt], dt)
+    elements = tf.cast(tf.size(x, out_type=tf.int64), tf.float64)
     n_finite = _count(finite)
     nan = _count(tf.math.is_nan(x))
     pos_inf = _count(tf.equal(x, tf.constant(float("inf"), dt)))
     neg_inf = _count(tf.equal(x, tf.constant(float("-inf"), dt)))
-    zeros = _count(tf.equal(x, tf.zeros([], dt)))
+    zeros = _count(zero)
 
-    xf = tf.where(finite, x, tf.zeros_like(x))
     lo = tf.reduce_min(tf.where(finite, x, tf.fill(tf.shape(x), tf.constant(float("inf"), dt))))
     hi = tf.reduce_max(tf.where(finite, x, tf.fill(tf.shape(x), tf.constant(float("-inf"), dt))))
-    n_div = tf.maximum(tf.cast(n_finite, dt), tf.ones([], dt))
-    mean = tf.reduce_sum(xf) / n_div
-    centered = tf.where(finite, x - mean, tf.zeros_like(x))
-    var = tf.reduce_sum(centered * centered) / n_div
-    norm = tf.sqrt(tf.reduce_sum(xf * xf))
-    mean_abs = tf.reduce_sum(tf.abs(xf)) / n_div
-
     has_finite = n_finite > 0
+    lo = _flush_subnormal(tf.where(has_finite, lo, tf.zeros([], dt)))
+    hi = _flush_subnormal(tf.where(has_finite, hi, tf.zeros([], dt)))
+    # Moments of xs = x / scale (|xs| < 2): sums of squares neither overflow
+    # nor underflow; scaled back in float64, exactly (scale is a power of two).
+    scale = _pow2_scale(tf.maximum(tf.abs(lo), tf.abs(hi)))
+    scale64 = tf.cast(scale, tf.float64)
+    xs = tf.where(finite & ~zero, x / scale, tf.zeros_like(x))
+    n_div = tf.maximum(tf.cast(n_finite, dt), tf.ones([], dt))
+    mean = tf.reduce_sum(xs) / n_div
+    centered = tf.where(finite, xs - mean, tf.zeros_like(x))
+    var = tf.reduce_sum(centered * centered) / n_div
+    norm = tf.cast(tf.sqrt(tf.reduce_sum(xs * xs)), tf.float64) * scale64
+    mean_abs = tf.reduce_sum(tf.abs(xs)) / n_div
+
     nan64 = tf.constant(float("nan"), tf.float64)
 
-    def defined(v: tf.Tensor) -> tf.Tensor:
-        return tf.where(has_finite, tf.cast(v, tf.float64), nan64)
+    def defined(v: tf.Tensor, scaled: bool = False) -> tf.Tensor:
+        v = tf.cast(v, tf.float64) * scale64 if scaled else tf.cast(v, tf.float64)
+        return tf.where(has_finite, v, nan64)
 
     stats = tf.stack(
         [
@@ -141,49 +166,67 @@ def _general(x: tf.Tensor, buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
             zeros,
             defined(lo),
             defined(hi),
-            defined(mean),
-            defined(tf.sqrt(var)),
-            tf.cast(norm, tf.float64),
-            defined(mean_abs),
+            defined(mean, scaled=True),
+            defined(tf.sqrt(var), scaled=True),
+            norm,
+            defined(mean_abs, scaled=True),
             tf.zeros([], tf.float64),
         ]
     )
-    hist = _histogram(x, finite, lo, hi, has_finite, buckets)
+    hist = _histogram(x, xs, finite, lo, hi, scale, buckets)
     return hist, stats
 
 
-def _histogram(x, finite, lo, hi, has_finite, k: int) -> tf.Tensor:
+def _flush_subnormal(x: tf.Tensor) -> tf.Tensor:
+    return tf.where(tf.abs(x) < tf.constant(_SMALLEST_NORMAL[x.dtype], x.dtype), tf.zeros_like(x), x)
+
+
+def _pow2_scale(top: tf.Tensor) -> tf.Tensor:
+    """The largest power of two <= `top` (finite, >= 0), read off its exponent bits; 1 if none."""
+    bits, mask = (tf.int64, 0x7FF0000000000000) if top.dtype == tf.float64 else (tf.int32, 0x7F800000)
+    scale = tf.bitcast(tf.bitwise.bitwise_and(tf.bitcast(top, bits), tf.constant(mask, bits)), top.dtype)
+    return tf.where(scale > 0, scale, tf.ones([], top.dtype))
+
+
+def _histogram(x, xs, finite, lo, hi, scale, k: int) -> tf.Tensor:
+    """Buckets of the finite elements; `xs` = x / scale (masked), lo/hi = 0 if nothing is finite."""
     dt = x.dtype
-    lo_safe = tf.where(has_finite, lo, tf.zeros([], dt))
-    hi_safe = tf.where(has_finite, hi, tf.zeros([], dt))
-    span = hi_safe - lo_safe
+    lo_s = lo / scale
+    span = hi / scale - lo_s  # scaled: cannot overflow (hi - lo can) or flush to 0
     width = span / k
     # Equal edges (one unique value): every element lands in the last bucket.
-    scaled = tf.where(span > 0, (x - lo_safe) / tf.where(span > 0, width, tf.ones([], dt)), tf.fill(tf.shape(x), tf.constant(k - 1, dt)))
+    scaled = tf.where(span > 0, (xs - lo_s) / tf.where(span > 0, width, tf.ones([], dt)), tf.fill(tf.shape(x), tf.constant(k - 1, dt)))
     scaled = tf.where(finite, scaled, tf.zeros_like(scaled))
     index = tf.clip_by_value(tf.cast(tf.floor(scaled), tf.int32), 0, k - 1)
     # The division above may round across an edge (and graph optimizers may
     # rewrite it): settle elements next to an edge against the float64 edges
     # that are written, so both paths bucket exactly like those edges say.
-    left = _left_edges(lo_safe, hi_safe, k)
+    left = _left_edges(lo, hi, k, scale)
     xd = tf.cast(tf.where(finite, x, tf.zeros_like(x)), tf.float64)
     below = (index > 0) & (xd < tf.gather(left, index))
     above = (index < k - 1) & (xd >= tf.gather(left, tf.minimum(index + 1, k - 1)))
     index = index - tf.cast(below, tf.int32) + tf.cast(above, tf.int32)
     index = tf.where(finite, index, tf.fill(tf.shape(index), k))  # bucket k is discarded
     counts = tf.math.unsorted_segment_sum(tf.ones_like(index, tf.float64), index, k + 1)[:k]
-    return _with_edges(counts, lo_safe, hi_safe, k)
+    return _with_edges(counts, lo, hi, k, scale)
 
 
-def _left_edges(lo: tf.Tensor, hi: tf.Tensor, k: int) -> tf.Tensor:
+def _left_edges(lo: tf.Tensor, hi: tf.Tensor, k: int, scale: tf.Tensor) -> tf.Tensor:
+    """lo + i * (hi - lo) / k, computed on lo / scale and hi / scale (exact, |.| < 2) and scaled back.
+
+    Unscaled, hi - lo overflows for float64 data near the max and the width
+    flushes to 0 for float64 data near the min; scaled, neither can happen.
+    """
+    s = tf.cast(scale, tf.float64)
     lo64 = tf.cast(lo, tf.float64)
-    hi64 = tf.cast(hi, tf.float64)
-    return lo64 + tf.range(k, dtype=tf.float64) * ((hi64 - lo64) / k)
+    i = tf.range(k, dtype=tf.float64)
+    left = (lo64 / s + i * ((tf.cast(hi, tf.float64) / s - lo64 / s) / k)) * s
+    return tf.where(i > 0, left, lo64)  # lo / s may underflow when hi >> lo: the first edge is lo itself
 
 
-def _with_edges(counts: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor, k: int) -> tf.Tensor:
+def _with_edges(counts: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor, k: int, scale: tf.Tensor) -> tf.Tensor:
     """TensorBoard's [k, 3] layout: (left, right, count), k equal widths over [lo, hi]."""
-    left = _left_edges(lo, hi, k)
+    left = _left_edges(lo, hi, k, scale)
     right = tf.concat([left[1:], tf.cast(hi, tf.float64)[tf.newaxis]], axis=0)
     return tf.stack([left, right, counts], axis=1)
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import metadata, reductions
+from tb_layergrad import metadata, nonfinite, reductions
 from tb_layergrad.gradient_map import Entry, GradientMap
 
 __all__ = ["gradient", "gradients", "timesteps"]
@@ -94,7 +94,8 @@ def gradient(
         return _when_recording(write)
 
 
-def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description=""):
+def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
+                track_nonfinite=False):
     """Validate now; return the function that computes and writes the records."""
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
@@ -111,6 +112,9 @@ def _writer_for(name, data, step, buckets, max_elements, target, source, layer_i
             hist, stats = reductions.histogram_and_stats(data, buckets)
         _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step, description)
         _write(_info(name, metadata.KIND_STATS, target, source, layer_index, dtype), stats, step, description)
+        if track_nonfinite and data is not None:  # the running first NaN/Inf step (docs/FORMAT.md)
+            info = _info(name, metadata.KIND_STATS, target, source, layer_index, dtype)
+            nonfinite.write_first_nonfinite(info, stats, step, description)
         if max_elements > 0 and data is not None:
             _write(
                 _info(name, metadata.KIND_TENSOR, target, source, layer_index, dtype),
@@ -135,7 +139,10 @@ def gradients(
     For a plain dict, every entry is taken as a layer output, in dict order.
     `target` overrides the target name the result carries. One recording
     condition guards the whole step: when nothing is recorded (record_if
-    false, no writer), no reduction runs at all.
+    false, no writer), no reduction runs at all. From the first logged step
+    at which an entry holds a NaN/Inf on, it also writes that step (kind
+    `first_nonfinite`, kept per default writer and tag), so that sampling by
+    TensorBoard cannot hide it.
     """
     step = _resolve_step(step)
     if isinstance(grads, GradientMap):
@@ -145,7 +152,8 @@ def gradients(
         target_name = target or metadata.DEFAULT_TARGET
         items = [(path, Entry(g, metadata.SOURCE_OUTPUT, i)) for i, (path, g) in enumerate(grads.items())]
     writers = [
-        _writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements)
+        _writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements,
+                    track_nonfinite=True)
         for path, e in items
     ]
 

@@ -342,7 +342,8 @@ class RecordingProvider:
 class InProcess:
     """TensorBoardWSGI with only the layergrad plugin, over a MultiplexerDataProvider."""
 
-    def __init__(self, logdir: str, path_prefix: str = "", frontend_root=None) -> None:
+    def __init__(self, logdir: str, path_prefix: str = "", frontend_root=None, keep: int = 0) -> None:
+        """`keep`: records TensorBoard keeps per series (0: all), as `--samples_per_plugin=layergrad=<keep>`."""
         from tensorboard.backend import application
         from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
         from tensorboard.plugins import base_plugin
@@ -352,7 +353,7 @@ class InProcess:
 
         self.logdir = logdir
         self.multiplexer = plugin_event_multiplexer.EventMultiplexer(
-            tensor_size_guidance={metadata.PLUGIN_NAME: 0}
+            tensor_size_guidance={metadata.PLUGIN_NAME: keep}
         )
         self.multiplexer.AddRunsFromDirectory(logdir)
         self.multiplexer.Reload()

@@ -21,13 +21,14 @@ ROUTES = {
     "timesteps": {"run": "train", "layer": RNN_LAYER},
     "compare": {"run": "train", "layer": TENSOR_LAYER},
     "csv": {"run": "train"},
+    "anomalies": {"run": "train"},
 }
 USES = {
     "layer": {"stats", "histograms", "tensor", "timesteps", "compare"},
     "target": set(ROUTES) - {"runs"},
-    "source": {"matrix", "stats", "histograms", "tensor", "compare", "csv"},
+    "source": {"matrix", "stats", "histograms", "tensor", "compare", "csv", "anomalies"},
     "stat": {"matrix", "compare"},
-    "start": {"matrix", "stats", "histograms", "timesteps", "compare", "csv"},  # and "end"
+    "start": {"matrix", "stats", "histograms", "timesteps", "compare", "csv", "anomalies"},  # and "end"
     "max_steps": {"matrix", "stats", "histograms", "timesteps", "compare"},
     "step": {"tensor"},
 }

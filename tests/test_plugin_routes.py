@@ -131,6 +131,8 @@ def test_runs_lists_layers_in_model_order_with_what_exists(tb, small_logdir):
     ]
     assert layers["model/dense/kernel"]["sources"] == [WEIGHT]
     assert layers[RNN_LAYER]["timesteps"] is True and layers[RNN_LAYER]["tensors"] is False
+    # The layer's gradient dtype, not the float64 of its derived timestep norms.
+    assert layers[RNN_LAYER]["dtype"] == dense["dtype"] == "float32"
     assert layers[UNUSED_LAYER[0]]["dtype"] == ""
     assert all(isinstance(e["series"][0]["max_wall_time"], float) for e in train["layers"])
 

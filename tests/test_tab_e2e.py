@@ -315,82 +315,105 @@ def test_state_in_the_url_reopens_the_same_view(env):
 
 
 def test_heatmap_stays_fast_at_200_layers_by_5000_steps(env):
+    """Decoding a 200 x 5000 `anomalies` answer onto the grid and drawing it (the rules themselves run
+    on the server: tests/test_report_rules.py times them at this size)."""
     b = env["browser"]
     frame = b.open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas")
     ms = frame.evaluate(
         """async () => {
           const { Heatmap } = await import('./charts/heatmap.js');
-          const { detect } = await import('./anomalies.js');
+          const { fromRoute, firstNonfinite } = await import('./anomalies.js');
           const { VIRIDIS, lutIndex } = await import('./charts/colors.js');
           const L = 200, S = 5000;
-          const rms = [], norm = [], nonfinite = [], zero_frac = [];
+          const rms = [];
           for (let i = 0; i < L; i++) {
-            const r = new Array(S), z = new Array(S), n = new Array(S);
-            for (let j = 0; j < S; j++) { r[j] = Math.exp(-i / 20 + Math.sin(j / 50)); z[j] = 0.01; n[j] = (i === 7 && j > 4000) ? 1 : 0; }
-            rms.push(r); norm.push(r); nonfinite.push(n); zero_frac.push(z);
+            const r = new Array(S);
+            for (let j = 0; j < S; j++) r[j] = Math.exp(-i / 20 + Math.sin(j / 50));
+            rms.push(r);
           }
+          const steps = Array.from({ length: S }, (_, j) => 10 * j);
+          const names = Array.from({ length: L }, (_, i) => `m/l${i}`);
+          const body = {
+            steps, max_rms: steps.map(() => 1), thresholds: { VANISH_REL: 1e-3 },
+            layers: names.map((layer, i) => ({
+              layer, recorded: S, last_step: steps[S - 1], now: i === 7 ? ['nonfinite'] : (i > 150 ? ['vanishing'] : []),
+              counts: { nonfinite: i === 7 ? S - 4001 : 0, vanishing: i > 150 ? S : 0, exploding: 0, dead: 0 },
+              first_nonfinite: i === 7 ? steps[4001] : null,
+              flags: i === 7 ? '0'.repeat(4001) + '1'.repeat(S - 4001) : (i > 150 ? '2' : '0').repeat(S),
+            })),
+          };
           const host = document.createElement('div');
           document.body.appendChild(host);
           const t0 = performance.now();
-          const an = detect({ rms, norm, nonfinite, zero_frac }, L, S);
+          const an = fromRoute(body, names, steps);
           const map = new Heatmap(host);
           map.draw({ rows: L, cols: S, width: 1000, rowHeight: 3,
             cell: (i, j) => VIRIDIS.packed[lutIndex(Math.log10(rms[i][j]) / -10 + 1)],
             bin: (i, j0) => VIRIDIS.packed[lutIndex(Math.log10(rms[i][j0]) / -10 + 1)] });
           const t = performance.now() - t0;
           host.remove();
-          if (an.layers[7].firstNonfinite !== 4001) throw new Error('wrong anomaly');
+          const first = firstNonfinite(an);
+          if (an.layers[7].firstNonfinite !== 4001 || first.step !== 40010 || first.layers.join() !== '7') throw new Error('wrong anomaly');
+          if (an.flags[7 * S + 4000] !== 0 || an.flags[7 * S + 4001] !== 1 || an.flags[199 * S + 9] !== 2) throw new Error('wrong flags');
           return t;
         }"""
     )
     assert ms < 1500, f"200 x 5000 took {ms:.0f} ms"
 
 
-def _anomaly_rules_from_the_docs():
-    """The Python version of the rules, exactly as docs/ANOMALIES.md prints it."""
-    text = open(os.path.join(os.path.dirname(__file__), "..", "docs", "ANOMALIES.md"), encoding="utf-8").read()
-    code = text.split("```python\n", 1)[1].split("```", 1)[0]
-    namespace: dict = {}
-    exec(compile(code, "docs/ANOMALIES.md", "exec"), namespace)
-    return namespace["detect"]
+def test_overview_flags_are_the_routes_and_match_numpy(env):
+    """The overview asks the `anomalies` route (it computes no rule), and the flags it places on its grid
+    are the cell-by-cell evaluation of docs/ANOMALIES.md on the arrays that were written."""
+    from report_fixtures import numpy_cell, reference_detect
 
-
-def test_anomaly_rules_match_docs_anomalies_md(env):
-    """frontend/anomalies.js and the Python rules of docs/ANOMALIES.md flag the same cells."""
-    detect = _anomaly_rules_from_the_docs()
-    rng = np.random.default_rng(3)
-    layers, steps = 9, 40
-    rms = np.exp(rng.normal(-4, 3, size=(layers, steps)))
-    rms[2, 25:] *= 1e3  # grows: exploding by the growth rule
-    rms[4] *= 1e-6  # vanishing
-    rms[5, 10] = 5e3  # exploding by the absolute rule
-    rms[rng.random(rms.shape) < 0.05] = np.nan  # missing
-    norm = rms * 7.0
-    norm[6, 3:] = 0.0  # dead: no gradient
-    rms[6, 3:] = np.nan
-    nonfinite = np.zeros(rms.shape)
-    nonfinite[1, 30:] = 4
-    zero_frac = rng.uniform(0, 0.2, size=rms.shape)
-    zero_frac[7, 20:] = 0.995  # dead: (almost) all zeros
-    missing = np.isnan(rms) & (rng.random(rms.shape) < 0.5)
-    for a in (norm, nonfinite, zero_frac):
-        a[missing] = np.nan  # some cells not recorded at all
-    expected = detect(rms, norm, nonfinite, zero_frac)
-    as_json = lambda a: [[None if np.isnan(v) else float(v) for v in row] for row in a]  # noqa: E731
-    frame = env["browser"].open(env["tb"].base, {"run": "train"})
-    frame.wait_for_selector(".lg-heatmap-canvas")
+    b, page = env["browser"], env["browser"].page
+    asked = []
+    listener = lambda r: asked.append(r.url) if "/layergrad/anomalies?" in r.url else None  # noqa: E731
+    page.on("request", listener)
+    try:
+        frame = b.open(env["tb"].base, {"run": "train"})
+        frame.wait_for_selector(".lg-heatmap-canvas")
+        frame.wait_for_function("() => document.querySelector('.lg-run-name')?.textContent === 'train'")
+    finally:
+        page.remove_listener("request", listener)
+    assert any("run=train" in u for u in asked)
+    assert "detect" not in frame.evaluate("async () => Object.keys(await import('./anomalies.js'))")
     got = frame.evaluate(
-        """async ([m, rows, cols]) => {
-          const { detect } = await import('./anomalies.js');
-          return Array.from(detect(m, rows, cols).flags);
-        }""",
-        [{"rms": as_json(rms), "norm": as_json(norm), "nonfinite": as_json(nonfinite), "zero_frac": as_json(zero_frac)}, layers, steps],
+        """async () => {
+          const { api } = await import('./api.js');
+          const { fromRoute } = await import('./anomalies.js');
+          const body = await api.anomalies({ run: 'train' });
+          const layers = body.layers.map((l) => l.layer);
+          const an = fromRoute(body, layers, body.steps);
+          return { layers, steps: body.steps, flags: Array.from(an.flags), first: an.layers.map((l) => l.firstNonfiniteStep) };
+        }"""
     )
-    got = np.asarray(got, np.uint8).reshape(layers, steps)
-    assert (expected > 0).sum() > 40  # every kind of flag occurs
-    assert {int(f) for f in np.unique(expected)} >= {0, 1, 2, 4, 8}
-    np.testing.assert_array_equal(got, expected)
+    layers, steps = got["layers"], got["steps"]
+    assert layers == [p for p, _ in tf_.LAYERS] and steps[:20] == tf_.STEPS  # (an earlier test may have appended 20, 21)
+    m = {k: np.full((len(layers), len(steps)), np.nan) for k in ("rms", "norm", "nonfinite", "zero_frac")}
+    for i, layer in enumerate(layers):
+        for j, step in enumerate(steps):
+            for k, v in numpy_cell(tf_.layer_array("train", "loss", layer, step)).items():
+                m[k][i, j] = v
+    expected = reference_detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
+    np.testing.assert_array_equal(np.asarray(got["flags"], np.uint8).reshape(expected.shape), expected)
+    assert (expected[0] & 2).all()  # the embedding, 1e5 times weaker than the head, vanishes at every step
+    assert got["first"] == [None, NAN_STEP, None, None]
+
+
+def test_layer_view_shows_the_routes_flags_at_the_step(env):
+    """The layer view's chips come from the same route as the overview: vanishing too, which needs
+    the other layers (a one-layer evaluation in the browser could never show it)."""
+    b = env["browser"]
+    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": NAN_LAYER, "step": NAN_STEP})
+    wait_step(frame, NAN_STEP)
+    frame.wait_for_selector(".lg-step-flags .lg-chip-nonfinite")
+    assert frame.locator(".lg-step-flags").inner_text().strip() == "loss · output: non-finite"
+    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": "net/zeta_embed", "step": 3})
+    wait_step(frame, 3, "net/zeta_embed")
+    frame.wait_for_selector(".lg-step-flags .lg-chip-vanishing")
+    assert frame.locator(".lg-step-flags").inner_text().strip() == "loss · output: vanishing"
 
 
 def test_url_state_round_trips_any_name_and_keeps_tensorboards_keys(env):

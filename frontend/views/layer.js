@@ -4,7 +4,7 @@
 // gradients beside its output gradient, one series per target.
 
 import { api, isAbort } from "../api.js";
-import { detect, flagNames } from "../anomalies.js";
+import { flagNames, flagOf } from "../anomalies.js";
 import { COLORS, RDBU, lutIndex, packHex, paletteColor } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { HistogramChart } from "../charts/histograms.js";
@@ -148,14 +148,32 @@ export class LayerView {
       this._header(state, null);
     }
     try {
-      const bodies = await Promise.all(series.map((x) => api.stats({ run: state.run, layer: x.layer, target: x.target, source: x.source }, { signal })));
+      // Each series' anomaly flags over steps, from the `anomalies` route (the rules compare the layer
+      // with every other layer of its target and source). Without them the view still works.
+      const flagsOf = (x) =>
+        api.anomalies({ run: state.run, target: x.target, source: x.source, layer: x.layer }, { signal }).then(
+          (b) => {
+            const entry = b.layers.find((l) => l.layer === x.layer);
+            return entry ? { steps: b.steps, flags: entry.flags } : null;
+          },
+          (e) => {
+            if (isAbort(e)) throw e;
+            return null;
+          },
+        );
+      const [bodies, flagBodies] = await Promise.all([
+        Promise.all(series.map((x) => api.stats({ run: state.run, layer: x.layer, target: x.target, source: x.source }, { signal }))),
+        Promise.all(series.map(flagsOf)),
+      ]);
       if (signal.aborted) return;
       const stats = {};
+      const flags = {};
       series.forEach((x, k) => {
         stats[x.key] = bodies[k];
+        flags[x.key] = flagBodies[k];
       });
       const all = layerSeries(run, state.layer);
-      this.loaded = { key: this._key(state), series, all, stats, hist: null, ts: null, runInfo: run };
+      this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run };
       if (!quiet) this.tensorCache.clear();
       else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
       clear(this.message);
@@ -328,14 +346,13 @@ export class LayerView {
     }
     table.appendChild(tbody);
     replace(this.table, table);
-    // Flags of the primary output series at this step (rules need other layers for "vanishing": see the overview).
+    // Each series' anomaly flags at this step (the `anomalies` route: the same verdicts as the overview).
     const bits = [];
     for (const x of cols) {
-      const b = L.stats[x.key];
-      const j = step === null ? -1 : b.steps.indexOf(step);
+      const fl = L.flags && L.flags[x.key];
+      const j = step === null || !fl ? -1 : fl.steps.indexOf(step);
       if (j < 0) continue;
-      const res = detect({ rms: [b.stats.rms], norm: [b.stats.norm], nonfinite: [b.stats.nonfinite], zero_frac: [b.stats.zero_frac] }, 1, b.steps.length);
-      const f = flagNames(res.flags[j]);
+      const f = flagNames(flagOf(fl.flags[j]));
       if (f.length) bits.push(h("span", { class: "lg-chip lg-chip-" + f[0].replace("non-finite", "nonfinite") }, `${x.label}: ${f.join(", ")}`));
     }
     replace(this.flags, bits);

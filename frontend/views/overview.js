@@ -3,7 +3,7 @@
 // for the layer's detail at that step.
 
 import { api, isAbort } from "../api.js";
-import { detect, firstNonfinite, flagNames, FLAG, FLAG_INFO, REQUIRED_STATS, THRESHOLDS } from "../anomalies.js";
+import { firstNonfinite, flagNames, fromRoute, FLAG } from "../anomalies.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
@@ -15,11 +15,14 @@ const RED = packHex(COLORS.nonfinite);
 const ZERO = packHex(COLORS.zero);
 const MISSING = packHex(COLORS.missing);
 const CHIP_W = 168;
+// Loaded with the colour statistic: the tooltip shows them, `nonfinite` paints cells red.
+// The anomaly flags come from the `anomalies` route (the rules are tb_layergrad/anomalies.py).
+const HOVER_STATS = ["norm", "rms", "nonfinite", "zero_frac"];
 
 export class OverviewView {
   constructor(app) {
     this.app = app;
-    this.data = null; // {key, layers, steps, m: {stat: rows}}
+    this.data = null; // {key, layers, steps, m: {stat: rows}, an: the `anomalies` answer}
     this.abort = null;
     this.statSelect = select(MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), "norm", (v) => app.setState({ stat: v }), { "aria-label": "statistic" });
     this.marks = h("input", { type: "checkbox", checked: true, on: { change: () => this.draw() } });
@@ -56,7 +59,7 @@ export class OverviewView {
   }
 
   _wanted(state) {
-    return [...new Set([state.stat, ...REQUIRED_STATS])];
+    return [...new Set([state.stat, ...HOVER_STATS])];
   }
 
   _key(state) {
@@ -95,9 +98,11 @@ export class OverviewView {
     const start = incremental && this.data.steps.length ? this.data.steps[this.data.steps.length - 1] : undefined;
     if (!incremental) this.app.busy(true);
     try {
-      const bodies = await Promise.all(
-        stats.map((stat) => api.matrix({ run: state.run, target: state.target, source: state.source, stat, start }, { signal: abort.signal })),
-      );
+      // The flags depend on the whole run (a layer's baseline is its first steps): always asked for in full.
+      const [bodies, an] = await Promise.all([
+        Promise.all(stats.map((stat) => api.matrix({ run: state.run, target: state.target, source: state.source, stat, start }, { signal: abort.signal }))),
+        api.anomalies({ run: state.run, target: state.target, source: state.source }, { signal: abort.signal }),
+      ]);
       if (abort.signal.aborted) return;
       const layers = bodies[0].layers;
       const sameLayers = this.data && this.data.key === key && JSON.stringify(this.data.layers) === JSON.stringify(layers);
@@ -111,6 +116,7 @@ export class OverviewView {
         this.data = null;
         return await this._load(state, this._wanted(state), false);
       }
+      this.data.an = an;
       this.data.version = (this.data.version || 0) + 1;
       clear(this.message);
       this.draw();
@@ -153,7 +159,7 @@ export class OverviewView {
     const values = d.m[stat];
     const nonfinite = d.m.nonfinite;
     if (this._anFor !== d || this._anVersion !== d.version) {
-      this.anomalies = detect(d.m, rows, cols);
+      this.anomalies = fromRoute(d.an, d.layers, d.steps);
       this._anFor = d;
       this._anVersion = d.version;
     }
@@ -211,7 +217,7 @@ export class OverviewView {
     const names = d.layers.map((l) => l.slice(prefix.length));
     const labelW = Math.max(90, Math.min(280, 24 + 7.2 * Math.max(...names.map((n) => n.length))));
     const avail = this.el.clientWidth || 900;
-    const anyChip = an.layers.some((l) => l.firstNonfinite !== null || l.count.vanishing || l.count.exploding || l.count.dead);
+    const anyChip = an.layers.some((l) => l.firstNonfiniteStep !== null || l.count.vanishing || l.count.exploding || l.count.dead);
     const chipW = anyChip ? CHIP_W : 12;
     const width = Math.max(120, avail - labelW - chipW - 24);
     const rowH = Math.max(3, Math.min(22, Math.floor(560 / rows)));
@@ -233,7 +239,7 @@ export class OverviewView {
     this._labels(names, rowH);
     this._chips(an, rowH);
     this._axis(width, first);
-    this._legend(stat, lo, hi, showMarks);
+    this._legend(stat, lo, hi, showMarks, an.info);
     this._summary(an, first);
   }
 
@@ -305,7 +311,7 @@ export class OverviewView {
       el.textContent = name;
       if (i % every !== 0) el.hidden = true;
       const f = this.anomalies.layers[i];
-      if (f.firstNonfinite !== null) el.classList.add("lg-flag-nonfinite");
+      if (f.firstNonfiniteStep !== null) el.classList.add("lg-flag-nonfinite");
       else if (f.latest & FLAG.EXPLODING) el.classList.add("lg-flag-exploding");
       else if (f.latest & FLAG.DEAD) el.classList.add("lg-flag-dead");
       else if (f.latest & FLAG.VANISHING) el.classList.add("lg-flag-vanishing");
@@ -323,8 +329,8 @@ export class OverviewView {
     an.layers.forEach((f, i) => {
       const chips = [];
       const n = Math.max(1, f.recorded);
-      if (f.firstNonfinite !== null) chips.push(["nonfinite", `NaN/Inf @${d.steps[f.firstNonfinite]}`, `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${d.steps[f.firstNonfinite]}`]);
-      for (const info of FLAG_INFO.slice(1)) {
+      if (f.firstNonfiniteStep !== null) chips.push(["nonfinite", `NaN/Inf @${f.firstNonfiniteStep}`, `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${f.firstNonfiniteStep}`]);
+      for (const info of an.info.slice(1)) {
         const c = f.count[info.key];
         if (!c) continue;
         const now = f.latest & info.flag;
@@ -370,15 +376,15 @@ export class OverviewView {
       svg.appendChild(s("text", { x, y: 15, "text-anchor": k === 0 && x < 20 ? "start" : k === n - 1 && x > width - 20 ? "end" : "middle", class: "lg-tick", text: String(d.steps[j]) }));
     }
     svg.appendChild(s("text", { x: width, y: H - 2, "text-anchor": "end", class: "lg-axis-label", text: `step (${cols} logged${cols > width ? `; a pixel column shows the largest value of ${(cols / width).toFixed(1)} steps` : ""})` }));
-    if (first) {
+    if (first && first.col !== null) {
       const x = (first.col + 0.5) * colW;
       const m = s("path", { d: `M${x},0 l5,8 l-10,0 z`, fill: COLORS.nonfinite, class: "lg-xmark" });
-      m.appendChild(s("title", { text: `first non-finite gradient: step ${d.steps[first.col]}` }));
+      m.appendChild(s("title", { text: `first non-finite gradient: step ${first.step}` }));
       svg.appendChild(m);
     }
   }
 
-  _legend(stat, lo, hi, showMarks) {
+  _legend(stat, lo, hi, showMarks, info) {
     const W = 220;
     const bar = h("canvas", { width: W, height: 10, class: "lg-colorbar" });
     const ctx = bar.getContext("2d");
@@ -416,9 +422,9 @@ export class OverviewView {
       swatch(COLORS.zero, "0", "exactly zero (e.g. no gradient reaches the layer)"),
       swatch(COLORS.missing, "no record", "nothing logged for this layer at this step"),
       stat !== "nonfinite" ? swatch(COLORS.nonfinite, "NaN/Inf", "the gradient holds NaN or ±Inf at this step; a black box marks each layer's first") : null,
-      showMarks ? glyph("lg-bar-vanishing", "vanishing", FLAG_INFO[2].rule) : null,
-      showMarks ? glyph("lg-bar-exploding", "exploding", FLAG_INFO[1].rule) : null,
-      showMarks ? glyph("lg-bar-dead", "dead", FLAG_INFO[3].rule) : null,
+      showMarks ? glyph("lg-bar-vanishing", "vanishing", info[2].rule) : null,
+      showMarks ? glyph("lg-bar-exploding", "exploding", info[1].rule) : null,
+      showMarks ? glyph("lg-bar-dead", "dead", info[3].rule) : null,
     );
   }
 
@@ -442,7 +448,7 @@ export class OverviewView {
         title: "open that layer at that step",
         on: { click: () => this._open(first.layers[0], first.col) },
       });
-      link.textContent = `First non-finite gradient: step ${d.steps[first.col]} in ${names[0]}${names.length > 1 ? ` and ${names.length - 1} more layer${names.length > 2 ? "s" : ""}` : ""} →`;
+      link.textContent = `First non-finite gradient: step ${first.step} in ${names[0]}${names.length > 1 ? ` and ${names.length - 1} more layer${names.length > 2 ? "s" : ""}` : ""} →`;
       parts.push(link);
     }
     const last = cols - 1;
@@ -461,7 +467,7 @@ export class OverviewView {
         ? `At the latest step (${d.steps[last]}): ${bits.join(", ")} of ${d.layers.length} layers.`
         : `At the latest step (${d.steps[last]}): no non-finite, vanishing, exploding or dead layer.`
       : "No steps logged yet.";
-    health.title = FLAG_INFO.map((x) => `${x.label}: ${x.rule}`).join("\n");
+    health.title = an.info.map((x) => `${x.label}: ${x.rule}`).join("\n");
     parts.push(health);
     replace(this.summary, parts);
   }
@@ -480,7 +486,7 @@ export class OverviewView {
     const f = this.anomalies.flags[i * d.steps.length + j];
     const flags = flagNames(f);
     if (flags.length) rows.push(["anomaly", flags.join(", "), "lg-tip-bad"]);
-    if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j], 3)} × (threshold ${THRESHOLDS.VANISH_REL})`]);
+    if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j], 3)} × (threshold ${this.anomalies.thresholds.VANISH_REL})`]);
     tooltip().show(c.clientX, c.clientY, d.layers[i], rows, "click: this layer at this step");
   }
 

@@ -50,6 +50,11 @@ class RunCatalog:
                 self._layer_index[i.layer] = i.index
             else:
                 self._layer_index.setdefault(i.layer, known)
+        # By layer, for `of_layer`: a scan of every series per layer made `runs` O(layers x tags),
+        # seconds for a 10,000-tag run.
+        self._by_layer: Dict[str, List[Series]] = {}
+        for key, s in self._by_key.items():
+            self._by_layer.setdefault(key[0], []).append(s)
 
     @property
     def series(self) -> List[Series]:
@@ -70,7 +75,7 @@ class RunCatalog:
         return [s for s in metadata.SOURCES if s in present]
 
     def of_layer(self, layer: str) -> List[Series]:
-        return [s for key, s in self._by_key.items() if key[0] == layer]
+        return list(self._by_layer.get(layer, ()))
 
     def with_kind(self, target: str, source: str, kind: str) -> List[Series]:
         """Series of one kind for (target, source), in model order of their layers."""

@@ -40,6 +40,7 @@ class LayerGradPlugin(base_plugin.TBPlugin):
             "/timesteps": r.timesteps,
             "/compare": r.compare,
             "/csv": r.csv,
+            "/anomalies": r.anomalies,
             # Every other path below the plugin: a file of frontend/ (or a JSON 404).
             "/*": r.static_file,
         }

@@ -18,7 +18,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import catalog, params, series
+from tb_layergrad.plugin import anomaly_reader, catalog, params, series
 from tb_layergrad.plugin.responses import (
     count_list,
     csv_number,
@@ -175,7 +175,13 @@ class Routes:
                     }
                 )
             kinds = {s.info.kind for s in mine}
-            dtypes = [s.info.dtype for s in mine if s.info.dtype]
+            # The captured gradient's dtype: from its stats/histogram records, not from
+            # a derived record (timesteps norms are always float64).
+            dtypes = [
+                s.info.dtype
+                for s in sorted(mine, key=lambda s: s.info.kind == metadata.KIND_TIMESTEPS)
+                if s.info.dtype and s.info.source == metadata.SOURCE_OUTPUT
+            ] or [s.info.dtype for s in mine if s.info.dtype]
             layers.append(
                 {
                     "layer": layer,
@@ -393,6 +399,24 @@ class Routes:
         header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
         filename = "layergrad-" + (_UNSAFE_FILENAME.sub("_", run).strip("._") or "run") + ".csv"
         return csv_response(request, csv_text(header, rows), filename)
+
+    @json_errors
+    def anomalies(self, request: wrappers.Request) -> wrappers.Response:
+        """The anomaly rules (docs/ANOMALIES.md) applied to one run: flags per step, summaries."""
+        args = request.args
+        run = params.required_name(args, "run")
+        target = params.target(args)
+        source = params.source(args)
+        start, end = params.step_range(args)
+        layer = params.optional_name(args, "layer", None)
+        rc = self._run_catalog(request, run)
+        if layer is not None:
+            rc.require(layer, target, source, metadata.KIND_STATS)  # 404 naming what is unknown
+        ctx, eid = self._where(request)
+        result = anomaly_reader.read_run(self._provider, ctx, eid, rc, target, source, start, end)
+        if result is None:
+            raise _missing_series(rc, target, source, "stats")
+        return json_response(request, anomaly_reader.route_body(result, layer))
 
     @json_errors
     def static_file(self, request: wrappers.Request) -> wrappers.Response:

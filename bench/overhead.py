@@ -1,0 +1,172 @@
+"""Training-step overhead of gradient logging, measured side by side in one process.
+
+Every variant trains the same model on the same batch; variants run in
+interleaved rounds (plain, ours, histogram, plain, ours, ...) and the median
+time per step over the rounds is compared with the plain step's median.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable, Dict, List
+
+import keras
+import tensorflow as tf
+
+import tb_layergrad
+from models import MODELS
+
+Step = Callable[[], object]
+
+
+def _loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
+    """tf.function train steps: plain, ours (every 1 / 10), tf.summary.histogram (every 1 / 10)."""
+    model, x, y = MODELS[name]()
+    model(x)
+    loss_fn = _loss()
+    opt = keras.optimizers.SGD(1e-4)
+    opt.build(model.trainable_variables)
+    it = opt.iterations
+    writers = {}
+
+    def writer(tag: str):
+        writers.setdefault(tag, tf.summary.create_file_writer(os.path.join(logdir, f"{name}_{tag}")))
+        return writers[tag]
+
+    @tf.function
+    def plain(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    def ours(every: int):
+        w = writer(f"ours{every}")
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                with tb_layergrad.capture(model, tape=tape) as cap:
+                    loss = loss_fn(y, model(x))
+            grads = cap.gradients(tape, loss)
+            opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
+            with w.as_default(step=it), tf.summary.record_if(it % every == 0):
+                tb_layergrad.summary.gradients(grads)
+            return loss
+
+        return step
+
+    def tb_histogram(every: int):
+        w = writer(f"tbhist{every}")
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                with tb_layergrad.capture(model, tape=tape) as cap:
+                    loss = loss_fn(y, model(x))
+            grads = cap.gradients(tape, loss)
+            opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
+            with w.as_default(step=it), tf.summary.record_if(it % every == 0):
+                for path, g in grads.outputs.items():
+                    if g is not None:
+                        tf.summary.histogram(path, g)
+            return loss
+
+        return step
+
+    fns = {
+        "plain": plain,
+        "ours_every_1": ours(1),
+        "ours_every_10": ours(10),
+        "tf.summary.histogram_every_1": tb_histogram(1),
+        "tf.summary.histogram_every_10": tb_histogram(10),
+    }
+    return {k: (lambda f=f: f(x, y)) for k, f in fns.items()}
+
+
+class BatchTimer(keras.callbacks.Callback):
+    """Mean seconds per batch of one fit() call, after the first `skip` batches (tracing)."""
+
+    def __init__(self, skip: int = 3):
+        super().__init__()
+        self.skip = skip
+        self.stamps: List[float] = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.stamps.append(time.perf_counter())
+
+    @property
+    def seconds_per_batch(self) -> float:
+        kept = self.stamps[self.skip :]
+        return (kept[-1] - kept[0]) / max(1, len(kept) - 1)
+
+
+def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
+    """One fit() epoch of `steps` batches per call: plain, GradientLogger (every 1 / 10),
+    Keras TensorBoard(histogram_freq=1). Each call returns its mean seconds per batch,
+    tracing excluded (the first batches of every call are skipped)."""
+    model, x, y = MODELS[name]()
+    n = int(x.shape[0])
+    xs = tf.tile(x, [steps] + [1] * (len(x.shape) - 1))
+    ys = tf.tile(y, [steps])
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=_loss())
+
+    def fit(callbacks_factory: Callable[[], List]) -> Step:
+        def run():
+            timer = BatchTimer()
+            model.fit(xs, ys, batch_size=n, epochs=1, verbose=0, shuffle=False, callbacks=callbacks_factory() + [timer])
+            return timer.seconds_per_batch
+
+        return run
+
+    return {
+        "plain": fit(lambda: []),
+        "ours_every_1": fit(lambda: [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), every_n_steps=1)]),
+        "ours_every_10": fit(lambda: [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10"), every_n_steps=10)]),
+        "keras.TensorBoard(histogram_freq=1)": fit(
+            lambda: [keras.callbacks.TensorBoard(os.path.join(logdir, f"fit_{name}_keras"), histogram_freq=1)]
+        ),
+    }
+
+
+def interleaved_results(variants: Dict[str, Step], rounds: int) -> Dict[str, float]:
+    """Median over interleaved rounds of what each variant returns (seconds per step)."""
+    values: Dict[str, List[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for key, fn in variants.items():
+            values[key].append(fn())
+    return {k: statistics.median(v) for k, v in values.items()}
+
+
+def interleaved(variants: Dict[str, Step], rounds: int, per_round: int, warmup: int = 3) -> Dict[str, float]:
+    """Median seconds per call of each variant, rounds interleaved."""
+    for fn in variants.values():
+        for _ in range(warmup):
+            fn()
+    times: Dict[str, List[float]] = {k: [] for k in variants}
+    for _ in range(rounds):
+        for key, fn in variants.items():
+            start = time.perf_counter()
+            for _ in range(per_round):
+                out = fn()
+            if hasattr(out, "numpy"):
+                out.numpy()
+            times[key].append((time.perf_counter() - start) / per_round)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def bytes_per_layer_step(logdir: str, run: str, layers: int, logged_steps: int) -> float:
+    path = os.path.join(logdir, run)
+    total = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    return total / max(1, layers * logged_steps)
+
+
+def new_logdir() -> str:
+    return tempfile.mkdtemp(prefix="layergrad_bench_")

@@ -1,0 +1,149 @@
+"""One command for every benchmark figure; prints a table and writes docs/PERFORMANCE.md.
+
+    python bench/run.py            # the full run (tens of minutes; quiet machine please)
+    python bench/run.py --smoke    # seconds: keeps the scripts working (CI runs this)
+
+Figures:
+- training-step overhead, plain step vs ours, MLP / CNN / LSTM, custom loop and
+  fit(), capturing every layer every step and every 10 steps; beside it the
+  same gradients through tf.summary.histogram (TensorBoard's path) and Keras'
+  TensorBoard(histogram_freq=1) (weights only);
+- event-file bytes per layer per step;
+- tab latency on a synthetic logdir (layers x steps x runs), both loaders, and
+  TensorBoard's resident memory, with how they grow with steps and layers.
+Ratios are medians of interleaved rounds in one process; fit() steps are timed
+per batch inside each call, the first batches (tracing) excluded.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from typing import Dict, List
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def machine() -> str:
+    import keras
+    import tensorboard
+    import tensorflow as tf
+
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}); Python {platform.python_version()}, "
+        f"TensorFlow {tf.__version__}, Keras {keras.__version__}, TensorBoard {tensorboard.__version__}"
+    )
+
+
+def overhead_tables(models: List[str], rounds: int, per_round: int, fit_steps: int) -> List[str]:
+    import overhead
+    from models import MODELS
+
+    lines = []
+    loop_rows, fit_rows, byte_rows = [], [], []
+    for name in models:
+        logdir = overhead.new_logdir()
+        res = overhead.interleaved(overhead.custom_loop_variants(name, logdir), rounds, per_round)
+        base = res.pop("plain")
+        loop_rows.append((name, base, res))
+        model, x, _ = MODELS[name]()
+        layers = len(model.layers)
+        byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, rounds * per_round + 3)))
+        res = overhead.interleaved_results(overhead.fit_variants(name, logdir, fit_steps), rounds)
+        base_fit = res.pop("plain")
+        fit_rows.append((name, base_fit, {k: v / base_fit for k, v in res.items()}))
+        shutil.rmtree(logdir, ignore_errors=True)
+        print(f"  measured {name}", flush=True)
+
+    def table(title: str, rows, ratio_of) -> None:
+        keys = list(rows[0][2])
+        lines.append(f"### {title}\n")
+        lines.append("| model | plain step | " + " | ".join(keys) + " |")
+        lines.append("|---|---|" + "---|" * len(keys))
+        for name, base, res in rows:
+            lines.append(f"| {name} | {base * 1e3:.2f} ms | " + " | ".join(f"{ratio_of(res[k], base):.2f}x" for k in keys) + " |")
+        lines.append("")
+
+    table("Custom training loop (tf.function step), ratio to the plain step", loop_rows, lambda v, b: v / b)
+    table("model.fit(), ratio to fit() without callbacks", fit_rows, lambda v, b: v)
+    lines.append("### Event-file bytes per layer per logged step (histogram + stats records)\n")
+    lines.append("| model | layers | bytes / layer / step |")
+    lines.append("|---|---|---|")
+    for name, layers, b in byte_rows:
+        lines.append(f"| {name} | {layers} | {b:.0f} |")
+    lines.append("")
+    return lines
+
+
+def tab_tables(sizes: List[tuple], loaders: List[str]) -> List[str]:
+    import synthetic_logdir
+    import tab_latency
+
+    lines = ["### Tab latency (warm, median), real tensorboard process, synthetic logdir\n"]
+    lines.append("| runs x layers x steps | loader | load time | listing | flow matrix | layer detail | 3-run compare | TensorBoard RSS |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for runs, layers, steps in sizes:
+        logdir = tempfile.mkdtemp(prefix="layergrad_synth_")
+        for r in range(runs):
+            synthetic_logdir.write_run(os.path.join(logdir, f"run_{r}"), layers, steps, seed=r)
+        for loader in loaders:
+            m = tab_latency.measure(logdir, runs, layers, steps, loader)
+            name = {"true": "Rust (--load_fast=true)", "false": "Python (--load_fast=false)"}[loader]
+            lines.append(
+                f"| {runs} x {layers} x {steps} | {name} | {m['load_s']:.0f} s | {m['listing_s'] * 1e3:.0f} ms | "
+                f"{m['matrix_s'] * 1e3:.0f} ms | {m['layer_detail_s'] * 1e3:.0f} ms | {m['compare_s'] * 1e3:.0f} ms | "
+                f"{m['rss_mb']:.0f} MB |"
+            )
+            print("  " + lines[-1], flush=True)
+        shutil.rmtree(logdir, ignore_errors=True)
+    lines.append("")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round: only checks the scripts run")
+    parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--skip-tab", action="store_true")
+    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"), help="where to write the report ('-' for none)")
+    args = parser.parse_args()
+
+    if args.smoke:
+        models, rounds, per_round, fit_steps = ["mlp"], 1, 2, 8
+        sizes, loaders = [(3, 4, 20)], ["false"]
+    else:
+        models, rounds, per_round, fit_steps = ["mlp", "cnn", "lstm"], 7, 20, 40
+        sizes = [(3, 50, 1000), (3, 200, 1000), (3, 200, 5000)]
+        loaders = ["true", "false"]
+    lines = [
+        "# Performance",
+        "",
+        f"Measured {datetime.date.today().isoformat()} with `python bench/run.py`{' --smoke' if args.smoke else ''} on: {machine()}.",
+        "",
+    ]
+    if not args.skip_overhead:
+        lines += overhead_tables(models, rounds, per_round, fit_steps)
+    if not args.skip_tab:
+        lines += tab_tables(sizes, loaders)
+    text = "\n".join(lines)
+    print(text)
+    if args.out != "-":
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

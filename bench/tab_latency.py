@@ -1,0 +1,127 @@
+"""Tab latency: time the plugin routes of a real `tensorboard` process, both loaders.
+
+Starts `python -m tensorboard.main --logdir D` on a free local port, waits until
+every run is loaded, then times (warm: each route asked once before timing) the
+routes the tab calls: the run/layer listing, the gradient-flow matrix, one
+layer's detail (stats + histograms) and a 3-run comparison. Also reads the
+resident memory of TensorBoard and its data-server child.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from typing import Dict, List, Optional, Tuple
+
+BASE = "/data/plugin/layergrad/"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rss_mb(pid: int) -> float:
+    """Resident memory of a process and its children, from /proc (Linux)."""
+    total = 0
+    pids = [pid]
+    try:
+        children = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+        pids += [int(c) for c in children]
+    except FileNotFoundError:
+        pass
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            pass
+    return total / 1024
+
+
+class TensorBoard:
+    def __init__(self, logdir: str, load_fast: str):
+        self.port = _free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
+             "--port", str(self.port), "--load_fast", load_fast, "--reload_interval", "0"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    def get(self, route: str, query: Optional[Dict] = None, timeout: float = 600) -> Tuple[int, bytes]:
+        url = f"http://127.0.0.1:{self.port}{BASE}{route}"
+        if query:
+            url += "?" + urllib.parse.urlencode(query, doseq=True)
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def wait_loaded(self, runs: int, steps: int, timeout: float) -> float:
+        """Seconds until every run reports its last step."""
+        start = time.time()
+        while time.time() - start < timeout:
+            try:
+                code, body = self.get("runs", timeout=30)
+                if code == 200:
+                    doc = json.loads(body)
+                    done = [r for r in doc["runs"] if r["max_step"] == steps - 1]
+                    if len(done) == runs:
+                        return time.time() - start
+            except (OSError, ValueError):
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"TensorBoard did not load {runs} runs of {steps} steps in {timeout}s")
+
+    def stop(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(10)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int) -> float:
+    code, body = tb.get(route, query)  # warm
+    if code != 200:
+        raise RuntimeError(f"{route} {query} -> {code}: {body[:200]!r}")
+    times: List[float] = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tb.get(route, query)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, repeats: int = 5, timeout: float = 3600) -> Dict[str, float]:
+    tb = TensorBoard(logdir, load_fast)
+    try:
+        load_s = tb.wait_loaded(runs, steps, timeout)
+        listing = json.loads(tb.get("runs")[1])
+        run0 = listing["runs"][0]
+        layer = run0["layers"][len(run0["layers"]) // 2]["layer"]
+        all_runs = [r["run"] for r in listing["runs"]]
+        out = {
+            "load_s": load_s,
+            "listing_s": time_route(tb, "runs", {}, repeats),
+            "matrix_s": time_route(tb, "matrix", {"run": run0["run"], "stat": "norm"}, repeats),
+            "layer_stats_s": time_route(tb, "stats", {"run": run0["run"], "layer": layer}, repeats),
+            "layer_histograms_s": time_route(tb, "histograms", {"run": run0["run"], "layer": layer, "max_steps": 60}, repeats),
+            "compare_s": time_route(tb, "compare", {"run": all_runs[:3], "layer": layer, "stat": "norm"}, repeats),
+            "rss_mb": _rss_mb(tb.proc.pid),
+        }
+        out["layer_detail_s"] = out["layer_stats_s"] + out["layer_histograms_s"]
+        return out
+    finally:
+        tb.stop()

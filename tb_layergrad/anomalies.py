@@ -1,0 +1,360 @@
+"""The anomaly rules of docs/ANOMALIES.md: the one implementation.
+
+Pure numpy (no TensorFlow, no TensorBoard): the plugin's `anomalies` route
+(what the tab's overview draws), `tb-layergrad report` and notebooks all call
+`evaluate`, so they flag exactly the same cells with the same thresholds.
+
+Input: one run, one target, one source; the layers in model order (rows) and
+the sorted union of their logged steps (columns), with four statistics per
+cell (docs/HTTP_API.md), NaN where a layer has no record at a step:
+
+    norm       L2 norm of the finite elements (0 for a "no gradient" record)
+    rms        norm / sqrt(number of finite elements); NaN without a finite element
+    nonfinite  nan + pos_inf + neg_inf
+    zero_frac  zeros / elements
+
+    from tb_layergrad import anomalies
+    flags = anomalies.detect(rms, norm, nonfinite, zero_frac)   # uint8 [layers, steps]
+    run = anomalies.evaluate(layers, steps, {"rms": rms, "norm": norm, ...})
+    run.layers[0].first_nonfinite, run.layers[0].now, run.to_json()
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+# -- thresholds (docs/ANOMALIES.md, "Thresholds") ------------------------------------------------
+VANISH_REL = 1e-3  # vanishing: rms < VANISH_REL x (largest rms of any layer at that step)
+EXPLODE_ABS = 1e3  # exploding: rms > EXPLODE_ABS ...
+EXPLODE_GROWTH = 1e2  # ... or rms > EXPLODE_GROWTH x the layer's baseline, after the baseline
+BASELINE_STEPS = 5  # baseline: median of the layer's first BASELINE_STEPS rms values > 0
+DEAD_ZERO_FRAC = 0.99  # dead: norm == 0, or zero_frac >= DEAD_ZERO_FRAC
+
+# Summaries (not flags): the trend fit and the timestep decay use the last TREND_WINDOW logged steps.
+TREND_WINDOW = 20
+
+THRESHOLDS = {
+    "VANISH_REL": VANISH_REL,
+    "EXPLODE_ABS": EXPLODE_ABS,
+    "EXPLODE_GROWTH": EXPLODE_GROWTH,
+    "BASELINE_STEPS": BASELINE_STEPS,
+    "DEAD_ZERO_FRAC": DEAD_ZERO_FRAC,
+}
+
+# -- flags: one bit each --------------------------------------------------------------------------
+NONFINITE, VANISHING, EXPLODING, DEAD = 1, 2, 4, 8
+FLAG_BITS = {"nonfinite": NONFINITE, "vanishing": VANISHING, "exploding": EXPLODING, "dead": DEAD}
+KINDS = tuple(FLAG_BITS)  # order of seriousness used everywhere (chips, columns)
+
+# The four statistics the rules read (names of the `matrix` route's `stat`).
+REQUIRED_STATS = ("rms", "norm", "nonfinite", "zero_frac")
+
+# `flags` strings: one character per step, the hex digit of the bits, NOT_RECORDED where there is no record.
+NOT_RECORDED = "."
+_HEX = "0123456789abcdef"
+
+
+def flag_names(bits: int) -> List[str]:
+    """Names of the flags set in `bits`, in KINDS order."""
+    return [name for name, bit in FLAG_BITS.items() if bits & bit]
+
+
+def _as_matrix(a, shape=None) -> np.ndarray:
+    m = np.asarray(a, dtype=np.float64)
+    if m.ndim == 1 and shape is not None and len(shape) == 2 and shape[0] == 1:
+        m = m.reshape(1, -1)
+    if m.ndim != 2:
+        raise ValueError(f"expected a [layers, steps] matrix, got shape {m.shape}")
+    if shape is not None and m.shape != tuple(shape):
+        raise ValueError(f"matrices differ in shape: {m.shape} vs {tuple(shape)}")
+    return m
+
+
+def recorded(rms, norm, nonfinite, zero_frac) -> np.ndarray:
+    """bool [layers, steps]: the cell has a record (any of the four statistics is present)."""
+    r = _as_matrix(rms)
+    return ~(np.isnan(r) & np.isnan(_as_matrix(norm, r.shape)) & np.isnan(_as_matrix(nonfinite, r.shape))
+             & np.isnan(_as_matrix(zero_frac, r.shape)))
+
+
+def max_rms(rms) -> np.ndarray:
+    """float [steps]: the largest rms > 0 of any layer at each step; NaN where none."""
+    r = _as_matrix(rms)
+    pos = r > 0
+    out = np.full(r.shape[1], np.nan)
+    if r.shape[0]:
+        with np.errstate(invalid="ignore"):
+            best = np.where(pos, r, -np.inf).max(axis=0)
+        out[pos.any(axis=0)] = best[pos.any(axis=0)]
+    return out
+
+
+def baselines(rms) -> Tuple[np.ndarray, np.ndarray]:
+    """Per layer: the median of its first BASELINE_STEPS rms values > 0 (NaN if it has fewer),
+    and the column of the last of them (-1 if none)."""
+    r = _as_matrix(rms)
+    base = np.full(r.shape[0], np.nan)
+    end = np.full(r.shape[0], -1, dtype=np.int64)
+    pos = r > 0
+    for i in range(r.shape[0]):
+        first = np.flatnonzero(pos[i])[:BASELINE_STEPS]
+        if first.size:
+            end[i] = first[-1]
+        if first.size == BASELINE_STEPS:
+            base[i] = float(np.median(r[i, first]))
+    return base, end
+
+
+def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
+    """The flags of every cell: uint8 [layers, steps], bits NONFINITE | VANISHING | EXPLODING | DEAD.
+
+    Arguments are [layers, steps] arrays (NaN where missing). The rules, in order
+    (docs/ANOMALIES.md): non-finite excludes the others; dead excludes vanishing and
+    exploding; vanishing and exploding may both hold.
+    """
+    r = _as_matrix(rms)
+    shape = r.shape
+    n = _as_matrix(norm, shape)
+    nf = _as_matrix(nonfinite, shape)
+    z = _as_matrix(zero_frac, shape)
+    rec = recorded(r, n, nf, z)
+    with np.errstate(all="ignore"):  # NaN compares False; 100 x 1e308 is inf, which is right
+        is_nonfinite = rec & (nf > 0)
+        is_dead = rec & ~is_nonfinite & ((n == 0) | (z >= DEAD_ZERO_FRAC))
+        live = rec & ~is_nonfinite & ~is_dead & (r > 0)
+        counted = (r > 0).sum(axis=0)
+        top = max_rms(r)
+        vanishing = live & (counted >= 2)[None, :] & (r < VANISH_REL * top[None, :])
+        base, base_end = baselines(r)
+        after = np.arange(shape[1])[None, :] > base_end[:, None]
+        growth = after & (r > EXPLODE_GROWTH * base[:, None])  # NaN baseline: never
+        exploding = live & ((r > EXPLODE_ABS) | growth)
+    flags = (is_nonfinite * NONFINITE) | (vanishing * VANISHING) | (exploding * EXPLODING) | (is_dead * DEAD)
+    return flags.astype(np.uint8)
+
+
+def encode_flags(flags_row: np.ndarray, recorded_row: np.ndarray) -> str:
+    """One layer's flags as text: a hex digit per step, NOT_RECORDED where there is no record."""
+    return "".join(_HEX[int(f)] if rec else NOT_RECORDED for f, rec in zip(flags_row, recorded_row))
+
+
+def decode_flags(text: str) -> np.ndarray:
+    """Inverse of `encode_flags`: int array, -1 where not recorded."""
+    return np.asarray([-1 if c == NOT_RECORDED else int(c, 16) for c in text], dtype=np.int64)
+
+
+def trend(steps: np.ndarray, norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray] = None,
+          window: int = TREND_WINDOW) -> Optional[float]:
+    """How the layer's norm moved lately, in decades (log10 units).
+
+    The least-squares line of log10(norm) against the step, over the layer's last
+    `window` logged steps whose norm is finite and > 0 and that hold no non-finite
+    element, evaluated as (slope x the window's span in steps): -2.0 means the
+    fitted norm fell 100-fold over that window. None with fewer than 3 such steps
+    or a span of 0.
+    """
+    steps = np.asarray(steps, dtype=np.float64)
+    norm_row = np.asarray(norm_row, dtype=np.float64)
+    ok = np.isfinite(norm_row) & (norm_row > 0)
+    if nonfinite_row is not None:
+        with np.errstate(invalid="ignore"):
+            ok &= ~(np.asarray(nonfinite_row, dtype=np.float64) > 0)
+    idx = np.flatnonzero(ok)[-window:]
+    if idx.size < 3:
+        return None
+    x = steps[idx]
+    span = x[-1] - x[0]
+    if span <= 0:
+        return None
+    y = np.log10(norm_row[idx])
+    xc = x - x.mean()
+    slope = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+    return slope * float(span)
+
+
+# The smallest float32 subnormal: a timestep norm of exactly 0 counts as this (a fully underflowed gradient).
+TINY = 1.401298464324817e-45
+
+
+def timestep_decay(norm_vectors: Sequence[np.ndarray], window: int = TREND_WINDOW) -> Optional[float]:
+    """How much the per-timestep gradient shrinks from the last timestep back to the first, in decades.
+
+    For each of the last `window` logged records of an RNN layer's per-timestep norms
+    (docs/FORMAT.md, kind `timesteps`): log10(norm[0] / norm[T-1]), with a norm[0] of 0
+    counted as TINY; the median over those records. -3.0: the gradient reaching the first
+    timestep is 1000 times smaller than at the last one. None without a usable record
+    (T < 2, or norm[T-1] not finite and > 0, or norm[0] not finite).
+    """
+    values = []
+    for v in list(norm_vectors)[-window:]:
+        v = np.asarray(v, dtype=np.float64).reshape(-1)
+        if v.size < 2 or not (np.isfinite(v[-1]) and v[-1] > 0) or not np.isfinite(v[0]) or v[0] < 0:
+            continue
+        values.append(math.log10(max(v[0], TINY)) - math.log10(v[-1]))  # no overflow of the ratio
+    return float(np.median(values)) if values else None
+
+
+@dataclasses.dataclass
+class LayerSummary:
+    """One layer of one evaluated run (docs/ANOMALIES.md, "Summaries")."""
+
+    layer: str
+    index: int
+    recorded: int  # logged steps with a record
+    last_step: Optional[int]  # the layer's last logged step
+    last_norm: Optional[float]  # statistics at last_step (None: NaN/Inf or missing)
+    last_rms: Optional[float]
+    last_zero_frac: Optional[float]
+    trend: Optional[float]  # decades over the last TREND_WINDOW logged steps, see `trend`
+    first_nonfinite: Optional[int]  # first step with a NaN/Inf gradient
+    counts: Dict[str, int]  # logged steps flagged with each kind
+    now: int  # flags at last_step
+    timestep_decay: Optional[float] = None  # RNN layers with per-timestep records, see `timestep_decay`
+    has_timesteps: bool = False
+
+    @property
+    def now_names(self) -> List[str]:
+        return flag_names(self.now)
+
+    def to_json(self) -> dict:
+        out = {
+            "layer": self.layer,
+            "index": self.index,
+            "recorded": self.recorded,
+            "last_step": self.last_step,
+            "last_norm": self.last_norm,
+            "last_rms": self.last_rms,
+            "last_zero_frac": self.last_zero_frac,
+            "trend": self.trend,
+            "first_nonfinite": self.first_nonfinite,
+            "counts": dict(self.counts),
+            "now": self.now_names,
+        }
+        if self.has_timesteps:
+            out["timestep_decay"] = self.timestep_decay
+        return out
+
+
+@dataclasses.dataclass
+class RunAnomalies:
+    """The rules applied to one run, target and source."""
+
+    run: str
+    target: str
+    source: str
+    layers: List[str]
+    steps: np.ndarray  # int64 [steps]
+    flags: np.ndarray  # uint8 [layers, steps]
+    recorded: np.ndarray  # bool [layers, steps]
+    max_rms: np.ndarray  # float [steps]
+    summaries: List[LayerSummary]
+
+    @property
+    def last_step(self) -> Optional[int]:
+        return int(self.steps[-1]) if self.steps.size else None
+
+    @property
+    def first_nonfinite(self) -> Optional[dict]:
+        """{"step": s, "layers": [...]} for the first step at which any layer is non-finite, or None."""
+        firsts = [s.first_nonfinite for s in self.summaries if s.first_nonfinite is not None]
+        if not firsts:
+            return None
+        step = min(firsts)
+        return {"step": step, "layers": [s.layer for s in self.summaries if s.first_nonfinite == step]}
+
+    @property
+    def latest(self) -> Dict[str, int]:
+        """How many layers are flagged with each kind at the run's last logged step."""
+        counts = {k: 0 for k in KINDS}
+        last = self.last_step
+        for s in self.summaries:
+            if last is None or s.last_step != last:
+                continue
+            for k in flag_names(s.now):
+                counts[k] += 1
+        return counts
+
+    def flag_strings(self) -> List[str]:
+        return [encode_flags(self.flags[i], self.recorded[i]) for i in range(len(self.layers))]
+
+    def summary_json(self) -> dict:
+        return {
+            "layers": len(self.layers),
+            "steps": int(self.steps.size),
+            "first_step": int(self.steps[0]) if self.steps.size else None,
+            "last_step": self.last_step,
+            "first_nonfinite": self.first_nonfinite,
+            "latest": self.latest,
+        }
+
+
+def _num(v) -> Optional[float]:
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def evaluate(
+    layers: Sequence[str],
+    steps: Iterable[int],
+    stats: Mapping[str, np.ndarray],
+    *,
+    run: str = "",
+    target: str = "loss",
+    source: str = "output",
+    indices: Optional[Sequence[int]] = None,
+    first_nonfinite_hints: Optional[Sequence[Optional[int]]] = None,
+    timesteps: Optional[Mapping[str, Sequence[np.ndarray]]] = None,
+) -> RunAnomalies:
+    """Apply the rules to one run and summarise every layer.
+
+    Args:
+      layers: layer paths in model order (rows).
+      steps: the ascending logged steps (columns).
+      stats: {"rms", "norm", "nonfinite", "zero_frac"} -> [layers, steps] float arrays, NaN where missing.
+      indices: each layer's model index (-1 if unknown), for the summaries.
+      first_nonfinite_hints: per layer, a first non-finite step known from elsewhere (the
+        `first_nonfinite` records of docs/FORMAT.md, which survive TensorBoard's sampling), or
+        None. A layer's `first_nonfinite` is the earlier of the hint and its first flagged step.
+      timesteps: {layer: [per-timestep norm vectors in step order]} for RNN layers.
+    """
+    layers = list(layers)
+    steps = np.asarray(list(steps), dtype=np.int64).reshape(-1)
+    shape = (len(layers), steps.size)
+    m = {name: _as_matrix(stats[name], shape) if shape[0] else np.zeros(shape) for name in REQUIRED_STATS}
+    flags = detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"]) if shape[0] else np.zeros(shape, np.uint8)
+    rec = recorded(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"]) if shape[0] else np.zeros(shape, bool)
+    top = max_rms(m["rms"]) if shape[0] else np.full(shape[1], np.nan)
+    summaries = []
+    for i, layer in enumerate(layers):
+        cols = np.flatnonzero(rec[i])
+        row = flags[i]
+        first = None
+        nonfinite_cols = np.flatnonzero(row & NONFINITE)
+        if nonfinite_cols.size:
+            first = int(steps[nonfinite_cols[0]])
+        hint = first_nonfinite_hints[i] if first_nonfinite_hints is not None else None
+        if hint is not None and (first is None or hint < first):
+            first = int(hint)
+        last = int(cols[-1]) if cols.size else None
+        ts = (timesteps or {}).get(layer)
+        summaries.append(
+            LayerSummary(
+                layer=layer,
+                index=int(indices[i]) if indices is not None else -1,
+                recorded=int(cols.size),
+                last_step=int(steps[last]) if last is not None else None,
+                last_norm=_num(m["norm"][i, last]) if last is not None else None,
+                last_rms=_num(m["rms"][i, last]) if last is not None else None,
+                last_zero_frac=_num(m["zero_frac"][i, last]) if last is not None else None,
+                trend=trend(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
+                first_nonfinite=first,
+                counts={k: int(((row[cols] & bit) > 0).sum()) for k, bit in FLAG_BITS.items()},
+                now=int(row[last]) if last is not None else 0,
+                timestep_decay=timestep_decay(ts) if ts else None,
+                has_timesteps=ts is not None,
+            )
+        )
+    return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries)

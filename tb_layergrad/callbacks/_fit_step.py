@@ -1,0 +1,550 @@
+"""Internal: the train step `GradientLogger` runs inside `model.fit()`.
+
+Why a re-implemented step. Wrapping Keras' own `train_step` with identity
+(custom_gradient) capture changes training on BatchNorm/residual models (see
+docs/FIT.md). A "watch-style" step that records the layer outputs, watches
+them, and makes ONE `tape.gradient(loss, (weights, outputs, probes))` call
+leaves training bitwise unchanged. That step has to be Keras' `train_step`,
+line for line, plus the watching; it is written here for:
+
+- Keras 3 (TensorFlow backend): `TensorFlowTrainer.train_step`.
+- tf_keras (Keras 2): `Model.train_step`, whose `optimizer.minimize(loss,
+  vars, tape=...)` receives a stand-in tape whose `gradient()` makes the one
+  combined call; the optimizer code path (loss scaling, unscaling, applying)
+  is Keras' own, untouched.
+
+Each copy is pinned to a fingerprint of the library's `train_step` source
+(see KNOWN_TRAIN_STEPS): a Keras whose step differs is refused unless the user
+opts out (GradientLogger(strict=False)).
+
+The step returns Keras' logs plus one extra key (PAYLOAD_KEY) holding the
+fixed-shape reductions (histogram, stats, per-timestep norms, bounded
+tensors) computed inside the step, so inside XLA under `jit_compile=True`,
+and only on logged steps (`tf.cond` on `optimizer.iterations`). The callback
+strips the key and writes outside the compiled function.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import hashlib
+import inspect
+import textwrap
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+from tb_layergrad import metadata, reductions
+from tb_layergrad.layer_capture import Capture
+from tb_layergrad.rnn_probe import TapeWithExtraSources, TimestepProbe, timestep_norms
+from tb_layergrad.targets import target_value
+
+PAYLOAD_KEY = "__tb_layergrad__"
+
+# Fingerprints (AST of the source without docstring) of the train_step each
+# copy below reproduces, and the versions they were verified with.
+KNOWN_TRAIN_STEPS = {
+    "keras": {"d26c2c602215bda1": "3.15.1"},
+    "tf_keras": {"7169109ac8b5ef88": "2.21.0"},
+}
+SUPPORTED_VERSIONS = {"keras": ">=3.15,<3.16", "tf_keras": ">=2.21,<2.22"}
+
+# Suffix of the layer path for the bounded [T, units] per-timestep tensor.
+TIMESTEP_TENSOR_SUFFIX = "[h_t]"
+
+
+def flavor(model: Any) -> str:
+    """'keras' (Keras 3) or 'tf_keras' (Keras 2), from the model's class hierarchy."""
+    for cls in type(model).__mro__:
+        root = cls.__module__.split(".")[0]
+        if root == "tf_keras":
+            return "tf_keras"
+        if root == "keras" and cls.__name__ in ("Model", "Trainer", "TensorFlowTrainer"):
+            return "keras"
+    raise TypeError(f"GradientLogger needs a Keras model (Keras 3 or tf_keras), got {type(model).__name__}")
+
+
+def _base_train_step(kind: str) -> Callable:
+    if kind == "keras":
+        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
+        return TensorFlowTrainer.train_step
+    import tf_keras
+
+    return tf_keras.Model.train_step
+
+
+def fingerprint(fn: Callable) -> str:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    node = tree.body[0]
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+        if isinstance(body[0].value.value, str):
+            node.body = body[1:]
+    return hashlib.sha256(ast.dump(node, annotate_fields=False).encode()).hexdigest()[:16]
+
+
+def check_supported(model: Any, strict: bool = True) -> str:
+    """Raise before training when the step cannot be reproduced faithfully. Returns the flavor."""
+    kind = flavor(model)
+    if kind == "keras":
+        import keras
+
+        if keras.backend.backend() != "tensorflow":
+            raise RuntimeError(f"GradientLogger needs Keras' TensorFlow backend, not {keras.backend.backend()!r}")
+        version = keras.__version__
+    else:
+        import tf_keras
+
+        version = tf_keras.__version__
+    base = _base_train_step(kind)
+    if getattr(type(model).train_step, "__code__", None) is not getattr(base, "__code__", None):
+        raise ValueError(
+            f"{type(model).__name__} overrides train_step(); GradientLogger replaces Keras' own train_step during "
+            "fit() and would bypass yours. Capture inside your train_step instead: "
+            "`with tb_layergrad.capture(self, tape=tape) as cap: ...; grads = cap.gradients(tape, loss)`."
+        )
+    fp = fingerprint(base)
+    if fp not in KNOWN_TRAIN_STEPS[kind]:
+        msg = (
+            f"{kind} {version}: its train_step differs from the one GradientLogger reproduces (verified with "
+            f"{kind} {', '.join(KNOWN_TRAIN_STEPS[kind].values())}; supported: {SUPPORTED_VERSIONS[kind]}). "
+            "Training may then not be bitwise identical to a run without the callback."
+        )
+        if strict:
+            raise RuntimeError(msg + " Pass strict=False to GradientLogger to run anyway.")
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return kind
+
+
+# -- loss scale ----------------------------------------------------------------
+def loss_scale(kind: str, optimizer: Any) -> Optional[tf.Tensor]:
+    """The factor the loss is multiplied by before differentiation (None: 1), read now."""
+    if optimizer is None:
+        return None
+    if kind == "keras":
+        if hasattr(optimizer, "dynamic_scale") and hasattr(optimizer, "inner_optimizer"):
+            if getattr(optimizer, "built", False):
+                return tf.cast(tf.convert_to_tensor(optimizer.dynamic_scale), tf.float32)
+            return tf.constant(float(optimizer.initial_scale), tf.float32)
+        factor = getattr(optimizer, "loss_scale_factor", None)
+        return None if factor is None else tf.constant(float(factor), tf.float32)
+    if hasattr(optimizer, "get_scaled_loss") and hasattr(optimizer, "loss_scale"):
+        return tf.cast(tf.convert_to_tensor(optimizer.loss_scale), tf.float32)
+    return None
+
+
+_XLA_SAFE_ARG = "xla_safe" in inspect.signature(reductions.histogram_and_stats).parameters
+
+
+_REDUCERS: Dict[Tuple[str, int, bool], Callable] = {}
+
+
+def _reducer(dtype: tf.DType, buckets: int, xla: bool) -> Callable:
+    """`reductions.histogram_and_stats` of a flat tensor, as ONE function call op.
+
+    Inlined, the ~300 ops of each reduction made tracing and graph optimization of a
+    MobileNet-sized step take minutes; a cached function is traced once per dtype
+    and kept out of line (`_noinline`), so the step's graph holds one call per tensor.
+    """
+    key = (dtype.name, buckets, xla)
+    fn = _REDUCERS.get(key)
+    if fn is None:
+
+        def reduce_flat(x: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+            if _XLA_SAFE_ARG:
+                return reductions.histogram_and_stats(x, buckets, xla_safe=xla)
+            return reductions.histogram_and_stats(x, buckets)
+
+        fn = tf.function(
+            reduce_flat,
+            input_signature=[tf.TensorSpec([None], dtype)],
+            autograph=False,
+            experimental_attributes={"_noinline": True},
+        )
+        _REDUCERS[key] = fn
+    return fn
+
+
+def _histogram_and_stats(u: tf.Tensor, buckets: int, xla: bool) -> Tuple[tf.Tensor, tf.Tensor]:
+    x = tf.reshape(tf.cast(u, reductions.compute_dtype(u.dtype)), [-1])
+    hist, stats = _reducer(x.dtype, buckets, xla)(x)
+    return tf.ensure_shape(hist, [buckets, 3]), tf.ensure_shape(stats, [reductions.NUM_STATS])
+
+
+def _unscale(g: tf.Tensor, scale: Optional[tf.Tensor]) -> tf.Tensor:
+    if scale is None:
+        return g
+    dt = tf.float32 if g.dtype in (tf.float16, tf.bfloat16, tf.float32) else g.dtype
+    return tf.cast(g, dt) / tf.cast(scale, dt)
+
+
+# -- configuration ---------------------------------------------------------------
+@dataclasses.dataclass
+class StepConfig:
+    layers: Any
+    weights: bool
+    timesteps: Any  # False, True, or a layer spec
+    targets: Dict[str, Callable]
+    buckets: int
+    max_elements: int
+    every_n_steps: int
+    xla: bool
+
+
+class _OptimizerTape:
+    """What tf_keras' `optimizer.minimize(..., tape=)` sees: the real tape, except gradient()."""
+
+    def __init__(self, tape: Any, on_gradient: Callable):
+        self._tape = tape
+        self._on_gradient = on_gradient
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self._tape.__exit__(*exc)
+
+    def watch(self, tensor):
+        self._tape.watch(tensor)
+
+    def gradient(self, target, sources, output_gradients=None, unconnected_gradients=None):
+        return self._on_gradient(target, sources, output_gradients)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+
+class FitStep:
+    """Builds the replacement train_step for one fit() call; remembers the series it writes."""
+
+    def __init__(self, model: Any, kind: str, config: StepConfig):
+        self.model = model
+        self.kind = kind
+        self.config = config
+        #: tag -> SeriesInfo, filled while the step is traced (or run eagerly).
+        self.series: Dict[str, metadata.SeriesInfo] = {}
+
+    # -- pieces shared by both flavors -----------------------------------------
+    def _step_and_flag(self) -> Tuple[tf.Tensor, tf.Tensor]:
+        iterations = tf.cast(tf.convert_to_tensor(self.model.optimizer.iterations), tf.int64)
+        step = iterations + 1  # the update this batch makes: Keras' TensorBoard batch step
+        log = tf.equal(tf.math.floormod(step, self.config.every_n_steps), 0)
+        return step, log
+
+    @contextlib.contextmanager
+    def _forward(self, tapes: List[Any]):
+        cfg = self.config
+        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights, tape=tapes[0])
+        for t in tapes[1:]:
+            cap.watch_with(t)
+        probe = None
+        if cfg.timesteps is not False:
+            probe = TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps, tape=tapes[0])
+            for t in tapes[1:]:
+                probe.watch_with(t)
+        with cap:
+            if probe is None:
+                yield cap, None
+            else:
+                with probe:
+                    yield cap, probe
+
+    def _backward(self, cap: Capture, probe: Optional[TimestepProbe], tape: Any, target: Any, name: str, sources: List[Any], output_gradients: Any = None):
+        """ONE gradient call: (model vars, outputs) via Capture, + probes + `sources` Keras asked for."""
+        model_vars = list(self.model.trainable_variables)
+        known = {id(v) for v in model_vars}
+        missing = [v for v in sources if id(v) not in known]
+        eps = list(probe.sources.values()) if probe is not None and probe.sources else []
+        wrapped = TapeWithExtraSources(tape, eps + missing)
+        if output_gradients is not None:
+            wrapped = _WithOutputGradients(wrapped, output_gradients)
+        gmap = cap.gradients(wrapped, target, name=name)
+        extra = wrapped.extra_gradients
+        eps_grads = dict(zip(probe.sources.keys(), extra[: len(eps)])) if eps else {}
+        by_id = {id(v): g for v, g in zip(model_vars, gmap.variable_gradients)}
+        by_id.update({id(v): g for v, g in zip(missing, extra[len(eps):])})
+        return gmap, eps_grads, [by_id[id(v)] for v in sources]
+
+    # -- Keras 3 ---------------------------------------------------------------
+    def keras3_train_step(self, data: Any) -> Dict[str, Any]:
+        """`keras.src.backend.tensorflow.trainer.TensorFlowTrainer.train_step`, watch-style."""
+        import keras
+        from keras.src.losses import loss as loss_module
+
+        model = self.model
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        step, log = self._step_and_flag()
+        tape = tf.GradientTape()
+        aux = self._aux_tape()
+        with contextlib.ExitStack() as outer:
+            if aux is not None:
+                outer.enter_context(aux)
+            # Forward pass
+            with tape:
+                with self._forward([tape] + ([aux] if aux is not None else [])) as (cap, probe):
+                    if getattr(model, "_call_has_training_arg", True):
+                        y_pred = model(x, training=True)
+                    else:
+                        y_pred = model(x)
+                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+                model._loss_tracker.update_state(
+                    loss_module.unscale_loss_for_distribution(loss),
+                    sample_weight=tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0],
+                )
+                scale = loss_scale("keras", model.optimizer)
+                if model.optimizer is not None:
+                    loss = model.optimizer.scale_loss(loss)
+            values = self._target_values(y_pred, scale)
+        aux_loss = loss  # the scaled loss, recorded on the aux tape too
+
+        # Compute gradients (one call: weights, layer outputs, timestep probes)
+        trainable_weights = model.trainable_weights
+        gmap, eps_grads, gradients = self._backward(cap, probe, tape, loss, metadata.DEFAULT_TARGET, list(trainable_weights))
+        if trainable_weights:
+            # Update weights
+            model.optimizer.apply_gradients(zip(gradients, trainable_weights))
+        else:
+            warnings.warn("The model does not have any trainable weights.")
+
+        logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
+        return self._with_payload(logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss)
+
+    # -- tf_keras --------------------------------------------------------------
+    def tf_keras_train_step(self, data: Any) -> Dict[str, Any]:
+        """`tf_keras.Model.train_step`, watch-style (minimize() gets a stand-in tape)."""
+        import tf_keras
+
+        model = self.model
+        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
+        step, log = self._step_and_flag()
+        tape = tf.GradientTape()
+        aux = self._aux_tape()
+        with contextlib.ExitStack() as outer:
+            if aux is not None:
+                outer.enter_context(aux)
+            # Run forward pass.
+            with tape:
+                with self._forward([tape] + ([aux] if aux is not None else [])) as (cap, probe):
+                    y_pred = model(x, training=True)
+                loss = model.compute_loss(x, y, y_pred, sample_weight)
+            scale = loss_scale("tf_keras", model.optimizer)
+            values = self._target_values(y_pred, scale)
+            # minimize() scales the loss on the main tape only; the aux tape gets its own copy.
+            aux_loss = loss if scale is None else loss * tf.cast(scale, loss.dtype)
+        model._validate_target_and_loss(y, loss)
+
+        result: Dict[str, Any] = {}
+
+        def on_gradient(target, sources, output_gradients):
+            if "gmap" in result:
+                raise RuntimeError("the optimizer asked the tape for gradients twice; GradientLogger cannot follow it")
+            flat = list(sources) if isinstance(sources, (list, tuple)) else [sources]
+            gmap, eps_grads, grads = self._backward(cap, probe, tape, target, metadata.DEFAULT_TARGET, flat, output_gradients)
+            result.update(gmap=gmap, eps=eps_grads)
+            return grads if isinstance(sources, (list, tuple)) else grads[0]
+
+        # Run backwards pass.
+        model.optimizer.minimize(loss, model.trainable_variables, tape=_OptimizerTape(tape, on_gradient))
+        if "gmap" not in result:
+            raise RuntimeError("the optimizer did not differentiate through the tape; GradientLogger cannot follow it")
+        logs = model.compute_metrics(x, y, y_pred, sample_weight)
+        return self._with_payload(logs, step, log, cap, probe, result["gmap"], result["eps"], scale, aux, values, aux_loss)
+
+    # -- auxiliary backward passes (logged steps only) --------------------------
+    def _shadow_weights(self) -> bool:
+        """Graph mode (no XLA): weight gradients for the records come from a second backward pass.
+
+        Grappler's arithmetic optimizer folds the optimizer's learning-rate multiply into
+        the last multiply of a weight gradient ONLY when nothing else reads that gradient
+        (MinimizeBroadcasts). Reading the applied tensor would change which rewrite happens,
+        and the update in the last bits. So in graph mode the weight records are computed
+        from an identical, separate backward pass, on logged steps only.
+        """
+        return self.config.weights and not self.config.xla and not tf.executing_eagerly()
+
+    def _aux_tape(self) -> Optional[Any]:
+        n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
+        return tf.GradientTape(persistent=n > 1) if n else None
+
+    # -- targets ---------------------------------------------------------------
+    def _target_values(self, y_pred: Any, scale: Optional[tf.Tensor]) -> Dict[str, tf.Tensor]:
+        out = {}
+        for name, fn in self.config.targets.items():
+            value = target_value(name, fn, y_pred)
+            if scale is not None:  # same protection against float16 underflow as the loss
+                value = value * tf.cast(scale, value.dtype)
+            out[name] = value
+        return out
+
+    # -- payload ---------------------------------------------------------------
+    def _register(self, info: metadata.SeriesInfo) -> str:
+        self.series[info.tag] = info
+        return info.tag
+
+    def _reduce(self, target: str, cap: Capture, gmap: Any, eps_sources: Dict[str, Any], eps_grads: Dict[str, Any], probe: Optional[TimestepProbe], scale: Optional[tf.Tensor]) -> Dict[str, tf.Tensor]:
+        cfg = self.config
+        out: Dict[str, tf.Tensor] = {}
+        shape_source = self._shape_sources(cap)
+        for path in gmap:
+            e = gmap.entry(path)
+            g = e.gradient
+            info = lambda kind: metadata.SeriesInfo(layer=path, kind=kind, target=target, source=e.source, index=int(e.index), dtype=e.dtype)  # noqa: E731
+            if g is None:
+                hist, stats = reductions.no_gradient_records(e.elements, cfg.buckets)
+            else:
+                u = _unscale(g, scale)
+                hist, stats = _histogram_and_stats(u, cfg.buckets, cfg.xla)
+            out[self._register(info(metadata.KIND_HISTOGRAM))] = hist
+            out[self._register(info(metadata.KIND_STATS))] = stats
+            if cfg.max_elements > 0:
+                src = shape_source.get(path) if g is None else _unscale(g, scale)
+                if src is not None:
+                    t = reductions.bounded_tensor(src if g is not None else tf.zeros_like(src), cfg.max_elements)
+                    out[self._register(info(metadata.KIND_TENSOR))] = t
+        for key, eps in eps_sources.items():
+            g = eps_grads.get(key)
+            index = probe.layer_index(key) if probe is not None else -1
+            u = tf.zeros_like(eps) if g is None else _unscale(g, scale)
+            norms = timestep_norms(u)
+            info = metadata.SeriesInfo(layer=key, kind=metadata.KIND_TIMESTEPS, target=target, source=metadata.SOURCE_OUTPUT, index=index, dtype="float64")
+            out[self._register(info)] = norms
+            if cfg.max_elements > 0:
+                t = reductions.bounded_tensor(u[0], cfg.max_elements)
+                info = metadata.SeriesInfo(layer=key + TIMESTEP_TENSOR_SUFFIX, kind=metadata.KIND_TENSOR, target=target, source=metadata.SOURCE_OUTPUT, index=index, dtype=eps.dtype.name)
+                out[self._register(info)] = t
+        return out
+
+    def _shape_sources(self, cap: Capture) -> Dict[str, Any]:
+        """path -> a tensor/variable with the gradient's shape (for records of absent gradients)."""
+        out = dict(cap.outputs)
+        if self.config.weights:
+            owners = cap.tree.variable_paths()
+            for v in self.model.trainable_variables:
+                if id(v) in owners:
+                    out[owners[id(v)][0]] = tf.convert_to_tensor(v)
+        return out
+
+    def _zeros_like_records(self, records: Dict[str, tf.Tensor], like: Dict[str, Any]) -> Dict[str, tf.Tensor]:
+        out = {}
+        for tag, t in records.items():
+            if t.shape.is_fully_defined():
+                out[tag] = tf.zeros(t.shape, t.dtype)
+            elif self.config.xla and tag in like:
+                out[tag] = like[tag]()
+            else:  # graph mode: a tf.cond output may change shape between branches
+                out[tag] = tf.zeros([0] * t.shape.rank, t.dtype)
+        return out
+
+    def _with_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss) -> Dict[str, Any]:
+        """Add the records of this step to Keras' logs (see the module docstring).
+
+        Where the reductions run, and why (each choice measured bitwise-neutral):
+        - eager: a Python `if` on the flag;
+        - graph (no XLA): everything in one `tf.cond` on the flag;
+        - XLA: the loss's reductions run on EVERY step, unconditionally. Passing
+          backward-pass tensors into an XLA conditional forces them into their own
+          buffers, which changes XLA's fusion of the training computation and its
+          last bits (measured on MobileNetV2); reductions fused next to their
+          producers do not. Targets (a separate backward pass from forward values
+          only) stay inside a `tf.cond`.
+        """
+        eps_sources = dict(probe.sources) if probe is not None else {}
+        shadow = self._shadow_weights()
+
+        def loss_records() -> Dict[str, tf.Tensor]:
+            loss_map = self._with_shadow_weights(cap, gmap, aux, aux_loss) if shadow else gmap
+            return self._reduce(metadata.DEFAULT_TARGET, cap, loss_map, eps_sources, eps_grads, probe, scale)
+
+        def target_records() -> Dict[str, tf.Tensor]:
+            records: Dict[str, tf.Tensor] = {}
+            for name, value in values.items():
+                wrapped = TapeWithExtraSources(aux, list(eps_sources.values()))
+                tmap = cap.gradients(wrapped, value, name=name)
+                teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
+                records.update(self._reduce(name, cap, tmap, eps_sources, teps, probe, scale))
+            return records
+
+        def conditional(fn: Callable[[], Dict[str, tf.Tensor]]) -> Dict[str, tf.Tensor]:
+            holder: Dict[str, Any] = {}
+
+            def true_fn():
+                holder["records"] = fn()
+                return holder["records"]
+
+            def false_fn():
+                if "records" not in holder:  # cond_v2 traces true_fn first
+                    raise RuntimeError("internal: tf.cond traced its false branch first")
+                return self._zeros_like_records(holder["records"], self._runtime_shapes(cap, gmap, eps_sources))
+
+            return tf.cond(log, true_fn, false_fn)
+
+        if tf.executing_eagerly():
+            records = {**loss_records(), **target_records()} if bool(log) else {}
+        elif self.config.xla:
+            records = loss_records()
+            if values:
+                records.update(conditional(target_records))
+        else:
+            records = conditional(lambda: {**loss_records(), **target_records()})
+        logs = dict(logs)
+        logs[PAYLOAD_KEY] = {"step": step, "log": log, "records": records}
+        return logs
+
+    def _with_shadow_weights(self, cap: Capture, gmap: Any, aux: Any, aux_loss: Any) -> Any:
+        """`gmap` with its weight entries recomputed by the aux tape (see _shadow_weights)."""
+        from tb_layergrad.gradient_map import GradientMap
+
+        owners = cap.tree.variable_paths()
+        by_path = {owners[id(v)][0]: v for v in self.model.trainable_variables if id(v) in owners}
+        paths = [p for p in gmap if gmap.entry(p).source == metadata.SOURCE_WEIGHT and p in by_path]
+        grads = aux.gradient(aux_loss, [by_path[p] for p in paths]) if paths else []
+        entries = {p: gmap.entry(p) for p in gmap}
+        for p, g in zip(paths, grads):
+            entries[p] = dataclasses.replace(entries[p], gradient=g)
+        return GradientMap(entries, gmap.target, [])
+
+    def _runtime_shapes(self, cap: Capture, gmap: Any, eps_sources: Dict[str, Any]) -> Dict[str, Callable]:
+        """tag -> builder of a zero record shaped like the true branch's, from outer tensors (for XLA)."""
+        cfg = self.config
+        out: Dict[str, Callable] = {}
+        if cfg.max_elements <= 0 and not eps_sources:
+            return out
+        shapes = self._shape_sources(cap)
+        targets = [metadata.DEFAULT_TARGET] + list(cfg.targets)
+        for target in targets:
+            for path in gmap:
+                e = gmap.entry(path)
+                src = shapes.get(path)
+                if src is not None and cfg.max_elements > 0:
+                    tag = metadata.make_tag(target, e.source, path, metadata.KIND_TENSOR)
+                    out[tag] = (lambda s=src: reductions.bounded_tensor(tf.zeros_like(s), cfg.max_elements))
+            for key, eps in eps_sources.items():
+                tag = metadata.make_tag(target, metadata.SOURCE_OUTPUT, key, metadata.KIND_TIMESTEPS)
+                out[tag] = (lambda s=eps: tf.zeros(tf.shape(s)[1:2], tf.float64))
+                if cfg.max_elements > 0:
+                    tag = metadata.make_tag(target, metadata.SOURCE_OUTPUT, key + TIMESTEP_TENSOR_SUFFIX, metadata.KIND_TENSOR)
+                    out[tag] = (lambda s=eps: reductions.bounded_tensor(tf.zeros_like(s[0]), cfg.max_elements))
+        return out
+
+
+class _WithOutputGradients:
+    """Passes `output_gradients` (tf_keras' grad_loss) through to the wrapped tape."""
+
+    def __init__(self, wrapped: TapeWithExtraSources, output_gradients: Any):
+        self._wrapped = wrapped
+        self._output_gradients = output_gradients
+
+    @property
+    def _persistent(self) -> bool:
+        return self._wrapped._persistent
+
+    @property
+    def extra_gradients(self):
+        return self._wrapped.extra_gradients
+
+    def gradient(self, target, sources, **kwargs):
+        return self._wrapped.gradient(target, sources, output_gradients=self._output_gradients)

@@ -1,0 +1,340 @@
+"""`GradientLogger`: gradients of the loss w.r.t. layer outputs, from the real fit() step."""
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, Dict, Mapping, Optional
+
+import tensorflow as tf
+
+from tb_layergrad import metadata
+from tb_layergrad import summary as lg_summary
+from tb_layergrad.callbacks import _fit_step
+from tb_layergrad.layer_capture import Capture
+from tb_layergrad.rnn_probe import TimestepProbe
+from tb_layergrad.targets import check_target_shape, validate_targets
+
+_Base = tf.keras.callbacks.Callback  # tf_keras' under TF_USE_LEGACY_KERAS=1, Keras 3's otherwise
+_MISSING = object()
+
+
+class GradientLogger(_Base):
+    """Log the gradients Keras computes inside `model.fit()`, per layer output, to TensorBoard.
+
+    For every chosen layer, the callback records d(loss)/d(layer output) (and,
+    optionally, d(loss)/d(weight)) *of the actual training step*: the batch
+    fit() trains on, the weights before that batch's update, the loss exactly
+    as Keras computes it. Nothing is recomputed: during fit() the model runs a
+    copy of Keras' own `train_step` that additionally watches the layer
+    outputs and makes ONE `tape.gradient` call for the weights and the
+    outputs; the weight gradients it applies are bit for bit those Keras
+    computes, so training is unchanged. Gradients are reduced inside the step
+    (so inside XLA with `jit_compile=True`) to a histogram and statistics
+    (`tb_layergrad.summary` format, plugin "layergrad") and written after the
+    step, at step `s = optimizer.iterations` after this batch's update (the s-th
+    update; the step Keras' `TensorBoard` callback uses for batch metrics), when
+    `s % every_n_steps == 0`. The condition is a tensor: nothing is reduced on
+    the other steps. When training ends, or fails, the model is restored
+    (`train_step`, `train_function`).
+
+    Evaluation (`validation_data`, `evaluate()`) is untouched and logs nothing.
+    Records go to `log_dir/train` (the run Keras' `TensorBoard(log_dir)`
+    callback writes its training scalars to), so both show up side by side.
+
+    Example:
+
+    ```python
+    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    model.fit(
+        x, y, epochs=3, validation_data=(x_val, y_val),
+        callbacks=[
+            keras.callbacks.TensorBoard("logs/run1"),
+            tb_layergrad.GradientLogger(
+                "logs/run1", every_n_steps=10, weights=True,
+                targets={"class_3": lambda y_pred: y_pred[:, 3]},
+            ),
+        ],
+    )
+    # tensorboard --logdir logs  -> "layergrad" tab
+    ```
+
+    Args:
+        log_dir: directory of the TensorBoard logs; records go to
+            `log_dir/<run_name>`.
+        layers: `None` for every layer that can be captured, or layer names,
+            full paths (`"model/block/dense"`), glob patterns or `Layer`
+            objects. An unknown name raises before training starts.
+        every_n_steps: log when `optimizer.iterations % every_n_steps == 0`
+            (checked after the step's update). Must be >= 1.
+        weights: also log d(target)/d(weight) of the chosen layers' weights.
+        timesteps: per-timestep gradients of RNN layers: `True` for every RNN
+            layer, or names/patterns/layers. Logs, per step, the L2 norm of
+            the TOTAL dL/dh_t (through the output at t AND the recurrence) for
+            every timestep t, as a float64 [T] record (kind "timesteps"); for
+            an LSTM, h_t is the output state (not the cell state c). With
+            `max_elements > 0`, also example 0's [T, units] gradient (layer
+            path + "[h_t]", kind "tensor"). See `tb_layergrad.rnn_probe`.
+        targets: extra scalars to differentiate, `{name: fn(y_pred)}`; `fn`
+            returns one value per example ([batch] or [batch, 1]) and the SUM
+            over the batch is differentiated. Each target is its own series
+            (its name in the "target" field) and costs one more backward pass
+            on logged steps only.
+        buckets: histogram buckets per record.
+        max_elements: when > 0, also log the raw gradient, bounded to this
+            many elements (`tb_layergrad.reductions.bounded_tensor`).
+        run_name: subdirectory of `log_dir` to write to ("train", like Keras).
+        strict: refuse to run (before training) when the installed Keras'
+            `train_step` is not the one this callback reproduces; with
+            `False`, warn and run anyway (training might then differ in the
+            last bits from a run without the callback).
+
+    Mixed precision: with a loss-scaling optimizer, the recorded gradients are
+    divided by the loss scale read before the step's update (float32). A step
+    whose scaled gradients overflow still writes its records: the non-finite
+    elements are counted in the stats (`nan`, `pos_inf`, `neg_inf`) and never
+    put in histogram buckets. Such a step makes no update, so the next step
+    writes at the same step number.
+
+    Not supported: several replicas (MirroredStrategy...), models that override
+    `train_step` (capture inside it with `tb_layergrad.capture`), non-TensorFlow
+    Keras backends. With `steps_per_execution=k > 1`, Keras returns only the
+    last step of each execution: use an `every_n_steps` multiple of k.
+    """
+
+    def __init__(
+        self,
+        log_dir: Any,
+        layers: Any = None,
+        every_n_steps: int = 1,
+        weights: bool = False,
+        timesteps: Any = False,
+        targets: Optional[Mapping[str, Callable]] = None,
+        buckets: int = 30,
+        max_elements: int = 0,
+        run_name: str = "train",
+        strict: bool = True,
+    ):
+        super().__init__()
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+            raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
+        if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 0:
+            raise ValueError(f"max_elements must be an integer >= 0, got {max_elements!r}")
+        if not isinstance(run_name, str) or not run_name:
+            raise ValueError(f"run_name must be a non-empty string, got {run_name!r}")
+        try:
+            self.log_dir = os.fspath(log_dir)
+        except TypeError:
+            raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}") from None
+        if not self.log_dir:
+            raise ValueError("log_dir must be a non-empty path")
+        if timesteps is None:
+            timesteps = False
+        self.layers = layers
+        self.every_n_steps = every_n_steps
+        self.weights = bool(weights)
+        self.timesteps = timesteps
+        self.targets = validate_targets(targets)
+        self.buckets = buckets
+        self.max_elements = max_elements
+        self.run_name = run_name
+        self.strict = bool(strict)
+        self._writer = None
+        self._fit_step: Optional[_fit_step.FitStep] = None
+        self._saved: Optional[Dict[str, Any]] = None
+        self._armed = False
+
+    # tf_keras' CallbackList asks these of every callback (Keras 3's does not).
+    _supports_tf_logs = False
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.log_dir, self.run_name)
+
+    # -- checks before training --------------------------------------------------
+    def _check_model(self, model: Any) -> str:
+        kind = _fit_step.check_supported(model, strict=self.strict)
+        if getattr(model, "optimizer", None) is None:
+            raise ValueError("GradientLogger needs a compiled model with an optimizer")
+        strategy = getattr(model, "distribute_strategy", None)
+        if strategy is not None and strategy.num_replicas_in_sync > 1:
+            raise ValueError(
+                f"GradientLogger does not support {strategy.num_replicas_in_sync} replicas yet "
+                f"({type(strategy).__name__}); train on one device, or capture in a custom loop"
+            )
+        Capture(model, layers=self.layers, weights=self.weights)  # unknown layers raise here
+        if self.timesteps is not False:
+            TimestepProbe(model, None if self.timesteps is True else self.timesteps)
+        self._check_targets_statically(model)
+        spe = getattr(model, "steps_per_execution", None)
+        if spe is None:
+            spe = getattr(model, "_steps_per_execution", None)
+        try:
+            spe = int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1)
+        except (TypeError, ValueError):
+            spe = 1
+        if spe > 1 and self.every_n_steps % spe:
+            warnings.warn(
+                f"steps_per_execution={spe}: Keras returns only the last step of each execution, so a step logged "
+                f"by every_n_steps={self.every_n_steps} that is not the last of its execution is lost; use a "
+                f"multiple of {spe}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return kind
+
+    def _check_targets_statically(self, model: Any) -> None:
+        """Try each target on a zero y_pred when the output shape is known (Functional/Sequential)."""
+        if not self.targets:
+            return
+        try:
+            outputs = model.outputs
+        except (AttributeError, ValueError):
+            return
+        if not outputs or len(outputs) != 1:
+            return
+        shape = list(outputs[0].shape)
+        if any(d is None for d in shape[1:]):
+            return
+        dtype = getattr(outputs[0], "dtype", "float32")
+        dtype = getattr(dtype, "name", dtype)
+        y_pred = tf.zeros([2] + shape[1:], dtype=dtype)
+        for name, fn in self.targets.items():
+            try:
+                value = tf.convert_to_tensor(fn(y_pred))
+            except Exception as e:  # noqa: BLE001 - re-raised with context
+                raise ValueError(f"target {name!r} failed on a y_pred of shape {[None] + shape[1:]}: {e}") from e
+            check_target_shape(name, value, 2)
+
+    def _open_writer(self) -> Any:
+        try:
+            tf.io.gfile.makedirs(self.run_dir)
+            return tf.summary.create_file_writer(self.run_dir)
+        except (tf.errors.OpError, OSError) as e:
+            raise OSError(f"GradientLogger cannot write to log_dir {self.run_dir!r}: {e}") from e
+
+    # -- install / restore -------------------------------------------------------
+    def on_train_begin(self, logs: Any = None) -> None:
+        model = self.model
+        if self._saved is not None:  # a previous fit() was left abnormally
+            self._restore()
+        kind = self._check_model(model)
+        writer = self._open_writer()
+        xla = bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))
+        config = _fit_step.StepConfig(
+            layers=self.layers,
+            weights=self.weights,
+            timesteps=self.timesteps,
+            targets=dict(self.targets),
+            buckets=self.buckets,
+            max_elements=self.max_elements,
+            every_n_steps=self.every_n_steps,
+            xla=xla,
+        )
+        fit_step = _fit_step.FitStep(model, kind, config)
+        saved = {
+            "train_function": model.train_function,
+            "train_tf_function": getattr(model, "train_tf_function", _MISSING),
+            "train_step": model.__dict__.get("train_step", _MISSING),
+        }
+        step_fn = fit_step.keras3_train_step if kind == "keras" else fit_step.tf_keras_train_step
+        self._writer, self._fit_step, self._saved = writer, fit_step, saved
+        try:
+            object.__setattr__(model, "train_step", step_fn)
+            built = model.make_train_function(force=True)
+            inner = model.train_function if built is None else built
+            model.train_function = self._wrap(inner)
+        except BaseException:
+            self._restore()
+            raise
+
+    def _wrap(self, inner: Callable) -> Callable:
+        def train_function(*args: Any, **kwargs: Any) -> Any:
+            if not self._armed:
+                # Called outside a fit() this callback watches (e.g. left behind by an interrupted fit):
+                # put Keras' own function back and run that.
+                self._restore()
+                return self.model.train_function(*args, **kwargs)
+            self._armed = False
+            try:
+                out = inner(*args, **kwargs)
+            except (StopIteration, tf.errors.OutOfRangeError):
+                raise
+            except BaseException:
+                self._restore()
+                raise
+            if isinstance(out, dict) and _fit_step.PAYLOAD_KEY in out:
+                out = dict(out)
+                payload = out.pop(_fit_step.PAYLOAD_KEY)
+                try:
+                    self._write(payload)
+                except BaseException:
+                    self._restore()
+                    raise
+            return out
+
+        train_function._tb_layergrad_wrapper = True
+        return train_function
+
+    def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+        self._armed = self._saved is not None
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._restore()
+
+    def restore(self) -> None:
+        """Put the model back as it was before fit() (done automatically when training ends or fails)."""
+        self._restore()
+
+    def _restore(self) -> None:
+        saved, self._saved = self._saved, None
+        self._armed = False
+        if saved is not None:
+            model = self.model
+            if saved["train_step"] is _MISSING:
+                model.__dict__.pop("train_step", None)
+            else:
+                object.__setattr__(model, "train_step", saved["train_step"])
+            model.train_function = saved["train_function"]
+            if saved["train_tf_function"] is not _MISSING:
+                model.train_tf_function = saved["train_tf_function"]
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # -- writing -----------------------------------------------------------------
+    def _write(self, payload: Dict[str, Any]) -> None:
+        records = payload["records"]
+        if not records or not bool(payload["log"]):
+            return
+        step = int(payload["step"])
+        series = self._fit_step.series
+        no_gradient = {}
+        nog = metadata.STAT_INDEX["no_gradient"]
+        for tag, value in records.items():
+            info = series[tag]
+            if info.kind == metadata.KIND_STATS:
+                no_gradient[(info.target, info.source, info.layer)] = float(value[nog]) == 1.0
+        with self._writer.as_default():
+            for tag, value in records.items():
+                info = series[tag]
+                if info.kind == metadata.KIND_TIMESTEPS:
+                    lg_summary.timesteps(info.layer, value, step, target=info.target, layer_index=info.index)
+                    continue
+                if info.kind == metadata.KIND_TENSOR and no_gradient.get((info.target, info.source, info.layer)):
+                    continue
+                tf.summary.write(tag, value, step=step, metadata=metadata.create_summary_metadata(info))

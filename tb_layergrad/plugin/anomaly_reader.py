@@ -1,0 +1,136 @@
+"""Read what the anomaly rules need for one run, through a TensorBoard data provider.
+
+Shared by the plugin's `anomalies` route and `tb-layergrad report`, so that both
+give the numbers the tab shows: the same catalog (layers in model order), the same
+statistics table and derived statistics as the `matrix` route, then
+`tb_layergrad.anomalies.evaluate`. No TensorFlow.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import numpy as np
+from tensorboard.data import provider as tb_provider
+
+from tb_layergrad import anomalies, metadata
+from tb_layergrad.plugin import catalog, series
+
+
+def align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """`column` (given at `points_steps`) placed on the `steps` axis; NaN where absent."""
+    row = np.full(steps.shape, np.nan, dtype=np.float64)
+    if steps.size and points_steps.size:
+        pos = np.minimum(np.searchsorted(steps, points_steps), steps.size - 1)
+        hit = steps[pos] == points_steps
+        row[pos[hit]] = column[hit]
+    return row
+
+
+def first_nonfinite_hint(points: series.Points, start: Optional[int]) -> Optional[int]:
+    """The earliest step named by `first_nonfinite` records (docs/FORMAT.md) within the range.
+
+    A record at step s holding f says "the first logged step <= s with a NaN/Inf in this
+    series was f". Values that are not whole numbers in [start, s] are ignored (a
+    malformed or foreign record must not invent a step).
+    """
+    best = None
+    for step, value in zip(points.steps, points.values):
+        flat = np.asarray(value).reshape(-1)
+        if not flat.size:
+            continue
+        try:
+            f = float(flat[0])
+        except (TypeError, ValueError):
+            continue
+        if not math.isfinite(f) or f != int(f) or f < 0 or f > int(step):
+            continue
+        f = int(f)
+        if start is not None and f < start:
+            continue
+        if best is None or f < best:
+            best = f
+    return best
+
+
+def read_run(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    rc: catalog.RunCatalog,
+    target: str,
+    source: str,
+    start: Optional[int] = None,
+    end: Optional[int] = None,
+) -> Optional[anomalies.RunAnomalies]:
+    """The rules applied to run `rc` for (target, source) over [start, end]; None if it has no stats series."""
+    stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
+    if not stats_series:
+        return None
+    layers = [s.info.layer for s in stats_series]
+    extra: Dict[str, catalog.Series] = {}
+    ts_series: Dict[str, catalog.Series] = {}
+    for layer in layers:
+        f = rc.find(layer, target, source, metadata.KIND_FIRST_NONFINITE)
+        if f is not None:
+            extra[layer] = f
+        if source == metadata.SOURCE_OUTPUT:
+            t = rc.find(layer, target, source, metadata.KIND_TIMESTEPS)
+            if t is not None:
+                ts_series[layer] = t
+    tags = [s.tag for s in stats_series] + [s.tag for s in extra.values()] + [s.tag for s in ts_series.values()]
+    data = series.read(data_provider, ctx, experiment_id, rc.run, tags)
+
+    columns = []
+    for s in stats_series:
+        points = series.select(data.get(s.tag, ()), start, end)
+        columns.append((points.steps, series.stats_table(points.values)))
+    all_steps = [c[0] for c in columns]
+    steps = np.unique(np.concatenate(all_steps)).astype(np.int64) if all_steps else np.zeros([0], np.int64)
+    stats = {
+        name: np.stack([align(pts, series.stat_column(table, name), steps) for pts, table in columns])
+        if columns else np.zeros([0, steps.size])
+        for name in anomalies.REQUIRED_STATS
+    }
+    hints: List[Optional[int]] = []
+    for layer in layers:
+        s = extra.get(layer)
+        hints.append(None if s is None else first_nonfinite_hint(series.select(data.get(s.tag, ()), start, end), start))
+    timesteps = {
+        layer: series.select(data.get(s.tag, ()), start, end).values for layer, s in ts_series.items()
+    }
+    return anomalies.evaluate(
+        layers,
+        steps,
+        stats,
+        run=rc.run,
+        target=target,
+        source=source,
+        indices=[rc.layer_index(layer) for layer in layers],
+        first_nonfinite_hints=hints,
+        timesteps=timesteps,
+    )
+
+
+def route_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = None) -> dict:
+    """The JSON of the `anomalies` route (docs/HTTP_API.md), without api_version."""
+    flags = result.flag_strings()
+    layers = []
+    for i, s in enumerate(result.summaries):
+        if only_layer is not None and s.layer != only_layer:
+            continue
+        entry = s.to_json()
+        entry["flags"] = flags[i]
+        layers.append(entry)
+    return {
+        "run": result.run,
+        "target": result.target,
+        "source": result.source,
+        "thresholds": dict(anomalies.THRESHOLDS),
+        "trend_window": anomalies.TREND_WINDOW,
+        "flag_bits": dict(anomalies.FLAG_BITS),
+        "steps": [int(x) for x in result.steps],
+        "max_rms": [v if math.isfinite(v) else None for v in (float(x) for x in result.max_rms)],
+        "layers": layers,
+        "summary": result.summary_json(),
+    }

@@ -1,0 +1,351 @@
+"""`tb-layergrad report LOGDIR`: the tab's anomaly verdicts in a terminal, as JSON or CSV, and for CI.
+
+It reads the event files with TensorBoard's own EventMultiplexer keeping every
+step (`loading.open_provider`), lists series with the plugin's catalog and
+applies `tb_layergrad.anomalies` through `plugin.anomaly_reader`, exactly as the
+plugin's `anomalies` route does: the numbers are the tab's. No TensorFlow and no
+pandas needed.
+
+Per run and layer (one target, one source): the norm, RMS and zero fraction at
+the layer's last logged step, the trend (`anomalies.trend`), the first step with
+a NaN/Inf gradient, the decay of per-timestep gradients for RNN layers
+(`anomalies.timestep_decay`), and the anomaly flags (docs/ANOMALIES.md).
+
+Exit status: 0; 3 when a `--fail-on` condition holds; 1 when the logdir, a run
+or the asked series do not exist; 2 for a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import io
+import json
+import math
+import os
+import sys
+from typing import Dict, List, Optional, Sequence, TextIO
+
+from tb_layergrad import anomalies, metadata
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_FAILED = 3
+
+# --fail-on names -> flag kind ("nan" is the short name of "nonfinite").
+FAIL_ON = {"nan": "nonfinite", "nonfinite": "nonfinite", "exploding": "exploding", "vanishing": "vanishing", "dead": "dead"}
+LABELS = {"nonfinite": "NaN/Inf", "vanishing": "vanishing", "exploding": "exploding", "dead": "dead"}
+WIDTH = 100
+
+
+class ReportError(Exception):
+    """Nothing to report on (no logdir, unknown run, no such series): exit 1."""
+
+
+@dataclasses.dataclass
+class Report:
+    logdir: str
+    target: str
+    source: str
+    runs: List[anomalies.RunAnomalies]
+    skipped: List[Dict[str, str]]  # runs without stats for (target, source)
+    fail_on: List[str]
+    failures: List[Dict[str, object]]
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+
+def parse_fail_on(text: Optional[str]) -> List[str]:
+    """'nan,exploding' -> ['nonfinite', 'exploding'] (ValueError on an unknown name)."""
+    if not text:
+        return []
+    kinds: List[str] = []
+    for name in text.split(","):
+        name = name.strip().lower()
+        if not name:
+            continue
+        if name not in FAIL_ON:
+            raise ValueError(f"unknown --fail-on condition {name!r}; use some of: nan, exploding, vanishing, dead")
+        if FAIL_ON[name] not in kinds:
+            kinds.append(FAIL_ON[name])
+    return kinds
+
+
+def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dict[str, object]]:
+    """Which `fail_on` conditions hold in a run.
+
+    nonfinite: a layer had a NaN/Inf gradient at any logged step. exploding, vanishing,
+    dead: a layer is flagged so at its last logged step (a transient flag earlier in
+    training does not fail a build; the counts are in the report).
+    """
+    out: List[Dict[str, object]] = []
+    for kind in fail_on:
+        for s in run.summaries:
+            if kind == "nonfinite":
+                if s.first_nonfinite is not None:
+                    out.append({"run": run.run, "layer": s.layer, "condition": "nan", "step": s.first_nonfinite})
+            elif kind in s.now_names:
+                out.append({"run": run.run, "layer": s.layer, "condition": kind, "step": s.last_step})
+    return out
+
+
+def build(logdir: str, runs: Optional[Sequence[str]] = None, target: str = metadata.DEFAULT_TARGET,
+          source: str = metadata.SOURCE_OUTPUT, fail_on: Sequence[str] = ()) -> Report:
+    """Read `logdir` (every step) and evaluate the rules for each run."""
+    from tensorboard import context as tb_context
+
+    from tb_layergrad.loading import open_provider
+    from tb_layergrad.plugin import anomaly_reader, catalog
+
+    if "://" not in logdir and not os.path.isdir(logdir):
+        raise ReportError(f"no such directory: {logdir}")
+    provider = open_provider(logdir)
+    ctx = tb_context.RequestContext()
+    cat = catalog.load(provider, ctx, "")
+    if not cat.runs:
+        raise ReportError(f"no tb_layergrad data under {logdir}" + ("".join(f"; {w}" for w in cat.warnings)))
+    names = list(cat.runs) if not runs else list(dict.fromkeys(runs))
+    unknown = [r for r in names if r not in cat.runs]
+    if unknown:
+        raise ReportError(f"run(s) not found: {', '.join(unknown)}; the logdir has: {', '.join(cat.runs)}")
+    results, skipped, failures = [], [], []
+    for name in names:
+        rc = cat.runs[name]
+        result = anomaly_reader.read_run(provider, ctx, "", rc, target, source)
+        if result is None:
+            skipped.append({"run": name, "reason": f"no {source} statistics for target {target!r} "
+                                                   f"(targets: {', '.join(rc.targets())}; sources: {', '.join(rc.sources())})"})
+            continue
+        results.append(result)
+        failures += failures_of(result, fail_on)
+    if not results:
+        raise ReportError("; ".join(f"run {s['run']}: {s['reason']}" for s in skipped))
+    return Report(logdir, target, source, results, skipped, list(fail_on), failures)
+
+
+# -- formats ------------------------------------------------------------------------------------
+
+
+def _g(v: Optional[float], spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def shorten(text: str, width: int, path: bool = False) -> str:
+    """Fit `text` in `width` columns, marking a cut with "…".
+
+    path=True (layer paths): keep the last segment (the layer's own name) whole when it fits, and as
+    much of the start as the rest allows: "encoder/blo…/attention_output". Otherwise keep the start.
+    """
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    if path and "/" in text:
+        leaf = text[text.rindex("/") + 1 :]
+        if len(leaf) + 3 <= width:
+            return text[: width - len(leaf) - 2] + "…/" + leaf
+        if len(leaf) + 1 <= width:
+            return "…" + leaf
+        tail = max(1, (2 * width) // 3)
+        return text[: width - 1 - tail] + "…" + text[len(text) - tail :]
+    return text[: width - 1] + "…"
+
+
+def _common_model_prefix(layers: Sequence[str]) -> str:
+    """'model/' when every layer path starts with the same first segment (the model's name)."""
+    firsts = {p.split("/", 1)[0] for p in layers}
+    if len(firsts) == 1 and all("/" in p for p in layers):
+        return firsts.pop() + "/"
+    return ""
+
+
+def flags_text(s: anomalies.LayerSummary) -> str:
+    """'vanishing' (flagged at the last step), 'exploding 4/60' (at 4 of 60 logged steps, not the last)."""
+    parts = []
+    now = set(s.now_names)
+    for kind in ("nonfinite", "exploding", "vanishing", "dead"):
+        c = s.counts.get(kind, 0)
+        if not c:
+            continue
+        parts.append(LABELS[kind] if kind in now else f"{LABELS[kind]} {c}/{s.recorded}")
+    return ", ".join(parts) if parts else "ok"
+
+
+# name, header, width, alignment
+_COLUMNS = [
+    ("layer", "layer", 28, "<"),
+    ("norm", "norm@last", 9, ">"),
+    ("trend", "trend", 6, ">"),
+    ("zeros", "zeros", 6, ">"),
+    ("first", "1st NaN", 8, ">"),
+    ("decay", "t-decay", 7, ">"),
+]
+
+
+def format_text(report: Report, width: int = WIDTH) -> str:
+    fixed = 2 + sum(w + 1 for _, _, w, _ in _COLUMNS)
+    flags_w = max(10, width - fixed)
+    lines = [
+        shorten(f"tb-layergrad report  {report.logdir}  (target {report.target}, source {report.source})", width),
+        "norm@last: L2 norm at the layer's last logged step; trend: log10 change of the norm over the last "
+        f"{anomalies.TREND_WINDOW} logged steps; t-decay: log10(|dL/dh_first| / |dL/dh_last|) of RNN timesteps; "
+        "flags: docs/ANOMALIES.md",
+    ]
+    lines = [lines[0]] + _wrap(lines[1], width)
+    for result in report.runs:
+        lines.append("")
+        prefix = _common_model_prefix(result.layers)
+        summary = result.summary_json()
+        span = (f"steps {summary['first_step']}–{summary['last_step']} ({summary['steps']} logged)"
+                if summary["steps"] else "no steps logged")
+        n = len(result.layers)
+        head = f"run {result.run}  ·  {n} layer{'' if n == 1 else 's'}  ·  {span}"
+        if prefix:
+            head += f"  ·  model {prefix[:-1]}"
+        lines.append(shorten(head, width))
+        first = result.first_nonfinite
+        if first:
+            names = [n[len(prefix):] if prefix else n for n in first["layers"]]
+            more = f" and {len(names) - 1} more layer{'s' if len(names) > 2 else ''}" if len(names) > 1 else ""
+            lines.append(shorten(f"  first non-finite gradient: step {first['step']} in {names[0]}{more}", width))
+        latest = {k: v for k, v in result.latest.items() if v}
+        if summary["steps"]:
+            bits = ", ".join(f"{v} {LABELS[k]}" for k, v in latest.items())
+            lines.append(shorten(f"  at the latest step ({summary['last_step']}): "
+                                 + (f"{bits} of {len(result.layers)} layers" if bits else "no flagged layer"), width))
+        header = "  " + " ".join(f"{h:{a}{w}}" for _, h, w, a in _COLUMNS) + " " + "flags"
+        lines.append(header)
+        for s in result.summaries:
+            name = s.layer[len(prefix):] if prefix and s.layer.startswith(prefix) else s.layer
+            cells = {
+                "layer": shorten(name, _COLUMNS[0][2], path=True),
+                "norm": _g(s.last_norm),
+                "trend": _g(s.trend, "+.2f"),
+                "zeros": _pct(s.last_zero_frac),
+                "first": "-" if s.first_nonfinite is None else str(s.first_nonfinite),
+                "decay": _g(s.timestep_decay, "+.1f"),
+            }
+            row = "  " + " ".join(f"{shorten(cells[k], w):{a}{w}}" for k, _, w, a in _COLUMNS)
+            lines.append(row + " " + shorten(flags_text(s), flags_w))
+    for s in report.skipped:
+        lines.append("")
+        lines.append(shorten(f"run {s['run']}: skipped, {s['reason']}", width))
+    if report.fail_on:
+        lines.append("")
+        if report.failures:
+            for f in report.failures:
+                what = "NaN/Inf gradient since step" if f["condition"] == "nan" else f"{f['condition']} at step"
+                lines.append(shorten(f"FAIL {f['condition']}: run {f['run']}, layer {f['layer']}: {what} {f['step']}", width))
+        else:
+            lines.append("OK: none of " + ", ".join("nan" if k == "nonfinite" else k for k in report.fail_on) + " holds")
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, width: int) -> List[str]:
+    words, lines, cur = text.split(" "), [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = "  " + w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def to_json(report: Report) -> dict:
+    return {
+        "logdir": report.logdir,
+        "target": report.target,
+        "source": report.source,
+        "format_version": metadata.FORMAT_VERSION,
+        "thresholds": dict(anomalies.THRESHOLDS),
+        "trend_window": anomalies.TREND_WINDOW,
+        "runs": [
+            {"run": r.run, "summary": r.summary_json(), "layers": [s.to_json() for s in r.summaries]}
+            for r in report.runs
+        ],
+        "skipped": report.skipped,
+        "fail_on": ["nan" if k == "nonfinite" else k for k in report.fail_on],
+        "failures": report.failures,
+    }
+
+
+CSV_COLUMNS = (
+    "run", "target", "source", "layer", "index", "recorded", "last_step", "last_norm", "last_rms",
+    "last_zero_frac", "trend", "first_nonfinite", "timestep_decay",
+    "nonfinite_steps", "vanishing_steps", "exploding_steps", "dead_steps", "now",
+)
+
+
+def _csv_cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ""
+    return str(v)
+
+
+def format_csv(report: Report) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for r in report.runs:
+        for s in r.summaries:
+            w.writerow([_csv_cell(v) for v in (
+                r.run, r.target, r.source, s.layer, s.index, s.recorded, s.last_step, s.last_norm, s.last_rms,
+                s.last_zero_frac, s.trend, s.first_nonfinite, s.timestep_decay,
+                s.counts["nonfinite"], s.counts["vanishing"], s.counts["exploding"], s.counts["dead"],
+                ";".join(s.now_names),
+            )])
+    return buf.getvalue()
+
+
+def render(report: Report, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(to_json(report), indent=1, allow_nan=False) + "\n"
+    if fmt == "csv":
+        return format_csv(report)
+    return format_text(report)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("logdir", help="TensorBoard log directory (runs are its subdirectories holding event files)")
+    parser.add_argument("--run", action="append", metavar="R", help="only this run (repeat for several; default: all)")
+    parser.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output format (default: %(default)s)")
+    parser.add_argument("--fail-on", metavar="LIST", default="",
+                        help="comma-separated conditions that make the exit status 3: nan (a NaN/Inf gradient at any "
+                             "step), exploding, vanishing, dead (flagged at a layer's last logged step)")
+    parser.add_argument("--target", default=metadata.DEFAULT_TARGET, help="differentiated scalar (default: %(default)s)")
+    parser.add_argument("--source", choices=metadata.SOURCES, default=metadata.SOURCE_OUTPUT,
+                        help="output: gradients w.r.t. layer outputs; weight: w.r.t. variables (default: %(default)s)")
+
+
+def main(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        fail_on = parse_fail_on(args.fail_on)
+    except ValueError as e:
+        err.write(f"tb-layergrad report: {e}\n")
+        return 2
+    try:
+        report = build(args.logdir, args.run, args.target, args.source, fail_on)
+    except ReportError as e:
+        err.write(f"tb-layergrad report: {e}\n")
+        return EXIT_ERROR
+    out.write(render(report, args.format))
+    out.flush()
+    if report.failed:
+        if args.format != "text":
+            for f in report.failures:
+                err.write(f"FAIL {f['condition']}: run {f['run']}, layer {f['layer']}, step {f['step']}\n")
+        return EXIT_FAILED
+    return EXIT_OK

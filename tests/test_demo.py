@@ -1,0 +1,177 @@
+"""`tb-layergrad demo --quick`, run once as a real subprocess, then `tb-layergrad report` on what it wrote.
+
+Each planted behaviour must show in the report on the right run; the first NaN step and layers are
+checked against the event files read directly (TFRecord + Event protos, not TensorBoard's reader).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from tb_layergrad import demo as demo_module
+from tb_layergrad import metadata
+
+pytestmark = pytest.mark.timeout(600)
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("demo") / "logs")
+    started = time.monotonic()
+    r = subprocess.run(["tb-layergrad", "demo", "--quick", "--logdir", logdir], capture_output=True, text=True, timeout=400)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    rep = subprocess.run(["tb-layergrad", "report", logdir, "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    runs = {r["run"]: r for r in doc["runs"]}
+    layers = {name: {l["layer"].split("/", 1)[1]: l for l in r["layers"]} for name, r in runs.items()}
+    print(f"demo --quick: {elapsed:.0f} s")
+    return {"logdir": logdir, "stdout": r.stdout, "elapsed": elapsed, "runs": runs, "layers": layers}
+
+
+def test_every_run_trained_with_a_progress_bar(demo):
+    assert sorted(demo["runs"]) == sorted(demo_module.RUN_NAMES)
+    plan = demo_module.Plan.for_mode(quick=True)
+    for name in demo_module.RUN_NAMES:
+        line = next(l for l in demo["stdout"].splitlines() if l.strip().startswith(name + " "))
+        assert re.search(r"\[#{24}\]\s+(\d+)/\1 steps", line), line
+    assert demo["runs"]["mlp_sigmoid"]["summary"]["last_step"] == plan.mlp  # GradientLogger: step = updates so far
+    assert "tb-layergrad report" in demo["stdout"]
+    # "Well under a minute" on an idle 2-core machine (about 40 s); a loaded CI machine gets slack.
+    assert demo["elapsed"] < 150, f"demo --quick took {demo['elapsed']:.0f} s"
+
+
+def test_vanishing_in_the_sigmoid_mlp_not_in_its_relu_twin(demo):
+    sig, relu = demo["layers"]["mlp_sigmoid"], demo["layers"]["mlp_relu_he"]
+    vanishing_now = [name for name, l in sig.items() if "vanishing" in l["now"]]
+    assert "dense_0" in vanishing_now and len(vanishing_now) >= 2, vanishing_now
+    assert "logits" not in vanishing_now
+    assert all(l["counts"]["vanishing"] == 0 for l in relu.values()), relu
+    # Toward the input the sigmoid stack's gradient shrinks by orders of magnitude; the ReLU one's does not.
+    assert sig["dense_0"]["last_norm"] < 1e-3 * sig["logits"]["last_norm"]
+    assert relu["dense_0"]["last_norm"] > 0.1 * relu["logits"]["last_norm"]
+
+
+def test_timestep_gradients_decay_more_in_the_simplernn_than_in_the_lstm(demo):
+    simple = demo["layers"]["rnn_simplernn"]["rnn"]["timestep_decay"]
+    lstm = demo["layers"]["rnn_lstm"]["rnn"]["timestep_decay"]
+    assert simple < -2.0, simple  # more than 100x smaller at the first timestep than at the last
+    assert simple < lstm - 2.0, (simple, lstm)
+
+
+def test_the_dead_layer(demo):
+    dead = demo["layers"]["dead_relu"]
+    assert dead["dense_0"]["now"] == ["dead"] and dead["dense_0"]["counts"]["dead"] == dead["dense_0"]["recorded"]
+    assert dead["dense_0"]["last_norm"] == 0.0
+    assert [name for name, l in dead.items() if l["counts"]["dead"]] == ["dense_0"]
+
+
+def read_event_files(run_dir: str):
+    """{(layer, kind): {step: array}} straight from the TFRecord files, without TensorBoard."""
+    import tensorflow as tf
+    from tensorboard.compat.proto import event_pb2
+
+    infos, out = {}, {}
+    files = sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*")))
+    assert files
+    for raw in tf.data.TFRecordDataset(files):
+        event = event_pb2.Event.FromString(raw.numpy())
+        for v in event.summary.value:
+            if v.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                infos[v.tag] = json.loads(v.metadata.plugin_data.content)
+            info = infos.get(v.tag)
+            if info is None:
+                continue
+            out.setdefault((info["layer"], info["kind"], info["index"]), {})[event.step] = tf.make_ndarray(v.tensor)
+    return out
+
+
+def test_first_nan_step_and_layers_match_the_event_files(demo):
+    records = read_event_files(os.path.join(demo["logdir"], "nan_log0"))
+    first = {}
+    for (layer, kind, index), by_step in records.items():
+        if kind != "stats":
+            continue
+        bad = sorted(s for s, a in by_step.items() if a[1] + a[2] + a[3] > 0)
+        first[layer] = (bad[0] if bad else None, index)
+    step = min(s for s, _ in first.values() if s is not None)
+    at_step = [layer for layer, (s, i) in sorted(first.items(), key=lambda kv: kv[1][1]) if s == step]
+    run = demo["runs"]["nan_log0"]
+    assert run["summary"]["first_nonfinite"] == {"step": step, "layers": at_step}
+    for entry in run["layers"]:
+        assert entry["first_nonfinite"] == first[entry["layer"]][0]
+    assert 1 < step < demo_module.Plan.for_mode(True).nan  # finite at first: log(0) comes with saturation
+    # The running first-NaN record is not written by GradientLogger (yet): the stats alone decide here.
+    assert run["summary"]["latest"]["nonfinite"] == len(run["layers"])
+
+
+def test_exploding_without_clipping_and_not_with_it(demo):
+    noclip, clip = demo["layers"]["explode_noclip"], demo["layers"]["explode_clipnorm"]
+    assert all("exploding" in l["now"] for l in noclip.values()), noclip
+    assert all(l["trend"] > 1 for l in noclip.values())  # > 10x over the last 20 steps
+    assert all(l["counts"]["exploding"] == 0 and l["counts"]["nonfinite"] == 0 for l in clip.values()), clip
+    assert clip["head"]["last_norm"] < 1e-3 * noclip["head"]["last_norm"]
+
+
+def test_fail_on_nan_exit_status(demo):
+    def report(*argv):
+        return subprocess.run(["tb-layergrad", "report", demo["logdir"], *argv], capture_output=True, text=True, timeout=120)
+
+    bad = report("--run", "nan_log0", "--fail-on", "nan")  # the installed command, as CI calls it
+    assert bad.returncode == 3, bad.stderr
+    assert "FAIL nan: run nan_log0" in bad.stdout
+    assert not re.search(r"^[IW]\d{4} ", bad.stderr, re.M)  # no TensorFlow start-up chatter
+    # The same entry point in process (a second interpreter would only cost start-up time).
+    from tb_layergrad import cli
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["report", demo["logdir"], "--run", "mlp_relu_he", "--run", "explode_clipnorm",
+                         "--fail-on", "nan,exploding,vanishing,dead"])
+    assert code == 0, out.getvalue()
+    assert "OK: none of nan, exploding, vanishing, dead holds" in out.getvalue()
+    assert max(len(line) for line in out.getvalue().splitlines()) <= 100
+
+
+def test_load_gives_the_reports_numbers(demo):
+    import tb_layergrad
+
+    df = tb_layergrad.load(demo["logdir"])
+    for name, run in demo["runs"].items():
+        for entry in run["layers"]:
+            rows = df[(df.run == name) & (df.layer == entry["layer"]) & (df.target == "loss") & (df.source == "output")]
+            assert len(rows) == entry["recorded"]
+            last = rows[rows.step == entry["last_step"]].iloc[0]
+            assert last["norm"] == entry["last_norm"] or (np.isnan(last["norm"]) and entry["last_norm"] is None)
+
+
+def test_seed_model_is_the_subclassed_minimalrnn(demo):
+    assert set(demo["layers"]["seed_minimalrnn"]) == {"minimalrnn", "out"}
+    assert demo["runs"]["seed_minimalrnn"]["layers"][0]["layer"] == "my_model/minimalrnn"
+
+
+def test_serve_prints_the_tabs_url(demo):
+    code = f"from tb_layergrad import demo; demo.serve({demo['logdir']!r}, port=0)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        url = re.search(r"(http://\S+/)#layergrad", line).group(1)
+        with urllib.request.urlopen(url + "data/plugin/layergrad/runs", timeout=30) as r:
+            runs = json.loads(r.read())["runs"]
+        assert sorted(r["run"] for r in runs) == sorted(demo_module.RUN_NAMES)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

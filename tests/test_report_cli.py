@@ -1,0 +1,127 @@
+"""`tb-layergrad report`: the formats, the exit status for CI, and pandas staying optional.
+
+The report reads with TensorBoard's multiplexer (every step) and the plugin's code: its numbers
+must be the `anomalies` route's, which tests/test_report_route.py checks against numpy.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pathlib
+import re
+import sys
+
+import pytest
+
+import report_fixtures as rf
+from plugin_fixtures import strict_json
+from report_fixtures import in_process, planted  # noqa: F401 (fixture)
+from tb_layergrad import cli, report
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def run_cli(capsys, *argv):
+    code = cli.main(["report", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_json_is_the_routes_answer(planted, capsys):  # noqa: F811
+    code, out, _ = run_cli(capsys, planted.logdir, "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert [r["run"] for r in doc["runs"]] == [rf.LONG_RUN, rf.RUN]
+    tb = in_process(planted.logdir)
+    for r in doc["runs"]:
+        route = strict_json(tb.get("anomalies", {"run": r["run"]}).data)
+        for got, want in zip(r["layers"], route["layers"]):
+            want = {k: v for k, v in want.items() if k != "flags"}
+            assert got == want  # the very same numbers
+        assert r["summary"] == route["summary"]
+    assert doc["thresholds"]["VANISH_REL"] == 1e-3 and doc["failures"] == []
+
+
+def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):  # noqa: F811
+    code, out, _ = run_cli(capsys, planted.logdir)
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    text = "\n".join(lines)
+    assert f"first non-finite gradient: step {rf.NAN_STEPS[0]} in dense" in text
+    rows = {line.split()[0]: line for line in lines if line.startswith("  ") and line.split() and line.split()[0] in
+            {"embed", "dense", "grow", "dead", "head", "sparse"}}
+    assert rows["embed"].endswith("vanishing") and rows["dead"].endswith("dead")
+    assert rows["grow"].rstrip().endswith("exploding")
+    assert re.search(rf"\s{rf.NAN_STEPS[0]}\s+-6\.\d", rows["dense"])  # first NaN step, then the timestep decay
+    assert "NaN/Inf 3/30" in rows["dense"]
+    # Long paths: cut in the middle, the start and the leaf kept, every line within 100 columns.
+    long_rows = [line for line in lines if "…" in line]
+    assert len(long_rows) == 2 and long_rows[0].split()[0].endswith("attention_output_projection")
+
+
+def test_csv_rows(planted, capsys):  # noqa: F811
+    code, out, _ = run_cli(capsys, planted.logdir, "--format", "csv", "--run", rf.RUN)
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert tuple(rows[0]) == report.CSV_COLUMNS
+    by = {r["layer"]: r for r in rows}
+    assert list(by) == rf.LAYERS + [rf.SPARSE]
+    assert by[rf.NAN_LAYER]["first_nonfinite"] == str(rf.NAN_STEPS[0]) and by[rf.NAN_LAYER]["nonfinite_steps"] == "3"
+    assert by["net/embed"]["now"] == "vanishing" and by["net/head"]["first_nonfinite"] == ""
+    assert float(by[rf.RNN_LAYER]["timestep_decay"]) == pytest.approx(-(rf.TIMESTEPS - 1), abs=0.25)
+    assert by["net/dead"]["last_norm"] == "0.0" and by["net/dead"]["last_zero_frac"] == "1.0"
+
+
+@pytest.mark.parametrize(
+    "argv,code",
+    [
+        (["--fail-on", "nan"], 3),
+        (["--fail-on", "nan", "--run", rf.LONG_RUN], 0),
+        (["--fail-on", "exploding"], 3),
+        (["--fail-on", "dead,vanishing", "--run", rf.LONG_RUN], 0),
+        (["--fail-on", "dead", "--source", "weight"], 0),
+        (["--fail-on", "bogus"], 2),
+        (["--run", "nope"], 1),
+        (["--target", "nope"], 1),
+    ],
+)
+def test_exit_status(planted, capsys, argv, code):  # noqa: F811
+    got, out, err = run_cli(capsys, planted.logdir, *argv)
+    assert got == code, (out, err)
+    if code == 3:
+        assert "FAIL" in out
+    if code == 1:
+        assert "not found" in err or "no output statistics" in err
+
+
+def test_fail_on_names_each_failing_layer(planted, capsys):  # noqa: F811
+    code, out, err = run_cli(capsys, planted.logdir, "--format", "json", "--fail-on", "nan,vanishing,dead", "--run", rf.RUN)
+    assert code == 3
+    failures = json.loads(out)["failures"]
+    assert {(f["layer"], f["condition"], f["step"]) for f in failures} == {
+        (rf.NAN_LAYER, "nan", rf.NAN_STEPS[0]), ("net/embed", "vanishing", 29), ("net/dead", "dead", 29),
+    }
+    assert err.count("FAIL") == 3
+
+
+def test_missing_logdir(tmp_path, capsys):
+    code, _, err = run_cli(capsys, str(tmp_path / "nothing"))
+    assert code == 1 and "no such directory" in err
+    code, _, err = run_cli(capsys, str(tmp_path))
+    assert code == 1 and "no tb_layergrad data" in err
+
+
+def test_pandas_stays_optional(planted, monkeypatch, capsys):  # noqa: F811
+    monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now fails
+    import tb_layergrad
+
+    with pytest.raises(ImportError, match=r"pip install 'tb_layergrad\[pandas\]'"):
+        tb_layergrad.load(planted.logdir)
+    code, out, _ = run_cli(capsys, planted.logdir, "--format", "csv")  # the report does not need it
+    assert code == 0 and out.startswith("run,target")
+    setup = (ROOT / "setup.py").read_text()
+    install = re.search(r"install_requires=\[(.*?)\]", setup, re.S).group(1)
+    assert "pandas" not in install
+    assert re.search(r'"pandas": \["pandas', setup) and '"pandas>=' in setup.split("TEST_REQUIRES", 1)[1]
