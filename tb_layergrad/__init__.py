@@ -27,9 +27,10 @@ _LAZY = {
     "Capture": ("tb_layergrad.layer_capture", "Capture"),
     "GradientMap": ("tb_layergrad.gradient_map", "GradientMap"),
     "GradientLogger": ("tb_layergrad.callbacks.gradient_logger", "GradientLogger"),
+    "timestep_probe": ("tb_layergrad.rnn_probe", "timestep_probe"),
     "load": ("tb_layergrad.loading", "load"),
 }
-_SUBMODULES = ("summary", "reductions", "metadata", "anomalies", "report")
+_SUBMODULES = ("summary", "reductions", "metadata", "anomalies", "report", "targets", "rnn_probe")
 
 __all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]
 

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad import summary as lg_summary
+from tb_layergrad.nonfinite import FirstNonfiniteTracker
 from tb_layergrad.callbacks import _fit_step
 from tb_layergrad.layer_capture import Capture
 from tb_layergrad.rnn_probe import TimestepProbe
@@ -144,6 +145,7 @@ class GradientLogger(_Base):
         self._fit_step: Optional[_fit_step.FitStep] = None
         self._saved: Optional[Dict[str, Any]] = None
         self._armed = False
+        self._first_nonfinite = FirstNonfiniteTracker()  # kind `first_nonfinite` (docs/FORMAT.md)
 
     # tf_keras' CallbackList asks these of every callback (Keras 3's does not).
     _supports_tf_logs = False
@@ -338,3 +340,7 @@ class GradientLogger(_Base):
                 if info.kind == metadata.KIND_TENSOR and no_gradient.get((info.target, info.source, info.layer)):
                     continue
                 tf.summary.write(tag, value, step=step, metadata=metadata.create_summary_metadata(info))
+                extra = self._first_nonfinite.update(info, value, step)
+                if extra is not None:
+                    first_info, first = extra
+                    tf.summary.write(first_info.tag, first, step=step, metadata=metadata.create_summary_metadata(first_info))

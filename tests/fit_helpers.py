@@ -1,0 +1,245 @@
+"""Helpers for the fit()/GradientLogger tests (tests/test_fit_*.py, tests/test_timesteps*.py).
+
+Everything goes through `tf.keras`, so the same tests run against Keras 3 and,
+with TF_USE_LEGACY_KERAS=1, against tf_keras (Keras 2).
+
+The independent reproduction of a step: the weights saved just before the
+step (a callback copies them in on_train_batch_begin), the same batch
+(shuffle=False, batches we slice ourselves), and a forward pass written layer
+by layer with `tape.watch` on every exposed output.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from tb_layergrad import metadata
+
+keras = tf.keras
+layers = keras.layers
+TF_KERAS = keras.Model.__module__.startswith("tf_keras")
+
+MODES = ("eager", "graph", "xla")
+RTOL = 1e-5
+
+
+def compile_kwargs(mode: str) -> dict:
+    return {"run_eagerly": mode == "eager", "jit_compile": mode == "xla"}
+
+
+class MinimalRNNCell(layers.Layer):
+    """The seed question's cell: output_t = x_t @ kernel + output_{t-1} @ recurrent_kernel."""
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.state_size = units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer="uniform", name="kernel")
+        self.recurrent_kernel = self.add_weight(shape=(self.units, self.units), initializer="uniform", name="recurrent_kernel")
+        self.built = True
+
+    def call(self, inputs, states):
+        output = tf.matmul(inputs, self.kernel) + tf.matmul(states[0], self.recurrent_kernel)
+        return output, [output]
+
+
+class SeedModel(keras.Model):
+    """The seed question's subclassed model: RNN(MinimalRNNCell) -> Dense(4)."""
+
+    def __init__(self, size: int = 2, **kwargs):
+        kwargs.setdefault("name", "my_model")
+        super().__init__(**kwargs)
+        self.minimalrnn = layers.RNN(MinimalRNNCell(size), name="minimalrnn")
+        self.out = layers.Dense(4, name="out")
+
+    def call(self, inputs):
+        return self.out(self.minimalrnn(inputs))
+
+
+# -- models with a by-hand forward -------------------------------------------------
+def bn_residual_mlp(name: str = "bnres") -> Tuple[keras.Model, Callable]:
+    """Dense -> BatchNorm -> (Dense branch) + Add -> Dense logits, Functional."""
+    inp = keras.Input((6,))
+    h = layers.Dense(8, activation="relu", name="d1")(inp)
+    h = layers.BatchNormalization(name="bn")(h)
+    h2 = layers.Dense(8, activation="tanh", name="d2")(h)
+    h = layers.Add(name="add")([h, h2])
+    out = layers.Dense(3, name="out")(h)
+    model = keras.Model(inp, out, name=name)
+
+    def manual(x, tape):
+        outs = {}
+        h = model.get_layer("d1")(x)
+        outs["d1"] = h
+        h = model.get_layer("bn")(h, training=True)
+        outs["bn"] = h
+        h2 = model.get_layer("d2")(h)
+        outs["d2"] = h2
+        a = model.get_layer("add")([h, h2])
+        outs["add"] = a
+        o = model.get_layer("out")(a)
+        outs["out"] = o
+        for t in outs.values():
+            tape.watch(t)
+        return o, {f"{name}/{k}": v for k, v in outs.items()}
+
+    return model, manual
+
+
+def mlp_sequential(name: str = "mlp") -> Tuple[keras.Model, Callable]:
+    model = keras.Sequential(
+        [keras.Input((6,)), layers.Dense(8, activation="relu", name="h1"), layers.Dense(3, name="logits")], name=name
+    )
+
+    def manual(x, tape):
+        outs = {}
+        h = x
+        for layer in model.layers:
+            h = layer(h)
+            tape.watch(h)
+            outs[f"{name}/{layer.name}"] = h
+        return h, outs
+
+    return model, manual
+
+
+def seed_model() -> Tuple[keras.Model, Callable]:
+    model = SeedModel(2)
+    model(tf.zeros((1, 5, 1)))
+
+    def manual(x, tape):
+        h = model.minimalrnn(x)
+        tape.watch(h)
+        o = model.out(h)
+        tape.watch(o)
+        return o, {"my_model/minimalrnn": h, "my_model/out": o}
+
+    return model, manual
+
+
+def tiny_conv_bn_residual(name: str = "convres") -> keras.Model:
+    """A tiny CNN with BatchNormalization and a residual Add (neutrality tests)."""
+    inp = keras.Input((8, 8, 3))
+    h = layers.Conv2D(6, 3, padding="same", name="c1")(inp)
+    h = layers.BatchNormalization(name="bn1")(h)
+    h = layers.ReLU(name="r1")(h)
+    h2 = layers.Conv2D(6, 3, padding="same", name="c2")(h)
+    h2 = layers.BatchNormalization(name="bn2")(h2)
+    h = layers.Add(name="add")([h, h2])
+    h = layers.DepthwiseConv2D(3, padding="same", name="dw")(h)
+    h = layers.GlobalAveragePooling2D(name="gap")(h)
+    out = layers.Dense(4, activation="softmax", name="out")(h)
+    return keras.Model(inp, out, name=name)
+
+
+# -- recording the weights before each step ------------------------------------------
+class WeightsBeforeStep(keras.callbacks.Callback):
+    """Saves the weights before every train batch, keyed by the step the batch will log at."""
+
+    def __init__(self):
+        super().__init__()
+        self.before: Dict[int, List[np.ndarray]] = {}
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy()) + 1
+        self.before[step] = [w.copy() for w in self.model.get_weights()]
+
+
+def reproduce(model, manual, weights, x, y, loss_fn, target=None) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
+    """(d/d outputs by path, d/d weights by variable) of one step, from scratch."""
+    saved = model.get_weights()
+    model.set_weights(weights)
+    try:
+        variables = list(model.trainable_variables)
+        with tf.GradientTape() as tape:
+            pred, outs = manual(tf.convert_to_tensor(x), tape)
+            value = loss_fn(y, pred) if target is None else tf.reduce_sum(target(pred))
+        g_out, g_var = tape.gradient(value, (outs, variables))
+    finally:
+        model.set_weights(saved)
+    return (
+        {k: (None if v is None else v.numpy()) for k, v in g_out.items()},
+        {_var_key(v): (None if g is None else g.numpy()) for v, g in zip(variables, g_var)},
+    )
+
+
+def _var_key(v) -> str:
+    name = getattr(v, "path", None) or v.name
+    return name.split(":")[0]
+
+
+# -- reading what was written ------------------------------------------------------------
+def read_series(log_dir: str, run: str = "train") -> Dict[str, Tuple[metadata.SeriesInfo, Dict[int, List[np.ndarray]]]]:
+    """{tag: (info, {step: [values...]})} read through TensorBoard's own multiplexer + data provider."""
+    import tb_reading
+
+    records = tb_reading.read_all(log_dir)
+    out = {}
+    for tag, (info, datums) in records.get(run, {}).items():
+        by_step: Dict[int, List[np.ndarray]] = {}
+        for d in datums:
+            by_step.setdefault(int(d.step), []).append(np.asarray(d.numpy))
+        out[tag] = (info, by_step)
+    return out
+
+
+def one(series, tag: str, step: int) -> np.ndarray:
+    info, by_step = series[tag]
+    values = by_step.get(step, [])
+    assert len(values) == 1, f"{tag}: {len(values)} records at step {step} (steps: {sorted(by_step)})"
+    return values[0]
+
+
+def stat(values: np.ndarray, name: str) -> float:
+    return float(values[metadata.STAT_INDEX[name]])
+
+
+def assert_close(actual, expected, what: str, rtol: float = RTOL, scale: float = None) -> None:
+    """rtol 1e-5 per element, plus an absolute slack of rtol x the tensor's largest magnitude.
+
+    The slack covers elements that are the difference of much larger terms (e.g. a
+    BatchNorm gradient): XLA contracts a*b+c into FMAs, so such an element may carry
+    an error of about 1 ulp of the terms, not of itself.
+    """
+    expected = np.asarray(expected, np.float64)
+    if scale is None:
+        scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=rtol * scale + 1e-30, err_msg=what)
+
+
+def expected_stats(g: np.ndarray) -> Dict[str, float]:
+    g = np.asarray(g, np.float64).ravel()
+    return {
+        "elements": g.size,
+        "min": g.min(),
+        "max": g.max(),
+        "mean": g.mean(),
+        "std": g.std(),
+        "norm": np.sqrt(np.sum(g * g)),
+        "mean_abs": np.abs(g).mean(),
+    }
+
+
+def bounded(g: np.ndarray, max_elements: int) -> np.ndarray:
+    """What the `tensor` record holds for a gradient small enough to be kept whole."""
+    g = np.asarray(g, np.float32)
+    rows = g.reshape(1, -1) if g.ndim <= 1 else g.reshape(g.shape[0], -1)
+    assert rows.size <= max_elements
+    return rows
+
+
+def layergrad_steps(series, target: str = "loss") -> List[int]:
+    steps = set()
+    for tag, (info, by_step) in series.items():
+        if info.target == target:
+            steps.update(by_step)
+    return sorted(steps)
+
+
+def log_dir(tmp_path) -> str:
+    return os.fspath(tmp_path / "logs")

@@ -1,0 +1,296 @@
+"""GradientLogger inside model.fit(): the logged gradients are those of the real step.
+
+At every logged step the records must equal an independent reproduction of
+that very step: the weights saved just before it, the same batch, a forward
+pass written by hand with `tape.watch` on each exposed output (rtol 1e-5),
+in the three execution modes. Read back with TensorBoard's own
+EventMultiplexer + MultiplexerDataProvider.
+
+Runs under Keras 3 and, with TF_USE_LEGACY_KERAS=1, under tf_keras.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tb_layergrad
+from fit_helpers import (
+    MODES,
+    TF_KERAS,
+    WeightsBeforeStep,
+    assert_close,
+    bn_residual_mlp,
+    bounded,
+    compile_kwargs,
+    expected_stats,
+    keras,
+    layergrad_steps,
+    log_dir,
+    mlp_sequential,
+    one,
+    read_series,
+    reproduce,
+    seed_model,
+    stat,
+)
+from tb_layergrad import metadata
+
+MAX = 10_000  # large enough for every tensor here: the `tensor` record is the whole gradient
+
+
+def _data(n=24, features=6, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, features)).astype("float32"), rng.integers(0, classes, size=(n,)).astype("int32")
+
+
+def _loss():
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def _check_step(series, step, model, manual, weights, x, y, loss_fn, *, with_weights=True, target="loss", target_fn=None):
+    g_out, g_var = reproduce(model, manual, weights, x, y, loss_fn, target=target_fn)
+    for path, g in g_out.items():
+        st = one(series, f"{target}/output/{path}/stats", step)
+        exp = expected_stats(g)
+        for name in ("elements", "min", "max", "mean", "std", "norm", "mean_abs"):
+            assert_close(stat(st, name), exp[name], f"{path} {name} at step {step}", scale=float(np.max(np.abs(g))))
+        assert stat(st, "no_gradient") == 0
+        assert_close(one(series, f"{target}/output/{path}/tensor", step), bounded(g, MAX), f"{path} tensor at step {step}")
+        hist = one(series, f"{target}/output/{path}/histogram", step)
+        assert hist.shape == (30, 3) and hist[:, 2].sum() == g.size
+    if with_weights:
+        infos = {info.layer: tag for tag, (info, _) in series.items() if info.source == "weight" and info.kind == "tensor" and info.target == target}
+        assert infos, "no weight records"
+        for path, tag in infos.items():
+            tail = path.split("/", 1)[1]  # "model/d1/kernel" -> "d1/kernel"
+            key = next(k for k in g_var if k == tail or k.endswith("/" + tail))
+            assert_close(one(series, tag, step), bounded(g_var[key], MAX), f"weight {path} at step {step}")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
+    """Functional model with BatchNorm (batch statistics) and a residual Add; validation adds nothing."""
+    keras.utils.set_random_seed(7)
+    model, manual = bn_residual_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss(), **compile_kwargs(mode))
+    x, y = _data()
+    saver = WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=2, weights=True, max_elements=MAX)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x[:8], y[:8]), callbacks=[saver, logger])
+
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == [2, 4, 6]  # every 2nd of 6 updates; evaluation wrote nothing
+    infos = {info.layer for info, _ in series.values() if info.source == "output"}
+    assert infos == {f"bnres/{n}" for n in ("d1", "bn", "d2", "add", "out")}
+    for step in (2, 4, 6):
+        batch = (step - 1) % 3
+        xb, yb = x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8]
+        _check_step(series, step, model, manual, saver.before[step], xb, yb, _loss())
+    # The metadata of a record says what it is.
+    info, _ = series["loss/output/bnres/d1/stats"]
+    assert (info.kind, info.target, info.source, info.dtype) == ("stats", "loss", "output", "float32")
+    assert info.index > 0
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_sequential_matches_reproduction(tmp_path, mode):
+    keras.utils.set_random_seed(3)
+    model, manual = mlp_sequential()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(), **compile_kwargs(mode))
+    x, y = _data(n=16)
+    saver = WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=MAX, weights=True)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == [1, 2, 3, 4]
+    for step in (1, 4):
+        batch = (step - 1) % 2
+        _check_step(series, step, model, manual, saver.before[step], x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8], _loss())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
+    """The seed question: the gradient w.r.t. the subclassed model's RNN output, inside fit()."""
+    keras.utils.set_random_seed(5)
+    model, manual = seed_model()
+    model.compile(optimizer="sgd", loss="mse", **compile_kwargs(mode))
+    x = np.array([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 4, np.float32) + np.arange(4, dtype=np.float32)[:, None, None] * 0.1
+    y = np.array([[0.0, 1.0, 2.0, 3.0]] * 4, np.float32)
+    saver = WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["minimalrnn", "out"], max_elements=MAX)
+    model.fit(x, y, epochs=3, batch_size=2, shuffle=False, verbose=0, callbacks=[saver, logger])
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == [1, 2, 3, 4, 5, 6]
+    for step in (1, 6):
+        batch = (step - 1) % 2
+        _check_step(series, step, model, manual, saver.before[step], x[batch * 2 : (batch + 1) * 2], y[batch * 2 : (batch + 1) * 2],
+                    keras.losses.MeanSquaredError(), with_weights=False)
+
+
+def test_steps_are_optimizer_iterations_across_fits(tmp_path):
+    """every_n_steps is a tensor condition on optimizer.iterations: it continues across fit() calls."""
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    x, y = _data(n=16)
+    for _ in range(2):  # 2 x (2 epochs x 2 batches) = 8 updates
+        logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=3)
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6]
+
+
+def test_model_is_restored_after_fit(tmp_path):
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    x, y = _data(n=16)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    keras_function = model.train_function
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    assert "train_step" not in model.__dict__
+    assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
+    # A later fit() without the callback writes nothing more.
+    before = read_series(log_dir(tmp_path))
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == layergrad_steps(before) == [3, 4]
+    del keras_function
+
+
+class _Boom(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 1:
+            raise RuntimeError("boom")
+
+
+def test_interrupted_fit_leaves_no_stale_train_function(tmp_path):
+    """An exception outside the step (another callback) skips on_train_end: the next fit() heals."""
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    x, y = _data(n=32)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
+    with pytest.raises(RuntimeError, match="boom"):
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger, _Boom()])
+    steps_after_crash = layergrad_steps(read_series(log_dir(tmp_path)))
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # no callback: must not log
+    assert "train_step" not in model.__dict__
+    assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == steps_after_crash == [1, 2]
+
+
+def test_error_inside_the_step_restores_the_model(tmp_path):
+    """A target that is not one value per example fails when the step is traced: nothing trained, model restored."""
+    model, _ = seed_model()  # subclassed: y_pred's shape is only known when the step runs
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((4, 5, 1), np.float32)
+    y = np.ones((4, 4), np.float32)
+    before = model.get_weights()
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"all": lambda p: p})
+    with pytest.raises(ValueError, match="one value per example"):
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[logger])
+    assert "train_step" not in model.__dict__
+    assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # trains normally afterwards
+
+
+def test_next_to_keras_tensorboard(tmp_path):
+    """Keras' TensorBoard and GradientLogger share log_dir: run 'train' holds both, at the same steps."""
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    x, y = _data(n=16)
+    tb = keras.callbacks.TensorBoard(log_dir(tmp_path), update_freq=1)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x, y), callbacks=[tb, logger])
+
+    from tensorboard.backend.event_processing import plugin_event_multiplexer
+
+    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
+    mux.AddRunsFromDirectory(log_dir(tmp_path))
+    mux.Reload()
+    runs = mux.Runs()
+    assert {"train", "validation"} <= set(runs)
+    train_tags = runs["train"]["tensors"]
+    assert "epoch_loss" in train_tags  # Keras' own scalars
+    assert any(t.startswith("loss/output/") for t in train_tags)  # ours
+    layergrad = mux.PluginRunToTagToContent(metadata.PLUGIN_NAME)
+    assert set(layergrad) == {"train"}  # no gradients from evaluation
+    batch_tag = "batch_loss" if "batch_loss" in train_tags else None
+    ours = sorted({e.step for e in mux.Tensors("train", "loss/output/mlp/h1/stats")})
+    assert ours == [1, 2, 3, 4]
+    if batch_tag:  # Keras' batch-level scalars use the same step numbers
+        assert sorted({e.step for e in mux.Tensors("train", batch_tag)}) == ours
+
+
+# -- bad input: clear errors before training starts ------------------------------------------
+@pytest.mark.parametrize("n", [0, -1, 1.5, True, "2"])
+def test_every_n_steps_must_be_a_positive_int(tmp_path, n):
+    with pytest.raises(ValueError, match="every_n_steps"):
+        tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=n)
+
+
+def _fit_must_fail(model, logger, exc, match):
+    x, y = _data(n=8)
+    before = model.get_weights()
+    with pytest.raises(exc, match=match):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[logger])
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert "train_step" not in model.__dict__
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
+def test_unknown_layer_fails_before_training(tmp_path):
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["h1", "nope"]), ValueError, "no layer matches 'nope'")
+
+
+def test_target_not_scalar_per_example_fails_before_training(tmp_path):
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"two": lambda p: p[:, :2]})
+    _fit_must_fail(model, logger, ValueError, "one value per example")
+
+
+def test_bad_target_spec_fails_in_constructor(tmp_path):
+    with pytest.raises(TypeError):
+        tb_layergrad.GradientLogger(log_dir(tmp_path), targets=[lambda p: p])
+    with pytest.raises(ValueError, match="reserved"):
+        tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"loss": lambda p: p[:, 0]})
+    with pytest.raises(TypeError, match="function"):
+        tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"a": 3})
+
+
+def test_unwritable_log_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    _fit_must_fail(model, tb_layergrad.GradientLogger(str(blocker / "logs")), OSError, "cannot write to log_dir")
+
+
+def test_timesteps_without_rnn_fails_before_training(tmp_path):
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path), timesteps=True), ValueError, "no RNN layer")
+
+
+def test_custom_train_step_is_refused(tmp_path):
+    class Custom(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    inp = keras.Input((6,))
+    model = Custom(inp, keras.layers.Dense(3)(inp))
+    model.compile(optimizer="sgd", loss=_loss())
+    _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path)), ValueError, "overrides train_step")
+
+
+@pytest.mark.skipif(TF_KERAS, reason="Keras 3 fingerprint check")
+def test_train_step_fingerprint_is_pinned():
+    from tb_layergrad.callbacks import _fit_step
+
+    model, _ = mlp_sequential()
+    assert _fit_step.check_supported(model) == "keras"
+    assert _fit_step.fingerprint(_fit_step._base_train_step("keras")) in _fit_step.KNOWN_TRAIN_STEPS["keras"]

@@ -1,0 +1,94 @@
+"""mixed_float16: recorded gradients are divided by the loss scale; overflow steps are counted, never bucketed."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tb_layergrad
+from fit_helpers import WeightsBeforeStep, keras, layers, log_dir, read_series, stat
+from tb_layergrad import metadata
+
+
+@pytest.fixture
+def mixed_float16():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def _mlp(name="mp"):
+    return keras.Sequential(
+        [keras.Input((6,)), layers.Dense(16, activation="relu", name="h"), layers.Dense(3, name="logits"), layers.Activation("linear", dtype="float32", name="f32")],
+        name=name,
+    )
+
+
+def _data():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(16, 6)).astype("float32"), rng.integers(0, 3, size=(16,)).astype("int32")
+
+
+def _float32_reference(weights, x, y):
+    """The same step in float32: what the unscaled float16 records must approximate."""
+    import tensorflow as tf
+
+    model = _mlp("ref")
+    model.set_weights(weights)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    with tf.GradientTape() as tape:
+        h = model.get_layer("h")(tf.constant(x))
+        tape.watch(h)
+        logits = model.get_layer("logits")(h)
+        tape.watch(logits)
+        loss = loss_fn(y, logits)
+    gh, gl = tape.gradient(loss, [h, logits])
+    return {"h": gh.numpy(), "logits": gl.numpy()}
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_records_are_unscaled(tmp_path, mixed_float16, mode):
+    keras.utils.set_random_seed(2)
+    model = _mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=(mode == "xla"))
+    assert "LossScaleOptimizer" in type(model.optimizer).__name__
+    x, y = _data()
+    saver = WeightsBeforeStep()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=1000)])
+    series = read_series(log_dir(tmp_path))
+    ref = _float32_reference(saver.before[1], x[:8], y[:8])
+    for name, g in ref.items():
+        info, by_step = series[f"loss/output/mp/{name}/tensor"]
+        assert info.dtype == "float16"
+        got = by_step[1][0]
+        # float16 activations: ~1e-3 relative agreement; a forgotten loss scale would be off by 2**15.
+        np.testing.assert_allclose(got, g, rtol=2e-2, atol=2e-2 * np.abs(g).max())
+        st = series[f"loss/output/mp/{name}/stats"][1][1][0]
+        np.testing.assert_allclose(stat(st, "norm"), np.linalg.norm(g), rtol=1e-2)
+
+
+def test_overflow_steps_are_counted_not_bucketed(tmp_path, mixed_float16):
+    """A huge loss scale makes every float16 gradient overflow: Keras skips the updates; we count inf/nan."""
+    keras.utils.set_random_seed(2)
+    model = _mlp()
+    optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**100)
+    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = _data()
+    before = model.get_weights()
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)  # both steps overflowed: no update
+    assert int(model.optimizer.iterations.numpy()) == 0
+    series = read_series(log_dir(tmp_path))
+    info, by_step = series["loss/output/mp/logits/stats"]
+    assert list(by_step) == [1] and len(by_step[1]) == 2  # no update: both steps write step 1
+    hist_by_step = series["loss/output/mp/logits/histogram"][1]
+    for st, hist in zip(by_step[1], hist_by_step[1]):
+        non_finite = stat(st, "nan") + stat(st, "pos_inf") + stat(st, "neg_inf")
+        assert non_finite > 0
+        assert hist[:, 2].sum() == stat(st, "elements") - non_finite  # never bucketed
+        assert np.all(np.isfinite(hist))
+    assert metadata.STAT_FIELDS[1:4] == ("nan", "pos_inf", "neg_inf")
+    first_info, first = series["loss/output/mp/logits/first_nonfinite"]
+    assert first_info.kind == "first_nonfinite" and [int(v[0]) for v in first[1]] == [1, 1]

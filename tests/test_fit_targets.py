@@ -1,0 +1,93 @@
+"""Extra targets: d(sum over the batch of fn(y_pred)) / d(layer outputs, weights), each its own series."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tb_layergrad
+from fit_helpers import (
+    WeightsBeforeStep,
+    assert_close,
+    bn_residual_mlp,
+    bounded,
+    compile_kwargs,
+    keras,
+    layergrad_steps,
+    log_dir,
+    one,
+    read_series,
+    reproduce,
+)
+from tb_layergrad import targets as lg_targets
+
+TARGETS = {
+    "class_2": lambda p: p[:, 2],
+    "mean_logit": lambda p: tf.reduce_mean(p, axis=1, keepdims=True),  # [batch, 1] is accepted too
+}
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
+def test_target_gradients_match_reproduction(tmp_path, mode):
+    keras.utils.set_random_seed(8)
+    model, manual = bn_residual_mlp()
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, **compile_kwargs(mode))
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(16, 6)).astype("float32")
+    y = rng.integers(0, 3, size=(16,)).astype("int32")
+    saver = WeightsBeforeStep()
+    chosen = ["d2", "out"] if mode == "xla" else None  # XLA compiles every captured tensor: keep it short
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), layers=chosen, every_n_steps=2, weights=True, targets=TARGETS, max_elements=10_000)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
+    series = read_series(log_dir(tmp_path))
+    for name in ("loss", *TARGETS):
+        assert layergrad_steps(series, target=name) == [2, 4]  # computed and written on logged steps only
+    for tag, (info, _) in series.items():
+        assert tag.startswith(info.target + "/")
+    for step in (2, 4):
+        xb, yb = x[8:], y[8:]  # step 2 and 4 train on the second batch
+        for name, fn in TARGETS.items():
+            g_out, g_var = reproduce(model, manual, saver.before[step], xb, yb, loss, target=fn)
+            for path, g in g_out.items():
+                if chosen and path.split("/")[-1] not in chosen:
+                    continue
+                assert_close(one(series, f"{name}/output/{path}/tensor", step), bounded(g, 10_000), f"{name} {path} step {step}")
+            for key, g in g_var.items():
+                if chosen and key.split("/")[-2] not in chosen:
+                    continue
+                tag = f"{name}/weight/bnres/{key.split('/')[-2]}/{key.split('/')[-1]}/tensor"
+                assert_close(one(series, tag, step), bounded(g, 10_000), f"{name} {key} step {step}")
+
+
+def test_custom_loop_helpers():
+    """target_values + target_gradients: one persistent tape, one backward pass per target."""
+    keras.utils.set_random_seed(3)
+    model, manual = bn_residual_mlp()
+    x = tf.constant(np.random.default_rng(0).normal(size=(5, 6)).astype("float32"))
+    with tf.GradientTape(persistent=True) as tape:
+        with tb_layergrad.capture(model, tape=tape, weights=True) as cap:
+            y_pred = model(x, training=True)
+        loss = tf.reduce_mean(tf.square(y_pred))
+        values = lg_targets.target_values(TARGETS, y_pred)
+    grads = cap.gradients(tape, loss)
+    per_target = lg_targets.target_gradients(cap, tape, values)
+    del tape
+    assert grads.target == "loss" and set(per_target) == set(TARGETS)
+    for name, fn in TARGETS.items():
+        assert per_target[name].target == name
+        g_out, _ = reproduce(model, manual, model.get_weights(), x.numpy(), None, None, target=fn)
+        for path, g in g_out.items():
+            assert_close(per_target[name][path].numpy(), g, f"{name} {path}")
+
+
+@pytest.mark.parametrize("bad", [lambda p: p, lambda p: p[:, :2], lambda p: tf.zeros([3, 2, 1])])
+def test_not_scalar_per_example_is_rejected(bad):
+    with pytest.raises(ValueError, match="one value per example"):
+        lg_targets.target_value("bad", bad, tf.zeros([4, 3]))
+
+
+def test_scalar_and_int_targets():
+    assert float(lg_targets.target_value("s", lambda p: tf.reduce_max(p), tf.ones([4, 3]))) == 1.0
+    with pytest.raises(ValueError, match="floating point"):
+        lg_targets.target_value("i", lambda p: tf.argmax(p, axis=1), tf.ones([4, 3]))
