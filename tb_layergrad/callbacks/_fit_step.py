@@ -20,8 +20,11 @@ opts out (GradientLogger(strict=False)).
 The step returns Keras' logs plus one extra key (PAYLOAD_KEY) holding the
 fixed-shape reductions (histogram, stats, per-timestep norms, bounded
 tensors) computed inside the step, so inside XLA under `jit_compile=True`,
-and only on logged steps (`tf.cond` on `optimizer.iterations`). The callback
-strips the key and writes outside the compiled function.
+with the logging flag computed from `optimizer.iterations` (a tensor). Which
+reductions run only on logged steps depends on the mode: see
+`FitStep._with_payload` and `FitStep._shadow_weights` for what keeps training
+bitwise unchanged. The callback strips the key and writes outside the
+compiled function.
 """
 from __future__ import annotations
 

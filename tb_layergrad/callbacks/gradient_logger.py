@@ -93,8 +93,9 @@ class GradientLogger(_Base):
     divided by the loss scale read before the step's update (float32). A step
     whose scaled gradients overflow still writes its records: the non-finite
     elements are counted in the stats (`nan`, `pos_inf`, `neg_inf`) and never
-    put in histogram buckets. Such a step makes no update, so the next step
-    writes at the same step number.
+    put in histogram buckets. Such a step makes no update; under Keras 3 it
+    does not advance `optimizer.iterations`, so the next step writes at the
+    same step number (tf_keras counts it).
 
     Not supported: several replicas (MirroredStrategy...), models that override
     `train_step` (capture inside it with `tb_layergrad.capture`), non-TensorFlow
