@@ -47,8 +47,9 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         opt.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    def ours(every: int):
-        w = writer(f"ours{every}")
+    def logged(every: int, tag: str, log: Callable) -> Callable:
+        """A capturing step that logs its gradients with `log(grads)` every `every` steps."""
+        w = writer(f"{tag}{every}")
 
         @tf.function
         def step(x, y):
@@ -58,28 +59,18 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
             grads = cap.gradients(tape, loss)
             opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
             with w.as_default(step=it), tf.summary.record_if(it % every == 0):
-                tb_layergrad.summary.gradients(grads)
+                log(grads)
             return loss
 
         return step
 
-    def tb_histogram(every: int):
-        w = writer(f"tbhist{every}")
+    def tf_histograms(grads) -> None:  # TensorBoard's own path, same tensors
+        for path, g in grads.outputs.items():
+            if g is not None:
+                tf.summary.histogram(path, g)
 
-        @tf.function
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                with tb_layergrad.capture(model, tape=tape) as cap:
-                    loss = loss_fn(y, model(x))
-            grads = cap.gradients(tape, loss)
-            opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
-            with w.as_default(step=it), tf.summary.record_if(it % every == 0):
-                for path, g in grads.outputs.items():
-                    if g is not None:
-                        tf.summary.histogram(path, g)
-            return loss
-
-        return step
+    ours = lambda every: logged(every, "ours", tb_layergrad.summary.gradients)  # noqa: E731
+    tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731
 
     fns = {
         "plain": plain,
