@@ -97,6 +97,22 @@ def gradient(
 def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
                 track_nonfinite=False):
     """Validate now; return the function that computes and writes the records."""
+    write_reduced = _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements,
+                                        description, track_nonfinite)
+
+    def write() -> None:
+        write_reduced(None if data is None else reductions.histogram_and_stats(data, buckets))
+
+    return write
+
+
+def _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
+                        track_nonfinite=False):
+    """Validate now; return the function that writes the records, given `data`'s (histogram, stats).
+
+    Split from the reductions so that `gradients()` can reduce all its tensors
+    in one `reductions.histograms_and_stats` call.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
     if buckets < 1:
@@ -105,11 +121,8 @@ def _writer_for(name, data, step, buckets, max_elements, target, source, layer_i
         raise ValueError(f"max_elements must be >= 0, got {max_elements}")
     dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
 
-    def write() -> None:
-        if data is None:
-            hist, stats = reductions.no_gradient_records(elements, buckets)
-        else:
-            hist, stats = reductions.histogram_and_stats(data, buckets)
+    def write(reduced) -> None:
+        hist, stats = reductions.no_gradient_records(elements, buckets) if data is None else reduced
         _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step, description)
         _write(_info(name, metadata.KIND_STATS, target, source, layer_index, dtype), stats, step, description)
         if track_nonfinite and data is not None:  # the running first NaN/Inf step (docs/FORMAT.md)
@@ -152,14 +165,16 @@ def gradients(
         target_name = target or metadata.DEFAULT_TARGET
         items = [(path, Entry(g, metadata.SOURCE_OUTPUT, i)) for i, (path, g) in enumerate(grads.items())]
     writers = [
-        _writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements,
-                    track_nonfinite=True)
+        _reduced_writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements,
+                            track_nonfinite=True)
         for path, e in items
     ]
+    present = [e.gradient for _, e in items if e.gradient is not None]
 
     def write_all() -> None:
-        for write in writers:
-            write()
+        reduced = iter(reductions.histograms_and_stats(present, buckets)) if present else iter(())
+        for write, (_, e) in zip(writers, items):
+            write(None if e.gradient is None else next(reduced))
 
     with tf.name_scope("layergrad"):
         return _when_recording(write_all)
