@@ -129,8 +129,19 @@ class Routes:
         else:
             q.start, q.end = params.step_range(args)
             q.max_steps = params.max_steps(args)
-        q.series = self._run_catalog(request, run).require(layer, target, source, kind)
+        q.series = self._one_series(request, run, layer, target, source, kind)
         return q
+
+    def _one_series(self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kind: str) -> catalog.Series:
+        """The series a one-layer route shows: listed by run AND tag, so its cost does not grow
+        with the run; the whole run's catalog is listed only to explain a miss (404)."""
+        ctx, eid = self._where(request)
+        tag = metadata.make_tag(target, source, layer, kind)
+        listed = catalog.load(self._provider, ctx, eid, runs=[run], tags=[tag]).runs.get(run)
+        found = listed.find(layer, target, source, kind) if listed is not None else None
+        if found is not None:
+            return found
+        return self._run_catalog(request, run).require(layer, target, source, kind)
 
     # -- routes ----------------------------------------------------------------
 
@@ -336,10 +347,14 @@ class Routes:
         start, end = params.step_range(args)
         max_steps = params.max_steps(args)
         ctx, eid = self._where(request)
-        cat = catalog.load(self._provider, ctx, eid, runs=names)
+        tag = metadata.make_tag(target, source, layer, metadata.KIND_STATS)
+        listed = catalog.load(self._provider, ctx, eid, runs=names, tags=[tag]).runs  # cheap: one tag per run
         found: Dict[str, catalog.Series] = {}
+        others = [name for name in names if name not in listed]
+        full = catalog.load(self._provider, ctx, eid, runs=others) if others else None
         for name in names:
-            s = cat.run(name).find(layer, target, source, metadata.KIND_STATS)
+            rc = listed[name] if name in listed else full.run(name)  # 404 for a run with no layergrad data
+            s = rc.find(layer, target, source, metadata.KIND_STATS)
             if s is not None:
                 found[name] = s
         if not found:
