@@ -90,7 +90,7 @@ def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int = 30, xla_sa
     if xla_safe:
         return [_general(x, buckets) for x in flat]
     out: List[Optional[Tuple[tf.Tensor, tf.Tensor]]] = [None] * len(flat)
-    for dt in {x.dtype for x in flat}:  # one batch per compute dtype (float32, float64)
+    for dt in dict.fromkeys(x.dtype for x in flat):  # one batch per compute dtype, in order of appearance
         index = [i for i, x in enumerate(flat) if x.dtype == dt]
         for i, result in zip(index, _fast_or_general([flat[i] for i in index], buckets)):
             out[i] = result

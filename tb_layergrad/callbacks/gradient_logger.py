@@ -35,8 +35,9 @@ class GradientLogger(_Base):
     step, at step `s = optimizer.iterations` after this batch's update (the s-th
     update; the step Keras' `TensorBoard` callback uses for batch metrics), when
     `s % every_n_steps == 0`. The other steps run Keras' own train function,
-    untouched, so they cost nothing: the capturing step is compiled (traced) the
-    first time a step is logged and only runs on logged steps. When training
+    untouched, so they cost nothing: the capturing step is compiled at the
+    first batch and then runs only on logged steps (and is kept for a later
+    fit() with the same callback). When training
     ends, or fails, the model is restored (`train_step`, `train_function`).
 
     Evaluation (`validation_data`, `evaluate()`) is untouched and logs nothing.
