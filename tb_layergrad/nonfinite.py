@@ -91,10 +91,10 @@ def _default_writer() -> Any:
         return None
 
 
-def _variable(tag: str) -> Any:
+def _variable(tag: str, writer: Any = None) -> Any:
     import tensorflow as tf
 
-    writer = _default_writer()
+    writer = writer if writer is not None else _default_writer()
     with _LOCK:
         try:
             table = _BY_WRITER.setdefault(writer, {}) if writer is not None else _NO_WRITER
@@ -108,15 +108,34 @@ def _variable(tag: str) -> Any:
     return var
 
 
-def write_first_nonfinite(stats_info: metadata.SeriesInfo, stats: Any, step: Any, description: str = "") -> None:
+def variables_in_replica(ctx: Any, tags: Any) -> Dict[str, Any]:
+    """The running variables of `tags`, made in replica context (inside `strategy.run`).
+
+    Why: each replica thread would otherwise create its own variable (tf.function
+    refuses that), and creation inside the recording condition cannot merge.
+    One `merge_call`, before the condition, creates them once (mirrored). Only
+    replica 0 records summaries, so only its copy is updated and read.
+    """
+    tags = list(tags)
+    writer = _default_writer()  # this replica thread's; the merge function runs elsewhere
+
+    def create(_strategy: Any) -> Dict[str, Any]:
+        return {tag: _variable(tag, writer) for tag in tags}
+
+    return ctx.merge_call(create)
+
+
+def write_first_nonfinite(stats_info: metadata.SeriesInfo, stats: Any, step: Any, description: str = "",
+                          var: Any = None) -> None:
     """Update the running first non-finite step of a stats series and write it if there is one.
 
     To be called where the stats record is written (inside `summary`'s recording
-    condition), eagerly or in a `tf.function`.
+    condition), eagerly or in a `tf.function`. `var`: the running variable when
+    already made (replica context, `variables_in_replica`).
     """
     import tensorflow as tf
 
-    var = _variable(stats_info.tag)
+    var = var if var is not None else _variable(stats_info.tag)
     info = record_info(stats_info)
     step = tf.cast(step, tf.int64)
     nonfinite = (stats[_NAN] + stats[_POS_INF] + stats[_NEG_INF]) > 0

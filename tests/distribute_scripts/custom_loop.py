@@ -1,0 +1,88 @@
+"""MirroredStrategy over 2 logical CPUs, custom loop: every write path vs a single device on the same batch.
+
+Usage: custom_loop.py LOGDIR. Writes runs LOGDIR/{single,gather,stats,cross} and
+LOGDIR/weights.npz (final weights with and without logging, under the strategy).
+"""
+import os
+import sys
+
+from common import data, logical_cpus, tiny_model  # noqa: E402  (sets up sys.path, env)
+
+logdir = sys.argv[1]
+devices = logical_cpus(2)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import keras  # noqa: E402
+
+import tb_layergrad  # noqa: E402
+from tb_layergrad import distribute  # noqa: E402
+
+GLOBAL_BATCH, STEPS = 8, 3
+x, y = data(np, GLOBAL_BATCH * STEPS)
+strategy = tf.distribute.MirroredStrategy(devices)
+assert strategy.num_replicas_in_sync == 2
+
+
+def per_example(y_true, y_pred):
+    return tf.reduce_mean(tf.square(y_pred - y_true), axis=-1)
+
+
+def train(log: bool):
+    """Train STEPS steps under the strategy; with `log`, write through the three distributed paths."""
+    with strategy.scope():
+        model = tiny_model(keras)
+        opt = keras.optimizers.SGD(0.1)
+    single = tiny_model(keras)
+    if log:
+        writers = {k: distribute.create_file_writer(os.path.join(logdir, k)) for k in ("gather", "stats", "cross")}
+        single_writer = tf.summary.create_file_writer(os.path.join(logdir, "single"))
+
+    def replica_step(xb, yb):
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, weights=True, tape=tape) as cap:
+                loss = tf.nn.compute_average_loss(per_example(yb, model(xb)), global_batch_size=GLOBAL_BATCH)
+        grads = cap.gradients(tape, loss)
+        step = opt.iterations + 1
+        if log:
+            with writers["gather"].as_default(step=step):
+                tb_layergrad.summary.gradients(grads)
+            with writers["stats"].as_default(step=step):
+                tb_layergrad.summary.gradients(grads, replicas="stats")
+        opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
+        return grads
+
+    @tf.function
+    def step_fn(xb, yb):
+        step = opt.iterations + 1
+        grads = strategy.run(replica_step, (xb, yb))
+        if log:
+            with writers["cross"].as_default(step=step):
+                tb_layergrad.summary.gradients(grads, strategy=strategy)  # cross-replica: strategy.gather
+        return step
+
+    @tf.function
+    def single_step(xb, yb, step):
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(single, weights=True, tape=tape) as cap:
+                loss = tf.reduce_mean(per_example(yb, single(xb)))
+        grads = cap.gradients(tape, loss)
+        with single_writer.as_default(step=step):
+            tb_layergrad.summary.gradients(grads)
+
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+    for xb, yb in zip(ds, strategy.experimental_distribute_dataset(ds)):
+        if log:  # the single-device reference: same weights, same global batch
+            single.set_weights(model.get_weights())
+            single_step(xb[0], xb[1], opt.iterations + 1)
+        step_fn(*yb)
+    if log:
+        for w in list(writers.values()) + [single_writer]:
+            w.flush()
+    return [v.numpy() for v in model.trainable_variables]
+
+
+logged = train(True)
+plain = train(False)
+np.savez(os.path.join(logdir, "weights.npz"), *(logged + plain))
+print("OK", len(logged))
