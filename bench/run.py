@@ -118,6 +118,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round: only checks the scripts run")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-tab", action="store_true")
+    parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 7; smoke 1)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"), help="where to write the report ('-' for none)")
     args = parser.parse_args()
 
@@ -128,6 +130,10 @@ def main() -> None:
         models, rounds, per_round, fit_steps = ["mlp", "cnn", "lstm"], 7, 20, 40
         sizes = [(3, 50, 1000), (3, 200, 1000), (3, 200, 5000)]
         loaders = ["true", "false"]
+    if args.models:
+        models = args.models.split(",")
+    if args.rounds:
+        rounds = args.rounds
     lines = [
         "# Performance",
         "",

@@ -53,7 +53,15 @@ def compute_dtype(dtype: tf.DType) -> tf.DType:
 
 
 def _count(mask: tf.Tensor) -> tf.Tensor:
-    return tf.reduce_sum(tf.cast(mask, tf.float64))
+    """Number of True elements, exact, as float64.
+
+    Summed in int32 when the size is known to fit (int64 otherwise): XLA's CPU
+    code sums casts to float64 about 10x slower (measured: 5 float64 counts of
+    2M elements 78 ms, in int32 8 ms).
+    """
+    size = mask.shape.num_elements()
+    acc = tf.int32 if size is not None and size < 2**31 else tf.int64
+    return tf.cast(tf.reduce_sum(tf.cast(mask, acc)), tf.float64)
 
 
 @_no_autograph
@@ -90,16 +98,22 @@ def _fast_or_general(x: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
     # So are tiny magnitudes (see _FAST_MIN_MAGNITUDE).
     top = tf.maximum(tf.abs(lo), tf.abs(hi))
     big_enough = (top >= tf.constant(_FAST_MIN_MAGNITUDE[dt], dt)) | tf.equal(top, tf.zeros([], dt))
-    fast = tf.reduce_all(tf.math.is_finite(tf.stack([total, sumsq, lo, hi]))) & (n > 0) & big_enough
     mean = total / tf.maximum(n, 1)
     var = tf.maximum(sumsq / tf.maximum(n, 1) - mean * mean, 0)
-    # One-pass variance loses digits when |mean| >> std: redo those exactly.
+    # One-pass variance loses digits when |mean| >> std: those take the exact general path.
     exact_enough = mean * mean <= 1e3 * var
+    fast = tf.reduce_all(tf.math.is_finite(tf.stack([total, sumsq, lo, hi]))) & (n > 0) & big_enough & exact_enough
 
     def fast_path() -> Tuple[tf.Tensor, tf.Tensor]:
+        # No conditional in here: each costs a branch dispatch per tensor and step. One
+        # unique value (lo == hi) is bucketed against the stand-in range [0, 1] (a zero-width
+        # range would crash histogram_fixed_width) and its count then put in the last bucket.
         sum_abs = tf.reduce_sum(tf.abs(x))
         zeros = tf.cast(tf.size(x, out_type=tf.int64) - tf.math.count_nonzero(x, dtype=tf.int64), tf.float64)
-        std = tf.cond(exact_enough, lambda: tf.sqrt(var), lambda: tf.sqrt(tf.reduce_mean(tf.square(x - mean))))
+        spread = hi > lo
+        value_range = tf.where(spread, tf.stack([lo, hi]), tf.constant([0, 1], dt))
+        counts = tf.cast(tf.histogram_fixed_width(x, value_range, nbins=k), tf.float64)
+        counts = tf.where(spread, counts, tf.concat([tf.zeros([k - 1], tf.float64), n64[tf.newaxis]], 0))
         zero = tf.zeros([], tf.float64)
         stats = tf.stack(
             [
@@ -111,16 +125,11 @@ def _fast_or_general(x: tf.Tensor, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
                 tf.cast(lo, tf.float64),
                 tf.cast(hi, tf.float64),
                 tf.cast(mean, tf.float64),
-                tf.cast(std, tf.float64),
+                tf.cast(tf.sqrt(var), tf.float64),
                 tf.cast(tf.sqrt(sumsq), tf.float64),
                 tf.cast(sum_abs / n, tf.float64),
                 zero,
             ]
-        )
-        counts = tf.cond(
-            hi > lo,
-            lambda: tf.cast(tf.histogram_fixed_width(x, tf.stack([lo, hi]), nbins=k), tf.float64),
-            lambda: tf.concat([tf.zeros([k - 1], tf.float64), n64[tf.newaxis]], 0),
         )
         return _with_edges(counts, lo, hi, k, _pow2_scale(top)), stats
 

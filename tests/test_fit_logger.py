@@ -139,6 +139,34 @@ def test_steps_are_optimizer_iterations_across_fits(tmp_path):
     assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6]
 
 
+def test_a_second_fit_reuses_the_compiled_step(tmp_path):
+    """One callback over several fit() calls compiles its capturing step once, until compile() resets the model."""
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss())
+    x, y = _data(n=16)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=3)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
+    built = logger._built
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
+    assert logger._built is built
+    model.compile(optimizer="sgd", loss=_loss())  # a new optimizer: iterations start again at 0
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    assert logger._built is not built
+    # 8 updates then 2 more from 0 (the second compile): steps 3, 6 and again nothing at 1, 2.
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6]
+
+
+def test_steps_per_execution_logs_the_last_step_of_an_execution(tmp_path):
+    """With steps_per_execution=2 Keras returns the last step of each execution: every_n_steps=4 logs 4 and 8."""
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss(), steps_per_execution=2)
+    x, y = _data(n=16)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=4)
+    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    assert int(model.optimizer.iterations.numpy()) == 8
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == [4, 8]
+
+
 def test_model_is_restored_after_fit(tmp_path):
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())

@@ -20,11 +20,11 @@ opts out (GradientLogger(strict=False)).
 The step returns Keras' logs plus one extra key (PAYLOAD_KEY) holding the
 fixed-shape reductions (histogram, stats, per-timestep norms, bounded
 tensors) computed inside the step, so inside XLA under `jit_compile=True`,
-with the logging flag computed from `optimizer.iterations` (a tensor). Which
-reductions run only on logged steps depends on the mode: see
-`FitStep._with_payload` and `FitStep._shadow_weights` for what keeps training
-bitwise unchanged. The callback strips the key and writes outside the
-compiled function.
+with the logging flag computed from `optimizer.iterations` (a tensor). The
+callback runs this step only for executions that contain a logged step (Keras'
+own train function otherwise), strips the key and writes outside the compiled
+function. See `FitStep._with_payload` and `FitStep._shadow_weights` for what
+keeps training bitwise unchanged.
 """
 from __future__ import annotations
 
@@ -444,71 +444,29 @@ class FitStep:
                     out[owners[id(v)][0]] = tf.convert_to_tensor(v)
         return out
 
-    def _zeros_like_records(self, records: Dict[str, tf.Tensor], like: Dict[str, Any]) -> Dict[str, tf.Tensor]:
-        out = {}
-        for tag, t in records.items():
-            if t.shape.is_fully_defined():
-                out[tag] = tf.zeros(t.shape, t.dtype)
-            elif self.config.xla and tag in like:
-                out[tag] = like[tag]()
-            else:  # graph mode: a tf.cond output may change shape between branches
-                out[tag] = tf.zeros([0] * t.shape.rank, t.dtype)
-        return out
-
     def _with_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss) -> Dict[str, Any]:
         """Add the records of this step to Keras' logs (see the module docstring).
 
-        Where the reductions run, and why (each choice measured bitwise-neutral):
-        - eager: a Python `if` on the flag;
-        - graph (no XLA): everything in one `tf.cond` on the flag;
-        - XLA: the loss's reductions run on EVERY step, unconditionally. Passing
-          backward-pass tensors into an XLA conditional forces them into their own
-          buffers, which changes XLA's fusion of the training computation and its
-          last bits (measured on MobileNetV2); reductions fused next to their
-          producers do not. Targets (a separate backward pass from forward values
-          only) stay inside a `tf.cond`.
+        The records are computed unconditionally: `GradientLogger` calls this step's
+        function only for executions that contain a logged step, and Keras' own
+        train function for every other one. So there is no conditional on the flag
+        in the compiled step (under XLA, handing backward-pass tensors to a
+        conditional moves fusion boundaries and the last bits of training; reductions
+        fused next to their producers do not), and nothing is reduced on the steps
+        that are not logged. `log` still travels with the payload: with
+        `steps_per_execution > 1` only some steps of an execution are logged steps.
         """
         eps_sources = dict(probe.sources) if probe is not None else {}
-        shadow = self._shadow_weights()
         ctx = distribute.replica_context()
         if ctx is not None:
             return self._with_replica_payload(logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss, ctx)
-
-        def loss_records() -> Dict[str, tf.Tensor]:
-            loss_map = self._with_shadow_weights(cap, gmap, aux, aux_loss) if shadow else gmap
-            return self._reduce(metadata.DEFAULT_TARGET, cap, loss_map, eps_sources, eps_grads, probe, scale)
-
-        def target_records() -> Dict[str, tf.Tensor]:
-            records: Dict[str, tf.Tensor] = {}
-            for name, value in values.items():
-                wrapped = TapeWithExtraSources(aux, list(eps_sources.values()))
-                tmap = cap.gradients(wrapped, value, name=name)
-                teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
-                records.update(self._reduce(name, cap, tmap, eps_sources, teps, probe, scale))
-            return records
-
-        def conditional(fn: Callable[[], Dict[str, tf.Tensor]]) -> Dict[str, tf.Tensor]:
-            holder: Dict[str, Any] = {}
-
-            def true_fn():
-                holder["records"] = fn()
-                return holder["records"]
-
-            def false_fn():
-                if "records" not in holder:  # cond_v2 traces true_fn first
-                    raise RuntimeError("internal: tf.cond traced its false branch first")
-                return self._zeros_like_records(holder["records"], self._runtime_shapes(cap, gmap, eps_sources))
-
-            return tf.cond(log, true_fn, false_fn)
-
-        if tf.executing_eagerly():
-            records = {**loss_records(), **target_records()} if bool(log) else {}
-        elif self.config.xla:
-            records = loss_records()
-            if values:
-                records.update(conditional(target_records))
-        else:
-            records = conditional(lambda: {**loss_records(), **target_records()})
+        loss_map = self._with_shadow_weights(cap, gmap, aux, aux_loss) if self._shadow_weights() else gmap
+        records = self._reduce(metadata.DEFAULT_TARGET, cap, loss_map, eps_sources, eps_grads, probe, scale)
+        for name, value in values.items():
+            wrapped = TapeWithExtraSources(aux, list(eps_sources.values()))
+            tmap = cap.gradients(wrapped, value, name=name)
+            teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
+            records.update(self._reduce(name, cap, tmap, eps_sources, teps, probe, scale))
         logs = dict(logs)
         logs[PAYLOAD_KEY] = {"step": step, "log": log, "records": records}
         return logs
@@ -575,29 +533,6 @@ class FitStep:
         for p, g in zip(paths, grads):
             entries[p] = dataclasses.replace(entries[p], gradient=g)
         return GradientMap(entries, gmap.target, [])
-
-    def _runtime_shapes(self, cap: Capture, gmap: Any, eps_sources: Dict[str, Any]) -> Dict[str, Callable]:
-        """tag -> builder of a zero record shaped like the true branch's, from outer tensors (for XLA)."""
-        cfg = self.config
-        out: Dict[str, Callable] = {}
-        if cfg.max_elements <= 0 and not eps_sources:
-            return out
-        shapes = self._shape_sources(cap)
-        targets = [metadata.DEFAULT_TARGET] + list(cfg.targets)
-        for target in targets:
-            for path in gmap:
-                e = gmap.entry(path)
-                src = shapes.get(path)
-                if src is not None and cfg.max_elements > 0:
-                    tag = metadata.make_tag(target, e.source, path, metadata.KIND_TENSOR)
-                    out[tag] = (lambda s=src: reductions.bounded_tensor(tf.zeros_like(s), cfg.max_elements))
-            for key, eps in eps_sources.items():
-                tag = metadata.make_tag(target, metadata.SOURCE_OUTPUT, key, metadata.KIND_TIMESTEPS)
-                out[tag] = (lambda s=eps: tf.zeros(tf.shape(s)[1:2], tf.float64))
-                if cfg.max_elements > 0:
-                    tag = metadata.make_tag(target, metadata.SOURCE_OUTPUT, key + TIMESTEP_TENSOR_SUFFIX, metadata.KIND_TENSOR)
-                    out[tag] = (lambda s=eps: reductions.bounded_tensor(tf.zeros_like(s[0]), cfg.max_elements))
-        return out
 
 
 class _WithOutputGradients:

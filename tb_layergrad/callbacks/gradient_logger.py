@@ -34,9 +34,10 @@ class GradientLogger(_Base):
     (`tb_layergrad.summary` format, plugin "layergrad") and written after the
     step, at step `s = optimizer.iterations` after this batch's update (the s-th
     update; the step Keras' `TensorBoard` callback uses for batch metrics), when
-    `s % every_n_steps == 0`. The condition is a tensor: nothing is reduced on
-    the other steps. When training ends, or fails, the model is restored
-    (`train_step`, `train_function`).
+    `s % every_n_steps == 0`. The other steps run Keras' own train function,
+    untouched, so they cost nothing: the capturing step is compiled (traced) the
+    first time a step is logged and only runs on logged steps. When training
+    ends, or fails, the model is restored (`train_step`, `train_function`).
 
     Evaluation (`validation_data`, `evaluate()`) is untouched and logs nothing.
     Records go to `log_dir/train` (the run Keras' `TensorBoard(log_dir)`
@@ -159,6 +160,8 @@ class GradientLogger(_Base):
         self._fit_step: Optional[_fit_step.FitStep] = None
         self._saved: Optional[Dict[str, Any]] = None
         self._armed = False
+        self._steps_per_execution = 1
+        self._built: Optional[_BuiltStep] = None  # the compiled capturing step, reused by the next fit()
         self._first_nonfinite = FirstNonfiniteTracker()  # kind `first_nonfinite` (docs/FORMAT.md)
 
     # tf_keras' CallbackList asks these of every callback (Keras 3's does not).
@@ -192,13 +195,7 @@ class GradientLogger(_Base):
         if self.timesteps is not False:
             TimestepProbe(model, None if self.timesteps is True else self.timesteps)
         self._check_targets_statically(model)
-        spe = getattr(model, "steps_per_execution", None)
-        if spe is None:
-            spe = getattr(model, "_steps_per_execution", None)
-        try:
-            spe = int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1)
-        except (TypeError, ValueError):
-            spe = 1
+        spe = _steps_per_execution(model)
         if spe > 1 and self.every_n_steps % spe:
             warnings.warn(
                 f"steps_per_execution={spe}: Keras returns only the last step of each execution, so a step logged "
@@ -245,6 +242,7 @@ class GradientLogger(_Base):
         if self._saved is not None:  # a previous fit() was left abnormally
             self._restore()
         kind = self._check_model(model)
+        self._steps_per_execution = _steps_per_execution(model)
         strategy = getattr(model, "distribute_strategy", None)
         self._chief = distribute.is_chief(strategy)
         writer = self._open_writer() if self._chief else None  # other workers leave no file behind
@@ -260,24 +258,47 @@ class GradientLogger(_Base):
             xla=xla,
             replicas=self.replicas,
         )
-        fit_step = _fit_step.FitStep(model, kind, config)
+        if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
+            model.make_train_function()
         saved = {
             "train_function": model.train_function,
             "train_tf_function": getattr(model, "train_tf_function", _MISSING),
             "train_step": model.__dict__.get("train_step", _MISSING),
         }
+        reuse = self._built if self._built is not None and self._built.fits(model, saved["train_function"], config) else None
+        fit_step = reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config)
         step_fn = fit_step.keras3_train_step if kind == "keras" else fit_step.tf_keras_train_step
         self._writer, self._fit_step, self._saved = writer, fit_step, saved
         try:
             object.__setattr__(model, "train_step", step_fn)
-            built = model.make_train_function(force=True)
-            inner = model.train_function if built is None else built
-            model.train_function = self._wrap(inner)
+            if reuse is None:
+                built = model.make_train_function(force=True)
+                logging_fn = model.train_function if built is None else built
+                reuse = _BuiltStep(model, saved["train_function"], config, fit_step, logging_fn)
+            self._built = reuse
+            model.train_function = self._wrap(reuse)
         except BaseException:
             self._restore()
             raise
 
-    def _wrap(self, inner: Callable) -> Callable:
+    def _logs_next_execution(self) -> bool:
+        """Does the next call of the train function run a step this callback logs?
+
+        Read in Python before the call (one scalar read per batch): the steps of the
+        next execution are iterations + 1 ... iterations + steps_per_execution.
+        """
+        done = int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
+        n = self.every_n_steps
+        return any((done + j) % n == 0 for j in range(1, self._steps_per_execution + 1))
+
+    def _wrap(self, built: "_BuiltStep") -> Callable:
+        """The train function fit() calls: ours on executions with a logged step, Keras' own otherwise.
+
+        The first call after the capturing step was built runs it even when nothing is
+        logged (its records are then not written): it is traced, and a target that does
+        not fit the model's output fails, before any other update.
+        """
+
         def train_function(*args: Any, **kwargs: Any) -> Any:
             if not self._armed:
                 # Called outside a fit() this callback watches (e.g. left behind by an interrupted fit):
@@ -285,8 +306,11 @@ class GradientLogger(_Base):
                 self._restore()
                 return self.model.train_function(*args, **kwargs)
             self._armed = False
+            capturing = not built.traced or self._logs_next_execution()
+            inner = built.logging_fn if capturing else built.keras_fn
             try:
                 out = inner(*args, **kwargs)
+                built.traced = built.traced or capturing
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise
             except BaseException:
@@ -366,3 +390,30 @@ class GradientLogger(_Base):
                 if extra is not None:
                     first_info, first = extra
                     tf.summary.write(first_info.tag, first, step=step, metadata=metadata.create_summary_metadata(first_info))
+
+
+class _BuiltStep:
+    """The capturing train function of one fit(), kept so the next fit() need not compile it again.
+
+    Valid while the model is the same, Keras' own train function is the same
+    object (a `compile()` in between resets it) and the configuration is unchanged.
+    """
+
+    def __init__(self, model: Any, keras_fn: Callable, config: "_fit_step.StepConfig", fit_step: "_fit_step.FitStep", logging_fn: Callable):
+        self.model, self.keras_fn, self.config, self.fit_step, self.logging_fn = model, keras_fn, config, fit_step, logging_fn
+        self.run_eagerly = bool(getattr(model, "run_eagerly", False))
+        self.traced = False
+
+    def fits(self, model: Any, keras_fn: Callable, config: "_fit_step.StepConfig") -> bool:
+        same_mode = bool(getattr(model, "run_eagerly", False)) == self.run_eagerly
+        return model is self.model and keras_fn is self.keras_fn and config == self.config and same_mode
+
+
+def _steps_per_execution(model: Any) -> int:
+    spe = getattr(model, "steps_per_execution", None)
+    if spe is None:
+        spe = getattr(model, "_steps_per_execution", None)
+    try:
+        return max(1, int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1))
+    except (TypeError, ValueError):
+        return 1
