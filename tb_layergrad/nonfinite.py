@@ -91,10 +91,10 @@ def _default_writer() -> Any:
         return None
 
 
-def _variable(tag: str, writer: Any = None) -> Any:
+def _variable(tag: str) -> Any:
     import tensorflow as tf
 
-    writer = writer if writer is not None else _default_writer()
+    writer = _default_writer()
     with _LOCK:
         try:
             table = _BY_WRITER.setdefault(writer, {}) if writer is not None else _NO_WRITER
@@ -103,39 +103,34 @@ def _variable(tag: str, writer: Any = None) -> Any:
         var = table.get(tag)
         if var is None:
             with tf.init_scope():  # an eager variable, also when first called while tracing a tf.function
-                var = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="layergrad_first_nonfinite")
+                var = _local_variable(tf.constant(-1, tf.int64))
             table[tag] = var
     return var
 
 
-def variables_in_replica(ctx: Any, tags: Any) -> Dict[str, Any]:
-    """The running variables of `tags`, made in replica context (inside `strategy.run`).
+def _local_variable(initial: Any) -> Any:
+    """A plain variable of this process, also under a tf.distribute strategy.
 
-    Why: each replica thread would otherwise create its own variable (tf.function
-    refuses that), and creation inside the recording condition cannot merge.
-    One `merge_call`, before the condition, creates them once (mirrored). Only
-    replica 0 records summaries, so only its copy is updated and read.
+    Why: `tf.Variable` under a strategy becomes a mirrored variable, whose
+    creation is a collective under MultiWorkerMirroredStrategy (only the chief
+    writes, so the other workers would never join it) and whose creation from
+    replica threads tf.function refuses. Instantiating the concrete class skips
+    the strategy's variable creator. Only the process that writes reads it.
     """
-    tags = list(tags)
-    writer = _default_writer()  # this replica thread's; the merge function runs elsewhere
+    from tensorflow.python.ops import resource_variable_ops  # the class tf.Variable builds by default
 
-    def create(_strategy: Any) -> Dict[str, Any]:
-        return {tag: _variable(tag, writer) for tag in tags}
-
-    return ctx.merge_call(create)
+    return resource_variable_ops.ResourceVariable(initial, trainable=False, name="layergrad_first_nonfinite")
 
 
-def write_first_nonfinite(stats_info: metadata.SeriesInfo, stats: Any, step: Any, description: str = "",
-                          var: Any = None) -> None:
+def write_first_nonfinite(stats_info: metadata.SeriesInfo, stats: Any, step: Any, description: str = "") -> None:
     """Update the running first non-finite step of a stats series and write it if there is one.
 
     To be called where the stats record is written (inside `summary`'s recording
-    condition), eagerly or in a `tf.function`. `var`: the running variable when
-    already made (replica context, `variables_in_replica`).
+    condition), eagerly or in a `tf.function`.
     """
     import tensorflow as tf
 
-    var = var if var is not None else _variable(stats_info.tag)
+    var = _variable(stats_info.tag)
     info = record_info(stats_info)
     step = tf.cast(step, tf.int64)
     nonfinite = (stats[_NAN] + stats[_POS_INF] + stats[_NEG_INF]) > 0

@@ -50,6 +50,9 @@ def _resolve_step(step: Any) -> Any:
 def _when_recording(fn) -> Any:
     """Run `fn` only if summaries are being recorded (a default writer, record_if true)."""
     should = tf.summary.should_record_summaries()
+    static = should if isinstance(should, bool) else tf.get_static_value(should)
+    if static is not None and not bool(static):
+        return tf.constant(False)  # statically off (no writer, e.g. a non-chief worker): nothing to trace
     if tf.executing_eagerly() or isinstance(should, bool):
         if bool(should):
             fn()
@@ -125,7 +128,7 @@ def gradient(
 
 
 def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
-                track_nonfinite=False, records=None, nonfinite_var=None):
+                track_nonfinite=False, records=None):
     """Validate now; return the function that computes and writes the records.
 
     `records`: (histogram, stats) already computed (the stats-only replica merge).
@@ -149,7 +152,7 @@ def _writer_for(name, data, step, buckets, max_elements, target, source, layer_i
         _write(_info(name, metadata.KIND_STATS, target, source, layer_index, dtype), stats, step, description)
         if track_nonfinite and data is not None:  # the running first NaN/Inf step (docs/FORMAT.md)
             info = _info(name, metadata.KIND_STATS, target, source, layer_index, dtype)
-            nonfinite.write_first_nonfinite(info, stats, step, description, var=nonfinite_var)
+            nonfinite.write_first_nonfinite(info, stats, step, description)
         if max_elements > 0 and data is not None:
             _write(
                 _info(name, metadata.KIND_TENSOR, target, source, layer_index, dtype),
@@ -202,7 +205,6 @@ def gradients(
     ctx = distribute.replica_context()
     if ctx is not None:
         items = _merge_in_replica(grads, replicas, buckets, max_elements)
-        variables = nonfinite.variables_in_replica(ctx, [_stats_tag(target_name, (p, e)) for p, e, _ in items])
     elif distribute.holds_distributed_values(grads):
         if replicas == "stats":
             raise ValueError(
@@ -215,16 +217,13 @@ def gradients(
                 "under `with strategy.scope():`"
             )
         items = None  # gathered inside the recording condition: on recorded steps only
-        variables = {}
     else:
         items = [(path, grads.entry(path), None) for path in grads]
-        variables = {}
 
     def writers_for(items_) -> list:
         return [
             _writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements,
-                        track_nonfinite=True, records=records,
-                        nonfinite_var=variables.get(_stats_tag(target_name, (path, e))))
+                        track_nonfinite=True, records=records)
             for path, e, records in items_
         ]
 
@@ -240,11 +239,6 @@ def gradients(
 
     with tf.name_scope("layergrad"):
         return _when_recording(write_all)
-
-
-def _stats_tag(target: str, item: Any) -> str:
-    path, e = item[0], item[1]
-    return metadata.make_tag(target, e.source, path, metadata.KIND_STATS)
 
 
 def _merge_in_replica(grads: GradientMap, mode: str, buckets: int, max_elements: int) -> list:
