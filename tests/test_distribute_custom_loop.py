@@ -7,6 +7,7 @@ reference on the same weights and the same global batch at each step.
 """
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -56,3 +57,13 @@ def test_logging_does_not_change_training(run):
     n = len(w.files) // 2
     for i in range(n):  # bitwise: with the three writers vs without
         np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])
+
+
+def test_bad_usage_fails_clearly(run):
+    logdir, records = run
+    with open(os.path.join(logdir, "errors.json")) as f:
+        errors = json.load(f)
+    assert "RuntimeError" in errors["in_cond"] and "tf.summary.record_if" in errors["in_cond"], errors["in_cond"]
+    assert "ValueError" in errors["stats_with_tensors"] and 'replicas="gather"' in errors["stats_with_tensors"]
+    assert "ValueError" in errors["cross_without_strategy"] and "strategy=" in errors["cross_without_strategy"]
+    assert "errors" not in records  # nothing half-written

@@ -86,3 +86,59 @@ logged = train(True)
 plain = train(False)
 np.savez(os.path.join(logdir, "weights.npz"), *(logged + plain))
 print("OK", len(logged))
+
+# Bad usage: clear errors, not half a batch.
+errors = {}
+with strategy.scope():
+    emodel = tiny_model(keras)
+ewriter = tf.summary.create_file_writer(os.path.join(logdir, "errors"))
+
+
+def capture_step(xb, yb):
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(emodel, tape=tape) as cap:
+            loss = tf.reduce_sum(emodel(xb))
+    return cap.gradients(tape, loss)
+
+
+def in_cond(xb, yb):
+    grads = capture_step(xb, yb)
+    with ewriter.as_default(step=1):
+        tf.cond(tf.reduce_sum(xb) > -1e9, lambda: tb_layergrad.summary.gradients(grads), lambda: tf.constant(False))
+
+
+def stats_with_tensors(xb, yb):
+    with ewriter.as_default(step=1):
+        tb_layergrad.summary.gradients(capture_step(xb, yb), replicas="stats", max_elements=10)
+
+
+def cross_without_strategy(xb, yb):
+    return capture_step(xb, yb)
+
+
+batch = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))))
+for name, fn in (("in_cond", in_cond), ("stats_with_tensors", stats_with_tensors)):
+    try:
+        tf.function(lambda a, b: strategy.run(fn, (a, b)))(*batch)
+        errors[name] = "no error"
+    except Exception as e:  # noqa: BLE001 - the message is what the test checks
+        errors[name] = f"{type(e).__name__}: {e}"
+
+
+@tf.function
+def cross_step(a, b):
+    out = strategy.run(cross_without_strategy, (a, b))
+    with ewriter.as_default(step=1):
+        tb_layergrad.summary.gradients(out)  # outside strategy.scope(), no strategy=
+
+
+try:
+    cross_step(*batch)
+    errors["cross_without_strategy"] = "no error"
+except Exception as e:  # noqa: BLE001
+    errors["cross_without_strategy"] = f"{type(e).__name__}: {e}"
+import json  # noqa: E402
+
+with open(os.path.join(logdir, "errors.json"), "w") as f:
+    json.dump(errors, f)
+print("ERRORS", sorted(errors))
