@@ -32,6 +32,15 @@ def test_equals_single_device_on_the_global_batch(run, mode):
     assert dh.assert_same_records(records[mode], records["single"]) == 12 * STEPS
 
 
+@pytest.mark.parametrize("mode", ["low_gather", "low_stats"])
+def test_low_level_op_writes_the_global_batch(run, mode):
+    _, records = run
+    wanted = [metadata.make_tag("loss", s, p, k) for s, p in (("output", "tiny/hidden"), ("weight", "tiny/out/bias"))
+              for k in ("histogram", "stats")]
+    expected = {tag: records["single"][tag] for tag in wanted}
+    assert dh.assert_same_records(records[mode], expected) == 4 * STEPS
+
+
 def test_counts_cover_the_global_batch_once_per_step(run):
     _, records = run
     for mode in ("gather", "stats", "cross"):

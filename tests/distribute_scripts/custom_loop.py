@@ -35,7 +35,8 @@ def train(log: bool):
         opt = keras.optimizers.SGD(0.1)
     single = tiny_model(keras)
     if log:
-        writers = {k: distribute.create_file_writer(os.path.join(logdir, k)) for k in ("gather", "stats", "cross")}
+        writers = {k: distribute.create_file_writer(os.path.join(logdir, k))
+                   for k in ("gather", "stats", "cross", "low_gather", "low_stats")}
         single_writer = tf.summary.create_file_writer(os.path.join(logdir, "single"))
 
     def replica_step(xb, yb):
@@ -49,6 +50,10 @@ def train(log: bool):
                 tb_layergrad.summary.gradients(grads)
             with writers["stats"].as_default(step=step):
                 tb_layergrad.summary.gradients(grads, replicas="stats")
+            for mode in ("gather", "stats"):  # the low-level op, one output and one weight
+                with writers[f"low_{mode}"].as_default(step=step):
+                    tb_layergrad.summary.gradient("tiny/hidden", grads["tiny/hidden"], replicas=mode)
+                    tb_layergrad.summary.gradient("tiny/out/bias", grads["tiny/out/bias"], source="weight", replicas=mode)
         opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
         return grads
 
