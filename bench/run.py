@@ -23,7 +23,7 @@ import platform
 import shutil
 import sys
 import tempfile
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -48,7 +48,7 @@ def machine() -> str:
     )
 
 
-def overhead_tables(models: List[str], rounds: int, per_round: int, fit_steps: int) -> List[str]:
+def overhead_tables(models: List[str], rounds: int, per_round: int, fit_steps: int, figures: Dict) -> List[str]:
     import overhead
     from models import MODELS
 
@@ -59,12 +59,14 @@ def overhead_tables(models: List[str], rounds: int, per_round: int, fit_steps: i
         res = overhead.interleaved(overhead.custom_loop_variants(name, logdir), rounds, per_round)
         base = res.pop("plain")
         loop_rows.append((name, base, res))
+        figures.setdefault("loop", {})[name] = {k: v / base for k, v in res.items()}
         model, x, _ = MODELS[name]()
         layers = len(model.layers)
         byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, rounds * per_round + 3)))
         res = overhead.interleaved_results(overhead.fit_variants(name, logdir, fit_steps), rounds)
         base_fit = res.pop("plain")
         fit_rows.append((name, base_fit, {k: v / base_fit for k, v in res.items()}))
+        figures.setdefault("fit", {})[name] = fit_rows[-1][2]
         shutil.rmtree(logdir, ignore_errors=True)
         print(f"  measured {name}", flush=True)
 
@@ -88,7 +90,7 @@ def overhead_tables(models: List[str], rounds: int, per_round: int, fit_steps: i
     return lines
 
 
-def tab_tables(sizes: List[tuple], loaders: List[str]) -> List[str]:
+def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
     import synthetic_logdir
     import tab_latency
 
@@ -101,6 +103,7 @@ def tab_tables(sizes: List[tuple], loaders: List[str]) -> List[str]:
             synthetic_logdir.write_run(os.path.join(logdir, f"run_{r}"), layers, steps, seed=r)
         for loader in loaders:
             m = tab_latency.measure(logdir, runs, layers, steps, loader)
+            figures.setdefault("tab", {})[(runs, layers, steps, loader)] = m
             name = {"true": "Rust (--load_fast=true)", "false": "Python (--load_fast=false)"}[loader]
             lines.append(
                 f"| {runs} x {layers} x {steps} | {name} | {m['load_s']:.0f} s | {m['listing_s'] * 1e3:.0f} ms | "
@@ -111,6 +114,36 @@ def tab_tables(sizes: List[tuple], loaders: List[str]) -> List[str]:
         shutil.rmtree(logdir, ignore_errors=True)
     lines.append("")
     return lines
+
+
+def target_table(figures: Dict, tab_size: tuple) -> List[str]:
+    """Issue 7's targets next to what this run measured (ratios to a plain step; tab medians, warm)."""
+    rows = []
+
+    def row(what: str, target: str, value: Optional[float], ok: Optional[bool], unit: str = "x") -> None:
+        shown = "–" if value is None else (f"{value:.2f}x" if unit == "x" else f"{value * 1e3:.0f} ms")
+        rows.append(f"| {what} | {target} | {shown} | {'–' if ok is None else ('met' if ok else 'NOT met')} |")
+
+    for mode, label in (("loop", "custom loop"), ("fit", "fit()")):
+        for name, r in figures.get(mode, {}).items():
+            every10, every1 = r.get("ours_every_10"), r.get("ours_every_1")
+            row(f"{label}, {name}, all layers every 10 steps", "<= 1.03x", every10, every10 <= 1.03)
+            limit = 1.5 if name == "cnn" else 1.10
+            row(f"{label}, {name}, all layers every step", f"<= {limit:.2f}x", every1, every1 <= limit)
+    cnn = figures.get("loop", {}).get("cnn")
+    if cnn:
+        ours, hist = cnn["ours_every_1"] - 1, cnn["tf.summary.histogram_every_1"] - 1
+        factor = hist / ours if ours > 0 else float("inf")
+        rows.append(f"| custom loop, cnn: overhead of tf.summary.histogram / ours | >= 5 | {factor:.1f} | {'met' if factor >= 5 else 'NOT met'} |")
+    for key, m in figures.get("tab", {}).items():
+        if key[:3] != tab_size:
+            continue
+        loader = {"true": "Rust", "false": "Python"}[key[3]]
+        for field, what, limit in (("matrix_s", "flow matrix", 1.0), ("layer_detail_s", "layer detail", 0.3), ("listing_s", "listing", 0.2)):
+            row(f"tab {tab_size[0]}x{tab_size[1]}x{tab_size[2]}, {loader} loader: {what}", f"< {limit * 1e3:.0f} ms", m[field], m[field] < limit, unit="s")
+    if not rows:
+        return []
+    return ["### Targets (issue 7) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]
 
 
 def main() -> None:
@@ -140,10 +173,13 @@ def main() -> None:
         f"Measured {datetime.date.today().isoformat()} with `python bench/run.py`{' --smoke' if args.smoke else ''} on: {machine()}.",
         "",
     ]
+    figures: Dict = {}
+    body: List[str] = []
     if not args.skip_overhead:
-        lines += overhead_tables(models, rounds, per_round, fit_steps)
+        body += overhead_tables(models, rounds, per_round, fit_steps, figures)
     if not args.skip_tab:
-        lines += tab_tables(sizes, loaders)
+        body += tab_tables(sizes, loaders, figures)
+    lines += target_table(figures, sizes[-1]) + body
     text = "\n".join(lines)
     print(text)
     if args.out != "-":

@@ -29,27 +29,57 @@ export function routeUrl(route, params = {}) {
   return `./${route}${qs ? `?${qs}` : ""}`;
 }
 
+// Reason phrases for when the browser gives none (HTTP/2 answers have an empty statusText).
+const REASONS = {
+  400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+  408: "Request Timeout", 413: "Payload Too Large", 429: "Too Many Requests", 500: "Internal Server Error",
+  501: "Not Implemented", 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
+};
+
+function statusLine(response) {
+  const reason = response.statusText || REASONS[response.status] || "";
+  return `HTTP ${response.status}${reason ? ` ${reason}` : ""}`;
+}
+
+/** What a body that is not the plugin's JSON looks like, in words (never its markup). */
+function describeBody(response, text) {
+  const type = (response.headers.get("Content-Type") || "").split(";")[0].trim().toLowerCase();
+  if (!text.trim()) return "an empty answer";
+  if (type === "text/html" || /^\s*<(!doctype|html|head|body)/i.test(text)) return "an HTML page instead of the plugin's JSON (from a proxy in between, or from TensorBoard itself)";
+  return `${type || "an answer"} that is not the plugin's JSON`;
+}
+
+/** True for failures that may go away by themselves (no connection, a 5xx): worth asking again. */
+export function isTransient(e) {
+  return e instanceof ApiError && (e.status === 0 || e.status >= 500);
+}
+
 /** GET a JSON route; throws ApiError with the server's message on any failure. */
 export async function getJSON(route, params = {}, { signal } = {}) {
+  const unreachable = (e) => new ApiError(`cannot reach TensorBoard (${e && e.message ? e.message : e}). Is it still running?`, 0, route);
   let response;
+  let text;
   try {
     response = await fetch(routeUrl(route, params), { signal, cache: "no-store", headers: { Accept: "application/json" } });
+    text = await response.text();
   } catch (e) {
     if (isAbort(e)) throw e;
-    throw new ApiError(`cannot reach TensorBoard (${e.message}). Is it still running?`, 0, route);
+    throw unreachable(e); // no answer, or the connection broke while the body came
   }
+  // Parse the text ourselves: response.json() on an HTML error page throws a SyntaxError
+  // ("Unexpected token '<'") that says nothing to the person looking at the tab.
   let body = null;
   try {
-    body = await response.json();
-  } catch (e) {
-    if (isAbort(e)) throw e;
+    body = text ? JSON.parse(text) : null;
+  } catch {
+    body = null;
   }
   if (!response.ok) {
-    const message = body && typeof body.error === "string" ? body.error : `HTTP ${response.status} ${response.statusText}`;
+    const message = body && typeof body.error === "string" ? body.error : `${statusLine(response)}: ${describeBody(response, text)}`;
     throw new ApiError(message, response.status, route);
   }
-  if (!body || typeof body !== "object") {
-    throw new ApiError(`the '${route}' route sent something that is not a JSON object`, response.status, route);
+  if (!body || typeof body !== "object" || Array.isArray(body)) {
+    throw new ApiError(`the '${route}' route sent ${body === null ? describeBody(response, text) : "JSON that is not an object"}`, response.status, route);
   }
   if (body.api_version !== API_VERSION) {
     throw new ApiError(

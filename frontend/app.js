@@ -33,6 +33,7 @@ export class App {
     this.controls = [];
     this.views = {};
     this.current = null;
+    this.retry = () => this.poll(true); // behind the "Retry now" of error messages
     this.tabButtons = VIEWS.map(([v, label]) =>
       h("button", { type: "button", role: "tab", class: "lg-tab", dataset: { view: v }, text: label, on: { click: () => this.setState({ view: v }) } }),
     );
@@ -85,7 +86,7 @@ export class App {
       this._stamp();
       return true;
     } catch (e) {
-      replace(this.banner, errorBox(e, "the list of runs"));
+      replace(this.banner, errorBox(e, "the list of runs", { retry: this.retry }));
       this.status.textContent = "";
       return false;
     }
@@ -108,9 +109,11 @@ export class App {
     }
     if (!hasRuns) return;
     this.syncControls();
-    if ((force || this.runsSig !== before) && this.current && this.views[this.current]) {
+    // A view asks again when something changed, and after a failure that may have passed (retryOnPoll).
+    const view = this.current && this.views[this.current];
+    if (view && (force || this.runsSig !== before || view.retryOnPoll)) {
       try {
-        await this.views[this.current].refresh();
+        await view.refresh();
       } catch (e) {
         if (!isAbort(e)) this.fail(e);
       }

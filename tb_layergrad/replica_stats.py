@@ -18,8 +18,9 @@ Exact (equal to a single-device run on the global batch): element, NaN, +Inf,
 -Inf and zero counts, min, max, the histogram edges and counts. Within float
 rounding: mean, std, norm, mean |g| (different summation order; std comes from
 the sum of squares, relative error about 1e-16 * mean**2 / std**2).
-The path choice uses the float32 sums of the shards' sums, which can differ from
-a single device's only within rounding of float32's maximum.
+The path choice (`reductions._fast_path_applies`) uses the float32 sums of the
+shards' sums, which can differ from a single device's sums by rounding: near
+float32's maximum, or at its |mean| >> std threshold.
 """
 from __future__ import annotations
 
@@ -76,7 +77,11 @@ def _local_partials(x: tf.Tensor, g: tf.Tensor, k: int, xla_safe: bool) -> Tuple
     total = tf.cast(tf.reduce_sum(g[:, 4]), dt)
     sumsq = tf.cast(tf.reduce_sum(g[:, 5]), dt)
     big_enough = (top >= tf.constant(_FAST_MIN_MAGNITUDE[dt], dt)) | tf.equal(top, tf.zeros([], dt))
-    fast = (tf.equal(nonfinite, 0) & (n > 0) & tf.math.is_finite(total) & tf.math.is_finite(sumsq) & big_enough)
+    n_dt = tf.maximum(tf.cast(n, dt), tf.ones([], dt))
+    mean = total / n_dt
+    exact_enough = mean * mean <= 1e3 * tf.maximum(sumsq / n_dt - mean * mean, 0)  # reductions._fast_path_applies
+    fast = (tf.equal(nonfinite, 0) & (n > 0) & tf.math.is_finite(total) & tf.math.is_finite(sumsq) & big_enough
+            & exact_enough)
     if xla_safe:
         fast = tf.constant(False)
 

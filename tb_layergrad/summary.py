@@ -133,6 +133,25 @@ def _writer_for(name, data, step, buckets, max_elements, target, source, layer_i
 
     `records`: (histogram, stats) already computed (the stats-only replica merge).
     """
+    write_reduced = _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements,
+                                        description, track_nonfinite)
+
+    def write() -> None:
+        if records is not None:
+            write_reduced(records)
+        else:
+            write_reduced(None if data is None else reductions.histogram_and_stats(data, buckets))
+
+    return write
+
+
+def _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
+                        track_nonfinite=False):
+    """Validate now; return the function that writes the records, given `data`'s (histogram, stats).
+
+    Split from the reductions so that `gradients()` can reduce all its tensors
+    in one `reductions.histograms_and_stats` call.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
     if buckets < 1:
@@ -141,13 +160,8 @@ def _writer_for(name, data, step, buckets, max_elements, target, source, layer_i
         raise ValueError(f"max_elements must be >= 0, got {max_elements}")
     dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
 
-    def write() -> None:
-        if records is not None:
-            hist, stats = records
-        elif data is None:
-            hist, stats = reductions.no_gradient_records(elements, buckets)
-        else:
-            hist, stats = reductions.histogram_and_stats(data, buckets)
+    def write(reduced) -> None:
+        hist, stats = reductions.no_gradient_records(elements, buckets) if data is None else reduced
         _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step, description)
         _write(_info(name, metadata.KIND_STATS, target, source, layer_index, dtype), stats, step, description)
         if track_nonfinite and data is not None:  # the running first NaN/Inf step (docs/FORMAT.md)
@@ -222,20 +236,27 @@ def gradients(
 
     def writers_for(items_) -> list:
         return [
-            _writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements,
-                        track_nonfinite=True, records=records)
-            for path, e, records in items_
+            _reduced_writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index,
+                                e.elements, track_nonfinite=True)
+            for path, e, _ in items_
         ]
 
     writers = writers_for(items) if items is not None else None
 
     def write_all() -> None:
-        todo = writers
-        if todo is None:
+        todo, todo_items = writers, items
+        if todo is None:  # cross-replica: gather now, on a recorded step
             merged = distribute.merge(grads, strategy)
-            todo = writers_for([(p, merged.entry(p), None) for p in merged])
-        for write in todo:
-            write()
+            todo_items = [(p, merged.entry(p), None) for p in merged]
+            todo = writers_for(todo_items)
+        # One batched reduction for what is not reduced yet (stats-only records are).
+        present = [e.gradient for _, e, r in todo_items if e.gradient is not None and r is None]
+        reduced = iter(reductions.histograms_and_stats(present, buckets)) if present else iter(())
+        for write, (_, e, records) in zip(todo, todo_items):
+            if records is not None:
+                write(records)
+            else:
+                write(None if e.gradient is None else next(reduced))
 
     with tf.name_scope("layergrad"):
         return _when_recording(write_all)

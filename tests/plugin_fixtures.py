@@ -364,6 +364,12 @@ class InProcess:
         self.client = wtest.Client(self.app)
         self.prefix = path_prefix
 
+    def forget_stats(self) -> None:
+        """Drop the plugin's remembered stats tables (`plugin.stats_store`), so the next route reads."""
+        from tb_layergrad.plugin.stats_store import StatsStore
+
+        self.plugin._routes._stats = StatsStore(self.provider)  # noqa: SLF001 - test hook
+
     def reload(self) -> None:
         self.multiplexer.AddRunsFromDirectory(self.logdir)
         self.multiplexer.Reload()

@@ -40,6 +40,20 @@ CHROMIUM_FLAGS = [
 
 HOSTILE_RUN = "<img src=x onerror=alert(1)>"
 HOSTILE_LAYER = "net/<img src=y onerror=alert(2)>"
+# Attribute breakouts, a closing </script>, a `javascript:` URL: as a run, as layers and as a target.
+# (Each alert has its own number: a dialog in a failing test says which name ran.)
+HOSTILE_ATTR_RUN = '" autofocus onfocus="alert(3)'
+HOSTILE_ATTR_LAYERS = ["net/'><svg onload=alert(4)>", "net/</script><script>alert(5)</script>", "javascript:alert(6)"]
+HOSTILE_TARGET = '"><svg onload=alert(7)>'  # a second target of HOSTILE_ATTR_LAYERS[0]
+HOSTILE_JS_RUN = "javascript:alert(8)"
+HOSTILE_RUNS = (HOSTILE_RUN, HOSTILE_ATTR_RUN, HOSTILE_JS_RUN)
+# The layers of each hostile run, (path, model index), and the names the tab must show as text.
+HOSTILE_RUN_LAYERS = {
+    HOSTILE_RUN: [("net/first", 1), (HOSTILE_LAYER, 2)],
+    HOSTILE_ATTR_RUN: [(p, i + 1) for i, p in enumerate(HOSTILE_ATTR_LAYERS)],
+    HOSTILE_JS_RUN: [("net/first", 1)],
+}
+HOSTILE_NAMES = [HOSTILE_RUN, HOSTILE_LAYER, HOSTILE_ATTR_RUN, *HOSTILE_ATTR_LAYERS, HOSTILE_TARGET, HOSTILE_JS_RUN]
 # (path, model index). Alphabetical order differs from model order on purpose.
 LAYERS = [("net/zeta_embed", 1), ("net/dense", 2), ("net/lstm", 3), ("net/alpha_head", 4)]
 WEIGHTS = [("net/dense/kernel", 2), ("net/dense/bias", 2)]
@@ -121,6 +135,8 @@ def _series(run: str, layers_for_run) -> List[Tuple[str, int, str, List[str]]]:
     out = []
     for layer, index in reversed(layers_for_run):  # reversed: the tab must sort by index itself
         targets = ["loss", AUX_TARGET] if (run == "train" and layer == "net/dense") else ["loss"]
+        if run == HOSTILE_ATTR_RUN and layer == HOSTILE_ATTR_LAYERS[0]:
+            targets = ["loss", HOSTILE_TARGET]
         out.append((layer, index, "output", targets))
     if run == "train":
         for layer, index in WEIGHTS:
@@ -128,7 +144,7 @@ def _series(run: str, layers_for_run) -> List[Tuple[str, int, str, List[str]]]:
     return out
 
 
-def write_tab_logdir(logdir: str, runs: Tuple[str, ...] = ("train", "eval", HOSTILE_RUN), steps: Optional[List[int]] = None) -> Written:
+def write_tab_logdir(logdir: str, runs: Tuple[str, ...] = ("train", "eval", *HOSTILE_RUNS), steps: Optional[List[int]] = None) -> Written:
     """Write the test runs (see the constants above) with tb_layergrad.summary."""
     import tensorflow as tf
 
@@ -137,7 +153,7 @@ def write_tab_logdir(logdir: str, runs: Tuple[str, ...] = ("train", "eval", HOST
     written = Written(logdir, {}, {})
     for run in runs:
         run_steps = steps if steps is not None else (EVAL_STEPS if run == "eval" else STEPS)
-        layers = [("net/first", 1), (HOSTILE_LAYER, 2)] if run == HOSTILE_RUN else LAYERS
+        layers = HOSTILE_RUN_LAYERS.get(run, LAYERS)
         writer = tf.summary.create_file_writer(os.path.join(logdir, run))
         with writer.as_default():
             for step in run_steps:
@@ -150,7 +166,7 @@ def write_tab_logdir(logdir: str, runs: Tuple[str, ...] = ("train", "eval", HOST
                             max_elements=TENSOR_MAX_ELEMENTS if has_tensor(layer, step) else 0,
                         )
                         written.arrays.setdefault((run, target, source, layer), {})[step] = x
-                if run != HOSTILE_RUN:
+                if run not in HOSTILE_RUNS:
                     norms = timestep_norms(run, step)
                     summary.timesteps(RNN_LAYER, tf.constant(norms), step=step, layer_index=dict(LAYERS)[RNN_LAYER])
                     written.timesteps.setdefault(run, {})[step] = norms
@@ -288,15 +304,19 @@ class Browser:
         return self.frame()
 
     def frame(self, timeout: float = 20.0):
-        self.page.wait_for_selector(IFRAME, state="attached", timeout=timeout * 1000)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for f in self.page.frames:
-                if f"plugin_entry.html?name={PLUGIN}" in f.url:
-                    f.wait_for_selector(".lg-root", state="attached", timeout=timeout * 1000)
-                    return f
+        left = lambda: max(0.1, deadline - time.monotonic()) * 1000  # noqa: E731
+        while True:
+            # The iframe element's own frame: `page.frames` can lag behind (seen here, about 1 open in 20 on a
+            # loaded machine: the only child entry kept url '' although the iframe had loaded the tab).
+            el = self.page.wait_for_selector(IFRAME, state="attached", timeout=left())
+            f = el.content_frame()
+            if f is not None and f"plugin_entry.html?name={PLUGIN}" in f.url:
+                f.wait_for_selector(".lg-root", state="attached", timeout=left())
+                return f
+            if time.monotonic() > deadline:
+                raise TimeoutError("the tab's iframe never loaded")
             time.sleep(0.05)
-        raise TimeoutError("the tab's iframe never loaded")
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

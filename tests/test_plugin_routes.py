@@ -386,6 +386,7 @@ def test_every_read_is_filtered_by_run_and_tag(tb):
                          ("timesteps", {"run": "train", "layer": RNN_LAYER}),
                          ("compare", [("run", "train"), ("run", "eval"), ("layer", TENSOR_LAYER)]),
                          ("csv", {"run": "train"})]:
+        tb.forget_stats()  # else a stats table read by an earlier route is served without a read
         before = len(tb.provider.calls)
         assert tb.get(route, query).status_code == 200
         reads = [c for c in tb.provider.calls[before:] if c[0] == "read_tensors"]
@@ -430,6 +431,45 @@ def test_live_training_new_steps_appear_on_next_request(tmp_path):
     assert body["steps"] == [0, 1, 2, 3, 4, 5]
     assert body["values"] == [[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]
     assert get_json(tb, "stats", {"run": "live", "layer": "net/layer"})["steps"][-1] == 5
+    first.close()
+    second.close()
+
+
+def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path):
+    """matrix, anomalies, stats, csv share one read of a run's stats; a new record invalidates it."""
+    import tensorflow as tf
+
+    from tb_layergrad import summary
+
+    def write(steps):
+        writer = tf.summary.create_file_writer(str(tmp_path / "live"))
+        with writer.as_default():
+            for step in steps:
+                for i, layer in enumerate(("net/a", "net/b")):
+                    summary.gradient(layer, tf.fill([3], float(step + 1 + i)), step=step, layer_index=i)
+        writer.flush()
+        return writer
+
+    def stats_reads(route, query):
+        before = len(tb.provider.calls)
+        body = tb.get(route, query)
+        assert body.status_code == 200, body.get_data()
+        return sum(1 for c in tb.provider.calls[before:] if c[0] == "read_tensors" and any(t.endswith("/stats") for t in c[3]))
+
+    first = write(range(3))
+    tb = InProcess(str(tmp_path))
+    assert stats_reads("matrix", {"run": "live"}) == 1
+    for route, query in [("matrix", {"run": "live", "stat": "max"}), ("anomalies", {"run": "live"}),
+                         ("stats", {"run": "live", "layer": "net/b"}), ("csv", {"run": "live"}),
+                         ("compare", {"run": "live", "layer": "net/a"})]:
+        assert stats_reads(route, query) == 0, route
+    second = write(range(3, 5))
+    tb.reload()
+    assert stats_reads("matrix", {"run": "live"}) == 1
+    body = get_json(tb, "matrix", {"run": "live", "stat": "max"})
+    assert body["steps"] == [0, 1, 2, 3, 4]
+    assert body["values"] == [[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0]]
+    assert get_json(tb, "stats", {"run": "live", "layer": "net/b", "start": "3"})["stats"]["max"] == [5.0, 6.0]
     first.close()
     second.close()
 

@@ -209,3 +209,42 @@ def test_fast_path_equals_general_path(shift, dtype):
     # The fast path buckets in float32: an element within rounding of an edge may change side.
     assert np.abs(fast_h.numpy()[:, 2] - want).sum() <= 2
     assert fast_h.numpy()[:, 2].sum() == 5000
+
+
+def _mixed_tensors():
+    rng = np.random.default_rng(5)
+    return [
+        rng.normal(size=(64, 33)).astype(np.float32),
+        np.zeros((5, 5), np.float32),  # one unique value: zero
+        np.full((7,), 0.5, np.float32),  # one unique value: takes the general path (|mean| >> std)
+        np.array([1.0, np.nan, np.inf, -np.inf, 0.0], np.float32),
+        np.array([], np.float32),
+        rng.normal(size=100),  # float64: its own batch
+        (rng.normal(size=50) + 1e4).astype(np.float32),
+        rng.normal(size=(3, 4)).astype(np.float16),
+        np.array([1e-23, 2e-23], np.float32),  # tiny: general path
+    ]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.parametrize("with_nan", [False, True])
+def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
+    """histograms_and_stats (one path choice for all, scalar work batched) gives each tensor's own numbers."""
+    from tb_layergrad import reductions
+
+    arrays = _mixed_tensors()
+    if not with_nan:  # every tensor on the fast path: the batched branch
+        arrays = [a for i, a in enumerate(arrays) if i in (0, 1, 5, 7)]
+    tensors = [tf.constant(a) for a in arrays]
+    run = tf.function if graph else (lambda f: f)
+    together = run(lambda ts: reductions.histograms_and_stats(ts, 7))(tensors)
+    assert len(together) == len(arrays)
+    for a, t, (hist, stats) in zip(arrays, tensors, together):
+        one_h, one_s = run(lambda x: reductions.histogram_and_stats(x, 7))(t)
+        np.testing.assert_array_equal(hist.numpy()[:, 2], one_h.numpy()[:, 2])
+        np.testing.assert_allclose(hist.numpy()[:, :2], one_h.numpy()[:, :2], rtol=1e-15)  # graph rewrites: 1 ulp
+        np.testing.assert_array_equal(stats.numpy(), one_s.numpy())
+        want = numpy_stats(a)
+        for name in ("elements", "nan", "pos_inf", "neg_inf", "zeros"):
+            assert stats.numpy()[S[name]] == want[name], (a.dtype, a.shape, name)
+        assert hist.numpy()[:, 2].sum() == want["elements"] - want["nan"] - want["pos_inf"] - want["neg_inf"]

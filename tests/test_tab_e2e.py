@@ -22,7 +22,10 @@ if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
 import tab_fixtures as tf_  # noqa: E402
-from tab_fixtures import HOSTILE_LAYER, HOSTILE_RUN, NAN_LAYER, NAN_STEP  # noqa: E402
+from tab_fixtures import (  # noqa: E402
+    HOSTILE_ATTR_LAYERS, HOSTILE_ATTR_RUN, HOSTILE_JS_RUN, HOSTILE_LAYER, HOSTILE_RUN, HOSTILE_RUNS, HOSTILE_TARGET, NAN_LAYER,
+    NAN_STEP,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,7 +42,7 @@ def env(tmp_path_factory):
     browser = None
     try:
         written = tf_.write_tab_logdir(logdir)
-        tb.wait_for_runs({"train": tf_.STEPS[-1], "eval": tf_.EVAL_STEPS[-1], HOSTILE_RUN: tf_.STEPS[-1]})
+        tb.wait_for_runs({"train": tf_.STEPS[-1], "eval": tf_.EVAL_STEPS[-1], **{r: tf_.STEPS[-1] for r in HOSTILE_RUNS}})
         browser = tf_.Browser(str(work / "profile"), poll_ms=POLL_MS)
         yield {"tb": tb, "browser": browser, "written": written, "logdir": logdir}
     finally:
@@ -260,14 +263,15 @@ def test_route_error_shows_a_message(env):
     box.wait_for()
     text = box.inner_text()
     assert "net/nope" in text and "not found" in text and "404" in text
-    # The browser logs the failed request itself; that one, and only that one, is expected.
-    expected = [e for e in b.errors if "status of 404" in e and "layer=net%2Fnope" in e]
-    assert len(expected) >= 1
-    b.errors[:] = [e for e in b.errors if e not in expected]
     # The rest of the tab still works: pick a layer that exists.
     frame.select_option('select[aria-label="layer"]', "net/dense")
     frame.wait_for_selector('.lg-stats-table[data-layer="net/dense"]')
     assert frame.locator(".lg-layer .lg-error").count() == 0
+    # The browser logs the failed requests itself (`stats`, and `anomalies`, which may answer after the message
+    # is shown: hence only now); those, and only those, are expected.
+    expected = [e for e in b.errors if "status of 404" in e and "layer=net%2Fnope" in e]
+    assert len(expected) >= 1
+    b.errors[:] = [e for e in b.errors if e not in expected]
 
 
 def test_empty_state_then_data_arrives_by_polling(env):
@@ -419,7 +423,7 @@ def test_layer_view_shows_the_routes_flags_at_the_step(env):
 def test_url_state_round_trips_any_name_and_keeps_tensorboards_keys(env):
     frame = env["browser"].open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas")
-    names = [HOSTILE_RUN, "a&b=c#d%25e", "run with spaces/and/slashes", "ünïcødé ✓", HOSTILE_LAYER]
+    names = [*tf_.HOSTILE_NAMES, "a&b=c#d%25e", "run with spaces/and/slashes", "ünïcødé ✓"]
     out = frame.evaluate(
         """async (names) => {
           const { stateFromHash, hashWithState, parseHash } = await import('./state.js');
@@ -460,3 +464,300 @@ def test_polls_only_while_the_tab_is_visible(env):
         assert len(polls) > hidden_from  # shown again: catches up at once
     finally:
         page.remove_listener("request", listener)
+
+
+# -- hostile names (issue 9): attribute breakouts, </script>, javascript:, in every view ---------------
+
+# Anything a payload could have turned into if it had been parsed as HTML.
+INJECTED_JS = r"""() => {
+  const bad = [];
+  for (const el of document.querySelectorAll('*')) {
+    for (const a of el.attributes) {
+      if (/^on/i.test(a.name) || a.name === 'autofocus') bad.push(`${el.tagName} ${a.name}=${a.value}`);
+      if (['href', 'src', 'action', 'formaction', 'xlink:href'].includes(a.name) && /^\s*javascript:/i.test(a.value)) bad.push(`${el.tagName} ${a.name}=${a.value}`);
+    }
+    if (el.tagName === 'SCRIPT' && /alert\(/.test(el.textContent)) bad.push('script: ' + el.textContent.slice(0, 80));  // the payloads'
+    if (el.tagName === 'IMG' || el.tagName === 'IFRAME' && !el.src.includes('plugin_entry.html')) bad.push(`${el.tagName} ${el.getAttribute('src')}`);
+  }
+  return bad;
+}"""
+
+
+def assert_nothing_injected(b, frame):
+    for f in (b.page, frame):
+        assert f.evaluate(INJECTED_JS) == [], f.url
+    assert frame.evaluate("() => window.__cspViolations") == []
+    assert b.dialogs == []
+
+
+def texts(frame, selector: str):
+    """textContent (not innerText: hidden options count too) of every match."""
+    return frame.locator(selector).evaluate_all("els => els.map(e => e.textContent)")
+
+
+def wait_text(frame, selector: str, text: str, timeout: float = 10_000):
+    frame.wait_for_function("([sel, t]) => document.querySelector(sel)?.textContent === t", arg=[selector, text], timeout=timeout)
+
+
+def take_expected_errors(b, *needles: str):
+    """Remove (and return) the browser's own 'Failed to load resource' lines for requests made on purpose."""
+    expected = [e for e in b.errors if "Failed to load resource" in e and all(n in e for n in needles)]
+    b.errors[:] = [e for e in b.errors if e not in expected]
+    return expected
+
+
+def test_attribute_breakout_names_render_as_text_in_every_view(env):
+    """A run, layers and a target named with attribute breakouts (`" autofocus onfocus="...`, `'><svg onload=...>`),
+    a closing `</script>` and `javascript:` URLs: shown as the exact text in the overview, layer view, compare view,
+    run/layer/target selectors, tooltips and legends; no element, attribute or script comes out of them."""
+    b, page = env["browser"], env["browser"].page
+    all_runs = sorted(["train", "eval", *HOSTILE_RUNS])
+    # Overview.
+    frame = b.open(env["tb"].base, {"run": HOSTILE_ATTR_RUN})
+    wait_text(frame, ".lg-run-name", HOSTILE_ATTR_RUN)
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-row-label').length === n", arg=len(HOSTILE_ATTR_LAYERS))
+    assert texts(frame, 'select[aria-label="run"] option') == all_runs
+    assert texts(frame, 'select[aria-label="run"] option:checked') == [HOSTILE_ATTR_RUN]
+    assert texts(frame, ".lg-row-label") == HOSTILE_ATTR_LAYERS  # no common prefix: the full names
+    assert frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.dataset.layer)") == HOSTILE_ATTR_LAYERS
+    assert texts(frame, 'select[aria-label="target"] option') == sorted(["loss", HOSTILE_TARGET])
+    assert frame.locator('select[aria-label="target"]').is_visible()
+    href = frame.locator(".lg-overview a.lg-button").get_attribute("href")
+    assert href.startswith("./csv?run=") and urllib.parse.parse_qs(href.split("?", 1)[1])["run"] == [HOSTILE_ATTR_RUN]
+    canvas = frame.locator(".lg-heatmap-canvas")
+    box = canvas.bounding_box()
+    canvas.hover(position={"x": 2.5 * box["width"] / 20, "y": 0.5 * box["height"] / 3})
+    frame.locator(".lg-tooltip").wait_for(state="visible")
+    assert texts(frame, ".lg-tooltip-title") == [HOSTILE_ATTR_LAYERS[0]]
+    page.mouse.move(0, 0)
+    assert_nothing_injected(b, frame)
+    # The hostile target: picked in the selector, its overview has the one layer that has it.
+    frame.select_option('select[aria-label="target"]', HOSTILE_TARGET)
+    frame.wait_for_function("() => document.querySelectorAll('.lg-row-label').length === 1")
+    assert texts(frame, ".lg-row-label") == [HOSTILE_ATTR_LAYERS[0]]
+    assert texts(frame, 'select[aria-label="target"] option:checked') == [HOSTILE_TARGET]
+    assert parent_state(page)["target"] == HOSTILE_TARGET
+    frame.select_option('select[aria-label="target"]', "loss")
+    # Layer view of each hostile layer (picked in the layer selector: no page load in between).
+    frame.locator(".lg-row-label").first.click()
+    frame.wait_for_selector(".lg-layer .lg-stats-table")
+    assert texts(frame, 'select[aria-label="layer"] option') == HOSTILE_ATTR_LAYERS
+    for layer in HOSTILE_ATTR_LAYERS:
+        if texts(frame, ".lg-layer-name") != [layer]:
+            frame.select_option('select[aria-label="layer"]', layer)
+        wait_text(frame, ".lg-layer-name", layer)
+        frame.wait_for_function("(l) => document.querySelector('.lg-stats-table')?.dataset.layer === l", arg=layer)
+        assert frame.locator(".lg-stats-table").get_attribute("data-run") == HOSTILE_ATTR_RUN
+        assert texts(frame, 'select[aria-label="layer"] option:checked') == [layer]
+        assert frame.locator(".lg-layer-head .lg-muted").text_content().startswith(HOSTILE_ATTR_RUN + " · ")
+        assert parent_state(page)["layer"] == layer
+        assert_nothing_injected(b, frame)
+    # The layer with two targets: the hostile one in the table's heads, the legend, the header, the histogram selector.
+    frame.select_option('select[aria-label="layer"]', HOSTILE_ATTR_LAYERS[0])
+    wait_text(frame, ".lg-layer-name", HOSTILE_ATTR_LAYERS[0])
+    series = ["loss · output", f"{HOSTILE_TARGET} · output"]
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-series-head').length === n", arg=2)
+    assert texts(frame, ".lg-series-head") == series
+    assert texts(frame, ".lg-panel-charts .lg-panel-head .lg-legend-name") == series
+    assert texts(frame, 'select[aria-label="histogram series"] option') == series
+    assert frame.locator(".lg-layer-head .lg-muted").text_content().endswith(f"targets: {HOSTILE_TARGET}, loss")
+    assert_nothing_injected(b, frame)
+    # Compare: three hostile runs; one lacks the layer and is named in a note.
+    frame = b.open(env["tb"].base, {"run": HOSTILE_ATTR_RUN, "view": "compare", "layer": "net/first", "runs": json.dumps(list(HOSTILE_RUNS))})
+    frame.wait_for_selector(".lg-compare path.lg-line")
+    assert texts(frame, ".lg-run-chip-name") == all_runs
+    assert texts(frame, ".lg-run-chip.lg-on .lg-run-chip-name") == sorted(HOSTILE_RUNS)
+    assert texts(frame, ".lg-compare .lg-note") == [f"No layer 'first' in: {HOSTILE_ATTR_RUN}."]
+    assert set(texts(frame, ".lg-panel-wide .lg-legend-name")) <= set(HOSTILE_RUNS)
+    assert HOSTILE_RUN in texts(frame, ".lg-panel-wide .lg-legend-name") and HOSTILE_JS_RUN in texts(frame, ".lg-panel-wide .lg-legend-name")
+    keys = texts(frame, '.lg-compare select[aria-label="layer"] option')
+    assert keys == ["first", HOSTILE_LAYER.split("/", 1)[1], *[k.split("/", 1)[-1] for k in HOSTILE_ATTR_LAYERS]]  # paths without the model
+    assert texts(frame, '.lg-compare select[aria-label="target"] option') == sorted(["loss", HOSTILE_TARGET])
+    assert_nothing_injected(b, frame)
+    # The overview of the `javascript:` run: its CSV link stays a relative URL of the plugin.
+    frame = b.open(env["tb"].base, {"run": HOSTILE_JS_RUN})
+    wait_text(frame, ".lg-run-name", HOSTILE_JS_RUN)
+    link = frame.locator(".lg-overview a.lg-button")
+    assert link.get_attribute("href") == "./csv?" + urllib.parse.urlencode({"run": HOSTILE_JS_RUN, "target": "loss", "source": "output"})
+    assert link.evaluate("a => a.protocol") == "http:" and link.get_attribute("download") == f"layergrad-{HOSTILE_JS_RUN}.csv"
+    assert_nothing_injected(b, frame)
+
+
+def test_hostile_names_inside_error_messages_render_as_text(env):
+    """Unknown names that are HTML: the route's 404 message quotes them, the tab shows that message as text."""
+    b, page = env["browser"], env["browser"].page
+    layer = "net/<script>alert(10)</script>"
+    frame = b.open(env["tb"].base, {"run": HOSTILE_ATTR_RUN, "view": "layer", "layer": layer})
+    box = frame.locator(".lg-layer .lg-error")
+    box.wait_for()
+    assert f"layer '{layer}' of run '{HOSTILE_ATTR_RUN}'" in box.text_content()
+    assert f"layer '{layer}' not found" in box.text_content() and "(HTTP 404 from 'stats')" in box.text_content()
+    assert box.locator("*").evaluate_all("els => els.map(e => e.tagName)") == ["STRONG", "SPAN"]  # nothing else inside
+    assert f"{layer} (not in this run)" in texts(frame, 'select[aria-label="layer"] option')
+    assert_nothing_injected(b, frame)
+    # An unknown run, then a target the run does not have.
+    run = '"><img src=q onerror=alert(11)>'
+    frame = b.open(env["tb"].base, {"run": run})
+    box = frame.locator(".lg-overview .lg-error")
+    box.wait_for()
+    assert f"Could not load the gradient-flow matrix of run '{run}'" in box.text_content()
+    assert f"run {run!r} not found" in box.text_content()
+    assert f"{run} (not found)" in texts(frame, 'select[aria-label="run"] option')
+    assert_nothing_injected(b, frame)
+    frame = b.open(env["tb"].base, {"run": "train", "target": HOSTILE_TARGET})
+    box = frame.locator(".lg-overview .lg-error")
+    box.wait_for()
+    assert f"target {HOSTILE_TARGET!r} not found in run 'train'" in box.text_content()
+    assert f"{HOSTILE_TARGET} (not in run)" in texts(frame, 'select[aria-label="target"] option')
+    assert_nothing_injected(b, frame)
+    # The browser logs each 404 itself: those only. The `anomalies` one may come after the message is shown.
+    deadline = time.monotonic() + 10
+    while not any("/layergrad/anomalies?run=train" in e for e in b.errors):
+        assert time.monotonic() < deadline, b.errors
+        page.wait_for_timeout(50)
+    assert take_expected_errors(b, "status of 404")
+
+
+# -- faults injected on the plugin's routes (page.route on top of the real TensorBoard) ---------------
+
+HTML_PAGE = ("<!doctype html><html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1>"
+             "<img src=x onerror=alert(12)><script>alert(13)</script></body></html>")
+FAULTS = {
+    # kind: (what is sent, text the tab must show)
+    "json500": ("500 + the plugin's JSON error", "<b>boom</b> the data server went away (HTTP 500 from '{route}')"),
+    "html502": ("502 + an HTML page", "HTTP 502 Bad Gateway: an HTML page instead of the plugin's JSON"),
+    "abort": ("no answer (connection refused)", "cannot reach TensorBoard (Failed to fetch). Is it still running?"),
+}
+
+
+class Fault:
+    """Makes one of the plugin's routes fail in the browser (`kind` of FAULTS) until `heal()`; then passes through."""
+
+    def __init__(self, page, route: str, kind: str):
+        self.page, self.route, self.kind = page, route, kind
+        self.failed = 0
+        self.failing = True
+        self._match = lambda url: f"/data/plugin/{tf_.PLUGIN}/{route}" in urllib.parse.urlsplit(url).path  # noqa: E731
+        page.route(self._match, self._handle)
+
+    def _handle(self, route):
+        if not self.failing:
+            return route.continue_()
+        self.failed += 1
+        if self.kind == "abort":
+            return route.abort("connectionrefused")
+        if self.kind == "html502":
+            return route.fulfill(status=502, content_type="text/html", body=HTML_PAGE)
+        return route.fulfill(status=500, content_type="application/json", body=json.dumps({"error": "<b>boom</b> the data server went away"}))
+
+    def expected_text(self) -> str:
+        return FAULTS[self.kind][1].format(route=self.route)
+
+    def wait_failed(self, n: int, timeout: float = 10.0):
+        """Until `n` requests have failed (the tab keeps asking while it fails)."""
+        deadline = time.monotonic() + timeout
+        while self.failed < n:
+            assert time.monotonic() < deadline, f"only {self.failed} requests to '{self.route}' in {timeout} s"
+            self.page.wait_for_timeout(100)
+
+    def heal(self):
+        self.failing = False
+
+    def remove(self, b):
+        self.page.unroute(self._match, self._handle)
+        # The browser logs each failed request itself: those, and only those, are expected.
+        expected = take_expected_errors(b, f"/{tf_.PLUGIN}/{self.route}")
+        assert len(expected) >= min(1, self.failed), (self.failed, expected)
+
+
+def assert_readable(box_text: str, fault: Fault):
+    assert fault.expected_text() in box_text, box_text
+    for junk in ("SyntaxError", "Unexpected token", "JSON.parse", "undefined", "[object", "<!doctype", "<script"):
+        assert junk not in box_text, box_text
+
+
+@pytest.mark.parametrize("kind", list(FAULTS))
+def test_runs_route_failing_at_start_shows_a_message_and_recovers(env, kind):
+    """The very first `runs` request fails: a message instead of a blank tab; the tab keeps asking and fills in
+    once the route answers again (and "Retry now" asks at once)."""
+    b, page = env["browser"], env["browser"].page
+    fault = Fault(page, "runs", kind)
+    try:
+        frame = b.open(env["tb"].base, {"run": "train"})
+        box = frame.locator(".lg-banner .lg-error")
+        box.wait_for()
+        text = box.text_content()
+        assert text.startswith("Could not load the list of runs: ")
+        assert_readable(text, fault)
+        assert frame.locator(".lg-tabs").is_visible() and frame.locator(".lg-tab[disabled]").count() == 3
+        assert box.is_visible() and box.bounding_box()["height"] > 10
+        fault.wait_failed(fault.failed + 1)  # polling goes on; the message stays
+        assert frame.locator(".lg-banner .lg-error").text_content() == text
+        assert frame.evaluate(INJECTED_JS) == []
+        fault.heal()
+        if kind == "json500":
+            # "Retry now" does not wait for the next poll.
+            frame.evaluate("() => window.layergradApp.poller.setInterval(600000)")
+            box.locator(".lg-retry").click()
+        frame.wait_for_selector(".lg-heatmap-canvas", timeout=10_000)
+        wait_text(frame, ".lg-run-name", "train")
+        assert frame.locator(".lg-banner .lg-error").count() == 0
+        assert frame.locator(".lg-row-label").count() == len(tf_.LAYERS)
+    finally:
+        fault.remove(b)
+
+
+def test_runs_route_failing_mid_session_keeps_the_data_and_says_so(env):
+    """TensorBoard goes away while the tab is open: the overview stays, a message says why nothing updates,
+    and goes once TensorBoard answers again."""
+    b, page = env["browser"], env["browser"].page
+    frame = b.open(env["tb"].base, {"run": "train"})
+    frame.wait_for_selector(".lg-heatmap-canvas")
+    wait_text(frame, ".lg-run-name", "train")
+    fault = Fault(page, "runs", "abort")
+    try:
+        box = frame.locator(".lg-banner .lg-error")
+        box.wait_for(timeout=10_000)
+        assert_readable(box.text_content(), fault)
+        assert frame.locator(".lg-row-label").count() == len(tf_.LAYERS)  # the data shown before is still there
+        fault.heal()
+        box.wait_for(state="detached", timeout=10_000)
+        assert frame.locator(".lg-status").text_content().startswith("updated ")
+    finally:
+        fault.remove(b)
+
+
+VIEW_FAULTS = [
+    # (state, route that fails, kind, selector shown once the route works)
+    ({"run": "train"}, "matrix", "json500", ".lg-row-label"),
+    ({"run": "train"}, "matrix", "html502", ".lg-row-label"),
+    ({"run": "train"}, "matrix", "abort", ".lg-row-label"),
+    ({"run": "train", "view": "layer", "layer": "net/dense"}, "stats", "html502", '.lg-stats-table[data-layer="net/dense"]'),
+    ({"run": "train", "view": "compare", "layer": "net/lstm", "runs": json.dumps(["train", "eval"])}, "compare", "json500",
+     '.lg-compare path.lg-line[data-series="eval"]'),
+]
+
+
+@pytest.mark.parametrize("state,route,kind,ready", VIEW_FAULTS, ids=[f"{s.get('view', 'overview')}-{r}-{k}" for s, r, k, _ in VIEW_FAULTS])
+def test_view_route_failing_shows_a_message_in_the_view_and_recovers(env, state, route, kind, ready):
+    """`runs` works, the route a view draws from fails: the view (toolbar and all) says so, asks again on the next
+    polls while the failure is one that can pass (5xx, no connection), and draws once the route works."""
+    b, page = env["browser"], env["browser"].page
+    view = state.get("view", "overview")
+    fault = Fault(page, route, kind)
+    try:
+        frame = b.open(env["tb"].base, state)
+        box = frame.locator(f".lg-{view} .lg-messages .lg-error")
+        box.wait_for()
+        text = box.text_content()
+        assert_readable(text, fault)
+        assert "the tab tries again by itself" in text and box.locator(".lg-retry").is_visible()
+        assert frame.locator(f".lg-{view} .lg-toolbar").first.is_visible()  # not a blank page
+        assert frame.locator(".lg-banner .lg-error").count() == 0  # the app itself is fine (no uncaught error)
+        tried = fault.failed
+        fault.wait_failed(tried + 1)  # asked again by the poll
+        fault.heal()
+        frame.wait_for_selector(ready, timeout=10_000)
+        assert frame.locator(f".lg-{view} .lg-error").count() == 0
+    finally:
+        fault.remove(b)

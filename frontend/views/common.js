@@ -1,5 +1,6 @@
 // Pieces shared by the views: labelled fields, error boxes, the step slider.
 
+import { isTransient } from "../api.js";
 import { h } from "../dom.js";
 import { indexAtOrBefore } from "../charts/scale.js";
 
@@ -7,14 +8,21 @@ export function field(label, control, cls = "") {
   return h("label", { class: `lg-field ${cls}` }, h("span", { class: "lg-field-label", text: label }), control);
 }
 
-/** A message box for a failed route (the server's text, as text). */
-export function errorBox(err, what) {
+/**
+ * A message box for a failed route (the server's text, as text). `retry`: for a failure that may
+ * pass by itself (no connection, a 5xx), the box says that the tab keeps trying and offers a
+ * "Retry now" button that calls it.
+ */
+export function errorBox(err, what, { retry = null } = {}) {
   const status = err && err.status ? ` (HTTP ${err.status}${err.route ? ` from '${err.route}'` : ""})` : "";
   return h(
     "div",
     { class: "lg-error", role: "alert" },
     h("strong", { text: what ? `Could not load ${what}` : "Something went wrong" }),
     h("span", { class: "lg-error-text", text: `: ${err && err.message ? err.message : String(err)}${status}` }),
+    ...(retry && isTransient(err)
+      ? [h("span", { class: "lg-error-retry", text: " — the tab tries again by itself. " }), h("button", { type: "button", class: "lg-link lg-retry", text: "Retry now", on: { click: retry } })]
+      : []),
   );
 }
 

@@ -2,7 +2,7 @@
 // their histograms at one step on common bins, and the depth profile (statistic vs
 // layer, model order) of each run at that step.
 
-import { api, isAbort } from "../api.js";
+import { api, isAbort, isTransient } from "../api.js";
 import { paletteColor } from "../charts/colors.js";
 import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
@@ -146,7 +146,8 @@ export class CompareView {
   async refresh() {
     if (this.abort) return; // a load is under way: it brings the new data too
     this.state = this.app.resolved();
-    if (this.data) await this._load(this.state, this.data.runs, this.data.key, this.data.fetchKey, true);
+    if (!this.data) return this.show(this.state); // after a failure
+    await this._load(this.state, this.data.runs, this.data.key, this.data.fetchKey, true);
   }
 
   async _load(state, runs, key, fetchKey, quiet) {
@@ -185,6 +186,7 @@ export class CompareView {
       }
       if (signal.aborted) return;
       this.data = { fetchKey, runs, key, paths, steps, values, atStep: new Map() };
+      this.retryOnPoll = false;
       clear(this.message);
       const missing = runs.filter((_, k) => !paths[k]);
       if (missing.length) this.message.appendChild(note(`No layer '${key}' in: ${missing.join(", ")}.`));
@@ -192,11 +194,12 @@ export class CompareView {
       this._apply(state, true);
     } catch (e) {
       if (isAbort(e)) return;
+      this.retryOnPoll = isTransient(e);
       if (!quiet) {
         this.data = null;
         this.body.hidden = true;
       }
-      replace(this.message, errorBox(e, `layer '${key}' in runs ${runs.join(", ")}`));
+      replace(this.message, errorBox(e, `layer '${key}' in runs ${runs.join(", ")}`, { retry: this.app.retry }));
     } finally {
       if (this.abort === abort) this.abort = null;
       if (!quiet) this.app.busy(false);

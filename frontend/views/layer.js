@@ -3,7 +3,7 @@
 // when one was written, per-timestep norms for RNN layers, the layer's weight
 // gradients beside its output gradient, one series per target.
 
-import { api, isAbort } from "../api.js";
+import { api, isAbort, isTransient } from "../api.js";
 import { flagNames, flagOf } from "../anomalies.js";
 import { COLORS, RDBU, lutIndex, packHex, paletteColor } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
@@ -130,7 +130,8 @@ export class LayerView {
   async refresh() {
     if (this.abort) return; // a load is under way: it brings the new data too
     this.state = this.app.resolved();
-    if (this.loaded && this.loaded.key === this._key(this.state)) await this._load(this.state, true);
+    if (!this.loaded || this.loaded.key !== this._key(this.state)) return this.show(this.state); // after a failure
+    await this._load(this.state, true);
   }
 
   async _load(state, quiet) {
@@ -174,6 +175,7 @@ export class LayerView {
       });
       const all = layerSeries(run, state.layer);
       this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run };
+      this.retryOnPoll = false;
       if (!quiet) this.tensorCache.clear();
       else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
       clear(this.message);
@@ -183,13 +185,14 @@ export class LayerView {
       this._apply(state, true);
     } catch (e) {
       if (isAbort(e)) return;
+      this.retryOnPoll = isTransient(e);
       if (!quiet) {
         this.loaded = null;
         this.body.hidden = true;
         this._header(state, null);
         this.slider.set([], null);
       }
-      const msg = errorBox(e, `layer '${state.layer}' of run '${state.run}'`);
+      const msg = errorBox(e, `layer '${state.layer}' of run '${state.run}'`, { retry: this.app.retry });
       const layers = pickableLayers(run);
       replace(this.message, msg, layers.length ? note(`Pick one of the ${layers.length} layers of run '${state.run}' above, or go back to the overview.`) : null);
     } finally {

@@ -2,7 +2,7 @@
 // colour = log10 of a statistic, anomalies marked, hover for exact values, click
 // for the layer's detail at that step.
 
-import { api, isAbort } from "../api.js";
+import { api, isAbort, isTransient } from "../api.js";
 import { firstNonfinite, flagNames, fromRoute, FLAG } from "../anomalies.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
@@ -118,15 +118,17 @@ export class OverviewView {
       }
       this.data.an = an;
       this.data.version = (this.data.version || 0) + 1;
+      this.retryOnPoll = false;
       clear(this.message);
       this.draw();
     } catch (e) {
       if (isAbort(e)) return;
+      this.retryOnPoll = isTransient(e);
       if (!incremental) {
         this.data = null;
         this._clearPlot();
       }
-      replace(this.message, errorBox(e, `the gradient-flow matrix of run '${state.run}'`));
+      replace(this.message, errorBox(e, `the gradient-flow matrix of run '${state.run}'`, { retry: this.app.retry }));
     } finally {
       if (this.abort === abort) this.abort = null;
       if (!incremental) this.app.busy(false);

@@ -402,7 +402,6 @@ class FitStep:
         precomputed = precomputed or {}
         norms_of = norms_of or {}
         out: Dict[str, tf.Tensor] = {}
-        shape_source = self._shape_sources(cap)
         for path in gmap:
             e = gmap.entry(path)
             g = e.gradient
@@ -416,11 +415,8 @@ class FitStep:
                 hist, stats = _histogram_and_stats(u, cfg.buckets, cfg.xla)
             out[self._register(info(metadata.KIND_HISTOGRAM))] = hist
             out[self._register(info(metadata.KIND_STATS))] = stats
-            if cfg.max_elements > 0:
-                src = shape_source.get(path) if g is None else _unscale(g, scale)
-                if src is not None:
-                    t = reductions.bounded_tensor(src if g is not None else tf.zeros_like(src), cfg.max_elements)
-                    out[self._register(info(metadata.KIND_TENSOR))] = t
+            if cfg.max_elements > 0 and g is not None:  # no gradient: its stats say so, no tensor record
+                out[self._register(info(metadata.KIND_TENSOR))] = reductions.bounded_tensor(u, cfg.max_elements)
         for key, eps in eps_sources.items():
             g = eps_grads.get(key)
             index = probe.layer_index(key) if probe is not None else -1
@@ -432,16 +428,6 @@ class FitStep:
                 t = reductions.bounded_tensor(u[0], cfg.max_elements)
                 info = metadata.SeriesInfo(layer=key + TIMESTEP_TENSOR_SUFFIX, kind=metadata.KIND_TENSOR, target=target, source=metadata.SOURCE_OUTPUT, index=index, dtype=eps.dtype.name)
                 out[self._register(info)] = t
-        return out
-
-    def _shape_sources(self, cap: Capture) -> Dict[str, Any]:
-        """path -> a tensor/variable with the gradient's shape (for records of absent gradients)."""
-        out = dict(cap.outputs)
-        if self.config.weights:
-            owners = cap.tree.variable_paths()
-            for v in self.model.trainable_variables:
-                if id(v) in owners:
-                    out[owners[id(v)][0]] = tf.convert_to_tensor(v)
         return out
 
     def _with_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss) -> Dict[str, Any]:

@@ -53,9 +53,12 @@ def decode_tensor(value: Any, rank: int, dtype: Any) -> np.ndarray:
 
 
 def decode(payload: Dict[str, Any], kinds: Dict[str, str]) -> Dict[str, Any]:
-    """The payload as the single-replica path returns it: step, log, records (numpy)."""
+    """The payload as the single-replica path returns it: step, log, records (tensors)."""
     return {
         "step": int(_ints(payload["step"]).reshape(-1)[0]),
         "log": bool(_ints(payload["log"]).reshape(-1)[0]),
-        "records": {tag: decode_tensor(v, RANKS[kinds[tag]], DTYPES.get(kinds[tag], np.float64)) for tag, v in payload["records"].items()},
+        "records": {
+            tag: tf.constant(decode_tensor(v, RANKS[kinds[tag]], DTYPES.get(kinds[tag], np.float64)))
+            for tag, v in payload["records"].items()
+        },
     }

@@ -35,8 +35,9 @@ class GradientLogger(_Base):
     step, at step `s = optimizer.iterations` after this batch's update (the s-th
     update; the step Keras' `TensorBoard` callback uses for batch metrics), when
     `s % every_n_steps == 0`. The other steps run Keras' own train function,
-    untouched, so they cost nothing: the capturing step is compiled (traced) the
-    first time a step is logged and only runs on logged steps. When training
+    untouched, so they cost nothing: the capturing step is compiled at the
+    first batch and then runs only on logged steps (and is kept for a later
+    fit() with the same callback). When training
     ends, or fails, the model is restored (`train_step`, `train_function`).
 
     Evaluation (`validation_data`, `evaluate()`) is untouched and logs nothing.
@@ -157,6 +158,7 @@ class GradientLogger(_Base):
         self.replicas = replicas
         self._writer = None
         self._chief = True
+        self._record_writer: Optional[Callable] = None  # compiled for self._writer, made at the first write
         self._fit_step: Optional[_fit_step.FitStep] = None
         self._saved: Optional[Dict[str, Any]] = None
         self._armed = False
@@ -245,7 +247,10 @@ class GradientLogger(_Base):
         self._steps_per_execution = _steps_per_execution(model)
         strategy = getattr(model, "distribute_strategy", None)
         self._chief = distribute.is_chief(strategy)
-        writer = self._open_writer() if self._chief else None  # other workers leave no file behind
+        if self._chief:
+            writer = self._writer if self._writer is not None else self._open_writer()  # one event file per callback
+        else:
+            writer = None  # other workers leave no file behind
         xla = bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))
         config = _fit_step.StepConfig(
             layers=self.layers,
@@ -272,6 +277,7 @@ class GradientLogger(_Base):
         try:
             object.__setattr__(model, "train_step", step_fn)
             if reuse is None:
+                self._record_writer = None  # it knows the series of the previous step
                 built = model.make_train_function(force=True)
                 logging_fn = model.train_function if built is None else built
                 reuse = _BuiltStep(model, saved["train_function"], config, fit_step, logging_fn)
@@ -343,6 +349,13 @@ class GradientLogger(_Base):
         """Put the model back as it was before fit() (done automatically when training ends or fails)."""
         self._restore()
 
+    def close(self) -> None:
+        """Close the event file now (also done when the callback is garbage-collected); a later fit() opens a new one."""
+        self._restore()
+        if self._writer is not None:
+            self._writer.close()
+        self._writer, self._record_writer = None, None
+
     def _restore(self) -> None:
         saved, self._saved = self._saved, None
         self._armed = False
@@ -356,8 +369,9 @@ class GradientLogger(_Base):
             if saved["train_tf_function"] is not _MISSING:
                 model.train_tf_function = saved["train_tf_function"]
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            # Flushed, not closed: a later fit() with this callback goes on writing to the
+            # same event file, with its compiled record writer (closed with the callback).
+            self._writer.flush()
 
     # -- writing -----------------------------------------------------------------
     def _write(self, payload: Dict[str, Any]) -> None:
@@ -370,26 +384,39 @@ class GradientLogger(_Base):
         if not records or not bool(payload["log"]):
             return
         step = int(payload["step"])
+        if self._record_writer is None:
+            self._record_writer = _record_writer(self._writer, self._fit_step.series)
+        self._record_writer(tf.constant(step, tf.int64), records)
         series = self._fit_step.series
-        no_gradient = {}
-        nog = metadata.STAT_INDEX["no_gradient"]
-        for tag, value in records.items():
-            info = series[tag]
-            if info.kind == metadata.KIND_STATS:
-                no_gradient[(info.target, info.source, info.layer)] = float(value[nog]) == 1.0
         with self._writer.as_default():
+            for tag, value in records.items():
+                if series[tag].kind != metadata.KIND_STATS:
+                    continue
+                extra = self._first_nonfinite.update(series[tag], value.numpy(), step)
+                if extra is not None:  # only from a series' first NaN/Inf step on: rare, written eagerly
+                    first_info, first = extra
+                    tf.summary.write(first_info.tag, first, step=step, metadata=metadata.create_summary_metadata(first_info))
+
+
+def _record_writer(writer: Any, series: Dict[str, metadata.SeriesInfo]) -> Callable:
+    """One compiled function that writes all records of a step.
+
+    Why: written eagerly, each `tf.summary.write` costs about a millisecond of
+    Python and op dispatch; a logged step has several records per layer.
+    """
+
+    @tf.function(reduce_retracing=True)
+    def write(step: tf.Tensor, records: Dict[str, tf.Tensor]) -> tf.Tensor:
+        with writer.as_default(step=step):
             for tag, value in records.items():
                 info = series[tag]
                 if info.kind == metadata.KIND_TIMESTEPS:
                     lg_summary.timesteps(info.layer, value, step, target=info.target, layer_index=info.index)
-                    continue
-                if info.kind == metadata.KIND_TENSOR and no_gradient.get((info.target, info.source, info.layer)):
-                    continue
-                tf.summary.write(tag, value, step=step, metadata=metadata.create_summary_metadata(info))
-                extra = self._first_nonfinite.update(info, value, step)
-                if extra is not None:
-                    first_info, first = extra
-                    tf.summary.write(first_info.tag, first, step=step, metadata=metadata.create_summary_metadata(first_info))
+                else:
+                    tf.summary.write(tag, value, metadata=metadata.create_summary_metadata(info))
+        return tf.constant(True)
+
+    return write
 
 
 class _BuiltStep:

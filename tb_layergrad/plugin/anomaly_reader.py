@@ -15,6 +15,7 @@ from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import anomalies, metadata
 from tb_layergrad.plugin import catalog, series
+from tb_layergrad.plugin.stats_store import StatsStore
 
 
 def align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -62,8 +63,12 @@ def read_run(
     source: str,
     start: Optional[int] = None,
     end: Optional[int] = None,
+    store: Optional[StatsStore] = None,
 ) -> Optional[anomalies.RunAnomalies]:
-    """The rules applied to run `rc` for (target, source) over [start, end]; None if it has no stats series."""
+    """The rules applied to run `rc` for (target, source) over [start, end]; None if it has no stats series.
+
+    `store`: the plugin's `StatsStore`, so that this reuses the tables the `matrix` route read.
+    """
     stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
     if not stats_series:
         return None
@@ -78,13 +83,12 @@ def read_run(
             t = rc.find(layer, target, source, metadata.KIND_TIMESTEPS)
             if t is not None:
                 ts_series[layer] = t
-    tags = [s.tag for s in stats_series] + [s.tag for s in extra.values()] + [s.tag for s in ts_series.values()]
+    tags = [s.tag for s in extra.values()] + [s.tag for s in ts_series.values()]
     data = series.read(data_provider, ctx, experiment_id, rc.run, tags)
+    store = store if store is not None else StatsStore(data_provider)
+    tables = store.read(ctx, experiment_id, rc.run, stats_series, start, end)
 
-    columns = []
-    for s in stats_series:
-        points = series.select(data.get(s.tag, ()), start, end)
-        columns.append((points.steps, series.stats_table(points.values)))
+    columns = [(tables[s.tag].steps, tables[s.tag].table) for s in stats_series]
     all_steps = [c[0] for c in columns]
     steps = np.unique(np.concatenate(all_steps)).astype(np.int64) if all_steps else np.zeros([0], np.int64)
     stats = {

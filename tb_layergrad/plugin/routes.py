@@ -2,8 +2,10 @@
 
 Every handler follows the same three steps: validate the query (400), look the
 names up in the catalog built from `list_tensors` (404), then read only the
-tags it shows, filtered by run and tag. Nothing is cached between requests, so
-a run being written shows its new steps on the next call.
+tags it shows, filtered by run and tag. The catalog is built anew for every
+request, so a run being written shows its new steps on the next call; `stats`
+series are read through a `StatsStore`, which keeps each one as a table while
+`list_tensors` reports it unchanged.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from werkzeug import wrappers
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import anomaly_reader, catalog, params, series
+from tb_layergrad.plugin.stats_store import StatsStore
 from tb_layergrad.plugin.responses import (
     count_list,
     csv_number,
@@ -87,6 +90,7 @@ class Routes:
     def __init__(self, data_provider: tb_provider.DataProvider, static: StaticFiles) -> None:
         self._provider = data_provider
         self._static = static
+        self._stats = StatsStore(data_provider)
 
     # -- helpers ---------------------------------------------------------------
 
@@ -125,8 +129,19 @@ class Routes:
         else:
             q.start, q.end = params.step_range(args)
             q.max_steps = params.max_steps(args)
-        q.series = self._run_catalog(request, run).require(layer, target, source, kind)
+        q.series = self._one_series(request, run, layer, target, source, kind)
         return q
+
+    def _one_series(self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kind: str) -> catalog.Series:
+        """The series a one-layer route shows: listed by run AND tag, so its cost does not grow
+        with the run; the whole run's catalog is listed only to explain a miss (404)."""
+        ctx, eid = self._where(request)
+        tag = metadata.make_tag(target, source, layer, kind)
+        listed = catalog.load(self._provider, ctx, eid, runs=[run], tags=[tag]).runs.get(run)
+        found = listed.find(layer, target, source, kind) if listed is not None else None
+        if found is not None:
+            return found
+        return self._run_catalog(request, run).require(layer, target, source, kind)
 
     # -- routes ----------------------------------------------------------------
 
@@ -219,11 +234,8 @@ class Routes:
         if not stats_series:
             raise _missing_series(rc, target, source, "stats")
         ctx, eid = self._where(request)
-        data = series.read(self._provider, ctx, eid, run, [s.tag for s in stats_series])
-        columns = []
-        for s in stats_series:
-            points = series.select(data.get(s.tag, ()), start, end)
-            columns.append((points.steps, series.stat_column(series.stats_table(points.values), stat)))
+        rows = self._stats.read(ctx, eid, run, stats_series, start, end)
+        columns = [(rows[s.tag].steps, rows[s.tag].column(stat)) for s in stats_series]
         steps = _union_steps([c[0] for c in columns], max_steps)
         return json_response(
             request,
@@ -242,17 +254,17 @@ class Routes:
     def stats(self, request: wrappers.Request) -> wrappers.Response:
         q = self._layer_query(request, metadata.KIND_STATS)
         s = q.series
-        points = series.thin(self._points(request, s, q.start, q.end), q.max_steps)
-        table = series.stats_table(points.values)
+        ctx, eid = self._where(request)
+        rows = self._stats.read(ctx, eid, s.run, [s], q.start, q.end)[s.tag].thinned(q.max_steps)
         return json_response(
             request,
             {
                 **q.head,
                 "index": s.info.index,
                 "dtype": s.info.dtype,
-                "steps": _int_list(points.steps),
-                "wall_times": float_list(points.wall_times),
-                "stats": {name: _column(series.stat_column(table, name), name) for name in series.ALL_STATS},
+                "steps": _int_list(rows.steps),
+                "wall_times": float_list(rows.wall_times),
+                "stats": {name: _column(rows.column(name), name) for name in series.ALL_STATS},
             },
         )
 
@@ -335,10 +347,14 @@ class Routes:
         start, end = params.step_range(args)
         max_steps = params.max_steps(args)
         ctx, eid = self._where(request)
-        cat = catalog.load(self._provider, ctx, eid, runs=names)
+        tag = metadata.make_tag(target, source, layer, metadata.KIND_STATS)
+        listed = catalog.load(self._provider, ctx, eid, runs=names, tags=[tag]).runs  # cheap: one tag per run
         found: Dict[str, catalog.Series] = {}
+        others = [name for name in names if name not in listed]
+        full = catalog.load(self._provider, ctx, eid, runs=others) if others else None
         for name in names:
-            s = cat.run(name).find(layer, target, source, metadata.KIND_STATS)
+            rc = listed[name] if name in listed else full.run(name)  # 404 for a run with no layergrad data
+            s = rc.find(layer, target, source, metadata.KIND_STATS)
             if s is not None:
                 found[name] = s
         if not found:
@@ -347,9 +363,8 @@ class Routes:
             )
         columns: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         for name, s in found.items():
-            data = series.read(self._provider, ctx, eid, name, [s.tag])
-            points = series.select(data.get(s.tag, ()), start, end)
-            columns[name] = (points.steps, series.stat_column(series.stats_table(points.values), stat))
+            rows = self._stats.read(ctx, eid, name, [s], start, end)[s.tag]
+            columns[name] = (rows.steps, rows.column(stat))
         steps = _union_steps([c[0] for c in columns.values()], max_steps)
         empty = np.zeros([0], np.int64)
         values = []
@@ -386,12 +401,11 @@ class Routes:
             if not chosen:
                 raise _missing_series(rc, target, source, "stats")
         ctx, eid = self._where(request)
-        data = series.read(self._provider, ctx, eid, run, [s.tag for s in chosen])
+        tables = self._stats.read(ctx, eid, run, chosen, start, end)
         rows = []
         for s in chosen:
-            points = series.select(data.get(s.tag, ()), start, end)
-            table = series.stats_table(points.values)
-            for step, wall, record in zip(points.steps, points.wall_times, table):
+            t = tables[s.tag]
+            for step, wall, record in zip(t.steps, t.wall_times, t.table):
                 rows.append(
                     [run, target, source, s.info.layer, str(rc.layer_index(s.info.layer)), str(int(step)), csv_number(wall)]
                     + [csv_number(v, name in series.COUNT_STATS) for name, v in zip(series.STORED_STATS, record)]
@@ -413,7 +427,7 @@ class Routes:
         if layer is not None:
             rc.require(layer, target, source, metadata.KIND_STATS)  # 404 naming what is unknown
         ctx, eid = self._where(request)
-        result = anomaly_reader.read_run(self._provider, ctx, eid, rc, target, source, start, end)
+        result = anomaly_reader.read_run(self._provider, ctx, eid, rc, target, source, start, end, store=self._stats)
         if result is None:
             raise _missing_series(rc, target, source, "stats")
         return json_response(request, anomaly_reader.route_body(result, layer))

@@ -1,0 +1,121 @@
+"""The `stats` series of a run as compact tables, remembered while TensorBoard reports them unchanged.
+
+Why: the overview asks for every layer's statistics at every step twice (the
+`matrix` and `anomalies` routes) and again on every poll. Reading 200 layers x
+5,000 steps through a data provider converts a million tensor protos one by one
+(measured: ~22 s with the Rust loader), while the result is only 200 float64
+tables of [5000, 12]. So each series is kept as such a table, keyed by
+(experiment, run, tag) and valid while `list_tensors` reports the same
+`max_step` and `max_wall_time` for it: a new or rewritten record (a later
+wall time) or a reload that drops the series invalidates it. Tables of one
+request are read in one `read_tensors` call; the least recently used are
+dropped beyond `max_bytes`.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+from tensorboard.data import provider as tb_provider
+
+from tb_layergrad.plugin import catalog, series
+
+# Enough for every layer of several 200-layer x 5,000-step runs (~112 MB each).
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class StatsRows:
+    """One stats series after step selection: ascending unique steps and their stats records."""
+
+    steps: np.ndarray  # int64 [n]
+    wall_times: np.ndarray  # float64 [n]
+    table: np.ndarray  # float64 [n, len(series.STORED_STATS)]
+
+    @classmethod
+    def of(cls, points: series.Points) -> "StatsRows":
+        return cls(points.steps, points.wall_times, series.stats_table(points.values))
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.steps.nbytes + self.wall_times.nbytes + self.table.nbytes)
+
+    def between(self, start: Optional[int], end: Optional[int]) -> "StatsRows":
+        """The rows with start <= step <= end (None: unbounded)."""
+        lo = 0 if start is None else int(np.searchsorted(self.steps, start, side="left"))
+        hi = len(self) if end is None else int(np.searchsorted(self.steps, end, side="right"))
+        if lo == 0 and hi == len(self):
+            return self
+        return StatsRows(self.steps[lo:hi], self.wall_times[lo:hi], self.table[lo:hi])
+
+    def thinned(self, max_steps: Optional[int]) -> "StatsRows":
+        if max_steps is None or len(self) <= max_steps:
+            return self
+        keep = series.pick_evenly(len(self), max_steps)
+        return StatsRows(self.steps[keep], self.wall_times[keep], self.table[keep])
+
+    def column(self, stat: str) -> np.ndarray:
+        return series.stat_column(self.table, stat)
+
+
+_Key = Tuple[str, str, str]  # (experiment id, run, tag)
+_Version = Tuple[Optional[int], Optional[float]]  # (max_step, max_wall_time) from list_tensors
+
+
+class StatsStore:
+    """Reads stats series through a data provider; thread-safe (TensorBoard serves requests in threads)."""
+
+    def __init__(self, data_provider: tb_provider.DataProvider, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._provider = data_provider
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._tables: "collections.OrderedDict[_Key, Tuple[_Version, StatsRows]]" = collections.OrderedDict()
+        self._bytes = 0
+
+    def read(
+        self,
+        ctx: object,
+        experiment_id: str,
+        run: str,
+        stats_series: Sequence[catalog.Series],
+        start: Optional[int] = None,
+        end: Optional[int] = None,
+    ) -> Dict[str, StatsRows]:
+        """`{tag: StatsRows}` of the given stats series of one run, within [start, end]."""
+        found: Dict[str, StatsRows] = {}
+        missing = []
+        with self._lock:
+            for s in stats_series:
+                key, version = (experiment_id, run, s.tag), (s.max_step, s.max_wall_time)
+                hit = self._tables.get(key)
+                if hit is not None and hit[0] == version:
+                    self._tables.move_to_end(key)
+                    found[s.tag] = hit[1]
+                else:
+                    missing.append(s)
+        if missing:
+            data = series.read(self._provider, ctx, experiment_id, run, [s.tag for s in missing])
+            fresh = {s.tag: StatsRows.of(series.select(data.get(s.tag, ()))) for s in missing}
+            with self._lock:
+                for s in missing:
+                    self._put((experiment_id, run, s.tag), (s.max_step, s.max_wall_time), fresh[s.tag])
+            found.update(fresh)
+        return {tag: rows.between(start, end) for tag, rows in found.items()}
+
+    def _put(self, key: _Key, version: _Version, rows: StatsRows) -> None:
+        old = self._tables.pop(key, None)
+        if old is not None:
+            self._bytes -= old[1].nbytes
+        if rows.nbytes > self._max_bytes:
+            return
+        self._tables[key] = (version, rows)
+        self._bytes += rows.nbytes
+        while self._bytes > self._max_bytes:
+            _, (_, dropped) = self._tables.popitem(last=False)
+            self._bytes -= dropped.nbytes
