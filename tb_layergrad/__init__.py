@@ -30,7 +30,7 @@ _LAZY = {
     "timestep_probe": ("tb_layergrad.rnn_probe", "timestep_probe"),
     "load": ("tb_layergrad.loading", "load"),
 }
-_SUBMODULES = ("summary", "reductions", "metadata", "anomalies", "report", "targets", "rnn_probe")
+_SUBMODULES = ("summary", "reductions", "metadata", "anomalies", "report", "targets", "rnn_probe", "distribute")
 
 __all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]
 

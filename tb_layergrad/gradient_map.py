@@ -33,9 +33,12 @@ class GradientMap:
     `tf.function`.
     """
 
-    def __init__(self, entries: Dict[str, Entry], target: str, variable_gradients: Optional[List[Any]] = None):
+    def __init__(self, entries: Dict[str, Entry], target: str, variable_gradients: Optional[List[Any]] = None,
+                 replicas: int = 1):
         self._entries = dict(entries)
         self.target = target
+        #: How many replicas' gradients this map covers (>1 after `tb_layergrad.distribute.merge`).
+        self.replicas = int(replicas)
         #: Gradients of `model.trainable_variables`, in that order (None where unconnected).
         self.variable_gradients: List[Any] = list(variable_gradients or [])
 
@@ -82,15 +85,15 @@ class GradientMap:
     # tf.nest protocol: lets a GradientMap be returned from a tf.function.
     def __tf_flatten__(self):
         keys = tuple((path, dataclasses.replace(e, gradient=None)) for path, e in self._entries.items())
-        meta = (self.target, keys, len(self.variable_gradients))
+        meta = (self.target, keys, len(self.variable_gradients), self.replicas)
         return meta, tuple(e.gradient for e in self._entries.values()) + tuple(self.variable_gradients)
 
     @classmethod
     def __tf_unflatten__(cls, meta, components):
-        target, keys, n_vars = meta
+        target, keys, n_vars, replicas = meta
         n = len(keys)
         entries = {path: dataclasses.replace(e, gradient=g) for (path, e), g in zip(keys, components[:n])}
-        return cls(entries, target, list(components[n : n + n_vars]))
+        return cls(entries, target, list(components[n : n + n_vars]), replicas)
 
     def __repr__(self) -> str:
         return f"GradientMap(target={self.target!r}, paths={list(self._entries)!r})"

@@ -103,9 +103,23 @@ def _variable(tag: str) -> Any:
         var = table.get(tag)
         if var is None:
             with tf.init_scope():  # an eager variable, also when first called while tracing a tf.function
-                var = tf.Variable(tf.constant(-1, tf.int64), trainable=False, name="layergrad_first_nonfinite")
+                var = _local_variable(tf.constant(-1, tf.int64))
             table[tag] = var
     return var
+
+
+def _local_variable(initial: Any) -> Any:
+    """A plain variable of this process, also under a tf.distribute strategy.
+
+    Why: `tf.Variable` under a strategy becomes a mirrored variable, whose
+    creation is a collective under MultiWorkerMirroredStrategy (only the chief
+    writes, so the other workers would never join it) and whose creation from
+    replica threads tf.function refuses. Instantiating the concrete class skips
+    the strategy's variable creator. Only the process that writes reads it.
+    """
+    from tensorflow.python.ops import resource_variable_ops  # the class tf.Variable builds by default
+
+    return resource_variable_ops.ResourceVariable(initial, trainable=False, name="layergrad_first_nonfinite")
 
 
 def write_first_nonfinite(stats_info: metadata.SeriesInfo, stats: Any, step: Any, description: str = "") -> None:

@@ -28,6 +28,12 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 
+
+def _no_autograph(fn):
+    """Library code uses tf.cond explicitly: autograph converting it only slows tracing (several times)."""
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
 NUM_STATS = len(metadata.STAT_FIELDS)
 
 # The fast path needs max|x| at least this large (or 0): below it squares
@@ -58,6 +64,7 @@ def _count(mask: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.reduce_sum(tf.cast(mask, acc)), tf.float64)
 
 
+@_no_autograph
 def histogram_and_stats(data: tf.Tensor, buckets: int = 30, xla_safe: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
     """Returns (histogram float64 [buckets, 3], stats float64 [NUM_STATS]).
 

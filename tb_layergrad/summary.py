@@ -5,6 +5,13 @@ one tensor; `gradients()` writes a whole `Capture.gradients(...)` result. Both
 write to the default `tf.summary` writer, at `step` or at the default step, and
 respect `tf.summary.record_if` (nothing is computed when nothing is recorded).
 
+Under a multi-replica `tf.distribute` strategy they write the GLOBAL batch,
+once (docs/DISTRIBUTED.md): inside `strategy.run` they merge the replicas first
+(`replicas="gather"`: all-gather the tensors; `replicas="stats"`: all-reduce
+only the statistics), every step, since collectives cannot run inside the
+recording condition; in cross-replica context, on what `strategy.run`
+returned, they `strategy.gather` on recorded steps only.
+
 Example:
     writer = tf.summary.create_file_writer("logs/run1")
     with writer.as_default(step=optimizer.iterations):
@@ -12,12 +19,19 @@ Example:
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import metadata, nonfinite, reductions
+from tb_layergrad import distribute, metadata, nonfinite, reductions, replica_stats
 from tb_layergrad.gradient_map import Entry, GradientMap
+
+
+def _no_autograph(fn):
+    """Library code uses tf.cond explicitly: autograph converting it only slows tracing (several times)."""
+    return tf.autograph.experimental.do_not_convert(fn)
+
 
 __all__ = ["gradient", "gradients", "timesteps"]
 
@@ -36,6 +50,9 @@ def _resolve_step(step: Any) -> Any:
 def _when_recording(fn) -> Any:
     """Run `fn` only if summaries are being recorded (a default writer, record_if true)."""
     should = tf.summary.should_record_summaries()
+    static = should if isinstance(should, bool) else tf.get_static_value(should)
+    if static is not None and not bool(static):
+        return tf.constant(False)  # statically off (no writer, e.g. a non-chief worker): nothing to trace
     if tf.executing_eagerly() or isinstance(should, bool):
         if bool(should):
             fn()
@@ -57,6 +74,7 @@ def _write(info: metadata.SeriesInfo, tensor: tf.Tensor, step: Any, description:
     tf.summary.write(info.tag, tensor, step=step, metadata=metadata.create_summary_metadata(info, description))
 
 
+@_no_autograph
 def gradient(
     name: str,
     data: Optional[tf.Tensor],
@@ -69,6 +87,7 @@ def gradient(
     layer_index: int = -1,
     elements: int = -1,
     description: str = "",
+    replicas: str = "gather",
 ) -> tf.Tensor:
     """Write the histogram and statistics of one gradient tensor.
 
@@ -84,24 +103,44 @@ def gradient(
       source: "output" for a layer output, "weight" for a variable.
       layer_index: the layer's position in the model, for ordering in the tab.
       elements: element count to report when `data` is None (-1 if unknown).
+      replicas: inside `strategy.run` with several replicas, how `data` (this
+        replica's shard) is merged into the global batch before writing:
+        "gather" (a layer output is all-gathered along axis 0, a weight
+        gradient summed) or "stats" (only statistics cross replicas).
 
     Returns:
       A boolean scalar tensor: True if something was written.
     """
     step = _resolve_step(step)
-    write = _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description)
+    distribute.check_mode(replicas)
+    records = None
+    ctx = distribute.replica_context()
+    if ctx is not None and data is not None:
+        entry = Entry(data, source, layer_index, elements)
+        merged = _merge_in_replica(GradientMap({name: entry}, target), replicas, buckets, max_elements)
+        data, elements, records = merged[0][1].gradient, merged[0][1].elements, merged[0][2]
+    elif ctx is not None:
+        elements = elements * ctx.num_replicas_in_sync if source == metadata.SOURCE_OUTPUT and elements >= 0 else elements
+    write = _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description,
+                        records=records)
     with tf.name_scope("layergrad"):
         return _when_recording(write)
 
 
 def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
-                track_nonfinite=False):
-    """Validate now; return the function that computes and writes the records."""
+                track_nonfinite=False, records=None):
+    """Validate now; return the function that computes and writes the records.
+
+    `records`: (histogram, stats) already computed (the stats-only replica merge).
+    """
     write_reduced = _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements,
                                         description, track_nonfinite)
 
     def write() -> None:
-        write_reduced(None if data is None else reductions.histogram_and_stats(data, buckets))
+        if records is not None:
+            write_reduced(records)
+        else:
+            write_reduced(None if data is None else reductions.histogram_and_stats(data, buckets))
 
     return write
 
@@ -139,6 +178,7 @@ def _reduced_writer_for(name, data, step, buckets, max_elements, target, source,
     return write
 
 
+@_no_autograph
 def gradients(
     grads: Mapping[str, Any],
     step: Any = None,
@@ -146,6 +186,8 @@ def gradients(
     *,
     max_elements: int = 0,
     target: Optional[str] = None,
+    replicas: str = "gather",
+    strategy: Any = None,
 ) -> tf.Tensor:
     """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
 
@@ -156,30 +198,103 @@ def gradients(
     at which an entry holds a NaN/Inf on, it also writes that step (kind
     `first_nonfinite`, kept per default writer and tag), so that sampling by
     TensorBoard cannot hide it.
+
+    Under a multi-replica strategy the global batch is written, once
+    (`replicas`: "gather" or "stats", see the module docstring and
+    docs/DISTRIBUTED.md). Inside `strategy.run` the merge runs at every step
+    (collectives cannot run in the recording condition); call this
+    unconditionally and pick steps with `tf.summary.record_if`. In
+    cross-replica context, `strategy` is the strategy that ran them (default:
+    the one in scope).
     """
     step = _resolve_step(step)
-    if isinstance(grads, GradientMap):
-        target_name = target or grads.target
-        items = [(path, grads.entry(path)) for path in grads]
+    distribute.check_mode(replicas)
+    grads = distribute.per_replica_map(grads)
+    if not isinstance(grads, GradientMap):
+        grads = GradientMap(
+            {path: Entry(g, metadata.SOURCE_OUTPUT, i) for i, (path, g) in enumerate(dict(grads).items())},
+            metadata.DEFAULT_TARGET,
+        )
+    target_name = target or grads.target
+    ctx = distribute.replica_context()
+    if ctx is not None:
+        items = _merge_in_replica(grads, replicas, buckets, max_elements)
+    elif distribute.holds_distributed_values(grads):
+        if replicas == "stats":
+            raise ValueError(
+                'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '
+                "from strategy.run: write them there, or use the default replicas=\"gather\" here"
+            )
+        if strategy is None and not tf.distribute.has_strategy():
+            raise ValueError(
+                "these gradients come from strategy.run (PerReplica values): pass strategy=... or write them "
+                "under `with strategy.scope():`"
+            )
+        items = None  # gathered inside the recording condition: on recorded steps only
     else:
-        target_name = target or metadata.DEFAULT_TARGET
-        items = [(path, Entry(g, metadata.SOURCE_OUTPUT, i)) for i, (path, g) in enumerate(grads.items())]
-    writers = [
-        _reduced_writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index, e.elements,
-                            track_nonfinite=True)
-        for path, e in items
-    ]
-    present = [e.gradient for _, e in items if e.gradient is not None]
+        items = [(path, grads.entry(path), None) for path in grads]
+
+    def writers_for(items_) -> list:
+        return [
+            _reduced_writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index,
+                                e.elements, track_nonfinite=True)
+            for path, e, _ in items_
+        ]
+
+    writers = writers_for(items) if items is not None else None
 
     def write_all() -> None:
+        todo, todo_items = writers, items
+        if todo is None:  # cross-replica: gather now, on a recorded step
+            merged = distribute.merge(grads, strategy)
+            todo_items = [(p, merged.entry(p), None) for p in merged]
+            todo = writers_for(todo_items)
+        # One batched reduction for what is not reduced yet (stats-only records are).
+        present = [e.gradient for _, e, r in todo_items if e.gradient is not None and r is None]
         reduced = iter(reductions.histograms_and_stats(present, buckets)) if present else iter(())
-        for write, (_, e) in zip(writers, items):
-            write(None if e.gradient is None else next(reduced))
+        for write, (_, e, records) in zip(todo, todo_items):
+            if records is not None:
+                write(records)
+            else:
+                write(None if e.gradient is None else next(reduced))
 
     with tf.name_scope("layergrad"):
         return _when_recording(write_all)
 
 
+def _merge_in_replica(grads: GradientMap, mode: str, buckets: int, max_elements: int) -> list:
+    """[(path, merged Entry, records or None)] for replica context: the collectives run here, unconditionally."""
+    if mode == "gather":
+        merged = distribute.merge(grads)
+        return [(p, merged.entry(p), None) for p in merged]
+    if max_elements > 0:
+        raise ValueError(
+            'max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"'
+        )
+    ctx = distribute.replica_context()
+    n = ctx.num_replicas_in_sync
+    # Weight gradients are partial sums (not shards): sum them first (small, and what the optimizer does).
+    weights = [p for p in grads if grads[p] is not None and grads.entry(p).source == metadata.SOURCE_WEIGHT]
+    outputs = [p for p in grads if grads[p] is not None and grads.entry(p).source == metadata.SOURCE_OUTPUT]
+    try:
+        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [grads[p] for p in weights]) if weights else []
+        records = replica_stats.merged_histograms_and_stats([grads[p] for p in outputs], buckets, ctx)
+    except RuntimeError as e:
+        raise distribute._merge_call_error(e) from e  # noqa: SLF001
+    summed_by_path = dict(zip(weights, summed))
+    by_path = dict(zip(outputs, records))
+    out = []
+    for p in grads:
+        e = grads.entry(p)
+        if p in summed_by_path:
+            e = dataclasses.replace(e, gradient=summed_by_path[p])
+        elif p not in by_path and e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:
+            e = dataclasses.replace(e, elements=e.elements * n)
+        out.append((p, e, by_path.get(p)))
+    return out
+
+
+@_no_autograph
 def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET, layer_index: int = -1) -> tf.Tensor:
     """Write a per-timestep gradient norm vector [T] for an RNN layer."""
     step = _resolve_step(step)

@@ -39,7 +39,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import metadata, reductions
+from tb_layergrad import distribute, metadata, reductions, replica_stats
+from tb_layergrad.callbacks import _replica_payload
+from tb_layergrad.gradient_map import GradientMap
 from tb_layergrad.layer_capture import Capture
 from tb_layergrad.rnn_probe import TapeWithExtraSources, TimestepProbe, timestep_norms
 from tb_layergrad.targets import target_value
@@ -177,6 +179,12 @@ def _histogram_and_stats(u: tf.Tensor, buckets: int, xla: bool) -> Tuple[tf.Tens
     return tf.ensure_shape(hist, [buckets, 3]), tf.ensure_shape(stats, [reductions.NUM_STATS])
 
 
+def _timestep_sumsq(g: tf.Tensor, time_axis: int = 1) -> tf.Tensor:
+    """`rnn_probe.timestep_norms` before its square root: sums over replicas."""
+    g = tf.cast(g, tf.float64)
+    return tf.reduce_sum(tf.square(g), axis=[a for a in range(g.shape.rank) if a != time_axis])
+
+
 def _unscale(g: tf.Tensor, scale: Optional[tf.Tensor]) -> tf.Tensor:
     if scale is None:
         return g
@@ -195,6 +203,7 @@ class StepConfig:
     max_elements: int
     every_n_steps: int
     xla: bool
+    replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
 
 
 class _OptimizerTape:
@@ -388,14 +397,18 @@ class FitStep:
         self.series[info.tag] = info
         return info.tag
 
-    def _reduce(self, target: str, cap: Capture, gmap: Any, eps_sources: Dict[str, Any], eps_grads: Dict[str, Any], probe: Optional[TimestepProbe], scale: Optional[tf.Tensor]) -> Dict[str, tf.Tensor]:
+    def _reduce(self, target: str, cap: Capture, gmap: Any, eps_sources: Dict[str, Any], eps_grads: Dict[str, Any], probe: Optional[TimestepProbe], scale: Optional[tf.Tensor], precomputed: Optional[Dict[str, Any]] = None, norms_of: Optional[Dict[str, tf.Tensor]] = None) -> Dict[str, tf.Tensor]:
         cfg = self.config
+        precomputed = precomputed or {}
+        norms_of = norms_of or {}
         out: Dict[str, tf.Tensor] = {}
         for path in gmap:
             e = gmap.entry(path)
             g = e.gradient
             info = lambda kind: metadata.SeriesInfo(layer=path, kind=kind, target=target, source=e.source, index=int(e.index), dtype=e.dtype)  # noqa: E731
-            if g is None:
+            if path in precomputed:
+                hist, stats = precomputed[path]
+            elif g is None:
                 hist, stats = reductions.no_gradient_records(e.elements, cfg.buckets)
             else:
                 u = _unscale(g, scale)
@@ -408,7 +421,7 @@ class FitStep:
             g = eps_grads.get(key)
             index = probe.layer_index(key) if probe is not None else -1
             u = tf.zeros_like(eps) if g is None else _unscale(g, scale)
-            norms = timestep_norms(u)
+            norms = norms_of[key] if key in norms_of else timestep_norms(u)
             info = metadata.SeriesInfo(layer=key, kind=metadata.KIND_TIMESTEPS, target=target, source=metadata.SOURCE_OUTPUT, index=index, dtype="float64")
             out[self._register(info)] = norms
             if cfg.max_elements > 0:
@@ -430,6 +443,9 @@ class FitStep:
         `steps_per_execution > 1` only some steps of an execution are logged steps.
         """
         eps_sources = dict(probe.sources) if probe is not None else {}
+        ctx = distribute.replica_context()
+        if ctx is not None:
+            return self._with_replica_payload(logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss, ctx)
         loss_map = self._with_shadow_weights(cap, gmap, aux, aux_loss) if self._shadow_weights() else gmap
         records = self._reduce(metadata.DEFAULT_TARGET, cap, loss_map, eps_sources, eps_grads, probe, scale)
         for name, value in values.items():
@@ -440,6 +456,56 @@ class FitStep:
         logs = dict(logs)
         logs[PAYLOAD_KEY] = {"step": step, "log": log, "records": records}
         return logs
+
+    # -- several replicas (tf.distribute) ---------------------------------------------
+    def _with_replica_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss, ctx) -> Dict[str, Any]:
+        """The same records as one device on the global batch, identical on every replica.
+
+        Collectives cannot run inside a `tf.cond` in replica context, so the merge
+        and the reductions run whenever this step runs; the records are encoded so
+        that Keras' cross-replica mean of the step's outputs returns them unchanged
+        (`_replica_payload`). `variable_gradients` are untouched: training is
+        Keras' own.
+        """
+        eps_sources = dict(probe.sources) if probe is not None else {}
+        loss_map = self._with_shadow_weights(cap, gmap, aux, aux_loss) if self._shadow_weights() else gmap
+        records = self._reduce_replicas(metadata.DEFAULT_TARGET, cap, loss_map, eps_sources, eps_grads, probe, scale, ctx)
+        for name, value in values.items():
+            wrapped = TapeWithExtraSources(aux, list(eps_sources.values()))
+            tmap = cap.gradients(wrapped, value, name=name)
+            teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
+            records.update(self._reduce_replicas(name, cap, tmap, eps_sources, teps, probe, scale, ctx))
+        logs = dict(logs)
+        logs[PAYLOAD_KEY] = _replica_payload.encode(step, log, records)
+        return logs
+
+    def _reduce_replicas(self, target, cap, gmap, eps_sources, eps_grads, probe, scale, ctx) -> Dict[str, tf.Tensor]:
+        """`_reduce` of the global batch: gathered tensors, or (replicas="stats") merged statistics."""
+        entries = {p: dataclasses.replace(gmap.entry(p), gradient=None if gmap[p] is None else _unscale(gmap[p], scale)) for p in gmap}
+        unscaled = GradientMap(entries, gmap.target, [])
+        eps = {k: None if g is None else _unscale(g, scale) for k, g in eps_grads.items()}
+        if self.config.replicas == "gather":
+            merged = distribute.merge(unscaled)
+            keys = [k for k, g in eps.items() if g is not None]
+            gathered = ctx.all_gather([eps[k] for k in keys], axis=0) if keys else []
+            eps.update(zip(keys, gathered))
+            return self._reduce(target, cap, merged, eps_sources, eps, probe, None)
+        n = ctx.num_replicas_in_sync
+        weights = [p for p in unscaled if unscaled[p] is not None and unscaled.entry(p).source == metadata.SOURCE_WEIGHT]
+        outputs = [p for p in unscaled if unscaled[p] is not None and unscaled.entry(p).source == metadata.SOURCE_OUTPUT]
+        summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, [unscaled[p] for p in weights]) if weights else []
+        records = replica_stats.merged_histograms_and_stats([unscaled[p] for p in outputs], self.config.buckets, ctx, xla_safe=self.config.xla)
+        for p, g in zip(weights, summed):
+            entries[p] = dataclasses.replace(entries[p], gradient=g)
+        for p in unscaled:
+            e = entries[p]
+            if e.gradient is None and e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:
+                entries[p] = dataclasses.replace(e, elements=e.elements * n)
+        keys = [k for k, g in eps.items() if g is not None]
+        sq = [_timestep_sumsq(eps[k]) for k in keys]  # this replica's share of each timestep's squared norm
+        norms = dict(zip(keys, (tf.sqrt(v) for v in ctx.all_reduce(tf.distribute.ReduceOp.SUM, sq)))) if keys else {}
+        return self._reduce(target, cap, GradientMap(entries, gmap.target, []), eps_sources, eps, probe, None,
+                            precomputed=dict(zip(outputs, records)), norms_of=norms)
 
     def _with_shadow_weights(self, cap: Capture, gmap: Any, aux: Any, aux_loss: Any) -> Any:
         """`gmap` with its weight entries recomputed by the aux tape (see _shadow_weights)."""

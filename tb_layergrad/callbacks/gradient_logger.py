@@ -7,10 +7,10 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import metadata
+from tb_layergrad import distribute, metadata
 from tb_layergrad import summary as lg_summary
 from tb_layergrad.nonfinite import FirstNonfiniteTracker
-from tb_layergrad.callbacks import _fit_step
+from tb_layergrad.callbacks import _fit_step, _replica_payload
 from tb_layergrad.layer_capture import Capture
 from tb_layergrad.rnn_probe import TimestepProbe
 from tb_layergrad.targets import check_target_shape, validate_targets
@@ -90,6 +90,12 @@ class GradientLogger(_Base):
             `train_step` is not the one this callback reproduces; with
             `False`, warn and run anyway (training might then differ in the
             last bits from a run without the callback).
+        replicas: under a multi-replica strategy (MirroredStrategy,
+            MultiWorkerMirroredStrategy), how the replicas' gradients become
+            those of the global batch: "gather" (all-gather the tensors) or
+            "stats" (all-reduce only counts, sums, min/max and histogram counts
+            with shared edges; cheaper, cannot log raw tensors). Only the chief
+            writes. See docs/DISTRIBUTED.md.
 
     Mixed precision: with a loss-scaling optimizer, the recorded gradients are
     divided by the loss scale read before the step's update (float32). A step
@@ -99,8 +105,9 @@ class GradientLogger(_Base):
     does not advance `optimizer.iterations`, so the next step writes at the
     same step number (tf_keras counts it).
 
-    Not supported: several replicas (MirroredStrategy...), models that override
-    `train_step` (capture inside it with `tb_layergrad.capture`), non-TensorFlow
+    Several replicas (Keras 3): the records are those of the global batch,
+    written once by the chief (docs/DISTRIBUTED.md). Not supported: several
+    replicas under tf_keras, models that override `train_step` (capture inside it with `tb_layergrad.capture`), non-TensorFlow
     Keras backends. With `steps_per_execution=k > 1`, Keras returns only the
     last step of each execution: use an `every_n_steps` multiple of k.
     """
@@ -117,8 +124,12 @@ class GradientLogger(_Base):
         max_elements: int = 0,
         run_name: str = "train",
         strict: bool = True,
+        replicas: str = "gather",
     ):
         super().__init__()
+        distribute.check_mode(replicas)
+        if replicas == "stats" and max_elements > 0:
+            raise ValueError('max_elements > 0 logs raw gradients, which needs the full tensors: use replicas="gather"')
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
         if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
@@ -144,7 +155,9 @@ class GradientLogger(_Base):
         self.max_elements = max_elements
         self.run_name = run_name
         self.strict = bool(strict)
+        self.replicas = replicas
         self._writer = None
+        self._chief = True
         self._record_writer: Optional[Callable] = None  # compiled for self._writer, made at the first write
         self._fit_step: Optional[_fit_step.FitStep] = None
         self._saved: Optional[Dict[str, Any]] = None
@@ -175,10 +188,10 @@ class GradientLogger(_Base):
         if getattr(model, "optimizer", None) is None:
             raise ValueError("GradientLogger needs a compiled model with an optimizer")
         strategy = getattr(model, "distribute_strategy", None)
-        if strategy is not None and strategy.num_replicas_in_sync > 1:
+        if strategy is not None and strategy.num_replicas_in_sync > 1 and kind != "keras":
             raise ValueError(
-                f"GradientLogger does not support {strategy.num_replicas_in_sync} replicas yet "
-                f"({type(strategy).__name__}); train on one device, or capture in a custom loop"
+                f"GradientLogger supports {strategy.num_replicas_in_sync} replicas ({type(strategy).__name__}) "
+                "with Keras 3 only, not tf_keras; capture in a custom loop (tb_layergrad.distribute) instead"
             )
         Capture(model, layers=self.layers, weights=self.weights)  # unknown layers raise here
         if self.timesteps is not False:
@@ -232,7 +245,12 @@ class GradientLogger(_Base):
             self._restore()
         kind = self._check_model(model)
         self._steps_per_execution = _steps_per_execution(model)
-        writer = self._writer if self._writer is not None else self._open_writer()  # one event file per callback
+        strategy = getattr(model, "distribute_strategy", None)
+        self._chief = distribute.is_chief(strategy)
+        if self._chief:
+            writer = self._writer if self._writer is not None else self._open_writer()  # one event file per callback
+        else:
+            writer = None  # other workers leave no file behind
         xla = bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))
         config = _fit_step.StepConfig(
             layers=self.layers,
@@ -243,6 +261,7 @@ class GradientLogger(_Base):
             max_elements=self.max_elements,
             every_n_steps=self.every_n_steps,
             xla=xla,
+            replicas=self.replicas,
         )
         if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
             model.make_train_function()
@@ -356,6 +375,11 @@ class GradientLogger(_Base):
 
     # -- writing -----------------------------------------------------------------
     def _write(self, payload: Dict[str, Any]) -> None:
+        if self._writer is None:  # not the chief
+            return
+        if "encoded" in payload:  # several replicas: see _replica_payload
+            kinds = {tag: self._fit_step.series[tag].kind for tag in payload["records"]}
+            payload = _replica_payload.decode(payload, kinds)
         records = payload["records"]
         if not records or not bool(payload["log"]):
             return

@@ -1,0 +1,286 @@
+"""Gradients of the GLOBAL batch under `tf.distribute` (MirroredStrategy, MultiWorkerMirroredStrategy).
+
+Why: under a strategy every replica holds the gradients of its own shard of the
+batch, and TensorFlow records summaries in replica context on replica 0 only, so
+a naive write logs a fraction of the batch, silently. This module merges the
+per-replica results into what one device would have computed on the whole batch:
+
+- layer outputs: concatenated along the batch axis, in replica order (the order
+  `experimental_distribute_dataset` splits a global batch in);
+- weights: SUMMED over replicas. That is the global gradient when each replica's
+  loss is scaled so that the replica losses sum to the global loss
+  (`tf.nn.compute_average_loss(..., global_batch_size=...)`; Keras' fit() does
+  it); it is also what the optimizer applies.
+
+`merge()` works in replica context (inside `strategy.run`: `all_gather` /
+`all_reduce`, which cannot run inside a `tf.cond`, so every step) and in
+cross-replica context on what `strategy.run` returned (`strategy.gather` /
+`strategy.reduce`, which may run on logged steps only). `summary.gradients`
+calls it for you. `replica_stats` is the cheaper mode that moves only statistics.
+
+Only the chief may write: `is_chief()` and `create_file_writer()` (a no-op
+writer on the other workers, so they leave no event file behind).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from typing import Any, Callable, Iterator, List, Optional
+
+import tensorflow as tf
+
+from tb_layergrad import metadata
+from tb_layergrad.gradient_map import GradientMap
+
+
+def _no_autograph(fn):
+    """Library code uses tf.cond explicitly: autograph converting it only slows tracing (several times)."""
+    return tf.autograph.experimental.do_not_convert(fn)
+
+
+MODES = ("gather", "stats")
+
+__all__ = ["MODES", "merge", "replica_context", "num_replicas", "is_chief", "create_file_writer", "NonChiefWriter", "check_mode"]
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"replicas must be one of {MODES}, got {mode!r}")
+    return mode
+
+
+def replica_context() -> Optional[Any]:
+    """The ReplicaContext when running inside `strategy.run` with more than one replica, else None."""
+    if not tf.distribute.has_strategy() or tf.distribute.in_cross_replica_context():
+        return None
+    ctx = tf.distribute.get_replica_context()
+    if ctx is None or ctx.num_replicas_in_sync <= 1:
+        return None
+    return ctx
+
+
+def num_replicas() -> int:
+    """Replicas in sync of the current strategy (1 without one)."""
+    return int(tf.distribute.get_strategy().num_replicas_in_sync)
+
+
+def _is_distributed(value: Any) -> bool:
+    return isinstance(value, tf.distribute.DistributedValues)
+
+
+def per_replica_map(grads: Any) -> Any:
+    """`strategy.run` returns a GradientMap as ONE PerReplica (tf.distribute does not look inside it):
+    turn that into a GradientMap of PerReplica gradients. Anything else is returned as is."""
+    if not _is_distributed(grads):
+        return grads
+    maps = tuple(grads.values)  # this worker's replicas, in order (as experimental_local_results)
+    if not maps or not isinstance(maps[0], GradientMap):
+        return grads
+    from tensorflow.python.distribute.values import PerReplica  # what strategy.run builds; no public constructor
+
+    def regroup(values: List[Any]) -> Any:
+        return values[0] if len(values) == 1 or values[0] is None else PerReplica(tuple(values))
+
+    first = maps[0]
+    entries = {p: dataclasses.replace(first.entry(p), gradient=regroup([m[p] for m in maps])) for p in first}
+    var_grads = [regroup([m.variable_gradients[i] for m in maps]) for i in range(len(first.variable_gradients))]
+    return GradientMap(entries, first.target, var_grads)
+
+
+def holds_distributed_values(grads: Any) -> bool:
+    """True for a GradientMap/dict that `strategy.run` returned (PerReplica gradients)."""
+    if _is_distributed(grads):
+        return True
+    values = grads.values() if hasattr(grads, "values") else []
+    return any(_is_distributed(v) for v in values) or any(
+        _is_distributed(v) for v in getattr(grads, "variable_gradients", [])
+    )
+
+
+def _as_map(grads: Any) -> GradientMap:
+    if isinstance(grads, GradientMap):
+        return grads
+    from tb_layergrad.gradient_map import Entry
+
+    entries = {p: Entry(g, metadata.SOURCE_OUTPUT, i) for i, (p, g) in enumerate(dict(grads).items())}
+    return GradientMap(entries, metadata.DEFAULT_TARGET)
+
+
+def _check_batch_major(path: str, g: Any) -> None:
+    if g.shape.rank == 0:
+        raise ValueError(
+            f"{path}: a scalar layer-output gradient has no batch axis to gather replicas along; "
+            "leave this layer out of capture(layers=...) under a multi-replica strategy"
+        )
+
+
+def _merge_call_error(e: RuntimeError) -> RuntimeError:
+    if "merge_call" in str(e):
+        return RuntimeError(
+            "tb_layergrad merges gradients across replicas with collective ops, which TensorFlow cannot run "
+            "inside a tf.cond / Python `if` on a tensor in replica context. Call summary.gradients (or "
+            "distribute.merge) unconditionally at every step and choose the logged steps with "
+            "tf.summary.record_if(...) instead; or return the gradients from strategy.run and write them in "
+            "cross-replica context, where the gather runs on logged steps only."
+        )
+    return e
+
+
+@_no_autograph
+def merge(grads: Any, strategy: Any = None) -> GradientMap:
+    """The global-batch GradientMap from per-replica gradients (see the module docstring).
+
+    - Replica context (inside `strategy.run`, >1 replica): layer outputs are
+      all-gathered along axis 0, weight gradients all-reduced (SUM). Every
+      replica gets the same result. `variable_gradients` stays this replica's
+      (what an optimizer expects in replica context).
+    - Cross-replica context, on the result of `strategy.run`: the same with
+      `strategy.gather` / `strategy.reduce`; `variable_gradients` are summed.
+    - One replica / no strategy: returned unchanged.
+
+    The merged map has `replicas` set to the number of replicas it covers; merging
+    it again is a no-op.
+    """
+    gmap = _as_map(per_replica_map(grads))
+    if gmap.replicas > 1:
+        return gmap
+    ctx = replica_context()
+    if ctx is not None:
+        try:
+            return _merge_in_replica(gmap, ctx)
+        except RuntimeError as e:
+            raise _merge_call_error(e) from e
+    if holds_distributed_values(gmap):
+        strategy = strategy if strategy is not None else tf.distribute.get_strategy()
+        if strategy.num_replicas_in_sync <= 1 and not tf.distribute.has_strategy():
+            raise ValueError(
+                "these gradients come from strategy.run but no strategy is in scope: pass "
+                "merge(grads, strategy=strategy) or call it under `with strategy.scope()`"
+            )
+        return _merge_cross_replica(gmap, strategy)
+    return gmap
+
+
+def _merged_entries(gmap: GradientMap, gather: Callable, reduce_sum: Callable, n: int) -> dict:
+    outputs = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT]
+    weights = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_WEIGHT]
+    gathered = gather([gmap[p] for p in outputs]) if outputs else []
+    summed = reduce_sum([gmap[p] for p in weights]) if weights else []
+    merged = dict(zip(outputs, gathered))
+    merged.update(zip(weights, summed))
+    entries = {}
+    for p in gmap:
+        e = gmap.entry(p)
+        if p in merged:
+            entries[p] = dataclasses.replace(e, gradient=merged[p])
+        elif e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:  # "no gradient": count the whole batch
+            entries[p] = dataclasses.replace(e, elements=e.elements * n)
+        else:
+            entries[p] = e
+    return entries
+
+
+def _merge_in_replica(gmap: GradientMap, ctx: Any) -> GradientMap:
+    n = ctx.num_replicas_in_sync
+    for p in gmap:
+        if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT:
+            _check_batch_major(p, gmap[p])
+    entries = _merged_entries(
+        gmap,
+        lambda ts: ctx.all_gather(ts, axis=0),
+        lambda ts: ctx.all_reduce(tf.distribute.ReduceOp.SUM, ts),
+        n,
+    )
+    return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n)
+
+
+def _merge_cross_replica(gmap: GradientMap, strategy: Any) -> GradientMap:
+    n = strategy.num_replicas_in_sync
+    sum_op = tf.distribute.ReduceOp.SUM
+
+    def gather(ts: List[Any]) -> List[Any]:
+        return [strategy.gather(t, axis=0) for t in ts]
+
+    def reduce_sum(ts: List[Any]) -> List[Any]:
+        return [strategy.reduce(sum_op, t, axis=None) for t in ts]
+
+    entries = _merged_entries(gmap, gather, reduce_sum, n)
+    var_grads = [None if g is None else strategy.reduce(sum_op, g, axis=None) for g in gmap.variable_gradients]
+    return GradientMap(entries, gmap.target, var_grads, replicas=n)
+
+
+# -- who writes ------------------------------------------------------------------------------------
+def is_chief(strategy: Any = None) -> bool:
+    """True on the one process that should write: always, except on non-chief multi-worker tasks.
+
+    The chief is task "chief" (index 0), or "worker" 0 when the cluster has no
+    chief task, as in `tf.distribute.MultiWorkerMirroredStrategy`. Without a
+    strategy (none given, none in scope) the cluster is read from `TF_CONFIG`,
+    so a writer made outside `strategy.scope()` is still only the chief's.
+    """
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    if strategy is not None:
+        resolver = getattr(strategy, "cluster_resolver", None)
+        extended = getattr(strategy, "extended", None)
+        if resolver is None or not getattr(extended, "_in_multi_worker_mode", lambda: False)():
+            return True
+    else:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    return _is_chief_task(resolver)
+
+
+def _is_chief_task(resolver: Any) -> bool:
+    spec = resolver.cluster_spec().as_dict()
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if not spec or task_type is None:
+        return True
+    if "chief" in spec:
+        return task_type == "chief"
+    return task_type == "worker" and int(task_id or 0) == 0
+
+
+class NonChiefWriter:
+    """The writer of a non-chief worker: writes nothing, creates no file, but sets the step.
+
+    Why not `tf.summary.create_noop_writer()`: its `as_default(step=...)` drops the
+    step, so `summary.gradients` (which must still run on every worker: its
+    collectives pair with the chief's) would find no step.
+    """
+
+    @contextlib.contextmanager
+    def as_default(self, step: Any = None) -> Iterator["NonChiefWriter"]:
+        if step is None:
+            yield self
+            return
+        previous = tf.summary.experimental.get_step()
+        tf.summary.experimental.set_step(step)
+        try:
+            yield self
+        finally:
+            tf.summary.experimental.set_step(previous)
+
+    def set_as_default(self, step: Any = None) -> None:
+        if step is not None:
+            tf.summary.experimental.set_step(step)
+
+    def init(self) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def create_file_writer(logdir: Any, strategy: Any = None, **kwargs: Any) -> Any:
+    """`tf.summary.create_file_writer(logdir)` on the chief, a `NonChiefWriter` elsewhere.
+
+    Under MultiWorkerMirroredStrategy every worker runs the same program; a file
+    writer on each would leave one event file per worker in `logdir`.
+    """
+    if not is_chief(strategy):
+        return NonChiefWriter()
+    return tf.summary.create_file_writer(os.fspath(logdir), **kwargs)

@@ -1,0 +1,78 @@
+"""Custom loop under MirroredStrategy (2 logical CPUs, in a subprocess): the global batch, written once.
+
+The script (distribute_scripts/custom_loop.py) trains 3 steps and writes through
+every distributed path: in replica context with replicas="gather" and "stats",
+and in cross-replica context on what strategy.run returned; plus a single-device
+reference on the same weights and the same global batch at each step.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import distribute_harness as dh
+from tb_layergrad import metadata
+
+GLOBAL_BATCH, STEPS = 8, 3
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("custom_loop"))
+    dh.run_script("custom_loop.py", [logdir], timeout=300)
+    return logdir, dh.read(logdir)
+
+
+@pytest.mark.parametrize("mode", ["gather", "stats", "cross"])
+def test_equals_single_device_on_the_global_batch(run, mode):
+    _, records = run
+    assert dh.assert_same_records(records[mode], records["single"]) == 12 * STEPS
+
+
+@pytest.mark.parametrize("mode", ["low_gather", "low_stats"])
+def test_low_level_op_writes_the_global_batch(run, mode):
+    _, records = run
+    wanted = [metadata.make_tag("loss", s, p, k) for s, p in (("output", "tiny/hidden"), ("weight", "tiny/out/bias"))
+              for k in ("histogram", "stats")]
+    expected = {tag: records["single"][tag] for tag in wanted}
+    assert dh.assert_same_records(records[mode], expected) == 4 * STEPS
+
+
+def test_counts_cover_the_global_batch_once_per_step(run):
+    _, records = run
+    for mode in ("gather", "stats", "cross"):
+        for layer, units in (("tiny/hidden", 16), ("tiny/out", 4)):
+            info, datums = records[mode][metadata.make_tag("loss", "output", layer, "stats")]
+            assert [d.step for d in datums] == [1, 2, 3]  # one record per step: written once, right step
+            for d in datums:
+                assert d.numpy[metadata.STAT_INDEX["elements"]] == GLOBAL_BATCH * units
+            hist = records[mode][metadata.make_tag("loss", "output", layer, "histogram")][1]
+            assert all(d.numpy[:, 2].sum() == GLOBAL_BATCH * units for d in hist)
+
+
+def test_one_event_file_per_run(run):
+    logdir, _ = run
+    for mode in ("gather", "stats", "cross", "single"):
+        files = [f for f in os.listdir(os.path.join(logdir, mode)) if "tfevents" in f]
+        assert len(files) == 1, (mode, files)
+
+
+def test_logging_does_not_change_training(run):
+    logdir, _ = run
+    w = np.load(os.path.join(logdir, "weights.npz"))
+    n = len(w.files) // 2
+    for i in range(n):  # bitwise: with the three writers vs without
+        np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])
+
+
+def test_bad_usage_fails_clearly(run):
+    logdir, records = run
+    with open(os.path.join(logdir, "errors.json")) as f:
+        errors = json.load(f)
+    assert "RuntimeError" in errors["in_cond"] and "tf.summary.record_if" in errors["in_cond"], errors["in_cond"]
+    assert "ValueError" in errors["stats_with_tensors"] and 'replicas="gather"' in errors["stats_with_tensors"]
+    assert "ValueError" in errors["cross_without_strategy"] and "strategy=" in errors["cross_without_strategy"]
+    assert "errors" not in records  # nothing half-written

@@ -1,0 +1,52 @@
+"""GradientLogger in fit() under MirroredStrategy (2 logical CPUs, in a subprocess) vs one device.
+
+Named test_distribute_* (not test_fit_*): it drives Keras 3 through its own
+subprocess; the legacy tf_keras CI run refuses several replicas with a clear error.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import distribute_harness as dh
+from tb_layergrad import metadata
+
+GLOBAL_BATCH, STEPS = 8, 3
+MODES = ("graph", "eager")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("fit_mirrored"))
+    dh.run_script("fit_mirrored.py", [logdir, ",".join(MODES)], timeout=300)
+    return logdir, dh.read(logdir)
+
+
+@pytest.mark.parametrize("replicas", ["gather", "stats"])
+@pytest.mark.parametrize("mode", MODES)
+def test_fit_records_equal_single_device(run, replicas, mode):
+    _, records = run
+    got = records[f"{replicas}_{mode}/train"]
+    assert dh.assert_same_records(got, records[f"single_{mode}/train"]) == 12 * STEPS
+    for layer, units in (("tiny/hidden", 16), ("tiny/out", 4)):
+        _, datums = got[metadata.make_tag("loss", "output", layer, "stats")]
+        assert [d.step for d in datums] == list(range(1, STEPS + 1))
+        assert all(d.numpy[metadata.STAT_INDEX["elements"]] == GLOBAL_BATCH * units for d in datums)
+
+
+def test_one_event_file_per_run(run):
+    logdir, records = run
+    for name in records:
+        files = [f for f in os.listdir(os.path.join(logdir, name)) if "tfevents" in f]
+        assert len(files) == 1, (name, files)
+
+
+def test_logger_does_not_change_training_under_the_strategy(run):
+    logdir, _ = run
+    w = np.load(os.path.join(logdir, "weights.npz"))
+    n = len(w.files) // 2
+    assert n == 4
+    for i in range(n):
+        np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])
