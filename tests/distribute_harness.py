@@ -101,3 +101,19 @@ def assert_same_records(actual: Dict, expected: Dict, rtol: float = RTOL) -> int
 
 def read(logdir: str) -> Dict:
     return tb_reading.read_all(logdir)
+
+
+def assert_one_event_file(logdir: str, runs: Sequence[str]) -> None:
+    """Each run directory holds exactly one event file (one writer, no duplicate from another replica/worker)."""
+    for name in runs:
+        files = [f for f in os.listdir(os.path.join(logdir, name)) if "tfevents" in f]
+        assert len(files) == 1, (name, files)
+
+
+def assert_weights_unchanged(logdir: str) -> int:
+    """`weights.npz` holds the weights of a run without logging, then with: bitwise equal. Returns their count."""
+    w = np.load(os.path.join(logdir, "weights.npz"))
+    n = len(w.files) // 2
+    for i in range(n):
+        np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])
+    return n

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 
-import numpy as np
 import pytest
 
 import distribute_harness as dh
@@ -54,18 +53,11 @@ def test_counts_cover_the_global_batch_once_per_step(run):
 
 
 def test_one_event_file_per_run(run):
-    logdir, _ = run
-    for mode in ("gather", "stats", "cross", "single"):
-        files = [f for f in os.listdir(os.path.join(logdir, mode)) if "tfevents" in f]
-        assert len(files) == 1, (mode, files)
+    dh.assert_one_event_file(run[0], ("gather", "stats", "cross", "single"))
 
 
 def test_logging_does_not_change_training(run):
-    logdir, _ = run
-    w = np.load(os.path.join(logdir, "weights.npz"))
-    n = len(w.files) // 2
-    for i in range(n):  # bitwise: with the three writers vs without
-        np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])
+    assert dh.assert_weights_unchanged(run[0]) > 0  # bitwise: with the three writers vs without
 
 
 def test_bad_usage_fails_clearly(run):

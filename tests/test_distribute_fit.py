@@ -5,9 +5,6 @@ subprocess; the legacy tf_keras CI run refuses several replicas with a clear err
 """
 from __future__ import annotations
 
-import os
-
-import numpy as np
 import pytest
 
 import distribute_harness as dh
@@ -38,15 +35,8 @@ def test_fit_records_equal_single_device(run, replicas, mode):
 
 def test_one_event_file_per_run(run):
     logdir, records = run
-    for name in records:
-        files = [f for f in os.listdir(os.path.join(logdir, name)) if "tfevents" in f]
-        assert len(files) == 1, (name, files)
+    dh.assert_one_event_file(logdir, list(records))
 
 
 def test_logger_does_not_change_training_under_the_strategy(run):
-    logdir, _ = run
-    w = np.load(os.path.join(logdir, "weights.npz"))
-    n = len(w.files) // 2
-    assert n == 4
-    for i in range(n):
-        np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])
+    assert dh.assert_weights_unchanged(run[0]) == 4
