@@ -31,12 +31,8 @@ from typing import Any, Callable, Iterator, List, Optional
 import tensorflow as tf
 
 from tb_layergrad import metadata
+from tb_layergrad.graph_util import no_autograph
 from tb_layergrad.gradient_map import GradientMap
-
-
-def _no_autograph(fn):
-    """Library code uses tf.cond explicitly: autograph converting it only slows tracing (several times)."""
-    return tf.autograph.experimental.do_not_convert(fn)
 
 
 MODES = ("gather", "stats")
@@ -127,7 +123,7 @@ def _merge_call_error(e: RuntimeError) -> RuntimeError:
     return e
 
 
-@_no_autograph
+@no_autograph
 def merge(grads: Any, strategy: Any = None) -> GradientMap:
     """The global-batch GradientMap from per-replica gradients (see the module docstring).
 

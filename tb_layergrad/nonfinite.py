@@ -7,23 +7,22 @@ step on, every logged step also writes, next to the layer's `stats`, an int64 [1
 record holding that first step: whatever sample TensorBoard keeps, its last
 record names it.
 
-Two writers keep the running value:
-- `summary.gradients()` (custom loops, inside `tf.function` or eagerly): one int64
-  `tf.Variable` per (default summary writer, tag), created on first use
-  (`write_first_nonfinite`).
-- `FirstNonfiniteTracker` (plain Python, for writers that see the stats as numpy
-  arrays, such as `GradientLogger._write`).
-Records are written only from the first non-finite step on: a clean run gets none.
+The running value is one int64 `tf.Variable` per (default summary writer, tag),
+created on first use, kept by `summary.gradients()` (custom loops, inside
+`tf.function` or eagerly) and by `GradientLogger`'s record writer alike
+(`write_first_nonfinite_many`). Records are written only from the first
+non-finite step on: a clean run gets none.
 """
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
-import numpy as np
+import tensorflow as tf
 
 from tb_layergrad import metadata
+from tb_layergrad.graph_util import cond_out_of_line
 
 _NAN, _POS_INF, _NEG_INF = (metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf"))
 
@@ -39,38 +38,6 @@ def record_info(stats_info: metadata.SeriesInfo) -> metadata.SeriesInfo:
         dtype=stats_info.dtype,
     )
 
-
-class FirstNonfiniteTracker:
-    """Running first non-finite step per series, for a writer that holds the stats as numpy.
-
-        tracker = FirstNonfiniteTracker()
-        ...at every logged step, after writing a stats record:
-        extra = tracker.update(info, stats_array, step)
-        if extra is not None:
-            info2, value = extra
-            tf.summary.write(info2.tag, value, step=step, metadata=metadata.create_summary_metadata(info2))
-    """
-
-    def __init__(self) -> None:
-        self._first: Dict[str, int] = {}
-
-    def update(self, info: metadata.SeriesInfo, stats: Any, step: int) -> Optional[Tuple[metadata.SeriesInfo, np.ndarray]]:
-        """The record to write at `step` (None while the series has been finite)."""
-        if info.kind != metadata.KIND_STATS:
-            return None
-        s = np.asarray(stats, dtype=np.float64).reshape(-1)
-        first = self._first.get(info.tag)
-        if first is None and s.size > _NEG_INF and (s[_NAN] + s[_POS_INF] + s[_NEG_INF]) > 0:
-            first = self._first[info.tag] = int(step)
-        if first is None:
-            return None
-        return record_info(info), np.asarray([first], dtype=np.int64)
-
-    def first(self, tag: str) -> Optional[int]:
-        return self._first.get(tag)
-
-
-# -- in-graph (summary.gradients) ------------------------------------------------------------------
 
 _LOCK = threading.Lock()
 _BY_WRITER: "weakref.WeakKeyDictionary[Any, Dict[str, Any]]" = weakref.WeakKeyDictionary()
@@ -92,8 +59,6 @@ def _default_writer() -> Any:
 
 
 def _variable(tag: str) -> Any:
-    import tensorflow as tf
-
     writer = _default_writer()
     with _LOCK:
         try:
@@ -128,24 +93,39 @@ def write_first_nonfinite(stats_info: metadata.SeriesInfo, stats: Any, step: Any
     To be called where the stats record is written (inside `summary`'s recording
     condition), eagerly or in a `tf.function`.
     """
-    import tensorflow as tf
+    write_first_nonfinite_many([(stats_info, stats)], step, description)
 
-    var = _variable(stats_info.tag)
-    info = record_info(stats_info)
+
+def write_first_nonfinite_many(entries: Sequence[Tuple[metadata.SeriesInfo, Any]], step: Any, description: str = "") -> None:
+    """`write_first_nonfinite` for several (stats info, stats) at once, behind ONE condition.
+
+    Why: a logged step of a clean run (no NaN/Inf ever) should cost no more than
+    reading the running values; a condition (or an assignment) per series costs
+    tens of microseconds each in a `tf.function`. Only once some series has a
+    first non-finite step are the values stored and the records written.
+    """
+    if not entries:
+        return
+    variables = [_variable(info.tag) for info, _ in entries]
     step = tf.cast(step, tf.int64)
-    nonfinite = (stats[_NAN] + stats[_POS_INF] + stats[_NEG_INF]) > 0
-    first = tf.where(tf.logical_and(var < 0, nonfinite), step, var.read_value())
-    var.assign(first)
+    nonfinite = tf.stack([(s[_NAN] + s[_POS_INF] + s[_NEG_INF]) > 0 for _, s in entries])
+    previous = tf.stack([v.read_value() for v in variables])
+    first = tf.where((previous < 0) & nonfinite, step, previous)
 
-    def write() -> tf.Tensor:
-        tf.summary.write(
-            info.tag, tf.reshape(first, [1]), step=step,
-            metadata=metadata.create_summary_metadata(info, description),
-        )
+    def store_and_write() -> tf.Tensor:
+        for i, (var, (info, _)) in enumerate(zip(variables, entries)):
+            var.assign(first[i])
+            record = record_info(info)
+
+            def write(record=record, value=first[i : i + 1]) -> tf.Tensor:
+                tf.summary.write(record.tag, value, step=step, metadata=metadata.create_summary_metadata(record, description))
+                return tf.constant(True)
+
+            if tf.executing_eagerly():
+                if int(first[i]) >= 0:
+                    write()
+            else:
+                tf.cond(first[i] >= 0, write, lambda: tf.constant(False))
         return tf.constant(True)
 
-    if tf.executing_eagerly():
-        if int(first) >= 0:
-            write()
-    else:
-        tf.cond(first >= 0, write, lambda: tf.constant(False))
+    cond_out_of_line(tf.reduce_any(first >= 0), store_and_write)

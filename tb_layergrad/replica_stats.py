@@ -29,12 +29,8 @@ from typing import Any, List, Sequence, Tuple
 import tensorflow as tf
 
 from tb_layergrad import reductions
+from tb_layergrad.graph_util import no_autograph
 from tb_layergrad.reductions import _FAST_MIN_MAGNITUDE, _SMALLEST_NORMAL, _flush_subnormal, _histogram, _pow2_scale, _with_edges
-
-
-def _no_autograph(fn):
-    """Library code uses tf.cond explicitly: autograph converting it only slows tracing (several times)."""
-    return tf.autograph.experimental.do_not_convert(fn)
 
 
 __all__ = ["merged_histograms_and_stats"]
@@ -143,7 +139,7 @@ def _finish(summed: tf.Tensor, local: Tuple, k: int) -> Tuple[tf.Tensor, tf.Tens
     return _with_edges(counts, lo, hi, k, scale), stats
 
 
-@_no_autograph
+@no_autograph
 def merged_histograms_and_stats(
     tensors: Sequence[tf.Tensor], buckets: int = 30, ctx: Any = None, xla_safe: bool = False
 ) -> List[Tuple[tf.Tensor, tf.Tensor]]:

@@ -20,17 +20,13 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import distribute, metadata, nonfinite, reductions, replica_stats
+from tb_layergrad.graph_util import cond_out_of_line, no_autograph
 from tb_layergrad.gradient_map import Entry, GradientMap
-
-
-def _no_autograph(fn):
-    """Library code uses tf.cond explicitly: autograph converting it only slows tracing (several times)."""
-    return tf.autograph.experimental.do_not_convert(fn)
 
 
 __all__ = ["gradient", "gradients", "timesteps"]
@@ -47,23 +43,30 @@ def _resolve_step(step: Any) -> Any:
     return step
 
 
-def _when_recording(fn) -> Any:
-    """Run `fn` only if summaries are being recorded (a default writer, record_if true)."""
+def _when_recording(fn, out_of_line: bool = True) -> Any:
+    """Run `fn` only if summaries are being recorded (a default writer, record_if true).
+
+    Inside, recording is statically on: otherwise every `tf.summary.write` in
+    `fn` would add its own condition on the same predicate (a few tens of
+    microseconds each per step in a `tf.function`). `out_of_line`: the branch
+    as one function call (graph_util.cond_out_of_line); not for a branch that
+    gathers replicas (collectives over PerReplica values must stay inline).
+    """
     should = tf.summary.should_record_summaries()
     static = should if isinstance(should, bool) else tf.get_static_value(should)
     if static is not None and not bool(static):
         return tf.constant(False)  # statically off (no writer, e.g. a non-chief worker): nothing to trace
-    if tf.executing_eagerly() or isinstance(should, bool):
-        if bool(should):
-            fn()
-            return tf.constant(True)
-        return tf.constant(False)
 
     def write():
-        fn()
+        with tf.summary.record_if(True):
+            fn()
         return tf.constant(True)
 
-    return tf.cond(should, write, lambda: tf.constant(False))
+    if isinstance(should, bool):
+        return write() if should else tf.constant(False)
+    if not out_of_line and not tf.executing_eagerly():
+        return tf.cond(should, write, lambda: tf.constant(False))
+    return cond_out_of_line(should, write)
 
 
 def _info(name: str, kind: str, target: str, source: str, index: int, dtype: str) -> metadata.SeriesInfo:
@@ -74,7 +77,7 @@ def _write(info: metadata.SeriesInfo, tensor: tf.Tensor, step: Any, description:
     tf.summary.write(info.tag, tensor, step=step, metadata=metadata.create_summary_metadata(info, description))
 
 
-@_no_autograph
+@no_autograph
 def gradient(
     name: str,
     data: Optional[tf.Tensor],
@@ -128,13 +131,13 @@ def gradient(
 
 
 def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
-                track_nonfinite=False, records=None):
+                records=None):
     """Validate now; return the function that computes and writes the records.
 
     `records`: (histogram, stats) already computed (the stats-only replica merge).
     """
     write_reduced = _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements,
-                                        description, track_nonfinite)
+                                        description)
 
     def write() -> None:
         if records is not None:
@@ -145,12 +148,13 @@ def _writer_for(name, data, step, buckets, max_elements, target, source, layer_i
     return write
 
 
-def _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
-                        track_nonfinite=False):
+def _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description=""):
     """Validate now; return the function that writes the records, given `data`'s (histogram, stats).
 
     Split from the reductions so that `gradients()` can reduce all its tensors
-    in one `reductions.histograms_and_stats` call.
+    in one `reductions.histograms_and_stats` call. The function returns the
+    (stats series, stats) it wrote for a present gradient (None otherwise), for
+    the first-non-finite bookkeeping, which `gradients()` does for all at once.
     """
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
@@ -160,13 +164,11 @@ def _reduced_writer_for(name, data, step, buckets, max_elements, target, source,
         raise ValueError(f"max_elements must be >= 0, got {max_elements}")
     dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
 
-    def write(reduced) -> None:
+    def write(reduced) -> Optional[Tuple[metadata.SeriesInfo, tf.Tensor]]:
         hist, stats = reductions.no_gradient_records(elements, buckets) if data is None else reduced
+        stats_info = _info(name, metadata.KIND_STATS, target, source, layer_index, dtype)
         _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step, description)
-        _write(_info(name, metadata.KIND_STATS, target, source, layer_index, dtype), stats, step, description)
-        if track_nonfinite and data is not None:  # the running first NaN/Inf step (docs/FORMAT.md)
-            info = _info(name, metadata.KIND_STATS, target, source, layer_index, dtype)
-            nonfinite.write_first_nonfinite(info, stats, step, description)
+        _write(stats_info, stats, step, description)
         if max_elements > 0 and data is not None:
             _write(
                 _info(name, metadata.KIND_TENSOR, target, source, layer_index, dtype),
@@ -174,11 +176,12 @@ def _reduced_writer_for(name, data, step, buckets, max_elements, target, source,
                 step,
                 description,
             )
+        return None if data is None else (stats_info, stats)
 
     return write
 
 
-@_no_autograph
+@no_autograph
 def gradients(
     grads: Mapping[str, Any],
     step: Any = None,
@@ -237,7 +240,7 @@ def gradients(
     def writers_for(items_) -> list:
         return [
             _reduced_writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index,
-                                e.elements, track_nonfinite=True)
+                                e.elements)
             for path, e, _ in items_
         ]
 
@@ -252,14 +255,14 @@ def gradients(
         # One batched reduction for what is not reduced yet (stats-only records are).
         present = [e.gradient for _, e, r in todo_items if e.gradient is not None and r is None]
         reduced = iter(reductions.histograms_and_stats(present, buckets)) if present else iter(())
+        written = []
         for write, (_, e, records) in zip(todo, todo_items):
-            if records is not None:
-                write(records)
-            else:
-                write(None if e.gradient is None else next(reduced))
+            written.append(write(records if records is not None else None if e.gradient is None else next(reduced)))
+        # The running first NaN/Inf step of each series (docs/FORMAT.md), behind one condition.
+        nonfinite.write_first_nonfinite_many([w for w in written if w is not None], step)
 
     with tf.name_scope("layergrad"):
-        return _when_recording(write_all)
+        return _when_recording(write_all, out_of_line=items is not None)
 
 
 def _merge_in_replica(grads: GradientMap, mode: str, buckets: int, max_elements: int) -> list:
@@ -294,7 +297,7 @@ def _merge_in_replica(grads: GradientMap, mode: str, buckets: int, max_elements:
     return out
 
 
-@_no_autograph
+@no_autograph
 def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET, layer_index: int = -1) -> tf.Tensor:
     """Write a per-timestep gradient norm vector [T] for an RNN layer."""
     step = _resolve_step(step)

@@ -248,3 +248,41 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
         for name in ("elements", "nan", "pos_inf", "neg_inf", "zeros"):
             assert stats.numpy()[S[name]] == want[name], (a.dtype, a.shape, name)
         assert hist.numpy()[:, 2].sum() == want["elements"] - want["nan"] - want["pos_inf"] - want["neg_inf"]
+
+
+def test_first_nonfinite_records_from_a_tf_function(tmp_path):
+    """The running first NaN/Inf step per series, kept in graph mode with record_if every 2 steps.
+
+    Layer "a" holds a NaN at step 4 only, "b" an Inf from step 7 on, "c" is always finite:
+    from its first non-finite logged step on, a series gets a first_nonfinite record naming
+    that step; "c" gets none; unlogged steps (odd) write nothing at all.
+    """
+    writer = tf.summary.create_file_writer(str(tmp_path / "run"))
+    step_var = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def log(a, b, c):
+        with writer.as_default(step=step_var), tf.summary.record_if(step_var % 2 == 0):
+            tb_layergrad.summary.gradients({"m/a": a, "m/b": b, "m/c": c})
+
+    for step in range(12):
+        step_var.assign(step)
+        a = np.ones([3], np.float32) * (step + 1)
+        b = np.ones([3], np.float32)
+        if step == 4:
+            a[1] = np.nan
+        if step >= 7:
+            b[0] = np.inf
+        log(tf.constant(a), tf.constant(b), tf.constant(np.ones([3], np.float32)))
+    writer.close()
+    recs = read_all(str(tmp_path))["run"]
+
+    def firsts(layer):
+        tag = f"loss/output/{layer}/first_nonfinite"
+        return {d.step: int(d.numpy[0]) for d in recs[tag][1]} if tag in recs else {}
+
+    assert firsts("m/a") == {4: 4, 6: 4, 8: 4, 10: 4}
+    assert firsts("m/b") == {8: 8, 10: 8}  # step 7 is not logged: the first LOGGED non-finite step
+    assert firsts("m/c") == {}
+    assert [d.step for d in recs["loss/output/m/c/stats"][1]] == [0, 2, 4, 6, 8, 10]
+    assert values_at(recs, "loss/output/m/a/stats", 4)[S["nan"]] == 1

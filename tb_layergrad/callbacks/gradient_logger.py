@@ -1,15 +1,15 @@
 """`GradientLogger`: gradients of the loss w.r.t. layer outputs, from the real fit() step."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata
+from tb_layergrad import distribute, metadata, nonfinite, reductions
 from tb_layergrad import summary as lg_summary
-from tb_layergrad.nonfinite import FirstNonfiniteTracker
 from tb_layergrad.callbacks import _fit_step, _replica_payload
 from tb_layergrad.layer_capture import Capture
 from tb_layergrad.rnn_probe import TimestepProbe
@@ -164,7 +164,6 @@ class GradientLogger(_Base):
         self._armed = False
         self._steps_per_execution = 1
         self._built: Optional[_BuiltStep] = None  # the compiled capturing step, reused by the next fit()
-        self._first_nonfinite = FirstNonfiniteTracker()  # kind `first_nonfinite` (docs/FORMAT.md)
 
     # tf_keras' CallbackList asks these of every callback (Keras 3's does not).
     _supports_tf_logs = False
@@ -380,40 +379,47 @@ class GradientLogger(_Base):
         if "encoded" in payload:  # several replicas: see _replica_payload
             kinds = {tag: self._fit_step.series[tag].kind for tag in payload["records"]}
             payload = _replica_payload.decode(payload, kinds)
-        records = payload["records"]
-        if not records or not bool(payload["log"]):
+        records, gradients = payload["records"], payload.get("gradients", {})
+        if not (records or gradients) or not bool(payload["log"]):
             return
-        step = int(payload["step"])
         if self._record_writer is None:
-            self._record_writer = _record_writer(self._writer, self._fit_step.series)
-        self._record_writer(tf.constant(step, tf.int64), records)
-        series = self._fit_step.series
-        with self._writer.as_default():
-            for tag, value in records.items():
-                if series[tag].kind != metadata.KIND_STATS:
-                    continue
-                extra = self._first_nonfinite.update(series[tag], value.numpy(), step)
-                if extra is not None:  # only from a series' first NaN/Inf step on: rare, written eagerly
-                    first_info, first = extra
-                    tf.summary.write(first_info.tag, first, step=step, metadata=metadata.create_summary_metadata(first_info))
+            self._record_writer = _record_writer(self._writer, self._fit_step.series, self.buckets)
+        self._record_writer(tf.cast(payload["step"], tf.int64), records, gradients)
 
 
-def _record_writer(writer: Any, series: Dict[str, metadata.SeriesInfo]) -> Callable:
-    """One compiled function that writes all records of a step.
+def _record_writer(writer: Any, series: Dict[str, metadata.SeriesInfo], buckets: int) -> Callable:
+    """One compiled function that reduces and writes all records of a step.
 
-    Why: written eagerly, each `tf.summary.write` costs about a millisecond of
-    Python and op dispatch; a logged step has several records per layer.
+    Why one function: written eagerly, each `tf.summary.write` costs about a
+    millisecond of Python and op dispatch, and a logged step has several records
+    per layer. `gradients` ({stats tag: unscaled gradient}) are reduced here, all in
+    one `reductions.histograms_and_stats` call, with TensorFlow's own kernels
+    rather than inside the (XLA) train step (see `_fit_step.FitStep._with_payload`);
+    `records` arrive finished. The running first NaN/Inf step of each stats series
+    (kind `first_nonfinite`) is kept in graph variables of this writer.
     """
 
     @tf.function(reduce_retracing=True)
-    def write(step: tf.Tensor, records: Dict[str, tf.Tensor]) -> tf.Tensor:
-        with writer.as_default(step=step):
+    def write(step: tf.Tensor, records: Dict[str, tf.Tensor], gradients: Dict[str, tf.Tensor]) -> tf.Tensor:
+        with writer.as_default(step=step), tf.summary.record_if(True):
+            tracked = []
+            tags = list(gradients)
+            reduced = reductions.histograms_and_stats([gradients[t] for t in tags], buckets) if tags else []
+            for tag, (hist, stats) in zip(tags, reduced):
+                info = series[tag]
+                hist_info = dataclasses.replace(info, kind=metadata.KIND_HISTOGRAM)
+                tf.summary.write(hist_info.tag, hist, metadata=metadata.create_summary_metadata(hist_info))
+                tf.summary.write(tag, stats, metadata=metadata.create_summary_metadata(info))
+                tracked.append((info, stats))
             for tag, value in records.items():
                 info = series[tag]
                 if info.kind == metadata.KIND_TIMESTEPS:
                     lg_summary.timesteps(info.layer, value, step, target=info.target, layer_index=info.index)
                 else:
                     tf.summary.write(tag, value, metadata=metadata.create_summary_metadata(info))
+                if info.kind == metadata.KIND_STATS:
+                    tracked.append((info, value))
+            nonfinite.write_first_nonfinite_many(tracked, step)
         return tf.constant(True)
 
     return write
