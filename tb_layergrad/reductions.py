@@ -22,7 +22,7 @@ Numerical rules (see docs/FORMAT.md):
 """
 from __future__ import annotations
 
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -133,22 +133,41 @@ def _fast_or_general(xs: List[tf.Tensor], k: int) -> List[Tuple[tf.Tensor, tf.Te
         return [(hist[i], stats[i]) for i in range(len(xs))]
 
     def each_on_its_own() -> List[Tuple[tf.Tensor, tf.Tensor]]:
-        out = []
-        for i, x in enumerate(xs):
-            mi = m.select(i)
-            out.append(tf.cond(fast[i], lambda x=x, mi=mi: tuple(t[0] for t in _fast([x], mi, k)), lambda x=x: _general(x, k)))
-        return out
+        if len(xs) == 1:
+            i, x = 0, xs[0]
+            return [tf.cond(fast[i], lambda: tuple(t[0] for t in _fast([x], m.select(i), k)), lambda: _general(x, k))]
+        return [_one_tensor_function(dt, k)(x) for x in xs]
 
     if len(xs) == 1:
         return each_on_its_own()
     if tf.executing_eagerly():
         return all_fast() if bool(tf.reduce_all(fast)) else each_on_its_own()
-    if tf.distribute.has_strategy():  # see graph_util.cond_out_of_line
-        return tf.cond(tf.reduce_all(fast), all_fast, each_on_its_own)
-    # The general branch out of line: lowered inline, its hundreds of ops would be
-    # visited (as dead) at every call that takes the fast branch (graph_util).
-    each = tf.function(each_on_its_own, autograph=False, experimental_attributes={"_noinline": True})
-    return tf.cond(tf.reduce_all(fast), all_fast, each)
+    return tf.cond(tf.reduce_all(fast), all_fast, each_on_its_own)
+
+
+_ONE_TENSOR_FUNCTIONS: Dict[Tuple[str, int], Callable] = {}
+
+
+def _one_tensor_function(dtype: tf.DType, k: int) -> Callable:
+    """`histogram_and_stats` of one flat tensor, as a function traced once per (dtype, buckets).
+
+    Why: when some tensor of a batch is not all-finite, each tensor takes its own
+    path. Traced inline, that branch holds a fast and a general path per tensor
+    (hundreds of ops each): seconds of tracing and graph optimization for a
+    model's tensors, and ops the executor visits (as dead) at every step that
+    takes the batched fast path. As calls of one cached function it is T ops.
+    """
+    key = (dtype.name, k)
+    fn = _ONE_TENSOR_FUNCTIONS.get(key)
+    if fn is None:
+        fn = tf.function(
+            lambda x: _fast_or_general([x], k)[0],
+            input_signature=[tf.TensorSpec([None], dtype)],
+            autograph=False,
+            experimental_attributes={"_noinline": True},
+        )
+        _ONE_TENSOR_FUNCTIONS[key] = fn
+    return fn
 
 
 def _fast_path_applies(m: _Moments) -> tf.Tensor:

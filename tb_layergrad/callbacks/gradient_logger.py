@@ -399,7 +399,7 @@ def _record_writer(writer: Any, series: Dict[str, metadata.SeriesInfo], buckets:
     (kind `first_nonfinite`) is kept in graph variables of this writer.
     """
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)  # library code: autograph only slows tracing
     def write(step: tf.Tensor, records: Dict[str, tf.Tensor], gradients: Dict[str, tf.Tensor]) -> tf.Tensor:
         with writer.as_default(step=step), tf.summary.record_if(True):
             tracked = []
