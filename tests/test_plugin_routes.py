@@ -10,6 +10,7 @@ import csv
 import io
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -409,6 +410,15 @@ def test_experiment_id_and_path_prefix(small_logdir):
     assert tb.client.get("/data/plugin/layergrad/runs").status_code == 404  # outside the prefix
 
 
+def next_second() -> None:
+    """Wait for the next second of the clock, so that a new event file's name sorts after the last one.
+
+    TensorFlow names files `events.out.tfevents.<seconds>.<host>.<pid>.<n>.v2`: two in the same second
+    with n = 9 and 10 sort the wrong way round, and TensorBoard's Python loader then skips the newer.
+    """
+    time.sleep(1.01 - time.time() % 1)
+
+
 def test_live_training_new_steps_appear_on_next_request(tmp_path):
     import tensorflow as tf
 
@@ -425,6 +435,7 @@ def test_live_training_new_steps_appear_on_next_request(tmp_path):
     first = write(range(3))
     tb = InProcess(str(tmp_path))
     assert get_json(tb, "matrix", {"run": "live"})["steps"] == [0, 1, 2]
+    next_second()
     second = write(range(3, 6))  # a second event file, as after a restart, while TensorBoard runs
     tb.reload()  # what TensorBoard's reload thread does every --reload_interval
     body = get_json(tb, "matrix", {"run": "live", "stat": "max"})
@@ -463,6 +474,7 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path):
                          ("stats", {"run": "live", "layer": "net/b"}), ("csv", {"run": "live"}),
                          ("compare", {"run": "live", "layer": "net/a"})]:
         assert stats_reads(route, query) == 0, route
+    next_second()
     second = write(range(3, 5))
     tb.reload()
     assert stats_reads("matrix", {"run": "live"}) == 1
