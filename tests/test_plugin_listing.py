@@ -145,8 +145,17 @@ def get(client: wtest.Client, route: str, query=None):
     return strict_json(r.get_data())
 
 
+@pytest.fixture(params=["reservoir", "public_copy"])
+def record_access(request, monkeypatch):
+    """Both ways the lister gets a series' records: TensorBoard's reservoir list, or (when the
+    reservoir is not as expected: another TensorBoard version) the public `Tensors` copy."""
+    if request.param == "public_copy":
+        monkeypatch.setattr(listing, "_TENSOR_RESERVOIR_KEY", "not the key")
+    return request.param
+
+
 @pytest.mark.parametrize("keep", [0, 4], ids=["keep_all", "sampled"])
-def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep):
+def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep, record_access):
     logdir = str(tmp_path)
     server = Server(logdir, keep)
     assert server.lister.incremental
@@ -181,30 +190,34 @@ def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep):
     assert v1["purged_v1"]["loss/output/net/a/stats"].max_step == 5
 
 
-class CountingList(list):
-    """A list that counts reads of single records."""
-
-    reads = 0
-
-    def __getitem__(self, i):
-        CountingList.reads += 1
-        return super().__getitem__(i)
-
-
-def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch):
+def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch, record_access):
     logdir = str(tmp_path)
-    rf.write_run(os.path.join(logdir, "long"), LAYERS, range(500))
+    f = rf.write_run(os.path.join(logdir, "long"), LAYERS, range(500))
     server = Server(logdir, keep=0)
     server.reload()
-    want = server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
-    tensors = server.mux.Tensors
-    monkeypatch.setattr(server.mux, "Tensors", lambda run, tag: CountingList(tensors(run, tag)))
-    assert server.lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME) == want
-    first = CountingList.reads
-    assert first >= 500 * len(want["long"])  # the first listing walks every record
-    CountingList.reads = 0
-    assert server.lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME) == want
-    assert CountingList.reads <= 2 * len(want["long"])  # then: the kept last record and the new last one
+    folded: List[int] = []
+    new_records = listing._new_records  # noqa: SLF001 - observed, not replaced
+
+    def observed(*args):
+        new, count, continued = new_records(*args)
+        folded.append(len(new) if continued else -len(new))  # negative: folded from the first record
+        return new, count, continued
+
+    monkeypatch.setattr(listing, "_new_records", observed)
+
+    def listed():
+        folded.clear()
+        got = server.lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+        assert got == server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+        return sorted(set(folded)), len(folded)
+
+    series = 2 * len(LAYERS)
+    assert listed() == ([-500], series)  # the first listing walks every record
+    assert listed() == ([0], series)  # unchanged: nothing
+    for step in range(500, 503):
+        f.write(step, LAYERS)
+    server.reload()
+    assert listed() == ([3], series)  # three new records each
 
 
 def test_other_providers_are_listed_by_list_tensors(tmp_path):

@@ -10,8 +10,9 @@ Why that is exact: the records of a series live in a TensorBoard reservoir, whos
 only changes are appending at the end, replacing the last record, removing a
 record then appending (sampling), and an order-keeping filter (purge after a
 restart). None inserts before an existing record, so a record's position never
-grows; a record that is still the very same object at the same position `n - 1`
-proves the first `n` records unchanged (a removal or replacement before or at
+grows; and each record is its own `TensorEvent` object, never re-added. So a
+record that is still the very same object at the same position `n - 1` proves
+the first `n` records unchanged (a removal or replacement before or at
 it would have moved or dropped it). Then the fold of those `n` records, kept
 from last time, continued over the rest, is the fold over all records, done in
 the same order with the same comparisons as `list_tensors` (so even unordered
@@ -26,12 +27,15 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.data import provider as tb_provider
 
 Listing = Dict[str, Dict[str, tb_provider.TensorTimeSeries]]
+
+# The reservoir key of every tensor series (`plugin_event_accumulator._TENSOR_RESERVOIR_KEY`).
+_TENSOR_RESERVOIR_KEY = "."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +123,7 @@ class TensorLister:
                     continue
                 if md.data_class != summary_pb2.DATA_CLASS_TENSOR or md.plugin_data.plugin_name != plugin_name:
                     continue
-                fold = self._fold(run, tag, mux.Tensors(run, tag))
+                fold = self._fold(run, tag)
                 md = mux.SummaryMetadata(run, tag)
                 result.setdefault(run, {})[tag] = tb_provider.TensorTimeSeries(
                     max_step=fold.max_step,
@@ -132,24 +136,23 @@ class TensorLister:
             self._forget_except(all_metadata)
         return result
 
-    def _fold(self, run: str, tag: str, events: list) -> _Fold:
-        """The maxima of `events` (a snapshot copy), continuing the kept fold when its records are unchanged."""
+    def _fold(self, run: str, tag: str) -> _Fold:
+        """The maxima of the series' records, continuing the kept fold when its records are unchanged."""
         key = (run, tag)
         with self._lock:
             kept = self._folds.get(key)
-        n = len(events)
-        if kept is not None and 0 < kept.count <= n and events[kept.count - 1] is kept.last:
-            start, max_step, max_wall_time = kept.count, kept.max_step, kept.max_wall_time
+        new, count, continued = _new_records(self._mux, run, tag, kept)
+        if continued:
+            max_step, max_wall_time, last = kept.max_step, kept.max_wall_time, kept.last
         else:
-            start, max_step, max_wall_time = 0, None, None
+            max_step, max_wall_time, last = None, None, None
         # The same comparisons, in the same order, as MultiplexerDataProvider._list.
-        for i in range(start, n):
-            event = events[i]
+        for event in new:
             if max_step is None or max_step < event.step:
                 max_step = event.step
             if max_wall_time is None or max_wall_time < event.wall_time:
                 max_wall_time = event.wall_time
-        fold = _Fold(n, events[-1] if n else None, max_step, max_wall_time)
+        fold = _Fold(count, new[-1] if new else last, max_step, max_wall_time)
         with self._lock:
             self._folds[key] = fold
         return fold
@@ -160,3 +163,34 @@ class TensorLister:
             gone = [k for k in self._folds if k[1] not in all_metadata.get(k[0], ())]
             for k in gone:
                 del self._folds[k]
+
+
+def _continues(records: Sequence[Any], kept: Optional[_Fold]) -> bool:
+    """Whether `records` start with the `kept.count` records folded before (see the module docstring)."""
+    return kept is not None and 0 < kept.count <= len(records) and records[kept.count - 1] is kept.last
+
+
+def _new_records(mux: Any, run: str, tag: str, kept: Optional[_Fold]) -> Tuple[List[Any], int, bool]:
+    """(records to fold, how many the series has, whether they are those after `kept`'s); else all of them.
+
+    Why private attributes: the public `mux.Tensors(run, tag)` copies every
+    record of the series on each call (~25 ms per million records: most of a
+    listing of long runs once the walk is gone). This reads the reservoir's
+    list under the reservoir's own lock, as its `Items()` does, and copies only
+    the new records. A TensorBoard whose reservoir differs gets the public copy.
+    """
+    try:
+        reservoir = mux.GetAccumulator(run).tensors_by_tag[tag]
+        bucket = reservoir._buckets.get(_TENSOR_RESERVOIR_KEY)  # noqa: SLF001 - see the docstring
+        lock = bucket._mutex  # noqa: SLF001
+        bucket.items
+    except (KeyError, AttributeError):  # KeyError: let `Tensors` raise it, as `list_tensors` would
+        records = mux.Tensors(run, tag)
+        if _continues(records, kept):
+            return records[kept.count :], len(records), True
+        return records, len(records), False
+    with lock:
+        items = bucket.items
+        if _continues(items, kept):
+            return items[kept.count :], len(items), True
+        return list(items), len(items), False
