@@ -500,3 +500,22 @@ def test_plugin_modules_do_not_import_tensorflow():
     code = ("import sys; import tb_layergrad.plugin.loader, tb_layergrad.plugin.plugin; "
             "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_fast_float_rows_parse_to_the_same_float64():
+    """`matrix` writes its values with 17 significant digits (faster than repr): parsed, every number
+    is the float64 that `float_list` would have sent, and NaN/Inf are null."""
+    import json
+
+    from tb_layergrad.plugin import responses
+
+    rng = np.random.default_rng(7)
+    edge = [0.0, -0.0, 1.0, 0.1, 1 / 3, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, -123.456,
+            np.nan, np.inf, -np.inf, 2.0**53 + 2, 1e22, 1e-7]
+    rows = [np.asarray(edge), rng.normal(size=300) * 10.0 ** rng.integers(-300, 300, size=300), np.zeros(0),
+            np.full(4, np.nan)]
+    got = json.loads(responses.float_rows_json(rows))
+    want = [responses.float_list(r) for r in rows]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert [None if v is None else float(v) for v in g] == w
