@@ -10,6 +10,7 @@ import csv
 import io
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -409,6 +410,15 @@ def test_experiment_id_and_path_prefix(small_logdir):
     assert tb.client.get("/data/plugin/layergrad/runs").status_code == 404  # outside the prefix
 
 
+def next_second() -> None:
+    """Wait for the next second of the clock, so that a new event file's name sorts after the last one.
+
+    TensorFlow names files `events.out.tfevents.<seconds>.<host>.<pid>.<n>.v2`: two in the same second
+    with n = 9 and 10 sort the wrong way round, and TensorBoard's Python loader then skips the newer.
+    """
+    time.sleep(1.01 - time.time() % 1)
+
+
 def test_live_training_new_steps_appear_on_next_request(tmp_path):
     import tensorflow as tf
 
@@ -425,6 +435,7 @@ def test_live_training_new_steps_appear_on_next_request(tmp_path):
     first = write(range(3))
     tb = InProcess(str(tmp_path))
     assert get_json(tb, "matrix", {"run": "live"})["steps"] == [0, 1, 2]
+    next_second()
     second = write(range(3, 6))  # a second event file, as after a restart, while TensorBoard runs
     tb.reload()  # what TensorBoard's reload thread does every --reload_interval
     body = get_json(tb, "matrix", {"run": "live", "stat": "max"})
@@ -463,6 +474,7 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path):
                          ("stats", {"run": "live", "layer": "net/b"}), ("csv", {"run": "live"}),
                          ("compare", {"run": "live", "layer": "net/a"})]:
         assert stats_reads(route, query) == 0, route
+    next_second()
     second = write(range(3, 5))
     tb.reload()
     assert stats_reads("matrix", {"run": "live"}) == 1
@@ -488,3 +500,22 @@ def test_plugin_modules_do_not_import_tensorflow():
     code = ("import sys; import tb_layergrad.plugin.loader, tb_layergrad.plugin.plugin; "
             "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_fast_float_rows_parse_to_the_same_float64():
+    """`matrix` writes its values with 17 significant digits (faster than repr): parsed, every number
+    is the float64 that `float_list` would have sent, and NaN/Inf are null."""
+    import json
+
+    from tb_layergrad.plugin import responses
+
+    rng = np.random.default_rng(7)
+    edge = [0.0, -0.0, 1.0, 0.1, 1 / 3, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, -123.456,
+            np.nan, np.inf, -np.inf, 2.0**53 + 2, 1e22, 1e-7]
+    rows = [np.asarray(edge), rng.normal(size=300) * 10.0 ** rng.integers(-300, 300, size=300), np.zeros(0),
+            np.full(4, np.nan)]
+    got = json.loads(responses.float_rows_json(rows))
+    want = [responses.float_list(r) for r in rows]
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert [None if v is None else float(v) for v in g] == w

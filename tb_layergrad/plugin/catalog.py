@@ -8,13 +8,16 @@ is read, so a made-up name never reaches `read_tensors`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple, Union
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin.responses import quote
+
+if TYPE_CHECKING:
+    from tb_layergrad.plugin import listing
 
 SeriesKey = Tuple[str, str, str, str]  # (layer, target, source, kind)
 
@@ -124,7 +127,7 @@ class Catalog:
 
 
 def load(
-    data_provider: tb_provider.DataProvider,
+    data_provider: Union[tb_provider.DataProvider, "listing.TensorLister"],
     ctx: object,
     experiment_id: str,
     runs: Optional[Iterable[str]] = None,
@@ -133,7 +136,8 @@ def load(
     """List the plugin's series, optionally only of some runs and tags (metadata only).
 
     Filter by tag whenever the route knows it: the Python loader's `list_tensors`
-    walks every record of every series it lists (about 1 s per million records).
+    walks every record of every series it lists (about 1 s per million records);
+    the plugin passes a `listing.TensorLister`, which walks only new records.
     """
     run_filter = None
     if runs is not None or tags is not None:

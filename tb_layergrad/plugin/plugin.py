@@ -1,9 +1,9 @@
 """The TBPlugin: its name, its tab, and the table of routes.
 
 Deliberately thin: the handlers are in `routes`, file serving in `static`.
-The plugin reads only through `context.data_provider` (the multiplexer is None
-under the default Rust loader), so the same code serves `--load_fast=true`,
-`false` and `auto`.
+The plugin reads through `context.data_provider`, so the same code serves
+`--load_fast=true`, `false` and `auto`; under the Python loader it also lists
+series from `context.multiplexer` (None under the Rust loader), see `listing`.
 """
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ class LayerGradPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext, *, frontend_root: Optional[Root] = None) -> None:
         """`frontend_root` overrides the folder of static files (tests)."""
-        self._routes = Routes(context.data_provider, StaticFiles(frontend_root))
+        self._routes = Routes(
+            context.data_provider, StaticFiles(frontend_root), multiplexer=getattr(context, "multiplexer", None)
+        )
 
     def get_plugin_apps(self) -> Dict[str, Callable]:
         r = self._routes

@@ -14,7 +14,7 @@ import functools
 import io
 import json
 import logging
-from typing import Any, Callable, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 from tensorboard import errors
@@ -76,6 +76,31 @@ def float_matrix(rows: np.ndarray) -> List[List[Optional[float]]]:
     return out.tolist()
 
 
+# 17 significant digits name every float64 exactly (DBL_DECIMAL_DIG): parsed, the same number as the
+# shortest repr json.dumps writes, but written ~1.7x faster; the matrix sends a million of them.
+_FLOAT = "%.17g"
+
+
+@functools.lru_cache(maxsize=64)
+def _finite_row_format(n: int) -> str:
+    return ",".join([_FLOAT] * n)
+
+
+def float_rows_json(rows: Iterable[np.ndarray]) -> str:
+    """JSON text of a list of float rows, `null` for NaN/+-Inf: what `dumps([float_list(r) ...])`
+    gives once parsed, as `json_response(..., raw=)` takes it (integral values come as `1`, not `1.0`)."""
+    parts = []
+    for row in rows:
+        arr = np.asarray(row, dtype=np.float64).reshape(-1)
+        finite = np.isfinite(arr)
+        if finite.all():
+            fmt = _finite_row_format(arr.size)
+        else:
+            fmt = ",".join(np.where(finite, _FLOAT, "null").tolist())
+        parts.append("[" + fmt % tuple(arr[finite].tolist()) + "]")
+    return "[" + ",".join(parts) + "]"
+
+
 def finite_or_none(value: float) -> Optional[float]:
     value = float(value)
     return value if np.isfinite(value) else None
@@ -86,10 +111,16 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, allow_nan=False, separators=(",", ":"))
 
 
-def json_response(request: wrappers.Request, doc: dict, code: int = 200) -> wrappers.Response:
+def json_response(
+    request: wrappers.Request, doc: dict, code: int = 200, raw: Optional[Dict[str, str]] = None
+) -> wrappers.Response:
+    """`raw`: fields whose values are JSON text already (`float_rows_json`), appended after `doc`'s."""
     body = {"api_version": API_VERSION}
     body.update(doc)
-    return http_util.Respond(request, dumps(body), JSON_TYPE, code=code)
+    text = dumps(body)
+    if raw:
+        text = text[:-1] + "".join(f",{dumps(key)}:{value}" for key, value in raw.items()) + "}"
+    return http_util.Respond(request, text, JSON_TYPE, code=code)
 
 
 def error_response(request: wrappers.Request, code: int, message: str) -> wrappers.Response:

@@ -1,7 +1,7 @@
 """The JSON routes of docs/HTTP_API.md, one method each.
 
 Every handler follows the same three steps: validate the query (400), look the
-names up in the catalog built from `list_tensors` (404), then read only the
+names up in the catalog built from `list_tensors` (404; `listing.TensorLister`), then read only the
 tags it shows, filtered by run and tag. The catalog is built anew for every
 request, so a run being written shows its new steps on the next call; `stats`
 series are read through a `StatsStore`, which keeps each one as a table while
@@ -20,16 +20,18 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import anomaly_reader, catalog, params, series
+from tb_layergrad.plugin import anomaly_reader, catalog, listing, params, series
 from tb_layergrad.plugin.stats_store import StatsStore
 from tb_layergrad.plugin.responses import (
     count_list,
     csv_number,
     csv_response,
     csv_text,
+    dumps,
     finite_or_none,
     float_list,
     float_matrix,
+    float_rows_json,
     json_errors,
     json_response,
     quote,
@@ -42,6 +44,13 @@ _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 def _column(values: np.ndarray, stat: str) -> list:
     return count_list(values) if stat in series.COUNT_STATS else float_list(values)
+
+
+def _columns_json(columns: Sequence[np.ndarray], stat: str) -> str:
+    """JSON text of `[_column(c, stat) for c in columns]`; floats written fast (`float_rows_json`)."""
+    if stat in series.COUNT_STATS:
+        return dumps([count_list(c) for c in columns])
+    return float_rows_json(columns)
 
 
 def _align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -87,8 +96,10 @@ class LayerQuery:
 class Routes:
     """Handlers bound to one data provider; each is a WSGI app (see `json_errors`)."""
 
-    def __init__(self, data_provider: tb_provider.DataProvider, static: StaticFiles) -> None:
+    def __init__(self, data_provider: tb_provider.DataProvider, static: StaticFiles, multiplexer: object = None) -> None:
+        """`multiplexer`: `TBContext.multiplexer`, for listing without a walk of every record (`listing`)."""
         self._provider = data_provider
+        self._lister = listing.TensorLister(data_provider, multiplexer)
         self._static = static
         self._stats = StatsStore(data_provider)
 
@@ -99,7 +110,7 @@ class Routes:
 
     def _run_catalog(self, request: wrappers.Request, run: str) -> catalog.RunCatalog:
         ctx, eid = self._where(request)
-        return catalog.load(self._provider, ctx, eid, runs=[run]).run(run)
+        return catalog.load(self._lister, ctx, eid, runs=[run]).run(run)
 
     def _points(
         self, request: wrappers.Request, s: catalog.Series, start: Optional[int], end: Optional[int]
@@ -137,7 +148,7 @@ class Routes:
         with the run; the whole run's catalog is listed only to explain a miss (404)."""
         ctx, eid = self._where(request)
         tag = metadata.make_tag(target, source, layer, kind)
-        listed = catalog.load(self._provider, ctx, eid, runs=[run], tags=[tag]).runs.get(run)
+        listed = catalog.load(self._lister, ctx, eid, runs=[run], tags=[tag]).runs.get(run)
         found = listed.find(layer, target, source, kind) if listed is not None else None
         if found is not None:
             return found
@@ -149,7 +160,7 @@ class Routes:
     def runs(self, request: wrappers.Request) -> wrappers.Response:
         run = params.optional_name(request.args, "run", None)
         ctx, eid = self._where(request)
-        cat = catalog.load(self._provider, ctx, eid, runs=None if run is None else [run])
+        cat = catalog.load(self._lister, ctx, eid, runs=None if run is None else [run])
         if run is not None:
             cat.run(run)  # 404 if unknown
         return json_response(
@@ -246,8 +257,8 @@ class Routes:
                 "stat": stat,
                 "layers": [s.info.layer for s in stats_series],
                 "steps": _int_list(steps),
-                "values": [_column(_align(pts, col, steps), stat) for pts, col in columns],
             },
+            raw={"values": _columns_json([_align(pts, col, steps) for pts, col in columns], stat)},
         )
 
     @json_errors
@@ -348,10 +359,10 @@ class Routes:
         max_steps = params.max_steps(args)
         ctx, eid = self._where(request)
         tag = metadata.make_tag(target, source, layer, metadata.KIND_STATS)
-        listed = catalog.load(self._provider, ctx, eid, runs=names, tags=[tag]).runs  # cheap: one tag per run
+        listed = catalog.load(self._lister, ctx, eid, runs=names, tags=[tag]).runs  # cheap: one tag per run
         found: Dict[str, catalog.Series] = {}
         others = [name for name in names if name not in listed]
-        full = catalog.load(self._provider, ctx, eid, runs=others) if others else None
+        full = catalog.load(self._lister, ctx, eid, runs=others) if others else None
         for name in names:
             rc = listed[name] if name in listed else full.run(name)  # 404 for a run with no layergrad data
             s = rc.find(layer, target, source, metadata.KIND_STATS)

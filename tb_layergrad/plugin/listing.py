@@ -1,0 +1,196 @@
+"""`list_tensors` without re-walking every stored record under TensorBoard's Python loader.
+
+Why: `MultiplexerDataProvider.list_tensors` computes each series' `max_step` and
+`max_wall_time` by folding over every record the multiplexer holds, in Python,
+on every call (about 1 s per million records), and every route of the tab lists.
+`TensorLister` gives the same answer, but keeps each series' fold and continues
+it over the records added since the last listing only.
+
+Why that is exact: the records of a series live in a TensorBoard reservoir, whose
+only changes are appending at the end, replacing the last record, removing a
+record then appending (sampling), and an order-keeping filter (purge after a
+restart). None inserts before an existing record, so a record's position never
+grows; and each record is its own `TensorEvent` object, never re-added. So a
+record that is still the very same object at the same position `n - 1` proves
+the first `n` records unchanged (a removal or replacement before or at
+it would have moved or dropped it). Then the fold of those `n` records, kept
+from last time, continued over the rest, is the fold over all records, done in
+the same order with the same comparisons as `list_tensors` (so even unordered
+steps, earlier wall times or NaN give identical results). Anything else (a new
+run's accumulator, a purge, a sampled replacement) fails the check and the
+series is folded again from its first record.
+
+Under the Rust data server (`context.multiplexer` is None) or any other data
+provider, `TensorLister` simply calls `data_provider.list_tensors`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.data import provider as tb_provider
+
+Listing = Dict[str, Dict[str, tb_provider.TensorTimeSeries]]
+
+# The reservoir key of every tensor series (`plugin_event_accumulator._TENSOR_RESERVOIR_KEY`).
+_TENSOR_RESERVOIR_KEY = "."
+
+
+@dataclasses.dataclass(frozen=True)
+class _Fold:
+    """`list_tensors`' running maxima over the first `count` records; `last` is record `count - 1`."""
+
+    count: int
+    last: Any  # the TensorEvent itself: compared by identity (held, so its id is never reused)
+    max_step: Optional[int]
+    max_wall_time: Optional[float]
+
+
+def multiplexer_of(data_provider: Any, multiplexer: Any) -> Any:
+    """The multiplexer to list from directly, or None to go through `data_provider.list_tensors`.
+
+    Only when TensorBoard's own `MultiplexerDataProvider` serves this very
+    multiplexer (the Python loader: `TBContext.multiplexer` and the provider
+    are built from the same `EventMultiplexer`), so that reading the
+    multiplexer is reading the provider. The provider does not expose its
+    multiplexer, hence the private `_multiplexer`; a TensorBoard without it
+    (renamed, another provider, a wrapper) just gets the ordinary listing.
+    """
+    if multiplexer is None:
+        return None
+    try:
+        from tensorboard.backend.event_processing import data_provider as mux_provider
+    except ImportError:
+        return None
+    if not isinstance(data_provider, mux_provider.MultiplexerDataProvider):
+        return None
+    if getattr(data_provider, "_multiplexer", None) is not multiplexer:
+        return None
+    return multiplexer
+
+
+class TensorLister:
+    """`list_tensors` with the data provider's signature and results; thread-safe."""
+
+    def __init__(self, data_provider: tb_provider.DataProvider, multiplexer: Any = None) -> None:
+        """`multiplexer`: `TBContext.multiplexer` (None under the Rust loader)."""
+        self._provider = data_provider
+        self._mux = multiplexer_of(data_provider, multiplexer)
+        self._lock = threading.Lock()
+        self._folds: Dict[Tuple[str, str], _Fold] = {}
+
+    @property
+    def incremental(self) -> bool:
+        """Whether listings skip records already seen (False: every call is `list_tensors`)."""
+        return self._mux is not None
+
+    def list_tensors(
+        self,
+        ctx: Any = None,
+        *,
+        experiment_id: str,
+        plugin_name: str,
+        run_tag_filter: Optional[tb_provider.RunTagFilter] = None,
+    ) -> Listing:
+        if self._mux is None:
+            return self._provider.list_tensors(
+                ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+            )
+        return self._list(plugin_name, run_tag_filter)
+
+    def _list(self, plugin_name: str, run_tag_filter: Optional[tb_provider.RunTagFilter]) -> Listing:
+        """`MultiplexerDataProvider._index` then `_list`, step by step, with the fold continued."""
+        mux = self._mux
+        runs = None if run_tag_filter is None else run_tag_filter.runs
+        tags = None if run_tag_filter is None else run_tag_filter.tags
+        if runs and len(runs) == 1 and tags and len(tags) == 1:
+            (run,) = runs
+            (tag,) = tags
+            try:
+                all_metadata = {run: {tag: mux.SummaryMetadata(run, tag)}}
+            except KeyError:
+                return {}
+        else:
+            all_metadata = mux.AllSummaryMetadata()
+        result: Listing = {}
+        for run, tag_to_metadata in all_metadata.items():
+            if runs is not None and run not in runs:
+                continue
+            for tag, md in tag_to_metadata.items():
+                if tags is not None and tag not in tags:
+                    continue
+                if md.data_class != summary_pb2.DATA_CLASS_TENSOR or md.plugin_data.plugin_name != plugin_name:
+                    continue
+                fold = self._fold(run, tag)
+                md = mux.SummaryMetadata(run, tag)
+                result.setdefault(run, {})[tag] = tb_provider.TensorTimeSeries(
+                    max_step=fold.max_step,
+                    max_wall_time=fold.max_wall_time,
+                    plugin_content=md.plugin_data.content,
+                    description=md.summary_description,
+                    display_name=md.display_name,
+                )
+        if runs is None and tags is None:
+            self._forget_except(all_metadata)
+        return result
+
+    def _fold(self, run: str, tag: str) -> _Fold:
+        """The maxima of the series' records, continuing the kept fold when its records are unchanged."""
+        key = (run, tag)
+        with self._lock:
+            kept = self._folds.get(key)
+        new, count, continued = _new_records(self._mux, run, tag, kept)
+        if continued:
+            max_step, max_wall_time, last = kept.max_step, kept.max_wall_time, kept.last
+        else:
+            max_step, max_wall_time, last = None, None, None
+        # The same comparisons, in the same order, as MultiplexerDataProvider._list.
+        for event in new:
+            if max_step is None or max_step < event.step:
+                max_step = event.step
+            if max_wall_time is None or max_wall_time < event.wall_time:
+                max_wall_time = event.wall_time
+        fold = _Fold(count, new[-1] if new else last, max_step, max_wall_time)
+        with self._lock:
+            self._folds[key] = fold
+        return fold
+
+    def _forget_except(self, all_metadata: Dict[str, Dict[str, Any]]) -> None:
+        """Drop the folds of series no longer listed (a deleted run), after an unfiltered listing."""
+        with self._lock:
+            gone = [k for k in self._folds if k[1] not in all_metadata.get(k[0], ())]
+            for k in gone:
+                del self._folds[k]
+
+
+def _continues(records: Sequence[Any], kept: Optional[_Fold]) -> bool:
+    """Whether `records` start with the `kept.count` records folded before (see the module docstring)."""
+    return kept is not None and 0 < kept.count <= len(records) and records[kept.count - 1] is kept.last
+
+
+def _new_records(mux: Any, run: str, tag: str, kept: Optional[_Fold]) -> Tuple[List[Any], int, bool]:
+    """(records to fold, how many the series has, whether they are those after `kept`'s); else all of them.
+
+    Why private attributes: the public `mux.Tensors(run, tag)` copies every
+    record of the series on each call (~25 ms per million records: most of a
+    listing of long runs once the walk is gone). This reads the reservoir's
+    list under the reservoir's own lock, as its `Items()` does, and copies only
+    the new records. A TensorBoard whose reservoir differs gets the public copy.
+    """
+    try:
+        reservoir = mux.GetAccumulator(run).tensors_by_tag[tag]
+        bucket = reservoir._buckets.get(_TENSOR_RESERVOIR_KEY)  # noqa: SLF001 - see the docstring
+        lock = bucket._mutex  # noqa: SLF001
+        bucket.items
+    except (KeyError, AttributeError):  # KeyError: let `Tensors` raise it, as `list_tensors` would
+        records = mux.Tensors(run, tag)
+        if _continues(records, kept):
+            return records[kept.count :], len(records), True
+        return records, len(records), False
+    with lock:
+        items = bucket.items
+        if _continues(items, kept):
+            return items[kept.count :], len(items), True
+        return list(items), len(items), False

@@ -1,0 +1,229 @@
+"""The plugin's listing under TensorBoard's Python loader (`listing.TensorLister`) equals `list_tensors`.
+
+The lister keeps each series' max_step / max_wall_time and continues it over new
+records only; these tests compare it, field by field, with TensorBoard's own
+`MultiplexerDataProvider.list_tensors` over one real multiplexer, after each of
+three loads of a logdir that changes in between: new records in a file and in a
+new file, a restart writing lower steps with earlier wall times into a new file
+(kept as is: TensorFlow 2 files are not purged on out-of-order steps), a
+`SessionLog.START` restart (purged by TensorBoard), an old-format file with
+out-of-order steps (purged by tag); with every record kept and with sampling.
+The routes `runs` and `matrix` are compared too, with and without the multiplexer
+in the plugin's context (what the Python and the Rust loader give the plugin).
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, List
+
+import pytest
+from tensorboard import context as tb_context
+from tensorboard.backend import application
+from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+from tensorboard.compat.proto import event_pb2
+from tensorboard.data import provider as tb_provider
+from tensorboard.plugins import base_plugin
+from werkzeug import test as wtest
+
+import reliability_fixtures as rf
+from plugin_fixtures import RecordingProvider, strict_json
+from tb_layergrad import metadata
+from tb_layergrad.plugin import listing
+from tb_layergrad.plugin.plugin import LayerGradPlugin
+
+LAYERS = ["net/a", "net/b", "net/c"]
+API = "/data/plugin/layergrad/"
+ctx = tb_context.RequestContext()
+
+
+def put(f: rf.EventFile, step: int, layers: List[str], wall: float) -> None:
+    """One event of every layer's records at `step`, with wall time `wall`."""
+    event = event_pb2.Event.FromString(f.event(step, layers))
+    event.wall_time = wall
+    f.append_raw(rf.frame(event.SerializeToString()))
+
+
+def session_start(f: rf.EventFile, step: int, wall: float) -> None:
+    """A `SessionLog.START`: the second one in a run makes TensorBoard purge every record at >= `step`."""
+    event = event_pb2.Event(step=step, wall_time=wall, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+    f.append_raw(rf.frame(event.SerializeToString()))
+
+
+def old_format_file(run_dir: str) -> rf.EventFile:
+    """An event file of format version 1: TensorBoard purges a tag's records on an out-of-order step."""
+    f = rf.EventFile(run_dir)
+    with open(f.path, "wb"):
+        pass
+    f.offsets.clear()
+    f.append_raw(rf.frame(event_pb2.Event(wall_time=1.0, file_version="brain.Event:1").SerializeToString()))
+    return f
+
+
+def phases(logdir: str) -> List[Callable[[], None]]:
+    """Writers of the logdir's three states; each is loaded and listed before the next one runs."""
+    d = lambda run: os.path.join(logdir, run)  # noqa: E731
+    files: Dict[str, rf.EventFile] = {}
+
+    def first() -> None:
+        rf.write_run(d("train"), LAYERS, range(10))
+        rf.write_run(d("eval"), LAYERS[:1], range(0, 20, 2), target="aux")
+        files["live"] = rf.write_run(d("live"), LAYERS, range(3))
+        files["restarted"] = f = rf.EventFile(d("restarted"))
+        for step in range(10):
+            put(f, step, LAYERS, wall=1000.0 + step)
+        files["purged"] = f = rf.EventFile(d("purged"))
+        session_start(f, 0, wall=1.0)
+        for step in range(10):
+            put(f, step, LAYERS, wall=100.0 + step)
+        files["purged_v1"] = f = old_format_file(d("purged_v1"))
+        for step in range(10):
+            put(f, step, LAYERS[:2], wall=100.0 + step)
+
+    def second() -> None:
+        for step in range(3, 8):  # the same file grows
+            files["live"].write(step, LAYERS)
+        f = rf.EventFile(d("restarted"))  # restarted from step 4, on a machine whose clock is behind
+        for step in range(4, 7):
+            put(f, step, LAYERS, wall=500.0 + step)
+        f = files["purged"]  # restarted from step 5: TensorBoard drops steps 5..9, then 5..20 come
+        session_start(f, 5, wall=200.0)
+        for step in range(5, 21):
+            put(f, step, LAYERS, wall=200.0 + step)
+        f = files["purged_v1"]  # out-of-order step 3 in an old file: steps >= 3 of its tags dropped
+        for step in range(3, 6):
+            put(f, step, LAYERS[:1], wall=300.0 + step)
+
+    def third() -> None:
+        rf.write_run(d("live"), LAYERS[1:], range(8, 12))  # a new file of the run, fewer layers
+
+    return [first, second, third]
+
+
+class Server:
+    """One multiplexer and its provider; the plugin built as each loader builds it."""
+
+    def __init__(self, logdir: str, keep: int) -> None:
+        self.logdir = logdir
+        self.mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: keep})
+        self.provider = data_provider.MultiplexerDataProvider(self.mux, logdir)
+        self.provider_lists = 0
+        inner = self.provider.list_tensors
+
+        def counting(*args, **kwargs):
+            self.provider_lists += 1
+            return inner(*args, **kwargs)
+
+        self.provider.list_tensors = counting  # still a MultiplexerDataProvider
+        self.python = self._client(base_plugin.TBContext(logdir=logdir, data_provider=self.provider, multiplexer=self.mux))
+        self.rust_like = self._client(base_plugin.TBContext(logdir=logdir, data_provider=self.provider))
+        self.lister = listing.TensorLister(self.provider, self.mux)
+
+    def _client(self, context: base_plugin.TBContext) -> wtest.Client:
+        app = application.TensorBoardWSGI([LayerGradPlugin(context)], data_provider=self.provider)
+        return wtest.Client(app)
+
+    def reload(self) -> None:
+        self.mux.AddRunsFromDirectory(self.logdir)
+        self.mux.Reload()
+
+
+FILTERS = [
+    None,
+    tb_provider.RunTagFilter(runs=["live"]),
+    tb_provider.RunTagFilter(runs=["restarted", "purged"], tags=None),
+    tb_provider.RunTagFilter(tags=["loss/output/net/a/stats"]),
+    tb_provider.RunTagFilter(runs=["purged_v1"], tags=["loss/output/net/a/stats"]),  # TensorBoard's one-series path
+    tb_provider.RunTagFilter(runs=["train", "live"], tags=["loss/output/net/b/stats", "loss/output/net/c/histogram"]),
+    tb_provider.RunTagFilter(runs=["nope"], tags=["loss/output/net/a/stats"]),
+    tb_provider.RunTagFilter(runs=["train"], tags=["no/such/tag"]),
+]
+
+
+def get(client: wtest.Client, route: str, query=None):
+    r = client.get(API + route, query_string=query)
+    assert r.status_code == 200, r.get_data(as_text=True)
+    return strict_json(r.get_data())
+
+
+@pytest.fixture(params=["reservoir", "public_copy"])
+def record_access(request, monkeypatch):
+    """Both ways the lister gets a series' records: TensorBoard's reservoir list, or (when the
+    reservoir is not as expected: another TensorBoard version) the public `Tensors` copy."""
+    if request.param == "public_copy":
+        monkeypatch.setattr(listing, "_TENSOR_RESERVOIR_KEY", "not the key")
+    return request.param
+
+
+@pytest.mark.parametrize("keep", [0, 4], ids=["keep_all", "sampled"])
+def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep, record_access):
+    logdir = str(tmp_path)
+    server = Server(logdir, keep)
+    assert server.lister.incremental
+    seen_max = {}
+    for phase in phases(logdir):
+        phase()
+        server.reload()
+        for _ in range(2):  # the second time from the kept maxima
+            for f in FILTERS:
+                want = server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f)
+                got = server.lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f)
+                assert got == want, f
+        full = server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+        seen_max.update({run: max(ts.max_step for ts in tags.values()) for run, tags in full.items()})
+        before = server.provider_lists
+        python_runs = get(server.python, "runs")
+        assert server.provider_lists == before  # the Python-loader plugin listed from the multiplexer
+        assert python_runs == get(server.rust_like, "runs")
+        for run in full:
+            for target in {metadata.parse_plugin_content(ts.plugin_content).target for ts in full[run].values()}:
+                q = {"run": run, "target": target, "stat": "max"}
+                assert get(server.python, "matrix", q) == get(server.rust_like, "matrix", q)
+    if keep:
+        return
+    # The cases are what they claim: the restart is not purged and its last record is not the maximum,
+    # the purges happened (TensorBoard's steps went down), the live run grew.
+    assert seen_max == {"train": 9, "eval": 18, "live": 11, "restarted": 9, "purged": 20, "purged_v1": 9}
+    restarted = server.mux.Tensors("restarted", "loss/output/net/a/stats")
+    assert restarted[-1].step < 9 and restarted[-1].wall_time < max(e.wall_time for e in restarted)
+    assert [e.step for e in server.mux.Tensors("purged_v1", "loss/output/net/a/stats")][-3:] == [3, 4, 5]
+    v1 = server.lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=FILTERS[4])
+    assert v1["purged_v1"]["loss/output/net/a/stats"].max_step == 5
+
+
+def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch, record_access):
+    logdir = str(tmp_path)
+    f = rf.write_run(os.path.join(logdir, "long"), LAYERS, range(500))
+    server = Server(logdir, keep=0)
+    server.reload()
+    folded: List[int] = []
+    new_records = listing._new_records  # noqa: SLF001 - observed, not replaced
+
+    def observed(*args):
+        new, count, continued = new_records(*args)
+        folded.append(len(new) if continued else -len(new))  # negative: folded from the first record
+        return new, count, continued
+
+    monkeypatch.setattr(listing, "_new_records", observed)
+
+    def listed():
+        folded.clear()
+        got = server.lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+        assert got == server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+        return sorted(set(folded)), len(folded)
+
+    series = 2 * len(LAYERS)
+    assert listed() == ([-500], series)  # the first listing walks every record
+    assert listed() == ([0], series)  # unchanged: nothing
+    for step in range(500, 503):
+        f.write(step, LAYERS)
+    server.reload()
+    assert listed() == ([3], series)  # three new records each
+
+
+def test_other_providers_are_listed_by_list_tensors(tmp_path):
+    mux = plugin_event_multiplexer.EventMultiplexer()
+    provider = data_provider.MultiplexerDataProvider(mux, str(tmp_path))
+    assert listing.TensorLister(provider, mux).incremental
+    assert not listing.TensorLister(provider, None).incremental  # the Rust loader: no multiplexer
+    assert not listing.TensorLister(provider, plugin_event_multiplexer.EventMultiplexer()).incremental
+    assert not listing.TensorLister(RecordingProvider(provider), mux).incremental  # a wrapper may change answers
