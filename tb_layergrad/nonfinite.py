@@ -10,7 +10,7 @@ record names it.
 The running value is one int64 `tf.Variable` per (default summary writer, tag),
 created on first use, kept by `summary.gradients()` (custom loops, inside
 `tf.function` or eagerly) and by `GradientLogger`'s record writer alike
-(`write_first_nonfinite_many`). Records are written only from the first
+(`write_first_nonfinite`). Records are written only from the first
 non-finite step on: a clean run gets none.
 """
 from __future__ import annotations
@@ -87,18 +87,12 @@ def _local_variable(initial: Any) -> Any:
     return resource_variable_ops.ResourceVariable(initial, trainable=False, name="layergrad_first_nonfinite")
 
 
-def write_first_nonfinite(stats_info: metadata.SeriesInfo, stats: Any, step: Any, description: str = "") -> None:
-    """Update the running first non-finite step of a stats series and write it if there is one.
+def write_first_nonfinite(entries: Sequence[Tuple[metadata.SeriesInfo, Any]], step: Any, description: str = "") -> None:
+    """Update the running first non-finite step of each (stats series, stats) and write those there are.
 
-    To be called where the stats record is written (inside `summary`'s recording
-    condition), eagerly or in a `tf.function`.
-    """
-    write_first_nonfinite_many([(stats_info, stats)], step, description)
-
-
-def write_first_nonfinite_many(entries: Sequence[Tuple[metadata.SeriesInfo, Any]], step: Any, description: str = "") -> None:
-    """`write_first_nonfinite` for several (stats info, stats) at once, behind ONE condition.
-
+    To be called where the stats records are written (inside `summary`'s
+    recording condition, or `GradientLogger`'s writer), eagerly or in a
+    `tf.function`, once per logged step for all series, behind ONE condition.
     Why: a logged step of a clean run (no NaN/Inf ever) should cost no more than
     reading the running values; a condition (or an assignment) per series costs
     tens of microseconds each in a `tf.function`. Only once some series has a

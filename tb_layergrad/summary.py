@@ -259,7 +259,7 @@ def gradients(
         for write, (_, e, records) in zip(todo, todo_items):
             written.append(write(records if records is not None else None if e.gradient is None else next(reduced)))
         # The running first NaN/Inf step of each series (docs/FORMAT.md), behind one condition.
-        nonfinite.write_first_nonfinite_many([w for w in written if w is not None], step)
+        nonfinite.write_first_nonfinite([w for w in written if w is not None], step)
 
     with tf.name_scope("layergrad"):
         return _when_recording(write_all, out_of_line=items is not None)

@@ -419,7 +419,7 @@ def _record_writer(writer: Any, series: Dict[str, metadata.SeriesInfo], buckets:
                     tf.summary.write(tag, value, metadata=metadata.create_summary_metadata(info))
                 if info.kind == metadata.KIND_STATS:
                     tracked.append((info, value))
-            nonfinite.write_first_nonfinite_many(tracked, step)
+            nonfinite.write_first_nonfinite(tracked, step)
         return tf.constant(True)
 
     return write
