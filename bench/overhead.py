@@ -1,8 +1,10 @@
 """Training-step overhead of gradient logging, measured side by side in one process.
 
 Every variant trains the same model on the same batch; variants run in
-interleaved rounds (plain, ours, histogram, plain, ours, ...) and the median
-time per step over the rounds is compared with the plain step's median.
+interleaved rounds (plain, ours, histogram, plain, ours, ...); each variant's
+time is divided by the plain step's time of the same round, and the median of
+these ratios over the rounds is reported (the machine's speed drifts between
+rounds far more than within one).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Tuple
 
 import keras
 import tensorflow as tf
@@ -162,30 +164,57 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
     }
 
 
-def interleaved_results(variants: Dict[str, Step], rounds: int) -> Dict[str, float]:
-    """Median over interleaved rounds of what each variant returns (seconds per step)."""
+def interleaved_results(variants: Dict[str, Step], rounds: int) -> Tuple[float, Dict[str, float]]:
+    """(baseline seconds per step, {variant: median over rounds of its value / the baseline's}).
+
+    Each variant returns its own seconds per step; the first variant is the baseline. A ratio is
+    taken within one round (variants run next to each other), then the median over rounds: the
+    machine's speed drifts between rounds far more than within one.
+    """
     values: Dict[str, List[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for key, fn in variants.items():
             values[key].append(fn())
-    return {k: statistics.median(v) for k, v in values.items()}
+    return _paired(values)
 
 
-def interleaved(variants: Dict[str, Step], rounds: int, per_round: int, warmup: int = 3) -> Dict[str, float]:
-    """Median seconds per call of each variant, rounds interleaved."""
+def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0.5, warmup: int = 3) -> Tuple[float, Dict[str, float], int]:
+    """(baseline seconds per call, {variant: median over rounds of its time / the baseline's}, calls per block).
+
+    The first variant is the baseline. In every round each variant runs a block of calls
+    (about `block_seconds` of the baseline), next to each other; ratios are taken within a
+    round, then the median over rounds (see `interleaved_results`).
+    """
     for fn in variants.values():
         for _ in range(warmup):
             fn()
+    base = next(iter(variants.values()))
+    start = time.perf_counter()
+    _sync(base())
+    per_call = time.perf_counter() - start
+    per_block = max(2, min(50, int(block_seconds / max(per_call, 1e-6))))
     times: Dict[str, List[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for key, fn in variants.items():
             start = time.perf_counter()
-            for _ in range(per_round):
+            for _ in range(per_block):
                 out = fn()
-            if hasattr(out, "numpy"):
-                out.numpy()
-            times[key].append((time.perf_counter() - start) / per_round)
-    return {k: statistics.median(v) for k, v in times.items()}
+            _sync(out)
+            times[key].append((time.perf_counter() - start) / per_block)
+    base_s, ratios = _paired(times)
+    return base_s, ratios, per_block
+
+
+def _sync(out) -> None:
+    if hasattr(out, "numpy"):
+        out.numpy()
+
+
+def _paired(values: Dict[str, List[float]]) -> Tuple[float, Dict[str, float]]:
+    keys = list(values)
+    base = values[keys[0]]
+    ratios = {k: statistics.median(v / b for v, b in zip(values[k], base)) for k in keys[1:]}
+    return statistics.median(base), ratios
 
 
 def bytes_per_layer_step(logdir: str, run: str, layers: int, logged_steps: int) -> float:
