@@ -16,6 +16,11 @@ Example:
     writer = tf.summary.create_file_writer("logs/run1")
     with writer.as_default(step=optimizer.iterations):
         tb_layergrad.summary.gradients(grads)
+
+With a `tf.function` train step, enter the writer around the Python loop (or
+call `writer.set_as_default(step=...)` once), not inside the step: leaving a
+`with writer.as_default():` block inside a `tf.function` flushes the event
+file at every call (0.05-0.1 ms a step here), logged or not.
 """
 from __future__ import annotations
 
