@@ -52,10 +52,11 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
     def logged(every: int, tag: str, log: Callable) -> Callable:
         """A capturing step that logs its gradients with `log(grads)` every `every` steps.
 
-        The writer is made the default outside the compiled step (`set_as_default`),
-        not with `with writer.as_default():` inside it: leaving that block inside a
-        tf.function flushes the event file at every call (measured here: 0.05-0.1 ms
-        a step, logged or not), whatever writes the summaries.
+        Its writer is made the default outside the compiled step, once before each
+        block of calls (`prepare`), as a user's loop sets it once: not with `with
+        writer.as_default():` inside the step (leaving that block inside a
+        tf.function flushes the event file at every call: 0.05-0.1 ms a step here),
+        nor per call (Python work a plain step does not do, charged to ours).
         """
         w = writer(f"{tag}{every}")
 
@@ -70,11 +71,8 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
                 log(grads)
             return loss
 
-        def run(x, y):
-            w.set_as_default(step=it)
-            return step(x, y)
-
-        return run
+        step.prepare = lambda: w.set_as_default(step=it)  # once per block, as a user's loop would
+        return step
 
     def tf_histograms(grads) -> None:  # TensorBoard's own path, same tensors
         for path, g in grads.outputs.items():
@@ -108,7 +106,14 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         "tf.summary.histogram_every_1": tb_histogram(1),
         "tf.summary.histogram_every_10": tb_histogram(10),
     }
-    return {k: (lambda f=f: f(x, y)) for k, f in fns.items()}
+    return {k: _bound(f, x, y) for k, f in fns.items()}
+
+
+def _bound(fn: Callable, *args) -> Step:
+    """`fn(*args)` as a no-argument step, keeping `fn.prepare` (run before each block of calls)."""
+    step = lambda: fn(*args)  # noqa: E731
+    step.prepare = getattr(fn, "prepare", None)
+    return step
 
 
 class BatchTimer(keras.callbacks.Callback):
@@ -186,9 +191,11 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
     round, then the median over rounds (see `interleaved_results`).
     """
     for fn in variants.values():
+        _prepare(fn)
         for _ in range(warmup):
             fn()
     base = next(iter(variants.values()))
+    _prepare(base)
     start = time.perf_counter()
     _sync(base())
     per_call = time.perf_counter() - start
@@ -196,6 +203,7 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
     times: Dict[str, List[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for key, fn in variants.items():
+            _prepare(fn)
             start = time.perf_counter()
             for _ in range(per_block):
                 out = fn()
@@ -203,6 +211,12 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
             times[key].append((time.perf_counter() - start) / per_block)
     base_s, ratios = _paired(times)
     return base_s, ratios, per_block
+
+
+def _prepare(fn: Step) -> None:
+    prepare = getattr(fn, "prepare", None)
+    if prepare is not None:
+        prepare()
 
 
 def _sync(out) -> None:

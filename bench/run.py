@@ -158,8 +158,9 @@ NOTES = """### Reading the figures
   in TensorFlow's graph executor (a `WriteSummary` op is ~10-15 us of kernel time, plus scheduling). Where
   this floor alone is at or above a target, no implementation that writes these records at every step can
   meet it; what ours adds on top of the floor is the reductions.
-- Custom loop: the writer is made the default outside the compiled step (`writer.set_as_default`, or
-  `with writer.as_default():` around the Python loop); leaving a `with writer.as_default():` block inside a
+- Custom loop: the writer is made the default outside the compiled step, once before each block of calls
+  (`writer.set_as_default`, as a user's loop does once, or `with writer.as_default():` around the Python
+  loop; earlier versions of this bench did it per call, charging ~1-2% of Python work to ours); leaving a `with writer.as_default():` block inside a
   `tf.function` flushes the event file at every call (0.05-0.1 ms here), whatever writes the summaries.
 - fit(): the capturing step hands out the gradients and one compiled writer (never XLA) reduces them
   (docs/FIT.md): XLA's CPU code sums a tensor in one serial chain (~1.7 ns per element and reduction here).
