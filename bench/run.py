@@ -160,8 +160,17 @@ NOTES = """### Reading the figures
   meet it; what ours adds on top of the floor is the reductions.
 - Custom loop: the writer is made the default outside the compiled step, once before each block of calls
   (`writer.set_as_default`, as a user's loop does once, or `with writer.as_default():` around the Python
-  loop; earlier versions of this bench did it per call, charging ~1-2% of Python work to ours); leaving a `with writer.as_default():` block inside a
-  `tf.function` flushes the event file at every call (0.05-0.1 ms here), whatever writes the summaries.
+  loop; earlier versions of this bench did it per call, charging ~1-2% of Python work to ours); leaving
+  a `with writer.as_default():` block inside a `tf.function` flushes the event file at every call
+  (0.05-0.1 ms here), whatever writes the summaries.
+- Where the MLP's time goes (its step is ~2.2 ms, so every op counts): timed call by call, a step that
+  logs nothing costs ~30-50 us more than a plain one (the recording condition: a Switch per input of the
+  out-of-line branch, its Merge, the step's modulo), a logged step ~0.45 ms more, and the step right after
+  a logged one ~0.1-0.2 ms more. Isolated, the reductions of its 4 tensors (82K elements) cost ~0.34 ms:
+  ~0.1 ms histogram_fixed_width (a serial loop, ~1.2 ns per element), ~0.15 ms the other per-tensor
+  kernels, ~0.1 ms the scalar epilogue on [T] vectors; the 8 writes ~0.1 ms (per op, not per byte: one
+  raw-proto write of the same records costs the same). fit() adds the writer function's call from the
+  callback on each logged batch (an empty `tf.function` call is ~0.17 ms of Python here).
 - fit(): the capturing step hands out the gradients and one compiled writer (never XLA) reduces them
   (docs/FIT.md): XLA's CPU code sums a tensor in one serial chain (~1.7 ns per element and reduction here).
 - Shared machine: figures move by several percent between runs; compare ratios within one run.
