@@ -188,7 +188,8 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
 
     The first variant is the baseline. In every round each variant runs a block of calls
     (about `block_seconds` of the baseline), next to each other; ratios are taken within a
-    round, then the median over rounds (see `interleaved_results`).
+    round, then the median over rounds (see `interleaved_results`). A variant's
+    `prepare` attribute, if any, runs before each of its blocks (untimed).
     """
     for fn in variants.values():
         _prepare(fn)
