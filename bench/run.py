@@ -163,8 +163,8 @@ NOTES = """### Reading the figures
   loop; earlier versions of this bench did it per call, charging ~1-2% of Python work to ours); leaving
   a `with writer.as_default():` block inside a `tf.function` flushes the event file at every call
   (0.05-0.1 ms here), whatever writes the summaries.
-- Where the MLP's time goes (its step is ~2.2 ms, so every op counts): timed call by call, a step that
-  logs nothing costs ~30-50 us more than a plain one (the recording condition: a Switch per input of the
+- Where the MLP's time goes (profiled by hand on 2026-12-02, not by this script; its step is ~2.2 ms,
+  so every op counts): timed call by call, a step that logs nothing costs ~30-50 us more than a plain one (the recording condition: a Switch per input of the
   out-of-line branch, its Merge, the step's modulo), a logged step ~0.45 ms more, and the step right after
   a logged one ~0.1-0.2 ms more. Isolated, the reductions of its 4 tensors (82K elements) cost ~0.34 ms:
   ~0.1 ms histogram_fixed_width (a serial loop, ~1.2 ns per element), ~0.15 ms the other per-tensor
