@@ -10,6 +10,8 @@ Runs under Keras 3 and, with TF_USE_LEGACY_KERAS=1, under tf_keras.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -165,6 +167,22 @@ def test_steps_per_execution_logs_the_last_step_of_an_execution(tmp_path):
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     assert int(model.optimizer.iterations.numpy()) == 8
     assert layergrad_steps(read_series(log_dir(tmp_path))) == [4, 8]
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_steps_per_execution_not_a_multiple(tmp_path, mode):
+    """every_n_steps=3, steps_per_execution=2: a step that writes itself (graph) logs 3 and 6, silently;
+    under XLA only the last step of an execution comes back (6), and the callback warns before training."""
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss=_loss(), steps_per_execution=2, jit_compile=(mode == "xla"))
+    x, y = _data(n=16)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    warned = [w for w in caught if "steps_per_execution=2" in str(w.message)]
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == ([3, 6] if mode == "graph" else [6])
+    assert len(warned) == (0 if mode == "graph" else 1)
 
 
 def test_model_is_restored_after_fit(tmp_path):

@@ -17,15 +17,17 @@ Each copy is pinned to a fingerprint of the library's `train_step` source
 (see KNOWN_TRAIN_STEPS): a Keras whose step differs is refused unless the user
 opts out (GradientLogger(strict=False)).
 
-The step returns Keras' logs plus one extra key (PAYLOAD_KEY) holding the
-captured gradients (unscaled) and the small records computed inside the step
-(per-timestep norms, bounded tensors, "no gradient" records), with the logging
-flag computed from `optimizer.iterations` (a tensor). The callback runs this
-step only for executions that contain a logged step (Keras' own train function
-otherwise), strips the key, and reduces and writes outside the compiled
-function. (Several replicas: the merged records are computed inside the step,
-see `_with_replica_payload`.) See `FitStep._with_payload` and `FitStep._shadow_weights` for what
-keeps training bitwise unchanged.
+The callback runs this step only for executions that contain a logged step
+(Keras' own train function otherwise); the step computes the logging flag
+from `optimizer.iterations` (a tensor). In graph mode without XLA it reduces
+and writes its records itself, behind that flag (`FitStep._writes_in_step`).
+Otherwise it returns Keras' logs plus one extra key (PAYLOAD_KEY) holding the
+captured gradients (unscaled), the small records computed inside the step
+(per-timestep norms, bounded tensors, "no gradient" records) and the flag; the
+callback strips the key and reduces and writes outside the compiled function.
+(Several replicas: the merged records are computed inside the step, see
+`_with_replica_payload`.) See `FitStep._with_payload` and
+`FitStep._shadow_weights` for what keeps training bitwise unchanged.
 """
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from tb_layergrad import distribute, metadata, reductions, replica_stats
-from tb_layergrad.callbacks import _replica_payload
+from tb_layergrad.callbacks import _replica_payload, _step_records
 from tb_layergrad.gradient_map import GradientMap
+from tb_layergrad.graph_util import cond_out_of_line
 from tb_layergrad.layer_capture import Capture
 from tb_layergrad.rnn_probe import TapeWithExtraSources, TimestepProbe, timestep_norms
 from tb_layergrad.targets import target_value
@@ -234,10 +237,12 @@ class _OptimizerTape:
 class FitStep:
     """Builds the replacement train_step for one fit() call; remembers the series it writes."""
 
-    def __init__(self, model: Any, kind: str, config: StepConfig):
+    def __init__(self, model: Any, kind: str, config: StepConfig, writer: Any = None):
         self.model = model
         self.kind = kind
         self.config = config
+        #: the summary writer the step writes to itself (see `_writes_in_step`); None: hand records to Python.
+        self.writer = writer
         #: tag -> SeriesInfo, filled while the step is traced (or run eagerly).
         self.series: Dict[str, metadata.SeriesInfo] = {}
 
@@ -444,21 +449,22 @@ class FitStep:
         return out
 
     def _with_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss) -> Dict[str, Any]:
-        """Add the records of this step to Keras' logs (see the module docstring).
+        """Write this step's records (graph mode), or add them to Keras' logs (see the module docstring).
 
-        The payload is produced unconditionally: `GradientLogger` calls this step's
-        function only for executions that contain a logged step, and Keras' own
-        train function for every other one. So there is no conditional on the flag
-        in the compiled step (under XLA, handing backward-pass tensors to a
-        conditional moves fusion boundaries and the last bits of training).
-        The histograms and statistics of the captured gradients are NOT computed
-        here: the step hands out the (unscaled) gradients, `payload["gradients"]`,
-        and the callback's writer reduces them all in one call outside the step.
-        Why: XLA's CPU code sums a tensor in one serial chain (measured ~1.7 ns per
-        element and reduction, 5-6x TensorFlow's own kernels), and histogram_fixed_width
-        does not compile at all; inside an XLA step the reductions of a small MLP
-        cost more than its training step. `log` still travels with the payload:
-        with `steps_per_execution > 1` only some steps of an execution are logged.
+        `GradientLogger` calls this step's function only for executions that contain
+        a logged step, and Keras' own train function for every other one. Under XLA
+        the payload is produced unconditionally: no conditional on the flag in the
+        compiled step (handing backward-pass tensors to a conditional moves XLA's
+        fusion boundaries and the last bits of training). Nor are the histograms and
+        statistics computed in it: the step hands out the (unscaled) gradients,
+        `payload["gradients"]`, and the callback's writer reduces them all in one
+        call outside the step. Why: XLA's CPU code sums a tensor in one serial chain
+        (measured ~1.7 ns per element and reduction, 5-6x TensorFlow's own kernels),
+        and histogram_fixed_width does not compile at all; inside an XLA step the
+        reductions of a small MLP cost more than its training step. `log` travels
+        with the payload: with `steps_per_execution > 1` only some steps of an
+        execution are logged. In graph mode without XLA the step reduces and writes
+        behind `log` itself (`_writes_in_step`); eagerly the callback writes.
         """
         eps_sources = dict(probe.sources) if probe is not None else {}
         ctx = distribute.replica_context()
@@ -472,9 +478,35 @@ class FitStep:
             tmap = cap.gradients(wrapped, value, name=name)
             teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
             records.update(self._reduce(name, cap, tmap, eps_sources, teps, probe, scale, deferred=deferred))
+        if self._writes_in_step():
+            self._write_in_step(step, log, records, deferred)
+            return logs
         logs = dict(logs)
         logs[PAYLOAD_KEY] = {"step": step, "log": log, "records": records, "gradients": deferred}
         return logs
+
+    def _writes_in_step(self) -> bool:
+        """Does the compiled step reduce and write its records itself?
+
+        Yes in graph mode without XLA: handing the gradients to Python and calling a
+        second compiled function there cost about 1.3 ms per logged step on the
+        benchmark MLP (outputs materialized, a dict argument matched, a call), more
+        than the reductions. Not under XLA (see `_with_payload`), not eagerly (the
+        callback writes then), not with several replicas (`_with_replica_payload`).
+        """
+        return self.writer is not None and not self.config.xla and not tf.executing_eagerly()
+
+    def _write_in_step(self, step: tf.Tensor, log: tf.Tensor, records: Dict[str, tf.Tensor], gradients: Dict[str, tf.Tensor]) -> None:
+        """Reduce and write, on logged steps only, as one out-of-line branch (a call op when not taken)."""
+        series, buckets, writer = self.series, self.config.buckets, self.writer
+
+        def write() -> tf.Tensor:
+            with writer.as_default(), tf.summary.record_if(True):  # flushes on exit (see _step_records)
+                _step_records.write_step_records(series, buckets, step, records, gradients)
+            return tf.constant(True)
+
+        with tf.name_scope("layergrad"):
+            cond_out_of_line(log, write)
 
     # -- several replicas (tf.distribute) ---------------------------------------------
     def _with_replica_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss, ctx) -> Dict[str, Any]:
@@ -528,7 +560,6 @@ class FitStep:
 
     def _with_shadow_weights(self, cap: Capture, gmap: Any, aux: Any, aux_loss: Any) -> Any:
         """`gmap` with its weight entries recomputed by the aux tape (see _shadow_weights)."""
-        from tb_layergrad.gradient_map import GradientMap
 
         owners = cap.tree.variable_paths()
         by_path = {owners[id(v)][0]: v for v in self.model.trainable_variables if id(v) in owners}

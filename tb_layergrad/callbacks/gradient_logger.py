@@ -1,16 +1,14 @@
 """`GradientLogger`: gradients of the loss w.r.t. layer outputs, from the real fit() step."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from typing import Any, Callable, Dict, Mapping, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata, nonfinite, reductions
-from tb_layergrad import summary as lg_summary
-from tb_layergrad.callbacks import _fit_step, _replica_payload
+from tb_layergrad import distribute, metadata
+from tb_layergrad.callbacks import _fit_step, _replica_payload, _step_records
 from tb_layergrad.layer_capture import Capture
 from tb_layergrad.rnn_probe import TimestepProbe
 from tb_layergrad.targets import check_target_shape, validate_targets
@@ -29,10 +27,10 @@ class GradientLogger(_Base):
     copy of Keras' own `train_step` that additionally watches the layer
     outputs and makes ONE `tape.gradient` call for the weights and the
     outputs; the weight gradients it applies are bit for bit those Keras
-    computes, so training is unchanged. Gradients are reduced inside the step
-    (so inside XLA with `jit_compile=True`) to a histogram and statistics
-    (`tb_layergrad.summary` format, plugin "layergrad") and written after the
-    step, at step `s = optimizer.iterations` after this batch's update (the s-th
+    computes, so training is unchanged. Gradients are reduced to a histogram
+    and statistics (`tb_layergrad.summary` format, plugin "layergrad") and
+    written by the step itself (`jit_compile=False`) or right after it (XLA,
+    eager), at step `s = optimizer.iterations` after this batch's update (the s-th
     update; the step Keras' `TensorBoard` callback uses for batch metrics), when
     `s % every_n_steps == 0`. The other steps run Keras' own train function,
     untouched, so they cost nothing: the capturing step is compiled at the
@@ -108,8 +106,10 @@ class GradientLogger(_Base):
     Several replicas (Keras 3): the records are those of the global batch,
     written once by the chief (docs/DISTRIBUTED.md). Not supported: several
     replicas under tf_keras, models that override `train_step` (capture inside it with `tb_layergrad.capture`), non-TensorFlow
-    Keras backends. With `steps_per_execution=k > 1`, Keras returns only the
-    last step of each execution: use an `every_n_steps` multiple of k.
+    Keras backends. With `steps_per_execution=k > 1` under XLA, eagerly or
+    with several replicas, Keras returns only the last step of each
+    execution: use an `every_n_steps` multiple of k (with `jit_compile=False`
+    the step writes every logged step itself).
     """
 
     def __init__(
@@ -163,6 +163,8 @@ class GradientLogger(_Base):
         self._saved: Optional[Dict[str, Any]] = None
         self._armed = False
         self._steps_per_execution = 1
+        self._counting = False  # may optimizer.iterations be counted in Python (see _iterations_before_call)?
+        self._iterations: Optional[int] = None  # optimizer.iterations now, when counted; None: read it
         self._built: Optional[_BuiltStep] = None  # the compiled capturing step, reused by the next fit()
 
     # tf_keras' CallbackList asks these of every callback (Keras 3's does not).
@@ -197,11 +199,11 @@ class GradientLogger(_Base):
             TimestepProbe(model, None if self.timesteps is True else self.timesteps)
         self._check_targets_statically(model)
         spe = _steps_per_execution(model)
-        if spe > 1 and self.every_n_steps % spe:
+        if spe > 1 and self.every_n_steps % spe and not _step_writes_itself(model):
             warnings.warn(
                 f"steps_per_execution={spe}: Keras returns only the last step of each execution, so a step logged "
                 f"by every_n_steps={self.every_n_steps} that is not the last of its execution is lost; use a "
-                f"multiple of {spe}",
+                f"multiple of {spe} (or jit_compile=False: then the step writes every logged step itself)",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -244,6 +246,8 @@ class GradientLogger(_Base):
             self._restore()
         kind = self._check_model(model)
         self._steps_per_execution = _steps_per_execution(model)
+        self._counting = _iterations_countable(model, kind, self._steps_per_execution)
+        self._iterations = None
         strategy = getattr(model, "distribute_strategy", None)
         self._chief = distribute.is_chief(strategy)
         if self._chief:
@@ -269,8 +273,8 @@ class GradientLogger(_Base):
             "train_tf_function": getattr(model, "train_tf_function", _MISSING),
             "train_step": model.__dict__.get("train_step", _MISSING),
         }
-        reuse = self._built if self._built is not None and self._built.fits(model, saved["train_function"], config) else None
-        fit_step = reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config)
+        reuse = self._built if self._built is not None and self._built.fits(model, saved["train_function"], config, writer) else None
+        fit_step = reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config, writer=writer)
         step_fn = fit_step.keras3_train_step if kind == "keras" else fit_step.tf_keras_train_step
         self._writer, self._fit_step, self._saved = writer, fit_step, saved
         try:
@@ -286,13 +290,24 @@ class GradientLogger(_Base):
             self._restore()
             raise
 
-    def _logs_next_execution(self) -> bool:
+    def _iterations_before_call(self) -> int:
+        """`optimizer.iterations` now: counted in Python where that is exact, read otherwise.
+
+        Why count: reading the variable costs an op and a device-to-host copy per
+        batch (~0.1 ms of Python, 3-5% of a small model's step). Counted only with
+        one step per execution and an optimizer that advances at every step
+        (not Keras 3's loss scaling, which skips overflowing steps); read again at
+        the start of each fit() and after each capturing call.
+        """
+        if self._iterations is None:
+            self._iterations = int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
+        return self._iterations
+
+    def _logs_next_execution(self, done: int) -> bool:
         """Does the next call of the train function run a step this callback logs?
 
-        Read in Python before the call (one scalar read per batch): the steps of the
-        next execution are iterations + 1 ... iterations + steps_per_execution.
+        The steps of the next execution are done + 1 ... done + steps_per_execution.
         """
-        done = int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
         n = self.every_n_steps
         return any((done + j) % n == 0 for j in range(1, self._steps_per_execution + 1))
 
@@ -311,11 +326,15 @@ class GradientLogger(_Base):
                 self._restore()
                 return self.model.train_function(*args, **kwargs)
             self._armed = False
-            capturing = not built.traced or self._logs_next_execution()
+            done = self._iterations_before_call()
+            capturing = not built.traced or self._logs_next_execution(done)
             inner = built.logging_fn if capturing else built.keras_fn
+            self._iterations = None  # unknown until the call returns (it may stop the epoch)
             try:
                 out = inner(*args, **kwargs)
                 built.traced = built.traced or capturing
+                if self._counting and not capturing:
+                    self._iterations = done + 1
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise
             except BaseException:
@@ -388,38 +407,18 @@ class GradientLogger(_Base):
 
 
 def _record_writer(writer: Any, series: Dict[str, metadata.SeriesInfo], buckets: int) -> Callable:
-    """One compiled function that reduces and writes all records of a step.
+    """One compiled function that reduces and writes all records of a step given to Python.
 
-    Why one function: written eagerly, each `tf.summary.write` costs about a
-    millisecond of Python and op dispatch, and a logged step has several records
-    per layer. `gradients` ({stats tag: unscaled gradient}) are reduced here, all in
-    one `reductions.histograms_and_stats` call, with TensorFlow's own kernels
-    rather than inside the (XLA) train step (see `_fit_step.FitStep._with_payload`);
-    `records` arrive finished. The running first NaN/Inf step of each stats series
-    (kind `first_nonfinite`) is kept in graph variables of this writer.
+    Used where the step cannot write itself (XLA, eager, several replicas; see
+    `_fit_step.FitStep._writes_in_step`). Why one function: written eagerly,
+    each `tf.summary.write` costs about a millisecond of Python and op dispatch,
+    and a logged step has several records per layer.
     """
 
     @tf.function(reduce_retracing=True, autograph=False)  # library code: autograph only slows tracing
     def write(step: tf.Tensor, records: Dict[str, tf.Tensor], gradients: Dict[str, tf.Tensor]) -> tf.Tensor:
-        with writer.as_default(step=step), tf.summary.record_if(True):
-            tracked = []
-            tags = list(gradients)
-            reduced = reductions.histograms_and_stats([gradients[t] for t in tags], buckets) if tags else []
-            for tag, (hist, stats) in zip(tags, reduced):
-                info = series[tag]
-                hist_info = dataclasses.replace(info, kind=metadata.KIND_HISTOGRAM)
-                tf.summary.write(hist_info.tag, hist, metadata=metadata.create_summary_metadata(hist_info))
-                tf.summary.write(tag, stats, metadata=metadata.create_summary_metadata(info))
-                tracked.append((info, stats))
-            for tag, value in records.items():
-                info = series[tag]
-                if info.kind == metadata.KIND_TIMESTEPS:
-                    lg_summary.timesteps(info.layer, value, step, target=info.target, layer_index=info.index)
-                else:
-                    tf.summary.write(tag, value, metadata=metadata.create_summary_metadata(info))
-                if info.kind == metadata.KIND_STATS:
-                    tracked.append((info, value))
-            nonfinite.write_first_nonfinite(tracked, step)
+        with writer.as_default(), tf.summary.record_if(True):  # flushes on exit (see _step_records)
+            _step_records.write_step_records(series, buckets, step, records, gradients)
         return tf.constant(True)
 
     return write
@@ -437,9 +436,29 @@ class _BuiltStep:
         self.run_eagerly = bool(getattr(model, "run_eagerly", False))
         self.traced = False
 
-    def fits(self, model: Any, keras_fn: Callable, config: "_fit_step.StepConfig") -> bool:
+    def fits(self, model: Any, keras_fn: Callable, config: "_fit_step.StepConfig", writer: Any) -> bool:
         same_mode = bool(getattr(model, "run_eagerly", False)) == self.run_eagerly
-        return model is self.model and keras_fn is self.keras_fn and config == self.config and same_mode
+        same_writer = writer is self.fit_step.writer  # a step that writes itself holds its writer
+        return model is self.model and keras_fn is self.keras_fn and config == self.config and same_mode and same_writer
+
+
+def _step_writes_itself(model: Any) -> bool:
+    """Will the capturing step write its records itself (`_fit_step.FitStep._writes_in_step`)?"""
+    strategy = getattr(model, "distribute_strategy", None)
+    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
+    return replicas == 1 and not bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))
+
+
+def _iterations_countable(model: Any, kind: str, steps_per_execution: int) -> bool:
+    """Does every call of Keras' train function advance `optimizer.iterations` by exactly one?
+
+    Not with several steps per execution (the last one of an epoch may be short),
+    not with Keras 3's loss scaling (a step whose gradients overflow is skipped)
+    and not without trainable weights (Keras 3 then makes no update).
+    """
+    optimizer = getattr(model, "optimizer", None)
+    loss_scaled = kind == "keras" and hasattr(optimizer, "inner_optimizer")
+    return steps_per_execution == 1 and not loss_scaled and bool(model.trainable_weights)
 
 
 def _steps_per_execution(model: Any) -> int:
