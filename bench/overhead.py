@@ -94,6 +94,19 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
 
         tf.cond(tf.summary.should_record_summaries(), write, lambda: tf.constant(False))
 
+    def histograms_only(grads) -> None:  # a floor for a histogram record: its range and counts, no statistic
+        def write():
+            with tf.summary.record_if(True):
+                for path, g in grads.outputs.items():
+                    x = tf.reshape(g, [-1])
+                    lo, hi = tf.reduce_min(x), tf.reduce_max(x)
+                    counts = tf.histogram_fixed_width(x, tf.stack([lo, hi]), nbins=30)
+                    tf.summary.write(f"floor/{path}/histogram", counts)
+                    tf.summary.write(f"floor/{path}/stats", tf.stack([lo, hi]))
+            return tf.constant(True)
+
+        tf.cond(tf.summary.should_record_summaries(), write, lambda: tf.constant(False))
+
     ours = lambda every: logged(every, "ours", tb_layergrad.summary.gradients)  # noqa: E731
     tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731
 
@@ -101,6 +114,7 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         "plain": plain,
         "limit: one read per tensor": logged(1, "limit", one_read),
         "floor: our records, unreduced": logged(1, "floor", records_only),
+        "floor + min, max, histogram_fixed_width": logged(1, "floorhist", histograms_only),
         "ours_every_1": ours(1),
         "ours_every_10": ours(10),
         "tf.summary.histogram_every_1": tb_histogram(1),

@@ -102,8 +102,9 @@ def write_first_nonfinite(entries: Sequence[Tuple[metadata.SeriesInfo, Any]], st
         return
     variables = [_variable(info.tag) for info, _ in entries]
     step = tf.cast(step, tf.int64)
-    nonfinite = tf.stack([(s[_NAN] + s[_POS_INF] + s[_NEG_INF]) > 0 for _, s in entries])
-    previous = tf.stack([v.read_value() for v in variables])
+    stats = tf.stack([tf.cast(s, tf.float64) for _, s in entries])  # [T, NUM_STATS]: a few ops for all series
+    nonfinite = tf.reduce_sum(tf.gather(stats, [_NAN, _POS_INF, _NEG_INF], axis=1), axis=1) > 0
+    previous = tf.stack([v.value() for v in variables])
     first = tf.where((previous < 0) & nonfinite, step, previous)
 
     def store_and_write() -> tf.Tensor:

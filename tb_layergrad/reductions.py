@@ -87,11 +87,11 @@ def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int = 30, xla_sa
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
     flat = []
-    for data in tensors:
+    for data in tensors:  # not flattened: every reduction here takes any shape (a reshape is one more op per tensor)
         data = tf.convert_to_tensor(data)
-        flat.append(tf.reshape(tf.cast(data, compute_dtype(data.dtype)), [-1]))
+        flat.append(tf.cast(data, compute_dtype(data.dtype)))
     if xla_safe:
-        return [_general(x, buckets) for x in flat]
+        return [_general(tf.reshape(x, [-1]), buckets) for x in flat]
     out: List[Optional[Tuple[tf.Tensor, tf.Tensor]]] = [None] * len(flat)
     for dt in dict.fromkeys(x.dtype for x in flat):  # one batch per compute dtype, in order of appearance
         index = [i for i, x in enumerate(flat) if x.dtype == dt]
@@ -110,39 +110,50 @@ class _Moments(NamedTuple):
     lo: tf.Tensor
     hi: tf.Tensor
 
-    def select(self, i: int) -> "_Moments":
-        return _Moments(*(v[i : i + 1] for v in self))
+
+def _element_counts(xs: List[tf.Tensor]) -> tf.Tensor:
+    """[T] float64 element counts: a constant when every shape is static (no op per tensor)."""
+    sizes = [x.shape.num_elements() for x in xs]
+    if all(n is not None for n in sizes):
+        return tf.constant(sizes, tf.float64)
+    return tf.stack([tf.cast(tf.size(x, out_type=tf.int64), tf.float64) for x in xs])
 
 
 def _fast_or_general(xs: List[tf.Tensor], k: int) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """Why stacked: each branch returns [T, k, 3] and [T, NUM_STATS], so the
+    condition merges 2 tensors, not 2 per tensor (each merge is an op the
+    executor runs), and one unstack hands them out."""
     dt = xs[0].dtype
-    n64 = tf.stack([tf.cast(tf.size(x, out_type=tf.int64), tf.float64) for x in xs])
+    n64 = _element_counts(xs)
     # A reduction may hand back a subnormal element as it is: flush like every other kernel.
     m = _Moments(
         n=tf.cast(n64, dt),
         n64=n64,
         total=tf.stack([tf.reduce_sum(x) for x in xs]),
-        sumsq=tf.stack([2 * tf.nn.l2_loss(x) for x in xs]),
+        sumsq=2 * tf.stack([tf.nn.l2_loss(x) for x in xs]),
         lo=_flush_subnormal(tf.stack([tf.reduce_min(x) for x in xs])),
         hi=_flush_subnormal(tf.stack([tf.reduce_max(x) for x in xs])),
     )
     fast = _fast_path_applies(m)
 
-    def all_fast() -> List[Tuple[tf.Tensor, tf.Tensor]]:
-        hist, stats = _fast(xs, m, k)
-        return [(hist[i], stats[i]) for i in range(len(xs))]
+    def all_fast() -> Tuple[tf.Tensor, tf.Tensor]:
+        return _fast(xs, m, k)
 
-    def each_on_its_own() -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    def each_on_its_own() -> Tuple[tf.Tensor, tf.Tensor]:
         if len(xs) == 1:
-            i, x = 0, xs[0]
-            return [tf.cond(fast[i], lambda: tuple(t[0] for t in _fast([x], m.select(i), k)), lambda: _general(x, k))]
-        return [_one_tensor_function(dt, k)(x) for x in xs]
+            x = xs[0]
+            hist, stats = tf.cond(fast[0], lambda: tuple(t[0] for t in _fast([x], m, k)), lambda: _general(x, k))
+            return hist[tf.newaxis], stats[tf.newaxis]
+        each = [_one_tensor_function(dt, k)(tf.reshape(x, [-1])) for x in xs]
+        return tf.stack([h for h, _ in each]), tf.stack([s for _, s in each])
 
     if len(xs) == 1:
-        return each_on_its_own()
-    if tf.executing_eagerly():
-        return all_fast() if bool(tf.reduce_all(fast)) else each_on_its_own()
-    return tf.cond(tf.reduce_all(fast), all_fast, each_on_its_own)
+        hist, stats = each_on_its_own()
+    elif tf.executing_eagerly():
+        hist, stats = all_fast() if bool(tf.reduce_all(fast)) else each_on_its_own()
+    else:
+        hist, stats = tf.cond(tf.reduce_all(fast), all_fast, each_on_its_own)
+    return list(zip(tf.unstack(hist, len(xs)), tf.unstack(stats, len(xs))))
 
 
 _ONE_TENSOR_FUNCTIONS: Dict[Tuple[str, int], Callable] = {}
@@ -204,10 +215,11 @@ def _fast(xs: List[tf.Tensor], m: _Moments, k: int) -> Tuple[tf.Tensor, tf.Tenso
     dt = m.lo.dtype
     magnitudes = [tf.abs(x) for x in xs]
     sum_abs = tf.stack([tf.reduce_sum(a) for a in magnitudes])
-    nonzero = tf.stack([_count_nonzero(a) for a in magnitudes])
+    nonzero = _count_nonzero(magnitudes)
     spread = m.hi > m.lo
     ranges = tf.where(spread[:, tf.newaxis], tf.stack([m.lo, m.hi], axis=1), tf.constant([[0, 1]], dt))
-    counts = tf.cast(tf.stack([tf.histogram_fixed_width(x, ranges[i], nbins=k) for i, x in enumerate(xs)]), tf.float64)
+    ranges = tf.unstack(ranges, len(xs)) if len(xs) > 1 else [ranges[0]]
+    counts = tf.cast(tf.stack([tf.histogram_fixed_width(x, r, nbins=k) for x, r in zip(xs, ranges)]), tf.float64)
     last_only = tf.concat([tf.zeros([len(xs), k - 1], tf.float64), m.n64[:, tf.newaxis]], axis=1)
     counts = tf.where(spread[:, tf.newaxis], counts, last_only)
     mean, var = _one_pass_moments(m)
@@ -234,19 +246,24 @@ def _fast(xs: List[tf.Tensor], m: _Moments, k: int) -> Tuple[tf.Tensor, tf.Tenso
     return _with_edges(counts, m.lo, m.hi, k, _pow2_scale(top)), stats
 
 
-def _count_nonzero(magnitude: tf.Tensor) -> tf.Tensor:
-    """Number of non-zero elements of |x| (float64), as the sum of sign(|x|).
+def _count_nonzero(magnitudes: List[tf.Tensor]) -> tf.Tensor:
+    """[T] numbers of non-zero elements of each |x| (float64), as the sums of sign(|x|).
 
     Why not `tf.math.count_nonzero`: its compare-with-a-scalar kernel is not
     vectorized on CPU (measured: 4 tensors of 82K elements in all, 1.5 ms of
     kernel time; this: 57 us). A sum of ones is exact in float32 below 2**24
     elements; larger tensors are summed in float64.
     """
-    ones = tf.sign(magnitude)
-    size = magnitude.shape.num_elements()
-    if ones.dtype != tf.float64 and (size is None or size >= 2**24):
-        ones = tf.cast(ones, tf.float64)
-    return tf.cast(tf.reduce_sum(ones), tf.float64)
+    sums = []
+    for magnitude in magnitudes:
+        ones = tf.sign(magnitude)
+        size = magnitude.shape.num_elements()
+        if ones.dtype != tf.float64 and (size is None or size >= 2**24):
+            ones = tf.cast(ones, tf.float64)
+        sums.append(tf.reduce_sum(ones))
+    if len({t.dtype for t in sums}) == 1:
+        return tf.cast(tf.stack(sums), tf.float64)  # one cast for all
+    return tf.stack([tf.cast(t, tf.float64) for t in sums])
 
 
 def _general(x: tf.Tensor, buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:

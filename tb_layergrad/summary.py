@@ -82,6 +82,16 @@ def _write(info: metadata.SeriesInfo, tensor: tf.Tensor, step: Any, description:
     tf.summary.write(info.tag, tensor, step=step, metadata=metadata.create_summary_metadata(info, description))
 
 
+def _read_step(step: Any) -> tf.Tensor:
+    """`step` as an int64 tensor, read once for all the records of a step.
+
+    Why: `tf.summary.write` converts its `step` argument at every call; a
+    `tf.Variable` step (the default step of `writer.as_default(step=...)`) would
+    be read twice per record, ops a logged step runs for nothing.
+    """
+    return tf.convert_to_tensor(step, tf.int64)
+
+
 @no_autograph
 def gradient(
     name: str,
@@ -141,20 +151,18 @@ def _writer_for(name, data, step, buckets, max_elements, target, source, layer_i
 
     `records`: (histogram, stats) already computed (the stats-only replica merge).
     """
-    write_reduced = _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements,
+    write_reduced = _reduced_writer_for(name, data, buckets, max_elements, target, source, layer_index, elements,
                                         description)
 
     def write() -> None:
-        if records is not None:
-            write_reduced(records)
-        else:
-            write_reduced(None if data is None else reductions.histogram_and_stats(data, buckets))
+        reduced = records if records is not None else None if data is None else reductions.histogram_and_stats(data, buckets)
+        write_reduced(reduced, _read_step(step))
 
     return write
 
 
-def _reduced_writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description=""):
-    """Validate now; return the function that writes the records, given `data`'s (histogram, stats).
+def _reduced_writer_for(name, data, buckets, max_elements, target, source, layer_index, elements, description=""):
+    """Validate now; return the function that writes the records at a step, given `data`'s (histogram, stats).
 
     Split from the reductions so that `gradients()` can reduce all its tensors
     in one `reductions.histograms_and_stats` call. The function returns the
@@ -169,7 +177,7 @@ def _reduced_writer_for(name, data, step, buckets, max_elements, target, source,
         raise ValueError(f"max_elements must be >= 0, got {max_elements}")
     dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
 
-    def write(reduced) -> Optional[Tuple[metadata.SeriesInfo, tf.Tensor]]:
+    def write(reduced, step: tf.Tensor) -> Optional[Tuple[metadata.SeriesInfo, tf.Tensor]]:
         hist, stats = reductions.no_gradient_records(elements, buckets) if data is None else reduced
         stats_info = _info(name, metadata.KIND_STATS, target, source, layer_index, dtype)
         _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step, description)
@@ -244,8 +252,7 @@ def gradients(
 
     def writers_for(items_) -> list:
         return [
-            _reduced_writer_for(path, e.gradient, step, buckets, max_elements, target_name, e.source, e.index,
-                                e.elements)
+            _reduced_writer_for(path, e.gradient, buckets, max_elements, target_name, e.source, e.index, e.elements)
             for path, e, _ in items_
         ]
 
@@ -261,10 +268,11 @@ def gradients(
         present = [e.gradient for _, e, r in todo_items if e.gradient is not None and r is None]
         reduced = iter(reductions.histograms_and_stats(present, buckets)) if present else iter(())
         written = []
+        step_now = _read_step(step)
         for write, (_, e, records) in zip(todo, todo_items):
-            written.append(write(records if records is not None else None if e.gradient is None else next(reduced)))
+            written.append(write(records if records is not None else None if e.gradient is None else next(reduced), step_now))
         # The running first NaN/Inf step of each series (docs/FORMAT.md), behind one condition.
-        nonfinite.write_first_nonfinite([w for w in written if w is not None], step)
+        nonfinite.write_first_nonfinite([w for w in written if w is not None], step_now)
 
     with tf.name_scope("layergrad"):
         return _when_recording(write_all, out_of_line=items is not None)

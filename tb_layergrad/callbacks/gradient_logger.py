@@ -297,7 +297,7 @@ class GradientLogger(_Base):
         batch (~0.1 ms of Python, 3-5% of a small model's step). Counted only with
         one step per execution and an optimizer that advances at every step
         (not Keras 3's loss scaling, which skips overflowing steps); read again at
-        the start of each fit() and after each capturing call.
+        the start of each fit() and after a call that raised.
         """
         if self._iterations is None:
             self._iterations = int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
@@ -333,7 +333,7 @@ class GradientLogger(_Base):
             try:
                 out = inner(*args, **kwargs)
                 built.traced = built.traced or capturing
-                if self._counting and not capturing:
+                if self._counting:
                     self._iterations = done + 1
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise
