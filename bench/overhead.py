@@ -9,10 +9,11 @@ rounds far more than within one).
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import tempfile
 import time
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import keras
 import tensorflow as tf
@@ -21,6 +22,10 @@ import tb_layergrad
 from models import MODELS
 
 Step = Callable[[], object]
+
+# Calls of each variant before timing: past the first logged call of "every 10 steps" (its
+# branch function is instantiated and optimized then: ~0.1 s once, not a per-step cost).
+WARMUP_CALLS = 12
 
 
 def _loss():
@@ -107,6 +112,19 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
 
         tf.cond(tf.summary.should_record_summaries(), write, lambda: tf.constant(False))
 
+    def kernels_only(grads) -> None:  # a floor for our records: one TensorFlow kernel per statistic, no epilogue
+        def write():
+            with tf.summary.record_if(True):
+                for path, g in grads.outputs.items():
+                    lo, hi = tf.reduce_min(g), tf.reduce_max(g)
+                    a = tf.abs(g)
+                    stats = [tf.reduce_sum(g), tf.nn.l2_loss(g), lo, hi, tf.reduce_sum(a), tf.reduce_sum(tf.sign(a))]
+                    tf.summary.write(f"floor/{path}/histogram", tf.histogram_fixed_width(g, tf.stack([lo, hi]), nbins=30))
+                    tf.summary.write(f"floor/{path}/stats", tf.stack(stats))
+            return tf.constant(True)
+
+        tf.cond(tf.summary.should_record_summaries(), write, lambda: tf.constant(False))
+
     ours = lambda every: logged(every, "ours", tb_layergrad.summary.gradients)  # noqa: E731
     tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731
 
@@ -115,6 +133,7 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         "limit: one read per tensor": logged(1, "limit", one_read),
         "floor: our records, unreduced": logged(1, "floor", records_only),
         "floor + min, max, histogram_fixed_width": logged(1, "floorhist", histograms_only),
+        "floor + one kernel per statistic": logged(1, "floorkernels", kernels_only),
         "ours_every_1": ours(1),
         "ours_every_10": ours(10),
         "tf.summary.histogram_every_1": tb_histogram(1),
@@ -191,20 +210,21 @@ def interleaved_results(variants: Dict[str, Step], rounds: int) -> Tuple[float, 
     machine's speed drifts between rounds far more than within one.
     """
     values: Dict[str, List[float]] = {k: [] for k in variants}
-    for _ in range(rounds):
-        for key, fn in variants.items():
-            values[key].append(fn())
+    for order in _round_orders(list(variants), rounds):
+        for key in order:
+            values[key].append(variants[key]())
     return _paired(values)
 
 
-def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0.5, warmup: int = 3) -> Tuple[float, Dict[str, float], int]:
+def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0.5, warmup: Optional[int] = None) -> Tuple[float, Dict[str, float], int]:
     """(baseline seconds per call, {variant: median over rounds of its time / the baseline's}, calls per block).
 
     The first variant is the baseline. In every round each variant runs a block of calls
-    (about `block_seconds` of the baseline), next to each other; ratios are taken within a
-    round, then the median over rounds (see `interleaved_results`). A variant's
+    (about `block_seconds` of the baseline), next to each other, in a shuffled order; ratios
+    are taken within a round, then the median over rounds (see `interleaved_results`). A variant's
     `prepare` attribute, if any, runs before each of its blocks (untimed).
     """
+    warmup = WARMUP_CALLS if warmup is None else warmup
     for fn in variants.values():
         _prepare(fn)
         for _ in range(warmup):
@@ -214,10 +234,11 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
     start = time.perf_counter()
     _sync(base())
     per_call = time.perf_counter() - start
-    per_block = max(2, min(50, int(block_seconds / max(per_call, 1e-6))))
+    per_block = max(2, min(1000, int(block_seconds / max(per_call, 1e-6))))
     times: Dict[str, List[float]] = {k: [] for k in variants}
-    for _ in range(rounds):
-        for key, fn in variants.items():
+    for order in _round_orders(list(variants), rounds):
+        for key in order:
+            fn = variants[key]
             _prepare(fn)
             start = time.perf_counter()
             for _ in range(per_block):
@@ -226,6 +247,14 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
             times[key].append((time.perf_counter() - start) / per_block)
     base_s, ratios = _paired(times)
     return base_s, ratios, per_block
+
+
+def _round_orders(keys: List[str], rounds: int) -> List[List[str]]:
+    """The order of the variants in each round: shuffled (seeded), so no variant always runs right
+    after the same one (a variant that leaves caches or the allocator in a bad state would otherwise
+    always slow the same neighbour; seen here as an every-10-steps ratio below 1)."""
+    rng = random.Random(0)
+    return [rng.sample(keys, len(keys)) for _ in range(rounds)]
 
 
 def _prepare(fn: Step) -> None:
