@@ -560,7 +560,6 @@ class FitStep:
 
     def _with_shadow_weights(self, cap: Capture, gmap: Any, aux: Any, aux_loss: Any) -> Any:
         """`gmap` with its weight entries recomputed by the aux tape (see _shadow_weights)."""
-
         owners = cap.tree.variable_paths()
         by_path = {owners[id(v)][0]: v for v in self.model.trainable_variables if id(v) in owners}
         paths = [p for p in gmap if gmap.entry(p).source == metadata.SOURCE_WEIGHT and p in by_path]

@@ -428,7 +428,9 @@ class _BuiltStep:
     """The capturing train function of one fit(), kept so the next fit() need not compile it again.
 
     Valid while the model is the same, Keras' own train function is the same
-    object (a `compile()` in between resets it) and the configuration is unchanged.
+    object (a `compile()` in between resets it), the configuration is unchanged
+    and so is the writer (a step that writes itself holds it; `close()` opens a
+    new one for the next fit()).
     """
 
     def __init__(self, model: Any, keras_fn: Callable, config: "_fit_step.StepConfig", fit_step: "_fit_step.FitStep", logging_fn: Callable):
