@@ -9,8 +9,8 @@ record names it.
 
 The running value is one int64 `tf.Variable` per (default summary writer, tag),
 created on first use, kept by `summary.gradients()` (custom loops, inside
-`tf.function` or eagerly) and by `GradientLogger`'s record writer alike
-(`write_first_nonfinite`). Records are written only from the first
+`tf.function` or eagerly) and by `GradientLogger` alike, in its step or in its
+record writer (`write_first_nonfinite`). Records are written only from the first
 non-finite step on: a clean run gets none.
 """
 from __future__ import annotations
