@@ -62,7 +62,7 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         model, x, _ = MODELS[name]()
         layers = len(model.layers)
         byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, rounds * per_block + overhead.WARMUP_CALLS)))
-        steps = max(fit_steps, int(block_seconds / base))  # an epoch of at least ~one block: short steps are noisy
+        steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))  # at least ~one block: short epochs are noisy
         base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), max(1, rounds // 2))
         fit_rows.append((name, base_fit, ratios))
         figures.setdefault("fit", {})[name] = ratios
@@ -172,9 +172,12 @@ NOTES = """### Reading the figures
   loop); leaving a `with writer.as_default():` block inside a `tf.function` flushes the event file at
   every call (0.05-0.1 ms here), whatever writes the summaries. Variants run in a shuffled order in each
   round (a fixed order made one variant always follow the same neighbour: an every-10-steps ratio of
-  0.98 in one run, 1.07 in the next), in blocks of ~0.5 s, after 12 warm-up calls (so that the first
-  logged call of "every 10 steps", which instantiates its branch, is not timed).
-- fit(): an epoch of at least ~0.5 s per call (the MLP's 40-batch epochs moved its ratios by +-5%).
+  0.98 in one run, 1.07 in the next), in blocks of ~0.5 s and a multiple of 10 calls (so each block
+  of "every 10 steps" holds exactly one logged call; blocks of 4 CNN calls held one or none), after 12
+  warm-up calls (so that the first logged call of "every 10 steps", which instantiates its branch, is
+  not timed).
+- fit(): an epoch of at least ~0.5 s per call (the MLP's 40-batch epochs moved its ratios by +-5%),
+  timed from its 5th batch on, over a multiple of 10 batches (every 10 steps logs one in ten of them).
   In graph mode the capturing step reduces and writes its records itself, behind the logging flag, in
   one out-of-line branch; handing the gradients to Python and calling a compiled writer from the
   callback cost ~1.3 ms per logged MLP step (outputs materialized, dict arguments matched, a second
@@ -189,14 +192,20 @@ NOTES = """### Reading the figures
   condition: a Switch per input of the out-of-line branch, its Merge, the call; keeping the `If`
   unlowered saves ~2 us). A logged step costs ~0.3-0.35 ms more: its branch runs ~175 ops (was ~235
   before this session's changes: static element counts, stacked branch outputs, one unstack, one step
-  read, a vectorized NaN/Inf check); isolated, the reductions of its 4 tensors (82K elements) take
+  read, a vectorized NaN/Inf check: ~30 us less isolated, within the noise in this table); isolated, the reductions of its 4 tensors (82K elements) take
   ~0.33 ms, of which ~0.23 ms are the per-tensor kernels and ~0.16 ms the histogram with its range,
   and the 8 writes ~0.1 ms. The step right after a logged one is ~0.1-0.15 ms slower; a variant that
   only writes shows no such effect, one that only reduces does, and glibc's trim/mmap thresholds do not
   change it: the reductions' temporaries and reads evict the next step's working set.
-  Why 1.10x every step is out of reach for this MLP with TensorFlow's kernels: *floor + one kernel per
-  statistic* above is already ~1.09x, and ours adds the exact NaN/Inf-safe epilogue (~0.05x) on top;
-  below that only fewer records, fewer statistics or a custom fused C++ kernel would go.
+  Why ours stays above 1.10x every step for this MLP (target not met): *floor + one kernel per
+  statistic* reads 1.06-1.09x (this table and hand runs), leaving 0.01-0.04x for all the rest; ours
+  adds 0.05-0.08x over it. Removing parts of ours by hand (unsafe variants, not in this script;
+  2026-12-03, 30 rounds): the path choice that keeps NaN/Inf away from `histogram_fixed_width` (its
+  CPU kernel fails on NaN data) ~0.01-0.03x, the running first-NaN/Inf step (docs/FORMAT.md)
+  ~0.02-0.03x, both together ~0.04x; edges and stacking the rest. Logging before the optimizer update
+  instead of after it gains ~0.01x. What would meet it: fewer records or statistics per layer (a
+  format change), or one fused C++ kernel computing every statistic and the histogram in one pass;
+  neither is built.
 - Shared machine: figures move by several percent between runs; compare ratios within one run.
 """
 
