@@ -197,6 +197,8 @@ NOTES = """### Reading the figures
   and the 8 writes ~0.1 ms. The step right after a logged one is ~0.1-0.15 ms slower; a variant that
   only writes shows no such effect, one that only reduces does, and glibc's trim/mmap thresholds do not
   change it: the reductions' temporaries and reads evict the next step's working set.
+  Every 10 steps sits at the 1.03x target by arithmetic: 9 unlogged steps x ~20 us, one logged
+  step ~0.33 ms and the step after it ~0.1 ms make ~0.03x; runs of this script read 1.02-1.05x.
   Why ours stays above 1.10x every step for this MLP (target not met): *floor + one kernel per
   statistic* reads 1.06-1.09x (this table and hand runs), leaving 0.01-0.04x for all the rest; ours
   adds 0.05-0.08x over it. Removing parts of ours by hand (unsafe variants, not in this script;
