@@ -45,6 +45,9 @@ def _resolve_step(step: Any) -> Any:
                 "no step given and no default step set: pass step=..., or use "
                 "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
             )
+    dtype = getattr(step, "dtype", None)
+    if dtype is not None and not tf.as_dtype(dtype).is_integer:
+        raise TypeError(f"step must be an integer, got dtype {tf.as_dtype(dtype).name}")
     return step
 
 
@@ -87,9 +90,13 @@ def _read_step(step: Any) -> tf.Tensor:
 
     Why: `tf.summary.write` converts its `step` argument at every call; a
     `tf.Variable` step (the default step of `writer.as_default(step=...)`) would
-    be read twice per record, ops a logged step runs for nothing.
+    be read twice per record, ops a logged step runs for nothing. Any integer
+    dtype is taken (`tf.constant(3)` is int32, which `tf.summary.write` refuses);
+    a float step is refused earlier (`_resolve_step`), not silently truncated.
     """
-    return tf.convert_to_tensor(step, tf.int64)
+    if getattr(step, "dtype", None) is None:
+        return tf.convert_to_tensor(step, tf.int64)
+    return tf.cast(step, tf.int64)
 
 
 @no_autograph
@@ -317,7 +324,7 @@ def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = me
     norms = tf.cast(tf.reshape(norms, [-1]), tf.float64)
 
     def write() -> None:
-        _write(_info(name, metadata.KIND_TIMESTEPS, target, metadata.SOURCE_OUTPUT, layer_index, "float64"), norms, step)
+        _write(_info(name, metadata.KIND_TIMESTEPS, target, metadata.SOURCE_OUTPUT, layer_index, "float64"), norms, _read_step(step))
 
     with tf.name_scope("layergrad"):
         return _when_recording(write)

@@ -175,6 +175,26 @@ def test_step_is_required():
         tb_layergrad.summary.gradient("g", tf.ones([2]))
 
 
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+def test_any_integer_step_is_taken(tmp_path, graph):
+    """int32 tensors and variables (tf.constant(3) is int32) and numpy ints name the step; a float step is refused."""
+    steps = [tf.constant(3, tf.int32), tf.Variable(4, dtype=tf.int32), np.int64(5), 6]
+
+    def fn():
+        for s in steps:
+            call = lambda s=s: tb_layergrad.summary.gradients({"a": tf.fill([2], float(s))}, step=s)  # noqa: E731
+            (tf.function(call) if graph else call)()
+            tb_layergrad.summary.timesteps("rnn", tf.ones([3]), step=s)
+
+    write(tmp_path, fn)
+    recs = read_all(str(tmp_path))["run"]
+    for s in (3, 4, 5, 6):
+        assert values_at(recs, "loss/output/a/stats", s)[metadata.STAT_INDEX["mean"]] == s
+        assert values_at(recs, "loss/output/rnn/timesteps", s).tolist() == [1.0, 1.0, 1.0]
+    with pytest.raises(TypeError, match="step must be an integer, got dtype float32"):
+        tb_layergrad.summary.gradients({"a": tf.ones([2])}, step=tf.constant(1.0))
+
+
 def test_target_name_is_its_own_series(tmp_path):
     write(tmp_path, lambda: (tb_layergrad.summary.gradients({"a": tf.ones([2])}, step=1, target="class_3"), None))
     recs = read_all(str(tmp_path))["run"]
