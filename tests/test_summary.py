@@ -270,6 +270,36 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
         assert hist.numpy()[:, 2].sum() == want["elements"] - want["nan"] - want["pos_inf"] - want["neg_inf"]
 
 
+def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path):
+    """Series added later (another function, the same writer) get their own running value; a function
+    traced before they were added keeps its own; another writer keeps separate values."""
+    writer, other = (tf.summary.create_file_writer(str(tmp_path / r)) for r in ("run", "other"))
+    nan = lambda: tf.constant([1.0, np.nan])  # noqa: E731
+    ok = lambda: tf.constant([1.0, 2.0])  # noqa: E731
+    log_a = tf.function(lambda a, step: tb_layergrad.summary.gradients({"a": a}, step=step))
+    log_ba = tf.function(lambda b, a, step: tb_layergrad.summary.gradients({"b": b, "a": a}, step=step))
+    with writer.as_default():
+        log_a(nan(), 1)  # a: first at 1
+        log_ba(ok(), ok(), 2)  # traced now: b gets a slot; a keeps 1
+        log_ba(nan(), ok(), 3)  # b: first at 3
+        log_a(ok(), 4)  # the function traced before b existed
+        tb_layergrad.summary.gradients({"c": ok(), "a": ok()}, step=5)  # eagerly, c new and clean
+    with other.as_default():
+        log_a(ok(), 6)  # the same tag in another writer: clean there
+    writer.close()
+    other.close()
+    recs = read_all(str(tmp_path))
+
+    def firsts(run, layer):
+        tag = f"loss/output/{layer}/first_nonfinite"
+        return {d.step: int(d.numpy[0]) for d in recs[run][tag][1]} if tag in recs.get(run, {}) else {}
+
+    assert firsts("run", "a") == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1}
+    assert firsts("run", "b") == {3: 3}
+    assert firsts("run", "c") == {}
+    assert firsts("other", "a") == {}
+
+
 def test_first_nonfinite_records_from_a_tf_function(tmp_path):
     """The running first NaN/Inf step per series, kept in graph mode with record_if every 2 steps.
 
