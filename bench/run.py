@@ -197,8 +197,13 @@ NOTES = """### Reading the figures
   and the 8 writes ~0.1 ms. The step right after a logged one is ~0.1-0.15 ms slower; a variant that
   only writes shows no such effect, one that only reduces does, and glibc's trim/mmap thresholds do not
   change it: the reductions' temporaries and reads evict the next step's working set.
-  Every 10 steps sits at the 1.03x target by arithmetic: 9 unlogged steps x ~20 us, one logged
-  step ~0.33 ms and the step after it ~0.1 ms make ~0.03x; runs of this script read 1.02-1.05x.
+  Every 10 steps reads 1.02-1.05x in runs of this script (target 1.03x) because a rare logged step
+  costs more than a frequent one. By hand (2026-12-03, 15 rounds, in units of a plain step): per
+  logged step 0.17 when every step logs, 0.22 every 2, 0.29 every 5, 0.42 every 10; a step that
+  never logs reads 0.999x. The reductions carry it (0.12 every step, 0.28 every 10; the writes 0.055
+  -> 0.10), and glibc's malloc thresholds do not change it: after nine training steps what a logged
+  step touches (its temporaries, the kernels' code and data) is cold again. In fit(), where Keras'
+  own function runs the unlogged steps, every 10 reads 1.03x.
   Why ours stays above 1.10x every step for this MLP (target not met): *floor + one kernel per
   statistic* reads 1.06-1.09x (this table and hand runs), leaving 0.01-0.04x for all the rest; ours
   adds 0.05-0.08x over it. Removing parts of ours by hand (unsafe variants, not in this script;
