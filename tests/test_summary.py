@@ -276,16 +276,18 @@ def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path):
     writer, other = (tf.summary.create_file_writer(str(tmp_path / r)) for r in ("run", "other"))
     nan = lambda: tf.constant([1.0, np.nan])  # noqa: E731
     ok = lambda: tf.constant([1.0, 2.0])  # noqa: E731
-    log_a = tf.function(lambda a, step: tb_layergrad.summary.gradients({"a": a}, step=step))
-    log_ba = tf.function(lambda b, a, step: tb_layergrad.summary.gradients({"b": b, "a": a}, step=step))
+    step = lambda s: tf.constant(s, tf.int64)  # noqa: E731 - a tensor step: one trace per function, not one per value
+    log_a = tf.function(lambda a, s: tb_layergrad.summary.gradients({"a": a}, step=s))
+    log_ba = tf.function(lambda b, a, s: tb_layergrad.summary.gradients({"b": b, "a": a}, step=s))
     with writer.as_default():
-        log_a(nan(), 1)  # a: first at 1
-        log_ba(ok(), ok(), 2)  # traced now: b gets a slot; a keeps 1
-        log_ba(nan(), ok(), 3)  # b: first at 3
-        log_a(ok(), 4)  # the function traced before b existed
+        log_a(nan(), step(1))  # a: first at 1
+        log_ba(ok(), ok(), step(2))  # traced now: b gets a slot; a keeps 1
+        log_ba(nan(), ok(), step(3))  # b: first at 3
+        log_a(ok(), step(4))  # the function traced before b existed, not traced again
         tb_layergrad.summary.gradients({"c": ok(), "a": ok()}, step=5)  # eagerly, c new and clean
-    with other.as_default():
-        log_a(ok(), 6)  # the same tag in another writer: clean there
+    assert log_a.experimental_get_tracing_count() == 1
+    with other.as_default():  # the same tag in another writer (a function traced there): clean there
+        tf.function(lambda a, s: tb_layergrad.summary.gradients({"a": a}, step=s))(ok(), step(6))
     writer.close()
     other.close()
     recs = read_all(str(tmp_path))
