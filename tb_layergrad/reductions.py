@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import metadata
+from tb_layergrad import fused_kernel, metadata
 from tb_layergrad.graph_util import no_autograph
 
 
@@ -79,22 +79,31 @@ def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int = 30, xla_sa
     Why: a training step may log hundreds of tensors, and per tensor the
     reductions are a handful of kernels but the scalar work around them (the
     path choice, subnormal flushing, edges, the stats vector) is dozens of tiny
-    ops, each with its own dispatch cost. Here the per-tensor kernels stay per
-    tensor and all the scalar work is done once on [T] vectors, with one path
-    choice for all: the fast path when every tensor qualifies, else each tensor
-    on its own path.
+    ops, each with its own dispatch cost. Where the fused kernel is available
+    (`fused_kernel`), float16/bfloat16/float32 tensors all go to its one op.
+    Otherwise the per-tensor kernels stay per tensor and all the scalar work is
+    done once on [T] vectors, with one path choice for all: the fast path when
+    every tensor qualifies, else each tensor on its own path.
     """
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
-    flat = []
-    for data in tensors:  # not flattened: every reduction here takes any shape (a reshape is one more op per tensor)
-        data = tf.convert_to_tensor(data)
-        flat.append(tf.cast(data, compute_dtype(data.dtype)))
+    given = [tf.convert_to_tensor(data) for data in tensors]
+    out: List[Optional[Tuple[tf.Tensor, tf.Tensor]]] = [None] * len(given)
+    if not xla_safe and fused_kernel.op() is not None:
+        index = [i for i, x in enumerate(given) if x.dtype in fused_kernel.DTYPES]
+        if index:
+            hist, stats = fused_kernel.histograms_and_stats([given[i] for i in index], buckets)
+            for i, h, s in zip(index, tf.unstack(hist, len(index)), tf.unstack(stats, len(index))):
+                out[i] = (h, s)
+    rest = [i for i, result in enumerate(out) if result is None]
+    # Not flattened: every reduction here takes any shape (a reshape is one more op per tensor).
+    flat = {i: tf.cast(given[i], compute_dtype(given[i].dtype)) for i in rest}
     if xla_safe:
-        return [_general(tf.reshape(x, [-1]), buckets) for x in flat]
-    out: List[Optional[Tuple[tf.Tensor, tf.Tensor]]] = [None] * len(flat)
-    for dt in dict.fromkeys(x.dtype for x in flat):  # one batch per compute dtype, in order of appearance
-        index = [i for i, x in enumerate(flat) if x.dtype == dt]
+        for i, x in flat.items():
+            out[i] = _general(tf.reshape(x, [-1]), buckets)
+        return out  # type: ignore[return-value]
+    for dt in dict.fromkeys(x.dtype for x in flat.values()):  # one batch per compute dtype, in order of appearance
+        index = [i for i, x in flat.items() if x.dtype == dt]
         for i, result in zip(index, _fast_or_general([flat[i] for i in index], buckets)):
             out[i] = result
     return out  # type: ignore[return-value]

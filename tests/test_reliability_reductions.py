@@ -2,8 +2,9 @@
 
 Random shapes, dtypes (float16, bfloat16, float32, float64), values mixing NaN/+-Inf, zeros, empty
 tensors, a single unique value, magnitudes near the dtype's max (sums of squares overflow) and tiny
-ones (squares underflow), in four ways of running: eager and inside `tf.function`, each with the
-fast path (`xla_safe=False`) and the general path (`xla_safe=True`); the general path also under XLA.
+ones (squares underflow), in six ways of running: eager and inside `tf.function`, each with the
+fused kernel (`fused_kernel`), TensorFlow's fast path without it (`xla_safe=False`) and the general
+path (`xla_safe=True`); the general path also under XLA.
 
 The reference is computed here with numpy/`math` in float64 with an overflow-safe scaling, so it is
 right even where a naive float64 sum of squares overflows. Rules checked (docs/FORMAT.md, "Numerical
@@ -26,6 +27,7 @@ Example counts are kept moderate (`EXAMPLES`) so this file runs in well under a 
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import os
 import zlib
@@ -39,11 +41,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import reliability_fixtures as rf
-from tb_layergrad import metadata, reductions, summary
+from tb_layergrad import fused_kernel, metadata, reductions, summary
 
 S = metadata.STAT_INDEX
 SCALE = int(os.environ.get("RELIABILITY_EXAMPLES_SCALE", "1"))
 EXAMPLES = {
+    "eager-kernel": 150 * SCALE,
+    "function-kernel": 60 * SCALE,
     "eager-fast": 150 * SCALE,
     "eager-general": 150 * SCALE,
     "function-fast": 60 * SCALE,
@@ -240,15 +244,20 @@ _FUNCTIONS: Dict[tuple, object] = {}
 
 
 def run(mode: str, x: tf.Tensor, buckets: int):
+    """`kernel`: the fused kernel (float64 still on TensorFlow's fast path); `fast`: TensorFlow's ops
+    without it; `general`: the masked path (`xla_safe=True`)."""
     xla_safe = mode.endswith("general")
-    if mode.startswith("eager"):
-        return reductions.histogram_and_stats(x, buckets, xla_safe=xla_safe)
-    key = (mode, x.dtype, buckets)
-    if key not in _FUNCTIONS:  # one trace per dtype and bucket count: shapes are left unknown
-        spec = tf.TensorSpec(None, x.dtype)
-        fn = lambda t: reductions.histogram_and_stats(t, buckets, xla_safe=xla_safe)  # noqa: E731
-        _FUNCTIONS[key] = tf.function(fn, input_signature=[spec], jit_compile=mode.startswith("xla") or None)
-    return _FUNCTIONS[key](x)
+    if mode.endswith("kernel"):
+        assert fused_kernel.op() is not None, f"the fused kernel did not build: {fused_kernel.unavailable_reason()}"
+    with fused_kernel.disabled() if mode.endswith("fast") else contextlib.nullcontext():
+        if mode.startswith("eager"):
+            return reductions.histogram_and_stats(x, buckets, xla_safe=xla_safe)
+        key = (mode, x.dtype, buckets)
+        if key not in _FUNCTIONS:  # one trace per dtype and bucket count: shapes are left unknown
+            spec = tf.TensorSpec(None, x.dtype)
+            fn = lambda t: reductions.histogram_and_stats(t, buckets, xla_safe=xla_safe)  # noqa: E731
+            _FUNCTIONS[key] = tf.function(fn, input_signature=[spec], jit_compile=mode.startswith("xla") or None)
+        return _FUNCTIONS[key](x)  # traced on the first call: inside the `disabled()` above
 
 
 def _property(mode: str, tally: collections.Counter):
@@ -283,7 +292,7 @@ def _run_property(mode: str) -> None:
     rf.record("reductions", f"generated tensors: {mode}", tally.pop("cases"), **tally)
 
 
-@pytest.mark.parametrize("mode", ["eager-fast", "eager-general", "function-fast", "function-general"])
+@pytest.mark.parametrize("mode", ["eager-kernel", "function-kernel", "eager-fast", "eager-general", "function-fast", "function-general"])
 def test_reductions_property(mode):
     _run_property(mode)
 
@@ -346,7 +355,7 @@ XLA_REGRESSIONS = [("bfloat16", [1.4693679385278594e-39]), ("float64", [-1.7e308
 
 @pytest.mark.parametrize(
     "mode,dtype,values,buckets",
-    [(mode, *case) for case in REGRESSIONS for mode in ("eager-fast", "eager-general", "function-fast", "xla-general")
+    [(mode, *case) for case in REGRESSIONS for mode in ("eager-kernel", "eager-fast", "eager-general", "function-fast", "xla-general")
      if not mode.startswith("xla") or case[:2] in XLA_REGRESSIONS],  # an XLA compile takes ~1 s
 )
 def test_found_inputs(mode, dtype, values, buckets):

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata, reductions, replica_stats
+from tb_layergrad import distribute, fused_kernel, metadata, reductions, replica_stats
 from tb_layergrad.callbacks import _replica_payload, _step_records
 from tb_layergrad.gradient_map import GradientMap
 from tb_layergrad.graph_util import cond_out_of_line
@@ -414,6 +414,8 @@ class FitStep:
         precomputed = precomputed or {}
         norms_of = norms_of or {}
         out: Dict[str, tf.Tensor] = {}
+        # With the fused kernel, all of this target's gradients are reduced by ONE op (below).
+        fused: List[Tuple[str, str, tf.Tensor]] = [] if not cfg.xla and fused_kernel.op() is not None else None  # type: ignore[assignment]
         for path in gmap:
             e = gmap.entry(path)
             g = e.gradient
@@ -427,6 +429,11 @@ class FitStep:
                 if deferred is not None:
                     self._register(info(metadata.KIND_HISTOGRAM))
                     deferred[self._register(info(metadata.KIND_STATS))] = u
+                    hist = stats = None
+                elif fused is not None and u.dtype in fused_kernel.DTYPES:
+                    hist_tag, stats_tag = self._register(info(metadata.KIND_HISTOGRAM)), self._register(info(metadata.KIND_STATS))
+                    out[hist_tag] = out[stats_tag] = None  # type: ignore[assignment]  # keeps the records' order
+                    fused.append((hist_tag, stats_tag, u))
                     hist = stats = None
                 else:
                     hist, stats = _histogram_and_stats(u, cfg.buckets, cfg.xla)
@@ -446,6 +453,10 @@ class FitStep:
                 t = reductions.bounded_tensor(u[0], cfg.max_elements)
                 info = metadata.SeriesInfo(layer=key + TIMESTEP_TENSOR_SUFFIX, kind=metadata.KIND_TENSOR, target=target, source=metadata.SOURCE_OUTPUT, index=index, dtype=eps.dtype.name)
                 out[self._register(info)] = t
+        if fused:
+            hists, stats = fused_kernel.histograms_and_stats([u for _, _, u in fused], cfg.buckets)
+            for (hist_tag, stats_tag, _), hist, stat in zip(fused, tf.unstack(hists, len(fused)), tf.unstack(stats, len(fused))):
+                out[hist_tag], out[stats_tag] = hist, stat
         return out
 
     def _with_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss) -> Dict[str, Any]:

@@ -1,0 +1,188 @@
+"""The fused reduction kernel: built on first use, cached, optional.
+
+Why: on a small model, what logging every step costs is mostly the number of
+TensorFlow kernels the records take (~10 per tensor plus their scalar work),
+not the reading of the tensors. `kernels/histograms_and_stats.cc` computes the
+histograms and statistics of all of a step's tensors in one kernel, two reads
+of each (see docs/PERFORMANCE.md for the figures).
+
+TensorFlow has no stable binary interface for custom ops, so the kernel is
+compiled here, against the installed TensorFlow, with the machine's C++
+compiler (~15 s, once per TensorFlow version and machine; kept in
+`$XDG_CACHE_HOME/tb_layergrad` or `TB_LAYERGRAD_CACHE`). Without a compiler,
+with a GPU visible (the kernel is CPU-only) or with `TB_LAYERGRAD_FUSED=0`,
+`reductions` uses its TensorFlow ops: the same records, more kernels. A build
+failure is logged once, with the compiler's message, and never raised.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+log = logging.getLogger("tb_layergrad")
+
+SOURCE = Path(__file__).with_name("kernels") / "histograms_and_stats.cc"
+OP_NAME = "TbLayergradHistogramsAndStats"
+# The dtypes the kernel reads (float16/bfloat16 are widened to float32 inside it).
+DTYPES = (tf.float16, tf.bfloat16, tf.float32)
+ENV_SWITCH = "TB_LAYERGRAD_FUSED"
+ENV_CACHE = "TB_LAYERGRAD_CACHE"
+_BUILD_TIMEOUT_S = 600
+
+_lock = threading.Lock()
+_state: dict = {}  # "op": the op function or None once decided; "error": why not
+_enabled = [True]
+
+
+def _cache_dir() -> Path:
+    if os.environ.get(ENV_CACHE):
+        return Path(os.environ[ENV_CACHE])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tb_layergrad"
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags: the build uses -march=native, so a cached library is per CPU kind."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> Optional[str]:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _build_command(compiler: str, output: Path) -> List[str]:
+    return [
+        compiler, "-shared", "-fPIC", "-O3", "-march=native", "-ffp-contract=off", "-fopenmp-simd", "-w",
+        str(SOURCE), "-o", str(output), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(),
+    ]
+
+
+def library_path(compiler: str) -> Path:
+    """Where the build for this source, command (compiler, flags, TensorFlow) and CPU lives."""
+    key = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), tf.__version__, " ".join(_build_command(compiler, Path("out"))), _cpu_flags(), sys.platform):
+        key.update(part if isinstance(part, bytes) else part.encode())
+        key.update(b"\0")
+    return _cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """One build at a time across processes (parallel test workers, several trainers)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build(compiler: Optional[str] = None) -> Path:
+    """Compiles the kernel unless it is cached; returns the library. Raises RuntimeError on failure."""
+    compiler = compiler or _compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    target = library_path(compiler)
+    if target.exists():
+        return target
+    with _file_lock(target.with_suffix(".lock")):
+        if target.exists():  # built by another process while this one waited
+            return target
+        log.warning("tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~15 s) into %s", target.parent)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            partial = Path(tmp) / target.name
+            done = subprocess.run(_build_command(compiler, partial), capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+            if done.returncode != 0:
+                raise RuntimeError(f"compiling {SOURCE.name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+            os.replace(partial, target)  # atomic: a reader sees no half-written library
+        log.info("tb_layergrad: fused kernel built in %.1f s", time.perf_counter() - started)
+    return target
+
+
+def _load() -> Tuple[Optional[object], Optional[str]]:
+    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None, f"{ENV_SWITCH}=0"
+    if tf.config.list_logical_devices("GPU"):
+        return None, "a GPU is visible (the fused kernel is CPU-only)"
+    try:
+        module = tf.load_op_library(str(build()))
+    except (RuntimeError, OSError, subprocess.SubprocessError, tf.errors.OpError) as e:
+        log.warning("tb_layergrad: the fused reduction kernel is not available, TensorFlow ops are used instead: %s", e)
+        return None, str(e)
+    tf.no_gradient(OP_NAME)
+    return module.tb_layergrad_histograms_and_stats, None
+
+
+def op():
+    """The kernel's op function, or None when it cannot be used here (decided once per process)."""
+    if not _enabled[0]:
+        return None
+    with _lock:
+        if "op" not in _state:
+            _state["op"], _state["error"] = _load()
+    return _state["op"]
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why `op()` is None (None when it is not, or has not been asked for yet)."""
+    return _state.get("error") if _enabled[0] else "disabled by fused_kernel.disabled()"
+
+
+def applies_to(tensors: Sequence[tf.Tensor]) -> bool:
+    """True if the kernel reads every one of `tensors` (by dtype); placement is checked by `op()`."""
+    return bool(tensors) and all(t.dtype in DTYPES for t in tensors)
+
+
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """Use TensorFlow's ops instead of the kernel while tracing/running inside (tests, comparisons)."""
+    before = _enabled[0]
+    _enabled[0] = False
+    try:
+        yield
+    finally:
+        _enabled[0] = before
+
+
+def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
+    """([T, buckets, 3], [T, NUM_STATS]) float64 of float16/bfloat16/float32 tensors, by the kernel."""
+    fn = op()
+    if fn is None:
+        raise RuntimeError(f"the fused kernel is not available: {unavailable_reason()}")
+    return fn(list(tensors), buckets=buckets)
+
+
+def main() -> None:
+    """`python -m tb_layergrad.fused_kernel`: build now (e.g. in a Docker image), print where."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(build())
+
+
+if __name__ == "__main__":
+    main()

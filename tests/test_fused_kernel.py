@@ -1,0 +1,153 @@
+"""The fused reduction kernel (tb_layergrad/kernels/histograms_and_stats.cc): the same records, one op.
+
+Its numbers are checked against the independent numpy reference of the reduction property tests
+(`test_reliability_reductions`, which also runs its generated tensors through the kernel) and against
+the TensorFlow path; here: chunks (NaN, Inf and subnormal numbers in a later chunk of a large tensor),
+one op per step in a graph, the build cache, and the fallback when the kernel cannot be built.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from test_reliability_reductions import check_histogram, check_stats
+from tb_layergrad import fused_kernel, metadata, reductions
+
+S = metadata.STAT_INDEX
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_built():
+    assert fused_kernel.op() is not None, f"the fused kernel did not build here: {fused_kernel.unavailable_reason()}"
+
+
+def _big_with_specials() -> np.ndarray:
+    """Four chunks of the kernel (2**15 elements each) and a rest; the specials all in later chunks."""
+    rng = np.random.default_rng(11)
+    x = (rng.normal(size=140_001) * 3).astype(np.float32)
+    x[x < -2] = 0.0  # many exact zeros, like a ReLU's gradient
+    x[40_000] = np.nan
+    x[70_000] = np.inf
+    x[100_000] = -np.inf
+    x[130_000] = 1e-40  # subnormal: counts as a zero
+    x[130_001] = -3e-39
+    x[139_999] = 50.0  # the maximum, last chunk
+    return x
+
+
+def _cases() -> list:
+    rng = np.random.default_rng(5)
+    return [
+        rng.normal(size=(128, 256)).astype(np.float32),
+        np.maximum(rng.normal(size=(128, 10)), 0).astype(np.float32),
+        _big_with_specials(),
+        np.zeros((5, 5), np.float32),
+        np.full((7,), -0.5, np.float32),
+        np.array([np.nan, np.nan], np.float32),
+        np.array([np.inf, 2.0], np.float32),
+        np.array([], np.float32),
+        np.array([3e38, -3e38, 1.0], np.float32),  # the span overflows float32: indices in float64
+        np.array([1e-23, 2e-23, 0.0], np.float32),
+        (rng.normal(size=500) + 1e4).astype(np.float32),
+        rng.normal(size=(3, 4, 5)).astype(np.float16),
+        np.array([65504.0, -65504.0, np.nan, 6e-8], np.float16),
+    ] + [tf.cast(tf.constant(rng.normal(size=300), tf.float32), tf.bfloat16)]
+
+
+@pytest.mark.parametrize("graph", [False, True])
+def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
+    tensors = [tf.constant(a) if isinstance(a, np.ndarray) else a for a in _cases()]
+    run = tf.function if graph else (lambda f: f)
+    fused = run(lambda ts: reductions.histograms_and_stats(ts, 30))(tensors)
+    with fused_kernel.disabled():
+        plain = run(lambda ts: reductions.histograms_and_stats(ts, 30))(tensors)
+    for t, (hist, stats), (p_hist, p_stats) in zip(tensors, fused, plain):
+        hist, stats = hist.numpy(), stats.numpy()
+        check_stats(stats, t, "kernel")
+        check_histogram(hist, t, 30, "kernel")
+        where = f"{t.dtype.name} {t.shape}"
+        counts = ("elements", "nan", "pos_inf", "neg_inf", "zeros")
+        np.testing.assert_array_equal([stats[S[c]] for c in counts], [p_stats.numpy()[S[c]] for c in counts], where)
+        # The same float64 edges (TensorFlow's batched path may round one an ulp apart) ...
+        ulp = 4 * np.finfo(np.float64).eps * np.max(np.abs(hist[:, :2]), initial=0.0)
+        np.testing.assert_allclose(hist[:, :2], p_hist.numpy()[:, :2], rtol=0, atol=ulp, err_msg=where)
+        if hist[:, 2].sum() and stats[S["max"]] > stats[S["min"]] and np.isfinite(stats[S["max"]] - stats[S["min"]]):
+            lo, hi = stats[S["min"]], stats[S["max"]]  # ... exactly lo + i * (hi - lo) / k
+            np.testing.assert_array_equal(hist[:, 0], [lo] + [lo + i * ((hi - lo) / 30) for i in range(1, 30)], where)
+        # Moments: float64 sums here, float32 there (the reference check above is the strict one).
+        top = np.max(np.abs(stats[[S["min"], S["max"]]]), initial=0.0)
+        np.testing.assert_allclose(stats, p_stats.numpy(), rtol=2e-5, atol=2e-5 * top if np.isfinite(top) else 0, err_msg=where)
+        assert hist[:, 2].sum() == p_hist.numpy()[:, 2].sum(), where
+
+
+def test_big_tensor_counts_every_chunk():
+    x = _big_with_specials()
+    hist, stats = reductions.histogram_and_stats(tf.constant(x), 30)
+    stats = stats.numpy()
+    assert (stats[S["nan"]], stats[S["pos_inf"]], stats[S["neg_inf"]]) == (1, 1, 1)
+    finite = x[np.isfinite(x)].astype(np.float64)
+    finite[np.abs(finite) < np.finfo(np.float32).tiny] = 0.0
+    assert stats[S["zeros"]] == np.sum(finite == 0)
+    assert stats[S["max"]] == 50.0 and stats[S["min"]] == finite.min()
+    np.testing.assert_allclose(stats[S["mean"]], finite.mean(), rtol=1e-9)
+    np.testing.assert_allclose(stats[S["std"]], finite.std(), rtol=1e-9)
+    np.testing.assert_allclose(stats[S["norm"]], np.sqrt(np.sum(finite**2)), rtol=1e-9)
+    assert hist.numpy()[:, 2].sum() == finite.size
+
+
+def test_a_step_reduces_every_tensor_in_one_op():
+    tensors = [tf.random.normal([128, 256]), tf.random.normal([128, 10]), tf.random.normal([4], dtype=tf.float64)]
+    fn = tf.function(lambda ts: reductions.histograms_and_stats(ts, 30))
+    graph = fn.get_concrete_function(tensors).graph
+    types = [op.type for op in graph.get_operations()]
+    assert types.count(fused_kernel.OP_NAME) == 1
+    # The float64 tensor takes TensorFlow's path (the kernel reads 16- and 32-bit floats only).
+    result = fn(tensors)
+    assert len(result) == 3
+    with fused_kernel.disabled():
+        alone = reductions.histogram_and_stats(tensors[2], 30)
+    np.testing.assert_array_equal(result[2][1].numpy(), alone[1].numpy())
+
+
+def test_build_is_cached_per_source_and_tensorflow():
+    first = fused_kernel.build()
+    mtime = first.stat().st_mtime_ns
+    started = time.perf_counter()
+    assert fused_kernel.build() == first
+    assert time.perf_counter() - started < 1.0 and first.stat().st_mtime_ns == mtime
+    assert tf.__version__ and first.name.startswith("histograms_and_stats-")
+
+
+def test_a_broken_compiler_is_reported_not_raised(tmp_path, monkeypatch):
+    monkeypatch.setenv(fused_kernel.ENV_CACHE, str(tmp_path))
+    with pytest.raises(RuntimeError, match="failed"):
+        fused_kernel.build(compiler="/bin/false")
+    assert not list(tmp_path.glob("*.so"))  # nothing half-written is left to be loaded
+
+
+def test_without_the_kernel_the_records_are_the_same(tmp_path):
+    """A machine without a compiler (or TB_LAYERGRAD_FUSED=0) gets TensorFlow's ops and the same records."""
+    code = (
+        "import numpy as np, tensorflow as tf\n"
+        "from tb_layergrad import fused_kernel, reductions\n"
+        "h, s = reductions.histogram_and_stats(tf.constant([1.0, 2.0, float('nan'), 4.0]), 3)\n"
+        "print(fused_kernel.op() is None, '|', fused_kernel.unavailable_reason(), '|', s.numpy()[:5].tolist(), h.numpy()[:, 2].tolist())\n"
+    )
+    env = dict(os.environ, CXX="/nonexistent/c++", PATH="/nonexistent", **{fused_kernel.ENV_CACHE: str(tmp_path)})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    unavailable, reason, numbers = out.stdout.strip().splitlines()[-1].split(" | ")
+    assert unavailable == "True" and "no C++ compiler" in reason
+    assert "TensorFlow ops are used instead" in out.stderr
+    assert numbers == "[4.0, 1.0, 0.0, 0.0, 0.0] [1.0, 1.0, 1.0]"
+
+    env = dict(os.environ, **{fused_kernel.ENV_SWITCH: "0"})
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1].split(" | ")[:2] == ["True", f"{fused_kernel.ENV_SWITCH}=0"]
