@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 import tb_layergrad
+from tb_layergrad import fused_kernel
 from models import MODELS
 
 Step = Callable[[], object]
@@ -131,6 +132,11 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         tf.cond(tf.summary.should_record_summaries(), write, lambda: tf.constant(False))
 
     ours = lambda every: logged(every, "ours", tb_layergrad.summary.gradients)  # noqa: E731
+
+    def without_kernel(grads) -> None:  # ours where the fused kernel cannot be built: TensorFlow's ops
+        with fused_kernel.disabled():  # read while the step is traced
+            tb_layergrad.summary.gradients(grads)
+
     tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731
 
     fns = {
@@ -141,6 +147,7 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         "floor + one kernel per statistic": logged(1, "floorkernels", kernels_only),
         "ours_every_1": ours(1),
         "ours_every_10": ours(10),
+        "ours_every_1, TensorFlow ops (no fused kernel)": logged(1, "nokernel", without_kernel),
         "tf.summary.histogram_every_1": tb_histogram(1),
         "tf.summary.histogram_every_10": tb_histogram(10),
     }

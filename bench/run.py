@@ -42,9 +42,13 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    from tb_layergrad import fused_kernel
+
+    kernel = "built and used" if fused_kernel.op() is not None else f"NOT available ({fused_kernel.unavailable_reason()})"
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}); Python {platform.python_version()}, "
-        f"TensorFlow {tf.__version__}, Keras {keras.__version__}, TensorBoard {tensorboard.__version__}"
+        f"TensorFlow {tf.__version__}, Keras {keras.__version__}, TensorBoard {tensorboard.__version__}; "
+        f"tb_layergrad's fused reduction kernel: {kernel}"
     )
 
 
@@ -137,6 +141,9 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
             kernels = r.get("floor + one kernel per statistic")
             if kernels is not None:  # ... plus the one TensorFlow kernel each recorded figure needs
                 row(f"{label}, {name}, every step: + one TensorFlow kernel per statistic and the histogram (floor)", "–", kernels, None)
+            plain_ops = r.get("ours_every_1, TensorFlow ops (no fused kernel)")
+            if plain_ops is not None:  # where the fused kernel cannot be built (no compiler, a GPU)
+                row(f"{label}, {name}, every step, without the fused kernel (TensorFlow ops)", "–", plain_ops, None)
     cnn = figures.get("loop", {}).get("cnn")
     if cnn:
         ours, hist = cnn["ours_every_1"] - 1, cnn["tf.summary.histogram_every_1"] - 1
