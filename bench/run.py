@@ -138,6 +138,9 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
             floor = r.get("floor: our records, unreduced")
             if floor is not None:  # what writing the format's records costs, with nothing reduced
                 row(f"{label}, {name}, every step: our records written, nothing reduced (floor)", "–", floor, None)
+            one_event = r.get("floor: our records as one event per step")
+            if one_event is not None:  # the same, all of a step's records in one event (not how ours writes)
+                row(f"{label}, {name}, every step: the same records as one event per step (floor)", "–", one_event, None)
             kernels = r.get("floor + one kernel per statistic")
             if kernels is not None:  # ... plus the one TensorFlow kernel each recorded figure needs
                 row(f"{label}, {name}, every step: + one TensorFlow kernel per statistic and the histogram (floor)", "–", kernels, None)
@@ -194,34 +197,28 @@ NOTES = """### Reading the figures
   chain (~1.7 ns per element and reduction here). Each logged fit() step is flushed to disk
   (records before a crash are kept); `optimizer.iterations` is counted in Python between batches, not
   read (the read per batch cost ~0.15 ms with its wrapper).
-- Where the MLP's time goes (profiled by hand on 2026-12-03, not by this script; its step is ~2.2 ms,
-  so every op counts). A step that logs nothing costs ~20 us more than a plain one (the recording
-  condition: a Switch per input of the out-of-line branch, its Merge, the call; keeping the `If`
-  unlowered saves ~2 us). A logged step costs ~0.3-0.35 ms more: its branch runs ~175 ops (was ~235
-  before this session's changes: static element counts, stacked branch outputs, one unstack, one step
-  read, a vectorized NaN/Inf check: ~30 us less isolated, within the noise in this table); isolated, the reductions of its 4 tensors (82K elements) take
-  ~0.33 ms, of which ~0.23 ms are the per-tensor kernels and ~0.16 ms the histogram with its range,
-  and the 8 writes ~0.1 ms. The step right after a logged one is ~0.1-0.15 ms slower; a variant that
-  only writes shows no such effect, one that only reduces does, and glibc's trim/mmap thresholds do not
-  change it: the reductions' temporaries and reads evict the next step's working set.
-  Every 10 steps reads 1.02-1.05x in runs of this script (target 1.03x) because a rare logged step
-  costs more than a frequent one. By hand (2026-12-03, 15 rounds, in units of a plain step): per
-  logged step 0.17 when every step logs, 0.22 every 2, 0.29 every 5, 0.42 every 10; a step that
-  never logs reads 0.999x. The reductions carry it (0.12 every step, 0.28 every 10; the writes 0.055
-  -> 0.10), and glibc's malloc thresholds do not change it: after nine training steps what a logged
-  step touches (its temporaries, the kernels' code and data) is cold again. In fit(), where Keras'
-  own function runs the unlogged steps, every 10 reads 1.03x.
-  Why ours stays above 1.10x every step for this MLP (target not met): *floor + one kernel per
-  statistic* reads 1.06-1.09x (this table and hand runs), leaving 0.01-0.04x for all the rest; ours
-  adds 0.05-0.08x over it. Removing parts of ours by hand (unsafe variants, not in this script;
-  2026-12-03, 30 rounds): the path choice that keeps NaN/Inf away from `histogram_fixed_width` (its
-  CPU kernel fails on NaN data) ~0.01-0.03x, the running first-NaN/Inf step (docs/FORMAT.md)
-  ~0.02-0.03x, both together ~0.04x; edges and stacking the rest. (The running values then moved
-  from one variable per series to one vector per writer: isolated, 78 -> 66 us a logged step for
-  4 series, 1.2 -> 0.75 ms for 200.) Logging before the optimizer update
-  instead of after it gains ~0.01x. What would meet it: fewer records or statistics per layer (a
-  format change), or one fused C++ kernel computing every statistic and the histogram in one pass;
-  neither is built.
+- The fused kernel (`tb_layergrad/kernels/histograms_and_stats.cc`, built on first use, see README):
+  one op computes the histograms and statistics of all of a step's 16- and 32-bit float tensors. Read 1
+  takes sum, sum of squares, sum of |x|, min, max and the zero and subnormal counts, branch-free and
+  vectorized: 0.31 ns per element on one core here (hot in cache); read 2 the bucket index (float32) and
+  the centered sum of squares, then the counts in four sets of counters: 1.1 ns per element, 0.7 of it the
+  counting. A chunk with a NaN, an Inf or a subnormal number is read again by a branching loop. Measured
+  on the way (2026-12-03, standalone C++): a select that flushed subnormals inside the vectorized loop
+  made it 7 ns per element (the loop no longer vectorized), so subnormals are only counted there;
+  `std::fmin` is a libm call (7 ns per element); and in a `tf.function` a ParallelFor over a few chunks
+  cost ~150 us (threads woken), so below 512K elements the kernel stays on one thread.
+- Where the MLP's logged step goes now (by hand, 2026-12-03: the epilogue alone, called on the MLP's four
+  gradients, 82K elements, 9 interleaved rounds, in microseconds over an empty call): the kernel ~160;
+  the 8 record writes with the step read and unstacking ~160; the first-NaN/Inf bookkeeping ~22 (it was
+  ~105: a clean step now only checks its own NaN/Inf counts and one flag per writer, and reads the
+  running values only once a series has had one). The whole epilogue went from ~450 to ~340 us in this
+  measurement, which costs more than the same ops inside a step (a call of its own). Without the
+  kernel (the column beside ours), the same records take ~10 TensorFlow kernels per tensor plus the
+  scalar work around them (path choice, edges, NaN-safe fallbacks): see "without the fused kernel".
+  Every 10 steps costs more per logged step than every step (by hand before the kernel, in units of a
+  plain step: 0.17 per logged step when every step logs, 0.42 every 10; a step that never logs reads
+  0.999x): after nine training steps what a logged step touches (its code and data) is cold again
+  (not re-measured by hand with the kernel; this run's figures are in the tables above).
 - Shared machine: figures move by several percent between runs; compare ratios within one run.
 """
 

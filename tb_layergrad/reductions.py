@@ -4,7 +4,10 @@ All of it is plain TensorFlow with static output shapes, so it runs on the
 tensor's own device and inside `tf.function`; with `xla_safe=True` also under
 XLA (`jit_compile=True`). The histogram is O(N) (`histogram_fixed_width`, or
 one bucket index per element and a segment sum), instead of the O(N*k)
-one-hot matrix `tf.summary.histogram` builds.
+one-hot matrix `tf.summary.histogram` builds. Where the fused C++ kernel is
+available (`fused_kernel`), 16- and 32-bit float tensors go to it instead (one
+op for all of them); these TensorFlow paths remain for float64 and integer
+data, XLA, GPUs and machines without a compiler, and define the reference.
 
 Numerical rules (see docs/FORMAT.md):
 - non-finite elements are counted (NaN, +Inf, -Inf) and excluded from buckets

@@ -129,6 +129,24 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
                     keras.losses.MeanSquaredError(), with_weights=False)
 
 
+def test_without_the_fused_kernel_the_records_match_too(tmp_path):
+    """Where the kernel cannot be built, fit()'s step reduces with TensorFlow's ops, one call per tensor."""
+    from tb_layergrad import fused_kernel
+
+    keras.utils.set_random_seed(3)
+    model, manual = mlp_sequential()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(), **compile_kwargs("graph"))
+    x, y = _data(n=16)
+    saver = WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=MAX, weights=True)
+    with fused_kernel.disabled():  # read while fit() traces its step
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[saver, logger])
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == [1, 2]
+    for step in (1, 2):
+        _check_step(series, step, model, manual, saver.before[step], x[(step - 1) * 8 : step * 8], y[(step - 1) * 8 : step * 8], _loss())
+
+
 def test_steps_are_optimizer_iterations_across_fits(tmp_path):
     """every_n_steps is a tensor condition on optimizer.iterations: it continues across fit() calls."""
     model, _ = mlp_sequential()

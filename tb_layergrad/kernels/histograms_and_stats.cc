@@ -6,14 +6,14 @@
 // dispatch; on a small model that is most of what logging costs. Here the
 // first read takes every moment and the range, the second the histogram and
 // the centered sum of squares, for all tensors of a step at once, in chunks
-// spread over TensorFlow's CPU worker threads.
+// (spread over TensorFlow's CPU worker threads when there are many elements).
 //
-// The numbers follow docs/FORMAT.md exactly like the TensorFlow paths in
-// reductions.py: non-finite elements are counted and left out of every
-// moment and bucket; subnormal numbers count as zero; moments are accumulated
-// in float64 (float32 data cannot overflow or underflow there); buckets span
-// [min, max] in k equal widths with float64 edges, bucket indices computed in
-// float64, the last bucket closed.
+// The numbers follow docs/FORMAT.md like the TensorFlow paths in reductions.py:
+// non-finite elements are counted and left out of every moment and bucket;
+// subnormal numbers count as zero; moments are accumulated in float64 (float32
+// data cannot overflow or underflow there); buckets span [min, max] in k equal
+// widths with float64 edges, bucket indices computed in float32 (float64 when
+// max - min overflows float32), the last bucket closed.
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
