@@ -219,6 +219,18 @@ NOTES = """### Reading the figures
   plain step: 0.17 per logged step when every step logs, 0.42 every 10; a step that never logs reads
   0.999x): after nine training steps what a logged step touches (its code and data) is cold again
   (not re-measured by hand with the kernel; this run's figures are in the tables above).
+- *floor: our records as one event per step* writes the same records as ONE event (a serialized
+  `Summary` holding every value, `tf.summary.experimental.write_raw_pb`): no cheaper than the eight
+  `WriteSummary` ops (MLP 1.08x and 1.08x in this run; by hand the same day 1.05x against 1.06x), so
+  packing a step's records into fewer events is no lever and the format keeps one record per series.
+- Why the MLP's every-step figure stays above 1.10x (target not met: 1.15x custom loop, 1.11x fit() in
+  this run; 1.07-1.14x in shorter runs of this script the same day): its step is ~2.3 ms, so 1.10x
+  leaves ~0.23 ms for all a logged step adds. Writing the records alone, nothing reduced, reads
+  1.05-1.08x; the kernel's two reads of the 82K gradient elements take ~0.12 ms on one core (0.31 + 1.1
+  ns per element, standalone), another ~0.05x: together they reach the target before any scheduling.
+  Two reads are needed while the histogram spans the step's own [min, max] (the range must be known
+  before bucketing). Not tried: the two reads on both cores at a low handoff cost inside the step (a
+  ParallelFor cost ~150 us in isolation, more than it saves at this size).
 - Shared machine: figures move by several percent between runs; compare ratios within one run.
 """
 

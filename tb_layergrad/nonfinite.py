@@ -73,8 +73,8 @@ class _RunningFirsts:
             with tf.init_scope():  # eager, also when first called while tracing a tf.function
                 fresh = tf.fill([added], tf.constant(-1, tf.int64))
                 if self.variable is None:
-                    self.variable = _local_variable(fresh, tf.TensorShape([None]))
-                    self.seen = _local_variable(tf.constant(False), tf.TensorShape([]))
+                    self.variable = _local_variable(fresh, tf.TensorShape([None]), "layergrad_first_nonfinite")
+                    self.seen = _local_variable(tf.constant(False), tf.TensorShape([]), "layergrad_nonfinite_seen")
                 else:
                     self.variable.assign(tf.concat([self.variable.value(), fresh], 0))
         return [self.slots[t] for t in tags]
@@ -110,7 +110,7 @@ def _running_firsts(tags: Sequence[str]) -> Tuple[_RunningFirsts, List[int]]:
         return table, slots
 
 
-def _local_variable(initial: Any, shape: tf.TensorShape) -> Any:
+def _local_variable(initial: Any, shape: tf.TensorShape, name: str) -> Any:
     """A plain variable of this process, also under a tf.distribute strategy; a vector's length may grow.
 
     Why: `tf.Variable` under a strategy becomes a mirrored variable, whose
@@ -121,7 +121,7 @@ def _local_variable(initial: Any, shape: tf.TensorShape) -> Any:
     """
     from tensorflow.python.ops import resource_variable_ops  # the class tf.Variable builds by default
 
-    return resource_variable_ops.ResourceVariable(initial, trainable=False, name="layergrad_first_nonfinite", shape=shape)
+    return resource_variable_ops.ResourceVariable(initial, trainable=False, name=name, shape=shape)
 
 
 def write_first_nonfinite(entries: Sequence[Tuple[metadata.SeriesInfo, Any]], step: Any, description: str = "") -> None:
