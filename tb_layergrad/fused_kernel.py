@@ -154,11 +154,6 @@ def unavailable_reason() -> Optional[str]:
     return _state.get("error") if _enabled[0] else "disabled by fused_kernel.disabled()"
 
 
-def applies_to(tensors: Sequence[tf.Tensor]) -> bool:
-    """True if the kernel reads every one of `tensors` (by dtype); placement is checked by `op()`."""
-    return bool(tensors) and all(t.dtype in DTYPES for t in tensors)
-
-
 @contextlib.contextmanager
 def disabled() -> Iterator[None]:
     """Use TensorFlow's ops instead of the kernel while tracing/running inside (tests, comparisons)."""
