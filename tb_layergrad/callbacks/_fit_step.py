@@ -453,9 +453,9 @@ class FitStep:
                 t = reductions.bounded_tensor(u[0], cfg.max_elements)
                 info = metadata.SeriesInfo(layer=key + TIMESTEP_TENSOR_SUFFIX, kind=metadata.KIND_TENSOR, target=target, source=metadata.SOURCE_OUTPUT, index=index, dtype=eps.dtype.name)
                 out[self._register(info)] = t
-        if fused:
-            hists, stats = fused_kernel.histograms_and_stats([u for _, _, u in fused], cfg.buckets)
-            for (hist_tag, stats_tag, _), hist, stat in zip(fused, tf.unstack(hists, len(fused)), tf.unstack(stats, len(fused))):
+        if fused:  # one kernel op for all (reductions sends every kernel-readable tensor to it)
+            reduced = reductions.histograms_and_stats([u for _, _, u in fused], cfg.buckets)
+            for (hist_tag, stats_tag, _), (hist, stat) in zip(fused, reduced):
                 out[hist_tag], out[stats_tag] = hist, stat
         return out
 
