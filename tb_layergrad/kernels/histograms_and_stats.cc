@@ -10,8 +10,9 @@
 //
 // The numbers follow docs/FORMAT.md like the TensorFlow paths in reductions.py:
 // non-finite elements are counted and left out of every moment and bucket;
-// subnormal numbers count as zero; moments are accumulated in float64 (float32
-// data cannot overflow or underflow there); buckets span [min, max] in k equal
+// subnormal numbers count as zero; squares are accumulated in float64 (float32
+// data cannot overflow or underflow there), sums of x and |x| in float32 over
+// blocks of 256 elements, then in float64; buckets span [min, max] in k equal
 // widths with float64 edges, bucket indices computed in float32 (float64 when
 // max - min overflows float32), the last bucket closed.
 #include <algorithm>
@@ -85,28 +86,43 @@ inline float Load(const T* x, int64_t i) { return static_cast<float>(x[i]); }
 // The common case, branch-free so that it vectorizes (a select that flushes
 // subnormals stops that: 7 ns per element instead of 0.6). It only counts
 // them: a chunk with a subnormal number, a NaN or an Inf (which makes `sum`
-// non-finite: finite floats cannot overflow a float64 sum) is read again by
-// CountedMoments.
+// non-finite), or whose float32 block sums overflow, is read again by
+// CountedMoments (all in float64).
 template <typename T>
 Moments FastMoments(const T* x, int64_t n, bool* clean) {
   double sum = 0, sumsq = 0, sumabs = 0;
   float lo = std::numeric_limits<float>::infinity(), hi = -lo;
   int64_t zeros = 0, subnormal = 0;
-#pragma omp simd reduction(+ : sum, sumsq, sumabs, zeros, subnormal) reduction(min : lo) reduction(max : hi)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = Load(x, i);
-    const float a = std::fabs(v);
-    const bool zero = a < FLT_MIN;
-    const double d = v;
-    sum += d;
-    sumsq += d * d;
-    sumabs += a;
-    lo = v < lo ? v : lo;
-    hi = v > hi ? v : hi;
-    zeros += zero;
-    subnormal += zero & (a > 0.0f);
+  // Sums of x and |x| in float32 within blocks of 256, in float64 across them: half the
+  // float64 work, and 256 float32 terms lose nothing a float32 tensor's mean could show.
+  // Squares stay float64 (a vanishing gradient's squares underflow float32).
+  constexpr int64_t kBlock = 256;
+  for (int64_t start = 0; start < n; start += kBlock) {
+    const int64_t m = std::min(kBlock, n - start);
+    const T* xb = x + start;
+    float block_sum = 0, block_abs = 0;
+    int32_t block_zeros = 0, block_subnormal = 0;
+#pragma omp simd reduction(+ : block_sum, block_abs, sumsq, block_zeros, block_subnormal) reduction(min : lo) reduction(max : hi)
+    for (int64_t i = 0; i < m; ++i) {
+      const float v = Load(xb, i);
+      const float a = std::fabs(v);
+      const bool zero = a < FLT_MIN;
+      const double d = v;
+      block_sum += v;
+      sumsq += d * d;
+      block_abs += a;
+      lo = v < lo ? v : lo;
+      hi = v > hi ? v : hi;
+      block_zeros += zero;
+      block_subnormal += zero & (a > 0.0f);
+    }
+    sum += block_sum;
+    sumabs += block_abs;
+    zeros += block_zeros;
+    subnormal += block_subnormal;
   }
-  *clean = subnormal == 0 && std::isfinite(sum) && std::isfinite(sumsq);
+  // A float32 block sum past FLT_MAX reads Inf: such a chunk is read again too.
+  *clean = subnormal == 0 && std::isfinite(sum) && std::isfinite(sumabs) && std::isfinite(sumsq);
   Moments m;
   m.sum = sum;
   m.sumsq = sumsq;
@@ -165,7 +181,12 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
   int32_t index[kBlock];
   double centered = 0;
   // Four sets of counters: consecutive elements in one bucket do not wait on each other's increment.
-  std::vector<int64_t> sets(4 * static_cast<size_t>(k), 0);
+  // 32-bit: a chunk holds at most kChunk elements.
+  std::vector<uint32_t> sets(4 * static_cast<size_t>(k), 0);
+  uint32_t* const s0 = sets.data();
+  uint32_t* const s1 = s0 + k;
+  uint32_t* const s2 = s1 + k;
+  uint32_t* const s3 = s2 + k;
   for (int64_t start = 0; start < n; start += kBlock) {
     const int m = static_cast<int>(std::min<int64_t>(kBlock, n - start));
     double block_centered = 0;
@@ -197,11 +218,22 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
       }
     }
     centered += block_centered;
-    for (int j = 0; j < m; ++j) {
-      if (index[j] < k) ++sets[(j & 3) * k + index[j]];
+    if (clean && float_index) {  // every index is in [0, k)
+      int j = 0;
+      for (; j + 4 <= m; j += 4) {
+        ++s0[index[j]];
+        ++s1[index[j + 1]];
+        ++s2[index[j + 2]];
+        ++s3[index[j + 3]];
+      }
+      for (; j < m; ++j) ++s0[index[j]];
+    } else {
+      for (int j = 0; j < m; ++j) {
+        if (index[j] < k) ++s0[index[j]];
+      }
     }
   }
-  for (int i = 0; i < k; ++i) counts[i] += sets[i] + sets[k + i] + sets[2 * k + i] + sets[3 * k + i];
+  for (int i = 0; i < k; ++i) counts[i] += static_cast<int64_t>(s0[i]) + s1[i] + s2[i] + s3[i];
   return centered;
 }
 
