@@ -41,6 +41,13 @@ def _big_with_specials() -> np.ndarray:
     return x
 
 
+def _block_sum_overflows(rng) -> np.ndarray:
+    """Finite, but a float32 sum of one block of 256 in the second chunk overflows: that chunk is summed in float64."""
+    x = rng.normal(size=40_000).astype(np.float32)
+    x[35_000:35_002] = 2e38
+    return x
+
+
 def _cases() -> list:
     rng = np.random.default_rng(5)
     return [
@@ -54,6 +61,7 @@ def _cases() -> list:
         np.array([], np.float32),
         np.array([3e38, -3e38, 1.0], np.float32),  # the span overflows float32: indices in float64
         np.array([1e-23, 2e-23, 0.0], np.float32),
+        _block_sum_overflows(rng),
         (rng.normal(size=500) + 1e4).astype(np.float32),
         rng.normal(size=(3, 4, 5)).astype(np.float16),
         np.array([65504.0, -65504.0, np.nan, 6e-8], np.float16),
