@@ -121,8 +121,12 @@ Moments FastMoments(const T* x, int64_t n, bool* clean) {
     zeros += block_zeros;
     subnormal += block_subnormal;
   }
-  // A float32 block sum past FLT_MAX reads Inf: such a chunk is read again too.
-  *clean = subnormal == 0 && std::isfinite(sum) && std::isfinite(sumabs) && std::isfinite(sumsq);
+  // A float32 block sum past FLT_MAX reads Inf: such a chunk is read again too. So is one of tiny
+  // values, whose float32 partial sums could cancel below FLT_MIN (TensorFlow's threads flush those to 0):
+  // with max |x| >= 2^-60 what flushing can lose is far below the mean's rounding (docs/FORMAT.md).
+  const float top = std::max(std::fabs(lo), std::fabs(hi));
+  const bool tiny = top > 0.0f && top < 0x1p-60f;
+  *clean = subnormal == 0 && !tiny && std::isfinite(sum) && std::isfinite(sumabs) && std::isfinite(sumsq);
   Moments m;
   m.sum = sum;
   m.sumsq = sumsq;
