@@ -200,37 +200,45 @@ NOTES = """### Reading the figures
 - The fused kernel (`tb_layergrad/kernels/histograms_and_stats.cc`, built on first use, see README):
   one op computes the histograms and statistics of all of a step's 16- and 32-bit float tensors. Read 1
   takes sum, sum of squares, sum of |x|, min, max and the zero and subnormal counts, branch-free and
-  vectorized: 0.31 ns per element on one core here (hot in cache); read 2 the bucket index (float32) and
-  the centered sum of squares, then the counts in four sets of counters: 1.1 ns per element, 0.7 of it the
-  counting. A chunk with a NaN, an Inf or a subnormal number is read again by a branching loop. Measured
-  on the way (2026-12-03, standalone C++): a select that flushed subnormals inside the vectorized loop
-  made it 7 ns per element (the loop no longer vectorized), so subnormals are only counted there;
-  `std::fmin` is a libm call (7 ns per element); and in a `tf.function` a ParallelFor over a few chunks
-  cost ~150 us (threads woken), so below 512K elements the kernel stays on one thread.
-- Where the MLP's logged step goes now (by hand, 2026-12-03: the epilogue alone, called on the MLP's four
-  gradients, 82K elements, 9 interleaved rounds, in microseconds over an empty call): the kernel ~160;
-  the 8 record writes with the step read and unstacking ~160; the first-NaN/Inf bookkeeping ~22 (it was
-  ~105: a clean step now only checks its own NaN/Inf counts and one flag per writer, and reads the
-  running values only once a series has had one). The whole epilogue went from ~450 to ~340 us in this
-  measurement, which costs more than the same ops inside a step (a call of its own). Without the
-  kernel (the column beside ours), the same records take ~10 TensorFlow kernels per tensor plus the
-  scalar work around them (path choice, edges, NaN-safe fallbacks): see "without the fused kernel".
-  Every 10 steps costs more per logged step than every step (by hand before the kernel, in units of a
-  plain step: 0.17 per logged step when every step logs, 0.42 every 10; a step that never logs reads
-  0.999x): after nine training steps what a logged step touches (its code and data) is cold again
-  (not re-measured by hand with the kernel; this run's figures are in the tables above).
+  vectorized, the sums of x and |x| in float32 within blocks of 256 elements (float64 across blocks;
+  squares in float64); read 2 the bucket index (float32) and the centered sum of squares, then the
+  counts in four sets of 32-bit counters, unrolled. A chunk with a NaN, an Inf or a subnormal number,
+  whose float32 block sums overflow, or of tiny values (0 < max |x| < 2^-60), is read again by a
+  branching float64 loop. By hand (2026-12-03, the op on the MLP's four gradient shapes, 83,200
+  elements, one thread, 21 rotating sets of tensors so that data come from L3): 155 us before today's
+  changes, 111 us with the unrolled 32-bit counters, 93 us (1.1 ns per element: read 1 ~45 us,
+  read 2 ~48) with the float32 block sums. Tried and dropped: float32 centered squares in read 2 and
+  eight counter sets (no gain: the counting bounds read 2). Measured earlier (standalone C++): a select
+  that flushed subnormals inside the vectorized loop made it 7 ns per element (the loop no longer
+  vectorized), so subnormals are only counted there; `std::fmin` is a libm call (7 ns per element);
+  and in a `tf.function` a ParallelFor over a few chunks cost ~150 us (threads woken), so below 512K
+  elements the kernel stays on one thread.
+- Where the MLP's logged step goes (by hand, 2026-12-03, after the kernel changes): in isolation, the
+  kernel ~0.09 ms, the eight record writes ~0.06-0.08 ms (8-10 us per `WriteSummary`; a writer with
+  `max_queue=1000`, with or without a flush per step: 252, 252 and 249 us per call of 8 writes, so
+  flushing every logged step costs nothing measurable), the out-of-line branch call ~0.03 ms, the
+  first-NaN/Inf bookkeeping ~0.02 ms: ~0.2 ms, ~1.08x of a 2.5 ms step before scheduling. A profile
+  of the step (`tf.profiler`, one trace) shows why the in-step cost moves: the executor runs the
+  branch either before the last backward MatMul (delaying it by the branch's ~0.3 ms) or beside it,
+  where both share the two cores with the MatMul's threads (the kernel: 0.10 ms alone, 0.75 ms
+  beside it). About 0.4 ms of every step, ours and plain alike, is Python dispatching the call before
+  the executor starts, with both cores idle. Tried and dropped (in-step A/B, 150 rounds of 20 calls):
+  the kernel split into two ops, one per core (no gain: 1.08x/1.06x split against 1.06x/1.05x one op,
+  two runs), an inline condition instead of the out-of-line call (every step 1.092x against 1.084x,
+  every 10 steps equal), and the branch made to wait for every weight gradient, so that it runs beside
+  the optimizer's updates instead of the last MatMul (worse: 1.156x/1.147x against 1.090x/1.086x). Every 10 steps costs more per logged step than every step (by hand before the
+  kernel, in units of a plain step: 0.17 per logged step when every step logs, 0.42 every 10; a step
+  that never logs reads 0.999x): after nine training steps what a logged step touches is cold again.
 - *floor: our records as one event per step* writes the same records as ONE event (a serialized
-  `Summary` holding every value, `tf.summary.experimental.write_raw_pb`): no cheaper than the eight
-  `WriteSummary` ops (MLP 1.08x and 1.08x in this run; by hand the same day 1.05x against 1.06x), so
-  packing a step's records into fewer events is no lever and the format keeps one record per series.
-- Why the MLP's every-step figure stays above 1.10x (target not met: 1.15x custom loop, 1.11x fit() in
-  this run; 1.07-1.14x in shorter runs of this script the same day): its step is ~2.3 ms, so 1.10x
-  leaves ~0.23 ms for all a logged step adds. Writing the records alone, nothing reduced, reads
-  1.05-1.08x; the kernel's two reads of the 82K gradient elements take ~0.12 ms on one core (0.31 + 1.1
-  ns per element, standalone), another ~0.05x: together they reach the target before any scheduling.
-  Two reads are needed while the histogram spans the step's own [min, max] (the range must be known
-  before bucketing). Not tried: the two reads on both cores at a low handoff cost inside the step (a
-  ParallelFor cost ~150 us in isolation, more than it saves at this size).
+  `Summary` holding every value, `tf.summary.experimental.write_raw_pb`): in the run before today's
+  (MLP 1.08x and 1.08x) and by hand (1.05x against 1.06x) no cheaper than the eight `WriteSummary`
+  ops, so packing a step's records into fewer events is no lever and the format keeps one record per
+  series.
+- The MLP's every-step budget: its plain step is ~2.3-3.4 ms on this machine (it moved that much
+  between runs today), so 1.10x leaves ~0.23-0.34 ms for everything a logged step adds, and the parts
+  above sum to ~0.2 ms; run-to-run noise on this ratio is several hundredths (the same variant twice in
+  one 150-round A/B: 1.058x and 1.045x). Two reads are needed while the histogram spans the step's own
+  [min, max] (the range must be known before bucketing).
 - Shared machine: figures move by several percent between runs; compare ratios within one run.
 """
 
