@@ -67,7 +67,7 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         layers = len(model.layers)
         byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, rounds * per_block + overhead.WARMUP_CALLS)))
         steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))  # at least ~one block: short epochs are noisy
-        base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), max(1, rounds // 2))
+        base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), rounds)
         fit_rows.append((name, base_fit, ratios))
         figures.setdefault("fit", {})[name] = ratios
         shutil.rmtree(logdir, ignore_errors=True)
@@ -187,6 +187,8 @@ NOTES = """### Reading the figures
   warm-up calls (so that the first logged call of "every 10 steps", which instantiates its branch, is
   not timed).
 - fit(): an epoch of at least ~0.5 s per call (the MLP's 40-batch epochs moved its ratios by +-5%),
+  as many rounds as the custom loop (half as many read every-10-steps ratios of 1.06-1.10x for all
+  three models in one run on a slow machine, 1.00-1.01x in the run before),
   timed from its 5th batch on, over a multiple of 10 batches (every 10 steps logs one in ten of them).
   In graph mode the capturing step reduces and writes its records itself, behind the logging flag, in
   one out-of-line branch; handing the gradients to Python and calling a compiled writer from the
