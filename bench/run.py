@@ -228,9 +228,10 @@ NOTES = """### Reading the figures
   the kernel split into two ops, one per core (no gain: 1.08x/1.06x split against 1.06x/1.05x one op,
   two runs), an inline condition instead of the out-of-line call (every step 1.092x against 1.084x,
   every 10 steps equal), and the branch made to wait for every weight gradient, so that it runs beside
-  the optimizer's updates instead of the last MatMul (worse: 1.156x/1.147x against 1.090x/1.086x). Every 10 steps costs more per logged step than every step (by hand before the
-  kernel, in units of a plain step: 0.17 per logged step when every step logs, 0.42 every 10; a step
-  that never logs reads 0.999x): after nine training steps what a logged step touches is cold again.
+  the optimizer's updates instead of the last MatMul (worse: 1.156x/1.147x against 1.090x/1.086x).
+  Every 10 steps costs more per logged step than every step (by hand before the kernel, in units of a
+  plain step: 0.17 per logged step when every step logs, 0.42 every 10; a step that never logs reads
+  0.999x): after nine training steps what a logged step touches is cold again.
 - *floor: our records as one event per step* writes the same records as ONE event (a serialized
   `Summary` holding every value, `tf.summary.experimental.write_raw_pb`): in the run before today's
   (MLP 1.08x and 1.08x) and by hand (1.05x against 1.06x) no cheaper than the eight `WriteSummary`
