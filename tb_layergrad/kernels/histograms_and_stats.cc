@@ -191,10 +191,12 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
   uint32_t* const s1 = s0 + k;
   uint32_t* const s2 = s1 + k;
   uint32_t* const s3 = s2 + k;
+  // No NaN, Inf or subnormal, and a span that fits float32: the vectorized loop, every index in [0, k).
+  const bool fast = clean && float_index;
   for (int64_t start = 0; start < n; start += kBlock) {
     const int m = static_cast<int>(std::min<int64_t>(kBlock, n - start));
     double block_centered = 0;
-    if (clean && float_index) {
+    if (fast) {
 #pragma omp simd reduction(+ : block_centered)
       for (int j = 0; j < m; ++j) {
         const float v = Load(x, start + j);
@@ -205,24 +207,6 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
         const double e = static_cast<double>(v) - mean;
         block_centered += e * e;
       }
-    } else {
-      for (int j = 0; j < m; ++j) {
-        float v = Load(x, start + j);
-        if (!std::isfinite(v)) {
-          index[j] = k;  // not counted
-          continue;
-        }
-        v = std::fabs(v) < FLT_MIN ? 0.0f : v;
-        const double d = v;
-        double b = (d - lo) * scale;
-        b = b < 0 ? 0 : (b > top ? top : b);
-        index[j] = static_cast<int32_t>(b);
-        const double e = d - mean;
-        block_centered += e * e;
-      }
-    }
-    centered += block_centered;
-    if (clean && float_index) {  // every index is in [0, k)
       int j = 0;
       for (; j + 4 <= m; j += 4) {
         ++s0[index[j]];
@@ -233,9 +217,18 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
       for (; j < m; ++j) ++s0[index[j]];
     } else {
       for (int j = 0; j < m; ++j) {
-        if (index[j] < k) ++s0[index[j]];
+        float v = Load(x, start + j);
+        if (!std::isfinite(v)) continue;  // not counted
+        v = std::fabs(v) < FLT_MIN ? 0.0f : v;
+        const double d = v;
+        double b = (d - lo) * scale;
+        b = b < 0 ? 0 : (b > top ? top : b);
+        ++s0[static_cast<int32_t>(b)];
+        const double e = d - mean;
+        block_centered += e * e;
       }
     }
+    centered += block_centered;
   }
   for (int i = 0; i < k; ++i) counts[i] += static_cast<int64_t>(s0[i]) + s1[i] + s2[i] + s3[i];
   return centered;
