@@ -27,7 +27,7 @@ setup(
     packages=find_packages(include=["tb_layergrad", "tb_layergrad.*"]) + ["tb_layergrad.frontend"],
     package_dir={"tb_layergrad.frontend": "frontend"},
     # Everything under frontend/ (nested ES modules, styles, vendored libraries and their licences).
-    package_data={"tb_layergrad.frontend": ["**/*"], "tb_layergrad": ["kernels/*.cc"]},
+    package_data={"tb_layergrad.frontend": ["**/*"], "tb_layergrad": ["kernels/*.cc", "kernels/*.h"]},
     install_requires=["tensorboard>=2.16", "numpy>=1.23", "protobuf>=3.20"],
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],

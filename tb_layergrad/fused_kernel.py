@@ -2,13 +2,14 @@
 
 Why: on a small model, what logging every step costs is mostly the number of
 TensorFlow kernels the records take (~10 per tensor plus their scalar work),
-not the reading of the tensors. `kernels/histograms_and_stats.cc` computes the
-histograms and statistics of all of a step's tensors in one kernel, two reads
-of each (see docs/PERFORMANCE.md for the figures).
+not the reading of the tensors. `kernels/` computes the histograms and
+statistics of all of a step's tensors in one kernel, two reads of each, and
+can write them to the summary writer in that same op (see
+docs/PERFORMANCE.md for the figures).
 
 TensorFlow has no stable binary interface for custom ops, so the kernel is
 compiled here, against the installed TensorFlow, with the machine's C++
-compiler (~15 s, once per TensorFlow version and machine; kept in
+compiler (~30 s, once per TensorFlow version and machine; kept in
 `$XDG_CACHE_HOME/tb_layergrad` or `TB_LAYERGRAD_CACHE`). Without a compiler,
 with a GPU visible (the kernel is CPU-only) or with `TB_LAYERGRAD_FUSED=0`,
 `reductions` uses its TensorFlow ops: the same records, more kernels. A build
@@ -29,14 +30,17 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 log = logging.getLogger("tb_layergrad")
 
-SOURCE = Path(__file__).with_name("kernels") / "histograms_and_stats.cc"
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = tuple(sorted(KERNELS.glob("*.cc")))
+HEADERS = tuple(sorted(KERNELS.glob("*.h")))
 OP_NAME = "TbLayergradHistogramsAndStats"
+WRITE_OP_NAME = "TbLayergradWriteHistogramsAndStats"
 # The dtypes the kernel reads (float16/bfloat16 are widened to float32 inside it).
 DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 ENV_SWITCH = "TB_LAYERGRAD_FUSED"
@@ -44,7 +48,7 @@ ENV_CACHE = "TB_LAYERGRAD_CACHE"
 _BUILD_TIMEOUT_S = 600
 
 _lock = threading.Lock()
-_state: dict = {}  # "op": the op function or None once decided; "error": why not
+_state: dict = {}  # "module": the loaded library or None once decided; "error": why not
 _enabled = [True]
 
 
@@ -77,14 +81,14 @@ def _compiler() -> Optional[str]:
 def _build_command(compiler: str, output: Path) -> List[str]:
     return [
         compiler, "-shared", "-fPIC", "-O3", "-march=native", "-ffp-contract=off", "-fopenmp-simd", "-w",
-        str(SOURCE), "-o", str(output), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(),
+        *map(str, SOURCES), "-o", str(output), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(),
     ]
 
 
 def library_path(compiler: str) -> Path:
     """Where the build for this source, command (compiler, flags, TensorFlow) and CPU lives."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), tf.__version__, " ".join(_build_command(compiler, Path("out"))), _cpu_flags(), sys.platform):
+    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), tf.__version__, " ".join(_build_command(compiler, Path("out"))), _cpu_flags(), sys.platform):
         key.update(part if isinstance(part, bytes) else part.encode())
         key.update(b"\0")
     return _cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
@@ -113,19 +117,19 @@ def build(compiler: Optional[str] = None) -> Path:
     with _file_lock(target.with_suffix(".lock")):
         if target.exists():  # built by another process while this one waited
             return target
-        log.warning("tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~15 s) into %s", target.parent)
+        log.warning("tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~30 s) into %s", target.parent)
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             partial = Path(tmp) / target.name
             done = subprocess.run(_build_command(compiler, partial), capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
             if done.returncode != 0:
-                raise RuntimeError(f"compiling {SOURCE.name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+                raise RuntimeError(f"compiling {KERNELS.name}/*.cc failed ({done.returncode}):\n{done.stderr[-4000:]}")
             os.replace(partial, target)  # atomic: a reader sees no half-written library
         log.info("tb_layergrad: fused kernel built in %.1f s", time.perf_counter() - started)
     return target
 
 
-def _load() -> Tuple[Optional[object], Optional[str]]:
+def _load() -> Tuple[Optional[Any], Optional[str]]:
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None, f"{ENV_SWITCH}=0"
     if tf.config.list_logical_devices("GPU"):
@@ -136,17 +140,30 @@ def _load() -> Tuple[Optional[object], Optional[str]]:
         log.warning("tb_layergrad: the fused reduction kernel is not available, TensorFlow ops are used instead: %s", e)
         return None, str(e)
     tf.no_gradient(OP_NAME)
-    return module.tb_layergrad_histograms_and_stats, None
+    tf.no_gradient(WRITE_OP_NAME)
+    return module, None
 
 
-def op():
-    """The kernel's op function, or None when it cannot be used here (decided once per process)."""
+def _module() -> Optional[Any]:
+    """The loaded library, or None when it cannot be used here (decided once per process)."""
     if not _enabled[0]:
         return None
     with _lock:
-        if "op" not in _state:
-            _state["op"], _state["error"] = _load()
-    return _state["op"]
+        if "module" not in _state:
+            _state["module"], _state["error"] = _load()
+    return _state["module"]
+
+
+def op():
+    """The kernel's op function, or None when it cannot be used here."""
+    module = _module()
+    return None if module is None else module.tb_layergrad_histograms_and_stats
+
+
+def write_op():
+    """The op function that also writes the records (see `write_histograms_and_stats`), or None."""
+    module = _module()
+    return None if module is None else module.tb_layergrad_write_histograms_and_stats
 
 
 def unavailable_reason() -> Optional[str]:
@@ -171,6 +188,42 @@ def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int) -> Tuple[tf
     if fn is None:
         raise RuntimeError(f"the fused kernel is not available: {unavailable_reason()}")
     return fn(list(tensors), buckets=buckets)
+
+
+def write_histograms_and_stats(
+    writer: tf.Tensor,
+    record: Any,
+    step: tf.Tensor,
+    tensors: Sequence[tf.Tensor],
+    buckets: int,
+    histogram_series: Sequence[Tuple[str, bytes]],
+    stats_series: Sequence[Tuple[str, bytes]],
+    first_nonfinite_series: Sequence[Tuple[str, bytes]],
+    flush: bool = False,
+) -> tf.Tensor:
+    """When `record` (a bool scalar) holds, write each tensor's records; returns `record`.
+
+    `writer`: a summary writer's resource handle; `step`: int64 scalar; the
+    series: one (tag, serialized SummaryMetadata) per tensor and kind. The
+    histogram and stats records are those `tf.summary.write` would write; a
+    tensor's `first_nonfinite` record is written from the first step written
+    at which it held a NaN/Inf on (kept per writer and tag, in the process).
+    `flush`: flush the writer after writing. One op, on the CPU, where the
+    writer lives.
+    """
+    fn = write_op()
+    if fn is None:
+        raise RuntimeError(f"the fused kernel is not available: {unavailable_reason()}")
+
+    def split(series):
+        return [t for t, _ in series], [m for _, m in series]
+
+    (ht, hm), (st, sm), (ft, fm) = split(histogram_series), split(stats_series), split(first_nonfinite_series)
+    with tf.device("cpu:0"):
+        return fn(
+            writer, record, step, list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm,
+            stats_tags=st, stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush,
+        )
 
 
 def main() -> None:

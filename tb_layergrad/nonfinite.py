@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import metadata
+from tb_layergrad import metadata, summary_state
 from tb_layergrad.graph_util import cond_out_of_line
 
 _NAN, _POS_INF, _NEG_INF = (metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf"))
@@ -84,23 +84,9 @@ _BY_WRITER: "weakref.WeakKeyDictionary[Any, _RunningFirsts]" = weakref.WeakKeyDi
 _NO_WRITER = _RunningFirsts()
 
 
-def _default_writer() -> Any:
-    """The writer `tf.summary` writes to now (None if unknown).
-
-    TensorFlow has no public getter; the state object has been stable since TF 2.0.
-    Without it, the running values are per process and tag rather than per writer.
-    """
-    try:
-        from tensorflow.python.ops import summary_ops_v2
-
-        return summary_ops_v2._summary_state.writer  # noqa: SLF001
-    except Exception:  # noqa: BLE001 - a missing private attribute only coarsens the keying
-        return None
-
-
 def _running_firsts(tags: Sequence[str]) -> Tuple[_RunningFirsts, List[int]]:
     """(the default writer's running values, the slots of `tags` in them)."""
-    writer = _default_writer()
+    writer = summary_state.default_writer()
     with _LOCK:
         try:
             table = _BY_WRITER.setdefault(writer, _RunningFirsts()) if writer is not None else _NO_WRITER

@@ -25,11 +25,11 @@ file at every call (0.05-0.1 ms a step here), logged or not.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata, nonfinite, reductions, replica_stats
+from tb_layergrad import distribute, metadata, nonfinite, record_writes, reductions, replica_stats
 from tb_layergrad.graph_util import cond_out_of_line, no_autograph
 from tb_layergrad.gradient_map import Entry, GradientMap
 
@@ -51,8 +51,17 @@ def _resolve_step(step: Any) -> Any:
     return step
 
 
-def _when_recording(fn, out_of_line: bool = True) -> Any:
-    """Run `fn` only if summaries are being recorded (a default writer, record_if true).
+def _recording() -> Optional[Any]:
+    """Are summaries recorded now (a default writer, record_if true)? None if statically not; else a bool or tensor."""
+    should = tf.summary.should_record_summaries()
+    static = should if isinstance(should, bool) else tf.get_static_value(should)
+    if static is not None and not bool(static):
+        return None  # statically off (no writer, e.g. a non-chief worker): nothing to trace
+    return should
+
+
+def _when_recording(fn, should: Any, out_of_line: bool = True) -> Any:
+    """Run `fn` only if `should` (from `_recording()`) holds.
 
     Inside, recording is statically on: otherwise every `tf.summary.write` in
     `fn` would add its own condition on the same predicate (a few tens of
@@ -60,10 +69,6 @@ def _when_recording(fn, out_of_line: bool = True) -> Any:
     as one function call (graph_util.cond_out_of_line); not for a branch that
     gathers replicas (collectives over PerReplica values must stay inline).
     """
-    should = tf.summary.should_record_summaries()
-    static = should if isinstance(should, bool) else tf.get_static_value(should)
-    if static is not None and not bool(static):
-        return tf.constant(False)  # statically off (no writer, e.g. a non-chief worker): nothing to trace
 
     def write():
         with tf.summary.record_if(True):
@@ -116,6 +121,9 @@ def gradient(
 ) -> tf.Tensor:
     """Write the histogram and statistics of one gradient tensor.
 
+    Unlike `gradients()`, it keeps no state across steps: no `first_nonfinite`
+    records (docs/FORMAT.md).
+
     Args:
       name: the layer (or tensor) path, e.g. "my_model/minimalrnn".
       data: the gradient; None records "no gradient" (the target does not
@@ -146,36 +154,26 @@ def gradient(
         data, elements, records = merged[0][1].gradient, merged[0][1].elements, merged[0][2]
     elif ctx is not None:
         elements = elements * ctx.num_replicas_in_sync if source == metadata.SOURCE_OUTPUT and elements >= 0 else elements
-    write = _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description,
-                        records=records)
+    series = _series_for(name, data, buckets, max_elements, target, source, layer_index, elements, description)
     with tf.name_scope("layergrad"):
-        return _when_recording(write)
+        return _write_when_recording([(series, records)], buckets, step, track_nonfinite=False)
 
 
-def _writer_for(name, data, step, buckets, max_elements, target, source, layer_index, elements, description="",
-                records=None):
-    """Validate now; return the function that computes and writes the records.
+@dataclasses.dataclass(frozen=True)
+class _Series:
+    """One gradient's series, validated when the op is traced; its records are written when recording."""
 
-    `records`: (histogram, stats) already computed (the stats-only replica merge).
-    """
-    write_reduced = _reduced_writer_for(name, data, buckets, max_elements, target, source, layer_index, elements,
-                                        description)
+    stats: metadata.SeriesInfo
+    data: Optional[tf.Tensor]
+    elements: int
+    max_elements: int
+    description: str
 
-    def write() -> None:
-        reduced = records if records is not None else None if data is None else reductions.histogram_and_stats(data, buckets)
-        write_reduced(reduced, _read_step(step))
-
-    return write
+    def kind(self, kind: str) -> metadata.SeriesInfo:
+        return dataclasses.replace(self.stats, kind=kind)
 
 
-def _reduced_writer_for(name, data, buckets, max_elements, target, source, layer_index, elements, description=""):
-    """Validate now; return the function that writes the records at a step, given `data`'s (histogram, stats).
-
-    Split from the reductions so that `gradients()` can reduce all its tensors
-    in one `reductions.histograms_and_stats` call. The function returns the
-    (stats series, stats) it wrote for a present gradient (None otherwise), for
-    the first-non-finite bookkeeping, which `gradients()` does for all at once.
-    """
+def _series_for(name, data, buckets, max_elements, target, source, layer_index, elements, description="") -> _Series:
     if not isinstance(name, str) or not name:
         raise ValueError("name must be a non-empty string")
     if buckets < 1:
@@ -183,22 +181,92 @@ def _reduced_writer_for(name, data, buckets, max_elements, target, source, layer
     if max_elements < 0:
         raise ValueError(f"max_elements must be >= 0, got {max_elements}")
     dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
+    stats = _info(name, metadata.KIND_STATS, target, source, layer_index, dtype)
+    return _Series(stats, data, elements, max_elements, description)
 
-    def write(reduced, step: tf.Tensor) -> Optional[Tuple[metadata.SeriesInfo, tf.Tensor]]:
-        hist, stats = reductions.no_gradient_records(elements, buckets) if data is None else reduced
-        stats_info = _info(name, metadata.KIND_STATS, target, source, layer_index, dtype)
-        _write(_info(name, metadata.KIND_HISTOGRAM, target, source, layer_index, dtype), hist, step, description)
-        _write(stats_info, stats, step, description)
-        if max_elements > 0 and data is not None:
-            _write(
-                _info(name, metadata.KIND_TENSOR, target, source, layer_index, dtype),
-                reductions.bounded_tensor(data, max_elements),
-                step,
-                description,
+
+def _write_series(items: Sequence[Tuple[_Series, Any]], buckets: int, step: tf.Tensor, track_nonfinite: bool) -> None:
+    """Write the records of each (series, its (histogram, stats) if already reduced, else None) at `step`.
+
+    To be run where recording is on. The gradients not reduced yet are reduced
+    and written together (`record_writes`). `track_nonfinite`: keep the
+    running first NaN/Inf step of each present gradient (docs/FORMAT.md),
+    behind one condition.
+    """
+    fresh = [series for series, reduced in items if series.data is not None and reduced is None]
+    tracked: List[Tuple[metadata.SeriesInfo, tf.Tensor]] = []
+    for description in dict.fromkeys(series.description for series in fresh):  # one batch per description (one, in practice)
+        batch = [series for series in fresh if series.description == description]
+        tracked.extend(
+            record_writes.write_histograms_and_stats(
+                [series.stats for series in batch], [series.data for series in batch], buckets, step, description,
+                track_nonfinite,
             )
-        return None if data is None else (stats_info, stats)
+        )
+    for series, reduced in items:
+        if series.data is None or reduced is not None:
+            hist, stats = reductions.no_gradient_records(series.elements, buckets) if series.data is None else reduced
+            _write(series.kind(metadata.KIND_HISTOGRAM), hist, step, series.description)
+            _write(series.stats, stats, step, series.description)
+            if series.data is not None:
+                tracked.append((series.stats, stats))
+        _write_raw(series, step)
+    if track_nonfinite:
+        nonfinite.write_first_nonfinite(tracked, step)
 
-    return write
+
+def _write_raw(series: _Series, step: tf.Tensor) -> None:
+    """The bounded raw gradient, when asked for (`max_elements`)."""
+    if series.max_elements > 0 and series.data is not None:
+        raw = reductions.bounded_tensor(series.data, series.max_elements)
+        _write(series.kind(metadata.KIND_TENSOR), raw, step, series.description)
+
+
+def _write_when_recording(items: Sequence[Tuple[_Series, Any]], buckets: int, step: Any, track_nonfinite: bool = True) -> tf.Tensor:
+    """Write `items` ([(series, reduced or None)]) if summaries are recorded; True if written.
+
+    Where it can (`record_writes.fused_writer()`, a gradient of a 16/32-bit
+    float type not reduced yet), ONE op writes the records and takes the
+    recording condition as an input; a `tf.cond` is built only for the rest
+    (no gradient, already reduced, other dtypes, raw tensors). Why: a condition
+    costs a function call, and its branch waits for every gradient it reads
+    (an MLP's training step: 1.087x through a condition, 1.055x without;
+    docs/PERFORMANCE.md).
+    """
+    should = _recording()
+    if should is None:
+        return tf.constant(False)
+    writer = record_writes.fused_writer()
+    direct = [
+        series for series, reduced in items
+        if writer is not None and reduced is None and series.data is not None and record_writes.fusable(series.data)
+    ]
+    rest = [(series, reduced) for series, reduced in items if not any(series is d for d in direct)]
+    raw = [series for series in direct if series.max_elements > 0]
+    written = []
+    if direct:
+        step_now = _read_step(step)
+        record = tf.constant(should) if isinstance(should, bool) else should
+        for description in dict.fromkeys(series.description for series in direct):
+            batch = [series for series in direct if series.description == description]
+            written.append(
+                record_writes.write_fused(
+                    writer, record, [series.stats for series in batch], [series.data for series in batch], buckets,
+                    step_now, description, track_nonfinite=track_nonfinite,
+                )
+            )
+    if rest or raw:
+
+        def write_rest() -> None:
+            step_now = _read_step(step)
+            _write_series(rest, buckets, step_now, track_nonfinite)
+            for series in raw:
+                _write_raw(series, step_now)
+
+        written.append(_when_recording(write_rest, should))
+    if not written:
+        return tf.constant(False)
+    return written[0] if len(written) == 1 else tf.reduce_any(tf.stack(written))
 
 
 @no_autograph
@@ -257,32 +325,24 @@ def gradients(
     else:
         items = [(path, grads.entry(path), None) for path in grads]
 
-    def writers_for(items_) -> list:
+    def series_for(items_) -> list:
         return [
-            _reduced_writer_for(path, e.gradient, buckets, max_elements, target_name, e.source, e.index, e.elements)
-            for path, e, _ in items_
+            (_series_for(path, e.gradient, buckets, max_elements, target_name, e.source, e.index, e.elements), records)
+            for path, e, records in items_
         ]
 
-    writers = writers_for(items) if items is not None else None
-
-    def write_all() -> None:
-        todo, todo_items = writers, items
-        if todo is None:  # cross-replica: gather now, on a recorded step
-            merged = distribute.merge(grads, strategy)
-            todo_items = [(p, merged.entry(p), None) for p in merged]
-            todo = writers_for(todo_items)
-        # One batched reduction for what is not reduced yet (stats-only records are).
-        present = [e.gradient for _, e, r in todo_items if e.gradient is not None and r is None]
-        reduced = iter(reductions.histograms_and_stats(present, buckets)) if present else iter(())
-        written = []
-        step_now = _read_step(step)
-        for write, (_, e, records) in zip(todo, todo_items):
-            written.append(write(records if records is not None else None if e.gradient is None else next(reduced), step_now))
-        # The running first NaN/Inf step of each series (docs/FORMAT.md), behind one condition.
-        nonfinite.write_first_nonfinite([w for w in written if w is not None], step_now)
-
     with tf.name_scope("layergrad"):
-        return _when_recording(write_all, out_of_line=items is not None)
+        if items is not None:
+            return _write_when_recording(series_for(items), buckets, step)
+        should = _recording()
+        if should is None:
+            return tf.constant(False)
+
+        def gather_and_write() -> None:  # cross-replica: gather now, on a recorded step
+            merged = distribute.merge(grads, strategy)
+            _write_series(series_for([(p, merged.entry(p), None) for p in merged]), buckets, _read_step(step), True)
+
+        return _when_recording(gather_and_write, should, out_of_line=False)
 
 
 def _merge_in_replica(grads: GradientMap, mode: str, buckets: int, max_elements: int) -> list:
@@ -327,4 +387,5 @@ def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = me
         _write(_info(name, metadata.KIND_TIMESTEPS, target, metadata.SOURCE_OUTPUT, layer_index, "float64"), norms, _read_step(step))
 
     with tf.name_scope("layergrad"):
-        return _when_recording(write)
+        should = _recording()
+        return tf.constant(False) if should is None else _when_recording(write, should)

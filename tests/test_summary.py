@@ -1,13 +1,15 @@
 """Summary ops write what TensorBoard's own readers give back, numbers included."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import model_zoo
 import tb_layergrad
-from tb_layergrad import metadata
+from tb_layergrad import fused_kernel, metadata
 from tb_reading import read_all, values_at
 
 S = metadata.STAT_INDEX
@@ -270,7 +272,14 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
         assert hist.numpy()[:, 2].sum() == want["elements"] - want["nan"] - want["pos_inf"] - want["neg_inf"]
 
 
-def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path):
+@pytest.fixture(params=["fused op", "TensorFlow ops"])
+def write_path(request):
+    """Both ways the first non-finite steps are kept: in the fused write op, and in nonfinite.py's variable."""
+    with fused_kernel.disabled() if request.param == "TensorFlow ops" else contextlib.nullcontext():
+        yield request.param
+
+
+def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path, write_path):
     """Series added later (another function, the same writer) get their own running value; a function
     traced before they were added keeps its own; another writer keeps separate values."""
     writer, other = (tf.summary.create_file_writer(str(tmp_path / r)) for r in ("run", "other"))
@@ -302,7 +311,7 @@ def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path):
     assert firsts("other", "a") == {}
 
 
-def test_first_nonfinite_records_from_a_tf_function(tmp_path):
+def test_first_nonfinite_records_from_a_tf_function(tmp_path, write_path):
     """The running first NaN/Inf step per series, kept in graph mode with record_if every 2 steps.
 
     Layer "a" holds a NaN at step 4 only, "b" an Inf from step 7 on, "c" is always finite:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, fused_kernel, metadata, reductions, replica_stats
+from tb_layergrad import distribute, fused_kernel, metadata, record_writes, reductions, replica_stats, summary_state
 from tb_layergrad.callbacks import _replica_payload, _step_records
 from tb_layergrad.gradient_map import GradientMap
 from tb_layergrad.graph_util import cond_out_of_line
@@ -508,16 +508,32 @@ class FitStep:
         return self.writer is not None and not self.config.xla and not tf.executing_eagerly()
 
     def _write_in_step(self, step: tf.Tensor, log: tf.Tensor, records: Dict[str, tf.Tensor], gradients: Dict[str, tf.Tensor]) -> None:
-        """Reduce and write, on logged steps only, as one out-of-line branch (a call op when not taken)."""
+        """Reduce and write, on logged steps only.
+
+        The gradients the fused write op can take are written by it, with `log` as
+        its input and a flush after (`record_writes.write_fused`): no condition. The
+        rest, if any, in one out-of-line branch (a call op when not taken). Why:
+        a condition's branch waits for every gradient it reads and costs a call
+        (docs/PERFORMANCE.md).
+        """
         series, buckets, writer = self.series, self.config.buckets, self.writer
+        resource = summary_state.writer_resource(writer) if fused_kernel.write_op() is not None else None
+        direct = [tag for tag, g in gradients.items() if resource is not None and record_writes.fusable(g)]
+        rest = {tag: g for tag, g in gradients.items() if tag not in set(direct)}
 
         def write() -> tf.Tensor:
             with writer.as_default(), tf.summary.record_if(True):  # flushes on exit (see _step_records)
-                _step_records.write_step_records(series, buckets, step, records, gradients)
+                _step_records.write_step_records(series, buckets, step, records, rest)
             return tf.constant(True)
 
         with tf.name_scope("layergrad"):
-            cond_out_of_line(log, write)
+            if direct:
+                record_writes.write_fused(
+                    resource, log, [series[t] for t in direct], [gradients[t] for t in direct], buckets,
+                    tf.cast(step, tf.int64), flush=True,
+                )
+            if records or rest:
+                cond_out_of_line(log, write)
 
     # -- several replicas (tf.distribute) ---------------------------------------------
     def _with_replica_payload(self, logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss, ctx) -> Dict[str, Any]:

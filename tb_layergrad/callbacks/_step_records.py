@@ -8,12 +8,11 @@ flushed to disk: records of the steps before a crash are there to look at.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Dict
 
 import tensorflow as tf
 
-from tb_layergrad import metadata, nonfinite, reductions
+from tb_layergrad import metadata, nonfinite, record_writes
 from tb_layergrad import summary as lg_summary
 
 
@@ -26,20 +25,14 @@ def write_step_records(
 ) -> None:
     """Write one step's records to the default writer.
 
-    `gradients` ({stats tag: unscaled gradient}) are reduced here, all in one
-    `reductions.histograms_and_stats` call; `records` ({tag: tensor}) arrive
-    finished. The running first NaN/Inf step of each stats series (kind
+    `gradients` ({stats tag: unscaled gradient}) are reduced and written here,
+    all together (`record_writes`: one op where the fused kernel can);
+    `records` ({tag: tensor}) arrive finished. The running first NaN/Inf step of each stats series (kind
     `first_nonfinite`) is kept and written too.
     """
-    tracked = []
     tags = list(gradients)
-    reduced = reductions.histograms_and_stats([gradients[t] for t in tags], buckets) if tags else []
-    for tag, (hist, stats) in zip(tags, reduced):
-        info = series[tag]
-        hist_info = dataclasses.replace(info, kind=metadata.KIND_HISTOGRAM)
-        tf.summary.write(hist_info.tag, hist, step=step, metadata=metadata.create_summary_metadata(hist_info))
-        tf.summary.write(tag, stats, step=step, metadata=metadata.create_summary_metadata(info))
-        tracked.append((info, stats))
+    step = tf.cast(step, tf.int64)
+    tracked = record_writes.write_histograms_and_stats([series[t] for t in tags], [gradients[t] for t in tags], buckets, step) if tags else []
     for tag, value in records.items():
         info = series[tag]
         if info.kind == metadata.KIND_TIMESTEPS:

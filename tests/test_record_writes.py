@@ -1,0 +1,153 @@
+"""One op computes and writes a step's histogram and stats records (record_writes, kernels/write_records.cc).
+
+The records must be the very bytes `tf.summary.write` writes (docs/FORMAT.md): compared here event by
+event, read back through TensorBoard's own event-file loader, against the per-record path.
+"""
+from __future__ import annotations
+
+import glob
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_file_loader
+
+import tb_layergrad
+from tb_layergrad import fused_kernel, metadata, nonfinite, record_writes, summary_state
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel_built():
+    assert fused_kernel.write_op() is not None, f"the fused kernel did not build here: {fused_kernel.unavailable_reason()}"
+
+
+def _tensors() -> list:
+    rng = np.random.default_rng(3)
+    big = (rng.normal(size=70_000) * 2).astype(np.float32)
+    big[[10, 50_000]] = [np.nan, np.inf]
+    return [
+        tf.constant(rng.normal(size=(32, 64)).astype(np.float32)),
+        tf.constant(big),
+        tf.constant(rng.normal(size=(8, 8)).astype(np.float16)),
+        tf.constant(rng.normal(size=(16,)), tf.bfloat16),
+        tf.constant(rng.normal(size=(4, 4))),  # float64: not the kernel's, takes the per-record path
+        tf.zeros([3, 3]),
+    ]
+
+
+def _series(n: int) -> list:
+    return [
+        metadata.SeriesInfo(layer=f"model/dense_{i}", kind=metadata.KIND_STATS, target="loss", source="output", index=i, dtype="float32")
+        for i in range(n)
+    ]
+
+
+def _events(logdir: str) -> dict:
+    """{(step, tag): Summary.Value} of every record in the run's event file."""
+    (path,) = glob.glob(f"{logdir}/events.out.tfevents.*")
+    out = {}
+    for event in event_file_loader.EventFileLoader(path).Load():
+        for value in event.summary.value:
+            assert (event.step, value.tag) not in out
+            out[(event.step, value.tag)] = value
+    return out
+
+
+def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> None:
+    """Write the records of `tensors` at each step, through the fused op or (`per_record`) tf.summary.write."""
+    if per_record:
+        monkeypatch.setattr(record_writes, "fused_writer", lambda: None)
+    writer = tf.summary.create_file_writer(logdir)
+
+    @tf.function
+    def write(xs, at):
+        with tf.summary.record_if(True):
+            tracked = record_writes.write_histograms_and_stats(_series(len(xs)), xs, 30, at, description="why")
+            nonfinite.write_first_nonfinite(tracked, at)
+
+    with writer.as_default():
+        for step in steps:
+            write(tensors, tf.constant(step, tf.int64))
+    writer.close()
+    monkeypatch.undo()
+
+
+def test_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, monkeypatch):
+    """Histogram, stats and first_nonfinite records: the same bytes through the op as through tf.summary.write."""
+    tensors = _tensors()
+    _write(str(tmp_path / "fused"), tensors, [7, 9], False, monkeypatch)
+    _write(str(tmp_path / "plain"), tensors, [7, 9], True, monkeypatch)
+    fused, plain = _events(str(tmp_path / "fused")), _events(str(tmp_path / "plain"))
+    # 6 tensors x 2 steps x (histogram, stats), and first_nonfinite for the one with a NaN at both steps.
+    assert len(fused) == 6 * 2 * 2 + 2 and sorted(fused) == sorted(plain)
+    for key in plain:
+        assert fused[key].SerializeToString() == plain[key].SerializeToString(), key
+    first_tag = metadata.SeriesInfo(**{**_series(6)[1].__dict__, "kind": metadata.KIND_FIRST_NONFINITE}).tag
+    assert [int(tf.make_ndarray(fused[(s, first_tag)].tensor)[0]) for s in (7, 9)] == [7, 7]
+    # Real numbers, not just equal ones: the big tensor's counts, and one histogram against numpy.
+    big = fused[(7, _series(6)[1].tag)]
+    stats = tf.make_ndarray(big.tensor)
+    assert stats[metadata.STAT_INDEX["nan"]] == 1 and stats[metadata.STAT_INDEX["pos_inf"]] == 1
+    hist_info = metadata.SeriesInfo(**{**_series(6)[0].__dict__, "kind": metadata.KIND_HISTOGRAM})
+    hist = tf.make_ndarray(fused[(7, hist_info.tag)].tensor)
+    x = tensors[0].numpy().astype(np.float64).ravel()
+    counts, _ = np.histogram(x, bins=30, range=(x.min(), x.max()))
+    assert hist.shape == (30, 3) and hist[0, 0] == x.min() and hist[-1, 1] == x.max()
+    assert np.abs(hist[:, 2] - counts).sum() <= 2  # float32 bucket indices may move an edge element
+    assert fused[(7, hist_info.tag)].metadata.summary_description == "why"
+
+
+def test_a_logged_step_is_one_op_and_no_condition(tmp_path):
+    """summary.gradients in a tf.function: one op writes every float32 layer's records, the recording
+    condition is its input (no tf.cond, no WriteSummary), and an unlogged step writes nothing."""
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    grads = {f"m/layer_{i}": tf.random.normal([16, 8]) for i in range(4)}
+    step_var = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def step(g):
+        with tf.summary.record_if(step_var % 2 == 0):
+            return tb_layergrad.summary.gradients(g)
+
+    with writer.as_default(step=step_var):
+        graph = step.get_concrete_function(grads).graph
+        types = [op.type for op in graph.get_operations()]
+        assert types.count(fused_kernel.WRITE_OP_NAME) == 1
+        assert not {"If", "StatelessIf", "PartitionedCall", "StatefulPartitionedCall", "WriteSummary"} & set(types)
+        assert fused_kernel.OP_NAME not in types  # the write op reduces too
+        for s in range(3):
+            step_var.assign(s)
+            assert bool(step(grads)) == (s % 2 == 0)
+    writer.close()
+    events = _events(str(tmp_path))
+    assert sorted({s for s, _ in events}) == [0, 2] and len(events) == 2 * 8
+
+
+def test_without_a_file_writer_nothing_is_written_and_nothing_fails():
+    """No writer, or a no-op one: no resource to write to; tf.summary's own behaviour applies (nothing written)."""
+    assert summary_state.default_writer_resource() is None
+    assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([2, 2])}, step=3)) is False
+    with tf.summary.create_noop_writer().as_default():
+        assert summary_state.default_writer_resource() is None
+        assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([2, 2])}, step=3)) is False
+
+
+def test_mismatched_series_are_refused(tmp_path):
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    one = [("a", b"")]
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one tag and one metadata per input"):
+        fused_kernel.write_histograms_and_stats(
+            writer._resource, True, tf.constant(1, tf.int64), [tf.ones([3]), tf.ones([2])], 5, one, one, one  # noqa: SLF001
+        )
+
+
+@pytest.mark.parametrize("flush", [True, False])
+def test_flush_puts_the_step_on_disk_before_the_writer_closes(tmp_path, flush):
+    """GradientLogger's in-step writes flush (records before a crash are kept); without flush they wait in the queue."""
+    writer = tf.summary.create_file_writer(str(tmp_path), max_queue=1000, flush_millis=10**9)
+    series = _series(1)
+    record_writes.write_fused(writer._resource, True, series, [tf.ones([4])], 30, tf.constant(5, tf.int64), flush=flush)  # noqa: SLF001
+    on_disk = _events(str(tmp_path))
+    assert sorted(on_disk) == ([(5, series[0].tag.replace("/stats", "/histogram")), (5, series[0].tag)] if flush else [])
+    writer.close()
+    assert len(_events(str(tmp_path))) == 2
