@@ -168,10 +168,10 @@ NOTES = """### Reading the figures
 - *limit: one read per tensor* reads every captured tensor once and writes nothing: the floor of any
   logging that looks at each value.
 - *floor: our records, unreduced* writes the same records as ours (a histogram and a stats record per
-  layer) with constant contents, behind one recording condition: what the on-disk format costs by itself
-  in TensorFlow's graph executor (a `WriteSummary` op is ~10-15 us of kernel time, plus scheduling). Where
-  this floor alone is at or above a target, no implementation that writes these records at every step can
-  meet it; what ours adds on top of the floor is the reductions.
+  layer) with constant contents through `tf.summary.write`, behind one recording condition: what the
+  on-disk format costs through TensorFlow's own summary ops (a `WriteSummary` op is ~10-15 us of kernel
+  time, plus scheduling, plus the condition). Ours writes its records from one op that takes the
+  recording condition as an input (below), so it can come in under this floor.
 - *floor + min, max, histogram_fixed_width* adds the cheapest histogram TensorFlow has (its range and
   its counts); *floor + one kernel per statistic* adds one TensorFlow kernel for each figure the stats
   record holds (sum, sum of squares, min, max, sum of |x|, non-zero count): the records with nothing but
@@ -199,49 +199,63 @@ NOTES = """### Reading the figures
   chain (~1.7 ns per element and reduction here). Each logged fit() step is flushed to disk
   (records before a crash are kept); `optimizer.iterations` is counted in Python between batches, not
   read (the read per batch cost ~0.15 ms with its wrapper).
-- The fused kernel (`tb_layergrad/kernels/histograms_and_stats.cc`, built on first use, see README):
-  one op computes the histograms and statistics of all of a step's 16- and 32-bit float tensors. Read 1
-  takes sum, sum of squares, sum of |x|, min, max and the zero and subnormal counts, branch-free and
-  vectorized, the sums of x and |x| in float32 within blocks of 256 elements (float64 across blocks;
+- The fused kernel (`tb_layergrad/kernels/`, built on first use, see README): `records.cc` computes the
+  histograms and statistics of all of a step's 16- and 32-bit float tensors at once, two reads of each.
+  Read 1 takes sum, sum of squares, sum of |x|, min, max and the zero and subnormal counts, branch-free
+  and vectorized, the sums of x and |x| in float32 within blocks of 256 elements (float64 across blocks;
   squares in float64); read 2 the bucket index (float32) and the centered sum of squares, then the
   counts in four sets of 32-bit counters, unrolled. A chunk with a NaN, an Inf or a subnormal number,
   whose float32 block sums overflow, or of tiny values (0 < max |x| < 2^-60), is read again by a
-  branching float64 loop. By hand (2026-12-03, the op on the MLP's four gradient shapes, 83,200
-  elements, one thread, 21 rotating sets of tensors so that data come from L3): 155 us before today's
-  changes, 111 us with the unrolled 32-bit counters, 93 us (1.1 ns per element: read 1 ~45 us,
-  read 2 ~48) with the float32 block sums. Tried and dropped: float32 centered squares in read 2 and
-  eight counter sets (no gain: the counting bounds read 2). Measured earlier (standalone C++): a select
-  that flushed subnormals inside the vectorized loop made it 7 ns per element (the loop no longer
-  vectorized), so subnormals are only counted there; `std::fmin` is a libm call (7 ns per element);
-  and in a `tf.function` a ParallelFor over a few chunks cost ~150 us (threads woken), so below 512K
-  elements the kernel stays on one thread.
-- Where the MLP's logged step goes (by hand, 2026-12-03, after the kernel changes): in isolation, the
-  kernel ~0.09 ms, the eight record writes ~0.06-0.08 ms (8-10 us per `WriteSummary`; a writer with
-  `max_queue=1000`, with or without a flush per step: 252, 252 and 249 us per call of 8 writes, so
-  flushing every logged step costs nothing measurable), the out-of-line branch call ~0.03 ms, the
-  first-NaN/Inf bookkeeping ~0.02 ms: ~0.2 ms, ~1.08x of a 2.5 ms step before scheduling. A profile
-  of the step (`tf.profiler`, one trace) shows why the in-step cost moves: the executor runs the
-  branch either before the last backward MatMul (delaying it by the branch's ~0.3 ms) or beside it,
-  where both share the two cores with the MatMul's threads (the kernel: 0.10 ms alone, 0.75 ms
-  beside it). About 0.4 ms of every step, ours and plain alike, is Python dispatching the call before
-  the executor starts, with both cores idle. Tried and dropped (in-step A/B, 150 rounds of 20 calls):
-  the kernel split into two ops, one per core (no gain: 1.08x/1.06x split against 1.06x/1.05x one op,
-  two runs), an inline condition instead of the out-of-line call (every step 1.092x against 1.084x,
-  every 10 steps equal), and the branch made to wait for every weight gradient, so that it runs beside
-  the optimizer's updates instead of the last MatMul (worse: 1.156x/1.147x against 1.090x/1.086x).
-  Every 10 steps costs more per logged step than every step (by hand before the kernel, in units of a
-  plain step: 0.17 per logged step when every step logs, 0.42 every 10; a step that never logs reads
-  0.999x): after nine training steps what a logged step touches is cold again.
+  branching float64 loop. By hand (2026-12-03, on the MLP's four gradient shapes, 83,200 elements, one
+  thread, 21 rotating sets of tensors so that data come from L3): 155 us before that day's changes,
+  111 us with the unrolled 32-bit counters, 93 us (1.1 ns per element: read 1 ~45 us, read 2 ~48) with
+  the float32 block sums. Tried and dropped: float32 centered squares in read 2 and eight counter sets
+  (no gain: the counting bounds read 2). Measured earlier (standalone C++): a select that flushed
+  subnormals inside the vectorized loop made it 7 ns per element (the loop no longer vectorized), so
+  subnormals are only counted there; `std::fmin` is a libm call (7 ns per element); and in a
+  `tf.function` a ParallelFor over a few chunks cost ~150 us (threads woken), so below 512K elements the
+  kernel stays on one thread.
+- One op writes a logged step (`write_records.cc`, `tb_layergrad/record_writes.py`): it computes the
+  records as above, writes the histogram, stats and first-non-finite records to the writer's resource
+  itself (the same bytes as `tf.summary.write`, tested), keeps the first-non-finite steps, and takes the
+  recording condition as an input (when false it returns at once). So a logged step builds no `tf.cond`.
+  Measured in the MLP's training step (in-step A/B in one process, 200 rounds of 30 calls, 2026-12-03,
+  plain 2.8-3.6 ms): through a condition, with the kernel op and eight `WriteSummary` ops, 1.087-1.091x;
+  the same with the writes in one op, still in the condition, 1.083-1.100x (the writes are not the
+  cost); without the first-NaN/Inf ops 1.074-1.088x; with no condition at all 1.055-1.074x. The
+  condition was the cost: its branch is one function call and starts only once every gradient it reads
+  exists. Before/after in one run: every step 1.089x -> 1.073x, every 10 steps (300 rounds) 1.034x ->
+  1.024x. What is left (same harness): the op present with the condition false 1.013x (the capture and
+  the op's dispatch), true 1.078x: ~0.2 ms of reading and writing at the end of the backward pass on a
+  machine whose two cores the step already uses. Isolated timings mislead here: in a bare `tf.function`
+  a stateful op or a captured resource alone added 45-80 us per call, which a training step (full of
+  both) does not pay again. Not built: running the op's work on a background thread after the step
+  returns would hide it in the ~0.4 ms per step in which Python dispatches the next call and both cores
+  idle, but `writer.flush()` and `close()` would then return before the last step's records are written.
+- Where the MLP's logged step went before that op (by hand, 2026-12-03): in isolation, the kernel
+  ~0.09 ms, the eight record writes ~0.06-0.08 ms (a writer with `max_queue=1000`, with or without a
+  flush per step: 252, 252 and 249 us per call of 8 writes, so flushing every logged step costs nothing
+  measurable), the out-of-line branch call ~0.03 ms, the first-NaN/Inf bookkeeping ~0.02 ms. A profile
+  of the step (`tf.profiler`, one trace) shows why the in-step cost moves: the executor ran the branch
+  either before the last backward MatMul (delaying it by the branch's ~0.3 ms) or beside it, where both
+  share the two cores with the MatMul's threads (the kernel: 0.10 ms alone, 0.75 ms beside it). About
+  0.4 ms of every step, ours and plain alike, is Python dispatching the call before the executor starts,
+  with both cores idle. Tried and dropped then (in-step A/B, 150 rounds of 20 calls): the kernel split
+  into two ops, one per core (no gain), an inline condition instead of the out-of-line call (1.092x
+  against 1.084x), the branch made to wait for every weight gradient (worse: 1.156x against 1.090x); and
+  now one write op per tensor, so that the last layers' records start earlier (1.053x against 1.055x for
+  one op: no gain, the first layer's gradient, the largest, comes last anyway). Every 10 steps costs more
+  per logged step than every step: after nine training steps what a logged step touches is cold again.
 - *floor: our records as one event per step* writes the same records as ONE event (a serialized
   `Summary` holding every value, `tf.summary.experimental.write_raw_pb`): in the run before today's
   (MLP 1.08x and 1.08x) and by hand (1.05x against 1.06x) no cheaper than the eight `WriteSummary`
   ops, so packing a step's records into fewer events is no lever and the format keeps one record per
   series.
-- The MLP's every-step budget: its plain step is ~2.3-3.4 ms on this machine (it moved that much
-  between runs today), so 1.10x leaves ~0.23-0.34 ms for everything a logged step adds, and the parts
-  above sum to ~0.2 ms; run-to-run noise on this ratio is several hundredths (the same variant twice in
-  one 150-round A/B: 1.058x and 1.045x). Two reads are needed while the histogram spans the step's own
-  [min, max] (the range must be known before bucketing).
+- The MLP's every-step budget: its plain step is ~2.3-3.6 ms on this machine (it moved that much
+  between runs on one day), so 1.10x leaves ~0.23-0.36 ms for everything a logged step adds; run-to-run
+  noise on this ratio is several hundredths (the same variant twice in one 150-round A/B: 1.058x and
+  1.045x). Two reads are needed while the histogram spans the step's own [min, max] (the range must be
+  known before bucketing).
 - Shared machine: figures move by several percent between runs; compare ratios within one run.
 """
 

@@ -1,4 +1,4 @@
-"""The fused reduction kernel (tb_layergrad/kernels/histograms_and_stats.cc): the same records, one op.
+"""The fused reduction kernel (tb_layergrad/kernels/records.cc, histograms_and_stats.cc): the same records, one op.
 
 Its numbers are checked against the independent numpy reference of the reduction property tests
 (`test_reliability_reductions`, which also runs its generated tensors through the kernel) and against
