@@ -244,7 +244,10 @@ NOTES = """### Reading the figures
   into two ops, one per core (no gain), an inline condition instead of the out-of-line call (1.092x
   against 1.084x), the branch made to wait for every weight gradient (worse: 1.156x against 1.090x); and
   now one write op per tensor, so that the last layers' records start earlier (1.053x against 1.055x for
-  one op: no gain, the first layer's gradient, the largest, comes last anyway). Every 10 steps costs more
+  one op: no gain, the first layer's gradient, the largest, comes last anyway), the kernel spread over
+  TensorFlow's threads in the step (chunks of 32K or 8K elements: 1.071x and 1.062x against 1.062x and
+  1.068x on one thread), and 16 independent accumulators per figure in read 1 (by hand, one thread:
+  167-176 us against 151-161 us on 100,864 elements). Every 10 steps costs more
   per logged step than every step: after nine training steps what a logged step touches is cold again.
 - *floor: our records as one event per step* writes the same records as ONE event (a serialized
   `Summary` holding every value, `tf.summary.experimental.write_raw_pb`): in the run before today's
