@@ -29,6 +29,8 @@ Step = Callable[[], object]
 # branch function is instantiated and optimized then: ~0.1 s once, not a per-step cost).
 WARMUP_CALLS = 12
 
+# A plain step shorter than this takes more interleaved rounds (see `interleaved`).
+SHORT_STEP_S = 0.01
 # Calls per timed block are a multiple of this: every block of "every 10 steps" then holds exactly
 # one logged call. (Blocks of 4 CNN calls held one logged call or none, and the median over
 # such rounds read 1.07 in one run.)
@@ -258,14 +260,19 @@ def interleaved_results(variants: Dict[str, Step], rounds: int) -> Tuple[float, 
     return _paired(values)
 
 
-def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0.5, warmup: Optional[int] = None) -> Tuple[float, Dict[str, float], int]:
-    """(baseline seconds per call, {variant: median over rounds of its time / the baseline's}, calls per block).
+def interleaved(
+    variants: Dict[str, Step], rounds: int, block_seconds: float = 0.5, warmup: Optional[int] = None,
+    short_step_rounds: int = 1,
+) -> Tuple[float, Dict[str, float], int, int]:
+    """(baseline seconds per call, {variant: median over rounds of its time / the baseline's}, calls per block, rounds).
 
     The first variant is the baseline. In every round each variant runs a block of calls
     (about `block_seconds` of the baseline, a multiple of LOG_PERIOD calls), next to each other,
     in a shuffled order; ratios are taken within a round, then the median over rounds (see
     `interleaved_results`). A variant's `prepare` attribute, if any, runs before each of its
-    blocks (untimed).
+    blocks (untimed). A baseline step shorter than SHORT_STEP_S runs `short_step_rounds` times
+    as many rounds: there the overheads are a few hundredths and a round's ratio moves by as
+    much (15 rounds read the MLP's "one read per tensor" limit at 1.00-1.05x in three runs).
     """
     warmup = WARMUP_CALLS if warmup is None else warmup
     for fn in variants.values():
@@ -278,6 +285,8 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
     _sync(base())
     per_call = time.perf_counter() - start
     per_block = max(1, min(100, round(block_seconds / max(per_call, 1e-6) / LOG_PERIOD))) * LOG_PERIOD
+    if per_call < SHORT_STEP_S:
+        rounds *= short_step_rounds
     times: Dict[str, List[float]] = {k: [] for k in variants}
     for order in _round_orders(list(variants), rounds):
         for key in order:
@@ -289,7 +298,7 @@ def interleaved(variants: Dict[str, Step], rounds: int, block_seconds: float = 0
             _sync(out)
             times[key].append((time.perf_counter() - start) / per_block)
     base_s, ratios = _paired(times)
-    return base_s, ratios, per_block
+    return base_s, ratios, per_block, rounds
 
 
 def _round_orders(keys: List[str], rounds: int) -> List[List[str]]:

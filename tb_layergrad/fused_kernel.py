@@ -141,7 +141,36 @@ def _load() -> Tuple[Optional[Any], Optional[str]]:
         return None, str(e)
     tf.no_gradient(OP_NAME)
     tf.no_gradient(WRITE_OP_NAME)
+    _state["write_error"] = _write_op_error(module)
+    if _state["write_error"]:
+        log.warning("tb_layergrad: the fused write op cannot write to TensorFlow's summary writers here, "
+                    "tf.summary.write is used instead: %s", _state["write_error"])
     return module, None
+
+
+def _write_op_error(module: Any) -> Optional[str]:
+    """Why the write op cannot write here (None: it can), found by writing one record to a scratch writer.
+
+    Why: it looks the writer up as TensorFlow's own `SummaryWriterInterface` across
+    shared libraries, which holds for TensorFlow's own builds (type names, not
+    addresses, identify resource types) but is not promised by any interface. A
+    build where it fails must cost the fallback, never a training step.
+    """
+    try:
+        with tempfile.TemporaryDirectory() as scratch, tf.init_scope():
+            writer = tf.summary.create_file_writer(scratch)
+            record = ("self_test", b"")
+            module.tb_layergrad_write_histograms_and_stats(
+                writer._resource, True, tf.constant(0, tf.int64), [tf.constant([1.0, 2.0])], buckets=2,  # noqa: SLF001
+                histogram_tags=[record[0]], histogram_metadata=[record[1]], stats_tags=[record[0]],
+                stats_metadata=[record[1]], first_nonfinite_tags=[], first_nonfinite_metadata=[], flush=True,
+            )
+            writer.close()
+            if not any(os.path.getsize(os.path.join(scratch, f)) > 0 for f in os.listdir(scratch)):
+                return "the self-test wrote nothing"
+    except (tf.errors.OpError, RuntimeError, TypeError, ValueError, OSError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
 
 
 def _module() -> Optional[Any]:
@@ -163,7 +192,9 @@ def op():
 def write_op():
     """The op function that also writes the records (see `write_histograms_and_stats`), or None."""
     module = _module()
-    return None if module is None else module.tb_layergrad_write_histograms_and_stats
+    if module is None or _state.get("write_error"):
+        return None
+    return module.tb_layergrad_write_histograms_and_stats
 
 
 def unavailable_reason() -> Optional[str]:

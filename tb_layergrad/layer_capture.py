@@ -95,7 +95,8 @@ class Capture:
         self._lock = threading.Lock()
         self._installed: List[tuple] = []
         self._active = False
-        self._used_tapes: set = set()
+        # id -> the tape itself: held, so that a freed wrapper's id, reused by a new object, is no false match.
+        self._used_tapes: Dict[int, Any] = {}
 
     # -- context ---------------------------------------------------------------
     def __enter__(self) -> "Capture":
@@ -198,7 +199,7 @@ class Capture:
                 "`with capture(...)` (or none of the chosen layers ran)"
             )
         persistent = getattr(tape, "_persistent", False)
-        if id(tape) in self._used_tapes and not persistent:
+        if self._used_tapes.get(id(tape)) is tape and not persistent:
             raise RuntimeError(
                 "gradients() was already called with this non-persistent tape; a non-persistent "
                 "GradientTape computes one set of gradients. Use tf.GradientTape(persistent=True) "
@@ -217,7 +218,7 @@ class Capture:
                     "tape persistent"
                 ) from e
             raise
-        self._used_tapes.add(id(tape))
+        self._used_tapes[id(tape)] = tape
         grad_of = {id(r): g for r, g in zip(differentiable, out_grads)}
         unsure = [r.key for r in differentiable if grad_of[id(r)] is None and not r.recorded]
         if unsure:

@@ -29,8 +29,9 @@ def fused_writer() -> Optional[tf.Tensor]:
 
 
 def fusable(tensor: Any) -> bool:
-    """Can the fused op reduce this tensor (a 16- or 32-bit float)?"""
-    return tf.as_dtype(tensor.dtype) in fused_kernel.DTYPES
+    """Can the fused op reduce this tensor (a 16- or 32-bit float tensor or array)?"""
+    dtype = getattr(tensor, "dtype", None)  # a Python list has none: TensorFlow's path converts it
+    return dtype is not None and tf.as_dtype(dtype) in fused_kernel.DTYPES
 
 
 def _serialized(info: metadata.SeriesInfo, description: str) -> Tuple[str, bytes]:

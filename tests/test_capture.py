@@ -250,6 +250,36 @@ def test_gradients_twice_on_one_tape():
         cap.gradients(tape, loss)
 
 
+class _OneShotView:
+    """A non-persistent stand-in for a tape, as fit()'s per-target wrappers are (one gradient() each)."""
+
+    _persistent = False
+
+    def __init__(self, tape):
+        self._tape = tape
+
+    def gradient(self, target, sources, **kwargs):
+        return self._tape.gradient(target, sources, **kwargs)
+
+
+def test_a_fresh_wrapper_is_not_taken_for_a_used_one_whose_id_it_reuses():
+    """Used tapes were remembered by id(): a freed wrapper's id, reused by the next one (CPython
+    usually hands the same address to the next object of that size), read as "already called"."""
+    model, x, y, _ = model_zoo.seed_model()
+    with tf.GradientTape(persistent=True) as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap:
+            loss = model_zoo.mse(y, model(x))
+    first = _OneShotView(tape)
+    want = cap.gradients(first, loss)
+    with pytest.raises(RuntimeError, match="already called with this non-persistent tape"):
+        cap.gradients(first, loss)
+    del first
+    for _ in range(3):
+        got = cap.gradients(_OneShotView(tape), loss)
+        for path in want:
+            np.testing.assert_array_equal(got[path].numpy(), want[path].numpy())
+
+
 def test_persistent_tape_allows_several_targets():
     model, x, y, manual = model_zoo.seed_model()
     with tf.GradientTape(persistent=True) as tape:

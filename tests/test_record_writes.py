@@ -151,3 +151,15 @@ def test_flush_puts_the_step_on_disk_before_the_writer_closes(tmp_path, flush):
     assert sorted(on_disk) == ([(5, series[0].tag.replace("/stats", "/histogram")), (5, series[0].tag)] if flush else [])
     writer.close()
     assert len(_events(str(tmp_path))) == 2
+
+
+def test_a_write_op_that_cannot_write_here_leaves_it_to_tf_summary_write(tmp_path, monkeypatch):
+    """The op finds TensorFlow's writer across shared libraries; where a self-test at load fails, nothing breaks."""
+    assert fused_kernel._write_op_error(fused_kernel._module()) is None  # noqa: SLF001 - it works on this build
+    monkeypatch.setitem(fused_kernel._state, "write_error", "simulated")  # noqa: SLF001
+    assert fused_kernel.write_op() is None and record_writes.fused_writer() is None
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    with writer.as_default(step=1):
+        assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([3])}))
+    writer.close()
+    assert len(_events(str(tmp_path))) == 2

@@ -27,8 +27,8 @@ def write_step_records(
 
     `gradients` ({stats tag: unscaled gradient}) are reduced and written here,
     all together (`record_writes`: one op where the fused kernel can);
-    `records` ({tag: tensor}) arrive finished. The running first NaN/Inf step of each stats series (kind
-    `first_nonfinite`) is kept and written too.
+    `records` ({tag: tensor}) arrive finished. The running first NaN/Inf step
+    of each stats series (kind `first_nonfinite`) is kept and written too.
     """
     tags = list(gradients)
     step = tf.cast(step, tf.int64)
