@@ -104,7 +104,7 @@ def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, repeats: int = 5, timeout: float = 3600) -> Dict[str, float]:
+def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, repeats: int = 11, timeout: float = 3600) -> Dict[str, float]:
     tb = TensorBoard(logdir, load_fast)
     try:
         load_s = tb.wait_loaded(runs, steps, timeout)

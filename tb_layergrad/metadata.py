@@ -8,6 +8,7 @@ when a reader written for the old version would misread the new files.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from typing import Any, Dict, Optional
 
@@ -86,6 +87,9 @@ class SeriesInfo:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
 
 
+_SERIES_INFO_FIELDS = frozenset(f.name for f in dataclasses.fields(SeriesInfo))
+
+
 def make_tag(target: str, source: str, layer: str, kind: str) -> str:
     """The tag of a series: readable, unique per (target, source, layer, kind)."""
     return f"{target}/{source}/{layer}/{kind}"
@@ -108,11 +112,22 @@ class UnsupportedFormatError(ValueError):
 
 
 def parse_plugin_content(content: bytes) -> SeriesInfo:
-    """Decode `plugin_data.content`; raises ValueError on anything malformed."""
+    """Decode `plugin_data.content`; raises ValueError on anything malformed.
+
+    Memoized by the bytes: every listing of the tab parses the content of every
+    series again, and a run's contents repeat across runs and calls (decoding
+    was most of the Python side of a 3 x 200-layer listing). `SeriesInfo` is
+    frozen, so sharing one is safe; malformed content is not cached (it raises).
+    """
     if not isinstance(content, (bytes, bytearray)):
         raise TypeError("plugin content must be bytes")
+    return _parse_content(bytes(content))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_content(content: bytes) -> SeriesInfo:
     try:
-        doc: Dict[str, Any] = json.loads(bytes(content).decode("utf-8"))
+        doc: Dict[str, Any] = json.loads(content.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"plugin content is not JSON: {e}") from None
     if not isinstance(doc, dict):
@@ -124,8 +139,7 @@ def parse_plugin_content(content: bytes) -> SeriesInfo:
         raise UnsupportedFormatError(
             f"format version {version} is newer than this reader ({FORMAT_VERSION}); upgrade tb_layergrad"
         )
-    fields = {f.name for f in dataclasses.fields(SeriesInfo)}
-    kwargs = {k: v for k, v in doc.items() if k in fields}
+    kwargs = {k: v for k, v in doc.items() if k in _SERIES_INFO_FIELDS}
     try:
         return SeriesInfo(**kwargs)
     except TypeError as e:

@@ -14,6 +14,7 @@ in the plugin's context (what the Python and the Rust loader give the plugin).
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable, Dict, List
 
 import pytest
@@ -227,3 +228,74 @@ def test_other_providers_are_listed_by_list_tensors(tmp_path):
     assert not listing.TensorLister(provider, None).incremental  # the Rust loader: no multiplexer
     assert not listing.TensorLister(provider, plugin_event_multiplexer.EventMultiplexer()).incremental
     assert not listing.TensorLister(RecordingProvider(provider), mux).incremental  # a wrapper may change answers
+
+
+@pytest.fixture(scope="module")
+def rust_server(tmp_path_factory):
+    """TensorBoard's Rust data server on three layergrad runs and one run of plain scalars."""
+    import tensorflow as tf
+    from tensorboard.data import server_ingester
+    from tensorboard.util import grpc_util
+
+    logdir = str(tmp_path_factory.mktemp("rust_listing"))
+    for i, run in enumerate(["a", "b", "c"]):
+        rf.write_run(os.path.join(logdir, run), LAYERS[: i + 1], range(40 + 10 * i))
+    with tf.summary.create_file_writer(os.path.join(logdir, "scalars_only")).as_default():
+        tf.summary.scalar("loss", 1.0, step=0)
+    ingester = server_ingester.SubprocessServerDataIngester(
+        server_ingester.get_server_binary(),
+        logdir,
+        reload_interval=0,
+        channel_creds_type=grpc_util.ChannelCredsType.LOCAL,
+        samples_per_plugin={metadata.PLUGIN_NAME: 0},
+    )
+    ingester.start()
+    provider = ingester.data_provider
+
+    def loaded() -> bool:
+        got = provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+        return sorted(got) == ["a", "b", "c"] and all(
+            ts.max_step == 39 + 10 * i for i, run in enumerate("abc") for ts in got[run].values()
+        )
+
+    deadline = time.time() + 60
+    while not loaded():
+        assert time.time() < deadline, "the data server did not load the logdir in 60 s"
+        time.sleep(0.2)
+    return provider
+
+
+def test_a_rust_listing_is_asked_run_by_run_and_gives_the_same_answer(rust_server, monkeypatch):
+    lister = listing.TensorLister(rust_server, None)
+    asked = []
+    plain = rust_server.list_tensors
+
+    def recording(ctx_, *, experiment_id, plugin_name, run_tag_filter=None):
+        f = run_tag_filter
+        asked.append(None if f is None else tuple(None if x is None else sorted(x) for x in (f.runs, f.tags)))
+        return plain(ctx_, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter)
+
+    def expected(run_tag_filter=None):
+        return plain(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=run_tag_filter)
+
+    monkeypatch.setattr(rust_server, "list_tensors", recording)
+    got = lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
+    assert got == expected() and sorted(got) == ["a", "b", "c"]
+    assert {len(got[r]) for r in got} == {2, 4, 6}
+    # One call per run of the logdir (the scalars-only run answers nothing), none unfiltered.
+    assert sorted(asked) == [([run], None) for run in ["a", "b", "c", "scalars_only"]]
+
+    asked.clear()
+    two = tb_provider.RunTagFilter(runs=["c", "a"])
+    assert lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=two) == expected(two)
+    assert sorted(asked) == [(["a"], None), (["c"], None)]
+
+    # A tag filter is cheap for the server already: one call, as asked.
+    for one_call in (
+        tb_provider.RunTagFilter(runs=["b"]),
+        tb_provider.RunTagFilter(tags=[metadata.make_tag(metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, LAYERS[0], "stats")]),
+        tb_provider.RunTagFilter(runs=["a", "b"], tags=["nope"]),
+    ):
+        asked.clear()
+        assert lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=one_call) == expected(one_call)
+        assert len(asked) == 1

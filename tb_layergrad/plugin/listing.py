@@ -20,12 +20,18 @@ steps, earlier wall times or NaN give identical results). Anything else (a new
 run's accumulator, a purge, a sampled replacement) fails the check and the
 series is folded again from its first record.
 
-Under the Rust data server (`context.multiplexer` is None) or any other data
-provider, `TensorLister` simply calls `data_provider.list_tensors`.
+Under the Rust data server (`context.multiplexer` is None), the data server
+folds every record of every listed series on each `ListTensors` (~130 ms for
+6 million records here; 1 ms for one tag), outside Python. A listing of several
+runs with no tag filter is then asked run by run, concurrently: the server folds
+the runs on all cores (3 x 200 layers x 5,000 steps on 2 cores: ~145 ms as one
+call, ~108 ms as three). Any other data provider gets `list_tensors` as is.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -71,6 +77,16 @@ def multiplexer_of(data_provider: Any, multiplexer: Any) -> Any:
     return multiplexer
 
 
+def folds_outside_python(data_provider: Any) -> bool:
+    """Whether `list_tensors` is answered by another process (the Rust data server over gRPC),
+    so that listing runs concurrently uses more cores instead of contending for the GIL."""
+    try:
+        from tensorboard.data import grpc_provider
+    except ImportError:
+        return False
+    return isinstance(data_provider, grpc_provider.GrpcDataProvider)
+
+
 class TensorLister:
     """`list_tensors` with the data provider's signature and results; thread-safe."""
 
@@ -78,6 +94,8 @@ class TensorLister:
         """`multiplexer`: `TBContext.multiplexer` (None under the Rust loader)."""
         self._provider = data_provider
         self._mux = multiplexer_of(data_provider, multiplexer)
+        self._by_run = self._mux is None and folds_outside_python(data_provider)
+        self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._folds: Dict[Tuple[str, str], _Fold] = {}
 
@@ -94,11 +112,40 @@ class TensorLister:
         plugin_name: str,
         run_tag_filter: Optional[tb_provider.RunTagFilter] = None,
     ) -> Listing:
-        if self._mux is None:
-            return self._provider.list_tensors(
-                ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+        if self._mux is not None:
+            return self._list(plugin_name, run_tag_filter)
+        if self._by_run and (run_tag_filter is None or run_tag_filter.tags is None):
+            runs = None if run_tag_filter is None else run_tag_filter.runs
+            if runs is None:
+                runs = [r.run_name for r in self._provider.list_runs(ctx, experiment_id=experiment_id)]
+            if len(runs) > 1:
+                return self._list_concurrently(ctx, experiment_id, plugin_name, sorted(runs))
+        return self._provider.list_tensors(
+            ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+        )
+
+    def _list_concurrently(self, ctx: Any, experiment_id: str, plugin_name: str, runs: List[str]) -> Listing:
+        """One `list_tensors` per run, in a small pool: the same answer as one call over `runs`."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=max(2, min(8, os.cpu_count() or 1)), thread_name_prefix="layergrad-listing"
+                )
+            pool = self._pool
+        futures = [
+            pool.submit(
+                self._provider.list_tensors,
+                ctx,
+                experiment_id=experiment_id,
+                plugin_name=plugin_name,
+                run_tag_filter=tb_provider.RunTagFilter(runs=[run]),
             )
-        return self._list(plugin_name, run_tag_filter)
+            for run in runs
+        ]
+        result: Listing = {}
+        for future in futures:
+            result.update(future.result())
+        return result
 
     def _list(self, plugin_name: str, run_tag_filter: Optional[tb_provider.RunTagFilter]) -> Listing:
         """`MultiplexerDataProvider._index` then `_list`, step by step, with the fold continued."""

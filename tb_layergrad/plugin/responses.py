@@ -14,6 +14,7 @@ import functools
 import io
 import json
 import logging
+import math
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -103,7 +104,7 @@ def float_rows_json(rows: Iterable[np.ndarray]) -> str:
 
 def finite_or_none(value: float) -> Optional[float]:
     value = float(value)
-    return value if np.isfinite(value) else None
+    return value if math.isfinite(value) else None
 
 
 def dumps(doc: Any) -> str:

@@ -93,6 +93,60 @@ class LayerQuery:
     max_steps: Optional[int] = None
 
 
+def _describe_layer(rc: catalog.RunCatalog, layer: str) -> dict:
+    """One layer of the listing: what it has, and per (target, source) its kinds and last step.
+
+    One pass over the layer's series: the listing describes every layer of every
+    run on each call, so its cost is most of the Python side of the tab's first request.
+    """
+    groups: Dict[Tuple[str, str], List[catalog.Series]] = {}
+    kinds = set()
+    targets = set()
+    sources = set()
+    output_dtypes: List[Tuple[bool, str]] = []
+    any_dtype = ""
+    for s in rc.of_layer(layer):
+        info = s.info
+        groups.setdefault((info.target, info.source), []).append(s)
+        kinds.add(info.kind)
+        targets.add(info.target)
+        sources.add(info.source)
+        if info.dtype:
+            any_dtype = any_dtype or info.dtype
+            if info.source == metadata.SOURCE_OUTPUT:
+                output_dtypes.append((info.kind == metadata.KIND_TIMESTEPS, info.dtype))
+    # The captured gradient's dtype: from its stats/histogram records, not from a
+    # derived record (timesteps norms are always float64); stable, so the first such.
+    dtype = min(output_dtypes, key=lambda d: d[0])[1] if output_dtypes else any_dtype
+    detail = []
+    for target, source in sorted(groups, key=lambda ts: (ts[0], metadata.SOURCES.index(ts[1]))):
+        group = groups[(target, source)]
+        group_kinds = {s.info.kind for s in group}
+        steps = [s.max_step for s in group if s.max_step is not None]
+        walls = [s.max_wall_time for s in group if s.max_wall_time is not None]
+        detail.append(
+            {
+                "target": target,
+                "source": source,
+                "kinds": [k for k in metadata.KINDS if k in group_kinds],
+                "max_step": max(steps) if steps else None,
+                "max_wall_time": finite_or_none(max(walls)) if walls else None,
+            }
+        )
+    return {
+        "layer": layer,
+        "index": rc.layer_index(layer),
+        "dtype": dtype,
+        "histograms": metadata.KIND_HISTOGRAM in kinds,
+        "stats": metadata.KIND_STATS in kinds,
+        "tensors": metadata.KIND_TENSOR in kinds,
+        "timesteps": metadata.KIND_TIMESTEPS in kinds,
+        "targets": sorted(targets),
+        "sources": [src for src in metadata.SOURCES if src in sources],
+        "series": detail,
+    }
+
+
 class Routes:
     """Handlers bound to one data provider; each is a WSGI app (see `json_errors`)."""
 
@@ -179,56 +233,13 @@ class Routes:
         all_series = rc.series
         max_steps = [s.max_step for s in all_series if s.max_step is not None]
         max_walls = [s.max_wall_time for s in all_series if s.max_wall_time is not None]
-        layers = []
-        for layer in rc.layers():
-            mine = rc.of_layer(layer)
-            groups: Dict[Tuple[str, str], List[catalog.Series]] = {}
-            for s in mine:
-                groups.setdefault((s.info.target, s.info.source), []).append(s)
-            detail = []
-            for (target, source) in sorted(groups, key=lambda ts: (ts[0], metadata.SOURCES.index(ts[1]))):
-                group = groups[(target, source)]
-                kinds = {s.info.kind for s in group}
-                steps = [s.max_step for s in group if s.max_step is not None]
-                walls = [s.max_wall_time for s in group if s.max_wall_time is not None]
-                detail.append(
-                    {
-                        "target": target,
-                        "source": source,
-                        "kinds": [k for k in metadata.KINDS if k in kinds],
-                        "max_step": max(steps) if steps else None,
-                        "max_wall_time": finite_or_none(max(walls)) if walls else None,
-                    }
-                )
-            kinds = {s.info.kind for s in mine}
-            # The captured gradient's dtype: from its stats/histogram records, not from
-            # a derived record (timesteps norms are always float64).
-            dtypes = [
-                s.info.dtype
-                for s in sorted(mine, key=lambda s: s.info.kind == metadata.KIND_TIMESTEPS)
-                if s.info.dtype and s.info.source == metadata.SOURCE_OUTPUT
-            ] or [s.info.dtype for s in mine if s.info.dtype]
-            layers.append(
-                {
-                    "layer": layer,
-                    "index": rc.layer_index(layer),
-                    "dtype": dtypes[0] if dtypes else "",
-                    "histograms": metadata.KIND_HISTOGRAM in kinds,
-                    "stats": metadata.KIND_STATS in kinds,
-                    "tensors": metadata.KIND_TENSOR in kinds,
-                    "timesteps": metadata.KIND_TIMESTEPS in kinds,
-                    "targets": sorted({s.info.target for s in mine}),
-                    "sources": [src for src in metadata.SOURCES if any(s.info.source == src for s in mine)],
-                    "series": detail,
-                }
-            )
         return {
             "run": rc.run,
             "max_step": max(max_steps) if max_steps else None,
             "max_wall_time": finite_or_none(max(max_walls)) if max_walls else None,
             "targets": rc.targets(),
             "sources": rc.sources(),
-            "layers": layers,
+            "layers": [_describe_layer(rc, layer) for layer in rc.layers()],
         }
 
     @json_errors
