@@ -1,10 +1,10 @@
 """Training-step overhead of gradient logging, measured side by side in one process.
 
-Every variant trains the same model on the same batch; variants run in
-interleaved rounds (plain, ours, histogram, plain, ours, ...); each variant's
-time is divided by the plain step's time of the same round, and the median of
-these ratios over the rounds is reported (the machine's speed drifts between
-rounds far more than within one).
+Every variant trains the same model on the same batch; in each round the
+variants take turns in short runs of calls (plain, ours, histogram, plain,
+ours, ...); each variant's time is divided by the plain step's time of the same
+round, and the median of these ratios over the rounds is reported (the
+machine's speed drifts within seconds; turns of ~0.03-0.13 s cancel most of it).
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ WARMUP_CALLS = 12
 
 # A plain step shorter than this takes more interleaved rounds (see `interleaved`).
 SHORT_STEP_S = 0.01
+# Variants take turns in runs of at least this long (see `interleaved`).
+MIN_RUN_S = 0.03
 # Calls per timed block are a multiple of this: every block of "every 10 steps" then holds exactly
 # one logged call. (Blocks of 4 CNN calls held one logged call or none, and the median over
 # such rounds read 1.07 in one run.)
@@ -85,7 +87,11 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
                 log(grads)
             return loss
 
-        step.prepare = lambda: w.set_as_default(step=it)  # once per block, as a user's loop would
+        def prepare(calls: int) -> None:  # before each run of calls, untimed
+            it.assign(calls)  # this variant's own step count: "every 10" logs 1 call in 10 of its own
+            w.set_as_default(step=it)  # once per run of calls, as a user's loop sets it once
+
+        step.prepare = prepare
         return step
 
     def tf_histograms(grads) -> None:  # TensorBoard's own path, same tensors
@@ -156,6 +162,8 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
 
     tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731
 
+    plain.prepare = lambda calls: it.assign(calls)  # the same untimed work as the others' prepare
+
     fns = {
         "plain": plain,
         "limit: one read per tensor": logged(1, "limit", one_read),
@@ -169,14 +177,27 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         "tf.summary.histogram_every_1": tb_histogram(1),
         "tf.summary.histogram_every_10": tb_histogram(10),
     }
-    return {k: _bound(f, x, y) for k, f in fns.items()}
+    return {k: _BoundStep(f, x, y) for k, f in fns.items()}
 
 
-def _bound(fn: Callable, *args) -> Step:
-    """`fn(*args)` as a no-argument step, keeping `fn.prepare` (run before each block of calls)."""
-    step = lambda: fn(*args)  # noqa: E731
-    step.prepare = getattr(fn, "prepare", None)
-    return step
+class _BoundStep:
+    """`fn(*args)` as a no-argument step that counts its calls; `prepare()` runs
+    `fn.prepare(calls so far)`, if `fn` has one, before each run of calls (untimed)."""
+
+    def __init__(self, fn: Callable, *args) -> None:
+        self._fn = fn
+        self._args = args
+        self._prepare = getattr(fn, "prepare", None)
+        self.calls = 0
+
+    def __call__(self) -> object:
+        self.calls += 1
+        return self._fn(*self._args)
+
+    def prepare(self) -> None:
+        if self._prepare is not None:
+            self._prepare(self.calls)
+
 
 
 FIT_SKIP = 3  # fit() batches not timed at the start of each epoch: tracing, the iterator's start
@@ -260,19 +281,37 @@ def interleaved_results(variants: Dict[str, Step], rounds: int) -> Tuple[float, 
     return _paired(values)
 
 
+def run_length(per_call: float) -> int:
+    """Calls a variant makes in one turn: the fewest of 1, 2, 5, 10 lasting MIN_RUN_S.
+
+    Why: variants alternating call by call pair each call with the baseline's within one
+    step, which cancels the machine's drift (the CNN's per-round ratios: sd 9% in blocks of
+    10 calls, 2% call by call), but a 3 ms step then runs right after a different step and
+    pays for it: the MLP's every-step ratio read 1.04x call by call against 1.07-1.08x in
+    runs of 10 (and 1.073-1.076x in long in-step A/Bs). Runs of >= 30 ms keep that below
+    noise while still alternating every ~0.1 s. (Divisors of LOG_PERIOD keep the arithmetic
+    of a round simple; each variant counts its own steps, so any run length logs "every
+    10 steps" once in ten of its calls.)
+    """
+    for calls in (1, 2, 5):
+        if calls * per_call >= MIN_RUN_S:
+            return calls
+    return LOG_PERIOD
+
+
 def interleaved(
     variants: Dict[str, Step], rounds: int, block_seconds: float = 0.5, warmup: Optional[int] = None,
     short_step_rounds: int = 1,
 ) -> Tuple[float, Dict[str, float], int, int]:
-    """(baseline seconds per call, {variant: median over rounds of its time / the baseline's}, calls per block, rounds).
+    """(baseline seconds per call, {variant: median over rounds of its time / the baseline's}, calls per round, rounds).
 
-    The first variant is the baseline. In every round each variant runs a block of calls
-    (about `block_seconds` of the baseline, a multiple of LOG_PERIOD calls), next to each other,
-    in a shuffled order; ratios are taken within a round, then the median over rounds (see
-    `interleaved_results`). A variant's `prepare` attribute, if any, runs before each of its
-    blocks (untimed). A baseline step shorter than SHORT_STEP_S runs `short_step_rounds` times
-    as many rounds: there the overheads are a few hundredths and a round's ratio moves by as
-    much (15 rounds read the MLP's "one read per tensor" limit at 1.00-1.05x in three runs).
+    The first variant is the baseline. In every round each variant makes the same number
+    of calls (about `block_seconds` of the baseline, a multiple of LOG_PERIOD), taking
+    turns in runs of `run_length` calls, in the round's shuffled order; ratios are taken
+    within a round, then the median over rounds (see `interleaved_results`). A variant's
+    `prepare`, if any, runs before each of its runs (untimed). A baseline step shorter than
+    SHORT_STEP_S runs `short_step_rounds` times as many rounds: there the overheads are a few
+    hundredths and a round's ratio moves by as much.
     """
     warmup = WARMUP_CALLS if warmup is None else warmup
     for fn in variants.values():
@@ -284,21 +323,26 @@ def interleaved(
     start = time.perf_counter()
     _sync(base())
     per_call = time.perf_counter() - start
-    per_block = max(1, min(100, round(block_seconds / max(per_call, 1e-6) / LOG_PERIOD))) * LOG_PERIOD
+    per_round = max(1, min(100, round(block_seconds / max(per_call, 1e-6) / LOG_PERIOD))) * LOG_PERIOD
+    run = run_length(per_call)
     if per_call < SHORT_STEP_S:
         rounds *= short_step_rounds
     times: Dict[str, List[float]] = {k: [] for k in variants}
     for order in _round_orders(list(variants), rounds):
-        for key in order:
-            fn = variants[key]
-            _prepare(fn)
-            start = time.perf_counter()
-            for _ in range(per_block):
-                out = fn()
-            _sync(out)
-            times[key].append((time.perf_counter() - start) / per_block)
+        spent = {k: 0.0 for k in variants}
+        for _ in range(per_round // run):
+            for key in order:
+                fn = variants[key]
+                _prepare(fn)
+                start = time.perf_counter()
+                for _ in range(run):
+                    out = fn()
+                _sync(out)
+                spent[key] += time.perf_counter() - start
+        for key in variants:
+            times[key].append(spent[key] / per_round)
     base_s, ratios = _paired(times)
-    return base_s, ratios, per_block, rounds
+    return base_s, ratios, per_round, rounds
 
 
 def _round_orders(keys: List[str], rounds: int) -> List[List[str]]:

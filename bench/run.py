@@ -62,14 +62,14 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
     loop_rows, fit_rows, byte_rows = [], [], []
     for name in models:
         logdir = overhead.new_logdir()
-        base, ratios, per_block, loop_rounds = overhead.interleaved(
+        base, ratios, per_round, loop_rounds = overhead.interleaved(
             overhead.custom_loop_variants(name, logdir), rounds, block_seconds, short_step_rounds=SHORT_STEP_ROUNDS
         )
         loop_rows.append((name, base, ratios))
         figures.setdefault("loop", {})[name] = ratios
         model, x, _ = MODELS[name]()
         layers = len(model.layers)
-        byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, loop_rounds * per_block + overhead.WARMUP_CALLS)))
+        byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, loop_rounds * per_round + overhead.WARMUP_CALLS)))
         steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))  # at least ~one block: short epochs are noisy
         base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), rounds)
         fit_rows.append((name, base_fit, ratios))
@@ -181,16 +181,22 @@ NOTES = """### Reading the figures
   record holds (sum, sum of squares, min, max, sum of |x|, non-zero count): the records with nothing but
   the kernels they need, no path choice, no NaN/Inf handling, no edges. Ours minus this floor is what the
   exact, NaN-safe epilogue costs; this floor minus the first is what the statistics cost.
-- Custom loop: a model whose plain step is under 10 ms (the MLP) runs four times the rounds (60): its
-  overheads are a few hundredths, and with 15 rounds one run's figures moved by as much (the *limit:
-  one read per tensor* column read 1.00-1.05x in three runs on one day, ours every step 1.08-1.12x
-  while in-step A/Bs of 150-200 rounds read 1.073-1.076x). The writer is made the default outside the
-  compiled step, once before each block of calls (`writer.set_as_default`, as a user's loop does once,
-  or `with writer.as_default():` around the Python loop); leaving a `with writer.as_default():` block inside a `tf.function` flushes the event file at
-  every call (0.05-0.1 ms here), whatever writes the summaries. Variants run in a shuffled order in each
-  round (a fixed order made one variant always follow the same neighbour: an every-10-steps ratio of
-  0.98 in one run, 1.07 in the next), in blocks of ~0.5 s and a multiple of 10 calls (so each block
-  of "every 10 steps" holds exactly one logged call; blocks of 4 CNN calls held one or none), after 12
+- Custom loop: in each round every variant makes ~0.5 s worth of the plain step's calls (a multiple of
+  10), taking turns with the others in short runs, in a shuffled order per round (a fixed order made one
+  variant always follow the same neighbour: an every-10-steps ratio of 0.98 in one run, 1.07 in the
+  next). A run is 1 call of a step of 30 ms or more (the CNN, the LSTM) and 10 calls of the MLP's ~3 ms
+  step. Until 2026-12-03 each variant made all of a round's calls in one block: the CNN's per-round
+  ratios then had a standard deviation of 8-10% (its plain step moved between 120 and 166 ms from block
+  to block), call by call 2.1-2.4%; the MLP's 11-12% in blocks of 150 calls, 3% in runs of 10. Runs of
+  one MLP call were quieter still (1.2-1.4%) but biased: every step read 1.040x and 1.044x against
+  1.073x and 1.078x in runs of 10 in the same session (a 3 ms step that runs right after a different one
+  pays for the switch), so runs last at least 30 ms. Each variant counts its own steps (the optimizer's
+  step counter is set to it before each run, untimed, for the plain step too), so "every 10 steps" logs
+  exactly one call in ten of its own whatever the turns. The MLP also runs four times the rounds (60):
+  its overheads are a few hundredths. The writer is made the default outside the compiled step, before
+  each run of calls (`writer.set_as_default`, as a user's loop does once, or `with writer.as_default():`
+  around the Python loop); leaving a `with writer.as_default():` block inside a `tf.function` flushes the
+  event file at every call (0.05-0.1 ms here), whatever writes the summaries. Timing starts after 12
   warm-up calls (so that the first logged call of "every 10 steps", which instantiates its branch, is
   not timed).
 - fit(): an epoch of at least ~0.5 s per call (the MLP's 40-batch epochs moved its ratios by +-5%),
