@@ -31,6 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The custom loop of a model whose plain step is under 10 ms (the MLP) runs this many times the rounds.
 SHORT_STEP_ROUNDS = 4
+# fit() runs this many times the rounds, of epochs of ~0.5 s or 14 batches (see the notes).
+FIT_ROUNDS = 3
 
 
 def machine() -> str:
@@ -70,8 +72,8 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         model, x, _ = MODELS[name]()
         layers = len(model.layers)
         byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, loop_rounds * per_round + overhead.WARMUP_CALLS)))
-        steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))  # at least ~one block: short epochs are noisy
-        base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), rounds)
+        steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))  # at least ~one block
+        base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), rounds * FIT_ROUNDS)
         fit_rows.append((name, base_fit, ratios))
         figures.setdefault("fit", {})[name] = ratios
         shutil.rmtree(logdir, ignore_errors=True)
@@ -199,9 +201,12 @@ NOTES = """### Reading the figures
   event file at every call (0.05-0.1 ms here), whatever writes the summaries. Timing starts after 12
   warm-up calls (so that the first logged call of "every 10 steps", which instantiates its branch, is
   not timed).
-- fit(): an epoch of at least ~0.5 s per call (the MLP's 40-batch epochs moved its ratios by +-5%),
-  as many rounds as the custom loop (half as many read every-10-steps ratios of 1.06-1.10x for all
-  three models in one run on a slow machine, 1.00-1.01x in the run before),
+- fit(): one epoch per call, of at least ~0.5 s and 14 batches (the MLP's 40-batch epochs moved its
+  ratios by +-5%), three times the custom loop's rounds (45). An epoch cannot take turns with the other
+  variants batch by batch, and its per-round ratios are noisy whatever its length: the CNN's standard
+  deviation was 7-8% with 14-batch epochs and 10% with 44-batch ones (12 rounds each, 2026-12-03), so
+  short epochs and more rounds (until then: 44 batches, 15 rounds; half as many rounds read
+  every-10-steps ratios of 1.06-1.10x for all three models in one run on a slow machine),
   timed from its 5th batch on, over a multiple of 10 batches (every 10 steps logs one in ten of them).
   In graph mode the capturing step reduces and writes its records itself, behind the logging flag, in
   one out-of-line branch; handing the gradients to Python and calling a compiled writer from the
@@ -290,7 +295,7 @@ def main() -> None:
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-tab", action="store_true")
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15, x4 for a custom loop whose plain step is under 10 ms; smoke 1)")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; x4 for a custom loop whose plain step is under 10 ms, x3 for fit(); smoke 1)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"), help="where to write the report ('-' for none)")
     args = parser.parse_args()
 
@@ -298,7 +303,7 @@ def main() -> None:
         models, rounds, block_seconds, fit_steps = ["mlp"], 1, 0.01, 8
         sizes, loaders = [(3, 4, 20)], ["false"]
     else:
-        models, rounds, block_seconds, fit_steps = ["mlp", "cnn", "lstm"], 15, 0.5, 40
+        models, rounds, block_seconds, fit_steps = ["mlp", "cnn", "lstm"], 15, 0.5, 14
         sizes = [(3, 50, 1000), (3, 200, 1000), (3, 200, 5000)]
         loaders = ["true", "false"]
     if args.models:
