@@ -280,8 +280,8 @@ NOTES = """### Reading the figures
 - Tab listing under the Rust loader: the data server answers `ListTensors` by folding every record of
   every listed series (max step and wall time), so the listing costs at least that fold: 3 x 200 layers x
   5,000 steps is 6 million records, 126-173 ms per call here with the data server alone (1 ms for one
-  tag). The plugin asks for a listing of several runs run by run, concurrently, so the server folds on
-  both cores (~145 ms as one call, ~108 ms as three, 2026-12-03), and memoizes the parsing of series
+  tag). The plugin splits a listing of several runs by run into a few calls made at once, so the
+  server folds on both cores (~145 ms as one call, ~108 ms as three, 2026-12-03), and memoizes the parsing of series
   metadata (the Python side of a listing: ~70 ms -> ~25 ms, of which `list_tensors`' own proto
   conversion ~6 ms and the JSON ~7 ms). The Python loader's listing folds only new records
   (`tb_layergrad/plugin/listing.py`). Route timings are medians of 11 warm requests.

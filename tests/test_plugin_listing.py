@@ -290,6 +290,12 @@ def test_a_rust_listing_is_asked_run_by_run_and_gives_the_same_answer(rust_serve
     assert lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=two) == expected(two)
     assert sorted(asked) == [(["a"], None), (["c"], None)]
 
+    # More runs than calls: a few runs per call, every run asked once.
+    monkeypatch.setattr(listing, "LISTING_CALLS", 2)
+    asked.clear()
+    assert lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME) == expected()
+    assert sorted(asked) == [(["a", "c"], None), (["b", "scalars_only"], None)]
+
     # A tag filter is cheap for the server already: one call, as asked.
     for one_call in (
         tb_provider.RunTagFilter(runs=["b"]),
