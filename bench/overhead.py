@@ -33,9 +33,9 @@ WARMUP_CALLS = 12
 SHORT_STEP_S = 0.01
 # Variants take turns in runs of at least this long (see `interleaved`).
 MIN_RUN_S = 0.03
-# Calls per timed block are a multiple of this: every block of "every 10 steps" then holds exactly
-# one logged call. (Blocks of 4 CNN calls held one logged call or none, and the median over
-# such rounds read 1.07 in one run.)
+# Calls per round are a multiple of this: every round of "every 10 steps" then holds the same
+# number of logged calls. (Blocks of 4 CNN calls held one logged call or none, and the median
+# over such rounds read 1.07 in one run.)
 LOG_PERIOD = 10
 
 
@@ -197,7 +197,6 @@ class _BoundStep:
     def prepare(self) -> None:
         if self._prepare is not None:
             self._prepare(self.calls)
-
 
 
 FIT_SKIP = 3  # fit() batches not timed at the start of each epoch: tracing, the iterator's start
