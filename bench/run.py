@@ -282,7 +282,7 @@ NOTES = """### Reading the figures
   noise on this ratio is several hundredths (the same variant twice in one 150-round A/B: 1.058x and
   1.045x). Two reads are needed while the histogram spans the step's own [min, max] (the range must be
   known before bucketing).
-- The MLP's every-10-steps figure is the one target this bench does not meet reliably. Its nine
+- The MLP's custom-loop every-10-steps figure is the one target not met reliably. Its nine
   full runs on 2026-12-03 read 1.03, 1.02, 1.02, 1.02, 1.02, 1.02, 1.01, 1.03 and 1.05x (three over
   the line). Where it goes, by hand the same day (MLP, 40-60 interleaved rounds, ratios to a step that
   captures and logs nothing, which itself reads 0.998x against the plain step): a step that could log
