@@ -286,7 +286,7 @@ NOTES = """### Reading the figures
   full runs on 2026-12-03 read 1.03, 1.02, 1.02, 1.02, 1.02, 1.02, 1.01, 1.03 and 1.05x (three over
   the line). Where it goes, by hand the same day (MLP, 40-60 interleaved rounds, ratios to a step that
   captures and logs nothing, which itself reads 0.998x against the plain step): a step that could log
-  but does not (`record_if` false at run time) costs 1.004-1.016x, as much as TensorBoard's own
+  but does not (`record_if` false at run time) costs 1.004-1.019x, as much as TensorBoard's own
   `tf.summary.scalar` under the same condition (1.003-1.016x); the rest is the one logged step in ten,
   which costs about 3x what a logged step costs among logged steps (0.6 ms against 0.2 ms in one
   A/B): after nine training steps its code and data are cold again.
