@@ -24,6 +24,7 @@ TF_KERAS = keras.Model.__module__.startswith("tf_keras")
 
 MODES = ("eager", "graph", "xla")
 RTOL = 1e-5
+MAX = 10_000  # max_elements large enough for every tensor here: the `tensor` record is the whole gradient
 
 
 def compile_kwargs(mode: str) -> dict:
@@ -243,3 +244,24 @@ def layergrad_steps(series, target: str = "loss") -> List[int]:
 
 def log_dir(tmp_path) -> str:
     return os.fspath(tmp_path / "logs")
+
+
+def check_step(series, step, model, manual, weights, x, y, loss_fn, *, with_weights=True, target="loss", target_fn=None):
+    """The records of `step` equal an independent reproduction of that step (see `reproduce`)."""
+    g_out, g_var = reproduce(model, manual, weights, x, y, loss_fn, target=target_fn)
+    for path, g in g_out.items():
+        st = one(series, f"{target}/output/{path}/stats", step)
+        exp = expected_stats(g)
+        for name in ("elements", "min", "max", "mean", "std", "norm", "mean_abs"):
+            assert_close(stat(st, name), exp[name], f"{path} {name} at step {step}", scale=float(np.max(np.abs(g))))
+        assert stat(st, "no_gradient") == 0
+        assert_close(one(series, f"{target}/output/{path}/tensor", step), bounded(g, MAX), f"{path} tensor at step {step}")
+        hist = one(series, f"{target}/output/{path}/histogram", step)
+        assert hist.shape == (30, 3) and hist[:, 2].sum() == g.size
+    if with_weights:
+        infos = {info.layer: tag for tag, (info, _) in series.items() if info.source == "weight" and info.kind == "tensor" and info.target == target}
+        assert infos, "no weight records"
+        for path, tag in infos.items():
+            tail = path.split("/", 1)[1]  # "model/d1/kernel" -> "d1/kernel"
+            key = next(k for k in g_var if k == tail or k.endswith("/" + tail))
+            assert_close(one(series, tag, step), bounded(g_var[key], MAX), f"weight {path} at step {step}")

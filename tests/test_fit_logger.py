@@ -18,27 +18,20 @@ import pytest
 import tb_layergrad
 from fit_helpers import (
     MODES,
-    TF_KERAS,
+    MAX,
     WeightsBeforeStep,
-    assert_close,
     bn_residual_mlp,
-    bounded,
+    check_step,
     compile_kwargs,
-    expected_stats,
     keras,
     layergrad_steps,
     log_dir,
     mlp_sequential,
     one,
     read_series,
-    reproduce,
     seed_model,
-    stat,
 )
 from tb_layergrad import metadata
-
-MAX = 10_000  # large enough for every tensor here: the `tensor` record is the whole gradient
-
 
 def _data(n=24, features=6, classes=3, seed=0):
     rng = np.random.default_rng(seed)
@@ -47,26 +40,6 @@ def _data(n=24, features=6, classes=3, seed=0):
 
 def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def _check_step(series, step, model, manual, weights, x, y, loss_fn, *, with_weights=True, target="loss", target_fn=None):
-    g_out, g_var = reproduce(model, manual, weights, x, y, loss_fn, target=target_fn)
-    for path, g in g_out.items():
-        st = one(series, f"{target}/output/{path}/stats", step)
-        exp = expected_stats(g)
-        for name in ("elements", "min", "max", "mean", "std", "norm", "mean_abs"):
-            assert_close(stat(st, name), exp[name], f"{path} {name} at step {step}", scale=float(np.max(np.abs(g))))
-        assert stat(st, "no_gradient") == 0
-        assert_close(one(series, f"{target}/output/{path}/tensor", step), bounded(g, MAX), f"{path} tensor at step {step}")
-        hist = one(series, f"{target}/output/{path}/histogram", step)
-        assert hist.shape == (30, 3) and hist[:, 2].sum() == g.size
-    if with_weights:
-        infos = {info.layer: tag for tag, (info, _) in series.items() if info.source == "weight" and info.kind == "tensor" and info.target == target}
-        assert infos, "no weight records"
-        for path, tag in infos.items():
-            tail = path.split("/", 1)[1]  # "model/d1/kernel" -> "d1/kernel"
-            key = next(k for k in g_var if k == tail or k.endswith("/" + tail))
-            assert_close(one(series, tag, step), bounded(g_var[key], MAX), f"weight {path} at step {step}")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -87,7 +60,7 @@ def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
     for step in (2, 4, 6):
         batch = (step - 1) % 3
         xb, yb = x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8]
-        _check_step(series, step, model, manual, saver.before[step], xb, yb, _loss())
+        check_step(series, step, model, manual, saver.before[step], xb, yb, _loss())
     # The metadata of a record says what it is.
     info, _ = series["loss/output/bnres/d1/stats"]
     assert (info.kind, info.target, info.source, info.dtype) == ("stats", "loss", "output", "float32")
@@ -107,7 +80,7 @@ def test_sequential_matches_reproduction(tmp_path, mode):
     assert layergrad_steps(series) == [1, 2, 3, 4]
     for step in (1, 4):
         batch = (step - 1) % 2
-        _check_step(series, step, model, manual, saver.before[step], x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8], _loss())
+        check_step(series, step, model, manual, saver.before[step], x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8], _loss())
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -125,7 +98,7 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
     assert layergrad_steps(series) == [1, 2, 3, 4, 5, 6]
     for step in (1, 6):
         batch = (step - 1) % 2
-        _check_step(series, step, model, manual, saver.before[step], x[batch * 2 : (batch + 1) * 2], y[batch * 2 : (batch + 1) * 2],
+        check_step(series, step, model, manual, saver.before[step], x[batch * 2 : (batch + 1) * 2], y[batch * 2 : (batch + 1) * 2],
                     keras.losses.MeanSquaredError(), with_weights=False)
 
 
@@ -144,7 +117,7 @@ def test_without_the_fused_kernel_the_records_match_too(tmp_path):
     series = read_series(log_dir(tmp_path))
     assert layergrad_steps(series) == [1, 2]
     for step in (1, 2):
-        _check_step(series, step, model, manual, saver.before[step], x[(step - 1) * 8 : step * 8], y[(step - 1) * 8 : step * 8], _loss())
+        check_step(series, step, model, manual, saver.before[step], x[(step - 1) * 8 : step * 8], y[(step - 1) * 8 : step * 8], _loss())
 
 
 def test_steps_are_optimizer_iterations_across_fits(tmp_path):
@@ -338,23 +311,3 @@ def test_timesteps_without_rnn_fails_before_training(tmp_path):
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path), timesteps=True), ValueError, "no RNN layer")
-
-
-def test_custom_train_step_is_refused(tmp_path):
-    class Custom(keras.Model):
-        def train_step(self, data):
-            return super().train_step(data)
-
-    inp = keras.Input((6,))
-    model = Custom(inp, keras.layers.Dense(3)(inp))
-    model.compile(optimizer="sgd", loss=_loss())
-    _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path)), ValueError, "overrides train_step")
-
-
-@pytest.mark.skipif(TF_KERAS, reason="Keras 3 fingerprint check")
-def test_train_step_fingerprint_is_pinned():
-    from tb_layergrad.callbacks import _fit_step
-
-    model, _ = mlp_sequential()
-    assert _fit_step.check_supported(model) == "keras"
-    assert _fit_step.fingerprint(_fit_step._base_train_step("keras")) in _fit_step.KNOWN_TRAIN_STEPS["keras"]

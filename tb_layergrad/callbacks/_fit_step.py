@@ -1,28 +1,23 @@
-"""Internal: the train step `GradientLogger` runs inside `model.fit()`.
+"""Internal: the train step `GradientLogger` runs inside `model.fit()`: the model's own, observed.
 
-Why a re-implemented step. Wrapping Keras' own `train_step` with identity
-(custom_gradient) capture changes training on BatchNorm/residual models (see
-docs/FIT.md). A "watch-style" step that records the layer outputs, watches
-them, and makes ONE `tape.gradient(loss, (weights, outputs, probes))` call
-leaves training bitwise unchanged. That step has to be Keras' `train_step`,
-line for line, plus the watching; it is written here for:
-
-- Keras 3 (TensorFlow backend): `TensorFlowTrainer.train_step`.
-- tf_keras (Keras 2): `Model.train_step`, whose `optimizer.minimize(loss,
-  vars, tape=...)` receives a stand-in tape whose `gradient()` makes the one
-  combined call; the optimizer code path (loss scaling, unscaling, applying)
-  is Keras' own, untouched.
-
-Each copy is pinned to a fingerprint of the library's `train_step` source
-(see KNOWN_TRAIN_STEPS): a Keras whose step differs is refused unless the user
-opts out (GradientLogger(strict=False)).
+Why observed, not copied. The step fit() runs is the model's `train_step`,
+unmodified: Keras' own (Keras 3 or tf_keras, whatever the version) or the
+model's override. While it runs (traces, in graph mode and XLA), an
+observation is active (`_tape_observer`): the layer hooks of `Capture` (and
+`TimestepProbe`) are installed, the first `tf.GradientTape` the step enters is
+the one the outputs are watched on, and the step's one `tape.gradient(loss,
+weights)` call is answered by ONE call for (weights, layer outputs, probes)
+whose weight part goes back to the step unchanged. Watch-style capture adds
+no op to the forward pass, so training stays bitwise what it is without the
+callback; identity-style capture (custom gradients) would not
+(docs/FIT.md).
 
 The callback runs this step only for executions that contain a logged step
 (Keras' own train function otherwise); the step computes the logging flag
 from `optimizer.iterations` (a tensor). In graph mode without XLA it reduces
 and writes its records itself, behind that flag (`FitStep._writes_in_step`).
-Otherwise it returns Keras' logs plus one extra key (PAYLOAD_KEY) holding the
-captured gradients (unscaled), the small records computed inside the step
+Otherwise it returns the step's logs plus one extra key (PAYLOAD_KEY) holding
+the captured gradients (unscaled), the small records computed inside the step
 (per-timestep norms, bounded tensors, "no gradient" records) and the flag; the
 callback strips the key and reduces and writes outside the compiled function.
 (Several replicas: the merged records are computed inside the step, see
@@ -31,19 +26,16 @@ callback strips the key and reduces and writes outside the compiled function.
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import dataclasses
-import hashlib
 import inspect
-import textwrap
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import distribute, fused_kernel, metadata, record_writes, reductions, replica_stats, summary_state
-from tb_layergrad.callbacks import _replica_payload, _step_records
+from tb_layergrad.callbacks import _replica_payload, _step_records, _tape_observer
 from tb_layergrad.gradient_map import GradientMap
 from tb_layergrad.graph_util import cond_out_of_line
 from tb_layergrad.layer_capture import Capture
@@ -51,14 +43,6 @@ from tb_layergrad.rnn_probe import TapeWithExtraSources, TimestepProbe, timestep
 from tb_layergrad.targets import target_value
 
 PAYLOAD_KEY = "__tb_layergrad__"
-
-# Fingerprints (AST of the source without docstring) of the train_step each
-# copy below reproduces, and the versions they were verified with.
-KNOWN_TRAIN_STEPS = {
-    "keras": {"d26c2c602215bda1": "3.15.1"},
-    "tf_keras": {"7169109ac8b5ef88": "2.21.0"},
-}
-SUPPORTED_VERSIONS = {"keras": ">=3.15,<3.16", "tf_keras": ">=2.21,<2.22"}
 
 # Suffix of the layer path for the bounded [T, units] per-timestep tensor.
 TIMESTEP_TENSOR_SUFFIX = "[h_t]"
@@ -75,57 +59,28 @@ def flavor(model: Any) -> str:
     raise TypeError(f"GradientLogger needs a Keras model (Keras 3 or tf_keras), got {type(model).__name__}")
 
 
-def _base_train_step(kind: str) -> Callable:
-    if kind == "keras":
-        from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+def check_supported(model: Any) -> str:
+    """Raise before training where the step cannot be observed. Returns the flavor.
 
-        return TensorFlowTrainer.train_step
-    import tf_keras
-
-    return tf_keras.Model.train_step
-
-
-def fingerprint(fn: Callable) -> str:
-    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    node = tree.body[0]
-    body = node.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
-        if isinstance(body[0].value.value, str):
-            node.body = body[1:]
-    return hashlib.sha256(ast.dump(node, annotate_fields=False).encode()).hexdigest()[:16]
-
-
-def check_supported(model: Any, strict: bool = True) -> str:
-    """Raise before training when the step cannot be reproduced faithfully. Returns the flavor."""
+    What is checked is behaviour, not a version: the model's Keras, and that it
+    runs on TensorFlow (the observation watches `tf.GradientTape`).
+    """
     kind = flavor(model)
     if kind == "keras":
         import keras
 
         if keras.backend.backend() != "tensorflow":
-            raise RuntimeError(f"GradientLogger needs Keras' TensorFlow backend, not {keras.backend.backend()!r}")
-        version = keras.__version__
-    else:
-        import tf_keras
-
-        version = tf_keras.__version__
-    base = _base_train_step(kind)
-    if getattr(type(model).train_step, "__code__", None) is not getattr(base, "__code__", None):
-        raise ValueError(
-            f"{type(model).__name__} overrides train_step(); GradientLogger replaces Keras' own train_step during "
-            "fit() and would bypass yours. Capture inside your train_step instead: "
-            "`with tb_layergrad.capture(self, tape=tape) as cap: ...; grads = cap.gradients(tape, loss)`."
-        )
-    fp = fingerprint(base)
-    if fp not in KNOWN_TRAIN_STEPS[kind]:
-        msg = (
-            f"{kind} {version}: its train_step differs from the one GradientLogger reproduces (verified with "
-            f"{kind} {', '.join(KNOWN_TRAIN_STEPS[kind].values())}; supported: {SUPPORTED_VERSIONS[kind]}). "
-            "Training may then not be bitwise identical to a run without the callback."
-        )
-        if strict:
-            raise RuntimeError(msg + " Pass strict=False to GradientLogger to run anyway.")
-        warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            raise RuntimeError(
+                f"GradientLogger observes TensorFlow's GradientTape; Keras runs on {keras.backend.backend()!r}. "
+                "Set KERAS_BACKEND=tensorflow."
+            )
     return kind
+
+
+def model_train_step(model: Any) -> Callable:
+    """The train step fit() would run without the callback: an instance attribute, else the class's."""
+    own = model.__dict__.get("train_step")
+    return own if own is not None else type(model).train_step.__get__(model, type(model))
 
 
 # -- loss scale ----------------------------------------------------------------
@@ -210,167 +165,54 @@ class StepConfig:
     replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
 
 
-class _OptimizerTape:
-    """What tf_keras' `optimizer.minimize(..., tape=)` sees: the real tape, except gradient()."""
-
-    def __init__(self, tape: Any, on_gradient: Callable):
-        self._tape = tape
-        self._on_gradient = on_gradient
-
-    def __enter__(self):
-        self._tape.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._tape.__exit__(*exc)
-
-    def watch(self, tensor):
-        self._tape.watch(tensor)
-
-    def gradient(self, target, sources, output_gradients=None, unconnected_gradients=None):
-        return self._on_gradient(target, sources, output_gradients)
-
-    def __getattr__(self, name):
-        return getattr(self._tape, name)
-
-
 class FitStep:
-    """Builds the replacement train_step for one fit() call; remembers the series it writes."""
+    """Builds the observing train_step for one fit() call; remembers the series it writes."""
 
-    def __init__(self, model: Any, kind: str, config: StepConfig, writer: Any = None):
+    def __init__(self, model: Any, kind: str, config: StepConfig, writer: Any = None, inner: Optional[Callable] = None):
         self.model = model
         self.kind = kind
         self.config = config
         #: the summary writer the step writes to itself (see `_writes_in_step`); None: hand records to Python.
         self.writer = writer
+        #: the model's own train step, run unmodified inside the observation.
+        self.inner = inner if inner is not None else model_train_step(model)
         #: tag -> SeriesInfo, filled while the step is traced (or run eagerly).
         self.series: Dict[str, metadata.SeriesInfo] = {}
 
-    # -- pieces shared by both flavors -----------------------------------------
     def _step_and_flag(self) -> Tuple[tf.Tensor, tf.Tensor]:
         iterations = tf.cast(tf.convert_to_tensor(self.model.optimizer.iterations), tf.int64)
         step = iterations + 1  # the update this batch makes: Keras' TensorBoard batch step
         log = tf.equal(tf.math.floormod(step, self.config.every_n_steps), 0)
         return step, log
 
-    @contextlib.contextmanager
-    def _forward(self, tapes: List[Any]):
+    # -- the observed step ------------------------------------------------------
+    def train_step(self, data: Any) -> Any:
+        """The model's own train step, observed (module docstring), then this step's records."""
+        step, log = self._step_and_flag()
         cfg = self.config
-        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights, tape=tapes[0])
-        for t in tapes[1:]:
-            cap.watch_with(t)
-        probe = None
-        if cfg.timesteps is not False:
-            probe = TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps, tape=tapes[0])
-            for t in tapes[1:]:
-                probe.watch_with(t)
-        with cap:
-            if probe is None:
-                yield cap, None
-            else:
-                with probe:
-                    yield cap, probe
-
-    def _backward(self, cap: Capture, probe: Optional[TimestepProbe], tape: Any, target: Any, name: str, sources: List[Any], output_gradients: Any = None):
-        """ONE gradient call: (model vars, outputs) via Capture, + probes + `sources` Keras asked for."""
-        model_vars = list(self.model.trainable_variables)
-        known = {id(v) for v in model_vars}
-        missing = [v for v in sources if id(v) not in known]
-        eps = list(probe.sources.values()) if probe is not None and probe.sources else []
-        wrapped = TapeWithExtraSources(tape, eps + missing)
-        if output_gradients is not None:
-            wrapped = _WithOutputGradients(wrapped, output_gradients)
-        gmap = cap.gradients(wrapped, target, name=name)
-        extra = wrapped.extra_gradients
-        eps_grads = dict(zip(probe.sources.keys(), extra[: len(eps)])) if eps else {}
-        by_id = {id(v): g for v, g in zip(model_vars, gmap.variable_gradients)}
-        by_id.update({id(v): g for v, g in zip(missing, extra[len(eps):])})
-        return gmap, eps_grads, [by_id[id(v)] for v in sources]
-
-    # -- Keras 3 ---------------------------------------------------------------
-    def keras3_train_step(self, data: Any) -> Dict[str, Any]:
-        """`keras.src.backend.tensorflow.trainer.TensorFlowTrainer.train_step`, watch-style."""
-        import keras
-        from keras.src.losses import loss as loss_module
-
-        model = self.model
-        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        step, log = self._step_and_flag()
-        tape = tf.GradientTape()
-        aux = self._aux_tape()
-        with contextlib.ExitStack() as outer:
-            if aux is not None:
-                outer.enter_context(aux)
-            # Forward pass
-            with tape:
-                with self._forward([tape] + ([aux] if aux is not None else [])) as (cap, probe):
-                    if getattr(model, "_call_has_training_arg", True):
-                        y_pred = model(x, training=True)
-                    else:
-                        y_pred = model(x)
-                loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
-                model._loss_tracker.update_state(
-                    loss_module.unscale_loss_for_distribution(loss),
-                    sample_weight=tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0],
-                )
-                scale = loss_scale("keras", model.optimizer)
-                if model.optimizer is not None:
-                    loss = model.optimizer.scale_loss(loss)
-            values = self._target_values(y_pred, scale)
-        aux_loss = loss  # the scaled loss, recorded on the aux tape too
-
-        # Compute gradients (one call: weights, layer outputs, timestep probes)
-        trainable_weights = model.trainable_weights
-        gmap, eps_grads, gradients = self._backward(cap, probe, tape, loss, metadata.DEFAULT_TARGET, list(trainable_weights))
-        if trainable_weights:
-            # Update weights
-            model.optimizer.apply_gradients(zip(gradients, trainable_weights))
-        else:
-            warnings.warn("The model does not have any trainable weights.")
-
-        logs = model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-        return self._with_payload(logs, step, log, cap, probe, gmap, eps_grads, scale, aux, values, aux_loss)
-
-    # -- tf_keras --------------------------------------------------------------
-    def tf_keras_train_step(self, data: Any) -> Dict[str, Any]:
-        """`tf_keras.Model.train_step`, watch-style (minimize() gets a stand-in tape)."""
-        import tf_keras
-
-        model = self.model
-        x, y, sample_weight = tf_keras.utils.unpack_x_y_sample_weight(data)
-        step, log = self._step_and_flag()
-        tape = tf.GradientTape()
-        aux = self._aux_tape()
-        with contextlib.ExitStack() as outer:
-            if aux is not None:
-                outer.enter_context(aux)
-            # Run forward pass.
-            with tape:
-                with self._forward([tape] + ([aux] if aux is not None else [])) as (cap, probe):
-                    y_pred = model(x, training=True)
-                loss = model.compute_loss(x, y, y_pred, sample_weight)
-            scale = loss_scale("tf_keras", model.optimizer)
-            values = self._target_values(y_pred, scale)
-            # minimize() scales the loss on the main tape only; the aux tape gets its own copy.
-            aux_loss = loss if scale is None else loss * tf.cast(scale, loss.dtype)
-        model._validate_target_and_loss(y, loss)
-
-        result: Dict[str, Any] = {}
-
-        def on_gradient(target, sources, output_gradients):
-            if "gmap" in result:
-                raise RuntimeError("the optimizer asked the tape for gradients twice; GradientLogger cannot follow it")
-            flat = list(sources) if isinstance(sources, (list, tuple)) else [sources]
-            gmap, eps_grads, grads = self._backward(cap, probe, tape, target, metadata.DEFAULT_TARGET, flat, output_gradients)
-            result.update(gmap=gmap, eps=eps_grads)
-            return grads if isinstance(sources, (list, tuple)) else grads[0]
-
-        # Run backwards pass.
-        model.optimizer.minimize(loss, model.trainable_variables, tape=_OptimizerTape(tape, on_gradient))
-        if "gmap" not in result:
-            raise RuntimeError("the optimizer did not differentiate through the tape; GradientLogger cannot follow it")
-        logs = model.compute_metrics(x, y, y_pred, sample_weight)
-        return self._with_payload(logs, step, log, cap, probe, result["gmap"], result["eps"], scale, aux, values, aux_loss)
+        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights)
+        probe = TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps) if cfg.timesteps is not False else None
+        seen = _StepObservation(self, cap, probe)
+        with contextlib.ExitStack() as scope:
+            scope.callback(seen.stop_aux)  # also when the step raises
+            scope.callback(seen.remove_hooks)
+            scope.enter_context(_tape_observer.observing(seen))
+            seen.install_hooks()
+            logs = self.inner(data)
+        if seen.tape is None:
+            raise RuntimeError(
+                f"{type(self.model).__name__}.train_step entered no tf.GradientTape: GradientLogger logs the gradients "
+                "a train step computes with one. Capture inside your step with tb_layergrad.capture instead."
+            )
+        if not seen.answered:
+            warnings.warn(
+                "GradientLogger: the train step asked its GradientTape for no gradient (a model without trainable "
+                "weights?); nothing is logged for this step",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return logs
+        return self._with_payload(logs, step, log, cap, probe, seen.gmap, seen.eps_grads, seen.scale, seen.aux, seen.values, seen.target)
 
     # -- auxiliary backward passes (logged steps only) --------------------------
     def _shadow_weights(self) -> bool:
@@ -597,20 +439,136 @@ class FitStep:
         return GradientMap(entries, gmap.target, [])
 
 
-class _WithOutputGradients:
-    """Passes `output_gradients` (tf_keras' grad_loss) through to the wrapped tape."""
 
-    def __init__(self, wrapped: TapeWithExtraSources, output_gradients: Any):
-        self._wrapped = wrapped
-        self._output_gradients = output_gradients
 
-    @property
-    def _persistent(self) -> bool:
-        return self._wrapped._persistent
+class _StepObservation(_tape_observer.Observation):
+    """What one run of the model's train step shows: its tape, its loss, its gradient call."""
 
-    @property
-    def extra_gradients(self):
-        return self._wrapped.extra_gradients
+    def __init__(self, fit_step: FitStep, cap: Capture, probe: Optional[TimestepProbe]):
+        super().__init__()
+        self.fit_step, self.cap, self.probe = fit_step, cap, probe
+        self.aux: Optional[Any] = None  # a second tape for targets and shadow weights (FitStep._aux_tape)
+        self._aux_recording = False
+        self.y_pred: Any = None  # the model's output in this pass (targets only, see _keeping_prediction)
+        self.gmap: Optional[GradientMap] = None
+        self.eps_grads: Dict[str, Any] = {}
+        self.scale: Optional[tf.Tensor] = None
+        self.values: Dict[str, tf.Tensor] = {}
+        self.target: Any = None
+        self._hooks: Optional[contextlib.ExitStack] = None
 
-    def gradient(self, target, sources, **kwargs):
-        return self._wrapped.gradient(target, sources, output_gradients=self._output_gradients)
+    def install_hooks(self) -> None:
+        """The layer hooks of Capture (and TimestepProbe) and the model's, for this step's forward pass."""
+        hooks = contextlib.ExitStack()
+        hooks.enter_context(self.cap)
+        if self.probe is not None:
+            hooks.enter_context(self.probe)
+        hooks.enter_context(_watching_the_model_call(self.fit_step.model, self))
+        self._hooks = hooks
+
+    def remove_hooks(self) -> None:
+        """Right after the forward pass, so that no other replica's forward runs through them.
+
+        Why: MirroredStrategy runs the replicas' steps in threads that take turns at
+        each cross-replica call (a metric update, the optimizer's all-reduce); hooks
+        left on the layers past the forward pass would see another replica's outputs.
+        """
+        hooks, self._hooks = self._hooks, None
+        if hooks is not None:
+            hooks.close()
+
+    def adopt(self, tape: Any) -> None:
+        self.cap.watch_with(tape)
+        if self.probe is not None:
+            self.probe.watch_with(tape)
+        aux = self.fit_step._aux_tape()
+        if aux is not None:
+            # Records from here to the gradient call: the forward pass, the loss and
+            # its scaling (tf_keras scales inside minimize(), after the step's `with`).
+            aux.__enter__()
+            self.aux, self._aux_recording = aux, True
+            self.cap.watch_with(aux)
+            if self.probe is not None:
+                self.probe.watch_with(aux)
+
+    def stop_aux(self) -> None:
+        if self._aux_recording:
+            self._aux_recording = False
+            self.aux.__exit__(None, None, None)
+
+    def answer(self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: Callable) -> Any:
+        fit_step = self.fit_step
+        self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
+        if fit_step.config.targets:
+            if self.y_pred is None:
+                raise RuntimeError("GradientLogger(targets=...): the model was not called inside its train step's tape")
+            self.values = fit_step._target_values(self.y_pred, self.scale)  # still on the aux tape
+        self.target = target  # the loss as the step differentiates it (scaled, with loss scaling)
+        self.remove_hooks()  # a step that never called the model itself (e.g. only its sub-models)
+        self.stop_aux()  # before the backward pass: the aux tape must not record it
+        eps = list(self.probe.sources.values()) if self.probe is not None else []
+        combined = _CombinedCall(tape, gradient, sources, eps, args, kwargs)
+        self.gmap = self.cap.gradients(combined, target, name=metadata.DEFAULT_TARGET)
+        if eps:
+            self.eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients))
+        return combined.source_gradients
+
+
+class _CombinedCall:
+    """The tape `Capture.gradients` is given: its one call becomes the step's own call, extended.
+
+    The step asked for `sources`; Capture asks for (model variables, layer
+    outputs). ONE real call is made for (sources, layer outputs, extra): the
+    step gets its part exactly as the real method returns it, and Capture gets
+    each model variable's gradient picked from it by identity (None for a
+    variable the step did not ask for).
+    """
+
+    _persistent = False
+
+    def __init__(self, tape: Any, gradient: Callable, sources: Any, extra: List[Any], args: tuple, kwargs: Dict[str, Any]):
+        self._tape, self._gradient, self._sources, self._extra = tape, gradient, sources, extra
+        self._args, self._kwargs = args, kwargs
+        self.source_gradients: Any = None
+        self.extra_gradients: List[Any] = []
+
+    def watch(self, tensor: Any) -> None:
+        self._tape.watch(tensor)
+
+    def gradient(self, target: Any, requested: Any) -> Any:
+        variables, outputs = requested
+        got, output_grads, extra = self._gradient(self._tape, target, (self._sources, list(outputs), self._extra), *self._args, **self._kwargs)
+        self.source_gradients, self.extra_gradients = got, list(extra)
+        by_id = {id(s): g for s, g in zip(tf.nest.flatten(self._sources), tf.nest.flatten(got))}
+        return [by_id.get(id(v)) for v in variables], output_grads
+
+
+@contextlib.contextmanager
+def _watching_the_model_call(model: Any, seen: _StepObservation) -> Iterator[None]:
+    """When the model's own call returns: keep its output (targets are functions of it), remove the hooks.
+
+    Same hook as `Capture`'s on layers: an instance attribute `call`, removed afterwards.
+    """
+    had = "call" in model.__dict__
+    previous = model.__dict__.get("call")
+    original = model.call
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+    def call_and_watch(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        first = next(iter(tf.nest.flatten(out)), None)
+        ours = isinstance(first, tf.Tensor) and (hasattr(first, "numpy") if graph is None else getattr(first, "graph", None) is graph)
+        if seen.y_pred is None and ours:
+            seen.y_pred = out
+            seen.remove_hooks()
+        return out
+
+    call_and_watch.__wrapped__ = original  # keeps inspect.signature() truthful
+    object.__setattr__(model, "call", call_and_watch)
+    try:
+        yield
+    finally:
+        if had:
+            object.__setattr__(model, "call", previous)
+        else:
+            model.__dict__.pop("call", None)

@@ -23,20 +23,28 @@ class GradientLogger(_Base):
     For every chosen layer, the callback records d(loss)/d(layer output) (and,
     optionally, d(loss)/d(weight)) *of the actual training step*: the batch
     fit() trains on, the weights before that batch's update, the loss exactly
-    as Keras computes it. Nothing is recomputed: during fit() the model runs a
-    copy of Keras' own `train_step` that additionally watches the layer
-    outputs and makes ONE `tape.gradient` call for the weights and the
-    outputs; the weight gradients it applies are bit for bit those Keras
-    computes, so training is unchanged. Gradients are reduced to a histogram
-    and statistics (`tb_layergrad.summary` format, plugin "layergrad") and
-    written by the step itself (`jit_compile=False`) or right after it (XLA,
-    eager), at step `s = optimizer.iterations` after this batch's update (the s-th
-    update; the step Keras' `TensorBoard` callback uses for batch metrics), when
-    `s % every_n_steps == 0`. The other steps run Keras' own train function,
-    untouched, so they cost nothing: the capturing step is compiled at the
-    first batch and then runs only on logged steps (and is kept for a later
-    fit() with the same callback). When training
-    ends, or fails, the model is restored (`train_step`, `train_function`).
+    as the step computes it. Nothing is recomputed and nothing of Keras is
+    copied: the model's own `train_step` runs unmodified (Keras' own, or the
+    model's override that uses a `tf.GradientTape`), and the callback only
+    observes it: the layer outputs are watched on the tape the step opens, and
+    the step's one `tape.gradient(loss, weights)` call is answered by ONE call
+    for the weights and the outputs together, whose weight part goes back to
+    the step as it is. Training is therefore bit for bit unchanged. Gradients
+    are reduced to a histogram and statistics (`tb_layergrad.summary` format,
+    plugin "layergrad") and written by the step itself (`jit_compile=False`)
+    or right after it (XLA, eager), at step `s = optimizer.iterations` after
+    this batch's update (the s-th update; the step Keras' `TensorBoard`
+    callback uses for batch metrics), when `s % every_n_steps == 0`. The other
+    steps run Keras' own train function, untouched, so they cost nothing: the
+    observing step is compiled at the first batch and then runs only on logged
+    steps (and is kept for a later fit() with the same callback). When
+    training ends, or fails, the model is restored (`train_step`,
+    `train_function`).
+
+    A model that overrides `train_step` is observed the same way: the first
+    `tf.GradientTape` its step enters is the one watched, and the first
+    `gradient()` call on it is the one logged (target "loss"). A step that
+    enters no tape raises a clear error at the first batch.
 
     Evaluation (`validation_data`, `evaluate()`) is untouched and logs nothing.
     Records go to `log_dir/train` (the run Keras' `TensorBoard(log_dir)`
@@ -84,10 +92,6 @@ class GradientLogger(_Base):
         max_elements: when > 0, also log the raw gradient, bounded to this
             many elements (`tb_layergrad.reductions.bounded_tensor`).
         run_name: subdirectory of `log_dir` to write to ("train", like Keras).
-        strict: refuse to run (before training) when the installed Keras'
-            `train_step` is not the one this callback reproduces; with
-            `False`, warn and run anyway (training might then differ in the
-            last bits from a run without the callback).
         replicas: under a multi-replica strategy (MirroredStrategy,
             MultiWorkerMirroredStrategy), how the replicas' gradients become
             those of the global batch: "gather" (all-gather the tensors) or
@@ -105,8 +109,7 @@ class GradientLogger(_Base):
 
     Several replicas (Keras 3): the records are those of the global batch,
     written once by the chief (docs/DISTRIBUTED.md). Not supported: several
-    replicas under tf_keras, models that override `train_step` (capture inside it with `tb_layergrad.capture`), non-TensorFlow
-    Keras backends. With `steps_per_execution=k > 1` under XLA, eagerly or
+    replicas under tf_keras, non-TensorFlow Keras backends. With `steps_per_execution=k > 1` under XLA, eagerly or
     with several replicas, Keras returns only the last step of each
     execution: use an `every_n_steps` multiple of k (with `jit_compile=False`
     the step writes every logged step itself).
@@ -123,7 +126,6 @@ class GradientLogger(_Base):
         buckets: int = 30,
         max_elements: int = 0,
         run_name: str = "train",
-        strict: bool = True,
         replicas: str = "gather",
     ):
         super().__init__()
@@ -154,7 +156,6 @@ class GradientLogger(_Base):
         self.buckets = buckets
         self.max_elements = max_elements
         self.run_name = run_name
-        self.strict = bool(strict)
         self.replicas = replicas
         self._writer = None
         self._chief = True
@@ -185,7 +186,7 @@ class GradientLogger(_Base):
 
     # -- checks before training --------------------------------------------------
     def _check_model(self, model: Any) -> str:
-        kind = _fit_step.check_supported(model, strict=self.strict)
+        kind = _fit_step.check_supported(model)
         if getattr(model, "optimizer", None) is None:
             raise ValueError("GradientLogger needs a compiled model with an optimizer")
         strategy = getattr(model, "distribute_strategy", None)
@@ -274,8 +275,11 @@ class GradientLogger(_Base):
             "train_step": model.__dict__.get("train_step", _MISSING),
         }
         reuse = self._built if self._built is not None and self._built.fits(model, saved["train_function"], config, writer) else None
-        fit_step = reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config, writer=writer)
-        step_fn = fit_step.keras3_train_step if kind == "keras" else fit_step.tf_keras_train_step
+        if reuse is None:
+            fit_step = _fit_step.FitStep(model, kind, config, writer=writer, inner=_fit_step.model_train_step(model))
+        else:
+            fit_step = reuse.fit_step
+        step_fn = fit_step.train_step
         self._writer, self._fit_step, self._saved = writer, fit_step, saved
         try:
             object.__setattr__(model, "train_step", step_fn)

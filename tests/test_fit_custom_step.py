@@ -1,0 +1,137 @@
+"""A model with its OWN train_step: GradientLogger observes it, so its real gradients are logged.
+
+Seed question 004: "nobody can get the gradients that fit() computes without
+rewriting Keras' training engine". The callback never runs a step of its own:
+whatever `train_step` the model has runs unmodified, and the gradient of the
+loss it differentiates (here a hand-written loss with an L2 penalty that no
+Keras loss object knows about) is what is logged. Checked against an
+independent reproduction of each logged step (rtol 1e-5), and training is
+bitwise what it is without the callback. Runs under Keras 3 and tf_keras.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tb_layergrad
+from fit_helpers import (
+    MODES,
+    WeightsBeforeStep,
+    check_step,
+    compile_kwargs,
+    keras,
+    layergrad_steps,
+    layers,
+    log_dir,
+    read_series,
+)
+
+PENALTY = 0.01
+
+
+def _own_loss(model, y, y_pred):
+    """A loss only this model's train_step knows: MSE plus an L2 penalty on the first kernel."""
+    return tf.reduce_mean(tf.square(y_pred - y)) + PENALTY * tf.reduce_sum(tf.square(model.get_layer("d1").kernel))
+
+
+class OwnStep(keras.Model):
+    """Functional model whose train_step is written by hand with its own GradientTape."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = _own_loss(self, y, y_pred)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"own_loss": loss}
+
+
+class SuperStep(keras.Model):
+    """An override that delegates to Keras' own step (e.g. to add a metric around it)."""
+
+    def train_step(self, data):
+        return super().train_step(data)
+
+
+class NoTapeStep(keras.Model):
+    """An override that computes no gradient with a tape."""
+
+    def train_step(self, data):
+        return {"nothing": tf.constant(0.0)}
+
+
+def _build(cls, name="own"):
+    inp = keras.Input((6,))
+    h = layers.Dense(8, activation="tanh", name="d1")(inp)
+    out = layers.Dense(3, name="d2")(h)
+    model = cls(inp, out, name=name)
+
+    def manual(x, tape):
+        h = model.get_layer("d1")(x)
+        tape.watch(h)
+        o = model.get_layer("d2")(h)
+        tape.watch(o)
+        return o, {f"{name}/d1": h, f"{name}/d2": o}
+
+    return model, manual
+
+
+def _data(n=16):
+    rng = np.random.default_rng(4)
+    return rng.normal(size=(n, 6)).astype("float32"), rng.normal(size=(n, 3)).astype("float32")
+
+
+def _train(cls, mode, callbacks, epochs=2):
+    keras.utils.set_random_seed(11)
+    model, manual = _build(cls)
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", **compile_kwargs(mode))
+    x, y = _data()
+    model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    return model, manual
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_own_train_step_gradients_are_logged(tmp_path, mode):
+    saver = WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=1, weights=True, max_elements=10_000)
+    model, manual = _train(OwnStep, mode, [saver, logger])
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == [1, 2, 3, 4]
+    x, y = _data()
+    for step in (1, 4):
+        batch = (step - 1) % 2
+        xb, yb = x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8]
+        check_step(series, step, model, manual, saver.before[step], xb, yb, lambda yt, yp: _own_loss(model, yt, yp))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_own_train_step_trains_bitwise_as_without_the_callback(tmp_path, mode):
+    plain, _ = _train(OwnStep, mode, [])
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=2, weights=True, targets={"unit_0": lambda p: p[:, 0]})
+    logged, _ = _train(OwnStep, mode, [logger])
+    for a, b in zip(plain.get_weights(), logged.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == [2, 4]
+    assert layergrad_steps(series, target="unit_0") == [2, 4]
+
+
+def test_override_calling_keras_own_step(tmp_path):
+    plain, _ = _train(SuperStep, "graph", [])
+    logged, _ = _train(SuperStep, "graph", [tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    for a, b in zip(plain.get_weights(), logged.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == [1, 2, 3, 4]
+
+
+def test_step_without_a_tape_fails_clearly_and_restores(tmp_path):
+    model, _ = _build(NoTapeStep)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = _data()
+    with pytest.raises(RuntimeError, match="entered no tf.GradientTape"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    assert "train_step" not in model.__dict__
+    assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the model's own step runs again
