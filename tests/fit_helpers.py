@@ -139,6 +139,12 @@ def tiny_conv_bn_residual(name: str = "convres") -> keras.Model:
 
 
 # -- recording the weights before each step ------------------------------------------
+def update_count(optimizer):
+    """The optimizer's count of applied updates: a loss-scaling wrapper's inner optimizer counts them
+    (Keras 3.3's LossScaleOptimizer leaves its own `iterations` at 0)."""
+    return getattr(optimizer, "inner_optimizer", optimizer).iterations
+
+
 class WeightsBeforeStep(keras.callbacks.Callback):
     """Saves the weights before every train batch, keyed by the step the batch will log at."""
 
@@ -147,7 +153,7 @@ class WeightsBeforeStep(keras.callbacks.Callback):
         self.before: Dict[int, List[np.ndarray]] = {}
 
     def on_train_batch_begin(self, batch, logs=None):
-        step = int(self.model.optimizer.iterations.numpy()) + 1
+        step = int(update_count(self.model.optimizer).numpy()) + 1
         self.before[step] = [w.copy() for w in self.model.get_weights()]
 
 

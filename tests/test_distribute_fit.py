@@ -5,6 +5,9 @@ subprocess; the legacy tf_keras CI run refuses several replicas with a clear err
 """
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 import distribute_harness as dh
@@ -24,9 +27,15 @@ def run(tmp_path_factory):
 @pytest.mark.parametrize("replicas", ["gather", "stats"])
 @pytest.mark.parametrize("mode", MODES)
 def test_fit_records_equal_single_device(run, replicas, mode):
-    _, records = run
+    """Where Keras' own step under the strategy is the single-device step (the script measures it), so are the
+    records, value for value; where it is not (Keras 3.3 does not divide the loss by the replica count), there is
+    nothing to compare the values with, and the records must still cover the global batch at every step."""
+    logdir, records = run
     got = records[f"{replicas}_{mode}/train"]
-    assert dh.assert_same_records(got, records[f"single_{mode}/train"]) == 12 * STEPS
+    with open(os.path.join(logdir, "keras_factor.json")) as f:
+        factor = json.load(f)["factor"]
+    if factor is not None:
+        assert dh.assert_same_records(got, records[f"single_{mode}/train"]) == 12 * STEPS
     for layer, units in (("tiny/hidden", 16), ("tiny/out", 4)):
         _, datums = got[metadata.make_tag("loss", "output", layer, "stats")]
         assert [d.step for d in datums] == list(range(1, STEPS + 1))

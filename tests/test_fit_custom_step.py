@@ -127,6 +127,7 @@ def test_override_calling_keras_own_step(tmp_path):
 
 
 def test_step_without_a_tape_fails_clearly_and_restores(tmp_path):
+    original = dict(tf.GradientTape.__dict__)
     model, _ = _build(NoTapeStep)
     model.compile(optimizer="sgd", loss="mse")
     x, y = _data()
@@ -134,4 +135,40 @@ def test_step_without_a_tape_fails_clearly_and_restores(tmp_path):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
     assert "train_step" not in model.__dict__
     assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
+    assert "call" not in model.__dict__
+    assert tf.GradientTape.__dict__["gradient"] is original["gradient"]
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)  # the model's own step runs again
+
+
+class TwoCallStep(keras.Model):
+    """A persistent tape asked twice (e.g. two objectives on two parts of the model): the first call is logged."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape(persistent=True) as tape:
+            y_pred = self(x, training=True)
+            first = _own_loss(self, y, y_pred)
+            second = tf.reduce_mean(tf.abs(y_pred))
+        head = self.get_layer("d2").trainable_variables
+        body = self.get_layer("d1").trainable_variables
+        g_head = tape.gradient(first, head)
+        g_body = tape.gradient(second, body)
+        del tape
+        self.optimizer.apply_gradients(zip(g_head + g_body, head + body))
+        return {"first": first, "second": second}
+
+
+def test_persistent_tape_asked_twice_logs_the_first_call(tmp_path):
+    original = dict(tf.GradientTape.__dict__)
+    plain, _ = _train(TwoCallStep, "graph", [])
+    saver = WeightsBeforeStep()
+    logged, manual = _train(TwoCallStep, "graph", [saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=10_000)])
+    for a, b in zip(plain.get_weights(), logged.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == [1, 2, 3, 4]
+    x, y = _data()
+    check_step(series, 3, logged, manual, saver.before[3], x[:8], y[:8], lambda yt, yp: _own_loss(logged, yt, yp), with_weights=False)
+    # The tape class is as it was: the observation swaps its methods only while a step is traced.
+    assert tf.GradientTape.__dict__["__enter__"] is original["__enter__"]
+    assert tf.GradientTape.__dict__["gradient"] is original["gradient"]

@@ -252,11 +252,13 @@ def test_next_to_keras_tensorboard(tmp_path):
     assert any(t.startswith("loss/output/") for t in train_tags)  # ours
     layergrad = mux.PluginRunToTagToContent(metadata.PLUGIN_NAME)
     assert set(layergrad) == {"train"}  # no gradients from evaluation
-    batch_tag = "batch_loss" if "batch_loss" in train_tags else None
     ours = sorted({e.step for e in mux.Tensors("train", "loss/output/mlp/h1/stats")})
     assert ours == [1, 2, 3, 4]
-    if batch_tag:  # Keras' batch-level scalars use the same step numbers
-        assert sorted({e.step for e in mux.Tensors("train", batch_tag)}) == ours
+    if "batch_loss" in train_tags:
+        keras_steps = sorted({e.step for e in mux.Tensors("train", "batch_loss")})
+        # Where Keras' callback counts its batch steps (Keras 3.3's writes every batch at step 0), they are ours.
+        if len(keras_steps) > 1:
+            assert keras_steps == ours
 
 
 # -- bad input: clear errors before training starts ------------------------------------------

@@ -84,20 +84,35 @@ def model_train_step(model: Any) -> Callable:
 
 
 # -- loss scale ----------------------------------------------------------------
+def update_count(optimizer: Any) -> Any:
+    """The variable that counts the optimizer's applied updates (`optimizer.iterations`).
+
+    A loss-scaling wrapper counts on its inner optimizer, the one that applies the
+    updates: newer Keras forwards `iterations` to it, Keras 3.3 leaves the wrapper's
+    own counter at 0, so the inner optimizer's is the one that counts everywhere.
+    """
+    inner = getattr(optimizer, "inner_optimizer", None)
+    return (inner if inner is not None else optimizer).iterations
+
+
 def loss_scale(kind: str, optimizer: Any) -> Optional[tf.Tensor]:
-    """The factor the loss is multiplied by before differentiation (None: 1), read now."""
+    """The factor the step multiplies its loss by before differentiating (None: 1), read now.
+
+    Asked of the optimizer's own public scaling method with a loss of 1 (Keras 3:
+    `scale_loss`, which its train step calls; tf_keras: `get_scaled_loss`), so the
+    answer is whatever the optimizer applies at this point of the step: a dynamic
+    scale, its initial value before the optimizer is built, a fixed factor, or none.
+    """
     if optimizer is None:
         return None
-    if kind == "keras":
-        if hasattr(optimizer, "dynamic_scale") and hasattr(optimizer, "inner_optimizer"):
-            if getattr(optimizer, "built", False):
-                return tf.cast(tf.convert_to_tensor(optimizer.dynamic_scale), tf.float32)
-            return tf.constant(float(optimizer.initial_scale), tf.float32)
-        factor = getattr(optimizer, "loss_scale_factor", None)
-        return None if factor is None else tf.constant(float(factor), tf.float32)
-    if hasattr(optimizer, "get_scaled_loss") and hasattr(optimizer, "loss_scale"):
-        return tf.cast(tf.convert_to_tensor(optimizer.loss_scale), tf.float32)
-    return None
+    scale = getattr(optimizer, "scale_loss" if kind == "keras" else "get_scaled_loss", None)
+    if scale is None:
+        return None
+    one = tf.constant(1.0, tf.float32)
+    scaled = scale(one)
+    if scaled is one:  # the optimizer does not scale
+        return None
+    return tf.cast(tf.convert_to_tensor(scaled), tf.float32)
 
 
 _XLA_SAFE_ARG = "xla_safe" in inspect.signature(reductions.histogram_and_stats).parameters
@@ -180,7 +195,7 @@ class FitStep:
         self.series: Dict[str, metadata.SeriesInfo] = {}
 
     def _step_and_flag(self) -> Tuple[tf.Tensor, tf.Tensor]:
-        iterations = tf.cast(tf.convert_to_tensor(self.model.optimizer.iterations), tf.int64)
+        iterations = tf.cast(tf.convert_to_tensor(update_count(self.model.optimizer)), tf.int64)
         step = iterations + 1  # the update this batch makes: Keras' TensorBoard batch step
         log = tf.equal(tf.math.floormod(step, self.config.every_n_steps), 0)
         return step, log

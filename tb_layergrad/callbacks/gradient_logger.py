@@ -304,7 +304,7 @@ class GradientLogger(_Base):
         the start of each fit() and after a call that raised.
         """
         if self._iterations is None:
-            self._iterations = int(tf.convert_to_tensor(self.model.optimizer.iterations).numpy())
+            self._iterations = int(tf.convert_to_tensor(_fit_step.update_count(self.model.optimizer)).numpy())
         return self._iterations
 
     def _logs_next_execution(self, done: int) -> bool:
