@@ -83,7 +83,7 @@ def model_train_step(model: Any) -> Callable:
     return own if own is not None else type(model).train_step.__get__(model, type(model))
 
 
-# -- loss scale ----------------------------------------------------------------
+# -- the optimizer: its update count and its loss scale ---------------------------
 def update_count(optimizer: Any) -> Any:
     """The variable that counts the optimizer's applied updates (`optimizer.iterations`).
 
