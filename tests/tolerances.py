@@ -69,16 +69,17 @@ def chain_rtol(dtype, lengths: Iterable[int]) -> float:
     return gamma(sum(int(k) for k in lengths), dtype)
 
 
-def blocked_sum_atol(abs_sum: float, n: int, block: int, inner, outer) -> float:
+def blocked_sum_atol(abs_sum: float, n: int, block: int, inner, outer, outer_terms: Optional[int] = None) -> float:
     """A sum carried in `inner` within blocks of `block` terms, then in `outer` across the blocks.
 
     Each block errs by gamma(block - 1, inner) times its own sum |x|; the block sums (at most
-    (1 + that) times sum |x| in magnitude) are added in `outer` with gamma(blocks - 1, outer).
+    (1 + that) times sum |x| in magnitude) are added in `outer` with gamma(outer_terms - 1, outer),
+    outer_terms = the number of blocks unless some elements are added in `outer` one by one.
     Any order inside the blocks and across them.
     """
     inner_err = gamma(max(min(int(block), int(n)) - 1, 0), inner)
-    blocks = max(math.ceil(int(n) / int(block)), 1)
-    return (inner_err + gamma(blocks - 1, outer) * (1 + inner_err)) * float(abs_sum)
+    terms = max(math.ceil(int(n) / int(block)), 1) if outer_terms is None else int(outer_terms)
+    return (inner_err + gamma(max(terms - 1, 0), outer) * (1 + inner_err)) * float(abs_sum)
 
 
 def approx_or_none(expected: Optional[float], rel: float, abs: float = 0.0):
