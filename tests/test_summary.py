@@ -12,7 +12,7 @@ import tb_layergrad
 from tb_layergrad import fused_kernel, metadata
 from tb_reading import read_all, values_at
 from test_reliability_reductions import check_histogram, check_stats
-from tolerances import TWO_SIDES, gamma
+from tolerances import histogram_edge_atol
 
 S = metadata.STAT_INDEX
 
@@ -42,10 +42,7 @@ def assert_stats(got: np.ndarray, t, where: str = "") -> None:
 
 
 def edge_atol(hist: np.ndarray) -> float:
-    """Two computations of the float64 edges lo + i (hi - lo) / k: hi - lo, / k, i x and + lo round 4
-    times, on magnitudes <= 2 max(|lo|, |hi|); an edge near 0 cancels, so the bound is absolute."""
-    top = float(np.max(np.abs(hist[:, :2]), initial=0.0))
-    return TWO_SIDES * gamma(4, np.float64) * 2 * top
+    return histogram_edge_atol(float(np.max(np.abs(hist[:, :2]), initial=0.0)))
 
 
 def write(logdir, fn, run="run"):

@@ -82,6 +82,12 @@ def blocked_sum_atol(abs_sum: float, n: int, block: int, inner, outer, outer_ter
     return (inner_err + gamma(max(terms - 1, 0), outer) * (1 + inner_err)) * float(abs_sum)
 
 
+def histogram_edge_atol(top: float) -> float:
+    """Two computations of the float64 edges lo + i (hi - lo) / k: hi - lo, / k, i x and + lo round
+    4 times, on magnitudes <= 2 top (top = max |edge|); an edge near 0 cancels: absolute."""
+    return TWO_SIDES * gamma(4, np.float64) * 2 * float(top)
+
+
 def approx_or_none(expected: Optional[float], rel: float, abs: float = 0.0):
     """`pytest.approx(expected, ...)` for a number; None itself for None (pytest 9 refuses approx(None))."""
     if expected is None:
