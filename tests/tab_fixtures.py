@@ -152,9 +152,9 @@ def shown_atol(x: np.ndarray, stat: str, digits: Optional[int] = None) -> float:
         err = (tol + 2 * unit_roundoff(np.float64)) * want[stat]
     elif stat == "mean":  # relative to the mean of |x|: the sum may cancel
         err = tol * want["mean_abs"]
-    elif stat == "std":  # the one-pass variance within 3 tol of the mean square (check_stats)
+    elif stat == "std":  # the one-pass variance within 3 tol + tol^2 + 3 u of the mean square (check_stats)
         ms = want["std"] ** 2 + want["mean"] ** 2
-        var_err = (3 * tol + 3 * unit_roundoff(np.float64)) * ms
+        var_err = (3 * tol + tol**2 + 3 * unit_roundoff(np.float32) + 3 * unit_roundoff(np.float64)) * ms
         err = min(var_err / want["std"], var_err**0.5) if want["std"] > 0 else var_err**0.5
     elif stat == "zero_frac":  # a float64 division of the same counts
         err = 2 * unit_roundoff(np.float64) * want[stat]
