@@ -7,9 +7,13 @@ the wrapper is reached for Sequential, Functional, subclassed and nested models
 alike, and nothing depends on `layer.output`. The wrapper returns the layer's
 outputs untouched (no op is added to the forward pass) and, when it knows the
 tape, `tape.watch`es them. `gradients()` then makes ONE `tape.gradient` call
-for (trainable variables, recorded outputs): the weight gradients are the very
-ones a plain step would compute, bit for bit. Leaving the context deletes the
-instance attributes, which restores the class's `call`.
+for (trainable variables, recorded outputs): in eager mode and `tf.function`
+the weight gradients are the very ones a plain step would compute, bit for
+bit. Under `jit_compile=True` the output gradients become outputs of the XLA
+program, which may fuse (and so order) the weight gradients' reductions
+differently: equal to within float32 rounding of the same math
+(docs/DESIGN.md, "XLA neutrality"). Leaving the context deletes the instance
+attributes, which restores the class's `call`.
 
 Why pass `tape=`: TensorFlow offers no way to watch a tensor on "the active
 tape", and an output that nothing trainable feeds (a layer before the first

@@ -47,17 +47,44 @@ def reference_detect(rms, norm, nonfinite, zero_frac):
     return flags
 
 
-def reference_trend(steps, norm_row, nonfinite_row) -> Optional[float]:
-    """np.polyfit of log10(norm) on the last TREND_WINDOW usable steps, times their span."""
+def _trend_points(steps, norm_row, nonfinite_row):
     ok = [j for j in range(len(steps)) if np.isfinite(norm_row[j]) and norm_row[j] > 0 and not nonfinite_row[j] > 0]
     ok = ok[-TREND_WINDOW:]
-    if len(ok) < 3:
-        return None
     x = np.asarray([steps[j] for j in ok], float)
-    if x[-1] == x[0]:
+    if len(ok) < 3 or x[-1] == x[0]:
         return None
-    slope = np.polyfit(x, np.log10([norm_row[j] for j in ok]), 1)[0]
+    return x, np.log10([norm_row[j] for j in ok])
+
+
+def reference_trend(steps, norm_row, nonfinite_row) -> Optional[float]:
+    """np.polyfit of log10(norm) on the last TREND_WINDOW usable steps, times their span."""
+    points = _trend_points(steps, norm_row, nonfinite_row)
+    if points is None:
+        return None
+    x, y = points
+    slope = np.polyfit(x, y, 1)[0]
     return float(slope * (x[-1] - x[0]))
+
+
+def reference_trend_atol(steps, norm_row, nonfinite_row, norm_rel: float = 0.0) -> float:
+    """How far two float64 evaluations of reference_trend may lie apart (tests/tolerances.py).
+
+    trend = span * sum_j c_j y_j with c_j = (x_j - mean x) / sum (x - mean x)^2 and y_j = log10(norm_j):
+    a linear form in y. Each side's longest chain of roundings is the mean (w terms), the centring,
+    the product, the sum (w terms), the division, the product with the span: 2w + 4 roundings of
+    magnitudes at most span * sum_j |c_j| * (|y_j| + max |y|) (the centred y_j). Norms read back
+    with relative error norm_rel move y_j by norm_rel / ln 10 (d log10 v = dv / (v ln 10)).
+    """
+    from tolerances import TWO_SIDES, gamma
+
+    points = _trend_points(steps, norm_row, nonfinite_row)
+    if points is None:
+        return 0.0
+    x, y = points
+    xc = x - x.mean()
+    c = np.abs(xc) / np.sum(xc * xc) * (x[-1] - x[0])
+    rounding = TWO_SIDES * gamma(2 * len(x) + 4, np.float64) * float(np.sum(c * (np.abs(y) + np.abs(y).max())))
+    return rounding + float(np.sum(c)) * norm_rel / math.log(10)
 
 
 def reference_decay(vectors) -> Optional[float]:
@@ -69,8 +96,26 @@ def reference_decay(vectors) -> Optional[float]:
     return float(np.median(vals)) if vals else None
 
 
-def reference_summaries(layers, steps, m, timesteps=None) -> List[dict]:
-    """What the route says per layer, recomputed from the matrices with the reference rules."""
+def reference_decay_atol(vectors) -> float:
+    """Two float64 evaluations of reference_decay: log10 of each end or of their ratio (1 rounding
+    each, relative to the logs' magnitudes; a rounded ratio moves its log by at most u / ln 10 < u,
+    hence the + 1), the difference (1 more); the median picks one value or averages two (1 more)."""
+    from tolerances import TWO_SIDES, gamma
+
+    worst = 0.0
+    for v in list(vectors)[-TREND_WINDOW:]:
+        v = np.asarray(v, float)
+        if v.size >= 2 and np.isfinite(v[-1]) and v[-1] > 0 and np.isfinite(v[0]):
+            worst = max(worst, abs(math.log10(max(v[0], 1.401298464324817e-45))) + abs(math.log10(v[-1])) + 1)
+    return TWO_SIDES * gamma(3, np.float64) * worst
+
+
+def reference_summaries(layers, steps, m, timesteps=None, norm_rel: float = 0.0) -> List[dict]:
+    """What the route says per layer, recomputed from the matrices with the reference rules.
+
+    Each entry's "atol" holds the bounds of its float keys (tests/tolerances.py); `norm_rel` is the
+    relative error of the norms the compared side read (0: the same matrices).
+    """
     flags = reference_detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
     out = []
     for i, layer in enumerate(layers):
@@ -84,6 +129,7 @@ def reference_summaries(layers, steps, m, timesteps=None) -> List[dict]:
             v = m[name][i, last]
             return float(v) if np.isfinite(v) else None
 
+        trend_args = ([steps[j] for j in rec], [m["norm"][i, j] for j in rec], [m["nonfinite"][i, j] for j in rec])
         entry = {
             "layer": layer,
             "flags": "".join((("%x" % flags[i, j]) if j in rec else ".") for j in range(len(steps))),
@@ -92,13 +138,17 @@ def reference_summaries(layers, steps, m, timesteps=None) -> List[dict]:
             "last_norm": at("norm"),
             "last_rms": at("rms"),
             "last_zero_frac": at("zero_frac"),
-            "trend": reference_trend([steps[j] for j in rec], [m["norm"][i, j] for j in rec], [m["nonfinite"][i, j] for j in rec]),
+            "trend": reference_trend(*trend_args),
             "first_nonfinite": nf[0] if nf else None,
             "counts": {k: int(sum(1 for j in rec if flags[i, j] & bit)) for k, bit in KINDS.items()},
             "now": [k for k, bit in KINDS.items() if last is not None and flags[i, last] & bit],
         }
         if timesteps and layer in timesteps:
             entry["timestep_decay"] = reference_decay(timesteps[layer])
+        entry["atol"] = {
+            "trend": reference_trend_atol(*trend_args, norm_rel=norm_rel),
+            "timestep_decay": reference_decay_atol(timesteps[layer]) if timesteps and layer in timesteps else 0.0,
+        }
         out.append(entry)
     return out
 
@@ -141,10 +191,16 @@ def planted_array(layer: str, step: int) -> np.ndarray:
     return x
 
 
+TIMESTEP_NOISE = 0.1  # decades, uniform, on each planted timestep norm
+# log10(norm[0] / norm[T-1]) is -(T-1) plus the difference of two noises, so each record's decay, and
+# their median, lies within 2 * TIMESTEP_NOISE of -(T-1) (float64 rounding of ~10 u is far below).
+DECAY_SPREAD = 2 * TIMESTEP_NOISE
+
+
 def planted_timesteps(step: int) -> np.ndarray:
     """Norms decaying 10x per timestep back from the last one (decay -(T-1) decades), noisy."""
     rng = np.random.default_rng(500 + step)
-    return 10.0 ** (np.arange(TIMESTEPS) - (TIMESTEPS - 1) + rng.uniform(-0.1, 0.1, TIMESTEPS))
+    return 10.0 ** (np.arange(TIMESTEPS) - (TIMESTEPS - 1) + rng.uniform(-TIMESTEP_NOISE, TIMESTEP_NOISE, TIMESTEPS))
 
 
 @dataclasses.dataclass

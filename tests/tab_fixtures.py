@@ -130,6 +130,41 @@ def numpy_stats(x: np.ndarray) -> Dict[str, float]:
     return out
 
 
+TABLE_DIGITS = 5  # frontend/format.js fmtNum's default: the stats table; tooltips and CSV show String(v)
+
+
+def shown_atol(x: np.ndarray, stat: str, digits: Optional[int] = None) -> float:
+    """How far a shown statistic of float32 array x may lie from numpy_stats(x)[stat].
+
+    The written value: sums of the n finite elements in float32 at worst (TensorFlow's path), any
+    order, within tol = gamma(n + 1) of the sum of |terms| (tests/tolerances.py; the model of
+    test_reliability_reductions.check_stats), the float64 reference within 2 u64. Shown with
+    `digits` significant digits: half a unit in the last digit more.
+    """
+    from tolerances import gamma, unit_roundoff
+
+    want = numpy_stats(x)
+    n = int(want["elements"] - want["nan"] - want["pos_inf"] - want["neg_inf"])
+    tol = gamma(n + 1, np.float32) + 2 * unit_roundoff(np.float64)
+    if stat in ("mean_abs", "norm"):
+        err = tol * want[stat]
+    elif stat == "rms":  # the norm, divided by sqrt(n) in float64 (2 roundings)
+        err = (tol + 2 * unit_roundoff(np.float64)) * want[stat]
+    elif stat == "mean":  # relative to the mean of |x|: the sum may cancel
+        err = tol * want["mean_abs"]
+    elif stat == "std":  # the one-pass variance within 3 tol + tol^2 + 3 u of the mean square (check_stats)
+        ms = want["std"] ** 2 + want["mean"] ** 2
+        var_err = (3 * tol + tol**2 + 3 * unit_roundoff(np.float32) + 3 * unit_roundoff(np.float64)) * ms
+        err = min(var_err / want["std"], var_err**0.5) if want["std"] > 0 else var_err**0.5
+    elif stat == "zero_frac":  # a float64 division of the same counts
+        err = 2 * unit_roundoff(np.float64) * want[stat]
+    else:  # min, max (float32 values, exact in float64) and counts
+        err = 0.0
+    if digits is not None:
+        err += 0.5 * 10.0 ** (1 - digits) * (abs(want[stat]) + err)
+    return err
+
+
 def _series(run: str, layers_for_run) -> List[Tuple[str, int, str, List[str]]]:
     """(layer, index, source, targets) of a run, in the order they are written (not model order)."""
     out = []

@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from report_fixtures import reference_decay, reference_detect, reference_summaries, reference_trend
+from report_fixtures import reference_decay, reference_decay_atol, reference_detect, reference_summaries, reference_trend, reference_trend_atol
+from tolerances import approx_or_none, gamma
 from tb_layergrad import anomalies
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ANOMALIES.md"
@@ -62,11 +63,18 @@ def test_evaluate_summaries_equal_the_independent_ones():
         got["flags"] = flags[i]
         for key in ("layer", "flags", "recorded", "last_step", "first_nonfinite", "counts", "now"):
             assert got[key] == w[key], (s.layer, key)
-        for key in ("last_norm", "last_rms", "last_zero_frac", "trend"):
-            assert got[key] == pytest.approx(w[key], rel=1e-9, abs=1e-12), (s.layer, key)
+        for key in ("last_norm", "last_rms", "last_zero_frac"):  # read from the same matrix: copies, exact
+            assert got[key] == w[key], (s.layer, key)
+        # A least-squares slope over <= 20 points in float64, two formulas: report_fixtures.reference_trend_atol.
+        assert got["trend"] == approx_or_none(w["trend"], rel=0, abs=w["atol"]["trend"]), (s.layer, "trend")
         assert ("timestep_decay" in got) == ("timestep_decay" in w)
-    assert run.summaries[3].timestep_decay == pytest.approx(-5.0)
-    np.testing.assert_allclose(run.max_rms, np.nanmax(np.where(m["rms"] > 0, m["rms"], np.nan), axis=0))
+        if "timestep_decay" in w:  # log10 of two float64 numbers, a difference, a median: reference_decay_atol
+            assert got["timestep_decay"] == approx_or_none(w["timestep_decay"], rel=0, abs=w["atol"]["timestep_decay"])
+    # Planted 10**(j - 5 + c): -5 + c rounds once (<= 5 u off -5), each pow once (moves its log10 by
+    # <= u / ln 10 < u); then the two evaluations' own rounding (reference_decay_atol).
+    u = gamma(1, np.float64)
+    assert run.summaries[3].timestep_decay == pytest.approx(-5.0, rel=0, abs=reference_decay_atol(ts["m/l3"]) + 5 * u + 2 * u)
+    np.testing.assert_array_equal(run.max_rms, np.nanmax(np.where(m["rms"] > 0, m["rms"], np.nan), axis=0))  # a max: exact
 
 
 def test_flag_strings_round_trip():
@@ -93,22 +101,28 @@ def test_first_nonfinite_hint_wins_only_when_earlier():
 def test_trend_is_the_fitted_change_in_decades():
     steps = np.arange(0, 100, 2)
     norm = 10.0 ** (-0.01 * steps)  # -0.01 decade per step
+    # Two float64 least-squares evaluations (report_fixtures.reference_trend_atol); against the exact
+    # -0.38 also the planted norms' rounding: -0.01 and -0.01 * step round (2 u of |e| <= 1, moving
+    # 10**e by <= 2 ln 10 u < 5 u) and the pow once: norm_rel <= gamma(6).
+    atol = reference_trend_atol(list(steps), norm, np.zeros(50), norm_rel=gamma(6, np.float64))
     # The last 20 logged steps span 38 steps: -0.38 decades.
-    assert anomalies.trend(steps, norm) == pytest.approx(-0.38)
-    assert anomalies.trend(steps, norm) == pytest.approx(reference_trend(list(steps), norm, np.zeros(50)))
+    assert anomalies.trend(steps, norm) == pytest.approx(-0.38, rel=0, abs=atol)
+    assert anomalies.trend(steps, norm) == pytest.approx(reference_trend(list(steps), norm, np.zeros(50)), rel=0, abs=atol)
     noisy = norm * np.exp(np.random.default_rng(0).normal(0, 0.3, norm.shape))
-    assert anomalies.trend(steps, noisy) == pytest.approx(reference_trend(list(steps), noisy, np.zeros(50)))
+    atol_noisy = reference_trend_atol(list(steps), noisy, np.zeros(50))  # the same inputs: rounding only
+    assert anomalies.trend(steps, noisy) == pytest.approx(reference_trend(list(steps), noisy, np.zeros(50)), rel=0, abs=atol_noisy)
     assert anomalies.trend([1, 2], [1.0, 2.0]) is None  # fewer than 3 points
     with_nan = norm.copy()
     nonfinite = np.zeros(50)
     nonfinite[-5:] = 3  # non-finite steps are left out of the fit
-    assert anomalies.trend(steps, with_nan, nonfinite) == pytest.approx(-0.38)
+    assert anomalies.trend(steps, with_nan, nonfinite) == pytest.approx(-0.38, rel=0, abs=atol)
 
 
 def test_timestep_decay():
     v = [np.array([1e-4, 1e-2, 1.0]), np.array([0.0, 1.0, 2.0]), np.array([1.0, np.nan, 0.0])]
-    assert anomalies.timestep_decay(v[:1]) == pytest.approx(-4.0)
-    assert anomalies.timestep_decay(v) == pytest.approx(reference_decay(v))
+    # log10 of 1e-4 (a decimal constant, rounded once) and of 1.0: reference_decay_atol covers both.
+    assert anomalies.timestep_decay(v[:1]) == pytest.approx(-4.0, rel=0, abs=reference_decay_atol(v[:1]))
+    assert anomalies.timestep_decay(v) == pytest.approx(reference_decay(v), rel=0, abs=reference_decay_atol(v))
     assert anomalies.timestep_decay([np.array([1.0])]) is None
 
 

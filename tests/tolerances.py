@@ -1,0 +1,102 @@
+"""Test tolerances derived from the dtype and the reduction length (docs/DESIGN.md, "Tolerances").
+
+One model for all of them: a floating-point sum of n terms, added in ANY order and
+any tree shape (sequential, pairwise, SIMD lanes of any width then combined, blocked
+and threaded), errs by at most
+
+    |fl(sum x) - sum x| <= gamma(n - 1) * sum |x|,   gamma(k) = k u / (1 - k u)
+
+(Higham, "Accuracy and Stability of Numerical Algorithms", 2nd ed., eq. 4.4 and §4.3:
+every term passes through at most n - 1 additions whatever the order), u the unit
+roundoff of the dtype the sum is carried in (2**-24 for float32, 2**-53 for float64).
+A dot product of length k (one element of a matmul or convolution) is a sum of k
+products: gamma(k) * sum |a_i b_i| (eq. 3.5). We use this worst-case form, not the
+tighter pairwise bound (~ log2(n) u), because the order is not ours to choose:
+oneDNN and XLA pick blocking and vector width per CPU at run time (AVX2: 8 float32
+lanes, AVX-512: 16), Eigen and XLA split reductions into blocks and threads, and
+grappler/XLA fusion change which ops are merged. Only the any-order bound holds on
+every x86-64 CPU TensorFlow supports.
+
+Two implementations that each satisfy the bound may differ by twice it (`TWO_SIDES`).
+A chain of reductions (a forward pass then backprop) accumulates, to first order, the
+sum of the gammas of its steps: gamma(k1) + gamma(k2) <= gamma(k1 + k2) (Higham,
+lemma 3.3), so a chain is bounded by gamma of its total reduction length.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+import numpy as np
+import pytest
+
+TWO_SIDES = 2  # both the tested path and the reference round, each within the bound
+
+
+def unit_roundoff(dtype) -> float:
+    """u = eps / 2: the largest relative error of one correctly rounded operation."""
+    return float(np.finfo(_np_dtype(dtype)).eps) / 2
+
+
+def gamma(k: int, dtype) -> float:
+    """gamma(k) = k u / (1 - k u): the bound of k successive roundings (Higham, lemma 3.1)."""
+    ku = max(int(k), 0) * unit_roundoff(dtype)
+    if ku >= 1:
+        raise ValueError(f"gamma({k}) is unbounded in {dtype}: k u = {ku}")
+    return ku / (1 - ku)
+
+
+def sum_atol(dtype, n: int, abs_sum: float) -> float:
+    """Absolute error bound of a sum of n terms in any order: gamma(n - 1) * sum |x|."""
+    return gamma(max(int(n) - 1, 0), dtype) * float(abs_sum)
+
+
+def sum_rtol(dtype, n: int, cond: float = 1.0) -> float:
+    """Relative error bound of a sum of n terms in any order: gamma(n - 1) * sum|x| / |sum x|.
+
+    `cond` = sum|x| / |sum x| (1 for terms of one sign, as squares or counts).
+    """
+    return gamma(max(int(n) - 1, 0), dtype) * float(cond)
+
+
+def matmul_rtol(dtype, k: int) -> float:
+    """Bound of one matmul/convolution element of contraction length k, relative to sum |a_i b_i|."""
+    return gamma(int(k), dtype)
+
+
+def chain_rtol(dtype, lengths: Iterable[int]) -> float:
+    """First-order bound of a chain of reductions of the given lengths (forward, then backprop)."""
+    return gamma(sum(int(k) for k in lengths), dtype)
+
+
+def blocked_sum_atol(abs_sum: float, n: int, block: int, inner, outer, outer_terms: Optional[int] = None) -> float:
+    """A sum carried in `inner` within blocks of `block` terms, then in `outer` across the blocks.
+
+    Each block errs by gamma(block - 1, inner) times its own sum |x|; the block sums (at most
+    (1 + that) times sum |x| in magnitude) are added in `outer` with gamma(outer_terms - 1, outer),
+    outer_terms = the number of blocks unless some elements are added in `outer` one by one.
+    Any order inside the blocks and across them.
+    """
+    inner_err = gamma(max(min(int(block), int(n)) - 1, 0), inner)
+    terms = max(math.ceil(int(n) / int(block)), 1) if outer_terms is None else int(outer_terms)
+    return (inner_err + gamma(max(terms - 1, 0), outer) * (1 + inner_err)) * float(abs_sum)
+
+
+def histogram_edge_atol(top: float) -> float:
+    """Two computations of the float64 edges lo + i (hi - lo) / k: hi - lo, / k, i x and + lo round
+    4 times, on magnitudes <= 2 top (top = max |edge|); an edge near 0 cancels: absolute."""
+    return TWO_SIDES * gamma(4, np.float64) * 2 * float(top)
+
+
+def approx_or_none(expected: Optional[float], rel: float, abs: float = 0.0):
+    """`pytest.approx(expected, ...)` for a number; None itself for None (pytest 9 refuses approx(None))."""
+    if expected is None:
+        return None
+    return pytest.approx(expected, rel=rel, abs=abs)
+
+
+def _np_dtype(dtype):
+    name = getattr(dtype, "name", None)  # tf.DType, np.dtype
+    if isinstance(name, str) and name == "bfloat16":
+        raise ValueError("bfloat16: pass the dtype the sum is carried in (float32)")
+    return np.dtype(name if isinstance(name, str) else dtype)
