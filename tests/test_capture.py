@@ -8,38 +8,9 @@ import tensorflow as tf
 import model_zoo
 import tb_layergrad
 from tb_layergrad.layer_tree import LayerTree
-from tolerances import TWO_SIDES, chain_rtol
+from tolerances import assert_same_float32_math, reduction_path_length
 
 MODES = ["eager", "function", "xla"]
-
-
-def reduction_path_length(model, x, target_terms: int, other: int = 0) -> int:
-    """An upper bound of the total reduction length along any path from the target back to a gradient.
-
-    Each kernel of shape (..., c_in, c_out) contracts prod(shape[:-1]) terms forward and
-    prod(shape[:-2]) * c_out in backprop; an RNN (x of rank 3) applies its kernels once per
-    timestep, one after the other; the weight gradients sum over every position (batch x
-    timesteps) and the target over `target_terms` terms; `other`: further reductions on the path
-    (batch statistics, pooling).
-    """
-    steps = int(x.shape[1]) if len(x.shape) == 3 else 1
-    length = int(np.prod(x.shape[:-1])) + int(target_terms) + int(other)
-    for v in model.trainable_variables:
-        shape = [int(d) for d in v.shape]
-        if len(shape) >= 2:
-            length += steps * (int(np.prod(shape[:-1])) + int(np.prod(shape[:-2])) * shape[-1])
-    return length
-
-
-def assert_same_float32_math(got, want, length: int, err_msg: str = "") -> None:
-    """Both sides compute the same float32 math, ops in other orders (eager kernels vs grappler's fused
-    ones vs XLA's; oneDNN and XLA block by the CPU's vector width, AVX2 vs AVX-512): each within
-    chain_rtol(float32, length) of the exact value, relative to the magnitudes combined, which the
-    tensor's largest element stands for (an element that cancels to ~0 keeps the absolute error)."""
-    got, want = np.asarray(got), np.asarray(want)
-    rtol = TWO_SIDES * chain_rtol(np.float32, [length])
-    atol = rtol * float(np.max(np.abs(want), initial=0.0))
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=err_msg)
 
 
 def _compile(fn, mode):
