@@ -20,6 +20,7 @@ from test_reliability_reductions import check_histogram, check_stats
 from tb_layergrad import fused_kernel, metadata, reductions
 
 S = metadata.STAT_INDEX
+pytestmark = pytest.mark.kernel
 
 
 @pytest.fixture(scope="module", autouse=True)

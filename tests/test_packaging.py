@@ -5,6 +5,8 @@ import importlib.metadata
 import pathlib
 import re
 import runpy
+import subprocess
+import sys
 
 import setuptools
 
@@ -55,3 +57,20 @@ def test_test_extra_brings_no_tensorflow_the_cpu_and_tf_extras_do():
     assert {"pytest", "pytest-timeout", "playwright"} <= set(requirements("test"))
     assert {"filelock", "platformdirs", "tensorboard"} <= set(requirements(""))
 
+
+
+def collect(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_markers_are_registered_and_select():
+    """`pytest -m "not browser"` leaves out exactly the browser tests (and --strict-markers knows all three)."""
+    listed = subprocess.run([sys.executable, "-m", "pytest", "--markers"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60).stdout
+    assert all(f"@pytest.mark.{m}:" in listed for m in ("browser", "kernel", "slow"))
+    browser = collect("-m", "browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
+    others = collect("-m", "not browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
+    ids = lambda done: [line for line in done.stdout.splitlines() if "::" in line]  # noqa: E731
+    assert ids(browser) and all(i.startswith("tests/test_tab_e2e.py::") for i in ids(browser))
+    assert ids(others) and not any(i.startswith("tests/test_tab_e2e.py::") for i in ids(others))
