@@ -141,7 +141,7 @@ def _compile(compiler: str, output: Path, target: Path) -> None:
             return
         message = f"compiling {KERNELS.name}/*.cc with {compiler} failed ({done.returncode}):\n{done.stderr[-4000:]}"
     kernel_cache.remember_failure(target, message)
-    raise RuntimeError(message)
+    raise RuntimeError(f"{message}\n(later processes do not compile again; {kernel_cache.retry_hint(target)})")
 
 
 def _load() -> Tuple[Optional[Any], Optional[str]]:

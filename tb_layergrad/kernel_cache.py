@@ -84,16 +84,19 @@ def failure_marker(library: Path) -> Path:
     return library.with_suffix(".failed")
 
 
+def retry_hint(library: Path) -> str:
+    return f"to retry, delete {failure_marker(library)} or run `{RETRY_COMMAND}` (it shows the compiler's message)"
+
+
 def remembered_failure(library: Path) -> Optional[str]:
-    """The message of an earlier failed build of `library`, with how to retry; None if there was none."""
-    marker = failure_marker(library)
+    """Why an earlier build of `library` failed, with how to retry; None if none did (or it was forgotten)."""
     try:
-        message = marker.read_text(encoding="utf-8", errors="replace")
+        message = failure_marker(library).read_text(encoding="utf-8", errors="replace").strip()
     except OSError:
         return None
-    last = message.strip().splitlines()[-1:] or [""]
-    return (f"an earlier build failed and is not retried in every process ({last[0][:300]}); to retry, delete "
-            f"{marker} or run `{RETRY_COMMAND}`, which retries and shows the compiler's message")
+    lines = message.splitlines() or ["(no message)"]
+    what = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return f"an earlier build failed and is not retried in every process: {what[:400]}; {retry_hint(library)}"
 
 
 def remember_failure(library: Path, message: str) -> None:

@@ -109,10 +109,11 @@ def test_a_failing_compiler_is_tried_once_across_processes(tmp_path):
     assert "this compiler always fails" in first.stderr and "TensorFlow ops are used instead" in first.stderr
     markers = list((tmp_path / "cache").glob("*.failed"))
     assert len(markers) == 1 and "always fails" in markers[0].read_text()
+    assert str(markers[0]) in first.stderr  # the log line says how to retry
 
     second = process()
     assert runs_of(cxx) == 1  # not compiled again
-    assert "not retried" in second.stderr and str(markers[0]) in second.stderr
+    assert "not retried" in second.stderr and str(markers[0]) in second.stderr and "always fails" in second.stderr
     assert kernel_cache.RETRY_COMMAND in second.stderr
 
     # Another compiler version is another build: it is tried (once).
