@@ -85,7 +85,7 @@ def test_ci_fails_when_a_test_skipped_for_a_missing_compiler(tmp_path):
     no_compiler["PATH"] = str(tmp_path / "empty")  # no c++, g++ or clang++
     skipped = pytest_output(tmp_path, no_compiler)
     text = skipped.read_text()
-    assert re.search(r"^SKIPPED \[1\] tests/test_fused_kernel\.py(:\d+)?: missing here: no C\+\+ compiler found", text, re.M), text
+    assert re.search(r"^SKIPPED \[1\] tests/test_fused_kernel\.py(:\d+)?: missing here: ", text, re.M), text
     done = ci_helper(f'check_pytest 0 "{skipped}"', tmp_path)
     assert done.returncode == 1 and "skipped for a missing requirement" in done.stderr
 
