@@ -10,7 +10,9 @@ for the duration of a read only: TensorBoard's process-wide switch
 (`tensorboard.compat.notf`) would also make `tf.summary.histogram` fail later in
 the same process (it resolves TensorFlow through the same lazy module).
 
-Logdirs given as URLs (`gs://...`) keep TensorFlow's file systems.
+Logdirs given as URLs (`gs://...`) keep TensorFlow's file systems. A TensorBoard
+running in the same process during a read also reads through the stand-in,
+which serves local files as TensorFlow does; the plugin itself never swaps.
 """
 from __future__ import annotations
 

@@ -91,6 +91,7 @@ def test_no_module_of_the_package_imports_a_posix_only_module():
 
 
 @LINUX_X86_64
+@pytest.mark.slow
 def test_a_failing_compiler_is_tried_once_across_processes(tmp_path):
     cxx = fake_compiler(tmp_path / "c++", "1.0", succeed=False)
     env = dict(os.environ, CXX=str(cxx), **{kernel_cache.ENV_CACHE: str(tmp_path / "cache")})

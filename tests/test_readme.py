@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tb_layergrad import kernel_cache
 from tb_reading import read_all
@@ -80,6 +81,7 @@ def pytest_output(tmp_path: pathlib.Path, env: dict) -> pathlib.Path:
     return log
 
 
+@pytest.mark.slow
 def test_ci_fails_when_a_test_skipped_for_a_missing_compiler(tmp_path):
     no_compiler = {k: v for k, v in os.environ.items() if k != "CXX"}
     no_compiler["PATH"] = str(tmp_path / "empty")  # no c++, g++ or clang++

@@ -302,6 +302,7 @@ def test_reductions_property(mode):
     _run_property(mode)
 
 
+@pytest.mark.slow
 def test_reductions_property_under_xla():
     _run_property("xla-general")
 
