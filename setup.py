@@ -3,12 +3,27 @@
 TensorFlow is not a hard requirement because users install it under different
 distribution names (tensorflow, tensorflow-cpu, tensorflow-macos...) and pip
 would otherwise pull a second copy. The TensorBoard plugin itself needs no
-TensorFlow at all.
+TensorFlow at all. For the same reason the `test` extra holds test tools only:
+`[cpu,test]` on a fresh machine, `[test]` beside an installed TensorFlow.
 """
+import ast
+import pathlib
+
 from setuptools import find_packages, setup
 
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+def package_version() -> str:
+    """`tb_layergrad.__version__`, the one version source, read without importing the package."""
+    tree = ast.parse((HERE / "tb_layergrad" / "__init__.py").read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError("tb_layergrad/__init__.py defines no __version__")
+
+
 TEST_REQUIRES = [
-    "tensorflow-cpu>=2.16",
     "pytest>=7",
     "pytest-timeout>=2",
     "werkzeug>=2",
@@ -19,16 +34,23 @@ TEST_REQUIRES = [
 
 setup(
     name="tb_layergrad",
-    version="0.1.0",
+    version=package_version(),
     description="Gradients w.r.t. layer outputs for TF2/Keras, logged to TensorBoard with its own tab.",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license="Apache-2.0",
     python_requires=">=3.9",
     packages=find_packages(include=["tb_layergrad", "tb_layergrad.*"]) + ["tb_layergrad.frontend"],
     package_dir={"tb_layergrad.frontend": "frontend"},
     # Everything under frontend/ (nested ES modules, styles, vendored libraries and their licences).
     package_data={"tb_layergrad.frontend": ["**/*"], "tb_layergrad": ["kernels/*.cc", "kernels/*.h"]},
-    install_requires=["tensorboard>=2.16", "numpy>=1.23", "protobuf>=3.20"],
+    install_requires=[
+        "tensorboard>=2.16",
+        "numpy>=1.23",
+        "protobuf>=3.20",
+        "filelock>=3.12",  # the kernel build's lock, on every OS (no fcntl)
+        "platformdirs>=3",  # the kernel cache's folder, per OS
+    ],
     extras_require={
         "cpu": ["tensorflow-cpu>=2.16"],
         "tf": ["tensorflow>=2.16"],
@@ -40,7 +62,19 @@ setup(
         "console_scripts": ["tb-layergrad = tb_layergrad.cli:main"],
     },
     classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "License :: OSI Approved :: Apache Software License",
+        "Operating System :: OS Independent",
         "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Programming Language :: Python :: 3.9",
+        "Programming Language :: Python :: 3.10",
+        "Programming Language :: Python :: 3.11",
+        "Programming Language :: Python :: 3.12",
+        "Programming Language :: Python :: 3.13",
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: Scientific/Engineering :: Visualization",
     ],
 )

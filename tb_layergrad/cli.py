@@ -1,14 +1,20 @@
-"""`tb-layergrad` command line: `demo` and `report`."""
+"""`tb-layergrad` command line: `demo` and `report` (also `python -m tb_layergrad`).
+
+`report` and `--version` import no TensorFlow: they start fast and print nothing
+but their own output. Only `demo`, which trains, loads it.
+"""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import List, Optional
+
+from tb_layergrad import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tb-layergrad", description="Layer-output gradients in TensorBoard.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
         "demo",
@@ -34,7 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         from tb_layergrad import demo

@@ -9,21 +9,20 @@ docs/PERFORMANCE.md for the figures).
 
 TensorFlow has no stable binary interface for custom ops, so the kernel is
 compiled here, against the installed TensorFlow, with the machine's C++
-compiler (~30 s, once per TensorFlow version and machine; kept in
-`$XDG_CACHE_HOME/tb_layergrad` or `TB_LAYERGRAD_CACHE`). Without a compiler,
-with a GPU visible (the kernel is CPU-only) or with `TB_LAYERGRAD_FUSED=0`,
-`reductions` uses its TensorFlow ops: the same records, more kernels. A build
-failure is logged once, with the compiler's message, and never raised.
+compiler, once per TensorFlow version, compiler and CPU kind, and cached
+(`kernel_cache`: the user's cache folder or `TB_LAYERGRAD_CACHE`). It is built
+and used on Linux x86-64 only, where it is tested. Elsewhere, without a
+compiler, with a GPU visible (the kernel is CPU-only) or with
+`TB_LAYERGRAD_FUSED=0`, `reductions` uses its TensorFlow ops: the same records,
+more kernels. A build failure is logged with the compiler's message and never
+raised; it is remembered, so later processes do not compile again in vain.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import logging
 import os
-import platform
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+
+from tb_layergrad import kernel_cache
 
 log = logging.getLogger("tb_layergrad")
 
@@ -44,19 +45,12 @@ WRITE_OP_NAME = "TbLayergradWriteHistogramsAndStats"
 # The dtypes the kernel reads (float16/bfloat16 are widened to float32 inside it).
 DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 ENV_SWITCH = "TB_LAYERGRAD_FUSED"
-ENV_CACHE = "TB_LAYERGRAD_CACHE"
+ENV_CACHE = kernel_cache.ENV_CACHE
 _BUILD_TIMEOUT_S = 600
 
 _lock = threading.Lock()
 _state: dict = {}  # "module": the loaded library or None once decided; "error": why not
 _enabled = [True]
-
-
-def _cache_dir() -> Path:
-    if os.environ.get(ENV_CACHE):
-        return Path(os.environ[ENV_CACHE])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "tb_layergrad"
 
 
 def _cpu_flags() -> str:
@@ -68,14 +62,9 @@ def _cpu_flags() -> str:
                     return line
     except OSError:
         pass
+    import platform
+
     return platform.processor()
-
-
-def _compiler() -> Optional[str]:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
 
 
 def _build_command(compiler: str, output: Path) -> List[str]:
@@ -86,52 +75,82 @@ def _build_command(compiler: str, output: Path) -> List[str]:
 
 
 def library_path(compiler: str) -> Path:
-    """Where the build for this source, command (compiler, flags, TensorFlow) and CPU lives."""
+    """Where the build for this source, command (compiler, flags, TensorFlow), compiler version and CPU lives."""
     key = hashlib.sha256()
-    for part in (*(f.read_bytes() for f in SOURCES + HEADERS), tf.__version__, " ".join(_build_command(compiler, Path("out"))), _cpu_flags(), sys.platform):
+    parts = (
+        *(f.read_bytes() for f in SOURCES + HEADERS), tf.__version__, " ".join(_build_command(compiler, Path("out"))),
+        kernel_cache.compiler_identity(compiler), _cpu_flags(), sys.platform,
+    )
+    for part in parts:
         key.update(part if isinstance(part, bytes) else part.encode())
         key.update(b"\0")
-    return _cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
+    return kernel_cache.cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """One build at a time across processes (parallel test workers, several trainers)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def _loadable(target: Path, warn: bool = True) -> bool:
+    """Whether a cached build exists and may be loaded (see `kernel_cache.refusal`)."""
+    if not target.exists():
+        return False
+    problem = kernel_cache.refusal(target)
+    if problem and warn:
+        log.warning("tb_layergrad: not loading the cached kernel %s: %s; building it again", target, problem)
+    return problem is None
 
 
-def build(compiler: Optional[str] = None) -> Path:
-    """Compiles the kernel unless it is cached; returns the library. Raises RuntimeError on failure."""
-    compiler = compiler or _compiler()
+def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
+    """Compiles the kernel unless it is cached; returns the library. Raises RuntimeError on failure.
+
+    A failed build is remembered (`kernel_cache.failure_marker`) and raised again
+    without compiling, unless `retry`.
+    """
+    compiler = compiler or kernel_cache.find_compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     target = library_path(compiler)
-    if target.exists():
+    if _loadable(target):
         return target
-    with _file_lock(target.with_suffix(".lock")):
-        if target.exists():  # built by another process while this one waited
+    failed = None if retry else kernel_cache.remembered_failure(target)
+    if failed:
+        raise RuntimeError(failed)
+    with kernel_cache.build_lock(target.with_suffix(".lock"), timeout=_BUILD_TIMEOUT_S + 60):
+        if _loadable(target, warn=False):  # built by another process while this one waited
             return target
+        failed = None if retry else kernel_cache.remembered_failure(target)  # or failed there
+        if failed:
+            raise RuntimeError(failed)
         log.warning("tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~30 s) into %s", target.parent)
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             partial = Path(tmp) / target.name
-            done = subprocess.run(_build_command(compiler, partial), capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
-            if done.returncode != 0:
-                raise RuntimeError(f"compiling {KERNELS.name}/*.cc failed ({done.returncode}):\n{done.stderr[-4000:]}")
+            _compile(compiler, partial, target)
+            kernel_cache.make_private(partial)
             os.replace(partial, target)  # atomic: a reader sees no half-written library
+        kernel_cache.forget_failure(target)
         log.info("tb_layergrad: fused kernel built in %.1f s", time.perf_counter() - started)
     return target
+
+
+def _compile(compiler: str, output: Path, target: Path) -> None:
+    """Runs the compiler; on failure remembers it for `target` and raises RuntimeError."""
+    try:
+        done = subprocess.run(_build_command(compiler, output), capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        message = f"compiling {KERNELS.name}/*.cc with {compiler} failed: no result after {_BUILD_TIMEOUT_S} s"
+    else:
+        if done.returncode == 0:
+            return
+        message = f"compiling {KERNELS.name}/*.cc with {compiler} failed ({done.returncode}):\n{done.stderr[-4000:]}"
+    kernel_cache.remember_failure(target, message)
+    raise RuntimeError(f"{message}\n(later processes do not compile again; {kernel_cache.retry_hint(target)})")
 
 
 def _load() -> Tuple[Optional[Any], Optional[str]]:
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None, f"{ENV_SWITCH}=0"
+    unsupported = kernel_cache.supported_platform()
+    if unsupported:  # not a warning: TensorFlow's ops are what this platform is meant to use
+        log.info("tb_layergrad: %s; TensorFlow ops compute the records", unsupported)
+        return None, unsupported
     if tf.config.list_logical_devices("GPU"):
         return None, "a GPU is visible (the fused kernel is CPU-only)"
     try:
@@ -258,9 +277,12 @@ def write_histograms_and_stats(
 
 
 def main() -> None:
-    """`python -m tb_layergrad.fused_kernel`: build now (e.g. in a Docker image), print where."""
+    """`python -m tb_layergrad.fused_kernel`: build now (e.g. in a Docker image), print where.
+
+    Retries a remembered failure, so that the compiler's message is shown again.
+    """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    print(build())
+    print(build(retry=True))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ For notebooks and scripts; pandas is an optional extra (`pip install
 'tb_layergrad[pandas]'`), imported only when `load` is called. It reads through TensorBoard's own event
 multiplexer and data provider and reuses the plugin's catalog and statistics
 code, so its numbers are the numbers the tab shows (derived statistics such as
-`rms` and `zero_frac` included). Every step is kept: no sampling.
+`rms` and `zero_frac` included). Every step is kept: no sampling. TensorFlow is
+not imported (`event_reading`).
 
     df = tb_layergrad.load("logs")
     df[df.layer == "my_model/minimalrnn"].plot(x="step", y="norm", logy=True)
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from tb_layergrad import metadata
+from tb_layergrad import event_reading, metadata
 from tb_layergrad.plugin import catalog, series
 
 COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + series.ALL_STATS
@@ -45,6 +46,11 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
             "extra: pip install 'tb_layergrad[pandas]' (or pip install pandas). Without pandas, "
             "`tb-layergrad report LOGDIR --format csv|json` gives the per-layer verdicts."
         ) from e
+    with event_reading.tensorflow_free(logdir):
+        return _load(pd, logdir, runs)
+
+
+def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     from tensorboard import context as tb_context
 
     provider = open_provider(logdir)

@@ -26,7 +26,7 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, TextIO
 
-from tb_layergrad import anomalies, metadata
+from tb_layergrad import anomalies, event_reading, metadata
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -93,14 +93,19 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
 
 def build(logdir: str, runs: Optional[Sequence[str]] = None, target: str = metadata.DEFAULT_TARGET,
           source: str = metadata.SOURCE_OUTPUT, fail_on: Sequence[str] = ()) -> Report:
-    """Read `logdir` (every step) and evaluate the rules for each run."""
+    """Read `logdir` (every step) and evaluate the rules for each run (without importing TensorFlow)."""
+    if not event_reading.is_url(logdir) and not os.path.isdir(logdir):
+        raise ReportError(f"no such directory: {logdir}")
+    with event_reading.tensorflow_free(logdir):
+        return _build(logdir, runs, target, source, fail_on)
+
+
+def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str, fail_on: Sequence[str]) -> Report:
     from tensorboard import context as tb_context
 
     from tb_layergrad.loading import open_provider
     from tb_layergrad.plugin import anomaly_reader, catalog
 
-    if "://" not in logdir and not os.path.isdir(logdir):
-        raise ReportError(f"no such directory: {logdir}")
     provider = open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "")

@@ -1,9 +1,11 @@
-"""Shared pytest set-up: quiet TensorFlow, deterministic seeds."""
+"""Shared pytest set-up: deterministic seeds.
+
+TensorFlow's log level is left as the user has it: the tests' subprocesses then see what a user sees
+(tb-layergrad's commands must be quiet without TF_CPP_MIN_LOG_LEVEL).
+"""
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(autouse=True)
@@ -14,3 +16,34 @@ def _seed():
     except ImportError:  # plugin-only environments
         return
     keras.utils.set_random_seed(1234)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked `browser` or `kernel` skips, with a one-line reason, where its requirement is missing.
+
+    The reasons start with `kernel_cache.MISSING`, which .ci/run looks for: CI has every requirement,
+    so such a skip there is a failure.
+    """
+    missing = {}
+    for item in items:
+        for marker in ("browser", "kernel"):
+            if item.get_closest_marker(marker) is None:
+                continue
+            if marker not in missing:
+                missing[marker] = requirement_missing(marker)
+            if missing[marker]:
+                item.add_marker(pytest.mark.skip(reason=missing[marker]))
+
+
+def requirement_missing(marker: str):
+    """`kernel_cache.MISSING + why` when this machine lacks what tests marked `marker` need, else None."""
+    from tb_layergrad import kernel_cache
+
+    if marker == "browser":
+        from tab_fixtures import CHROMIUM
+
+        if not os.path.exists(CHROMIUM):
+            return f"{kernel_cache.MISSING} Chromium ({CHROMIUM}; Debian: apt-get install chromium)"
+        return None
+    why = kernel_cache.unavailable_reason()
+    return f"{kernel_cache.MISSING} {why}" if why else None

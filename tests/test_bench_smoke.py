@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_bench_run_smoke(tmp_path):
     out = tmp_path / "PERFORMANCE.md"
     proc = subprocess.run(

@@ -22,7 +22,7 @@ import pytest
 from tb_layergrad import demo as demo_module
 from tb_layergrad import metadata
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 @pytest.fixture(scope="session")
@@ -143,6 +143,17 @@ def test_fail_on_nan_exit_status(demo):
     assert code == 0, out.getvalue()
     assert "OK: none of nan, exploding, vanishing, dead holds" in out.getvalue()
     assert max(len(line) for line in out.getvalue().splitlines()) <= 100
+
+
+def test_report_on_the_demo_is_silent_on_stderr_and_imports_no_tensorflow(demo):
+    """What a user runs after the demo, in the environment a user has (no TF_CPP_MIN_LOG_LEVEL)."""
+    code = ("import sys\nfrom tb_layergrad import cli\n"
+            f"status = cli.main(['report', {demo['logdir']!r}])\n"
+            "assert 'tensorflow' not in sys.modules, 'the report imported TensorFlow'\nsys.exit(status)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert all(f"run {name} " in done.stdout for name in demo_module.RUN_NAMES)
 
 
 def test_load_gives_the_reports_numbers(demo):

@@ -18,6 +18,8 @@ from tb_layergrad import metadata
 GLOBAL_BATCH, STEPS = 8, 3
 
 
+pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("custom_loop"))

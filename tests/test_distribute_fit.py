@@ -17,6 +17,8 @@ GLOBAL_BATCH, STEPS = 8, 3
 MODES = ("graph", "eager")
 
 
+pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("fit_mirrored"))

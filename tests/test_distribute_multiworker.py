@@ -17,6 +17,8 @@ from tb_layergrad import metadata
 GLOBAL_BATCH, STEPS, WORKERS = 8, 3, 2
 
 
+pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("mwms"))

@@ -22,6 +22,7 @@ from tb_layergrad import fused_kernel, metadata, reductions
 
 S = metadata.STAT_INDEX
 KERNEL_BLOCK = 256  # kBlock in tb_layergrad/kernels/records.cc: float32 partial sums of x and |x|
+pytestmark = pytest.mark.kernel
 
 
 @pytest.fixture(scope="module", autouse=True)

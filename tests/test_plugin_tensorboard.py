@@ -36,6 +36,8 @@ CONFIGS = {
 API = "/data/plugin/layergrad/"
 
 
+pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("layergrad_big")

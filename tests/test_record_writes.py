@@ -15,6 +15,8 @@ from tensorboard.backend.event_processing import event_file_loader
 import tb_layergrad
 from tb_layergrad import fused_kernel, metadata, nonfinite, record_writes, summary_state
 
+pytestmark = pytest.mark.kernel
+
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel_built():

@@ -313,6 +313,7 @@ def _runs_ready(p, damaged: Damaged, live: bool = False) -> bool:
         runs["many"]["layers"]) == len(MANY_LAYERS)
 
 
+@pytest.mark.slow
 def test_damaged_logdir_in_real_tensorboards(tmp_path):
     # The Rust loader also gets the two damages that break TensorBoard's Python loader as a whole.
     damaged = {"rust": Damaged(str(tmp_path / "rust"), rust=True), "python": Damaged(str(tmp_path / "python"))}

@@ -264,7 +264,7 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
         assert hist.numpy()[:, 2].sum() == want["elements"] - want["nan"] - want["pos_inf"] - want["neg_inf"]
 
 
-@pytest.fixture(params=["fused op", "TensorFlow ops"])
+@pytest.fixture(params=[pytest.param("fused op", marks=pytest.mark.kernel), "TensorFlow ops"])
 def write_path(request):
     """Both ways the first non-finite steps are kept: in the fused write op, and in nonfinite.py's variable."""
     with fused_kernel.disabled() if request.param == "TensorFlow ops" else contextlib.nullcontext():

@@ -27,7 +27,7 @@ from tab_fixtures import (  # noqa: E402
     NAN_STEP,
 )
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
 POLL_MS = 1000  # the tab's auto-refresh interval in these tests (12 s by default)
 DENSE = "loss|output|net/dense"
