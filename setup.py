@@ -23,6 +23,12 @@ def package_version() -> str:
     raise RuntimeError("tb_layergrad/__init__.py defines no __version__")
 
 
+# Supported (README, "Supported versions"; CI tests both ends): TensorFlow from 2.16 with Keras 3 from 3.3,
+# or tf_keras of TensorFlow's minor version. No upper bound: GradientLogger observes Keras' own train step
+# instead of copying it, so a newer release is expected to work, and CI's newest pair is today's releases.
+TENSORFLOW = ">=2.16"
+KERAS = "keras>=3.3"
+
 TEST_REQUIRES = [
     "pytest>=7",
     "pytest-timeout>=2",
@@ -52,8 +58,8 @@ setup(
         "platformdirs>=3",  # the kernel cache's folder, per OS
     ],
     extras_require={
-        "cpu": ["tensorflow-cpu>=2.16"],
-        "tf": ["tensorflow>=2.16"],
+        "cpu": [f"tensorflow-cpu{TENSORFLOW}", KERAS],
+        "tf": [f"tensorflow{TENSORFLOW}", KERAS],
         "pandas": ["pandas>=1.5"],
         "test": TEST_REQUIRES,
     },
