@@ -17,13 +17,13 @@ import numpy as np
 import tensorflow as tf
 
 from tb_layergrad import metadata
+from tolerances import TWO_SIDES, chain_rtol, reduction_path_length
 
 keras = tf.keras
 layers = keras.layers
 TF_KERAS = keras.Model.__module__.startswith("tf_keras")
 
 MODES = ("eager", "graph", "xla")
-RTOL = 1e-5
 MAX = 10_000  # max_elements large enough for every tensor here: the `tensor` record is the whole gradient
 
 
@@ -206,13 +206,32 @@ def stat(values: np.ndarray, name: str) -> float:
     return float(values[metadata.STAT_INDEX[name]])
 
 
-def assert_close(actual, expected, what: str, rtol: float = RTOL, scale: float = None) -> None:
-    """rtol 1e-5 per element, plus an absolute slack of rtol x the tensor's largest magnitude.
+def _all_layers(layer):
+    for child in getattr(layer, "layers", None) or []:
+        yield child
+        yield from _all_layers(child)
 
-    The slack covers elements that are the difference of much larger terms (e.g. a
-    BatchNorm gradient): XLA contracts a*b+c into FMAs, so such an element may carry
-    an error of about 1 ulp of the terms, not of itself.
+
+def path_length(model, x, target_terms: int) -> int:
+    """The reduction path of one step of `model` on batch `x` (`tolerances.reduction_path_length`), plus the
+    batch moments of each BatchNormalization layer (two sums over every position)."""
+    bn = sum(1 for layer in _all_layers(model) if type(layer).__name__ == "BatchNormalization")
+    positions = int(np.prod(np.shape(x)[:-1]))
+    return reduction_path_length(model, np.asarray(x), target_terms=target_terms, other=2 * bn * positions)
+
+
+def assert_close(actual, expected, what: str, length: int, scale: float = None) -> None:
+    """The logged value and the reproduction compute the same float32 math, in other orders.
+
+    The logged step runs graph, XLA or eager kernels, the reproduction eager ones
+    layer by layer (and oneDNN/XLA block by the CPU's vector width): each side within
+    `chain_rtol(float32, length)` of the exact value, `length` the reduction path
+    (`path_length`, plus the record's own reduction over the tensor for a statistic).
+    The bound is relative to the magnitudes combined, which the tensor's largest
+    element (`scale`) stands for: an element that cancels to ~0 keeps the absolute
+    error of its terms.
     """
+    rtol = TWO_SIDES * chain_rtol(np.float32, [length])
     expected = np.asarray(expected, np.float64)
     if scale is None:
         scale = float(np.max(np.abs(expected))) if expected.size else 0.0
@@ -255,13 +274,15 @@ def log_dir(tmp_path) -> str:
 def check_step(series, step, model, manual, weights, x, y, loss_fn, *, with_weights=True, target="loss", target_fn=None):
     """The records of `step` equal an independent reproduction of that step (see `reproduce`)."""
     g_out, g_var = reproduce(model, manual, weights, x, y, loss_fn, target=target_fn)
+    length = path_length(model, x, target_terms=max(g.size for g in g_out.values() if g is not None))
     for path, g in g_out.items():
         st = one(series, f"{target}/output/{path}/stats", step)
         exp = expected_stats(g)
         for name in ("elements", "min", "max", "mean", "std", "norm", "mean_abs"):
-            assert_close(stat(st, name), exp[name], f"{path} {name} at step {step}", scale=float(np.max(np.abs(g))))
+            # a statistic is one more reduction, over the g.size elements of the gradient
+            assert_close(stat(st, name), exp[name], f"{path} {name} at step {step}", length + g.size, scale=float(np.max(np.abs(g))))
         assert stat(st, "no_gradient") == 0
-        assert_close(one(series, f"{target}/output/{path}/tensor", step), bounded(g, MAX), f"{path} tensor at step {step}")
+        assert_close(one(series, f"{target}/output/{path}/tensor", step), bounded(g, MAX), f"{path} tensor at step {step}", length)
         hist = one(series, f"{target}/output/{path}/histogram", step)
         assert hist.shape == (30, 3) and hist[:, 2].sum() == g.size
     if with_weights:
@@ -270,4 +291,4 @@ def check_step(series, step, model, manual, weights, x, y, loss_fn, *, with_weig
         for path, tag in infos.items():
             tail = path.split("/", 1)[1]  # "model/d1/kernel" -> "d1/kernel"
             key = next(k for k in g_var if k == tail or k.endswith("/" + tail))
-            assert_close(one(series, tag, step), bounded(g_var[key], MAX), f"weight {path} at step {step}")
+            assert_close(one(series, tag, step), bounded(g_var[key], MAX), f"weight {path} at step {step}", length)

@@ -5,7 +5,7 @@ rewriting Keras' training engine". The callback never runs a step of its own:
 whatever `train_step` the model has runs unmodified, and the gradient of the
 loss it differentiates (here a hand-written loss with an L2 penalty that no
 Keras loss object knows about) is what is logged. Checked against an
-independent reproduction of each logged step (rtol 1e-5), and training is
+independent reproduction of each logged step (`fit_helpers.assert_close`), and training is
 bitwise what it is without the callback. Runs under Keras 3 and tf_keras.
 """
 from __future__ import annotations

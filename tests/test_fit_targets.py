@@ -16,6 +16,7 @@ from fit_helpers import (
     layergrad_steps,
     log_dir,
     one,
+    path_length,
     read_series,
     reproduce,
 )
@@ -49,15 +50,16 @@ def test_target_gradients_match_reproduction(tmp_path, mode):
         xb, yb = x[8:], y[8:]  # step 2 and 4 train on the second batch
         for name, fn in TARGETS.items():
             g_out, g_var = reproduce(model, manual, saver.before[step], xb, yb, loss, target=fn)
+            length = path_length(model, xb, target_terms=int(np.prod(g_out["bnres/out"].shape)))
             for path, g in g_out.items():
                 if chosen and path.split("/")[-1] not in chosen:
                     continue
-                assert_close(one(series, f"{name}/output/{path}/tensor", step), bounded(g, 10_000), f"{name} {path} step {step}")
+                assert_close(one(series, f"{name}/output/{path}/tensor", step), bounded(g, 10_000), f"{name} {path} step {step}", length)
             for key, g in g_var.items():
                 if chosen and key.split("/")[-2] not in chosen:
                     continue
                 tag = f"{name}/weight/bnres/{key.split('/')[-2]}/{key.split('/')[-1]}/tensor"
-                assert_close(one(series, tag, step), bounded(g, 10_000), f"{name} {key} step {step}")
+                assert_close(one(series, tag, step), bounded(g, 10_000), f"{name} {key} step {step}", length)
 
 
 def test_custom_loop_helpers():
@@ -77,8 +79,9 @@ def test_custom_loop_helpers():
     for name, fn in TARGETS.items():
         assert per_target[name].target == name
         g_out, _ = reproduce(model, manual, model.get_weights(), x.numpy(), None, None, target=fn)
+        length = path_length(model, x.numpy(), target_terms=int(np.prod(g_out["bnres/out"].shape)))
         for path, g in g_out.items():
-            assert_close(per_target[name][path].numpy(), g, f"{name} {path}")
+            assert_close(per_target[name][path].numpy(), g, f"{name} {path}", length)
 
 
 @pytest.mark.parametrize("bad", [lambda p: p, lambda p: p[:, :2], lambda p: tf.zeros([3, 2, 1])])
