@@ -53,7 +53,8 @@ def test_test_extra_brings_no_tensorflow_the_cpu_and_tf_extras_do():
     tensorflows = {"tensorflow", "tensorflow-cpu", "tf-keras", "keras"}
     assert not tensorflows & set(requirements("test")), requirements("test")
     assert not tensorflows & set(requirements(""))
-    assert requirements("cpu") == ["tensorflow-cpu"] and requirements("tf") == ["tensorflow"]
+    # TensorFlow, and the oldest Keras 3 that GradientLogger supports (README, "Supported versions").
+    assert requirements("cpu") == ["tensorflow-cpu", "keras"] and requirements("tf") == ["tensorflow", "keras"]
     assert {"pytest", "pytest-timeout", "playwright"} <= set(requirements("test"))
     assert {"filelock", "platformdirs", "tensorboard"} <= set(requirements(""))
 
