@@ -31,7 +31,8 @@ def _run(build, x, y, mode, callbacks, epochs=2):
     keras.utils.set_random_seed(21)
     model = build()
     model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy", **compile_kwargs(mode))
-    model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+    if epochs:  # epochs=0: the initial weights (tf_keras refuses fit(epochs=0))
+        model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     return model, model.get_weights()  # includes BatchNorm's moving statistics
 
 
