@@ -183,14 +183,15 @@ class StepConfig:
 class FitStep:
     """Builds the observing train_step for one fit() call; remembers the series it writes."""
 
-    def __init__(self, model: Any, kind: str, config: StepConfig, writer: Any = None, inner: Optional[Callable] = None):
+    def __init__(self, model: Any, kind: str, config: StepConfig, writer: Any = None):
         self.model = model
         self.kind = kind
         self.config = config
         #: the summary writer the step writes to itself (see `_writes_in_step`); None: hand records to Python.
         self.writer = writer
-        #: the model's own train step, run unmodified inside the observation.
-        self.inner = inner if inner is not None else model_train_step(model)
+        #: the model's own train step, run unmodified inside the observation (read before the callback
+        #: sets its own as the model's instance attribute).
+        self.inner = model_train_step(model)
         #: tag -> SeriesInfo, filled while the step is traced (or run eagerly).
         self.series: Dict[str, metadata.SeriesInfo] = {}
 

@@ -29,7 +29,8 @@ class GradientLogger(_Base):
     observes it: the layer outputs are watched on the tape the step opens, and
     the step's one `tape.gradient(loss, weights)` call is answered by ONE call
     for the weights and the outputs together, whose weight part goes back to
-    the step as it is. Training is therefore bit for bit unchanged. Gradients
+    the step as it is. Training is therefore bit for bit unchanged in eager and
+    graph mode (under XLA, see README: the same math, bitwise on some CPUs). Gradients
     are reduced to a histogram and statistics (`tb_layergrad.summary` format,
     plugin "layergrad") and written by the step itself (`jit_compile=False`)
     or right after it (XLA, eager), at step `s = optimizer.iterations` after
@@ -275,10 +276,7 @@ class GradientLogger(_Base):
             "train_step": model.__dict__.get("train_step", _MISSING),
         }
         reuse = self._built if self._built is not None and self._built.fits(model, saved["train_function"], config, writer) else None
-        if reuse is None:
-            fit_step = _fit_step.FitStep(model, kind, config, writer=writer, inner=_fit_step.model_train_step(model))
-        else:
-            fit_step = reuse.fit_step
+        fit_step = reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config, writer=writer)
         step_fn = fit_step.train_step
         self._writer, self._fit_step, self._saved = writer, fit_step, saved
         try:
