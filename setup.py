@@ -49,7 +49,7 @@ setup(
     packages=find_packages(include=["tb_layergrad", "tb_layergrad.*"]) + ["tb_layergrad.frontend"],
     package_dir={"tb_layergrad.frontend": "frontend"},
     # Everything under frontend/ (nested ES modules, styles, vendored libraries and their licences).
-    package_data={"tb_layergrad.frontend": ["**/*"], "tb_layergrad": ["kernels/*.cc", "kernels/*.h"]},
+    package_data={"tb_layergrad.frontend": ["**/*"], "tb_layergrad.kernel": ["src/*.cc", "src/*.h"]},
     install_requires=[
         "tensorboard>=2.16",
         "numpy>=1.23",

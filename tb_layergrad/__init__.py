@@ -23,14 +23,25 @@ from tb_layergrad.metadata import FORMAT_VERSION, PLUGIN_NAME
 __version__ = "0.1.0"
 
 _LAZY = {
-    "capture": ("tb_layergrad.layer_capture", "capture"),
-    "Capture": ("tb_layergrad.layer_capture", "Capture"),
-    "GradientMap": ("tb_layergrad.gradient_map", "GradientMap"),
-    "GradientLogger": ("tb_layergrad.callbacks.gradient_logger", "GradientLogger"),
-    "timestep_probe": ("tb_layergrad.rnn_probe", "timestep_probe"),
+    "capture": ("tb_layergrad.capturing.layer_capture", "capture"),
+    "Capture": ("tb_layergrad.capturing.layer_capture", "Capture"),
+    "GradientMap": ("tb_layergrad.capturing.gradient_map", "GradientMap"),
+    "GradientLogger": ("tb_layergrad.keras.gradient_logger", "GradientLogger"),
+    "timestep_probe": ("tb_layergrad.capturing.rnn_probe", "timestep_probe"),
     "load": ("tb_layergrad.loading", "load"),
 }
-_SUBMODULES = ("summary", "reductions", "metadata", "anomalies", "report", "targets", "rnn_probe", "distribute")
+# Public submodules, by the name users import them under -> where they live (the rooms).
+_SUBMODULES = {
+    "summary": "tb_layergrad.summary",
+    "reductions": "tb_layergrad.statistics.reductions",
+    "metadata": "tb_layergrad.metadata",
+    "anomalies": "tb_layergrad.anomalies",
+    "report": "tb_layergrad.report",
+    "targets": "tb_layergrad.capturing.targets",
+    "rnn_probe": "tb_layergrad.capturing.rnn_probe",
+    "distribute": "tb_layergrad.distribute",
+    "fused_kernel": "tb_layergrad.kernel",
+}
 
 __all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]
 
@@ -42,5 +53,5 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"tb_layergrad.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'tb_layergrad' has no attribute {name!r}")

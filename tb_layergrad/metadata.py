@@ -56,6 +56,20 @@ STAT_FIELDS = (
 STAT_INDEX = {name: i for i, name in enumerate(STAT_FIELDS)}
 
 
+def stat_values(**values: Any) -> list:
+    """The values of a `stats` record in STAT_FIELDS order, given by name.
+
+    Why: every writer (TensorFlow's ops, the replica merge, "no gradient") builds
+    its record through this, so that the position of a statistic is decided here
+    only; the C++ kernel's enum is pinned to STAT_FIELDS by a test.
+    """
+    missing = [name for name in STAT_FIELDS if name not in values]
+    unknown = [name for name in values if name not in STAT_INDEX]
+    if missing or unknown:
+        raise ValueError(f"a stats record needs exactly {STAT_FIELDS}; missing {missing}, unknown {unknown}")
+    return [values[name] for name in STAT_FIELDS]
+
+
 @dataclasses.dataclass(frozen=True)
 class SeriesInfo:
     """What one tag holds; constant for the life of the tag."""

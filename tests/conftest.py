@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(config, items):
 
 def requirement_missing(marker: str):
     """`kernel_cache.MISSING + why` when this machine lacks what tests marked `marker` need, else None."""
-    from tb_layergrad import kernel_cache
+    from tb_layergrad.kernel import cache as kernel_cache
 
     if marker == "browser":
         from tab_fixtures import CHROMIUM

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import model_zoo
 import tb_layergrad
-from tb_layergrad.layer_tree import LayerTree
+from tb_layergrad.capturing.layer_tree import LayerTree
 from tolerances import assert_same_float32_math, reduction_path_length
 
 MODES = ["eager", "function", "xla"]

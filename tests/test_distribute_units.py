@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tb_layergrad import distribute
-from tb_layergrad.callbacks import _replica_payload
+from tb_layergrad.keras import replica_payload as _replica_payload
 
 
 def _awkward() -> np.ndarray:

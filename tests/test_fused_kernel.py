@@ -1,4 +1,4 @@
-"""The fused reduction kernel (tb_layergrad/kernels/records.cc, histograms_and_stats.cc): the same records, one op.
+"""The fused reduction kernel (tb_layergrad/kernel/src/records.cc, histograms_and_stats.cc): the same records, one op.
 
 Its numbers are checked against the independent numpy reference of the reduction property tests
 (`test_reliability_reductions`, which also runs its generated tensors through the kernel) and against
@@ -19,9 +19,10 @@ import tensorflow as tf
 from test_reliability_reductions import check_histogram, check_stats
 from tolerances import TWO_SIDES, blocked_sum_atol, gamma, histogram_edge_atol, sum_atol, sum_rtol, unit_roundoff
 from tb_layergrad import fused_kernel, metadata, reductions
+from tb_layergrad.summary import backend
 
 S = metadata.STAT_INDEX
-KERNEL_BLOCK = 256  # kBlock in tb_layergrad/kernels/records.cc: float32 partial sums of x and |x|
+KERNEL_BLOCK = 256  # kBlock in tb_layergrad/kernel/src/records.cc: float32 partial sums of x and |x|
 pytestmark = pytest.mark.kernel
 
 
@@ -75,9 +76,9 @@ def _cases() -> list:
 def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
     tensors = [tf.constant(a) if isinstance(a, np.ndarray) else a for a in _cases()]
     run = tf.function if graph else (lambda f: f)
-    fused = run(lambda ts: reductions.histograms_and_stats(ts, 30))(tensors)
+    fused = run(lambda ts: backend.reduce(ts, 30))(tensors)
     with fused_kernel.disabled():
-        plain = run(lambda ts: reductions.histograms_and_stats(ts, 30))(tensors)
+        plain = run(lambda ts: backend.reduce(ts, 30))(tensors)
     for t, (hist, stats), (p_hist, p_stats) in zip(tensors, fused, plain):
         hist, stats = hist.numpy(), stats.numpy()
         check_stats(stats, t, "kernel")
@@ -99,7 +100,7 @@ def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
 
 def test_big_tensor_counts_every_chunk():
     x = _big_with_specials()
-    hist, stats = reductions.histogram_and_stats(tf.constant(x), 30)
+    (hist, stats), = backend.reduce([tf.constant(x)], 30)
     stats = stats.numpy()
     assert (stats[S["nan"]], stats[S["pos_inf"]], stats[S["neg_inf"]]) == (1, 1, 1)
     finite = x[np.isfinite(x)].astype(np.float64)
@@ -129,7 +130,7 @@ def test_big_tensor_counts_every_chunk():
 
 def test_a_step_reduces_every_tensor_in_one_op():
     tensors = [tf.random.normal([128, 256]), tf.random.normal([128, 10]), tf.random.normal([4], dtype=tf.float64)]
-    fn = tf.function(lambda ts: reductions.histograms_and_stats(ts, 30))
+    fn = tf.function(lambda ts: backend.reduce(ts, 30))
     graph = fn.get_concrete_function(tensors).graph
     types = [op.type for op in graph.get_operations()]
     assert types.count(fused_kernel.OP_NAME) == 1

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import tb_layergrad
-from tb_layergrad import kernel_cache, metadata
+from tb_layergrad import metadata
+from tb_layergrad.kernel import cache as kernel_cache
 from tb_reading import read_all
 
 LINUX_X86_64 = pytest.mark.skipif(kernel_cache.supported_platform() is not None,
@@ -54,7 +55,7 @@ def test_imports_and_writes_summaries_where_fcntl_does_not_exist(tmp_path):
         import tb_layergrad
         for m in pkgutil.walk_packages(tb_layergrad.__path__, "tb_layergrad."):
             importlib.import_module(m.name)
-        from tb_layergrad import kernel_cache
+        from tb_layergrad.kernel import cache as kernel_cache
         with kernel_cache.build_lock(Path({str(tmp_path / "x.lock")!r}), timeout=30):
             pass
         writer = tf.summary.create_file_writer({str(tmp_path / "logs" / "run")!r})

@@ -42,3 +42,26 @@ def test_bad_content_raises_every_time(raw, error):
         with pytest.raises(error):
             metadata.parse_plugin_content(raw)
     assert metadata.try_parse_plugin_content(raw) is None
+
+
+def test_the_kernels_statistic_positions_are_stat_fields():
+    """records.h names each position of a stats record; they must be metadata.STAT_FIELDS, in order."""
+    import re
+    from pathlib import Path
+
+    import tb_layergrad
+
+    header = (Path(tb_layergrad.__file__).parent / "kernel" / "src" / "records.h").read_text()
+    enum = re.search(r"enum Stat : int \{(.*?)\};", header, re.S).group(1)
+    entries = re.findall(r"k(\w+) = (\d+)", enum)
+    snake = [(re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(), int(value)) for name, value in entries]
+    assert snake == [(f, i) for i, f in enumerate(metadata.STAT_FIELDS)] + [("num_stats", len(metadata.STAT_FIELDS))]
+
+
+def test_stat_values_are_placed_by_name():
+    values = {name: float(i) * 10 for i, name in enumerate(reversed(metadata.STAT_FIELDS))}
+    assert metadata.stat_values(**values) == [values[f] for f in metadata.STAT_FIELDS]
+    with pytest.raises(ValueError, match="missing \\['no_gradient'\\]"):
+        metadata.stat_values(**{k: v for k, v in values.items() if k != "no_gradient"})
+    with pytest.raises(ValueError, match="unknown \\['median'\\]"):
+        metadata.stat_values(**values, median=1.0)

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from tb_layergrad import kernel_cache
+from tb_layergrad.kernel import cache as kernel_cache
 from tb_reading import read_all
 from tolerances import TWO_SIDES, gamma
 

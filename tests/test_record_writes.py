@@ -1,4 +1,4 @@
-"""One op computes and writes a step's histogram and stats records (record_writes, kernels/write_records.cc).
+"""One op computes and writes a step's histogram and stats records (summary.backend, kernel/src/write_records.cc).
 
 The records must be the very bytes `tf.summary.write` writes (docs/FORMAT.md): compared here event by
 event, read back through TensorBoard's own event-file loader, against the per-record path.
@@ -13,7 +13,10 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_file_loader
 
 import tb_layergrad
-from tb_layergrad import fused_kernel, metadata, nonfinite, record_writes, summary_state
+from tb_layergrad import fused_kernel, metadata
+from tb_layergrad.summary import backend, writer_state
+from tb_layergrad.summary.plan import Plan, Series
+from tb_layergrad.summary.write import write_step
 
 pytestmark = pytest.mark.kernel
 
@@ -58,14 +61,14 @@ def _events(logdir: str) -> dict:
 def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> None:
     """Write the records of `tensors` at each step, through the fused op or (`per_record`) tf.summary.write."""
     if per_record:
-        monkeypatch.setattr(record_writes, "fused_writer", lambda: None)
+        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
     writer = tf.summary.create_file_writer(logdir)
 
     @tf.function
     def write(xs, at):
         with tf.summary.record_if(True):
-            tracked = record_writes.write_histograms_and_stats(_series(len(xs)), xs, 30, at, description="why")
-            nonfinite.write_first_nonfinite(tracked, at)
+            series = tuple(Series(info, x) for info, x in zip(_series(len(xs)), xs))
+            write_step(Plan(series, buckets=30, description="why"), at)
 
     with writer.as_default():
         for step in steps:
@@ -127,10 +130,10 @@ def test_a_logged_step_is_one_op_and_no_condition(tmp_path):
 
 def test_without_a_file_writer_nothing_is_written_and_nothing_fails():
     """No writer, or a no-op one: no resource to write to; tf.summary's own behaviour applies (nothing written)."""
-    assert summary_state.default_writer_resource() is None
+    assert writer_state.default_writer_resource() is None
     assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([2, 2])}, step=3)) is False
     with tf.summary.create_noop_writer().as_default():
-        assert summary_state.default_writer_resource() is None
+        assert writer_state.default_writer_resource() is None
         assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([2, 2])}, step=3)) is False
 
 
@@ -139,7 +142,8 @@ def test_mismatched_series_are_refused(tmp_path):
     one = [("a", b"")]
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one tag and one metadata per input"):
         fused_kernel.write_histograms_and_stats(
-            writer._resource, True, tf.constant(1, tf.int64), [tf.ones([3]), tf.ones([2])], 5, one, one, one  # noqa: SLF001
+            writer._resource, True, tf.constant(1, tf.int64), [tf.ones([3]), tf.ones([2])], 5, one, one,  # noqa: SLF001
+            tf.constant([-1, -1], tf.int64), one,
         )
 
 
@@ -148,7 +152,7 @@ def test_flush_puts_the_step_on_disk_before_the_writer_closes(tmp_path, flush):
     """GradientLogger's in-step writes flush (records before a crash are kept); without flush they wait in the queue."""
     writer = tf.summary.create_file_writer(str(tmp_path), max_queue=1000, flush_millis=10**9)
     series = _series(1)
-    record_writes.write_fused(writer._resource, True, series, [tf.ones([4])], 30, tf.constant(5, tf.int64), flush=flush)  # noqa: SLF001
+    backend.write_fused(writer._resource, tf.constant(True), tf.constant(5, tf.int64), series, [tf.ones([4])], 30, flush=flush)  # noqa: SLF001
     on_disk = _events(str(tmp_path))
     assert sorted(on_disk) == ([(5, series[0].tag.replace("/stats", "/histogram")), (5, series[0].tag)] if flush else [])
     writer.close()
@@ -159,7 +163,7 @@ def test_a_write_op_that_cannot_write_here_leaves_it_to_tf_summary_write(tmp_pat
     """The op finds TensorFlow's writer across shared libraries; where a self-test at load fails, nothing breaks."""
     assert fused_kernel._write_op_error(fused_kernel._module()) is None  # noqa: SLF001 - it works on this build
     monkeypatch.setitem(fused_kernel._state, "write_error", "simulated")  # noqa: SLF001
-    assert fused_kernel.write_op() is None and record_writes.fused_writer() is None
+    assert fused_kernel.write_op() is None and backend.fused_writer() is None
     writer = tf.summary.create_file_writer(str(tmp_path))
     with writer.as_default(step=1):
         assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([3])}))

@@ -4,10 +4,9 @@ All of it is plain TensorFlow with static output shapes, so it runs on the
 tensor's own device and inside `tf.function`; with `xla_safe=True` also under
 XLA (`jit_compile=True`). The histogram is O(N) (`histogram_fixed_width`, or
 one bucket index per element and a segment sum), instead of the O(N*k)
-one-hot matrix `tf.summary.histogram` builds. Where the fused C++ kernel is
-available (`fused_kernel`), 16- and 32-bit float tensors go to it instead (one
-op for all of them); these TensorFlow paths remain for float64 and integer
-data, XLA, GPUs and machines without a compiler, and define the reference.
+one-hot matrix `tf.summary.histogram` builds. These are the reference the
+fused C++ kernel (`tb_layergrad.kernel`) is tested against; which of the two
+computes a step's records is decided in one place, `tb_layergrad.summary.backend`.
 
 Numerical rules (see docs/FORMAT.md):
 - non-finite elements are counted (NaN, +Inf, -Inf) and excluded from buckets
@@ -29,8 +28,8 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import fused_kernel, metadata
-from tb_layergrad.graph_util import no_autograph
+from tb_layergrad import metadata
+
 
 
 NUM_STATS = len(metadata.STAT_FIELDS)
@@ -55,15 +54,14 @@ def _count(mask: tf.Tensor) -> tf.Tensor:
     """Number of True elements, exact, as float64.
 
     Summed in int32 when the size is known to fit (int64 otherwise): XLA's CPU
-    code sums casts to float64 about 10x slower (measured: 5 float64 counts of
-    2M elements 78 ms, in int32 8 ms).
+    code sums casts to float64 much more slowly (docs/DESIGN.md, "Reductions").
     """
     size = mask.shape.num_elements()
     acc = tf.int32 if size is not None and size < 2**31 else tf.int64
     return tf.cast(tf.reduce_sum(tf.cast(mask, acc)), tf.float64)
 
 
-@no_autograph
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
 def histogram_and_stats(data: tf.Tensor, buckets: int = 30, xla_safe: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
     """Returns (histogram float64 [buckets, 3], stats float64 [NUM_STATS]).
 
@@ -82,28 +80,22 @@ def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int = 30, xla_sa
     Why: a training step may log hundreds of tensors, and per tensor the
     reductions are a handful of kernels but the scalar work around them (the
     path choice, subnormal flushing, edges, the stats vector) is dozens of tiny
-    ops, each with its own dispatch cost. Where the fused kernel is available
-    (`fused_kernel`), float16/bfloat16/float32 tensors all go to its one op.
-    Otherwise the per-tensor kernels stay per tensor and all the scalar work is
-    done once on [T] vectors, with one path choice for all: the fast path when
-    every tensor qualifies, else each tensor on its own path.
+    ops, each with its own dispatch cost. So the per-tensor kernels stay per
+    tensor and all the scalar work is done once on [T] vectors, with one path
+    choice for all: the fast path when every tensor qualifies, else each
+    tensor on its own path. `xla_safe`: the general path of each tensor, as
+    one call of a function traced once per dtype (`_one_tensor_function`).
     """
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
     given = [tf.convert_to_tensor(data) for data in tensors]
     out: List[Optional[Tuple[tf.Tensor, tf.Tensor]]] = [None] * len(given)
-    if not xla_safe and fused_kernel.op() is not None:
-        index = [i for i, x in enumerate(given) if x.dtype in fused_kernel.DTYPES]
-        if index:
-            hist, stats = fused_kernel.histograms_and_stats([given[i] for i in index], buckets)
-            for i, h, s in zip(index, tf.unstack(hist, len(index)), tf.unstack(stats, len(index))):
-                out[i] = (h, s)
-    rest = [i for i, result in enumerate(out) if result is None]
     # Not flattened: every reduction here takes any shape (a reshape is one more op per tensor).
-    flat = {i: tf.cast(given[i], compute_dtype(given[i].dtype)) for i in rest}
+    flat = {i: tf.cast(x, compute_dtype(x.dtype)) for i, x in enumerate(given)}
     if xla_safe:
         for i, x in flat.items():
-            out[i] = _general(tf.reshape(x, [-1]), buckets)
+            hist, stats = _one_tensor_function(x.dtype, buckets, xla_safe=True)(tf.reshape(x, [-1]))
+            out[i] = (tf.ensure_shape(hist, [buckets, 3]), tf.ensure_shape(stats, [NUM_STATS]))
         return out  # type: ignore[return-value]
     for dt in dict.fromkeys(x.dtype for x in flat.values()):  # one batch per compute dtype, in order of appearance
         index = [i for i, x in flat.items() if x.dtype == dt]
@@ -156,7 +148,7 @@ def _fast_or_general(xs: List[tf.Tensor], k: int) -> List[Tuple[tf.Tensor, tf.Te
             x = xs[0]
             hist, stats = tf.cond(fast[0], lambda: tuple(t[0] for t in _fast([x], m, k)), lambda: _general(x, k))
             return hist[tf.newaxis], stats[tf.newaxis]
-        each = [_one_tensor_function(dt, k)(tf.reshape(x, [-1])) for x in xs]
+        each = [_one_tensor_function(dt, k, xla_safe=False)(tf.reshape(x, [-1])) for x in xs]
         return tf.stack([h for h, _ in each]), tf.stack([s for _, s in each])
 
     if len(xs) == 1:
@@ -168,23 +160,24 @@ def _fast_or_general(xs: List[tf.Tensor], k: int) -> List[Tuple[tf.Tensor, tf.Te
     return list(zip(tf.unstack(hist, len(xs)), tf.unstack(stats, len(xs))))
 
 
-_ONE_TENSOR_FUNCTIONS: Dict[Tuple[str, int], Callable] = {}
+_ONE_TENSOR_FUNCTIONS: Dict[Tuple[str, int, bool], Callable] = {}
 
 
-def _one_tensor_function(dtype: tf.DType, k: int) -> Callable:
-    """`histogram_and_stats` of one flat tensor, as a function traced once per (dtype, buckets).
+def _one_tensor_function(dtype: tf.DType, k: int, xla_safe: bool) -> Callable:
+    """`histogram_and_stats` of one flat tensor, as a function traced once per (dtype, buckets, xla_safe).
 
-    Why: when some tensor of a batch is not all-finite, each tensor takes its own
-    path. Traced inline, that branch holds a fast and a general path per tensor
-    (hundreds of ops each): seconds of tracing and graph optimization for a
-    model's tensors, and ops the executor visits (as dead) at every step that
-    takes the batched fast path. As calls of one cached function it is T ops.
+    Why: when some tensor of a batch is not all-finite (or under XLA, where only
+    the general path compiles), each tensor takes its own path. Traced inline,
+    that is hundreds of ops per tensor: tracing and graph optimization of a
+    large model's step grow by minutes, and the executor visits them (as dead)
+    at every step that takes the batched fast path. As calls of one cached
+    function it is T ops.
     """
-    key = (dtype.name, k)
+    key = (dtype.name, k, xla_safe)
     fn = _ONE_TENSOR_FUNCTIONS.get(key)
     if fn is None:
         fn = tf.function(
-            lambda x: _fast_or_general([x], k)[0],
+            (lambda x: _general(x, k)) if xla_safe else (lambda x: _fast_or_general([x], k)[0]),
             input_signature=[tf.TensorSpec([None], dtype)],
             autograph=False,
             experimental_attributes={"_noinline": True},
@@ -238,20 +231,11 @@ def _fast(xs: List[tf.Tensor], m: _Moments, k: int) -> Tuple[tf.Tensor, tf.Tenso
     zero = tf.zeros_like(m.n64)
     f64 = lambda v: tf.cast(v, tf.float64)  # noqa: E731
     stats = tf.stack(
-        [
-            m.n64,
-            zero,
-            zero,
-            zero,
-            m.n64 - nonzero,
-            f64(m.lo),
-            f64(m.hi),
-            f64(mean),
-            f64(tf.sqrt(var)),
-            f64(tf.sqrt(m.sumsq)),
-            f64(sum_abs / m.n),
-            zero,
-        ],
+        metadata.stat_values(
+            elements=m.n64, nan=zero, pos_inf=zero, neg_inf=zero, zeros=m.n64 - nonzero, min=f64(m.lo),
+            max=f64(m.hi), mean=f64(mean), std=f64(tf.sqrt(var)), norm=f64(tf.sqrt(m.sumsq)),
+            mean_abs=f64(sum_abs / m.n), no_gradient=zero,
+        ),
         axis=1,
     )
     top = tf.maximum(tf.abs(m.lo), tf.abs(m.hi))
@@ -262,8 +246,7 @@ def _count_nonzero(magnitudes: List[tf.Tensor]) -> tf.Tensor:
     """[T] numbers of non-zero elements of each |x| (float64), as the sums of sign(|x|).
 
     Why not `tf.math.count_nonzero`: its compare-with-a-scalar kernel is not
-    vectorized on CPU (measured: 4 tensors of 82K elements in all, 1.5 ms of
-    kernel time; this: 57 us). A sum of ones is exact in float32 below 2**24
+    vectorized on CPU (docs/DESIGN.md, "Reductions"). A sum of ones is exact in float32 below 2**24
     elements; larger tensors are summed in float64.
     """
     sums = []
@@ -316,20 +299,11 @@ def _general(x: tf.Tensor, buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
         return tf.where(has_finite, v, nan64)
 
     stats = tf.stack(
-        [
-            elements,
-            nan,
-            pos_inf,
-            neg_inf,
-            zeros,
-            defined(lo),
-            defined(hi),
-            defined(mean, scaled=True),
-            defined(tf.sqrt(var), scaled=True),
-            norm,
-            defined(mean_abs, scaled=True),
-            tf.zeros([], tf.float64),
-        ]
+        metadata.stat_values(
+            elements=elements, nan=nan, pos_inf=pos_inf, neg_inf=neg_inf, zeros=zeros, min=defined(lo),
+            max=defined(hi), mean=defined(mean, scaled=True), std=defined(tf.sqrt(var), scaled=True), norm=norm,
+            mean_abs=defined(mean_abs, scaled=True), no_gradient=tf.zeros([], tf.float64),
+        )
     )
     hist = _histogram(x, xs, finite, lo, hi, scale, buckets)
     return hist, stats
@@ -395,7 +369,10 @@ def _with_edges(counts: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor, k: int, scale: 
 def no_gradient_records(shape_elements: int, buckets: int = 30) -> Tuple[tf.Tensor, tf.Tensor]:
     """Records for a tensor the target does not depend on: empty histogram, NaN moments."""
     nan = float("nan")
-    stats = [float(shape_elements), 0.0, 0.0, 0.0, 0.0, nan, nan, nan, nan, 0.0, nan, 1.0]
+    stats = metadata.stat_values(
+        elements=float(shape_elements), nan=0.0, pos_inf=0.0, neg_inf=0.0, zeros=0.0, min=nan, max=nan, mean=nan,
+        std=nan, norm=0.0, mean_abs=nan, no_gradient=1.0,
+    )
     return tf.zeros([buckets, 3], tf.float64), tf.constant(stats, tf.float64)
 
 

@@ -29,8 +29,8 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.gradient_map import Entry, GradientMap
-from tb_layergrad.layer_tree import LayerNode, LayerTree
+from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree
 
 LayerSpec = Union[None, str, Any, Sequence[Union[str, Any]]]
 

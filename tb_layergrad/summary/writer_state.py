@@ -1,7 +1,7 @@
 """The default `tf.summary` writer, which TensorFlow has no public getter for.
 
-Why: the first-non-finite bookkeeping keeps its running values per writer
-(`nonfinite`), and the fused write op (`record_writes`) writes to the writer's
+Why: the first-non-finite tracker keeps its running values per writer
+(`first_nonfinite`), and the fused write op (`backend`) writes to the writer's
 resource itself. The state object read here has been stable since TF 2.0; if
 it ever moves, callers fall back (coarser keying, per-record writes), they do
 not fail.

@@ -8,11 +8,10 @@ record holding that first step: whatever sample TensorBoard keeps, its last
 record names it.
 
 The running values are kept per (default summary writer, tag), in one int64
-vector `tf.Variable` per writer (a slot per tag, added on first use), by
-`summary.gradients()` (custom loops, inside `tf.function` or eagerly) and by
-`GradientLogger` alike, in its step or in its record writer
-(`write_first_nonfinite`). Records are written only from the first
-non-finite step on: a clean run gets none.
+vector `tf.Variable` per writer (a slot per tag, added on first use). This is
+the one tracker: every write of a step (`write.write_step`, whichever backend
+computed the records) hands it which series held a NaN/Inf (`track`). Records
+are written only from the first non-finite step on: a clean run gets none.
 """
 from __future__ import annotations
 
@@ -22,11 +21,11 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import metadata, summary_state
-from tb_layergrad.graph_util import cond_out_of_line
+from tb_layergrad import metadata
+from tb_layergrad.summary import writer_state
+from tb_layergrad.summary.graph import cond_out_of_line
 
-_NAN, _POS_INF, _NEG_INF = (metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf"))
-assert (_POS_INF, _NEG_INF) == (_NAN + 1, _NAN + 2), "the non-finite counts are read as one slice"
+_NONFINITE_COUNTS = [metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf")]
 
 
 def record_info(stats_info: metadata.SeriesInfo) -> metadata.SeriesInfo:
@@ -49,11 +48,10 @@ class _RunningFirsts:
 
     Why one variable, not one per tag: a logged step reads them all, and each
     variable is a read op and a captured input (a Switch op) of the condition
-    that stores them. Measured in isolation, this bookkeeping cost ~78 us per
-    logged step for 4 series and ~1.2 ms for 200 with a variable per tag; with
-    one vector (one read, one gather for any number) 66 us and 0.75 ms.
+    that stores them; one vector is one read and one gather for any number of
+    series (docs/DESIGN.md, "One first-non-finite tracker").
     `seen` (a bool) says whether any slot holds a step: while it is false, a
-    logged step only checks its own stats for NaN/Inf (see write_first_nonfinite).
+    logged step only looks at its own non-finite flags (see `track`).
     The vector only grows (at trace time, eagerly): a function traced earlier
     keeps reading its own slots.
     """
@@ -86,7 +84,7 @@ _NO_WRITER = _RunningFirsts()
 
 def _running_firsts(tags: Sequence[str]) -> Tuple[_RunningFirsts, List[int]]:
     """(the default writer's running values, the slots of `tags` in them)."""
-    writer = summary_state.default_writer()
+    writer = writer_state.default_writer()
     with _LOCK:
         try:
             table = _BY_WRITER.setdefault(writer, _RunningFirsts()) if writer is not None else _NO_WRITER
@@ -110,40 +108,64 @@ def _local_variable(initial: Any, shape: tf.TensorShape, name: str) -> Any:
     return resource_variable_ops.ResourceVariable(initial, trainable=False, name=name, shape=shape)
 
 
-def write_first_nonfinite(entries: Sequence[Tuple[metadata.SeriesInfo, Any]], step: Any, description: str = "") -> None:
-    """Update the running first non-finite step of each (stats series, stats) and write those there are.
+def running(infos: Sequence[metadata.SeriesInfo]) -> Tuple[Any, tf.Tensor, tf.Tensor]:
+    """(variable, slots, their running first steps now) of these stats series, for the fused write op.
 
-    To be called where the stats records are written (inside `summary`'s
-    recording condition, or `GradientLogger`'s writer), eagerly or in a
-    `tf.function`, once per logged step for all series, behind ONE condition.
-    Why: a logged step of a clean run (no NaN/Inf ever) should cost no more than
-    a look at its own NaN/Inf counts and one flag; a condition (or an assignment)
-    per series costs tens of microseconds each in a `tf.function`. Only once some
-    series of the writer has a first non-finite step are the running values read,
-    stored and the records written (measured in isolation, 4 series: ~105 us a
-    logged step with the running values read at every step, ~22 us now).
+    The op applies the rule itself (kernel/src/write_records.cc) and `store`
+    puts its answer back.
     """
-    if not entries:
+    table, slots = _running_firsts([info.tag for info in infos])
+    slots_t = tf.constant(slots, tf.int64)
+    return table.variable, slots_t, tf.gather(table.variable.value(), slots_t)
+
+
+def store(variable: Any, slots: tf.Tensor, firsts: tf.Tensor) -> None:
+    """Put the running first steps back, as a maximum.
+
+    Why a maximum: a step only ever moves from -1 to a step, and replicas that
+    record nothing hand back what they read; a plain assignment from one of
+    them could undo another's update.
+    """
+    variable.scatter_max(tf.IndexedSlices(firsts, slots))
+
+
+def nonfinite_flags(stats: Sequence[Any]) -> tf.Tensor:
+    """[T] bool: which of these stats records count a NaN or an Inf."""
+    counts = tf.gather(tf.stack([tf.cast(x, tf.float64) for x in stats]), _NONFINITE_COUNTS, axis=1)
+    return tf.reduce_any(counts > 0, axis=1)
+
+
+def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any) -> None:
+    """Update the running first non-finite step of each stats series and write those there are.
+
+    `nonfinite` [T] bool: which series held a NaN/Inf at this step. To be
+    called where the step's records are written (the default writer is the
+    one they go to), eagerly or in a `tf.function`, once per logged step for
+    all series, behind ONE condition. Why: a logged step of a clean run (no
+    NaN/Inf ever) should cost no more than a look at its flags and one
+    variable; a condition (or an assignment) per series costs a call each in a
+    `tf.function` (docs/DESIGN.md, "One first-non-finite tracker").
+    """
+    if not infos:
         return
-    table, slots = _running_firsts([info.tag for info, _ in entries])
+    table, slots = _running_firsts([info.tag for info in infos])
     variable = table.variable
     step = tf.cast(step, tf.int64)
-    stats = tf.stack([tf.cast(s, tf.float64) for _, s in entries])  # [T, NUM_STATS]: a few ops for all series
-    counts = stats[:, _NAN : _NEG_INF + 1]  # nan, pos_inf, neg_inf
+    nonfinite = tf.convert_to_tensor(nonfinite)
     # A clean step of a clean run: these few ops, and the condition not taken.
-    needed = tf.logical_or(table.seen.value(), tf.reduce_any(counts > 0))
+    needed = tf.logical_or(table.seen.value(), tf.reduce_any(nonfinite))
 
     def store_and_write() -> tf.Tensor:
         slots_t = tf.constant(slots, tf.int64)
         previous = tf.gather(variable.value(), slots_t)
-        first = tf.where((previous < 0) & tf.reduce_any(counts > 0, axis=1), step, previous)
+        first = tf.where((previous < 0) & nonfinite, step, previous)
         variable.scatter_update(tf.IndexedSlices(first, slots_t))
         table.seen.assign(tf.logical_or(table.seen.value(), tf.reduce_any(first >= 0)))
-        for i, (info, _) in enumerate(entries):
+        for i, info in enumerate(infos):
             record = record_info(info)
 
             def write(record=record, value=first[i : i + 1]) -> tf.Tensor:
-                tf.summary.write(record.tag, value, step=step, metadata=metadata.create_summary_metadata(record, description))
+                tf.summary.write(record.tag, value, step=step, metadata=metadata.create_summary_metadata(record))
                 return tf.constant(True)
 
             if tf.executing_eagerly():

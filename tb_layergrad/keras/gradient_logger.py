@@ -7,11 +7,14 @@ from typing import Any, Callable, Dict, Mapping, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata
-from tb_layergrad.callbacks import _fit_step, _replica_payload, _step_records
-from tb_layergrad.layer_capture import Capture
-from tb_layergrad.rnn_probe import TimestepProbe
-from tb_layergrad.targets import check_target_shape, validate_targets
+from tb_layergrad import distribute
+from tb_layergrad.capturing.layer_capture import Capture
+from tb_layergrad.capturing.rnn_probe import TimestepProbe
+from tb_layergrad.capturing.targets import check_target_shape, validate_targets
+from tb_layergrad.keras import fit_step as _fit_step
+from tb_layergrad.keras import model_facts, replica_payload
+from tb_layergrad.summary import plan as plans
+from tb_layergrad.summary.write import write_step
 
 _Base = tf.keras.callbacks.Callback  # tf_keras' under TF_USE_LEGACY_KERAS=1, Keras 3's otherwise
 _MISSING = object()
@@ -187,7 +190,7 @@ class GradientLogger(_Base):
 
     # -- checks before training --------------------------------------------------
     def _check_model(self, model: Any) -> str:
-        kind = _fit_step.check_supported(model)
+        kind = model_facts.check_supported(model)
         if getattr(model, "optimizer", None) is None:
             raise ValueError("GradientLogger needs a compiled model with an optimizer")
         strategy = getattr(model, "distribute_strategy", None)
@@ -296,13 +299,13 @@ class GradientLogger(_Base):
         """`optimizer.iterations` now: counted in Python where that is exact, read otherwise.
 
         Why count: reading the variable costs an op and a device-to-host copy per
-        batch (~0.1 ms of Python, 3-5% of a small model's step). Counted only with
+        batch, a visible share of a small model's step. Counted only with
         one step per execution and an optimizer that advances at every step
         (not Keras 3's loss scaling, which skips overflowing steps); read again at
         the start of each fit() and after a call that raised.
         """
         if self._iterations is None:
-            self._iterations = int(tf.convert_to_tensor(_fit_step.update_count(self.model.optimizer)).numpy())
+            self._iterations = int(tf.convert_to_tensor(model_facts.update_count(self.model.optimizer)).numpy())
         return self._iterations
 
     def _logs_next_execution(self, done: int) -> bool:
@@ -397,30 +400,29 @@ class GradientLogger(_Base):
     def _write(self, payload: Dict[str, Any]) -> None:
         if self._writer is None:  # not the chief
             return
-        if "encoded" in payload:  # several replicas: see _replica_payload
-            kinds = {tag: self._fit_step.series[tag].kind for tag in payload["records"]}
-            payload = _replica_payload.decode(payload, kinds)
-        records, gradients = payload["records"], payload.get("gradients", {})
-        if not (records or gradients) or not bool(payload["log"]):
+        if "encoded" in payload:  # several replicas: see replica_payload
+            payload = replica_payload.decode(payload, self._fit_step.layout)
+        if not bool(payload["log"]):
             return
         if self._record_writer is None:
-            self._record_writer = _record_writer(self._writer, self._fit_step.series, self.buckets)
-        self._record_writer(tf.cast(payload["step"], tf.int64), records, gradients)
+            self._record_writer = _record_writer(self._writer, self._fit_step.plan)
+        self._record_writer(tf.cast(payload["step"], tf.int64), payload["tensors"])
 
 
-def _record_writer(writer: Any, series: Dict[str, metadata.SeriesInfo], buckets: int) -> Callable:
-    """One compiled function that reduces and writes all records of a step given to Python.
+def _record_writer(writer: Any, plan: plans.Plan) -> Callable:
+    """One compiled function that writes a step's plan handed to Python (`plan`: its structure).
 
     Used where the step cannot write itself (XLA, eager, several replicas; see
-    `_fit_step.FitStep._writes_in_step`). Why one function: written eagerly,
-    each `tf.summary.write` costs about a millisecond of Python and op dispatch,
-    and a logged step has several records per layer.
+    `FitStep.writes_in_step`). Why one function: written eagerly, each record
+    costs its own Python and op dispatch, and a logged step has several
+    records per layer. Under `writer.as_default()`, which flushes on exit:
+    the records of the steps before a crash are on disk.
     """
 
     @tf.function(reduce_retracing=True, autograph=False)  # library code: autograph only slows tracing
-    def write(step: tf.Tensor, records: Dict[str, tf.Tensor], gradients: Dict[str, tf.Tensor]) -> tf.Tensor:
-        with writer.as_default(), tf.summary.record_if(True):  # flushes on exit (see _step_records)
-            _step_records.write_step_records(series, buckets, step, records, gradients)
+    def write(step: tf.Tensor, tensors: Dict[str, tf.Tensor]) -> tf.Tensor:
+        with writer.as_default(), tf.summary.record_if(True):
+            write_step(plan.with_tensors(tensors), step, record=True)
         return tf.constant(True)
 
     return write
@@ -447,7 +449,7 @@ class _BuiltStep:
 
 
 def _step_writes_itself(model: Any) -> bool:
-    """Will the capturing step write its records itself (`_fit_step.FitStep._writes_in_step`)?"""
+    """Will the capturing step write its records itself (`FitStep.writes_in_step`)?"""
     strategy = getattr(model, "distribute_strategy", None)
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
     return replicas == 1 and not bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))

@@ -249,9 +249,9 @@ void ComputeRecords(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int
   const int64_t units = static_cast<int64_t>(chunks.size());
   int64_t total = 0;
   for (int t = 0; t < num; ++t) total += xs[t].NumElements();
-  // Spread over TensorFlow's CPU threads only when the work outweighs the handoff: measured in a
-  // tf.function, a ParallelFor of 4 chunks cost ~150 us of waking and stealing, as much as
-  // reading an MLP's 82K gradient elements twice takes on one thread.
+  // Spread over TensorFlow's CPU threads only when the work outweighs the handoff: waking and
+  // stealing cost as much as reading a small model's gradients twice on one thread
+  // (docs/DESIGN.md, "The fused kernel").
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   const bool parallel = total >= kParallelMinElements && units > 1;
   auto for_each_chunk = [&](const std::function<void(int64_t, int64_t)>& work) {
@@ -307,18 +307,18 @@ void ComputeRecords(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int
     const bool any = finite > 0;
     const double lo = any ? m.lo : 0.0, hi = any ? m.hi : 0.0;
     const double mean = any ? m.sum / finite : nan;
-    stats(t, 0) = static_cast<double>(n);
-    stats(t, 1) = static_cast<double>(m.nan);
-    stats(t, 2) = static_cast<double>(m.pos_inf);
-    stats(t, 3) = static_cast<double>(m.neg_inf);
-    stats(t, 4) = static_cast<double>(m.zeros);
-    stats(t, 5) = any ? lo : nan;
-    stats(t, 6) = any ? hi : nan;
-    stats(t, 7) = mean;
-    stats(t, 8) = any ? std::sqrt(centered_sum[t] / finite) : nan;
-    stats(t, 9) = std::sqrt(m.sumsq);
-    stats(t, 10) = any ? m.sumabs / finite : nan;
-    stats(t, 11) = 0.0;
+    stats(t, kElements) = static_cast<double>(n);
+    stats(t, kNan) = static_cast<double>(m.nan);
+    stats(t, kPosInf) = static_cast<double>(m.pos_inf);
+    stats(t, kNegInf) = static_cast<double>(m.neg_inf);
+    stats(t, kZeros) = static_cast<double>(m.zeros);
+    stats(t, kMin) = any ? lo : nan;
+    stats(t, kMax) = any ? hi : nan;
+    stats(t, kMean) = mean;
+    stats(t, kStd) = any ? std::sqrt(centered_sum[t] / finite) : nan;
+    stats(t, kNorm) = std::sqrt(m.sumsq);
+    stats(t, kMeanAbs) = any ? m.sumabs / finite : nan;
+    stats(t, kNoGradient) = 0.0;
     // Edges: lo + i * (hi - lo) / k in float64, the first lo and the last hi exactly.
     const double width = (hi - lo) / k;
     for (int i = 0; i < k; ++i) {

@@ -14,13 +14,10 @@ halves ([1, ..., 2], values < 2**32): the mean of equal integers is exact
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import numpy as np
 import tensorflow as tf
-
-RANKS = {"histogram": 2, "stats": 1, "tensor": 2, "timesteps": 1}
-DTYPES = {"tensor": np.float32}  # the others are float64 (docs/FORMAT.md)
 
 
 def encode_tensor(t: tf.Tensor) -> tf.Tensor:
@@ -30,6 +27,7 @@ def encode_tensor(t: tf.Tensor) -> tf.Tensor:
 
 
 def encode(step: tf.Tensor, log: tf.Tensor, records: Dict[str, tf.Tensor]) -> Dict[str, Any]:
+    """The step, its logging flag and its finished records, as integers Keras' mean leaves unchanged."""
     return {
         "step": tf.reshape(tf.cast(step, tf.int64), [1]),
         "log": tf.reshape(tf.cast(log, tf.int64), [1]),
@@ -52,13 +50,16 @@ def decode_tensor(value: Any, rank: int, dtype: Any) -> np.ndarray:
     return np.ascontiguousarray(a.astype(np.int32)).view(np.float64)[..., 0].astype(dtype)
 
 
-def decode(payload: Dict[str, Any], kinds: Dict[str, str]) -> Dict[str, Any]:
-    """The payload as the single-replica path returns it: step, log, records (tensors)."""
+def decode(payload: Dict[str, Any], layout: Dict[str, Tuple[int, tf.DType]]) -> Dict[str, Any]:
+    """The payload as the single-replica path returns it: step, log, tensors.
+
+    `layout`: each record's (rank, dtype) in the step (`FitStep.layout`).
+    """
     return {
         "step": int(_ints(payload["step"]).reshape(-1)[0]),
         "log": bool(_ints(payload["log"]).reshape(-1)[0]),
-        "records": {
-            tag: tf.constant(decode_tensor(v, RANKS[kinds[tag]], DTYPES.get(kinds[tag], np.float64)))
-            for tag, v in payload["records"].items()
+        "tensors": {
+            key: tf.constant(decode_tensor(v, layout[key][0], layout[key][1].as_numpy_dtype))
+            for key, v in payload["records"].items()
         },
     }

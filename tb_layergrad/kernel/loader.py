@@ -1,20 +1,22 @@
 """The fused reduction kernel: built on first use, cached, optional.
 
 Why: on a small model, what logging every step costs is mostly the number of
-TensorFlow kernels the records take (~10 per tensor plus their scalar work),
-not the reading of the tensors. `kernels/` computes the histograms and
+TensorFlow kernels the records take (about ten per tensor plus their scalar
+work), not the reading of the tensors. `src/` computes the histograms and
 statistics of all of a step's tensors in one kernel, two reads of each, and
 can write them to the summary writer in that same op (see
-docs/PERFORMANCE.md for the figures).
+docs/PERFORMANCE.md for the figures). Whether a step uses it is decided in
+one place, `tb_layergrad.summary.backend`.
 
 TensorFlow has no stable binary interface for custom ops, so the kernel is
 compiled here, against the installed TensorFlow, with the machine's C++
 compiler, once per TensorFlow version, compiler and CPU kind, and cached
-(`kernel_cache`: the user's cache folder or `TB_LAYERGRAD_CACHE`). It is built
+(`cache`: the user's cache folder or `TB_LAYERGRAD_CACHE`). It is built
 and used on Linux x86-64 only, where it is tested. Elsewhere, without a
 compiler, with a GPU visible (the kernel is CPU-only) or with
-`TB_LAYERGRAD_FUSED=0`, `reductions` uses its TensorFlow ops: the same records,
-more kernels. A build failure is logged with the compiler's message and never
+`TB_LAYERGRAD_FUSED=0`, `tb_layergrad.statistics.reductions` computes the
+records with TensorFlow's ops: the same records, more kernels.
+`python -m tb_layergrad.kernel` builds it ahead of time. A build failure is logged with the compiler's message and never
 raised; it is remembered, so later processes do not compile again in vain.
 """
 from __future__ import annotations
@@ -33,11 +35,11 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import kernel_cache
+from tb_layergrad.kernel import cache
 
 log = logging.getLogger("tb_layergrad")
 
-KERNELS = Path(__file__).with_name("kernels")
+KERNELS = Path(__file__).with_name("src")
 SOURCES = tuple(sorted(KERNELS.glob("*.cc")))
 HEADERS = tuple(sorted(KERNELS.glob("*.h")))
 OP_NAME = "TbLayergradHistogramsAndStats"
@@ -45,7 +47,7 @@ WRITE_OP_NAME = "TbLayergradWriteHistogramsAndStats"
 # The dtypes the kernel reads (float16/bfloat16 are widened to float32 inside it).
 DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 ENV_SWITCH = "TB_LAYERGRAD_FUSED"
-ENV_CACHE = kernel_cache.ENV_CACHE
+ENV_CACHE = cache.ENV_CACHE
 _BUILD_TIMEOUT_S = 600
 
 _lock = threading.Lock()
@@ -79,19 +81,19 @@ def library_path(compiler: str) -> Path:
     key = hashlib.sha256()
     parts = (
         *(f.read_bytes() for f in SOURCES + HEADERS), tf.__version__, " ".join(_build_command(compiler, Path("out"))),
-        kernel_cache.compiler_identity(compiler), _cpu_flags(), sys.platform,
+        cache.compiler_identity(compiler), _cpu_flags(), sys.platform,
     )
     for part in parts:
         key.update(part if isinstance(part, bytes) else part.encode())
         key.update(b"\0")
-    return kernel_cache.cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
+    return cache.cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
 
 
 def _loadable(target: Path, warn: bool = True) -> bool:
-    """Whether a cached build exists and may be loaded (see `kernel_cache.refusal`)."""
+    """Whether a cached build exists and may be loaded (see `cache.refusal`)."""
     if not target.exists():
         return False
-    problem = kernel_cache.refusal(target)
+    problem = cache.refusal(target)
     if problem and warn:
         log.warning("tb_layergrad: not loading the cached kernel %s: %s; building it again", target, problem)
     return problem is None
@@ -100,22 +102,22 @@ def _loadable(target: Path, warn: bool = True) -> bool:
 def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
     """Compiles the kernel unless it is cached; returns the library. Raises RuntimeError on failure.
 
-    A failed build is remembered (`kernel_cache.failure_marker`) and raised again
+    A failed build is remembered (`cache.failure_marker`) and raised again
     without compiling, unless `retry`.
     """
-    compiler = compiler or kernel_cache.find_compiler()
+    compiler = compiler or cache.find_compiler()
     if compiler is None:
         raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
     target = library_path(compiler)
     if _loadable(target):
         return target
-    failed = None if retry else kernel_cache.remembered_failure(target)
+    failed = None if retry else cache.remembered_failure(target)
     if failed:
         raise RuntimeError(failed)
-    with kernel_cache.build_lock(target.with_suffix(".lock"), timeout=_BUILD_TIMEOUT_S + 60):
+    with cache.build_lock(target.with_suffix(".lock"), timeout=_BUILD_TIMEOUT_S + 60):
         if _loadable(target, warn=False):  # built by another process while this one waited
             return target
-        failed = None if retry else kernel_cache.remembered_failure(target)  # or failed there
+        failed = None if retry else cache.remembered_failure(target)  # or failed there
         if failed:
             raise RuntimeError(failed)
         log.warning("tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~30 s) into %s", target.parent)
@@ -123,9 +125,9 @@ def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             partial = Path(tmp) / target.name
             _compile(compiler, partial, target)
-            kernel_cache.make_private(partial)
+            cache.make_private(partial)
             os.replace(partial, target)  # atomic: a reader sees no half-written library
-        kernel_cache.forget_failure(target)
+        cache.forget_failure(target)
         log.info("tb_layergrad: fused kernel built in %.1f s", time.perf_counter() - started)
     return target
 
@@ -140,14 +142,14 @@ def _compile(compiler: str, output: Path, target: Path) -> None:
         if done.returncode == 0:
             return
         message = f"compiling {KERNELS.name}/*.cc with {compiler} failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    kernel_cache.remember_failure(target, message)
-    raise RuntimeError(f"{message}\n(later processes do not compile again; {kernel_cache.retry_hint(target)})")
+    cache.remember_failure(target, message)
+    raise RuntimeError(f"{message}\n(later processes do not compile again; {cache.retry_hint(target)})")
 
 
 def _load() -> Tuple[Optional[Any], Optional[str]]:
     if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None, f"{ENV_SWITCH}=0"
-    unsupported = kernel_cache.supported_platform()
+    unsupported = cache.supported_platform()
     if unsupported:  # not a warning: TensorFlow's ops are what this platform is meant to use
         log.info("tb_layergrad: %s; TensorFlow ops compute the records", unsupported)
         return None, unsupported
@@ -180,9 +182,10 @@ def _write_op_error(module: Any) -> Optional[str]:
             writer = tf.summary.create_file_writer(scratch)
             record = ("self_test", b"")
             module.tb_layergrad_write_histograms_and_stats(
-                writer._resource, True, tf.constant(0, tf.int64), [tf.constant([1.0, 2.0])], buckets=2,  # noqa: SLF001
-                histogram_tags=[record[0]], histogram_metadata=[record[1]], stats_tags=[record[0]],
-                stats_metadata=[record[1]], first_nonfinite_tags=[], first_nonfinite_metadata=[], flush=True,
+                writer._resource, True, tf.constant(0, tf.int64), tf.constant([-1], tf.int64),  # noqa: SLF001
+                [tf.constant([1.0, 2.0])], buckets=2, histogram_tags=[record[0]], histogram_metadata=[record[1]],
+                stats_tags=[record[0]], stats_metadata=[record[1]], first_nonfinite_tags=[],
+                first_nonfinite_metadata=[], flush=True,
             )
             writer.close()
             if not any(os.path.getsize(os.path.join(scratch, f)) > 0 for f in os.listdir(scratch)):
@@ -218,7 +221,7 @@ def write_op():
 
 def unavailable_reason() -> Optional[str]:
     """Why `op()` is None (None when it is not, or has not been asked for yet)."""
-    return _state.get("error") if _enabled[0] else "disabled by fused_kernel.disabled()"
+    return _state.get("error") if _enabled[0] else "disabled by tb_layergrad.kernel.disabled()"
 
 
 @contextlib.contextmanager
@@ -248,16 +251,18 @@ def write_histograms_and_stats(
     buckets: int,
     histogram_series: Sequence[Tuple[str, bytes]],
     stats_series: Sequence[Tuple[str, bytes]],
+    first_nonfinite: Any,
     first_nonfinite_series: Sequence[Tuple[str, bytes]],
     flush: bool = False,
-) -> tf.Tensor:
-    """When `record` (a bool scalar) holds, write each tensor's records; returns `record`.
+) -> Tuple[tf.Tensor, tf.Tensor]:
+    """When `record` (a bool scalar) holds, write each tensor's records; returns (`record`, first steps after).
 
     `writer`: a summary writer's resource handle; `step`: int64 scalar; the
     series: one (tag, serialized SummaryMetadata) per tensor and kind. The
-    histogram and stats records are those `tf.summary.write` would write; a
-    tensor's `first_nonfinite` record is written from the first step written
-    at which it held a NaN/Inf on (kept per writer and tag, in the process).
+    histogram and stats records are those `tf.summary.write` would write.
+    `first_nonfinite`: int64 [T], each tensor's first step with a NaN/Inf so
+    far (-1: none); returned updated with this step, and, unless
+    `first_nonfinite_series` is empty, written for those that have one.
     `flush`: flush the writer after writing. One op, on the CPU, where the
     writer lives.
     """
@@ -270,20 +275,18 @@ def write_histograms_and_stats(
 
     (ht, hm), (st, sm), (ft, fm) = split(histogram_series), split(stats_series), split(first_nonfinite_series)
     with tf.device("cpu:0"):
-        return fn(
-            writer, record, step, list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm,
-            stats_tags=st, stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush,
+        written, firsts = fn(
+            writer, record, step, first_nonfinite, list(tensors), buckets=buckets, histogram_tags=ht,
+            histogram_metadata=hm, stats_tags=st, stats_metadata=sm, first_nonfinite_tags=ft,
+            first_nonfinite_metadata=fm, flush=flush,
         )
+    return written, firsts
 
 
 def main() -> None:
-    """`python -m tb_layergrad.fused_kernel`: build now (e.g. in a Docker image), print where.
+    """`python -m tb_layergrad.kernel`: build now (e.g. in a Docker image), print where.
 
     Retries a remembered failure, so that the compiler's message is shown again.
     """
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(build(retry=True))
-
-
-if __name__ == "__main__":
-    main()

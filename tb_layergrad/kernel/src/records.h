@@ -1,7 +1,7 @@
 // The histogram and statistics records of several tensors: what both of tb_layergrad's ops compute.
 //
 // Why one computation for all tensors of a step: built from TensorFlow's kernels, a
-// tensor's records cost ~10 kernels (sum, sum of squares, min, max, sum of |x|, a
+// tensor's records cost about ten kernels (sum, sum of squares, min, max, sum of |x|, a
 // non-zero count, the histogram and its range) plus dozens of scalar ops around them,
 // each with its own dispatch; on a small model that is most of what logging costs.
 #ifndef TB_LAYERGRAD_KERNELS_RECORDS_H_
@@ -12,7 +12,23 @@
 
 namespace tb_layergrad {
 
-constexpr int kNumStats = 12;  // metadata.STAT_FIELDS
+// The positions in a `stats` record: tb_layergrad.metadata.STAT_FIELDS, in that order
+// (tests/test_fused_kernel.py pins these names and values to it).
+enum Stat : int {
+  kElements = 0,
+  kNan = 1,
+  kPosInf = 2,
+  kNegInf = 3,
+  kZeros = 4,
+  kMin = 5,
+  kMax = 6,
+  kMean = 7,
+  kStd = 8,
+  kNorm = 9,
+  kMeanAbs = 10,
+  kNoGradient = 11,
+  kNumStats = 12,
+};
 
 // Fills `hist` [T, k, 3] (left edge, right edge, count) and `stats` [T, kNumStats],
 // both float64 and allocated by the caller, from the T float16/bfloat16/float32 `xs`.

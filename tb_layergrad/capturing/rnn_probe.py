@@ -57,7 +57,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.layer_tree import LayerNode, LayerTree, is_layer
+from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree, is_layer
 
 __all__ = ["TimestepProbe", "timestep_probe", "timestep_norms", "rnn_nodes", "TapeWithExtraSources"]
 

@@ -15,29 +15,23 @@ per-replica results into what one device would have computed on the whole batch:
 `merge()` works in replica context (inside `strategy.run`: `all_gather` /
 `all_reduce`, which cannot run inside a `tf.cond`, so every step) and in
 cross-replica context on what `strategy.run` returned (`strategy.gather` /
-`strategy.reduce`, which may run on logged steps only). `summary.gradients`
-calls it for you. `replica_stats` is the cheaper mode that moves only statistics.
-
-Only the chief may write: `is_chief()` and `create_file_writer()` (a no-op
-writer on the other workers, so they leave no event file behind).
+`strategy.reduce`, which may run on logged steps only). `merge_in_replica()`
+is the one merge every writer uses inside `strategy.run` (`summary.gradients`,
+the `fit()` step), in either mode: "gather" (the tensors, as `merge()`) or
+"stats" (`statistics.across_replicas`: only statistics cross replicas).
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import os
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.graph_util import no_autograph
-from tb_layergrad.gradient_map import GradientMap
-
+from tb_layergrad.capturing.gradient_map import GradientMap
+from tb_layergrad.statistics import across_replicas
 
 MODES = ("gather", "stats")
-
-__all__ = ["MODES", "merge", "replica_context", "num_replicas", "is_chief", "create_file_writer", "NonChiefWriter", "check_mode"]
 
 
 def check_mode(mode: str) -> str:
@@ -97,7 +91,7 @@ def holds_distributed_values(grads: Any) -> bool:
 def _as_map(grads: Any) -> GradientMap:
     if isinstance(grads, GradientMap):
         return grads
-    from tb_layergrad.gradient_map import Entry
+    from tb_layergrad.capturing.gradient_map import Entry
 
     entries = {p: Entry(g, metadata.SOURCE_OUTPUT, i) for i, (p, g) in enumerate(dict(grads).items())}
     return GradientMap(entries, metadata.DEFAULT_TARGET)
@@ -123,7 +117,7 @@ def _merge_call_error(e: RuntimeError) -> RuntimeError:
     return e
 
 
-@no_autograph
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
 def merge(grads: Any, strategy: Any = None) -> GradientMap:
     """The global-batch GradientMap from per-replica gradients (see the module docstring).
 
@@ -182,13 +176,77 @@ def _merge_in_replica(gmap: GradientMap, ctx: Any) -> GradientMap:
     for p in gmap:
         if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT:
             _check_batch_major(p, gmap[p])
-    entries = _merged_entries(
-        gmap,
-        lambda ts: ctx.all_gather(ts, axis=0),
-        lambda ts: ctx.all_reduce(tf.distribute.ReduceOp.SUM, ts),
-        n,
-    )
+    entries = _merged_entries(gmap, lambda ts: ctx.all_gather(ts, axis=0), lambda ts: _sum(ctx, ts), n)
     return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n)
+
+
+def _sum(ctx: Any, tensors: List[Any]) -> List[Any]:
+    return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tensors)
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+    """The global batch's gradients, as `merge_in_replica` leaves them for the records.
+
+    `gradients`: weights summed; layer outputs gathered ("gather") or left as
+    this replica's shard ("stats": their records are in `reduced`).
+    `timesteps`: per RNN probe, the gathered dL/dh_t ("gather") or the global
+    per-timestep norms [T] ("stats": `timesteps_are_norms`).
+    """
+
+    gradients: GradientMap
+    reduced: Dict[str, Tuple[Any, Any]]
+    timesteps: Dict[str, Any]
+    timesteps_are_norms: bool
+
+
+def merge_in_replica(
+    gmap: GradientMap,
+    mode: str,
+    buckets: int,
+    ctx: Any,
+    timesteps: Optional[Dict[str, Any]] = None,
+    xla_safe: bool = False,
+) -> Merged:
+    """Inside `strategy.run`, at every step: the replicas' gradients merged into the global batch's.
+
+    "gather": `merge()`, plus the per-timestep gradients gathered along the batch.
+    "stats": weight gradients summed (they are partial sums, and small), layer
+    outputs reduced to records that cover every replica
+    (`across_replicas.merged_histograms_and_stats`), per-timestep squared norms
+    summed. Every replica gets the same result.
+    """
+    timesteps = dict(timesteps or {})
+    keys = [k for k, g in timesteps.items() if g is not None]
+    try:
+        if check_mode(mode) == "gather":
+            gathered = ctx.all_gather([timesteps[k] for k in keys], axis=0) if keys else []
+            return Merged(_merge_in_replica(gmap, ctx), {}, dict(zip(keys, gathered)), False)
+        n = ctx.num_replicas_in_sync
+        weights = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_WEIGHT]
+        outputs = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT]
+        summed = dict(zip(weights, _sum(ctx, [gmap[p] for p in weights]) if weights else []))
+        records = across_replicas.merged_histograms_and_stats([gmap[p] for p in outputs], buckets, ctx, xla_safe=xla_safe)
+        squares = [_timestep_sumsq(timesteps[k]) for k in keys]  # this replica's share of each timestep's squared norm
+        norms = [tf.sqrt(v) for v in _sum(ctx, squares)] if keys else []
+    except RuntimeError as e:
+        raise _merge_call_error(e) from e
+    entries = {}
+    for p in gmap:
+        e = gmap.entry(p)
+        if p in summed:
+            e = dataclasses.replace(e, gradient=summed[p])
+        elif e.gradient is None and e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:
+            e = dataclasses.replace(e, elements=e.elements * n)  # "no gradient": count the whole batch
+        entries[p] = e
+    merged = GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n)
+    return Merged(merged, dict(zip(outputs, records)), dict(zip(keys, norms)), True)
+
+
+def _timestep_sumsq(g: tf.Tensor, time_axis: int = 1) -> tf.Tensor:
+    """`rnn_probe.timestep_norms` before its square root: what sums over replicas."""
+    g = tf.cast(g, tf.float64)
+    return tf.reduce_sum(tf.square(g), axis=[a for a in range(g.shape.rank) if a != time_axis])
 
 
 def _merge_cross_replica(gmap: GradientMap, strategy: Any) -> GradientMap:
@@ -204,79 +262,3 @@ def _merge_cross_replica(gmap: GradientMap, strategy: Any) -> GradientMap:
     entries = _merged_entries(gmap, gather, reduce_sum, n)
     var_grads = [None if g is None else strategy.reduce(sum_op, g, axis=None) for g in gmap.variable_gradients]
     return GradientMap(entries, gmap.target, var_grads, replicas=n)
-
-
-# -- who writes ------------------------------------------------------------------------------------
-def is_chief(strategy: Any = None) -> bool:
-    """True on the one process that should write: always, except on non-chief multi-worker tasks.
-
-    The chief is task "chief" (index 0), or "worker" 0 when the cluster has no
-    chief task, as in `tf.distribute.MultiWorkerMirroredStrategy`. Without a
-    strategy (none given, none in scope) the cluster is read from `TF_CONFIG`,
-    so a writer made outside `strategy.scope()` is still only the chief's.
-    """
-    if strategy is None and tf.distribute.has_strategy():
-        strategy = tf.distribute.get_strategy()
-    if strategy is not None:
-        resolver = getattr(strategy, "cluster_resolver", None)
-        extended = getattr(strategy, "extended", None)
-        if resolver is None or not getattr(extended, "_in_multi_worker_mode", lambda: False)():
-            return True
-    else:
-        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return _is_chief_task(resolver)
-
-
-def _is_chief_task(resolver: Any) -> bool:
-    spec = resolver.cluster_spec().as_dict()
-    task_type, task_id = resolver.task_type, resolver.task_id
-    if not spec or task_type is None:
-        return True
-    if "chief" in spec:
-        return task_type == "chief"
-    return task_type == "worker" and int(task_id or 0) == 0
-
-
-class NonChiefWriter:
-    """The writer of a non-chief worker: writes nothing, creates no file, but sets the step.
-
-    Why not `tf.summary.create_noop_writer()`: its `as_default(step=...)` drops the
-    step, so `summary.gradients` (which must still run on every worker: its
-    collectives pair with the chief's) would find no step.
-    """
-
-    @contextlib.contextmanager
-    def as_default(self, step: Any = None) -> Iterator["NonChiefWriter"]:
-        if step is None:
-            yield self
-            return
-        previous = tf.summary.experimental.get_step()
-        tf.summary.experimental.set_step(step)
-        try:
-            yield self
-        finally:
-            tf.summary.experimental.set_step(previous)
-
-    def set_as_default(self, step: Any = None) -> None:
-        if step is not None:
-            tf.summary.experimental.set_step(step)
-
-    def init(self) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def create_file_writer(logdir: Any, strategy: Any = None, **kwargs: Any) -> Any:
-    """`tf.summary.create_file_writer(logdir)` on the chief, a `NonChiefWriter` elsewhere.
-
-    Under MultiWorkerMirroredStrategy every worker runs the same program; a file
-    writer on each would leave one event file per worker in `logdir`.
-    """
-    if not is_chief(strategy):
-        return NonChiefWriter()
-    return tf.summary.create_file_writer(os.fspath(logdir), **kwargs)

@@ -28,9 +28,11 @@ from typing import Any, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import reductions
-from tb_layergrad.graph_util import no_autograph
-from tb_layergrad.reductions import _FAST_MIN_MAGNITUDE, _SMALLEST_NORMAL, _flush_subnormal, _histogram, _pow2_scale, _with_edges
+from tb_layergrad import metadata
+from tb_layergrad.statistics import reductions
+from tb_layergrad.statistics.reductions import (
+    _FAST_MIN_MAGNITUDE, _SMALLEST_NORMAL, _flush_subnormal, _histogram, _pow2_scale, _with_edges,
+)
 
 
 __all__ = ["merged_histograms_and_stats"]
@@ -128,18 +130,16 @@ def _finish(summed: tf.Tensor, local: Tuple, k: int) -> Tuple[tf.Tensor, tf.Tens
     def defined(v: tf.Tensor) -> tf.Tensor:
         return tf.where(has_finite, v, nan64)
 
-    stats = tf.stack([
-        n, nan, pos_inf, neg_inf, zeros,
-        defined(tf.cast(lo, tf.float64)), defined(tf.cast(hi, tf.float64)),
-        defined(mean * scale64), defined(tf.sqrt(var) * scale64),
-        tf.sqrt(s2) * scale64,
-        defined(sa / n_div * scale64),
-        tf.zeros([], tf.float64),
-    ])
+    stats = tf.stack(metadata.stat_values(
+        elements=n, nan=nan, pos_inf=pos_inf, neg_inf=neg_inf, zeros=zeros,
+        min=defined(tf.cast(lo, tf.float64)), max=defined(tf.cast(hi, tf.float64)),
+        mean=defined(mean * scale64), std=defined(tf.sqrt(var) * scale64), norm=tf.sqrt(s2) * scale64,
+        mean_abs=defined(sa / n_div * scale64), no_gradient=tf.zeros([], tf.float64),
+    ))
     return _with_edges(counts, lo, hi, k, scale), stats
 
 
-@no_autograph
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
 def merged_histograms_and_stats(
     tensors: Sequence[tf.Tensor], buckets: int = 30, ctx: Any = None, xla_safe: bool = False
 ) -> List[Tuple[tf.Tensor, tf.Tensor]]:

@@ -1,6 +1,6 @@
 """Where the fused kernel is built, with what, and which cached builds may be loaded.
 
-Kept apart from `fused_kernel` and free of TensorFlow so that the tests'
+Kept apart from `tb_layergrad.kernel`'s loader and free of TensorFlow so that the tests'
 conftest and other tools can ask "can the kernel be built here?" cheaply, and
 free of POSIX-only modules so that the package imports on every OS
 TensorFlow ships for.
@@ -28,7 +28,7 @@ from typing import Iterator, Optional
 
 ENV_CACHE = "TB_LAYERGRAD_CACHE"
 # Named in the message of a remembered failure: it builds again, ignoring the marker.
-RETRY_COMMAND = "python -m tb_layergrad.fused_kernel"
+RETRY_COMMAND = "python -m tb_layergrad.kernel"
 # Where the missing-requirement reasons start (the tests' skip reasons; .ci/run looks for them).
 MISSING = "missing here:"
 

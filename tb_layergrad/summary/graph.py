@@ -1,4 +1,4 @@
-"""Two graph-building helpers the library's TensorFlow code shares."""
+"""A condition whose untaken branch costs nothing: how a step's records are kept off unlogged steps."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,19 +6,13 @@ from typing import Callable
 import tensorflow as tf
 
 
-def no_autograph(fn: Callable) -> Callable:
-    """Library code uses tf.cond explicitly: autograph converting it only slows tracing (several times)."""
-    return tf.autograph.experimental.do_not_convert(fn)
-
-
 def cond_out_of_line(pred: tf.Tensor, true_fn: Callable[[], tf.Tensor]) -> tf.Tensor:
     """`tf.cond(pred, true_fn, lambda: False)` whose true branch is ONE function call when untaken.
 
     Why: inside a `tf.function` a condition is lowered to Switch/Merge, and the
-    executor still visits every op of the untaken branch, at every step (measured:
-    a branch holding the reductions and writes of 4 layers added ~0.2 ms to each
-    step that logged nothing). A branch that is a single call op costs nothing
-    then; taken, the call costs a few tens of microseconds. Eagerly it is a
+    executor still visits every op of the untaken branch, at every step that logs
+    nothing (docs/DESIGN.md, "One write step"). A branch that is a single call
+    op costs nothing then; taken, the call is one function call. Eagerly it is a
     plain `if`; under a tf.distribute strategy an inline `tf.cond` (a function
     traced in a replica thread cannot capture that replica's tensors). `true_fn`
     returns a boolean scalar.

@@ -1,0 +1,231 @@
+"""Internal: the train step `GradientLogger` runs inside `model.fit()`: the model's own, observed.
+
+Why observed, not copied. The step fit() runs is the model's `train_step`,
+unmodified: Keras' own (Keras 3 or tf_keras, whatever the version) or the
+model's override. While it runs (traces, in graph mode and XLA), an
+observation is active (`step_observation`): the layer hooks of `Capture` (and
+`TimestepProbe`) are installed, the first `tf.GradientTape` the step enters is
+the one the outputs are watched on, and the step's one `tape.gradient(loss,
+weights)` call is answered by ONE call for (weights, layer outputs, probes)
+whose weight part goes back to the step unchanged. Watch-style capture adds
+no op to the forward pass, so training stays bitwise what it is without the
+callback; identity-style capture (custom gradients) would not
+(docs/FIT.md).
+
+The callback runs this step only for executions that contain a logged step
+(Keras' own train function otherwise); the step computes the logging flag
+from `optimizer.iterations` (a tensor). What it logs is one plan
+(`tb_layergrad.summary.plan`), written by the one write step
+(`summary.write.write_step`), in one of three places (`FitStep._with_records`):
+in the step itself, behind the flag (graph mode without XLA); or handed out
+of the step in the logs under PAYLOAD_KEY and written by the callback
+(XLA and eager: the gradients, unreduced; several replicas: the merged
+records, encoded by `replica_payload`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import tensorflow as tf
+
+from tb_layergrad import distribute, metadata
+from tb_layergrad.capturing.gradient_map import GradientMap
+from tb_layergrad.capturing.layer_capture import Capture
+from tb_layergrad.capturing.rnn_probe import TapeWithExtraSources, TimestepProbe
+from tb_layergrad.capturing.targets import target_value
+from tb_layergrad.keras import replica_payload, tape_observer
+from tb_layergrad.keras.model_facts import model_train_step, update_count
+from tb_layergrad.keras.step_observation import StepObservation
+from tb_layergrad.summary import plan as plans
+from tb_layergrad.summary.write import reduced_plan, write_step
+
+PAYLOAD_KEY = "__tb_layergrad__"
+
+
+def _unscale(g: Any, scale: Optional[tf.Tensor]) -> Any:
+    if g is None or scale is None:
+        return g
+    dt = tf.float32 if g.dtype in (tf.float16, tf.bfloat16, tf.float32) else g.dtype
+    return tf.cast(g, dt) / tf.cast(scale, dt)
+
+
+@dataclasses.dataclass
+class StepConfig:
+    layers: Any
+    weights: bool
+    timesteps: Any  # False, True, or a layer spec
+    targets: Dict[str, Callable]
+    buckets: int
+    max_elements: int
+    every_n_steps: int
+    xla: bool
+    replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
+
+
+class FitStep:
+    """Builds the observing train_step for one fit() call; remembers the plan it logs."""
+
+    def __init__(self, model: Any, kind: str, config: StepConfig, writer: Any = None):
+        self.model = model
+        self.kind = kind
+        self.config = config
+        #: the summary writer the step writes to itself (see `writes_in_step`); None: hand records to Python.
+        self.writer = writer
+        #: the model's own train step, run unmodified inside the observation (read before the callback
+        #: sets its own as the model's instance attribute).
+        self.inner = model_train_step(model)
+        #: the structure of the plan handed out of the step (no tensors), set when the step is traced or run.
+        self.plan: Optional[plans.Plan] = None
+        #: (rank, dtype) of each tensor of that plan, to decode several replicas' payload.
+        self.layout: Dict[str, Tuple[int, tf.DType]] = {}
+
+    def _step_and_flag(self) -> Tuple[tf.Tensor, tf.Tensor]:
+        iterations = tf.cast(tf.convert_to_tensor(update_count(self.model.optimizer)), tf.int64)
+        step = iterations + 1  # the update this batch makes: Keras' TensorBoard batch step
+        log = tf.equal(tf.math.floormod(step, self.config.every_n_steps), 0)
+        return step, log
+
+    # -- the observed step ------------------------------------------------------
+    def train_step(self, data: Any) -> Any:
+        """The model's own train step, observed (module docstring), then this step's records."""
+        step, log = self._step_and_flag()
+        cfg = self.config
+        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights)
+        probe = TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps) if cfg.timesteps is not False else None
+        seen = StepObservation(self, cap, probe)
+        with contextlib.ExitStack() as scope:
+            scope.callback(seen.stop_aux)  # also when the step raises
+            scope.callback(seen.remove_hooks)
+            scope.enter_context(tape_observer.observing(seen))
+            seen.install_hooks()
+            logs = self.inner(data)
+        if seen.tape is None:
+            raise RuntimeError(
+                f"{type(self.model).__name__}.train_step entered no tf.GradientTape: GradientLogger logs the gradients "
+                "a train step computes with one. Capture inside your step with tb_layergrad.capture instead."
+            )
+        if not seen.answered:
+            warnings.warn(
+                "GradientLogger: the train step asked its GradientTape for no gradient (a model without trainable "
+                "weights?); nothing is logged for this step",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return logs
+        return self._with_records(logs, step, log, self._plan(cap, probe, seen))
+
+    # -- auxiliary backward passes (logged steps only) --------------------------
+    def _shadow_weights(self) -> bool:
+        """Graph mode (no XLA): weight gradients for the records come from a second backward pass.
+
+        Grappler's arithmetic optimizer folds the optimizer's learning-rate multiply into
+        the last multiply of a weight gradient ONLY when nothing else reads that gradient
+        (MinimizeBroadcasts). Reading the applied tensor would change which rewrite happens,
+        and the update in the last bits. So in graph mode the weight records are computed
+        from an identical, separate backward pass, on logged steps only.
+        """
+        return self.config.weights and not self.config.xla and not tf.executing_eagerly()
+
+    def aux_tape(self) -> Optional[Any]:
+        n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
+        return tf.GradientTape(persistent=n > 1) if n else None
+
+    # -- targets ---------------------------------------------------------------
+    def target_values(self, y_pred: Any, scale: Optional[tf.Tensor]) -> Dict[str, tf.Tensor]:
+        out = {}
+        for name, fn in self.config.targets.items():
+            value = target_value(name, fn, y_pred)
+            if scale is not None:  # same protection against float16 underflow as the loss
+                value = value * tf.cast(scale, value.dtype)
+            out[name] = value
+        return out
+
+    # -- the records ------------------------------------------------------------
+    def _plan(self, cap: Capture, probe: Optional[TimestepProbe], seen: StepObservation) -> plans.Plan:
+        """Everything this step logs: the loss's gradients, then each target's, unscaled, replicas merged."""
+        eps_sources = dict(probe.sources) if probe is not None else {}
+        loss_map = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target) if self._shadow_weights() else seen.gmap
+        plan = self._target_plan(metadata.DEFAULT_TARGET, loss_map, seen.eps_grads, probe, seen.scale)
+        for name, value in seen.values.items():
+            wrapped = TapeWithExtraSources(seen.aux, list(eps_sources.values()))
+            tmap = cap.gradients(wrapped, value, name=name)
+            teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
+            plan = plan + self._target_plan(name, tmap, teps, probe, seen.scale)
+        return plan
+
+    def _target_plan(self, target: str, gmap: GradientMap, eps_grads: Dict[str, Any], probe: Optional[TimestepProbe], scale: Optional[tf.Tensor]) -> plans.Plan:
+        cfg = self.config
+        entries = {p: dataclasses.replace(gmap.entry(p), gradient=_unscale(gmap[p], scale)) for p in gmap}
+        unscaled = GradientMap(entries, target, [])
+        eps = {}
+        if probe is not None:
+            for key, source in probe.sources.items():
+                g = eps_grads.get(key)
+                eps[key] = tf.zeros_like(source) if g is None else _unscale(g, scale)
+        ctx = distribute.replica_context()
+        merged = distribute.merge_in_replica(unscaled, cfg.replicas, cfg.buckets, ctx, eps, cfg.xla) if ctx is not None else None
+        plan = plans.from_gradients(merged.gradients if merged else unscaled, target, cfg.max_elements, cfg.buckets, captured_dtypes=True)
+        if merged is not None and merged.reduced:
+            plan = dataclasses.replace(plan, series=tuple(
+                dataclasses.replace(s, data=None, reduced=merged.reduced[s.info.layer]) if s.info.layer in merged.reduced else s
+                for s in plan.series
+            ))
+        timesteps = merged.timesteps if merged is not None else eps
+        as_norms = merged is not None and merged.timesteps_are_norms
+        steps = tuple(
+            plans.timesteps(key, target=target, index=probe.layer_index(key), max_elements=cfg.max_elements,
+                            **{"norms" if as_norms else "gradient": value})
+            for key, value in timesteps.items()
+        )
+        return dataclasses.replace(plan, timesteps=steps)
+
+    def writes_in_step(self) -> bool:
+        """Does the compiled step write its records itself?
+
+        Yes in graph mode without XLA: handing the gradients to Python and calling a
+        second compiled function there costs more than the reductions (docs/DESIGN.md,
+        "fit(): where the records are written"). Not under XLA (see `_with_records`),
+        not eagerly (the callback writes then), not with several replicas (the records
+        cross Keras' reduction of the step's outputs).
+        """
+        return self.writer is not None and not self.config.xla and not tf.executing_eagerly()
+
+    def _with_records(self, logs: Any, step: tf.Tensor, log: tf.Tensor, plan: plans.Plan) -> Any:
+        """Write the plan in the step, or hand it out of the step in the logs (module docstring).
+
+        Under XLA nothing is conditional on `log` in the compiled step (handing
+        backward-pass tensors to a conditional moves XLA's fusion boundaries and
+        the last bits of training), and the gradients leave it unreduced: XLA's
+        CPU code sums a tensor in one serial chain, and `histogram_fixed_width`
+        does not compile. `log` travels with the payload: with
+        `steps_per_execution > 1` only some steps of an execution are logged.
+        """
+        ctx = distribute.replica_context()
+        if ctx is None and self.writes_in_step():
+            with tf.name_scope("layergrad"):
+                write_step(plan, step, record=log, writer=self.writer, flush=True)
+            return logs
+        plan = reduced_plan(plan, xla_safe=self.config.xla) if ctx is not None else plan.prepared()
+        tensors = plan.tensors()
+        self.plan = plan.with_tensors({})
+        self.layout = {key: (t.shape.rank, t.dtype) for key, t in tensors.items()}
+        logs = dict(logs)
+        if ctx is not None:
+            logs[PAYLOAD_KEY] = replica_payload.encode(step, log, tensors)
+        else:
+            logs[PAYLOAD_KEY] = {"step": step, "log": log, "tensors": tensors}
+        return logs
+
+    def _with_shadow_weights(self, cap: Capture, gmap: Any, aux: Any, aux_loss: Any) -> Any:
+        """`gmap` with its weight entries recomputed by the aux tape (see _shadow_weights)."""
+        owners = cap.tree.variable_paths()
+        by_path = {owners[id(v)][0]: v for v in self.model.trainable_variables if id(v) in owners}
+        paths = [p for p in gmap if gmap.entry(p).source == metadata.SOURCE_WEIGHT and p in by_path]
+        grads = aux.gradient(aux_loss, [by_path[p] for p in paths]) if paths else []
+        entries = {p: gmap.entry(p) for p in gmap}
+        for p, g in zip(paths, grads):
+            entries[p] = dataclasses.replace(entries[p], gradient=g)
+        return GradientMap(entries, gmap.target, [])

@@ -1,0 +1,20 @@
+"""The fused C++ kernel: one op computes (and can write) the records of all of a step's tensors.
+
+Modules:
+  loader -- build on first use, load, the op functions (`op()`, `write_op()`, `disabled()`)
+  cache  -- where builds live and which may be loaded (no TensorFlow: cheap to ask)
+  src/   -- the C++ sources (records.h holds the statistics' positions)
+
+`tb_layergrad.kernel.<name>` reads `loader`'s names, so that importing this
+package (or `cache`) does not import TensorFlow.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(importlib.import_module("tb_layergrad.kernel.loader"), name)

@@ -1,0 +1,185 @@
+"""Summary ops: write gradients as records this plugin's tab can find.
+
+`gradient()` is the low-level op, the analogue of `tf.summary.histogram` for
+one tensor; `gradients()` writes a whole `Capture.gradients(...)` result;
+`timesteps()` an RNN layer's per-timestep gradient norms. They write to the
+default `tf.summary` writer, at `step` or at the default step, and respect
+`tf.summary.record_if` (nothing is computed when nothing is recorded).
+
+Under a multi-replica `tf.distribute` strategy they write the GLOBAL batch,
+once (docs/DISTRIBUTED.md): inside `strategy.run` they merge the replicas first
+(`replicas="gather"`: all-gather the tensors; `replicas="stats"`: all-reduce
+only the statistics), every step, since collectives cannot run inside the
+recording condition; in cross-replica context, on what `strategy.run`
+returned, they `strategy.gather` on recorded steps only.
+
+Example:
+    writer = tf.summary.create_file_writer("logs/run1")
+    with writer.as_default(step=optimizer.iterations):
+        tb_layergrad.summary.gradients(grads)
+
+With a `tf.function` train step, enter the writer around the Python loop (or
+call `writer.set_as_default(step=...)` once), not inside the step: leaving a
+`with writer.as_default():` block inside a `tf.function` flushes the event
+file at every call, logged or not.
+
+Modules (the write pipeline, in the order data passes): `plan` (what a step
+writes), `write` (`write_step`: the one way records are written), `backend`
+(fused kernel or TensorFlow's ops, decided once), `first_nonfinite` (the one
+tracker of the first NaN/Inf step), `writer_state`, `graph`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+import tensorflow as tf
+
+from tb_layergrad import distribute, metadata
+from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+from tb_layergrad.summary import plan as plans
+from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
+
+__all__ = ["gradient", "gradients", "timesteps"]
+
+
+def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str) -> plans.Plan:
+    """Inside `strategy.run`: the global batch's plan, the collectives run here, unconditionally."""
+    if replicas == "stats" and max_elements > 0:
+        raise ValueError('max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"')
+    merged = distribute.merge_in_replica(gmap, replicas, buckets, ctx)
+    plan = plans.from_gradients(merged.gradients, target, max_elements, buckets)
+    series = tuple(
+        dataclasses.replace(s, data=None, reduced=merged.reduced[s.info.layer]) if s.info.layer in merged.reduced else s
+        for s in plan.series
+    )
+    return dataclasses.replace(plan, series=series)
+
+
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
+def gradient(
+    name: str,
+    data: Optional[tf.Tensor],
+    step: Any = None,
+    buckets: int = 30,
+    *,
+    max_elements: int = 0,
+    target: str = metadata.DEFAULT_TARGET,
+    source: str = metadata.SOURCE_OUTPUT,
+    layer_index: int = -1,
+    elements: int = -1,
+    description: str = "",
+    replicas: str = "gather",
+) -> tf.Tensor:
+    """Write the histogram and statistics of one gradient tensor.
+
+    Unlike `gradients()`, it keeps no state across steps: no `first_nonfinite`
+    records (docs/FORMAT.md).
+
+    Args:
+      name: the layer (or tensor) path, e.g. "my_model/minimalrnn".
+      data: the gradient; None records "no gradient" (the target does not
+        depend on this tensor) instead of failing.
+      step: the training step; defaults to the default summary step.
+      buckets: number of histogram buckets.
+      max_elements: when > 0, also write the raw gradient, bounded to this many
+        elements (see `reductions.bounded_tensor` for the rule).
+      target: name of the scalar differentiated ("loss" unless told otherwise).
+      source: "output" for a layer output, "weight" for a variable.
+      layer_index: the layer's position in the model, for ordering in the tab.
+      elements: element count to report when `data` is None (-1 if unknown).
+      replicas: inside `strategy.run` with several replicas, how `data` (this
+        replica's shard) is merged into the global batch before writing:
+        "gather" (a layer output is all-gathered along axis 0, a weight
+        gradient summed) or "stats" (only statistics cross replicas).
+
+    Returns:
+      A boolean scalar tensor: True if something was written.
+    """
+    step = resolve_step(step)
+    distribute.check_mode(replicas)
+    one = plans.series(name, data, target=target, source=source, index=layer_index, elements=elements,
+                       max_elements=max_elements)
+    plan = plans.Plan((one,), buckets=plans.check_buckets(buckets), description=description, track_nonfinite=False)
+    ctx = distribute.replica_context()
+    if ctx is not None:
+        entry = Entry(data, source, layer_index, elements)
+        merged = _replica_plan(GradientMap({name: entry}, target), replicas, buckets, max_elements, ctx, target)
+        plan = dataclasses.replace(plan, series=merged.series)
+    with tf.name_scope("layergrad"):
+        return write_step(plan, step)
+
+
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
+def gradients(
+    grads: Mapping[str, Any],
+    step: Any = None,
+    buckets: int = 30,
+    *,
+    max_elements: int = 0,
+    target: Optional[str] = None,
+    replicas: str = "gather",
+    strategy: Any = None,
+) -> tf.Tensor:
+    """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
+
+    For a plain dict, every entry is taken as a layer output, in dict order.
+    `target` overrides the target name the result carries. One recording
+    condition guards the whole step: when nothing is recorded (record_if
+    false, no writer), no reduction runs at all. From the first logged step
+    at which an entry holds a NaN/Inf on, it also writes that step (kind
+    `first_nonfinite`, kept per default writer and tag), so that sampling by
+    TensorBoard cannot hide it.
+
+    Under a multi-replica strategy the global batch is written, once
+    (`replicas`: "gather" or "stats", see the module docstring and
+    docs/DISTRIBUTED.md). Inside `strategy.run` the merge runs at every step
+    (collectives cannot run in the recording condition); call this
+    unconditionally and pick steps with `tf.summary.record_if`. In
+    cross-replica context, `strategy` is the strategy that ran them (default:
+    the one in scope).
+    """
+    step = resolve_step(step)
+    distribute.check_mode(replicas)
+    plans.check_buckets(buckets)
+    grads = distribute.per_replica_map(grads)
+    if not isinstance(grads, GradientMap):
+        grads = GradientMap(
+            {path: Entry(g, metadata.SOURCE_OUTPUT, i) for i, (path, g) in enumerate(dict(grads).items())},
+            metadata.DEFAULT_TARGET,
+        )
+    target_name = target or grads.target
+    ctx = distribute.replica_context()
+    with tf.name_scope("layergrad"):
+        if ctx is not None:
+            return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name), step)
+        if not distribute.holds_distributed_values(grads):
+            return write_step(plans.from_gradients(grads, target_name, max_elements, buckets), step)
+        if replicas == "stats":
+            raise ValueError(
+                'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '
+                "from strategy.run: write them there, or use the default replicas=\"gather\" here"
+            )
+        if strategy is None and not tf.distribute.has_strategy():
+            raise ValueError(
+                "these gradients come from strategy.run (PerReplica values): pass strategy=... or write them "
+                "under `with strategy.scope():`"
+            )
+        should = recording()
+        if should is None:
+            return tf.constant(False)
+
+        def gather_and_write() -> None:  # cross-replica: gather now, on a recorded step only
+            merged = distribute.merge(grads, strategy)
+            write_step(plans.from_gradients(merged, target_name, max_elements, buckets), read_step(step), record=True)
+
+        return when(should, gather_and_write, out_of_line=False)
+
+
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
+def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET, layer_index: int = -1) -> tf.Tensor:
+    """Write a per-timestep gradient norm vector [T] for an RNN layer."""
+    step = resolve_step(step)
+    plan = plans.Plan(timesteps=(plans.timesteps(name, target=target, index=layer_index, norms=norms),))
+    with tf.name_scope("layergrad"):
+        return write_step(plan, step)

@@ -1,0 +1,196 @@
+"""What one step writes: a plan of series, built once from a `GradientMap`, written by `write.write_step`.
+
+Why a plan: the custom loop (`summary.gradients`), the `fit()` step and the
+distributed paths all write the same records (docs/FORMAT.md). They differ
+only in where the tensors are when the writing happens: still raw gradients,
+already reduced (replicas merged their statistics), or handed out of a
+compiled step as a flat dict. A plan says what is written, with the metadata
+of each series, independent of where; `write_step` is the one place that
+decides how.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import tensorflow as tf
+
+from tb_layergrad import metadata
+from tb_layergrad.capturing.gradient_map import GradientMap
+from tb_layergrad.capturing.rnn_probe import timestep_norms
+from tb_layergrad.statistics import reductions
+
+# Suffix of the layer path for the bounded [T, units] per-timestep tensor (kind "tensor").
+TIMESTEP_TENSOR_SUFFIX = "[h_t]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One tensor's records: its histogram and stats (and, if asked, its bounded raw values).
+
+    `data` is the gradient (None: "no gradient", the target does not depend on
+    it); `reduced` its (histogram, stats) when already computed, e.g. merged
+    across replicas; `raw` its bounded raw tensor when already cut.
+    """
+
+    info: metadata.SeriesInfo  # kind "stats"; the other kinds differ only in kind
+    data: Any = None
+    elements: int = -1  # element count, for a "no gradient" record (-1: unknown)
+    max_elements: int = 0  # > 0: also the raw tensor, bounded (`reductions.bounded_tensor`)
+    reduced: Optional[Tuple[Any, Any]] = None
+    raw: Any = None
+
+    def of_kind(self, kind: str) -> metadata.SeriesInfo:
+        return dataclasses.replace(self.info, kind=kind)
+
+    @property
+    def present(self) -> bool:
+        return self.data is not None or self.reduced is not None
+
+    @property
+    def wants_raw(self) -> bool:
+        return self.max_elements > 0 and self.present
+
+
+@dataclasses.dataclass(frozen=True)
+class Timesteps:
+    """An RNN layer's per-timestep gradient norms [T] (kind "timesteps"), from dL/dh [batch, T, ...]."""
+
+    info: metadata.SeriesInfo  # kind "timesteps"
+    gradient: Any = None  # dL/dh_t, time on axis 1; or None once `norms` are known
+    norms: Any = None
+    max_elements: int = 0  # > 0: also example 0's [T, units] gradient (layer path + TIMESTEP_TENSOR_SUFFIX)
+    raw: Any = None
+
+    @property
+    def raw_info(self) -> metadata.SeriesInfo:
+        dtype = "" if self.gradient is None else tf.as_dtype(self.gradient.dtype).name
+        return dataclasses.replace(
+            self.info, layer=self.info.layer + TIMESTEP_TENSOR_SUFFIX, kind=metadata.KIND_TENSOR, dtype=dtype
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything one step writes, in order."""
+
+    series: Tuple[Series, ...] = ()
+    timesteps: Tuple[Timesteps, ...] = ()
+    buckets: int = 30
+    description: str = ""
+    track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md)
+
+    def __add__(self, other: "Plan") -> "Plan":
+        return dataclasses.replace(self, series=self.series + other.series, timesteps=self.timesteps + other.timesteps)
+
+    # -- a flat dict of tensors and back: how a plan leaves a compiled step --------
+    def tensors(self) -> Dict[str, Any]:
+        """Every tensor the plan holds, keyed by "<tag>|<part>" (no None values)."""
+        out: Dict[str, Any] = {}
+        for s in self.series:
+            for part, value in (("data", s.data), ("raw", s.raw)):
+                if value is not None:
+                    out[f"{s.info.tag}|{part}"] = value
+            if s.reduced is not None:
+                out[f"{s.info.tag}|histogram"], out[f"{s.info.tag}|stats"] = s.reduced
+        for t in self.timesteps:
+            for part, value in (("gradient", t.gradient), ("norms", t.norms), ("raw", t.raw)):
+                if value is not None:
+                    out[f"{t.info.tag}|{part}"] = value
+        return out
+
+    def with_tensors(self, tensors: Dict[str, Any]) -> "Plan":
+        """This plan's structure holding `tensors` (as `tensors()` keyed them)."""
+
+        def get(tag: str, part: str) -> Any:
+            return tensors.get(f"{tag}|{part}")
+
+        series = []
+        for s in self.series:
+            hist, stats = get(s.info.tag, "histogram"), get(s.info.tag, "stats")
+            reduced = (hist, stats) if stats is not None else None
+            series.append(dataclasses.replace(s, data=get(s.info.tag, "data"), reduced=reduced, raw=get(s.info.tag, "raw")))
+        steps = [
+            dataclasses.replace(t, gradient=get(t.info.tag, "gradient"), norms=get(t.info.tag, "norms"), raw=get(t.info.tag, "raw"))
+            for t in self.timesteps
+        ]
+        return dataclasses.replace(self, series=tuple(series), timesteps=tuple(steps))
+
+    def prepared(self) -> "Plan":
+        """The small records computed now (per-timestep norms, bounded raw tensors); the reductions not.
+
+        Why: where the gradients leave a compiled step to be reduced elsewhere
+        (XLA, eager), what is small is better computed where the big tensors are.
+        """
+        series = tuple(
+            dataclasses.replace(s, raw=reductions.bounded_tensor(s.data, s.max_elements))
+            if s.wants_raw and s.raw is None and s.data is not None else s
+            for s in self.series
+        )
+        steps = tuple(_timestep_records(t) for t in self.timesteps)
+        return dataclasses.replace(self, series=series, timesteps=steps)
+
+
+def _timestep_records(t: Timesteps) -> Timesteps:
+    if t.norms is not None:
+        return t
+    raw = reductions.bounded_tensor(t.gradient[0], t.max_elements) if t.max_elements > 0 else None
+    return dataclasses.replace(t, gradient=None, norms=timestep_norms(t.gradient), raw=raw)
+
+
+# -- building plans ------------------------------------------------------------------
+def check_buckets(buckets: int) -> int:
+    if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
+        raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
+    return buckets
+
+
+def series(
+    path: str,
+    data: Any,
+    *,
+    target: str,
+    source: str = metadata.SOURCE_OUTPUT,
+    index: int = -1,
+    elements: int = -1,
+    max_elements: int = 0,
+    dtype: Optional[str] = None,
+) -> Series:
+    """One series, its arguments checked where the op is traced."""
+    if not isinstance(path, str) or not path:
+        raise ValueError("name must be a non-empty string")
+    if max_elements < 0:
+        raise ValueError(f"max_elements must be >= 0, got {max_elements}")
+    if dtype is None:
+        dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
+    info = metadata.SeriesInfo(layer=path, kind=metadata.KIND_STATS, target=target, source=source, index=int(index), dtype=dtype)
+    return Series(info, data, elements, max_elements)
+
+
+def from_gradients(
+    gmap: GradientMap, target: Optional[str] = None, max_elements: int = 0, buckets: int = 30,
+    captured_dtypes: bool = False,
+) -> Plan:
+    """The plan of every entry of a `GradientMap`, in its order.
+
+    `captured_dtypes`: each series' dtype is the captured tensor's (what the
+    model computes in, e.g. float16 under mixed precision), not the gradient's.
+    """
+    name = target or gmap.target
+    return Plan(
+        tuple(
+            series(p, e.gradient, target=name, source=e.source, index=e.index, elements=e.elements,
+                   max_elements=max_elements, dtype=e.dtype if captured_dtypes else None)
+            for p, e in ((p, gmap.entry(p)) for p in gmap)
+        ),
+        buckets=check_buckets(buckets),
+    )
+
+
+def timesteps(
+    path: str, *, target: str, index: int = -1, gradient: Any = None, norms: Any = None, max_elements: int = 0
+) -> Timesteps:
+    info = metadata.SeriesInfo(layer=path, kind=metadata.KIND_TIMESTEPS, target=target, source=metadata.SOURCE_OUTPUT,
+                               index=int(index), dtype="float64")
+    return Timesteps(info, gradient, None if norms is None else tf.cast(tf.reshape(norms, [-1]), tf.float64), max_elements)
+

@@ -1,0 +1,164 @@
+"""One write step: a plan's records into the summary writer, on recorded steps only.
+
+Every path that writes (the custom loop's `summary.gradients`, the `fit()`
+step, its record writer, the distributed paths) ends in `write_step`. It asks
+`backend` once which tensors the fused write op takes; that op writes them with
+the recording condition as an input, and one out-of-line condition writes the
+rest with TensorFlow's ops. Both keep the running first NaN/Inf steps in the
+one tracker, `first_nonfinite`.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Callable, List, Optional
+
+import tensorflow as tf
+
+from tb_layergrad import metadata
+from tb_layergrad.statistics import reductions
+from tb_layergrad.summary import backend, first_nonfinite
+from tb_layergrad.summary.graph import cond_out_of_line
+from tb_layergrad.summary.plan import Plan, Series
+
+
+def resolve_step(step: Any) -> Any:
+    """`step`, or the default summary step; an integer (a float step is refused, not truncated)."""
+    if step is None:
+        step = tf.summary.experimental.get_step()
+        if step is None:
+            raise ValueError(
+                "no step given and no default step set: pass step=..., or use "
+                "writer.as_default(step=...) / tf.summary.experimental.set_step(...)"
+            )
+    dtype = getattr(step, "dtype", None)
+    if dtype is not None and not tf.as_dtype(dtype).is_integer:
+        raise TypeError(f"step must be an integer, got dtype {tf.as_dtype(dtype).name}")
+    return step
+
+
+def read_step(step: Any) -> tf.Tensor:
+    """`step` as an int64 tensor, read once for all the records of a step.
+
+    Why: `tf.summary.write` converts its `step` argument at every call; a
+    `tf.Variable` step would be read once per record. Any integer dtype is
+    taken (`tf.constant(3)` is int32, which `tf.summary.write` refuses).
+    """
+    if getattr(step, "dtype", None) is None:
+        return tf.convert_to_tensor(step, tf.int64)
+    return tf.cast(step, tf.int64)
+
+
+def recording() -> Optional[Any]:
+    """Are summaries recorded now (a default writer, record_if true)? None if statically not; else a bool or tensor."""
+    should = tf.summary.should_record_summaries()
+    static = should if isinstance(should, bool) else tf.get_static_value(should)
+    if static is not None and not bool(static):
+        return None  # statically off (no writer, e.g. a non-chief worker): nothing to trace
+    return should
+
+
+def when(should: Any, fn: Callable[[], None], out_of_line: bool = True) -> tf.Tensor:
+    """Run `fn` only if `should` holds, with recording statically on inside; True if it ran.
+
+    Why statically on: otherwise every `tf.summary.write` in `fn` would add its
+    own condition on the same predicate. `out_of_line`: the branch as one
+    function call (`cond_out_of_line`); not for a branch that gathers replicas
+    (collectives over PerReplica values must stay inline).
+    """
+
+    def run() -> tf.Tensor:
+        with tf.summary.record_if(True):
+            fn()
+        return tf.constant(True)
+
+    if isinstance(should, bool):
+        return run() if should else tf.constant(False)
+    if not out_of_line and not tf.executing_eagerly():
+        return tf.cond(should, run, lambda: tf.constant(False))
+    return cond_out_of_line(should, run)
+
+
+def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, flush: bool = False) -> tf.Tensor:
+    """Write `plan`'s records at `step` if the step is recorded; returns a bool scalar: written.
+
+    `record`: None for the default writer's own condition (`tf.summary.record_if`,
+    a writer set); else a bool (tensor) saying whether to write, e.g. `fit()`'s
+    logging flag. `writer`: None for the default writer, else the writer to
+    write to (entered around what TensorFlow's ops write, which flushes it);
+    `flush`: flush after the fused op's records too.
+    """
+    should = recording() if record is None else record
+    if should is None:
+        return tf.constant(False)
+    resource = backend.fused_writer(writer)
+    unreduced = [s for s in plan.series if s.data is not None and s.reduced is None]
+    fused = [unreduced[i] for i in backend.fused_part(resource, [s.data for s in unreduced])]
+    rest = [s for s in plan.series if all(s is not f for f in fused)]
+    entered = writer.as_default if writer is not None else contextlib.nullcontext
+    written: List[tf.Tensor] = []
+    if fused:
+        condition = tf.constant(should) if isinstance(should, bool) else should
+        written.append(backend.write_fused(
+            resource, condition, read_step(step), [s.info for s in fused], [s.data for s in fused], plan.buckets,
+            plan.description, flush=flush, track_nonfinite=plan.track_nonfinite,
+        ))
+    if rest or plan.timesteps or any(s.wants_raw for s in fused):
+
+        def write_rest() -> None:
+            with entered():
+                _write_with_ops(plan, rest, fused, read_step(step))
+
+        written.append(when(should, write_rest))
+    if not written:
+        return tf.constant(False)
+    return written[0] if len(written) == 1 else tf.reduce_any(tf.stack(written))
+
+
+def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor) -> None:
+    """What the fused op did not write, with `tf.summary.write`; then the first-non-finite tracker."""
+    reduced = reduced_plan(dataclasses.replace(plan, series=tuple(rest)))
+    tracked, stats = [], []
+    for s in reduced.series:
+        hist, stat = s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)
+        _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description)
+        _write(s.info, stat, step, plan.description)
+        if s.present:
+            tracked.append(s.info)
+            stats.append(stat)
+        _write_raw(s, step, plan.description)
+    for s in fused:
+        _write_raw(s, step, plan.description)
+    for t in reduced.timesteps:
+        _write(t.info, t.norms, step)
+        if t.raw is not None:
+            _write(t.raw_info, t.raw, step)
+    if plan.track_nonfinite and tracked:
+        first_nonfinite.track(tracked, first_nonfinite.nonfinite_flags(stats), step)
+
+
+def _write(info: metadata.SeriesInfo, tensor: Any, step: tf.Tensor, description: str = "") -> None:
+    tf.summary.write(info.tag, tensor, step=step, metadata=metadata.create_summary_metadata(info, description))
+
+
+def _write_raw(s: Series, step: tf.Tensor, description: str) -> None:
+    if s.wants_raw:
+        raw = s.raw if s.raw is not None else reductions.bounded_tensor(s.data, s.max_elements)
+        _write(s.of_kind(metadata.KIND_TENSOR), raw, step, description)
+
+
+def reduced_plan(plan: Plan, xla_safe: bool = False) -> Plan:
+    """`plan` with every present series reduced to (histogram, stats), and its small records computed.
+
+    Where the records must be finished inside a step, e.g. before they cross
+    replicas (`tb_layergrad.keras`); `xla_safe` inside an XLA-compiled step.
+    """
+    plan = plan.prepared()
+    todo = [i for i, s in enumerate(plan.series) if s.data is not None and s.reduced is None]
+    if not todo:
+        return plan
+    records = backend.reduce([plan.series[i].data for i in todo], plan.buckets, xla_safe)
+    series = list(plan.series)
+    for i, result in zip(todo, records):  # the gradient is not needed any more: only the records leave
+        series[i] = dataclasses.replace(series[i], data=None, reduced=result)
+    return dataclasses.replace(plan, series=tuple(series))
