@@ -22,7 +22,6 @@ report no gradient; with it, every output is exact.
 """
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -30,6 +29,7 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+from tb_layergrad.capturing.layer_hooks import LayerHooks
 from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree
 
 LayerSpec = Union[None, str, Any, Sequence[Union[str, Any]]]
@@ -85,44 +85,23 @@ def _static_elements(t: Any) -> int:
     return -1 if n is None else int(n)
 
 
-class Capture:
+class Capture(LayerHooks):
     """Context manager returned by `capture()`; see the module docstring."""
 
     def __init__(self, model: Any, layers: LayerSpec = None, weights: bool = False, tape: Any = None):
         self.tree = LayerTree(model)
-        self.model = model
-        self.nodes = self.tree.select(layers)
+        super().__init__(model, self.tree.select(layers), tape)
         self.weights = bool(weights)
-        self._tapes = [tape] if tape is not None else []
         self._records: List[_Record] = []
-        self._calls: Dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._installed: List[tuple] = []
-        self._active = False
         # id -> the tape itself: held, so that a freed wrapper's id, reused by a new object, is no false match.
         self._used_tapes: Dict[int, Any] = {}
 
-    # -- context ---------------------------------------------------------------
-    def __enter__(self) -> "Capture":
-        if self._active:
-            raise RuntimeError("this capture is already active; create a new one per forward pass")
+    def _start_pass(self) -> None:
         self._records.clear()
-        self._calls.clear()
-        self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         self._used_tapes.clear()
-        for node in self.nodes:
-            self._install(node)
-        self._active = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._restore()
-        self._active = False
 
     def _install(self, node: LayerNode) -> None:
         layer = node.layer
-        had_instance_call = "call" in layer.__dict__
-        previous = layer.__dict__.get("call")
         original = layer.call
 
         def call_and_record(*args: Any, **kwargs: Any) -> Any:
@@ -131,30 +110,14 @@ class Capture:
             return out
 
         call_and_record.__wrapped__ = original  # keeps inspect.signature() truthful
-        object.__setattr__(layer, "call", call_and_record)
-        self._installed.append((layer, had_instance_call, previous))
-
-    def _restore(self) -> None:
-        while self._installed:
-            layer, had_instance_call, previous = self._installed.pop()
-            if had_instance_call:
-                object.__setattr__(layer, "call", previous)
-            else:
-                layer.__dict__.pop("call", None)
-
-    def _belongs_to_this_pass(self, t: Any) -> bool:
-        """False for tensors of Keras' build-time scratch graphs (shape inference)."""
-        if self._graph is None:
-            return hasattr(t, "numpy") and tf.executing_eagerly()
-        return getattr(t, "graph", None) is self._graph
+        self._hook(layer, "call", call_and_record)
 
     def _record(self, node: LayerNode, out: Any) -> None:
         tensors = [(s, t) for s, t in _flatten_output(out) if self._belongs_to_this_pass(t)]
         if not tensors:
             return
+        call = self._next_call(node)
         with self._lock:
-            call = self._calls.get(node.index, 0) + 1
-            self._calls[node.index] = call
             for sub, t in tensors:
                 watched = bool(self._tapes) or not _is_differentiable(t) or bool(_recorded([t]))
                 self._records.append(_Record(node, call, sub, t, watched))
@@ -162,10 +125,6 @@ class Capture:
             for _, t in tensors:
                 if _is_differentiable(t):
                     tape.watch(t)
-
-    def watch_with(self, tape: Any) -> None:
-        """Also watch outputs on `tape` (for a tape created after `capture()`)."""
-        self._tapes.append(tape)
 
     # -- differentiation -------------------------------------------------------
     @property

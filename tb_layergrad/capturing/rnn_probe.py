@@ -51,12 +51,12 @@ Example (custom training loop):
 """
 from __future__ import annotations
 
-import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
 
 from tb_layergrad import metadata
+from tb_layergrad.capturing.layer_hooks import LayerHooks, restore_instance_attribute, set_instance_attribute
 from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree, is_layer
 
 __all__ = ["TimestepProbe", "timestep_probe", "timestep_norms", "rnn_nodes", "TapeWithExtraSources"]
@@ -157,52 +157,21 @@ class _Probe:
         return self.node.path if self.call == 1 else f"{self.node.path}#{self.call}"
 
 
-class TimestepProbe:
+class TimestepProbe(LayerHooks):
     """Context manager returned by `timestep_probe()`; see the module docstring."""
 
+    _what = "probe"
+
     def __init__(self, model: Any, layers: LayerSpec = None, *, tape: Any = None):
-        self.model = model
         self.tree = LayerTree(model)
-        self.nodes = rnn_nodes(self.tree, layers)
-        if not self.nodes:
+        nodes = rnn_nodes(self.tree, layers)
+        if not nodes:
             raise ValueError(f"model {model.name!r} has no RNN layer for per-timestep gradients")
-        self._tapes: List[Any] = [tape] if tape is not None else []
+        super().__init__(model, nodes, tape)
         self._probes: List[_Probe] = []
-        self._calls: Dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._installed: List[Tuple[Any, str, bool, Any]] = []
-        self._active = False
-        self._graph = None
 
-    def watch_with(self, tape: Any) -> None:
-        """Also watch the probes on `tape` (e.g. a second tape for another target)."""
-        self._tapes.append(tape)
-
-    # -- context ---------------------------------------------------------------
-    def __enter__(self) -> "TimestepProbe":
-        if self._active:
-            raise RuntimeError("this probe is already active; create a new one per forward pass")
+    def _start_pass(self) -> None:
         self._probes.clear()
-        self._calls.clear()
-        self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        for node in self.nodes:
-            self._install(node)
-        self._active = True
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        while self._installed:
-            obj, attr, had, previous = self._installed.pop()
-            if had:
-                object.__setattr__(obj, attr, previous)
-            else:
-                obj.__dict__.pop(attr, None)
-        self._active = False
-
-    def _set(self, obj: Any, attr: str, value: Any) -> Tuple[Any, str, bool, Any]:
-        saved = (obj, attr, attr in obj.__dict__, obj.__dict__.get(attr))
-        object.__setattr__(obj, attr, value)
-        return saved
 
     def _install(self, node: LayerNode) -> None:
         layer = node.layer
@@ -214,7 +183,7 @@ class TimestepProbe:
                 return self._run(node, original, inputs, args, kwargs, time_major, "_could_use_gpu_kernel")
 
             call_with_probe.__wrapped__ = original
-            self._installed.append(self._set(layer, "call", call_with_probe))
+            self._hook(layer, "call", call_with_probe)
         else:
             original = layer.inner_loop
 
@@ -222,12 +191,7 @@ class TimestepProbe:
                 return self._run(node, original, sequences, args, kwargs, False, "use_cudnn")
 
             inner_loop_with_probe.__wrapped__ = original
-            self._installed.append(self._set(layer, "inner_loop", inner_loop_with_probe))
-
-    def _belongs_to_this_pass(self, t: Any) -> bool:
-        if self._graph is None:
-            return tf.executing_eagerly()
-        return getattr(t, "graph", None) is self._graph
+            self._hook(layer, "inner_loop", inner_loop_with_probe)
 
     def _run(self, node: LayerNode, original: Any, inputs: Any, args: tuple, kwargs: dict, time_major: bool, fused_flag: str) -> Any:
         if not isinstance(inputs, tf.Tensor) or not self._belongs_to_this_pass(inputs):
@@ -248,9 +212,8 @@ class TimestepProbe:
         eps = tf.ensure_shape(eps, inputs.shape[:2].concatenate([units]))
         for tape in self._tapes:
             tape.watch(eps)
+        call = self._next_call(node)
         with self._lock:
-            call = self._calls.get(node.index, 0) + 1
-            self._calls[node.index] = call
             self._probes.append(_Probe(node, call, eps, time_major))
         augmented = tf.concat([inputs, eps], axis=-1)
 
@@ -279,17 +242,14 @@ class TimestepProbe:
             return probed, new_states
 
         cell_call_with_probe.__wrapped__ = cell_original
-        saved = [self._set(cell, "call", cell_call_with_probe)]
+        saved = [set_instance_attribute(cell, "call", cell_call_with_probe)]
         if getattr(layer, fused_flag, None) not in (None, False):
-            saved.append(self._set(layer, fused_flag, False))
+            saved.append(set_instance_attribute(layer, fused_flag, False))
         try:
             return original(augmented, *args, **kwargs)
         finally:
-            for obj, attr, had, previous in reversed(saved):
-                if had:
-                    object.__setattr__(obj, attr, previous)
-                else:
-                    obj.__dict__.pop(attr, None)
+            for one in reversed(saved):
+                restore_instance_attribute(one)
 
     # -- results ---------------------------------------------------------------
     @property

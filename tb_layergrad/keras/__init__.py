@@ -2,6 +2,7 @@
 
 Modules:
   gradient_logger   -- the callback (installs the observing step, writes what leaves it)
+  train_functions   -- the observing step compiled once and kept; the compiled record writer
   fit_step          -- the observing train step and the plan of what it logs
   step_observation  -- what one run of the model's own step shows (tape, loss, gradient call)
   tape_observer     -- watching `tf.GradientTape` while a step traces, on its thread only

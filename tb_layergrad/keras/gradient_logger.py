@@ -12,9 +12,7 @@ from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.capturing.targets import check_target_shape, validate_targets
 from tb_layergrad.keras import fit_step as _fit_step
-from tb_layergrad.keras import model_facts, replica_payload
-from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.write import write_step
+from tb_layergrad.keras import model_facts, replica_payload, train_functions
 
 _Base = tf.keras.callbacks.Callback  # tf_keras' under TF_USE_LEGACY_KERAS=1, Keras 3's otherwise
 _MISSING = object()
@@ -170,7 +168,7 @@ class GradientLogger(_Base):
         self._steps_per_execution = 1
         self._counting = False  # may optimizer.iterations be counted in Python (see _iterations_before_call)?
         self._iterations: Optional[int] = None  # optimizer.iterations now, when counted; None: read it
-        self._built: Optional[_BuiltStep] = None  # the compiled capturing step, reused by the next fit()
+        self._built: Optional[train_functions.BuiltStep] = None  # the compiled capturing step, reused by the next fit()
 
     # tf_keras' CallbackList asks these of every callback (Keras 3's does not).
     _supports_tf_logs = False
@@ -203,8 +201,8 @@ class GradientLogger(_Base):
         if self.timesteps is not False:
             TimestepProbe(model, None if self.timesteps is True else self.timesteps)
         self._check_targets_statically(model)
-        spe = _steps_per_execution(model)
-        if spe > 1 and self.every_n_steps % spe and not _step_writes_itself(model):
+        spe = train_functions.steps_per_execution(model)
+        if spe > 1 and self.every_n_steps % spe and not train_functions.step_writes_itself(model):
             warnings.warn(
                 f"steps_per_execution={spe}: Keras returns only the last step of each execution, so a step logged "
                 f"by every_n_steps={self.every_n_steps} that is not the last of its execution is lost; use a "
@@ -250,8 +248,8 @@ class GradientLogger(_Base):
         if self._saved is not None:  # a previous fit() was left abnormally
             self._restore()
         kind = self._check_model(model)
-        self._steps_per_execution = _steps_per_execution(model)
-        self._counting = _iterations_countable(model, kind, self._steps_per_execution)
+        self._steps_per_execution = train_functions.steps_per_execution(model)
+        self._counting = train_functions.iterations_countable(model, kind, self._steps_per_execution)
         self._iterations = None
         strategy = getattr(model, "distribute_strategy", None)
         self._chief = distribute.is_chief(strategy)
@@ -288,7 +286,7 @@ class GradientLogger(_Base):
                 self._record_writer = None  # it knows the series of the previous step
                 built = model.make_train_function(force=True)
                 logging_fn = model.train_function if built is None else built
-                reuse = _BuiltStep(model, saved["train_function"], config, fit_step, logging_fn)
+                reuse = train_functions.BuiltStep(model, saved["train_function"], config, fit_step, logging_fn)
             self._built = reuse
             model.train_function = self._wrap(reuse)
         except BaseException:
@@ -316,7 +314,7 @@ class GradientLogger(_Base):
         n = self.every_n_steps
         return any((done + j) % n == 0 for j in range(1, self._steps_per_execution + 1))
 
-    def _wrap(self, built: "_BuiltStep") -> Callable:
+    def _wrap(self, built: "train_functions.BuiltStep") -> Callable:
         """The train function fit() calls: ours on executions with a logged step, Keras' own otherwise.
 
         The first call after the capturing step was built runs it even when nothing is
@@ -405,73 +403,5 @@ class GradientLogger(_Base):
         if not bool(payload["log"]):
             return
         if self._record_writer is None:
-            self._record_writer = _record_writer(self._writer, self._fit_step.plan)
+            self._record_writer = train_functions.record_writer(self._writer, self._fit_step.plan)
         self._record_writer(tf.cast(payload["step"], tf.int64), payload["tensors"])
-
-
-def _record_writer(writer: Any, plan: plans.Plan) -> Callable:
-    """One compiled function that writes a step's plan handed to Python (`plan`: its structure).
-
-    Used where the step cannot write itself (XLA, eager, several replicas; see
-    `FitStep.writes_in_step`). Why one function: written eagerly, each record
-    costs its own Python and op dispatch, and a logged step has several
-    records per layer. Under `writer.as_default()`, which flushes on exit:
-    the records of the steps before a crash are on disk.
-    """
-
-    @tf.function(reduce_retracing=True, autograph=False)  # library code: autograph only slows tracing
-    def write(step: tf.Tensor, tensors: Dict[str, tf.Tensor]) -> tf.Tensor:
-        with writer.as_default(), tf.summary.record_if(True):
-            write_step(plan.with_tensors(tensors), step, record=True)
-        return tf.constant(True)
-
-    return write
-
-
-class _BuiltStep:
-    """The capturing train function of one fit(), kept so the next fit() need not compile it again.
-
-    Valid while the model is the same, Keras' own train function is the same
-    object (a `compile()` in between resets it), the configuration is unchanged
-    and so is the writer (a step that writes itself holds it; `close()` opens a
-    new one for the next fit()).
-    """
-
-    def __init__(self, model: Any, keras_fn: Callable, config: "_fit_step.StepConfig", fit_step: "_fit_step.FitStep", logging_fn: Callable):
-        self.model, self.keras_fn, self.config, self.fit_step, self.logging_fn = model, keras_fn, config, fit_step, logging_fn
-        self.run_eagerly = bool(getattr(model, "run_eagerly", False))
-        self.traced = False
-
-    def fits(self, model: Any, keras_fn: Callable, config: "_fit_step.StepConfig", writer: Any) -> bool:
-        same_mode = bool(getattr(model, "run_eagerly", False)) == self.run_eagerly
-        same_writer = writer is self.fit_step.writer  # a step that writes itself holds its writer
-        return model is self.model and keras_fn is self.keras_fn and config == self.config and same_mode and same_writer
-
-
-def _step_writes_itself(model: Any) -> bool:
-    """Will the capturing step write its records itself (`FitStep.writes_in_step`)?"""
-    strategy = getattr(model, "distribute_strategy", None)
-    replicas = strategy.num_replicas_in_sync if strategy is not None else 1
-    return replicas == 1 and not bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))
-
-
-def _iterations_countable(model: Any, kind: str, steps_per_execution: int) -> bool:
-    """Does every call of Keras' train function advance `optimizer.iterations` by exactly one?
-
-    Not with several steps per execution (the last one of an epoch may be short),
-    not with Keras 3's loss scaling (a step whose gradients overflow is skipped)
-    and not without trainable weights (Keras 3 then makes no update).
-    """
-    optimizer = getattr(model, "optimizer", None)
-    loss_scaled = kind == "keras" and hasattr(optimizer, "inner_optimizer")
-    return steps_per_execution == 1 and not loss_scaled and bool(model.trainable_weights)
-
-
-def _steps_per_execution(model: Any) -> int:
-    spe = getattr(model, "steps_per_execution", None)
-    if spe is None:
-        spe = getattr(model, "_steps_per_execution", None)
-    try:
-        return max(1, int(spe.numpy()) if hasattr(spe, "numpy") else int(spe or 1))
-    except (TypeError, ValueError):
-        return 1

@@ -16,6 +16,7 @@ import tensorflow as tf
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
+from tb_layergrad.capturing.layer_hooks import restore_instance_attribute, set_instance_attribute
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.keras import tape_observer
 from tb_layergrad.keras.model_facts import loss_scale
@@ -129,8 +130,6 @@ def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None
 
     Same hook as `Capture`'s on layers: an instance attribute `call`, removed afterwards.
     """
-    had = "call" in model.__dict__
-    previous = model.__dict__.get("call")
     original = model.call
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
@@ -144,11 +143,8 @@ def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None
         return out
 
     call_and_watch.__wrapped__ = original  # keeps inspect.signature() truthful
-    object.__setattr__(model, "call", call_and_watch)
+    saved = set_instance_attribute(model, "call", call_and_watch)
     try:
         yield
     finally:
-        if had:
-            object.__setattr__(model, "call", previous)
-        else:
-            model.__dict__.pop("call", None)
+        restore_instance_attribute(saved)

@@ -172,7 +172,7 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
 #pragma omp simd reduction(+ : block_centered)
       for (int j = 0; j < m; ++j) {
         const float v = Load(x, start + j);
-        float b = (v - lo_f) * scale_f;  // float32: 8 lanes, not 4 (~0.5 ns per element less)
+        float b = (v - lo_f) * scale_f;  // float32: twice the SIMD lanes of float64
         b = b < 0.0f ? 0.0f : b;
         b = b > top_f ? top_f : b;
         index[j] = static_cast<int32_t>(b);

@@ -14,21 +14,7 @@ namespace tb_layergrad {
 
 // The positions in a `stats` record: tb_layergrad.metadata.STAT_FIELDS, in that order
 // (tests/test_fused_kernel.py pins these names and values to it).
-enum Stat : int {
-  kElements = 0,
-  kNan = 1,
-  kPosInf = 2,
-  kNegInf = 3,
-  kZeros = 4,
-  kMin = 5,
-  kMax = 6,
-  kMean = 7,
-  kStd = 8,
-  kNorm = 9,
-  kMeanAbs = 10,
-  kNoGradient = 11,
-  kNumStats = 12,
-};
+enum Stat : int { kElements, kNan, kPosInf, kNegInf, kZeros, kMin, kMax, kMean, kStd, kNorm, kMeanAbs, kNoGradient, kNumStats };
 
 // Fills `hist` [T, k, 3] (left edge, right edge, count) and `stats` [T, kNumStats],
 // both float64 and allocated by the caller, from the T float16/bfloat16/float32 `xs`.
