@@ -89,7 +89,7 @@ def write_diverging_run(logdir: str, steps: int = 60) -> None:
     import tensorflow as tf
 
     import tb_layergrad
-    from tb_layergrad import demo_models
+    from tb_layergrad.cli import demo_models
 
     keras.utils.set_random_seed(0)
     model = demo_models.deep_mlp(8, 64, "relu", "he_normal", 32, 4, name="mlp_lr_too_high")
@@ -125,7 +125,7 @@ def make_logdir(logdir: str) -> None:
         print(f"reusing the runs in {logdir}")
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tb_layergrad import demo
+    from tb_layergrad.cli import demo
 
     print("training the demo runs ...")
     demo.run(logdir, quick=True)

@@ -28,9 +28,11 @@ _LAZY = {
     "GradientMap": ("tb_layergrad.gradient_map", "GradientMap"),
     "GradientLogger": ("tb_layergrad.callbacks.gradient_logger", "GradientLogger"),
     "timestep_probe": ("tb_layergrad.rnn_probe", "timestep_probe"),
-    "load": ("tb_layergrad.loading", "load"),
+    "load": ("tb_layergrad.reader.dataframe", "load"),
 }
 _SUBMODULES = ("summary", "reductions", "metadata", "anomalies", "report", "targets", "rnn_probe", "distribute")
+# Public submodule names whose module lives in a subpackage.
+_MOVED = {"anomalies": "tb_layergrad.reader.anomalies", "report": "tb_layergrad.cli.report"}
 
 __all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]
 
@@ -42,5 +44,5 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     if name in _SUBMODULES:
-        return importlib.import_module(f"tb_layergrad.{name}")
+        return importlib.import_module(_MOVED.get(name, f"tb_layergrad.{name}"))
     raise AttributeError(f"module 'tb_layergrad' has no attribute {name!r}")

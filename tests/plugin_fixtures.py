@@ -365,8 +365,8 @@ class InProcess:
         self.prefix = path_prefix
 
     def forget_stats(self) -> None:
-        """Drop the plugin's remembered stats tables (`plugin.stats_store`), so the next route reads."""
-        from tb_layergrad.plugin.stats_store import StatsStore
+        """Drop the plugin's remembered stats tables (`reader.stats_store`), so the next route reads."""
+        from tb_layergrad.reader.stats_store import StatsStore
 
         self.plugin._routes._stats = StatsStore(self.provider)  # noqa: SLF001 - test hook
 

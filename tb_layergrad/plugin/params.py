@@ -14,8 +14,8 @@ from tensorboard import errors
 from werkzeug.datastructures import MultiDict
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin.responses import quote
-from tb_layergrad.plugin.series import ALL_STATS, DEFAULT_STAT
+from tb_layergrad.reader.catalog import quote
+from tb_layergrad.reader.series import ALL_STATS, DEFAULT_STAT
 
 MAX_STEP = 2**63 - 1
 MAX_STEPS_LIMIT = 10**7
