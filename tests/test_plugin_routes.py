@@ -114,6 +114,9 @@ def test_runs_lists_layers_in_model_order_with_what_exists(tb, small_logdir):
     body = get_json(tb, "runs")
     assert body["format_version"] == metadata.FORMAT_VERSION
     assert body["stats"] == list(series.ALL_STATS)
+    # The stored statistics in record order, from the one source the writer uses too: the tab reads them here.
+    assert body["stored_stats"] == list(metadata.STAT_FIELDS)
+    assert body["stats"][: len(metadata.STAT_FIELDS)] == body["stored_stats"]
     assert body["default_stat"] == "norm"
     assert [r["run"] for r in body["runs"]] == ["eval", "train"]  # "future" has nothing readable
     assert any(FUTURE_RUN in w and "newer" in w for w in body["warnings"])

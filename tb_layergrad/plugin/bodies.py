@@ -18,6 +18,7 @@ def runs_body(cat: catalog.Catalog) -> dict:
     return {
         "format_version": metadata.FORMAT_VERSION,
         "stats": list(series.ALL_STATS),
+        "stored_stats": list(series.STORED_STATS),
         "default_stat": series.DEFAULT_STAT,
         "runs": [describe_run(rc) for rc in cat.runs.values()],
         "warnings": cat.warnings,
