@@ -7,7 +7,8 @@ The logdir is realistic: the built-in demo (`tb-layergrad demo --quick`: a seed 
 MLP whose gradients vanish, the same MLP with ReLU + He init, and the other demo runs), plus two runs written here with the
 public API: an LSTM model with weight gradients, raw tensors, per-timestep norms and a second
 target, and an MLP whose learning rate is too high (its gradients explode, then turn NaN).
-Needs Debian's Chromium (`apt-get install chromium`) and Playwright; reuses tests/tab_fixtures.py.
+Needs Debian's Chromium (`apt-get install chromium`) and Playwright; reuses tests/tab_fixtures.py and
+tests/tensorboard_process.py.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import tab_fixtures  # noqa: E402
+from tensorboard_process import TensorBoardProcess  # noqa: E402
 
 WIDTH = 1400
 
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         logdir = args.logdir or os.path.join(tmp, "logs")
         make_logdir(logdir)
-        tb = tab_fixtures.TensorBoard(logdir, os.path.join(tmp, "tensorboard.log"))
+        tb = TensorBoardProcess(logdir, os.path.join(tmp, "tensorboard.log"))
         browser = None
         try:
             tb.wait_for_runs({r: 59 for r in RUNS}, timeout=90)

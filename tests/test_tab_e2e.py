@@ -27,6 +27,7 @@ from tab_fixtures import (  # noqa: E402
     NAN_STEP,
 )
 from tb_layergrad import metadata  # noqa: E402
+from tensorboard_process import TensorBoardProcess  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
@@ -39,7 +40,7 @@ def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("logs"))
     work = tmp_path_factory.mktemp("work")
     # TensorBoard starts (~3 s) while the runs are written: it picks them up as they appear.
-    tb = tf_.TensorBoard(logdir, log_path=str(work / "tensorboard.log"))
+    tb = TensorBoardProcess(logdir, log_path=str(work / "tensorboard.log"))
     browser = None
     try:
         written = tf_.write_tab_logdir(logdir)
