@@ -102,6 +102,11 @@ def step_range(args: MultiDict) -> Tuple[Optional[int], Optional[int]]:
     return start, end
 
 
+def series_range(args: MultiDict) -> Tuple[str, str, Optional[int], Optional[int]]:
+    """(target, source, start, end), checked in that order: which series of a run a route reads, over which steps."""
+    return (target(args), source(args), *step_range(args))
+
+
 def max_steps(args: MultiDict) -> Optional[int]:
     return integer(args, "max_steps", 1, MAX_STEPS_LIMIT)
 

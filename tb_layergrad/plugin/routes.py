@@ -160,9 +160,7 @@ class Routes:
         args = request.args
         run = params.required_name(args, "run")
         stat = params.stat(args)
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         max_steps = params.max_steps(args)
         rc = self._run_catalog(request, run)
         stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
@@ -277,9 +275,7 @@ class Routes:
         names = params.runs(args)
         layer = params.required_name(args, "layer")
         stat = params.stat(args)
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         max_steps = params.max_steps(args)
         ctx, eid = self._where(request)
         tag = metadata.make_tag(target, source, layer, metadata.KIND_STATS)
@@ -325,9 +321,7 @@ class Routes:
         args = request.args
         run = params.required_name(args, "run")
         layer = params.optional_name(args, "layer", None)
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         rc = self._run_catalog(request, run)
         if layer is not None:
             chosen = [rc.require(layer, target, source, metadata.KIND_STATS)]
@@ -354,9 +348,7 @@ class Routes:
         """The anomaly rules (docs/ANOMALIES.md) applied to one run: flags per step, summaries."""
         args = request.args
         run = params.required_name(args, "run")
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         layer = params.optional_name(args, "layer", None)
         rc = self._run_catalog(request, run)
         if layer is not None:
