@@ -10,23 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.parse
-import urllib.request
 from typing import Dict, List, Optional, Tuple
 
-BASE = "/data/plugin/layergrad/"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# The tests' TensorBoard process (own process group, free port): one implementation for both.
+sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from tensorboard_process import PLUGIN_API, TensorBoardProcess  # noqa: E402
 
 
 def _rss_mb(pid: int) -> float:
@@ -50,46 +43,28 @@ def _rss_mb(pid: int) -> float:
 
 
 class TensorBoard:
+    """The routes of one `tensorboard` process that loads the logdir once (no reload while timing)."""
+
     def __init__(self, logdir: str, load_fast: str):
-        self.port = _free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
-             "--port", str(self.port), "--load_fast", load_fast, "--reload_interval", "0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )
+        self.process = TensorBoardProcess(logdir, None, load_fast=load_fast, reload_interval=0)
 
     def get(self, route: str, query: Optional[Dict] = None, timeout: float = 600) -> Tuple[int, bytes]:
-        url = f"http://127.0.0.1:{self.port}{BASE}{route}"
-        if query:
-            url += "?" + urllib.parse.urlencode(query, doseq=True)
-        try:
-            with urllib.request.urlopen(url, timeout=timeout) as r:
-                return r.status, r.read()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read()
+        path = PLUGIN_API + route + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
+        return self.process.get(path, timeout)[:2]
 
     def wait_loaded(self, runs: int, steps: int, timeout: float) -> float:
         """Seconds until every run reports its last step."""
+
+        def loaded(_) -> bool:
+            code, body = self.get("runs", timeout=30)
+            return code == 200 and len([r for r in json.loads(body)["runs"] if r["max_step"] == steps - 1]) == runs
+
         start = time.time()
-        while time.time() - start < timeout:
-            try:
-                code, body = self.get("runs", timeout=30)
-                if code == 200:
-                    doc = json.loads(body)
-                    done = [r for r in doc["runs"] if r["max_step"] == steps - 1]
-                    if len(done) == runs:
-                        return time.time() - start
-            except (OSError, ValueError):
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"TensorBoard did not load {runs} runs of {steps} steps in {timeout}s")
+        self.process.wait_until(loaded, f"{runs} runs of {steps} steps", timeout, interval=1.0)
+        return time.time() - start
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.process.stop()
 
 
 def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int) -> float:
@@ -119,7 +94,7 @@ def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, rep
             "layer_stats_s": time_route(tb, "stats", {"run": run0["run"], "layer": layer}, repeats),
             "layer_histograms_s": time_route(tb, "histograms", {"run": run0["run"], "layer": layer, "max_steps": 60}, repeats),
             "compare_s": time_route(tb, "compare", {"run": all_runs[:3], "layer": layer, "stat": "norm"}, repeats),
-            "rss_mb": _rss_mb(tb.proc.pid),
+            "rss_mb": _rss_mb(tb.process.proc.pid),
         }
         out["layer_detail_s"] = out["layer_stats_s"] + out["layer_histograms_s"]
         return out

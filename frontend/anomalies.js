@@ -1,5 +1,5 @@
 // Anomaly flags of the tab, as the plugin's `anomalies` route computes them (docs/HTTP_API.md).
-// The rules themselves are NOT coded here: they live in tb_layergrad/anomalies.py (docs/ANOMALIES.md),
+// The rules themselves are NOT coded here: they live in tb_layergrad/reader/anomalies.py (docs/ANOMALIES.md),
 // the one implementation shared by the route, `tb-layergrad report` and notebooks. This module
 // only decodes the route's answer onto the overview's grid (layers x steps) and names the flags.
 

@@ -5,6 +5,14 @@ export function findRun(runsBody, name) {
   return (runsBody && runsBody.runs.find((r) => r.run === name)) || null;
 }
 
+/**
+ * The statistics a stats record stores, in record order (`stored_stats` of the `runs` answer, the
+ * backend's `metadata.STAT_FIELDS`): the columns of a CSV of stored values.
+ */
+export function storedStats(runsBody) {
+  return runsBody.stored_stats;
+}
+
 export function findLayer(run, path) {
   return (run && run.layers.find((l) => l.layer === path)) || null;
 }

@@ -7,7 +7,8 @@ The logdir is realistic: the built-in demo (`tb-layergrad demo --quick`: a seed 
 MLP whose gradients vanish, the same MLP with ReLU + He init, and the other demo runs), plus two runs written here with the
 public API: an LSTM model with weight gradients, raw tensors, per-timestep norms and a second
 target, and an MLP whose learning rate is too high (its gradients explode, then turn NaN).
-Needs Debian's Chromium (`apt-get install chromium`) and Playwright; reuses tests/tab_fixtures.py.
+Needs Debian's Chromium (`apt-get install chromium`) and Playwright; reuses tests/tab_fixtures.py and
+tests/tensorboard_process.py.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 import tab_fixtures  # noqa: E402
+from tensorboard_process import TensorBoardProcess  # noqa: E402
 
 WIDTH = 1400
 
@@ -89,7 +91,7 @@ def write_diverging_run(logdir: str, steps: int = 60) -> None:
     import tensorflow as tf
 
     import tb_layergrad
-    from tb_layergrad import demo_models
+    from tb_layergrad.cli import demo_models
 
     keras.utils.set_random_seed(0)
     model = demo_models.deep_mlp(8, 64, "relu", "he_normal", 32, 4, name="mlp_lr_too_high")
@@ -125,7 +127,7 @@ def make_logdir(logdir: str) -> None:
         print(f"reusing the runs in {logdir}")
         return
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from tb_layergrad import demo
+    from tb_layergrad.cli import demo
 
     print("training the demo runs ...")
     demo.run(logdir, quick=True)
@@ -187,7 +189,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         logdir = args.logdir or os.path.join(tmp, "logs")
         make_logdir(logdir)
-        tb = tab_fixtures.TensorBoard(logdir, os.path.join(tmp, "tensorboard.log"))
+        tb = TensorBoardProcess(logdir, os.path.join(tmp, "tensorboard.log"))
         browser = None
         try:
             tb.wait_for_runs({r: 59 for r in RUNS}, timeout=90)

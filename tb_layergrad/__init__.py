@@ -28,15 +28,15 @@ _LAZY = {
     "GradientMap": ("tb_layergrad.capturing.gradient_map", "GradientMap"),
     "GradientLogger": ("tb_layergrad.keras.gradient_logger", "GradientLogger"),
     "timestep_probe": ("tb_layergrad.capturing.rnn_probe", "timestep_probe"),
-    "load": ("tb_layergrad.loading", "load"),
+    "load": ("tb_layergrad.reader.dataframe", "load"),
 }
 # Public submodules, by the name users import them under -> where they live (the rooms).
 _SUBMODULES = {
     "summary": "tb_layergrad.summary",
     "reductions": "tb_layergrad.statistics.reductions",
     "metadata": "tb_layergrad.metadata",
-    "anomalies": "tb_layergrad.anomalies",
-    "report": "tb_layergrad.report",
+    "anomalies": "tb_layergrad.reader.anomalies",
+    "report": "tb_layergrad.cli.report",
     "targets": "tb_layergrad.capturing.targets",
     "rnn_probe": "tb_layergrad.capturing.rnn_probe",
     "distribute": "tb_layergrad.distribute",

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
-from tb_layergrad.demo_models import MinimalRNNCell, MyModel  # noqa: F401
+from tb_layergrad.cli.demo_models import MinimalRNNCell, MyModel  # noqa: F401
 
 
 SeedModel = MyModel  # the seed question's model, shared with the demo

@@ -6,18 +6,10 @@ tests can compare every route's numbers with it and recompute them with numpy.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 import zlib
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
@@ -165,126 +157,9 @@ def big_expected_norm(layer_i: int, step: int) -> float:
     return float(np.sqrt(12.0) * (step + layer_i))
 
 
-def numpy_stats(x: np.ndarray) -> Dict[str, float]:
-    """STAT_FIELDS recomputed with numpy, independently of the reductions module."""
-    flat = np.asarray(x, dtype=np.float64).reshape(-1)
-    fin = flat[np.isfinite(flat)]
-    has = fin.size > 0
-    return {
-        "elements": float(flat.size),
-        "nan": float(np.isnan(flat).sum()),
-        "pos_inf": float(np.isposinf(flat).sum()),
-        "neg_inf": float(np.isneginf(flat).sum()),
-        "zeros": float((flat == 0).sum()),
-        "min": float(fin.min()) if has else np.nan,
-        "max": float(fin.max()) if has else np.nan,
-        "mean": float(fin.mean()) if has else np.nan,
-        "std": float(fin.std()) if has else np.nan,
-        "norm": float(np.sqrt((fin * fin).sum())),
-        "mean_abs": float(np.abs(fin).mean()) if has else np.nan,
-        "no_gradient": 0.0,
-    }
-
-
 def as_float(values: List[Optional[float]]) -> np.ndarray:
     """JSON numbers (None for null) as a float array with NaN."""
     return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
-
-
-# -- a real TensorBoard process ---------------------------------------------------------------
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class TensorBoardProcess:
-    """`python -m tensorboard.main` in its own process group (so the Rust data server dies with it)."""
-
-    def __init__(self, logdir: str, load_fast: str, extra: Optional[List[str]] = None, log_dir: str = "") -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        args = [
-            sys.executable, "-m", "tensorboard.main",
-            "--logdir", logdir,
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-            "--load_fast", load_fast,
-            "--reload_interval", "1",
-        ] + list(extra or [])
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-        # stderr to a file, not a pipe: nobody drains a pipe while the server runs.
-        self.log_path = os.path.join(log_dir or logdir, f"tensorboard-{self.port}.log")
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True, env=env
-        )
-
-    def log_tail(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-3000:]
-
-    def get(self, path: str, timeout: float = 10.0) -> Tuple[int, bytes, str]:
-        try:
-            with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
-                return r.status, r.read(), r.headers.get("Content-Type", "")
-        except urllib.error.HTTPError as e:
-            return e.code, e.read(), e.headers.get("Content-Type", "")
-
-    def wait_until(self, predicate, what: str, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tensorboard exited ({self.proc.returncode}): {self.log_tail()}")
-            try:
-                if predicate(self):
-                    return
-            except (OSError, ValueError, KeyError) as e:
-                last = e
-            time.sleep(0.3)
-        raise TimeoutError(f"tensorboard ({self.base}) never got {what}; last error {last!r}\n{self.log_tail()}")
-
-    def terminate(self) -> None:
-        """SIGTERM to the whole process group (tensorboard and its Rust data server)."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-
-    def stop(self) -> None:
-        """Terminate, then kill what is left of the group; close the log."""
-        self.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-        # The leader may be gone while its data-server child lingers in the group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
-        self._log.close()
-
-
-@contextlib.contextmanager
-def tensorboards(
-    logdir: str, configs: List[Tuple[str, List[str]]], log_dir: str
-) -> Iterator[List[TensorBoardProcess]]:
-    """Start several TensorBoards at once (start-up overlaps), stop them all after.
-
-    `log_dir` holds their stderr logs; keep it outside `logdir`.
-    """
-    procs: List[TensorBoardProcess] = []
-    try:
-        for load_fast, extra in configs:
-            procs.append(TensorBoardProcess(logdir, load_fast, extra, log_dir))
-        yield procs
-    finally:
-        for p in procs:  # signal all first: they shut down in parallel
-            p.terminate()
-        for p in procs:
-            p.stop()
 
 
 # -- in-process TensorBoard ---------------------------------------------------------------------
@@ -365,8 +240,8 @@ class InProcess:
         self.prefix = path_prefix
 
     def forget_stats(self) -> None:
-        """Drop the plugin's remembered stats tables (`plugin.stats_store`), so the next route reads."""
-        from tb_layergrad.plugin.stats_store import StatsStore
+        """Drop the plugin's remembered stats tables (`reader.stats_store`), so the next route reads."""
+        from tb_layergrad.reader.stats_store import StatsStore
 
         self.plugin._routes._stats = StatsStore(self.provider)  # noqa: SLF001 - test hook
 

@@ -3,7 +3,8 @@
 - `write_tab_logdir(d)` writes, with the real `tb_layergrad.summary` ops, the logdir the
   end-to-end tests browse, and returns what was written so the tests can compute every
   number the tab shows with numpy.
-- `TensorBoard` runs the real `tensorboard` process in its own process group.
+- The real `tensorboard` process is `tensorboard_process.TensorBoardProcess` (its `wait_for_runs`).
+- Every number is checked against `numpy_reference.numpy_stats` (within `shown_atol`).
 - `Browser` is headless Debian Chromium driven by Playwright, collecting console errors,
   page errors, CSP violations and dialogs from every frame.
 """
@@ -11,20 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 import zlib
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+
+from numpy_reference import numpy_stats  # noqa: F401 (the tests' tf_.numpy_stats)
 
 PLUGIN = "layergrad"
 TAB_NAME = "Layer gradients"
@@ -104,30 +100,6 @@ class Written:
 
     def expected_stats(self, run: str, layer: str, step: int, target: str = "loss", source: str = "output") -> Dict[str, float]:
         return numpy_stats(self.arrays[(run, target, source, layer)][step])
-
-
-def numpy_stats(x: np.ndarray) -> Dict[str, float]:
-    """The statistics of docs/FORMAT.md recomputed with numpy (float64)."""
-    flat = np.asarray(x, dtype=np.float64).reshape(-1)
-    fin = flat[np.isfinite(flat)]
-    n = flat.size
-    out = {
-        "elements": float(n),
-        "nan": float(np.isnan(flat).sum()),
-        "pos_inf": float(np.isposinf(flat).sum()),
-        "neg_inf": float(np.isneginf(flat).sum()),
-        "zeros": float((flat == 0).sum()),
-        "min": float(fin.min()),
-        "max": float(fin.max()),
-        "mean": float(fin.mean()),
-        "std": float(fin.std()),
-        "norm": float(np.sqrt((fin * fin).sum())),
-        "mean_abs": float(np.abs(fin).mean()),
-        "no_gradient": 0.0,
-    }
-    out["zero_frac"] = out["zeros"] / n
-    out["rms"] = out["norm"] / np.sqrt(fin.size)
-    return out
 
 
 TABLE_DIGITS = 5  # frontend/format.js fmtNum's default: the stats table; tooltips and CSV show String(v)
@@ -223,69 +195,6 @@ def append_steps(logdir: str, run: str, steps: List[int]) -> None:
                     x = layer_array(run, target, layer, step)
                     summary.gradient(layer, tf.constant(x), step=step, buckets=BUCKETS, target=target, source=source, layer_index=index)
     writer.close()
-
-
-# -- a real TensorBoard ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class TensorBoard:
-    """`python -m tensorboard.main` on 127.0.0.1, in its own process group (its data server dies with it)."""
-
-    def __init__(self, logdir: str, log_path: str, extra: Optional[List[str]] = None) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        self._log = open(log_path, "wb")
-        args = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
-                "--port", str(self.port), "--reload_interval", "1"] + list(extra or [])
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log, start_new_session=True,
-                                     env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-
-    def get_json(self, path: str):
-        with urllib.request.urlopen(self.base + path, timeout=10) as r:
-            return json.loads(r.read())
-
-    def log_tail(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read().decode(errors="replace")[-3000:]
-
-    def wait_for_runs(self, last_steps: Dict[str, int], timeout: float = 60.0) -> dict:
-        """Poll the plugin listing and the `runs` route until every run reaches its last step."""
-        deadline = time.monotonic() + timeout
-        last = None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tensorboard exited ({self.proc.returncode}):\n{self.log_tail()}")
-            try:
-                if PLUGIN in self.get_json("/data/plugins_listing"):
-                    body = self.get_json(f"/data/plugin/{PLUGIN}/runs")
-                    have = {r["run"]: r for r in body["runs"]}
-                    if all(r in have and (have[r]["max_step"] or -1) >= s for r, s in last_steps.items()):
-                        return body
-                    last = sorted(have)
-            except (OSError, ValueError) as e:
-                last = e
-            time.sleep(0.25)
-        raise TimeoutError(f"tensorboard never served {last_steps}; last: {last!r}\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)  # a data server child left behind
-        self._log.close()
 
 
 # -- a headless browser -----------------------------------------------------------------------------

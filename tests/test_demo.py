@@ -19,7 +19,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from tb_layergrad import demo as demo_module
+from tb_layergrad.cli import demo as demo_module
 from tb_layergrad import metadata
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -174,7 +174,7 @@ def test_seed_model_is_the_subclassed_minimalrnn(demo):
 
 
 def test_serve_prints_the_tabs_url(demo):
-    code = f"from tb_layergrad import demo; demo.serve({demo['logdir']!r}, port=0)"
+    code = f"from tb_layergrad.cli import demo; demo.serve({demo['logdir']!r}, port=0)"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     try:

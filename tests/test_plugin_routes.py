@@ -10,6 +10,7 @@ import csv
 import io
 import subprocess
 import sys
+import textwrap
 import time
 
 import numpy as np
@@ -31,7 +32,7 @@ from plugin_fixtures import (  # noqa: F401  (small_logdir is a fixture)
     strict_json,
 )
 from tb_layergrad import metadata
-from tb_layergrad.plugin import series
+from tb_layergrad.reader import series
 
 LOSS, OUT, WEIGHT = metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, metadata.SOURCE_WEIGHT
 TRAIN_OUTPUT_LAYERS = ["model/embedding", "model/dense", "model/rnn", "model/unused", "extra/no_index"]
@@ -113,6 +114,9 @@ def test_runs_lists_layers_in_model_order_with_what_exists(tb, small_logdir):
     body = get_json(tb, "runs")
     assert body["format_version"] == metadata.FORMAT_VERSION
     assert body["stats"] == list(series.ALL_STATS)
+    # The stored statistics in record order, from the one source the writer uses too: the tab reads them here.
+    assert body["stored_stats"] == list(metadata.STAT_FIELDS)
+    assert body["stats"][: len(metadata.STAT_FIELDS)] == body["stored_stats"]
     assert body["default_stat"] == "norm"
     assert [r["run"] for r in body["runs"]] == ["eval", "train"]  # "future" has nothing readable
     assert any(FUTURE_RUN in w and "newer" in w for w in body["warnings"])
@@ -502,9 +506,24 @@ def test_json_never_contains_nan_literals(tb):
         strict_json(text.encode())
 
 
-def test_plugin_modules_do_not_import_tensorflow():
-    code = ("import sys; import tb_layergrad.plugin.loader, tb_layergrad.plugin.plugin; "
-            "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; assert not bad, bad")
+def test_reader_and_plugin_modules_do_not_import_tensorflow():
+    """Every module of `tb_layergrad.reader`, then the plugin's: no TensorFlow, no Keras; and the reader
+    alone imports nothing of the plugin (the HTTP side reads through it, never the other way)."""
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        import tb_layergrad.reader as reader
+        for m in pkgutil.iter_modules(reader.__path__):
+            importlib.import_module(f"tb_layergrad.reader.{m.name}")
+        assert len([m for m in sys.modules if m.startswith("tb_layergrad.reader.")]) >= 7
+        up = [m for m in sys.modules if m.startswith("tb_layergrad.plugin")]
+        assert not up, f"the reader imported {up}"
+        import tb_layergrad.plugin as plugin
+        import tb_layergrad.plugin.loader, tb_layergrad.plugin.plugin
+        for m in pkgutil.iter_modules(plugin.__path__):
+            importlib.import_module(f"tb_layergrad.plugin.{m.name}")
+        bad = [m for m in ("tensorflow", "keras") if m in sys.modules]
+        assert not bad, bad
+    """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

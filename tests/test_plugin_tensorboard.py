@@ -19,11 +19,11 @@ from plugin_fixtures import (
     BIG_STEPS,
     big_expected_norm,
     strict_json,
-    tensorboards,
     write_big_logdir,
 )
 from tb_layergrad import metadata
 from tb_layergrad.plugin.loader import LayerGradLoader
+from tensorboard_process import tensorboards
 from tolerances import gamma
 
 USER_SAMPLES = 50

@@ -44,8 +44,9 @@ import pytest
 from google.protobuf.message import DecodeError
 
 import reliability_fixtures as rf
-from plugin_fixtures import InProcess, TensorBoardProcess, strict_json
+from plugin_fixtures import InProcess, strict_json
 from tb_layergrad import metadata
+from tensorboard_process import TensorBoardProcess
 
 LAYERS = ["net/a", "net/b"]
 MANY_LAYERS = [f"big/block_{i // 100}/layer_{i % 100}" for i in range(5000)]
@@ -319,7 +320,7 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
     damaged = {"rust": Damaged(str(tmp_path / "rust"), rust=True), "python": Damaged(str(tmp_path / "python"))}
     logs = tmp_path / "tensorboard_logs"
     logs.mkdir()
-    procs = {name: TensorBoardProcess(d.logdir, "true" if name == "rust" else "false", [], str(logs))
+    procs = {name: TensorBoardProcess(d.logdir, str(logs / f"{name}.log"), load_fast="true" if name == "rust" else "false")
              for name, d in damaged.items()}
     codes: List[int] = []
     before, after, gone = {}, {}, {}

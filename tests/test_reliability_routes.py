@@ -29,7 +29,7 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 import reliability_fixtures as rf
 from plugin_fixtures import InProcess, strict_json
-from tb_layergrad.plugin import series
+from tb_layergrad.reader import series
 from tb_layergrad.plugin.plugin import LayerGradPlugin
 
 SCALE = int(os.environ.get("RELIABILITY_EXAMPLES_SCALE", "1"))

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import report_fixtures as rf
-from plugin_fixtures import strict_json, tensorboards
+from plugin_fixtures import strict_json
 from report_fixtures import in_process, planted, reference_summaries, sampled_logdir  # noqa: F401 (fixtures)
+from tensorboard_process import tensorboards
 from tolerances import TWO_SIDES, approx_or_none, gamma
 
 # The route reads the norms the summary op wrote; the reference recomputes them from the written float32

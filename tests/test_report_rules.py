@@ -138,7 +138,7 @@ def test_docs_thresholds_are_the_modules():
 
 def test_docs_point_at_the_module_and_their_python_block_runs():
     text = DOC.read_text(encoding="utf-8")
-    assert "tb_layergrad/anomalies.py" in text
+    assert "tb_layergrad/reader/anomalies.py" in text
     code = text.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/ANOMALIES.md", "exec"), {})  # its asserts are the doc's examples
 
@@ -146,7 +146,7 @@ def test_docs_point_at_the_module_and_their_python_block_runs():
 def test_module_needs_no_tensorflow():
     import subprocess
 
-    code = ("import sys, tb_layergrad.anomalies, tb_layergrad.plugin.anomaly_reader, tb_layergrad.report; "
+    code = ("import sys, tb_layergrad.reader.anomalies, tb_layergrad.reader.run_anomalies, tb_layergrad.cli.report; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -172,7 +172,7 @@ def test_any_numbers_give_strict_json():
     import json
     import warnings
 
-    from tb_layergrad.plugin.anomaly_reader import route_body
+    from tb_layergrad.plugin.bodies import anomalies_body
 
     rng = np.random.default_rng(0)
     special = np.array([np.nan, np.inf, -np.inf, 0.0, -1.0, 1e308, 1e-320, 5e-324, 1.0, 2.0**63])
@@ -185,4 +185,4 @@ def test_any_numbers_give_strict_json():
             ts = {f"l{i}": [rng.choice(special, size=rng.integers(0, 5)) for _ in range(3)] for i in range(L)}
             hints = [int(x) if x >= 0 else None for x in rng.integers(-3, 10**6, size=L)]
             run = anomalies.evaluate([f"l{i}" for i in range(L)], steps, m, timesteps=ts, first_nonfinite_hints=hints)
-            json.dumps(route_body(run), allow_nan=False)
+            json.dumps(anomalies_body(run), allow_nan=False)

@@ -9,31 +9,13 @@ import tensorflow as tf
 
 import model_zoo
 import tb_layergrad
+from numpy_reference import numpy_stats
 from tb_layergrad import fused_kernel, metadata
 from tb_reading import read_all, values_at
 from test_reliability_reductions import check_histogram, check_stats
 from tolerances import histogram_edge_atol
 
 S = metadata.STAT_INDEX
-
-
-def numpy_stats(a: np.ndarray) -> dict:
-    a = np.asarray(a, np.float64).ravel()
-    fin = a[np.isfinite(a)]
-    return {
-        "elements": a.size,
-        "nan": np.isnan(a).sum(),
-        "pos_inf": np.isposinf(a).sum(),
-        "neg_inf": np.isneginf(a).sum(),
-        "zeros": (a == 0).sum(),
-        "min": fin.min() if fin.size else np.nan,
-        "max": fin.max() if fin.size else np.nan,
-        "mean": fin.mean() if fin.size else np.nan,
-        "std": fin.std() if fin.size else np.nan,
-        "norm": np.sqrt((fin**2).sum()),
-        "mean_abs": np.abs(fin).mean() if fin.size else np.nan,
-        "no_gradient": 0.0,
-    }
 
 
 def assert_stats(got: np.ndarray, t, where: str = "") -> None:

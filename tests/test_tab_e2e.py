@@ -26,6 +26,8 @@ from tab_fixtures import (  # noqa: E402
     HOSTILE_ATTR_LAYERS, HOSTILE_ATTR_RUN, HOSTILE_JS_RUN, HOSTILE_LAYER, HOSTILE_RUN, HOSTILE_RUNS, HOSTILE_TARGET, NAN_LAYER,
     NAN_STEP,
 )
+from tb_layergrad import metadata  # noqa: E402
+from tensorboard_process import TensorBoardProcess  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
@@ -38,7 +40,7 @@ def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("logs"))
     work = tmp_path_factory.mktemp("work")
     # TensorBoard starts (~3 s) while the runs are written: it picks them up as they appear.
-    tb = tf_.TensorBoard(logdir, log_path=str(work / "tensorboard.log"))
+    tb = TensorBoardProcess(logdir, log_path=str(work / "tensorboard.log"))
     browser = None
     try:
         written = tf_.write_tab_logdir(logdir)
@@ -158,6 +160,13 @@ def test_click_on_a_cell_opens_the_layer_at_that_step(env):
     assert heads == ["loss · output", "aux · output", "loss · bias (weight)", "loss · kernel (weight)"]
     assert_table_matches(frame, written, "train", NAN_STEP, layer="net/dense/kernel", source="weight")
     assert_table_matches(frame, written, "train", NAN_STEP, target="aux")
+    # The layer's CSV: one column per stored statistic, in record order, as the `runs` route names them.
+    with page.expect_download() as dl:
+        frame.locator(".lg-layer .lg-button", has_text="Download CSV").click()
+    rows = list(csv.DictReader(io.StringIO(open(dl.value.path(), encoding="utf-8").read())))
+    assert list(rows[0]) == ["run", "target", "source", "layer", "step", "wall_time", *metadata.STAT_FIELDS]
+    at_nan = [r for r in rows if (r["target"], r["source"], r["layer"], r["step"]) == ("loss", "output", NAN_LAYER, str(NAN_STEP))]
+    assert [(float(r["nan"]), float(r["pos_inf"])) for r in at_nan] == [(1.0, 1.0)]
     # One line per series in the charts over steps; the raw tensor at this step, with its two non-finite values.
     assert frame.locator(".lg-panel-charts .lg-chart").first.locator("path.lg-line").count() == 4
     frame.wait_for_function("() => /step 7 .*2 non-finite/.test(document.querySelector('.lg-panel-tensor .lg-muted')?.textContent)")

@@ -13,11 +13,10 @@ import { indexAtOrBefore } from "../charts/scale.js";
 import { tooltip } from "../charts/tooltip.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
-import { findLayer, findRun, layerSeries, pickableLayers } from "../model.js";
+import { findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 
 const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
-const STORED = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "min", "max", "mean", "std", "norm", "mean_abs", "no_gradient"];
 const CHARTS = [
   { stat: "norm", log: true },
   { stat: "mean_abs", log: true },
@@ -32,7 +31,7 @@ const INF_COLOR = packHex(COLORS.inf);
 export class LayerView {
   constructor(app) {
     this.app = app;
-    this.loaded = null; // {key, series, stats: {key: body}}
+    this.loaded = null; // {key, series, stats: {key: body}, stored: the stored statistics' names}
     this.abort = null;
     this.layerSelect = select([], null, (v) => app.setState({ layer: v, series: null }), { "aria-label": "layer" });
     this.logToggle = new Toggle([["1", "log"], ["0", "linear"]], "1", (v) => app.setState({ log: v === "1" }), "y scale");
@@ -174,7 +173,7 @@ export class LayerView {
         flags[x.key] = flagBodies[k];
       });
       const all = layerSeries(run, state.layer);
-      this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run };
+      this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run, stored: storedStats(this.app.runs) };
       this.retryOnPoll = false;
       if (!quiet) this.tensorCache.clear();
       else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
@@ -544,9 +543,9 @@ export class LayerView {
     for (const x of L.series) {
       const b = L.stats[x.key];
       b.steps.forEach((step, j) => {
-        rows.push([run, x.target, x.source, x.layer, step, b.wall_times[j], ...STORED.map((st) => b.stats[st][j])]);
+        rows.push([run, x.target, x.source, x.layer, step, b.wall_times[j], ...L.stored.map((st) => b.stats[st][j])]);
       });
     }
-    downloadText(csvText(["run", "target", "source", "layer", "step", "wall_time", ...STORED], rows), `layergrad-${safeFilename(run)}-${safeFilename(this.state.layer)}.csv`);
+    downloadText(csvText(["run", "target", "source", "layer", "step", "wall_time", ...L.stored], rows), `layergrad-${safeFilename(run)}-${safeFilename(this.state.layer)}.csv`);
   }
 }

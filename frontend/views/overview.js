@@ -16,7 +16,7 @@ const ZERO = packHex(COLORS.zero);
 const MISSING = packHex(COLORS.missing);
 const CHIP_W = 168;
 // Loaded with the colour statistic: the tooltip shows them, `nonfinite` paints cells red.
-// The anomaly flags come from the `anomalies` route (the rules are tb_layergrad/anomalies.py).
+// The anomaly flags come from the `anomalies` route (the rules are tb_layergrad/reader/anomalies.py).
 const HOVER_STATS = ["norm", "rms", "nonfinite", "zero_frac"];
 
 export class OverviewView {

@@ -187,7 +187,7 @@ class FitStep:
 
         Yes in graph mode without XLA: handing the gradients to Python and calling a
         second compiled function there costs more than the reductions (docs/DESIGN.md,
-        "fit(): where the records are written"). Not under XLA (see `_with_records`),
+        "Benchmark notes"). Not under XLA (see `_with_records`),
         not eagerly (the callback writes then), not with several replicas (the records
         cross Keras' reduction of the step's outputs).
         """

@@ -2,7 +2,8 @@
 
 Why: `MultiplexerDataProvider.list_tensors` computes each series' `max_step` and
 `max_wall_time` by folding over every record the multiplexer holds, in Python,
-on every call (about 1 s per million records), and every route of the tab lists.
+on every call, so a listing costs in proportion to everything stored, and every
+route of the tab lists.
 `TensorLister` gives the same answer, but keeps each series' fold and continues
 it over the records added since the last listing only.
 
@@ -21,11 +22,11 @@ run's accumulator, a purge, a sampled replacement) fails the check and the
 series is folded again from its first record.
 
 Under the Rust data server (`context.multiplexer` is None), the data server
-folds every record of every listed series on each `ListTensors` (~130 ms for
-6 million records here; 1 ms for one tag), outside Python. A listing of several
-runs with no tag filter is then split by run into a few calls made at once: the
-server folds the runs on all cores (3 x 200 layers x 5,000 steps on 2 cores:
-~145 ms as one call, ~108 ms as three). Any other data provider gets
+folds every record of every listed series on each `ListTensors`, outside Python:
+cheap for one tag, in proportion to every record for whole runs. A listing of
+several runs with no tag filter is then split by run into a few calls made at
+once, so that the server folds the runs on all its cores instead of one
+(measured in docs/DESIGN.md, "Reading side"). Any other data provider gets
 `list_tensors` as is.
 """
 from __future__ import annotations
@@ -79,7 +80,7 @@ def multiplexer_of(data_provider: Any, multiplexer: Any) -> Any:
 
 
 # Concurrent `list_tensors` calls of one listing under the Rust loader: one per core, at least 4
-# (3 runs on 2 cores: ~108 ms as 3 concurrent calls, ~145 ms as one; the server spreads them).
+# (the data server spreads concurrent calls over its cores; at most 8, a round trip each).
 LISTING_CALLS = max(4, min(8, os.cpu_count() or 1))
 
 
@@ -230,8 +231,8 @@ def _new_records(mux: Any, run: str, tag: str, kept: Optional[_Fold]) -> Tuple[L
     """(records to fold, how many the series has, whether they are those after `kept`'s); else all of them.
 
     Why private attributes: the public `mux.Tensors(run, tag)` copies every
-    record of the series on each call (~25 ms per million records: most of a
-    listing of long runs once the walk is gone). This reads the reservoir's
+    record of the series on each call (most of the cost of listing long runs
+    once the walk is gone). This reads the reservoir's
     list under the reservoir's own lock, as its `Items()` does, and copies only
     the new records. A TensorBoard whose reservoir differs gets the public copy.
     """

@@ -14,8 +14,8 @@ from tensorboard import errors
 from werkzeug.datastructures import MultiDict
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin.responses import quote
-from tb_layergrad.plugin.series import ALL_STATS, DEFAULT_STAT
+from tb_layergrad.reader.catalog import quote
+from tb_layergrad.reader.series import ALL_STATS, DEFAULT_STAT
 
 MAX_STEP = 2**63 - 1
 MAX_STEPS_LIMIT = 10**7
@@ -100,6 +100,11 @@ def step_range(args: MultiDict) -> Tuple[Optional[int], Optional[int]]:
     if start is not None and end is not None and start > end:
         raise _bad(f"start ({start}) is after end ({end})")
     return start, end
+
+
+def series_range(args: MultiDict) -> Tuple[str, str, Optional[int], Optional[int]]:
+    """(target, source, start, end), checked in that order: which series of a run a route reads, over which steps."""
+    return (target(args), source(args), *step_range(args))
 
 
 def max_steps(args: MultiDict) -> Optional[int]:

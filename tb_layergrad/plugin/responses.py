@@ -22,15 +22,14 @@ from tensorboard import errors
 from tensorboard.backend import http_util
 from werkzeug import wrappers
 
+from tb_layergrad.reader.catalog import quote
+
 logger = logging.getLogger(__name__)
 
 API_VERSION = 1
 
 JSON_TYPE = "application/json"
 CSV_TYPE = "text/csv; charset=utf-8"
-
-# Keeps a quoted user value in an error message short.
-_MAX_QUOTED = 120
 
 
 class MethodNotAllowedError(errors.PublicError):
@@ -40,14 +39,6 @@ class MethodNotAllowedError(errors.PublicError):
 
     def __init__(self, method: str) -> None:
         super().__init__(f"Method not allowed: {quote(method)}; use GET")
-
-
-def quote(value: Any) -> str:
-    """repr() of a user-supplied value, truncated for error messages."""
-    text = repr(value)
-    if len(text) > _MAX_QUOTED:
-        text = text[: _MAX_QUOTED - 4] + "...'"
-    return text
 
 
 def float_list(values: Iterable[float]) -> List[Optional[float]]:
@@ -78,7 +69,8 @@ def float_matrix(rows: np.ndarray) -> List[List[Optional[float]]]:
 
 
 # 17 significant digits name every float64 exactly (DBL_DECIMAL_DIG): parsed, the same number as the
-# shortest repr json.dumps writes, but written ~1.7x faster; the matrix sends a million of them.
+# shortest repr json.dumps writes, but a fixed format is much cheaper to write than the shortest one,
+# and the matrix sends a million of them (docs/DESIGN.md, "Reading side").
 _FLOAT = "%.17g"
 
 

@@ -1,8 +1,8 @@
 """The JSON routes of docs/HTTP_API.md, one method each.
 
 Every handler follows the same three steps: validate the query (400), look the
-names up in the catalog built from `list_tensors` (404; `listing.TensorLister`), then read only the
-tags it shows, filtered by run and tag. The catalog is built anew for every
+names up in the reader's catalog, built from `list_tensors` (404; `listing.TensorLister`), then read
+only the tags it shows, filtered by run and tag. The catalog is built anew for every
 request, so a run being written shows its new steps on the next call; `stats`
 series are read through a `StatsStore`, which keeps each one as a table while
 `list_tensors` reports it unchanged.
@@ -20,8 +20,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import anomaly_reader, catalog, listing, params, series
-from tb_layergrad.plugin.stats_store import StatsStore
+from tb_layergrad.plugin import bodies, listing, params
 from tb_layergrad.plugin.responses import (
     count_list,
     csv_number,
@@ -34,9 +33,12 @@ from tb_layergrad.plugin.responses import (
     float_rows_json,
     json_errors,
     json_response,
-    quote,
 )
 from tb_layergrad.plugin.static import StaticFiles
+from tb_layergrad.reader import catalog, run_anomalies, series
+from tb_layergrad.reader.catalog import quote
+from tb_layergrad.reader.series import align
+from tb_layergrad.reader.stats_store import StatsStore
 
 PLUGIN_PREFIX = f"/data/plugin/{metadata.PLUGIN_NAME}/"
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -53,20 +55,8 @@ def _columns_json(columns: Sequence[np.ndarray], stat: str) -> str:
     return float_rows_json(columns)
 
 
-def _align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """`column` (at `points_steps`) placed on the `steps` axis; NaN where absent."""
-    row = np.full(steps.shape, np.nan, dtype=np.float64)
-    if steps.size and points_steps.size:
-        pos = np.searchsorted(steps, points_steps)
-        pos_clipped = np.minimum(pos, steps.size - 1)
-        hit = steps[pos_clipped] == points_steps
-        row[pos_clipped[hit]] = column[hit]
-    return row
-
-
 def _union_steps(all_steps: Sequence[np.ndarray], max_steps: Optional[int]) -> np.ndarray:
-    steps = np.unique(np.concatenate(all_steps)) if all_steps else np.zeros([0], np.int64)
-    steps = steps.astype(np.int64)
+    steps = series.union_steps(all_steps)
     return steps[series.pick_evenly(steps.size, max_steps)]
 
 
@@ -91,60 +81,6 @@ class LayerQuery:
     start: Optional[int] = None
     end: Optional[int] = None
     max_steps: Optional[int] = None
-
-
-def _describe_layer(rc: catalog.RunCatalog, layer: str) -> dict:
-    """One layer of the listing: what it has, and per (target, source) its kinds and last step.
-
-    One pass over the layer's series: the listing describes every layer of every
-    run on each call, so its cost is most of the Python side of the tab's first request.
-    """
-    groups: Dict[Tuple[str, str], List[catalog.Series]] = {}
-    kinds = set()
-    targets = set()
-    sources = set()
-    output_dtypes: List[Tuple[bool, str]] = []
-    any_dtype = ""
-    for s in rc.of_layer(layer):
-        info = s.info
-        groups.setdefault((info.target, info.source), []).append(s)
-        kinds.add(info.kind)
-        targets.add(info.target)
-        sources.add(info.source)
-        if info.dtype:
-            any_dtype = any_dtype or info.dtype
-            if info.source == metadata.SOURCE_OUTPUT:
-                output_dtypes.append((info.kind == metadata.KIND_TIMESTEPS, info.dtype))
-    # The captured gradient's dtype: from its stats/histogram records, not from a
-    # derived record (timesteps norms are always float64); stable, so the first such.
-    dtype = min(output_dtypes, key=lambda d: d[0])[1] if output_dtypes else any_dtype
-    detail = []
-    for target, source in sorted(groups, key=lambda ts: (ts[0], metadata.SOURCES.index(ts[1]))):
-        group = groups[(target, source)]
-        group_kinds = {s.info.kind for s in group}
-        steps = [s.max_step for s in group if s.max_step is not None]
-        walls = [s.max_wall_time for s in group if s.max_wall_time is not None]
-        detail.append(
-            {
-                "target": target,
-                "source": source,
-                "kinds": [k for k in metadata.KINDS if k in group_kinds],
-                "max_step": max(steps) if steps else None,
-                "max_wall_time": finite_or_none(max(walls)) if walls else None,
-            }
-        )
-    return {
-        "layer": layer,
-        "index": rc.layer_index(layer),
-        "dtype": dtype,
-        "histograms": metadata.KIND_HISTOGRAM in kinds,
-        "stats": metadata.KIND_STATS in kinds,
-        "tensors": metadata.KIND_TENSOR in kinds,
-        "timesteps": metadata.KIND_TIMESTEPS in kinds,
-        "targets": sorted(targets),
-        "sources": [src for src in metadata.SOURCES if src in sources],
-        "series": detail,
-    }
 
 
 class Routes:
@@ -217,39 +153,14 @@ class Routes:
         cat = catalog.load(self._lister, ctx, eid, runs=None if run is None else [run])
         if run is not None:
             cat.run(run)  # 404 if unknown
-        return json_response(
-            request,
-            {
-                "format_version": metadata.FORMAT_VERSION,
-                "stats": list(series.ALL_STATS),
-                "default_stat": series.DEFAULT_STAT,
-                "runs": [self._describe_run(rc) for rc in cat.runs.values()],
-                "warnings": cat.warnings,
-            },
-        )
-
-    @staticmethod
-    def _describe_run(rc: catalog.RunCatalog) -> dict:
-        all_series = rc.series
-        max_steps = [s.max_step for s in all_series if s.max_step is not None]
-        max_walls = [s.max_wall_time for s in all_series if s.max_wall_time is not None]
-        return {
-            "run": rc.run,
-            "max_step": max(max_steps) if max_steps else None,
-            "max_wall_time": finite_or_none(max(max_walls)) if max_walls else None,
-            "targets": rc.targets(),
-            "sources": rc.sources(),
-            "layers": [_describe_layer(rc, layer) for layer in rc.layers()],
-        }
+        return json_response(request, bodies.runs_body(cat))
 
     @json_errors
     def matrix(self, request: wrappers.Request) -> wrappers.Response:
         args = request.args
         run = params.required_name(args, "run")
         stat = params.stat(args)
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         max_steps = params.max_steps(args)
         rc = self._run_catalog(request, run)
         stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
@@ -269,7 +180,7 @@ class Routes:
                 "layers": [s.info.layer for s in stats_series],
                 "steps": _int_list(steps),
             },
-            raw={"values": _columns_json([_align(pts, col, steps) for pts, col in columns], stat)},
+            raw={"values": _columns_json([align(pts, col, steps) for pts, col in columns], stat)},
         )
 
     @json_errors
@@ -364,9 +275,7 @@ class Routes:
         names = params.runs(args)
         layer = params.required_name(args, "layer")
         stat = params.stat(args)
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         max_steps = params.max_steps(args)
         ctx, eid = self._where(request)
         tag = metadata.make_tag(target, source, layer, metadata.KIND_STATS)
@@ -392,7 +301,7 @@ class Routes:
         values = []
         for name in names:
             pts, col = columns.get(name, (empty, np.zeros([0])))
-            values.append(_column(_align(pts, col, steps), stat))
+            values.append(_column(align(pts, col, steps), stat))
         return json_response(
             request,
             {
@@ -412,9 +321,7 @@ class Routes:
         args = request.args
         run = params.required_name(args, "run")
         layer = params.optional_name(args, "layer", None)
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         rc = self._run_catalog(request, run)
         if layer is not None:
             chosen = [rc.require(layer, target, source, metadata.KIND_STATS)]
@@ -441,18 +348,16 @@ class Routes:
         """The anomaly rules (docs/ANOMALIES.md) applied to one run: flags per step, summaries."""
         args = request.args
         run = params.required_name(args, "run")
-        target = params.target(args)
-        source = params.source(args)
-        start, end = params.step_range(args)
+        target, source, start, end = params.series_range(args)
         layer = params.optional_name(args, "layer", None)
         rc = self._run_catalog(request, run)
         if layer is not None:
             rc.require(layer, target, source, metadata.KIND_STATS)  # 404 naming what is unknown
         ctx, eid = self._where(request)
-        result = anomaly_reader.read_run(self._provider, ctx, eid, rc, target, source, start, end, store=self._stats)
+        result = run_anomalies.read_run(self._provider, ctx, eid, rc, target, source, start, end, store=self._stats)
         if result is None:
             raise _missing_series(rc, target, source, "stats")
-        return json_response(request, anomaly_reader.route_body(result, layer))
+        return json_response(request, bodies.anomalies_body(result, layer))
 
     @json_errors
     def static_file(self, request: wrappers.Request) -> wrappers.Response:

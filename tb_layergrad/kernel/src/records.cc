@@ -56,7 +56,7 @@ template <typename T>
 inline float Load(const T* x, int64_t i) { return static_cast<float>(x[i]); }
 
 // The common case, branch-free so that it vectorizes (a select that flushes
-// subnormals stops that, docs/DESIGN.md "The fused kernel"). It only counts
+// subnormals stops that, docs/DESIGN.md, "Benchmark notes"). It only counts
 // them: a chunk with a subnormal number, a NaN or an Inf (which makes `sum`
 // non-finite), whose float32 block sums overflow, or of tiny values, is read
 // again by CountedMoments (all in float64).
@@ -251,7 +251,7 @@ void ComputeRecords(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int
   for (int t = 0; t < num; ++t) total += xs[t].NumElements();
   // Spread over TensorFlow's CPU threads only when the work outweighs the handoff: waking and
   // stealing cost as much as reading a small model's gradients twice on one thread
-  // (docs/DESIGN.md, "The fused kernel").
+  // (docs/DESIGN.md, "Benchmark notes").
   auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
   const bool parallel = total >= kParallelMinElements && units > 1;
   auto for_each_chunk = [&](const std::function<void(int64_t, int64_t)>& work) {

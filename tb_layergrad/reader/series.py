@@ -100,6 +100,22 @@ def thin(points: Points, max_steps: Optional[int]) -> Points:
     return Points(points.steps[keep], points.wall_times[keep], [points.values[i] for i in keep])
 
 
+def align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """`column` (given at `points_steps`) placed on the `steps` axis; NaN where absent."""
+    row = np.full(steps.shape, np.nan, dtype=np.float64)
+    if steps.size and points_steps.size:
+        pos = np.minimum(np.searchsorted(steps, points_steps), steps.size - 1)
+        hit = steps[pos] == points_steps
+        row[pos[hit]] = column[hit]
+    return row
+
+
+def union_steps(all_steps: Sequence[np.ndarray]) -> np.ndarray:
+    """The sorted union of several series' steps (int64)."""
+    steps = np.unique(np.concatenate(all_steps)) if all_steps else np.zeros([0], np.int64)
+    return steps.astype(np.int64)
+
+
 def stats_table(values: Sequence[np.ndarray]) -> np.ndarray:
     """Stats records as float64 [n, len(STAT_FIELDS)].
 

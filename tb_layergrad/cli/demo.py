@@ -155,7 +155,7 @@ def _seed_run(logdir: str, steps: int) -> None:
     import tensorflow as tf
 
     import tb_layergrad
-    from tb_layergrad.demo_models import MyModel
+    from tb_layergrad.cli.demo_models import MyModel
 
     name = "seed_minimalrnn"
     model, optimizer = MyModel(2), tf.keras.optimizers.Adam(0.01)
@@ -185,7 +185,7 @@ def _mlp_runs(logdir: str, steps: int) -> None:
     import keras
     import numpy as np
 
-    from tb_layergrad.demo_models import deep_mlp
+    from tb_layergrad.cli.demo_models import deep_mlp
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * 64, 32)).astype(np.float32)

@@ -2,11 +2,15 @@
 
 `report` and `--version` import no TensorFlow: they start fast and print nothing
 but their own output. Only `demo`, which trains, loads it.
+
+Modules:
+  report       -- `tb-layergrad report LOGDIR` (public: `tb_layergrad.report`); reads with `tb_layergrad.reader`
+  demo         -- `tb-layergrad demo`: small trainings that each show one classic behaviour
+  demo_models  -- the demo's models (the README's quickstart model among them)
 """
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import List, Optional
 
 from tb_layergrad import __version__
@@ -26,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--serve", action="store_true", help="then start TensorBoard on the logdir and print the tab's URL")
     demo.add_argument("--port", type=int, default=None, help="TensorBoard port with --serve (default: the first free one from 6006)")
     demo.add_argument("--quick", action="store_true", help="fewer steps (well under a minute; for tests and a first look)")
-    from tb_layergrad import report
+    from tb_layergrad.cli import report
 
     rep = sub.add_parser(
         "report",
@@ -42,15 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "demo":
-        from tb_layergrad import demo
+        from tb_layergrad.cli import demo
 
         return demo.main(args.logdir, quick=args.quick, do_serve=args.serve, port=args.port)
     if args.command == "report":
-        from tb_layergrad import report
+        from tb_layergrad.cli import report
 
         return report.main(args)
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,13 @@
 """Reading event files with TensorBoard's own reader, without importing TensorFlow.
 
-Why: `tb-layergrad report` and `tb_layergrad.load()` only read files, yet
-TensorBoard's event-processing modules reach the file system through
-`tensorboard.compat.tf`, which imports TensorFlow when it is installed (seconds
-of start-up and its C++ log lines on stderr). TensorBoard ships a pure-Python
+`open_provider(logdir)` is the data provider `tb-layergrad report` and
+`tb_layergrad.load()` read through: TensorBoard's event multiplexer keeping every
+layergrad step (no sampling), so their numbers are the tab's.
+
+Why `tensorflow_free`: those two only read files, yet TensorBoard's
+event-processing modules reach the file system through `tensorboard.compat.tf`,
+which imports TensorFlow when it is installed (a slow start-up and its C++ log
+lines on stderr). TensorBoard ships a pure-Python
 stand-in, `tensorboard.compat.tensorflow_stub`, which it uses itself where
 TensorFlow is absent. `tensorflow_free()` points those modules at the stand-in
 for the duration of a read only: TensorBoard's process-wide switch
@@ -19,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import threading
-from typing import Iterator, List, Tuple
+from typing import Any, Iterator, List, Tuple
+
+from tb_layergrad import metadata
 
 # The modules of the multiplexer's reading path that bind `tensorboard.compat.tf` as `tf`.
 _READING_MODULES = (
@@ -58,3 +64,15 @@ def tensorflow_free(logdir: str = "") -> Iterator[None]:
         finally:
             for module, original in swapped:
                 module.tf = original
+
+
+def open_provider(logdir: str) -> Any:
+    """A TensorBoard data provider over `logdir` that keeps every layergrad step.
+
+    Call it inside `tensorflow_free(logdir)` to read without TensorFlow."""
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
+    mux.AddRunsFromDirectory(logdir)
+    mux.Reload()
+    return data_provider.MultiplexerDataProvider(mux, logdir)

@@ -1,9 +1,9 @@
-"""Read what the anomaly rules need for one run, through a TensorBoard data provider.
+"""Read what the anomaly rules need for one run, through a TensorBoard data provider, and apply them.
 
 Shared by the plugin's `anomalies` route and `tb-layergrad report`, so that both
 give the numbers the tab shows: the same catalog (layers in model order), the same
 statistics table and derived statistics as the `matrix` route, then
-`tb_layergrad.anomalies.evaluate`. No TensorFlow.
+`anomalies.evaluate`. No TensorFlow.
 """
 from __future__ import annotations
 
@@ -13,19 +13,9 @@ from typing import Dict, List, Optional
 import numpy as np
 from tensorboard.data import provider as tb_provider
 
-from tb_layergrad import anomalies, metadata
-from tb_layergrad.plugin import catalog, series
-from tb_layergrad.plugin.stats_store import StatsStore
-
-
-def align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
-    """`column` (given at `points_steps`) placed on the `steps` axis; NaN where absent."""
-    row = np.full(steps.shape, np.nan, dtype=np.float64)
-    if steps.size and points_steps.size:
-        pos = np.minimum(np.searchsorted(steps, points_steps), steps.size - 1)
-        hit = steps[pos] == points_steps
-        row[pos[hit]] = column[hit]
-    return row
+from tb_layergrad import metadata
+from tb_layergrad.reader import anomalies, catalog, series
+from tb_layergrad.reader.stats_store import StatsStore
 
 
 def first_nonfinite_hint(points: series.Points, start: Optional[int]) -> Optional[int]:
@@ -89,10 +79,9 @@ def read_run(
     tables = store.read(ctx, experiment_id, rc.run, stats_series, start, end)
 
     columns = [(tables[s.tag].steps, tables[s.tag].table) for s in stats_series]
-    all_steps = [c[0] for c in columns]
-    steps = np.unique(np.concatenate(all_steps)).astype(np.int64) if all_steps else np.zeros([0], np.int64)
+    steps = series.union_steps([c[0] for c in columns])
     stats = {
-        name: np.stack([align(pts, series.stat_column(table, name), steps) for pts, table in columns])
+        name: np.stack([series.align(pts, series.stat_column(table, name), steps) for pts, table in columns])
         if columns else np.zeros([0, steps.size])
         for name in anomalies.REQUIRED_STATS
     }
@@ -114,27 +103,3 @@ def read_run(
         first_nonfinite_hints=hints,
         timesteps=timesteps,
     )
-
-
-def route_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = None) -> dict:
-    """The JSON of the `anomalies` route (docs/HTTP_API.md), without api_version."""
-    flags = result.flag_strings()
-    layers = []
-    for i, s in enumerate(result.summaries):
-        if only_layer is not None and s.layer != only_layer:
-            continue
-        entry = s.to_json()
-        entry["flags"] = flags[i]
-        layers.append(entry)
-    return {
-        "run": result.run,
-        "target": result.target,
-        "source": result.source,
-        "thresholds": dict(anomalies.THRESHOLDS),
-        "trend_window": anomalies.TREND_WINDOW,
-        "flag_bits": dict(anomalies.FLAG_BITS),
-        "steps": [int(x) for x in result.steps],
-        "max_rms": [v if math.isfinite(v) else None for v in (float(x) for x in result.max_rms)],
-        "layers": layers,
-        "summary": result.summary_json(),
-    }

@@ -1,11 +1,11 @@
 """`tb_layergrad.load(logdir)`: every statistic of every series as a pandas DataFrame.
 
 For notebooks and scripts; pandas is an optional extra (`pip install
-'tb_layergrad[pandas]'`), imported only when `load` is called. It reads through TensorBoard's own event
-multiplexer and data provider and reuses the plugin's catalog and statistics
-code, so its numbers are the numbers the tab shows (derived statistics such as
-`rms` and `zero_frac` included). Every step is kept: no sampling. TensorFlow is
-not imported (`event_reading`).
+'tb_layergrad[pandas]'`), imported only when `load` is called. It reads through
+TensorBoard's own event multiplexer and data provider (`event_files`) and the
+catalog and statistics code the plugin uses, so its numbers are the numbers the tab
+shows (derived statistics such as `rms` and `zero_frac` included). Every step is
+kept: no sampling. TensorFlow is not imported.
 
     df = tb_layergrad.load("logs")
     df[df.layer == "my_model/minimalrnn"].plot(x="step", y="norm", logy=True)
@@ -14,20 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Optional
 
-from tb_layergrad import event_reading, metadata
-from tb_layergrad.plugin import catalog, series
+from tb_layergrad import metadata
+from tb_layergrad.reader import catalog, event_files, series
 
 COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + series.ALL_STATS
-
-
-def open_provider(logdir: str):
-    """A TensorBoard data provider over `logdir` that keeps every layergrad step."""
-    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-
-    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
-    mux.AddRunsFromDirectory(logdir)
-    mux.Reload()
-    return data_provider.MultiplexerDataProvider(mux, logdir)
 
 
 def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
@@ -46,14 +36,14 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
             "extra: pip install 'tb_layergrad[pandas]' (or pip install pandas). Without pandas, "
             "`tb-layergrad report LOGDIR --format csv|json` gives the per-layer verdicts."
         ) from e
-    with event_reading.tensorflow_free(logdir):
+    with event_files.tensorflow_free(logdir):
         return _load(pd, logdir, runs)
 
 
 def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     from tensorboard import context as tb_context
 
-    provider = open_provider(logdir)
+    provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "", runs)
     frames = []

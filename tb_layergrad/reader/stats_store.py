@@ -2,9 +2,9 @@
 
 Why: the overview asks for every layer's statistics at every step twice (the
 `matrix` and `anomalies` routes) and again on every poll. Reading 200 layers x
-5,000 steps through a data provider converts a million tensor protos one by one
-(measured: ~22 s with the Rust loader), while the result is only 200 float64
-tables of [5000, 12]. So each series is kept as such a table, keyed by
+5,000 steps through a data provider converts a million tensor protos one by one,
+which takes far longer than a poll may (docs/DESIGN.md, "Reading side"), while the
+result is only 200 float64 tables of [5000, 12]. So each series is kept as such a table, keyed by
 (experiment, run, tag) and valid while `list_tensors` reports the same
 `max_step` and `max_wall_time` for it: a new or rewritten record (a later
 wall time) or a reload that drops the series invalidates it. Tables of one
@@ -21,7 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 from tensorboard.data import provider as tb_provider
 
-from tb_layergrad.plugin import catalog, series
+from tb_layergrad.reader import catalog, series
 
 # Enough for every layer of several 200-layer x 5,000-step runs (~112 MB each).
 DEFAULT_MAX_BYTES = 1 << 30

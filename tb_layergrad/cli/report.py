@@ -1,10 +1,10 @@
 """`tb-layergrad report LOGDIR`: the tab's anomaly verdicts in a terminal, as JSON or CSV, and for CI.
 
 It reads the event files with TensorBoard's own EventMultiplexer keeping every
-step (`loading.open_provider`), lists series with the plugin's catalog and
-applies `tb_layergrad.anomalies` through `plugin.anomaly_reader`, exactly as the
-plugin's `anomalies` route does: the numbers are the tab's. No TensorFlow and no
-pandas needed.
+step (`reader.event_files.open_provider`), lists series with the reader's catalog
+and applies the rules of `reader.anomalies` through `reader.run_anomalies`,
+exactly as the plugin's `anomalies` route does: the numbers are the tab's. No
+TensorFlow and no pandas needed.
 
 Per run and layer (one target, one source): the norm, RMS and zero fraction at
 the layer's last logged step, the trend (`anomalies.trend`), the first step with
@@ -26,7 +26,8 @@ import os
 import sys
 from typing import Dict, List, Optional, Sequence, TextIO
 
-from tb_layergrad import anomalies, event_reading, metadata
+from tb_layergrad import metadata
+from tb_layergrad.reader import anomalies, event_files
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -94,19 +95,18 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
 def build(logdir: str, runs: Optional[Sequence[str]] = None, target: str = metadata.DEFAULT_TARGET,
           source: str = metadata.SOURCE_OUTPUT, fail_on: Sequence[str] = ()) -> Report:
     """Read `logdir` (every step) and evaluate the rules for each run (without importing TensorFlow)."""
-    if not event_reading.is_url(logdir) and not os.path.isdir(logdir):
+    if not event_files.is_url(logdir) and not os.path.isdir(logdir):
         raise ReportError(f"no such directory: {logdir}")
-    with event_reading.tensorflow_free(logdir):
+    with event_files.tensorflow_free(logdir):
         return _build(logdir, runs, target, source, fail_on)
 
 
 def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str, fail_on: Sequence[str]) -> Report:
     from tensorboard import context as tb_context
 
-    from tb_layergrad.loading import open_provider
-    from tb_layergrad.plugin import anomaly_reader, catalog
+    from tb_layergrad.reader import catalog, run_anomalies
 
-    provider = open_provider(logdir)
+    provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "")
     if not cat.runs:
@@ -118,7 +118,7 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
     results, skipped, failures = [], [], []
     for name in names:
         rc = cat.runs[name]
-        result = anomaly_reader.read_run(provider, ctx, "", rc, target, source)
+        result = run_anomalies.read_run(provider, ctx, "", rc, target, source)
         if result is None:
             skipped.append({"run": name, "reason": f"no {source} statistics for target {target!r} "
                                                    f"(targets: {', '.join(rc.targets())}; sources: {', '.join(rc.sources())})"})

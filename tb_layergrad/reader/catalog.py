@@ -8,18 +8,25 @@ is read, so a made-up name never reaches `read_tensors`.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin.responses import quote
-
-if TYPE_CHECKING:
-    from tb_layergrad.plugin import listing
 
 SeriesKey = Tuple[str, str, str, str]  # (layer, target, source, kind)
+
+# Keeps a quoted user value in a message short.
+_MAX_QUOTED = 120
+
+
+def quote(value: Any) -> str:
+    """repr() of a user-supplied value (a run or layer name...), truncated for messages."""
+    text = repr(value)
+    if len(text) > _MAX_QUOTED:
+        text = text[: _MAX_QUOTED - 4] + "...'"
+    return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +61,7 @@ class RunCatalog:
             else:
                 self._layer_index.setdefault(i.layer, known)
         # By layer, for `of_layer`: a scan of every series per layer made `runs` O(layers x tags),
-        # seconds for a 10,000-tag run.
+        # which a run of many tags feels (docs/DESIGN.md, "Reading side").
         self._by_layer: Dict[str, List[Series]] = {}
         for key, s in self._by_key.items():
             self._by_layer.setdefault(key[0], []).append(s)
@@ -127,7 +134,7 @@ class Catalog:
 
 
 def load(
-    data_provider: Union[tb_provider.DataProvider, "listing.TensorLister"],
+    data_provider: Any,
     ctx: object,
     experiment_id: str,
     runs: Optional[Iterable[str]] = None,
@@ -135,9 +142,10 @@ def load(
 ) -> Catalog:
     """List the plugin's series, optionally only of some runs and tags (metadata only).
 
-    Filter by tag whenever the route knows it: the Python loader's `list_tensors`
-    walks every record of every series it lists (about 1 s per million records);
-    the plugin passes a `listing.TensorLister`, which walks only new records.
+    `data_provider`: a TensorBoard data provider, or anything with its `list_tensors`
+    (the plugin passes one that walks only new records). Filter by tag whenever the
+    caller knows it: the Python loader's `list_tensors` walks every record of every
+    series it lists, so an unfiltered listing costs in proportion to the whole run.
     """
     run_filter = None
     if runs is not None or tags is not None:

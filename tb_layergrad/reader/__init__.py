@@ -1,0 +1,15 @@
+"""Reading what tb_layergrad wrote: the plugin, `tb-layergrad report` and `tb_layergrad.load()` read here.
+
+No TensorFlow and nothing of the HTTP server: only `tb_layergrad.metadata` (the on-disk contract),
+TensorBoard's data providers and event readers, and numpy (pandas for `load()` alone). So the same
+numbers reach the tab, the terminal and a notebook. This `__init__` imports nothing.
+
+Modules, one job each:
+  catalog        -- which series exist (metadata only, no tensor bodies); unknown names are 404s here
+  series         -- reading tensors of a run/tag set, step selection, stored and derived statistics
+  stats_store    -- stats series kept as tables while TensorBoard reports them unchanged
+  anomalies      -- the anomaly rules of docs/ANOMALIES.md, pure numpy (public: `tb_layergrad.anomalies`)
+  run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
+  event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow
+  dataframe      -- `tb_layergrad.load(logdir)`: every statistic as a pandas DataFrame
+"""
