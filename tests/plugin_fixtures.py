@@ -79,6 +79,7 @@ def write_small_logdir(logdir: str) -> Written:
     import tensorflow as tf
 
     from tb_layergrad import reductions, summary
+    from tb_layergrad.summary import backend  # what the writer computes the records with
 
     w = Written(logdir, {}, {}, {}, {}, {layer: i for layer, i, _ in LAYERS})
     w.indices[UNUSED_LAYER[0]] = UNUSED_LAYER[1]
@@ -107,7 +108,7 @@ def write_small_logdir(logdir: str) -> Written:
                             max_elements=TENSOR_MAX_ELEMENTS if layer == TENSOR_LAYER else 0,
                         )
                         key = (run, target, source, layer)
-                        h, s = reductions.histogram_and_stats(tf.constant(x), BUCKETS)
+                        (h, s), = backend.reduce([tf.constant(x)], BUCKETS)
                         put(w.inputs, key, step, x)
                         put(w.hist, key, step, h.numpy())
                         put(w.stats, key, step, s.numpy())
