@@ -5,6 +5,7 @@ event, read back through TensorBoard's own event-file loader, against the per-re
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 
 import numpy as np
@@ -169,3 +170,18 @@ def test_a_write_op_that_cannot_write_here_leaves_it_to_tf_summary_write(tmp_pat
         assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([3])}))
     writer.close()
     assert len(_events(str(tmp_path))) == 2
+
+
+def test_first_nonfinite_is_kept_per_writer_written_to(tmp_path):
+    """A writer handed to write_step (GradientLogger's in-step path, no default writer) keeps its own first NaN
+    step: a clean run written after a NaN run, to another writer, gets no first_nonfinite record."""
+    runs = {name: tf.summary.create_file_writer(str(tmp_path / name)) for name in ("nan_run", "clean_run")}
+    info = _series(1)[0]
+    for step, (name, data) in enumerate((("nan_run", [1.0, np.nan]), ("clean_run", [1.0, 2.0])), start=3):
+        written = write_step(Plan((Series(info, tf.constant(data)),)), step, record=tf.constant(True), writer=runs[name])
+        assert bool(written)
+        runs[name].close()
+    first_tag = dataclasses.replace(info, kind=metadata.KIND_FIRST_NONFINITE).tag
+    nan_run, clean_run = _events(str(tmp_path / "nan_run")), _events(str(tmp_path / "clean_run"))
+    assert int(tf.make_ndarray(nan_run[(3, first_tag)].tensor)[0]) == 3
+    assert sorted(clean_run) == [(4, info.tag.replace("/stats", "/histogram")), (4, info.tag)]

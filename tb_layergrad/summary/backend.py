@@ -53,11 +53,13 @@ def write_fused(
     description: str = "",
     flush: bool = False,
     track_nonfinite: bool = True,
+    writer: Any = None,
 ) -> tf.Tensor:
     """ONE op: when `record` holds, each tensor's histogram, stats and first-non-finite records; returns `record`.
 
-    The running first steps are the one tracker's (`first_nonfinite`): read
-    before the op, which applies the rule, and stored after it.
+    The running first steps are the one tracker's (`first_nonfinite`), those
+    of `writer` (the writer `resource` belongs to; default: the default
+    writer): read before the op, which applies the rule, and stored after it.
     """
 
     def serialized(kind: str, text: str) -> List[Tuple[str, bytes]]:
@@ -67,7 +69,7 @@ def write_fused(
         ]
 
     if track_nonfinite:
-        variable, slots, firsts = first_nonfinite.running(infos)
+        variable, slots, firsts = first_nonfinite.running(infos, writer)
         first_series = serialized(metadata.KIND_FIRST_NONFINITE, "")  # no description, as first_nonfinite.track
     else:
         firsts, first_series = tf.fill([len(infos)], tf.constant(-1, tf.int64)), []

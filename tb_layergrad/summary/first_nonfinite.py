@@ -82,9 +82,9 @@ _BY_WRITER: "weakref.WeakKeyDictionary[Any, _RunningFirsts]" = weakref.WeakKeyDi
 _NO_WRITER = _RunningFirsts()
 
 
-def _running_firsts(tags: Sequence[str]) -> Tuple[_RunningFirsts, List[int]]:
-    """(the default writer's running values, the slots of `tags` in them)."""
-    writer = writer_state.default_writer()
+def _running_firsts(tags: Sequence[str], writer: Any = None) -> Tuple[_RunningFirsts, List[int]]:
+    """(`writer`'s running values (default: the default writer's), the slots of `tags` in them)."""
+    writer = writer_state.default_writer() if writer is None else writer
     with _LOCK:
         try:
             table = _BY_WRITER.setdefault(writer, _RunningFirsts()) if writer is not None else _NO_WRITER
@@ -108,13 +108,13 @@ def _local_variable(initial: Any, shape: tf.TensorShape, name: str) -> Any:
     return resource_variable_ops.ResourceVariable(initial, trainable=False, name=name, shape=shape)
 
 
-def running(infos: Sequence[metadata.SeriesInfo]) -> Tuple[Any, tf.Tensor, tf.Tensor]:
-    """(variable, slots, their running first steps now) of these stats series, for the fused write op.
+def running(infos: Sequence[metadata.SeriesInfo], writer: Any = None) -> Tuple[Any, tf.Tensor, tf.Tensor]:
+    """(variable, slots, their running first steps now) of these stats series of `writer`, for the fused write op.
 
     The op applies the rule itself (kernel/src/write_records.cc) and `store`
     puts its answer back.
     """
-    table, slots = _running_firsts([info.tag for info in infos])
+    table, slots = _running_firsts([info.tag for info in infos], writer)
     slots_t = tf.constant(slots, tf.int64)
     return table.variable, slots_t, tf.gather(table.variable.value(), slots_t)
 

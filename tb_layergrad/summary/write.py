@@ -101,7 +101,7 @@ def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, fl
         condition = tf.constant(should) if isinstance(should, bool) else should
         written.append(backend.write_fused(
             resource, condition, read_step(step), [s.info for s in fused], [s.data for s in fused], plan.buckets,
-            plan.description, flush=flush, track_nonfinite=plan.track_nonfinite,
+            plan.description, flush=flush, track_nonfinite=plan.track_nonfinite, writer=writer,
         ))
     if rest or plan.timesteps or any(s.wants_raw for s in fused):
 
