@@ -177,7 +177,7 @@ class FitStep:
         as_norms = merged is not None and merged.timesteps_are_norms
         steps = tuple(
             plans.timesteps(key, target=target, index=probe.layer_index(key), max_elements=cfg.max_elements,
-                            **{"norms" if as_norms else "gradient": value})
+                            dtype=probe.sources[key].dtype.name, **{"norms" if as_norms else "gradient": value})
             for key, value in timesteps.items()
         )
         return dataclasses.replace(plan, timesteps=steps)

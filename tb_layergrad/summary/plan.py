@@ -61,12 +61,12 @@ class Timesteps:
     norms: Any = None
     max_elements: int = 0  # > 0: also example 0's [T, units] gradient (layer path + TIMESTEP_TENSOR_SUFFIX)
     raw: Any = None
+    dtype: str = ""  # the gradient's dtype, for the raw record's metadata (kept once the gradient is reduced)
 
     @property
     def raw_info(self) -> metadata.SeriesInfo:
-        dtype = "" if self.gradient is None else tf.as_dtype(self.gradient.dtype).name
         return dataclasses.replace(
-            self.info, layer=self.info.layer + TIMESTEP_TENSOR_SUFFIX, kind=metadata.KIND_TENSOR, dtype=dtype
+            self.info, layer=self.info.layer + TIMESTEP_TENSOR_SUFFIX, kind=metadata.KIND_TENSOR, dtype=self.dtype
         )
 
 
@@ -188,9 +188,14 @@ def from_gradients(
 
 
 def timesteps(
-    path: str, *, target: str, index: int = -1, gradient: Any = None, norms: Any = None, max_elements: int = 0
+    path: str, *, target: str, index: int = -1, gradient: Any = None, norms: Any = None, max_elements: int = 0,
+    dtype: Optional[str] = None,
 ) -> Timesteps:
+    """An RNN layer's per-timestep series; `dtype`: the probed state's (default: the gradient's)."""
     info = metadata.SeriesInfo(layer=path, kind=metadata.KIND_TIMESTEPS, target=target, source=metadata.SOURCE_OUTPUT,
                                index=int(index), dtype="float64")
-    return Timesteps(info, gradient, None if norms is None else tf.cast(tf.reshape(norms, [-1]), tf.float64), max_elements)
+    norms = None if norms is None else tf.cast(tf.reshape(norms, [-1]), tf.float64)
+    if dtype is None:
+        dtype = "" if gradient is None else tf.as_dtype(gradient.dtype).name
+    return Timesteps(info, gradient, norms, max_elements, dtype=dtype)
 
