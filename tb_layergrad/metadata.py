@@ -29,12 +29,17 @@ KIND_TIMESTEPS = "timesteps"  # float64 [T]: L2 norm of dL/dh_t per timestep
 KIND_FIRST_NONFINITE = "first_nonfinite"
 KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_TENSOR, KIND_TIMESTEPS, KIND_FIRST_NONFINITE)
 
-# Whose gradient it is (the `source` field).
+# What the record describes (the `source` field).
 SOURCE_OUTPUT = "output"  # d target / d (layer output)
 SOURCE_WEIGHT = "weight"  # d target / d (trainable variable)
-SOURCES = (SOURCE_OUTPUT, SOURCE_WEIGHT)
+SOURCE_ACTIVATION = "activation"  # the layer output itself: the forward value (kinds histogram, stats, tensor, first_nonfinite)
+SOURCE_TARGET = "target"  # the differentiated scalar itself, e.g. the loss (kinds stats, first_nonfinite)
+SOURCES = (SOURCE_OUTPUT, SOURCE_WEIGHT, SOURCE_ACTIVATION, SOURCE_TARGET)
+GRADIENT_SOURCES = (SOURCE_OUTPUT, SOURCE_WEIGHT)
 
 DEFAULT_TARGET = "loss"
+# The `target` field of activation records: the forward pass is one, whatever is differentiated after it.
+ACTIVATION_TARGET = "forward"
 
 # Order of the values in a `stats` record. Counts are exact integers stored as
 # float64; moments are over the finite elements only. Undefined values (min of
