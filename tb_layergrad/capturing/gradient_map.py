@@ -4,20 +4,25 @@ It is a read-only mapping (path -> tensor or None) that also remembers what
 the summary ops need to tag each entry (whether it is a layer output or a
 weight, the layer's position in the model, the target's name), and the
 gradients of `model.trainable_variables` in order, so a training loop can
-apply them without a second backward pass.
+apply them without a second backward pass. It also carries the forward side
+of the same pass: the target's value and, with `capture(activations=True)`,
+the layer outputs themselves, so that one object says where a NaN was born
+(`nonfinite_origin`).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Dict, ItemsView, Iterator, KeysView, List, Optional, ValuesView
 
-from tb_layergrad import metadata
+import numpy as np
+
+from tb_layergrad import metadata, nonfinite_origin
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
     gradient: Any  # tf.Tensor, or None when the target does not depend on it
-    source: str  # metadata.SOURCE_OUTPUT or metadata.SOURCE_WEIGHT
+    source: str  # metadata.SOURCE_OUTPUT, SOURCE_WEIGHT (or SOURCE_ACTIVATION: then `gradient` is the forward value)
     index: int  # position in the model (pre-order), -1 if unknown
     elements: int = -1  # static element count when known (for "no gradient" records)
     dtype: str = ""
@@ -34,9 +39,12 @@ class GradientMap:
     """
 
     def __init__(self, entries: Dict[str, Entry], target: str, variable_gradients: Optional[List[Any]] = None,
-                 replicas: int = 1):
+                 replicas: int = 1, activations: Optional[Dict[str, Entry]] = None, target_value: Any = None):
         self._entries = dict(entries)
+        self._activations = dict(activations or {})
         self.target = target
+        #: The value of the target that was differentiated (a scalar tensor), or None when unknown.
+        self.target_value = target_value
         #: How many replicas' gradients this map covers (>1 after `tb_layergrad.distribute.merge`).
         self.replicas = int(replicas)
         #: Gradients of `model.trainable_variables`, in that order (None where unconnected).
@@ -82,18 +90,66 @@ class GradientMap:
         """Only the weight gradients (present when capture(..., weights=True))."""
         return {p: e.gradient for p, e in self._entries.items() if e.source == metadata.SOURCE_WEIGHT}
 
+    @property
+    def activations(self) -> Dict[str, Any]:
+        """The layer outputs (forward values) of the same pass, when captured with `activations=True`; else empty."""
+        return {p: e.gradient for p, e in self._activations.items()}
+
+    def activation_entry(self, path: str) -> Entry:
+        return self._activations[path]
+
+    def with_entries(self, entries: Dict[str, Entry], target: Optional[str] = None, variable_gradients: Any = None) -> "GradientMap":
+        """The same pass (activations, target value, replicas) with other gradient entries, e.g. unscaled or merged."""
+        return GradientMap(entries, target or self.target, self.variable_gradients if variable_gradients is None else variable_gradients,
+                           self.replicas, self._activations, self.target_value)
+
+    def nonfinite_origin(self, step: Optional[int] = None) -> Optional[nonfinite_origin.Origin]:
+        """Where a NaN/Inf of this pass was born (forward, loss or backward), or None if everything is finite.
+
+        Eager only (it reads the tensors): in a `tf.function`, return the map and
+        call this outside. The rules are `tb_layergrad.nonfinite_origin`'s, the
+        same the tab and `GradientLogger(on_nonfinite=...)` apply.
+        """
+        def seen(entries: Dict[str, Entry]) -> List[nonfinite_origin.Seen]:
+            return [nonfinite_origin.Seen(p, e.index, _nonfinite(e.gradient)) for p, e in entries.items() if e.gradient is not None]
+
+        by_source = {src: {p: e for p, e in self._entries.items() if e.source == src} for src in metadata.GRADIENT_SOURCES}
+        return nonfinite_origin.locate(
+            step,
+            target=self.target,
+            target_nonfinite=None if self.target_value is None else _nonfinite(self.target_value),
+            activations=seen(self._activations) if self._activations else None,
+            outputs=seen(by_source[metadata.SOURCE_OUTPUT]),
+            weights=seen(by_source[metadata.SOURCE_WEIGHT]),
+        )
+
     # tf.nest protocol: lets a GradientMap be returned from a tf.function.
     def __tf_flatten__(self):
         keys = tuple((path, dataclasses.replace(e, gradient=None)) for path, e in self._entries.items())
-        meta = (self.target, keys, len(self.variable_gradients), self.replicas)
-        return meta, tuple(e.gradient for e in self._entries.values()) + tuple(self.variable_gradients)
+        acts = tuple((path, dataclasses.replace(e, gradient=None)) for path, e in self._activations.items())
+        has_value = self.target_value is not None
+        meta = (self.target, keys, len(self.variable_gradients), self.replicas, acts, has_value)
+        components = tuple(e.gradient for e in self._entries.values()) + tuple(self.variable_gradients)
+        components += tuple(e.gradient for e in self._activations.values())
+        return meta, components + ((self.target_value,) if has_value else ())
 
     @classmethod
     def __tf_unflatten__(cls, meta, components):
-        target, keys, n_vars, replicas = meta
-        n = len(keys)
+        target, keys, n_vars, replicas, acts, has_value = meta
+        n, m = len(keys), len(acts)
         entries = {path: dataclasses.replace(e, gradient=g) for (path, e), g in zip(keys, components[:n])}
-        return cls(entries, target, list(components[n : n + n_vars]), replicas)
+        activations = {path: dataclasses.replace(e, gradient=a) for (path, e), a in zip(acts, components[n + n_vars : n + n_vars + m])}
+        value = components[n + n_vars + m] if has_value else None
+        return cls(entries, target, list(components[n : n + n_vars]), replicas, activations, value)
 
     def __repr__(self) -> str:
         return f"GradientMap(target={self.target!r}, paths={list(self._entries)!r})"
+
+
+def _nonfinite(tensor: Any) -> bool:
+    if not hasattr(tensor, "numpy"):
+        raise RuntimeError(
+            "nonfinite_origin() reads the tensors: call it eagerly (return the GradientMap from your tf.function "
+            "and call it outside)"
+        )
+    return not bool(np.all(np.isfinite(np.asarray(tensor.numpy(), dtype=np.float64))))

@@ -88,10 +88,13 @@ def _static_elements(t: Any) -> int:
 class Capture(LayerHooks):
     """Context manager returned by `capture()`; see the module docstring."""
 
-    def __init__(self, model: Any, layers: LayerSpec = None, weights: bool = False, tape: Any = None):
+    def __init__(self, model: Any, layers: LayerSpec = None, weights: bool = False, tape: Any = None,
+                 activations: bool = False):
         self.tree = LayerTree(model)
         super().__init__(model, self.tree.select(layers), tape)
         self.weights = bool(weights)
+        #: Do `gradients()` results carry the layer outputs (`GradientMap.activations`), for the summary to write?
+        self.with_activations = bool(activations)
         self._records: List[_Record] = []
         # id -> the tape itself: held, so that a freed wrapper's id, reused by a new object, is no false match.
         self._used_tapes: Dict[int, Any] = {}
@@ -131,6 +134,21 @@ class Capture(LayerHooks):
     def outputs(self) -> Dict[str, Any]:
         """The recorded layer outputs of this context, by key, in model order."""
         return {r.key: r.tensor for r in self._ordered_records()}
+
+    def activations(self) -> "LayerOutputs":
+        """The forward values of the recorded (floating-point) layer outputs, by the same keys as the gradients.
+
+        They are the very tensors the gradients are taken with respect to: the
+        activations and the gradients written at one step come from one pass.
+        """
+        records = [r for r in self._ordered_records() if _is_differentiable(r.tensor)]
+        return LayerOutputs({r.key: r.tensor for r in records}, {r.key: r.node.index for r in records})
+
+    def _activation_entries(self) -> Dict[str, Entry]:
+        return {
+            r.key: Entry(r.tensor, metadata.SOURCE_ACTIVATION, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name)
+            for r in self._ordered_records() if _is_differentiable(r.tensor)
+        }
 
     def _ordered_records(self) -> List[_Record]:
         return sorted(self._records, key=lambda r: (r.node.index, r.call))
@@ -196,7 +214,8 @@ class Capture(LayerHooks):
             entries[r.key] = Entry(g, metadata.SOURCE_OUTPUT, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name)
         if self.weights:
             entries.update(self._weight_entries(variables, var_grads))
-        return GradientMap(entries, name, var_grads)
+        activations = self._activation_entries() if self.with_activations else None
+        return GradientMap(entries, name, var_grads, activations=activations, target_value=target)
 
     def _weight_entries(self, variables: List[Any], grads: List[Any]) -> Dict[str, Entry]:
         owners = self.tree.variable_paths()
@@ -211,7 +230,16 @@ class Capture(LayerHooks):
         return entries
 
 
-def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape: Any = None) -> Capture:
+class LayerOutputs(dict):
+    """`Capture.activations()`: layer path -> forward value, in model order; `indexes` keeps each layer's position."""
+
+    def __init__(self, values: Dict[str, Any], indexes: Dict[str, int]):
+        super().__init__(values)
+        self.indexes = dict(indexes)
+
+
+def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape: Any = None,
+            activations: bool = False) -> Capture:
     """Capture d target / d (layer output) for the chosen layers of `model`.
 
     Example:
@@ -226,5 +254,8 @@ def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape
       layers: None for every layer, or names / glob patterns / Layer objects.
       weights: also return the gradients of the chosen layers' weights.
       tape: the GradientTape to watch outputs on (recommended; see module doc).
+      activations: the `gradients()` result also carries the layer outputs
+        (forward values) and `summary.gradients` writes them beside the
+        gradients (source "activation"); `cap.activations()` gives them anyway.
     """
-    return Capture(model, layers=layers, weights=weights, tape=tape)
+    return Capture(model, layers=layers, weights=weights, tape=tape, activations=activations)

@@ -22,6 +22,7 @@ raised; it is remembered, so later processes do not compile again in vain.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -69,9 +70,29 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
+@functools.lru_cache(maxsize=None)
+def _target_flags(compiler: str) -> Tuple[str, ...]:
+    """-march=native, without the AVX512-FP16 extension where the compiler would turn it on.
+
+    Why: on a CPU with AVX512-FP16 (e.g. Sapphire Rapids), -march=native makes
+    TensorFlow's bundled Eigen include its half-precision AVX512 packet code,
+    which GCC does not compile. The kernel does no half-precision arithmetic (it
+    widens 16-bit data to float32), so the extension is not needed. Asked of the
+    compiler's own predefined macros, not of the CPU's name.
+    """
+    try:
+        macros = subprocess.run(
+            [compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+            capture_output=True, text=True, timeout=60, check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        macros = ""
+    return ("-march=native", "-mno-avx512fp16") if "__AVX512FP16__" in macros else ("-march=native",)
+
+
 def _build_command(compiler: str, output: Path) -> List[str]:
     return [
-        compiler, "-shared", "-fPIC", "-O3", "-march=native", "-ffp-contract=off", "-fopenmp-simd", "-w",
+        compiler, "-shared", "-fPIC", "-O3", *_target_flags(compiler), "-ffp-contract=off", "-fopenmp-simd", "-w",
         *map(str, SOURCES), "-o", str(output), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(),
     ]
 

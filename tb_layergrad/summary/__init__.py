@@ -1,8 +1,10 @@
 """Summary ops: write gradients as records this plugin's tab can find.
 
 `gradient()` is the low-level op, the analogue of `tf.summary.histogram` for
-one tensor; `gradients()` writes a whole `Capture.gradients(...)` result;
-`timesteps()` an RNN layer's per-timestep gradient norms. They write to the
+one tensor; `gradients()` writes a whole `Capture.gradients(...)` result
+(with the target's value and, for `capture(activations=True)`, the layer
+outputs beside the gradients); `activations()` writes layer outputs (forward
+values); `timesteps()` an RNN layer's per-timestep gradient norms. They write to the
 default `tf.summary` writer, at `step` or at the default step, and respect
 `tf.summary.record_if` (nothing is computed when nothing is recorded).
 
@@ -40,7 +42,7 @@ from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
 
-__all__ = ["gradient", "gradients", "timesteps"]
+__all__ = ["activations", "gradient", "gradients", "timesteps"]
 
 
 def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str) -> plans.Plan:
@@ -150,6 +152,11 @@ def gradients(
         )
     target_name = target or grads.target
     ctx = distribute.replica_context()
+    if ctx is not None and grads.activations:
+        raise ValueError(
+            "activations under several replicas are not merged yet: write them from one replica's capture with "
+            "summary.activations(...) or capture without activations=True inside strategy.run"
+        )
     with tf.name_scope("layergrad"):
         if ctx is not None:
             return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name), step)
@@ -174,6 +181,49 @@ def gradients(
             write_step(plans.from_gradients(merged, target_name, max_elements, buckets), read_step(step), record=True)
 
         return when(should, gather_and_write, out_of_line=False)
+
+
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
+def activations(
+    values: Mapping[str, Any],
+    step: Any = None,
+    buckets: int = 30,
+    *,
+    max_elements: int = 0,
+    description: str = "",
+) -> tf.Tensor:
+    """Write the histogram and statistics of layer outputs: the forward values (source "activation").
+
+    `values`: `cap.activations()` (layer path -> output; its layers keep their
+    model positions), a `GradientMap` from a capture made with
+    `activations=True`, or a plain dict (positions in dict order). The
+    records are those of gradients (docs/FORMAT.md) with source "activation";
+    like `gradients()`, one recording condition guards the step, and the
+    first step at which an output holds a NaN/Inf is kept in `first_nonfinite`
+    records. To write gradients and activations of one pass together, capture
+    with `activations=True` and call `gradients()` alone.
+
+    Example:
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, tape=tape) as cap:
+                loss = loss_fn(y, model(x))
+        with writer.as_default(step=step):
+            tb_layergrad.summary.activations(cap.activations())
+    """
+    step = resolve_step(step)
+    plans.check_buckets(buckets)
+    if isinstance(values, GradientMap):
+        entries = [(p, values.activation_entry(p)) for p in values.activations]
+        series = tuple(plans.activation_series(p, e.gradient, index=e.index, max_elements=max_elements, dtype=e.dtype)
+                       for p, e in entries)
+    else:
+        indexes = getattr(values, "indexes", {})
+        series = tuple(plans.activation_series(p, v, index=indexes.get(p, i), max_elements=max_elements)
+                       for i, (p, v) in enumerate(dict(values).items()))
+    if distribute.replica_context() is not None:
+        raise ValueError("summary.activations inside strategy.run with several replicas is not supported yet")
+    with tf.name_scope("layergrad"):
+        return write_step(plans.Plan(series, buckets=buckets, description=description), step)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing

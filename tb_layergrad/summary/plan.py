@@ -49,7 +49,12 @@ class Series:
 
     @property
     def wants_raw(self) -> bool:
-        return self.max_elements > 0 and self.present
+        return self.max_elements > 0 and self.present and not self.stats_only
+
+    @property
+    def stats_only(self) -> bool:
+        """A target's value (one scalar): its stats say whether it was finite; a histogram would say nothing."""
+        return self.info.source == metadata.SOURCE_TARGET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,14 +182,37 @@ def from_gradients(
     model computes in, e.g. float16 under mixed precision), not the gradient's.
     """
     name = target or gmap.target
-    return Plan(
-        tuple(
-            series(p, e.gradient, target=name, source=e.source, index=e.index, elements=e.elements,
-                   max_elements=max_elements, dtype=e.dtype if captured_dtypes else None)
-            for p, e in ((p, gmap.entry(p)) for p in gmap)
-        ),
-        buckets=check_buckets(buckets),
+    gradients = tuple(
+        series(p, e.gradient, target=name, source=e.source, index=e.index, elements=e.elements,
+               max_elements=max_elements, dtype=e.dtype if captured_dtypes else None)
+        for p, e in ((p, gmap.entry(p)) for p in gmap)
     )
+    return Plan(gradients + forward_series(gmap, name, max_elements), buckets=check_buckets(buckets))
+
+
+def forward_series(gmap: GradientMap, target: Optional[str] = None, max_elements: int = 0) -> Tuple[Series, ...]:
+    """The forward side of the pass a `GradientMap` comes from: its activations (if captured) and its target's value.
+
+    Why beside the gradients: where a NaN was born (forward, loss, backward) is
+    told by comparing them at one step (`tb_layergrad.nonfinite_origin`).
+    """
+    name = target or gmap.target
+    acts = tuple(activation_series(p, e.gradient, index=e.index, max_elements=max_elements, dtype=e.dtype)
+                 for p, e in ((p, gmap.activation_entry(p)) for p in gmap.activations))
+    if gmap.target_value is None:
+        return acts
+    return acts + (target_series(name, gmap.target_value),)
+
+
+def activation_series(path: str, value: Any, *, index: int = -1, max_elements: int = 0, dtype: Optional[str] = None) -> Series:
+    """A layer output's forward value (source "activation", docs/FORMAT.md)."""
+    return series(path, value, target=metadata.ACTIVATION_TARGET, source=metadata.SOURCE_ACTIVATION, index=index,
+                  max_elements=max_elements, dtype=dtype)
+
+
+def target_series(name: str, value: Any) -> Series:
+    """The differentiated scalar's own value (source "target", stats only, docs/FORMAT.md)."""
+    return series(name, value, target=name, source=metadata.SOURCE_TARGET, index=-1, elements=1)
 
 
 def timesteps(

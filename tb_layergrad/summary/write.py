@@ -92,7 +92,7 @@ def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, fl
     if should is None:
         return tf.constant(False)
     resource = backend.fused_writer(writer)
-    unreduced = [s for s in plan.series if s.data is not None and s.reduced is None]
+    unreduced = [s for s in plan.series if s.data is not None and s.reduced is None and not s.stats_only]
     fused = [unreduced[i] for i in backend.fused_part(resource, [s.data for s in unreduced])]
     rest = [s for s in plan.series if all(s is not f for f in fused)]
     entered = writer.as_default if writer is not None else contextlib.nullcontext
@@ -121,7 +121,8 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
     tracked, stats = [], []
     for s in reduced.series:
         hist, stat = s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)
-        _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description)
+        if not s.stats_only:
+            _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description)
         _write(s.info, stat, step, plan.description)
         if s.present:
             tracked.append(s.info)
