@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -36,11 +36,11 @@ from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TapeWithExtraSources, TimestepProbe
 from tb_layergrad.capturing.targets import target_value
-from tb_layergrad.keras import replica_payload, tape_observer
+from tb_layergrad.keras import nonfinite_check, replica_payload, tape_observer
 from tb_layergrad.keras.model_facts import model_train_step, update_count
 from tb_layergrad.keras.step_observation import StepObservation
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.write import reduced_plan, write_step
+from tb_layergrad.summary.write import reduced_plan, when, write_step
 
 PAYLOAD_KEY = "__tb_layergrad__"
 
@@ -63,6 +63,7 @@ class StepConfig:
     every_n_steps: int
     xla: bool
     replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
+    activations: bool = False  # also the layer outputs' forward values (source "activation")
 
 
 class FitStep:
@@ -81,6 +82,11 @@ class FitStep:
         self.plan: Optional[plans.Plan] = None
         #: (rank, dtype) of each tensor of that plan, to decode several replicas' payload.
         self.layout: Dict[str, Tuple[int, tf.DType]] = {}
+        #: the series whose finiteness every step checks, in the order of the flags it hands out.
+        self.checked: List[metadata.SeriesInfo] = []
+        #: has a step written so far held a NaN/Inf? (the step that writes itself reads it: the first such step
+        #: is written in full, logged or not)
+        self.nonfinite_seen = nonfinite_check.seen_variable()
 
     def _step_and_flag(self) -> Tuple[tf.Tensor, tf.Tensor]:
         iterations = tf.cast(tf.convert_to_tensor(update_count(self.model.optimizer)), tf.int64)
@@ -93,7 +99,7 @@ class FitStep:
         """The model's own train step, observed (module docstring), then this step's records."""
         step, log = self._step_and_flag()
         cfg = self.config
-        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights)
+        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights, activations=cfg.activations)
         probe = TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps) if cfg.timesteps is not False else None
         seen = StepObservation(self, cap, probe)
         with contextlib.ExitStack() as scope:
@@ -115,7 +121,8 @@ class FitStep:
                 stacklevel=2,
             )
             return logs
-        return self._with_records(logs, step, log, self._plan(cap, probe, seen))
+        main, auxiliary = self._plan(cap, probe, seen)
+        return self._with_records(logs, step, log, main, auxiliary)
 
     # -- auxiliary backward passes (logged steps only) --------------------------
     def _shadow_weights(self) -> bool:
@@ -144,19 +151,44 @@ class FitStep:
         return out
 
     # -- the records ------------------------------------------------------------
-    def _plan(self, cap: Capture, probe: Optional[TimestepProbe], seen: StepObservation) -> plans.Plan:
-        """Everything this step logs: the loss's gradients, then each target's, unscaled, replicas merged."""
-        eps_sources = dict(probe.sources) if probe is not None else {}
-        loss_map = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target) if self._shadow_weights() else seen.gmap
-        plan = self._target_plan(metadata.DEFAULT_TARGET, loss_map, seen.eps_grads, probe, seen.scale)
-        for name, value in seen.values.items():
-            wrapped = TapeWithExtraSources(seen.aux, list(eps_sources.values()))
-            tmap = cap.gradients(wrapped, value, name=name)
-            teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
-            plan = plan + self._target_plan(name, tmap, teps, probe, seen.scale)
-        return plan
+    def _plan(self, cap: Capture, probe: Optional[TimestepProbe], seen: StepObservation) -> Tuple[plans.Plan, Optional[Callable[[], plans.Plan]]]:
+        """(what every step computes, what only a written step computes) of this step's records.
 
-    def _target_plan(self, target: str, gmap: GradientMap, eps_grads: Dict[str, Any], probe: Optional[TimestepProbe], scale: Optional[tf.Tensor]) -> plans.Plan:
+        The first part is the loss's: its output gradients, activations, value
+        and per-timestep norms, unscaled, replicas merged: what the finiteness
+        check of every step looks at. The second (None when empty) holds the
+        auxiliary backward passes: each extra target's gradients and, in graph
+        mode, the loss's weight gradients (`_shadow_weights`); a function, so
+        that where the step writes itself it runs inside the recording
+        condition, on written steps only.
+        """
+        eps_sources = dict(probe.sources) if probe is not None else {}
+        shadow = self._shadow_weights()
+        loss_map = seen.gmap
+        if shadow:  # the applied weight gradients are not read (see _shadow_weights): the aux pass gives them
+            loss_map = loss_map.with_entries({p: loss_map.entry(p) for p in loss_map if loss_map.entry(p).source != metadata.SOURCE_WEIGHT})
+        main = self._target_plan(metadata.DEFAULT_TARGET, loss_map, seen.eps_grads, probe, seen.scale, forward=True)
+        if not shadow and not seen.values:
+            return main, None
+
+        def auxiliary() -> plans.Plan:
+            plan = plans.Plan(buckets=self.config.buckets)
+            if shadow:
+                weights = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target)
+                only = weights.with_entries({p: weights.entry(p) for p in weights if weights.entry(p).source == metadata.SOURCE_WEIGHT})
+                plan = plan + self._target_plan(metadata.DEFAULT_TARGET, only, {}, None, seen.scale, forward=False)
+            for name, value in seen.values.items():
+                wrapped = TapeWithExtraSources(seen.aux, list(eps_sources.values()))
+                tmap = cap.gradients(wrapped, value, name=name)
+                teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
+                plan = plan + self._target_plan(name, tmap, teps, probe, seen.scale, forward=False, with_value=True)
+            return plan
+
+        return main, auxiliary
+
+    def _target_plan(self, target: str, gmap: GradientMap, eps_grads: Dict[str, Any], probe: Optional[TimestepProbe],
+                     scale: Optional[tf.Tensor], forward: bool, with_value: bool = False) -> plans.Plan:
+        """One target's records; `forward`: also the step's activations and the target's value; `with_value`: its value only."""
         cfg = self.config
         entries = {p: dataclasses.replace(gmap.entry(p), gradient=_unscale(gmap[p], scale)) for p in gmap}
         unscaled = GradientMap(entries, target, [])
@@ -173,6 +205,11 @@ class FitStep:
                 dataclasses.replace(s, data=None, reduced=merged.reduced[s.info.layer]) if s.info.layer in merged.reduced else s
                 for s in plan.series
             ))
+        if (forward or with_value) and ctx is None and gmap.target_value is not None:
+            # Several replicas: each holds its own shard's loss; only the merged gradients are written.
+            forward_part = GradientMap({}, target, [], activations={p: gmap.activation_entry(p) for p in gmap.activations} if forward else None,
+                                       target_value=_unscale(gmap.target_value, scale))
+            plan = plan + plans.Plan(plans.forward_series(forward_part, target, cfg.max_elements))
         timesteps = merged.timesteps if merged is not None else eps
         as_norms = merged is not None and merged.timesteps_are_norms
         steps = tuple(
@@ -193,9 +230,13 @@ class FitStep:
         """
         return self.writer is not None and not self.config.xla and not tf.executing_eagerly()
 
-    def _with_records(self, logs: Any, step: tf.Tensor, log: tf.Tensor, plan: plans.Plan) -> Any:
-        """Write the plan in the step, or hand it out of the step in the logs (module docstring).
+    def _with_records(self, logs: Any, step: tf.Tensor, log: tf.Tensor, main: plans.Plan,
+                      auxiliary: Optional[Callable[[], plans.Plan]]) -> Any:
+        """Check this step for NaN/Inf; write its records in the step, or hand them out in the logs (module docstring).
 
+        Every step hands out the finiteness flags of `main`'s series (the
+        callback's `on_nonfinite` reads them); a step is written when it is
+        logged, or when it is the first at which anything is non-finite.
         Under XLA nothing is conditional on `log` in the compiled step (handing
         backward-pass tensors to a conditional moves XLA's fusion boundaries and
         the last bits of training), and the gradients leave it unreduced: XLA's
@@ -204,19 +245,29 @@ class FitStep:
         `steps_per_execution > 1` only some steps of an execution are logged.
         """
         ctx = distribute.replica_context()
+        self.checked = nonfinite_check.checked_series(main)
+        flags = nonfinite_check.flags(main)
+        logs = dict(logs)
         if ctx is None and self.writes_in_step():
             with tf.name_scope("layergrad"):
-                write_step(plan, step, record=log, writer=self.writer, flush=True)
+                record = tf.logical_or(log, nonfinite_check.first_time(self.nonfinite_seen, flags))
+                written = [write_step(main, step, record=record, writer=self.writer, flush=True)]
+                if auxiliary is not None:
+                    written.append(when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer, flush=True)))
+                with tf.control_dependencies(written):
+                    nonfinite_check.remember(self.nonfinite_seen, flags)
+            logs[PAYLOAD_KEY] = {"step": step, "flags": flags}
             return logs
-        plan = reduced_plan(plan, xla_safe=self.config.xla) if ctx is not None else plan.prepared()
+        if auxiliary is not None and (not tf.executing_eagerly() or bool(log) or bool(tf.reduce_any(flags))):
+            main = main + auxiliary()  # XLA, several replicas: unconditional (see the callback's docstring)
+        plan = reduced_plan(main, xla_safe=self.config.xla) if ctx is not None else main.prepared()
         tensors = plan.tensors()
         self.plan = plan.with_tensors({})
         self.layout = {key: (t.shape.rank, t.dtype) for key, t in tensors.items()}
-        logs = dict(logs)
         if ctx is not None:
-            logs[PAYLOAD_KEY] = replica_payload.encode(step, log, tensors)
+            logs[PAYLOAD_KEY] = replica_payload.encode(step, log, tensors, flags)
         else:
-            logs[PAYLOAD_KEY] = {"step": step, "log": log, "tensors": tensors}
+            logs[PAYLOAD_KEY] = {"step": step, "log": log, "tensors": tensors, "flags": flags}
         return logs
 
     def _with_shadow_weights(self, cap: Capture, gmap: Any, aux: Any, aux_loss: Any) -> Any:

@@ -5,6 +5,7 @@ import os
 import warnings
 from typing import Any, Callable, Dict, Mapping, Optional
 
+import numpy as np
 import tensorflow as tf
 
 from tb_layergrad import distribute
@@ -12,7 +13,7 @@ from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.capturing.targets import check_target_shape, validate_targets
 from tb_layergrad.keras import fit_step as _fit_step
-from tb_layergrad.keras import model_facts, replica_payload, train_functions
+from tb_layergrad.keras import model_facts, nonfinite_check, replica_payload, train_functions
 
 _Base = tf.keras.callbacks.Callback  # tf_keras' under TF_USE_LEGACY_KERAS=1, Keras 3's otherwise
 _MISSING = object()
@@ -129,9 +130,12 @@ class GradientLogger(_Base):
         max_elements: int = 0,
         run_name: str = "train",
         replicas: str = "gather",
+        activations: bool = False,
+        on_nonfinite: str = "log",
     ):
         super().__init__()
         distribute.check_mode(replicas)
+        self.on_nonfinite = nonfinite_check.check_mode(on_nonfinite)
         if replicas == "stats" and max_elements > 0:
             raise ValueError('max_elements > 0 logs raw gradients, which needs the full tensors: use replicas="gather"')
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
@@ -159,6 +163,9 @@ class GradientLogger(_Base):
         self.max_elements = max_elements
         self.run_name = run_name
         self.replicas = replicas
+        self.activations = bool(activations)
+        #: where the first NaN/Inf of this callback's training was born, once there was one (`nonfinite_origin.Origin`).
+        self.nonfinite = None
         self._writer = None
         self._chief = True
         self._record_writer: Optional[Callable] = None  # compiled for self._writer, made at the first write
@@ -197,6 +204,9 @@ class GradientLogger(_Base):
                 f"GradientLogger supports {strategy.num_replicas_in_sync} replicas ({type(strategy).__name__}) "
                 "with Keras 3 only, not tf_keras; capture in a custom loop (tb_layergrad.distribute) instead"
             )
+        if strategy is not None and strategy.num_replicas_in_sync > 1 and self.activations:
+            raise ValueError("GradientLogger(activations=True) does not merge several replicas' activations yet; "
+                             "train on one replica to record them, or leave activations off")
         Capture(model, layers=self.layers, weights=self.weights)  # unknown layers raise here
         if self.timesteps is not False:
             TimestepProbe(model, None if self.timesteps is True else self.timesteps)
@@ -268,6 +278,7 @@ class GradientLogger(_Base):
             every_n_steps=self.every_n_steps,
             xla=xla,
             replicas=self.replicas,
+            activations=self.activations,
         )
         if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
             model.make_train_function()
@@ -330,7 +341,7 @@ class GradientLogger(_Base):
                 return self.model.train_function(*args, **kwargs)
             self._armed = False
             done = self._iterations_before_call()
-            capturing = not built.traced or self._logs_next_execution(done)
+            capturing = True  # the finiteness check runs on every step (nonfinite_check)
             inner = built.logging_fn if capturing else built.keras_fn
             self._iterations = None  # unknown until the call returns (it may stop the epoch)
             try:
@@ -396,12 +407,26 @@ class GradientLogger(_Base):
 
     # -- writing -----------------------------------------------------------------
     def _write(self, payload: Dict[str, Any]) -> None:
-        if self._writer is None:  # not the chief
-            return
+        """Write what a step handed out (XLA, eager, several replicas) and act on its finiteness flags."""
         if "encoded" in payload:  # several replicas: see replica_payload
             payload = replica_payload.decode(payload, self._fit_step.layout)
-        if not bool(payload["log"]):
+        flags = np.asarray(payload["flags"], dtype=bool).reshape(-1)
+        first = bool(flags.any()) and self.nonfinite is None
+        if self._writer is not None and "tensors" in payload and (bool(payload["log"]) or first):
+            if self._record_writer is None:
+                self._record_writer = train_functions.record_writer(self._writer, self._fit_step.plan)
+            self._record_writer(tf.cast(payload["step"], tf.int64), payload["tensors"])
+        if first:
+            self._found_nonfinite(int(np.asarray(payload["step"]).reshape(-1)[0]), flags)
+
+    def _found_nonfinite(self, step: int, flags: np.ndarray) -> None:
+        """The first step with a NaN/Inf: say where it was born; stop or raise if asked (that step is written)."""
+        self.nonfinite = nonfinite_check.origin(self._fit_step.checked, flags, step)
+        if self._writer is not None:
+            self._writer.flush()
+        if self.on_nonfinite == "log" or self.nonfinite is None:
             return
-        if self._record_writer is None:
-            self._record_writer = train_functions.record_writer(self._writer, self._fit_step.plan)
-        self._record_writer(tf.cast(payload["step"], tf.int64), payload["tensors"])
+        if self.on_nonfinite == "raise":
+            raise nonfinite_check.NonFiniteError(self.nonfinite)
+        print(f"GradientLogger: {self.nonfinite.line}; stopping training (on_nonfinite='stop')", flush=True)
+        self.model.stop_training = True

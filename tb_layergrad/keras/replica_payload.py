@@ -26,11 +26,15 @@ def encode_tensor(t: tf.Tensor) -> tf.Tensor:
     return tf.cast(bits, tf.int64)[tf.newaxis]
 
 
-def encode(step: tf.Tensor, log: tf.Tensor, records: Dict[str, tf.Tensor]) -> Dict[str, Any]:
-    """The step, its logging flag and its finished records, as integers Keras' mean leaves unchanged."""
+def encode(step: tf.Tensor, log: tf.Tensor, records: Dict[str, tf.Tensor], flags: tf.Tensor) -> Dict[str, Any]:
+    """The step, its logging flag, its finished records and its finiteness flags, as integers Keras' mean leaves unchanged.
+
+    The flags come from the merged records, so every replica holds the same.
+    """
     return {
         "step": tf.reshape(tf.cast(step, tf.int64), [1]),
         "log": tf.reshape(tf.cast(log, tf.int64), [1]),
+        "flags": tf.cast(flags, tf.int64)[tf.newaxis],
         "records": {tag: encode_tensor(t) for tag, t in records.items()},
         "encoded": tf.ones([1], tf.int64),
     }
@@ -51,13 +55,14 @@ def decode_tensor(value: Any, rank: int, dtype: Any) -> np.ndarray:
 
 
 def decode(payload: Dict[str, Any], layout: Dict[str, Tuple[int, tf.DType]]) -> Dict[str, Any]:
-    """The payload as the single-replica path returns it: step, log, tensors.
+    """The payload as the single-replica path returns it: step, log, tensors, flags.
 
     `layout`: each record's (rank, dtype) in the step (`FitStep.layout`).
     """
     return {
         "step": int(_ints(payload["step"]).reshape(-1)[0]),
         "log": bool(_ints(payload["log"]).reshape(-1)[0]),
+        "flags": _ints(payload["flags"]).reshape(-1) > 0,
         "tensors": {
             key: tf.constant(decode_tensor(v, layout[key][0], layout[key][1].as_numpy_dtype))
             for key, v in payload["records"].items()

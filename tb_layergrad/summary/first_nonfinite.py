@@ -71,8 +71,8 @@ class _RunningFirsts:
             with tf.init_scope():  # eager, also when first called while tracing a tf.function
                 fresh = tf.fill([added], tf.constant(-1, tf.int64))
                 if self.variable is None:
-                    self.variable = _local_variable(fresh, tf.TensorShape([None]), "layergrad_first_nonfinite")
-                    self.seen = _local_variable(tf.constant(False), tf.TensorShape([]), "layergrad_nonfinite_seen")
+                    self.variable = local_variable(fresh, tf.TensorShape([None]), "layergrad_first_nonfinite")
+                    self.seen = local_variable(tf.constant(False), tf.TensorShape([]), "layergrad_nonfinite_seen")
                 else:
                     self.variable.assign(tf.concat([self.variable.value(), fresh], 0))
         return [self.slots[t] for t in tags]
@@ -94,7 +94,7 @@ def _running_firsts(tags: Sequence[str], writer: Any = None) -> Tuple[_RunningFi
         return table, slots
 
 
-def _local_variable(initial: Any, shape: tf.TensorShape, name: str) -> Any:
+def local_variable(initial: Any, shape: tf.TensorShape, name: str) -> Any:
     """A plain variable of this process, also under a tf.distribute strategy; a vector's length may grow.
 
     Why: `tf.Variable` under a strategy becomes a mirrored variable, whose
