@@ -238,7 +238,7 @@ class BatchTimer(keras.callbacks.Callback):
 
 
 def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
-    """One fit() epoch of `steps` batches per call: plain, GradientLogger (every 1 / 10),
+    """One fit() epoch of `steps` batches per call: plain, GradientLogger (every 1 / 10, without and with activations),
     Keras TensorBoard(histogram_freq=1). Each call returns its mean seconds per batch,
     tracing excluded (the first batches of every call are skipped). Each variant keeps
     one callback over all its calls, as a user calling fit() repeatedly would."""
@@ -260,6 +260,8 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
         "plain": fit([]),
         "ours_every_1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), every_n_steps=1)]),
         "ours_every_10": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10"), every_n_steps=10)]),
+        "ours_every_1+activations": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1a"), every_n_steps=1, activations=True)]),
+        "ours_every_10+activations": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10a"), every_n_steps=10, activations=True)]),
         "keras.TensorBoard(histogram_freq=1)": fit(
             [keras.callbacks.TensorBoard(os.path.join(logdir, f"fit_{name}_keras"), histogram_freq=1)]
         ),

@@ -151,8 +151,14 @@ def test_capture_is_bitwise_neutral(mode):
     # sums over the 4 x 8 x 8 positions, the pooling's 64-term mean.
     length = reduction_path_length(model, x, target_terms=int(np.prod(y.shape)), other=2 * 4 * 8 * 8 + 8 * 8)
     assert_same_float32_math(loss1.numpy(), loss0.numpy(), length)
-    for a, b in zip(grads1, grads0):
-        assert_same_float32_math(a.numpy(), b.numpy(), length)
+    # conv's bias gradient is 0 in exact arithmetic (batch normalization follows: it removes the
+    # mean over the 4 x 8 x 8 positions that the bias shifts), so it holds only the rounding of that
+    # sum; its bound is relative to the sum |terms|: the L1 norm of d loss / d conv's output, per channel.
+    conv_bias = model.get_layer("conv").bias
+    bias_terms = np.sum(np.abs(gmap["resbn/conv"].numpy()), axis=(0, 1, 2))
+    for v, a, b in zip(model.trainable_variables, grads1, grads0):
+        magnitude = bias_terms if v is conv_bias else None
+        assert_same_float32_math(a.numpy(), b.numpy(), length, magnitude=magnitude)
     # Watching alone adds no op: XLA compiles the very same program, so the same bits on any CPU.
     loss2, grads2 = _compile(watched_only, mode)(x, y)
     assert loss0.numpy().tobytes() == loss2.numpy().tobytes()

@@ -113,15 +113,27 @@ def reduction_path_length(model, x, target_terms: int, other: int = 0) -> int:
     return length
 
 
-def assert_same_float32_math(got, want, length: int, err_msg: str = "") -> None:
+def assert_same_float32_math(got, want, length: int, err_msg: str = "", magnitude=None) -> None:
     """Both sides compute the same float32 math, ops in other orders (eager kernels vs grappler's fused
     ones vs XLA's; oneDNN and XLA block by the CPU's vector width, AVX2 vs AVX-512): each within
     chain_rtol(float32, length) of the exact value, relative to the magnitudes combined, which the
-    tensor's largest element stands for (an element that cancels to ~0 keeps the absolute error)."""
+    tensor's largest element stands for (an element that cancels to ~0 keeps the absolute error).
+
+    `magnitude`: the magnitudes combined, where the caller knows them and the largest element does not
+    stand for them: a tensor whose exact value is 0 (every element cancels, e.g. the bias gradient of a
+    layer followed by batch normalization) holds only rounding, so its largest element says nothing;
+    its sum |terms| does (a scalar, or an array broadcast against `want`)."""
     got, want = np.asarray(got), np.asarray(want)
     rtol = TWO_SIDES * chain_rtol(np.float32, [length])
-    atol = rtol * float(np.max(np.abs(want), initial=0.0))
-    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, err_msg=err_msg)
+    if magnitude is None:
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.max(np.abs(want), initial=0.0)), err_msg=err_msg)
+        return
+    bound = rtol * np.broadcast_to(np.maximum(np.abs(want), magnitude), want.shape)
+    beyond = ~(np.abs(got.astype(np.float64) - want) <= bound)
+    assert not beyond.any(), (
+        f"{err_msg} {int(beyond.sum())}/{want.size} elements beyond the bound: got {got[beyond]}, want {want[beyond]}, "
+        f"bound {bound[beyond]}"
+    )
 
 
 def _np_dtype(dtype):
