@@ -231,11 +231,15 @@ class Capture(LayerHooks):
 
 
 class LayerOutputs(dict):
-    """`Capture.activations()`: layer path -> forward value, in model order; `indexes` keeps each layer's position."""
+    """`Capture.activations()`: layer path -> forward value, in model order; `indexes` keeps each layer's position.
 
-    def __init__(self, values: Dict[str, Any], indexes: Dict[str, int]):
-        super().__init__(values)
-        self.indexes = dict(indexes)
+    A dict, so that it passes through `tf.nest` (a `tf.function` may return it);
+    rebuilt there, it loses `indexes` (the positions are then the dict's order).
+    """
+
+    def __init__(self, values: Optional[Dict[str, Any]] = None, indexes: Optional[Dict[str, int]] = None):
+        super().__init__(values or {})
+        self.indexes = dict(indexes or {})
 
 
 def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape: Any = None,

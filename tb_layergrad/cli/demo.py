@@ -12,7 +12,9 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 | `rnn_simplernn` | SimpleRNN, 80 timesteps, the answer is at the first one: dL/dh_t decays ~10^4 back through time |
 | `rnn_lstm` | the same with an LSTM (forget-gate bias 3, "remember" at start): dL/dh_t reaches the first timestep |
 | `dead_relu` | a Dense layer whose bias starts at -10 feeds a ReLU that is 0 everywhere: no gradient (dead) |
-| `nan_log0` | a hand-written cross-entropy takes log(0) once a sigmoid saturates: the gradient turns NaN |
+| `nan_log0` | a hand-written cross-entropy takes log(0) once a sigmoid saturates: the gradient turns NaN; born in the **loss** |
+| `nan_forward` | a layer takes the log of features that one batch drives negative: born in the **forward** pass, in that layer (logged every 5 steps; the NaN step is written anyway) |
+| `nan_backward` | a layer takes the square root of ReLU features: finite forward, but at the batch where one is 0 its gradient is infinite: born in the **backward** pass of that layer (logged every 5 steps) |
 | `explode_noclip` | a linear head on frozen features, learning rate too high: every step overshoots, the gradient grows exponentially |
 | `explode_clipnorm` | the same with `clipnorm=1.0`: the steps are bounded, it does not |
 
@@ -45,7 +47,9 @@ RUNS = (
     DemoRun("rnn_simplernn", "SimpleRNN: dL/dh_t decays back through time"),
     DemoRun("rnn_lstm", "LSTM: it reaches the first timestep"),
     DemoRun("dead_relu", "dead: a ReLU layer that is 0 everywhere"),
-    DemoRun("nan_log0", "NaN: log(0) in a hand-written loss"),
+    DemoRun("nan_log0", "NaN born in the loss: log(0) in a hand-written loss"),
+    DemoRun("nan_forward", "NaN born in the forward pass: log of a negative feature"),
+    DemoRun("nan_backward", "Inf born in the backward pass: sqrt at 0"),
     DemoRun("explode_noclip", "exploding: learning rate too high, no clipping"),
     DemoRun("explode_clipnorm", "the same with clipnorm=1.0: stable"),
 )
@@ -55,6 +59,9 @@ MLP_DEPTH = 8  # hidden layers of the sigmoid / ReLU pair
 SEQ_LEN = 80  # timesteps of the long-range task
 LSTM_FORGET_BIAS = 3.0  # sigmoid(3) = 0.95: the cell keeps ~2/3 of its memory over 8 steps at the start
 NAN_LR = 1.0  # nan_log0: the sigmoid saturates (p == 1.0 in float32) within ~30 steps
+NAN_FORWARD_STEP = 23  # nan_forward: the batch whose inputs drive a feature below 0 (not a logged step)
+NAN_BACKWARD_STEP = 17  # nan_backward: the batch whose inputs drive a ReLU feature to exactly 0 (not a logged step)
+NAN_EVERY = 5  # nan_forward, nan_backward: logged every 5 steps
 EXPLODE_LR = 0.7  # explode_*: above 2 / (largest curvature of the head's loss): each step overshoots
 
 
@@ -125,7 +132,7 @@ def _progress_callback(progress: Progress):
 
 
 def _fit(name: str, logdir: str, model, optimizer, loss, x, y, steps: int, *, batch: int = 64,
-         timesteps: bool = False) -> None:
+         timesteps: bool = False, activations: bool = False, every_n_steps: int = 1) -> None:
     """model.fit() for `steps` batches with GradientLogger: exactly what a user writes."""
     import tb_layergrad
 
@@ -138,7 +145,11 @@ def _fit(name: str, logdir: str, model, optimizer, loss, x, y, steps: int, *, ba
         epochs=1,
         shuffle=False,
         verbose=0,
-        callbacks=[tb_layergrad.GradientLogger(logdir, run_name=name, timesteps=timesteps), _progress_callback(progress)],
+        callbacks=[
+            tb_layergrad.GradientLogger(logdir, run_name=name, timesteps=timesteps, activations=activations,
+                                        every_n_steps=every_n_steps),
+            _progress_callback(progress),
+        ],
     )
     progress.finish()
 
@@ -283,7 +294,63 @@ def _nan_run(logdir: str, steps: int) -> None:
         ],
         name="nan_log0",
     )
-    _fit("nan_log0", logdir, model, keras.optimizers.SGD(NAN_LR), naive_binary_crossentropy, x, y, steps)
+    _fit("nan_log0", logdir, model, keras.optimizers.SGD(NAN_LR), naive_binary_crossentropy, x, y, steps,
+         activations=True)
+
+
+def _inputs_with_one_bad_batch(steps: int, bad_step: int, scale: float, seed: int):
+    """Small inputs, except batch `bad_step` (1-based, as the optimizer counts): its first example is large."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    x = (0.1 * rng.normal(size=(steps * 64, 16))).astype(np.float32)
+    x[(bad_step - 1) * 64] = scale
+    y = rng.normal(size=(steps * 64, 1)).astype(np.float32)
+    return x, y
+
+
+def _nan_pass_runs(logdir: str, steps: int) -> None:
+    """Two NaNs the loss does not explain: one born in a layer's forward pass, one in a layer's backward pass.
+
+    Why data-driven: the step is then known in advance (one batch holds a large
+    input), and it is not a logged step, so the runs also show that the first
+    non-finite step is written off the schedule.
+    """
+    import keras
+    import tensorflow as tf
+    from keras import layers
+
+    x, y = _inputs_with_one_bad_batch(steps, NAN_FORWARD_STEP, 50.0, seed=5)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            layers.Dense(16, name="dense_0"),
+            # Positive for small inputs (bias 2); a large input drives some below 0, and log is NaN there.
+            layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
+            layers.Lambda(tf.math.log, name="log_features"),
+            layers.Dense(1, name="head"),
+        ],
+        name="nan_forward",
+    )
+    _fit("nan_forward", logdir, model, keras.optimizers.SGD(0.01), keras.losses.MeanSquaredError(), x, y, steps,
+         activations=True, every_n_steps=NAN_EVERY)
+
+    x, y = _inputs_with_one_bad_batch(steps, NAN_BACKWARD_STEP, -50.0, seed=6)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            # Positive for small inputs (bias 1): the large input drives some to exactly 0 after the ReLU.
+            layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
+                         kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
+            layers.Lambda(tf.sqrt, name="sqrt_features"),  # sqrt(0) = 0, but its gradient there is infinite
+            layers.Dense(1, name="head"),
+        ],
+        name="nan_backward",
+    )
+    _fit("nan_backward", logdir, model, keras.optimizers.SGD(0.01), keras.losses.MeanSquaredError(), x, y, steps,
+         activations=True, every_n_steps=NAN_EVERY)
 
 
 def _explode_runs(logdir: str, steps: int) -> None:
@@ -334,6 +401,7 @@ def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
     _rnn_runs(logdir, plan.rnn)
     _dead_run(logdir, plan.dead)
     _nan_run(logdir, plan.nan)
+    _nan_pass_runs(logdir, plan.nan)
     _explode_runs(logdir, plan.explode)
     return list(RUN_NAMES)
 

@@ -1,0 +1,288 @@
+"""Forward beside backward: activations and the target's value from the same capture, and where a NaN was born.
+
+The activation records of step s are checked against the layer outputs of an independent forward pass
+(a by-hand twin of the model, with the weights saved before that step), the target record against the
+loss that twin computes; the origin of a NaN against the demo's three kinds, in fit() and a custom loop.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tb_layergrad
+from fit_helpers import (
+    MODES,
+    WeightsBeforeStep,
+    assert_close,
+    bn_residual_mlp,
+    compile_kwargs,
+    expected_stats,
+    log_dir,
+    mlp_sequential,
+    one,
+    path_length,
+    read_series,
+    seed_model,
+    stat,
+)
+from tb_layergrad import metadata
+
+keras = pytest.importorskip("keras")
+
+STATS = ("elements", "min", "max", "mean", "std", "norm", "mean_abs")
+
+
+def forward(model, manual, weights, x, y, loss_fn):
+    """(layer outputs by path, loss) of an independent forward pass with `weights`."""
+    saved = model.get_weights()
+    model.set_weights(weights)
+    try:
+        with tf.GradientTape() as tape:
+            pred, outs = manual(tf.convert_to_tensor(x), tape)
+            loss = loss_fn(y, pred)
+    finally:
+        model.set_weights(saved)
+    return {k: v.numpy() for k, v in outs.items()}, float(loss)
+
+
+def check_forward(series, step, model, manual, weights, x, y, loss_fn):
+    outs, loss = forward(model, manual, weights, x, y, loss_fn)
+    length = path_length(model, x, target_terms=1)
+    for path, a in outs.items():
+        st = one(series, f"forward/activation/{path}/stats", step)
+        exp = expected_stats(a)
+        for name in STATS:
+            assert_close(stat(st, name), exp[name], f"activation {path} {name} at {step}", length + a.size,
+                         scale=float(np.max(np.abs(a))))
+        assert stat(st, "nan") + stat(st, "pos_inf") + stat(st, "neg_inf") == 0 and stat(st, "no_gradient") == 0
+        hist = one(series, f"forward/activation/{path}/histogram", step)
+        assert hist.shape == (30, 3) and hist[:, 2].sum() == a.size
+    st = one(series, "loss/target/loss/stats", step)
+    assert stat(st, "elements") == 1
+    assert_close(stat(st, "mean"), loss, f"loss value at {step}", length, scale=abs(loss))
+    assert "loss/target/loss/histogram" not in series  # a scalar's histogram says nothing
+
+
+def _classification(n=24, features=6, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=(n, features)).astype("float32"), rng.integers(0, classes, size=(n,)).astype("int32")
+
+
+MODELS = {
+    "functional": (bn_residual_mlp, lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True), _classification),
+    "sequential": (mlp_sequential, lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True), _classification),
+    "subclassed": (
+        seed_model,
+        keras.losses.MeanSquaredError,
+        lambda: (
+            np.array([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 4, np.float32) + np.arange(4, dtype=np.float32)[:, None, None] * 0.1,
+            np.array([[0.0, 1.0, 2.0, 3.0]] * 4, np.float32),
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_fit_activations_equal_an_independent_forward_pass(tmp_path, kind, mode):
+    build, loss_fn, data = MODELS[kind]
+    keras.utils.set_random_seed(11)
+    model, manual = build()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss_fn(), **compile_kwargs(mode))
+    x, y = data()
+    batch = 8 if len(x) > 8 else 2
+    saver = WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=2, activations=True)
+    model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
+    series = read_series(log_dir(tmp_path))
+    per_epoch = len(x) // batch
+    steps = sorted({s for tag, (info, by_step) in series.items() if info.source == "activation" for s in by_step})
+    assert steps == list(range(2, 2 * per_epoch + 1, 2))
+    for step in (steps[0], steps[-1]):
+        b = (step - 1) % per_epoch
+        check_forward(series, step, model, manual, saver.before[step], x[b * batch : (b + 1) * batch],
+                      y[b * batch : (b + 1) * batch], loss_fn())
+    info, _ = series[f"forward/activation/{next(iter(forward(model, manual, model.get_weights(), x[:batch], y[:batch], loss_fn())[0]))}/stats"]
+    assert (info.source, info.target, info.kind) == ("activation", "forward", "stats") and info.index > 0
+    assert logger.nonfinite is None  # nothing was non-finite
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_custom_loop_activations_and_target(tmp_path, compiled):
+    keras.utils.set_random_seed(4)
+    model, manual = bn_residual_mlp()
+    x, y = _classification(n=8)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    weights = model.get_weights() if model.built else None
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, tape=tape, activations=True) as cap:
+                loss = loss_fn(y, model(x, training=True))
+        grads = cap.gradients(tape, loss)
+        tb_layergrad.summary.gradients(grads)
+        return grads, cap.activations()
+
+    run = tf.function(step) if compiled else step
+    writer = tf.summary.create_file_writer(log_dir(tmp_path) + "/train")
+    with writer.as_default(step=3):
+        grads, acts = run(tf.constant(x), tf.constant(y))
+    writer.flush()
+    weights = model.get_weights() if weights is None else weights
+    series = read_series(log_dir(tmp_path))
+    check_forward(series, 3, model, manual, weights, x, y, loss_fn)
+    outs, _ = forward(model, manual, weights, x, y, loss_fn)
+    assert list(grads.activations) == list(acts) and set(acts) == set(outs)
+    for path in outs:  # the map's activations are the pass's own layer outputs
+        np.testing.assert_array_equal(grads.activations[path].numpy(), acts[path].numpy())
+    assert grads.nonfinite_origin() is None
+
+
+def test_summary_activations_alone(tmp_path):
+    """`summary.activations(cap.activations())`: the layer outputs keep their model positions."""
+    keras.utils.set_random_seed(2)
+    model, _ = mlp_sequential()
+    x, _ = _classification(n=4)
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap:
+            model(x)
+    writer = tf.summary.create_file_writer(log_dir(tmp_path) + "/train")
+    with writer.as_default(step=0):
+        tb_layergrad.summary.activations(cap.activations())
+    writer.flush()
+    series = read_series(log_dir(tmp_path))
+    acts = cap.activations()
+    for path, value in acts.items():
+        info, _ = series[f"forward/activation/{path}/stats"]
+        assert info.index == acts.indexes[path] > 0
+        assert stat(one(series, f"forward/activation/{path}/stats", 0), "max") == pytest.approx(float(np.max(value)))
+
+
+# -- where it broke -----------------------------------------------------------------
+def _bad_batch_data(steps: int, bad_step: int, scale: float, seed: int):
+    from tb_layergrad.cli.demo import _inputs_with_one_bad_batch
+
+    return _inputs_with_one_bad_batch(steps, bad_step, scale, seed)
+
+
+def _sqrt_model():
+    """Finite forward; at the batch that drives a ReLU feature to 0, sqrt's gradient there is infinite."""
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input((16,)),
+        layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
+                     kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
+        layers.Lambda(tf.sqrt, name="sqrt_features"),
+        layers.Dense(1, name="head"),
+    ], name="sq")
+
+
+def _log_model():
+    """A large input drives `shift` below 0 and log is NaN there: born in the forward pass of `log_features`."""
+    from keras import layers
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input((16,)),
+        layers.Dense(16, name="dense_0"),
+        layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
+        layers.Lambda(tf.math.log, name="log_features"),
+        layers.Dense(1, name="head"),
+    ], name="lg")
+
+
+def _fit(tmp_path, model, x, y, mode="graph", **logger_kwargs):
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), **logger_kwargs)
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    return logger, read_series(log_dir(tmp_path))
+
+
+def _nonfinite(series, tag, step) -> bool:
+    st = one(series, tag, step)
+    return stat(st, "nan") + stat(st, "pos_inf") + stat(st, "neg_inf") > 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, mode):
+    x, y = _bad_batch_data(12, 7, -50.0, seed=6)
+    logger, series = _fit(tmp_path, _sqrt_model(), x, y, mode, every_n_steps=10, activations=True)
+    steps = sorted({s for _, (info, by) in series.items() if info.source == "output" for s in by})
+    assert steps == [7, 10]  # step 7 (not a multiple of 10) is the first non-finite one: written anyway
+    assert _nonfinite(series, "loss/output/sq/dense_0/stats", 7)
+    assert not _nonfinite(series, "loss/output/sq/sqrt_features/stats", 7)
+    assert not _nonfinite(series, "loss/target/loss/stats", 7)
+    origin = logger.nonfinite
+    assert (origin.step, origin.pass_, origin.origin) == (7, "backward", "sq/sqrt_features")
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_forward_nan_is_placed_in_its_layer(tmp_path, mode):
+    x, y = _bad_batch_data(12, 5, 50.0, seed=5)
+    logger, series = _fit(tmp_path, _log_model(), x, y, mode, every_n_steps=10, activations=True)
+    assert _nonfinite(series, "forward/activation/lg/log_features/stats", 5)
+    assert not _nonfinite(series, "forward/activation/lg/shift/stats", 5)
+    assert (logger.nonfinite.step, logger.nonfinite.pass_, logger.nonfinite.origin) == (5, "forward", "lg/log_features")
+
+
+def test_loss_nan_without_activations_cannot_be_placed(tmp_path):
+    """No activations: a non-finite loss is the forward pass or the loss; the records say which they can."""
+    x, y = _bad_batch_data(8, 3, 50.0, seed=5)
+    logger, series = _fit(tmp_path, _log_model(), x, y, every_n_steps=10)
+    assert (logger.nonfinite.step, logger.nonfinite.pass_, logger.nonfinite.origin) == (3, "forward_or_loss", None)
+    assert _nonfinite(series, "loss/target/loss/stats", 3)
+
+
+def test_on_nonfinite_stop_ends_training_at_that_step(tmp_path, capsys):
+    x, y = _bad_batch_data(12, 7, -50.0, seed=6)
+    model = _sqrt_model()
+    logger, series = _fit(tmp_path, model, x, y, every_n_steps=5, activations=True, on_nonfinite="stop")
+    assert int(model.optimizer.iterations) == 7  # the step of the first NaN/Inf is the last one trained
+    steps = sorted({s for _, (info, by) in series.items() if info.source == "output" for s in by})
+    assert steps == [5, 7]
+    out = capsys.readouterr().out
+    assert "step 7" in out and "backward" in out and "sq/sqrt_features" in out
+
+
+def test_on_nonfinite_raise(tmp_path):
+    x, y = _bad_batch_data(12, 4, -50.0, seed=6)
+    model = _sqrt_model()
+    with pytest.raises(FloatingPointError, match="step 4: backward pass.*sq/sqrt_features") as raised:
+        _fit(tmp_path, model, x, y, every_n_steps=5, on_nonfinite="raise")
+    assert raised.value.origin.pass_ == "backward"
+    assert "train_step" not in model.__dict__  # the model is restored
+    series = read_series(log_dir(tmp_path))
+    assert _nonfinite(series, "loss/output/sq/dense_0/stats", 4)
+
+
+@pytest.mark.parametrize("bad", ["ignore", None, True, "STOP"])
+def test_on_nonfinite_must_be_one_of_three(tmp_path, bad):
+    with pytest.raises(ValueError, match="on_nonfinite must be one of"):
+        tb_layergrad.GradientLogger(log_dir(tmp_path), on_nonfinite=bad)
+
+
+def test_custom_loop_says_where_it_broke(tmp_path):
+    x, y = _bad_batch_data(2, 1, -50.0, seed=6)
+    model = _sqrt_model()
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape, activations=True) as cap:
+            loss = tf.reduce_mean(tf.square(model(x[:64]) - y[:64]))
+    origin = cap.gradients(tape, loss).nonfinite_origin(step=1)
+    assert (origin.pass_, origin.origin) == ("backward", "sq/sqrt_features")
+    assert "backward pass of sq/sqrt_features" in origin.line
+
+    model = _log_model()
+    x, y = _bad_batch_data(2, 1, 50.0, seed=5)
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape, activations=True) as cap:
+            loss = tf.reduce_mean(tf.square(model(x[:64]) - y[:64]))
+    grads = cap.gradients(tape, loss)
+    assert (grads.nonfinite_origin().pass_, grads.nonfinite_origin().origin) == ("forward", "lg/log_features")
+    with tf.GradientTape() as tape:  # finite outputs, a NaN loss: born in the loss
+        with tb_layergrad.capture(model, tape=tape, activations=True) as cap:
+            loss = tf.reduce_mean(tf.math.log(model(x[64:]) * 0.0 - 1.0))
+    origin = cap.gradients(tape, loss).nonfinite_origin()
+    assert (origin.pass_, origin.origin) == ("loss", metadata.DEFAULT_TARGET)
