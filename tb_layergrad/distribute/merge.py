@@ -75,7 +75,8 @@ def per_replica_map(grads: Any) -> Any:
     first = maps[0]
     entries = {p: dataclasses.replace(first.entry(p), gradient=regroup([m[p] for m in maps])) for p in first}
     var_grads = [regroup([m.variable_gradients[i] for m in maps]) for i in range(len(first.variable_gradients))]
-    return GradientMap(entries, first.target, var_grads)
+    value = None if first.target_value is None else regroup([m.target_value for m in maps])
+    return GradientMap(entries, first.target, var_grads, target_value=value)
 
 
 def holds_distributed_values(grads: Any) -> bool:
@@ -177,7 +178,15 @@ def _merge_in_replica(gmap: GradientMap, ctx: Any) -> GradientMap:
         if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT:
             _check_batch_major(p, gmap[p])
     entries = _merged_entries(gmap, lambda ts: ctx.all_gather(ts, axis=0), lambda ts: _sum(ctx, ts), n)
-    return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n)
+    return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n, target_value=_summed_target(gmap, ctx))
+
+
+def _summed_target(gmap: GradientMap, ctx: Any) -> Any:
+    """The global step's target: the SUM of the replicas' (the gradients are summed, so each replica's target is
+    its share, e.g. `tf.nn.compute_average_loss` or Keras' loss scaled for distribution); None if not known."""
+    if gmap.target_value is None:
+        return None
+    return _sum(ctx, [gmap.target_value])[0]
 
 
 def _sum(ctx: Any, tensors: List[Any]) -> List[Any]:
@@ -239,7 +248,7 @@ def merge_in_replica(
         elif e.gradient is None and e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:
             e = dataclasses.replace(e, elements=e.elements * n)  # "no gradient": count the whole batch
         entries[p] = e
-    merged = GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n)
+    merged = GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n, target_value=_summed_target(gmap, ctx))
     return Merged(merged, dict(zip(outputs, records)), dict(zip(keys, norms)), True)
 
 
@@ -261,4 +270,5 @@ def _merge_cross_replica(gmap: GradientMap, strategy: Any) -> GradientMap:
 
     entries = _merged_entries(gmap, gather, reduce_sum, n)
     var_grads = [None if g is None else strategy.reduce(sum_op, g, axis=None) for g in gmap.variable_gradients]
-    return GradientMap(entries, gmap.target, var_grads, replicas=n)
+    value = None if gmap.target_value is None else strategy.reduce(sum_op, gmap.target_value, axis=None)
+    return GradientMap(entries, gmap.target, var_grads, replicas=n, target_value=value)

@@ -191,7 +191,8 @@ class FitStep:
         """One target's records; `forward`: also the step's activations and the target's value; `with_value`: its value only."""
         cfg = self.config
         entries = {p: dataclasses.replace(gmap.entry(p), gradient=_unscale(gmap[p], scale)) for p in gmap}
-        unscaled = GradientMap(entries, target, [])
+        value = _unscale(gmap.target_value, scale) if (forward or with_value) else None
+        unscaled = GradientMap(entries, target, [], target_value=value)
         eps = {}
         if probe is not None:
             for key, source in probe.sources.items():
@@ -205,10 +206,8 @@ class FitStep:
                 dataclasses.replace(s, data=None, reduced=merged.reduced[s.info.layer]) if s.info.layer in merged.reduced else s
                 for s in plan.series
             ))
-        if (forward or with_value) and ctx is None and gmap.target_value is not None:
-            # Several replicas: each holds its own shard's loss; only the merged gradients are written.
-            forward_part = GradientMap({}, target, [], activations={p: gmap.activation_entry(p) for p in gmap.activations} if forward else None,
-                                       target_value=_unscale(gmap.target_value, scale))
+        if forward and ctx is None and gmap.activations:  # several replicas: refused before training (activations)
+            forward_part = GradientMap({}, target, [], activations={p: gmap.activation_entry(p) for p in gmap.activations})
             plan = plan + plans.Plan(plans.forward_series(forward_part, target, cfg.max_elements))
         timesteps = merged.timesteps if merged is not None else eps
         as_norms = merged is not None and merged.timesteps_are_norms
