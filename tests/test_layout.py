@@ -19,15 +19,16 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tb_layergrad"
 # capture -> summary -> event files -> reader -> plugin -> tab; cli uses them all.
 ALLOWED: Dict[str, Set[str]] = {
     "metadata": set(),
-    "capturing": {"metadata"},
+    "nonfinite_origin": set(),  # the rule set for where a NaN was born: pure Python, read by every side
+    "capturing": {"metadata", "nonfinite_origin"},
     "statistics": {"metadata"},
     "kernel": set(),
     "distribute": {"metadata", "capturing", "statistics"},
-    "summary": {"metadata", "capturing", "statistics", "kernel", "distribute"},
-    "keras": {"metadata", "capturing", "statistics", "kernel", "distribute", "summary"},
-    "reader": {"metadata"},
-    "plugin": {"metadata", "reader"},
-    "cli": {"__init__", "metadata", "capturing", "summary", "keras", "distribute", "reader", "kernel"},
+    "summary": {"metadata", "nonfinite_origin", "capturing", "statistics", "kernel", "distribute"},
+    "keras": {"metadata", "nonfinite_origin", "capturing", "statistics", "kernel", "distribute", "summary"},
+    "reader": {"metadata", "nonfinite_origin"},
+    "plugin": {"metadata", "nonfinite_origin", "reader"},
+    "cli": {"__init__", "metadata", "nonfinite_origin", "capturing", "summary", "keras", "distribute", "reader", "kernel"},
     "__init__": {"metadata"},
     "__main__": {"cli"},
 }
