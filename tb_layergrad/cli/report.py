@@ -216,8 +216,8 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             head += f"  ·  model {prefix[:-1]}"
         lines.append(shorten(head, width))
         first = result.first_nonfinite
-        if result.origin is not None:  # where it broke: one line (docs/ANOMALIES.md, "Where it broke")
-            lines.append(shorten(f"  {result.origin.line}", width))
+        if result.origin is not None:  # where it broke: Origin.line, whole (wrapped, not cut: it names a layer)
+            lines += [("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(result.origin.line, width - 4, ""))]
         elif first:
             names = [n[len(prefix):] if prefix else n for n in first["layers"]]
             more = f" and {len(names) - 1} more layer{'s' if len(names) > 2 else ''}" if len(names) > 1 else ""
@@ -255,12 +255,15 @@ def format_text(report: Report, width: int = WIDTH) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wrap(text: str, width: int) -> List[str]:
+def _wrap(text: str, width: int, indent: str = "  ") -> List[str]:
+    """Lines of at most `width` columns, broken at spaces (a longer word is cut), later ones after `indent`."""
     words, lines, cur = text.split(" "), [], ""
     for w in words:
+        while len(indent + w) > width:
+            w = w[: width - len(indent) - 1] + "…"
         if cur and len(cur) + 1 + len(w) > width:
             lines.append(cur)
-            cur = "  " + w
+            cur = indent + w
         else:
             cur = f"{cur} {w}" if cur else w
     if cur:
