@@ -19,12 +19,12 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tb_layergrad"
 # capture -> summary -> event files -> reader -> plugin -> tab; cli uses them all.
 ALLOWED: Dict[str, Set[str]] = {
     "metadata": set(),
-    "nonfinite_origin": set(),  # the rule set for where a NaN was born: pure Python, read by every side
+    "nonfinite_origin": set(),  # the rule of where a NaN was born: pure Python, asked by writers and readers alike
     "capturing": {"metadata", "nonfinite_origin"},
     "statistics": {"metadata"},
     "kernel": set(),
     "distribute": {"metadata", "capturing", "statistics"},
-    "summary": {"metadata", "nonfinite_origin", "capturing", "statistics", "kernel", "distribute"},
+    "summary": {"metadata", "capturing", "statistics", "kernel", "distribute"},
     "keras": {"metadata", "nonfinite_origin", "capturing", "statistics", "kernel", "distribute", "summary"},
     "reader": {"metadata", "nonfinite_origin"},
     "plugin": {"metadata", "nonfinite_origin", "reader"},
