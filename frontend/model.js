@@ -48,6 +48,21 @@ export function attachedTo(run, l) {
   return findLayer(run, l.layer.slice(0, k));
 }
 
+// Forward values (docs/FORMAT.md): source "activation", stored under the target "forward" whatever the
+// differentiated target; the routes take `source=activation` and ignore `target` for them.
+export const ACTIVATION = "activation";
+export const ACTIVATION_TARGET = "forward";
+
+/** {target, source} of the values a view shows: the gradients of the state, or the activations (`of`). */
+export function valuesOf(state) {
+  return state.of === ACTIVATION ? { target: ACTIVATION_TARGET, source: ACTIVATION } : { target: state.target, source: state.source };
+}
+
+/** Whether `run` has forward values recorded (the `runs` answer's `activations`). */
+export function hasActivations(run) {
+  return Boolean(run && (run.activations || run.sources.includes(ACTIVATION)));
+}
+
 export function seriesKey(x) {
   return `${x.target}|${x.source}|${x.layer}`;
 }
@@ -63,8 +78,9 @@ export function layerSeries(run, path) {
   const out = [];
   const multiTarget = new Set(run.layers.flatMap((l) => l.targets)).size > 1;
   for (const x of entry.series) {
-    const label = x.source === "weight" ? `${x.target} · ${lastSegment(path)} (weight)` : `${x.target} · output`;
-    out.push({ key: seriesKey({ ...x, layer: path }), layer: path, target: x.target, source: x.source, kinds: x.kinds, label, weight: x.source === "weight" });
+    const activation = x.source === ACTIVATION;
+    const label = activation ? "activation (forward value)" : x.source === "weight" ? `${x.target} · ${lastSegment(path)} (weight)` : `${x.target} · output`;
+    out.push({ key: seriesKey({ ...x, layer: path }), layer: path, target: x.target, source: x.source, kinds: x.kinds, label, weight: x.source === "weight", activation });
   }
   if (entry.sources.includes("output")) {
     for (const v of run.layers) {
@@ -83,8 +99,8 @@ export function layerSeries(run, path) {
       out.push({ key: seriesKey({ ...x, layer: v.layer }), layer: v.layer, target: x.target, source: x.source, kinds: x.kinds, label: `${x.target} · ${v.layer.slice(path.length)}`, weight: false });
     }
   }
-  // Order: outputs before weights, the default target "loss" first.
-  const rank = (x) => [Number(x.weight), x.target === "loss" ? 0 : 1, x.target];
+  // Order: outputs before weights, the default target "loss" first, the layer's activation right after it.
+  const rank = (x) => [Number(x.weight), x.activation ? 1 : x.target === "loss" ? 0 : 2, x.target];
   out.sort((a, b) => {
     const [p, q] = [rank(a), rank(b)];
     return p[0] - q[0] || p[1] - q[1] || (p[2] < q[2] ? -1 : p[2] > q[2] ? 1 : 0);

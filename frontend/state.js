@@ -24,11 +24,12 @@ export const DEFAULTS = Object.freeze({
   log: true, // log scale of the line charts
   hist: "offset", // offset | overlay
   series: null, // layer view: "target|source|layer" of the histogram/tensor series
+  of: "gradient", // overview and compare: the values shown, "gradient" or "activation" (the forward values)
 });
 
 const TYPES = {
   view: "str", run: "str", layer: "str", step: "int", stat: "str", target: "str",
-  source: "str", runs: "list", log: "bool", hist: "str", series: "str",
+  source: "str", runs: "list", log: "bool", hist: "str", series: "str", of: "str",
 };
 
 const VIEWS = ["overview", "layer", "compare"];
@@ -103,6 +104,7 @@ export function stateFromHash(hash) {
   }
   if (!VIEWS.includes(state.view)) state.view = DEFAULTS.view;
   if (!["offset", "overlay"].includes(state.hist)) state.hist = DEFAULTS.hist;
+  if (!["gradient", "activation"].includes(state.of)) state.of = DEFAULTS.of;
   return state;
 }
 

@@ -73,9 +73,15 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
     assert by[rf.RNN_LAYER]["timestep_decay"] == pytest.approx(-(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD)  # the planted noise
     assert [c == "." for c in by[rf.SPARSE]["flags"]] == [s not in rf.SPARSE_STEPS for s in rf.STEPS]
     assert by["net/head"]["counts"] == {"nonfinite": 0, "vanishing": 0, "exploding": 0, "dead": 0}
+    # No target series in the planted files: where it broke is "unknown"; the weight gradient (planted from
+    # net/head's array, finite) is not non-finite, so the layers are the output gradient's alone.
+    unknown_line = f"first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)"
     assert body["summary"] == {
         "layers": 6, "steps": 30, "first_step": 0, "last_step": 29,
-        "first_nonfinite": {"step": rf.NAN_STEPS[0], "layers": [rf.NAN_LAYER]},
+        "first_nonfinite": {"step": rf.NAN_STEPS[0], "layers": [rf.NAN_LAYER], "pass": "unknown", "origin": None,
+                            "line": unknown_line},
+        "origin": {"step": rf.NAN_STEPS[0], "pass": "unknown", "origin": None, "target": "loss",
+                   "layers": [rf.NAN_LAYER], "line": unknown_line},
         "latest": {"nonfinite": 0, "vanishing": 1, "exploding": 1, "dead": 1},
     }
     assert body["thresholds"] == {"VANISH_REL": 1e-3, "EXPLODE_ABS": 1e3, "EXPLODE_GROWTH": 1e2,
@@ -138,13 +144,17 @@ def test_first_nan_step_survives_tensorboards_sampling(sampled_logdir):  # noqa:
     tracked = get(tb, "anomalies", {"run": "tracked"})
     a = tracked["layers"][0]
     assert a["layer"] == "m/a" and a["first_nonfinite"] == rf.SAMPLED_NAN_STEP
-    assert tracked["summary"]["first_nonfinite"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"]}
+    unknown = {"pass": "unknown", "origin": None,  # no target series in these files: where it broke is unknown
+               "line": f"first non-finite gradient at step {rf.SAMPLED_NAN_STEP}: m/a (the loss was not recorded: pass unknown)"}
+    assert tracked["summary"]["first_nonfinite"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"], **unknown}
+    assert tracked["summary"]["origin"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"], "target": "loss", **unknown}
     assert tracked["layers"][1]["first_nonfinite"] is None
     # Written with the low-level op (no first_nonfinite records), the sampled run has lost it.
     assert get(tb, "anomalies", {"run": "plain"})["summary"]["first_nonfinite"] is None
+    assert get(tb, "anomalies", {"run": "plain"})["summary"]["origin"] is None
     # Every step kept: the same answer from the stats themselves.
     full = get(in_process(sampled_logdir), "anomalies", {"run": "plain"})
-    assert full["summary"]["first_nonfinite"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"]}
+    assert full["summary"]["first_nonfinite"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"], **unknown}
 
 
 def test_sampling_in_real_tensorboards_both_loaders(sampled_logdir, tmp_path):  # noqa: F811

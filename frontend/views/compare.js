@@ -8,7 +8,7 @@ import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
-import { findRun, layerKey, layersWith, union } from "../model.js";
+import { findRun, hasActivations, layerKey, layersWith, union, valuesOf } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 
 export class CompareView {
@@ -21,10 +21,13 @@ export class CompareView {
     this.statSelect = select(MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), "norm", (v) => app.setState({ stat: v }), { "aria-label": "statistic" });
     this.logToggle = new Toggle([["1", "log"], ["0", "linear"]], "1", (v) => app.setState({ log: v === "1" }), "y scale");
     this.csvBtn = h("button", { type: "button", class: "lg-button", text: "Download CSV", title: "the values of the charts below", on: { click: () => this._csv() } });
+    this.ofToggle = new Toggle([["gradient", "gradients"], ["activation", "activations"]], "gradient", (v) => app.setState({ of: v }), "values");
+    this.ofField = field("Values", this.ofToggle.el);
     this.toolbar = h(
       "div",
       { class: "lg-toolbar" },
       field("Layer", this.layerSelect, "lg-field-wide"),
+      this.ofField,
       field("Statistic", this.statSelect),
       app.runControls({ run: false }),
       field("Y scale", this.logToggle.el),
@@ -76,7 +79,7 @@ export class CompareView {
   _keys(state, runs) {
     const keys = [];
     for (const name of runs) {
-      for (const l of layersWith(findRun(this.app.runs, name), state.target, state.source)) {
+      for (const l of layersWith(findRun(this.app.runs, name), valuesOf(state).target, valuesOf(state).source)) {
         const k = layerKey(l.layer);
         if (!keys.includes(k)) keys.push(k);
       }
@@ -86,7 +89,7 @@ export class CompareView {
 
   /** The path of the layer with `key` in `run` (exact path first), or null. */
   _resolve(state, runName, key, path) {
-    const layers = layersWith(findRun(this.app.runs, runName), state.target, state.source);
+    const layers = layersWith(findRun(this.app.runs, runName), valuesOf(state).target, valuesOf(state).source);
     if (path && layers.some((l) => l.layer === path)) return path;
     const hit = layers.find((l) => layerKey(l.layer) === key);
     return hit ? hit.layer : null;
@@ -128,17 +131,19 @@ export class CompareView {
     this._pickers(state, runs);
     setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), state.stat);
     this.logToggle.set(state.log ? "1" : "0");
+    this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
+    this.ofToggle.set(state.of);
     const keys = this._keys(state, runs);
     const key = state.layer ? layerKey(state.layer) : keys[0];
     const options = keys.map((k) => [k, k]);
     if (key && !keys.includes(key)) options.push([key, `${key} (in none of these runs)`]);
     setOptions(this.layerSelect, options, key);
     if (!runs.length || !key) {
-      replace(this.message, note("Nothing to compare: no run has statistics for this target and source."));
+      replace(this.message, note(state.of === "activation" ? "Nothing to compare: none of these runs recorded activations." : "Nothing to compare: no run has statistics for this target and source."));
       this.body.hidden = true;
       return;
     }
-    const fetchKey = JSON.stringify([runs, key, state.layer, state.stat, state.target, state.source]);
+    const fetchKey = JSON.stringify([runs, key, state.layer, state.stat, state.target, state.source, state.of]);
     if (!this.data || this.data.fetchKey !== fetchKey) await this._load(state, runs, key, fetchKey, false);
     else this._apply(state);
   }
@@ -158,7 +163,7 @@ export class CompareView {
     try {
       const paths = runs.map((r) => this._resolve(state, r, key, state.layer));
       const present = runs.filter((_, k) => paths[k]);
-      const common = { stat: state.stat, target: state.target, source: state.source };
+      const common = { stat: state.stat, ...valuesOf(state) };
       let steps;
       let values;
       const same = present.length && present.every((r) => paths[runs.indexOf(r)] === paths[runs.indexOf(present[0])]);
@@ -174,7 +179,7 @@ export class CompareView {
       } else {
         // Layer paths differ between runs (models with other names): one stats call per run.
         const bodies = await Promise.all(
-          present.map((r) => api.stats({ run: r, layer: paths[runs.indexOf(r)], target: state.target, source: state.source }, { signal })),
+          present.map((r) => api.stats({ run: r, layer: paths[runs.indexOf(r)], ...valuesOf(state) }, { signal })),
         );
         steps = union(bodies.map((b) => b.steps));
         values = runs.map((r) => {
@@ -211,7 +216,7 @@ export class CompareView {
     const step = this.slider.set(d.steps, state.step);
     this.step = step;
     if (full) {
-      this.overlay.setTitle(`${statLabel(state.stat)} of ${d.key} — ${state.target} / ${state.source}`);
+      this.overlay.setTitle(`${statLabel(state.stat)} of ${d.key} — ${state.of === "activation" ? "activation (forward value)" : `${state.target} / ${state.source}`}`);
       this.overlay.update({
         // Each run's own points joined (a run logged at other steps is null on the common axis).
         series: d.runs.map((r, k) => {
@@ -280,14 +285,14 @@ export class CompareView {
     const hists = await Promise.all(
       d.runs.map(async (r, k) => {
         if (!d.paths[k]) return null;
-        const b = await one("histograms", { run: r, layer: d.paths[k], target: state.target, source: state.source });
+        const b = await one("histograms", { run: r, layer: d.paths[k], ...valuesOf(state) });
         const n = b.steps.length - 1;
         return n < 0 ? null : { step: b.steps[n], buckets: b.histograms[n] };
       }),
     );
     const depth = await Promise.all(
       d.runs.map(async (r) => {
-        const b = await one("matrix", { run: r, stat: state.stat, target: state.target, source: state.source });
+        const b = await one("matrix", { run: r, stat: state.stat, ...valuesOf(state) });
         const n = b.steps.length - 1;
         const byKey = new Map();
         b.layers.forEach((l, i) => byKey.set(layerKey(l), n < 0 ? null : b.values[i][n]));

@@ -76,6 +76,11 @@ export class LayerView {
     this.histPanel = h("div", { class: "lg-panel lg-panel-hist" }, histHead, this.histMsg);
     this.hist = new HistogramChart(this.histPanel, { height: 300, onPick: (step) => app.setState({ step }) });
 
+    // The layer's forward values (activations), when recorded: their histograms beside the gradient's.
+    this.actMsg = h("div");
+    this.actPanel = h("div", { class: "lg-panel lg-panel-act-hist", hidden: true }, h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Activation histograms (forward values)" })), this.actMsg);
+    this.actHist = new HistogramChart(this.actPanel, { height: 300, onPick: (step) => app.setState({ step }) });
+
     // Raw tensor.
     this.tensorSelect = select([], null, () => this._loadTensor(), { "aria-label": "tensor series" });
     this.tensorInfo = h("div", { class: "lg-muted" });
@@ -102,6 +107,7 @@ export class LayerView {
       "div",
       { class: "lg-layer-body" },
       h("div", { class: "lg-layer-row" }, tablePanel, this.histPanel),
+      h("div", { class: "lg-layer-row" }, this.actPanel),
       chartsPanel,
       h("div", { class: "lg-layer-row" }, this.tensorPanel, this.tsPanel),
     );
@@ -151,7 +157,7 @@ export class LayerView {
       // Each series' anomaly flags over steps, from the `anomalies` route (the rules compare the layer
       // with every other layer of its target and source). Without them the view still works.
       const flagsOf = (x) =>
-        api.anomalies({ run: state.run, target: x.target, source: x.source, layer: x.layer }, { signal }).then(
+        x.activation ? Promise.resolve(null) : api.anomalies({ run: state.run, target: x.target, source: x.source, layer: x.layer }, { signal }).then(
           (b) => {
             const entry = b.layers.find((l) => l.layer === x.layer);
             return entry ? { steps: b.steps, flags: entry.flags } : null;
@@ -179,7 +185,7 @@ export class LayerView {
       else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
       clear(this.message);
       this.body.hidden = false;
-      await Promise.all([this._loadHist(state, signal), this._loadTimesteps(state, signal)]);
+      await Promise.all([this._loadHist(state, signal), this._loadActHist(state, signal), this._loadTimesteps(state, signal)]);
       if (signal.aborted) return;
       this._apply(state, true);
     } catch (e) {
@@ -205,8 +211,8 @@ export class LayerView {
     const L = this.loaded;
     const byKey = L.series.find((x) => x.key === state.series);
     if (byKey) return byKey;
-    return L.series.find((x) => x.target === state.target && x.layer === state.layer && x.source !== "weight") ||
-      L.series.find((x) => x.layer === state.layer) || L.series[0];
+    return L.series.find((x) => x.target === state.target && x.layer === state.layer && x.source !== "weight" && !x.activation) ||
+      L.series.find((x) => x.layer === state.layer && !x.activation) || L.series[0];
   }
 
   async _loadHist(state, signal) {
@@ -229,6 +235,37 @@ export class LayerView {
       L.hist = null;
       replace(this.histMsg, errorBox(e, "the histograms"));
     }
+  }
+
+  /** The activation's histograms, beside the gradient's (unless those already show the activation). */
+  async _loadActHist(state, signal) {
+    const L = this.loaded;
+    const act = L.all.find((x) => x.activation && x.layer === state.layer && x.kinds.includes("histogram"));
+    L.actHist = null;
+    L.actSeries = act || null;
+    if (!act) return;
+    try {
+      const body = await api.histograms({ run: state.run, layer: act.layer, target: act.target, source: act.source, max_steps: HIST_STEPS }, { signal });
+      L.actHist = { series: act, steps: body.steps, hists: body.histograms };
+      clear(this.actMsg);
+    } catch (e) {
+      if (isAbort(e)) throw e;
+      replace(this.actMsg, errorBox(e, "the activation histograms"));
+    }
+  }
+
+  _drawActHist(state, step) {
+    const L = this.loaded;
+    const A = L && L.actHist;
+    const sameAsMain = Boolean(A && L.histSeries && L.histSeries.key === A.series.key);
+    this.actPanel.hidden = !(L && L.actSeries) || sameAsMain;
+    if (!A || sameAsMain) return;
+    const items = A.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: A.hists[k] }));
+    const stats = L.stats[A.series.key];
+    const total = stats ? stats.steps.length : A.steps.length;
+    const shown = total > A.steps.length ? `${A.steps.length} of ${total} steps (evenly spread)` : `${A.steps.length} steps`;
+    this.actHist.setTitle(`${A.series.label} — ${shown}; orange: step ${step ?? "—"}`);
+    this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
   }
 
   _histSeriesFor(state) {
@@ -299,6 +336,7 @@ export class LayerView {
       this._drawHist(state, step);
       this._histAt(step);
     }
+    this._drawActHist(state, step);
     this._timesteps(state, step);
     this._tensorSetup(state, step);
     if (step === null) replace(this.message, note(`Nothing logged yet for ${primary.label}.`));

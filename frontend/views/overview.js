@@ -9,7 +9,8 @@ import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
 import { h, s, clear, replace, select, setOptions } from "../dom.js";
 import { commonPrefix, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
-import { errorBox, field, note } from "./common.js";
+import { findRun, hasActivations, valuesOf } from "../model.js";
+import { errorBox, field, note, Toggle } from "./common.js";
 
 const RED = packHex(COLORS.nonfinite);
 const ZERO = packHex(COLORS.zero);
@@ -26,11 +27,16 @@ export class OverviewView {
     this.abort = null;
     this.statSelect = select(MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), "norm", (v) => app.setState({ stat: v }), { "aria-label": "statistic" });
     this.marks = h("input", { type: "checkbox", checked: true, on: { change: () => this.draw() } });
+    // Colour by the gradients (of the target and source picked) or by the forward values (activations).
+    this.ofToggle = new Toggle([["gradient", "gradients"], ["activation", "activations"]], "gradient", (v) => app.setState({ of: v }), "values");
+    this.ofField = field("Values", this.ofToggle.el);
+    this.ofField.title = "colour by a statistic of the gradients, or of the layers' outputs themselves (recorded activations)";
     this.csv = h("a", { class: "lg-button", download: "", text: "Download CSV", title: "every statistic of every layer of this run (the plugin's csv route)" });
     this.toolbar = h(
       "div",
       { class: "lg-toolbar" },
       app.runControls(),
+      this.ofField,
       field("Colour", this.statSelect),
       h("label", { class: "lg-check" }, this.marks, h("span", { text: "mark anomalies" })),
       h("span", { class: "lg-spacer" }),
@@ -63,13 +69,20 @@ export class OverviewView {
   }
 
   _key(state) {
-    return JSON.stringify([state.run, state.target, state.source]);
+    return JSON.stringify([state.run, state.target, state.source, this._of(state)]);
+  }
+
+  /** "activation" when the run has forward values and they are asked for, else "gradient". */
+  _of(state) {
+    return state.of === "activation" && hasActivations(findRun(this.app.runs, state.run)) ? "activation" : "gradient";
   }
 
   /** Called whenever the state changes while this view is shown. */
   async show(state) {
     this.state = state;
     setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), state.stat);
+    this.ofField.hidden = !hasActivations(findRun(this.app.runs, state.run));
+    this.ofToggle.set(this._of(state));
     this.csv.href = api.csvUrl({ run: state.run, target: state.target, source: state.source });
     this.csv.setAttribute("download", `layergrad-${state.run}.csv`);
     const key = this._key(state);
@@ -99,8 +112,10 @@ export class OverviewView {
     if (!incremental) this.app.busy(true);
     try {
       // The flags depend on the whole run (a layer's baseline is its first steps): always asked for in full.
+      // They, and where the run broke (`summary.origin`), are of the gradients, whichever values colour the cells.
+      const values = this._of(state) === "activation" ? valuesOf({ of: "activation" }) : { target: state.target, source: state.source };
       const [bodies, an] = await Promise.all([
-        Promise.all(stats.map((stat) => api.matrix({ run: state.run, target: state.target, source: state.source, stat, start }, { signal: abort.signal }))),
+        Promise.all(stats.map((stat) => api.matrix({ run: state.run, ...values, stat, start }, { signal: abort.signal }))),
         api.anomalies({ run: state.run, target: state.target, source: state.source }, { signal: abort.signal }),
       ]);
       if (abort.signal.aborted) return;
@@ -155,13 +170,14 @@ export class OverviewView {
     const cols = d.steps.length;
     if (!rows) {
       this._clearPlot();
-      replace(this.message, note(`Run '${state.run}' has no ${state.source} statistics for target '${state.target}'.`));
+      replace(this.message, note(this._of(state) === "activation" ? `Run '${state.run}' has no activation statistics.` : `Run '${state.run}' has no ${state.source} statistics for target '${state.target}'.`));
       return;
     }
     const values = d.m[stat];
     const nonfinite = d.m.nonfinite;
     if (this._anFor !== d || this._anVersion !== d.version) {
-      this.anomalies = fromRoute(d.an, d.layers, d.steps);
+      // Gradient flags go on gradient cells only: coloured by activations, the grid shows none.
+      this.anomalies = fromRoute(this._of(state) === "activation" ? null : d.an, d.layers, d.steps);
       this._anFor = d;
       this._anVersion = d.version;
     }
@@ -419,7 +435,7 @@ export class OverviewView {
     const glyph = (cls, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: `lg-bar ${cls}` }), h("span", { text }));
     replace(
       this.legend,
-      h("span", { class: "lg-legend-title", text: `${statLabel(stat)} (log10 colour)` }),
+      h("span", { class: "lg-legend-title", text: `${this._of(this.state) === "activation" ? "activation " : ""}${statLabel(stat)} (log10 colour)` }),
       h("span", { class: "lg-colorbar-wrap" }, bar, ticks),
       swatch(COLORS.zero, "0", "exactly zero (e.g. no gradient reaches the layer)"),
       swatch(COLORS.missing, "no record", "nothing logged for this layer at this step"),
@@ -442,7 +458,22 @@ export class OverviewView {
       h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${cols} steps` + (cols ? ` (${d.steps[0]}–${d.steps[cols - 1]})` : "") + (this.geom.prefix ? ` · model ${this.geom.prefix.slice(0, -1)}` : "") }),
     );
     parts.push(head);
-    if (first) {
+    const origin = d.an && d.an.summary ? d.an.summary.origin : null;
+    if (origin && origin.pass) {
+      // Where it broke (docs/ANOMALIES.md): the route's own sentence, as text (names come from user code).
+      const row = d.layers.indexOf(origin.origin);
+      const col = d.steps.indexOf(origin.step);
+      const at = row >= 0 ? row : first ? first.layers[0] : -1;
+      const link = h("button", {
+        type: "button",
+        class: "lg-alert lg-alert-nonfinite lg-origin",
+        title: at >= 0 ? "open that layer at that step" : "where the run first went non-finite",
+        dataset: { pass: origin.pass, origin: origin.origin ?? "", step: origin.step ?? "" },
+        on: { click: () => (at >= 0 ? this._open(at, col >= 0 ? col : first ? first.col : null) : null) },
+      });
+      link.textContent = `${capitalize(origin.line)}${at >= 0 ? " →" : ""}`;
+      parts.push(link);
+    } else if (first) {
       const names = first.layers.map((i) => d.layers[i]);
       const link = h("button", {
         type: "button",
@@ -470,6 +501,10 @@ export class OverviewView {
         : `At the latest step (${d.steps[last]}): no non-finite, vanishing, exploding or dead layer.`
       : "No steps logged yet.";
     health.title = an.info.map((x) => `${x.label}: ${x.rule}`).join("\n");
+    if (this._of(state) === "activation") {
+      health.className = "lg-health";
+      health.textContent = "Coloured by the layers' outputs (activations); the anomaly flags are the gradients': pick Values: gradients.";
+    }
     parts.push(health);
     replace(this.summary, parts);
   }
@@ -538,4 +573,8 @@ function merge(data, stats, bodies, start) {
   });
   data.steps = start !== undefined ? oldSteps.concat(steps) : steps;
   return true;
+}
+
+function capitalize(text) {
+  return text ? text[0].toUpperCase() + text.slice(1) : "";
 }

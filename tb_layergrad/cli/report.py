@@ -6,8 +6,9 @@ and applies the rules of `reader.anomalies` through `reader.run_anomalies`,
 exactly as the plugin's `anomalies` route does: the numbers are the tab's. No
 TensorFlow and no pandas needed.
 
-Per run and layer (one target, one source): the norm, RMS and zero fraction at
-the layer's last logged step, the trend (`anomalies.trend`), the first step with
+Per run: where it broke, the first step at which anything was non-finite and in
+which pass (`reader.origin`, docs/ANOMALIES.md "Where it broke"). Per run and layer
+(one target, one source): the norm, RMS and zero fraction at the layer's last logged step, the trend (`anomalies.trend`), the first step with
 a NaN/Inf gradient, the decay of per-timestep gradients for RNN layers
 (`anomalies.timestep_decay`), and the anomaly flags (docs/ANOMALIES.md).
 
@@ -215,7 +216,9 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             head += f"  ·  model {prefix[:-1]}"
         lines.append(shorten(head, width))
         first = result.first_nonfinite
-        if first:
+        if result.origin is not None:  # where it broke: Origin.line, whole (wrapped, not cut: it names a layer)
+            lines += [("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(result.origin.line, width - 4, ""))]
+        elif first:
             names = [n[len(prefix):] if prefix else n for n in first["layers"]]
             more = f" and {len(names) - 1} more layer{'s' if len(names) > 2 else ''}" if len(names) > 1 else ""
             lines.append(shorten(f"  first non-finite gradient: step {first['step']} in {names[0]}{more}", width))
@@ -252,12 +255,15 @@ def format_text(report: Report, width: int = WIDTH) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _wrap(text: str, width: int) -> List[str]:
+def _wrap(text: str, width: int, indent: str = "  ") -> List[str]:
+    """Lines of at most `width` columns, broken at spaces (a longer word is cut), later ones after `indent`."""
     words, lines, cur = text.split(" "), [], ""
     for w in words:
+        while len(indent + w) > width:
+            w = w[: width - len(indent) - 1] + "…"
         if cur and len(cur) + 1 + len(w) > width:
             lines.append(cur)
-            cur = "  " + w
+            cur = indent + w
         else:
             cur = f"{cur} {w}" if cur else w
     if cur:

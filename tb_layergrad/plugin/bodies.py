@@ -35,6 +35,8 @@ def describe_run(rc: catalog.RunCatalog) -> dict:
         "max_wall_time": finite_or_none(max(max_walls)) if max_walls else None,
         "targets": rc.targets(),
         "sources": rc.sources(),
+        "activations": rc.has_activations(),
+        "target_series": rc.target_series(),
         "layers": [describe_layer(rc, layer) for layer in rc.layers()],
     }
 
@@ -55,7 +57,8 @@ def describe_layer(rc: catalog.RunCatalog, layer: str) -> dict:
         info = s.info
         groups.setdefault((info.target, info.source), []).append(s)
         kinds.add(info.kind)
-        targets.add(info.target)
+        if info.source != metadata.SOURCE_ACTIVATION:  # `forward` is no differentiated target
+            targets.add(info.target)
         sources.add(info.source)
         if info.dtype:
             any_dtype = any_dtype or info.dtype

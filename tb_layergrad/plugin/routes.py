@@ -64,8 +64,16 @@ def _int_list(steps: np.ndarray) -> List[int]:
     return [int(s) for s in steps]
 
 
+def _series_range(args) -> Tuple[str, str, Optional[int], Optional[int]]:
+    """`params.series_range`, with the target of the series read: `forward` for activations."""
+    target, source, start, end = params.series_range(args)
+    return catalog.series_target(target, source), source, start, end
+
+
 def _missing_series(rc: catalog.RunCatalog, target: str, source: str, kind: str) -> errors.NotFoundError:
     """The 404 for a run with no series of `kind` for (target, source)."""
+    if source == metadata.SOURCE_ACTIVATION:
+        return errors.NotFoundError(f"run {quote(rc.run)} has no activation {kind} records (forward values were not recorded)")
     if target not in rc.targets():
         return errors.NotFoundError(f"target {quote(target)} not found in run {quote(rc.run)}; it has {rc.targets()}")
     return errors.NotFoundError(f"run {quote(rc.run)} has no {source!r} {kind} records for target {quote(target)}")
@@ -123,6 +131,7 @@ class Routes:
             source, head = metadata.SOURCE_OUTPUT, {"run": run, "layer": layer, "target": target}
         else:
             source = params.source(args)
+            target = catalog.series_target(target, source)  # activations: `forward`, whatever was asked
             head = {"run": run, "layer": layer, "target": target, "source": source}
         q = LayerQuery(head=head)
         if kind == metadata.KIND_TENSOR:
@@ -160,7 +169,7 @@ class Routes:
         args = request.args
         run = params.required_name(args, "run")
         stat = params.stat(args)
-        target, source, start, end = params.series_range(args)
+        target, source, start, end = _series_range(args)
         max_steps = params.max_steps(args)
         rc = self._run_catalog(request, run)
         stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
@@ -275,7 +284,7 @@ class Routes:
         names = params.runs(args)
         layer = params.required_name(args, "layer")
         stat = params.stat(args)
-        target, source, start, end = params.series_range(args)
+        target, source, start, end = _series_range(args)
         max_steps = params.max_steps(args)
         ctx, eid = self._where(request)
         tag = metadata.make_tag(target, source, layer, metadata.KIND_STATS)
@@ -321,7 +330,7 @@ class Routes:
         args = request.args
         run = params.required_name(args, "run")
         layer = params.optional_name(args, "layer", None)
-        target, source, start, end = params.series_range(args)
+        target, source, start, end = _series_range(args)
         rc = self._run_catalog(request, run)
         if layer is not None:
             chosen = [rc.require(layer, target, source, metadata.KIND_STATS)]
@@ -348,13 +357,17 @@ class Routes:
         """The anomaly rules (docs/ANOMALIES.md) applied to one run: flags per step, summaries."""
         args = request.args
         run = params.required_name(args, "run")
-        target, source, start, end = params.series_range(args)
+        asked, source, start, end = params.series_range(args)
+        target = catalog.series_target(asked, source)
         layer = params.optional_name(args, "layer", None)
         rc = self._run_catalog(request, run)
         if layer is not None:
             rc.require(layer, target, source, metadata.KIND_STATS)  # 404 naming what is unknown
         ctx, eid = self._where(request)
-        result = run_anomalies.read_run(self._provider, ctx, eid, rc, target, source, start, end, store=self._stats)
+        # Where it broke is a question about a differentiated target: for activations, the one asked for.
+        origin_target = metadata.DEFAULT_TARGET if asked == metadata.ACTIVATION_TARGET else asked
+        result = run_anomalies.read_run(self._provider, ctx, eid, rc, target, source, start, end, store=self._stats,
+                                        origin_target=origin_target)
         if result is None:
             raise _missing_series(rc, target, source, "stats")
         return json_response(request, bodies.anomalies_body(result, layer))

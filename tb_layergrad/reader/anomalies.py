@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -251,6 +251,9 @@ class RunAnomalies:
     recorded: np.ndarray  # bool [layers, steps]
     max_rms: np.ndarray  # float [steps]
     summaries: List[LayerSummary]
+    # Where the run first went non-finite for its target (docs/ANOMALIES.md, "Where it broke"), set by
+    # the reader (`reader.origin`; any source of the target counts, activations too); None: never, or not asked.
+    origin: Optional[Any] = None  # a tb_layergrad.nonfinite_origin.Origin
 
     @property
     def last_step(self) -> Optional[int]:
@@ -281,12 +284,19 @@ class RunAnomalies:
         return [encode_flags(self.flags[i], self.recorded[i]) for i in range(len(self.layers))]
 
     def summary_json(self) -> dict:
+        """The run's summary; with an `origin`, `first_nonfinite` also names its `pass`, `origin` and `line`
+        (those of the run's first non-finite step, `origin.step`), and `origin` is the whole answer."""
+        first = self.first_nonfinite
+        where = self.origin.to_json() if self.origin is not None else None
+        if first is not None and where is not None:
+            first = {**first, "pass": where["pass"], "origin": where["origin"], "line": where["line"]}
         return {
             "layers": len(self.layers),
             "steps": int(self.steps.size),
             "first_step": int(self.steps[0]) if self.steps.size else None,
             "last_step": self.last_step,
-            "first_nonfinite": self.first_nonfinite,
+            "first_nonfinite": first,
+            "origin": where,
             "latest": self.latest,
         }
 

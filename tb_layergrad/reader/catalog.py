@@ -45,8 +45,20 @@ def _layer_order(index: int, layer: str) -> Tuple[bool, int, str]:
     return (index < 0, index, layer)
 
 
+def series_target(target: str, source: str) -> str:
+    """The `target` field of the series a (target, source) query names: activations are one forward pass,
+    stored under `metadata.ACTIVATION_TARGET` whatever target a view shows (docs/FORMAT.md)."""
+    return metadata.ACTIVATION_TARGET if source == metadata.SOURCE_ACTIVATION else target
+
+
 class RunCatalog:
-    """The series of one run, indexed for lookups and listed in model order."""
+    """The series of one run, indexed for lookups and listed in model order.
+
+    The sources `activation` and `target` (docs/FORMAT.md) are not gradients: the activation
+    pseudo-target `forward` is not one of `targets()`, and a target series (the loss value, its
+    `layer` the target's name) is not one of `layers()`; `target_series` and `has_activations`
+    name them.
+    """
 
     def __init__(self, run: str, series: Iterable[Series]) -> None:
         self.run = run
@@ -55,6 +67,8 @@ class RunCatalog:
         for s in series:
             i = s.info
             self._by_key[(i.layer, i.target, i.source, i.kind)] = s
+            if i.source == metadata.SOURCE_TARGET:
+                continue  # the differentiated scalar: no layer of the model
             known = self._layer_index.get(i.layer, -1)
             if i.index >= 0 and (known < 0 or i.index < known):
                 self._layer_index[i.layer] = i.index
@@ -64,7 +78,8 @@ class RunCatalog:
         # which a run of many tags feels (docs/DESIGN.md, "Reading side").
         self._by_layer: Dict[str, List[Series]] = {}
         for key, s in self._by_key.items():
-            self._by_layer.setdefault(key[0], []).append(s)
+            if key[2] != metadata.SOURCE_TARGET:
+                self._by_layer.setdefault(key[0], []).append(s)
 
     @property
     def series(self) -> List[Series]:
@@ -78,7 +93,16 @@ class RunCatalog:
         return self._layer_index.get(layer, -1)
 
     def targets(self) -> List[str]:
-        return sorted({key[1] for key in self._by_key})
+        """The differentiated scalars (`loss`, ...): of gradients and target series, never `forward`."""
+        return sorted({key[1] for key in self._by_key if key[2] != metadata.SOURCE_ACTIVATION})
+
+    def target_series(self) -> List[str]:
+        """The targets whose value was recorded (source `target`, docs/FORMAT.md)."""
+        return sorted({key[1] for key in self._by_key if key[2] == metadata.SOURCE_TARGET})
+
+    def has_activations(self) -> bool:
+        """Whether forward values (source `activation`) were recorded in this run."""
+        return any(key[2] == metadata.SOURCE_ACTIVATION for key in self._by_key)
 
     def sources(self) -> List[str]:
         present = {key[2] for key in self._by_key}

@@ -9,13 +9,14 @@ kept: no sampling. TensorFlow is not imported.
 
     df = tb_layergrad.load("logs")
     df[df.layer == "my_model/minimalrnn"].plot(x="step", y="norm", logy=True)
+    df.attrs["nonfinite_origin"]["train"]["loss"]   # where run "train" first went NaN/Inf, or None
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from typing import Any, Dict, Iterable, Optional
 
-from tb_layergrad import metadata
-from tb_layergrad.reader import catalog, event_files, series
+from tb_layergrad import metadata, nonfinite_origin
+from tb_layergrad.reader import catalog, event_files, origin, series
 
 COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + series.ALL_STATS
 
@@ -23,10 +24,28 @@ COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + s
 def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     """Returns a DataFrame: one row per (run, layer, target, source, step).
 
-    Columns: run, layer, index (position in the model), target, source
-    ("output" or "weight"), step, wall_time, then every stored statistic of
-    docs/FORMAT.md and the derived ones of docs/HTTP_API.md (NaN where undefined).
-    Rows are ordered by run, model order, target, source, step.
+    Columns: run, layer, index (position in the model), target, source, step,
+    wall_time, then every stored statistic of docs/FORMAT.md and the derived ones of
+    docs/HTTP_API.md (NaN where undefined). Rows are ordered by run, model order,
+    target, source, step; a run's target series come after its layers.
+
+    `source` is "output" (gradient w.r.t. the layer output), "weight" (w.r.t. a
+    variable), "activation" (the layer output itself, the forward value: its
+    `target` is "forward") or "target" (the differentiated scalar itself, e.g. the
+    loss value: `layer` and `target` are both its name, `index` -1). So
+    `df[(df.source == "activation") & (df.nonfinite > 0)]` lists the non-finite
+    forward values and `df[df.source == "target"]` the loss over steps.
+
+    Where it broke: `df.attrs["nonfinite_origin"]` is `{run: {target: origin}}`,
+    for every run and target, with `origin` None for a run that never went
+    non-finite, else the dict of `tb_layergrad.nonfinite_origin.Origin.to_json()`:
+    `step` (the first step at which anything was non-finite), `pass` ("forward",
+    "loss", "backward", "forward_or_loss" without activations, "unknown" without
+    the target series), `origin` (a layer path, or the target's name e.g. "loss"),
+    `target`, `layers` (every non-finite series of that pass) and `line` (one line
+    for a person). The rules: docs/ANOMALIES.md, "Where it broke"; the same answer
+    as the tab's banner and `tb-layergrad report`. `origins(logdir)` gives the
+    `Origin` objects alone, without pandas.
     """
     try:
         import pandas as pd
@@ -51,13 +70,19 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
         stats_series = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
         data = series.read(provider, ctx, "", run_name, [s.tag for s in stats_series])
         order = {layer: i for i, layer in enumerate(rc.layers())}
-        for s in sorted(stats_series, key=lambda s: (order[s.info.layer], s.info.target, s.info.source)):
+
+        def rank(s: catalog.Series) -> tuple:
+            target_series = s.info.source == metadata.SOURCE_TARGET  # the loss value: after every layer
+            return (target_series, order.get(s.info.layer, len(order)), s.info.target,
+                    metadata.SOURCES.index(s.info.source), s.info.layer)
+
+        for s in sorted(stats_series, key=rank):
             points = series.select(data.get(s.tag, []))
             table = series.stats_table(points.values)
             frame = {
                 "run": run_name,
                 "layer": s.info.layer,
-                "index": rc.layer_index(s.info.layer),
+                "index": -1 if s.info.source == metadata.SOURCE_TARGET else rc.layer_index(s.info.layer),
                 "target": s.info.target,
                 "source": s.info.source,
                 "step": points.steps,
@@ -66,6 +91,30 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
             for name in series.ALL_STATS:
                 frame[name] = series.stat_column(table, name)
             frames.append(pd.DataFrame(frame, columns=list(COLUMNS)))
-    if not frames:
-        return pd.DataFrame(columns=list(COLUMNS))
-    return pd.concat(frames, ignore_index=True)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
+    df.attrs["nonfinite_origin"] = {
+        run: {t: (o.to_json() if o is not None else None) for t, o in by_target.items()}
+        for run, by_target in _origins(provider, ctx, cat).items()
+    }
+    return df
+
+
+def origins(logdir: str, runs: Optional[Iterable[str]] = None) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:
+    """Where each run first went non-finite: `{run: {target: Origin or None}}` (no pandas needed).
+
+    The `Origin` of `tb_layergrad.nonfinite_origin` (`.step`, `.pass_`, `.origin`, `.line`,
+    `.to_json()`); `load(logdir).attrs["nonfinite_origin"]` holds the same as dicts.
+    """
+    from tensorboard import context as tb_context
+
+    with event_files.tensorflow_free(logdir):
+        provider = event_files.open_provider(logdir)
+        ctx = tb_context.RequestContext()
+        return _origins(provider, ctx, catalog.load(provider, ctx, "", runs))
+
+
+def _origins(provider: Any, ctx: Any, cat: catalog.Catalog) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:
+    return {
+        run: {t: origin.locate_run(provider, ctx, "", rc, t) for t in rc.targets()}
+        for run, rc in cat.runs.items()
+    }

@@ -7,41 +7,15 @@ statistics table and derived statistics as the `matrix` route, then
 """
 from __future__ import annotations
 
-import math
 from typing import Dict, List, Optional
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import anomalies, catalog, series
+from tb_layergrad.reader import anomalies, catalog, origin, series
+from tb_layergrad.reader.origin import first_nonfinite_hint
 from tb_layergrad.reader.stats_store import StatsStore
-
-
-def first_nonfinite_hint(points: series.Points, start: Optional[int]) -> Optional[int]:
-    """The earliest step named by `first_nonfinite` records (docs/FORMAT.md) within the range.
-
-    A record at step s holding f says "the first logged step <= s with a NaN/Inf in this
-    series was f". Values that are not whole numbers in [start, s] are ignored (a
-    malformed or foreign record must not invent a step).
-    """
-    best = None
-    for step, value in zip(points.steps, points.values):
-        flat = np.asarray(value).reshape(-1)
-        if not flat.size:
-            continue
-        try:
-            f = float(flat[0])
-        except (TypeError, ValueError):
-            continue
-        if not math.isfinite(f) or f != int(f) or f < 0 or f > int(step):
-            continue
-        f = int(f)
-        if start is not None and f < start:
-            continue
-        if best is None or f < best:
-            best = f
-    return best
 
 
 def read_run(
@@ -54,10 +28,13 @@ def read_run(
     start: Optional[int] = None,
     end: Optional[int] = None,
     store: Optional[StatsStore] = None,
+    origin_target: Optional[str] = None,
 ) -> Optional[anomalies.RunAnomalies]:
     """The rules applied to run `rc` for (target, source) over [start, end]; None if it has no stats series.
 
     `store`: the plugin's `StatsStore`, so that this reuses the tables the `matrix` route read.
+    The result's `origin` is where the run first went non-finite (`reader.origin`) for
+    `origin_target` (default `target`; give it for `source="activation"`, whose target is `forward`).
     """
     stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
     if not stats_series:
@@ -92,7 +69,7 @@ def read_run(
     timesteps = {
         layer: series.select(data.get(s.tag, ()), start, end).values for layer, s in ts_series.items()
     }
-    return anomalies.evaluate(
+    result = anomalies.evaluate(
         layers,
         steps,
         stats,
@@ -103,3 +80,5 @@ def read_run(
         first_nonfinite_hints=hints,
         timesteps=timesteps,
     )
+    result.origin = origin.locate_run(data_provider, ctx, experiment_id, rc, origin_target or target, start, end, store)
+    return result

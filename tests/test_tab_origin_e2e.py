@@ -1,0 +1,192 @@
+"""Where it broke, in the tab: a real `tensorboard` process over tests/origin_fixtures.py, headless Chromium.
+
+The overview's banner names the pass and the origin (as text: a layer named with HTML stays text), the
+layer view shows the layer's activation beside its gradient (statistics from numpy on the written arrays,
+histograms), the overview colours by an activation statistic, and compare runs shows activations.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import urllib.parse
+
+import numpy as np
+import pytest
+
+pytest.importorskip("playwright")
+if not os.path.exists("/usr/bin/chromium"):
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+import origin_fixtures as of  # noqa: E402
+import tab_fixtures as tf_  # noqa: E402
+from tensorboard_process import PLUGIN_API, TensorBoardProcess  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("origin_logs"))
+    work = tmp_path_factory.mktemp("origin_work")
+    tb = TensorBoardProcess(logdir, log_path=str(work / "tensorboard.log"))
+    browser = None
+    try:
+        written = of.write_origin_logdir(logdir)
+        tb.wait_for_runs({run: of.STEPS[-1] for run in of.RUNS})
+        browser = tf_.Browser(str(work / "profile"), poll_ms=60_000)
+        yield {"tb": tb, "browser": browser, "written": written}
+    finally:
+        if browser is not None:
+            browser.close()
+        tb.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_browser_errors(env):
+    b = env["browser"]
+    yield
+    dialogs, errors = list(b.dialogs), list(b.errors)
+    b.dialogs.clear()
+    b.errors.clear()
+    assert dialogs == [], f"a dialog opened (script ran?): {dialogs}"
+    assert errors == [], "errors in the browser:\n" + "\n".join(errors)
+
+
+def parent_state(page) -> dict:
+    frag = urllib.parse.urlparse(page.url).fragment
+    return {k[3:]: urllib.parse.unquote(v) for k, v in (p.split("=", 1) for p in frag.split("&") if "=" in p) if k.startswith("lg_")}
+
+
+def banner(frame, run: str):
+    frame.wait_for_function("(name) => document.querySelector('.lg-run-name')?.textContent === name", arg=run)
+    el = frame.locator(".lg-summary .lg-origin")
+    el.wait_for()
+    return el
+
+
+def test_the_route_over_http_names_pass_and_origin(env):
+    for run in of.RUNS:
+        body = env["tb"].get_json(PLUGIN_API + "anomalies?run=" + urllib.parse.quote(run))
+        want = of.expected(run)
+        assert {k: v for k, v in body["summary"]["origin"].items() if k != "line"} == want, run
+
+
+@pytest.mark.parametrize("run", of.RUNS)
+def test_banner_names_pass_and_origin(env, run):
+    frame = env["browser"].open(env["tb"].base, {"run": run})
+    el = banner(frame, run)
+    want = of.expected(run)
+    assert el.get_attribute("data-pass") == want["pass"]
+    assert el.get_attribute("data-origin") == (want["origin"] or "")
+    text = el.inner_text()
+    assert f"step {of.NAN_STEP}" in text
+    words = {"forward": "forward pass, output of", "loss": "in the loss", "backward": "backward pass, born in",
+             "forward_or_loss": "the forward pass or the loss", "unknown": "pass unknown"}
+    assert words[want["pass"]] in text
+    if want["origin"]:
+        assert want["origin"] in text
+
+
+def test_a_layer_named_with_html_is_text_in_the_banner(env):
+    b = env["browser"]
+    frame = b.open(env["tb"].base, {"run": of.HTML})
+    el = banner(frame, of.HTML)
+    assert of.HTML_LAYER in el.inner_text()  # the literal "<b>x</b>": not bold, not parsed
+    assert el.evaluate("e => e.querySelectorAll('*').length") == 0
+    assert frame.evaluate("() => document.querySelectorAll('b').length") == 0
+    assert el.get_attribute("data-origin") == of.HTML_LAYER
+    # The banner opens that layer at that step.
+    el.click()
+    frame.wait_for_function("(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=of.HTML_LAYER)
+    assert parent_state(b.page)["step"] == str(of.NAN_STEP)
+    assert frame.evaluate("() => document.querySelectorAll('b').length") == 0
+
+
+def shown(frame, series: str, stat: str):
+    text = frame.locator(f'td[data-series="{series}"][data-stat="{stat}"]').inner_text().strip().replace("−", "-")
+    return None if text in ("—", "·", "") else float(text)
+
+
+def test_layer_view_shows_the_activation_beside_the_gradient(env):
+    b, written = env["browser"], env["written"]
+    frame = b.open(env["tb"].base, {"run": of.FORWARD, "view": "layer", "layer": of.K, "step": of.NAN_STEP})
+    frame.wait_for_selector(f'.lg-stats-table[data-step="{of.NAN_STEP}"][data-layer="{of.K}"]')
+    heads = frame.locator(".lg-series-head").all_inner_texts()
+    assert heads[:2] == ["output", "activation (forward value)"]
+    act, grad = f"forward|activation|{of.K}", f"loss|output|{of.K}"
+    for step in (of.NAN_STEP, of.NAN_STEP - 1):
+        if step != of.NAN_STEP:
+            frame.locator(".lg-layer-name").click()
+            b.page.keyboard.press("ArrowLeft")
+            frame.wait_for_selector(f'.lg-stats-table[data-step="{step}"][data-layer="{of.K}"]')
+        a = written.arrays[(of.FORWARD, "forward", "activation", of.K)][step]
+        g = written.arrays[(of.FORWARD, "loss", "output", of.K)][step]
+        want = tf_.numpy_stats(a)
+        for stat in ("elements", "nan", "zeros"):
+            assert shown(frame, act, stat) == want[stat], (step, stat)
+        for stat in ("norm", "mean", "max"):
+            assert shown(frame, act, stat) == pytest.approx(want[stat], rel=0, abs=tf_.shown_atol(a, stat, digits=tf_.TABLE_DIGITS)), (step, stat)
+        assert shown(frame, grad, "nan") == tf_.numpy_stats(g)["nan"]
+    # The activation's histograms, one ridge per step, beside the gradient's.
+    panel = frame.locator(".lg-panel-act-hist")
+    panel.wait_for(state="visible")
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-panel-act-hist path.lg-ridge').length === n", arg=len(of.STEPS))
+    assert "activation" in panel.locator(".lg-panel-title").first.inner_text().lower()
+    assert frame.locator(".lg-panel-hist path.lg-ridge").count() == len(of.STEPS)  # the gradient's, still there
+    # No activation column, no activation panel, for a run without activations.
+    frame = b.open(env["tb"].base, {"run": of.GRADS_ONLY, "view": "layer", "layer": of.K, "step": 0})
+    frame.wait_for_selector(f'.lg-stats-table[data-step="0"][data-layer="{of.K}"]')
+    assert frame.locator(".lg-series-head").all_inner_texts() == ["output"]
+    assert frame.locator(".lg-panel-act-hist").is_hidden()
+
+
+def test_overview_colours_by_an_activation_statistic(env):
+    b, page, written = env["browser"], env["browser"].page, env["written"]
+    frame = b.open(env["tb"].base, {"run": of.FORWARD, "stat": "norm"})
+    banner(frame, of.FORWARD)
+    values = frame.locator('.lg-toggle[aria-label="values"]')
+    assert values.is_visible()
+    asked = []
+    listener = lambda r: asked.append(r.url) if "/layergrad/matrix?" in r.url else None  # noqa: E731
+    page.on("request", listener)
+    try:
+        values.locator(".lg-toggle-btn", has_text="activations").click()
+        frame.wait_for_function("() => document.querySelector('.lg-legend-title')?.textContent.startsWith('activation ')")
+    finally:
+        page.remove_listener("request", listener)
+    assert asked and all("source=activation" in u for u in asked)
+    assert parent_state(page)["of"] == "activation"
+    canvas = frame.locator(".lg-heatmap-canvas")
+    assert canvas.get_attribute("data-rows") == "4" and canvas.get_attribute("data-cols") == str(len(of.STEPS))
+    # The banner is still where it broke; the hover shows the activation's norm.
+    assert banner(frame, of.FORWARD).get_attribute("data-pass") == "forward"
+    box = canvas.bounding_box()
+    canvas.hover(position={"x": 1.5 * box["width"] / len(of.STEPS), "y": 0.5 * box["height"] / 4})
+    tip = frame.locator(".lg-tooltip")
+    tip.wait_for(state="visible")
+    a = written.arrays[(of.FORWARD, "forward", "activation", "net/in")][1]
+    norm_text = tip.locator("tr", has_text="L2 norm").locator("td").first.inner_text()
+    assert float(norm_text) == pytest.approx(tf_.numpy_stats(a)["norm"], rel=0, abs=tf_.shown_atol(a, "norm"))
+    # A run without activations: no such control, gradients shown.
+    frame = b.open(env["tb"].base, {"run": of.GRADS_ONLY, "of": "activation"})
+    banner(frame, of.GRADS_ONLY)
+    assert frame.locator('.lg-toggle[aria-label="values"]').is_hidden()
+    assert not frame.locator(".lg-legend-title").inner_text().startswith("activation")
+
+
+def test_compare_runs_with_activations(env):
+    b, page, written = env["browser"], env["browser"].page, env["written"]
+    frame = b.open(env["tb"].base, {"view": "compare", "run": of.FORWARD, "layer": of.K, "of": "activation", "stat": "nonfinite",
+                                    "runs": json.dumps([of.FORWARD, of.BACKWARD]), "step": of.NAN_STEP, "log": "0"})
+    frame.wait_for_selector(f'.lg-panel-wide path.lg-line[data-series="{of.BACKWARD}"][d*="L"]', state="attached")  # flat: no height
+    assert "activation" in frame.locator(".lg-panel-wide").inner_text()
+    with page.expect_download() as dl:
+        frame.locator(".lg-compare .lg-button", has_text="Download CSV").click()
+    rows = list(csv.DictReader(io.StringIO(open(dl.value.path(), encoding="utf-8").read())))
+    over = {(r["run"], int(r["step"])): float(r["value"]) for r in rows if r["chart"] == "over_steps"}
+    for run in (of.FORWARD, of.BACKWARD):
+        for step in of.STEPS:
+            a = written.arrays[(run, "forward", "activation", of.K)][step]
+            assert over[(run, step)] == float((~np.isfinite(a)).sum()), (run, step)
