@@ -29,6 +29,7 @@ _LAZY = {
     "GradientLogger": ("tb_layergrad.keras.gradient_logger", "GradientLogger"),
     "timestep_probe": ("tb_layergrad.capturing.rnn_probe", "timestep_probe"),
     "load": ("tb_layergrad.reader.dataframe", "load"),
+    "NonFiniteError": ("tb_layergrad.keras.nonfinite_check", "NonFiniteError"),
 }
 # Public submodules, by the name users import them under -> where they live (the rooms).
 _SUBMODULES = {
@@ -41,6 +42,7 @@ _SUBMODULES = {
     "rnn_probe": "tb_layergrad.capturing.rnn_probe",
     "distribute": "tb_layergrad.distribute",
     "fused_kernel": "tb_layergrad.kernel",
+    "nonfinite_origin": "tb_layergrad.nonfinite_origin",
 }
 
 __all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]

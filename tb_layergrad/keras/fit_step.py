@@ -40,7 +40,7 @@ from tb_layergrad.keras import nonfinite_check, replica_payload, tape_observer
 from tb_layergrad.keras.model_facts import model_train_step, update_count
 from tb_layergrad.keras.step_observation import StepObservation
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.write import reduced_plan, when, write_step
+from tb_layergrad.summary.write import reduced_plan, when, write_step, write_step_checked
 
 PAYLOAD_KEY = "__tb_layergrad__"
 
@@ -245,18 +245,19 @@ class FitStep:
         """
         ctx = distribute.replica_context()
         self.checked = nonfinite_check.checked_series(main)
-        flags = nonfinite_check.flags(main)
         logs = dict(logs)
         if ctx is None and self.writes_in_step():
             with tf.name_scope("layergrad"):
-                record = tf.logical_or(log, nonfinite_check.first_time(self.nonfinite_seen, flags))
-                written = [write_step(main, step, record=record, writer=self.writer, flush=True)]
+                first = tf.logical_not(self.nonfinite_seen.value())
+                record, flags = write_step_checked(main, step, log, first, writer=self.writer, flush=True)
+                written = [record]
                 if auxiliary is not None:
                     written.append(when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer, flush=True)))
                 with tf.control_dependencies(written):
                     nonfinite_check.remember(self.nonfinite_seen, flags)
             logs[PAYLOAD_KEY] = {"step": step, "flags": flags}
             return logs
+        flags = nonfinite_check.flags(main)
         if auxiliary is not None and (not tf.executing_eagerly() or bool(log) or bool(tf.reduce_any(flags))):
             main = main + auxiliary()  # XLA, several replicas: unconditional (see the callback's docstring)
         plan = reduced_plan(main, xla_safe=self.config.xla) if ctx is not None else main.prepared()

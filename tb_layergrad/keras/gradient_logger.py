@@ -37,10 +37,19 @@ class GradientLogger(_Base):
     plugin "layergrad") and written by the step itself (`jit_compile=False`)
     or right after it (XLA, eager), at step `s = optimizer.iterations` after
     this batch's update (the s-th update; the step Keras' `TensorBoard`
-    callback uses for batch metrics), when `s % every_n_steps == 0`. The other
-    steps run Keras' own train function, untouched, so they cost nothing: the
-    observing step is compiled at the first batch and then runs only on logged
-    steps (and is kept for a later fit() with the same callback). When
+    callback uses for batch metrics), when `s % every_n_steps == 0`.
+
+    Every step is checked for a NaN/Inf (the loss, the output gradients and,
+    with `activations=True`, the layer outputs; one pass over them, in the
+    fused write op where it is built): the first step at which one appears is
+    written in full whether or not it is a logged step, and where it was born
+    (forward pass, loss, backward pass: `tb_layergrad.nonfinite_origin`) is
+    in `self.nonfinite`, in the tab and in `tb-layergrad report`.
+    `on_nonfinite` says what happens then. So the observing step runs at every
+    step; with `check_every_step=False`, the steps that log nothing run
+    Keras' own train function, untouched, and cost nothing (a NaN is then
+    seen at the next logged step only). The observing step is compiled at the
+    first batch and kept for a later fit() with the same callback. When
     training ends, or fails, the model is restored (`train_step`,
     `train_function`).
 
@@ -68,6 +77,15 @@ class GradientLogger(_Base):
         ],
     )
     # tensorboard --logdir logs  -> "layergrad" tab
+    ```
+
+    Stop at the first NaN, and say where it was born:
+
+    ```python
+    logger = tb_layergrad.GradientLogger("logs/run2", activations=True, on_nonfinite="stop")
+    model.fit(x, y, callbacks=[logger])
+    # GradientLogger: first non-finite value at step 23: forward pass, output of model/log_features; ...
+    logger.nonfinite.pass_, logger.nonfinite.origin  # ("forward", "model/log_features")
     ```
 
     Args:
@@ -101,6 +119,15 @@ class GradientLogger(_Base):
             "stats" (all-reduce only counts, sums, min/max and histogram counts
             with shared edges; cheaper, cannot log raw tensors). Only the chief
             writes. See docs/DISTRIBUTED.md.
+        activations: also log the layer outputs themselves (forward values:
+            histogram and statistics, source "activation"), from the same
+            forward pass as the gradients of that step. One replica only.
+        on_nonfinite: at the first step with a NaN/Inf: "log" (write it and go
+            on), "stop" (write it, print one line saying where it was born,
+            end fit() after that step) or "raise" (write it, raise
+            `tb_layergrad.NonFiniteError`, a FloatingPointError, with that line).
+        check_every_step: check every step for a NaN/Inf (see above), not only
+            the logged ones.
 
     Mixed precision: with a loss-scaling optimizer, the recorded gradients are
     divided by the loss scale read before the step's update (float32). A step
@@ -132,6 +159,7 @@ class GradientLogger(_Base):
         replicas: str = "gather",
         activations: bool = False,
         on_nonfinite: str = "log",
+        check_every_step: bool = True,
     ):
         super().__init__()
         distribute.check_mode(replicas)
@@ -164,6 +192,7 @@ class GradientLogger(_Base):
         self.run_name = run_name
         self.replicas = replicas
         self.activations = bool(activations)
+        self.check_every_step = bool(check_every_step)
         #: where the first NaN/Inf of this callback's training was born, once there was one (`nonfinite_origin.Origin`).
         self.nonfinite = None
         self._writer = None
@@ -341,7 +370,7 @@ class GradientLogger(_Base):
                 return self.model.train_function(*args, **kwargs)
             self._armed = False
             done = self._iterations_before_call()
-            capturing = True  # the finiteness check runs on every step (nonfinite_check)
+            capturing = self.check_every_step or not built.traced or self._logs_next_execution(done)
             inner = built.logging_fn if capturing else built.keras_fn
             self._iterations = None  # unknown until the call returns (it may stop the epoch)
             try:

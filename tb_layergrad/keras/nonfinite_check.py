@@ -18,6 +18,7 @@ import tensorflow as tf
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.summary import first_nonfinite
 from tb_layergrad.summary.plan import Plan
+from tb_layergrad.summary.write import series_nonfinite
 
 MODES = ("log", "stop", "raise")
 
@@ -42,13 +43,8 @@ def checked_series(plan: Plan) -> List[metadata.SeriesInfo]:
 
 
 def flags(plan: Plan) -> tf.Tensor:
-    """bool [n]: which of `checked_series(plan)` holds a NaN/Inf at this step."""
-    out = []
-    for s in plan.series:
-        if s.data is not None and s.reduced is None:
-            out.append(tf.logical_not(tf.reduce_all(tf.math.is_finite(s.data))))
-        elif s.reduced is not None:
-            out.append(first_nonfinite.nonfinite_flags([s.reduced[1]])[0])
+    """bool [n]: which of `checked_series(plan)` holds a NaN/Inf at this step (where the step hands its tensors out)."""
+    out = [series_nonfinite(s) for s in plan.series if s.present]
     return tf.stack(out) if out else tf.zeros([0], tf.bool)
 
 
@@ -56,11 +52,6 @@ def seen_variable() -> Any:
     """A bool variable: has a written step held a NaN/Inf? (one per callback's step)."""
     with tf.init_scope():
         return first_nonfinite.local_variable(tf.constant(False), tf.TensorShape([]), "layergrad_nonfinite_seen")
-
-
-def first_time(seen: Any, nonfinite: tf.Tensor) -> tf.Tensor:
-    """Is this the first step with a NaN/Inf?"""
-    return tf.logical_and(tf.reduce_any(nonfinite), tf.logical_not(seen.value()))
 
 
 def remember(seen: Any, nonfinite: tf.Tensor) -> Any:

@@ -203,7 +203,7 @@ def _write_op_error(module: Any) -> Optional[str]:
             writer = tf.summary.create_file_writer(scratch)
             record = ("self_test", b"")
             module.tb_layergrad_write_histograms_and_stats(
-                writer._resource, True, tf.constant(0, tf.int64), tf.constant([-1], tf.int64),  # noqa: SLF001
+                writer._resource, True, False, tf.constant(0, tf.int64), tf.constant([-1], tf.int64),  # noqa: SLF001
                 [tf.constant([1.0, 2.0])], buckets=2, histogram_tags=[record[0]], histogram_metadata=[record[1]],
                 stats_tags=[record[0]], stats_metadata=[record[1]], first_nonfinite_tags=[],
                 first_nonfinite_metadata=[], flush=True,
@@ -275,8 +275,9 @@ def write_histograms_and_stats(
     first_nonfinite: Any,
     first_nonfinite_series: Sequence[Tuple[str, bytes]],
     flush: bool = False,
-) -> Tuple[tf.Tensor, tf.Tensor]:
-    """When `record` (a bool scalar) holds, write each tensor's records; returns (`record`, first steps after).
+    record_if_nonfinite: Any = None,
+) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """When `record` (a bool scalar) holds, write each tensor's records; returns (written, first steps after, nonfinite).
 
     `writer`: a summary writer's resource handle; `step`: int64 scalar; the
     series: one (tag, serialized SummaryMetadata) per tensor and kind. The
@@ -284,8 +285,11 @@ def write_histograms_and_stats(
     `first_nonfinite`: int64 [T], each tensor's first step with a NaN/Inf so
     far (-1: none); returned updated with this step, and, unless
     `first_nonfinite_series` is empty, written for those that have one.
-    `flush`: flush the writer after writing. One op, on the CPU, where the
-    writer lives.
+    `flush`: flush the writer after writing. `record_if_nonfinite`: None, or a
+    bool scalar: then every tensor is checked for a NaN/Inf on an unrecorded
+    step too, and the records are written after all when one holds one and
+    it is true. `nonfinite` [T] bool: which tensors held one (all false when
+    nothing was recorded or checked). One op, on the CPU, where the writer lives.
     """
     fn = write_op()
     if fn is None:
@@ -295,13 +299,14 @@ def write_histograms_and_stats(
         return [t for t, _ in series], [m for _, m in series]
 
     (ht, hm), (st, sm), (ft, fm) = split(histogram_series), split(stats_series), split(first_nonfinite_series)
+    check = record_if_nonfinite is not None
     with tf.device("cpu:0"):
-        written, firsts = fn(
-            writer, record, step, first_nonfinite, list(tensors), buckets=buckets, histogram_tags=ht,
-            histogram_metadata=hm, stats_tags=st, stats_metadata=sm, first_nonfinite_tags=ft,
-            first_nonfinite_metadata=fm, flush=flush,
+        written, firsts, nonfinite = fn(
+            writer, record, tf.constant(False) if not check else record_if_nonfinite, step, first_nonfinite,
+            list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm, stats_tags=st,
+            stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush, check=check,
         )
-    return written, firsts
+    return written, firsts, nonfinite
 
 
 def main() -> None:

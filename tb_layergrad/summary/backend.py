@@ -54,12 +54,17 @@ def write_fused(
     flush: bool = False,
     track_nonfinite: bool = True,
     writer: Any = None,
-) -> tf.Tensor:
-    """ONE op: when `record` holds, each tensor's histogram, stats and first-non-finite records; returns `record`.
+    record_if_nonfinite: Any = None,
+) -> Tuple[tf.Tensor, tf.Tensor]:
+    """ONE op: when `record` holds, each tensor's histogram, stats and first-non-finite records.
 
-    The running first steps are the one tracker's (`first_nonfinite`), those
-    of `writer` (the writer `resource` belongs to; default: the default
-    writer): read before the op, which applies the rule, and stored after it.
+    Returns (written, nonfinite [T]). The running first steps are the one
+    tracker's (`first_nonfinite`), those of `writer` (the writer `resource`
+    belongs to; default: the default writer): read before the op, which
+    applies the rule, and stored after it. `record_if_nonfinite` (a bool, or
+    None): the op also checks an unrecorded step's tensors for a NaN/Inf and
+    writes them after all when one holds one and it is true
+    (`kernel.write_histograms_and_stats`).
     """
 
     def serialized(kind: str, text: str) -> List[Tuple[str, bytes]]:
@@ -73,13 +78,14 @@ def write_fused(
         first_series = serialized(metadata.KIND_FIRST_NONFINITE, "")  # no description, as first_nonfinite.track
     else:
         firsts, first_series = tf.fill([len(infos)], tf.constant(-1, tf.int64)), []
-    written, after = kernel.write_histograms_and_stats(
+    written, after, nonfinite = kernel.write_histograms_and_stats(
         resource, record, step, list(tensors), buckets, serialized(metadata.KIND_HISTOGRAM, description),
         serialized(metadata.KIND_STATS, description), firsts, first_series, flush=flush,
+        record_if_nonfinite=record_if_nonfinite,
     )
     if track_nonfinite:
         first_nonfinite.store(variable, slots, after)
-    return written
+    return written, nonfinite
 
 
 def reduce(tensors: Sequence[Any], buckets: int, xla_safe: bool = False) -> List[Tuple[tf.Tensor, tf.Tensor]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -88,21 +88,52 @@ def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, fl
     write to (entered around what TensorFlow's ops write, which flushes it);
     `flush`: flush after the fused op's records too.
     """
+    return _write_step(plan, step, record, writer, flush, None)[0]
+
+
+def write_step_checked(plan: Plan, step: Any, record: Any, record_if_nonfinite: Any, writer: Any = None,
+                       flush: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
+    """`write_step`, and a look at every present series for a NaN/Inf at every step, recorded or not.
+
+    Returns (written, nonfinite): `nonfinite` [n] bool, one per present series
+    of `plan` in its order. An unrecorded step is written after all when a
+    series holds a NaN/Inf and `record_if_nonfinite` holds (GradientLogger:
+    the first such step of a run is written in full). Where the fused op
+    writes, it looks at the tensors itself, in the same pass.
+    """
+    return _write_step(plan, step, record, writer, flush, record_if_nonfinite)
+
+
+def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, record_if_nonfinite: Any) -> Tuple[tf.Tensor, tf.Tensor]:
+    checking = record_if_nonfinite is not None
+    present = [s for s in plan.series if s.present]
     should = recording() if record is None else record
     if should is None:
-        return tf.constant(False)
+        return tf.constant(False), tf.zeros([len(present)], tf.bool)
     resource = backend.fused_writer(writer)
     unreduced = [s for s in plan.series if s.data is not None and s.reduced is None and not s.stats_only]
     fused = [unreduced[i] for i in backend.fused_part(resource, [s.data for s in unreduced])]
     rest = [s for s in plan.series if all(s is not f for f in fused)]
     entered = writer.as_default if writer is not None else contextlib.nullcontext
     written: List[tf.Tensor] = []
+    flag_of: dict = {}
     if fused:
         condition = tf.constant(should) if isinstance(should, bool) else should
-        written.append(backend.write_fused(
+        done, nonfinite = backend.write_fused(
             resource, condition, read_step(step), [s.info for s in fused], [s.data for s in fused], plan.buckets,
             plan.description, flush=flush, track_nonfinite=plan.track_nonfinite, writer=writer,
-        ))
+            record_if_nonfinite=record_if_nonfinite,
+        )
+        written.append(done)
+        flag_of.update(zip(map(id, fused), tf.unstack(nonfinite, len(fused))))
+    if checking:
+        for s in rest:
+            if s.present:
+                flag_of[id(s)] = series_nonfinite(s)
+        flags = tf.stack([flag_of[id(s)] for s in present]) if present else tf.zeros([0], tf.bool)
+        should = tf.logical_or(should, tf.logical_and(tf.reduce_any(flags), record_if_nonfinite))
+    else:
+        flags = tf.zeros([len(present)], tf.bool)
     if rest or plan.timesteps or any(s.wants_raw for s in fused):
 
         def write_rest() -> None:
@@ -111,8 +142,15 @@ def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, fl
 
         written.append(when(should, write_rest))
     if not written:
-        return tf.constant(False)
-    return written[0] if len(written) == 1 else tf.reduce_any(tf.stack(written))
+        return tf.constant(False), flags
+    return (written[0] if len(written) == 1 else tf.reduce_any(tf.stack(written))), flags
+
+
+def series_nonfinite(s: Series) -> tf.Tensor:
+    """Does this series hold a NaN/Inf (its data, or its merged stats)?"""
+    if s.reduced is not None:
+        return first_nonfinite.nonfinite_flags([s.reduced[1]])[0]
+    return tf.logical_not(tf.reduce_all(tf.math.is_finite(s.data)))
 
 
 def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor) -> None:

@@ -11,6 +11,11 @@
 // first steps it is given; the state stays where the TensorFlow-ops path keeps it too, in
 // the one tracker's variable (tb_layergrad.summary.first_nonfinite).
 // The records are the same bytes as through `tf.summary.write` (docs/FORMAT.md).
+//
+// With `check`, a step that is not recorded still looks at every element once, for a NaN/Inf
+// (GradientLogger's finiteness check of every training step): the answer is an output, and
+// the step is written after all when `record_if_nonfinite` holds (the first such step of a
+// run is written in full, on the schedule or not).
 #include "records.h"
 
 #include <string>
@@ -25,6 +30,7 @@ namespace tb_layergrad {
 REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Input("writer: resource")
     .Input("record: bool")
+    .Input("record_if_nonfinite: bool")
     .Input("step: int64")
     .Input("first_nonfinite: int64")
     .Input("xs: T")
@@ -37,14 +43,17 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Attr("first_nonfinite_tags: list(string)")
     .Attr("first_nonfinite_metadata: list(string)")
     .Attr("flush: bool = false")
+    .Attr("check: bool = false")
     .Output("written: bool")
     .Output("first_nonfinite_after: int64")
+    .Output("nonfinite: bool")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       int n;
       TF_RETURN_IF_ERROR(NumTensors(c, &n));
       c->set_output(0, c->Scalar());
       c->set_output(1, c->MakeShape({n}));
+      c->set_output(2, c->MakeShape({n}));
       return absl::OkStatus();
     })
     .Doc(
@@ -52,8 +61,38 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
         "summary writer at step, under the given tags and serialized SummaryMetadata; updates each input's "
         "first_nonfinite step (-1: none yet) with this step if it holds a NaN/Inf and, unless its tags are "
         "empty, writes the int64 [1] first_nonfinite record of each input that has one; flushes the writer "
-        "if flush. Returns record and the updated first_nonfinite steps (the input as it is when record is "
-        "false) (tb_layergrad).");
+        "if flush. With check, when record is false, each input is scanned for a NaN/Inf and the records are "
+        "written after all if one holds one and record_if_nonfinite is true. Returns whether it wrote, the "
+        "updated first_nonfinite steps (the input as it is when nothing was written) and which inputs hold a "
+        "NaN/Inf (all false when nothing was recorded or checked) (tb_layergrad).");
+
+namespace {
+
+// Whether any element is a NaN or an Inf: its exponent bits all set. One pass, no early exit
+// (the loop vectorizes), on the bits, so that no floating-point exception or flag is involved.
+template <typename Bits>
+bool HasNonfinite(const Bits* bits, int64_t n, Bits exponent) {
+  bool found = false;
+  for (int64_t i = 0; i < n; ++i) found |= (bits[i] & exponent) == exponent;
+  return found;
+}
+
+bool HasNonfinite(const tensorflow::Tensor& x) {
+  const int64_t n = x.NumElements();
+  const auto* data = x.tensor_data().data();
+  switch (x.dtype()) {
+    case tensorflow::DT_FLOAT:
+      return HasNonfinite(reinterpret_cast<const uint32_t*>(data), n, uint32_t{0x7f800000});
+    case tensorflow::DT_HALF:
+      return HasNonfinite(reinterpret_cast<const uint16_t*>(data), n, uint16_t{0x7c00});
+    case tensorflow::DT_BFLOAT16:
+      return HasNonfinite(reinterpret_cast<const uint16_t*>(data), n, uint16_t{0x7f80});
+    default:
+      return false;  // the op's type constraint admits no other
+  }
+}
+
+}  // namespace
 
 class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
  public:
@@ -62,6 +101,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("T", &types));
     OP_REQUIRES_OK(c, c->GetAttr("buckets", &k_));
     OP_REQUIRES_OK(c, c->GetAttr("flush", &flush_));
+    OP_REQUIRES_OK(c, c->GetAttr("check", &check_));
     const char* names[] = {"histogram_tags", "histogram_metadata", "stats_tags", "stats_metadata",
                            "first_nonfinite_tags", "first_nonfinite_metadata"};
     std::vector<std::string>* lists[] = {&histogram_tags_, &histogram_metadata_, &stats_tags_, &stats_metadata_,
@@ -78,11 +118,13 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
     const tensorflow::Tensor& record = ctx->input(1);
-    const tensorflow::Tensor& step = ctx->input(2);
+    const tensorflow::Tensor& record_if_nonfinite = ctx->input(2);
+    const tensorflow::Tensor& step = ctx->input(3);
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(record.shape()) &&
+                         tensorflow::TensorShapeUtils::IsScalar(record_if_nonfinite.shape()) &&
                          tensorflow::TensorShapeUtils::IsScalar(step.shape()),
-                absl::InvalidArgumentError("record and step must be scalars"));
-    const tensorflow::Tensor& firsts_in = ctx->input(3);
+                absl::InvalidArgumentError("record, record_if_nonfinite and step must be scalars"));
+    const tensorflow::Tensor& firsts_in = ctx->input(4);
     tensorflow::OpInputList xs;
     OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
     const int num = xs.size();
@@ -90,12 +132,22 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
                 absl::InvalidArgumentError("first_nonfinite must hold one step per input tensor"));
     tensorflow::Tensor* written = nullptr;
     tensorflow::Tensor* firsts_out = nullptr;
+    tensorflow::Tensor* nonfinite_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({}), &written));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tensorflow::TensorShape({num}), &firsts_out));
-    written->scalar<bool>()() = record.scalar<bool>()();
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tensorflow::TensorShape({num}), &nonfinite_out));
     auto firsts = firsts_out->vec<int64_t>();
     firsts = firsts_in.vec<int64_t>();
-    if (!record.scalar<bool>()()) return;
+    auto nonfinite = nonfinite_out->vec<bool>();
+    nonfinite.setConstant(false);
+    bool recorded = record.scalar<bool>()();
+    if (!recorded && check_) {
+      bool any = false;
+      for (int t = 0; t < num; ++t) any |= nonfinite(t) = HasNonfinite(xs[t]);
+      recorded = any && record_if_nonfinite.scalar<bool>()();
+    }
+    written->scalar<bool>()() = recorded;
+    if (!recorded) return;
 
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(ctx, 0);
     tensorflow::core::RefCountPtr<tensorflow::SummaryWriterInterface> writer;
@@ -110,8 +162,8 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     for (int t = 0; t < num; ++t) {  // in tf.summary.write's order: each tensor's histogram, then its stats
       OP_REQUIRES_OK(ctx, writer->WriteTensor(at, hist.SubSlice(t), histogram_tags_[t], histogram_metadata_[t]));
       OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.SubSlice(t), stats_tags_[t], stats_metadata_[t]));
-      const bool nonfinite = s(t, kNan) + s(t, kPosInf) + s(t, kNegInf) > 0;
-      if (firsts(t) < 0 && nonfinite) firsts(t) = at;
+      nonfinite(t) = s(t, kNan) + s(t, kPosInf) + s(t, kNegInf) > 0;
+      if (firsts(t) < 0 && nonfinite(t)) firsts(t) = at;
       if (first_tags_.empty() || firsts(t) < 0) continue;  // not tracked, or clean so far
       tensorflow::Tensor value(tensorflow::DT_INT64, tensorflow::TensorShape({1}));
       value.flat<int64_t>()(0) = firsts(t);
@@ -123,6 +175,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
  private:
   int k_;
   bool flush_;
+  bool check_;
   std::vector<std::string> histogram_tags_, histogram_metadata_, stats_tags_, stats_metadata_, first_tags_,
       first_metadata_;
 };
