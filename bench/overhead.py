@@ -260,6 +260,8 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
         "plain": fit([]),
         "ours_every_1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), every_n_steps=1)]),
         "ours_every_10": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10"), every_n_steps=10)]),
+        "ours_every_10, check_every_step=False": fit([tb_layergrad.GradientLogger(
+            os.path.join(logdir, f"fit_{name}_10u"), every_n_steps=10, check_every_step=False)]),
         "ours_every_1+activations": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1a"), every_n_steps=1, activations=True)]),
         "ours_every_10+activations": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10a"), every_n_steps=10, activations=True)]),
         "keras.TensorBoard(histogram_freq=1)": fit(

@@ -3,7 +3,10 @@
 TensorFlow's log level is left as the user has it: the tests' subprocesses then see what a user sees
 (tb-layergrad's commands must be quiet without TF_CPP_MIN_LOG_LEVEL).
 """
+import json
 import os
+import subprocess
+import time
 
 import pytest
 
@@ -47,3 +50,22 @@ def requirement_missing(marker: str):
         return None
     why = kernel_cache.unavailable_reason()
     return f"{kernel_cache.MISSING} {why}" if why else None
+
+
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory):
+    """`tb-layergrad demo --quick`, run once as a real subprocess, and its `tb-layergrad report --format json`."""
+    logdir = str(tmp_path_factory.mktemp("demo") / "logs")
+    started = time.monotonic()
+    r = subprocess.run(["tb-layergrad", "demo", "--quick", "--logdir", logdir], capture_output=True, text=True, timeout=400)
+    elapsed = time.monotonic() - started
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    rep = subprocess.run(["tb-layergrad", "report", logdir, "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    runs = {r["run"]: r for r in doc["runs"]}
+    layers = {name: {l["layer"].split("/", 1)[1]: l for l in r["layers"]} for name, r in runs.items()}
+    print(f"demo --quick: {elapsed:.0f} s")
+    return {"logdir": logdir, "stdout": r.stdout, "elapsed": elapsed, "runs": runs, "layers": layers}
+
+

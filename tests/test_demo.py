@@ -25,22 +25,6 @@ from tb_layergrad import metadata
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
-@pytest.fixture(scope="session")
-def demo(tmp_path_factory):
-    logdir = str(tmp_path_factory.mktemp("demo") / "logs")
-    started = time.monotonic()
-    r = subprocess.run(["tb-layergrad", "demo", "--quick", "--logdir", logdir], capture_output=True, text=True, timeout=400)
-    elapsed = time.monotonic() - started
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    rep = subprocess.run(["tb-layergrad", "report", logdir, "--format", "json"], capture_output=True, text=True, timeout=120)
-    assert rep.returncode == 0, rep.stderr
-    doc = json.loads(rep.stdout)
-    runs = {r["run"]: r for r in doc["runs"]}
-    layers = {name: {l["layer"].split("/", 1)[1]: l for l in r["layers"]} for name, r in runs.items()}
-    print(f"demo --quick: {elapsed:.0f} s")
-    return {"logdir": logdir, "stdout": r.stdout, "elapsed": elapsed, "runs": runs, "layers": layers}
-
-
 def test_every_run_trained_with_a_progress_bar(demo):
     assert sorted(demo["runs"]) == sorted(demo_module.RUN_NAMES)
     plan = demo_module.Plan.for_mode(quick=True)
@@ -78,8 +62,8 @@ def test_the_dead_layer(demo):
     assert [name for name, l in dead.items() if l["counts"]["dead"]] == ["dense_0"]
 
 
-def read_event_files(run_dir: str):
-    """{(layer, kind): {step: array}} straight from the TFRecord files, without TensorBoard."""
+def read_event_files(run_dir: str, source: str = "output"):
+    """{(layer, kind, index): {step: array}} of one source straight from the TFRecord files, without TensorBoard."""
     import tensorflow as tf
     from tensorboard.compat.proto import event_pb2
 
@@ -92,7 +76,7 @@ def read_event_files(run_dir: str):
             if v.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
                 infos[v.tag] = json.loads(v.metadata.plugin_data.content)
             info = infos.get(v.tag)
-            if info is None:
+            if info is None or info["source"] != source:
                 continue
             out.setdefault((info["layer"], info["kind"], info["index"]), {})[event.step] = tf.make_ndarray(v.tensor)
     return out
@@ -109,12 +93,37 @@ def test_first_nan_step_and_layers_match_the_event_files(demo):
     step = min(s for s, _ in first.values() if s is not None)
     at_step = [layer for layer, (s, i) in sorted(first.items(), key=lambda kv: kv[1][1]) if s == step]
     run = demo["runs"]["nan_log0"]
-    assert run["summary"]["first_nonfinite"] == {"step": step, "layers": at_step}
+    first_nan = run["summary"]["first_nonfinite"]
+    assert {k: first_nan[k] for k in ("step", "layers")} == {"step": step, "layers": at_step}
+    # Every layer output finite, the loss not: born in the loss (the run records activations).
+    assert (first_nan["pass"], first_nan["origin"]) == ("loss", "loss")
     for entry in run["layers"]:
         assert entry["first_nonfinite"] == first[entry["layer"]][0]
     assert 1 < step < demo_module.Plan.for_mode(True).nan  # finite at first: log(0) comes with saturation
     # The running first-NaN record is not written by GradientLogger (yet): the stats alone decide here.
     assert run["summary"]["latest"]["nonfinite"] == len(run["layers"])
+
+
+# The run, the step and where it was born, as the demo plants them (tb_layergrad/cli/demo.py).
+PLANTED = {
+    "nan_forward": (demo_module.NAN_FORWARD_STEP, "forward", "nan_forward/log_features"),
+    "nan_backward": (demo_module.NAN_BACKWARD_STEP, "backward", "nan_backward/sqrt_features"),
+}
+
+
+@pytest.mark.parametrize("run", sorted(PLANTED))
+def test_the_report_says_where_the_nan_was_born(demo, run):
+    step, pass_, origin = PLANTED[run]
+    assert step % demo_module.NAN_EVERY  # not a logged step: written because it is the first non-finite one
+    first = demo["runs"][run]["summary"]["first_nonfinite"]
+    assert (first["step"], first["pass"], first["origin"]) == (step, pass_, origin)
+    for source in ("output", "activation", "target"):
+        records = read_event_files(os.path.join(demo["logdir"], run), source)
+        stats = [by_step for (_, kind, _), by_step in records.items() if kind == "stats"]
+        assert stats and all(step in by_step for by_step in stats)  # written in full at that step
+    text = subprocess.run(["tb-layergrad", "report", demo["logdir"], "--run", run], capture_output=True, text=True,
+                          timeout=120).stdout
+    assert f"step {step}" in text and pass_ in text and origin in text
 
 
 def test_exploding_without_clipping_and_not_with_it(demo):

@@ -190,3 +190,43 @@ def test_compare_runs_with_activations(env):
         for step in of.STEPS:
             a = written.arrays[(run, "forward", "activation", of.K)][step]
             assert over[(run, step)] == float((~np.isfinite(a)).sum()), (run, step)
+
+
+# -- the demo's three NaN runs, trained for real (`tb-layergrad demo --quick`, tests/conftest.py) ------------
+DEMO_NAN_RUNS = {  # run: (pass, origin), as tb_layergrad/cli/demo.py plants them
+    "nan_log0": ("loss", "loss"),
+    "nan_forward": ("forward", "nan_forward/log_features"),
+    "nan_backward": ("backward", "nan_backward/sqrt_features"),
+}
+
+
+@pytest.fixture(scope="module")
+def demo_tab(demo, tmp_path_factory):
+    from tb_layergrad.cli import demo as demo_module
+
+    work = tmp_path_factory.mktemp("demo_tab")
+    tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
+    browser = None
+    try:
+        tb.wait_for_runs({run: demo["runs"][run]["summary"]["last_step"] for run in DEMO_NAN_RUNS})
+        browser = tf_.Browser(str(work / "profile"), poll_ms=60_000)
+        steps = {"nan_forward": demo_module.NAN_FORWARD_STEP, "nan_backward": demo_module.NAN_BACKWARD_STEP,
+                 "nan_log0": demo["runs"]["nan_log0"]["summary"]["first_nonfinite"]["step"]}
+        yield {"tb": tb, "browser": browser, "steps": steps}
+    finally:
+        if browser is not None:
+            browser.close()
+        tb.stop()
+
+
+@pytest.mark.parametrize("run", sorted(DEMO_NAN_RUNS))
+def test_the_demo_nan_runs_are_placed_by_the_route_and_the_tab(demo_tab, run):
+    pass_, origin = DEMO_NAN_RUNS[run]
+    step = demo_tab["steps"][run]
+    body = demo_tab["tb"].get_json(PLUGIN_API + "anomalies?run=" + urllib.parse.quote(run))
+    got = body["summary"]["origin"]
+    assert (got["step"], got["pass"], got["origin"]) == (step, pass_, origin)
+    frame = demo_tab["browser"].open(demo_tab["tb"].base, {"run": run})
+    el = banner(frame, run)
+    assert (el.get_attribute("data-pass"), el.get_attribute("data-origin")) == (pass_, origin)
+    assert f"step {step}" in el.inner_text() and origin in el.inner_text()

@@ -18,6 +18,8 @@ from fit_helpers import (
     bn_residual_mlp,
     compile_kwargs,
     expected_stats,
+    keras,
+    layers,
     log_dir,
     mlp_sequential,
     one,
@@ -27,8 +29,6 @@ from fit_helpers import (
     stat,
 )
 from tb_layergrad import metadata
-
-keras = pytest.importorskip("keras")
 
 STATS = ("elements", "min", "max", "mean", "std", "norm", "mean_abs")
 
@@ -168,8 +168,6 @@ def _bad_batch_data(steps: int, bad_step: int, scale: float, seed: int):
 
 def _sqrt_model():
     """Finite forward; at the batch that drives a ReLU feature to 0, sqrt's gradient there is infinite."""
-    from keras import layers
-
     keras.utils.set_random_seed(0)
     return keras.Sequential([
         keras.Input((16,)),
@@ -182,8 +180,6 @@ def _sqrt_model():
 
 def _log_model():
     """A large input drives `shift` below 0 and log is NaN there: born in the forward pass of `log_features`."""
-    from keras import layers
-
     keras.utils.set_random_seed(0)
     return keras.Sequential([
         keras.Input((16,)),
