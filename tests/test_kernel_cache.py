@@ -27,13 +27,15 @@ LINUX_X86_64 = pytest.mark.skipif(kernel_cache.supported_platform() is not None,
 
 
 def fake_compiler(path: Path, version: str, succeed: bool) -> Path:
-    """A `c++` that answers --version, appends a line to `<path>.runs` per compile, then fails or writes `-o`."""
+    """A `c++` that answers --version and the predefined-macros query (`-dM -E`, asked before a build, see
+    `loader._target_flags`), appends a line to `<path>.runs` per compile, then fails or writes `-o`."""
     runs = path.with_suffix(".runs")
     result = (
         'umask 002\nwhile [ $# -gt 0 ]; do if [ "$1" = "-o" ]; then echo built > "$2"; chmod 775 "$2"; fi; shift; done\nexit 0'
         if succeed else 'echo "fakecxx: error: this compiler always fails" >&2\nexit 1'
     )
     path.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then echo "fakecxx {version}"; exit 0; fi\n'
+                    'case " $* " in *" -dM "*) echo "#define __x86_64__ 1"; exit 0;; esac\n'
                     f'echo run >> "{runs}"\n{result}\n')
     path.chmod(0o755)
     return path

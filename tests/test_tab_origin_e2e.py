@@ -201,21 +201,18 @@ DEMO_NAN_RUNS = {  # run: (pass, origin), as tb_layergrad/cli/demo.py plants the
 
 
 @pytest.fixture(scope="module")
-def demo_tab(demo, tmp_path_factory):
+def demo_tab(demo, env, tmp_path_factory):
+    """A second `tensorboard`, on the demo's logdir; the module's browser (one Playwright per thread)."""
     from tb_layergrad.cli import demo as demo_module
 
     work = tmp_path_factory.mktemp("demo_tab")
     tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
-    browser = None
     try:
         tb.wait_for_runs({run: demo["runs"][run]["summary"]["last_step"] for run in DEMO_NAN_RUNS})
-        browser = tf_.Browser(str(work / "profile"), poll_ms=60_000)
         steps = {"nan_forward": demo_module.NAN_FORWARD_STEP, "nan_backward": demo_module.NAN_BACKWARD_STEP,
                  "nan_log0": demo["runs"]["nan_log0"]["summary"]["first_nonfinite"]["step"]}
-        yield {"tb": tb, "browser": browser, "steps": steps}
+        yield {"tb": tb, "browser": env["browser"], "steps": steps}
     finally:
-        if browser is not None:
-            browser.close()
         tb.stop()
 
 
