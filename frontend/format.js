@@ -96,3 +96,8 @@ export function csvText(header, rows) {
 export function safeFilename(s) {
   return String(s).replace(/[^A-Za-z0-9._-]+/g, "_").replace(/^[._]+|[._]+$/g, "") || "layergrad";
 }
+
+/** The first letter upper-cased: for the anomalies route's sentences, which start lower-case. */
+export function capitalize(text) {
+  return text ? text[0].toUpperCase() + text.slice(1) : "";
+}

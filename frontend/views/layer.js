@@ -12,7 +12,7 @@ import { LineChart } from "../charts/lines.js";
 import { indexAtOrBefore } from "../charts/scale.js";
 import { tooltip } from "../charts/tooltip.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
-import { csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
+import { capitalize, csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
 import { findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 
@@ -111,7 +111,9 @@ export class LayerView {
       chartsPanel,
       h("div", { class: "lg-layer-row" }, this.tensorPanel, this.tsPanel),
     );
-    this.el = h("section", { class: "lg-view lg-layer", dataset: { view: "layer" } }, this.toolbar, this.header, this.slider.el, this.message, this.body);
+    // Where the run first went non-finite (the anomalies route's `summary.origin`), when it did.
+    this.originBox = h("div", { class: "lg-layer-origin" });
+    this.el = h("section", { class: "lg-view lg-layer", dataset: { view: "layer" } }, this.toolbar, this.header, this.slider.el, this.message, this.originBox, this.body);
     this.tensorCache = new Map();
   }
 
@@ -156,9 +158,11 @@ export class LayerView {
     try {
       // Each series' anomaly flags over steps, from the `anomalies` route (the rules compare the layer
       // with every other layer of its target and source). Without them the view still works.
+      let origin = null;
       const flagsOf = (x) =>
         x.activation ? Promise.resolve(null) : api.anomalies({ run: state.run, target: x.target, source: x.source, layer: x.layer }, { signal }).then(
           (b) => {
+            if (!origin && b.summary && b.summary.origin && b.summary.origin.pass) origin = b.summary.origin;
             const entry = b.layers.find((l) => l.layer === x.layer);
             return entry ? { steps: b.steps, flags: entry.flags } : null;
           },
@@ -178,6 +182,7 @@ export class LayerView {
         stats[x.key] = bodies[k];
         flags[x.key] = flagBodies[k];
       });
+      this._origin(state, origin, run);
       const all = layerSeries(run, state.layer);
       this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run, stored: storedStats(this.app.runs) };
       this.retryOnPoll = false;
@@ -266,6 +271,22 @@ export class LayerView {
     const shown = total > A.steps.length ? `${A.steps.length} of ${total} steps (evenly spread)` : `${A.steps.length} steps`;
     this.actHist.setTitle(`${A.series.label} — ${shown}; orange: step ${step ?? "—"}`);
     this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
+  }
+
+  /** Where the run broke: a line above the layer's numbers; it names this layer when it is the origin. */
+  _origin(state, origin, run) {
+    clear(this.originBox);
+    if (!origin) return;
+    const here = origin.origin === state.layer;
+    const line = h("button", {
+      type: "button",
+      class: "lg-alert lg-alert-nonfinite lg-origin",
+      title: here ? "born in this layer: go to that step" : "open where it was born, at that step",
+      dataset: { pass: origin.pass, origin: origin.origin ?? "", step: origin.step ?? "", here: here ? "1" : "0" },
+      on: { click: () => (origin.step != null ? this.app.setState({ step: origin.step, ...(here || !run || !run.layers.some((l) => l.layer === origin.origin) ? {} : { layer: origin.origin, series: null }) }) : null) },
+    });
+    line.textContent = `${capitalize(origin.line)}${here ? " — this layer" : ""}`;
+    this.originBox.append(line);
   }
 
   _histSeriesFor(state) {

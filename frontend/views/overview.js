@@ -8,7 +8,7 @@ import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
 import { h, s, clear, replace, select, setOptions } from "../dom.js";
-import { commonPrefix, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
+import { capitalize, commonPrefix, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
 import { findRun, hasActivations, valuesOf } from "../model.js";
 import { errorBox, field, note, Toggle } from "./common.js";
 
@@ -573,8 +573,4 @@ function merge(data, stats, bodies, start) {
   });
   data.steps = start !== undefined ? oldSteps.concat(steps) : steps;
   return true;
-}
-
-function capitalize(text) {
-  return text ? text[0].toUpperCase() + text.slice(1) : "";
 }
