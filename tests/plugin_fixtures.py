@@ -274,3 +274,10 @@ def small_logdir(tmp_path_factory) -> Written:
     written = write_small_logdir(logdir)
     write_future_series(logdir)
     return written
+
+
+def get_json(tb: "InProcess", route: str, query: dict, status: int = 200):
+    """A route's strict JSON answer, its status checked."""
+    r = tb.get(route, query)
+    assert r.status_code == status, r.data[:300]
+    return strict_json(r.data)

@@ -267,3 +267,24 @@ class Browser:
             self.context.close()
         with contextlib.suppress(Exception):
             self._pw.stop()
+
+
+def assert_no_browser_errors(browser: "Browser") -> None:
+    """After a test: no dialog opened and no script error; cleared, so one failing test does not fail the next."""
+    dialogs, errors = list(browser.dialogs), list(browser.errors)
+    browser.dialogs.clear()
+    browser.errors.clear()
+    assert dialogs == [], f"a dialog opened (script ran?): {dialogs}"
+    assert errors == [], "errors in the browser:\n" + "\n".join(errors)
+
+
+def parent_state(page) -> Dict[str, str]:
+    """The tab's `lg_*` keys in TensorBoard's URL hash."""
+    frag = urllib.parse.urlparse(page.url).fragment
+    out = {}
+    for part in frag.split("&"):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            if k.startswith("lg_"):
+                out[k[3:]] = urllib.parse.unquote(v)
+    return out

@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 
 import numpy as np

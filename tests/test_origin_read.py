@@ -14,7 +14,7 @@ import pytest
 
 import origin_fixtures as of
 from origin_fixtures import origin_logdir  # noqa: F401 (fixture)
-from plugin_fixtures import InProcess, as_float, strict_json
+from plugin_fixtures import InProcess, as_float, get_json, strict_json
 from tb_layergrad import cli, nonfinite_origin
 
 
@@ -27,10 +27,7 @@ def tb(origin_logdir):  # noqa: F811
     return InProcess(origin_logdir.logdir)
 
 
-def get(tb, route, query, status=200):
-    r = tb.get(route, query)
-    assert r.status_code == status, r.data[:300]
-    return strict_json(r.data)
+get = get_json
 
 
 @pytest.mark.parametrize("run", of.RUNS)

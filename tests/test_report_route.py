@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import report_fixtures as rf
-from plugin_fixtures import strict_json
+from plugin_fixtures import get_json, strict_json
 from report_fixtures import in_process, planted, reference_summaries, sampled_logdir  # noqa: F401 (fixtures)
 from tensorboard_process import tensorboards
 from tolerances import TWO_SIDES, approx_or_none, gamma
@@ -35,10 +35,7 @@ def tb(planted):  # noqa: F811
     return in_process(planted.logdir)
 
 
-def get(tb, route, query, status=200):
-    r = tb.get(route, query)
-    assert r.status_code == status, r.data[:300]
-    return strict_json(r.data)
+get = get_json
 
 
 def assert_layer_matches(got: dict, want: dict):

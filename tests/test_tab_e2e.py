@@ -55,25 +55,11 @@ def env(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_browser_errors(env):
-    b = env["browser"]
     yield
-    dialogs, errors = list(b.dialogs), list(b.errors)
-    b.dialogs.clear()
-    b.errors.clear()  # one failing test must not fail the next ones
-    assert dialogs == [], f"a dialog opened (script ran?): {dialogs}"
-    assert errors == [], "errors in the browser:\n" + "\n".join(errors)
+    tf_.assert_no_browser_errors(env["browser"])
 
 
-def parent_state(page) -> dict:
-    """The tab's `lg_*` keys in TensorBoard's URL hash."""
-    frag = urllib.parse.urlparse(page.url).fragment
-    out = {}
-    for part in frag.split("&"):
-        if "=" in part:
-            k, v = part.split("=", 1)
-            if k.startswith("lg_"):
-                out[k[3:]] = urllib.parse.unquote(v)
-    return out
+parent_state = tf_.parent_state
 
 
 def shown_number(text: str):

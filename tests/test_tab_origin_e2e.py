@@ -45,18 +45,11 @@ def env(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def no_browser_errors(env):
-    b = env["browser"]
     yield
-    dialogs, errors = list(b.dialogs), list(b.errors)
-    b.dialogs.clear()
-    b.errors.clear()
-    assert dialogs == [], f"a dialog opened (script ran?): {dialogs}"
-    assert errors == [], "errors in the browser:\n" + "\n".join(errors)
+    tf_.assert_no_browser_errors(env["browser"])
 
 
-def parent_state(page) -> dict:
-    frag = urllib.parse.urlparse(page.url).fragment
-    return {k[3:]: urllib.parse.unquote(v) for k, v in (p.split("=", 1) for p in frag.split("&") if "=" in p) if k.startswith("lg_")}
+parent_state = tf_.parent_state
 
 
 def banner(frame, run: str):
