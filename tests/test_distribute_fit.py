@@ -37,7 +37,7 @@ def test_fit_records_equal_single_device(run, replicas, mode):
     with open(os.path.join(logdir, "keras_factor.json")) as f:
         factor = json.load(f)["factor"]
     if factor is not None:
-        assert dh.assert_same_records(got, records[f"single_{mode}/train"]) == 13 * STEPS  # and the loss value (source "target")
+        assert dh.assert_same_records(got, records[f"single_{mode}/train"]) == 17 * STEPS  # 12 of gradients, 4 of activations, the loss value (source "target")
     for layer, units in (("tiny/hidden", 16), ("tiny/out", 4)):
         _, datums = got[metadata.make_tag("loss", "output", layer, "stats")]
         assert [d.step for d in datums] == list(range(1, STEPS + 1))

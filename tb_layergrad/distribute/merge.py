@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.capturing.gradient_map import GradientMap
+from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 from tb_layergrad.statistics import across_replicas
 
 MODES = ("gather", "stats")
@@ -76,7 +76,9 @@ def per_replica_map(grads: Any) -> Any:
     entries = {p: dataclasses.replace(first.entry(p), gradient=regroup([m[p] for m in maps])) for p in first}
     var_grads = [regroup([m.variable_gradients[i] for m in maps]) for i in range(len(first.variable_gradients))]
     value = None if first.target_value is None else regroup([m.target_value for m in maps])
-    return GradientMap(entries, first.target, var_grads, target_value=value)
+    acts = {p: dataclasses.replace(first.activation_entry(p), gradient=regroup([m.activations[p] for m in maps]))
+            for p in first.activations}
+    return GradientMap(entries, first.target, var_grads, activations=acts, target_value=value)
 
 
 def holds_distributed_values(grads: Any) -> bool:
@@ -177,8 +179,19 @@ def _merge_in_replica(gmap: GradientMap, ctx: Any) -> GradientMap:
     for p in gmap:
         if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT:
             _check_batch_major(p, gmap[p])
+    for p, a in gmap.activations.items():
+        _check_batch_major(p, a)
     entries = _merged_entries(gmap, lambda ts: ctx.all_gather(ts, axis=0), lambda ts: _sum(ctx, ts), n)
-    return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n, target_value=_summed_target(gmap, ctx))
+    acts = _gathered_activations(gmap, lambda ts: ctx.all_gather(ts, axis=0))
+    return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n, activations=acts,
+                       target_value=_summed_target(gmap, ctx))
+
+
+def _gathered_activations(gmap: GradientMap, gather: Callable) -> Dict[str, Entry]:
+    """The layer outputs (forward values) of the global batch: gathered along axis 0, as their gradients are."""
+    paths = list(gmap.activations)
+    values = gather([gmap.activations[p] for p in paths]) if paths else []
+    return {p: dataclasses.replace(gmap.activation_entry(p), gradient=v) for p, v in zip(paths, values)}
 
 
 def _summed_target(gmap: GradientMap, ctx: Any) -> Any:
@@ -197,14 +210,15 @@ def _sum(ctx: Any, tensors: List[Any]) -> List[Any]:
 class Merged:
     """The global batch's gradients, as `merge_in_replica` leaves them for the records.
 
-    `gradients`: weights summed; layer outputs gathered ("gather") or left as
-    this replica's shard ("stats": their records are in `reduced`).
+    `gradients`: weights summed; layer outputs (and activations) gathered
+    ("gather") or left as this replica's shard ("stats": their records are in
+    `reduced`, keyed by (source, path)).
     `timesteps`: per RNN probe, the gathered dL/dh_t ("gather") or the global
     per-timestep norms [T] ("stats": `timesteps_are_norms`).
     """
 
     gradients: GradientMap
-    reduced: Dict[str, Tuple[Any, Any]]
+    reduced: Dict[Tuple[str, str], Tuple[Any, Any]]
     timesteps: Dict[str, Any]
     timesteps_are_norms: bool
 
@@ -234,8 +248,10 @@ def merge_in_replica(
         n = ctx.num_replicas_in_sync
         weights = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_WEIGHT]
         outputs = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT]
+        acts = list(gmap.activations)
         summed = dict(zip(weights, _sum(ctx, [gmap[p] for p in weights]) if weights else []))
-        records = across_replicas.merged_histograms_and_stats([gmap[p] for p in outputs], buckets, ctx, xla_safe=xla_safe)
+        records = across_replicas.merged_histograms_and_stats(
+            [gmap[p] for p in outputs] + [gmap.activations[p] for p in acts], buckets, ctx, xla_safe=xla_safe)
         squares = [_timestep_sumsq(timesteps[k]) for k in keys]  # this replica's share of each timestep's squared norm
         norms = [tf.sqrt(v) for v in _sum(ctx, squares)] if keys else []
     except RuntimeError as e:
@@ -248,8 +264,10 @@ def merge_in_replica(
         elif e.gradient is None and e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:
             e = dataclasses.replace(e, elements=e.elements * n)  # "no gradient": count the whole batch
         entries[p] = e
-    merged = GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n, target_value=_summed_target(gmap, ctx))
-    return Merged(merged, dict(zip(outputs, records)), dict(zip(keys, norms)), True)
+    merged = GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n,
+                         activations={p: gmap.activation_entry(p) for p in acts}, target_value=_summed_target(gmap, ctx))
+    keyed = [(metadata.SOURCE_OUTPUT, p) for p in outputs] + [(metadata.SOURCE_ACTIVATION, p) for p in acts]
+    return Merged(merged, dict(zip(keyed, records)), dict(zip(keys, norms)), True)
 
 
 def _timestep_sumsq(g: tf.Tensor, time_axis: int = 1) -> tf.Tensor:
@@ -271,4 +289,5 @@ def _merge_cross_replica(gmap: GradientMap, strategy: Any) -> GradientMap:
     entries = _merged_entries(gmap, gather, reduce_sum, n)
     var_grads = [None if g is None else strategy.reduce(sum_op, g, axis=None) for g in gmap.variable_gradients]
     value = None if gmap.target_value is None else strategy.reduce(sum_op, gmap.target_value, axis=None)
-    return GradientMap(entries, gmap.target, var_grads, replicas=n, target_value=value)
+    return GradientMap(entries, gmap.target, var_grads, replicas=n, activations=_gathered_activations(gmap, gather),
+                       target_value=value)

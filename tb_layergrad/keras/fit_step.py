@@ -192,7 +192,8 @@ class FitStep:
         cfg = self.config
         entries = {p: dataclasses.replace(gmap.entry(p), gradient=_unscale(gmap[p], scale)) for p in gmap}
         value = _unscale(gmap.target_value, scale) if (forward or with_value) else None
-        unscaled = GradientMap(entries, target, [], target_value=value)
+        acts = {p: gmap.activation_entry(p) for p in gmap.activations} if forward else None
+        unscaled = GradientMap(entries, target, [], activations=acts, target_value=value)
         eps = {}
         if probe is not None:
             for key, source in probe.sources.items():
@@ -201,14 +202,8 @@ class FitStep:
         ctx = distribute.replica_context()
         merged = distribute.merge_in_replica(unscaled, cfg.replicas, cfg.buckets, ctx, eps, cfg.xla) if ctx is not None else None
         plan = plans.from_gradients(merged.gradients if merged else unscaled, target, cfg.max_elements, cfg.buckets, captured_dtypes=True)
-        if merged is not None and merged.reduced:
-            plan = dataclasses.replace(plan, series=tuple(
-                dataclasses.replace(s, data=None, reduced=merged.reduced[s.info.layer]) if s.info.layer in merged.reduced else s
-                for s in plan.series
-            ))
-        if forward and ctx is None and gmap.activations:  # several replicas: refused before training (activations)
-            forward_part = GradientMap({}, target, [], activations={p: gmap.activation_entry(p) for p in gmap.activations})
-            plan = plan + plans.Plan(plans.forward_series(forward_part, target, cfg.max_elements))
+        if merged is not None:
+            plan = plans.with_merged_records(plan, merged.reduced)
         timesteps = merged.timesteps if merged is not None else eps
         as_norms = merged is not None and merged.timesteps_are_norms
         steps = tuple(

@@ -121,7 +121,8 @@ class GradientLogger(_Base):
             writes. See docs/DISTRIBUTED.md.
         activations: also log the layer outputs themselves (forward values:
             histogram and statistics, source "activation"), from the same
-            forward pass as the gradients of that step. One replica only.
+            forward pass as the gradients of that step (the global batch's under
+            several replicas, merged as the output gradients are).
         on_nonfinite: at the first step with a NaN/Inf: "log" (write it and go
             on), "stop" (write it, print one line saying where it was born,
             end fit() after that step) or "raise" (write it, raise
@@ -233,9 +234,6 @@ class GradientLogger(_Base):
                 f"GradientLogger supports {strategy.num_replicas_in_sync} replicas ({type(strategy).__name__}) "
                 "with Keras 3 only, not tf_keras; capture in a custom loop (tb_layergrad.distribute) instead"
             )
-        if strategy is not None and strategy.num_replicas_in_sync > 1 and self.activations:
-            raise ValueError("GradientLogger(activations=True) does not merge several replicas' activations yet; "
-                             "train on one replica to record them, or leave activations off")
         Capture(model, layers=self.layers, weights=self.weights)  # unknown layers raise here
         if self.timesteps is not False:
             TimestepProbe(model, None if self.timesteps is True else self.timesteps)

@@ -50,12 +50,7 @@ def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: 
     if replicas == "stats" and max_elements > 0:
         raise ValueError('max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"')
     merged = distribute.merge_in_replica(gmap, replicas, buckets, ctx)
-    plan = plans.from_gradients(merged.gradients, target, max_elements, buckets)
-    series = tuple(
-        dataclasses.replace(s, data=None, reduced=merged.reduced[s.info.layer]) if s.info.layer in merged.reduced else s
-        for s in plan.series
-    )
-    return dataclasses.replace(plan, series=series)
+    return plans.with_merged_records(plans.from_gradients(merged.gradients, target, max_elements, buckets), merged.reduced)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
@@ -152,11 +147,6 @@ def gradients(
         )
     target_name = target or grads.target
     ctx = distribute.replica_context()
-    if ctx is not None and grads.activations:
-        raise ValueError(
-            "activations under several replicas are not merged yet: write them from one replica's capture with "
-            "summary.activations(...) or capture without activations=True inside strategy.run"
-        )
     with tf.name_scope("layergrad"):
         if ctx is not None:
             return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name), step)
@@ -191,6 +181,7 @@ def activations(
     *,
     max_elements: int = 0,
     description: str = "",
+    replicas: str = "gather",
 ) -> tf.Tensor:
     """Write the histogram and statistics of layer outputs: the forward values (source "activation").
 
@@ -201,7 +192,9 @@ def activations(
     like `gradients()`, one recording condition guards the step, and the
     first step at which an output holds a NaN/Inf is kept in `first_nonfinite`
     records. To write gradients and activations of one pass together, capture
-    with `activations=True` and call `gradients()` alone.
+    with `activations=True` and call `gradients()` alone. Inside `strategy.run`
+    with several replicas, the global batch's outputs are written, merged as
+    layer-output gradients are (`replicas`: "gather" or "stats").
 
     Example:
         with tf.GradientTape() as tape:
@@ -212,18 +205,26 @@ def activations(
     """
     step = resolve_step(step)
     plans.check_buckets(buckets)
+    distribute.check_mode(replicas)
+    if replicas == "stats" and max_elements > 0:
+        raise ValueError('max_elements > 0 writes raw values, which needs the full tensors: use replicas="gather"')
     if isinstance(values, GradientMap):
-        entries = [(p, values.activation_entry(p)) for p in values.activations]
-        series = tuple(plans.activation_series(p, e.gradient, index=e.index, max_elements=max_elements, dtype=e.dtype)
-                       for p, e in entries)
+        entries = {p: values.activation_entry(p) for p in values.activations}
     else:
         indexes = getattr(values, "indexes", {})
-        series = tuple(plans.activation_series(p, v, index=indexes.get(p, i), max_elements=max_elements)
-                       for i, (p, v) in enumerate(dict(values).items()))
-    if distribute.replica_context() is not None:
-        raise ValueError("summary.activations inside strategy.run with several replicas is not supported yet")
+        values = {p: tf.convert_to_tensor(v) for p, v in dict(values).items()}
+        entries = {p: Entry(v, metadata.SOURCE_ACTIVATION, indexes.get(p, i), dtype=v.dtype.name)
+                   for i, (p, v) in enumerate(values.items())}
+    forward = GradientMap({}, metadata.DEFAULT_TARGET, activations=entries)
+    ctx = distribute.replica_context()
     with tf.name_scope("layergrad"):
-        return write_step(plans.Plan(series, buckets=buckets, description=description), step)
+        if ctx is not None:  # several replicas: the global batch's outputs (gathered, or merged records)
+            merged = distribute.merge_in_replica(forward, replicas, buckets, ctx)
+            forward, reduced = merged.gradients, merged.reduced
+        else:
+            reduced = {}
+        plan = plans.Plan(plans.forward_series(forward, max_elements=max_elements), buckets=buckets, description=description)
+        return write_step(plans.with_merged_records(plan, reduced), step)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing

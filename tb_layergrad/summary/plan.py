@@ -204,6 +204,18 @@ def forward_series(gmap: GradientMap, target: Optional[str] = None, max_elements
     return acts + (target_series(name, gmap.target_value),)
 
 
+def with_merged_records(plan: Plan, reduced: Dict[Tuple[str, str], Tuple[Any, Any]]) -> Plan:
+    """`plan` with the records merged across replicas (`distribute.Merged.reduced`, by (source, path)) in place of
+    this replica's shard."""
+    if not reduced:
+        return plan
+    return dataclasses.replace(plan, series=tuple(
+        dataclasses.replace(s, data=None, reduced=reduced[(s.info.source, s.info.layer)])
+        if (s.info.source, s.info.layer) in reduced else s
+        for s in plan.series
+    ))
+
+
 def activation_series(path: str, value: Any, *, index: int = -1, max_elements: int = 0, dtype: Optional[str] = None) -> Series:
     """A layer output's forward value (source "activation", docs/FORMAT.md)."""
     return series(path, value, target=metadata.ACTIVATION_TARGET, source=metadata.SOURCE_ACTIVATION, index=index,

@@ -41,7 +41,7 @@ def train(log: bool):
 
     def replica_step(xb, yb):
         with tf.GradientTape() as tape:
-            with tb_layergrad.capture(model, weights=True, tape=tape) as cap:
+            with tb_layergrad.capture(model, weights=True, tape=tape, activations=True) as cap:
                 loss = tf.nn.compute_average_loss(per_example(yb, model(xb)), global_batch_size=GLOBAL_BATCH)
         grads = cap.gradients(tape, loss)
         step = opt.iterations + 1
@@ -69,7 +69,7 @@ def train(log: bool):
     @tf.function
     def single_step(xb, yb, step):
         with tf.GradientTape() as tape:
-            with tb_layergrad.capture(single, weights=True, tape=tape) as cap:
+            with tb_layergrad.capture(single, weights=True, tape=tape, activations=True) as cap:
                 loss = tf.reduce_mean(per_example(yb, single(xb)))
         grads = cap.gradients(tape, loss)
         with single_writer.as_default(step=step):

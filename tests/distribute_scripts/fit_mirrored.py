@@ -47,7 +47,7 @@ def fit(run, replicas=None, lr=0.0, strategy_=None, eager=False, factor=1.0, ste
         model.compile(optimizer=keras.optimizers.SGD(lr), loss=loss, run_eagerly=eager)
     callbacks = []
     if run is not None:
-        callbacks.append(tb_layergrad.GradientLogger(os.path.join(logdir, run), weights=True, replicas=replicas or "gather"))
+        callbacks.append(tb_layergrad.GradientLogger(os.path.join(logdir, run), weights=True, replicas=replicas or "gather", activations=True))
     n = GLOBAL_BATCH * steps
     model.fit(x[:n], y[:n], batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     return [v.numpy() for v in model.trainable_variables]
