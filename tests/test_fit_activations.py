@@ -284,3 +284,26 @@ def test_custom_loop_says_where_it_broke(tmp_path):
             loss = tf.reduce_mean(tf.math.log(model(x[64:]) * 0.0 - 1.0))
     origin = cap.gradients(tape, loss).nonfinite_origin()
     assert (origin.pass_, origin.origin) == ("loss", metadata.DEFAULT_TARGET)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_nan_only_in_the_loss_value_writes_the_step_in_full(tmp_path, mode):
+    """The loss is NaN, its gradients are not (a term under stop_gradient): still the first non-finite step,
+    written in full (the fused op writes because the loss series, written by TensorFlow's ops, says so)."""
+    x, y = _bad_batch_data(12, 7, 1.0, seed=6)
+    y[6 * 64] = -1000.0  # batch 7: log(y + 100) is NaN, and nothing is differentiated through it
+
+    def loss(y_true, y_pred):
+        return tf.reduce_mean(tf.square(y_pred - y_true)) + tf.stop_gradient(tf.math.log(tf.reduce_min(y_true) + 100.0))
+
+    model = _sqrt_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss, **compile_kwargs(mode))
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=10, activations=True)
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    series = read_series(log_dir(tmp_path))
+    for source in ("output", "activation", "target"):
+        steps = sorted({s for _, (info, by) in series.items() if info.source == source for s in by})
+        assert steps == [7, 10], (source, steps)
+    assert _nonfinite(series, "loss/target/loss/stats", 7)
+    assert not _nonfinite(series, "loss/output/sq/dense_0/stats", 7)
+    assert (logger.nonfinite.step, logger.nonfinite.pass_, logger.nonfinite.origin) == (7, "loss", "loss")

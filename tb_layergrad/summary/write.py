@@ -117,6 +117,13 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
     entered = writer.as_default if writer is not None else contextlib.nullcontext
     written: List[tf.Tensor] = []
     flag_of: dict = {}
+    if checking:  # the small rest first: a NaN there makes the fused op write too (the step is written in full)
+        for s in rest:
+            if s.present:
+                flag_of[id(s)] = series_nonfinite(s)
+        if flag_of:
+            elsewhere = tf.reduce_any(tf.stack(list(flag_of.values())))
+            should = tf.logical_or(should, tf.logical_and(elsewhere, record_if_nonfinite))
     if fused:
         condition = tf.constant(should) if isinstance(should, bool) else should
         done, nonfinite = backend.write_fused(
@@ -127,9 +134,6 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
         written.append(done)
         flag_of.update(zip(map(id, fused), tf.unstack(nonfinite, len(fused))))
     if checking:
-        for s in rest:
-            if s.present:
-                flag_of[id(s)] = series_nonfinite(s)
         flags = tf.stack([flag_of[id(s)] for s in present]) if present else tf.zeros([0], tf.bool)
         should = tf.logical_or(should, tf.logical_and(tf.reduce_any(flags), record_if_nonfinite))
     else:
