@@ -64,6 +64,7 @@ class StepConfig:
     xla: bool
     replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
     activations: bool = False  # also the layer outputs' forward values (source "activation")
+    on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
 
 
 class FitStep:
@@ -84,9 +85,9 @@ class FitStep:
         self.layout: Dict[str, Tuple[int, tf.DType]] = {}
         #: the series whose finiteness every step checks, in the order of the flags it hands out.
         self.checked: List[metadata.SeriesInfo] = []
-        #: has a step written so far held a NaN/Inf? (the step that writes itself reads it: the first such step
-        #: is written in full, logged or not)
-        self.nonfinite_seen = nonfinite_check.seen_variable()
+        #: the first non-finite step and its flags, kept by the step that writes itself (the first such step is
+        #: written in full, logged or not)
+        self.first_nonfinite = nonfinite_check.FirstNonfinite()
 
     def _step_and_flag(self) -> Tuple[tf.Tensor, tf.Tensor]:
         iterations = tf.cast(tf.convert_to_tensor(update_count(self.model.optimizer)), tf.int64)
@@ -243,14 +244,15 @@ class FitStep:
         logs = dict(logs)
         if ctx is None and self.writes_in_step():
             with tf.name_scope("layergrad"):
-                first = tf.logical_not(self.nonfinite_seen.value())
-                record, flags = write_step_checked(main, step, log, first, writer=self.writer, flush=True)
+                state = self.first_nonfinite
+                record, flags = write_step_checked(main, step, log, state.none_yet(), writer=self.writer, flush=True)
                 written = [record]
                 if auxiliary is not None:
                     written.append(when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer, flush=True)))
                 with tf.control_dependencies(written):
-                    nonfinite_check.remember(self.nonfinite_seen, flags)
-            logs[PAYLOAD_KEY] = {"step": step, "flags": flags}
+                    state.remember(step, flags)
+            if self.config.on_nonfinite != "log":  # the callback acts at once: it needs the flags of every step
+                logs[PAYLOAD_KEY] = {"step": step, "flags": flags}
             return logs
         flags = nonfinite_check.flags(main)
         if auxiliary is not None and (not tf.executing_eagerly() or bool(log) or bool(tf.reduce_any(flags))):

@@ -194,8 +194,7 @@ class GradientLogger(_Base):
         self.replicas = replicas
         self.activations = bool(activations)
         self.check_every_step = bool(check_every_step)
-        #: where the first NaN/Inf of this callback's training was born, once there was one (`nonfinite_origin.Origin`).
-        self.nonfinite = None
+        self._nonfinite = None  # see the `nonfinite` property
         self._writer = None
         self._chief = True
         self._record_writer: Optional[Callable] = None  # compiled for self._writer, made at the first write
@@ -218,6 +217,20 @@ class GradientLogger(_Base):
 
     def _implements_predict_batch_hooks(self) -> bool:
         return False
+
+    @property
+    def nonfinite(self) -> Any:
+        """Where the first NaN/Inf of this callback's training was born (`nonfinite_origin.Origin`), or None.
+
+        Read from the step's own record of it when the step writes itself (it
+        keeps the first non-finite step and its flags in variables: nothing is
+        handed out of a step for this with `on_nonfinite="log"`).
+        """
+        if self._nonfinite is None and self._fit_step is not None:
+            kept = self._fit_step.first_nonfinite.read()
+            if kept is not None and len(kept[1]) == len(self._fit_step.checked):
+                self._nonfinite = nonfinite_check.origin(self._fit_step.checked, kept[1], kept[0])
+        return self._nonfinite
 
     @property
     def run_dir(self) -> str:
@@ -306,6 +319,7 @@ class GradientLogger(_Base):
             xla=xla,
             replicas=self.replicas,
             activations=self.activations,
+            on_nonfinite=self.on_nonfinite,
         )
         if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
             model.make_train_function()
@@ -438,7 +452,7 @@ class GradientLogger(_Base):
         if "encoded" in payload:  # several replicas: see replica_payload
             payload = replica_payload.decode(payload, self._fit_step.layout)
         flags = np.asarray(payload["flags"], dtype=bool).reshape(-1)
-        first = bool(flags.any()) and self.nonfinite is None
+        first = bool(flags.any()) and self._nonfinite is None
         if self._writer is not None and "tensors" in payload and (bool(payload["log"]) or first):
             if self._record_writer is None:
                 self._record_writer = train_functions.record_writer(self._writer, self._fit_step.plan)
@@ -448,10 +462,10 @@ class GradientLogger(_Base):
 
     def _found_nonfinite(self, step: int, flags: np.ndarray) -> None:
         """The first step with a NaN/Inf: say where it was born; stop or raise if asked (that step is written)."""
-        self.nonfinite = nonfinite_check.origin(self._fit_step.checked, flags, step)
+        self._nonfinite = nonfinite_check.origin(self._fit_step.checked, flags, step)
         if self._writer is not None:
             self._writer.flush()
-        if self.on_nonfinite == "log" or self.nonfinite is None:
+        if self.on_nonfinite == "log" or self._nonfinite is None:
             return
         if self.on_nonfinite == "raise":
             raise nonfinite_check.NonFiniteError(self.nonfinite)

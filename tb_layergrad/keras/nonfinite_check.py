@@ -10,13 +10,14 @@ tab applies to the written records).
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
 
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.summary import first_nonfinite
+from tb_layergrad.summary.graph import cond_out_of_line
 from tb_layergrad.summary.plan import Plan
 from tb_layergrad.summary.write import series_nonfinite
 
@@ -48,14 +49,38 @@ def flags(plan: Plan) -> tf.Tensor:
     return tf.stack(out) if out else tf.zeros([0], tf.bool)
 
 
-def seen_variable() -> Any:
-    """A bool variable: has a written step held a NaN/Inf? (one per callback's step)."""
-    with tf.init_scope():
-        return first_nonfinite.local_variable(tf.constant(False), tf.TensorShape([]), "layergrad_nonfinite_seen")
+class FirstNonfinite:
+    """Where the step that writes itself keeps the first non-finite step of a run and its flags.
 
+    Why variables, read by Python only when asked: with `on_nonfinite="log"`
+    nothing needs the answer during training, and handing the flags out of
+    every step costs more than the check itself (docs/DESIGN.md). The step
+    reads `step` (is this the first?) and stores both behind a condition that
+    is taken once per run.
+    """
 
-def remember(seen: Any, nonfinite: tf.Tensor) -> Any:
-    return seen.assign(tf.logical_or(seen.value(), tf.reduce_any(nonfinite)))
+    def __init__(self) -> None:
+        with tf.init_scope():
+            self.step = first_nonfinite.local_variable(tf.constant(-1, tf.int64), tf.TensorShape([]), "layergrad_first_nonfinite_step")
+            self.flags = first_nonfinite.local_variable(tf.zeros([0], tf.bool), tf.TensorShape([None]), "layergrad_first_nonfinite_flags")
+
+    def none_yet(self) -> tf.Tensor:
+        return self.step.value() < 0
+
+    def remember(self, step: tf.Tensor, nonfinite: tf.Tensor) -> tf.Tensor:
+        """In the step, after its records: the first time anything is non-finite, keep the step and its flags."""
+
+        def store() -> tf.Tensor:
+            self.step.assign(tf.cast(step, tf.int64))
+            self.flags.assign(nonfinite)
+            return tf.constant(True)
+
+        return cond_out_of_line(tf.logical_and(tf.reduce_any(nonfinite), self.none_yet()), store)
+
+    def read(self) -> Optional[Tuple[int, np.ndarray]]:
+        """(step, flags) once a step was non-finite, else None (eagerly)."""
+        step = int(self.step.numpy())
+        return None if step < 0 else (step, self.flags.numpy())
 
 
 def origin(infos: Sequence[metadata.SeriesInfo], nonfinite: Any, step: Optional[int]) -> Optional[nonfinite_origin.Origin]:
