@@ -185,3 +185,33 @@ def test_first_nonfinite_is_kept_per_writer_written_to(tmp_path):
     nan_run, clean_run = _events(str(tmp_path / "nan_run")), _events(str(tmp_path / "clean_run"))
     assert int(tf.make_ndarray(nan_run[(3, first_tag)].tensor)[0]) == 3
     assert sorted(clean_run) == [(4, info.tag.replace("/stats", "/histogram")), (4, info.tag)]
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
+@pytest.mark.parametrize("size", [7, 1 << 20])  # one thread; and enough elements to spread over the worker threads
+def test_the_check_of_an_unrecorded_step_finds_each_nan_and_inf(tmp_path, dtype, size):
+    """With `record_if_nonfinite`, an unrecorded step's tensors are scanned: the flags name exactly the tensors
+    holding a NaN or an Inf (anywhere, also the last element of a chunk), and the step is written after all only
+    when asked to; the largest finite values, subnormals and -0 are not non-finite."""
+    writer = tf.summary.create_file_writer(str(tmp_path))
+    big = float(tf.as_dtype(dtype).max)
+    finite = np.full(size, big, np.float32)
+    finite[0], finite[-1] = -big, -0.0
+    tensors = [finite.copy() for _ in range(5)]
+    tensors[1][size // 2] = np.nan
+    tensors[2][-1] = np.inf
+    tensors[3][(1 << 15) - 1 if size > 1 << 15 else 1] = -np.inf  # the last element of the first chunk
+    tensors[4][1] = 1e-45 if dtype == tf.float32 else 0.0  # a subnormal float32
+    xs = [tf.cast(tf.constant(t), dtype) for t in tensors]
+    series = _series(5)
+    for record_if in (False, True):
+        written, nonfinite = backend.write_fused(writer._resource, tf.constant(False), tf.constant(3, tf.int64), series, xs, 30,  # noqa: SLF001
+                                                 track_nonfinite=False, record_if_nonfinite=tf.constant(record_if))
+        assert nonfinite.numpy().tolist() == [False, True, True, True, False]
+        assert bool(written) == record_if
+    writer.close()
+    assert sorted({step for step, _ in _events(str(tmp_path))}) == [3]  # written once: when asked to
+    other = tf.summary.create_file_writer(str(tmp_path / "clean"))
+    clean_written, clean = backend.write_fused(other._resource, tf.constant(False), tf.constant(4, tf.int64), series[:1],  # noqa: SLF001
+                                               xs[:1], 30, track_nonfinite=False, record_if_nonfinite=tf.constant(True))
+    assert not bool(clean_written) and clean.numpy().tolist() == [False]  # all finite: nothing written

@@ -237,30 +237,82 @@ double TensorChunkBuckets(const Tensor& x, const Chunk& c, const Moments& m, int
   }
 }
 
+// The tensors of a step cut into chunks of at most kChunk elements, and a way to run over them.
+class Chunks {
+ public:
+  Chunks(OpKernelContext* ctx, const tensorflow::OpInputList& xs) {
+    int64_t total = 0;
+    for (int t = 0; t < xs.size(); ++t) {
+      const int64_t n = xs[t].NumElements();
+      total += n;
+      for (int64_t b = 0; b < n; b += kChunk) chunks_.push_back({t, b, std::min(n, b + kChunk)});
+    }
+    // Spread over TensorFlow's CPU threads only when the work outweighs the handoff: waking and
+    // stealing cost as much as reading a small model's gradients twice on one thread
+    // (docs/DESIGN.md, "Benchmark notes").
+    pool_ = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+    parallel_ = total >= kParallelMinElements && chunks_.size() > 1;
+  }
+
+  const std::vector<Chunk>& all() const { return chunks_; }
+  int64_t size() const { return static_cast<int64_t>(chunks_.size()); }
+
+  void ForEach(const std::function<void(int64_t, int64_t)>& work) const {
+    if (parallel_) {
+      pool_->ParallelFor(size(), 4 * kChunk /* ~cycles per chunk and read */, work);
+    } else {
+      work(0, size());
+    }
+  }
+
+ private:
+  std::vector<Chunk> chunks_;
+  decltype(tensorflow::DeviceBase::CpuWorkerThreads{}.workers) pool_ = nullptr;  // TensorFlow's CPU worker pool
+  bool parallel_ = false;
+};
+
+// The largest magnitude bits of a chunk: a NaN or an Inf is any value whose exponent bits are all
+// set, so the chunk holds one exactly when this is at least `inf`. A max reduction vectorizes; no
+// floating-point operation (and so no exception flag or subnormal handling) is involved.
+template <typename Bits>
+bool ChunkHasNonfinite(const Bits* bits, int64_t n, Bits magnitude, Bits inf) {
+  Bits top = 0;
+#pragma omp simd reduction(max : top)
+  for (int64_t i = 0; i < n; ++i) top = std::max<Bits>(top, bits[i] & magnitude);
+  return top >= inf;
+}
+
+bool TensorChunkHasNonfinite(const Tensor& x, const Chunk& c) {
+  const int64_t n = c.end - c.begin;
+  const char* data = x.tensor_data().data();
+  switch (x.dtype()) {
+    case tensorflow::DT_FLOAT:
+      return ChunkHasNonfinite(reinterpret_cast<const uint32_t*>(data) + c.begin, n, uint32_t{0x7fffffff}, uint32_t{0x7f800000});
+    case tensorflow::DT_HALF:
+      return ChunkHasNonfinite(reinterpret_cast<const uint16_t*>(data) + c.begin, n, uint16_t{0x7fff}, uint16_t{0x7c00});
+    default:  // bfloat16
+      return ChunkHasNonfinite(reinterpret_cast<const uint16_t*>(data) + c.begin, n, uint16_t{0x7fff}, uint16_t{0x7f80});
+  }
+}
+
 }  // namespace
+
+void NonfiniteFlags(OpKernelContext* ctx, const tensorflow::OpInputList& xs, bool* out) {
+  const Chunks chunks(ctx, xs);
+  std::unique_ptr<bool[]> found(new bool[chunks.size()]);
+  chunks.ForEach([&](int64_t first, int64_t last) {
+    for (int64_t u = first; u < last; ++u) found[u] = TensorChunkHasNonfinite(xs[chunks.all()[u].tensor], chunks.all()[u]);
+  });
+  std::fill(out, out + xs.size(), false);
+  for (int64_t u = 0; u < chunks.size(); ++u) out[chunks.all()[u].tensor] |= found[u];
+}
 
 void ComputeRecords(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int k, Tensor* hist_out, Tensor* stats_out) {
   const int num = xs.size();
-  std::vector<Chunk> chunks;
-  for (int t = 0; t < num; ++t) {
-    const int64_t n = xs[t].NumElements();
-    for (int64_t b = 0; b < n; b += kChunk) chunks.push_back({t, b, std::min(n, b + kChunk)});
-  }
-  const int64_t units = static_cast<int64_t>(chunks.size());
-  int64_t total = 0;
-  for (int t = 0; t < num; ++t) total += xs[t].NumElements();
-  // Spread over TensorFlow's CPU threads only when the work outweighs the handoff: waking and
-  // stealing cost as much as reading a small model's gradients twice on one thread
-  // (docs/DESIGN.md, "Benchmark notes").
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  const bool parallel = total >= kParallelMinElements && units > 1;
-  auto for_each_chunk = [&](const std::function<void(int64_t, int64_t)>& work) {
-    if (parallel) {
-      pool->ParallelFor(units, 4 * kChunk /* ~cycles per chunk and read */, work);
-    } else {
-      work(0, units);
-    }
-  };
+  const Chunks chunked(ctx, xs);
+  const std::vector<Chunk>& chunks = chunked.all();
+  const int64_t units = chunked.size();
+  auto for_each_chunk = [&](const std::function<void(int64_t, int64_t)>& work) { chunked.ForEach(work); };
 
   // Read 1: moments and range, per chunk, then per tensor.
   std::vector<Moments> chunk_moments(chunks.size());

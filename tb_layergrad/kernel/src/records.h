@@ -21,6 +21,9 @@ enum Stat : int { kElements, kNan, kPosInf, kNegInf, kZeros, kMin, kMax, kMean, 
 void ComputeRecords(tensorflow::OpKernelContext* ctx, const tensorflow::OpInputList& xs, int k,
                     tensorflow::Tensor* hist, tensorflow::Tensor* stats);
 
+// Sets out[t] to whether xs[t] holds a NaN or an Inf: one read of each, spread like ComputeRecords'.
+void NonfiniteFlags(tensorflow::OpKernelContext* ctx, const tensorflow::OpInputList& xs, bool* out);
+
 // The number of tensors in the list attr "T" (for the ops' shape functions).
 inline absl::Status NumTensors(tensorflow::shape_inference::InferenceContext* c, int* n) {
   std::vector<tensorflow::DataType> types;

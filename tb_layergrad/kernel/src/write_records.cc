@@ -66,33 +66,6 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
         "updated first_nonfinite steps (the input as it is when nothing was written) and which inputs hold a "
         "NaN/Inf (all false when nothing was recorded or checked) (tb_layergrad).");
 
-namespace {
-
-// Whether any element is a NaN or an Inf: its exponent bits all set. One pass, no early exit
-// (the loop vectorizes), on the bits, so that no floating-point exception or flag is involved.
-template <typename Bits>
-bool HasNonfinite(const Bits* bits, int64_t n, Bits exponent) {
-  bool found = false;
-  for (int64_t i = 0; i < n; ++i) found |= (bits[i] & exponent) == exponent;
-  return found;
-}
-
-bool HasNonfinite(const tensorflow::Tensor& x) {
-  const int64_t n = x.NumElements();
-  const auto* data = x.tensor_data().data();
-  switch (x.dtype()) {
-    case tensorflow::DT_FLOAT:
-      return HasNonfinite(reinterpret_cast<const uint32_t*>(data), n, uint32_t{0x7f800000});
-    case tensorflow::DT_HALF:
-      return HasNonfinite(reinterpret_cast<const uint16_t*>(data), n, uint16_t{0x7c00});
-    case tensorflow::DT_BFLOAT16:
-      return HasNonfinite(reinterpret_cast<const uint16_t*>(data), n, uint16_t{0x7f80});
-    default:
-      return false;  // the op's type constraint admits no other
-  }
-}
-
-}  // namespace
 
 class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
  public:
@@ -142,8 +115,9 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     nonfinite.setConstant(false);
     bool recorded = record.scalar<bool>()();
     if (!recorded && check_) {
+      NonfiniteFlags(ctx, xs, nonfinite.data());
       bool any = false;
-      for (int t = 0; t < num; ++t) any |= nonfinite(t) = HasNonfinite(xs[t]);
+      for (int t = 0; t < num; ++t) any |= nonfinite(t);
       recorded = any && record_if_nonfinite.scalar<bool>()();
     }
     written->scalar<bool>()() = recorded;
