@@ -229,7 +229,8 @@ def main() -> None:
     lines = [
         "# Performance",
         "",
-        f"Measured {datetime.date.today().isoformat()} with `python bench/run.py`{' --smoke' if args.smoke else ''} on: {machine()}.",
+        f"Measured {datetime.date.today().isoformat()} with `python bench/run.py`{' --smoke' if args.smoke else ''}"
+        f"{f' --rounds {args.rounds}' if args.rounds else ''} on: {machine()}.",
         "",
     ]
     start_load = os.getloadavg()[0]
