@@ -98,10 +98,9 @@ class GradientMap:
     def activation_entry(self, path: str) -> Entry:
         return self._activations[path]
 
-    def with_entries(self, entries: Dict[str, Entry], target: Optional[str] = None, variable_gradients: Any = None) -> "GradientMap":
-        """The same pass (activations, target value, replicas) with other gradient entries, e.g. unscaled or merged."""
-        return GradientMap(entries, target or self.target, self.variable_gradients if variable_gradients is None else variable_gradients,
-                           self.replicas, self._activations, self.target_value)
+    def with_entries(self, entries: Dict[str, Entry]) -> "GradientMap":
+        """The same pass (target, activations, target value, replicas) with other gradient entries, e.g. a subset."""
+        return GradientMap(entries, self.target, self.variable_gradients, self.replicas, self._activations, self.target_value)
 
     def nonfinite_origin(self, step: Optional[int] = None) -> Optional[nonfinite_origin.Origin]:
         """Where a NaN/Inf of this pass was born (forward, loss or backward), or None if everything is finite.

@@ -141,8 +141,8 @@ class Capture(LayerHooks):
         They are the very tensors the gradients are taken with respect to: the
         activations and the gradients written at one step come from one pass.
         """
-        records = [r for r in self._ordered_records() if _is_differentiable(r.tensor)]
-        return LayerOutputs({r.key: r.tensor for r in records}, {r.key: r.node.index for r in records})
+        entries = self._activation_entries()
+        return LayerOutputs({p: e.gradient for p, e in entries.items()}, {p: e.index for p, e in entries.items()})
 
     def _activation_entries(self) -> Dict[str, Entry]:
         return {

@@ -381,14 +381,15 @@ class GradientLogger(_Base):
                 self._restore()
                 return self.model.train_function(*args, **kwargs)
             self._armed = False
-            done = self._iterations_before_call()
-            capturing = self.check_every_step or not built.traced or self._logs_next_execution(done)
+            # Checking every step runs the observing step at every call: no count is needed to choose.
+            done = None if self.check_every_step else self._iterations_before_call()
+            capturing = done is None or not built.traced or self._logs_next_execution(done)
             inner = built.logging_fn if capturing else built.keras_fn
             self._iterations = None  # unknown until the call returns (it may stop the epoch)
             try:
                 out = inner(*args, **kwargs)
                 built.traced = built.traced or capturing
-                if self._counting:
+                if self._counting and done is not None:
                     self._iterations = done + 1
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise
