@@ -10,14 +10,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from typing import Any, Dict, Optional
+import hashlib
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from tensorboard.compat.proto import summary_pb2
 
 PLUGIN_NAME = "layergrad"
 
-# Version of the JSON document stored in `SummaryMetadata.plugin_data.content`.
-FORMAT_VERSION = 1
+# The newest version of the JSON document stored in `SummaryMetadata.plugin_data.content` that this
+# package reads, and the one it writes by default. Version 1: one record per layer, kind and step
+# (`SeriesInfo`). Version 2: the `stats`, `histogram` and `first_nonfinite` records of all layers of
+# one (target, source) in one record per step (`GroupInfo`); `tensor` and `timesteps` records keep
+# their version-1 form. docs/FORMAT.md.
+FORMAT_VERSION = 2
+# The content version of per-layer records (`SeriesInfo`), which version 2 did not change.
+LAYER_RECORD_VERSION = 1
+WRITABLE_VERSIONS = (1, 2)
 
 # What a record holds (the `kind` field). Each kind has its own tensor layout.
 KIND_HISTOGRAM = "histogram"  # float64 [k, 3]: (left edge, right edge, count)
@@ -85,7 +93,7 @@ class SeriesInfo:
     source: str = SOURCE_OUTPUT
     index: int = -1  # position of the layer in the model (pre-order walk), -1 if unknown
     dtype: str = ""  # dtype of the captured tensor, for display
-    version: int = FORMAT_VERSION
+    version: int = LAYER_RECORD_VERSION
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -126,17 +134,149 @@ def create_summary_metadata(info: SeriesInfo, description: str = "") -> summary_
     )
 
 
+# -- format version 2: one record per step for all layers of one (target, source) ------------------
+GROUPED_KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_FIRST_NONFINITE)
+# The histogram counts of a version-2 record are stored in the narrowest of these that holds the
+# record's largest count (one dtype per record): the edges follow from the stats' min and max.
+COUNT_DTYPES = (("uint8", 1 << 8), ("uint16", 1 << 16), ("uint32", 1 << 32), ("uint64", 1 << 64))
+_DIGEST_CHARS = 10
+
+
+def count_dtype(max_count: int) -> str:
+    """The narrowest unsigned integer type (a numpy/TensorFlow dtype name) that holds `max_count`."""
+    for name, bound in COUNT_DTYPES:
+        if max_count < bound:
+            return name
+    raise ValueError(f"a count of {max_count} does not fit 64 bits")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupInfo:
+    """What one version-2 tag holds: one `kind` of every layer of one (target, source); constant for its life.
+
+    Row i of each record is `layers[i]`. Why one record for all layers: a tag,
+    its framing and its metadata per layer and step were most of the bytes of a
+    version-1 run, and TensorBoard keeps every record in memory. The layer list
+    is in the metadata, which only the tag's first record carries; a step whose
+    layer list differs (a rebuilt model) writes to another tag, whose name
+    carries a digest of the list.
+    """
+
+    kind: str
+    target: str
+    source: str
+    layers: Tuple[str, ...]
+    indexes: Tuple[int, ...]
+    dtypes: Tuple[str, ...]
+    version: int = 2
+    fields: Tuple[str, ...] = ()  # kind `stats`: the columns' names (STAT_FIELDS when written here)
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "indexes", "dtypes", "fields"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.kind not in GROUPED_KINDS:
+            raise ValueError(f"kind {self.kind!r} is not a version-2 record; expected one of {GROUPED_KINDS}")
+        if self.source not in SOURCES:
+            raise ValueError(f"unknown source {self.source!r}; expected one of {SOURCES}")
+        if not self.target:
+            raise ValueError("a series needs a non-empty target name")
+        if not self.layers or not all(isinstance(x, str) and x for x in self.layers):
+            raise ValueError("a version-2 record needs a non-empty list of non-empty layer paths")
+        if len(set(self.layers)) != len(self.layers):
+            raise ValueError("the layer paths of a version-2 record must be distinct")
+        if len(self.indexes) != len(self.layers) or len(self.dtypes) != len(self.layers):
+            raise ValueError("a version-2 record needs one index and one dtype per layer")
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.indexes):
+            raise ValueError("layer indexes must be integers")
+        if self.kind == KIND_STATS and not self.fields:
+            object.__setattr__(self, "fields", STAT_FIELDS)
+
+    @classmethod
+    def of(cls, kind: str, members: Sequence[SeriesInfo]) -> "GroupInfo":
+        """The group of these per-layer series (one target and source), in their order."""
+        first = members[0]
+        if any((m.target, m.source) != (first.target, first.source) for m in members):
+            raise ValueError("the series of one version-2 record share their target and source")
+        return cls(kind=kind, target=first.target, source=first.source, layers=tuple(m.layer for m in members),
+                   indexes=tuple(m.index for m in members), dtypes=tuple(m.dtype for m in members))
+
+    @property
+    def digest(self) -> str:
+        """Names the layer list: the same list (paths, indexes, dtypes) gives the same tags."""
+        text = json.dumps([self.layers, self.indexes, self.dtypes], separators=(",", ":"))
+        return hashlib.sha1(text.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
+
+    @property
+    def tag(self) -> str:
+        return group_tag(self.target, self.source, self.digest, self.kind)
+
+    def with_kind(self, kind: str) -> "GroupInfo":
+        return dataclasses.replace(self, kind=kind, fields=STAT_FIELDS if kind == KIND_STATS else ())
+
+    def members(self) -> Tuple[SeriesInfo, ...]:
+        """One `SeriesInfo` per row (version 2), as a reader lists layers."""
+        return tuple(
+            SeriesInfo(layer=layer, kind=self.kind, target=self.target, source=self.source, index=index, dtype=dtype,
+                       version=self.version)
+            for layer, index, dtype in zip(self.layers, self.indexes, self.dtypes)
+        )
+
+    def to_content(self) -> bytes:
+        doc: Dict[str, Any] = {
+            "version": self.version, "kind": self.kind, "target": self.target, "source": self.source,
+            "layers": list(self.layers), "indexes": list(self.indexes), "dtypes": list(self.dtypes),
+        }
+        if self.fields:
+            doc["fields"] = list(self.fields)
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def group_tag(target: str, source: str, digest: str, kind: str) -> str:
+    """The tag of a version-2 record: `{target}/{source}/layers-{digest}/{kind}`."""
+    return f"{target}/{source}/layers-{digest}/{kind}"
+
+
+def create_group_metadata(info: GroupInfo, description: str = "") -> summary_pb2.SummaryMetadata:
+    """Metadata of a version-2 tag; written with its first record only (TensorBoard keeps the first it sees)."""
+    return summary_pb2.SummaryMetadata(
+        display_name=f"{info.target}/{info.source}",
+        summary_description=description,
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=info.to_content()),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
+
+
+def histogram_edges(lo: float, hi: float, buckets: int) -> Tuple[list, list]:
+    """(left edges, right edges) of a histogram of `buckets` over [lo, hi], as every writer computes them.
+
+    `lo + i * ((hi - lo) / buckets)` in float64, the first `lo` and the last `hi`
+    exactly; one unique value gives every edge that value; no finite element
+    (lo, hi NaN) gives zeros (docs/FORMAT.md, `histogram`).
+    """
+    if not (lo == lo and hi == hi):  # NaN: no finite element
+        lo = hi = 0.0
+    width = (hi - lo) / buckets
+    left = [lo if i == 0 else lo + i * width for i in range(buckets)]
+    right = left[1:] + [hi]
+    return left, right
+
+
 class UnsupportedFormatError(ValueError):
     """The content was written by a newer tb_layergrad than this reader."""
 
 
-def parse_plugin_content(content: bytes) -> SeriesInfo:
-    """Decode `plugin_data.content`; raises ValueError on anything malformed.
+Info = Union[SeriesInfo, GroupInfo]
 
-    Memoized by the bytes: every listing of the tab parses the content of every
-    series again, and a run's contents repeat across runs and calls (decoding
-    was most of the Python side of a 3 x 200-layer listing). `SeriesInfo` is
-    frozen, so sharing one is safe; malformed content is not cached (it raises).
+
+def parse_plugin_content(content: bytes) -> Info:
+    """Decode `plugin_data.content`: a `SeriesInfo` (version 1) or a `GroupInfo` (version 2).
+
+    Raises UnsupportedFormatError for a version newer than FORMAT_VERSION and
+    ValueError on anything malformed. Memoized by the bytes: every listing of
+    the tab parses the content of every series again, and a run's contents
+    repeat across runs and calls (decoding was most of the Python side of a
+    3 x 200-layer listing). Both infos are frozen, so sharing one is safe;
+    malformed content is not cached (it raises).
     """
     if not isinstance(content, (bytes, bytearray)):
         raise TypeError("plugin content must be bytes")
@@ -144,7 +284,7 @@ def parse_plugin_content(content: bytes) -> SeriesInfo:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _parse_content(content: bytes) -> SeriesInfo:
+def _parse_content(content: bytes) -> Info:
     try:
         doc: Dict[str, Any] = json.loads(content.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -152,12 +292,14 @@ def _parse_content(content: bytes) -> SeriesInfo:
     if not isinstance(doc, dict):
         raise ValueError("plugin content is not a JSON object")
     version = doc.get("version")
-    if not isinstance(version, int):
-        raise ValueError("plugin content has no integer version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError("plugin content has no valid version")
     if version > FORMAT_VERSION:
         raise UnsupportedFormatError(
             f"format version {version} is newer than this reader ({FORMAT_VERSION}); upgrade tb_layergrad"
         )
+    if version >= 2 and doc.get("kind") in GROUPED_KINDS:
+        return _group_info(doc)
     kwargs = {k: v for k, v in doc.items() if k in _SERIES_INFO_FIELDS}
     try:
         return SeriesInfo(**kwargs)
@@ -165,7 +307,24 @@ def _parse_content(content: bytes) -> SeriesInfo:
         raise ValueError(f"plugin content is incomplete: {e}") from None
 
 
-def try_parse_plugin_content(content: bytes) -> Optional[SeriesInfo]:
+def _group_info(doc: Dict[str, Any]) -> GroupInfo:
+    lists = {}
+    for name in ("layers", "indexes", "dtypes"):
+        value = doc.get(name)
+        if not isinstance(value, list):
+            raise ValueError(f"version-2 plugin content needs a list {name!r}")
+        lists[name] = value
+    fields = doc.get("fields", [])
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise ValueError("version-2 plugin content: 'fields' must be a list of names")
+    try:
+        return GroupInfo(kind=doc["kind"], target=doc["target"], source=doc["source"], version=doc["version"],
+                         fields=tuple(fields), **lists)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"plugin content is incomplete: {e}") from None
+
+
+def try_parse_plugin_content(content: bytes) -> Optional[Info]:
     """Like parse_plugin_content, but None for content this reader cannot use."""
     try:
         return parse_plugin_content(content)
