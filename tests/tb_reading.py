@@ -10,8 +10,16 @@ from tensorboard.backend.event_processing import data_provider, plugin_event_mul
 from tb_layergrad import metadata
 
 
-def read_all(logdir: str) -> Dict[str, Dict[str, Tuple[metadata.SeriesInfo, List]]]:
-    """{run: {tag: (SeriesInfo, [TensorDatum...])}} for every layergrad series, all steps."""
+def read_all(logdir: str, split_groups: bool = True) -> Dict[str, Dict[str, Tuple[metadata.Info, List]]]:
+    """{run: {tag: (info, [TensorDatum...])}} for every layergrad series, all steps.
+
+    `split_groups`: format-version-2 records (one per step for all layers of a
+    (target, source)) are decoded here, independently of tb_layergrad's reader,
+    into the version-1 series they hold — one per layer and kind, under the
+    version-1 tag, with version-1 layouts (the histogram's edges rebuilt from
+    the same step's stats) — so that a test asserts the numbers whatever
+    version wrote them; False: the records as stored.
+    """
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
     mux.AddRunsFromDirectory(logdir)
     mux.Reload()
@@ -24,7 +32,49 @@ def read_all(logdir: str) -> Dict[str, Dict[str, Tuple[metadata.SeriesInfo, List
         for tag, series in tags.items():
             info = metadata.parse_plugin_content(series.plugin_content)
             out.setdefault(run, {})[tag] = (info, data[run][tag])
+    if split_groups:
+        out = {run: _split_groups(tags) for run, tags in out.items()}
     return out
+
+
+def _split_groups(tags: Dict[str, Tuple[metadata.Info, List]]) -> Dict[str, Tuple[metadata.Info, List]]:
+    out = {tag: found for tag, found in tags.items() if not isinstance(found[0], metadata.GroupInfo)}
+    for tag, (group, datums) in tags.items():
+        if not isinstance(group, metadata.GroupInfo):
+            continue
+        stats_at = {}
+        if group.kind == metadata.KIND_HISTOGRAM:
+            stats_tag = tag[: -len(metadata.KIND_HISTOGRAM)] + metadata.KIND_STATS
+            stats_at = {int(d.step): np.asarray(d.numpy) for d in tags[stats_tag][1]}
+        for row, member in enumerate(group.members()):
+            rows = [_row(group, d, row, stats_at) for d in datums]
+            if group.kind == metadata.KIND_FIRST_NONFINITE:  # -1: this layer clean so far (version 1: no record)
+                rows = [d for d in rows if int(d.numpy[0]) >= 0]
+                if not rows:
+                    continue
+            if member.tag in out:  # the layer is in several groups (its layer list changed): one series
+                rows = sorted(out[member.tag][1] + rows, key=lambda d: (d.step, d.wall_time))
+            out[member.tag] = (member, rows)
+    return out
+
+
+def _row(group: metadata.GroupInfo, datum, row: int, stats_at) -> "provider.TensorDatum":
+    from tensorboard.data import provider
+
+    value = np.asarray(datum.numpy)
+    assert value.shape[0] == len(group.layers), f"{group.kind}: {value.shape[0]} rows for {len(group.layers)} layers"
+    if group.kind == metadata.KIND_STATS:
+        assert tuple(group.fields) == metadata.STAT_FIELDS
+        one = value[row].astype(np.float64)
+    elif group.kind == metadata.KIND_FIRST_NONFINITE:
+        one = value[row : row + 1].astype(np.int64)
+    else:
+        assert value.dtype.kind == "u", f"histogram counts are unsigned integers, got {value.dtype}"
+        stats = stats_at[int(datum.step)][row]
+        lo, hi = stats[metadata.STAT_INDEX["min"]], stats[metadata.STAT_INDEX["max"]]
+        left, right = metadata.histogram_edges(lo, hi, value.shape[1])
+        one = np.stack([np.asarray(left), np.asarray(right), value[row].astype(np.float64)], axis=1)
+    return provider.TensorDatum(step=datum.step, wall_time=datum.wall_time, numpy=one)
 
 
 def values_at(records, tag: str, step: int) -> np.ndarray:

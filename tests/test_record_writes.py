@@ -59,7 +59,7 @@ def _events(logdir: str) -> dict:
     return out
 
 
-def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> None:
+def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch, format_version: int = 1) -> None:
     """Write the records of `tensors` at each step, through the fused op or (`per_record`) tf.summary.write."""
     if per_record:
         monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
@@ -69,7 +69,7 @@ def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> 
     def write(xs, at):
         with tf.summary.record_if(True):
             series = tuple(Series(info, x) for info, x in zip(_series(len(xs)), xs))
-            write_step(Plan(series, buckets=30, description="why"), at)
+            write_step(Plan(series, buckets=30, description="why", format_version=format_version), at)
 
     with writer.as_default():
         for step in steps:
@@ -79,7 +79,8 @@ def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> 
 
 
 def test_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, monkeypatch):
-    """Histogram, stats and first_nonfinite records: the same bytes through the op as through tf.summary.write."""
+    """Format version 1: histogram, stats and first_nonfinite records, the same bytes through the op as through
+    tf.summary.write."""
     tensors = _tensors()
     _write(str(tmp_path / "fused"), tensors, [7, 9], False, monkeypatch)
     _write(str(tmp_path / "plain"), tensors, [7, 9], True, monkeypatch)
@@ -101,6 +102,38 @@ def test_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, monkeypatch):
     assert hist.shape == (30, 3) and hist[0, 0] == x.min() and hist[-1, 1] == x.max()
     assert np.abs(hist[:, 2] - counts).sum() <= 2  # float32 bucket indices may move an edge element
     assert fused[(7, hist_info.tag)].metadata.summary_description == "why"
+
+
+def test_version_2_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, monkeypatch):
+    """Format version 2: one record per kind for the group, the same bytes through the op as through
+    tf.summary.write, the metadata in each tag's first record only, the counts in the narrowest type."""
+    tensors = [t for t in _tensors() if t.dtype != tf.float64]  # a group is fused only if every tensor is the op's
+    _write(str(tmp_path / "fused"), tensors, [7, 9], False, monkeypatch, format_version=2)
+    _write(str(tmp_path / "plain"), tensors, [7, 9], True, monkeypatch, format_version=2)
+    fused, plain = _events(str(tmp_path / "fused")), _events(str(tmp_path / "plain"))
+    group = metadata.GroupInfo.of(metadata.KIND_STATS, _series(len(tensors)))
+    tags = {kind: group.with_kind(kind).tag for kind in metadata.GROUPED_KINDS}
+    assert sorted(fused) == sorted(plain) == sorted((s, tag) for s in (7, 9) for tag in tags.values())
+    for key in plain:
+        assert fused[key].SerializeToString() == plain[key].SerializeToString(), key
+    for tag in tags.values():
+        assert fused[(7, tag)].HasField("metadata") and not fused[(9, tag)].HasField("metadata")
+        assert metadata.parse_plugin_content(fused[(7, tag)].metadata.plugin_data.content).layers == group.layers
+    assert fused[(7, tags["stats"])].metadata.summary_description == "why"
+    assert tf.make_ndarray(fused[(9, tags["first_nonfinite"])].tensor).tolist() == [-1, 7, -1, -1, -1]
+    stats = tf.make_ndarray(fused[(7, tags["stats"])].tensor)
+    counts = tf.make_ndarray(fused[(7, tags["histogram"])].tensor)
+    assert stats.shape == (5, 12) and stats.dtype == np.float64
+    assert counts.shape == (5, 30) and counts.dtype == np.uint16  # 70,000 elements: no bucket holds 65,536
+    assert stats[1, metadata.STAT_INDEX["nan"]] == 1 and stats[1, metadata.STAT_INDEX["pos_inf"]] == 1
+    for row, t in enumerate(tensors):  # against numpy: each row's total and range
+        x = tf.cast(t, tf.float64).numpy().ravel()
+        x = x[np.isfinite(x)]
+        assert counts[row].sum() == x.size
+        assert stats[row, metadata.STAT_INDEX["min"]] == x.min() and stats[row, metadata.STAT_INDEX["max"]] == x.max()
+    x = tensors[0].numpy().astype(np.float64).ravel()
+    reference, _ = np.histogram(x, bins=30, range=(x.min(), x.max()))
+    assert np.abs(counts[0].astype(np.int64) - reference).sum() <= 2  # float32 bucket indices may move an edge element
 
 
 def test_a_logged_step_is_one_op_and_no_condition(tmp_path):
@@ -126,7 +159,7 @@ def test_a_logged_step_is_one_op_and_no_condition(tmp_path):
             assert bool(step(grads)) == (s % 2 == 0)
     writer.close()
     events = _events(str(tmp_path))
-    assert sorted({s for s, _ in events}) == [0, 2] and len(events) == 2 * 8
+    assert sorted({s for s, _ in events}) == [0, 2] and len(events) == 2 * 2  # version 2: a histogram and a stats record
 
 
 def test_without_a_file_writer_nothing_is_written_and_nothing_fails():
@@ -178,7 +211,8 @@ def test_first_nonfinite_is_kept_per_writer_written_to(tmp_path):
     runs = {name: tf.summary.create_file_writer(str(tmp_path / name)) for name in ("nan_run", "clean_run")}
     info = _series(1)[0]
     for step, (name, data) in enumerate((("nan_run", [1.0, np.nan]), ("clean_run", [1.0, 2.0])), start=3):
-        written = write_step(Plan((Series(info, tf.constant(data)),)), step, record=tf.constant(True), writer=runs[name])
+        written = write_step(Plan((Series(info, tf.constant(data)),), format_version=1), step, record=tf.constant(True),
+                             writer=runs[name])
         assert bool(written)
         runs[name].close()
     first_tag = dataclasses.replace(info, kind=metadata.KIND_FIRST_NONFINITE).tag

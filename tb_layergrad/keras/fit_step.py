@@ -65,6 +65,7 @@ class StepConfig:
     replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
     activations: bool = False  # also the layer outputs' forward values (source "activation")
     on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
+    format_version: int = metadata.FORMAT_VERSION  # the on-disk layout (docs/FORMAT.md)
 
 
 class FitStep:
@@ -173,7 +174,7 @@ class FitStep:
             return main, None
 
         def auxiliary() -> plans.Plan:
-            plan = plans.Plan(buckets=self.config.buckets)
+            plan = plans.Plan(buckets=self.config.buckets, format_version=self.config.format_version)
             if shadow:
                 weights = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target)
                 only = weights.with_entries({p: weights.entry(p) for p in weights if weights.entry(p).source == metadata.SOURCE_WEIGHT})
@@ -202,7 +203,8 @@ class FitStep:
                 eps[key] = tf.zeros_like(source) if g is None else _unscale(g, scale)
         ctx = distribute.replica_context()
         merged = distribute.merge_in_replica(unscaled, cfg.replicas, cfg.buckets, ctx, eps, cfg.xla) if ctx is not None else None
-        plan = plans.from_gradients(merged.gradients if merged else unscaled, target, cfg.max_elements, cfg.buckets, captured_dtypes=True)
+        plan = plans.from_gradients(merged.gradients if merged else unscaled, target, cfg.max_elements, cfg.buckets,
+                                    captured_dtypes=True, format_version=cfg.format_version)
         if merged is not None:
             plan = plans.with_merged_records(plan, merged.reduced)
         timesteps = merged.timesteps if merged is not None else eps

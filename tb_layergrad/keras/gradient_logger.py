@@ -8,12 +8,13 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
-from tb_layergrad import distribute
+from tb_layergrad import distribute, metadata
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.capturing.targets import check_target_shape, validate_targets
 from tb_layergrad.keras import fit_step as _fit_step
 from tb_layergrad.keras import model_facts, nonfinite_check, replica_payload, train_functions
+from tb_layergrad.summary import plan as plans
 
 _Base = tf.keras.callbacks.Callback  # tf_keras' under TF_USE_LEGACY_KERAS=1, Keras 3's otherwise
 _MISSING = object()
@@ -129,6 +130,10 @@ class GradientLogger(_Base):
             `tb_layergrad.NonFiniteError`, a FloatingPointError, with that line).
         check_every_step: check every step for a NaN/Inf (see above), not only
             the logged ones.
+        format_version: the on-disk layout (docs/FORMAT.md): 2 (default), all
+            layers of a (target, source) in one record per step, a quarter of
+            version 1's bytes; 1, a record per layer, for readers that know no
+            other (kept for one release).
 
     Mixed precision: with a loss-scaling optimizer, the recorded gradients are
     divided by the loss scale read before the step's update (float32). A step
@@ -161,6 +166,7 @@ class GradientLogger(_Base):
         activations: bool = False,
         on_nonfinite: str = "log",
         check_every_step: bool = True,
+        format_version: int = metadata.FORMAT_VERSION,
     ):
         super().__init__()
         distribute.check_mode(replicas)
@@ -183,6 +189,7 @@ class GradientLogger(_Base):
             raise ValueError("log_dir must be a non-empty path")
         if timesteps is None:
             timesteps = False
+        self.format_version = plans.check_format_version(format_version)
         self.layers = layers
         self.every_n_steps = every_n_steps
         self.weights = bool(weights)
@@ -320,6 +327,7 @@ class GradientLogger(_Base):
             replicas=self.replicas,
             activations=self.activations,
             on_nonfinite=self.on_nonfinite,
+            format_version=self.format_version,
         )
         if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
             model.make_train_function()

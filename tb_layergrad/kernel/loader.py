@@ -204,7 +204,7 @@ def _write_op_error(module: Any) -> Optional[str]:
             record = ("self_test", b"")
             module.tb_layergrad_write_histograms_and_stats(
                 writer._resource, True, False, tf.constant(0, tf.int64), tf.constant([-1], tf.int64),  # noqa: SLF001
-                [tf.constant([1.0, 2.0])], buckets=2, histogram_tags=[record[0]], histogram_metadata=[record[1]],
+                tf.zeros([0], tf.bool), [tf.constant([1.0, 2.0])], buckets=2, histogram_tags=[record[0]], histogram_metadata=[record[1]],
                 stats_tags=[record[0]], stats_metadata=[record[1]], first_nonfinite_tags=[],
                 first_nonfinite_metadata=[], flush=True,
             )
@@ -276,8 +276,12 @@ def write_histograms_and_stats(
     first_nonfinite_series: Sequence[Tuple[str, bytes]],
     flush: bool = False,
     record_if_nonfinite: Any = None,
-) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """When `record` (a bool scalar) holds, write each tensor's records; returns (written, first steps after, nonfinite).
+    group_sizes: Sequence[int] = (),
+    with_metadata: Any = None,
+) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """When `record` (a bool scalar) holds, write each tensor's records.
+
+    Returns (written, first steps after, nonfinite, metadata_written).
 
     `writer`: a summary writer's resource handle; `step`: int64 scalar; the
     series: one (tag, serialized SummaryMetadata) per tensor and kind. The
@@ -290,6 +294,11 @@ def write_histograms_and_stats(
     step too, and the records are written after all when one holds one and
     it is true. `nonfinite` [T] bool: which tensors held one (all false when
     nothing was recorded or checked). One op, on the CPU, where the writer lives.
+    `group_sizes` (format version 2): the tensors form consecutive groups of these
+    sizes, each written as one record per kind; the series then name one
+    (tag, metadata) per group, and `with_metadata` [3 * groups] bool says which
+    of each group's (histogram, stats, first_nonfinite) records carries its
+    metadata; `metadata_written` [3 * groups] says which did.
     """
     fn = write_op()
     if fn is None:
@@ -300,13 +309,16 @@ def write_histograms_and_stats(
 
     (ht, hm), (st, sm), (ft, fm) = split(histogram_series), split(stats_series), split(first_nonfinite_series)
     check = record_if_nonfinite is not None
+    if with_metadata is None:
+        with_metadata = tf.ones([3 * len(group_sizes)], tf.bool)
     with tf.device("cpu:0"):
-        written, firsts, nonfinite = fn(
+        written, firsts, nonfinite, metadata_written = fn(
             writer, record, tf.constant(False) if not check else record_if_nonfinite, step, first_nonfinite,
-            list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm, stats_tags=st,
+            with_metadata, list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm, stats_tags=st,
             stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush, check=check,
+            group_sizes=list(group_sizes),
         )
-    return written, firsts, nonfinite
+    return written, firsts, nonfinite, metadata_written
 
 
 def main() -> None:

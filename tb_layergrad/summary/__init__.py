@@ -45,12 +45,14 @@ from tb_layergrad.summary.write import read_step, recording, resolve_step, when,
 __all__ = ["activations", "gradient", "gradients", "timesteps"]
 
 
-def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str) -> plans.Plan:
+def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str,
+                  format_version: int = metadata.FORMAT_VERSION) -> plans.Plan:
     """Inside `strategy.run`: the global batch's plan, the collectives run here, unconditionally."""
     if replicas == "stats" and max_elements > 0:
         raise ValueError('max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"')
     merged = distribute.merge_in_replica(gmap, replicas, buckets, ctx)
-    return plans.with_merged_records(plans.from_gradients(merged.gradients, target, max_elements, buckets), merged.reduced)
+    plan = plans.from_gradients(merged.gradients, target, max_elements, buckets, format_version=format_version)
+    return plans.with_merged_records(plan, merged.reduced)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
@@ -67,6 +69,7 @@ def gradient(
     elements: int = -1,
     description: str = "",
     replicas: str = "gather",
+    format_version: int = metadata.FORMAT_VERSION,
 ) -> tf.Tensor:
     """Write the histogram and statistics of one gradient tensor.
 
@@ -97,7 +100,8 @@ def gradient(
     distribute.check_mode(replicas)
     one = plans.series(name, data, target=target, source=source, index=layer_index, elements=elements,
                        max_elements=max_elements)
-    plan = plans.Plan((one,), buckets=plans.check_buckets(buckets), description=description, track_nonfinite=False)
+    plan = plans.Plan((one,), buckets=plans.check_buckets(buckets), description=description, track_nonfinite=False,
+                      format_version=plans.check_format_version(format_version))
     ctx = distribute.replica_context()
     if ctx is not None:
         entry = Entry(data, source, layer_index, elements)
@@ -117,6 +121,7 @@ def gradients(
     target: Optional[str] = None,
     replicas: str = "gather",
     strategy: Any = None,
+    format_version: int = metadata.FORMAT_VERSION,
 ) -> tf.Tensor:
     """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
 
@@ -134,11 +139,14 @@ def gradients(
     (collectives cannot run in the recording condition); call this
     unconditionally and pick steps with `tf.summary.record_if`. In
     cross-replica context, `strategy` is the strategy that ran them (default:
-    the one in scope).
+    the one in scope). `format_version`: 2 (default: all layers of a
+    (target, source) in one record per step) or 1 (a record per layer, kept
+    for one release), docs/FORMAT.md.
     """
     step = resolve_step(step)
     distribute.check_mode(replicas)
     plans.check_buckets(buckets)
+    plans.check_format_version(format_version)
     grads = distribute.per_replica_map(grads)
     if not isinstance(grads, GradientMap):
         grads = GradientMap(
@@ -149,9 +157,9 @@ def gradients(
     ctx = distribute.replica_context()
     with tf.name_scope("layergrad"):
         if ctx is not None:
-            return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name), step)
+            return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version), step)
         if not distribute.holds_distributed_values(grads):
-            return write_step(plans.from_gradients(grads, target_name, max_elements, buckets), step)
+            return write_step(plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version), step)
         if replicas == "stats":
             raise ValueError(
                 'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '
@@ -168,7 +176,8 @@ def gradients(
 
         def gather_and_write() -> None:  # cross-replica: gather now, on a recorded step only
             merged = distribute.merge(grads, strategy)
-            write_step(plans.from_gradients(merged, target_name, max_elements, buckets), read_step(step), record=True)
+            plan = plans.from_gradients(merged, target_name, max_elements, buckets, format_version=format_version)
+            write_step(plan, read_step(step), record=True)
 
         return when(should, gather_and_write, out_of_line=False)
 
@@ -182,6 +191,7 @@ def activations(
     max_elements: int = 0,
     description: str = "",
     replicas: str = "gather",
+    format_version: int = metadata.FORMAT_VERSION,
 ) -> tf.Tensor:
     """Write the histogram and statistics of layer outputs: the forward values (source "activation").
 
@@ -195,6 +205,7 @@ def activations(
     with `activations=True` and call `gradients()` alone. Inside `strategy.run`
     with several replicas, the global batch's outputs are written, merged as
     layer-output gradients are (`replicas`: "gather" or "stats").
+    `format_version`: as `gradients()`.
 
     Example:
         with tf.GradientTape() as tape:
@@ -205,6 +216,7 @@ def activations(
     """
     step = resolve_step(step)
     plans.check_buckets(buckets)
+    plans.check_format_version(format_version)
     distribute.check_mode(replicas)
     if replicas == "stats" and max_elements > 0:
         raise ValueError('max_elements > 0 writes raw values, which needs the full tensors: use replicas="gather"')
@@ -223,7 +235,8 @@ def activations(
             forward, reduced = merged.gradients, merged.reduced
         else:
             reduced = {}
-        plan = plans.Plan(plans.forward_series(forward, max_elements=max_elements), buckets=buckets, description=description)
+        plan = plans.Plan(plans.forward_series(forward, max_elements=max_elements), buckets=buckets, description=description,
+                          format_version=format_version)
         return write_step(plans.with_merged_records(plan, reduced), step)
 
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from tb_layergrad import kernel, metadata
 from tb_layergrad.statistics import reductions
-from tb_layergrad.summary import first_nonfinite, writer_state
+from tb_layergrad.summary import first_nonfinite, tag_metadata, writer_state
 
 
 def _fusable(tensor: Any) -> bool:
@@ -55,6 +55,7 @@ def write_fused(
     track_nonfinite: bool = True,
     writer: Any = None,
     record_if_nonfinite: Any = None,
+    group_sizes: Sequence[int] = (),
 ) -> Tuple[tf.Tensor, tf.Tensor]:
     """ONE op: when `record` holds, each tensor's histogram, stats and first-non-finite records.
 
@@ -64,28 +65,53 @@ def write_fused(
     applies the rule, and stored after it. `record_if_nonfinite` (a bool, or
     None): the op also checks an unrecorded step's tensors for a NaN/Inf and
     writes them after all when one holds one and it is true
-    (`kernel.write_histograms_and_stats`).
+    (`kernel.write_histograms_and_stats`). `group_sizes` (format version 2):
+    consecutive groups of `infos` (one target and source each), each written
+    as one record per kind, its metadata in its tags' first records only
+    (`tag_metadata`).
     """
-
-    def serialized(kind: str, text: str) -> List[Tuple[str, bytes]]:
-        return [
-            (info.tag, metadata.create_summary_metadata(info, text).SerializeToString())
-            for info in (dataclasses.replace(info, kind=kind) for info in infos)
-        ]
-
+    if group_sizes:
+        groups = [metadata.GroupInfo.of(metadata.KIND_STATS, part) for part in _split(infos, group_sizes)]
+        series = {
+            kind: [(g.with_kind(kind).tag, metadata.create_group_metadata(g.with_kind(kind), text).SerializeToString())
+                   for g in groups]
+            for kind, text in ((metadata.KIND_HISTOGRAM, description), (metadata.KIND_STATS, description),
+                               (metadata.KIND_FIRST_NONFINITE, ""))
+        }
+        kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
+        pending = tag_metadata.pending([series[k][g][0] for g in range(len(groups)) for k in kinds], writer)
+    else:
+        series = {
+            kind: [(info.tag, metadata.create_summary_metadata(info, text).SerializeToString())
+                   for info in (dataclasses.replace(info, kind=kind) for info in infos)]
+            for kind, text in ((metadata.KIND_HISTOGRAM, description), (metadata.KIND_STATS, description),
+                               (metadata.KIND_FIRST_NONFINITE, ""))  # no description, as first_nonfinite.track
+        }
+        pending = None
     if track_nonfinite:
         variable, slots, firsts = first_nonfinite.running(infos, writer)
-        first_series = serialized(metadata.KIND_FIRST_NONFINITE, "")  # no description, as first_nonfinite.track
+        first_series = series[metadata.KIND_FIRST_NONFINITE]
     else:
         firsts, first_series = tf.fill([len(infos)], tf.constant(-1, tf.int64)), []
-    written, after, nonfinite = kernel.write_histograms_and_stats(
-        resource, record, step, list(tensors), buckets, serialized(metadata.KIND_HISTOGRAM, description),
-        serialized(metadata.KIND_STATS, description), firsts, first_series, flush=flush,
-        record_if_nonfinite=record_if_nonfinite,
+    written, after, nonfinite, metadata_written = kernel.write_histograms_and_stats(
+        resource, record, step, list(tensors), buckets, series[metadata.KIND_HISTOGRAM],
+        series[metadata.KIND_STATS], firsts, first_series, flush=flush,
+        record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes,
+        with_metadata=None if pending is None else pending.needed,
     )
     if track_nonfinite:
         first_nonfinite.store(variable, slots, after)
+    if pending is not None:
+        pending.store(metadata_written, step)
     return written, nonfinite
+
+
+def _split(items: Sequence[Any], sizes: Sequence[int]) -> List[Sequence[Any]]:
+    out, begin = [], 0
+    for size in sizes:
+        out.append(items[begin : begin + size])
+        begin += size
+    return out
 
 
 def reduce(tensors: Sequence[Any], buckets: int, xla_safe: bool = False) -> List[Tuple[tf.Tensor, tf.Tensor]]:

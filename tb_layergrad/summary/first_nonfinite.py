@@ -84,12 +84,23 @@ _NO_WRITER = _RunningFirsts()
 
 def _running_firsts(tags: Sequence[str], writer: Any = None) -> Tuple[_RunningFirsts, List[int]]:
     """(`writer`'s running values (default: the default writer's), the slots of `tags` in them)."""
+    return running_values(_BY_WRITER, _NO_WRITER, tags, writer)
+
+
+def running_values(
+    registry: "weakref.WeakKeyDictionary[Any, _RunningFirsts]", fallback: _RunningFirsts, tags: Sequence[str],
+    writer: Any = None,
+) -> Tuple[_RunningFirsts, List[int]]:
+    """(`writer`'s int64 vector in `registry` (default: the default writer's), the slots of `tags` in it).
+
+    `fallback`: the vector used when the writer is unknown or not weak-referenceable.
+    """
     writer = writer_state.default_writer() if writer is None else writer
     with _LOCK:
         try:
-            table = _BY_WRITER.setdefault(writer, _RunningFirsts()) if writer is not None else _NO_WRITER
+            table = registry.setdefault(writer, _RunningFirsts()) if writer is not None else fallback
         except TypeError:  # not weak-referenceable
-            table = _NO_WRITER
+            table = fallback
         slots = table.slots_of(tags)
         return table, slots
 
@@ -135,7 +146,7 @@ def nonfinite_flags(stats: Sequence[Any]) -> tf.Tensor:
     return tf.reduce_any(counts > 0, axis=1)
 
 
-def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any) -> None:
+def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any, group_sizes: Sequence[int] = ()) -> None:
     """Update the running first non-finite step of each stats series and write those there are.
 
     `nonfinite` [T] bool: which series held a NaN/Inf at this step. To be
@@ -145,6 +156,8 @@ def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any)
     NaN/Inf ever) should cost no more than a look at its flags and one
     variable; a condition (or an assignment) per series costs a call each in a
     `tf.function` (docs/DESIGN.md, "One first-non-finite tracker").
+    `group_sizes` (format version 2): `infos` are consecutive groups of these
+    sizes, each written as one int64 [L] record (docs/FORMAT.md).
     """
     if not infos:
         return
@@ -161,18 +174,49 @@ def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any)
         first = tf.where((previous < 0) & nonfinite, step, previous)
         variable.scatter_update(tf.IndexedSlices(first, slots_t))
         table.seen.assign(tf.logical_or(table.seen.value(), tf.reduce_any(first >= 0)))
-        for i, info in enumerate(infos):
-            record = record_info(info)
-
-            def write(record=record, value=first[i : i + 1]) -> tf.Tensor:
-                tf.summary.write(record.tag, value, step=step, metadata=metadata.create_summary_metadata(record))
-                return tf.constant(True)
-
-            if tf.executing_eagerly():
-                if int(first[i]) >= 0:
-                    write()
-            else:
-                tf.cond(first[i] >= 0, write, lambda: tf.constant(False))
+        if group_sizes:
+            _write_groups(infos, group_sizes, first, step)
+        else:
+            _write_each(infos, first, step)
         return tf.constant(True)
 
     cond_out_of_line(needed, store_and_write)
+
+
+def _when(condition: tf.Tensor, write: Any) -> None:
+    if tf.executing_eagerly():
+        if bool(condition):
+            write()
+    else:
+        tf.cond(condition, write, lambda: tf.constant(False))
+
+
+def _write_each(infos: Sequence[metadata.SeriesInfo], first: tf.Tensor, step: tf.Tensor) -> None:
+    for i, info in enumerate(infos):
+        record = record_info(info)
+
+        def write(record=record, value=first[i : i + 1]) -> tf.Tensor:
+            tf.summary.write(record.tag, value, step=step, metadata=metadata.create_summary_metadata(record))
+            return tf.constant(True)
+
+        _when(first[i] >= 0, write)
+
+
+def _write_groups(infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], first: tf.Tensor, step: tf.Tensor) -> None:
+    from tb_layergrad.summary import tag_metadata  # it builds on this module's per-writer vectors
+
+    begin = 0
+    for size in sizes:
+        group = metadata.GroupInfo.of(metadata.KIND_FIRST_NONFINITE, infos[begin : begin + size])
+        values = first[begin : begin + size]
+        begin += size
+
+        def write(group=group, values=values) -> tf.Tensor:
+            pending = tag_metadata.pending([group.tag])
+            serialized = metadata.create_group_metadata(group).SerializeToString()
+            tf.summary.write(group.tag, values, step=step,
+                             metadata=tag_metadata.serialized_if(pending.needed[0], serialized))
+            pending.store(tf.constant([True]), step)
+            return tf.constant(True)
+
+        _when(tf.reduce_any(values >= 0), write)

@@ -84,6 +84,7 @@ class Plan:
     buckets: int = 30
     description: str = ""
     track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md)
+    format_version: int = metadata.FORMAT_VERSION  # 2: one record per step per (target, source); 1: per layer
 
     def __add__(self, other: "Plan") -> "Plan":
         return dataclasses.replace(self, series=self.series + other.series, timesteps=self.timesteps + other.timesteps)
@@ -143,7 +144,21 @@ def _timestep_records(t: Timesteps) -> Timesteps:
     return dataclasses.replace(t, gradient=None, norms=timestep_norms(t.gradient), raw=raw)
 
 
+def groups(all_series: Tuple[Series, ...]) -> Tuple[Tuple[Series, ...], ...]:
+    """The series by (target, source), in the order each first appears: one version-2 record each."""
+    by_key: Dict[Tuple[str, str], list] = {}
+    for s in all_series:
+        by_key.setdefault((s.info.target, s.info.source), []).append(s)
+    return tuple(tuple(members) for members in by_key.values())
+
+
 # -- building plans ------------------------------------------------------------------
+def check_format_version(version: int) -> int:
+    if isinstance(version, bool) or version not in metadata.WRITABLE_VERSIONS:
+        raise ValueError(f"format_version must be one of {metadata.WRITABLE_VERSIONS}, got {version!r}")
+    return version
+
+
 def check_buckets(buckets: int) -> int:
     if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
         raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
@@ -174,7 +189,7 @@ def series(
 
 def from_gradients(
     gmap: GradientMap, target: Optional[str] = None, max_elements: int = 0, buckets: int = 30,
-    captured_dtypes: bool = False,
+    captured_dtypes: bool = False, format_version: int = metadata.FORMAT_VERSION,
 ) -> Plan:
     """The plan of every entry of a `GradientMap`, in its order.
 
@@ -187,7 +202,8 @@ def from_gradients(
                max_elements=max_elements, dtype=e.dtype if captured_dtypes else None)
         for p, e in ((p, gmap.entry(p)) for p in gmap)
     )
-    return Plan(gradients + forward_series(gmap, name, max_elements), buckets=check_buckets(buckets))
+    return Plan(gradients + forward_series(gmap, name, max_elements), buckets=check_buckets(buckets),
+                format_version=check_format_version(format_version))
 
 
 def forward_series(gmap: GradientMap, target: Optional[str] = None, max_elements: int = 0) -> Tuple[Series, ...]:

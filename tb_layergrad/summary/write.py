@@ -17,7 +17,8 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.statistics import reductions
-from tb_layergrad.summary import backend, first_nonfinite
+from tb_layergrad.summary import backend, first_nonfinite, tag_metadata
+from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.graph import cond_out_of_line
 from tb_layergrad.summary.plan import Plan, Series
 
@@ -111,8 +112,7 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
     if should is None:
         return tf.constant(False), tf.zeros([len(present)], tf.bool)
     resource = backend.fused_writer(writer)
-    unreduced = [s for s in plan.series if s.data is not None and s.reduced is None and not s.stats_only]
-    fused = [unreduced[i] for i in backend.fused_part(resource, [s.data for s in unreduced])]
+    fused, group_sizes = _fused_series(plan, resource)
     rest = [s for s in plan.series if all(s is not f for f in fused)]
     entered = writer.as_default if writer is not None else contextlib.nullcontext
     written: List[tf.Tensor] = []
@@ -129,7 +129,7 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
         done, nonfinite = backend.write_fused(
             resource, condition, read_step(step), [s.info for s in fused], [s.data for s in fused], plan.buckets,
             plan.description, flush=flush, track_nonfinite=plan.track_nonfinite, writer=writer,
-            record_if_nonfinite=record_if_nonfinite,
+            record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes,
         )
         written.append(done)
         flag_of.update(zip(map(id, fused), tf.unstack(nonfinite, len(fused))))
@@ -150,6 +150,24 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
     return (written[0] if len(written) == 1 else tf.reduce_any(tf.stack(written))), flags
 
 
+def _fused_series(plan: Plan, resource: Any) -> Tuple[List[Series], List[int]]:
+    """The series the fused write op takes, and (format version 2) the sizes of their groups.
+
+    Version 1: every unreduced 16/32-bit float series. Version 2: whole groups
+    (one record per (target, source)) whose every series is one, so that a
+    group is one record whichever path writes it.
+    """
+    def fusable(s: Series) -> bool:
+        return s.data is not None and s.reduced is None and not s.stats_only
+
+    if plan.format_version < 2:
+        unreduced = [s for s in plan.series if fusable(s)]
+        return [unreduced[i] for i in backend.fused_part(resource, [s.data for s in unreduced])], []
+    chosen = [g for g in plans.groups(plan.series)
+              if all(map(fusable, g)) and len(backend.fused_part(resource, [s.data for s in g])) == len(g)]
+    return [s for g in chosen for s in g], [len(g) for g in chosen]
+
+
 def series_nonfinite(s: Series) -> tf.Tensor:
     """Does this series hold a NaN/Inf (its data, or its merged stats)?"""
     if s.reduced is not None:
@@ -160,15 +178,25 @@ def series_nonfinite(s: Series) -> tf.Tensor:
 def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor) -> None:
     """What the fused op did not write, with `tf.summary.write`; then the first-non-finite tracker."""
     reduced = reduced_plan(dataclasses.replace(plan, series=tuple(rest)))
-    tracked, stats = [], []
+    records = [(s, *(s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)))
+               for s in reduced.series]
+    if plan.format_version >= 2:
+        ordered, sizes = _write_groups(records, step, plan.description)
+        stat_of = {id(s): stat for s, _, stat in records}
+        tracked = [s.info for s in ordered]  # every row of a group, a "no gradient" one never non-finite
+        flags = None if not ordered else tf.logical_and(
+            first_nonfinite.nonfinite_flags([stat_of[id(s)] for s in ordered]), tf.constant([s.present for s in ordered]))
+    else:
+        tracked, stats, sizes = [], [], ()
+        for s, hist, stat in records:
+            if not s.stats_only:
+                _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description)
+            _write(s.info, stat, step, plan.description)
+            if s.present:
+                tracked.append(s.info)
+                stats.append(stat)
+        flags = first_nonfinite.nonfinite_flags(stats) if stats else None
     for s in reduced.series:
-        hist, stat = s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)
-        if not s.stats_only:
-            _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description)
-        _write(s.info, stat, step, plan.description)
-        if s.present:
-            tracked.append(s.info)
-            stats.append(stat)
         _write_raw(s, step, plan.description)
     for s in fused:
         _write_raw(s, step, plan.description)
@@ -177,7 +205,55 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
         if t.raw is not None:
             _write(t.raw_info, t.raw, step)
     if plan.track_nonfinite and tracked:
-        first_nonfinite.track(tracked, first_nonfinite.nonfinite_flags(stats), step)
+        first_nonfinite.track(tracked, flags, step, group_sizes=sizes)
+
+
+def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, description: str) -> Tuple[List[Series], List[int]]:
+    """Format version 2: each (target, source) group's histogram counts and stats as one record each.
+
+    Returns the series in the order written, and the group sizes (for the tracker).
+    """
+    by_series = {id(s): (hist, stat) for s, hist, stat in records}
+    ordered: List[Series] = []
+    sizes: List[int] = []
+    for members in plans.groups(tuple(s for s, _, _ in records)):
+        group = metadata.GroupInfo.of(metadata.KIND_STATS, [s.info for s in members])
+        kinds = [metadata.KIND_STATS] if members[0].stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
+        tags = [group.with_kind(k) for k in kinds]
+        pending = tag_metadata.pending([g.tag for g in tags])
+        for i, g in enumerate(tags):
+            serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString())
+            if g.kind == metadata.KIND_STATS:
+                value = tf.stack([tf.cast(by_series[id(s)][1], tf.float64) for s in members])
+                tf.summary.write(g.tag, value, step=step, metadata=serialized)
+            else:
+                counts = tf.stack([tf.cast(by_series[id(s)][0], tf.float64)[:, 2] for s in members])
+                _write_counts(g.tag, counts, step, serialized)
+        pending.store(tf.ones([len(tags)], tf.bool), step)
+        ordered.extend(members)
+        sizes.append(len(members))
+    return ordered, sizes
+
+
+_COUNT_TYPES = tuple(tf.as_dtype(name) for name, _ in metadata.COUNT_DTYPES)
+_COUNT_BOUNDS = tuple(float(bound) for _, bound in metadata.COUNT_DTYPES[:-1])
+
+
+def _write_counts(tag: str, counts: tf.Tensor, step: tf.Tensor, serialized: Any) -> None:
+    """Histogram counts in the narrowest unsigned type that holds the largest (metadata.COUNT_DTYPES)."""
+    largest = tf.reduce_max(counts)
+    which = tf.reduce_sum(tf.cast(largest >= tf.constant(_COUNT_BOUNDS, tf.float64), tf.int32))
+
+    def writer(dtype: tf.DType):
+        def write() -> tf.Tensor:
+            tf.summary.write(tag, tf.cast(counts, dtype), step=step, metadata=serialized)
+            return tf.constant(True)
+        return write
+
+    if tf.executing_eagerly():
+        writer(_COUNT_TYPES[int(which)])()
+    else:
+        tf.switch_case(which, [writer(dtype) for dtype in _COUNT_TYPES])
 
 
 def _write(info: metadata.SeriesInfo, tensor: Any, step: tf.Tensor, description: str = "") -> None:

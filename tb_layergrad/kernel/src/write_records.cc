@@ -16,8 +16,15 @@
 // (GradientLogger's finiteness check of every training step): the answer is an output, and
 // the step is written after all when `record_if_nonfinite` holds (the first such step of a
 // run is written in full, on the schedule or not).
+//
+// With `group_sizes` (format version 2, docs/FORMAT.md), the inputs are consecutive groups (the
+// layers of one target and source) and each group is ONE record per kind: stats [L, 12] float64,
+// histogram counts [L, k] in the narrowest unsigned type that holds them, first_nonfinite [L]
+// int64. The tag and metadata lists then hold one entry per group, and the metadata is written
+// only where `with_metadata` says (a tag's first record: TensorBoard keeps the first it sees).
 #include "records.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -33,6 +40,7 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Input("record_if_nonfinite: bool")
     .Input("step: int64")
     .Input("first_nonfinite: int64")
+    .Input("with_metadata: bool")
     .Input("xs: T")
     .Attr("T: list({half, bfloat16, float}) >= 1")
     .Attr("buckets: int >= 1")
@@ -44,9 +52,11 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Attr("first_nonfinite_metadata: list(string)")
     .Attr("flush: bool = false")
     .Attr("check: bool = false")
+    .Attr("group_sizes: list(int) = []")
     .Output("written: bool")
     .Output("first_nonfinite_after: int64")
     .Output("nonfinite: bool")
+    .Output("metadata_written: bool")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       int n;
@@ -54,6 +64,7 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
       c->set_output(0, c->Scalar());
       c->set_output(1, c->MakeShape({n}));
       c->set_output(2, c->MakeShape({n}));
+      c->set_output(3, c->input(5));
       return absl::OkStatus();
     })
     .Doc(
@@ -64,7 +75,11 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
         "if flush. With check, when record is false, each input is scanned for a NaN/Inf and the records are "
         "written after all if one holds one and record_if_nonfinite is true. Returns whether it wrote, the "
         "updated first_nonfinite steps (the input as it is when nothing was written) and which inputs hold a "
-        "NaN/Inf (all false when nothing was recorded or checked) (tb_layergrad).");
+        "NaN/Inf (all false when nothing was recorded or checked). With group_sizes, the inputs form consecutive "
+        "groups and each group is one record per kind (stats [L, 12], histogram counts [L, buckets] in the narrowest "
+        "unsigned type, first_nonfinite [L]); the tag and metadata lists hold one entry per group, with_metadata "
+        "[3 * groups] says which of (histogram, stats, first_nonfinite) of each group carries its metadata, and "
+        "metadata_written says which did (tb_layergrad).");
 
 
 class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
@@ -75,6 +90,18 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("buckets", &k_));
     OP_REQUIRES_OK(c, c->GetAttr("flush", &flush_));
     OP_REQUIRES_OK(c, c->GetAttr("check", &check_));
+    std::vector<int64_t> sizes;
+    OP_REQUIRES_OK(c, c->GetAttr("group_sizes", &sizes));
+    int64_t begin = 0;
+    for (const int64_t size : sizes) {
+      OP_REQUIRES(c, size >= 1, absl::InvalidArgumentError("every group needs at least one tensor"));
+      groups_.push_back({begin, begin + size});
+      begin += size;
+    }
+    OP_REQUIRES(c, groups_.empty() || begin == static_cast<int64_t>(types.size()),
+                absl::InvalidArgumentError("the group sizes must add up to the number of input tensors"));
+    // One tag and metadata per input tensor (version 1) or per group (version 2), and kind.
+    const size_t entries = groups_.empty() ? types.size() : groups_.size();
     const char* names[] = {"histogram_tags", "histogram_metadata", "stats_tags", "stats_metadata",
                            "first_nonfinite_tags", "first_nonfinite_metadata"};
     std::vector<std::string>* lists[] = {&histogram_tags_, &histogram_metadata_, &stats_tags_, &stats_metadata_,
@@ -82,11 +109,11 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     for (int i = 0; i < 6; ++i) {
       OP_REQUIRES_OK(c, c->GetAttr(names[i], lists[i]));
       const bool untracked = i >= 4 && lists[i]->empty();  // no first_nonfinite records
-      OP_REQUIRES(c, lists[i]->size() == types.size() || untracked,
-                  absl::InvalidArgumentError("one tag and one metadata per input tensor and kind are needed"));
+      OP_REQUIRES(c, lists[i]->size() == entries || untracked,
+                  absl::InvalidArgumentError("one tag and one metadata per input tensor (or group) and kind are needed"));
     }
     OP_REQUIRES(c, first_tags_.size() == first_metadata_.size(),
-                absl::InvalidArgumentError("one tag and one metadata per input tensor and kind are needed"));
+                absl::InvalidArgumentError("one tag and one metadata per input tensor (or group) and kind are needed"));
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
@@ -98,21 +125,28 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
                          tensorflow::TensorShapeUtils::IsScalar(step.shape()),
                 absl::InvalidArgumentError("record, record_if_nonfinite and step must be scalars"));
     const tensorflow::Tensor& firsts_in = ctx->input(4);
+    const tensorflow::Tensor& with_metadata_in = ctx->input(5);
     tensorflow::OpInputList xs;
     OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
     const int num = xs.size();
     OP_REQUIRES(ctx, firsts_in.dims() == 1 && firsts_in.dim_size(0) == num,
                 absl::InvalidArgumentError("first_nonfinite must hold one step per input tensor"));
+    const int64_t flags = 3 * static_cast<int64_t>(groups_.size());
+    OP_REQUIRES(ctx, with_metadata_in.dims() == 1 && with_metadata_in.dim_size(0) == flags,
+                absl::InvalidArgumentError("with_metadata must hold three flags per group (none without groups)"));
     tensorflow::Tensor* written = nullptr;
     tensorflow::Tensor* firsts_out = nullptr;
     tensorflow::Tensor* nonfinite_out = nullptr;
+    tensorflow::Tensor* metadata_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({}), &written));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tensorflow::TensorShape({num}), &firsts_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tensorflow::TensorShape({num}), &nonfinite_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, tensorflow::TensorShape({flags}), &metadata_out));
     auto firsts = firsts_out->vec<int64_t>();
     firsts = firsts_in.vec<int64_t>();
     auto nonfinite = nonfinite_out->vec<bool>();
     nonfinite.setConstant(false);
+    metadata_out->vec<bool>().setConstant(false);
     bool recorded = record.scalar<bool>()();
     if (!recorded && check_) {
       NonfiniteFlags(ctx, xs, nonfinite.data());
@@ -133,23 +167,102 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
 
     const int64_t at = step.scalar<int64_t>()();
     auto s = stats.matrix<double>();
-    for (int t = 0; t < num; ++t) {  // in tf.summary.write's order: each tensor's histogram, then its stats
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, hist.SubSlice(t), histogram_tags_[t], histogram_metadata_[t]));
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.SubSlice(t), stats_tags_[t], stats_metadata_[t]));
+    for (int t = 0; t < num; ++t) {
       nonfinite(t) = s(t, kNan) + s(t, kPosInf) + s(t, kNegInf) > 0;
       if (firsts(t) < 0 && nonfinite(t)) firsts(t) = at;
+    }
+    if (groups_.empty()) {
+      WritePerTensor(ctx, writer.get(), at, hist, stats, *firsts_out);
+    } else {
+      WriteGroups(ctx, writer.get(), at, hist, stats, *firsts_out, with_metadata_in, metadata_out);
+    }
+    if (!ctx->status().ok()) return;
+    if (flush_) OP_REQUIRES_OK(ctx, writer->Flush());
+  }
+
+ private:
+  struct Group {
+    int64_t begin, end;  // input tensors [begin, end)
+  };
+
+  // Version 1: in tf.summary.write's order, each tensor's histogram, then its stats, then its first step.
+  void WritePerTensor(tensorflow::OpKernelContext* ctx, tensorflow::SummaryWriterInterface* writer, int64_t at,
+                      const tensorflow::Tensor& hist, const tensorflow::Tensor& stats,
+                      const tensorflow::Tensor& firsts_t) {
+    auto firsts = firsts_t.vec<int64_t>();
+    for (int t = 0; t < static_cast<int>(firsts.size()); ++t) {
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, hist.SubSlice(t), histogram_tags_[t], histogram_metadata_[t]));
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.SubSlice(t), stats_tags_[t], stats_metadata_[t]));
       if (first_tags_.empty() || firsts(t) < 0) continue;  // not tracked, or clean so far
       tensorflow::Tensor value(tensorflow::DT_INT64, tensorflow::TensorShape({1}));
       value.flat<int64_t>()(0) = firsts(t);
       OP_REQUIRES_OK(ctx, writer->WriteTensor(at, value, first_tags_[t], first_metadata_[t]));
     }
-    if (flush_) OP_REQUIRES_OK(ctx, writer->Flush());
   }
 
- private:
+  // Version 2: each group's histogram counts, then its stats, then (from its first NaN/Inf on) its first steps.
+  void WriteGroups(tensorflow::OpKernelContext* ctx, tensorflow::SummaryWriterInterface* writer, int64_t at,
+                   const tensorflow::Tensor& hist, const tensorflow::Tensor& stats,
+                   const tensorflow::Tensor& firsts_t, const tensorflow::Tensor& with_metadata_t,
+                   tensorflow::Tensor* metadata_written_t) {
+    auto firsts = firsts_t.vec<int64_t>();
+    auto with_metadata = with_metadata_t.vec<bool>();
+    auto metadata_written = metadata_written_t->vec<bool>();
+    auto h = hist.tensor<double, 3>();
+    for (size_t g = 0; g < groups_.size(); ++g) {
+      const Group& group = groups_[g];
+      const int64_t rows = group.end - group.begin;
+      auto metadata = [&](int kind, const std::string& serialized) -> std::string {
+        const bool first = with_metadata(3 * g + kind);
+        metadata_written(3 * g + kind) = first;
+        return first ? serialized : std::string();
+      };
+      tensorflow::Tensor counts;
+      OP_REQUIRES_OK(ctx, Counts(ctx, h, group, &counts));
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, counts, histogram_tags_[g], metadata(0, histogram_metadata_[g])));
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.Slice(group.begin, group.end), stats_tags_[g],
+                                              metadata(1, stats_metadata_[g])));
+      if (first_tags_.empty()) continue;
+      bool any = false;
+      for (int64_t t = group.begin; t < group.end; ++t) any |= firsts(t) >= 0;
+      if (!any) continue;  // clean so far
+      tensorflow::Tensor value(tensorflow::DT_INT64, tensorflow::TensorShape({rows}));
+      for (int64_t t = group.begin; t < group.end; ++t) value.flat<int64_t>()(t - group.begin) = firsts(t);
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, value, first_tags_[g], metadata(2, first_metadata_[g])));
+    }
+  }
+
+  // A group's bucket counts [rows, k] in the narrowest unsigned type that holds its largest count.
+  absl::Status Counts(tensorflow::OpKernelContext* ctx, tensorflow::TTypes<double, 3>::ConstTensor h,
+                      const Group& group, tensorflow::Tensor* out) const {
+    double largest = 0;
+    for (int64_t t = group.begin; t < group.end; ++t)
+      for (int i = 0; i < k_; ++i) largest = std::max(largest, h(t, i, 2));
+    const tensorflow::DataType type = largest < 256.0          ? tensorflow::DT_UINT8
+                                      : largest < 65536.0      ? tensorflow::DT_UINT16
+                                      : largest < 4294967296.0 ? tensorflow::DT_UINT32
+                                                               : tensorflow::DT_UINT64;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(type, tensorflow::TensorShape({group.end - group.begin, k_}), out));
+    switch (type) {
+      case tensorflow::DT_UINT8: Fill<uint8_t>(h, group, out); break;
+      case tensorflow::DT_UINT16: Fill<uint16_t>(h, group, out); break;
+      case tensorflow::DT_UINT32: Fill<uint32_t>(h, group, out); break;
+      default: Fill<uint64_t>(h, group, out); break;
+    }
+    return absl::OkStatus();
+  }
+
+  template <typename Count>
+  void Fill(tensorflow::TTypes<double, 3>::ConstTensor h, const Group& group, tensorflow::Tensor* out) const {
+    auto counts = out->matrix<Count>();
+    for (int64_t t = group.begin; t < group.end; ++t)
+      for (int i = 0; i < k_; ++i) counts(t - group.begin, i) = static_cast<Count>(h(t, i, 2));
+  }
+
   int k_;
   bool flush_;
   bool check_;
+  std::vector<Group> groups_;
   std::vector<std::string> histogram_tags_, histogram_metadata_, stats_tags_, stats_metadata_, first_tags_,
       first_metadata_;
 };
