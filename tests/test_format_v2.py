@@ -1,0 +1,177 @@
+"""Format version 2 as written (docs/FORMAT.md): one record per step per (target, source), read back raw.
+
+The records are decoded here from the event files (no tb_layergrad reader) and checked against an
+independent numpy computation; the same step written as version 1 gives the same numbers.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing import event_file_loader
+
+import tb_layergrad
+from tb_layergrad import kernel as fused_kernel
+from tb_layergrad import metadata
+from tb_layergrad.summary import backend
+
+from numpy_reference import numpy_stats
+from tb_reading import read_all
+from tolerances import sum_rtol
+
+S = metadata.STAT_INDEX
+
+
+def _values(logdir: str) -> list:
+    """[(step, Summary.Value)] of every record of every event file under `logdir`, in file order."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(logdir, "**", "events.out.tfevents.*"), recursive=True)):
+        for event in event_file_loader.EventFileLoader(path).Load():
+            out.extend((event.step, value) for value in event.summary.value)
+    return out
+
+
+def _gradients(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    big = rng.normal(size=(64, 300)).astype(np.float32)
+    big[3, 7] = np.nan
+    return {
+        "m/dense": tf.constant(rng.normal(size=(32, 16)).astype(np.float32) * 1e-3),
+        "m/big": tf.constant(big),
+        "m/half": tf.constant(rng.normal(size=(8, 8)).astype(np.float16)),
+        "m/zeros": tf.zeros([4, 4]),
+        "m/one_value": tf.fill([5], 2.5),
+    }
+
+
+def _bucket_counts(x: np.ndarray, buckets: int) -> np.ndarray:
+    """docs/FORMAT.md's buckets of the finite elements, indices computed in float32 as the writer does for
+    16/32-bit data: (x - min) * (k / (max - min)), clamped to [0, k-1]."""
+    fin = x[np.isfinite(x)].astype(np.float32)
+    counts = np.zeros(buckets, np.int64)
+    if fin.size == 0:
+        return counts
+    lo, hi = float(fin.min()), float(fin.max())
+    if not hi > lo:
+        counts[-1] = fin.size
+        return counts
+    scale = np.float32(buckets / (hi - lo))
+    index = np.clip((fin - np.float32(lo)) * scale, 0, buckets - 1).astype(np.int64)
+    return np.bincount(index, minlength=buckets)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fused, graph):
+    if fused and fused_kernel.write_op() is None:
+        pytest.skip(f"no fused kernel here: {fused_kernel.unavailable_reason()}")
+    if not fused:
+        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
+    grads = _gradients(1)
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    def log(g, step):
+        return tb_layergrad.summary.gradients(g, step=step)
+
+    log = tf.function(log) if graph else log
+    with writer.as_default():
+        for step in (4, 5):
+            assert bool(log(grads, tf.constant(step, tf.int64)))
+    writer.close()
+    records = _values(str(tmp_path))
+    group = metadata.GroupInfo.of(metadata.KIND_STATS, [
+        metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype=g.dtype.name) for i, (p, g) in enumerate(grads.items())
+    ])
+    tags = {kind: group.with_kind(kind).tag for kind in metadata.GROUPED_KINDS}
+    assert sorted({(s, v.tag) for s, v in records}) == sorted((s, t) for s in (4, 5) for t in tags.values())
+    by = {(s, v.tag): v for s, v in records}
+    for tag in tags.values():  # the metadata in the first record only
+        assert by[(4, tag)].HasField("metadata") and not by[(5, tag)].HasField("metadata")
+    stats = tf.make_ndarray(by[(4, tags["stats"])].tensor)
+    counts = tf.make_ndarray(by[(4, tags["histogram"])].tensor)
+    assert stats.dtype == np.float64 and stats.shape == (5, len(metadata.STAT_FIELDS))
+    assert counts.dtype == np.uint16 and counts.shape == (5, 30)  # 19,199 finite elements: more than 255 in a bucket
+    assert tf.make_ndarray(by[(5, tags["first_nonfinite"])].tensor).tolist() == [-1, 4, -1, -1, -1]
+    for row, g in enumerate(grads.values()):
+        x = tf.cast(g, tf.float64).numpy().ravel()
+        want = numpy_stats(x)
+        for name in ("elements", "nan", "pos_inf", "neg_inf", "zeros", "min", "max", "no_gradient"):
+            assert stats[row, S[name]] == pytest.approx(want[name], nan_ok=True, rel=0, abs=0), name
+        n = int(np.isfinite(x).sum())
+        for name in ("mean", "std", "norm", "mean_abs"):  # float32 moments of n terms against float64 ones
+            scale = max(abs(want[name]), want["mean_abs"] if name == "mean" else 0.0)
+            assert abs(stats[row, S[name]] - want[name]) <= sum_rtol(np.float32, n) * scale + 1e-300, name
+        np.testing.assert_array_equal(counts[row].astype(np.int64), _bucket_counts(x, 30))
+
+
+def test_version_1_and_version_2_of_one_step_hold_the_same_numbers(tmp_path):
+    """The same gradients written both ways: every histogram, stats and first_nonfinite value is equal."""
+    grads = _gradients(2)
+    for version in (1, 2):
+        writer = tf.summary.create_file_writer(str(tmp_path / f"v{version}"))
+        with writer.as_default():
+            for step in (1, 2):
+                tb_layergrad.summary.gradients(grads, step=step, format_version=version)
+        writer.close()
+    v1, v2 = read_all(str(tmp_path / "v1"))["."], read_all(str(tmp_path / "v2"))["."]
+    assert sorted(v1) == sorted(v2)
+    for tag, (info, datums) in v1.items():
+        assert info.version == 1 and v2[tag][0].version == 2
+        assert [d.step for d in datums] == [d.step for d in v2[tag][1]]
+        for a, b in zip(datums, v2[tag][1]):
+            np.testing.assert_array_equal(a.numpy, b.numpy, err_msg=tag)
+    stored = read_all(str(tmp_path / "v2"), split_groups=False)["."]
+    assert all(isinstance(info, metadata.GroupInfo) for info, _ in stored.values()) and len(stored) == 3
+
+
+def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(tmp_path):
+    """Metadata is per writer (a new file must carry it); a layer list that changes writes other tags, the
+    earlier ones are left as they are."""
+    first = tf.summary.create_file_writer(str(tmp_path / "run"))
+    with first.as_default():
+        tb_layergrad.summary.gradients({"m/a": tf.ones([3]), "m/b": tf.ones([2])}, step=1)
+        tb_layergrad.summary.gradients({"m/a": tf.ones([3]), "m/b": tf.ones([2])}, step=2)
+        tb_layergrad.summary.gradients({"m/a": tf.ones([3]), "m/b": tf.ones([2]), "m/c": tf.ones([4])}, step=3)
+    first.close()
+    second = tf.summary.create_file_writer(str(tmp_path / "run"), filename_suffix=".restarted")
+    with second.as_default():
+        tb_layergrad.summary.gradients({"m/a": tf.ones([3]), "m/b": tf.ones([2])}, step=4)
+    second.close()
+    with_metadata = [(s, v.tag) for s, v in _values(str(tmp_path)) if v.HasField("metadata")]
+    two = metadata.GroupInfo.of("stats", [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
+                                          for i, p in enumerate(["m/a", "m/b"])])
+    three = metadata.GroupInfo.of("stats", [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
+                                            for i, p in enumerate(["m/a", "m/b", "m/c"])])
+    assert two.tag != three.tag
+    files = sorted(glob.glob(str(tmp_path / "run" / "events.out.tfevents.*")), key=lambda p: p.endswith(".restarted"))
+    assert len(files) == 2
+    kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS)
+    assert sorted(with_metadata) == sorted(
+        [(1, two.with_kind(k).tag) for k in kinds] + [(3, three.with_kind(k).tag) for k in kinds]
+        + [(4, two.with_kind(k).tag) for k in kinds]
+    )
+    series = read_all(str(tmp_path))["run"]
+    assert [d.step for d in series["loss/output/m/a/stats"][1]] == [1, 2, 3, 4]  # one layer, across the tags
+    assert [d.step for d in series["loss/output/m/c/stats"][1]] == [3]
+
+
+def test_gradient_logger_writes_version_2_by_default_and_version_1_on_request(tmp_path):
+    import keras
+
+    x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
+    y = np.zeros([16, 1], np.float32)
+    for version, expected in ((None, metadata.GroupInfo), (1, metadata.SeriesInfo)):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")],
+                                 name="mlp")
+        model.compile(optimizer="sgd", loss="mse")
+        logdir = str(tmp_path / f"v{version}")
+        kwargs = {} if version is None else {"format_version": version}
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir, **kwargs)])
+        stored = read_all(logdir, split_groups=False)["train"]
+        assert {type(info) for info, _ in stored.values()} == {expected}
+        assert {d.step for d in read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
+    with pytest.raises(ValueError, match="format_version"):
+        tb_layergrad.GradientLogger(str(tmp_path / "bad"), format_version=3)
