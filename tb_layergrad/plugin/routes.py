@@ -178,6 +178,7 @@ class Routes:
         cat = catalog.load(self._lister, ctx, eid, runs=None if run is None else [run])
         if run is not None:
             cat.run(run)  # 404 if unknown
+        cat = layer_points.without_clean_hints(self._provider, ctx, eid, cat)
         return json_response(request, bodies.runs_body(cat))
 
     @json_errors

@@ -131,3 +131,39 @@ def _histograms(points: series.Points, counts: List[np.ndarray], stats: Optional
         keep.append(i)
     idx = np.asarray(keep, dtype=np.int64)
     return series.Points(points.steps[idx], points.wall_times[idx], values)
+
+
+def without_clean_hints(data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str,
+                        cat: catalog.Catalog) -> catalog.Catalog:
+    """The catalog without the `first_nonfinite` series that exist only as version-2 rows of -1.
+
+    Why: a version-1 `first_nonfinite` series exists only once its layer held a NaN/Inf, and the
+    `runs` route lists it as such (docs/HTTP_API.md); a version-2 group has a row for every layer,
+    -1 until then. The running value never returns to -1, so the last record of each group tag
+    (which TensorBoard always keeps, and `downsample=1` returns) tells: one record per tag is read.
+    """
+    grouped = {p.tag for rc in cat.runs.values() for s in rc.series
+               if s.info.kind == metadata.KIND_FIRST_NONFINITE for p in s.parts if p.grouped}
+    if not grouped:
+        return cat
+    last = data_provider.read_tensors(
+        ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME, downsample=1,
+        run_tag_filter=tb_provider.RunTagFilter(runs=sorted(cat.runs), tags=sorted(grouped)),
+    )
+    runs = {}
+    for name, rc in cat.runs.items():
+        data = last.get(name, {})
+        kept = [s for s in rc.series if s.info.kind != metadata.KIND_FIRST_NONFINITE or _flagged(s, data, name)]
+        runs[name] = rc if len(kept) == len(rc.series) else catalog.RunCatalog(name, kept)
+    return catalog.Catalog(runs, cat.warnings)
+
+
+def _flagged(s: catalog.Series, last: Dict[str, Sequence[tb_provider.TensorDatum]], run: str) -> bool:
+    """Whether a first_nonfinite series names a step: a version-1 part, or a group row >= 0 in its last record."""
+    for p in s.parts:
+        if not p.grouped:
+            return True
+        for datum in last.get(p.tag, ())[-1:]:
+            if series.fits(datum, p.tag, run, (p.rows,)) and int(np.asarray(datum.numpy)[p.row]) >= 0:
+                return True
+    return False

@@ -75,8 +75,9 @@ def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Opt
     got = np.shape(datum.numpy)
     ok = len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
     if not ok:
-        logger.warning("layergrad: run %r, tag %r, step %d: record of shape %s, expected %s; skipped",
-                       run, tag, int(datum.step), list(got), [("*" if w is None else w) for w in shape])
+        expected = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
+        logger.warning("layergrad: run %r, tag %r, step %d: record of shape %s, expected %s (one row per layer "
+                       "of its metadata); skipped", run, tag, int(datum.step), list(got), expected)
     return ok
 
 
