@@ -362,3 +362,47 @@ def stats_row(norm: float, lo: float = 0.0, hi: float = 1.0) -> np.ndarray:
     """A float64 stats record (STAT_FIELDS order) with the given norm, min and max."""
     return np.asarray(metadata.stat_values(elements=4, nan=0, pos_inf=0, neg_inf=0, zeros=0, min=lo, max=hi,
                                            mean=0.5, std=0.5, norm=norm, mean_abs=0.5, no_gradient=0), np.float64)
+
+
+# -- a real TensorBoard, both loaders -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def servers(twins, tmp_path_factory):
+    from tensorboard_process import tensorboards
+
+    logdir, _ = twins
+    logs = str(tmp_path_factory.mktemp("tensorboard_logs_v2"))
+    with tensorboards(logdir, [("true", []), ("false", [])], logs) as procs:
+        for p in procs:
+            p.wait_for_runs({run: 9 if run.startswith("train") else 0 for run in ("train", "train_v2")}, timeout=120)
+        yield dict(zip(("rust", "python"), procs))
+
+
+def served(p, route, **query):
+    import urllib.parse
+
+    status, body, _ = p.get("/data/plugin/layergrad/" + route + "?" + urllib.parse.urlencode(query, doseq=True))
+    assert status == 200, body[:300]
+    return strict_json(body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rust", "python"])
+def test_both_loaders_list_and_read_group_tags_whose_metadata_is_in_the_first_record(servers, tb, name):
+    p = servers[name]
+    runs = {r["run"]: r for r in served(p, "runs")["runs"]}
+    assert runs["train_v2"]["format_versions"] == [2] and runs["train"]["format_versions"] == [1]
+    assert without_run_and_wall(runs["train"]) == without_run_and_wall(runs["train_v2"])
+    for route, query in (("matrix", {"stat": "norm"}), ("matrix", {"stat": "zero_frac", "source": "weight"}),
+                         ("stats", {"layer": "model/dense"}), ("histograms", {"layer": "model/rnn"}),
+                         ("anomalies", {}), ("compare", {"layer": "model/dense", "run": ["train", "train_v2"]})):
+        if route == "compare":
+            body = served(p, route, **query)
+            assert body["values"][0] == body["values"][1] and body["missing"] == []
+            continue
+        one = served(p, route, run="train", **query)
+        two = served(p, route, run="train_v2", **query)
+        assert without_run_and_wall(one) == without_run_and_wall(two), (route, query)
+        # and the in-process answer (the Python loader through the plugin's own test harness)
+        assert without_run_and_wall(two) == without_run_and_wall(get_json(tb, route, {"run": "train_v2", **query}))
