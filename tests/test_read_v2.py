@@ -406,3 +406,39 @@ def test_both_loaders_list_and_read_group_tags_whose_metadata_is_in_the_first_re
         assert without_run_and_wall(one) == without_run_and_wall(two), (route, query)
         # and the in-process answer (the Python loader through the plugin's own test harness)
         assert without_run_and_wall(two) == without_run_and_wall(get_json(tb, route, {"run": "train_v2", **query}))
+
+
+# -- cost: one table per group tag, one-layer routes list by tag -------------------------------------------
+
+
+def test_a_group_tag_is_cached_once_and_its_layers_are_views(tb):
+    from tensorboard import context
+
+    from tb_layergrad.reader import catalog as cat_mod
+    from tb_layergrad.reader.stats_store import StatsStore
+
+    ctx = context.RequestContext()
+    rc = cat_mod.load(tb.provider, ctx, "", runs=["eval_v2"]).run("eval_v2")
+    chosen = rc.with_kind("loss", "output", metadata.KIND_STATS)
+    assert len(chosen) == 4 and all(len(s.parts) == 1 and s.parts[0].grouped for s in chosen)
+    store = StatsStore(tb.provider)
+    rows = store.read(ctx, "", "eval_v2", chosen)
+    (cached,) = [v for _, v in store._tables.values()]  # noqa: SLF001 - the cache itself is what is tested
+    steps = len(pf.EVAL_STEPS)
+    assert cached.table.shape == (steps, 4, len(metadata.STAT_FIELDS))
+    assert store._bytes == cached.nbytes == steps * (8 + 8 + 4 * 12 * 8)  # noqa: SLF001
+    assert all(np.shares_memory(rows[s.key].table, cached.table) for s in chosen)
+    again = store.read(ctx, "", "eval_v2", chosen)
+    assert all(again[s.key].table.base is cached.table for s in chosen)
+
+
+@pytest.mark.parametrize("run, layer", [("eval", "model/dense"), ("eval_v2", "model/dense")])
+def test_one_layer_routes_list_by_tag_once_the_run_was_listed(tb, run, layer):
+    get_json(tb, "runs", {})
+    for route in ("stats", "histograms"):
+        before = len(tb.provider.calls)
+        get_json(tb, route, {"run": run, "layer": layer})
+        lists = [c for c in tb.provider.calls[before:] if c[0] == "list_tensors"]
+        assert lists and all(c[3] is not None for c in lists), lists  # never a listing of the whole run
+        if run == "eval":  # version 1: the layer's own tag, as before
+            assert lists[0][3] == {metadata.make_tag("loss", "output", layer, {"stats": "stats", "histograms": "histogram"}[route])}

@@ -160,8 +160,9 @@ class Routes:
         cost does not grow with the run; the whole run's catalog is listed only to explain a miss (404).
         A histogram comes with its layer's stats (a version-2 histogram's edges are the stats' min and max)."""
         ctx, eid = self._where(request)
-        kinds = [kind, metadata.KIND_STATS] if kind == metadata.KIND_HISTOGRAM else [kind]
-        tags = self._layer_tags(request, run, layer, target, source, kinds)
+        tags = self._layer_tags(request, run, layer, target, source, [kind])
+        if kind == metadata.KIND_HISTOGRAM and len(tags) > 1:  # version-2 groups: their edges need the stats
+            tags += self._layer_tags(request, run, layer, target, source, [metadata.KIND_STATS])
         listed = catalog.load(self._lister, ctx, eid, runs=[run], tags=tags).runs.get(run)
         found = listed.find(layer, target, source, kind) if listed is not None else None
         if found is not None:

@@ -4,6 +4,10 @@ Built from `list_tensors` only (metadata, never tensor bodies), once per
 request: no cache, so a layer or run that appears during training shows up on
 the next request. Every "unknown name" 404 is decided here, before any tensor
 is read, so a made-up name never reaches `read_tensors`.
+
+Format version 2 (docs/FORMAT.md) stores the stats, histograms and first_nonfinite of all layers of a
+(target, source) in one tag per layer list: the catalog still lists one `Series` per layer, whose
+`parts` name the tags and rows that hold it (`reader.layer_points` reads them).
 """
 from __future__ import annotations
 
