@@ -47,8 +47,14 @@ def read_points(
         return out
     data = series.read(data_provider, ctx, experiment_id, rc.run, [t for s in others for t in s.tags])
     edges = _edge_rows(ctx, experiment_id, rc, others, store)
+    groups: Dict[str, series.Points] = {}  # a group tag's fitting records, selected once for all its layers
     for s in others:
-        parts = [_part_points(s, p, data.get(p.tag, ()), rc.run, edges.get(s.key), start, end) for p in s.parts]
+        parts = []
+        for p in s.parts:
+            if p.grouped and p.tag not in groups:
+                groups[p.tag] = _group_points(s.info.kind, p, data.get(p.tag, ()), rc.run, start, end)
+            selected = groups[p.tag] if p.grouped else series.select(data.get(p.tag, ()), start, end)
+            parts.append(_part_points(s.info.kind, p, selected, edges.get(s.key)))
         out[s.key] = united(parts)
     return out
 
@@ -99,14 +105,17 @@ def _edge_rows(ctx: object, experiment_id: str, rc: catalog.RunCatalog, others: 
     return {key: rows[stats.key] for key, stats in need.items()}
 
 
-def _part_points(s: catalog.Series, part: catalog.Part, data: Sequence[tb_provider.TensorDatum], run: str,
-                 stats: Optional[StatsRows], start: Optional[int], end: Optional[int]) -> series.Points:
-    """One part's points in the version-1 layout of the kind."""
-    if not part.grouped:
-        return series.select(data, start, end)
-    kind = s.info.kind
+def _group_points(kind: str, part: catalog.Part, data: Sequence[tb_provider.TensorDatum], run: str,
+                  start: Optional[int], end: Optional[int]) -> series.Points:
+    """A group tag's records within [start, end], those whose shape disagrees with its layer list skipped."""
     shape = (part.rows, None) if kind == metadata.KIND_HISTOGRAM else (part.rows,)
-    points = series.select([d for d in data if series.fits(d, part.tag, run, shape)], start, end)
+    return series.select([d for d in data if series.fits(d, part.tag, run, shape)], start, end)
+
+
+def _part_points(kind: str, part: catalog.Part, points: series.Points, stats: Optional[StatsRows]) -> series.Points:
+    """One part's points (selected) in the version-1 layout of the kind: a group's row sliced out."""
+    if not part.grouped:
+        return points
     rows = [np.asarray(v)[part.row] for v in points.values]
     if kind == metadata.KIND_FIRST_NONFINITE:
         return series.Points(points.steps, points.wall_times, [np.asarray(r, np.int64).reshape(1) for r in rows])
