@@ -281,3 +281,113 @@ def get_json(tb: "InProcess", route: str, query: dict, status: int = 200):
     r = tb.get(route, query)
     assert r.status_code == status, r.data[:300]
     return strict_json(r.data)
+
+
+# -- format version 2: the same data, grouped (docs/FORMAT.md; issue #27) ------------------------------------
+
+Record = Tuple[int, str, "metadata.SeriesInfo", np.ndarray]  # (step, tag, info, tensor)
+
+
+def read_run_records(run_dir: str) -> List[Record]:
+    """Every layergrad record of a version-1 run directory, in file order, its info from the tag's metadata."""
+    import glob
+
+    import tensorflow as tf
+
+    infos: Dict[str, metadata.SeriesInfo] = {}
+    out: List[Record] = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
+                    infos.setdefault(value.tag, metadata.parse_plugin_content(value.metadata.plugin_data.content))
+                if value.tag in infos:
+                    out.append((int(event.step), value.tag, infos[value.tag], tf.make_ndarray(value.tensor)))
+    return out
+
+
+def first_nonfinite_records(records: List[Record]) -> List[Record]:
+    """`first_nonfinite` records (docs/FORMAT.md) of the stats series that go non-finite, from that step on;
+    the value names one step earlier than the stats show (a stats record dropped by sampling), so that
+    a reader that ignores the records gives another answer."""
+    first: Dict[str, int] = {}
+    out: List[Record] = []
+    for step, tag, info, value in sorted(records, key=lambda r: r[0]):
+        if info.kind != metadata.KIND_STATS:
+            continue
+        if tag not in first and np.asarray(value)[1:4].sum() > 0:
+            first[tag] = max(step - 1, 0)
+        if tag in first:
+            f = dataclasses.replace(info, kind=metadata.KIND_FIRST_NONFINITE)
+            out.append((step, f.tag, f, np.asarray([first[tag]], np.int64)))
+    return out
+
+
+def _layer_rank(info: "metadata.SeriesInfo") -> Tuple[bool, int, str]:
+    return (info.index < 0, info.index, info.layer)
+
+
+def grouped_records(records: List[Record], reorder_at: Optional[int] = None,
+                    drop: Optional[Tuple[str, int]] = None) -> List[Tuple[int, str, object, np.ndarray]]:
+    """The records as version 2 writes them: per step, one record per (target, source, grouped kind) for all
+    its layers (model order; reversed from step `reorder_at` on: a rebuilt model, another tag); `tensor` and
+    `timesteps` records unchanged. `drop=(layer, step)`: the layer is left out of the layer list before `step`.
+    Histograms keep their counts only, in the narrowest unsigned type; `first_nonfinite` is -1 for a layer
+    with no record at that step."""
+    by_group: Dict[Tuple[int, str, str, str], Dict[str, Tuple["metadata.SeriesInfo", np.ndarray]]] = {}
+    out: List[Tuple[int, str, object, np.ndarray]] = []
+    for step, tag, info, value in records:
+        if info.kind in metadata.GROUPED_KINDS:
+            by_group.setdefault((step, info.target, info.source, info.kind), {})[info.layer] = (info, value)
+        else:
+            out.append((step, tag, info, value))
+    stats_layers: Dict[Tuple[int, str, str], List["metadata.SeriesInfo"]] = {}
+    for (step, target, source, kind), rows in sorted(by_group.items(), key=lambda kv: kv[0][3] != metadata.KIND_STATS):
+        if kind == metadata.KIND_STATS:
+            members = sorted((i for i, _ in rows.values()), key=_layer_rank)
+            if drop is not None and step < drop[1]:
+                members = [m for m in members if m.layer != drop[0]]
+            if reorder_at is not None and step >= reorder_at:
+                members = members[::-1]
+            stats_layers[(step, target, source)] = members
+        members = stats_layers[(step, target, source)]
+        group = metadata.GroupInfo.of(kind, members)
+        if kind == metadata.KIND_STATS:
+            tensor = np.stack([rows[m.layer][1] for m in members]).astype(np.float64)
+        elif kind == metadata.KIND_HISTOGRAM:
+            counts = np.stack([rows[m.layer][1][:, 2] for m in members]).round()
+            tensor = counts.astype(metadata.count_dtype(int(counts.max())))
+        else:
+            tensor = np.asarray([rows[m.layer][1][0] if m.layer in rows else -1 for m in members], np.int64)
+        out.append((step, group.tag, group, tensor))
+    return sorted(out, key=lambda r: r[0])  # stable: a step's records keep their order
+
+
+def write_records(run_dir: str, records, metadata_once: bool = True) -> None:
+    """Write records with `tf.summary.write`; the metadata only with a tag's first record (as TensorBoard
+    keeps the first it sees, and as the version-2 writer does) unless `metadata_once` is False."""
+    import tensorflow as tf
+
+    seen = set()
+    writer = tf.summary.create_file_writer(run_dir, max_queue=10_000, flush_millis=60_000)
+    with writer.as_default():
+        for step, tag, info, value in records:
+            md = None
+            if tag not in seen or not metadata_once:
+                md = (metadata.create_group_metadata(info) if isinstance(info, metadata.GroupInfo)
+                      else metadata.create_summary_metadata(info))
+                seen.add(tag)
+            tf.summary.write(tag, tf.constant(value), step=step, metadata=md)
+    writer.close()
+
+
+def write_twin_runs(src_run_dir: str, logdir: str, run: str, reorder_at: Optional[int] = None) -> Tuple[str, str]:
+    """Runs `run` (version 1) and `run_v2` (the same numbers as version 2) in `logdir`, from a version-1 run;
+    both with `first_nonfinite` records. Returns their names."""
+    records = read_run_records(src_run_dir)
+    records = records + first_nonfinite_records(records)
+    records.sort(key=lambda r: r[0])
+    v2 = f"{run}_v2"
+    write_records(os.path.join(logdir, run), records)
+    write_records(os.path.join(logdir, v2), grouped_records(records, reorder_at))
+    return run, v2

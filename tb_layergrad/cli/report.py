@@ -53,6 +53,7 @@ class Report:
     skipped: List[Dict[str, str]]  # runs without stats for (target, source)
     fail_on: List[str]
     failures: List[Dict[str, object]]
+    warnings: List[str] = dataclasses.field(default_factory=list)  # the catalog's: series skipped (newer format...)
 
     @property
     def failed(self) -> bool:
@@ -128,7 +129,7 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
         failures += failures_of(result, fail_on)
     if not results:
         raise ReportError("; ".join(f"run {s['run']}: {s['reason']}" for s in skipped))
-    return Report(logdir, target, source, results, skipped, list(fail_on), failures)
+    return Report(logdir, target, source, results, skipped, list(fail_on), failures, list(cat.warnings))
 
 
 # -- formats ------------------------------------------------------------------------------------
@@ -244,6 +245,9 @@ def format_text(report: Report, width: int = WIDTH) -> str:
     for s in report.skipped:
         lines.append("")
         lines.append(shorten(f"run {s['run']}: skipped, {s['reason']}", width))
+    for w in report.warnings:  # wrapped, not cut: it says what to do
+        lines.append("")
+        lines += _wrap(f"warning: {w}", width)
     if report.fail_on:
         lines.append("")
         if report.failures:
@@ -286,6 +290,7 @@ def to_json(report: Report) -> dict:
         "skipped": report.skipped,
         "fail_on": ["nan" if k == "nonfinite" else k for k in report.fail_on],
         "failures": report.failures,
+        "warnings": report.warnings,
     }
 
 
@@ -354,6 +359,9 @@ def main(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[T
         return EXIT_ERROR
     out.write(render(report, args.format))
     out.flush()
+    if args.format == "csv":  # no place for them in the table
+        for w in report.warnings:
+            err.write(f"tb-layergrad report: warning: {w}\n")
     if report.failed:
         if args.format != "text":
             for f in report.failures:

@@ -31,6 +31,7 @@ def describe_run(rc: catalog.RunCatalog) -> dict:
     max_walls = [s.max_wall_time for s in all_series if s.max_wall_time is not None]
     return {
         "run": rc.run,
+        "format_versions": rc.format_versions(),
         "max_step": max(max_steps) if max_steps else None,
         "max_wall_time": finite_or_none(max(max_walls)) if max_walls else None,
         "targets": rc.targets(),

@@ -105,11 +105,32 @@ class TensorLister:
         self._pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._lock = threading.Lock()
         self._folds: Dict[Tuple[str, str], _Fold] = {}
+        # Without a multiplexer: the tags of each run seen by its last listing not filtered by tag.
+        self._run_tags: Dict[Tuple[str, str], Tuple[str, ...]] = {}
 
     @property
     def incremental(self) -> bool:
         """Whether listings skip records already seen (False: every call is `list_tensors`)."""
         return self._mux is not None
+
+    def tags_of(self, ctx: Any, experiment_id: str, run: str, plugin_name: str) -> Tuple[str, ...]:
+        """The run's tag names, for finding its version-2 group tags (`{target}/{source}/layers-.../{kind}`)
+        without folding its records: from the multiplexer's metadata (the Python loader); else those of the
+        run's last listing not filtered by tag, or one such listing when the run was never listed whole
+        (a group tag born since that listing shows from the next one, which every tab poll makes)."""
+        if self._mux is not None:
+            try:
+                return tuple(self._mux.GetAccumulator(run).PluginTagToContent(plugin_name))
+            except KeyError:
+                return ()
+        with self._lock:
+            known = self._run_tags.get((experiment_id, run))
+        if known is None:
+            self.list_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
+                              run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
+            with self._lock:
+                known = self._run_tags.get((experiment_id, run), ())
+        return known
 
     def list_tensors(
         self,
@@ -121,15 +142,25 @@ class TensorLister:
     ) -> Listing:
         if self._mux is not None:
             return self._list(plugin_name, run_tag_filter)
+        result = None
         if self._by_run and (run_tag_filter is None or run_tag_filter.tags is None):
             runs = None if run_tag_filter is None else run_tag_filter.runs
             if runs is None:
                 runs = [r.run_name for r in self._provider.list_runs(ctx, experiment_id=experiment_id)]
             if len(runs) > 1:
-                return self._list_concurrently(ctx, experiment_id, plugin_name, sorted(runs))
-        return self._provider.list_tensors(
-            ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
-        )
+                result = self._list_concurrently(ctx, experiment_id, plugin_name, sorted(runs))
+        if result is None:
+            result = self._provider.list_tensors(
+                ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+            )
+        if run_tag_filter is None or run_tag_filter.tags is None:
+            with self._lock:
+                listed = run_tag_filter.runs if run_tag_filter is not None and run_tag_filter.runs else ()
+                for run in listed:
+                    self._run_tags[(experiment_id, run)] = ()
+                for run, tags in result.items():
+                    self._run_tags[(experiment_id, run)] = tuple(tags)
+        return result
 
     def _list_concurrently(self, ctx: Any, experiment_id: str, plugin_name: str, runs: List[str]) -> Listing:
         """`list_tensors` over `runs` split into up to LISTING_CALLS calls (a few runs each), made

@@ -35,7 +35,7 @@ from tb_layergrad.plugin.responses import (
     json_response,
 )
 from tb_layergrad.plugin.static import StaticFiles
-from tb_layergrad.reader import catalog, run_anomalies, series
+from tb_layergrad.reader import catalog, layer_points, run_anomalies, series
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.series import align
 from tb_layergrad.reader.stats_store import StatsStore
@@ -85,6 +85,7 @@ class LayerQuery:
 
     head: dict  # echoed at the top of the response
     series: Optional[catalog.Series] = None
+    listed: Optional[catalog.RunCatalog] = None  # the catalog `series` was found in
     step: Optional[int] = None
     start: Optional[int] = None
     end: Optional[int] = None
@@ -110,12 +111,9 @@ class Routes:
         ctx, eid = self._where(request)
         return catalog.load(self._lister, ctx, eid, runs=[run]).run(run)
 
-    def _points(
-        self, request: wrappers.Request, s: catalog.Series, start: Optional[int], end: Optional[int]
-    ) -> series.Points:
+    def _points(self, request: wrappers.Request, q: "LayerQuery", start: Optional[int], end: Optional[int]) -> series.Points:
         ctx, eid = self._where(request)
-        data = series.read(self._provider, ctx, eid, s.run, [s.tag])
-        return series.select(data.get(s.tag, ()), start, end)
+        return layer_points.read_one(self._provider, ctx, eid, q.listed, q.series, start, end, self._stats)
 
     def _layer_query(self, request: wrappers.Request, kind: str) -> "LayerQuery":
         """Validate every parameter of a one-layer route (400), then find its series (404).
@@ -139,19 +137,38 @@ class Routes:
         else:
             q.start, q.end = params.step_range(args)
             q.max_steps = params.max_steps(args)
-        q.series = self._one_series(request, run, layer, target, source, kind)
+        q.series, q.listed = self._one_series(request, run, layer, target, source, kind)
         return q
 
-    def _one_series(self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kind: str) -> catalog.Series:
-        """The series a one-layer route shows: listed by run AND tag, so its cost does not grow
-        with the run; the whole run's catalog is listed only to explain a miss (404)."""
+    def _layer_tags(self, request: wrappers.Request, run: str, layer: str, target: str, source: str,
+                    kinds: Sequence[str]) -> List[str]:
+        """The tags that may hold a layer's `kinds`: its version-1 tags and the run's version-2 group tags
+        of (target, source), found by name (`listing.TensorLister.tags_of`), never by folding the run."""
+        tags = [metadata.make_tag(target, source, layer, kind) for kind in kinds]
+        grouped = [k for k in kinds if k in metadata.GROUPED_KINDS]
+        if grouped:
+            ctx, eid = self._where(request)
+            prefix = f"{target}/{source}/layers-"
+            suffixes = tuple(f"/{k}" for k in grouped)
+            tags += [t for t in self._lister.tags_of(ctx, eid, run, metadata.PLUGIN_NAME)
+                     if t.startswith(prefix) and t.endswith(suffixes)]
+        return tags
+
+    def _one_series(self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kind: str
+                    ) -> Tuple[catalog.Series, catalog.RunCatalog]:
+        """The series a one-layer route shows, and the catalog it was found in: listed by run AND tag, so its
+        cost does not grow with the run; the whole run's catalog is listed only to explain a miss (404).
+        A histogram comes with its layer's stats (a version-2 histogram's edges are the stats' min and max)."""
         ctx, eid = self._where(request)
-        tag = metadata.make_tag(target, source, layer, kind)
-        listed = catalog.load(self._lister, ctx, eid, runs=[run], tags=[tag]).runs.get(run)
+        tags = self._layer_tags(request, run, layer, target, source, [kind])
+        if kind == metadata.KIND_HISTOGRAM and len(tags) > 1:  # version-2 groups: their edges need the stats
+            tags += self._layer_tags(request, run, layer, target, source, [metadata.KIND_STATS])
+        listed = catalog.load(self._lister, ctx, eid, runs=[run], tags=tags).runs.get(run)
         found = listed.find(layer, target, source, kind) if listed is not None else None
         if found is not None:
-            return found
-        return self._run_catalog(request, run).require(layer, target, source, kind)
+            return found, listed
+        full = self._run_catalog(request, run)
+        return full.require(layer, target, source, kind), full
 
     # -- routes ----------------------------------------------------------------
 
@@ -162,6 +179,7 @@ class Routes:
         cat = catalog.load(self._lister, ctx, eid, runs=None if run is None else [run])
         if run is not None:
             cat.run(run)  # 404 if unknown
+        cat = layer_points.without_clean_hints(self._provider, ctx, eid, cat)
         return json_response(request, bodies.runs_body(cat))
 
     @json_errors
@@ -177,7 +195,7 @@ class Routes:
             raise _missing_series(rc, target, source, "stats")
         ctx, eid = self._where(request)
         rows = self._stats.read(ctx, eid, run, stats_series, start, end)
-        columns = [(rows[s.tag].steps, rows[s.tag].column(stat)) for s in stats_series]
+        columns = [(rows[s.key].steps, rows[s.key].column(stat)) for s in stats_series]
         steps = _union_steps([c[0] for c in columns], max_steps)
         return json_response(
             request,
@@ -197,7 +215,7 @@ class Routes:
         q = self._layer_query(request, metadata.KIND_STATS)
         s = q.series
         ctx, eid = self._where(request)
-        rows = self._stats.read(ctx, eid, s.run, [s], q.start, q.end)[s.tag].thinned(q.max_steps)
+        rows = self._stats.read(ctx, eid, s.run, [s], q.start, q.end)[s.key].thinned(q.max_steps)
         return json_response(
             request,
             {
@@ -213,7 +231,7 @@ class Routes:
     @json_errors
     def histograms(self, request: wrappers.Request) -> wrappers.Response:
         q = self._layer_query(request, metadata.KIND_HISTOGRAM)
-        points = series.thin(self._points(request, q.series, q.start, q.end), q.max_steps)
+        points = series.thin(self._points(request, q, q.start, q.end), q.max_steps)
         hists = []
         for value in points.values:
             arr = np.asarray(value, dtype=np.float64)
@@ -232,7 +250,7 @@ class Routes:
     def tensor(self, request: wrappers.Request) -> wrappers.Response:
         q = self._layer_query(request, metadata.KIND_TENSOR)
         s, step = q.series, q.step
-        points = self._points(request, s, None, None)
+        points = self._points(request, q, None, None)
         if not len(points):
             raise errors.NotFoundError(f"no tensor records for layer {quote(s.info.layer)} yet")
         if step is None:
@@ -267,7 +285,7 @@ class Routes:
     @json_errors
     def timesteps(self, request: wrappers.Request) -> wrappers.Response:
         q = self._layer_query(request, metadata.KIND_TIMESTEPS)
-        points = series.thin(self._points(request, q.series, q.start, q.end), q.max_steps)
+        points = series.thin(self._points(request, q, q.start, q.end), q.max_steps)
         return json_response(
             request,
             {
@@ -287,8 +305,8 @@ class Routes:
         target, source, start, end = _series_range(args)
         max_steps = params.max_steps(args)
         ctx, eid = self._where(request)
-        tag = metadata.make_tag(target, source, layer, metadata.KIND_STATS)
-        listed = catalog.load(self._lister, ctx, eid, runs=names, tags=[tag]).runs  # cheap: one tag per run
+        tags = [t for name in names for t in self._layer_tags(request, name, layer, target, source, [metadata.KIND_STATS])]
+        listed = catalog.load(self._lister, ctx, eid, runs=names, tags=tags).runs  # cheap: the layer's tags
         found: Dict[str, catalog.Series] = {}
         others = [name for name in names if name not in listed]
         full = catalog.load(self._lister, ctx, eid, runs=others) if others else None
@@ -303,7 +321,7 @@ class Routes:
             )
         columns: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         for name, s in found.items():
-            rows = self._stats.read(ctx, eid, name, [s], start, end)[s.tag]
+            rows = self._stats.read(ctx, eid, name, [s], start, end)[s.key]
             columns[name] = (rows.steps, rows.column(stat))
         steps = _union_steps([c[0] for c in columns.values()], max_steps)
         empty = np.zeros([0], np.int64)
@@ -342,7 +360,7 @@ class Routes:
         tables = self._stats.read(ctx, eid, run, chosen, start, end)
         rows = []
         for s in chosen:
-            t = tables[s.tag]
+            t = tables[s.key]
             for step, wall, record in zip(t.steps, t.wall_times, t.table):
                 rows.append(
                     [run, target, source, s.info.layer, str(rc.layer_index(s.info.layer)), str(int(step)), csv_number(wall)]

@@ -8,6 +8,7 @@ Modules, one job each:
   catalog        -- which series exist (metadata only, no tensor bodies); unknown names are 404s here
   series         -- reading tensors of a run/tag set, step selection, stored and derived statistics
   stats_store    -- stats series kept as tables while TensorBoard reports them unchanged
+  layer_points   -- a layer's points of any kind, whatever format version wrote them (every reader reads here)
   anomalies      -- the anomaly rules of docs/ANOMALIES.md, pure numpy (public: `tb_layergrad.anomalies`)
   run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
   event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow

@@ -4,11 +4,16 @@ Built from `list_tensors` only (metadata, never tensor bodies), once per
 request: no cache, so a layer or run that appears during training shows up on
 the next request. Every "unknown name" 404 is decided here, before any tensor
 is read, so a made-up name never reaches `read_tensors`.
+
+Format version 2 (docs/FORMAT.md) stores the stats, histograms and first_nonfinite of all layers of a
+(target, source) in one tag per layer list: the catalog still lists one `Series` per layer, whose
+`parts` name the tags and rows that hold it (`reader.layer_points` reads them).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+import json
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
@@ -30,14 +35,72 @@ def quote(value: Any) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class Part:
+    """Where some of a layer's records are: a version-1 tag of its own, or one row of a version-2 group tag."""
+
+    tag: str
+    row: Optional[int]  # None: a per-layer (version-1) record; else the layer's row of a group record
+    max_step: Optional[int]  # of the whole tag, as `list_tensors` reports it (the cache's version)
+    max_wall_time: Optional[float]
+    rows: int = 0  # a group tag: how many layers its records hold (len(layers)); 0 for a per-layer tag
+    fields: Tuple[str, ...] = ()  # a group `stats` tag: its columns' names
+
+    @property
+    def grouped(self) -> bool:
+        return self.row is not None
+
+
+@dataclasses.dataclass(frozen=True)
 class Series:
-    """One stored time series (one tag of one run)."""
+    """One layer's time series of one kind in one run, wherever it is stored (`parts`).
+
+    Why parts: from format version 2 on, the stats, histograms and first_nonfinite records of all
+    layers of a (target, source) share one tag per layer list, and a model rebuilt mid-run writes
+    to another; a layer's series is the union of its rows in all of them, and of a version-1 tag.
+    """
 
     run: str
-    tag: str
     info: metadata.SeriesInfo
+    parts: Tuple[Part, ...]
     max_step: Optional[int]
     max_wall_time: Optional[float]
+
+    @property
+    def key(self) -> SeriesKey:
+        i = self.info
+        return (i.layer, i.target, i.source, i.kind)
+
+    @property
+    def tags(self) -> Tuple[str, ...]:
+        return tuple(p.tag for p in self.parts)
+
+    @property
+    def versions(self) -> FrozenSet[int]:
+        """The format versions of its parts: 2 for a group row, 1 for a per-layer record of a grouped kind."""
+        return frozenset(2 if p.grouped else 1 for p in self.parts)
+
+
+def _max(values: Iterable[Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
+
+
+def merge(run: str, infos_parts: Sequence[Tuple[metadata.SeriesInfo, Part]]) -> Series:
+    """One layer's series from its parts; `info` is that of the part written last (display: dtype)."""
+    latest = max(infos_parts, key=lambda ip: -float("inf") if ip[1].max_wall_time is None else ip[1].max_wall_time)
+    known = [ip[0].index for ip in infos_parts if ip[0].index >= 0]
+    info = latest[0] if not known or latest[0].index >= 0 else dataclasses.replace(latest[0], index=min(known))
+    parts = tuple(sorted((ip[1] for ip in infos_parts), key=lambda p: (p.row is not None, p.tag)))
+    return Series(run, info, parts, _max(p.max_step for p in parts), _max(p.max_wall_time for p in parts))
+
+
+def members(tag: str, info: metadata.Info, max_step: Optional[int], max_wall: Optional[float]
+            ) -> List[Tuple[metadata.SeriesInfo, Part]]:
+    """The per-layer series one listed tag holds: itself (version 1) or one per row (version 2)."""
+    if isinstance(info, metadata.GroupInfo):
+        return [(m, Part(tag, i, max_step, max_wall, len(info.layers), info.fields))
+                for i, m in enumerate(info.members())]
+    return [(info, Part(tag, None, max_step, max_wall))]
 
 
 def _layer_order(index: int, layer: str) -> Tuple[bool, int, str]:
@@ -104,6 +167,17 @@ class RunCatalog:
         """Whether forward values (source `activation`) were recorded in this run."""
         return any(key[2] == metadata.SOURCE_ACTIVATION for key in self._by_key)
 
+    def format_versions(self) -> List[int]:
+        """The format versions the run's records were written in (docs/HTTP_API.md, `runs`).
+
+        Judged by the kinds version 2 groups: a group row is 2, a per-layer record of such a kind 1;
+        `tensor` and `timesteps` records are the same in both, so they decide only when alone.
+        """
+        grouped = [s for s in self._by_key.values() if s.info.kind in metadata.GROUPED_KINDS]
+        if grouped:
+            return sorted(set().union(*(s.versions for s in grouped)))
+        return sorted({s.info.version for s in self._by_key.values()})
+
     def sources(self) -> List[str]:
         present = {key[2] for key in self._by_key}
         return [s for s in metadata.SOURCES if s in present]
@@ -143,6 +217,14 @@ class RunCatalog:
         raise errors.NotFoundError(
             f"no {kind!r} records for layer {quote(layer)} (target {quote(target)}, source {source!r}) in run {quote(self.run)}"
         )
+
+
+def _content_version(content: bytes) -> int:
+    """The `version` of a content this reader refused as too new (for the warning)."""
+    try:
+        return int(json.loads(bytes(content).decode("utf-8"))["version"])
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
+        return metadata.FORMAT_VERSION + 1
 
 
 @dataclasses.dataclass
@@ -185,24 +267,29 @@ def load(
     catalogs: Dict[str, RunCatalog] = {}
     warnings: List[str] = []
     for run in sorted(listing):
-        series: List[Series] = []
-        newer = malformed = 0
+        parts: Dict[SeriesKey, List[Tuple[metadata.SeriesInfo, Part]]] = {}
+        newer: Dict[int, int] = {}
+        malformed = 0
         for tag, ts in listing[run].items():
             try:
                 info = metadata.parse_plugin_content(ts.plugin_content)
             except metadata.UnsupportedFormatError:
-                newer += 1
+                version = _content_version(ts.plugin_content)
+                newer[version] = newer.get(version, 0) + 1
                 continue
             except (ValueError, TypeError):
                 malformed += 1
                 continue
             max_step = None if ts.max_step is None else int(ts.max_step)
             max_wall = None if ts.max_wall_time is None else float(ts.max_wall_time)
-            series.append(Series(run, tag, info, max_step, max_wall))
-        if newer:
+            for member, part in members(tag, info, max_step, max_wall):
+                key = (member.layer, member.target, member.source, member.kind)
+                parts.setdefault(key, []).append((member, part))
+        series = [merge(run, found) for found in parts.values()]
+        for version, count in sorted(newer.items()):
             warnings.append(
-                f"run {run!r}: {newer} series were written by a newer tb_layergrad "
-                f"(format version > {metadata.FORMAT_VERSION}) and are skipped; upgrade tb_layergrad"
+                f"run {run!r}: {count} series were written by a newer tb_layergrad (format version {version}; "
+                f"this one reads up to {metadata.FORMAT_VERSION}) and are skipped; upgrade tb_layergrad"
             )
         if malformed:
             warnings.append(f"run {run!r}: {malformed} series have unreadable metadata and are skipped")

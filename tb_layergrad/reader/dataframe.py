@@ -17,6 +17,7 @@ from typing import Any, Dict, Iterable, Optional
 
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import catalog, event_files, origin, series
+from tb_layergrad.reader.stats_store import StatsStore
 
 COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + series.ALL_STATS
 
@@ -68,7 +69,7 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     frames = []
     for run_name, rc in cat.runs.items():
         stats_series = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
-        data = series.read(provider, ctx, "", run_name, [s.tag for s in stats_series])
+        tables = StatsStore(provider).read(ctx, "", run_name, stats_series)
         order = {layer: i for i, layer in enumerate(rc.layers())}
 
         def rank(s: catalog.Series) -> tuple:
@@ -77,19 +78,18 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
                     metadata.SOURCES.index(s.info.source), s.info.layer)
 
         for s in sorted(stats_series, key=rank):
-            points = series.select(data.get(s.tag, []))
-            table = series.stats_table(points.values)
+            rows = tables[s.key]
             frame = {
                 "run": run_name,
                 "layer": s.info.layer,
                 "index": -1 if s.info.source == metadata.SOURCE_TARGET else rc.layer_index(s.info.layer),
                 "target": s.info.target,
                 "source": s.info.source,
-                "step": points.steps,
-                "wall_time": points.wall_times,
+                "step": rows.steps,
+                "wall_time": rows.wall_times,
             }
             for name in series.ALL_STATS:
-                frame[name] = series.stat_column(table, name)
+                frame[name] = rows.column(name)
             frames.append(pd.DataFrame(frame, columns=list(COLUMNS)))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
     df.attrs["nonfinite_origin"] = {

@@ -20,7 +20,7 @@ import numpy as np
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.reader import catalog, series
+from tb_layergrad.reader import catalog, layer_points, series
 from tb_layergrad.reader.stats_store import StatsStore
 
 
@@ -70,8 +70,8 @@ def first_steps(
     start: Optional[int] = None,
     end: Optional[int] = None,
     store: Optional[StatsStore] = None,
-) -> Dict[str, Optional[int]]:
-    """{stats tag: the series' first non-finite step in [start, end], or None}."""
+) -> Dict[catalog.SeriesKey, Optional[int]]:
+    """{stats series key: the series' first non-finite step in [start, end], or None}."""
     store = store if store is not None else StatsStore(data_provider)
     tables = store.read(ctx, experiment_id, rc.run, stats_series, start, end)
     hint_series = {}
@@ -79,19 +79,19 @@ def first_steps(
         i = s.info
         f = rc.find(i.layer, i.target, i.source, metadata.KIND_FIRST_NONFINITE)
         if f is not None:
-            hint_series[s.tag] = f
-    data = series.read(data_provider, ctx, experiment_id, rc.run, [f.tag for f in hint_series.values()])
-    out: Dict[str, Optional[int]] = {}
+            hint_series[s.key] = f
+    hints = layer_points.read_points(data_provider, ctx, experiment_id, rc, list(hint_series.values()), start, end, store)
+    out: Dict[catalog.SeriesKey, Optional[int]] = {}
     for s in stats_series:
-        rows = tables[s.tag]
+        rows = tables[s.key]
         bad = np.flatnonzero(rows.column("nonfinite") > 0)
         first = int(rows.steps[bad[0]]) if bad.size else None
-        f = hint_series.get(s.tag)
+        f = hint_series.get(s.key)
         if f is not None:
-            hint = first_nonfinite_hint(series.select(data.get(f.tag, ()), start, end), start)
+            hint = first_nonfinite_hint(hints[f.key], start)
             if hint is not None and (first is None or hint < first):
                 first = hint
-        out[s.tag] = first
+        out[s.key] = first
     return out
 
 
@@ -121,12 +121,12 @@ def locate_run(
     step = min(known)
 
     def seen(group: Sequence[catalog.Series]) -> List[nonfinite_origin.Seen]:
-        return [nonfinite_origin.Seen(s.info.layer, rc.layer_index(s.info.layer), firsts[s.tag] == step) for s in group]
+        return [nonfinite_origin.Seen(s.info.layer, rc.layer_index(s.info.layer), firsts[s.key] == step) for s in group]
 
     return nonfinite_origin.locate(
         step,
         target=target,
-        target_nonfinite=(firsts[roles["target"][0].tag] == step) if roles["target"] else None,
+        target_nonfinite=(firsts[roles["target"][0].key] == step) if roles["target"] else None,
         activations=seen(roles["activations"]) if roles["activations"] else None,
         outputs=seen(roles["outputs"]),
         weights=seen(roles["weights"]),

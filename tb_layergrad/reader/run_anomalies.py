@@ -13,7 +13,7 @@ import numpy as np
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import anomalies, catalog, origin, series
+from tb_layergrad.reader import anomalies, catalog, layer_points, origin, series
 from tb_layergrad.reader.origin import first_nonfinite_hint
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -50,12 +50,12 @@ def read_run(
             t = rc.find(layer, target, source, metadata.KIND_TIMESTEPS)
             if t is not None:
                 ts_series[layer] = t
-    tags = [s.tag for s in extra.values()] + [s.tag for s in ts_series.values()]
-    data = series.read(data_provider, ctx, experiment_id, rc.run, tags)
     store = store if store is not None else StatsStore(data_provider)
+    data = layer_points.read_points(data_provider, ctx, experiment_id, rc, [*extra.values(), *ts_series.values()],
+                                    start, end, store)
     tables = store.read(ctx, experiment_id, rc.run, stats_series, start, end)
 
-    columns = [(tables[s.tag].steps, tables[s.tag].table) for s in stats_series]
+    columns = [(tables[s.key].steps, tables[s.key].table) for s in stats_series]
     steps = series.union_steps([c[0] for c in columns])
     stats = {
         name: np.stack([series.align(pts, series.stat_column(table, name), steps) for pts, table in columns])
@@ -65,10 +65,8 @@ def read_run(
     hints: List[Optional[int]] = []
     for layer in layers:
         s = extra.get(layer)
-        hints.append(None if s is None else first_nonfinite_hint(series.select(data.get(s.tag, ()), start, end), start))
-    timesteps = {
-        layer: series.select(data.get(s.tag, ()), start, end).values for layer, s in ts_series.items()
-    }
+        hints.append(None if s is None else first_nonfinite_hint(data[s.key], start))
+    timesteps = {layer: data[s.key].values for layer, s in ts_series.items()}
     result = anomalies.evaluate(
         layers,
         steps,

@@ -12,12 +12,15 @@ everything) and thin deterministically when a client asks for `max_steps`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
+
+logger = logging.getLogger(__name__)
 
 # `downsample` for "every stored point"; both data providers return min(n, this).
 READ_ALL = 2**31 - 1
@@ -64,6 +67,18 @@ def read(
         run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
     )
     return result.get(run, {})
+
+
+def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Optional[int]]) -> bool:
+    """Whether a version-2 record has the shape its metadata promises (None: any length there);
+    one that does not (rows != len(layers)) is skipped with a warning rather than misread or fatal."""
+    got = np.shape(datum.numpy)
+    ok = len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+    if not ok:
+        expected = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
+        logger.warning("layergrad: run %r, tag %r, step %d: record of shape %s, expected %s (one row per layer "
+                       "of its metadata); skipped", run, tag, int(datum.step), list(got), expected)
+    return ok
 
 
 def select(data: Sequence[tb_provider.TensorDatum], start: Optional[int] = None, end: Optional[int] = None) -> Points:

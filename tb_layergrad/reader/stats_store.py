@@ -4,7 +4,8 @@ Why: the overview asks for every layer's statistics at every step twice (the
 `matrix` and `anomalies` routes) and again on every poll. Reading 200 layers x
 5,000 steps through a data provider converts a million tensor protos one by one,
 which takes far longer than a poll may (docs/DESIGN.md, "Reading side"), while the
-result is only 200 float64 tables of [5000, 12]. So each series is kept as such a table, keyed by
+result is only 200 float64 tables of [5000, 12]. So each tag is kept as such a table (a version-2
+group tag as one [steps, layers, 12] table, which its layers share), keyed by
 (experiment, run, tag) and valid while `list_tensors` reports the same
 `max_step` and `max_wall_time` for it: a new or rewritten record (a later
 wall time) or a reload that drops the series invalidates it. Tables of one
@@ -16,11 +17,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import threading
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
 
+from tb_layergrad import metadata
 from tb_layergrad.reader import catalog, series
 
 # Enough for every layer of several 200-layer x 5,000-step runs (~112 MB each).
@@ -64,18 +66,66 @@ class StatsRows:
         return series.stat_column(self.table, stat)
 
 
+def union(parts: Sequence[StatsRows]) -> StatsRows:
+    """One layer's rows from several tags (docs/FORMAT.md, version 2): by step, the later wall time wins."""
+    if len(parts) == 1:
+        return parts[0]
+    steps = np.concatenate([p.steps for p in parts])
+    walls = np.concatenate([p.wall_times for p in parts])
+    order = np.lexsort((walls, steps))  # stable: at equal step and wall time, the later part wins
+    steps, walls = steps[order], walls[order]
+    last = np.append(steps[1:] != steps[:-1], True)
+    table = np.concatenate([p.table for p in parts])[order][last]
+    return StatsRows(steps[last], walls[last], table)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupRows:
+    """The stats records of one version-2 tag: every layer's row, kept once; a layer's rows are a view."""
+
+    steps: np.ndarray  # int64 [n]
+    wall_times: np.ndarray  # float64 [n]
+    table: np.ndarray  # float64 [n, layers, len(series.STORED_STATS)]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.steps.nbytes + self.wall_times.nbytes + self.table.nbytes)
+
+    def layer(self, row: int) -> StatsRows:
+        return StatsRows(self.steps, self.wall_times, self.table[:, row, :])
+
+
+def group_rows(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run: str) -> GroupRows:
+    """A version-2 stats tag as a table in STAT_FIELDS order: columns mapped by name (an unknown one
+    ignored, a missing one NaN); a record whose shape is not [layers, fields] is skipped (warned)."""
+    width = len(part.fields)
+    kept = [d for d in data if series.fits(d, part.tag, run, (part.rows, width))]
+    points = series.select(kept)
+    table = np.full([len(points), part.rows, len(series.STORED_STATS)], np.nan, dtype=np.float64)
+    if len(points):
+        raw = np.stack([np.asarray(v, dtype=np.float64) for v in points.values])
+        for j, name in enumerate(part.fields):
+            if name in metadata.STAT_INDEX:
+                table[:, :, metadata.STAT_INDEX[name]] = raw[:, :, j]
+    return GroupRows(points.steps, points.wall_times, table)
+
+
 _Key = Tuple[str, str, str]  # (experiment id, run, tag)
 _Version = Tuple[Optional[int], Optional[float]]  # (max_step, max_wall_time) from list_tensors
+_Rows = Union[StatsRows, GroupRows]
 
 
 class StatsStore:
-    """Reads stats series through a data provider; thread-safe (TensorBoard serves requests in threads)."""
+    """Reads stats series through a data provider; thread-safe (TensorBoard serves requests in threads).
+
+    Keeps one table per tag: a version-1 tag's [n, fields], or a version-2 group's [n, layers, fields]
+    once, whose layers are sliced as views (no copy per layer)."""
 
     def __init__(self, data_provider: tb_provider.DataProvider, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self._provider = data_provider
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
-        self._tables: "collections.OrderedDict[_Key, Tuple[_Version, StatsRows]]" = collections.OrderedDict()
+        self._tables: "collections.OrderedDict[_Key, Tuple[_Version, _Rows]]" = collections.OrderedDict()
         self._bytes = 0
 
     def read(
@@ -86,29 +136,40 @@ class StatsStore:
         stats_series: Sequence[catalog.Series],
         start: Optional[int] = None,
         end: Optional[int] = None,
-    ) -> Dict[str, StatsRows]:
-        """`{tag: StatsRows}` of the given stats series of one run, within [start, end]."""
-        found: Dict[str, StatsRows] = {}
+    ) -> Dict[catalog.SeriesKey, StatsRows]:
+        """`{series key: StatsRows}` of the given stats series of one run, within [start, end]."""
+        parts = {p.tag: p for s in stats_series for p in s.parts}
+        found: Dict[str, _Rows] = {}
         missing = []
         with self._lock:
-            for s in stats_series:
-                key, version = (experiment_id, run, s.tag), (s.max_step, s.max_wall_time)
+            for tag, p in parts.items():
+                key, version = (experiment_id, run, tag), (p.max_step, p.max_wall_time)
                 hit = self._tables.get(key)
                 if hit is not None and hit[0] == version:
                     self._tables.move_to_end(key)
-                    found[s.tag] = hit[1]
+                    found[tag] = hit[1]
                 else:
-                    missing.append(s)
+                    missing.append(p)
         if missing:
-            data = series.read(self._provider, ctx, experiment_id, run, [s.tag for s in missing])
-            fresh = {s.tag: StatsRows.of(series.select(data.get(s.tag, ()))) for s in missing}
+            data = series.read(self._provider, ctx, experiment_id, run, [p.tag for p in missing])
+            fresh = {p.tag: self._rows(data.get(p.tag, ()), p, run) for p in missing}
             with self._lock:
-                for s in missing:
-                    self._put((experiment_id, run, s.tag), (s.max_step, s.max_wall_time), fresh[s.tag])
+                for p in missing:
+                    self._put((experiment_id, run, p.tag), (p.max_step, p.max_wall_time), fresh[p.tag])
             found.update(fresh)
-        return {tag: rows.between(start, end) for tag, rows in found.items()}
+        out = {}
+        for s in stats_series:
+            rows = [found[p.tag] if not p.grouped else found[p.tag].layer(p.row) for p in s.parts]
+            out[s.key] = union(rows).between(start, end)
+        return out
 
-    def _put(self, key: _Key, version: _Version, rows: StatsRows) -> None:
+    @staticmethod
+    def _rows(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run: str) -> _Rows:
+        if part.grouped:
+            return group_rows(data, part, run)
+        return StatsRows.of(series.select(data))
+
+    def _put(self, key: _Key, version: _Version, rows: _Rows) -> None:
         old = self._tables.pop(key, None)
         if old is not None:
             self._bytes -= old[1].nbytes

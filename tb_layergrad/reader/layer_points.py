@@ -1,0 +1,178 @@
+"""A layer's points of one kind, whatever format version wrote them: the one reading function.
+
+Every reader (the routes, `report`, `load()`, `origin`, `run_anomalies`) asks here, so that a run
+written in version 1, in version 2 or in both reads the same. A series' `parts` (`catalog.Part`)
+say where its records are: a version-1 tag of its own, or its row of version-2 group tags. The
+points of all parts are united by step (the later wall time wins at a repeated step).
+
+Version 2 (docs/FORMAT.md): a group's `histogram` record holds counts only; the [k, 3] (left,
+right, count) layout of version 1 is rebuilt from the same step's `stats` (min, max) of the same
+layer (`metadata.histogram_edges`), and a step without stats is skipped. A `first_nonfinite`
+group record holds one int64 per layer, read as a version-1 record of one element.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+from tensorboard.data import provider as tb_provider
+
+from tb_layergrad import metadata
+from tb_layergrad.reader import catalog, series
+from tb_layergrad.reader.stats_store import StatsRows, StatsStore
+
+
+def read_points(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    rc: catalog.RunCatalog,
+    chosen: Sequence[catalog.Series],
+    start: Optional[int] = None,
+    end: Optional[int] = None,
+    store: Optional[StatsStore] = None,
+) -> Dict[catalog.SeriesKey, series.Points]:
+    """`{series key: Points}` of `chosen` (series of run `rc`) within [start, end], in version-1 layouts.
+
+    `store`: the plugin's StatsStore (stats, and the edges of version-2 histograms, come from it).
+    `rc` must list the layers' `stats` series when version-2 histograms are asked for.
+    """
+    store = store if store is not None else StatsStore(data_provider)
+    out: Dict[catalog.SeriesKey, series.Points] = {}
+    stats = [s for s in chosen if s.info.kind == metadata.KIND_STATS]
+    for key, rows in store.read(ctx, experiment_id, rc.run, stats, start, end).items():
+        out[key] = series.Points(rows.steps, rows.wall_times, list(rows.table))
+    others = [s for s in chosen if s.info.kind != metadata.KIND_STATS]
+    if not others:
+        return out
+    data = series.read(data_provider, ctx, experiment_id, rc.run, [t for s in others for t in s.tags])
+    edges = _edge_rows(ctx, experiment_id, rc, others, store)
+    groups: Dict[str, series.Points] = {}  # a group tag's fitting records, selected once for all its layers
+    for s in others:
+        parts = []
+        for p in s.parts:
+            if p.grouped and p.tag not in groups:
+                groups[p.tag] = _group_points(s.info.kind, p, data.get(p.tag, ()), rc.run, start, end)
+            selected = groups[p.tag] if p.grouped else series.select(data.get(p.tag, ()), start, end)
+            parts.append(_part_points(s.info.kind, p, selected, edges.get(s.key)))
+        out[s.key] = united(parts)
+    return out
+
+
+def read_one(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    rc: catalog.RunCatalog,
+    s: catalog.Series,
+    start: Optional[int] = None,
+    end: Optional[int] = None,
+    store: Optional[StatsStore] = None,
+) -> series.Points:
+    """`read_points` of one series."""
+    return read_points(data_provider, ctx, experiment_id, rc, [s], start, end, store)[s.key]
+
+
+def united(parts: Sequence[series.Points]) -> series.Points:
+    """The points of several parts as one series: by step, the later wall time wins."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return series.EMPTY
+    if len(parts) == 1:
+        return parts[0]
+    steps = np.concatenate([p.steps for p in parts])
+    walls = np.concatenate([p.wall_times for p in parts])
+    values = [v for p in parts for v in p.values]
+    order = np.lexsort((walls, steps))
+    last = np.append(steps[order][1:] != steps[order][:-1], True)
+    keep = order[last]
+    return series.Points(steps[keep], walls[keep], [values[i] for i in keep])
+
+
+def _edge_rows(ctx: object, experiment_id: str, rc: catalog.RunCatalog, others: Sequence[catalog.Series],
+               store: StatsStore) -> Dict[catalog.SeriesKey, StatsRows]:
+    """The stats rows of the layers whose version-2 histograms need edges (min, max at each step)."""
+    need = {}
+    for s in others:
+        if s.info.kind == metadata.KIND_HISTOGRAM and any(p.grouped for p in s.parts):
+            i = s.info
+            found = rc.find(i.layer, i.target, i.source, metadata.KIND_STATS)
+            if found is not None:
+                need[s.key] = found
+    if not need:
+        return {}
+    rows = store.read(ctx, experiment_id, rc.run, list(need.values()))
+    return {key: rows[stats.key] for key, stats in need.items()}
+
+
+def _group_points(kind: str, part: catalog.Part, data: Sequence[tb_provider.TensorDatum], run: str,
+                  start: Optional[int], end: Optional[int]) -> series.Points:
+    """A group tag's records within [start, end], those whose shape disagrees with its layer list skipped."""
+    shape = (part.rows, None) if kind == metadata.KIND_HISTOGRAM else (part.rows,)
+    return series.select([d for d in data if series.fits(d, part.tag, run, shape)], start, end)
+
+
+def _part_points(kind: str, part: catalog.Part, points: series.Points, stats: Optional[StatsRows]) -> series.Points:
+    """One part's points (selected) in the version-1 layout of the kind: a group's row sliced out."""
+    if not part.grouped:
+        return points
+    rows = [np.asarray(v)[part.row] for v in points.values]
+    if kind == metadata.KIND_FIRST_NONFINITE:
+        return series.Points(points.steps, points.wall_times, [np.asarray(r, np.int64).reshape(1) for r in rows])
+    if kind == metadata.KIND_HISTOGRAM:
+        return _histograms(points, rows, stats)
+    return series.Points(points.steps, points.wall_times, rows)
+
+
+def _histograms(points: series.Points, counts: List[np.ndarray], stats: Optional[StatsRows]) -> series.Points:
+    """Version-2 counts as [k, 3] (left, right, count), edges from the same step's min and max;
+    a step without a stats record is skipped."""
+    if stats is None or not len(stats):
+        return series.EMPTY
+    lo, hi = stats.column("min"), stats.column("max")
+    keep, values = [], []
+    for i, (step, c) in enumerate(zip(points.steps, counts)):
+        at = int(np.searchsorted(stats.steps, step))
+        if at >= len(stats) or stats.steps[at] != step:
+            continue
+        left, right = metadata.histogram_edges(float(lo[at]), float(hi[at]), int(c.shape[0]))
+        values.append(np.stack([np.asarray(left), np.asarray(right), c.astype(np.float64)], axis=1))
+        keep.append(i)
+    idx = np.asarray(keep, dtype=np.int64)
+    return series.Points(points.steps[idx], points.wall_times[idx], values)
+
+
+def without_clean_hints(data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str,
+                        cat: catalog.Catalog) -> catalog.Catalog:
+    """The catalog without the `first_nonfinite` series that exist only as version-2 rows of -1.
+
+    Why: a version-1 `first_nonfinite` series exists only once its layer held a NaN/Inf, and the
+    `runs` route lists it as such (docs/HTTP_API.md); a version-2 group has a row for every layer,
+    -1 until then. The running value never returns to -1, so the last record of each group tag
+    (which TensorBoard always keeps, and `downsample=1` returns) tells: one record per tag is read.
+    """
+    grouped = {p.tag for rc in cat.runs.values() for s in rc.series
+               if s.info.kind == metadata.KIND_FIRST_NONFINITE for p in s.parts if p.grouped}
+    if not grouped:
+        return cat
+    last = data_provider.read_tensors(
+        ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME, downsample=1,
+        run_tag_filter=tb_provider.RunTagFilter(runs=sorted(cat.runs), tags=sorted(grouped)),
+    )
+    runs = {}
+    for name, rc in cat.runs.items():
+        data = last.get(name, {})
+        kept = [s for s in rc.series if s.info.kind != metadata.KIND_FIRST_NONFINITE or _flagged(s, data, name)]
+        runs[name] = rc if len(kept) == len(rc.series) else catalog.RunCatalog(name, kept)
+    return catalog.Catalog(runs, cat.warnings)
+
+
+def _flagged(s: catalog.Series, last: Dict[str, Sequence[tb_provider.TensorDatum]], run: str) -> bool:
+    """Whether a first_nonfinite series names a step: a version-1 part, or a group row >= 0 in its last record."""
+    for p in s.parts:
+        if not p.grouped:
+            return True
+        for datum in last.get(p.tag, ())[-1:]:
+            if series.fits(datum, p.tag, run, (p.rows,)) and int(np.asarray(datum.numpy)[p.row]) >= 0:
+                return True
+    return False
