@@ -105,13 +105,13 @@ def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[st
     import synthetic_logdir
     import tab_latency
 
-    lines = ["### Tab latency (warm, median), real tensorboard process, synthetic logdir\n"]
+    lines = ["### Tab latency (warm, median), real tensorboard process, synthetic logdir (format version 2)\n"]
     lines.append("| runs x layers x steps | loader | load time | listing | flow matrix | layer detail | 3-run compare | TensorBoard RSS |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for runs, layers, steps in sizes:
         logdir = tempfile.mkdtemp(prefix="layergrad_synth_")
         # Written once, copied: latency does not depend on the numbers, and writing is most of the time.
-        synthetic_logdir.write_run(os.path.join(logdir, "run_0"), layers, steps, seed=0)
+        synthetic_logdir.write_run(os.path.join(logdir, "run_0"), layers, steps, seed=0, format_version=2)
         for r in range(1, runs):
             shutil.copytree(os.path.join(logdir, "run_0"), os.path.join(logdir, f"run_{r}"))
         for loader in loaders:
@@ -127,6 +127,101 @@ def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[st
         shutil.rmtree(logdir, ignore_errors=True)
     lines.append("")
     return lines
+
+
+# The three sizes of issue #27: (runs, layers, steps); the first is a real fit() at GradientLogger's defaults.
+FORMAT_SIZES = [(1, 100, 4000), (3, 200, 5000), (1, 50, 100_000)]
+SMOKE_FORMAT_SIZES = [(1, 4, 20), (2, 4, 20), (1, 3, 60)]
+# Version 1 of the largest size (10 million records) is left out: its logdir alone takes most of an hour.
+V1_MAX_RECORDS = 10_000_000
+# The tab asks for about as many bins as the heatmap has pixels.
+TAB_POINTS = 1000
+
+
+def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
+    """Format versions 1 and 2 side by side: bytes by part (a real fit()), then TensorBoard's start-up, load
+    time, memory and the routes, per size and loader."""
+    import format_bytes
+    import synthetic_logdir
+    import tab_latency
+
+    real, *synthetic = sizes
+    lines = [f"### Format versions 1 and 2: event-file bytes of fit() with GradientLogger's defaults "
+             f"({real[1]} Dense layers, {real[2]} steps, every step)\n"]
+    lines.append("| format version | bytes / layer / step | framing | metadata | stats | histogram | other | fit() time |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    logdirs = []
+    for version in (1, 2):
+        logdir = tempfile.mkdtemp(prefix=f"layergrad_fit_v{version}_")
+        seconds = format_bytes.write_fit_logdir(logdir, real[1], real[2], version)
+        parts = format_bytes.bytes_by_part(logdir)
+        per = real[1] * real[2]
+        figures.setdefault("format_bytes", {})[version] = sum(parts.values()) / per
+        lines.append(f"| {version} | {sum(parts.values()) / per:.0f} | " + " | ".join(f"{parts[k] / per:.1f}" for k in format_bytes.PARTS)
+                     + f" | {seconds:.0f} s |")
+        print("  " + lines[-1], flush=True)
+        logdirs.append((real, version, logdir, real[2]))  # GradientLogger's steps are 1..steps
+    for runs, layers, steps in synthetic:
+        for version in (1, 2):
+            if version == 1 and runs * layers * steps * 2 > V1_MAX_RECORDS:
+                continue
+            logdir = tempfile.mkdtemp(prefix=f"layergrad_synth_v{version}_")
+            synthetic_logdir.write_run(os.path.join(logdir, "run_0"), layers, steps, seed=0, format_version=version)
+            for r in range(1, runs):
+                shutil.copytree(os.path.join(logdir, "run_0"), os.path.join(logdir, f"run_{r}"))
+            logdirs.append(((runs, layers, steps), version, logdir, steps - 1))
+    lines += ["", "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; cold: first)\n",
+              "| runs x layers x steps | version | loader | start-up | loaded after start-up | RSS | listing | flow matrix "
+              "(cold) | layer stats | anomalies | 3-run compare | slowest cold route |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (runs, layers, steps), version, logdir, last in logdirs:
+        for loader in loaders:
+            points = TAB_POINTS if steps > TAB_POINTS else None
+            m = tab_latency.measure(logdir, runs, layers, steps, loader, last_step=last, points=points)
+            figures.setdefault("format_tab", {})[(runs, layers, steps, version, loader)] = m
+            if version == 2:  # the default format: also what issue 7's tab targets are read from
+                figures.setdefault("tab", {})[(runs, layers, steps, loader)] = m
+            name = {"true": "Rust", "false": "Python"}[loader]
+            ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
+            lines.append(
+                f"| {runs} x {layers} x {steps} | {version} | {name} | {m['startup_s']:.1f} s | "
+                f"{m['load_s'] - m['startup_s']:.1f} s | {m['rss_mb']:.0f} MB | {ms(m['listing_s'])} | "
+                f"{ms(m['matrix_s'])} ({ms(m['matrix_cold_s'])}) | {ms(m['layer_stats_s'])} | {ms(m['anomalies_s'])} | "
+                f"{ms(m['compare_s'])} | {ms(m['slowest_cold_s'])} |"
+            )
+            print("  " + lines[-1], flush=True)
+        shutil.rmtree(logdir, ignore_errors=True)
+    lines.append("")
+    return lines
+
+
+def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
+    """Issue 27's targets next to what this run measured."""
+    rows = []
+    got = figures.get("format_bytes", {}).get(2)
+    if got is not None:
+        rows.append(f"| {sizes[0][1]} layers x {sizes[0][2]} steps, defaults: bytes / layer / step | <= 320 | {got:.0f} | "
+                    f"{'met' if got <= 320 else 'NOT met'} |")
+    tab = figures.get("format_tab", {})
+    for key, limit, what in (((*sizes[0], 2, "true"), 3.5, "loaded after start-up"), ((*sizes[1], 2, "true"), 11, "loaded after start-up")):
+        m = tab.get(key)
+        if m is not None:
+            v = m["load_s"] - m["startup_s"]
+            rows.append(f"| {key[0]} x {key[1]} x {key[2]}, Rust: {what} | <= {limit} s | {v:.1f} s | {'met' if v <= limit else 'NOT met'} |")
+    for key, limit in (((*sizes[0], 2, "true"), 1100), ((*sizes[1], 2, "true"), 2500)):
+        m = tab.get(key)
+        if m is not None:
+            rows.append(f"| {key[0]} x {key[1]} x {key[2]}, Rust: TensorBoard RSS | <= {limit} MB | {m['rss_mb']:.0f} MB | "
+                        f"{'met' if m['rss_mb'] <= limit else 'NOT met'} |")
+    for loader in ("true", "false"):
+        m = tab.get((*sizes[2], 2, loader))
+        if m is not None:
+            worst = max(m["slowest_cold_s"], m["matrix_s"], m["layer_stats_s"], m["anomalies_s"], m["compare_s"], m["listing_s"])
+            rows.append(f"| {sizes[2][0]} x {sizes[2][1]} x {sizes[2][2]}, {'Rust' if loader == 'true' else 'Python'}: "
+                        f"slowest route (cold or warm) | <= 2 s | {worst:.2f} s | {'met' if worst <= 2 else 'NOT met'} |")
+    if not rows:
+        return []
+    return ["### Targets (issue 27) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]
 
 
 def target_table(figures: Dict, tab_size: tuple) -> List[str]:
@@ -210,6 +305,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round: only checks the scripts run")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-tab", action="store_true")
+    parser.add_argument("--skip-format", action="store_true", help="skip format versions 1 vs 2 (bytes, load, memory)")
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; x3 for fit(); x4 more when the plain step is under 10 ms; smoke 1)")
     parser.add_argument("--out", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"), help="where to write the report ('-' for none)")
@@ -218,10 +314,12 @@ def main() -> None:
     if args.smoke:
         models, rounds, block_seconds, fit_steps = ["mlp"], 1, 0.01, 8
         sizes, loaders = [(3, 4, 20)], ["false"]
+        format_sizes = SMOKE_FORMAT_SIZES
     else:
         models, rounds, block_seconds, fit_steps = ["mlp", "cnn", "lstm"], 15, 0.5, 14
-        sizes = [(3, 50, 1000), (3, 200, 1000), (3, 200, 5000)]
+        sizes = [(3, 50, 1000), (3, 200, 1000)]  # and 3 x 200 x 5000 in both format versions (format_tables)
         loaders = ["true", "false"]
+        format_sizes = FORMAT_SIZES
     if args.models:
         models = args.models.split(",")
     if args.rounds:
@@ -240,7 +338,9 @@ def main() -> None:
         body += overhead_tables(models, rounds, block_seconds, fit_steps, figures)
     if not args.skip_tab:
         body += tab_tables(sizes, loaders, figures)
-    lines += target_table(figures, sizes[-1]) + body
+    if not args.skip_format:
+        body += format_tables(format_sizes, loaders, figures)
+    lines += format_targets(figures, format_sizes) + target_table(figures, format_sizes[1]) + body
     if not args.smoke:
         lines.append(READING)
     lines.insert(3, f"Load average (1 min) at the start {start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: "

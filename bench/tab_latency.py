@@ -52,23 +52,29 @@ class TensorBoard:
         path = PLUGIN_API + route + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
         return self.process.get(path, timeout)[:2]
 
-    def wait_loaded(self, runs: int, steps: int, timeout: float) -> float:
-        """Seconds until every run reports its last step."""
+    def wait_loaded(self, runs: int, last_step: int, timeout: float) -> Tuple[float, float]:
+        """(seconds until the plugin answers at all: start-up; seconds until every run reports `last_step`)."""
+        start = time.time()
+        self.process.wait_until(lambda _: self.get("runs", timeout=30)[0] == 200, "the plugin to answer", timeout, interval=0.2)
+        started = time.time() - start
 
         def loaded(_) -> bool:
             code, body = self.get("runs", timeout=30)
-            return code == 200 and len([r for r in json.loads(body)["runs"] if r["max_step"] == steps - 1]) == runs
+            return code == 200 and len([r for r in json.loads(body)["runs"] if r["max_step"] == last_step]) == runs
 
-        start = time.time()
-        self.process.wait_until(loaded, f"{runs} runs of {steps} steps", timeout, interval=1.0)
-        return time.time() - start
+        self.process.wait_until(loaded, f"{runs} runs up to step {last_step}", timeout, interval=0.2)
+        return started, time.time() - start
 
     def stop(self) -> None:
         self.process.stop()
 
 
-def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int) -> float:
-    code, body = tb.get(route, query)  # warm
+def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int, cold: Optional[Dict[str, float]] = None) -> float:
+    """The median of `repeats` warm requests; the first (cold) one's time goes in `cold[route]` if given."""
+    start = time.perf_counter()
+    code, body = tb.get(route, query)
+    if cold is not None:
+        cold[route] = time.perf_counter() - start
     if code != 200:
         raise RuntimeError(f"{route} {query} -> {code}: {body[:200]!r}")
     times: List[float] = []
@@ -79,24 +85,36 @@ def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, repeats: int = 11, timeout: float = 3600) -> Dict[str, float]:
+def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, repeats: int = 11, timeout: float = 3600,
+            last_step: Optional[int] = None, points: Optional[int] = None) -> Dict[str, float]:
+    """Start-up, load time, resident memory and warm route latencies of a logdir of `runs` runs.
+
+    `last_step`: the step every run ends at (default `steps - 1`); `points`: ask the
+    matrix, stats and compare routes for that many bins (the tab's pixels), not every step.
+    """
     tb = TensorBoard(logdir, load_fast)
+    binned = {} if points is None else {"points": points}
+    cold: Dict[str, float] = {}
     try:
-        load_s = tb.wait_loaded(runs, steps, timeout)
+        startup_s, load_s = tb.wait_loaded(runs, steps - 1 if last_step is None else last_step, timeout)
         listing = json.loads(tb.get("runs")[1])
         run0 = listing["runs"][0]
         layer = run0["layers"][len(run0["layers"]) // 2]["layer"]
         all_runs = [r["run"] for r in listing["runs"]]
         out = {
+            "startup_s": startup_s,
             "load_s": load_s,
             "listing_s": time_route(tb, "runs", {}, repeats),
-            "matrix_s": time_route(tb, "matrix", {"run": run0["run"], "stat": "norm"}, repeats),
-            "layer_stats_s": time_route(tb, "stats", {"run": run0["run"], "layer": layer}, repeats),
+            "matrix_s": time_route(tb, "matrix", {"run": run0["run"], "stat": "norm", **binned}, repeats, cold),
+            "layer_stats_s": time_route(tb, "stats", {"run": run0["run"], "layer": layer, **binned}, repeats, cold),
             "layer_histograms_s": time_route(tb, "histograms", {"run": run0["run"], "layer": layer, "max_steps": 60}, repeats),
-            "compare_s": time_route(tb, "compare", {"run": all_runs[:3], "layer": layer, "stat": "norm"}, repeats),
+            "compare_s": time_route(tb, "compare", {"run": all_runs[:3], "layer": layer, "stat": "norm", **binned}, repeats),
+            "anomalies_s": time_route(tb, "anomalies", {"run": run0["run"]}, repeats, cold),
             "rss_mb": _rss_mb(tb.process.proc.pid),
         }
         out["layer_detail_s"] = out["layer_stats_s"] + out["layer_histograms_s"]
+        out["matrix_cold_s"] = cold["matrix"]  # the first read of the run's statistics
+        out["slowest_cold_s"] = max(cold.values())
         return out
     finally:
         tb.stop()
