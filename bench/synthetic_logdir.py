@@ -104,7 +104,9 @@ def write_run(path: str, layers: int, steps: int, seed: int, format_version: int
                 counts = hists[:, :, 2].astype(np.uint16)  # 4,096 elements per layer: the narrowest type
                 for kind, values in ((metadata.KIND_HISTOGRAM, counts), (metadata.KIND_STATS, stats)):
                     g = groups[kind]
-                    writer.write(event(step, wall, g.tag, metadata.create_group_metadata(g) if step == 0 else None, values))
+                    tag = g.tag_at(step)  # a tag per block of steps; its first record carries the metadata
+                    first = step == 0 or metadata.block_start(step, g.block_steps) == step
+                    writer.write(event(step, wall, tag, metadata.create_group_metadata(g) if first else None, values))
     return os.path.getsize(name)
 
 

@@ -140,6 +140,24 @@ GROUPED_KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_FIRST_NONFINITE)
 # record's largest count (one dtype per record): the edges follow from the stats' min and max.
 COUNT_DTYPES = (("uint8", 1 << 8), ("uint16", 1 << 16), ("uint32", 1 << 32), ("uint64", 1 << 64))
 _DIGEST_CHARS = 10
+# A version-2 tag holds at most this many bytes of statistics: a tag is read in one answer of the data
+# provider, and the Rust data server's answers are capped at 256 MiB. So the steps are cut into blocks,
+# a tag each (`block_steps`).
+BLOCK_BYTES = 1 << 26
+
+
+def block_steps(layers: int) -> int:
+    """Steps per tag of a version-2 group of `layers` rows: the largest power of two whose stats fit BLOCK_BYTES."""
+    per_step = max(1, layers) * len(STAT_FIELDS) * 8
+    steps = 1
+    while steps * 2 * per_step <= BLOCK_BYTES:
+        steps *= 2
+    return steps
+
+
+def block_start(step: int, steps_per_block: int) -> int:
+    """The first step of the block holding `step` (floor division: negative steps too)."""
+    return (step // steps_per_block) * steps_per_block
 
 
 def count_dtype(max_count: int) -> str:
@@ -159,7 +177,9 @@ class GroupInfo:
     version-1 run, and TensorBoard keeps every record in memory. The layer list
     is in the metadata, which only the tag's first record carries; a step whose
     layer list differs (a rebuilt model) writes to another tag, whose name
-    carries a digest of the list.
+    carries a digest of the list; and the steps are cut into blocks of
+    `block_steps`, a tag each (`tag_at`), so that no tag outgrows what a data
+    provider answers at once.
     """
 
     kind: str
@@ -170,6 +190,7 @@ class GroupInfo:
     dtypes: Tuple[str, ...]
     version: int = 2
     fields: Tuple[str, ...] = ()  # kind `stats`: the columns' names (STAT_FIELDS when written here)
+    block_steps: int = 0  # steps per tag; 0: `block_steps(len(layers))`
 
     def __post_init__(self) -> None:
         for name in ("layers", "indexes", "dtypes", "fields"):
@@ -190,6 +211,10 @@ class GroupInfo:
             raise ValueError("layer indexes must be integers")
         if self.kind == KIND_STATS and not self.fields:
             object.__setattr__(self, "fields", STAT_FIELDS)
+        if not isinstance(self.block_steps, int) or isinstance(self.block_steps, bool) or self.block_steps < 0:
+            raise ValueError("block_steps must be an integer >= 1")
+        if self.block_steps == 0:
+            object.__setattr__(self, "block_steps", block_steps(len(self.layers)))
 
     @classmethod
     def of(cls, kind: str, members: Sequence[SeriesInfo]) -> "GroupInfo":
@@ -208,7 +233,12 @@ class GroupInfo:
 
     @property
     def tag(self) -> str:
+        """The tags' common part (without the block), e.g. where a writer keeps what it wrote to them."""
         return group_tag(self.target, self.source, self.digest, self.kind)
+
+    def tag_at(self, step: int) -> str:
+        """The tag of the record at `step`: `{tag}/{first step of its block}`."""
+        return f"{self.tag}/{block_start(step, self.block_steps)}"
 
     def with_kind(self, kind: str) -> "GroupInfo":
         return dataclasses.replace(self, kind=kind, fields=STAT_FIELDS if kind == KIND_STATS else ())
@@ -225,6 +255,7 @@ class GroupInfo:
         doc: Dict[str, Any] = {
             "version": self.version, "kind": self.kind, "target": self.target, "source": self.source,
             "layers": list(self.layers), "indexes": list(self.indexes), "dtypes": list(self.dtypes),
+            "block_steps": self.block_steps,
         }
         if self.fields:
             doc["fields"] = list(self.fields)
@@ -232,7 +263,8 @@ class GroupInfo:
 
 
 def group_tag(target: str, source: str, digest: str, kind: str) -> str:
-    """The tag of a version-2 record: `{target}/{source}/layers-{digest}/{kind}`."""
+    """The common part of a version-2 record's tags: `{target}/{source}/layers-{digest}/{kind}`; each block
+    of steps adds `/{its first step}` (`GroupInfo.tag_at`)."""
     return f"{target}/{source}/layers-{digest}/{kind}"
 
 
@@ -319,7 +351,7 @@ def _group_info(doc: Dict[str, Any]) -> GroupInfo:
         raise ValueError("version-2 plugin content: 'fields' must be a list of names")
     try:
         return GroupInfo(kind=doc["kind"], target=doc["target"], source=doc["source"], version=doc["version"],
-                         fields=tuple(fields), **lists)
+                         fields=tuple(fields), block_steps=doc.get("block_steps", 0), **lists)
     except (KeyError, TypeError) as e:
         raise ValueError(f"plugin content is incomplete: {e}") from None
 

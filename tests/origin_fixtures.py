@@ -151,16 +151,16 @@ def write_origin_logdir(logdir: str, runs=RUNS) -> Written:
                 for layer, index in _layers(run):
                     if run in WITH_ACTIVATIONS:
                         a = activation(run, layer, index, step)
-                        summary.gradient(layer, tf.constant(a), step=step, buckets=BUCKETS, source="activation",
+                        summary.gradient(layer, tf.constant(a), step=step, format_version=1, buckets=BUCKETS, source="activation",
                                          target="forward", layer_index=index)
                         put(run, "forward", "activation", layer, step, a)
                     g = output_gradient(run, layer, index, step)
-                    summary.gradient(layer, tf.constant(g), step=step, buckets=BUCKETS, layer_index=index)
+                    summary.gradient(layer, tf.constant(g), step=step, format_version=1, buckets=BUCKETS, layer_index=index)
                     put(run, "loss", "output", layer, step, g)
                 if run != HTML:
                     for layer, index in WEIGHTS:
                         g = weight_gradient(run, layer, index, step)
-                        summary.gradient(layer, tf.constant(g), step=step, buckets=BUCKETS, source="weight", layer_index=index)
+                        summary.gradient(layer, tf.constant(g), step=step, format_version=1, buckets=BUCKETS, source="weight", layer_index=index)
                         put(run, "loss", "weight", layer, step, g)
                 if run in WITH_TARGET:
                     v = loss_value(run, step)
@@ -171,7 +171,7 @@ def write_origin_logdir(logdir: str, runs=RUNS) -> Written:
                         tf.summary.write(info.tag, tf.constant(numpy_stats_record(v)), step=step,
                                          metadata=metadata.create_summary_metadata(info))
                     else:
-                        summary.gradient("loss", tf.constant(v), step=step, buckets=BUCKETS, source="target", target="loss")
+                        summary.gradient("loss", tf.constant(v), step=step, format_version=1, buckets=BUCKETS, source="target", target="loss")
         writer.close()
     return w
 

@@ -101,7 +101,7 @@ def write_small_logdir(logdir: str) -> Written:
                             layer,
                             tf.constant(x),
                             step=step,
-                            buckets=BUCKETS,
+                            format_version=1, buckets=BUCKETS,
                             target=target,
                             source=source,
                             layer_index=index,
@@ -114,7 +114,7 @@ def write_small_logdir(logdir: str) -> Written:
                         put(w.stats, key, step, s.numpy())
                 if run == "train":
                     summary.gradient(
-                        UNUSED_LAYER[0], None, step=step, buckets=BUCKETS, layer_index=UNUSED_LAYER[1], elements=10
+                        UNUSED_LAYER[0], None, step=step, format_version=1, buckets=BUCKETS, layer_index=UNUSED_LAYER[1], elements=10
                     )
                     h, s = reductions.no_gradient_records(10, BUCKETS)
                     key = (run, metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, UNUSED_LAYER[0])
@@ -148,7 +148,7 @@ def write_big_logdir(logdir: str, steps: int = BIG_STEPS) -> None:
                     x = tf.fill([3, 4], tf.cast(step, tf.float32) + float(i))
                     if i == 0:
                         x = tf.where(tf.equal(step, BIG_NAN_STEP), x * float("nan"), x)
-                    summary.gradient(name, x, step=step, buckets=4, layer_index=i)
+                    summary.gradient(name, x, step=step, format_version=1, buckets=4, layer_index=i)
 
     write_all()
     writer.close()
@@ -359,7 +359,7 @@ def grouped_records(records: List[Record], reorder_at: Optional[int] = None,
             tensor = counts.astype(metadata.count_dtype(int(counts.max())))
         else:
             tensor = np.asarray([rows[m.layer][1][0] if m.layer in rows else -1 for m in members], np.int64)
-        out.append((step, group.tag, group, tensor))
+        out.append((step, group.tag_at(step), group, tensor))
     return sorted(out, key=lambda r: r[0])  # stable: a step's records keep their order
 
 

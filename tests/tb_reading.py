@@ -44,8 +44,9 @@ def _split_groups(tags: Dict[str, Tuple[metadata.Info, List]]) -> Dict[str, Tupl
             continue
         stats_at = {}
         if group.kind == metadata.KIND_HISTOGRAM:
-            stats_tag = tag[: -len(metadata.KIND_HISTOGRAM)] + metadata.KIND_STATS
-            stats_at = {int(d.step): np.asarray(d.numpy) for d in tags[stats_tag][1]}
+            stats_tag = group.with_kind(metadata.KIND_STATS).tag  # the stats of every block of the same digest
+            stats_at = {int(d.step): np.asarray(d.numpy) for t, (info, found) in tags.items()
+                        if isinstance(info, metadata.GroupInfo) and info.tag == stats_tag for d in found}
         for row, member in enumerate(group.members()):
             rows = [_row(group, d, row, stats_at) for d in datums]
             if group.kind == metadata.KIND_FIRST_NONFINITE:  # -1: this layer clean so far (version 1: no record)

@@ -85,7 +85,7 @@ def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fus
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [
         metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype=g.dtype.name) for i, (p, g) in enumerate(grads.items())
     ])
-    tags = {kind: group.with_kind(kind).tag for kind in metadata.GROUPED_KINDS}
+    tags = {kind: group.with_kind(kind).tag_at(0) for kind in metadata.GROUPED_KINDS}
     assert sorted({(s, v.tag) for s, v in records}) == sorted((s, t) for s in (4, 5) for t in tags.values())
     by = {(s, v.tag): v for s, v in records}
     for tag in tags.values():  # the metadata in the first record only
@@ -150,8 +150,8 @@ def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(t
     assert len(files) == 2
     kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS)
     assert sorted(with_metadata) == sorted(
-        [(1, two.with_kind(k).tag) for k in kinds] + [(3, three.with_kind(k).tag) for k in kinds]
-        + [(4, two.with_kind(k).tag) for k in kinds]
+        [(1, two.with_kind(k).tag_at(0)) for k in kinds] + [(3, three.with_kind(k).tag_at(0)) for k in kinds]
+        + [(4, two.with_kind(k).tag_at(0)) for k in kinds]
     )
     series = read_all(str(tmp_path))["run"]
     assert [d.step for d in series["loss/output/m/a/stats"][1]] == [1, 2, 3, 4]  # one layer, across the tags
@@ -175,3 +175,30 @@ def test_gradient_logger_writes_version_2_by_default_and_version_1_on_request(tm
         assert {d.step for d in read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
     with pytest.raises(ValueError, match="format_version"):
         tb_layergrad.GradientLogger(str(tmp_path / "bad"), format_version=3)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
+def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, fused):
+    """The steps are cut into blocks of `block_steps`, a tag each (so that no tag outgrows one answer of the data
+    provider): crossing a block starts a tag with its own metadata; readers see one series."""
+    if not fused:
+        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
+    grads = {"m/a": tf.ones([3]), "m/b": tf.constant([1.0, np.nan])}
+    group = metadata.GroupInfo.of(metadata.KIND_STATS, [
+        metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32") for i, p in enumerate(grads)])
+    b = group.block_steps
+    assert b == metadata.block_steps(2) and b & (b - 1) == 0  # a power of two
+    writer = tf.summary.create_file_writer(str(tmp_path / "run"))
+    log = tf.function(lambda g, s: tb_layergrad.summary.gradients(g, step=s))
+    with writer.as_default():
+        for step in (b - 1, b, b + 1):
+            log(grads, tf.constant(step, tf.int64))
+    writer.close()
+    with_metadata = sorted((s, v.tag) for s, v in _values(str(tmp_path)) if v.HasField("metadata"))
+    kinds = metadata.GROUPED_KINDS
+    assert with_metadata == sorted([(b - 1, group.with_kind(k).tag_at(0)) for k in kinds]
+                                   + [(b, group.with_kind(k).tag_at(b)) for k in kinds])
+    assert group.with_kind("stats").tag_at(b) == f"loss/output/layers-{group.digest}/stats/{b}"
+    series = read_all(str(tmp_path))["run"]
+    assert [d.step for d in series["loss/output/m/a/stats"][1]] == [b - 1, b, b + 1]
+    assert [int(d.numpy[0]) for d in series["loss/output/m/b/first_nonfinite"][1]] == [b - 1] * 3

@@ -92,7 +92,7 @@ def test_runs_route_lists_the_same_layers_and_names_the_versions(tb):
 def test_both_kinds_of_record_in_one_run_list_both_versions(tmp_path):
     layer = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0, dtype="float32")
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [dataclass_replace(layer, layer="m/b", index=1)])
-    pf.write_records(str(tmp_path / "mixed"), [(0, layer.tag, layer, stats_row(1.0)), (0, group.tag, group, stats_row(2.0)[None])])
+    pf.write_records(str(tmp_path / "mixed"), [(0, layer.tag, layer, stats_row(1.0)), (0, group.tag_at(0), group, stats_row(2.0)[None])])
     body = get_json(InProcess(str(tmp_path)), "runs", {})
     (run,) = body["runs"]
     assert run["format_versions"] == [1, 2]
@@ -157,8 +157,8 @@ def test_a_histogram_step_without_stats_is_skipped(tmp_path):
     stats = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
     hist = stats.with_kind(metadata.KIND_HISTOGRAM)
     counts = np.asarray([[1, 2, 3]], np.uint8)
-    records = [(0, stats.tag, stats, stats_row(1.0, lo=-1.0, hi=2.0)[None]), (0, hist.tag, hist, counts),
-               (1, hist.tag, hist, counts)]
+    records = [(0, stats.tag_at(0), stats, stats_row(1.0, lo=-1.0, hi=2.0)[None]), (0, hist.tag_at(0), hist, counts),
+               (1, hist.tag_at(1), hist, counts)]
     pf.write_records(str(tmp_path / "r"), records)
     body = get_json(InProcess(str(tmp_path)), "histograms", {"run": "r", "layer": "m/a"})
     assert body["steps"] == [0]
@@ -236,7 +236,7 @@ def test_a_rebuilt_model_writes_new_tags_and_its_layers_continue(tb):
     from tensorboard import context
 
     tags = tb.provider.list_tensors(context.RequestContext(), experiment_id="", plugin_name=metadata.PLUGIN_NAME)["train_v2"]
-    stats_groups = [t for t in tags if t.startswith("loss/output/layers-") and t.endswith("/stats")]
+    stats_groups = [t for t in tags if t.startswith("loss/output/layers-") and "/stats/" in t]
     assert len(stats_groups) == 2
     body = get_json(tb, "stats", {"run": "train_v2", "layer": "model/embedding"})
     assert body["steps"] == pf.TRAIN_STEPS
@@ -252,14 +252,35 @@ def test_a_layer_that_joins_the_list_has_its_steps_from_then_on(tb):
     assert [v is None for v in row] == [s < DROPPED[1] for s in pf.TRAIN_STEPS]
 
 
+def test_the_blocks_of_a_group_are_one_series(tmp_path):
+    """A group's steps are cut into blocks, a tag each (docs/FORMAT.md): the routes read them as one series, its
+    histograms drawn with the stats of the same step in the same block."""
+    info = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
+    stats = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
+    hist = stats.with_kind(metadata.KIND_HISTOGRAM)
+    b = stats.block_steps
+    steps = [b - 2, b - 1, b, b + 1]
+    counts = np.asarray([[1, 2, 3]], np.uint8)
+    pf.write_records(str(tmp_path / "r"), [
+        r for s in steps for r in ((s, stats.tag_at(s), stats, stats_row(float(s), lo=-1.0, hi=2.0)[None]),
+                                   (s, hist.tag_at(s), hist, counts))])
+    tb = InProcess(str(tmp_path))
+    body = get_json(tb, "stats", {"run": "r", "layer": "m/a"})
+    assert body["steps"] == steps and body["stats"]["norm"] == [float(s) for s in steps]
+    hists = get_json(tb, "histograms", {"run": "r", "layer": "m/a"})
+    assert hists["steps"] == steps
+    assert hists["histograms"][-1] == [[-1.0, 0.0, 1.0], [0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
+    assert get_json(tb, "matrix", {"run": "r"})["steps"] == steps
+
+
 def test_at_a_repeated_step_the_later_record_wins_across_tags(tmp_path):
     info = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
     other = metadata.GroupInfo.of(metadata.KIND_STATS, [dataclass_replace(info, index=5)])  # another digest
     pf.write_records(str(tmp_path / "r"), [(0, info.tag, info, stats_row(1.0)), (1, info.tag, info, stats_row(1.0))])
-    pf.write_records(str(tmp_path / "r"), [(1, group.tag, group, stats_row(2.0)[None]),
-                                           (2, group.tag, group, stats_row(2.0)[None])])
-    pf.write_records(str(tmp_path / "r"), [(2, other.tag, other, stats_row(3.0)[None])])
+    pf.write_records(str(tmp_path / "r"), [(1, group.tag_at(1), group, stats_row(2.0)[None]),
+                                           (2, group.tag_at(2), group, stats_row(2.0)[None])])
+    pf.write_records(str(tmp_path / "r"), [(2, other.tag_at(2), other, stats_row(3.0)[None])])
     tb = InProcess(str(tmp_path))
     body = get_json(tb, "stats", {"run": "r", "layer": "m/a"})
     assert body["steps"] == [0, 1, 2]
@@ -332,10 +353,10 @@ def test_a_record_whose_rows_disagree_with_its_layers_is_skipped(tmp_path, caplo
     first = stats.with_kind(metadata.KIND_FIRST_NONFINITE)
     good = np.stack([stats_row(1.0), stats_row(2.0)])
     records = [
-        (0, stats.tag, stats, good), (0, hist.tag, hist, np.ones([2, 3], np.uint8)), (0, first.tag, first, np.asarray([-1, -1])),
-        (1, stats.tag, stats, good[:1]), (1, hist.tag, hist, np.ones([3, 3], np.uint8)), (1, first.tag, first, np.asarray([1])),
-        (2, stats.tag, stats, good[:, :5]), (2, hist.tag, hist, np.ones([2, 3], np.uint8)),
-        (3, stats.tag, stats, good), (3, hist.tag, hist, np.ones([2, 4], np.uint8)),
+        (0, stats.tag_at(0), stats, good), (0, hist.tag_at(0), hist, np.ones([2, 3], np.uint8)), (0, first.tag_at(0), first, np.asarray([-1, -1])),
+        (1, stats.tag_at(1), stats, good[:1]), (1, hist.tag_at(1), hist, np.ones([3, 3], np.uint8)), (1, first.tag_at(1), first, np.asarray([1])),
+        (2, stats.tag_at(2), stats, good[:, :5]), (2, hist.tag_at(2), hist, np.ones([2, 3], np.uint8)),
+        (3, stats.tag_at(3), stats, good), (3, hist.tag_at(3), hist, np.ones([2, 4], np.uint8)),
     ]
     pf.write_records(str(tmp_path / "r"), records)
     tb = InProcess(str(tmp_path))

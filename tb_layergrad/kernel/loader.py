@@ -278,6 +278,7 @@ def write_histograms_and_stats(
     record_if_nonfinite: Any = None,
     group_sizes: Sequence[int] = (),
     with_metadata: Any = None,
+    block_steps: Sequence[int] = (),
 ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """When `record` (a bool scalar) holds, write each tensor's records.
 
@@ -298,7 +299,9 @@ def write_histograms_and_stats(
     sizes, each written as one record per kind; the series then name one
     (tag, metadata) per group, and `with_metadata` [3 * groups] bool says which
     of each group's (histogram, stats, first_nonfinite) records carries its
-    metadata; `metadata_written` [3 * groups] says which did.
+    metadata; `metadata_written` [3 * groups] says which did. `block_steps` (one
+    per group): each of the group's tags gets `/{first step of the block of that
+    many steps holding step}`.
     """
     fn = write_op()
     if fn is None:
@@ -316,7 +319,7 @@ def write_histograms_and_stats(
             writer, record, tf.constant(False) if not check else record_if_nonfinite, step, first_nonfinite,
             with_metadata, list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm, stats_tags=st,
             stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush, check=check,
-            group_sizes=list(group_sizes),
+            group_sizes=list(group_sizes), block_steps=list(block_steps),
         )
     return written, firsts, nonfinite, metadata_written
 

@@ -149,9 +149,9 @@ class Routes:
         if grouped:
             ctx, eid = self._where(request)
             prefix = f"{target}/{source}/layers-"
-            suffixes = tuple(f"/{k}" for k in grouped)
+            kinds = tuple(f"/{k}/" for k in grouped)  # `.../layers-{digest}/{kind}/{block}` (docs/FORMAT.md)
             tags += [t for t in self._lister.tags_of(ctx, eid, run, metadata.PLUGIN_NAME)
-                     if t.startswith(prefix) and t.endswith(suffixes)]
+                     if t.startswith(prefix) and any(k in t[len(prefix):] for k in kinds)]
         return tags
 
     def _one_series(self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kind: str

@@ -45,7 +45,8 @@ def read_points(
     others = [s for s in chosen if s.info.kind != metadata.KIND_STATS]
     if not others:
         return out
-    data = series.read(data_provider, ctx, experiment_id, rc.run, [t for s in others for t in s.tags])
+    data = series.read(data_provider, ctx, experiment_id, rc.run, [t for s in others for t in s.tags],
+                       alone=[p.tag for s in others for p in s.parts if p.grouped])
     edges = _edge_rows(ctx, experiment_id, rc, others, store)
     groups: Dict[str, series.Points] = {}  # a group tag's fitting records, selected once for all its layers
     for s in others:

@@ -54,19 +54,27 @@ def read(
     experiment_id: str,
     run: str,
     tags: Iterable[str],
+    alone: Iterable[str] = (),
 ) -> Dict[str, Sequence[tb_provider.TensorDatum]]:
-    """`{tag: [TensorDatum...]}` for the given tags of one run (missing tags absent)."""
-    tags = sorted(set(tags))
-    if not tags:
-        return {}
-    result = data_provider.read_tensors(
-        ctx,
-        experiment_id=experiment_id,
-        plugin_name=metadata.PLUGIN_NAME,
-        downsample=READ_ALL,
-        run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
-    )
-    return result.get(run, {})
+    """`{tag: [TensorDatum...]}` for the given tags of one run (missing tags absent).
+
+    `tags` are read in one call, each of `alone` in a call of its own: a
+    version-2 tag holds up to `metadata.BLOCK_BYTES` of records, and the Rust
+    data server refuses an answer past 256 MiB, so several such tags in one
+    answer could fail where each alone does not.
+    """
+    together = sorted(set(tags) - set(alone))
+    out: Dict[str, Sequence[tb_provider.TensorDatum]] = {}
+    for chunk in ([together] if together else []) + [[t] for t in sorted(set(alone))]:
+        result = data_provider.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=metadata.PLUGIN_NAME,
+            downsample=READ_ALL,
+            run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=chunk),
+        )
+        out.update(result.get(run, {}))
+    return out
 
 
 def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Optional[int]]) -> bool:

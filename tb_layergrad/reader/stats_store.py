@@ -151,7 +151,8 @@ class StatsStore:
                 else:
                     missing.append(p)
         if missing:
-            data = series.read(self._provider, ctx, experiment_id, run, [p.tag for p in missing])
+            data = series.read(self._provider, ctx, experiment_id, run, [p.tag for p in missing],
+                               alone=[p.tag for p in missing if p.grouped])
             fresh = {p.tag: self._rows(data.get(p.tag, ()), p, run) for p in missing}
             with self._lock:
                 for p in missing:

@@ -79,7 +79,7 @@ def write_fused(
                                (metadata.KIND_FIRST_NONFINITE, ""))
         }
         kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
-        pending = tag_metadata.pending([series[k][g][0] for g in range(len(groups)) for k in kinds], writer)
+        pending = tag_metadata.pending([g.with_kind(k) for g in groups for k in kinds], step, writer)
     else:
         series = {
             kind: [(info.tag, metadata.create_summary_metadata(info, text).SerializeToString())
@@ -98,11 +98,12 @@ def write_fused(
         series[metadata.KIND_STATS], firsts, first_series, flush=flush,
         record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes,
         with_metadata=None if pending is None else pending.needed,
+        block_steps=[g.block_steps for g in groups] if group_sizes else (),
     )
     if track_nonfinite:
         first_nonfinite.store(variable, slots, after)
     if pending is not None:
-        pending.store(metadata_written, step)
+        pending.store(metadata_written)
     return written, nonfinite
 
 

@@ -212,11 +212,11 @@ def _write_groups(infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], fi
         begin += size
 
         def write(group=group, values=values) -> tf.Tensor:
-            pending = tag_metadata.pending([group.tag])
+            pending = tag_metadata.pending([group], step)
             serialized = metadata.create_group_metadata(group).SerializeToString()
-            tf.summary.write(group.tag, values, step=step,
+            tf.summary.write(tag_metadata.tag_at(group, pending.firsts[0]), values, step=step,
                              metadata=tag_metadata.serialized_if(pending.needed[0], serialized))
-            pending.store(tf.constant([True]), step)
+            pending.store(tf.constant([True]))
             return tf.constant(True)
 
         _when(tf.reduce_any(values >= 0), write)

@@ -220,16 +220,17 @@ def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, descr
         group = metadata.GroupInfo.of(metadata.KIND_STATS, [s.info for s in members])
         kinds = [metadata.KIND_STATS] if members[0].stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
         tags = [group.with_kind(k) for k in kinds]
-        pending = tag_metadata.pending([g.tag for g in tags])
+        pending = tag_metadata.pending(tags, step)
         for i, g in enumerate(tags):
             serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString())
+            tag = tag_metadata.tag_at(g, pending.firsts[i])
             if g.kind == metadata.KIND_STATS:
                 value = tf.stack([tf.cast(by_series[id(s)][1], tf.float64) for s in members])
-                tf.summary.write(g.tag, value, step=step, metadata=serialized)
+                tf.summary.write(tag, value, step=step, metadata=serialized)
             else:
                 counts = tf.stack([tf.cast(by_series[id(s)][0], tf.float64)[:, 2] for s in members])
-                _write_counts(g.tag, counts, step, serialized)
-        pending.store(tf.ones([len(tags)], tf.bool), step)
+                _write_counts(tag, counts, step, serialized)
+        pending.store(tf.ones([len(tags)], tf.bool))
         ordered.extend(members)
         sizes.append(len(members))
     return ordered, sizes
@@ -239,7 +240,7 @@ _COUNT_TYPES = tuple(tf.as_dtype(name) for name, _ in metadata.COUNT_DTYPES)
 _COUNT_BOUNDS = tuple(float(bound) for _, bound in metadata.COUNT_DTYPES[:-1])
 
 
-def _write_counts(tag: str, counts: tf.Tensor, step: tf.Tensor, serialized: Any) -> None:
+def _write_counts(tag: Any, counts: tf.Tensor, step: tf.Tensor, serialized: Any) -> None:
     """Histogram counts in the narrowest unsigned type that holds the largest (metadata.COUNT_DTYPES)."""
     largest = tf.reduce_max(counts)
     which = tf.reduce_sum(tf.cast(largest >= tf.constant(_COUNT_BOUNDS, tf.float64), tf.int32))

@@ -53,6 +53,7 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Attr("flush: bool = false")
     .Attr("check: bool = false")
     .Attr("group_sizes: list(int) = []")
+    .Attr("block_steps: list(int) = []")
     .Output("written: bool")
     .Output("first_nonfinite_after: int64")
     .Output("nonfinite: bool")
@@ -79,7 +80,8 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
         "groups and each group is one record per kind (stats [L, 12], histogram counts [L, buckets] in the narrowest "
         "unsigned type, first_nonfinite [L]); the tag and metadata lists hold one entry per group, with_metadata "
         "[3 * groups] says which of (histogram, stats, first_nonfinite) of each group carries its metadata, and "
-        "metadata_written says which did (tb_layergrad).");
+        "metadata_written says which did; with block_steps (one per group), each group's tags are suffixed with "
+        "/<the first step of the block of that many steps holding step> (tb_layergrad).");
 
 
 class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
@@ -92,6 +94,11 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("check", &check_));
     std::vector<int64_t> sizes;
     OP_REQUIRES_OK(c, c->GetAttr("group_sizes", &sizes));
+    OP_REQUIRES_OK(c, c->GetAttr("block_steps", &block_steps_));
+    OP_REQUIRES(c, block_steps_.empty() || block_steps_.size() == sizes.size(),
+                absl::InvalidArgumentError("block_steps needs one entry per group"));
+    for (const int64_t steps : block_steps_)
+      OP_REQUIRES(c, steps >= 1, absl::InvalidArgumentError("block_steps must be >= 1"));
     int64_t begin = 0;
     for (const int64_t size : sizes) {
       OP_REQUIRES(c, size >= 1, absl::InvalidArgumentError("every group needs at least one tensor"));
@@ -210,6 +217,14 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     auto metadata_written = metadata_written_t->vec<bool>();
     auto h = hist.tensor<double, 3>();
     for (size_t g = 0; g < groups_.size(); ++g) {
+      // docs/FORMAT.md, "Format version 2": a tag per block of steps, named by its first step (floor division).
+      std::string block;
+      if (!block_steps_.empty()) {
+        const int64_t steps = block_steps_[g];
+        int64_t first = at / steps;
+        if (at % steps != 0 && at < 0) --first;
+        block = "/" + std::to_string(first * steps);
+      }
       const Group& group = groups_[g];
       const int64_t rows = group.end - group.begin;
       auto metadata = [&](int kind, const std::string& serialized) -> std::string {
@@ -219,8 +234,8 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
       };
       tensorflow::Tensor counts;
       OP_REQUIRES_OK(ctx, Counts(ctx, h, group, &counts));
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, counts, histogram_tags_[g], metadata(0, histogram_metadata_[g])));
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.Slice(group.begin, group.end), stats_tags_[g],
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, counts, histogram_tags_[g] + block, metadata(0, histogram_metadata_[g])));
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.Slice(group.begin, group.end), stats_tags_[g] + block,
                                               metadata(1, stats_metadata_[g])));
       if (first_tags_.empty()) continue;
       bool any = false;
@@ -228,7 +243,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
       if (!any) continue;  // clean so far
       tensorflow::Tensor value(tensorflow::DT_INT64, tensorflow::TensorShape({rows}));
       for (int64_t t = group.begin; t < group.end; ++t) value.flat<int64_t>()(t - group.begin) = firsts(t);
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, value, first_tags_[g], metadata(2, first_metadata_[g])));
+      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, value, first_tags_[g] + block, metadata(2, first_metadata_[g])));
     }
   }
 
@@ -262,6 +277,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
   int k_;
   bool flush_;
   bool check_;
+  std::vector<int64_t> block_steps_;
   std::vector<Group> groups_;
   std::vector<std::string> histogram_tags_, histogram_metadata_, stats_tags_, stats_metadata_, first_tags_,
       first_metadata_;
