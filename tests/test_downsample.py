@@ -116,3 +116,12 @@ def test_run_flags_are_the_rules_on_the_whole_run():
     table[20, S["nan"]] = 2
     flags, rec = downsample.run_flags([(steps, table)], steps[10:])
     assert rec.all() and flags[0, 10] == anomalies.NONFINITE and flags[0].sum() == anomalies.NONFINITE
+
+
+def test_steps_near_2_to_the_63_do_not_overflow():
+    top = 2**63 - 1
+    steps = np.array([top - 9, top - 5, top], dtype=np.int64)
+    binned = downsample.downsample(steps, np.array([[1.0, 2.0, 3.0]]), 2)
+    assert list(binned.first) == [top - 9, top] and list(binned.last) == [top - 5, top]
+    wide = downsample.downsample(np.array([0, 2**62, top], dtype=np.int64), np.array([[1.0, 2.0, 3.0]]), 2)
+    assert list(wide.first) == [0, 2**62] and list(wide.last) == [0, top]

@@ -44,13 +44,18 @@ class Binned:
 
 
 def bin_of(steps: np.ndarray, bins: int, start: int, end: int) -> np.ndarray:
-    """Bin number (0..bins-1) of each step of [start, end]: `bins` equal step ranges.
+    """Bin number (0..bins-1) of each step of [start, end]: `bins` equal step ranges, bin b holding
+    the steps s with b <= (s - start) * bins / (end - start + 1) < b + 1.
 
-    Computed in float64 so that steps near 2**63 do not overflow; rounding keeps it monotone.
+    Exact integer arithmetic while it fits in int64; float64 beyond (steps near 2**63), still monotone.
     """
-    span = float(end) - float(start) + 1.0
-    offset = (np.asarray(steps, np.int64) - np.int64(start)).astype(np.float64)
-    return np.clip(np.floor(offset / span * bins), 0, bins - 1).astype(np.int64)
+    span = int(end) - int(start) + 1
+    offset = np.asarray(steps, np.int64) - np.int64(start)
+    if span * bins < 2**62:
+        which = offset * np.int64(bins) // np.int64(span)
+    else:
+        which = np.floor(offset.astype(np.float64) / float(span) * bins).astype(np.int64)
+    return np.clip(which, 0, bins - 1)
 
 
 def onsets(flags: np.ndarray, recorded: np.ndarray) -> np.ndarray:
