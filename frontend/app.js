@@ -196,6 +196,7 @@ export class App {
       }
       next.step = null;
       next.series = null;
+      next.zoom = null;
     }
     this.state = next;
     this.url.write(next);

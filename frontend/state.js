@@ -25,11 +25,12 @@ export const DEFAULTS = Object.freeze({
   hist: "offset", // offset | overlay
   series: null, // layer view: "target|source|layer" of the histogram/tensor series
   of: "gradient", // overview and compare: the values shown, "gradient" or "activation" (the forward values)
+  zoom: null, // [first, last] step shown by the overview and the layer view's charts; null: the whole run
 });
 
 const TYPES = {
   view: "str", run: "str", layer: "str", step: "int", stat: "str", target: "str",
-  source: "str", runs: "list", log: "bool", hist: "str", series: "str", of: "str",
+  source: "str", runs: "list", log: "bool", hist: "str", series: "str", of: "str", zoom: "range",
 };
 
 const VIEWS = ["overview", "layer", "compare"];
@@ -40,6 +41,10 @@ function decode(key, raw) {
       return /^[0-9]{1,18}$/.test(raw) ? Number(raw) : undefined;
     case "bool":
       return raw === "1" ? true : raw === "0" ? false : undefined;
+    case "range": {
+      const m = /^([0-9]{1,15})-([0-9]{1,15})$/.exec(raw);
+      return m && Number(m[1]) <= Number(m[2]) ? [Number(m[1]), Number(m[2])] : undefined;
+    }
     case "list":
       try {
         const v = JSON.parse(raw);
@@ -56,6 +61,8 @@ function encode(key, value) {
   switch (TYPES[key]) {
     case "bool":
       return value ? "1" : "0";
+    case "range":
+      return `${value[0]}-${value[1]}`;
     case "list":
       return JSON.stringify(value);
     default:

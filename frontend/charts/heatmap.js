@@ -26,9 +26,33 @@ export class Heatmap {
       this._drawOverlay();
       if (this.handlers.onLeave) this.handlers.onLeave();
     });
+    this._dragSelect();
     this.canvas.addEventListener("click", (e) => {
+      if (this._dragged) {
+        this._dragged = false;
+        return; // the end of a drag-select, not a click
+      }
       const c = this.cellAt(e.clientX, e.clientY);
       if (c && this.handlers.onClick) this.handlers.onClick(c);
+    });
+  }
+
+  /** With `handlers.onSelect({j0, j1})`: a horizontal drag picks a range of columns (e.g. to zoom in). */
+  _dragSelect() {
+    if (!this.handlers.onSelect) return;
+    this.canvas.addEventListener("mousedown", (e) => {
+      const c = this.cellAt(e.clientX, e.clientY);
+      this.drag = c ? { x0: e.clientX, x1: e.clientX, c0: c, c1: c } : null;
+    });
+    window.addEventListener("mouseup", (e) => {
+      const d = this.drag;
+      this.drag = null;
+      if (!d) return;
+      this._drawOverlay();
+      if (Math.abs(e.clientX - d.x0) < 5) return;
+      this._dragged = e.target === this.canvas;
+      const [a, b] = d.c0.j0 <= d.c1.j0 ? [d.c0, d.c1] : [d.c1, d.c0];
+      this.handlers.onSelect({ j0: a.j0, j1: b.j1 - 1 });
     });
   }
 
@@ -137,6 +161,10 @@ export class Heatmap {
 
   _move(e) {
     const c = this.cellAt(e.clientX, e.clientY);
+    if (this.drag && c) {
+      this.drag.x1 = e.clientX;
+      this.drag.c1 = c;
+    }
     const key = c ? `${c.i}:${c.j0}` : "";
     const old = this.hover ? `${this.hover.i}:${this.hover.j0}` : "";
     this.hover = c;
@@ -166,6 +194,12 @@ export class Heatmap {
     if (sel.i !== undefined && sel.i !== null && sel.i >= 0) {
       ctx.strokeStyle = "rgba(0,0,0,0.35)";
       ctx.strokeRect(0.5, g.y(sel.i) + 0.5, g.width - 1, Math.max(1, g.rowHeight - 1));
+    }
+    if (this.drag && Math.abs(this.drag.x1 - this.drag.x0) >= 5) {
+      const [a, b] = this.drag.c0.j0 <= this.drag.c1.j0 ? [this.drag.c0, this.drag.c1] : [this.drag.c1, this.drag.c0];
+      const [x, w] = colX(a.j0, b.j1);
+      ctx.fillStyle = "rgba(33,150,243,0.25)";
+      ctx.fillRect(x, 0, w, g.height);
     }
     if (this.hover) {
       const [x, w] = colX(this.hover.j0, this.hover.j1);

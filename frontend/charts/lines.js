@@ -162,12 +162,48 @@ export class LineChart {
       clear(this.hoverG);
       tooltip().hide();
     });
+    this._dragSelect(catcher, plotH);
     catcher.addEventListener("click", (e) => {
+      if (this._dragged) {
+        this._dragged = false;
+        return; // the end of a drag-select
+      }
       const xv = this._xAt(e);
       if (xv !== null && this.opts.onPick) this.opts.onPick(xv);
     });
     if (this.opts.onPick) catcher.style.cursor = "pointer";
     svg.appendChild(catcher);
+  }
+
+  /** With `opts.onSelect(x0, x1)`: a horizontal drag across the plot picks an x range (e.g. to zoom in). */
+  _dragSelect(catcher, plotH) {
+    if (!this.opts.onSelect) return;
+    const band = s("rect", { x: 0, y: M.top, width: 0, height: plotH, class: "lg-select-band", fill: "rgba(33,150,243,0.25)" });
+    band.style.display = "none";
+    this.svg.appendChild(band);
+    const px = (e) => e.clientX - this.svg.getBoundingClientRect().left;
+    catcher.addEventListener("mousedown", (e) => {
+      this.drag = { x0: px(e), x1: px(e) };
+    });
+    catcher.addEventListener("mousemove", (e) => {
+      if (!this.drag) return;
+      this.drag.x1 = px(e);
+      band.style.display = "";
+      band.setAttribute("x", Math.min(this.drag.x0, this.drag.x1));
+      band.setAttribute("width", Math.abs(this.drag.x1 - this.drag.x0));
+    });
+    const end = (e) => {
+      const d = this.drag;
+      this.drag = null;
+      band.style.display = "none";
+      if (!d || !this.scales || Math.abs(px(e) - d.x0) < 5) return;
+      this._dragged = e.target === catcher;
+      const [a, b] = [this.scales.x.invert(d.x0), this.scales.x.invert(px(e))].sort((p, q) => p - q);
+      this.opts.onSelect(a, b);
+    };
+    if (this._endDrag) window.removeEventListener("mouseup", this._endDrag);
+    this._endDrag = end;
+    window.addEventListener("mouseup", end);
   }
 
   /** Move the step marker without redrawing the chart. */

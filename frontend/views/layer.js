@@ -5,6 +5,7 @@
 
 import { api, isAbort, isTransient } from "../api.js";
 import { flagNames, flagOf } from "../anomalies.js";
+import { pointsFor, rangeOf, zoomBar } from "../bins.js";
 import { COLORS, RDBU, lutIndex, packHex, paletteColor } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { HistogramChart } from "../charts/histograms.js";
@@ -57,13 +58,17 @@ export class LayerView {
     // Line charts.
     this.charts = CHARTS.map((c) => ({ ...c, chart: null }));
     this.chartGrid = h("div", { class: "lg-chart-grid" });
-    for (const c of this.charts) c.chart = new LineChart(this.chartGrid, { title: statLabel(c.stat), height: 150, legend: false, onPick: (x) => app.setState({ step: x }) });
-    this.mmm = new LineChart(this.chartGrid, { title: "min · mean · max", height: 150, onPick: (x) => app.setState({ step: x }), alwaysLegend: true });
+    // A drag across a chart zooms all of them (and the overview) to those steps: refetched at full resolution.
+    const onSelect = (a, b) => app.setState({ zoom: [Math.max(0, Math.ceil(a)), Math.max(0, Math.floor(b))] });
+    for (const c of this.charts) c.chart = new LineChart(this.chartGrid, { title: statLabel(c.stat), height: 150, legend: false, onPick: (x) => app.setState({ step: x }), onSelect });
+    this.mmm = new LineChart(this.chartGrid, { title: "min · mean · max", height: 150, onPick: (x) => app.setState({ step: x }), alwaysLegend: true, onSelect });
+    this.zoomBox = h("div", { class: "lg-zoom" });
     this.seriesLegend = h("div", { class: "lg-legend" });
     const chartsPanel = h(
       "div",
       { class: "lg-panel lg-panel-charts" },
       h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Over steps" }), this.seriesLegend),
+      this.zoomBox,
       this.chartGrid,
     );
 
@@ -118,7 +123,7 @@ export class LayerView {
   }
 
   _key(state) {
-    return JSON.stringify([state.run, state.layer]);
+    return JSON.stringify([state.run, state.layer, state.zoom]);
   }
 
   async show(state) {
@@ -155,6 +160,8 @@ export class LayerView {
       this.app.busy(true);
       this._header(state, null);
     }
+    // One bin per pixel of a chart (docs/HTTP_API.md, "Binned answers"); a zoom narrows the range.
+    const window_ = { ...rangeOf(state.zoom), points: pointsFor((this.chartGrid.clientWidth || 900) / 2 - 72) };
     try {
       // Each series' anomaly flags over steps, from the `anomalies` route (the rules compare the layer
       // with every other layer of its target and source). Without them the view still works.
@@ -172,7 +179,7 @@ export class LayerView {
           },
         );
       const [bodies, flagBodies] = await Promise.all([
-        Promise.all(series.map((x) => api.stats({ run: state.run, layer: x.layer, target: x.target, source: x.source }, { signal }))),
+        Promise.all(series.map((x) => api.stats({ run: state.run, layer: x.layer, target: x.target, source: x.source, ...window_ }, { signal }).then(prepare))),
         Promise.all(series.map(flagsOf)),
       ]);
       if (signal.aborted) return;
@@ -267,7 +274,7 @@ export class LayerView {
     if (!A || sameAsMain) return;
     const items = A.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: A.hists[k] }));
     const stats = L.stats[A.series.key];
-    const total = stats ? stats.steps.length : A.steps.length;
+    const total = stats ? stepCount(stats) : A.steps.length;
     const shown = total > A.steps.length ? `${A.steps.length} of ${total} steps (evenly spread)` : `${A.steps.length} steps`;
     this.actHist.setTitle(`${A.series.label} — ${shown}; orange: step ${step ?? "—"}`);
     this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
@@ -335,7 +342,7 @@ export class LayerView {
     const L = this.loaded;
     if (!L) return;
     const primary = this._primary(state);
-    const steps = L.stats[primary.key].steps;
+    const steps = sliderSteps(L.stats[primary.key], state.step);
     const step = this.slider.set(steps, state.step);
     this.step = step;
     this._header(state, primary);
@@ -385,8 +392,27 @@ export class LayerView {
   }
 
   _valueAt(body, stat, step) {
+    if (body.binned) {
+      const row = exactRow(body, step);
+      if (row === undefined) this._fetchRow(body, step);
+      return row ? row[stat] : undefined;
+    }
     const j = body.steps.indexOf(step);
     return j < 0 ? undefined : body.stats[stat][j];
+  }
+
+  /** A binned answer has exact values at its kept steps only: ask for the one step the table shows. */
+  _fetchRow(body, step) {
+    if (body.asked.has(step)) return;
+    body.asked.add(step);
+    const q = body.query;
+    api.stats({ run: q.run, layer: q.layer, target: q.target, source: q.source, start: step, end: step }).then(
+      (b) => {
+        body.exact.set(step, b.steps.length ? Object.fromEntries(Object.entries(b.stats).map(([k, v]) => [k, v[0]])) : null);
+        if (this.loaded && this.step === step && Object.values(this.loaded.stats).includes(body)) this._table(step);
+      },
+      () => body.asked.delete(step),
+    );
   }
 
   _table(step) {
@@ -422,7 +448,10 @@ export class LayerView {
   _charts(state, primary, step) {
     const L = this.loaded;
     const pb = L.stats[primary.key];
-    const xMarks = pb.steps.filter((_, j) => pb.stats.nonfinite[j] > 0).map((x) => ({ x, title: `non-finite values at step ${x}` }));
+    const xMarks = nonfiniteMarks(pb);
+    const binned = L.series.some((x) => L.stats[x.key].binned);
+    const total = pb.binned ? pb.counts.reduce((a, b) => a + b, 0) : pb.steps.length;
+    replace(this.zoomBox, zoomBar(state.zoom, binned ? `${pb.steps.length} bins of ${total} steps: each line is a bin's largest value, the dotted one its smallest` : "", () => this.app.setState({ zoom: null })));
     replace(
       this.seriesLegend,
       L.series.map((x, k) =>
@@ -434,7 +463,7 @@ export class LayerView {
       const log = c.log && state.log;
       c.chart.setTitle(`${statLabel(c.stat)}${log ? " (log)" : ""}`);
       c.chart.update({
-        series: L.series.map((x, k) => ({ name: x.label, color: paletteColor(k), xs: L.stats[x.key].steps, ys: L.stats[x.key].stats[c.stat] })),
+        series: L.series.flatMap((x, k) => lines(L.stats[x.key], c.stat, x.label, paletteColor(k))),
         log,
         marker: step,
         xMarks,
@@ -444,9 +473,9 @@ export class LayerView {
     this.mmm.setTitle(`min · mean · max — ${primary.label}`);
     this.mmm.update({
       series: [
-        { name: "max", color: "#c62828", xs: pb.steps, ys: pb.stats.max, dash: "4 3", width: 1.2 },
-        { name: "mean", color: "#37474f", xs: pb.steps, ys: pb.stats.mean },
-        { name: "min", color: "#1565c0", xs: pb.steps, ys: pb.stats.min, dash: "4 3", width: 1.2 },
+        { name: "max", color: "#c62828", xs: pb.steps, ys: (pb.binned ? pb.max : pb.stats).max, dash: "4 3", width: 1.2 },
+        { name: pb.binned ? "mean (bin's largest)" : "mean", color: "#37474f", xs: pb.steps, ys: (pb.binned ? pb.max : pb.stats).mean },
+        { name: "min", color: "#1565c0", xs: pb.steps, ys: (pb.binned ? pb.min : pb.stats).min, dash: "4 3", width: 1.2 },
       ],
       log: false,
       marker: step,
@@ -466,7 +495,7 @@ export class LayerView {
       items.sort((a, b) => a.key - b.key);
     }
     const stats = L.stats[H.series.key];
-    const total = stats ? stats.steps.length : H.steps.length;
+    const total = stats ? stepCount(stats) : H.steps.length;
     const shown = total > H.steps.length ? `${H.steps.length} of ${total} steps (evenly spread)` : `${H.steps.length} steps`;
     this.hist.setTitle(`${H.series.label} — ${shown}; orange: step ${step ?? "—"}`);
     this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
@@ -598,6 +627,12 @@ export class LayerView {
     const L = this.loaded;
     if (!L) return;
     const run = this.state.run;
+    if (L.series.some((x) => L.stats[x.key].binned)) {
+      // Binned: the CSV route has every step (of the primary series' layer).
+      const p = this._primary(this.state);
+      window.open(api.csvUrl({ run, layer: p.layer, target: p.target, source: p.source }), "_blank");
+      return;
+    }
     const rows = [];
     for (const x of L.series) {
       const b = L.stats[x.key];
@@ -607,4 +642,52 @@ export class LayerView {
     }
     downloadText(csvText(["run", "target", "source", "layer", "step", "wall_time", ...L.stored], rows), `layergrad-${safeFilename(run)}-${safeFilename(this.state.layer)}.csv`);
   }
+}
+
+/** Marks what a binned `stats` answer needs: where it came from, and the exact rows fetched since. */
+function prepare(body) {
+  if (!body.binned) return body;
+  return { ...body, query: { run: body.run, layer: body.layer, target: body.target, source: body.source }, exact: new Map(), asked: new Set() };
+}
+
+function stepCount(body) {
+  return body.binned ? body.counts.reduce((a, b) => a + b, 0) : body.steps.length;
+}
+
+/** The exact statistics of a binned answer at `step` ({stat: value}), null if none, undefined if unknown yet. */
+function exactRow(body, step) {
+  const k = body.kept.steps.indexOf(step);
+  if (k >= 0) return Object.fromEntries(Object.entries(body.kept.stats).map(([name, v]) => [name, v[k]]));
+  return body.exact.get(step);
+}
+
+/** The slider's steps: every step, or for bins their first steps, the kept ones and the step asked for. */
+function sliderSteps(body, step) {
+  if (!body.binned) return body.steps;
+  const all = new Set([...body.steps, ...body.kept.steps]);
+  if (typeof step === "number" && step >= body.steps[0] && step <= body.last_steps[body.last_steps.length - 1]) all.add(step);
+  return [...all].sort((a, b) => a - b);
+}
+
+/** A series' line(s) of one statistic: its values, or for bins the largest (solid) and smallest (dotted). */
+function lines(body, stat, name, color) {
+  if (!body.binned) return [{ name, color, xs: body.steps, ys: body.stats[stat] }];
+  return [
+    { name, color, xs: body.steps, ys: body.max[stat] },
+    { name: `${name} (bin min)`, color, xs: body.steps, ys: body.min[stat], dash: "2 2", width: 1 },
+  ];
+}
+
+/** Red marks at the non-finite steps: exact at kept steps; a bin's first step when none of them is in it. */
+function nonfiniteMarks(body) {
+  const mark = (x) => ({ x, title: `non-finite values at step ${x}` });
+  if (!body.binned) return body.steps.filter((_, j) => body.stats.nonfinite[j] > 0).map(mark);
+  const exact = body.kept.steps.filter((_, k) => body.kept.stats.nonfinite[k] > 0);
+  const out = exact.map(mark);
+  body.steps.forEach((first, j) => {
+    if (!(body.max.nonfinite[j] > 0)) return;
+    if (exact.some((x) => x >= first && x <= body.last_steps[j])) return;
+    out.push({ x: first, title: `non-finite values in steps ${first}–${body.last_steps[j]}` });
+  });
+  return out;
 }

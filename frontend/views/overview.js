@@ -3,7 +3,9 @@
 // for the layer's detail at that step.
 
 import { api, isAbort, isTransient } from "../api.js";
-import { firstNonfinite, flagNames, fromRoute, FLAG } from "../anomalies.js";
+import { firstNonfinite, flagNames, flagOf, fromRoute, FLAG } from "../anomalies.js";
+import { pointsFor, rangeOf, stepOfBin, stepsOfColumns, zoomBar } from "../bins.js";
+import { indexAtOrBefore } from "../charts/scale.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
@@ -54,10 +56,12 @@ export class OverviewView {
       onHover: (c) => this._hover(c),
       onLeave: () => tooltip().hide(),
       onClick: (c) => this._open(c.i, c.j),
+      onSelect: ({ j0, j1 }) => this._zoom(j0, j1),
     });
     this.plot.appendChild(this.axis);
     this.grid = h("div", { class: "lg-heat-grid" }, this.labels, this.plot, this.chips);
-    this.el = h("section", { class: "lg-view lg-overview", dataset: { view: "overview" } }, this.toolbar, this.message, this.summary, this.legend, this.grid);
+    this.zoomBox = h("div", { class: "lg-zoom" });
+    this.el = h("section", { class: "lg-view lg-overview", dataset: { view: "overview" } }, this.toolbar, this.message, this.summary, this.zoomBox, this.legend, this.grid);
     this._resize = new ResizeObserver(() => {
       if (this.data && this.el.clientWidth !== this._width) this.draw();
     });
@@ -69,7 +73,22 @@ export class OverviewView {
   }
 
   _key(state) {
-    return JSON.stringify([state.run, state.target, state.source, this._of(state)]);
+    return JSON.stringify([state.run, state.target, state.source, this._of(state), state.zoom]);
+  }
+
+  /** The heatmap's width in CSS pixels (as `draw` lays it out), for `points`. */
+  _plotWidth() {
+    return this._lastPlotWidth || Math.max(120, (this.el.clientWidth || 900) - 300);
+  }
+
+  /** Zoom to the steps of columns j0..j1 (a drag across the heatmap): refetched at full resolution when few enough. */
+  _zoom(j0, j1) {
+    const d = this.data;
+    if (!d || !d.steps.length) return;
+    tooltip().hide();
+    const [a, b] = stepsOfColumns(d.bins || d, j0, j1);
+    if (a === undefined || b === undefined) return;
+    this.app.setState({ zoom: [a, b], step: null });
   }
 
   /** "activation" when the run has forward values and they are asked for, else "gradient". */
@@ -91,7 +110,7 @@ export class OverviewView {
       this.draw();
       return;
     }
-    await this._load(state, this.data && this.data.key === key ? missing : this._wanted(state), false);
+    await this._load(state, this.data && this.data.key === key && !this.data.bins ? missing : this._wanted(state), false);
   }
 
   /** Poll: fetch the steps from the last one known on (the last may have been partial). */
@@ -100,7 +119,9 @@ export class OverviewView {
     this.state = this.app.resolved();
     const state = this.state;
     if (!this.data || this.data.key !== this._key(state)) return this.show(state);
-    await this._load(state, Object.keys(this.data.m), true);
+    // Binned or zoomed: the bins move as the run grows, so ask for the whole picture again (it is small).
+    if (this.data.bins || state.zoom) this.data.refetch = true;
+    await this._load(state, Object.keys(this.data.m), !(this.data.bins || state.zoom));
   }
 
   async _load(state, stats, incremental) {
@@ -109,13 +130,16 @@ export class OverviewView {
     const abort = (this.abort = new AbortController());
     const key = this._key(state);
     const start = incremental && this.data.steps.length ? this.data.steps[this.data.steps.length - 1] : undefined;
-    if (!incremental) this.app.busy(true);
+    const quiet = incremental || Boolean(this.data && this.data.refetch);
+    if (!quiet) this.app.busy(true);
+    // One bin per pixel of the heatmap (docs/HTTP_API.md, "Binned answers"); a zoom narrows the range.
+    const window_ = start !== undefined ? { start } : { ...rangeOf(state.zoom), points: pointsFor(this._plotWidth()) };
     try {
       // The flags depend on the whole run (a layer's baseline is its first steps): always asked for in full.
       // They, and where the run broke (`summary.origin`), are of the gradients, whichever values colour the cells.
       const values = this._of(state) === "activation" ? valuesOf({ of: "activation" }) : { target: state.target, source: state.source };
       const [bodies, an] = await Promise.all([
-        Promise.all(stats.map((stat) => api.matrix({ run: state.run, ...values, stat, start }, { signal: abort.signal }))),
+        Promise.all(stats.map((stat) => api.matrix({ run: state.run, ...values, stat, ...window_ }, { signal: abort.signal }))),
         api.anomalies({ run: state.run, target: state.target, source: state.source }, { signal: abort.signal }),
       ]);
       if (abort.signal.aborted) return;
@@ -126,12 +150,15 @@ export class OverviewView {
         this.data = null;
         return await this._load(state, this._wanted(state), false);
       }
-      if (!(this.data && this.data.key === key && sameLayers)) this.data = { key, layers, steps: [], m: {} };
-      if (!merge(this.data, stats, bodies, start)) {
+      const binned = bodies[0].binned === true;
+      const fresh = !(this.data && this.data.key === key && sameLayers) || binned || Boolean(this.data.bins);
+      if (fresh) this.data = { key, layers, steps: [], m: {}, bins: binned ? bodies[0] : null };
+      if (!merge(this.data, stats, bodies.map(asColumns), start)) {
         this.data = null;
         return await this._load(state, this._wanted(state), false);
       }
       this.data.an = an;
+      this.data.refetch = false;
       this.data.version = (this.data.version || 0) + 1;
       this.retryOnPoll = false;
       clear(this.message);
@@ -139,14 +166,14 @@ export class OverviewView {
     } catch (e) {
       if (isAbort(e)) return;
       this.retryOnPoll = isTransient(e);
-      if (!incremental) {
+      if (!quiet) {
         this.data = null;
         this._clearPlot();
       }
       replace(this.message, errorBox(e, `the gradient-flow matrix of run '${state.run}'`, { retry: this.app.retry }));
     } finally {
       if (this.abort === abort) this.abort = null;
-      if (!incremental) this.app.busy(false);
+      if (!quiet) this.app.busy(false);
     }
   }
 
@@ -178,6 +205,7 @@ export class OverviewView {
     if (this._anFor !== d || this._anVersion !== d.version) {
       // Gradient flags go on gradient cells only: coloured by activations, the grid shows none.
       this.anomalies = fromRoute(this._of(state) === "activation" ? null : d.an, d.layers, d.steps);
+      if (d.bins) onBins(this.anomalies, d, this._of(state) === "activation" ? null : d.an);
       this._anFor = d;
       this._anVersion = d.version;
     }
@@ -238,6 +266,8 @@ export class OverviewView {
     const anyChip = an.layers.some((l) => l.firstNonfiniteStep !== null || l.count.vanishing || l.count.exploding || l.count.dead);
     const chipW = anyChip ? CHIP_W : 12;
     const width = Math.max(120, avail - labelW - chipW - 24);
+    this._lastPlotWidth = width;
+    replace(this.zoomBox, zoomBar(state.zoom, d.bins ? `${cols} bins of ${d.bins.counts.reduce((a, b) => a + b, 0)} steps (one per pixel: each bin's largest value, red if any step in it is non-finite)` : "", () => this.app.setState({ zoom: null, step: null })));
     const rowH = Math.max(3, Math.min(22, Math.floor(560 / rows)));
     this.geom = { rowH, labelW, prefix, names, stat, lo, hi };
     this.grid.style.gridTemplateColumns = `${labelW}px ${width}px ${chipW}px`;
@@ -263,12 +293,13 @@ export class OverviewView {
 
   _decorate(ctx, g, an, first, showMarks) {
     const { rows, cols } = g;
-    // Rings around the first non-finite cell of each layer (always, at least 5 px).
+    // Rings around the first non-finite cell of each layer (always, at least 5 px), outside a narrow cell
+    // so that a one-pixel column (a bin of a long run) stays red inside it.
     ctx.lineWidth = 2;
     for (let i = 0; i < rows; i++) {
       const j = an.layers[i].firstNonfinite;
       if (j === null) continue;
-      const w = Math.max(5, g.colWidth);
+      const w = g.colWidth < 5 ? g.colWidth + 4 : g.colWidth;
       const hgt = Math.max(5, g.rowHeight);
       const x = g.x(j) + g.colWidth / 2 - w / 2;
       const y = g.y(i) + g.rowHeight / 2 - hgt / 2;
@@ -393,7 +424,8 @@ export class OverviewView {
       svg.appendChild(s("line", { x1: x, x2: x, y1: 0, y2: 4, class: "lg-tickmark" }));
       svg.appendChild(s("text", { x, y: 15, "text-anchor": k === 0 && x < 20 ? "start" : k === n - 1 && x > width - 20 ? "end" : "middle", class: "lg-tick", text: String(d.steps[j]) }));
     }
-    svg.appendChild(s("text", { x: width, y: H - 2, "text-anchor": "end", class: "lg-axis-label", text: `step (${cols} logged${cols > width ? `; a pixel column shows the largest value of ${(cols / width).toFixed(1)} steps` : ""})` }));
+    const what = d.bins ? `${cols} bins` : `${cols} logged`;
+    svg.appendChild(s("text", { x: width, y: H - 2, "text-anchor": "end", class: "lg-axis-label", text: `step (${what}${cols > width ? `; a pixel column shows the largest value of ${(cols / width).toFixed(1)} steps` : ""})` }));
     if (first && first.col !== null) {
       const x = (first.col + 0.5) * colW;
       const m = s("path", { d: `M${x},0 l5,8 l-10,0 z`, fill: COLORS.nonfinite, class: "lg-xmark" });
@@ -455,7 +487,7 @@ export class OverviewView {
       "div",
       { class: "lg-summary-head" },
       h("span", { class: "lg-run-name", text: state.run }),
-      h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${cols} steps` + (cols ? ` (${d.steps[0]}–${d.steps[cols - 1]})` : "") + (this.geom.prefix ? ` · model ${this.geom.prefix.slice(0, -1)}` : "") }),
+      h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${d.bins ? `${d.bins.counts.reduce((a, b) => a + b, 0)} steps in ${cols} bins` : `${cols} steps`}` + (cols ? ` (${d.steps[0]}–${(d.bins ? d.bins.last_steps : d.steps)[cols - 1]})` : "") + (this.geom.prefix ? ` · model ${this.geom.prefix.slice(0, -1)}` : "") }),
     );
     parts.push(head);
     const origin = d.an && d.an.summary ? d.an.summary.origin : null;
@@ -469,7 +501,7 @@ export class OverviewView {
         class: "lg-alert lg-alert-nonfinite lg-origin",
         title: at >= 0 ? "open that layer at that step" : "where the run first went non-finite",
         dataset: { pass: origin.pass, origin: origin.origin ?? "", step: origin.step ?? "" },
-        on: { click: () => (at >= 0 ? this._open(at, col >= 0 ? col : first ? first.col : null) : null) },
+        on: { click: () => (at >= 0 ? (d.bins && origin.step != null ? this.app.setState({ view: "layer", layer: d.layers[at], step: origin.step, series: null }) : this._open(at, col >= 0 ? col : first ? first.col : null)) : null) },
       });
       link.textContent = `${capitalize(origin.line)}${at >= 0 ? " →" : ""}`;
       parts.push(link);
@@ -479,12 +511,13 @@ export class OverviewView {
         type: "button",
         class: "lg-alert lg-alert-nonfinite",
         title: "open that layer at that step",
-        on: { click: () => this._open(first.layers[0], first.col) },
+        on: { click: () => this.app.setState({ view: "layer", layer: d.layers[first.layers[0]], step: first.step, series: null }) },
       });
       link.textContent = `First non-finite gradient: step ${first.step} in ${names[0]}${names.length > 1 ? ` and ${names.length - 1} more layer${names.length > 2 ? "s" : ""}` : ""} →`;
       parts.push(link);
     }
     const last = cols - 1;
+    const lastStep = (d.bins ? d.bins.last_steps : d.steps)[last];
     const counts = { "non-finite": 0, vanishing: 0, exploding: 0, dead: 0 };
     an.layers.forEach((l) => {
       if (l.latestStep !== last) return;
@@ -497,8 +530,8 @@ export class OverviewView {
     const health = h("span", { class: bits.length ? "lg-health lg-health-bad" : "lg-health lg-health-ok" });
     health.textContent = cols
       ? bits.length
-        ? `At the latest step (${d.steps[last]}): ${bits.join(", ")} of ${d.layers.length} layers.`
-        : `At the latest step (${d.steps[last]}): no non-finite, vanishing, exploding or dead layer.`
+        ? `At the latest step (${lastStep}): ${bits.join(", ")} of ${d.layers.length} layers.`
+        : `At the latest step (${lastStep}): no non-finite, vanishing, exploding or dead layer.`
       : "No steps logged yet.";
     health.title = an.info.map((x) => `${x.label}: ${x.rule}`).join("\n");
     if (this._of(state) === "activation") {
@@ -516,6 +549,14 @@ export class OverviewView {
     const stat = this.geom.stat;
     const m = d.m;
     const rows = [["step", j1 - j0 > 1 ? `${d.steps[j]} (this pixel: steps ${d.steps[j0]}–${d.steps[j1 - 1]})` : String(d.steps[j])]];
+    let action = "click: this layer at this step";
+    if (d.bins) {
+      const open = stepOfBin(d.bins, i, j);
+      const b = d.bins;
+      rows[0] = ["steps", `${b.steps[j]}–${b.last_steps[j]} (${b.counts[j]} steps in this bin)`];
+      rows.push([`${statLabel(stat)} min–max`, `${fmtNum(b.min[i][j], 6)} – ${fmtNum(b.max[i][j], 6)}`]);
+      action = `click: this layer at step ${open.step} (${open.why})`;
+    }
     rows.push([statLabel(stat), fmtExact(m[stat][i][j])]);
     for (const x of ["norm", "rms", "mean_abs", "std"]) if (x !== stat && m[x]) rows.push([statLabel(x), fmtNum(m[x][i][j], 6)]);
     if (m.zero_frac) rows.push(["zero fraction", fmtPercent(m.zero_frac[i][j])]);
@@ -524,13 +565,15 @@ export class OverviewView {
     const flags = flagNames(f);
     if (flags.length) rows.push(["anomaly", flags.join(", "), "lg-tip-bad"]);
     if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j], 3)} × (threshold ${this.anomalies.thresholds.VANISH_REL})`]);
-    tooltip().show(c.clientX, c.clientY, d.layers[i], rows, "click: this layer at this step");
+    tooltip().show(c.clientX, c.clientY, d.layers[i], rows, action);
   }
 
   _open(i, j) {
     const d = this.data;
     tooltip().hide();
-    this.app.setState({ view: "layer", layer: d.layers[i], step: j === null ? null : d.steps[j], series: null });
+    // A bin opens its first non-finite (else anomalous, else first) step, as its tooltip says.
+    const step = j === null ? null : d.bins ? stepOfBin(d.bins, i, j).step : d.steps[j];
+    this.app.setState({ view: "layer", layer: d.layers[i], step, series: null });
   }
 
   onKey() {
@@ -573,4 +616,36 @@ function merge(data, stats, bodies, start) {
   });
   data.steps = start !== undefined ? oldSteps.concat(steps) : steps;
   return true;
+}
+
+/** A binned matrix answer in the shape `merge` takes: a column per bin, its largest value. */
+function asColumns(body) {
+  return body.binned ? { ...body, values: body.max } : body;
+}
+
+/**
+ * Put the flags of a binned matrix (each bin's flags ORed, computed by the route on the whole run) on the
+ * grid, and find each layer's first non-finite and latest columns among the bins.
+ */
+function onBins(an, d, route) {
+  const b = d.bins;
+  const cols = b.steps.length;
+  if (!route) return;
+  b.flags.forEach((text, i) => {
+    for (let j = 0; j < cols; j++) an.flags[i * cols + j] = flagOf(text[j]);
+  });
+  const rowOf = new Map(d.layers.map((l, i) => [l, i]));
+  for (const entry of route.layers) {
+    const i = rowOf.get(entry.layer);
+    if (i === undefined) continue;
+    const l = an.layers[i];
+    if (l.firstNonfiniteStep !== null) {
+      const j = indexAtOrBefore(b.steps, l.firstNonfiniteStep);
+      l.firstNonfinite = j >= 0 && b.last_steps[j] >= l.firstNonfiniteStep ? j : null;
+    }
+    if (entry.last_step !== null && entry.last_step !== undefined) {
+      const j = indexAtOrBefore(b.steps, entry.last_step);
+      l.latestStep = j === cols - 1 && b.last_steps[j] >= entry.last_step ? j : null;
+    }
+  }
 }

@@ -20,6 +20,7 @@ from tb_layergrad.reader.series import ALL_STATS, DEFAULT_STAT
 MAX_STEP = 2**63 - 1
 MAX_STEPS_LIMIT = 10**7
 MAX_COMPARE_RUNS = 50
+MAX_POINTS = 10**5
 _DIGITS = re.compile(r"[0-9]+")
 
 
@@ -109,6 +110,11 @@ def series_range(args: MultiDict) -> Tuple[str, str, Optional[int], Optional[int
 
 def max_steps(args: MultiDict) -> Optional[int]:
     return integer(args, "max_steps", 1, MAX_STEPS_LIMIT)
+
+
+def points(args: MultiDict) -> Optional[int]:
+    """`points`: the pixels a chart has for the range; more steps than this are binned (plugin/binned.py)."""
+    return integer(args, "points", 1, MAX_POINTS)
 
 
 def runs(args: MultiDict) -> List[str]:

@@ -20,7 +20,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import bodies, listing, params
+from tb_layergrad.plugin import binned, bodies, listing, params
 from tb_layergrad.plugin.responses import (
     count_list,
     csv_number,
@@ -35,7 +35,7 @@ from tb_layergrad.plugin.responses import (
     json_response,
 )
 from tb_layergrad.plugin.static import StaticFiles
-from tb_layergrad.reader import catalog, layer_points, run_anomalies, series
+from tb_layergrad.reader import catalog, downsample, layer_points, run_anomalies, series
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.series import align
 from tb_layergrad.reader.stats_store import StatsStore
@@ -53,11 +53,6 @@ def _columns_json(columns: Sequence[np.ndarray], stat: str) -> str:
     if stat in series.COUNT_STATS:
         return dumps([count_list(c) for c in columns])
     return float_rows_json(columns)
-
-
-def _union_steps(all_steps: Sequence[np.ndarray], max_steps: Optional[int]) -> np.ndarray:
-    steps = series.union_steps(all_steps)
-    return steps[series.pick_evenly(steps.size, max_steps)]
 
 
 def _int_list(steps: np.ndarray) -> List[int]:
@@ -90,6 +85,7 @@ class LayerQuery:
     start: Optional[int] = None
     end: Optional[int] = None
     max_steps: Optional[int] = None
+    points: Optional[int] = None
 
 
 class Routes:
@@ -137,6 +133,7 @@ class Routes:
         else:
             q.start, q.end = params.step_range(args)
             q.max_steps = params.max_steps(args)
+            q.points = params.points(args) if kind == metadata.KIND_STATS else None
         q.series, q.listed = self._one_series(request, run, layer, target, source, kind)
         return q
 
@@ -189,6 +186,7 @@ class Routes:
         stat = params.stat(args)
         target, source, start, end = _series_range(args)
         max_steps = params.max_steps(args)
+        points = params.points(args)
         rc = self._run_catalog(request, run)
         stats_series = rc.with_kind(target, source, metadata.KIND_STATS)
         if not stats_series:
@@ -196,17 +194,17 @@ class Routes:
         ctx, eid = self._where(request)
         rows = self._stats.read(ctx, eid, run, stats_series, start, end)
         columns = [(rows[s.key].steps, rows[s.key].column(stat)) for s in stats_series]
-        steps = _union_steps([c[0] for c in columns], max_steps)
+        head = {"run": run, "target": target, "source": source, "stat": stat, "layers": [s.info.layer for s in stats_series]}
+        steps = series.union_steps([c[0] for c in columns])
+        if binned.needed(points, steps):
+            whole = self._stats.read(ctx, eid, run, stats_series)  # the rules see the whole run
+            flags, _ = downsample.run_flags([(whole[s.key].steps, whole[s.key].table) for s in stats_series], steps)
+            return json_response(request, {**head, **binned.columns_body(columns, steps, stat, points, start, end, flags)})
+        steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
+        extra = {"binned": False} if points else {}
         return json_response(
             request,
-            {
-                "run": run,
-                "target": target,
-                "source": source,
-                "stat": stat,
-                "layers": [s.info.layer for s in stats_series],
-                "steps": _int_list(steps),
-            },
+            {**head, **extra, "steps": _int_list(steps)},
             raw={"values": _columns_json([align(pts, col, steps) for pts, col in columns], stat)},
         )
 
@@ -215,13 +213,19 @@ class Routes:
         q = self._layer_query(request, metadata.KIND_STATS)
         s = q.series
         ctx, eid = self._where(request)
-        rows = self._stats.read(ctx, eid, s.run, [s], q.start, q.end)[s.key].thinned(q.max_steps)
+        rows = self._stats.read(ctx, eid, s.run, [s], q.start, q.end)[s.key]
+        head = {**q.head, "index": s.info.index, "dtype": s.info.dtype}
+        if binned.needed(q.points, rows.steps):
+            whole = self._stats.read(ctx, eid, s.run, [s])[s.key]  # the layer's own rules, over the whole run
+            flags, _ = downsample.run_flags([(whole.steps, whole.table)], rows.steps)
+            body = binned.stats_body(rows.steps, rows.wall_times, rows.table, flags, q.points, q.start, q.end)
+            return json_response(request, {**head, **body})
+        rows = rows.thinned(None if q.points else q.max_steps)
         return json_response(
             request,
             {
-                **q.head,
-                "index": s.info.index,
-                "dtype": s.info.dtype,
+                **head,
+                **({"binned": False} if q.points else {}),
                 "steps": _int_list(rows.steps),
                 "wall_times": float_list(rows.wall_times),
                 "stats": {name: _column(rows.column(name), name) for name in series.ALL_STATS},
@@ -304,6 +308,7 @@ class Routes:
         stat = params.stat(args)
         target, source, start, end = _series_range(args)
         max_steps = params.max_steps(args)
+        points = params.points(args)
         ctx, eid = self._where(request)
         tags = [t for name in names for t in self._layer_tags(request, name, layer, target, source, [metadata.KIND_STATS])]
         listed = catalog.load(self._lister, ctx, eid, runs=names, tags=tags).runs  # cheap: the layer's tags
@@ -320,27 +325,27 @@ class Routes:
                 f"no {source!r} stats for layer {quote(layer)}, target {quote(target)} in any of the runs"
             )
         columns: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+        tables: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
         for name, s in found.items():
             rows = self._stats.read(ctx, eid, name, [s], start, end)[s.key]
             columns[name] = (rows.steps, rows.column(stat))
-        steps = _union_steps([c[0] for c in columns.values()], max_steps)
+            tables[name] = (rows.steps, rows.table)
+        head = {"layer": layer, "target": target, "source": source, "stat": stat, "runs": names,
+                "missing": [n for n in names if n not in found]}
         empty = np.zeros([0], np.int64)
+        steps = series.union_steps([c[0] for c in columns.values()])
+        if binned.needed(points, steps):
+            per_run = [columns.get(name, (empty, np.zeros([0]))) for name in names]
+            no_table = (empty, np.zeros([0, len(series.STORED_STATS)]))
+            flags = binned.nonfinite_flags([tables.get(name, no_table) for name in names], steps)
+            return json_response(request, {**head, **binned.columns_body(per_run, steps, stat, points, start, end, flags)})
+        steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
         values = []
         for name in names:
             pts, col = columns.get(name, (empty, np.zeros([0])))
             values.append(_column(align(pts, col, steps), stat))
         return json_response(
-            request,
-            {
-                "layer": layer,
-                "target": target,
-                "source": source,
-                "stat": stat,
-                "runs": names,
-                "steps": _int_list(steps),
-                "values": values,
-                "missing": [n for n in names if n not in found],
-            },
+            request, {**head, **({"binned": False} if points else {}), "steps": _int_list(steps), "values": values}
         )
 
     @json_errors

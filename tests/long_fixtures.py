@@ -1,0 +1,86 @@
+"""A long run (100,000 steps) for the binned routes and the tab's zoom, written fast.
+
+`tf.summary` writes about 10,000 records a second here, so the records are framed as the summary
+ops would write them (one Event per `stats` record, the series metadata on each) and written with
+`tf.io.TFRecordWriter`, as bench/synthetic_logdir.py does. The stats are made up, not reduced from
+a tensor: the tests compare the routes with numpy applied to `LongRun.tables`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Dict, List
+
+import numpy as np
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+
+from tb_layergrad import metadata
+
+RUN = "long"
+STEPS = 100_000
+LAYERS = ("net/in", "net/mid", "net/out")
+NAN_LAYER, NAN_STEP = 1, 61_234  # net/mid holds 3 NaN at this step
+SPIKE_LAYER, SPIKE_STEP = 0, 23_456  # net/in's norm jumps a million-fold: exploding
+ELEMENTS = 4096
+S = metadata.STAT_INDEX
+
+
+@dataclasses.dataclass
+class LongRun:
+    logdir: str
+    steps: np.ndarray  # int64 [STEPS]
+    tables: Dict[str, np.ndarray]  # layer -> float64 [STEPS, len(STAT_FIELDS)], as stored
+
+    def column(self, layer: str, stat: str) -> np.ndarray:
+        from tb_layergrad.reader import series
+
+        return series.stat_column(self.tables[layer], stat)
+
+
+def stats_table(i: int, steps: int, n_layers: int, nan: bool, spike: bool) -> np.ndarray:
+    """The stats records of layer i: a norm drifting with the step, noisy, shrinking with depth."""
+    rng = np.random.default_rng(100 + i)
+    t = np.arange(steps)
+    scale = 1e-2 * (0.5 ** (n_layers - i)) * (1 + 0.5 * np.sin(t / 3000.0)) * np.exp(0.1 * rng.normal(size=steps))
+    table = np.zeros((steps, len(metadata.STAT_FIELDS)))
+    table[:, S["elements"]] = ELEMENTS
+    table[:, S["std"]] = scale
+    table[:, S["min"]], table[:, S["max"]] = -3.5 * scale, 3.5 * scale
+    table[:, S["mean_abs"]] = 0.8 * scale
+    if spike:
+        table[SPIKE_STEP, [S["std"], S["max"]]] *= 1e6
+    table[:, S["norm"]] = table[:, S["std"]] * np.sqrt(ELEMENTS)
+    if nan:
+        table[NAN_STEP, S["nan"]] = 3
+    return table
+
+
+def _tensor(values: np.ndarray) -> tensor_pb2.TensorProto:
+    shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=values.size)])
+    return tensor_pb2.TensorProto(dtype=types_pb2.DT_DOUBLE, tensor_shape=shape, tensor_content=values.tobytes())
+
+
+def write_run(path: str, layers: List[str], steps: int, keep: bool = True) -> Dict[str, np.ndarray]:
+    """One run of `stats` records, layer by layer; returns the tables (none with `keep=False`)."""
+    import tensorflow as tf  # its C++ TFRecord writer: event files are TFRecords
+
+    os.makedirs(path, exist_ok=True)
+    tables: Dict[str, np.ndarray] = {}
+    with tf.io.TFRecordWriter(os.path.join(path, "events.out.tfevents.1.long.v2")) as writer:
+        writer.write(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())
+        for i, layer in enumerate(layers):
+            table = stats_table(i, steps, len(layers), nan=i == NAN_LAYER, spike=i == SPIKE_LAYER)
+            info = metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
+            meta = metadata.create_summary_metadata(info)
+            for step in range(steps):
+                value = summary_pb2.Summary.Value(tag=info.tag, metadata=meta, tensor=_tensor(table[step]))
+                event = event_pb2.Event(wall_time=1.7e9 + step * 0.01, step=step, summary=summary_pb2.Summary(value=[value]))
+                writer.write(event.SerializeToString())
+            if keep:
+                tables[layer] = table
+    return tables
+
+
+def write_long_logdir(logdir: str, layers=LAYERS, steps: int = STEPS) -> LongRun:
+    tables = write_run(os.path.join(logdir, RUN), list(layers), steps)
+    return LongRun(logdir, np.arange(steps, dtype=np.int64), tables)
