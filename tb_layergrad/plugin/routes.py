@@ -197,7 +197,7 @@ class Routes:
         head = {"run": run, "target": target, "source": source, "stat": stat, "layers": [s.info.layer for s in stats_series]}
         steps = series.union_steps([c[0] for c in columns])
         if binned.needed(points, steps):
-            whole = self._stats.read(ctx, eid, run, stats_series)  # the rules see the whole run
+            whole = rows if start is None and end is None else self._stats.read(ctx, eid, run, stats_series)  # the rules see the whole run
             flags, _ = downsample.run_flags([(whole[s.key].steps, whole[s.key].table) for s in stats_series], steps)
             return json_response(request, {**head, **binned.columns_body(columns, steps, stat, points, start, end, flags)})
         steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
@@ -216,7 +216,7 @@ class Routes:
         rows = self._stats.read(ctx, eid, s.run, [s], q.start, q.end)[s.key]
         head = {**q.head, "index": s.info.index, "dtype": s.info.dtype}
         if binned.needed(q.points, rows.steps):
-            whole = self._stats.read(ctx, eid, s.run, [s])[s.key]  # the layer's own rules, over the whole run
+            whole = rows if q.start is None and q.end is None else self._stats.read(ctx, eid, s.run, [s])[s.key]  # the layer's own rules, over the whole run
             flags, _ = downsample.run_flags([(whole.steps, whole.table)], rows.steps)
             body = binned.stats_body(rows.steps, rows.wall_times, rows.table, flags, q.points, q.start, q.end)
             return json_response(request, {**head, **body})

@@ -136,9 +136,15 @@ def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
     return flags.astype(np.uint8)
 
 
+_ASCII = np.frombuffer((_HEX + NOT_RECORDED).encode("ascii"), dtype=np.uint8)
+
+
 def encode_flags(flags_row: np.ndarray, recorded_row: np.ndarray) -> str:
-    """One layer's flags as text: a hex digit per step, NOT_RECORDED where there is no record."""
-    return "".join(_HEX[int(f)] if rec else NOT_RECORDED for f, rec in zip(flags_row, recorded_row))
+    """One layer's flags as text: a hex digit per step, NOT_RECORDED where there is no record.
+
+    A table lookup over the whole row: a long run has a character per step and layer (100,000 x 50)."""
+    codes = np.where(np.asarray(recorded_row, bool), np.asarray(flags_row, np.int64) & 15, len(_HEX))
+    return _ASCII[codes].tobytes().decode("ascii")
 
 
 def decode_flags(text: str) -> np.ndarray:

@@ -125,6 +125,8 @@ def thin(points: Points, max_steps: Optional[int]) -> Points:
 
 def align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """`column` (given at `points_steps`) placed on the `steps` axis; NaN where absent."""
+    if points_steps is steps or (points_steps.shape == steps.shape and np.array_equal(points_steps, steps)):
+        return np.asarray(column, dtype=np.float64)  # the layers of one group share their steps
     row = np.full(steps.shape, np.nan, dtype=np.float64)
     if steps.size and points_steps.size:
         pos = np.minimum(np.searchsorted(steps, points_steps), steps.size - 1)
@@ -135,8 +137,12 @@ def align(points_steps: np.ndarray, column: np.ndarray, steps: np.ndarray) -> np
 
 def union_steps(all_steps: Sequence[np.ndarray]) -> np.ndarray:
     """The sorted union of several series' steps (int64)."""
-    steps = np.unique(np.concatenate(all_steps)) if all_steps else np.zeros([0], np.int64)
-    return steps.astype(np.int64)
+    if not all_steps:
+        return np.zeros([0], np.int64)
+    first = all_steps[0]
+    if all(s is first or (s.shape == first.shape and np.array_equal(s, first)) for s in all_steps[1:]):
+        return first.astype(np.int64)  # one group's layers: the same steps (each already sorted and unique)
+    return np.unique(np.concatenate(all_steps)).astype(np.int64)
 
 
 def stats_table(values: Sequence[np.ndarray]) -> np.ndarray:

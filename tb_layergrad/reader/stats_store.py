@@ -68,8 +68,14 @@ class StatsRows:
 
 def union(parts: Sequence[StatsRows]) -> StatsRows:
     """One layer's rows from several tags (docs/FORMAT.md, version 2): by step, the later wall time wins."""
-    if len(parts) == 1:
-        return parts[0]
+    parts = [p for p in parts if len(p)]
+    if len(parts) <= 1:
+        return parts[0] if parts else StatsRows(np.zeros([0], np.int64), np.zeros([0]), np.zeros([0, len(series.STORED_STATS)]))
+    ordered = sorted(parts, key=lambda p: int(p.steps[0]))
+    if all(int(a.steps[-1]) < int(b.steps[0]) for a, b in zip(ordered, ordered[1:])):
+        # The blocks of one group (docs/FORMAT.md): disjoint step ranges, so no step to choose between.
+        return StatsRows(np.concatenate([p.steps for p in ordered]), np.concatenate([p.wall_times for p in ordered]),
+                         np.concatenate([p.table for p in ordered]))
     steps = np.concatenate([p.steps for p in parts])
     walls = np.concatenate([p.wall_times for p in parts])
     order = np.lexsort((walls, steps))  # stable: at equal step and wall time, the later part wins
