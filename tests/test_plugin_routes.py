@@ -456,18 +456,25 @@ def test_live_training_new_steps_appear_on_next_request(tmp_path):
     second.close()
 
 
-def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path):
-    """matrix, anomalies, stats, csv share one read of a run's stats; a new record invalidates it."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version):
+    """matrix, anomalies, stats, csv share one read of a run's stats; a new record invalidates it. Version 2:
+    the steps cross a block (a tag each, docs/FORMAT.md), and only the block that changed is read again."""
     import tensorflow as tf
 
     from tb_layergrad import summary
 
-    def write(steps):
+    group = metadata.GroupInfo.of(metadata.KIND_STATS, [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
+                                                        for i, p in enumerate(("net/a", "net/b"))])
+    origin = group.block_steps - 3 if version == 2 else 0  # version 2: steps origin..origin+2, then two in the next block
+    steps = [origin + i for i in range(5)]
+
+    def write(chosen):
         writer = tf.summary.create_file_writer(str(tmp_path / "live"))
         with writer.as_default():
-            for step in steps:
-                for i, layer in enumerate(("net/a", "net/b")):
-                    summary.gradient(layer, tf.fill([3], float(step + 1 + i)), step=step, layer_index=i)
+            for step in chosen:
+                values = {layer: tf.fill([3], float(step - origin + 1 + i)) for i, layer in enumerate(("net/a", "net/b"))}
+                summary.gradients(values, step=step, format_version=version)
         writer.flush()
         return writer
 
@@ -475,9 +482,10 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path):
         before = len(tb.provider.calls)
         body = tb.get(route, query)
         assert body.status_code == 200, body.get_data()
-        return sum(1 for c in tb.provider.calls[before:] if c[0] == "read_tensors" and any(t.endswith("/stats") for t in c[3]))
+        return sum(1 for c in tb.provider.calls[before:]
+                   if c[0] == "read_tensors" and any(t.endswith("/stats") or "/stats/" in t for t in c[3]))
 
-    first = write(range(3))
+    first = write(steps[:3])
     tb = InProcess(str(tmp_path))
     assert stats_reads("matrix", {"run": "live"}) == 1
     for route, query in [("matrix", {"run": "live", "stat": "max"}), ("anomalies", {"run": "live"}),
@@ -485,13 +493,13 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path):
                          ("compare", {"run": "live", "layer": "net/a"})]:
         assert stats_reads(route, query) == 0, route
     next_second()
-    second = write(range(3, 5))
+    second = write(steps[3:])
     tb.reload()
-    assert stats_reads("matrix", {"run": "live"}) == 1
+    assert stats_reads("matrix", {"run": "live"}) == 1  # version 2: the new block alone
     body = get_json(tb, "matrix", {"run": "live", "stat": "max"})
-    assert body["steps"] == [0, 1, 2, 3, 4]
+    assert body["steps"] == steps
     assert body["values"] == [[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0]]
-    assert get_json(tb, "stats", {"run": "live", "layer": "net/b", "start": "3"})["stats"]["max"] == [5.0, 6.0]
+    assert get_json(tb, "stats", {"run": "live", "layer": "net/b", "start": str(steps[3])})["stats"]["max"] == [5.0, 6.0]
     first.close()
     second.close()
 

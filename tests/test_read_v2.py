@@ -444,7 +444,8 @@ def test_a_group_tag_is_cached_once_and_its_layers_are_views(tb):
     assert len(chosen) == 4 and all(len(s.parts) == 1 and s.parts[0].grouped for s in chosen)
     store = StatsStore(tb.provider)
     rows = store.read(ctx, "", "eval_v2", chosen)
-    (cached,) = [v for _, v in store._tables.values()]  # noqa: SLF001 - the cache itself is what is tested
+    (united,) = [v for _, v in store._tables.values()]  # noqa: SLF001 - the cache itself is what is tested
+    cached = united.rows
     steps = len(pf.EVAL_STEPS)
     assert cached.table.shape == (steps, 4, len(metadata.STAT_FIELDS))
     assert store._bytes == cached.nbytes == steps * (8 + 8 + 4 * 12 * 8)  # noqa: SLF001

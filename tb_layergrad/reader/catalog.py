@@ -44,6 +44,7 @@ class Part:
     max_wall_time: Optional[float]
     rows: int = 0  # a group tag: how many layers its records hold (len(layers)); 0 for a per-layer tag
     fields: Tuple[str, ...] = ()  # a group `stats` tag: its columns' names
+    group: str = ""  # a group tag: the tag without its block of steps (`GroupInfo.tag`), shared by its blocks
 
     @property
     def grouped(self) -> bool:
@@ -98,7 +99,7 @@ def members(tag: str, info: metadata.Info, max_step: Optional[int], max_wall: Op
             ) -> List[Tuple[metadata.SeriesInfo, Part]]:
     """The per-layer series one listed tag holds: itself (version 1) or one per row (version 2)."""
     if isinstance(info, metadata.GroupInfo):
-        return [(m, Part(tag, i, max_step, max_wall, len(info.layers), info.fields))
+        return [(m, Part(tag, i, max_step, max_wall, len(info.layers), info.fields, info.tag))
                 for i, m in enumerate(info.members())]
     return [(info, Part(tag, None, max_step, max_wall))]
 

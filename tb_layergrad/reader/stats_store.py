@@ -4,13 +4,14 @@ Why: the overview asks for every layer's statistics at every step twice (the
 `matrix` and `anomalies` routes) and again on every poll. Reading 200 layers x
 5,000 steps through a data provider converts a million tensor protos one by one,
 which takes far longer than a poll may (docs/DESIGN.md, "Reading side"), while the
-result is only 200 float64 tables of [5000, 12]. So each tag is kept as such a table (a version-2
-group tag as one [steps, layers, 12] table, which its layers share), keyed by
-(experiment, run, tag) and valid while `list_tensors` reports the same
-`max_step` and `max_wall_time` for it: a new or rewritten record (a later
-wall time) or a reload that drops the series invalidates it. Tables of one
-request are read in one `read_tensors` call; the least recently used are
-dropped beyond `max_bytes`.
+result is only 200 float64 tables of [5000, 12]. So each version-1 tag is kept as such a table, and each
+version-2 group (its blocks of steps, a tag each) as one [steps, layers, 12] table its layers share as
+views (`UnitedGroup`), keyed by (experiment, run, tag or group) and valid while `list_tensors` reports the
+same `max_step` and `max_wall_time` for the tag (for every block of the group): a new or rewritten record
+(a later wall time) or a reload that drops the series invalidates it, and only the blocks that changed
+are read again. Version-1 tags of one request are read in one `read_tensors` call, each block in a call
+of its own (an answer is capped, docs/FORMAT.md); the least recently used tables are dropped beyond
+`max_bytes`.
 """
 from __future__ import annotations
 
@@ -107,18 +108,81 @@ def group_rows(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run:
     width = len(part.fields)
     kept = [d for d in data if series.fits(d, part.tag, run, (part.rows, width))]
     points = series.select(kept)
+    if not len(points):
+        return GroupRows(points.steps, points.wall_times, np.zeros([0, part.rows, len(series.STORED_STATS)]))
+    raw = np.stack([np.asarray(v, dtype=np.float64) for v in points.values])
+    if tuple(part.fields) == series.STORED_STATS:  # as written here: the columns are already in place
+        return GroupRows(points.steps, points.wall_times, raw)
     table = np.full([len(points), part.rows, len(series.STORED_STATS)], np.nan, dtype=np.float64)
-    if len(points):
-        raw = np.stack([np.asarray(v, dtype=np.float64) for v in points.values])
-        for j, name in enumerate(part.fields):
-            if name in metadata.STAT_INDEX:
-                table[:, :, metadata.STAT_INDEX[name]] = raw[:, :, j]
+    for j, name in enumerate(part.fields):
+        if name in metadata.STAT_INDEX:
+            table[:, :, metadata.STAT_INDEX[name]] = raw[:, :, j]
     return GroupRows(points.steps, points.wall_times, table)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnitedGroup:
+    """The blocks of one version-2 group (a tag each, docs/FORMAT.md) as one table, and where each block is in it.
+
+    Why: a long run's group is many blocks, and its layers are read as whole columns; slicing each
+    layer out of each block and joining them again cost as much as reading. Kept united, a layer is a
+    view; when TensorBoard reports one block changed (the last, while training goes on) only that
+    block is read again and the table rebuilt around the others.
+    """
+
+    versions: Dict[str, "_Version"]  # block tag -> (max_step, max_wall_time)
+    spans: Dict[str, Tuple[int, int]]  # block tag -> its rows [a, b) in `rows`
+    rows: GroupRows
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes
+
+    def block(self, tag: str) -> GroupRows:
+        a, b = self.spans[tag]
+        r = self.rows
+        return GroupRows(r.steps[a:b], r.wall_times[a:b], r.table[a:b])
+
+
+def unite(blocks: Dict[str, Union[GroupRows, series.Points]], versions: Dict[str, "_Version"], rows: int) -> UnitedGroup:
+    """Blocks of one group, ordered by their first step (their step ranges are disjoint), copied once into
+    one table: a block read now (`series.Points` of [layers, STAT_FIELDS] records) or one kept (`GroupRows`)."""
+    order = sorted((t for t in blocks if len(blocks[t].steps)), key=lambda t: int(blocks[t].steps[0]))
+    spans, at = {}, 0
+    for t in order:
+        spans[t] = (at, at + len(blocks[t].steps))
+        at = spans[t][1]
+    for t in blocks:
+        spans.setdefault(t, (at, at))  # an empty block: no rows
+    table = np.empty([at, rows, len(series.STORED_STATS)], np.float64)
+    for t in order:
+        a, b = spans[t]
+        block = blocks[t]
+        if isinstance(block, GroupRows):
+            table[a:b] = block.table
+        else:
+            np.stack(block.values, out=table[a:b])
+    steps = np.concatenate([blocks[t].steps for t in order]) if order else np.zeros([0], np.int64)
+    walls = np.concatenate([blocks[t].wall_times for t in order]) if order else np.zeros([0], np.float64)
+    return UnitedGroup(dict(versions), spans, GroupRows(steps, walls, table))
+
+
+def block_points(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run: str) -> Union[GroupRows, series.Points]:
+    """A version-2 stats block as read: its fitting records (`series.Points`) when its columns are STAT_FIELDS
+    (`unite` copies them once), else already mapped to them (`group_rows`)."""
+    if tuple(part.fields) != series.STORED_STATS:
+        return group_rows(data, part, run)
+    kept = [d for d in data if series.fits(d, part.tag, run, (part.rows, len(part.fields)))]
+    return series.select(kept)
 
 
 _Key = Tuple[str, str, str]  # (experiment id, run, tag)
 _Version = Tuple[Optional[int], Optional[float]]  # (max_step, max_wall_time) from list_tensors
-_Rows = Union[StatsRows, GroupRows]
+_Rows = Union[StatsRows, UnitedGroup]
+
+
+def _version(part: catalog.Part) -> "_Version":
+    return (part.max_step, part.max_wall_time)
 
 
 class StatsStore:
@@ -145,36 +209,62 @@ class StatsStore:
     ) -> Dict[catalog.SeriesKey, StatsRows]:
         """`{series key: StatsRows}` of the given stats series of one run, within [start, end]."""
         parts = {p.tag: p for s in stats_series for p in s.parts}
-        found: Dict[str, _Rows] = {}
-        missing = []
+        singles = {t: p for t, p in parts.items() if not p.grouped}
+        groups: Dict[str, Dict[str, catalog.Part]] = {}
+        for t, p in parts.items():
+            if p.grouped:
+                groups.setdefault(p.group, {})[t] = p
+        found: Dict[str, StatsRows] = {}
+        united: Dict[str, UnitedGroup] = {}
+        missing: Dict[str, catalog.Part] = {}
+        stale: Dict[str, Optional[UnitedGroup]] = {}  # group -> its cached blocks (None: none) to rebuild
         with self._lock:
-            for tag, p in parts.items():
-                key, version = (experiment_id, run, tag), (p.max_step, p.max_wall_time)
-                hit = self._tables.get(key)
-                if hit is not None and hit[0] == version:
-                    self._tables.move_to_end(key)
-                    found[tag] = hit[1]
+            for tag, p in singles.items():
+                hit = self._get((experiment_id, run, tag), _version(p))
+                if hit is not None:
+                    found[tag] = hit
                 else:
-                    missing.append(p)
+                    missing[tag] = p
+            for group, blocks in groups.items():
+                want = {t: _version(p) for t, p in blocks.items()}
+                hit = self._tables.get((experiment_id, run, group))
+                if hit is not None and hit[1].versions == want:
+                    self._tables.move_to_end((experiment_id, run, group))
+                    united[group] = hit[1]
+                    continue
+                old = hit[1] if hit is not None else None
+                stale[group] = old
+                for t, p in blocks.items():
+                    if old is None or old.versions.get(t) != want[t]:
+                        missing[t] = p
         if missing:
-            data = series.read(self._provider, ctx, experiment_id, run, [p.tag for p in missing],
-                               alone=[p.tag for p in missing if p.grouped])
-            fresh = {p.tag: self._rows(data.get(p.tag, ()), p, run) for p in missing}
+            data = series.read(self._provider, ctx, experiment_id, run, list(missing),
+                               alone=[t for t, p in missing.items() if p.grouped])
             with self._lock:
-                for p in missing:
-                    self._put((experiment_id, run, p.tag), (p.max_step, p.max_wall_time), fresh[p.tag])
-            found.update(fresh)
+                for tag, p in missing.items():
+                    if not p.grouped:
+                        found[tag] = StatsRows.of(series.select(data.get(tag, ())))
+                        self._put((experiment_id, run, tag), _version(p), found[tag])
+                for group, old in stale.items():
+                    blocks = {t: (block_points(data.get(t, ()), p, run) if t in missing else old.block(t))
+                              for t, p in groups[group].items()}
+                    rows = next(iter(groups[group].values())).rows
+                    united[group] = unite(blocks, {t: _version(p) for t, p in groups[group].items()}, rows)
+                    self._put((experiment_id, run, group), None, united[group])
         out = {}
         for s in stats_series:
-            rows = [found[p.tag] if not p.grouped else found[p.tag].layer(p.row) for p in s.parts]
+            # A layer's blocks of one group are one view of the united table; other groups and tags join it.
+            where = dict.fromkeys((p.group, p.row) if p.grouped else (p.tag, None) for p in s.parts)
+            rows = [united[k].rows.layer(row) if row is not None else found[k] for k, row in where]
             out[s.key] = union(rows).between(start, end)
         return out
 
-    @staticmethod
-    def _rows(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run: str) -> _Rows:
-        if part.grouped:
-            return group_rows(data, part, run)
-        return StatsRows.of(series.select(data))
+    def _get(self, key: "_Key", version: "_Version") -> Optional[StatsRows]:
+        hit = self._tables.get(key)
+        if hit is None or hit[0] != version:
+            return None
+        self._tables.move_to_end(key)
+        return hit[1]
 
     def _put(self, key: _Key, version: _Version, rows: _Rows) -> None:
         old = self._tables.pop(key, None)
