@@ -62,7 +62,10 @@ def test_the_dead_layer(demo):
 
 
 def read_event_files(run_dir: str, source: str = "output"):
-    """{(layer, kind, index): {step: array}} of one source straight from the TFRecord files, without TensorBoard."""
+    """{(layer, kind, index): {step: array}} of one source straight from the TFRecord files, without TensorBoard.
+
+    A format-version-2 record (docs/FORMAT.md: one per step for all layers, the layer list in the tag's
+    first record's metadata) is split into its rows: a layer's stats row, histogram counts or first step."""
     import tensorflow as tf
     from tensorboard.compat.proto import event_pb2
 
@@ -77,7 +80,13 @@ def read_event_files(run_dir: str, source: str = "output"):
             info = infos.get(v.tag)
             if info is None or info["source"] != source:
                 continue
-            out.setdefault((info["layer"], info["kind"], info["index"]), {})[event.step] = tf.make_ndarray(v.tensor)
+            value = tf.make_ndarray(v.tensor)
+            if info["version"] == 1:
+                out.setdefault((info["layer"], info["kind"], info["index"]), {})[event.step] = value
+                continue
+            assert value.shape[0] == len(info["layers"])
+            for layer, index, row in zip(info["layers"], info["indexes"], value):
+                out.setdefault((layer, info["kind"], index), {})[event.step] = row
     return out
 
 
