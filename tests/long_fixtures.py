@@ -1,8 +1,9 @@
 """A long run (100,000 steps) for the binned routes and the tab's zoom, written fast.
 
 `tf.summary` writes about 10,000 records a second here, so the records are framed as the summary
-ops would write them (one Event per `stats` record, the series metadata on each) and written with
-`tf.io.TFRecordWriter`, as bench/synthetic_logdir.py does. The stats are made up, not reduced from
+ops would write them and written with `tf.io.TFRecordWriter`, as bench/synthetic_logdir.py does: format
+version 2 by default (one `stats` record per step for all layers, in blocks of steps, the metadata on
+each block's first record, docs/FORMAT.md), version 1 on request (a record per layer, metadata on each). The stats are made up, not reduced from
 a tensor: the tests compare the routes with numpy applied to `LongRun.tables`.
 """
 from __future__ import annotations
@@ -56,29 +57,41 @@ def stats_table(i: int, steps: int, n_layers: int, nan: bool, spike: bool) -> np
 
 
 def _tensor(values: np.ndarray) -> tensor_pb2.TensorProto:
-    shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=values.size)])
+    shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in values.shape])
     return tensor_pb2.TensorProto(dtype=types_pb2.DT_DOUBLE, tensor_shape=shape, tensor_content=values.tobytes())
 
 
-def write_run(path: str, layers: List[str], steps: int, keep: bool = True) -> Dict[str, np.ndarray]:
-    """One run of `stats` records, layer by layer; returns the tables (none with `keep=False`)."""
+def write_run(path: str, layers: List[str], steps: int, keep: bool = True, format_version: int = 2) -> Dict[str, np.ndarray]:
+    """One run of `stats` records; returns the tables (none with `keep=False`)."""
     import tensorflow as tf  # its C++ TFRecord writer: event files are TFRecords
 
     os.makedirs(path, exist_ok=True)
-    tables: Dict[str, np.ndarray] = {}
+    infos = [metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
+             for i, layer in enumerate(layers)]
+    tables = {layer: stats_table(i, steps, len(layers), nan=i == NAN_LAYER, spike=i == SPIKE_LAYER)
+              for i, layer in enumerate(layers)}
+
+    def event(step: int, tag: str, meta, values: np.ndarray) -> bytes:
+        value = summary_pb2.Summary.Value(tag=tag, tensor=_tensor(values))
+        if meta is not None:
+            value.metadata.CopyFrom(meta)
+        return event_pb2.Event(wall_time=1.7e9 + step * 0.01, step=step, summary=summary_pb2.Summary(value=[value])).SerializeToString()
+
     with tf.io.TFRecordWriter(os.path.join(path, "events.out.tfevents.1.long.v2")) as writer:
         writer.write(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())
-        for i, layer in enumerate(layers):
-            table = stats_table(i, steps, len(layers), nan=i == NAN_LAYER, spike=i == SPIKE_LAYER)
-            info = metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
-            meta = metadata.create_summary_metadata(info)
+        if format_version == 1:
+            for info in infos:
+                meta = metadata.create_summary_metadata(info)
+                for step in range(steps):
+                    writer.write(event(step, info.tag, meta, tables[info.layer][step]))
+        else:
+            group = metadata.GroupInfo.of(metadata.KIND_STATS, infos)
+            meta = metadata.create_group_metadata(group)
+            rows = np.stack([tables[info.layer] for info in infos], axis=1)  # [steps, layers, fields]
             for step in range(steps):
-                value = summary_pb2.Summary.Value(tag=info.tag, metadata=meta, tensor=_tensor(table[step]))
-                event = event_pb2.Event(wall_time=1.7e9 + step * 0.01, step=step, summary=summary_pb2.Summary(value=[value]))
-                writer.write(event.SerializeToString())
-            if keep:
-                tables[layer] = table
-    return tables
+                first = metadata.block_start(step, group.block_steps) == step or step == 0
+                writer.write(event(step, group.tag_at(step), meta if first else None, rows[step]))
+    return tables if keep else {}
 
 
 def write_long_logdir(logdir: str, layers=LAYERS, steps: int = STEPS) -> LongRun:
