@@ -177,11 +177,17 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
     for (runs, layers, steps), version, logdir, last in logdirs:
         for loader in loaders:
             points = TAB_POINTS if steps > TAB_POINTS else None
-            m = tab_latency.measure(logdir, runs, layers, steps, loader, last_step=last, points=points)
+            name = {"true": "Rust", "false": "Python"}[loader]
+            try:
+                m = tab_latency.measure(logdir, runs, layers, steps, loader, last_step=last, points=points)
+            except Exception as e:  # noqa: BLE001 - one case failing must not lose the others' figures
+                lines.append(f"| {runs} x {layers} x {steps} | {version} | {name} | failed: {type(e).__name__}: "
+                             f"{str(e)[:120]} |" + " |" * 9)
+                print("  " + lines[-1], flush=True)
+                continue
             figures.setdefault("format_tab", {})[(runs, layers, steps, version, loader)] = m
             if version == 2:  # the default format: also what issue 7's tab targets are read from
                 figures.setdefault("tab", {})[(runs, layers, steps, loader)] = m
-            name = {"true": "Rust", "false": "Python"}[loader]
             ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
             lines.append(
                 f"| {runs} x {layers} x {steps} | {version} | {name} | {m['startup_s']:.1f} s | "
@@ -216,9 +222,12 @@ def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
     for loader in ("true", "false"):
         m = tab.get((*sizes[2], 2, loader))
         if m is not None:
-            worst = max(m["slowest_cold_s"], m["matrix_s"], m["layer_stats_s"], m["anomalies_s"], m["compare_s"], m["listing_s"])
-            rows.append(f"| {sizes[2][0]} x {sizes[2][1]} x {sizes[2][2]}, {'Rust' if loader == 'true' else 'Python'}: "
-                        f"slowest route (cold or warm) | <= 2 s | {worst:.2f} s | {'met' if worst <= 2 else 'NOT met'} |")
+            worst = max(m["matrix_s"], m["layer_stats_s"], m["anomalies_s"], m["compare_s"], m["listing_s"])
+            what = f"{sizes[2][0]} x {sizes[2][1]} x {sizes[2][2]}, {'Rust' if loader == 'true' else 'Python'}"
+            rows.append(f"| {what}: slowest route (warm median) | <= 2 s | {worst:.2f} s | {'met' if worst <= 2 else 'NOT met'} |")
+            cold = m["slowest_cold_s"]
+            rows.append(f"| {what}: slowest first request (cold: the run's statistics read) | <= 2 s | {cold:.2f} s | "
+                        f"{'met' if cold <= 2 else 'NOT met'} |")
     if not rows:
         return []
     return ["### Targets (issue 27) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]
