@@ -101,19 +101,28 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
     return lines
 
 
-def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
+def synthetic(runs: int, layers: int, steps: int, version: int) -> str:
+    """A new temporary logdir of `runs` synthetic runs (bench/synthetic_logdir.py) in format `version`.
+
+    Written once, copied: latency does not depend on the numbers, and writing is most of the time.
+    """
     import synthetic_logdir
+
+    logdir = tempfile.mkdtemp(prefix=f"layergrad_synth_v{version}_")
+    synthetic_logdir.write_run(os.path.join(logdir, "run_0"), layers, steps, seed=0, format_version=version)
+    for r in range(1, runs):
+        shutil.copytree(os.path.join(logdir, "run_0"), os.path.join(logdir, f"run_{r}"))
+    return logdir
+
+
+def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
     import tab_latency
 
     lines = ["### Tab latency (warm, median), real tensorboard process, synthetic logdir (format version 2)\n"]
     lines.append("| runs x layers x steps | loader | load time | listing | flow matrix | layer detail | 3-run compare | TensorBoard RSS |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for runs, layers, steps in sizes:
-        logdir = tempfile.mkdtemp(prefix="layergrad_synth_")
-        # Written once, copied: latency does not depend on the numbers, and writing is most of the time.
-        synthetic_logdir.write_run(os.path.join(logdir, "run_0"), layers, steps, seed=0, format_version=2)
-        for r in range(1, runs):
-            shutil.copytree(os.path.join(logdir, "run_0"), os.path.join(logdir, f"run_{r}"))
+        logdir = synthetic(runs, layers, steps, 2)
         for loader in loaders:
             m = tab_latency.measure(logdir, runs, layers, steps, loader)
             figures.setdefault("tab", {})[(runs, layers, steps, loader)] = m
@@ -142,10 +151,9 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
     """Format versions 1 and 2 side by side: bytes by part (a real fit()), then TensorBoard's start-up, load
     time, memory and the routes, per size and loader."""
     import format_bytes
-    import synthetic_logdir
     import tab_latency
 
-    real, *synthetic = sizes
+    real, *others = sizes
     lines = [f"### Format versions 1 and 2: event-file bytes of fit() with GradientLogger's defaults "
              f"({real[1]} Dense layers, {real[2]} steps, every step)\n"]
     lines.append("| format version | bytes / layer / step | framing | metadata | stats | histogram | other | fit() time |")
@@ -161,15 +169,11 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
                      + f" | {seconds:.0f} s |")
         print("  " + lines[-1], flush=True)
         logdirs.append((real, version, logdir, real[2]))  # GradientLogger's steps are 1..steps
-    for runs, layers, steps in synthetic:
+    for runs, layers, steps in others:
         for version in (1, 2):
             if version == 1 and runs * layers * steps * 2 > V1_MAX_RECORDS:
                 continue
-            logdir = tempfile.mkdtemp(prefix=f"layergrad_synth_v{version}_")
-            synthetic_logdir.write_run(os.path.join(logdir, "run_0"), layers, steps, seed=0, format_version=version)
-            for r in range(1, runs):
-                shutil.copytree(os.path.join(logdir, "run_0"), os.path.join(logdir, f"run_{r}"))
-            logdirs.append(((runs, layers, steps), version, logdir, steps - 1))
+            logdirs.append(((runs, layers, steps), version, synthetic(runs, layers, steps, version), steps - 1))
     lines += ["", "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; cold: first)\n",
               "| runs x layers x steps | version | loader | start-up | loaded after start-up | RSS | listing | flow matrix "
               "(cold) | layer stats | anomalies | 3-run compare | slowest cold route |",

@@ -16,7 +16,7 @@ import os
 import time
 import urllib.parse
 import zlib
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -267,6 +267,32 @@ class Browser:
             self.context.close()
         with contextlib.suppress(Exception):
             self._pw.stop()
+
+
+@contextlib.contextmanager
+def served(logdir: str, work, last_steps: Dict[str, int], write: Callable[[], object], *, poll_ms: Optional[int] = None,
+           write_first: bool = False, timeout: float = 60.0, **tensorboard):
+    """A real `tensorboard` on `logdir` and a headless browser: yields (tensorboard, browser, what `write` returned).
+
+    TensorBoard starts (~3 s) while `write` writes the runs (it picks them up as they appear), unless
+    `write_first` (a TensorBoard that loads once, `reload_interval=0`); ready once every run of
+    `last_steps` is listed up to its last step. Both are stopped after.
+    """
+    from tensorboard_process import TensorBoardProcess
+
+    written = write() if write_first else None
+    tb = TensorBoardProcess(logdir, str(work / "tensorboard.log"), **tensorboard)
+    browser = None
+    try:
+        if not write_first:
+            written = write()
+        tb.wait_for_runs(last_steps, timeout=timeout)
+        browser = Browser(str(work / "profile"), **({} if poll_ms is None else {"poll_ms": poll_ms}))
+        yield tb, browser, written
+    finally:
+        if browser is not None:
+            browser.close()
+        tb.stop()
 
 
 def assert_no_browser_errors(browser: "Browser") -> None:

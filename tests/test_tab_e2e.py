@@ -27,7 +27,6 @@ from tab_fixtures import (  # noqa: E402
     NAN_STEP,
 )
 from tb_layergrad import metadata  # noqa: E402
-from tensorboard_process import TensorBoardProcess  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
@@ -39,18 +38,9 @@ DENSE = "loss|output|net/dense"
 def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("logs"))
     work = tmp_path_factory.mktemp("work")
-    # TensorBoard starts (~3 s) while the runs are written: it picks them up as they appear.
-    tb = TensorBoardProcess(logdir, log_path=str(work / "tensorboard.log"))
-    browser = None
-    try:
-        written = tf_.write_tab_logdir(logdir)
-        tb.wait_for_runs({"train": tf_.STEPS[-1], "eval": tf_.EVAL_STEPS[-1], **{r: tf_.STEPS[-1] for r in HOSTILE_RUNS}})
-        browser = tf_.Browser(str(work / "profile"), poll_ms=POLL_MS)
+    last = {"train": tf_.STEPS[-1], "eval": tf_.EVAL_STEPS[-1], **{r: tf_.STEPS[-1] for r in HOSTILE_RUNS}}
+    with tf_.served(logdir, work, last, lambda: tf_.write_tab_logdir(logdir), poll_ms=POLL_MS) as (tb, browser, written):
         yield {"tb": tb, "browser": browser, "written": written, "logdir": logdir}
-    finally:
-        if browser is not None:
-            browser.close()
-        tb.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -30,17 +30,9 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("origin_logs"))
     work = tmp_path_factory.mktemp("origin_work")
-    tb = TensorBoardProcess(logdir, log_path=str(work / "tensorboard.log"))
-    browser = None
-    try:
-        written = of.write_origin_logdir(logdir)
-        tb.wait_for_runs({run: of.STEPS[-1] for run in of.RUNS})
-        browser = tf_.Browser(str(work / "profile"), poll_ms=60_000)
+    last = {run: of.STEPS[-1] for run in of.RUNS}
+    with tf_.served(logdir, work, last, lambda: of.write_origin_logdir(logdir), poll_ms=60_000) as (tb, browser, written):
         yield {"tb": tb, "browser": browser, "written": written}
-    finally:
-        if browser is not None:
-            browser.close()
-        tb.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,6 @@ if not os.path.exists("/usr/bin/chromium"):
 
 import long_fixtures as lf  # noqa: E402
 import tab_fixtures as tf_  # noqa: E402
-from tensorboard_process import TensorBoardProcess  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
@@ -28,17 +27,9 @@ MID = "loss|output|net/mid"
 def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("long"))
     work = tmp_path_factory.mktemp("work")
-    written = lf.write_long_logdir(logdir)
-    tb = TensorBoardProcess(logdir, str(work / "tb.log"), load_fast="true", reload_interval=0)
-    browser = None
-    try:
-        tb.wait_for_runs({lf.RUN: lf.STEPS - 1}, timeout=120)
-        browser = tf_.Browser(str(work / "profile"))
+    with tf_.served(logdir, work, {lf.RUN: lf.STEPS - 1}, lambda: lf.write_long_logdir(logdir), write_first=True,
+                    timeout=120, load_fast="true", reload_interval=0) as (tb, browser, written):
         yield {"tb": tb, "browser": browser, "written": written}
-    finally:
-        if browser is not None:
-            browser.close()
-        tb.stop()
 
 
 @pytest.fixture(autouse=True)
