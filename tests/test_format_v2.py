@@ -202,3 +202,41 @@ def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, 
     series = read_all(str(tmp_path))["run"]
     assert [d.step for d in series["loss/output/m/a/stats"][1]] == [b - 1, b, b + 1]
     assert [int(d.numpy[0]) for d in series["loss/output/m/b/first_nonfinite"][1]] == [b - 1] * 3
+
+
+@pytest.mark.parametrize("jit_compile", [False, True], ids=["in-step", "handed out (XLA)"])
+def test_histograms_on_their_own_schedule_statistics_every_step(tmp_path, jit_compile):
+    """GradientLogger(histogram_every_n_steps=3): statistics at every step, histograms at every third, and every step
+    with a NaN/Inf written in full whatever its schedule."""
+    import keras
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(80, 4)).astype(np.float32)
+    y = np.zeros([80, 1], np.float32)
+    x[8 * 7 + 2, 0] = np.nan  # batch 8 (step 8, not a histogram step) holds a NaN: NaN gradients (and weights) on
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")],
+                             name="mlp")
+    model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(str(tmp_path), histogram_every_n_steps=3)])
+    series = read_all(str(tmp_path))["train"]
+    assert sorted(d.step for d in series["loss/output/mlp/h/stats"][1]) == list(range(1, 11))
+    assert sorted(d.step for d in series["loss/output/mlp/h/histogram"][1]) == [3, 6, 8, 9, 10]  # 8, 10: NaN
+    with pytest.raises(ValueError, match="histogram_every_n_steps"):
+        tb_layergrad.GradientLogger(str(tmp_path), histogram_every_n_steps=0)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
+def test_summary_gradients_writes_statistics_alone_when_asked(tmp_path, monkeypatch, fused):
+    if not fused:
+        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
+    writer = tf.summary.create_file_writer(str(tmp_path / "run"))
+    log = tf.function(lambda g, s: tb_layergrad.summary.gradients(g, step=s, histograms=tf.equal(s % 2, 0)))
+    with writer.as_default():
+        for step in range(4):
+            bad = np.nan if step == 3 else 1.0
+            log({"m/a": tf.constant([1.0, bad]), "m/b": tf.ones([3])}, tf.constant(step, tf.int64))
+    writer.close()
+    series = read_all(str(tmp_path))["run"]
+    assert [d.step for d in series["loss/output/m/a/stats"][1]] == [0, 1, 2, 3]
+    assert [d.step for d in series["loss/output/m/b/histogram"][1]] == [0, 2, 3]  # 3: a NaN, written in full

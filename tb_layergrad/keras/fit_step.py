@@ -66,6 +66,7 @@ class StepConfig:
     activations: bool = False  # also the layer outputs' forward values (source "activation")
     on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
     format_version: int = metadata.FORMAT_VERSION  # the on-disk layout (docs/FORMAT.md)
+    histogram_every_n_steps: int = 1  # of the logged steps, those that also write histograms
 
 
 class FitStep:
@@ -247,10 +248,14 @@ class FitStep:
         if ctx is None and self.writes_in_step():
             with tf.name_scope("layergrad"):
                 state = self.first_nonfinite
-                record, flags = write_step_checked(main, step, log, state.none_yet(), writer=self.writer, flush=True)
+                histograms = tf.equal(tf.math.floormod(step, self.config.histogram_every_n_steps), 0)
+                record, flags = write_step_checked(main, step, log, state.none_yet(), writer=self.writer, flush=True,
+                                                   histograms=histograms)
                 written = [record]
                 if auxiliary is not None:
-                    written.append(when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer, flush=True)))
+                    full = tf.logical_or(histograms, tf.logical_not(log))  # unlogged but written: its first NaN/Inf
+                    written.append(when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer,
+                                                                   flush=True, histograms=full)))
                 with tf.control_dependencies(written):
                     state.remember(step, flags)
             if self.config.on_nonfinite != "log":  # the callback acts at once: it needs the flags of every step

@@ -97,6 +97,11 @@ class GradientLogger(_Base):
             objects. An unknown name raises before training starts.
         every_n_steps: log when `optimizer.iterations % every_n_steps == 0`
             (checked after the step's update). Must be >= 1.
+        histogram_every_n_steps: of the logged steps, write the histograms at
+            those where `optimizer.iterations % histogram_every_n_steps == 0`
+            (the statistics at every logged step): 1 (default), every logged
+            step; in format version 2 a histogram is 60 of about 160 bytes per
+            layer and step. A step with a NaN/Inf is always written in full.
         weights: also log d(target)/d(weight) of the chosen layers' weights.
         timesteps: per-timestep gradients of RNN layers: `True` for every RNN
             layer, or names/patterns/layers. Logs, per step, the L2 norm of
@@ -167,14 +172,16 @@ class GradientLogger(_Base):
         on_nonfinite: str = "log",
         check_every_step: bool = True,
         format_version: int = metadata.FORMAT_VERSION,
+        histogram_every_n_steps: int = 1,
     ):
         super().__init__()
         distribute.check_mode(replicas)
         self.on_nonfinite = nonfinite_check.check_mode(on_nonfinite)
         if replicas == "stats" and max_elements > 0:
             raise ValueError('max_elements > 0 logs raw gradients, which needs the full tensors: use replicas="gather"')
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be an integer >= 1, got {every_n_steps!r}")
+        for name, value in (("every_n_steps", every_n_steps), ("histogram_every_n_steps", histogram_every_n_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
             raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
         if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 0:
@@ -192,6 +199,7 @@ class GradientLogger(_Base):
         self.format_version = plans.check_format_version(format_version)
         self.layers = layers
         self.every_n_steps = every_n_steps
+        self.histogram_every_n_steps = histogram_every_n_steps
         self.weights = bool(weights)
         self.timesteps = timesteps
         self.targets = validate_targets(targets)
@@ -328,6 +336,7 @@ class GradientLogger(_Base):
             activations=self.activations,
             on_nonfinite=self.on_nonfinite,
             format_version=self.format_version,
+            histogram_every_n_steps=self.histogram_every_n_steps,
         )
         if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
             model.make_train_function()
@@ -465,7 +474,9 @@ class GradientLogger(_Base):
         if self._writer is not None and "tensors" in payload and (bool(payload["log"]) or first):
             if self._record_writer is None:
                 self._record_writer = train_functions.record_writer(self._writer, self._fit_step.plan)
-            self._record_writer(tf.cast(payload["step"], tf.int64), payload["tensors"])
+            step = tf.cast(payload["step"], tf.int64)
+            histograms = tf.equal(tf.math.floormod(step, self.histogram_every_n_steps), 0)
+            self._record_writer(step, payload["tensors"], tf.reshape(histograms, []))
         if first:
             self._found_nonfinite(int(np.asarray(payload["step"]).reshape(-1)[0]), flags)
 

@@ -26,9 +26,9 @@ def record_writer(writer: Any, plan: plans.Plan) -> Callable:
     """
 
     @tf.function(reduce_retracing=True, autograph=False)  # library code: autograph only slows tracing
-    def write(step: tf.Tensor, tensors: Dict[str, tf.Tensor]) -> tf.Tensor:
+    def write(step: tf.Tensor, tensors: Dict[str, tf.Tensor], histograms: tf.Tensor) -> tf.Tensor:
         with writer.as_default(), tf.summary.record_if(True):
-            write_step(plan.with_tensors(tensors), step, record=True)
+            write_step(plan.with_tensors(tensors), step, record=True, histograms=histograms)
         return tf.constant(True)
 
     return write

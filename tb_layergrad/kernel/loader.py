@@ -203,7 +203,7 @@ def _write_op_error(module: Any) -> Optional[str]:
             writer = tf.summary.create_file_writer(scratch)
             record = ("self_test", b"")
             module.tb_layergrad_write_histograms_and_stats(
-                writer._resource, True, False, tf.constant(0, tf.int64), tf.constant([-1], tf.int64),  # noqa: SLF001
+                writer._resource, True, False, True, tf.constant(0, tf.int64), tf.constant([-1], tf.int64),  # noqa: SLF001
                 tf.zeros([0], tf.bool), [tf.constant([1.0, 2.0])], buckets=2, histogram_tags=[record[0]], histogram_metadata=[record[1]],
                 stats_tags=[record[0]], stats_metadata=[record[1]], first_nonfinite_tags=[],
                 first_nonfinite_metadata=[], flush=True,
@@ -279,6 +279,7 @@ def write_histograms_and_stats(
     group_sizes: Sequence[int] = (),
     with_metadata: Any = None,
     block_steps: Sequence[int] = (),
+    histograms: Any = True,
 ) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """When `record` (a bool scalar) holds, write each tensor's records.
 
@@ -301,7 +302,8 @@ def write_histograms_and_stats(
     of each group's (histogram, stats, first_nonfinite) records carries its
     metadata; `metadata_written` [3 * groups] says which did. `block_steps` (one
     per group): each of the group's tags gets `/{first step of the block of that
-    many steps holding step}`.
+    many steps holding step}`. `histograms` (a bool scalar): write the histogram
+    records too; a step at which a tensor holds a NaN/Inf always gets them.
     """
     fn = write_op()
     if fn is None:
@@ -316,7 +318,7 @@ def write_histograms_and_stats(
         with_metadata = tf.ones([3 * len(group_sizes)], tf.bool)
     with tf.device("cpu:0"):
         written, firsts, nonfinite, metadata_written = fn(
-            writer, record, tf.constant(False) if not check else record_if_nonfinite, step, first_nonfinite,
+            writer, record, tf.constant(False) if not check else record_if_nonfinite, histograms, step, first_nonfinite,
             with_metadata, list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm, stats_tags=st,
             stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush, check=check,
             group_sizes=list(group_sizes), block_steps=list(block_steps),

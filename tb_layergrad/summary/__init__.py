@@ -122,6 +122,7 @@ def gradients(
     replicas: str = "gather",
     strategy: Any = None,
     format_version: int = metadata.FORMAT_VERSION,
+    histograms: Any = True,
 ) -> tf.Tensor:
     """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
 
@@ -141,7 +142,9 @@ def gradients(
     cross-replica context, `strategy` is the strategy that ran them (default:
     the one in scope). `format_version`: 2 (default: all layers of a
     (target, source) in one record per step) or 1 (a record per layer, kept
-    for one release), docs/FORMAT.md.
+    for one release), docs/FORMAT.md. `histograms` (a bool or bool tensor):
+    False writes the statistics alone (e.g. `histograms=step % 100 == 0`),
+    except at a step where an entry holds a NaN/Inf, written in full.
     """
     step = resolve_step(step)
     distribute.check_mode(replicas)
@@ -157,9 +160,11 @@ def gradients(
     ctx = distribute.replica_context()
     with tf.name_scope("layergrad"):
         if ctx is not None:
-            return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version), step)
+            return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version), step,
+                              histograms=histograms)
         if not distribute.holds_distributed_values(grads):
-            return write_step(plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version), step)
+            return write_step(plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version), step,
+                              histograms=histograms)
         if replicas == "stats":
             raise ValueError(
                 'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '
@@ -177,7 +182,7 @@ def gradients(
         def gather_and_write() -> None:  # cross-replica: gather now, on a recorded step only
             merged = distribute.merge(grads, strategy)
             plan = plans.from_gradients(merged, target_name, max_elements, buckets, format_version=format_version)
-            write_step(plan, read_step(step), record=True)
+            write_step(plan, read_step(step), record=True, histograms=histograms)
 
         return when(should, gather_and_write, out_of_line=False)
 

@@ -56,6 +56,7 @@ def write_fused(
     writer: Any = None,
     record_if_nonfinite: Any = None,
     group_sizes: Sequence[int] = (),
+    histograms: Any = True,
 ) -> Tuple[tf.Tensor, tf.Tensor]:
     """ONE op: when `record` holds, each tensor's histogram, stats and first-non-finite records.
 
@@ -68,7 +69,8 @@ def write_fused(
     (`kernel.write_histograms_and_stats`). `group_sizes` (format version 2):
     consecutive groups of `infos` (one target and source each), each written
     as one record per kind, its metadata in its tags' first records only
-    (`tag_metadata`).
+    (`tag_metadata`). `histograms` (a bool, or a bool tensor): write the
+    histograms too (a step with a NaN/Inf gets them anyway).
     """
     if group_sizes:
         groups = [metadata.GroupInfo.of(metadata.KIND_STATS, part) for part in _split(infos, group_sizes)]
@@ -99,6 +101,7 @@ def write_fused(
         record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes,
         with_metadata=None if pending is None else pending.needed,
         block_steps=[g.block_steps for g in groups] if group_sizes else (),
+        histograms=tf.convert_to_tensor(histograms, tf.bool),
     )
     if track_nonfinite:
         first_nonfinite.store(variable, slots, after)

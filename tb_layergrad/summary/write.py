@@ -80,20 +80,23 @@ def when(should: Any, fn: Callable[[], None], out_of_line: bool = True) -> tf.Te
     return cond_out_of_line(should, run)
 
 
-def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, flush: bool = False) -> tf.Tensor:
+def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, flush: bool = False,
+               histograms: Any = True) -> tf.Tensor:
     """Write `plan`'s records at `step` if the step is recorded; returns a bool scalar: written.
 
     `record`: None for the default writer's own condition (`tf.summary.record_if`,
     a writer set); else a bool (tensor) saying whether to write, e.g. `fit()`'s
     logging flag. `writer`: None for the default writer, else the writer to
     write to (entered around what TensorFlow's ops write, which flushes it);
-    `flush`: flush after the fused op's records too.
+    `flush`: flush after the fused op's records too. `histograms` (a bool, or
+    a bool tensor): write the histogram records too; when false, the stats
+    only — except at a step where a series holds a NaN/Inf, written in full.
     """
-    return _write_step(plan, step, record, writer, flush, None)[0]
+    return _write_step(plan, step, record, writer, flush, None, histograms)[0]
 
 
 def write_step_checked(plan: Plan, step: Any, record: Any, record_if_nonfinite: Any, writer: Any = None,
-                       flush: bool = False) -> Tuple[tf.Tensor, tf.Tensor]:
+                       flush: bool = False, histograms: Any = True) -> Tuple[tf.Tensor, tf.Tensor]:
     """`write_step`, and a look at every present series for a NaN/Inf at every step, recorded or not.
 
     Returns (written, nonfinite): `nonfinite` [n] bool, one per present series
@@ -102,10 +105,11 @@ def write_step_checked(plan: Plan, step: Any, record: Any, record_if_nonfinite: 
     the first such step of a run is written in full). Where the fused op
     writes, it looks at the tensors itself, in the same pass.
     """
-    return _write_step(plan, step, record, writer, flush, record_if_nonfinite)
+    return _write_step(plan, step, record, writer, flush, record_if_nonfinite, histograms)
 
 
-def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, record_if_nonfinite: Any) -> Tuple[tf.Tensor, tf.Tensor]:
+def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, record_if_nonfinite: Any,
+                histograms: Any = True) -> Tuple[tf.Tensor, tf.Tensor]:
     checking = record_if_nonfinite is not None
     present = [s for s in plan.series if s.present]
     should = recording() if record is None else record
@@ -129,7 +133,7 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
         done, nonfinite = backend.write_fused(
             resource, condition, read_step(step), [s.info for s in fused], [s.data for s in fused], plan.buckets,
             plan.description, flush=flush, track_nonfinite=plan.track_nonfinite, writer=writer,
-            record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes,
+            record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes, histograms=histograms,
         )
         written.append(done)
         flag_of.update(zip(map(id, fused), tf.unstack(nonfinite, len(fused))))
@@ -142,7 +146,7 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
 
         def write_rest() -> None:
             with entered():
-                _write_with_ops(plan, rest, fused, read_step(step))
+                _write_with_ops(plan, rest, fused, read_step(step), histograms)
 
         written.append(when(should, write_rest))
     if not written:
@@ -175,13 +179,20 @@ def series_nonfinite(s: Series) -> tf.Tensor:
     return tf.logical_not(tf.reduce_all(tf.math.is_finite(s.data)))
 
 
-def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor) -> None:
-    """What the fused op did not write, with `tf.summary.write`; then the first-non-finite tracker."""
+def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor, histograms: Any = True) -> None:
+    """What the fused op did not write, with `tf.summary.write`; then the first-non-finite tracker.
+
+    `histograms`: write the histogram records too (a step with a NaN/Inf in these series gets them anyway).
+    """
     reduced = reduced_plan(dataclasses.replace(plan, series=tuple(rest)))
     records = [(s, *(s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)))
                for s in reduced.series]
+    if records and not (isinstance(histograms, bool) and histograms):
+        present = [stat for s, _, stat in records if s.present]
+        if present:  # a NaN/Inf: the step is written in full
+            histograms = tf.logical_or(histograms, tf.reduce_any(first_nonfinite.nonfinite_flags(present)))
     if plan.format_version >= 2:
-        ordered, sizes = _write_groups(records, step, plan.description)
+        ordered, sizes = _write_groups(records, step, plan.description, histograms)
         stat_of = {id(s): stat for s, _, stat in records}
         tracked = [s.info for s in ordered]  # every row of a group, a "no gradient" one never non-finite
         flags = None if not ordered else tf.logical_and(
@@ -190,7 +201,7 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
         tracked, stats, sizes = [], [], ()
         for s, hist, stat in records:
             if not s.stats_only:
-                _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description)
+                _maybe(histograms, lambda s=s, hist=hist: _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description))
             _write(s.info, stat, step, plan.description)
             if s.present:
                 tracked.append(s.info)
@@ -208,7 +219,22 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
         first_nonfinite.track(tracked, flags, step, group_sizes=sizes)
 
 
-def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, description: str) -> Tuple[List[Series], List[int]]:
+def _maybe(condition: Any, write: Callable[[], None]) -> None:
+    """`write()` where `condition` (a bool or a bool tensor) holds."""
+    if isinstance(condition, bool) or tf.executing_eagerly():
+        if bool(condition):
+            write()
+        return
+
+    def run() -> tf.Tensor:
+        write()
+        return tf.constant(True)
+
+    tf.cond(condition, run, lambda: tf.constant(False))
+
+
+def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, description: str,
+                  histograms: Any = True) -> Tuple[List[Series], List[int]]:
     """Format version 2: each (target, source) group's histogram counts and stats as one record each.
 
     Returns the series in the order written, and the group sizes (for the tracker).
@@ -221,16 +247,19 @@ def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, descr
         kinds = [metadata.KIND_STATS] if members[0].stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
         tags = [group.with_kind(k) for k in kinds]
         pending = tag_metadata.pending(tags, step)
+        written = []
         for i, g in enumerate(tags):
             serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString())
             tag = tag_metadata.tag_at(g, pending.firsts[i])
             if g.kind == metadata.KIND_STATS:
                 value = tf.stack([tf.cast(by_series[id(s)][1], tf.float64) for s in members])
                 tf.summary.write(tag, value, step=step, metadata=serialized)
+                written.append(tf.constant(True))
             else:
                 counts = tf.stack([tf.cast(by_series[id(s)][0], tf.float64)[:, 2] for s in members])
-                _write_counts(tag, counts, step, serialized)
-        pending.store(tf.ones([len(tags)], tf.bool))
+                _maybe(histograms, lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized))
+                written.append(tf.convert_to_tensor(histograms, tf.bool))
+        pending.store(tf.stack(written))
         ordered.extend(members)
         sizes.append(len(members))
     return ordered, sizes

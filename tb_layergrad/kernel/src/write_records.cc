@@ -38,6 +38,7 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Input("writer: resource")
     .Input("record: bool")
     .Input("record_if_nonfinite: bool")
+    .Input("record_histograms: bool")
     .Input("step: int64")
     .Input("first_nonfinite: int64")
     .Input("with_metadata: bool")
@@ -65,7 +66,7 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
       c->set_output(0, c->Scalar());
       c->set_output(1, c->MakeShape({n}));
       c->set_output(2, c->MakeShape({n}));
-      c->set_output(3, c->input(5));
+      c->set_output(3, c->input(6));
       return absl::OkStatus();
     })
     .Doc(
@@ -74,7 +75,9 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
         "first_nonfinite step (-1: none yet) with this step if it holds a NaN/Inf and, unless its tags are "
         "empty, writes the int64 [1] first_nonfinite record of each input that has one; flushes the writer "
         "if flush. With check, when record is false, each input is scanned for a NaN/Inf and the records are "
-        "written after all if one holds one and record_if_nonfinite is true. Returns whether it wrote, the "
+        "written after all if one holds one and record_if_nonfinite is true. The histogram records are written only "
+        "when record_histograms is true or an input holds a NaN/Inf (a step so written is written in full). Returns "
+        "whether it wrote, the "
         "updated first_nonfinite steps (the input as it is when nothing was written) and which inputs hold a "
         "NaN/Inf (all false when nothing was recorded or checked). With group_sizes, the inputs form consecutive "
         "groups and each group is one record per kind (stats [L, 12], histogram counts [L, buckets] in the narrowest "
@@ -126,13 +129,15 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
   void Compute(tensorflow::OpKernelContext* ctx) override {
     const tensorflow::Tensor& record = ctx->input(1);
     const tensorflow::Tensor& record_if_nonfinite = ctx->input(2);
-    const tensorflow::Tensor& step = ctx->input(3);
+    const tensorflow::Tensor& record_histograms = ctx->input(3);
+    const tensorflow::Tensor& step = ctx->input(4);
     OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(record.shape()) &&
                          tensorflow::TensorShapeUtils::IsScalar(record_if_nonfinite.shape()) &&
+                         tensorflow::TensorShapeUtils::IsScalar(record_histograms.shape()) &&
                          tensorflow::TensorShapeUtils::IsScalar(step.shape()),
-                absl::InvalidArgumentError("record, record_if_nonfinite and step must be scalars"));
-    const tensorflow::Tensor& firsts_in = ctx->input(4);
-    const tensorflow::Tensor& with_metadata_in = ctx->input(5);
+                absl::InvalidArgumentError("record, record_if_nonfinite, record_histograms and step must be scalars"));
+    const tensorflow::Tensor& firsts_in = ctx->input(5);
+    const tensorflow::Tensor& with_metadata_in = ctx->input(6);
     tensorflow::OpInputList xs;
     OP_REQUIRES_OK(ctx, ctx->input_list("xs", &xs));
     const int num = xs.size();
@@ -174,14 +179,16 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
 
     const int64_t at = step.scalar<int64_t>()();
     auto s = stats.matrix<double>();
+    bool histograms = record_histograms.scalar<bool>()();
     for (int t = 0; t < num; ++t) {
       nonfinite(t) = s(t, kNan) + s(t, kPosInf) + s(t, kNegInf) > 0;
       if (firsts(t) < 0 && nonfinite(t)) firsts(t) = at;
+      histograms |= nonfinite(t);  // a step with a NaN/Inf is written in full
     }
     if (groups_.empty()) {
-      WritePerTensor(ctx, writer.get(), at, hist, stats, *firsts_out);
+      WritePerTensor(ctx, writer.get(), at, hist, stats, *firsts_out, histograms);
     } else {
-      WriteGroups(ctx, writer.get(), at, hist, stats, *firsts_out, with_metadata_in, metadata_out);
+      WriteGroups(ctx, writer.get(), at, hist, stats, *firsts_out, with_metadata_in, metadata_out, histograms);
     }
     if (!ctx->status().ok()) return;
     if (flush_) OP_REQUIRES_OK(ctx, writer->Flush());
@@ -192,13 +199,16 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     int64_t begin, end;  // input tensors [begin, end)
   };
 
-  // Version 1: in tf.summary.write's order, each tensor's histogram, then its stats, then its first step.
+  // Version 1: in tf.summary.write's order, each tensor's histogram (if `histograms`), then its stats, then its
+  // first step.
   void WritePerTensor(tensorflow::OpKernelContext* ctx, tensorflow::SummaryWriterInterface* writer, int64_t at,
                       const tensorflow::Tensor& hist, const tensorflow::Tensor& stats,
-                      const tensorflow::Tensor& firsts_t) {
+                      const tensorflow::Tensor& firsts_t, bool histograms) {
     auto firsts = firsts_t.vec<int64_t>();
     for (int t = 0; t < static_cast<int>(firsts.size()); ++t) {
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, hist.SubSlice(t), histogram_tags_[t], histogram_metadata_[t]));
+      if (histograms) {
+        OP_REQUIRES_OK(ctx, writer->WriteTensor(at, hist.SubSlice(t), histogram_tags_[t], histogram_metadata_[t]));
+      }
       OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.SubSlice(t), stats_tags_[t], stats_metadata_[t]));
       if (first_tags_.empty() || firsts(t) < 0) continue;  // not tracked, or clean so far
       tensorflow::Tensor value(tensorflow::DT_INT64, tensorflow::TensorShape({1}));
@@ -207,11 +217,12 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     }
   }
 
-  // Version 2: each group's histogram counts, then its stats, then (from its first NaN/Inf on) its first steps.
+  // Version 2: each group's histogram counts (if `histograms`), then its stats, then (from its first NaN/Inf on)
+  // its first steps.
   void WriteGroups(tensorflow::OpKernelContext* ctx, tensorflow::SummaryWriterInterface* writer, int64_t at,
                    const tensorflow::Tensor& hist, const tensorflow::Tensor& stats,
                    const tensorflow::Tensor& firsts_t, const tensorflow::Tensor& with_metadata_t,
-                   tensorflow::Tensor* metadata_written_t) {
+                   tensorflow::Tensor* metadata_written_t, bool histograms) {
     auto firsts = firsts_t.vec<int64_t>();
     auto with_metadata = with_metadata_t.vec<bool>();
     auto metadata_written = metadata_written_t->vec<bool>();
@@ -232,9 +243,11 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
         metadata_written(3 * g + kind) = first;
         return first ? serialized : std::string();
       };
-      tensorflow::Tensor counts;
-      OP_REQUIRES_OK(ctx, Counts(ctx, h, group, &counts));
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, counts, histogram_tags_[g] + block, metadata(0, histogram_metadata_[g])));
+      if (histograms) {
+        tensorflow::Tensor counts;
+        OP_REQUIRES_OK(ctx, Counts(ctx, h, group, &counts));
+        OP_REQUIRES_OK(ctx, writer->WriteTensor(at, counts, histogram_tags_[g] + block, metadata(0, histogram_metadata_[g])));
+      }
       OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.Slice(group.begin, group.end), stats_tags_[g] + block,
                                               metadata(1, stats_metadata_[g])));
       if (first_tags_.empty()) continue;
