@@ -464,3 +464,26 @@ def test_one_layer_routes_list_by_tag_once_the_run_was_listed(tb, run, layer):
         assert lists and all(c[3] is not None for c in lists), lists  # never a listing of the whole run
         if run == "eval":  # version 1: the layer's own tag, as before
             assert lists[0][3] == {metadata.make_tag("loss", "output", layer, {"stats": "stats", "histograms": "histogram"}[route])}
+
+
+@pytest.mark.slow
+def test_a_truncated_last_record_is_skipped_by_the_rust_loader_too(tmp_path, twins):
+    """The same cut file as above, served by a real TensorBoard with its Rust data server."""
+    import shutil
+
+    from tensorboard_process import TensorBoardProcess
+
+    logdir, _ = twins
+    shutil.copytree(os.path.join(logdir, "train_v2"), str(tmp_path / "logs" / "cut"))
+    (path,) = glob.glob(str(tmp_path / "logs" / "cut" / "events.out.tfevents.*"))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 7)
+    p = TensorBoardProcess(str(tmp_path / "logs"), str(tmp_path / "tensorboard.log"), load_fast="true")
+    try:
+        p.wait_for_runs({"cut": pf.TRAIN_STEPS[-1]}, timeout=120)
+        assert served(p, "matrix", run="cut", stat="norm")["steps"] == pf.TRAIN_STEPS
+        assert served(p, "stats", run="cut", layer="model/dense")["steps"] == pf.TRAIN_STEPS
+        assert served(p, "anomalies", run="cut")["summary"]["last_step"] == pf.TRAIN_STEPS[-1]
+        assert served(p, "histograms", run="cut", layer="model/dense")["steps"][:-1] == pf.TRAIN_STEPS[:-1]
+    finally:
+        p.stop()
