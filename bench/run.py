@@ -141,8 +141,9 @@ def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[st
 # The three sizes of issue #27: (runs, layers, steps); the first is a real fit() at GradientLogger's defaults.
 FORMAT_SIZES = [(1, 100, 4000), (3, 200, 5000), (1, 50, 100_000)]
 SMOKE_FORMAT_SIZES = [(1, 4, 20), (2, 4, 20), (1, 3, 60)]
-# Version 1 of the largest size (10 million records) is left out: its logdir alone takes most of an hour.
-V1_MAX_RECORDS = 10_000_000
+# Version 1 of the largest size (10 million records) is left out: TensorBoard's Python loader grows past 21 GB
+# on it (this machine has 23) and the Rust one's answers exceed gRPC's 256 MiB.
+V1_MAX_RECORDS = 9_000_000
 # The tab asks for about as many bins as the heatmap has pixels.
 TAB_POINTS = 1000
 

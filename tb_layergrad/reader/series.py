@@ -61,20 +61,43 @@ def read(
     `tags` are read in one call, each of `alone` in a call of its own: a
     version-2 tag holds up to `metadata.BLOCK_BYTES` of records, and the Rust
     data server refuses an answer past 256 MiB, so several such tags in one
-    answer could fail where each alone does not.
+    answer could fail where each alone does not. A call refused as too large
+    (many long version-1 tags) is split in two and retried, down to one tag.
     """
     together = sorted(set(tags) - set(alone))
     out: Dict[str, Sequence[tb_provider.TensorDatum]] = {}
     for chunk in ([together] if together else []) + [[t] for t in sorted(set(alone))]:
+        out.update(_read_split(data_provider, ctx, experiment_id, run, chunk))
+    return out
+
+
+def _read_split(data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, run: str,
+                tags: List[str]) -> Dict[str, Sequence[tb_provider.TensorDatum]]:
+    try:
         result = data_provider.read_tensors(
             ctx,
             experiment_id=experiment_id,
             plugin_name=metadata.PLUGIN_NAME,
             downsample=READ_ALL,
-            run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=chunk),
+            run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
         )
-        out.update(result.get(run, {}))
-    return out
+    except Exception as e:  # noqa: BLE001 - only an answer refused as too large is retried
+        if len(tags) < 2 or not _too_large(e):
+            raise
+        half = len(tags) // 2
+        return {**_read_split(data_provider, ctx, experiment_id, run, tags[:half]),
+                **_read_split(data_provider, ctx, experiment_id, run, tags[half:])}
+    return result.get(run, {})
+
+
+def _too_large(error: Exception) -> bool:
+    """Whether a data provider refused an answer for its size (gRPC's RESOURCE_EXHAUSTED, from the Rust data server)."""
+    code = getattr(error, "code", None)
+    try:
+        name = getattr(code(), "name", "") if callable(code) else ""
+    except Exception:  # noqa: BLE001 - not a gRPC error after all
+        name = ""
+    return name == "RESOURCE_EXHAUSTED" or "RESOURCE_EXHAUSTED" in str(error)
 
 
 def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Optional[int]]) -> bool:
