@@ -136,7 +136,7 @@ class GradientLogger(_Base):
         check_every_step: check every step for a NaN/Inf (see above), not only
             the logged ones.
         format_version: the on-disk layout (docs/FORMAT.md): 2 (default), all
-            layers of a (target, source) in one record per step, a quarter of
+            layers of a (target, source) in one record per step, an eighth of
             version 1's bytes; 1, a record per layer, for readers that know no
             other (kept for one release).
 
