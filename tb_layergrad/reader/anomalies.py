@@ -142,7 +142,7 @@ _ASCII = np.frombuffer((_HEX + NOT_RECORDED).encode("ascii"), dtype=np.uint8)
 def encode_flags(flags_row: np.ndarray, recorded_row: np.ndarray) -> str:
     """One layer's flags as text: a hex digit per step, NOT_RECORDED where there is no record.
 
-    A table lookup over the whole row: a long run has a character per step and layer (100,000 x 50)."""
+    A table lookup over the whole row, not a Python loop: a long run has a character per step and layer."""
     codes = np.where(np.asarray(recorded_row, bool), np.asarray(flags_row, np.int64) & 15, len(_HEX))
     return _ASCII[codes].tobytes().decode("ascii")
 

@@ -81,7 +81,7 @@ def write_fused(
                                (metadata.KIND_FIRST_NONFINITE, ""))
         }
         kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
-        pending = tag_metadata.pending([g.with_kind(k) for g in groups for k in kinds], step, writer)
+        pending = tag_metadata.Pending([g.with_kind(k) for g in groups for k in kinds], step, writer)
     else:
         series = {
             kind: [(info.tag, metadata.create_summary_metadata(info, text).SerializeToString())

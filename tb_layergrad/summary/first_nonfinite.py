@@ -212,7 +212,7 @@ def _write_groups(infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], fi
         begin += size
 
         def write(group=group, values=values) -> tf.Tensor:
-            pending = tag_metadata.pending([group], step)
+            pending = tag_metadata.Pending([group], step)
             serialized = metadata.create_group_metadata(group).SerializeToString()
             tf.summary.write(tag_metadata.tag_at(group, pending.firsts[0]), values, step=step,
                              metadata=tag_metadata.serialized_if(pending.needed[0], serialized))

@@ -74,16 +74,10 @@ def tag_at(group: metadata.GroupInfo, first: tf.Tensor) -> Any:
 
 
 def serialized_if(needed: Any, serialized: bytes) -> Any:
-    """The metadata of a record: `serialized` where `needed` holds, else none (b"")."""
-    if isinstance(needed, bool):
-        return serialized if needed else b""
+    """The metadata of a record: `serialized` where `needed` (a bool tensor) holds, else none (b"")."""
     if tf.executing_eagerly():
         return serialized if bool(needed) else b""
     return tf.where(needed, tf.constant(serialized), tf.constant(b""))
 
 
-def pending(groups: Sequence[metadata.GroupInfo], step: Any, writer: Any = None) -> Pending:
-    return Pending(groups, step, writer)
-
-
-__all__ = ["Pending", "block_start", "pending", "serialized_if", "tag_at"]
+__all__ = ["Pending", "block_start", "serialized_if", "tag_at"]

@@ -246,7 +246,7 @@ def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, descr
         group = metadata.GroupInfo.of(metadata.KIND_STATS, [s.info for s in members])
         kinds = [metadata.KIND_STATS] if members[0].stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
         tags = [group.with_kind(k) for k in kinds]
-        pending = tag_metadata.pending(tags, step)
+        pending = tag_metadata.Pending(tags, step)
         written = []
         for i, g in enumerate(tags):
             serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString())
