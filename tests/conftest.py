@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from console_script import CLI
+
 
 @pytest.fixture(autouse=True)
 def _seed():
@@ -57,10 +59,10 @@ def demo(tmp_path_factory):
     """`tb-layergrad demo --quick`, run once as a real subprocess, and its `tb-layergrad report --format json`."""
     logdir = str(tmp_path_factory.mktemp("demo") / "logs")
     started = time.monotonic()
-    r = subprocess.run(["tb-layergrad", "demo", "--quick", "--logdir", logdir], capture_output=True, text=True, timeout=400)
+    r = subprocess.run([CLI, "demo", "--quick", "--logdir", logdir], capture_output=True, text=True, timeout=400)
     elapsed = time.monotonic() - started
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    rep = subprocess.run(["tb-layergrad", "report", logdir, "--format", "json"], capture_output=True, text=True, timeout=120)
+    rep = subprocess.run([CLI, "report", logdir, "--format", "json"], capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
     doc = json.loads(rep.stdout)
     runs = {r["run"]: r for r in doc["runs"]}

@@ -18,6 +18,8 @@ import urllib.request
 import numpy as np
 import pytest
 
+from console_script import CLI
+
 from tb_layergrad.cli import demo as demo_module
 from tb_layergrad import metadata
 
@@ -129,7 +131,7 @@ def test_the_report_says_where_the_nan_was_born(demo, run):
         records = read_event_files(os.path.join(demo["logdir"], run), source)
         stats = [by_step for (_, kind, _), by_step in records.items() if kind == "stats"]
         assert stats and all(step in by_step for by_step in stats)  # written in full at that step
-    text = subprocess.run(["tb-layergrad", "report", demo["logdir"], "--run", run], capture_output=True, text=True,
+    text = subprocess.run([CLI, "report", demo["logdir"], "--run", run], capture_output=True, text=True,
                           timeout=120).stdout
     assert f"step {step}" in text and pass_ in text and origin in text
 
@@ -144,7 +146,7 @@ def test_exploding_without_clipping_and_not_with_it(demo):
 
 def test_fail_on_nan_exit_status(demo):
     def report(*argv):
-        return subprocess.run(["tb-layergrad", "report", demo["logdir"], *argv], capture_output=True, text=True, timeout=120)
+        return subprocess.run([CLI, "report", demo["logdir"], *argv], capture_output=True, text=True, timeout=120)
 
     bad = report("--run", "nan_log0", "--fail-on", "nan")  # the installed command, as CI calls it
     assert bad.returncode == 3, bad.stderr
