@@ -218,8 +218,9 @@ class RecordingProvider:
 class InProcess:
     """TensorBoardWSGI with only the layergrad plugin, over a MultiplexerDataProvider."""
 
-    def __init__(self, logdir: str, path_prefix: str = "", frontend_root=None, keep: int = 0) -> None:
-        """`keep`: records TensorBoard keeps per series (0: all), as `--samples_per_plugin=layergrad=<keep>`."""
+    def __init__(self, logdir: str, path_prefix: str = "", frontend_root=None, keep: int = 0, read_ahead: bool = False) -> None:
+        """`keep`: records TensorBoard keeps per series (0: all), as `--samples_per_plugin=layergrad=<keep>`.
+        `read_ahead`: the plugin reads the statistics in the background (`plugin.prefetch`), as TensorBoard's does."""
         from tensorboard.backend import application
         from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
         from tensorboard.plugins import base_plugin
@@ -235,7 +236,7 @@ class InProcess:
         self.multiplexer.Reload()
         self.provider = RecordingProvider(data_provider.MultiplexerDataProvider(self.multiplexer, logdir))
         context = base_plugin.TBContext(logdir=logdir, data_provider=self.provider)
-        self.plugin = LayerGradPlugin(context, frontend_root=frontend_root)
+        self.plugin = LayerGradPlugin(context, frontend_root=frontend_root, read_ahead=read_ahead)
         self.app = application.TensorBoardWSGI([self.plugin], data_provider=self.provider, path_prefix=path_prefix)
         self.client = wtest.Client(self.app)
         self.prefix = path_prefix

@@ -31,7 +31,8 @@ CONFIGS = {
     "rust": ("true", []),
     "python": ("false", []),
     "rust_user": ("true", ["--samples_per_plugin", f"layergrad={USER_SAMPLES}"]),
-    "python_user": ("false", ["--samples_per_plugin", f"images=3,layergrad={USER_SAMPLES}"]),
+    # ... and with the plugin's own flag: no reading ahead (`plugin.prefetch`), the routes read on request.
+    "python_user": ("false", ["--samples_per_plugin", f"images=3,layergrad={USER_SAMPLES}", "--layergrad_prefetch=false"]),
 }
 API = "/data/plugin/layergrad/"
 

@@ -9,7 +9,9 @@ nothing at all, so importing the loader stays cheap.
 
 Modules, one job each (the reading itself is `tb_layergrad.reader`'s):
   loader     -- the entry point: flag fixing (keep every step), plugin creation
+  flags      -- the plugin's own flags (`--layergrad_prefetch`)
   plugin     -- the TBPlugin: name, tab, route table
+  prefetch   -- reading the runs' statistics ahead of the tab, in the background
   routes     -- one handler per JSON route (docs/HTTP_API.md)
   bodies     -- the JSON of the `runs` and `anomalies` routes, from the reader's results
   listing    -- `list_tensors` without walking every stored record again (Python loader)

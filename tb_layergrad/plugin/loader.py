@@ -17,6 +17,7 @@ from typing import Any, Dict, Optional
 from tensorboard.plugins import base_plugin
 
 from tb_layergrad.metadata import PLUGIN_NAME
+from tb_layergrad.plugin import flags
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,9 @@ def _parse_samples(value: str) -> Dict[str, int]:
 
 class LayerGradLoader(base_plugin.TBLoader):
     """Keeps every `layergrad` step by default, then builds the plugin."""
+
+    def define_flags(self, parser: Any) -> None:
+        flags.define(parser)
 
     def fix_flags(self, flags: Any) -> None:
         samples = getattr(flags, "samples_per_plugin", None)

@@ -12,6 +12,7 @@ from typing import Callable, Dict, Optional
 from tensorboard.plugins import base_plugin
 
 from tb_layergrad import metadata
+from tb_layergrad.plugin import flags as plugin_flags
 from tb_layergrad.plugin.routes import Routes
 from tb_layergrad.plugin.static import Root, StaticFiles
 
@@ -24,10 +25,17 @@ class LayerGradPlugin(base_plugin.TBPlugin):
 
     plugin_name = metadata.PLUGIN_NAME
 
-    def __init__(self, context: base_plugin.TBContext, *, frontend_root: Optional[Root] = None) -> None:
-        """`frontend_root` overrides the folder of static files (tests)."""
+    def __init__(self, context: base_plugin.TBContext, *, frontend_root: Optional[Root] = None,
+                 read_ahead: Optional[bool] = None) -> None:
+        """`frontend_root` overrides the folder of static files (tests). `read_ahead`: read the runs'
+        statistics in the background (`prefetch`); None: as `--layergrad_prefetch` says, off without flags."""
+        if read_ahead is None:
+            read_ahead = bool(getattr(getattr(context, "flags", None), plugin_flags.PREFETCH, False))
         self._routes = Routes(
-            context.data_provider, StaticFiles(frontend_root), multiplexer=getattr(context, "multiplexer", None)
+            context.data_provider,
+            StaticFiles(frontend_root),
+            multiplexer=getattr(context, "multiplexer", None),
+            read_ahead=read_ahead,
         )
 
     def get_plugin_apps(self) -> Dict[str, Callable]:

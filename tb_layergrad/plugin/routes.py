@@ -20,7 +20,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import binned, bodies, listing, params
+from tb_layergrad.plugin import binned, bodies, listing, params, prefetch
 from tb_layergrad.plugin.responses import (
     count_list,
     csv_number,
@@ -91,16 +91,24 @@ class LayerQuery:
 class Routes:
     """Handlers bound to one data provider; each is a WSGI app (see `json_errors`)."""
 
-    def __init__(self, data_provider: tb_provider.DataProvider, static: StaticFiles, multiplexer: object = None) -> None:
-        """`multiplexer`: `TBContext.multiplexer`, for listing without a walk of every record (`listing`)."""
+    def __init__(self, data_provider: tb_provider.DataProvider, static: StaticFiles, multiplexer: object = None,
+                 read_ahead: bool = False) -> None:
+        """`multiplexer`: `TBContext.multiplexer`, for listing without a walk of every record (`listing`).
+        `read_ahead`: read the runs' statistics in the background (`prefetch.StatsPrefetcher`)."""
         self._provider = data_provider
         self._lister = listing.TensorLister(data_provider, multiplexer)
         self._static = static
         self._stats = StatsStore(data_provider)
+        self._prefetch: Optional[prefetch.StatsPrefetcher] = None
+        if read_ahead:
+            self._prefetch = prefetch.StatsPrefetcher(self._stats, self._lister)
+            self._prefetch.start()
 
     # -- helpers ---------------------------------------------------------------
 
     def _where(self, request: wrappers.Request) -> Tuple[object, str]:
+        if self._prefetch is not None:
+            self._prefetch.request_seen()
         return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
     def _run_catalog(self, request: wrappers.Request, run: str) -> catalog.RunCatalog:

@@ -144,6 +144,16 @@ class UnitedGroup:
         return GroupRows(r.steps[a:b], r.wall_times[a:b], r.table[a:b])
 
 
+def column_major(steps: int, rows: int) -> np.ndarray:
+    """An empty [steps, rows, fields] table laid out so that one layer's one statistic over all steps is contiguous.
+
+    Why: the routes read a group column by column (a statistic of a layer, derived ones computed from
+    several); in step-major order each of those values sits a whole record apart, so every column touched
+    the whole table's memory. Filling this layout costs little more than a plain copy.
+    """
+    return np.empty([rows, len(series.STORED_STATS), steps], np.float64).transpose(2, 0, 1)
+
+
 def unite(blocks: Dict[str, Union[GroupRows, series.Points]], versions: Dict[str, "_Version"], rows: int) -> UnitedGroup:
     """Blocks of one group, ordered by their first step (their step ranges are disjoint), copied once into
     one table: a block read now (`series.Points` of [layers, STAT_FIELDS] records) or one kept (`GroupRows`)."""
@@ -154,7 +164,7 @@ def unite(blocks: Dict[str, Union[GroupRows, series.Points]], versions: Dict[str
         at = spans[t][1]
     for t in blocks:
         spans.setdefault(t, (at, at))  # an empty block: no rows
-    table = np.empty([at, rows, len(series.STORED_STATS)], np.float64)
+    table = column_major(at, rows)
     for t in order:
         a, b = spans[t]
         block = blocks[t]
@@ -197,6 +207,64 @@ class StatsStore:
         self._lock = threading.Lock()
         self._tables: "collections.OrderedDict[_Key, Tuple[_Version, _Rows]]" = collections.OrderedDict()
         self._bytes = 0
+        # One reader of a run at a time: a request that arrives while the run is being read (by another
+        # request, or by `plugin.prefetch` in the background) waits for that read and uses it, instead of
+        # converting the same records a second time on the same cores.
+        self._run_locks: Dict[Tuple[str, str], threading.Lock] = {}
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the tables kept now."""
+        with self._lock:
+            return self._bytes
+
+    def holds(self, experiment_id: str, run: str) -> bool:
+        """Whether any table of the run is kept (it was read before, and not dropped since)."""
+        with self._lock:
+            return any(k[0] == experiment_id and k[1] == run for k in self._tables)
+
+    def is_current(self, experiment_id: str, run: str, stats_series: Sequence[catalog.Series]) -> bool:
+        """Whether `read` of these series would find every table kept and current (no read at all)."""
+        parts = {p.tag: p for s in stats_series for p in s.parts}
+        groups: Dict[str, Dict[str, "_Version"]] = {}
+        for t, p in parts.items():
+            if p.grouped:
+                groups.setdefault(p.group, {})[t] = _version(p)
+        with self._lock:
+            singles = [(t, p) for t, p in parts.items() if not p.grouped]
+            if any((self._tables.get((experiment_id, run, t)) or (None,))[0] != _version(p) for t, p in singles):
+                return False
+            return all(k in self._tables and self._tables[k][1].versions == want
+                       for k, want in (((experiment_id, run, g), w) for g, w in groups.items()))
+
+    def holds_all(self, experiment_id: str, run: str, stats_series: Sequence[catalog.Series]) -> bool:
+        """Whether every part of these series is kept as listed (a group may hold more blocks besides)."""
+        with self._lock:
+            for s in stats_series:
+                for p in s.parts:
+                    hit = self._tables.get((experiment_id, run, p.group if p.grouped else p.tag))
+                    held = None if hit is None else (hit[1].versions.get(p.tag) if p.grouped else hit[0])
+                    if held != _version(p):
+                        return False
+        return True
+
+    def read_ahead(self, ctx: object, experiment_id: str, run: str, stats_series: Sequence[catalog.Series]) -> bool:
+        """Read what of these series is not kept as listed; False if all was (then a group keeps any block it
+        holds besides, say the last one a request read). Whether to read is decided under the run's lock, so
+        a request that read the run meanwhile is not undone."""
+        with self._run_lock(experiment_id, run):
+            if self.holds_all(experiment_id, run, stats_series):
+                return False
+            self._read(ctx, experiment_id, run, stats_series, None, None)
+            return True
+
+    def _run_lock(self, experiment_id: str, run: str) -> threading.Lock:
+        with self._lock:
+            return self._run_locks.setdefault((experiment_id, run), threading.Lock())
 
     def read(
         self,
@@ -208,6 +276,18 @@ class StatsStore:
         end: Optional[int] = None,
     ) -> Dict[catalog.SeriesKey, StatsRows]:
         """`{series key: StatsRows}` of the given stats series of one run, within [start, end]."""
+        with self._run_lock(experiment_id, run):
+            return self._read(ctx, experiment_id, run, stats_series, start, end)
+
+    def _read(
+        self,
+        ctx: object,
+        experiment_id: str,
+        run: str,
+        stats_series: Sequence[catalog.Series],
+        start: Optional[int],
+        end: Optional[int],
+    ) -> Dict[catalog.SeriesKey, StatsRows]:
         parts = {p.tag: p for s in stats_series for p in s.parts}
         singles = {t: p for t, p in parts.items() if not p.grouped}
         groups: Dict[str, Dict[str, catalog.Part]] = {}
@@ -237,9 +317,10 @@ class StatsStore:
                 for t, p in blocks.items():
                     if old is None or old.versions.get(t) != want[t]:
                         missing[t] = p
-        if missing:
-            data = series.read(self._provider, ctx, experiment_id, run, list(missing),
-                               alone=[t for t, p in missing.items() if p.grouped])
+        # A stale group may lack nothing: it holds a block no longer listed (a reload dropped it); rebuilt all the same.
+        data = series.read(self._provider, ctx, experiment_id, run, list(missing),
+                           alone=[t for t, p in missing.items() if p.grouped]) if missing else {}
+        if missing or stale:
             with self._lock:
                 for tag, p in missing.items():
                     if not p.grouped:
