@@ -175,10 +175,11 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
             if version == 1 and runs * layers * steps * 2 > V1_MAX_RECORDS:
                 continue
             logdirs.append(((runs, layers, steps), version, synthetic(runs, layers, steps, version), steps - 1))
-    lines += ["", "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; cold: first)\n",
-              "| runs x layers x steps | version | loader | start-up | loaded after start-up | RSS | listing | flow matrix "
-              "(cold) | layer stats | anomalies | 3-run compare | slowest cold route |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; first requests)\n",
+              "| runs x layers x steps | version | loader | start-up | loaded after start-up | statistics read ahead after "
+              "loading | RSS | listing | flow matrix (first) | layer stats | anomalies | 3-run compare | slowest first "
+              "request, read ahead | slowest first request, nothing read ahead |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (runs, layers, steps), version, logdir, last in logdirs:
         for loader in loaders:
             points = TAB_POINTS if steps > TAB_POINTS else None
@@ -187,7 +188,7 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
                 m = tab_latency.measure(logdir, runs, layers, steps, loader, last_step=last, points=points)
             except Exception as e:  # noqa: BLE001 - one case failing must not lose the others' figures
                 lines.append(f"| {runs} x {layers} x {steps} | {version} | {name} | failed: {type(e).__name__}: "
-                             f"{str(e)[:120]} |" + " |" * 9)
+                             f"{str(e)[:120]} |" + " |" * 11)
                 print("  " + lines[-1], flush=True)
                 continue
             figures.setdefault("format_tab", {})[(runs, layers, steps, version, loader)] = m
@@ -196,9 +197,9 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
             ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
             lines.append(
                 f"| {runs} x {layers} x {steps} | {version} | {name} | {m['startup_s']:.1f} s | "
-                f"{m['load_s'] - m['startup_s']:.1f} s | {m['rss_mb']:.0f} MB | {ms(m['listing_s'])} | "
+                f"{m['load_s'] - m['startup_s']:.1f} s | {m['read_ahead_s']:.1f} s | {m['rss_mb']:.0f} MB | {ms(m['listing_s'])} | "
                 f"{ms(m['matrix_s'])} ({ms(m['matrix_cold_s'])}) | {ms(m['layer_stats_s'])} | {ms(m['anomalies_s'])} | "
-                f"{ms(m['compare_s'])} | {ms(m['slowest_cold_s'])} |"
+                f"{ms(m['compare_s'])} | {ms(m['slowest_cold_s'])} | {ms(m['slowest_cold_unread_s'])} |"
             )
             print("  " + lines[-1], flush=True)
         shutil.rmtree(logdir, ignore_errors=True)
@@ -231,8 +232,10 @@ def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
             what = f"{sizes[2][0]} x {sizes[2][1]} x {sizes[2][2]}, {'Rust' if loader == 'true' else 'Python'}"
             rows.append(f"| {what}: slowest route (warm median) | <= 2 s | {worst:.2f} s | {'met' if worst <= 2 else 'NOT met'} |")
             cold = m["slowest_cold_s"]
-            rows.append(f"| {what}: slowest first request (cold: the run's statistics read) | <= 2 s | {cold:.2f} s | "
-                        f"{'met' if cold <= 2 else 'NOT met'} |")
+            rows.append(f"| {what}: slowest first request, statistics read ahead ({m['read_ahead_s']:.1f} s after "
+                        f"loading) | <= 2 s | {cold:.2f} s | {'met' if cold <= 2 else 'NOT met'} |")
+            rows.append(f"| {what}: slowest first request right after loading, nothing read ahead "
+                        f"(`--layergrad_prefetch=false`) | – | {m['slowest_cold_unread_s']:.2f} s | – |")
     if not rows:
         return []
     return ["### Targets (issue 27) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]

@@ -5,6 +5,10 @@ every run is loaded, then times (warm: each route asked once before timing) the
 routes the tab calls: the run/layer listing, the gradient-flow matrix, one
 layer's detail (stats + histograms) and a 3-run comparison. Also reads the
 resident memory of TensorBoard and its data-server child.
+
+First requests ("cold") are timed twice: once the plugin has read the runs' statistics ahead (the `runs`
+route says `statistics_read`; how long after loading that took is reported too), and, in a second
+process started with `--layergrad_prefetch=false`, right after loading with nothing read ahead.
 """
 from __future__ import annotations
 
@@ -45,8 +49,8 @@ def _rss_mb(pid: int) -> float:
 class TensorBoard:
     """The routes of one `tensorboard` process that loads the logdir once (no reload while timing)."""
 
-    def __init__(self, logdir: str, load_fast: str):
-        self.process = TensorBoardProcess(logdir, None, load_fast=load_fast, reload_interval=0)
+    def __init__(self, logdir: str, load_fast: str, extra: Optional[List[str]] = None):
+        self.process = TensorBoardProcess(logdir, None, load_fast=load_fast, reload_interval=0, extra=extra)
 
     def get(self, route: str, query: Optional[Dict] = None, timeout: float = 600) -> Tuple[int, bytes]:
         path = PLUGIN_API + route + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
@@ -64,6 +68,17 @@ class TensorBoard:
 
         self.process.wait_until(loaded, f"{runs} runs up to step {last_step}", timeout, interval=0.2)
         return started, time.time() - start
+
+    def wait_statistics_read(self, timeout: float) -> float:
+        """Seconds until the `runs` route says every run's statistics are read ahead (`plugin.prefetch`)."""
+        start = time.time()
+
+        def read(_) -> bool:
+            code, body = self.get("runs", timeout=30)
+            return code == 200 and all(r["statistics_read"] for r in json.loads(body)["runs"])
+
+        self.process.wait_until(read, "the statistics read ahead", timeout, interval=0.1)
+        return time.time() - start
 
     def stop(self) -> None:
         self.process.stop()
@@ -97,6 +112,7 @@ def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, rep
     cold: Dict[str, float] = {}
     try:
         startup_s, load_s = tb.wait_loaded(runs, steps - 1 if last_step is None else last_step, timeout)
+        read_ahead_s = tb.wait_statistics_read(timeout)
         listing = json.loads(tb.get("runs")[1])
         run0 = listing["runs"][0]
         layer = run0["layers"][len(run0["layers"]) // 2]["layer"]
@@ -104,6 +120,7 @@ def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, rep
         out = {
             "startup_s": startup_s,
             "load_s": load_s,
+            "read_ahead_s": read_ahead_s,
             "listing_s": time_route(tb, "runs", {}, repeats),
             "matrix_s": time_route(tb, "matrix", {"run": run0["run"], "stat": "norm", **binned}, repeats, cold),
             "layer_stats_s": time_route(tb, "stats", {"run": run0["run"], "layer": layer, **binned}, repeats, cold),
@@ -115,6 +132,31 @@ def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, rep
         out["layer_detail_s"] = out["layer_stats_s"] + out["layer_histograms_s"]
         out["matrix_cold_s"] = cold["matrix"]  # the first read of the run's statistics
         out["slowest_cold_s"] = max(cold.values())
-        return out
+    finally:
+        tb.stop()
+    out["slowest_cold_unread_s"] = max(first_requests_unread(logdir, runs, steps, load_fast, timeout, last_step, points).values())
+    return out
+
+
+def first_requests_unread(logdir: str, runs: int, steps: int, load_fast: str, timeout: float,
+                          last_step: Optional[int] = None, points: Optional[int] = None) -> Dict[str, float]:
+    """The first requests of the overview and a layer right after loading, with nothing read ahead
+    (`--layergrad_prefetch=false`): what the statistics' first read costs the request that makes it."""
+    tb = TensorBoard(logdir, load_fast, extra=["--layergrad_prefetch=false"])
+    binned = {} if points is None else {"points": points}
+    try:
+        tb.wait_loaded(runs, steps - 1 if last_step is None else last_step, timeout)
+        run0 = json.loads(tb.get("runs")[1])["runs"][0]
+        layer = run0["layers"][len(run0["layers"]) // 2]["layer"]
+        cold: Dict[str, float] = {}
+        for route, query in (("matrix", {"run": run0["run"], "stat": "norm", **binned}),
+                             ("stats", {"run": run0["run"], "layer": layer, **binned}),
+                             ("anomalies", {"run": run0["run"]})):
+            start = time.perf_counter()
+            code, body = tb.get(route, query)
+            cold[route] = time.perf_counter() - start
+            if code != 200:
+                raise RuntimeError(f"{route} {query} -> {code}: {body[:200]!r}")
+        return cold
     finally:
         tb.stop()

@@ -60,9 +60,14 @@ def settle(pre: prefetch.StatsPrefetcher):
 def test_after_two_passes_no_route_reads_a_record(logdir):
     tb = InProcess(logdir)
     pre = prefetch.StatsPrefetcher(tb.plugin._routes._stats, tb.plugin._routes._lister)  # noqa: SLF001 - the plugin's own store
+    def statistics_read():
+        return {r["run"]: r["statistics_read"] for r in get_json(tb, "runs", {})["runs"]}
+
+    assert statistics_read() == {"long": False, "old_v1": False, "short": False}
     first, second = settle(pre)
     assert first == []  # every tag is new: it may still be being written
     assert sorted(second) == ["long", "old_v1", "short"]
+    assert statistics_read() == {"long": True, "old_v1": True, "short": True}
     before = reads(tb)
     for run in ("long", "short", "old_v1"):
         body = get_json(tb, "matrix", {"run": run, "stat": "norm"})
@@ -84,7 +89,9 @@ def test_blocks_a_later_block_follows_are_read_at_once_the_last_once_it_stops_ch
     assert sorted(int(t.rsplit("/", 1)[1]) for t in united.versions) == [0, 16, 32]
     group = next(iter(united.versions)).rsplit("/", 1)[0]
     calls = len(tb.provider.calls)
+    assert get_json(tb, "runs", {})["runs"][0]["statistics_read"] is False  # the last block is not held yet
     assert len(get_json(tb, "matrix", {"run": "blocks", "stat": "norm"})["steps"]) == 50
+    assert get_json(tb, "runs", {})["runs"][0]["statistics_read"] is True
     assert [c[3] for c in tb.provider.calls[calls:] if c[0] == "read_tensors"] == [frozenset({group + "/48"})]
     assert pre.warm_once() == []  # the request read the last block; nothing left to read ahead
 

@@ -6,26 +6,27 @@ added by `responses.json_response`).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin.responses import finite_or_none, float_list
 from tb_layergrad.reader import anomalies, catalog, series
 
 
-def runs_body(cat: catalog.Catalog) -> dict:
-    """The `runs` route: the statistics' names, then every run of the catalog with its layers."""
+def runs_body(cat: catalog.Catalog, statistics_read: Callable[[catalog.RunCatalog], bool]) -> dict:
+    """The `runs` route: the statistics' names, then every run of the catalog with its layers.
+    `statistics_read`: whether the plugin holds a run's statistics as listed (docs/HTTP_API.md)."""
     return {
         "format_version": metadata.FORMAT_VERSION,
         "stats": list(series.ALL_STATS),
         "stored_stats": list(series.STORED_STATS),
         "default_stat": series.DEFAULT_STAT,
-        "runs": [describe_run(rc) for rc in cat.runs.values()],
+        "runs": [describe_run(rc, statistics_read(rc)) for rc in cat.runs.values()],
         "warnings": cat.warnings,
     }
 
 
-def describe_run(rc: catalog.RunCatalog) -> dict:
+def describe_run(rc: catalog.RunCatalog, statistics_read: bool) -> dict:
     all_series = rc.series
     max_steps = [s.max_step for s in all_series if s.max_step is not None]
     max_walls = [s.max_wall_time for s in all_series if s.max_wall_time is not None]
@@ -34,6 +35,7 @@ def describe_run(rc: catalog.RunCatalog) -> dict:
         "format_versions": rc.format_versions(),
         "max_step": max(max_steps) if max_steps else None,
         "max_wall_time": finite_or_none(max(max_walls)) if max_walls else None,
+        "statistics_read": statistics_read,
         "targets": rc.targets(),
         "sources": rc.sources(),
         "activations": rc.has_activations(),

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 # TensorBoard has just loaded is read within about this long, before a person has opened the tab.
 DEFAULT_INTERVAL = 1.0
 DEFAULT_IDLE_AFTER = 600.0
+LISTING_DUTY = 10  # wait at least this many times as long as the last pass's listing took
 
 
 def estimated_bytes(stats_series: List[catalog.Series]) -> int:
@@ -84,6 +85,7 @@ class StatsPrefetcher:
         self._last_request = clock()  # TensorBoard's start counts as use: the tab is usually opened next
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._listing_seconds = 0.0
         self._listed: Dict[str, Dict[str, Tuple[Optional[int], Optional[float]]]] = {}  # run -> tag -> version, last pass
 
     def start(self) -> None:
@@ -103,7 +105,9 @@ class StatsPrefetcher:
     def warm_once(self) -> List[str]:
         """One pass: read the runs that changed and fit; returns the runs read."""
         ctx = tb_context.RequestContext()
+        started = self._clock()
         cat = catalog.load(self._lister, ctx, self._experiment_id)
+        self._listing_seconds = self._clock() - started
         idle = self._clock() - self._last_request > self._idle_after
         newest_first = sorted(cat.runs.values(), key=lambda rc: -_latest_wall_time(rc))
         read = []
@@ -152,7 +156,8 @@ class StatsPrefetcher:
                     logger.debug("layergrad: read ahead the statistics of %d runs", len(runs))
             except Exception:  # noqa: BLE001 - a failed pass (a data server starting, a file being cut) is retried
                 logger.debug("layergrad: reading ahead failed; retrying in %.1f s", self._interval, exc_info=True)
-            self._stop.wait(self._interval)
+            # A logdir of very many tags makes the listing itself cost: it gets at most a tenth of a core.
+            self._stop.wait(max(self._interval, LISTING_DUTY * self._listing_seconds))
 
 
 def _latest_wall_time(rc: catalog.RunCatalog) -> float:

@@ -185,7 +185,12 @@ class Routes:
         if run is not None:
             cat.run(run)  # 404 if unknown
         cat = layer_points.without_clean_hints(self._provider, ctx, eid, cat)
-        return json_response(request, bodies.runs_body(cat))
+
+        def statistics_read(rc: catalog.RunCatalog) -> bool:
+            stats = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
+            return bool(stats) and self._stats.is_current(eid, rc.run, stats)
+
+        return json_response(request, bodies.runs_body(cat, statistics_read))
 
     @json_errors
     def matrix(self, request: wrappers.Request) -> wrappers.Response:
