@@ -15,6 +15,10 @@ and a reason, never an approximation.
   Embedding        Lookup(ids, δ at the output): repeated ids in one example share one row
   LayerNorm        gamma: Σ_t x̂_t ⊙ δ_t, beta: Σ_t δ_t, δ at the output, x̂ recomputed from the input
                    with the layer's axis and epsilon. rms_scaling: unsupported
+  BatchNorm        in inference only (moving statistics: a per-example affine map), as LayerNorm with
+                   x̂ = (x - moving_mean) / sqrt(moving_variance + epsilon). In training mode it couples
+                   the examples: flagged by the caller, never computed (`couples_examples`).
+                   renorm / virtual batches (tf_keras): unsupported
 
 A rule applies only when the class whose `call` runs is the rule's own (a subclass that overrides
 `call` may compute anything), when the layer is not quantized (`quantization_mode` set), and only to
@@ -89,6 +93,8 @@ class Rule:
             raise Unsupported("LayerNormalization(rms_scaling=True)")
         if self.name == "EinsumDense":
             _einsum_split(layer.equation)
+        if self.name == "BatchNormalization" and (getattr(layer, "renorm", False) or getattr(layer, "virtual_batch_size", None)):
+            raise Unsupported("BatchNormalization with renorm or virtual batches")
 
     def factors(self, layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
         """role -> factor of one call, from the call's first input and δ (see the module docstring)."""
@@ -101,6 +107,8 @@ RULES = (
     Rule("Conv", ("Conv1D", "Conv2D"), ("Conv1D", "Conv2D", "BaseConv", "Conv"), ("kernel", "bias"), True),
     Rule("Embedding", ("Embedding",), ("Embedding",), ("embeddings",), False),
     Rule("LayerNormalization", ("LayerNormalization",), ("LayerNormalization",), ("gamma", "beta"), False),
+    Rule("BatchNormalization", ("BatchNormalization",), ("BatchNormalization", "BatchNormalizationBase"),
+         ("gamma", "beta"), False),
 )
 
 
@@ -221,7 +229,12 @@ def _layer_norm(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     if 0 in axes:
         raise Unsupported("LayerNormalization over the batch axis couples examples")
     mean, var = tf.nn.moments(x, axes=axes, keepdims=True)
-    x_hat = (x - mean) * tf.math.rsqrt(var + float(layer.epsilon))
+    return _scale_and_offset(x, (x - mean) * tf.math.rsqrt(var + float(layer.epsilon)), delta, axes)
+
+
+def _scale_and_offset(x: Any, x_hat: Any, delta: Any, axes: List[int]) -> Dict[str, Factor]:
+    """gamma: Σ over the other (non-batch) axes of x̂ ⊙ δ; beta: of δ. `axes`: the axes gamma spans."""
+    rank = x.shape.rank
     others = [i for i in range(1, rank) if i not in axes]
     perm = [0] + others + axes
     k = math.prod(int(x.shape[i]) for i in axes)
@@ -233,10 +246,26 @@ def _layer_norm(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     return {"gamma": per_position(x_hat * d), "beta": per_position(d)}
 
 
+def _batch_norm_inference(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
+    x = _f32(inputs)
+    rank = x.shape.rank
+    axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
+    axes = sorted({int(ax) % rank for ax in axis})
+    if 0 in axes:
+        raise Unsupported("BatchNormalization whose feature axis is the batch axis")
+    shape = [1] * rank
+    for ax in axes:
+        shape[ax] = int(x.shape[ax])
+    mean = tf.reshape(tf.cast(layer.moving_mean, x.dtype), shape)
+    var = tf.reshape(tf.cast(layer.moving_variance, x.dtype), shape)
+    return _scale_and_offset(x, (x - mean) * tf.math.rsqrt(var + float(layer.epsilon)), delta, axes)
+
+
 _FACTORS = {
     "Dense": _dense,
     "EinsumDense": _einsum,
     "Conv": _conv,
     "Embedding": _embedding,
     "LayerNormalization": _layer_norm,
+    "BatchNormalization": _batch_norm_inference,
 }

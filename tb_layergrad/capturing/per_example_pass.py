@@ -18,7 +18,7 @@ the reason.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -135,14 +135,14 @@ class PerExamplePass:
         """The [B] norms of one variable, or the reason there are none."""
         if owner.index not in self.rules:
             return f"layer {owner.path} is not captured: include it in layers= for its per-example norms"
+        calls = [c for c in self.calls if c.node is owner]
+        if calls and min(c.seq for c in calls) < boundary:
+            return coupled_reason
         rule, reason = self.rules[owner.index]
         if rule is None:
             return str(reason)
-        calls = [c for c in self.calls if c.node is owner]
         if not calls:
             return f"layer {owner.path} was not called inside the capture"
-        if min(c.seq for c in calls) < boundary:
-            return coupled_reason
         role = short_name(var)
         if role not in rule.roles:
             return f"{type(owner.layer).__name__} variable {role!r} has no per-example rule (e.g. LoRA)"
