@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import keras
-from keras import layers
-
 import tb_layergrad
 from tb_layergrad.capturing import ghost_norm
 from tb_layergrad.capturing.layer_tree import LayerTree
 
-MODES = ["eager", "function"]
+keras = tf.keras  # Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1 (as tests/fit_helpers.py)
+layers = keras.layers
+TF_KERAS = keras.Model.__module__.startswith("tf_keras")
+
+MODES = ["eager", "function", "xla"]
 RTOL = 1e-4
 
 
@@ -37,7 +38,7 @@ def _per_example(model, x, y, mode, training=False, **kw):
                 loss = mse(y, model(x, training=training))
         return cap.per_example_norms(tape, loss)
 
-    fn = step if mode == "eager" else tf.function(step)
+    fn = step if mode == "eager" else tf.function(step, jit_compile=mode == "xla")
     return fn(x, y)
 
 
@@ -183,7 +184,7 @@ def test_norms_equal_one_tape_per_example(kind, mode):
 # -- the same backward pass, and the API around it -----------------------------------------------
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", ["eager", "function"])  # XLA: see test_capture.py's neutrality test
 def test_model_outputs_and_weight_gradients_unchanged_bitwise(mode):
     """The pre-activation observer and the extra δ sources leave the forward and backward bits alone."""
     for kind in ("mlp", "sequence", "cnn2d", "layer_norm"):
@@ -229,6 +230,24 @@ def test_non_persistent_tape_one_call_serves_both():
     norms = cap.per_example_norms(tape, loss)  # the other order
     assert cap.last_gradients.per_example is norms
     assert len(cap.last_gradients.variable_gradients) == len(model.trainable_variables)
+
+
+def test_gradient_map_carries_per_example_out_of_a_tf_function():
+    model, x, y = mlp()
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, tape=tape, weights=True, per_example=True) as cap:
+                loss = mse(y, model(x))
+        return cap.gradients(tape, loss)
+
+    grads = step(x, y)
+    eager = _per_example(model, x, y, "eager")
+    assert set(grads.per_example) == set(eager) and grads.per_example.complete
+    for path in eager:
+        np.testing.assert_allclose(grads.per_example[path].numpy(), eager[path].numpy(), rtol=RTOL)
+    assert grads.with_entries({}).per_example is grads.per_example
 
 
 def test_gradients_unchanged_without_per_example():
@@ -361,6 +380,7 @@ def test_subclass_that_overrides_call_is_unsupported():
     assert "Doubled" in got.unsupported["m/dbl/kernel"]
 
 
+@pytest.mark.skipif(TF_KERAS, reason="tf_keras has no LoRA")
 def test_lora_variables_are_unsupported_bias_is_not():
     inp = keras.Input((4,))
     dense = layers.Dense(3, name="d")
