@@ -17,6 +17,7 @@ import tensorflow as tf
 import tb_layergrad
 from tb_layergrad.capturing import ghost_norm
 from tb_layergrad.capturing.layer_tree import LayerTree
+from tb_layergrad.capturing.per_example import PATCHES_BY_CONVOLUTION
 
 keras = tf.keras  # Keras 3, or tf_keras under TF_USE_LEGACY_KERAS=1 (as tests/fit_helpers.py)
 layers = keras.layers
@@ -108,18 +109,21 @@ def sequence():
 
 
 def cnn1d():
+    """Patch lengths 9 and 15 (identity-kernel convolution) and 72 (extract_patches)."""
     inp = keras.Input((12, 3))
     h = layers.Conv1D(5, 3, padding="causal", dilation_rate=2, activation="relu", name="causal")(inp)
-    h = layers.Conv1D(6, 3, strides=2, padding="same", activation="tanh", name="strided")(h)
-    h = layers.Conv1D(4, 2, padding="valid", use_bias=False, name="valid")(h)
+    h = layers.Conv1D(24, 3, strides=2, padding="same", activation="tanh", name="strided")(h)
+    h = layers.Conv1D(4, 3, padding="valid", use_bias=False, name="valid")(h)
+    assert 15 <= PATCHES_BY_CONVOLUTION < 72
     out = layers.Dense(2, name="head")(layers.Flatten(name="flat")(h))
     return keras.Model(inp, out, name="cnn1d"), tf.random.normal([4, 12, 3]), tf.random.normal([4, 2])
 
 
 def cnn2d():
+    """Patch lengths 18 and 20 (identity-kernel convolution) and 72 (extract_patches)."""
     inp = keras.Input((9, 9, 2))
-    h = layers.Conv2D(4, 3, strides=2, padding="same", activation="relu", name="same_s2")(inp)
-    h = layers.Conv2D(5, (2, 3), padding="valid", activation="tanh", name="valid")(h)
+    h = layers.Conv2D(8, 3, strides=2, padding="same", activation="relu", name="same_s2")(inp)
+    h = layers.Conv2D(5, (3, 3), padding="valid", activation="tanh", name="valid")(h)
     h = layers.Conv2D(3, 2, dilation_rate=2, padding="same", name="dilated")(h)
     out = layers.Dense(2, name="head")(layers.GlobalAveragePooling2D(name="pool")(h))
     return keras.Model(inp, out, name="cnn2d"), tf.random.normal([4, 9, 9, 2]), tf.random.normal([4, 2])
