@@ -100,6 +100,7 @@ def sequence():
     h = layers.Dense(32, activation="tanh", name="wide")(h)  # T=5, p=4, q=32: explicit
     h = layers.Dense(32, activation="relu", name="square")(h)  # T=5, p=32, q=32: ghost
     h = layers.EinsumDense("abc,cde->abde", output_shape=(5, 2, 8), bias_axes="de", activation="tanh", name="heads")(h)
+    h = layers.EinsumDense("abde,ef->abdf", output_shape=(5, 2, 8), bias_axes="d", name="per_head")(h)  # bias (2, 1)
     h = layers.EinsumDense("abcd,cde->abe", output_shape=(5, 7), bias_axes="e", name="merge")(h)
     h = layers.EinsumDense("...d,de->...e", output_shape=(3,), bias_axes="e", name="ell")(h)
     out = layers.Dense(2, name="head")(layers.GlobalAveragePooling1D(name="pool")(h))
@@ -396,6 +397,19 @@ def test_lora_variables_are_unsupported_bias_is_not():
     assert lora and lora == set(got.unsupported)
     want = _reference(model, x, y)
     np.testing.assert_allclose(got["m/d/bias"].numpy(), want["m/d/bias"], rtol=RTOL)
+
+
+def test_quantized_layer_is_unsupported():
+    inp = keras.Input((4,))
+    dense = layers.Dense(3, name="d")
+    model = keras.Model(inp, layers.Dense(2, name="head")(dense(inp)), name="m")
+    if not hasattr(dense, "quantize"):
+        pytest.skip("this Keras has no quantization")
+    dense.quantize("int8")
+    got = _per_example(model, tf.random.normal([3, 4]), tf.random.normal([3, 2]), "eager")
+    flagged = {p for p in got.unsupported if p.startswith("m/d/")}
+    assert flagged and all("quantized" in got.unsupported[p] for p in flagged)
+    assert got["m/head/kernel"] is not None
 
 
 def test_unsupported_einsum_form():

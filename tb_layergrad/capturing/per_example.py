@@ -21,7 +21,8 @@ and a reason, never an approximation.
                    renorm / virtual batches (tf_keras): unsupported
 
 A rule applies only when the class whose `call` runs is the rule's own (a subclass that overrides
-`call` may compute anything), when the layer is not quantized (`quantization_mode` set), and only to
+`call` may compute anything), when the layer is not quantized (a `quantization_mode` on the layer or its
+dtype policy), and only to
 the variables it names (`kernel`, `bias`, ...): LoRA's `lora_kernel_a/b`, or any other trainable
 variable of the layer, are reported unsupported.
 """
@@ -85,8 +86,9 @@ class Rule:
 
     def check(self, layer: Any) -> None:
         """Raise Unsupported for a configuration this rule does not cover exactly."""
-        if getattr(layer, "quantization_mode", None):
-            raise Unsupported(f"{type(layer).__name__} quantized ({layer.quantization_mode}): its call differs")
+        mode = getattr(layer, "quantization_mode", None) or getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
+        if mode:  # the attribute is the layer's on newer Keras, its dtype policy's on older ones: ask both
+            raise Unsupported(f"{type(layer).__name__} quantized ({mode}): its call differs")
         if self.name == "Conv" and int(getattr(layer, "groups", 1) or 1) != 1:
             raise Unsupported("grouped convolution (groups > 1)")
         if self.name == "LayerNormalization" and getattr(layer, "rms_scaling", False):
