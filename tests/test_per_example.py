@@ -421,6 +421,26 @@ def test_unsupported_einsum_form():
     assert "P C, C F -> P F" in got.unsupported["m/per_pos/kernel"]
 
 
+def test_preactivation_is_trusted_only_when_the_activation_gives_the_output():
+    from tb_layergrad.capturing.preactivation import PreactivationObserver
+
+    observer = PreactivationObserver(tf.nn.relu)
+    z = tf.constant([-1.0, 2.0])
+    frame = observer.open()
+    out = observer(z)
+    assert observer.close(frame, out) is z  # one activation, and it is the output
+    frame = observer.open()
+    out = observer(z) * 2.0
+    assert observer.close(frame, out) is None  # something after the activation
+    frame = observer.open()
+    observer(z)
+    out = observer(z)
+    assert observer.close(frame, out) is None  # applied twice: which input is the pre-activation?
+    frame = observer.open()
+    assert observer.close(frame, z) is None  # never applied
+    np.testing.assert_array_equal(observer(z).numpy(), tf.nn.relu(z).numpy())  # outside a call: just the activation
+
+
 # -- the norm arithmetic itself ---------------------------------------------------------------------
 
 

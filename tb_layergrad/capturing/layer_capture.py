@@ -15,6 +15,11 @@ differently: equal to within float32 rounding of the same math
 (docs/DESIGN.md, "XLA neutrality"). Leaving the context deletes the instance
 attributes, which restores the class's `call`.
 
+With `per_example=True` the same single call also differentiates, for the layers that have a
+per-example rule, the tensor δ is taken at (the pre-activation, seen by replacing the layer's
+`activation` attribute with an observer that calls it unchanged); `per_example_pass` turns the
+results into each example's own gradient norms (docs/PER_EXAMPLE.md).
+
 Why pass `tape=`: TensorFlow offers no way to watch a tensor on "the active
 tape", and an output that nothing trainable feeds (a layer before the first
 weight) is only recorded if it is watched. Without `tape=`, such outputs may
