@@ -86,8 +86,10 @@ class Rule:
 
     def check(self, layer: Any) -> None:
         """Raise Unsupported for a configuration this rule does not cover exactly."""
-        mode = getattr(layer, "quantization_mode", None) or getattr(getattr(layer, "dtype_policy", None), "quantization_mode", None)
-        if mode:  # the attribute is the layer's on newer Keras, its dtype policy's on older ones: ask both
+        # The attribute is the layer's on newer Keras, its dtype policy's on older ones: ask both.
+        policy = getattr(layer, "dtype_policy", None)
+        mode = getattr(layer, "quantization_mode", None) or getattr(policy, "quantization_mode", None)
+        if mode:
             raise Unsupported(f"{type(layer).__name__} quantized ({mode}): its call differs")
         if self.name == "Conv" and int(getattr(layer, "groups", 1) or 1) != 1:
             raise Unsupported("grouped convolution (groups > 1)")
@@ -95,7 +97,8 @@ class Rule:
             raise Unsupported("LayerNormalization(rms_scaling=True)")
         if self.name == "EinsumDense":
             _einsum_split(layer.equation)
-        if self.name == "BatchNormalization" and (getattr(layer, "renorm", False) or getattr(layer, "virtual_batch_size", None)):
+        virtual = getattr(layer, "renorm", False) or getattr(layer, "virtual_batch_size", None)
+        if self.name == "BatchNormalization" and virtual:
             raise Unsupported("BatchNormalization with renorm or virtual batches")
 
     def factors(self, layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:

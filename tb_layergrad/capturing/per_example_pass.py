@@ -112,7 +112,8 @@ class PerExamplePass:
             elif g.shape.rank == 0:
                 unsupported[key] = "a scalar output has no batch axis"
             else:
-                norms[key] = _batch_size(g) * tf.sqrt(tf.reduce_sum(tf.square(_float(g)), axis=list(range(1, g.shape.rank))))
+                flat = tf.reshape(_float(g), [tf.shape(g)[0], -1])  # any rank, known or not
+                norms[key] = _batch_size(g) * tf.sqrt(tf.reduce_sum(tf.square(flat), axis=1))
         deltas = self._deltas(source_grads)
         factors: Dict[int, Any] = {}
         for path, var, owner, g in weights:
@@ -174,6 +175,8 @@ class PerExamplePass:
                 result.append(rule.factors(owner.layer, c.inputs, delta))
             except Unsupported as e:
                 return str(e)
+            except (TypeError, ValueError) as e:  # an input the rule cannot take (ragged, sparse, unknown rank)
+                return f"{type(owner.layer).__name__}: the rule cannot take this call's input ({type(e).__name__}: {e})"
         return result
 
 
