@@ -39,7 +39,8 @@ class GradientMap:
     """
 
     def __init__(self, entries: Dict[str, Entry], target: str, variable_gradients: Optional[List[Any]] = None,
-                 replicas: int = 1, activations: Optional[Dict[str, Entry]] = None, target_value: Any = None):
+                 replicas: int = 1, activations: Optional[Dict[str, Entry]] = None, target_value: Any = None,
+                 per_example: Any = None):
         self._entries = dict(entries)
         self._activations = dict(activations or {})
         self.target = target
@@ -49,6 +50,9 @@ class GradientMap:
         self.replicas = int(replicas)
         #: Gradients of `model.trainable_variables`, in that order (None where unconnected).
         self.variable_gradients: List[Any] = list(variable_gradients or [])
+        #: Each example's own gradient norms from the same backward pass (a `PerExampleNorms`), when
+        #: captured with `per_example=True`; else None.
+        self.per_example = per_example
 
     def __getitem__(self, path: str) -> Any:
         return self._entries[path].gradient
@@ -100,7 +104,8 @@ class GradientMap:
 
     def with_entries(self, entries: Dict[str, Entry]) -> "GradientMap":
         """The same pass (target, activations, target value, replicas) with other gradient entries, e.g. a subset."""
-        return GradientMap(entries, self.target, self.variable_gradients, self.replicas, self._activations, self.target_value)
+        return GradientMap(entries, self.target, self.variable_gradients, self.replicas, self._activations, self.target_value,
+                           self.per_example)
 
     def nonfinite_origin(self, step: Optional[int] = None) -> Optional[nonfinite_origin.Origin]:
         """Where a NaN/Inf of this pass was born (forward, loss or backward), or None if everything is finite.
@@ -127,19 +132,22 @@ class GradientMap:
         keys = tuple((path, dataclasses.replace(e, gradient=None)) for path, e in self._entries.items())
         acts = tuple((path, dataclasses.replace(e, gradient=None)) for path, e in self._activations.items())
         has_value = self.target_value is not None
-        meta = (self.target, keys, len(self.variable_gradients), self.replicas, acts, has_value)
+        has_per_example = self.per_example is not None
+        meta = (self.target, keys, len(self.variable_gradients), self.replicas, acts, has_value, has_per_example)
         components = tuple(e.gradient for e in self._entries.values()) + tuple(self.variable_gradients)
         components += tuple(e.gradient for e in self._activations.values())
-        return meta, components + ((self.target_value,) if has_value else ())
+        components += (self.target_value,) if has_value else ()
+        return meta, components + ((self.per_example,) if has_per_example else ())
 
     @classmethod
     def __tf_unflatten__(cls, meta, components):
-        target, keys, n_vars, replicas, acts, has_value = meta
+        target, keys, n_vars, replicas, acts, has_value, has_per_example = meta
         n, m = len(keys), len(acts)
         entries = {path: dataclasses.replace(e, gradient=g) for (path, e), g in zip(keys, components[:n])}
         activations = {path: dataclasses.replace(e, gradient=a) for (path, e), a in zip(acts, components[n + n_vars : n + n_vars + m])}
         value = components[n + n_vars + m] if has_value else None
-        return cls(entries, target, list(components[n : n + n_vars]), replicas, activations, value)
+        per_example = components[-1] if has_per_example else None
+        return cls(entries, target, list(components[n : n + n_vars]), replicas, activations, value, per_example)
 
     def __repr__(self) -> str:
         return f"GradientMap(target={self.target!r}, paths={list(self._entries)!r})"

@@ -15,6 +15,11 @@ differently: equal to within float32 rounding of the same math
 (docs/DESIGN.md, "XLA neutrality"). Leaving the context deletes the instance
 attributes, which restores the class's `call`.
 
+With `per_example=True` the same single call also differentiates, for the layers that have a
+per-example rule, the tensor δ is taken at (the pre-activation, seen by replacing the layer's
+`activation` attribute with an observer that calls it unchanged); `per_example_pass` turns the
+results into each example's own gradient norms (docs/PER_EXAMPLE.md).
+
 Why pass `tape=`: TensorFlow offers no way to watch a tensor on "the active
 tape", and an output that nothing trainable feeds (a layer before the first
 weight) is only recorded if it is watched. Without `tape=`, such outputs may
@@ -31,6 +36,8 @@ from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 from tb_layergrad.capturing.layer_hooks import LayerHooks
 from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree
+from tb_layergrad.capturing.per_example_map import PerExampleNorms
+from tb_layergrad.capturing.per_example_pass import PerExamplePass
 
 LayerSpec = Union[None, str, Any, Sequence[Union[str, Any]]]
 
@@ -43,11 +50,13 @@ except ImportError:  # pragma: no cover - a TF without it: assume recorded, neve
 
 
 class _Record:
-    __slots__ = ("node", "call", "sub", "tensor", "recorded")
+    __slots__ = ("node", "call", "sub", "tensor", "recorded", "seq")
 
-    def __init__(self, node: LayerNode, call: int, sub: Optional[str], tensor: Any, recorded: bool = True):
+    def __init__(self, node: LayerNode, call: int, sub: Optional[str], tensor: Any, recorded: bool = True,
+                 seq: int = 0):
         self.node, self.call, self.sub, self.tensor = node, call, sub, tensor
         self.recorded = recorded
+        self.seq = seq  # position in call-completion order (per-example norms: what ran before a coupling call)
 
     @property
     def key(self) -> str:
@@ -89,10 +98,14 @@ class Capture(LayerHooks):
     """Context manager returned by `capture()`; see the module docstring."""
 
     def __init__(self, model: Any, layers: LayerSpec = None, weights: bool = False, tape: Any = None,
-                 activations: bool = False):
+                 activations: bool = False, per_example: bool = False):
         self.tree = LayerTree(model)
         super().__init__(model, self.tree.select(layers), tape)
         self.weights = bool(weights)
+        #: Per-example bookkeeping (`per_example=True`), else None: then nothing of it runs.
+        self._per_example: Optional[PerExamplePass] = PerExamplePass(self.nodes, self.weights) if per_example else None
+        # The last gradients() result with its tape and target: per_example_norms() reuses it (one tape call).
+        self._last: Optional[tuple] = None
         #: Do `gradients()` results carry the layer outputs (`GradientMap.activations`), for the summary to write?
         self.with_activations = bool(activations)
         self._records: List[_Record] = []
@@ -102,32 +115,70 @@ class Capture(LayerHooks):
     def _start_pass(self) -> None:
         self._records.clear()
         self._used_tapes.clear()
+        self._last = None
+        if self._per_example is not None:
+            self._per_example.reset()
+
+    def __enter__(self) -> "Capture":
+        super().__enter__()
+        if self._per_example is not None:  # a BatchNormalization not chosen in layers= still couples the examples
+            chosen = {n.index for n in self.nodes}
+            for node in self.tree.layers:
+                if node.index not in chosen and not node.in_loop and "BatchNormalization" in type(node.layer).__name__:
+                    self._install_coupling_watch(node)
+        return self
 
     def _install(self, node: LayerNode) -> None:
         layer = node.layer
         original = layer.call
+        per_example = self._per_example
+        observer = per_example.observer_for(node) if per_example is not None else None
+        if observer is not None:
+            self._hook(layer, "activation", observer)
 
         def call_and_record(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            self._record(node, out)
+            frame = observer.open() if observer is not None else None
+            out = None
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                preactivation = observer.close(frame, out) if observer is not None else None
+            seq = self._record(node, out)
+            if per_example is not None and seq is not None:
+                per_example.observe(node, seq, args, kwargs, out, preactivation, len(self._records))
             return out
 
         call_and_record.__wrapped__ = original  # keeps inspect.signature() truthful
         self._hook(layer, "call", call_and_record)
 
-    def _record(self, node: LayerNode, out: Any) -> None:
+    def _install_coupling_watch(self, node: LayerNode) -> None:
+        original = node.layer.call
+
+        def call_and_note(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if any(self._belongs_to_this_pass(t) for _, t in _flatten_output(out)):
+                self._per_example.note_coupling(node, args, kwargs, len(self._records))
+            return out
+
+        call_and_note.__wrapped__ = original
+        self._hook(node.layer, "call", call_and_note)
+
+    def _record(self, node: LayerNode, out: Any) -> Optional[int]:
+        """Record this call's outputs; returns the position of the first one, or None (not of this pass)."""
         tensors = [(s, t) for s, t in _flatten_output(out) if self._belongs_to_this_pass(t)]
         if not tensors:
-            return
+            return None
         call = self._next_call(node)
         with self._lock:
+            first = len(self._records)
             for sub, t in tensors:
                 watched = bool(self._tapes) or not _is_differentiable(t) or bool(_recorded([t]))
-                self._records.append(_Record(node, call, sub, t, watched))
+                self._records.append(_Record(node, call, sub, t, watched, len(self._records)))
         for tape in self._tapes:
             for _, t in tensors:
                 if _is_differentiable(t):
                     tape.watch(t)
+        return first
 
     # -- differentiation -------------------------------------------------------
     @property
@@ -189,8 +240,11 @@ class Capture(LayerHooks):
         records = self._ordered_records()
         variables = list(self.model.trainable_variables)
         differentiable = [r for r in records if _is_differentiable(r.tensor)]
+        sources: tuple = (variables, [r.tensor for r in differentiable])
+        if self._per_example is not None:  # the δ sources ride along in the same single tape call
+            sources += (self._per_example.sources(),)
         try:
-            var_grads, out_grads = tape.gradient(target, (variables, [r.tensor for r in differentiable]))
+            var_grads, out_grads, *delta_grads = tape.gradient(target, sources)
         except RuntimeError as e:
             if "non-persistent" in str(e):
                 raise RuntimeError(
@@ -212,12 +266,47 @@ class Capture(LayerHooks):
         for r in records:
             g = grad_of.get(id(r))
             entries[r.key] = Entry(g, metadata.SOURCE_OUTPUT, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name)
+        weight_owners: List[tuple] = []
         if self.weights:
-            entries.update(self._weight_entries(variables, var_grads))
+            entries.update(self._weight_entries(variables, var_grads, weight_owners))
         activations = self._activation_entries() if self.with_activations else None
-        return GradientMap(entries, name, var_grads, activations=activations, target_value=target)
+        per_example = None
+        if self._per_example is not None:
+            per_example = self._per_example.norms(
+                [(r.key, r.seq, grad_of.get(id(r))) for r in records], weight_owners, delta_grads[0]
+            )
+        result = GradientMap(entries, name, var_grads, activations=activations, target_value=target,
+                             per_example=per_example)
+        self._last = (tape, target, result)
+        return result
 
-    def _weight_entries(self, variables: List[Any], grads: List[Any]) -> Dict[str, Entry]:
+    def per_example_norms(self, tape: Any, loss: Any, name: str = metadata.DEFAULT_TARGET) -> PerExampleNorms:
+        """‖∇ℓ_i‖ for each example i: path (as in `gradients()`) -> a [batch] tensor.
+
+        `loss` must be the batch MEAN of per-example losses, L = (1/B) Σ ℓ_i (Keras' default
+        "sum_over_batch_size"): the norms are B times the norms of each example's part of ∇L. With a
+        SUM reduction divide them by B; with sample weights w_i and the mean they are ‖w_i ∇ℓ_i‖
+        (docs/PER_EXAMPLE.md). A path has None when the target does not depend on it or when there is
+        no exact value: then `result.unsupported[path]` says why (no rule for the layer, examples
+        coupled by a BatchNormalization in training mode).
+
+        One backward pass serves both: if `gradients(tape, loss)` was already called with this tape
+        and this loss, its result's `.per_example` is returned (a non-persistent tape is not asked
+        again); otherwise this calls `gradients()` once, and `cap.last_gradients` holds the batch
+        gradients (`.variable_gradients`) of that same call.
+        """
+        if self._per_example is None:
+            raise ValueError("per-example norms need capture(model, ..., per_example=True)")
+        if self._last is not None and self._last[0] is tape and self._last[1] is loss:
+            return self._last[2].per_example
+        return self.gradients(tape, loss, name=name).per_example
+
+    @property
+    def last_gradients(self) -> Optional[GradientMap]:
+        """The result of the last `gradients()` call of this pass (None before it)."""
+        return None if self._last is None else self._last[2]
+
+    def _weight_entries(self, variables: List[Any], grads: List[Any], owners_out: Optional[List[tuple]] = None) -> Dict[str, Entry]:
         owners = self.tree.variable_paths()
         chosen = {node.index for node in self.nodes}
         chosen_layers = [node for node in self.nodes]
@@ -227,6 +316,8 @@ class Capture(LayerHooks):
             if owner.index not in chosen and not any(path.startswith(n.path + "/") for n in chosen_layers):
                 continue
             entries[path] = Entry(g, metadata.SOURCE_WEIGHT, owner.index, _static_elements(var), var.dtype.name if hasattr(var.dtype, "name") else str(var.dtype))
+            if owners_out is not None:
+                owners_out.append((path, var, owner, g))
         return entries
 
 
@@ -243,7 +334,7 @@ class LayerOutputs(dict):
 
 
 def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape: Any = None,
-            activations: bool = False) -> Capture:
+            activations: bool = False, per_example: bool = False) -> Capture:
     """Capture d target / d (layer output) for the chosen layers of `model`.
 
     Example:
@@ -261,5 +352,9 @@ def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape
       activations: the `gradients()` result also carries the layer outputs
         (forward values) and `summary.gradients` writes them beside the
         gradients (source "activation"); `cap.activations()` gives them anyway.
+      per_example: also compute each example's own gradient norm (`cap.per_example_norms`, and
+        `.per_example` of every `gradients()` result) from the same backward pass; the loss must be
+        the batch mean (docs/PER_EXAMPLE.md).
     """
-    return Capture(model, layers=layers, weights=weights, tape=tape, activations=activations)
+    return Capture(model, layers=layers, weights=weights, tape=tape, activations=activations,
+                   per_example=per_example)

@@ -1,0 +1,111 @@
+"""Per-example Frobenius norms of weight gradients that are sums of outer products, without forming them
+per example when that is dearer.
+
+Why: a layer that applies one weight to many positions t of an example (a Dense on every token, a
+convolution on every patch) has, for example i, the weight gradient G_i = Σ_t a_it δ_itᵀ (a: the
+layer's input at t, δ: the gradient at its pre-activation). Its norm needs no per-example backward
+pass, only a and δ, which one ordinary backward pass already yields. Two ways to get ‖G_i‖²:
+
+  explicit:  form G_i (p x q) and sum its squares                cost ∝ T·p·q, memory B·p·q
+  ghost:     Σ_{t,s} (a_t·a_s)(δ_t·δ_s) from two T x T Grams      cost ∝ T²·(p+q), memory B·T²
+
+The rule (`use_ghost`): ghost when T·(p+q) < p·q, i.e. when the Grams are smaller than the
+gradient; explicit otherwise or when T is not known when tracing (explicit memory does not grow
+with T). With T = 1 both are ‖a‖·‖δ‖, computed as such.
+
+All arithmetic is float32 at least (float64 inputs stay float64); every function returns the norm
+of the *given* δ: the caller scales by the batch size to undo a batch-mean loss.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional, Sequence
+
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class Outer:
+    """G_i = Σ_t a[i, t] ⊗ d[i, t]; a: [B, T, p], d: [B, T, q]."""
+
+    a: Any
+    d: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Lookup:
+    """An embedding table's gradient: G_i[v] = Σ_{t: ids[i, t] = v} d[i, t]; ids: [B, T] ints, d: [B, T, q].
+
+    A repeated id within one example adds its δs into ONE row, so the norm is not Σ_t ‖d_t‖ but
+    sqrt(Σ_{t,s} [ids_t = ids_s] (d_t·d_s)): the ghost norm whose input Gram is "same id".
+    """
+
+    ids: Any
+    d: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Summed:
+    """G_i = Σ_t v[i, t]; v: [B, T, k] (a bias, a LayerNormalization scale or offset)."""
+
+    v: Any
+
+
+Factor = Any  # Outer | Lookup | Summed
+
+
+def _float(t: Any) -> Any:
+    t = tf.convert_to_tensor(t)
+    return t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32)
+
+
+def _static(n: Any) -> Optional[int]:
+    return None if n is None else int(n)
+
+
+def use_ghost(tokens: Optional[int], p: Optional[int], q: Optional[int]) -> bool:
+    """The cheaper of the two for T tokens, p inputs, q outputs (see the module docstring)."""
+    if tokens is None or p is None or q is None:
+        return False
+    return tokens * (p + q) < p * q
+
+
+def concat(factors: Sequence[Factor]) -> Factor:
+    """One factor for a layer called several times in a pass: its calls' positions side by side.
+
+    The weight gradient of a shared layer is the sum over its calls, i.e. over all their positions.
+    """
+    first = factors[0]
+    if len(factors) == 1:
+        return first
+    if isinstance(first, Outer):
+        return Outer(tf.concat([_float(f.a) for f in factors], 1), tf.concat([_float(f.d) for f in factors], 1))
+    if isinstance(first, Lookup):
+        return Lookup(tf.concat([f.ids for f in factors], 1), tf.concat([_float(f.d) for f in factors], 1))
+    return Summed(tf.concat([_float(f.v) for f in factors], 1))
+
+
+def squared_norm(factor: Factor) -> Any:
+    """‖G_i‖² for every example i: a [B] tensor."""
+    if isinstance(factor, Summed):
+        return tf.reduce_sum(tf.square(tf.reduce_sum(_float(factor.v), axis=1)), axis=-1)
+    if isinstance(factor, Lookup):
+        d = _float(factor.d)
+        same = tf.cast(tf.equal(factor.ids[:, :, None], factor.ids[:, None, :]), d.dtype)
+        return tf.maximum(tf.reduce_sum(same * tf.matmul(d, d, transpose_b=True), axis=[1, 2]), 0)
+    a, d = _float(factor.a), _float(factor.d)
+    if a.dtype != d.dtype:
+        a, d = tf.cast(a, tf.float64), tf.cast(d, tf.float64)
+    tokens, p, q = _static(a.shape[1]), _static(a.shape[2]), _static(d.shape[2])
+    if tokens == 1:
+        return tf.reduce_sum(tf.square(a), axis=[1, 2]) * tf.reduce_sum(tf.square(d), axis=[1, 2])
+    if use_ghost(tokens, p, q):
+        gram = tf.matmul(a, a, transpose_b=True) * tf.matmul(d, d, transpose_b=True)
+        return tf.maximum(tf.reduce_sum(gram, axis=[1, 2]), 0)  # Σ of a PSD's entries: >= 0 but for rounding
+    g = tf.matmul(a, d, transpose_a=True)  # [B, p, q]
+    return tf.reduce_sum(tf.square(g), axis=[1, 2])
+
+
+def norm(factors: List[Factor]) -> Any:
+    """‖Σ over `factors`‖ per example, for the factors of ONE variable (a shared layer's calls)."""
+    return tf.sqrt(squared_norm(concat(factors)))
