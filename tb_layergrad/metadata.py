@@ -35,7 +35,10 @@ KIND_TIMESTEPS = "timesteps"  # float64 [T]: L2 norm of dL/dh_t per timestep
 # int64 [1]: the first logged step with a NaN/Inf in the series so far; written with the
 # stats from that step on, so TensorBoard's sampling (which keeps the last record) cannot lose it.
 KIND_FIRST_NONFINITE = "first_nonfinite"
-KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_TENSOR, KIND_TIMESTEPS, KIND_FIRST_NONFINITE)
+# float64 [layers, len(EXAMPLE_FIELDS)], version 2 only: the distribution of each example's own gradient
+# norm (`capture(per_example=True)`), written when asked for (docs/FORMAT.md, "Per-example records").
+KIND_EXAMPLES = "examples"
+KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_TENSOR, KIND_TIMESTEPS, KIND_FIRST_NONFINITE, KIND_EXAMPLES)
 
 # What the record describes (the `source` field).
 SOURCE_OUTPUT = "output"  # d target / d (layer output)
@@ -67,6 +70,26 @@ STAT_FIELDS = (
     "no_gradient",  # 1 when the target does not depend on this tensor (gradient None)
 )
 STAT_INDEX = {name: i for i, name in enumerate(STAT_FIELDS)}
+
+# How many of the largest per-example norms an `examples` record names, with their batch positions.
+EXAMPLE_TOP_K = 5
+# Order of the values in a row of an `examples` record (one row per layer). `norm` is ||g_i||, the L2 norm of
+# example i's own gradient (docs/PER_EXAMPLE.md); counts and positions are exact integers stored as float64.
+EXAMPLE_FIELDS = (
+    "examples",  # number of examples of the (global) batch
+    "status",  # EXAMPLE_EXACT, or why there are no numbers: EXAMPLE_UNSUPPORTED, EXAMPLE_COUPLED
+    "min",  # smallest per-example norm
+    "median",  # median per-example norm (the mean of the middle two for an even count)
+    "max",  # largest per-example norm
+    "sum_sq",  # sum over the examples of the squared norms
+    "top_share",  # the largest example's share of sum_sq: max^2 / sum_sq (NaN when sum_sq is 0)
+) + tuple(f"top_index_{i}" for i in range(1, EXAMPLE_TOP_K + 1)) + tuple(f"top_norm_{i}" for i in range(1, EXAMPLE_TOP_K + 1))
+# top_index_j: the batch position (global batch order) of the j-th largest norm, -1 past `examples`;
+# top_norm_j: that norm (NaN past `examples`).
+EXAMPLE_INDEX = {name: i for i, name in enumerate(EXAMPLE_FIELDS)}
+EXAMPLE_EXACT = 0  # the numbers are each example's own gradient norm
+EXAMPLE_UNSUPPORTED = 1  # no exact per-example rule for this layer's weights: no numbers (NaN)
+EXAMPLE_COUPLED = 2  # the examples are coupled (e.g. BatchNormalization in training): not defined, no numbers
 
 
 def stat_values(**values: Any) -> list:
@@ -135,7 +158,9 @@ def create_summary_metadata(info: SeriesInfo, description: str = "") -> summary_
 
 
 # -- format version 2: one record per step for all layers of one (target, source) ------------------
-GROUPED_KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_FIRST_NONFINITE)
+GROUPED_KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_FIRST_NONFINITE, KIND_EXAMPLES)
+# The kinds whose records name their columns (`GroupInfo.fields`), and the names this package writes.
+FIELDS_OF_KIND = {KIND_STATS: STAT_FIELDS, KIND_EXAMPLES: EXAMPLE_FIELDS}
 # The histogram counts of a version-2 record are stored in the narrowest of these that holds the
 # record's largest count (one dtype per record): the edges follow from the stats' min and max.
 COUNT_DTYPES = (("uint8", 1 << 8), ("uint16", 1 << 16), ("uint32", 1 << 32), ("uint64", 1 << 64))
@@ -189,7 +214,7 @@ class GroupInfo:
     indexes: Tuple[int, ...]
     dtypes: Tuple[str, ...]
     version: int = 2
-    fields: Tuple[str, ...] = ()  # kind `stats`: the columns' names (STAT_FIELDS when written here)
+    fields: Tuple[str, ...] = ()  # kinds `stats`, `examples`: the columns' names (FIELDS_OF_KIND when written here)
     block_steps: int = 0  # steps per tag; 0: `block_steps(len(layers))`
 
     def __post_init__(self) -> None:
@@ -209,8 +234,8 @@ class GroupInfo:
             raise ValueError("a version-2 record needs one index and one dtype per layer")
         if not all(isinstance(i, int) and not isinstance(i, bool) for i in self.indexes):
             raise ValueError("layer indexes must be integers")
-        if self.kind == KIND_STATS and not self.fields:
-            object.__setattr__(self, "fields", STAT_FIELDS)
+        if self.kind in FIELDS_OF_KIND and not self.fields:
+            object.__setattr__(self, "fields", FIELDS_OF_KIND[self.kind])
         if not isinstance(self.block_steps, int) or isinstance(self.block_steps, bool) or self.block_steps < 0:
             raise ValueError("block_steps must be an integer >= 1")
         if self.block_steps == 0:
@@ -241,7 +266,7 @@ class GroupInfo:
         return f"{self.tag}/{block_start(step, self.block_steps)}"
 
     def with_kind(self, kind: str) -> "GroupInfo":
-        return dataclasses.replace(self, kind=kind, fields=STAT_FIELDS if kind == KIND_STATS else ())
+        return dataclasses.replace(self, kind=kind, fields=FIELDS_OF_KIND.get(kind, ()))
 
     def members(self) -> Tuple[SeriesInfo, ...]:
         """One `SeriesInfo` per row (version 2), as a reader lists layers."""

@@ -22,6 +22,9 @@ from numpy_reference import numpy_stats
 from tb_reading import read_all
 from tolerances import sum_rtol
 
+# The group kinds every version-2 write has (`examples` only with per_example=True).
+DEFAULT_GROUPED_KINDS = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
+
 S = metadata.STAT_INDEX
 
 
@@ -85,7 +88,7 @@ def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fus
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [
         metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype=g.dtype.name) for i, (p, g) in enumerate(grads.items())
     ])
-    tags = {kind: group.with_kind(kind).tag_at(0) for kind in metadata.GROUPED_KINDS}
+    tags = {kind: group.with_kind(kind).tag_at(0) for kind in DEFAULT_GROUPED_KINDS}
     assert sorted({(s, v.tag) for s, v in records}) == sorted((s, t) for s in (4, 5) for t in tags.values())
     by = {(s, v.tag): v for s, v in records}
     for tag in tags.values():  # the metadata in the first record only
@@ -195,7 +198,7 @@ def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, 
             log(grads, tf.constant(step, tf.int64))
     writer.close()
     with_metadata = sorted((s, v.tag) for s, v in _values(str(tmp_path)) if v.HasField("metadata"))
-    kinds = metadata.GROUPED_KINDS
+    kinds = DEFAULT_GROUPED_KINDS
     assert with_metadata == sorted([(b - 1, group.with_kind(k).tag_at(0)) for k in kinds]
                                    + [(b, group.with_kind(k).tag_at(b)) for k in kinds])
     assert group.with_kind("stats").tag_at(b) == f"loss/output/layers-{group.digest}/stats/{b}"
