@@ -253,8 +253,7 @@ class GroupInfo:
     @property
     def digest(self) -> str:
         """Names the layer list: the same list (paths, indexes, dtypes) gives the same tags."""
-        text = json.dumps([self.layers, self.indexes, self.dtypes], separators=(",", ":"))
-        return hashlib.sha1(text.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
+        return _layer_list_digest(self.layers, self.indexes, self.dtypes)
 
     @property
     def tag(self) -> str:
@@ -285,6 +284,14 @@ class GroupInfo:
         if self.fields:
             doc["fields"] = list(self.fields)
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _layer_list_digest(layers: Tuple[str, ...], indexes: Tuple[int, ...], dtypes: Tuple[str, ...]) -> str:
+    # Memoized: a reader names every group's tags for every layer of every request (`GroupInfo.tag`), and
+    # hashing the list of a 200-layer model each time was most of the cost of listing such runs.
+    text = json.dumps([layers, indexes, dtypes], separators=(",", ":"))
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:_DIGEST_CHARS]
 
 
 def group_tag(target: str, source: str, digest: str, kind: str) -> str:

@@ -329,12 +329,14 @@ def _layer_rank(info: "metadata.SeriesInfo") -> Tuple[bool, int, str]:
 
 
 def grouped_records(records: List[Record], reorder_at: Optional[int] = None,
-                    drop: Optional[Tuple[str, int]] = None) -> List[Tuple[int, str, object, np.ndarray]]:
+                    drop: Optional[Tuple[str, int]] = None, block_steps: Optional[int] = None
+                    ) -> List[Tuple[int, str, object, np.ndarray]]:
     """The records as version 2 writes them: per step, one record per (target, source, grouped kind) for all
     its layers (model order; reversed from step `reorder_at` on: a rebuilt model, another tag); `tensor` and
     `timesteps` records unchanged. `drop=(layer, step)`: the layer is left out of the layer list before `step`.
     Histograms keep their counts only, in the narrowest unsigned type; `first_nonfinite` is -1 for a layer
-    with no record at that step."""
+    with no record at that step. `block_steps`: blocks of that many steps (a power of two), not as the layer
+    count sets them, for several blocks in few steps."""
     by_group: Dict[Tuple[int, str, str, str], Dict[str, Tuple["metadata.SeriesInfo", np.ndarray]]] = {}
     out: List[Tuple[int, str, object, np.ndarray]] = []
     for step, tag, info, value in records:
@@ -353,6 +355,8 @@ def grouped_records(records: List[Record], reorder_at: Optional[int] = None,
             stats_layers[(step, target, source)] = members
         members = stats_layers[(step, target, source)]
         group = metadata.GroupInfo.of(kind, members)
+        if block_steps is not None:
+            group = dataclasses.replace(group, block_steps=block_steps)
         if kind == metadata.KIND_STATS:
             tensor = np.stack([rows[m.layer][1] for m in members]).astype(np.float64)
         elif kind == metadata.KIND_HISTOGRAM:

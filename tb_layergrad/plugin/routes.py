@@ -38,6 +38,7 @@ from tb_layergrad.plugin.static import StaticFiles
 from tb_layergrad.reader import catalog, downsample, layer_points, run_anomalies, series
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.series import align
+from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.stats_store import StatsStore
 
 PLUGIN_PREFIX = f"/data/plugin/{metadata.PLUGIN_NAME}/"
@@ -99,6 +100,7 @@ class Routes:
         self._lister = listing.TensorLister(data_provider, multiplexer)
         self._static = static
         self._stats = StatsStore(data_provider)
+        self._blocks = BlockCache()
         self._prefetch: Optional[prefetch.StatsPrefetcher] = None
         if read_ahead:
             self._prefetch = prefetch.StatsPrefetcher(self._stats, self._lister)
@@ -115,9 +117,11 @@ class Routes:
         ctx, eid = self._where(request)
         return catalog.load(self._lister, ctx, eid, runs=[run]).run(run)
 
-    def _points(self, request: wrappers.Request, q: "LayerQuery", start: Optional[int], end: Optional[int]) -> series.Points:
+    def _points(self, request: wrappers.Request, q: "LayerQuery", start: Optional[int], end: Optional[int],
+                max_steps: Optional[int] = None) -> series.Points:
         ctx, eid = self._where(request)
-        return layer_points.read_one(self._provider, ctx, eid, q.listed, q.series, start, end, self._stats)
+        return layer_points.read_one(self._provider, ctx, eid, q.listed, q.series, start, end, self._stats, max_steps,
+                                     self._blocks)
 
     def _layer_query(self, request: wrappers.Request, kind: str) -> "LayerQuery":
         """Validate every parameter of a one-layer route (400), then find its series (404).
@@ -248,7 +252,7 @@ class Routes:
     @json_errors
     def histograms(self, request: wrappers.Request) -> wrappers.Response:
         q = self._layer_query(request, metadata.KIND_HISTOGRAM)
-        points = series.thin(self._points(request, q, q.start, q.end), q.max_steps)
+        points = self._points(request, q, q.start, q.end, q.max_steps)
         hists = []
         for value in points.values:
             arr = np.asarray(value, dtype=np.float64)
@@ -302,7 +306,7 @@ class Routes:
     @json_errors
     def timesteps(self, request: wrappers.Request) -> wrappers.Response:
         q = self._layer_query(request, metadata.KIND_TIMESTEPS)
-        points = series.thin(self._points(request, q, q.start, q.end), q.max_steps)
+        points = self._points(request, q, q.start, q.end, q.max_steps)
         return json_response(
             request,
             {

@@ -19,6 +19,7 @@ from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import catalog, series
+from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.stats_store import StatsRows, StatsStore
 
 
@@ -31,11 +32,15 @@ def read_points(
     start: Optional[int] = None,
     end: Optional[int] = None,
     store: Optional[StatsStore] = None,
+    max_steps: Optional[int] = None,
+    blocks: Optional[BlockCache] = None,
 ) -> Dict[catalog.SeriesKey, series.Points]:
     """`{series key: Points}` of `chosen` (series of run `rc`) within [start, end], in version-1 layouts.
 
     `store`: the plugin's StatsStore (stats, and the edges of version-2 histograms, come from it).
-    `rc` must list the layers' `stats` series when version-2 histograms are asked for.
+    `rc` must list the layers' `stats` series when version-2 histograms are asked for. `max_steps`: at
+    most that many steps of each series other than `stats`, evenly spread (`series.thin`). `blocks`: the
+    plugin's cache of decoded version-2 blocks (those it holds as listed are not read again).
     """
     store = store if store is not None else StatsStore(data_provider)
     out: Dict[catalog.SeriesKey, series.Points] = {}
@@ -45,18 +50,43 @@ def read_points(
     others = [s for s in chosen if s.info.kind != metadata.KIND_STATS]
     if not others:
         return out
-    data = series.read(data_provider, ctx, experiment_id, rc.run, [t for s in others for t in s.tags],
-                       alone=[p.tag for s in others for p in s.parts if p.grouped])
-    edges = _edge_rows(ctx, experiment_id, rc, others, store)
-    groups: Dict[str, series.Points] = {}  # a group tag's fitting records, selected once for all its layers
+    kept = {}  # a group block's fitting records, whole: from the cache, or read below
     for s in others:
-        parts = []
+        for p in s.parts:
+            if p.grouped and p.tag not in kept and blocks is not None:
+                kept[p.tag] = blocks.get(experiment_id, rc.run, p)
+    kept = {t: v for t, v in kept.items() if v is not None}
+    data = series.read(data_provider, ctx, experiment_id, rc.run, [t for s in others for t in s.tags if t not in kept],
+                       alone=[p.tag for s in others for p in s.parts if p.grouped and p.tag not in kept])
+    edges = _edge_rows(ctx, experiment_id, rc, others, store)
+    groups: Dict[str, series.Points] = {}  # a group tag's records within [start, end], selected once for all its layers
+    for s in others:
+        selected = []
         for p in s.parts:
             if p.grouped and p.tag not in groups:
-                groups[p.tag] = _group_points(s.info.kind, p, data.get(p.tag, ()), rc.run, start, end)
-            selected = groups[p.tag] if p.grouped else series.select(data.get(p.tag, ()), start, end)
-            parts.append(_part_points(s.info.kind, p, selected, edges.get(s.key)))
-        out[s.key] = united(parts)
+                if p.tag not in kept:
+                    kept[p.tag] = _group_points(s.info.kind, p, data.get(p.tag, ()), rc.run)
+                    if blocks is not None:
+                        blocks.put(experiment_id, rc.run, p, kept[p.tag])
+                groups[p.tag] = _between(kept[p.tag], start, end)
+            selected.append(groups[p.tag] if p.grouped else series.select(data.get(p.tag, ()), start, end))
+        selected = _thinned_together(selected, max_steps)
+        out[s.key] = united([_part_points(s.info.kind, p, pts, edges.get(s.key)) for p, pts in zip(s.parts, selected)])
+    return out
+
+
+def _thinned_together(parts: List[series.Points], max_steps: Optional[int]) -> List[series.Points]:
+    """Each part keeping only the steps `series.thin` keeps of their union: thinned before their rows are cut
+    out and laid out (a chart of 60 histograms builds 60, not 5,000), to the steps thinning the united series
+    would keep."""
+    steps = np.unique(np.concatenate([p.steps for p in parts])) if parts else np.zeros([0], np.int64)
+    if max_steps is None or steps.size <= max_steps:
+        return parts
+    keep = steps[series.pick_evenly(steps.size, max_steps)]
+    out = []
+    for p in parts:
+        idx = np.flatnonzero(np.isin(p.steps, keep))
+        out.append(series.Points(p.steps[idx], p.wall_times[idx], [p.values[i] for i in idx]))
     return out
 
 
@@ -69,9 +99,12 @@ def read_one(
     start: Optional[int] = None,
     end: Optional[int] = None,
     store: Optional[StatsStore] = None,
+    max_steps: Optional[int] = None,
+    blocks: Optional[BlockCache] = None,
 ) -> series.Points:
-    """`read_points` of one series."""
-    return read_points(data_provider, ctx, experiment_id, rc, [s], start, end, store)[s.key]
+    """`read_points` of one series, at most `max_steps` of its steps (evenly spread; None: all)."""
+    found = read_points(data_provider, ctx, experiment_id, rc, [s], start, end, store, max_steps, blocks)[s.key]
+    return series.thin(found, max_steps)
 
 
 def united(parts: Sequence[series.Points]) -> series.Points:
@@ -106,11 +139,19 @@ def _edge_rows(ctx: object, experiment_id: str, rc: catalog.RunCatalog, others: 
     return {key: rows[stats.key] for key, stats in need.items()}
 
 
-def _group_points(kind: str, part: catalog.Part, data: Sequence[tb_provider.TensorDatum], run: str,
-                  start: Optional[int], end: Optional[int]) -> series.Points:
-    """A group tag's records within [start, end], those whose shape disagrees with its layer list skipped."""
+def _group_points(kind: str, part: catalog.Part, data: Sequence[tb_provider.TensorDatum], run: str) -> series.Points:
+    """A group tag's records, those whose shape disagrees with its layer list skipped."""
     shape = (part.rows, None) if kind == metadata.KIND_HISTOGRAM else (part.rows,)
-    return series.select([d for d in data if series.fits(d, part.tag, run, shape)], start, end)
+    return series.select([d for d in data if series.fits(d, part.tag, run, shape)])
+
+
+def _between(points: series.Points, start: Optional[int], end: Optional[int]) -> series.Points:
+    """The points with start <= step <= end (None: unbounded); the same object when all are."""
+    lo = 0 if start is None else int(np.searchsorted(points.steps, start, side="left"))
+    hi = len(points) if end is None else int(np.searchsorted(points.steps, end, side="right"))
+    if lo == 0 and hi == len(points):
+        return points
+    return series.Points(points.steps[lo:hi], points.wall_times[lo:hi], points.values[lo:hi])
 
 
 def _part_points(kind: str, part: catalog.Part, points: series.Points, stats: Optional[StatsRows]) -> series.Points:

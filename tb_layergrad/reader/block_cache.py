@@ -1,0 +1,63 @@
+"""Version-2 group blocks other than `stats`, kept decoded while TensorBoard reports them unchanged.
+
+Why: a layer's histograms are one row of its group's records, so a layer view reads every record of
+every block of the group, for every layer clicked (a 200-layer run of 5,000 steps: 5,000 records
+converted one by one per click, docs/DESIGN.md, "Reading side"). The decoded records of a block serve
+every layer of it. A block is valid while `list_tensors` reports the same `max_step` and `max_wall_time`
+for its tag, as the `StatsStore`'s tables are; the least recently used are dropped beyond `max_bytes`.
+(`stats` blocks are the `StatsStore`'s, kept as tables.)
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Optional, Tuple
+
+from tb_layergrad.reader import catalog, series
+
+DEFAULT_MAX_BYTES = 256 << 20
+
+_Key = Tuple[str, str, str]  # (experiment id, run, tag)
+_Version = Tuple[Optional[int], Optional[float]]
+
+
+def version(part: catalog.Part) -> _Version:
+    return (part.max_step, part.max_wall_time)
+
+
+def _nbytes(points: series.Points) -> int:
+    return int(points.steps.nbytes + points.wall_times.nbytes + sum(getattr(v, "nbytes", 0) for v in points.values))
+
+
+class BlockCache:
+    """Thread-safe LRU of decoded group blocks (`series.Points` of whole records), bounded in bytes."""
+
+    def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._blocks: "collections.OrderedDict[_Key, Tuple[_Version, series.Points, int]]" = collections.OrderedDict()
+        self._bytes = 0
+
+    def get(self, experiment_id: str, run: str, part: catalog.Part) -> Optional[series.Points]:
+        key = (experiment_id, run, part.tag)
+        with self._lock:
+            hit = self._blocks.get(key)
+            if hit is None or hit[0] != version(part):
+                return None
+            self._blocks.move_to_end(key)
+            return hit[1]
+
+    def put(self, experiment_id: str, run: str, part: catalog.Part, points: series.Points) -> None:
+        key = (experiment_id, run, part.tag)
+        size = _nbytes(points)
+        with self._lock:
+            old = self._blocks.pop(key, None)
+            if old is not None:
+                self._bytes -= old[2]
+            if size > self._max_bytes:
+                return
+            self._blocks[key] = (version(part), points, size)
+            self._bytes += size
+            while self._bytes > self._max_bytes:
+                _, (_, _, dropped) = self._blocks.popitem(last=False)
+                self._bytes -= dropped
