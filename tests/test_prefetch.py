@@ -79,18 +79,31 @@ def test_after_two_passes_no_route_reads_a_record(logdir):
     assert reads(tb) == before
 
 
-def test_blocks_a_later_block_follows_are_read_at_once_the_last_once_it_stops_changing(tmp_path):
+def test_a_run_being_written_is_read_now_and_then_up_to_its_last_block(tmp_path, tmp_path_factory):
+    clock = Clock()
     lf.write_run(str(tmp_path / "blocks"), LAYERS, 50, keep=False, block_steps=16)  # blocks 0, 16, 32, 48
     tb = InProcess(str(tmp_path))
     store = tb.plugin._routes._stats  # noqa: SLF001
-    pre = prefetch.StatsPrefetcher(store, tb.provider)
-    assert pre.warm_once() == ["blocks"]
+    pre = prefetch.StatsPrefetcher(store, tb.provider, clock=clock)
+    assert pre.warm_once() == []  # first seen: maybe still being loaded
+    # Training goes on: block 48 grows (steps 50-59 arrive in a later file); 0, 16 and 32 stay as they were.
+    more = str(tmp_path_factory.mktemp("more"))
+    lf.write_run(more, LAYERS, 60, keep=False, block_steps=16)
+    shutil.copy(os.path.join(more, "events.out.tfevents.1.long.v2"), os.path.join(str(tmp_path), "blocks", "events.out.tfevents.2.long.v2"))
+    tb.reload()
+    clock.now += prefetch.BUSY_INTERVAL / 2
+    assert pre.warm_once() == []  # changing, and first seen a moment ago
+    lf.write_run(more, LAYERS, 64, keep=False, block_steps=16)  # and grows again: steps 60-63
+    shutil.copy(os.path.join(more, "events.out.tfevents.1.long.v2"), os.path.join(str(tmp_path), "blocks", "events.out.tfevents.3.long.v2"))
+    tb.reload()
+    clock.now += prefetch.BUSY_INTERVAL
+    assert pre.warm_once() == ["blocks"]  # still changing, but for long enough: what stopped changing is read
     (united,) = [v for _, v in store._tables.values()]  # noqa: SLF001 - which blocks are kept is what is tested
     assert sorted(int(t.rsplit("/", 1)[1]) for t in united.versions) == [0, 16, 32]
     group = next(iter(united.versions)).rsplit("/", 1)[0]
     calls = len(tb.provider.calls)
     assert get_json(tb, "runs", {})["runs"][0]["statistics_read"] is False  # the last block is not held yet
-    assert len(get_json(tb, "matrix", {"run": "blocks", "stat": "norm"})["steps"]) == 50
+    assert len(get_json(tb, "matrix", {"run": "blocks", "stat": "norm"})["steps"]) == 64
     assert get_json(tb, "runs", {})["runs"][0]["statistics_read"] is True
     assert [c[3] for c in tb.provider.calls[calls:] if c[0] == "read_tensors"] == [frozenset({group + "/48"})]
     assert pre.warm_once() == []  # the request read the last block; nothing left to read ahead

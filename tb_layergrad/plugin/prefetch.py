@@ -8,8 +8,8 @@ reason; this does the same for the tables the routes read, once TensorBoard repo
 What it costs, and its bounds:
 - A pass lists the plugin's series (metadata only) every `interval` seconds and reads what changed and then
   stopped changing (`_settled`): of a version-2 group, the blocks a later block follows, and the last one
-  once a pass finds it as it was. A run still being written is kept read up to its last block; the request
-  reads that one.
+  once a pass finds it as it was. A run still being written is read at most every `BUSY_INTERVAL` and up
+  to its last block; the request reads that one.
   A request for a run being read waits for that read (`StatsStore`) rather than doing it again.
 - It never makes the store drop a table: a run is read only if its statistics fit in what the store has
   free (`estimated_bytes`, an upper bound), most recently written runs first.
@@ -38,6 +38,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_INTERVAL = 1.0
 DEFAULT_IDLE_AFTER = 600.0
 LISTING_DUTY = 10  # wait at least this many times as long as the last pass's listing took
+# A run whose listing changed since the last pass (being written, or being loaded by TensorBoard) is read ahead
+# at most this often: only its blocks that stopped changing, so a training run costs a read now and then, and a
+# run TensorBoard is still loading is read once loaded rather than while its loader works.
+BUSY_INTERVAL = 10.0
+_Version = Tuple[Optional[int], Optional[float]]
 
 
 def estimated_bytes(stats_series: List[catalog.Series]) -> int:
@@ -86,7 +91,8 @@ class StatsPrefetcher:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._listing_seconds = 0.0
-        self._listed: Dict[str, Dict[str, Tuple[Optional[int], Optional[float]]]] = {}  # run -> tag -> version, last pass
+        self._listed: Dict[str, Dict[str, _Version]] = {}  # run -> its stats tags' versions at the last pass
+        self._last_read: Dict[str, float] = {}  # run -> when a pass last read it (or first saw it changing)
 
     def start(self) -> None:
         if self._thread is None:
@@ -114,7 +120,14 @@ class StatsPrefetcher:
         for rc in newest_first:
             if self._stop.is_set():
                 break
-            stats = self._settled(rc.run, [s for s in rc.series if s.info.kind == metadata.KIND_STATS])
+            all_stats = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
+            now = {p.tag: (p.max_step, p.max_wall_time) for s in all_stats for p in s.parts}
+            before, self._listed[rc.run] = self._listed.get(rc.run, {}), now
+            if now != before:  # being written (or loaded): read it ahead now and then, not at every pass
+                since = self._last_read.setdefault(rc.run, self._clock())
+                if self._clock() - since < BUSY_INTERVAL:
+                    continue
+            stats = _settled(all_stats, before)
             if not stats:
                 continue
             held = self._store.holds(self._experiment_id, rc.run)
@@ -122,31 +135,10 @@ class StatsPrefetcher:
                 continue  # changing, but nobody looks: the next request reads what changed
             if not held and estimated_bytes(stats) > self._store.max_bytes - self._store.nbytes:
                 continue  # would make the store drop tables; a held run replaces its own
+            self._last_read[rc.run] = self._clock()
             if self._store.read_ahead(ctx, self._experiment_id, rc.run, stats):
                 read.append(rc.run)
         return read
-
-    def _settled(self, run: str, stats: List[catalog.Series]) -> List[catalog.Series]:
-        """The series with only their tags that stopped changing: one listed the same in the last pass, or a block
-        of a version-2 group that a later block follows (its steps end where the next block's begin).
-
-        Why: a tag still being written (a training run, or one TensorBoard is still loading) would be read
-        again at every pass, each time whole; the request that finally asks for it reads it once.
-        """
-        now = {p.tag: (p.max_step, p.max_wall_time) for s in stats for p in s.parts}
-        before, self._listed[run] = self._listed.get(run, {}), now
-        last_block: Dict[str, Tuple[int, str]] = {}
-        for s in stats:
-            for p in s.parts:
-                if p.grouped:
-                    last_block[p.group] = max(last_block.get(p.group, (-1, "")), (_block_first_step(p), p.tag))
-        out = []
-        for s in stats:
-            parts = tuple(p for p in s.parts
-                          if before.get(p.tag) == now[p.tag] or (p.grouped and last_block[p.group][1] != p.tag))
-            if parts:
-                out.append(dataclasses.replace(s, parts=parts))
-        return out
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -158,6 +150,27 @@ class StatsPrefetcher:
                 logger.debug("layergrad: reading ahead failed; retrying in %.1f s", self._interval, exc_info=True)
             # A logdir of very many tags makes the listing itself cost: it gets at most a tenth of a core.
             self._stop.wait(max(self._interval, LISTING_DUTY * self._listing_seconds))
+
+
+def _settled(stats: List[catalog.Series], before: Dict[str, "_Version"]) -> List[catalog.Series]:
+    """The series with only their tags that stopped changing: one listed as in the last pass (`before`), or a
+    block of a version-2 group that a later block follows (its steps end where the next block's begin).
+
+    Why: a tag still being written (a training run, or one TensorBoard is still loading) would be read
+    again at every pass, each time whole; the request that finally asks for it reads it once.
+    """
+    last_block: Dict[str, Tuple[int, str]] = {}
+    for s in stats:
+        for p in s.parts:
+            if p.grouped:
+                last_block[p.group] = max(last_block.get(p.group, (-1, "")), (_block_first_step(p), p.tag))
+    out = []
+    for s in stats:
+        parts = tuple(p for p in s.parts if before.get(p.tag) == (p.max_step, p.max_wall_time)
+                      or (p.grouped and last_block[p.group][1] != p.tag))
+        if parts:
+            out.append(dataclasses.replace(s, parts=parts))
+    return out
 
 
 def _latest_wall_time(rc: catalog.RunCatalog) -> float:
