@@ -244,13 +244,18 @@ def _embedding(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     return {"embeddings": Lookup(ids, _positions(delta, int(delta.shape[-1])))}
 
 
-def _layer_norm(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
-    x = _f32(inputs)
-    rank = x.shape.rank
+def _feature_axes(layer: Any, rank: int, on_batch_axis: str) -> List[int]:
+    """The layer's `axis` (one or several) as sorted non-negative axes; the batch axis among them is unsupported."""
     axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
     axes = sorted({int(ax) % rank for ax in axis})
     if 0 in axes:
-        raise Unsupported("LayerNormalization over the batch axis couples examples")
+        raise Unsupported(on_batch_axis)
+    return axes
+
+
+def _layer_norm(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
+    x = _f32(inputs)
+    axes = _feature_axes(layer, x.shape.rank, "LayerNormalization over the batch axis couples examples")
     mean, var = tf.nn.moments(x, axes=axes, keepdims=True)
     return _scale_and_offset(x, (x - mean) * tf.math.rsqrt(var + float(layer.epsilon)), delta, axes)
 
@@ -272,10 +277,7 @@ def _scale_and_offset(x: Any, x_hat: Any, delta: Any, axes: List[int]) -> Dict[s
 def _batch_norm_inference(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     x = _f32(inputs)
     rank = x.shape.rank
-    axis = layer.axis if isinstance(layer.axis, (list, tuple)) else [layer.axis]
-    axes = sorted({int(ax) % rank for ax in axis})
-    if 0 in axes:
-        raise Unsupported("BatchNormalization whose feature axis is the batch axis")
+    axes = _feature_axes(layer, rank, "BatchNormalization whose feature axis is the batch axis")
     shape = [1] * rank
     for ax in axes:
         shape[ax] = int(x.shape[ax])
