@@ -43,7 +43,7 @@ class LayerGradPlugin(base_plugin.TBPlugin):
         return {
             ES_MODULE_PATH: r.static_file,
             "/runs": r.runs,
-            "/matrix": r.matrix,
+            "/matrix": r.matrix_any,  # `stat=example_norm_*`: the per-example records; else `matrix`
             "/stats": r.stats,
             "/histograms": r.histograms,
             "/tensor": r.tensor,
@@ -51,6 +51,8 @@ class LayerGradPlugin(base_plugin.TBPlugin):
             "/compare": r.compare,
             "/csv": r.csv,
             "/anomalies": r.anomalies,
+            "/examples": r.examples,
+            "/noise_scale": r.noise_scale,
             # Every other path below the plugin: a file of frontend/ (or a JSON 404).
             "/*": r.static_file,
         }
