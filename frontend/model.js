@@ -152,3 +152,8 @@ export function examplesSeries(run, path, target, source = "output") {
   const withExamples = entry.series.filter((x) => x.kinds.includes("examples"));
   return withExamples.find((x) => x.target === target && x.source === source) || withExamples.find((x) => x.source === source) || withExamples[0] || null;
 }
+
+/** Whether `run` recorded per-example records at all: only such runs have the gradient noise scale scalars. */
+export function anyExamples(run) {
+  return Boolean(run && run.layers.some((l) => l.series.some((x) => x.kinds.includes("examples"))));
+}

@@ -134,7 +134,11 @@ def test_compare_shows_the_noise_scale_of_the_runs_that_have_it(env):
 
 
 def test_a_run_without_them_shows_none(env):
-    frame = env["browser"].open(env["tb"].base, {"run": ef.PLAIN, "stat": "example_norm_top_share"})
+    b = env["browser"]
+    asked = []
+    record = lambda r: asked.append(r.url)  # noqa: E731
+    b.page.on("request", record)
+    frame = b.open(env["tb"].base, {"run": ef.PLAIN, "stat": "example_norm_top_share"})
     frame.wait_for_selector(".lg-heat-legend .lg-legend-title")
     options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all("els => els.map(e => e.value)")
     assert not any(o.startswith("example_") for o in options)
@@ -143,3 +147,6 @@ def test_a_run_without_them_shows_none(env):
     frame = env["browser"].open(env["tb"].base, {"run": ef.PLAIN, "view": "layer", "layer": "net/mid", "step": 3})
     frame.wait_for_selector(".lg-stats-table")
     assert frame.locator('[data-panel="examples"]').is_hidden()
+    b.page.remove_listener("request", record)
+    assert any("/matrix?" in u for u in asked)
+    assert not [u for u in asked if "/examples?" in u or "/noise_scale?" in u or "example_norm" in u]  # asked nothing new

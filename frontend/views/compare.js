@@ -8,7 +8,7 @@ import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
-import { findRun, hasActivations, layerKey, layersWith, union, valuesOf } from "../model.js";
+import { anyExamples, findRun, hasActivations, layerKey, layersWith, union, valuesOf } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
 
@@ -66,6 +66,12 @@ export class CompareView {
       this.body,
       this.noise.el,
     );
+  }
+
+  /** The runs that may have the noise-scale scalars (written with per-example records only); the others are
+   * named as not recorded only when one of the runs has them. */
+  _noiseRuns(runs) {
+    return runs.some((r) => anyExamples(findRun(this.app.runs, r))) ? runs : [];
   }
 
   /** Runs chosen in the URL that exist, else the first two. */
@@ -138,7 +144,7 @@ export class CompareView {
     const runs = this._runs(state);
     this._chosen = runs;
     this._pickers(state, runs);
-    this.noise.show(runs);
+    this.noise.show(this._noiseRuns(runs));
     setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), compared(state));
     this.logToggle.set(state.log ? "1" : "0");
     this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
@@ -162,7 +168,7 @@ export class CompareView {
     if (this.abort) return; // a load is under way: it brings the new data too
     this.state = this.app.resolved();
     if (!this.data) return this.show(this.state); // after a failure
-    this.noise.show(this.data.runs);
+    this.noise.show(this._noiseRuns(this.data.runs));
     await this._load(this.state, this.data.runs, this.data.key, this.data.fetchKey, true);
   }
 

@@ -11,7 +11,7 @@ import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
 import { h, s, clear, replace, select, setOptions } from "../dom.js";
 import { capitalize, commonPrefix, EXAMPLE_STATS, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
-import { findRun, hasActivations, hasExamples, valuesOf } from "../model.js";
+import { anyExamples, findRun, hasActivations, hasExamples, valuesOf } from "../model.js";
 import { errorBox, field, note, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
 
@@ -75,6 +75,12 @@ export class OverviewView {
     return [...new Set([this._stat(state), ...HOVER_STATS])];
   }
 
+  /** The run, if it may have the noise-scale scalars (written with per-example records only): a run without
+   * them asks nothing more than before. */
+  _noiseRuns(state) {
+    return state.run && anyExamples(findRun(this.app.runs, state.run)) ? [state.run] : [];
+  }
+
   /** The colour statistics the run offers: the per-example ones (issue #28) only when it has such records. */
   _stats(state) {
     const of = this._of(state);
@@ -115,7 +121,7 @@ export class OverviewView {
   async show(state) {
     this.state = state;
     setOptions(this.statSelect, this._stats(state).map((x) => [x, statLabel(x)]), this._stat(state));
-    this.noise.show(state.run ? [state.run] : []);
+    this.noise.show(this._noiseRuns(state));
     this.ofField.hidden = !hasActivations(findRun(this.app.runs, state.run));
     this.ofToggle.set(this._of(state));
     this.csv.href = api.csvUrl({ run: state.run, target: state.target, source: state.source });
@@ -137,7 +143,7 @@ export class OverviewView {
     if (!this.data || this.data.key !== this._key(state)) return this.show(state);
     // Binned or zoomed: the bins move as the run grows, so ask for the whole picture again (it is small).
     if (this.data.bins || state.zoom) this.data.refetch = true;
-    this.noise.show(state.run ? [state.run] : []);
+    this.noise.show(this._noiseRuns(state));
     await this._load(state, Object.keys(this.data.m), !(this.data.bins || state.zoom));
   }
 
