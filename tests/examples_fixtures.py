@@ -9,7 +9,8 @@ Runs:
   rule (status 1). Noise-scale scalars written with `tf.summary.scalar`, none at NO_SIGNAL_STEP.
 - `ex_renamed`: the same examples records with their columns in another order, an unknown column and
   `sum_sq` absent (readers map by name).
-- `plain`: stats only (no examples, no scalars): must read as before.
+- `plain`: stats only (no examples, no scalars): must read as before; `plain_v1` the same stats in format
+  version 1 (a record per layer).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import numpy as np
 import long_fixtures as lf
 from tb_layergrad import metadata
 
-RUN, RENAMED, PLAIN = "ex", "ex_renamed", "plain"
+RUN, RENAMED, PLAIN, PLAIN_V1 = "ex", "ex_renamed", "plain", "plain_v1"
 LAYERS = ("net/in", "net/mid", "net/out")
 STEPS = 40
 BATCH = 16
@@ -145,6 +146,7 @@ def write_examples_logdir(logdir: str) -> Written:
     write_run(os.path.join(logdir, RUN), norms, True)
     write_run(os.path.join(logdir, RENAMED), norms, True, fields=RENAMED_FIELDS)
     write_run(os.path.join(logdir, PLAIN), norms, False)
+    lf.write_run(os.path.join(logdir, PLAIN_V1), list(LAYERS), STEPS, keep=False, format_version=1)
     trace, signal = noise_numbers(norms)
     write_scalars(os.path.join(logdir, RUN), trace, signal, 0.75)
     return Written(logdir, norms, trace, signal, 0.75)

@@ -128,11 +128,17 @@ def test_runs_without_examples_read_as_before(env):
     kinds = {r: {k for layer in runs[r]["layers"] for d in layer["series"] for k in d["kinds"]} for r in runs}
     assert "examples" in kinds[ef.RUN] and kinds[ef.PLAIN] == {"stats"}
     assert runs[ef.PLAIN]["format_versions"] == runs[ef.RUN]["format_versions"] == [2]
+    assert kinds[ef.PLAIN_V1] == {"stats"} and runs[ef.PLAIN_V1]["format_versions"] == [1]
     # The same stats tables in both runs: every stats answer of `ex` is that of `plain`.
     for route, query in (("matrix", {"stat": "norm"}), ("stats", {"layer": "net/mid"}),
                          ("matrix", {"stat": "rms", "points": 5}), ("anomalies", {})):
         a = get_json(tb, route, {"run": ef.RUN, **query})
         b = get_json(tb, route, {"run": ef.PLAIN, **query})
+        a.pop("run"), b.pop("run")
+        assert a == b, route
+    for route, query in (("matrix", {"stat": "norm"}), ("matrix", {"stat": "rms", "points": 5}), ("anomalies", {})):
+        a = get_json(tb, route, {"run": ef.RUN, **query})
+        b = get_json(tb, route, {"run": ef.PLAIN_V1, **query})  # version 1, the same numbers
         a.pop("run"), b.pop("run")
         assert a == b, route
 
@@ -150,6 +156,8 @@ def test_runs_without_examples_read_as_before(env):
     ("examples", {"run": ef.RUN, "layer": "no/such"}, 404),
     ("examples", {"run": "nope", "layer": "net/in"}, 404),
     ("examples", {"run": ef.PLAIN, "layer": "net/in"}, 404),
+    ("examples", {"run": ef.PLAIN_V1, "layer": "net/in"}, 404),
+    ("matrix", {"run": ef.PLAIN_V1, "stat": "example_norm_max"}, 404),
     ("examples", {"run": ef.RUN, "layer": "net/in", "target": "aux"}, 404),
     ("matrix", {"run": ef.PLAIN, "stat": "example_norm_top_share"}, 404),
     ("matrix", {"run": ef.RUN, "stat": "example_norm_top_share", "points": "x"}, 400),
