@@ -18,7 +18,14 @@ export const STAT_LABELS = {
   nonfinite_frac: "non-finite fraction",
   zero_frac: "zero fraction",
   rms: "RMS",
+  example_norm_min: "per-example norm: min",
+  example_norm_median: "per-example norm: median",
+  example_norm_max: "per-example norm: max",
+  example_norm_top_share: "largest example's share",
 };
+
+/** Colours of the overview read from the per-example records (`matrix?stat=example_norm_*`, issue #28). */
+export const EXAMPLE_STATS = ["example_norm_top_share", "example_norm_max", "example_norm_median", "example_norm_min"];
 
 /** Statistics that are never negative: the ones a log10 colour or log axis can show. */
 export const MAGNITUDE_STATS = ["norm", "mean_abs", "std", "rms", "zero_frac", "nonfinite"];

@@ -139,3 +139,21 @@ export function signature(runsBody, run) {
   const pick = run ? runsBody.runs.filter((r) => r.run === run) : runsBody.runs;
   return JSON.stringify(pick.map((r) => [r.run, r.max_step, r.layers.length, r.layers.map((l) => l.series.map((x) => x.max_step))]));
 }
+
+/** Whether `run` has per-example records (kind `examples`, issue #28) for (target, source). */
+export function hasExamples(run, target, source) {
+  return Boolean(run && run.layers.some((l) => l.series.some((x) => x.target === target && x.source === source && x.kinds.includes("examples"))));
+}
+
+/** The series of layer `path` with per-example records: the one of `target` and `source` if it has them, else any. */
+export function examplesSeries(run, path, target, source = "output") {
+  const entry = findLayer(run, path);
+  if (!entry) return null;
+  const withExamples = entry.series.filter((x) => x.kinds.includes("examples"));
+  return withExamples.find((x) => x.target === target && x.source === source) || withExamples.find((x) => x.source === source) || withExamples[0] || null;
+}
+
+/** Whether `run` recorded per-example records at all: only such runs have the gradient noise scale scalars. */
+export function anyExamples(run) {
+  return Boolean(run && run.layers.some((l) => l.series.some((x) => x.kinds.includes("examples"))));
+}

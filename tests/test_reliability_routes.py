@@ -27,9 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
+import examples_fixtures as ef
 import reliability_fixtures as rf
 from plugin_fixtures import InProcess, strict_json
-from tb_layergrad.reader import series
+from tb_layergrad.reader import examples, series
 from tb_layergrad.plugin.plugin import LayerGradPlugin
 
 SCALE = int(os.environ.get("RELIABILITY_EXAMPLES_SCALE", "1"))
@@ -48,7 +49,11 @@ USES = {
     "compare": ["run", "layer", "stat", "target", "source", "start", "end", "max_steps"],
     "csv": ["run", "layer", "target", "source", "start", "end"],
     "anomalies": ["run", "layer", "target", "source", "start", "end"],
+    "examples": ["run", "layer", "target", "source", "start", "end", "points", "step"],
+    "noise_scale": ["run", "start", "end"],
 }
+# Routes that read per-example records (issue #28): fuzzed on tests/examples_fixtures.py's logdir, which has them.
+ON_EXAMPLES = {"examples", "noise_scale"}
 HOSTILE = ["", "nope", "../train", "../../../../etc/passwd", "<script>alert(1)</script>", "train\x00", "%2e%2e%2f",
            "TRAIN", " train", "x" * 5000, "\u202etrain", "🚀", "\ud7ff", "null", "undefined", "__proto__",
            "constructor", "[]", "{}", "\\..\\", "a\r\nSet-Cookie: x=1", "\ufeff"]
@@ -62,6 +67,13 @@ def test_every_route_is_fuzzed():
 
     routes = LayerGradPlugin(base_plugin.TBContext(data_provider=None)).get_plugin_apps()
     assert set(routes) == {"/" + r for r in USES} | {"/index.js", "/*"}
+
+
+@pytest.fixture(scope="module")
+def with_examples(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("with_examples"))
+    ef.write_examples_logdir(logdir)
+    return InProcess(logdir), {run: list(ef.LAYERS) for run in (ef.RUN, ef.RENAMED, ef.PLAIN, ef.PLAIN_V1)}
 
 
 @pytest.fixture(scope="module")
@@ -94,8 +106,8 @@ def queries(draw, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, 
     values = {
         "run": names, "layer": names, "target": st.one_of(st.sampled_from(["loss", rf.HOSTILE_TARGET]), names),
         "source": st.one_of(st.sampled_from(["output", "weight"]), names),
-        "stat": st.one_of(st.sampled_from(series.ALL_STATS), names),
-        "start": _INTS, "end": _INTS, "step": _INTS, "max_steps": _INTS,
+        "stat": st.one_of(st.sampled_from(series.ALL_STATS + tuple(examples.MATRIX_STATS)), names),
+        "start": _INTS, "end": _INTS, "step": _INTS, "max_steps": _INTS, "points": _INTS,
     }
     pairs: List[Tuple[str, str]] = []
     if draw(st.integers(0, 3)):  # mostly: a valid run (and layer) to mutate
@@ -168,6 +180,17 @@ def check_ok_json(route: str, pairs, body: dict) -> None:
     elif route == "compare":
         assert len(body["values"]) == len(body["runs"]) and all(len(r) == len(steps) for r in body["values"])
         assert set(body["missing"]) <= set(body["runs"])
+    elif route == "examples":
+        per_step = ["min", "max", "top_share", "examples", "status"] + (["last_steps", "counts"] if body.get("binned") else ["median"])
+        assert all(len(body[name]) == len(steps) for name in per_step)
+        step = _ints(pairs, "step")
+        assert step is None or body["at"]["step"] == step
+    elif route == "noise_scale":
+        assert set(body["missing"]) <= set(body["runs"]) and len(body["series"]) + len(body["missing"]) == len(body["runs"])
+        start, end = _ints(pairs, "start"), _ints(pairs, "end")
+        for r in body["series"]:
+            assert r["steps"] == sorted(set(r["steps"])) and all(len(r[k]) == len(r["steps"]) for k in ("trace", "signal"))
+            assert (start is None or all(x >= start for x in r["steps"])) and (end is None or all(x <= end for x in r["steps"]))
 
 
 def check_response(route: str, pairs, method: str, response, errors_logged, tally: Tally, written) -> None:
@@ -220,8 +243,8 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None,
 
 
 @pytest.mark.parametrize("route", list(USES))
-def test_generated_queries(hostile, errors_logged, route):
-    tb, written = hostile
+def test_generated_queries(hostile, with_examples, errors_logged, route):
+    tb, written = with_examples if route in ON_EXAMPLES else hostile
     tally = Tally()
 
     @settings(max_examples=QUERY_EXAMPLES, **_SETTINGS)

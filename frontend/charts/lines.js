@@ -35,7 +35,9 @@ export class LineChart {
   /**
    * @param {{series: {name: string, color: string, xs: number[], ys: (number|null)[], dash?: string, width?: number}[],
    *          log?: boolean, marker?: number|null, xMarks?: {x: number, color?: string, title?: string}[],
-   *          xLabel?: string, yLabel?: string, integerX?: boolean, empty?: string, xFormat?: (x) => string}} data
+   *          xLabel?: string, yLabel?: string, integerX?: boolean, empty?: string, xFormat?: (x) => string,
+   *          bands?: {name: string, color: string, xs: number[], lo: (number|null)[], hi: (number|null)[]}[]}} data
+   * `bands`: filled areas between `lo` and `hi` (e.g. a spread over examples), drawn under the lines.
    */
   update(data) {
     this.data = data;
@@ -51,11 +53,13 @@ export class LineChart {
     const series = data.series || [];
     this._legend(series);
 
-    const xr = extent(series.map((x) => x.xs));
+    const bands = data.bands || [];
+    const ysAll = [...series.map((x) => x.ys), ...bands.flatMap((b) => [b.lo, b.hi])];
+    const xr = extent([...series.map((x) => x.xs), ...bands.map((b) => b.xs)]);
     let log = Boolean(data.log);
-    let yr = extent(series.map((x) => x.ys), log);
+    let yr = extent(ysAll, log);
     if (log && !yr) {
-      yr = extent(series.map((x) => x.ys));
+      yr = extent(ysAll);
       if (yr) log = false; // nothing positive: a log axis could show nothing
     }
     const plotW = width - M.left - M.right;
@@ -115,6 +119,7 @@ export class LineChart {
     const clipId = `clip${Math.random().toString(36).slice(2)}`;
     svg.appendChild(s("clipPath", { id: clipId }, s("rect", { x: M.left, y: M.top - 2, width: plotW, height: plotH + 4 })));
     const lines = s("g", { "clip-path": `url(#${clipId})` });
+    for (const b of bands) for (const d of bandPaths(b, x, y, log)) lines.appendChild(s("path", { d, class: "lg-band", fill: b.color, "fill-opacity": 0.25, stroke: "none", dataset: { band: b.name } }));
     series.forEach((q, k) => {
       let d = "";
       let pen = false;
@@ -266,6 +271,28 @@ export class LineChart {
     const title = (data.xFormatHover || ((v) => `${data.xLabel || "step"} ${v}`))(xv);
     tooltip().show(e.clientX, e.clientY, title, rows);
   }
+}
+
+/** The closed outlines of a band: one per run of steps where both `lo` and `hi` can be drawn. */
+function bandPaths(b, x, y, log) {
+  const out = [];
+  let run = [];
+  const flush = () => {
+    if (run.length) {
+      const top = run.map((n) => `${x(b.xs[n]).toFixed(1)},${y(b.hi[n]).toFixed(1)}`);
+      const bottom = run.slice().reverse().map((n) => `${x(b.xs[n]).toFixed(1)},${y(b.lo[n]).toFixed(1)}`);
+      // A lone step: widen it a little so that it shows.
+      if (run.length === 1) top.push(`${(x(b.xs[run[0]]) + 2).toFixed(1)},${y(b.hi[run[0]]).toFixed(1)}`);
+      out.push(`M${top.join("L")}L${bottom.join("L")}Z`);
+    }
+    run = [];
+  };
+  for (let n = 0; n < b.xs.length; n++) {
+    if (isOk(b.lo[n], log) && isOk(b.hi[n], log)) run.push(n);
+    else flush();
+  }
+  flush();
+  return out;
 }
 
 function isOk(v, log) {

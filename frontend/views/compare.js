@@ -7,9 +7,15 @@ import { paletteColor } from "../charts/colors.js";
 import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
-import { csvText, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
-import { findRun, hasActivations, layerKey, layersWith, union, valuesOf } from "../model.js";
+import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
+import { anyExamples, findRun, hasActivations, layerKey, layersWith, union, valuesOf } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
+import { NoiseScalePanel } from "./noise_panel.js";
+
+/** The statistic compared: the overview's colour, unless it is a per-example one (those are not compared). */
+function compared(state) {
+  return EXAMPLE_STATS.includes(state.stat) ? "norm" : state.stat;
+}
 
 export class CompareView {
   constructor(app) {
@@ -40,6 +46,8 @@ export class CompareView {
     this.hist = new HistogramChart(h("div"), { height: 240 });
     this.histNote = h("div", { class: "lg-muted" });
     this.depth = new LineChart(h("div"), { height: 240, onPick: (i) => this._depthPick(i), alwaysLegend: true });
+    // The runs' gradient noise scales side by side (issue #28), when recorded.
+    this.noise = new NoiseScalePanel();
     this.body = h(
       "div",
       { class: "lg-compare-body" },
@@ -56,7 +64,14 @@ export class CompareView {
       this.slider.el,
       this.message,
       this.body,
+      this.noise.el,
     );
+  }
+
+  /** The runs that may have the noise-scale scalars (written with per-example records only); the others are
+   * named as not recorded only when one of the runs has them. */
+  _noiseRuns(runs) {
+    return runs.some((r) => anyExamples(findRun(this.app.runs, r))) ? runs : [];
   }
 
   /** Runs chosen in the URL that exist, else the first two. */
@@ -129,7 +144,8 @@ export class CompareView {
     const runs = this._runs(state);
     this._chosen = runs;
     this._pickers(state, runs);
-    setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), state.stat);
+    this.noise.show(this._noiseRuns(runs));
+    setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), compared(state));
     this.logToggle.set(state.log ? "1" : "0");
     this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
     this.ofToggle.set(state.of);
@@ -143,7 +159,7 @@ export class CompareView {
       this.body.hidden = true;
       return;
     }
-    const fetchKey = JSON.stringify([runs, key, state.layer, state.stat, state.target, state.source, state.of]);
+    const fetchKey = JSON.stringify([runs, key, state.layer, compared(state), state.target, state.source, state.of]);
     if (!this.data || this.data.fetchKey !== fetchKey) await this._load(state, runs, key, fetchKey, false);
     else this._apply(state);
   }
@@ -152,6 +168,7 @@ export class CompareView {
     if (this.abort) return; // a load is under way: it brings the new data too
     this.state = this.app.resolved();
     if (!this.data) return this.show(this.state); // after a failure
+    this.noise.show(this._noiseRuns(this.data.runs));
     await this._load(this.state, this.data.runs, this.data.key, this.data.fetchKey, true);
   }
 
@@ -163,7 +180,7 @@ export class CompareView {
     try {
       const paths = runs.map((r) => this._resolve(state, r, key, state.layer));
       const present = runs.filter((_, k) => paths[k]);
-      const common = { stat: state.stat, ...valuesOf(state) };
+      const common = { stat: compared(state), ...valuesOf(state) };
       let steps;
       let values;
       const same = present.length && present.every((r) => paths[runs.indexOf(r)] === paths[runs.indexOf(present[0])]);
@@ -186,7 +203,7 @@ export class CompareView {
           const k = present.indexOf(r);
           if (k < 0) return steps.map(() => null);
           const pos = new Map(bodies[k].steps.map((x, n) => [x, n]));
-          return steps.map((x) => (pos.has(x) ? bodies[k].stats[state.stat][pos.get(x)] : null));
+          return steps.map((x) => (pos.has(x) ? bodies[k].stats[compared(state)][pos.get(x)] : null));
         });
       }
       if (signal.aborted) return;
@@ -216,7 +233,7 @@ export class CompareView {
     const step = this.slider.set(d.steps, state.step);
     this.step = step;
     if (full) {
-      this.overlay.setTitle(`${statLabel(state.stat)} of ${d.key} — ${state.of === "activation" ? "activation (forward value)" : `${state.target} / ${state.source}`}`);
+      this.overlay.setTitle(`${statLabel(compared(state))} of ${d.key} — ${state.of === "activation" ? "activation (forward value)" : `${state.target} / ${state.source}`}`);
       this.overlay.update({
         // Each run's own points joined (a run logged at other steps is null on the common axis).
         series: d.runs.map((r, k) => {
@@ -258,7 +275,7 @@ export class CompareView {
     const keys = at.depthKeys;
     const idx = keys.indexOf(d.key);
     this.depthKeys = keys;
-    this.depth.setTitle(`${statLabel(state.stat)} by layer (model order) at step ${step}`);
+    this.depth.setTitle(`${statLabel(compared(state))} by layer (model order) at step ${step}`);
     this.depth.update({
       series: d.runs.map((r, k) => ({
         name: at.depth[k] && at.depth[k].step !== step && at.depth[k].step !== null ? `${r} (step ${at.depth[k].step})` : r,
@@ -292,7 +309,7 @@ export class CompareView {
     );
     const depth = await Promise.all(
       d.runs.map(async (r) => {
-        const b = await one("matrix", { run: r, stat: state.stat, ...valuesOf(state) });
+        const b = await one("matrix", { run: r, stat: compared(state), ...valuesOf(state) });
         const n = b.steps.length - 1;
         const byKey = new Map();
         b.layers.forEach((l, i) => byKey.set(layerKey(l), n < 0 ? null : b.values[i][n]));
@@ -330,14 +347,14 @@ export class CompareView {
     const state = this.state;
     const rows = [];
     d.runs.forEach((r, k) => {
-      d.steps.forEach((step, j) => rows.push(["over_steps", r, d.paths[k] || "", step, state.stat, d.values[k][j]]));
+      d.steps.forEach((step, j) => rows.push(["over_steps", r, d.paths[k] || "", step, compared(state), d.values[k][j]]));
     });
     const at = d.atStep.get(`${this.step}`);
     if (at) {
       d.runs.forEach((r, k) => {
         const dep = at.depth[k];
         if (!dep) return;
-        for (const l of dep.layers) rows.push(["depth_profile", r, l, dep.step, state.stat, dep.byKey.get(layerKey(l))]);
+        for (const l of dep.layers) rows.push(["depth_profile", r, l, dep.step, compared(state), dep.byKey.get(layerKey(l))]);
       });
     }
     downloadText(csvText(["chart", "run", "layer", "step", "stat", "value"], rows), `layergrad-compare-${safeFilename(d.key)}.csv`);

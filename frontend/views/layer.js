@@ -16,6 +16,7 @@ import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { capitalize, csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
 import { findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
+import { ExamplesPanel } from "./examples_panel.js";
 
 const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
 const CHARTS = [
@@ -108,11 +109,15 @@ export class LayerView {
     this.tsPanel = h("div", { class: "lg-panel lg-panel-ts", hidden: true }, h("h3", { class: "lg-panel-title", text: "Gradient norm per timestep (RNN)" }), this.tsMsg);
     this.tsChart = new LineChart(this.tsPanel, { height: 200, alwaysLegend: true });
 
+    // Each example's own gradient norm (per-example records, issue #28): hidden without them.
+    this.examples = new ExamplesPanel(app);
+
     this.body = h(
       "div",
       { class: "lg-layer-body" },
       h("div", { class: "lg-layer-row" }, tablePanel, this.histPanel),
       h("div", { class: "lg-layer-row" }, this.actPanel),
+      h("div", { class: "lg-layer-row" }, this.examples.el),
       chartsPanel,
       h("div", { class: "lg-layer-row" }, this.tensorPanel, this.tsPanel),
     );
@@ -197,7 +202,7 @@ export class LayerView {
       else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
       clear(this.message);
       this.body.hidden = false;
-      await Promise.all([this._loadHist(state, signal), this._loadActHist(state, signal), this._loadTimesteps(state, signal)]);
+      await Promise.all([this._loadHist(state, signal), this._loadActHist(state, signal), this._loadTimesteps(state, signal), this.examples.load(state, run, signal, window_)]);
       if (signal.aborted) return;
       this._apply(state, true);
     } catch (e) {
@@ -365,6 +370,7 @@ export class LayerView {
       this._histAt(step);
     }
     this._drawActHist(state, step);
+    this.examples.draw(state, step);
     this._timesteps(state, step);
     this._tensorSetup(state, step);
     if (step === null) replace(this.message, note(`Nothing logged yet for ${primary.label}.`));

@@ -10,9 +10,10 @@ import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
 import { h, s, clear, replace, select, setOptions } from "../dom.js";
-import { capitalize, commonPrefix, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
-import { findRun, hasActivations, valuesOf } from "../model.js";
+import { capitalize, commonPrefix, EXAMPLE_STATS, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
+import { anyExamples, findRun, hasActivations, hasExamples, valuesOf } from "../model.js";
 import { errorBox, field, note, Toggle } from "./common.js";
+import { NoiseScalePanel } from "./noise_panel.js";
 
 const RED = packHex(COLORS.nonfinite);
 const ZERO = packHex(COLORS.zero);
@@ -61,7 +62,9 @@ export class OverviewView {
     this.plot.appendChild(this.axis);
     this.grid = h("div", { class: "lg-heat-grid" }, this.labels, this.plot, this.chips);
     this.zoomBox = h("div", { class: "lg-zoom" });
-    this.el = h("section", { class: "lg-view lg-overview", dataset: { view: "overview" } }, this.toolbar, this.message, this.summary, this.zoomBox, this.legend, this.grid);
+    // The run's gradient noise scale (issue #28), when it was recorded.
+    this.noise = new NoiseScalePanel();
+    this.el = h("section", { class: "lg-view lg-overview", dataset: { view: "overview" } }, this.toolbar, this.message, this.summary, this.zoomBox, this.legend, this.grid, this.noise.el);
     this._resize = new ResizeObserver(() => {
       if (this.data && this.el.clientWidth !== this._width) this.draw();
     });
@@ -69,7 +72,25 @@ export class OverviewView {
   }
 
   _wanted(state) {
-    return [...new Set([state.stat, ...HOVER_STATS])];
+    return [...new Set([this._stat(state), ...HOVER_STATS])];
+  }
+
+  /** The run, if it may have the noise-scale scalars (written with per-example records only): a run without
+   * them asks nothing more than before. */
+  _noiseRuns(state) {
+    return state.run && anyExamples(findRun(this.app.runs, state.run)) ? [state.run] : [];
+  }
+
+  /** The colour statistics the run offers: the per-example ones (issue #28) only when it has such records. */
+  _stats(state) {
+    const of = this._of(state);
+    const ex = of !== "activation" && hasExamples(findRun(this.app.runs, state.run), state.target, state.source);
+    return ex ? [...MAGNITUDE_STATS, ...EXAMPLE_STATS] : MAGNITUDE_STATS;
+  }
+
+  /** The colour asked for, or the default when this run cannot show it (a link from a run with examples). */
+  _stat(state) {
+    return this._stats(state).includes(state.stat) || !EXAMPLE_STATS.includes(state.stat) ? state.stat : "norm";
   }
 
   _key(state) {
@@ -99,7 +120,8 @@ export class OverviewView {
   /** Called whenever the state changes while this view is shown. */
   async show(state) {
     this.state = state;
-    setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), state.stat);
+    setOptions(this.statSelect, this._stats(state).map((x) => [x, statLabel(x)]), this._stat(state));
+    this.noise.show(this._noiseRuns(state));
     this.ofField.hidden = !hasActivations(findRun(this.app.runs, state.run));
     this.ofToggle.set(this._of(state));
     this.csv.href = api.csvUrl({ run: state.run, target: state.target, source: state.source });
@@ -121,6 +143,7 @@ export class OverviewView {
     if (!this.data || this.data.key !== this._key(state)) return this.show(state);
     // Binned or zoomed: the bins move as the run grows, so ask for the whole picture again (it is small).
     if (this.data.bins || state.zoom) this.data.refetch = true;
+    this.noise.show(this._noiseRuns(state));
     await this._load(state, Object.keys(this.data.m), !(this.data.bins || state.zoom));
   }
 
@@ -138,21 +161,24 @@ export class OverviewView {
       // The flags depend on the whole run (a layer's baseline is its first steps): always asked for in full.
       // They, and where the run broke (`summary.origin`), are of the gradients, whichever values colour the cells.
       const values = this._of(state) === "activation" ? valuesOf({ of: "activation" }) : { target: state.target, source: state.source };
-      const [bodies, an] = await Promise.all([
+      let [bodies, an] = await Promise.all([
         Promise.all(stats.map((stat) => api.matrix({ run: state.run, ...values, stat, ...window_ }, { signal: abort.signal }))),
         api.anomalies({ run: state.run, target: state.target, source: state.source }, { signal: abort.signal }),
       ]);
       if (abort.signal.aborted) return;
-      const layers = bodies[0].layers;
+      // The layers and bins of a statistics answer; a per-example one is put on its rows by layer name.
+      const ref = bodies[stats.findIndex((x) => !EXAMPLE_STATS.includes(x))] || bodies[0];
+      bodies = bodies.map((b) => onLayers(b, ref.layers));
+      const layers = ref.layers;
       const sameLayers = this.data && this.data.key === key && JSON.stringify(this.data.layers) === JSON.stringify(layers);
       if (incremental && !sameLayers) {
         // A layer appeared: start over with every step.
         this.data = null;
         return await this._load(state, this._wanted(state), false);
       }
-      const binned = bodies[0].binned === true;
+      const binned = ref.binned === true;
       const fresh = !(this.data && this.data.key === key && sameLayers) || binned || Boolean(this.data.bins);
-      if (fresh) this.data = { key, layers, steps: [], m: {}, bins: binned ? bodies[0] : null };
+      if (fresh) this.data = { key, layers, steps: [], m: {}, bins: binned ? ref : null };
       if (!merge(this.data, stats, bodies.map(asColumns), start)) {
         this.data = null;
         return await this._load(state, this._wanted(state), false);
@@ -554,7 +580,7 @@ export class OverviewView {
       const open = stepOfBin(d.bins, i, j);
       const b = d.bins;
       rows[0] = ["steps", `${b.steps[j]}–${b.last_steps[j]} (${b.counts[j]} steps in this bin)`];
-      rows.push([`${statLabel(stat)} min–max`, `${fmtNum(b.min[i][j], 6)} – ${fmtNum(b.max[i][j], 6)}`]);
+      rows.push([`${statLabel(b.stat || stat)} min–max`, `${fmtNum(b.min[i][j], 6)} – ${fmtNum(b.max[i][j], 6)}`]);
       action = `click: this layer at step ${open.step} (${open.why})`;
     }
     rows.push([statLabel(stat), fmtExact(m[stat][i][j])]);
@@ -616,6 +642,15 @@ function merge(data, stats, bodies, start) {
   });
   data.steps = start !== undefined ? oldSteps.concat(steps) : steps;
   return true;
+}
+
+/** A matrix answer with its rows in the order of `layers` (empty for a layer it lacks): a per-example
+ * answer lists the layers with such records, which a statistics answer's rows need not all be. */
+function onLayers(body, layers) {
+  if (JSON.stringify(body.layers) === JSON.stringify(layers)) return body;
+  const at = new Map(body.layers.map((l, i) => [l, i]));
+  const rows = (values) => layers.map((l) => (at.has(l) && values ? values[at.get(l)] : []));
+  return { ...body, layers, values: rows(body.values), ...(body.binned ? { max: rows(body.max), min: rows(body.min) } : {}) };
 }
 
 /** A binned matrix answer in the shape `merge` takes: a column per bin, its largest value. */

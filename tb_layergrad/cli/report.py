@@ -10,7 +10,8 @@ Per run: where it broke, the first step at which anything was non-finite and in
 which pass (`reader.origin`, docs/ANOMALIES.md "Where it broke"). Per run and layer
 (one target, one source): the norm, RMS and zero fraction at the layer's last logged step, the trend (`anomalies.trend`), the first step with
 a NaN/Inf gradient, the decay of per-timestep gradients for RNN layers
-(`anomalies.timestep_decay`), and the anomaly flags (docs/ANOMALIES.md).
+(`anomalies.timestep_decay`), and the anomaly flags (docs/ANOMALIES.md); for a run with per-example
+records, the layers where one example carried most of the gradient at some step (`anomalies.dominance`).
 
 Exit status: 0; 3 when a `--fail-on` condition holds; 1 when the logdir, a run
 or the asked series do not exist; 2 for a usage error.
@@ -35,7 +36,8 @@ EXIT_ERROR = 1
 EXIT_FAILED = 3
 
 # --fail-on names -> flag kind ("nan" is the short name of "nonfinite").
-FAIL_ON = {"nan": "nonfinite", "nonfinite": "nonfinite", "exploding": "exploding", "vanishing": "vanishing", "dead": "dead"}
+FAIL_ON = {"nan": "nonfinite", "nonfinite": "nonfinite", "exploding": "exploding", "vanishing": "vanishing", "dead": "dead",
+           "dominated": "dominated"}
 LABELS = {"nonfinite": "NaN/Inf", "vanishing": "vanishing", "exploding": "exploding", "dead": "dead"}
 WIDTH = 100
 
@@ -70,7 +72,7 @@ def parse_fail_on(text: Optional[str]) -> List[str]:
         if not name:
             continue
         if name not in FAIL_ON:
-            raise ValueError(f"unknown --fail-on condition {name!r}; use some of: nan, exploding, vanishing, dead")
+            raise ValueError(f"unknown --fail-on condition {name!r}; use some of: nan, exploding, vanishing, dead, dominated")
         if FAIL_ON[name] not in kinds:
             kinds.append(FAIL_ON[name])
     return kinds
@@ -85,6 +87,9 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
     """
     out: List[Dict[str, object]] = []
     for kind in fail_on:
+        if kind == "dominated":  # one example carried most of a layer's gradient at some step (its worst named)
+            out += [{"run": run.run, "layer": d.layer, "condition": kind, "step": d.worst_step} for d in run.dominated or ()]
+            continue
         for s in run.summaries:
             if kind == "nonfinite":
                 if s.first_nonfinite is not None:
@@ -125,6 +130,7 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
             skipped.append({"run": name, "reason": f"no {source} statistics for target {target!r} "
                                                    f"(targets: {', '.join(rc.targets())}; sources: {', '.join(rc.sources())})"})
             continue
+        result.dominated = run_anomalies.read_dominance(provider, ctx, "", rc, target, source)
         results.append(result)
         failures += failures_of(result, fail_on)
     if not results:
@@ -242,6 +248,8 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             }
             row = "  " + " ".join(f"{shorten(cells[k], w):{a}{w}}" for k, _, w, a in _COLUMNS)
             lines.append(row + " " + shorten(flags_text(s), flags_w))
+        for d in result.dominated or ():  # wrapped, not cut: it names a layer and a step to open
+            lines += _wrap("  " + d.line, width, "    ")
     for s in report.skipped:
         lines.append("")
         lines.append(shorten(f"run {s['run']}: skipped, {s['reason']}", width))
@@ -283,15 +291,21 @@ def to_json(report: Report) -> dict:
         "format_version": metadata.FORMAT_VERSION,
         "thresholds": dict(anomalies.THRESHOLDS),
         "trend_window": anomalies.TREND_WINDOW,
-        "runs": [
-            {"run": r.run, "summary": r.summary_json(), "layers": [s.to_json() for s in r.summaries]}
-            for r in report.runs
-        ],
+        "runs": [_run_json(r) for r in report.runs],
         "skipped": report.skipped,
         "fail_on": ["nan" if k == "nonfinite" else k for k in report.fail_on],
         "failures": report.failures,
         "warnings": report.warnings,
     }
+
+
+def _run_json(r: anomalies.RunAnomalies) -> dict:
+    """One run; `dominated` (docs/ANOMALIES.md, "One example dominates") only for a run with per-example records."""
+    out = {"run": r.run, "summary": r.summary_json(), "layers": [s.to_json() for s in r.summaries]}
+    if r.dominated is not None:
+        out["dominated"] = [d.to_json() for d in r.dominated]
+        out["example_thresholds"] = dict(anomalies.EXAMPLE_THRESHOLDS)
+    return out
 
 
 CSV_COLUMNS = (
@@ -338,7 +352,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output format (default: %(default)s)")
     parser.add_argument("--fail-on", metavar="LIST", default="",
                         help="comma-separated conditions that make the exit status 3: nan (a NaN/Inf gradient at any "
-                             "step), exploding, vanishing, dead (flagged at a layer's last logged step)")
+                             "step), exploding, vanishing, dead (flagged at a layer's last logged step), dominated "
+                             "(one example carried most of a layer's gradient at some step; per-example records)")
     parser.add_argument("--target", default=metadata.DEFAULT_TARGET, help="differentiated scalar (default: %(default)s)")
     parser.add_argument("--source", choices=metadata.SOURCES, default=metadata.SOURCE_OUTPUT,
                         help="output: gradients w.r.t. layer outputs; weight: w.r.t. variables (default: %(default)s)")

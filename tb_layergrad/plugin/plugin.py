@@ -51,6 +51,8 @@ class LayerGradPlugin(base_plugin.TBPlugin):
             "/compare": r.compare,
             "/csv": r.csv,
             "/anomalies": r.anomalies,
+            "/examples": r.examples,
+            "/noise_scale": r.noise_scale,
             # Every other path below the plugin: a file of frontend/ (or a JSON 404).
             "/*": r.static_file,
         }

@@ -20,7 +20,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import binned, bodies, listing, params, prefetch
+from tb_layergrad.plugin import binned, bodies, example_bodies, listing, params, prefetch
 from tb_layergrad.plugin.responses import (
     count_list,
     csv_number,
@@ -35,7 +35,7 @@ from tb_layergrad.plugin.responses import (
     json_response,
 )
 from tb_layergrad.plugin.static import StaticFiles
-from tb_layergrad.reader import catalog, downsample, layer_points, run_anomalies, series
+from tb_layergrad.reader import catalog, downsample, examples, layer_points, run_anomalies, series
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.series import align
 from tb_layergrad.reader.block_cache import BlockCache
@@ -198,6 +198,14 @@ class Routes:
 
     @json_errors
     def matrix(self, request: wrappers.Request) -> wrappers.Response:
+        """A statistic of every layer at every step: of the `stats` records, or of the per-example records
+        for a `stat` named `example_norm_*` (`examples.MATRIX_STATS`)."""
+        stat = params.single(request.args, "stat")
+        if stat in examples.MATRIX_STATS:
+            return self._examples_matrix(request, stat)
+        return self._stats_matrix(request)
+
+    def _stats_matrix(self, request: wrappers.Request) -> wrappers.Response:
         args = request.args
         run = params.required_name(args, "run")
         stat = params.stat(args)
@@ -411,6 +419,86 @@ class Routes:
         if result is None:
             raise _missing_series(rc, target, source, "stats")
         return json_response(request, bodies.anomalies_body(result, layer))
+
+    # -- per-example records and the noise scale (issue #28) -----------------------------------
+
+    def _examples_matrix(self, request: wrappers.Request, stat: str) -> wrappers.Response:
+        args = request.args
+        run = params.required_name(args, "run")
+        target, source, start, end = _series_range(args)
+        max_steps = params.max_steps(args)
+        points = params.points(args)
+        rc = self._run_catalog(request, run)
+        chosen = rc.with_kind(target, source, metadata.KIND_EXAMPLES)
+        if not chosen:
+            if not rc.with_kind(target, source, metadata.KIND_STATS):
+                raise _missing_series(rc, target, source, "stats")
+            raise errors.NotFoundError(f"run {quote(run)} has no per-example records ({source!r}, target {quote(target)})")
+        ctx, eid = self._where(request)
+        rows = examples.read(self._provider, ctx, eid, rc, chosen, start, end, self._blocks)
+        field = examples.MATRIX_STATS[stat]
+        columns = [(rows[s.key].steps, rows[s.key].column(field)) for s in chosen]
+        head = {"run": run, "target": target, "source": source, "stat": stat, "layers": [s.info.layer for s in chosen]}
+        steps = series.union_steps([c[0] for c in columns])
+        if binned.needed(points, steps):
+            return json_response(request, {**head, **binned.columns_body(columns, steps, stat, points, start, end)})
+        steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
+        extra = {"binned": False} if points else {}
+        return json_response(
+            request,
+            {**head, **extra, "steps": _int_list(steps)},
+            raw={"values": _columns_json([align(pts, col, steps) for pts, col in columns], stat)},
+        )
+
+    @json_errors
+    def examples(self, request: wrappers.Request) -> wrappers.Response:
+        """One layer's per-example spread per step (binned with `points`), and the top positions at `step`."""
+        args = request.args
+        run = params.required_name(args, "run")
+        layer = params.required_name(args, "layer")
+        target, source, start, end = _series_range(args)
+        points = params.points(args)
+        step = params.step(args)
+        ctx, eid = self._where(request)
+        s, rc = self._one_series(request, run, layer, target, source, metadata.KIND_EXAMPLES)
+        rows = examples.read(self._provider, ctx, eid, rc, [s], start, end, self._blocks)[s.key]
+        head = {"run": run, "layer": layer, "target": target, "source": source, "index": s.info.index,
+                "dtype": s.info.dtype, "top_k": metadata.EXAMPLE_TOP_K}
+        if step is not None:
+            whole = rows if start is None and end is None else \
+                examples.read(self._provider, ctx, eid, rc, [s], blocks=self._blocks)[s.key]
+            row = whole.at(step)
+            if row is None:
+                raise errors.NotFoundError(f"no per-example record at step {step} for layer {quote(layer)}")
+            at = example_bodies.at_body(step, row)
+        else:
+            at = example_bodies.at_body(int(rows.steps[-1]), rows.table[-1]) if len(rows) else None
+        if binned.needed(points, rows.steps):
+            body = example_bodies.binned_body(rows, points, start, end)
+        else:
+            body = {**({"binned": False} if points else {}), **example_bodies.spread_body(rows)}
+        return json_response(request, {**head, **body, "at": at})
+
+    @json_errors
+    def noise_scale(self, request: wrappers.Request) -> wrappers.Response:
+        """The gradient noise scale scalars of one or several runs (plugin `scalars`), raw: the tab smooths."""
+        args = request.args
+        names = params.runs(args)
+        start, end = params.step_range(args)
+        ctx, eid = self._where(request)
+        answer = self._provider.read_scalars(
+            ctx, experiment_id=eid, plugin_name="scalars", downsample=series.READ_ALL,
+            run_tag_filter=tb_provider.RunTagFilter(runs=names, tags=list(example_bodies.NOISE_SCALE_TAGS.values())),
+        )
+        # A run without the scalars is `missing`, not an error: the tab asks for every run it shows and
+        # hides the chart when none has them (a 404 per plain run would be noise in the browser's console).
+        found = [n for n in names if example_bodies.has_noise_scale(answer.get(n, {}))]
+        return json_response(request, {
+            "runs": names,
+            "missing": [n for n in names if n not in found],
+            "tags": dict(example_bodies.NOISE_SCALE_TAGS),
+            "series": [example_bodies.noise_scale_run(n, answer[n], start, end) for n in found],
+        })
 
     @json_errors
     def static_file(self, request: wrappers.Request) -> wrappers.Response:

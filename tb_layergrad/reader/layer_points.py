@@ -5,6 +5,9 @@ written in version 1, in version 2 or in both reads the same. A series' `parts` 
 say where its records are: a version-1 tag of its own, or its row of version-2 group tags. The
 points of all parts are united by step (the later wall time wins at a repeated step).
 
+An `examples` record (version 2 only) is read as the layer's row in `metadata.EXAMPLE_FIELDS` order,
+its columns mapped by the content's `fields` names (`by_name`).
+
 Version 2 (docs/FORMAT.md): a group's `histogram` record holds counts only; the [k, 3] (left,
 right, count) layout of version 1 is rebuilt from the same step's `stats` (min, max) of the same
 layer (`metadata.histogram_edges`), and a step without stats is skipped. A `first_nonfinite`
@@ -141,7 +144,12 @@ def _edge_rows(ctx: object, experiment_id: str, rc: catalog.RunCatalog, others: 
 
 def _group_points(kind: str, part: catalog.Part, data: Sequence[tb_provider.TensorDatum], run: str) -> series.Points:
     """A group tag's records, those whose shape disagrees with its layer list skipped."""
-    shape = (part.rows, None) if kind == metadata.KIND_HISTOGRAM else (part.rows,)
+    if kind == metadata.KIND_HISTOGRAM:
+        shape = (part.rows, None)
+    elif kind == metadata.KIND_EXAMPLES:
+        shape = (part.rows, len(part.fields))
+    else:
+        shape = (part.rows,)
     return series.select([d for d in data if series.fits(d, part.tag, run, shape)])
 
 
@@ -163,7 +171,23 @@ def _part_points(kind: str, part: catalog.Part, points: series.Points, stats: Op
         return series.Points(points.steps, points.wall_times, [np.asarray(r, np.int64).reshape(1) for r in rows])
     if kind == metadata.KIND_HISTOGRAM:
         return _histograms(points, rows, stats)
+    if kind == metadata.KIND_EXAMPLES:
+        return series.Points(points.steps, points.wall_times, [by_name(r, part.fields) for r in rows])
     return series.Points(points.steps, points.wall_times, rows)
+
+
+def by_name(row: np.ndarray, fields: Sequence[str]) -> np.ndarray:
+    """An `examples` row in EXAMPLE_FIELDS order, its columns mapped by the content's `fields` names:
+    an unknown name ignored, a known one that is absent NaN (docs/FORMAT.md, as for `stats`)."""
+    row = np.asarray(row, dtype=np.float64).reshape(-1)
+    if tuple(fields) == metadata.EXAMPLE_FIELDS:
+        return row
+    out = np.full(len(metadata.EXAMPLE_FIELDS), np.nan)
+    for j, name in enumerate(fields):
+        at = metadata.EXAMPLE_INDEX.get(name)
+        if at is not None and j < row.shape[0]:
+            out[at] = row[j]
+    return out
 
 
 def _histograms(points: series.Points, counts: List[np.ndarray], stats: Optional[StatsRows]) -> series.Points:

@@ -13,7 +13,7 @@ import numpy as np
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import anomalies, catalog, layer_points, origin, series
+from tb_layergrad.reader import anomalies, catalog, examples, layer_points, origin, series
 from tb_layergrad.reader.origin import first_nonfinite_hint
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -80,3 +80,29 @@ def read_run(
     )
     result.origin = origin.locate_run(data_provider, ctx, experiment_id, rc, origin_target or target, start, end, store)
     return result
+
+
+def read_dominance(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    rc: catalog.RunCatalog,
+    target: str,
+    source: str,
+    start: Optional[int] = None,
+    end: Optional[int] = None,
+) -> Optional[List[anomalies.Dominance]]:
+    """The layers of run `rc` where one example dominated a step (docs/ANOMALIES.md), in model order;
+    None when the run has no per-example records for (target, source) (nothing could be said)."""
+    chosen = rc.with_kind(target, source, metadata.KIND_EXAMPLES)
+    if not chosen:
+        return None
+    rows = examples.read(data_provider, ctx, experiment_id, rc, chosen, start, end)
+    out = []
+    for s in chosen:
+        r = rows[s.key]
+        found = anomalies.dominance(s.info.layer, r.steps, r.column("top_share"), r.column("examples"),
+                                    r.column("status"), r.column("top_index_1"))
+        if found is not None:
+            out.append(found)
+    return out

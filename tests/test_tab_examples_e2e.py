@@ -1,0 +1,152 @@
+"""The tab's per-example views (issue #28) in headless Chromium against a real `tensorboard`: the layer view's
+band of per-example norms and the batch positions of the largest at a step, the overview coloured by
+`example_norm_top_share`, and the gradient noise scale chart with its smoothing slider, in the run's view
+and in compare. A run without these records shows none of them. The runs are tests/examples_fixtures.py's.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("playwright")
+if not os.path.exists("/usr/bin/chromium"):
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+import examples_fixtures as ef  # noqa: E402
+import tab_fixtures as tf_  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
+
+SMOOTHED = "EMA(tr Σ) / EMA(|G|²)"
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("examples_tab"))
+    work = tmp_path_factory.mktemp("work")
+    last = {ef.RUN: ef.STEPS - 1, ef.PLAIN: ef.STEPS - 1}
+    with tf_.served(logdir, work, last, lambda: ef.write_examples_logdir(logdir), write_first=True,
+                    load_fast="true", reload_interval=0) as (tb, browser, written):
+        yield {"tb": tb, "browser": browser, "written": written}
+
+
+@pytest.fixture(autouse=True)
+def no_browser_errors(env):
+    yield
+    tf_.assert_no_browser_errors(env["browser"])
+
+
+def test_the_served_tab_is_this_worktrees(env):
+    status, body, _ = env["tb"].get("/data/plugin/layergrad/views/examples_panel.js")
+    assert status == 200 and b"class ExamplesPanel" in body
+
+
+def reference_smoothed(trace: np.ndarray, signal: np.ndarray, w: float) -> np.ndarray:
+    """TensorBoard's debiased EMA of each, then their ratio (NaN while the averaged signal is <= 0)."""
+    def ema(ys):
+        out, last = [], 0.0
+        for n, v in enumerate(ys, start=1):
+            last = last * w + (1 - w) * v
+            out.append(last / (1 - w ** n))
+        return np.asarray(out)
+    t, g = ema(trace.astype(np.float32).astype(np.float64)), ema(signal.astype(np.float32).astype(np.float64))
+    return np.where(g > 0, t / np.where(g > 0, g, 1), np.nan)
+
+
+def test_layer_view_shows_the_band_and_the_dominating_position(env):
+    b = env["browser"]
+    frame = b.open(env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": ef.DOMINATED_STEP})
+    panel = frame.locator('[data-panel="examples"]')
+    frame.wait_for_selector('[data-panel="examples"] path.lg-band')
+    assert panel.is_visible()
+    assert frame.locator('[data-panel="examples"] path.lg-band').count() == 1  # every step has numbers: one outline
+    lines = frame.locator('[data-panel="examples"] path.lg-line').evaluate_all("els => els.map(e => e.dataset.series)")
+    assert lines == ["max", "median", "min"]
+    frame.wait_for_selector(f'.lg-example-table[data-step="{ef.DOMINATED_STEP}"]')
+    positions = frame.locator(".lg-example-table tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+    norms = env["written"].norms[ef.DOMINATED_LAYER][ef.DOMINATED_STEP]
+    assert positions == np.argsort(-norms, kind="stable")[:5].tolist() and positions[0] == ef.DOMINATED_POSITION
+    head = frame.locator(".lg-example-head").inner_text()
+    share = norms.max() ** 2 / np.sum(norms ** 2)
+    assert f"of {ef.BATCH} examples carries {100 * share:.1f}%" in head
+    # Another step: its own positions.
+    frame.locator('.lg-layer button[aria-label="next step"]').click()
+    step = ef.DOMINATED_STEP + 1
+    frame.wait_for_function(f"() => document.querySelector('.lg-step-value')?.textContent.includes('{step}')")
+    frame.wait_for_selector(f'.lg-example-table[data-step="{step}"]')
+    positions = frame.locator(".lg-example-table tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+    assert positions == np.argsort(-env["written"].norms[ef.DOMINATED_LAYER][step], kind="stable")[:5].tolist()
+
+
+def test_unsupported_layer_says_why(env):
+    frame = env["browser"].open(env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.UNSUPPORTED_LAYER, "step": 3})
+    frame.wait_for_function("() => document.querySelector('.lg-example-top')?.textContent.includes('no exact per-example rule')")
+    assert frame.locator('[data-panel="examples"] path.lg-band').count() == 0
+
+
+def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
+    b = env["browser"]
+    frame = b.open(env["tb"].base, {"run": ef.RUN})
+    frame.wait_for_selector('.lg-overview select[aria-label="statistic"] option[value="example_norm_top_share"]', state="attached")
+    options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all("els => els.map(e => e.value)")
+    assert "example_norm_top_share" in options
+    frame.locator('.lg-overview select[aria-label="statistic"]').select_option("example_norm_top_share")
+    frame.wait_for_function("() => document.querySelector('.lg-heat-legend')?.textContent.includes(\"largest example's share\")")
+    assert tf_.parent_state(b.page)["stat"] == "example_norm_top_share"
+    # The noise-scale chart: smoothed at TensorBoard's default 0.6, the numbers those of numpy's EMA ratio.
+    noise = frame.locator('[data-panel="noise-scale"]')
+    frame.wait_for_selector(f'[data-panel="noise-scale"] path.lg-line[data-series="{SMOOTHED}"]')
+    assert noise.is_visible()
+    written = env["written"]
+    for w in (0.6, 0.95, 0.0):
+        got = frame.evaluate(
+            """async ([w]) => {
+                const m = await import('./noise.js');
+                const b = await (await fetch('./noise_scale?run=ex')).json();
+                const r = b.series[0];
+                return m.smoothedNoiseScale(r.trace, r.signal, w);
+            }""", [w])
+        want = reference_smoothed(written.trace, written.signal, w)
+        np.testing.assert_allclose(np.asarray([np.nan if v is None else v for v in got]), want, rtol=1e-9)
+    # The slider: moving it redraws the smoothed line (and says its value).
+    before = frame.locator(f'[data-panel="noise-scale"] path.lg-line[data-series="{SMOOTHED}"]').get_attribute("d")
+    frame.locator(".lg-noise-smoothing").fill("0.95")
+    frame.wait_for_function("() => document.querySelector('[data-panel=\"noise-scale\"]').dataset.smoothing === '0.95'")
+    after = frame.locator(f'[data-panel="noise-scale"] path.lg-line[data-series="{SMOOTHED}"]').get_attribute("d")
+    assert after != before and frame.locator(".lg-noise-smoothing-value").inner_text() == "0.950"
+    raw = frame.locator('[data-panel="noise-scale"] path.lg-line[data-series="raw tr(Σ)/|G|²"]').get_attribute("d")
+    assert raw.count("M") == 2  # the raw ratio has no value at the step without a positive signal: two pieces
+    assert "covers 75% of the trainable parameters" in noise.inner_text()
+
+
+def test_compare_shows_the_noise_scale_of_the_runs_that_have_it(env):
+    frame = env["browser"].open(env["tb"].base, {"run": ef.RUN, "view": "compare", "layer": "net/mid",
+                                                 "runs": json.dumps([ef.RUN, ef.PLAIN]), "stat": "example_norm_top_share"})
+    frame.wait_for_selector(f'.lg-compare [data-panel="noise-scale"] path.lg-line[data-series="{ef.RUN} {SMOOTHED}"]')
+    assert f"not recorded in {ef.PLAIN}" in frame.locator('.lg-compare [data-panel="noise-scale"]').inner_text()
+    frame.wait_for_selector('.lg-compare path.lg-line[data-series="plain"]')  # compared by the norm meanwhile
+    # These runs hold no histograms (stats and examples only), which compare's "histograms at this step" asks for.
+    b = env["browser"]
+    b.errors[:] = [e for e in b.errors if "/histograms?" not in e or "404" not in e]
+
+
+def test_a_run_without_them_shows_none(env):
+    b = env["browser"]
+    asked = []
+    record = lambda r: asked.append(r.url)  # noqa: E731
+    b.page.on("request", record)
+    frame = b.open(env["tb"].base, {"run": ef.PLAIN, "stat": "example_norm_top_share"})
+    frame.wait_for_selector(".lg-heat-legend .lg-legend-title")
+    options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all("els => els.map(e => e.value)")
+    assert not any(o.startswith("example_") for o in options)
+    assert "L2 norm" in frame.locator(".lg-heat-legend").inner_text()
+    assert frame.locator('[data-panel="noise-scale"]').is_hidden()
+    frame = env["browser"].open(env["tb"].base, {"run": ef.PLAIN, "view": "layer", "layer": "net/mid", "step": 3})
+    frame.wait_for_selector(".lg-stats-table")
+    assert frame.locator('[data-panel="examples"]').is_hidden()
+    b.page.remove_listener("request", record)
+    assert any("/matrix?" in u for u in asked)
+    assert not [u for u in asked if "/examples?" in u or "/noise_scale?" in u or "example_norm" in u]  # asked nothing new
