@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from tb_layergrad import distribute, metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+from tb_layergrad.summary import per_example_plan
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
 
@@ -123,6 +124,7 @@ def gradients(
     strategy: Any = None,
     format_version: int = metadata.FORMAT_VERSION,
     histograms: Any = True,
+    per_example: Any = None,
 ) -> tf.Tensor:
     """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
 
@@ -145,6 +147,15 @@ def gradients(
     for one release), docs/FORMAT.md. `histograms` (a bool or bool tensor):
     False writes the statistics alone (e.g. `histograms=step % 100 == 0`),
     except at a step where an entry holds a NaN/Inf, written in full.
+
+    `per_example`: each example's own gradient norms (docs/PER_EXAMPLE.md),
+    written as `examples` records beside the `stats` of every output and weight
+    group of the target, at the same steps, and for the target "loss" the
+    gradient noise scale as TensorBoard scalars (docs/FORMAT.md, "Per-example
+    records"). None (default): those `grads` carries (`capture(...,
+    per_example=True)`); a `PerExampleNorms` or a mapping path -> [batch]
+    norms: these; False: none. Format version 2 only. Not yet under a
+    multi-replica strategy (a clear error).
     """
     step = resolve_step(step)
     distribute.check_mode(replicas)
@@ -157,14 +168,23 @@ def gradients(
             metadata.DEFAULT_TARGET,
         )
     target_name = target or grads.target
+    if per_example is None:
+        per_example = grads.per_example
+    examples = per_example_plan.from_norms(per_example, target_name, grads)
+    per_example_plan.check_format(format_version, examples)
     ctx = distribute.replica_context()
+    if examples is not None and (ctx is not None or distribute.holds_distributed_values(grads)):
+        raise ValueError(
+            "per-example records under a multi-replica strategy are not written yet (issue #28): pass "
+            "per_example=False, or write them from a single replica"
+        )
     with tf.name_scope("layergrad"):
         if ctx is not None:
             return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version), step,
                               histograms=histograms)
         if not distribute.holds_distributed_values(grads):
-            return write_step(plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version), step,
-                              histograms=histograms)
+            plan = plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version)
+            return write_step(dataclasses.replace(plan, per_example=examples), step, histograms=histograms)
         if replicas == "stats":
             raise ValueError(
                 'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '

@@ -1,0 +1,121 @@
+"""Write a step's per-example records (kind `examples`) and, for the loss, the gradient noise scale scalars.
+
+Called by `write.write_step` inside the recorded branch, with the default
+writer entered: the records exist exactly at the steps the `stats` of the same
+groups are written (docs/FORMAT.md, "Per-example records"). The rows come from
+`statistics.per_example_rows`, the noise scale from `statistics.noise_scale`;
+this module only lays them out per group and writes them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence
+
+import tensorflow as tf
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+from tb_layergrad import metadata
+from tb_layergrad.statistics import noise_scale, per_example_rows
+from tb_layergrad.summary import plan as plans
+from tb_layergrad.summary import tag_metadata
+from tb_layergrad.summary.per_example_plan import PerExample
+
+# The scalars' tags (docs/FORMAT.md): the Scalars dashboard shows them too.
+NOISE_SCALE_TAG = "layergrad/gradient_noise_scale"
+TRACE_TAG = NOISE_SCALE_TAG + "/trace"
+SIGNAL_TAG = NOISE_SCALE_TAG + "/signal"
+COVERAGE_TAG = NOISE_SCALE_TAG + "/coverage"
+
+
+def write(plan: "plans.Plan", step: tf.Tensor, description: str = "") -> None:
+    """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale."""
+    spec = plan.per_example
+    if spec is None:
+        return
+    batch = spec.batch_size()
+    weight_group = None
+    for members in plans.groups(plan.series):
+        first = members[0].info
+        if first.target != spec.target or first.source not in metadata.GRADIENT_SOURCES:
+            continue
+        _write_group(members, spec, batch, step, description)
+        if first.source == metadata.SOURCE_WEIGHT:
+            weight_group = members
+    if weight_group is not None and spec.target == metadata.DEFAULT_TARGET:
+        _write_noise_scale(weight_group, spec, batch, step)
+
+
+def _row(s: "plans.Series", spec: PerExample, batch: Optional[tf.Tensor]) -> tf.Tensor:
+    """A layer's row: its numbers; zeros where the target does not depend on it; else why there are none."""
+    path = s.info.layer
+    norm = spec.norm_of(path)
+    if norm is not None:
+        return per_example_rows.exact_row(norm)
+    status = spec.status_of(path)
+    if status is None and not s.present and batch is not None:
+        return per_example_rows.exact_row(tf.zeros([batch], tf.float64))  # no gradient: every example's is 0
+    examples = float("nan") if batch is None else tf.cast(batch, tf.float64)
+    return per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status)
+
+
+def _write_group(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor], step: tf.Tensor,
+                 description: str) -> None:
+    group = metadata.GroupInfo.of(metadata.KIND_EXAMPLES, [s.info for s in members])
+    rows = tf.stack([_row(s, spec, batch) for s in members])
+    pending = tag_metadata.Pending([group], step)
+    serialized = tag_metadata.serialized_if(pending.needed[0], metadata.create_group_metadata(group, description).SerializeToString())
+    tf.summary.write(tag_metadata.tag_at(group, pending.firsts[0]), rows, step=step, metadata=serialized)
+    pending.store(tf.constant([True]))
+
+
+def _batch_sq(s: "plans.Series") -> tf.Tensor:
+    """‖G_B‖² of one variable: from its gradient, or from its merged stats' norm."""
+    if s.data is not None:
+        g = tf.convert_to_tensor(s.data)  # an IndexedSlices densified: repeated rows add up first
+        return tf.reduce_sum(tf.square(tf.cast(g, tf.float64)))
+    norm = tf.cast(s.reduced[1], tf.float64)[metadata.STAT_INDEX["norm"]]
+    return tf.square(norm)
+
+
+def _write_noise_scale(weights: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor],
+                       step: tf.Tensor) -> None:
+    """B_simple, trace, signal and coverage over the weights with exact per-example norms (docs/FORMAT.md)."""
+    covered = [s for s in weights if spec.norm_of(s.info.layer) is not None and s.present]
+    sizes = dict(spec.elements)
+    covered_parameters = sum(sizes.get(s.info.layer, 0) for s in covered)
+    total = spec.parameters or sum(sizes.get(s.info.layer, 0) for s in weights)
+    coverage = covered_parameters / total if total > 0 else 0.0
+    _scalar(COVERAGE_TAG, tf.constant(coverage, tf.float64), step)
+    if not covered or batch is None:
+        return
+    sum_sq = tf.stack([tf.reduce_sum(tf.square(tf.cast(spec.norm_of(s.info.layer), tf.float64))) for s in covered])
+    estimate = noise_scale.estimate(sum_sq, tf.stack([_batch_sq(s) for s in covered]), batch)
+    for tag, value in ((TRACE_TAG, estimate.trace), (SIGNAL_TAG, estimate.signal)):
+        _when(tf.math.is_finite(value), lambda tag=tag, value=value: _scalar(tag, value, step))
+    coupled = any(spec.status_of(s.info.layer) == metadata.EXAMPLE_COUPLED for s in weights)
+    if coupled:
+        return
+    usable = tf.logical_and(estimate.signal > 0, tf.math.is_finite(estimate.b_simple))
+    _when(tf.logical_and(usable, tf.math.is_finite(estimate.signal)),
+          lambda: _scalar(NOISE_SCALE_TAG, estimate.b_simple, step))
+
+
+def _scalar(tag: str, value: tf.Tensor, step: tf.Tensor) -> None:
+    """A standard TensorBoard scalar (plugin `scalars`), under `tag` as given (no name scope added)."""
+    meta = scalar_metadata.create_summary_metadata(display_name=tag, description="")
+    tf.summary.write(tag, tf.cast(value, tf.float32), step=step, metadata=meta)
+
+
+def _when(condition: tf.Tensor, write: Callable[[], None]) -> None:
+    if tf.executing_eagerly():
+        if bool(condition):
+            write()
+        return
+
+    def run() -> tf.Tensor:
+        write()
+        return tf.constant(True)
+
+    tf.cond(condition, run, lambda: tf.constant(False))
+
+
+__all__: List[str] = ["COVERAGE_TAG", "NOISE_SCALE_TAG", "SIGNAL_TAG", "TRACE_TAG", "write"]
