@@ -45,6 +45,9 @@ from tb_layergrad.summary.write import read_step, recording, resolve_step, when,
 
 __all__ = ["activations", "gradient", "gradients", "timesteps"]
 
+_NO_REPLICAS = ("per-example records under a multi-replica strategy are not written yet (issue #28): pass "
+                "per_example=False, or write them from a single replica")
+
 
 def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str,
                   format_version: int = metadata.FORMAT_VERSION) -> plans.Plan:
@@ -161,6 +164,9 @@ def gradients(
     distribute.check_mode(replicas)
     plans.check_buckets(buckets)
     plans.check_format_version(format_version)
+    if isinstance(grads, tf.distribute.DistributedValues) and per_example is not False and any(
+            getattr(g, "per_example", None) is not None for g in grads.values):
+        raise ValueError(_NO_REPLICAS)  # regrouping the replicas' maps would drop them silently
     grads = distribute.per_replica_map(grads)
     if not isinstance(grads, GradientMap):
         grads = GradientMap(
@@ -174,10 +180,7 @@ def gradients(
     per_example_plan.check_format(format_version, examples)
     ctx = distribute.replica_context()
     if examples is not None and (ctx is not None or distribute.holds_distributed_values(grads)):
-        raise ValueError(
-            "per-example records under a multi-replica strategy are not written yet (issue #28): pass "
-            "per_example=False, or write them from a single replica"
-        )
+        raise ValueError(_NO_REPLICAS)
     with tf.name_scope("layergrad"):
         if ctx is not None:
             return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version), step,
