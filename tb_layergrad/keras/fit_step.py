@@ -176,7 +176,11 @@ class FitStep:
         main = self._target_plan(metadata.DEFAULT_TARGET, loss_map, seen.eps_grads, probe, seen.scale, forward=True)
         # The loss's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
         # the weights in `auxiliary` when shadowed) writes its `examples` record, the weights' plan the noise scale.
-        examples = per_example_plan.from_norms(seen.gmap.per_example, metadata.DEFAULT_TARGET, seen.gmap, seen.scale)
+        per_example = seen.gmap.per_example
+        ctx = distribute.replica_context()
+        if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
+            per_example = distribute.merge_per_example(per_example, ctx)
+        examples = per_example_plan.from_norms(per_example, metadata.DEFAULT_TARGET, seen.gmap, seen.scale)
         main = dataclasses.replace(main, per_example=examples)
         if not shadow and not seen.values:
             return main, None

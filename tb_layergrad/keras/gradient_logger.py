@@ -147,7 +147,8 @@ class GradientLogger(_Base):
             `weights=True` the gradient noise scale as TensorBoard scalars
             `layergrad/gradient_noise_scale[/trace|/signal|/coverage]`
             (docs/FORMAT.md). The loss must be the batch mean (Keras' default
-            reduction). Format version 2, one replica.
+            reduction). Format version 2. Several replicas: every replica's
+            examples, in global batch order.
 
     Mixed precision: with a loss-scaling optimizer, the recorded gradients are
     divided by the loss scale read before the step's update (float32). A step
@@ -274,11 +275,6 @@ class GradientLogger(_Base):
             raise ValueError(
                 f"GradientLogger supports {strategy.num_replicas_in_sync} replicas ({type(strategy).__name__}) "
                 "with Keras 3 only, not tf_keras; capture in a custom loop (tb_layergrad.distribute) instead"
-            )
-        if self.per_example and strategy is not None and strategy.num_replicas_in_sync > 1:
-            raise ValueError(
-                f"GradientLogger(per_example=True) with {strategy.num_replicas_in_sync} replicas: the replicas' "
-                "per-example norms are not merged yet (issue #28); use one replica, or per_example=False"
             )
         Capture(model, layers=self.layers, weights=self.weights)  # unknown layers raise here
         if self.timesteps is not False:

@@ -39,14 +39,15 @@ import tensorflow as tf
 
 from tb_layergrad import distribute, metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+from tb_layergrad.capturing.per_example_map import PerExampleNorms
 from tb_layergrad.summary import per_example_plan
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
 
 __all__ = ["activations", "gradient", "gradients", "timesteps"]
 
-_NO_REPLICAS = ("per-example records under a multi-replica strategy are not written yet (issue #28): pass "
-                "per_example=False, or write them from a single replica")
+_NO_REPLICAS = ("per-example records of gradients returned from strategy.run are not written (issue #28): write "
+                "them inside strategy.run (replica context: every replica's norms are gathered), or pass per_example=False")
 
 
 def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str,
@@ -56,7 +57,9 @@ def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: 
         raise ValueError('max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"')
     merged = distribute.merge_in_replica(gmap, replicas, buckets, ctx)
     plan = plans.from_gradients(merged.gradients, target, max_elements, buckets, format_version=format_version)
-    return plans.with_merged_records(plan, merged.reduced)
+    examples = per_example_plan.from_norms(merged.gradients.per_example, target, merged.gradients)
+    per_example_plan.check_format(format_version, examples)
+    return dataclasses.replace(plans.with_merged_records(plan, merged.reduced), per_example=examples)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
@@ -157,8 +160,9 @@ def gradients(
     gradient noise scale as TensorBoard scalars (docs/FORMAT.md, "Per-example
     records"). None (default): those `grads` carries (`capture(...,
     per_example=True)`); a `PerExampleNorms` or a mapping path -> [batch]
-    norms: these; False: none. Format version 2 only. Not yet under a
-    multi-replica strategy (a clear error).
+    norms: these; False: none. Format version 2 only. Inside `strategy.run`
+    every replica's norms are gathered, in global batch order; on what
+    `strategy.run` returned, not yet (a clear error).
     """
     step = resolve_step(step)
     distribute.check_mode(replicas)
@@ -174,12 +178,14 @@ def gradients(
             metadata.DEFAULT_TARGET,
         )
     target_name = target or grads.target
-    if per_example is None:
-        per_example = grads.per_example
-    examples = per_example_plan.from_norms(per_example, target_name, grads)
+    if per_example is not None:  # given (or refused) here: in place of what the map carries
+        given = per_example if per_example is False or isinstance(per_example, PerExampleNorms) else PerExampleNorms(dict(per_example))
+        grads = grads.with_entries({p: grads.entry(p) for p in grads})  # a copy: the caller's map is left alone
+        grads.per_example = None if given is False else given
+    examples = per_example_plan.from_norms(grads.per_example, target_name, grads)
     per_example_plan.check_format(format_version, examples)
     ctx = distribute.replica_context()
-    if examples is not None and (ctx is not None or distribute.holds_distributed_values(grads)):
+    if examples is not None and ctx is None and distribute.holds_distributed_values(grads):
         raise ValueError(_NO_REPLICAS)
     with tf.name_scope("layergrad"):
         if ctx is not None:
