@@ -20,29 +20,39 @@ _NAN = float("nan")
 
 def exact_row(norms: Any) -> tf.Tensor:
     """float64 [WIDTH]: the row of a layer whose [B] per-example norms are known (status EXAMPLE_EXACT)."""
-    n = tf.reshape(tf.cast(norms, tf.float64), [-1])
-    count = tf.size(n)
+    return exact_rows(tf.reshape(norms, [1, -1]))[0]
+
+
+def exact_rows(norms: Any) -> tf.Tensor:
+    """float64 [L, WIDTH]: the rows of L layers of one batch, from their [L, B] per-example norms.
+
+    Why all at once: a group's rows share the batch, and one sort and one top_k over [L, B] are a few ops
+    where a row each would be a few dozen per layer, run at every logged step.
+    """
+    n = tf.cast(norms, tf.float64)
+    rows = tf.shape(n)[0]
+    count = tf.shape(n)[1]
     some = count > 0
     nan = tf.constant(_NAN, tf.float64)
-    ascending = tf.sort(n)
-    # The median: mean of the middle two for an even count, read from a padded copy so that an empty batch
-    # gathers nothing out of range (its values are replaced by NaN below).
-    padded = tf.concat([ascending, tf.zeros([1], tf.float64)], 0)
-    low = tf.gather(padded, tf.maximum(count - 1, 0) // 2)
-    high = tf.gather(padded, count // 2)
-    median = tf.where(some, (low + high) / 2.0, nan)
-    smallest = tf.where(some, tf.gather(padded, 0), nan)
-    largest = tf.where(some, tf.gather(padded, tf.maximum(count - 1, 0)), nan)
-    sum_sq = tf.reduce_sum(tf.square(n))
-    top_share = tf.where(sum_sq > 0, tf.square(largest) / tf.where(sum_sq > 0, sum_sq, 1.0), nan)
+    # Sorted ascending, padded with a column so that an empty batch gathers nothing out of range (its values
+    # are replaced by NaN below). The median: the mean of the middle two for an even count.
+    padded = tf.concat([tf.sort(n, axis=1), tf.zeros([rows, 1], tf.float64)], 1)
+    last = tf.maximum(count - 1, 0)
+    picked = tf.gather(padded, tf.stack([0, last // 2, count // 2, last]), axis=1)  # [L, 4]
+    smallest = tf.where(some, picked[:, 0], nan)
+    median = tf.where(some, (picked[:, 1] + picked[:, 2]) / 2.0, nan)
+    largest = tf.where(some, picked[:, 3], nan)
+    sum_sq = tf.reduce_sum(tf.square(n), axis=1)
+    positive = sum_sq > 0
+    top_share = tf.where(positive, tf.square(largest) / tf.where(positive, sum_sq, 1.0), nan)
     # top_k: the lower index first among equal values (TensorFlow's documented tie rule), which is the contract's.
     k = tf.minimum(count, K)
     top = tf.math.top_k(n, k=k, sorted=True)
-    indexes = tf.pad(tf.cast(top.indices, tf.float64), [[0, K - k]], constant_values=-1.0)
-    values = tf.pad(top.values, [[0, K - k]], constant_values=_NAN)
-    head = tf.stack([tf.cast(count, tf.float64), tf.constant(float(metadata.EXAMPLE_EXACT), tf.float64),
-                     smallest, median, largest, sum_sq, top_share])
-    return tf.reshape(tf.concat([head, tf.reshape(indexes, [K]), tf.reshape(values, [K])], 0), [WIDTH])
+    indexes = tf.pad(tf.cast(top.indices, tf.float64), [[0, 0], [0, K - k]], constant_values=-1.0)
+    values = tf.pad(top.values, [[0, 0], [0, K - k]], constant_values=_NAN)
+    head = tf.stack([tf.fill([rows], tf.cast(count, tf.float64)), tf.fill([rows], tf.constant(float(metadata.EXAMPLE_EXACT), tf.float64)),
+                     smallest, median, largest, sum_sq, top_share], axis=1)
+    return tf.reshape(tf.concat([head, tf.reshape(indexes, [rows, K]), tf.reshape(values, [rows, K])], 1), [rows, WIDTH])
 
 
 def status_row(examples: Any, status: int) -> tf.Tensor:
@@ -59,4 +69,4 @@ def status_row(examples: Any, status: int) -> tf.Tensor:
     ], 0)
 
 
-__all__ = ["WIDTH", "exact_row", "status_row"]
+__all__ = ["WIDTH", "exact_row", "exact_rows", "status_row"]

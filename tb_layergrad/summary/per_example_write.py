@@ -37,49 +37,75 @@ def write(plan: "plans.Plan", step: tf.Tensor, description: str = "") -> None:
         first = members[0].info
         if first.target != spec.target or first.source not in metadata.GRADIENT_SOURCES:
             continue
-        _write_group(members, spec, batch, step, description)
+        rows = _write_group(members, spec, batch, step, description)
         if first.source == metadata.SOURCE_WEIGHT:
-            weight_group = members
+            weight_group = (members, rows)
     if weight_group is not None and spec.target == metadata.DEFAULT_TARGET:
-        _write_noise_scale(weight_group, spec, batch, step)
+        _write_noise_scale(*weight_group, spec, batch, step)
 
 
-def _row(s: "plans.Series", spec: PerExample, batch: Optional[tf.Tensor]) -> tf.Tensor:
-    """A layer's row: its numbers; zeros where the target does not depend on it; else why there are none."""
-    path = s.info.layer
-    norm = spec.norm_of(path)
-    if norm is not None:
-        return per_example_rows.exact_row(norm)
-    status = spec.status_of(path)
-    if status is None and not s.present and batch is not None:
-        return per_example_rows.exact_row(tf.zeros([batch], tf.float64))  # no gradient: every example's is 0
-    examples = float("nan") if batch is None else tf.cast(batch, tf.float64)
-    return per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status)
+def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor]) -> tf.Tensor:
+    """float64 [len(members), WIDTH]: each layer's row, its numbers computed together (`exact_rows`).
+
+    A layer with norms: its numbers; one the target does not depend on (no gradient, no reason given):
+    zeros, every example's gradient being 0; else the status of why there are none, NaN.
+    """
+    exact, status_rows, order = [], [], []
+    for s in members:
+        path = s.info.layer
+        norm = spec.norm_of(path)
+        status = spec.status_of(path)
+        if norm is None and status is None and not s.present and batch is not None:
+            norm = tf.zeros([batch], tf.float32)
+        if norm is not None:
+            order.append(("exact", len(exact)))
+            exact.append(tf.cast(tf.reshape(norm, [-1]), tf.float64))
+        else:
+            examples = float("nan") if batch is None else tf.cast(batch, tf.float64)
+            order.append(("status", len(status_rows)))
+            status_rows.append(per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status))
+    parts = []
+    if exact:
+        parts.append(per_example_rows.exact_rows(tf.stack(exact)))
+    if status_rows:
+        parts.append(tf.stack(status_rows))
+    table = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+    offset = {"exact": 0, "status": len(exact)}
+    return tf.gather(table, [offset[kind] + i for kind, i in order])
 
 
 def _write_group(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor], step: tf.Tensor,
-                 description: str) -> None:
+                 description: str) -> tf.Tensor:
+    """Write one group's record; returns its rows."""
     group = metadata.GroupInfo.of(metadata.KIND_EXAMPLES, [s.info for s in members])
-    rows = tf.stack([_row(s, spec, batch) for s in members])
+    rows = _rows(members, spec, batch)
     pending = tag_metadata.Pending([group], step)
     serialized = tag_metadata.serialized_if(pending.needed[0], metadata.create_group_metadata(group, description).SerializeToString())
     tf.summary.write(tag_metadata.tag_at(group, pending.firsts[0]), rows, step=step, metadata=serialized)
     pending.store(tf.constant([True]))
+    return rows
 
 
 def _batch_sq(s: "plans.Series") -> tf.Tensor:
     """‖G_B‖² of one variable: from its gradient, or from its merged stats' norm."""
     if s.data is not None:
         g = tf.convert_to_tensor(s.data)  # an IndexedSlices densified: repeated rows add up first
-        return tf.reduce_sum(tf.square(tf.cast(g, tf.float64)))
+        # One fused kernel (Σ g² / 2) in the gradient's own float type: the per-example norms it is set against
+        # are float32 anyway, and a float64 copy of a large weight gradient at every logged step was most of
+        # the noise scale's cost.
+        return 2.0 * tf.cast(tf.nn.l2_loss(g if g.dtype in (tf.float32, tf.float64) else tf.cast(g, tf.float32)), tf.float64)
     norm = tf.cast(s.reduced[1], tf.float64)[metadata.STAT_INDEX["norm"]]
     return tf.square(norm)
 
 
-def _write_noise_scale(weights: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor],
+def _write_noise_scale(weights: Sequence["plans.Series"], rows: tf.Tensor, spec: PerExample, batch: Optional[tf.Tensor],
                        step: tf.Tensor) -> None:
-    """B_simple, trace, signal and coverage over the weights with exact per-example norms (docs/FORMAT.md)."""
-    covered = [s for s in weights if spec.norm_of(s.info.layer) is not None and s.present]
+    """B_simple, trace, signal and coverage over the weights with exact per-example norms (docs/FORMAT.md).
+
+    `rows`: the weight group's `examples` rows, whose `sum_sq` column is Σ_i ‖g_{i,v}‖² of each variable.
+    """
+    at = [i for i, s in enumerate(weights) if spec.norm_of(s.info.layer) is not None and s.present]
+    covered = [weights[i] for i in at]
     sizes = dict(spec.elements)
     covered_parameters = sum(sizes.get(s.info.layer, 0) for s in covered)
     total = spec.parameters or sum(sizes.get(s.info.layer, 0) for s in weights)
@@ -87,10 +113,11 @@ def _write_noise_scale(weights: Sequence["plans.Series"], spec: PerExample, batc
     _scalar(COVERAGE_TAG, tf.constant(coverage, tf.float64), step)
     if not covered or batch is None:
         return
-    sum_sq = tf.stack([tf.reduce_sum(tf.square(tf.cast(spec.norm_of(s.info.layer), tf.float64))) for s in covered])
+    sum_sq = tf.gather(rows[:, metadata.EXAMPLE_INDEX["sum_sq"]], at)
     estimate = noise_scale.estimate(sum_sq, tf.stack([_batch_sq(s) for s in covered]), batch)
-    for tag, value in ((TRACE_TAG, estimate.trace), (SIGNAL_TAG, estimate.signal)):
-        _when(tf.math.is_finite(value), lambda tag=tag, value=value: _scalar(tag, value, step))
+    # Finite together (the same S, |G_B|^2 and B): one condition for both.
+    both = tf.logical_and(tf.math.is_finite(estimate.trace), tf.math.is_finite(estimate.signal))
+    _when(both, lambda: (_scalar(TRACE_TAG, estimate.trace, step), _scalar(SIGNAL_TAG, estimate.signal, step)))
     coupled = any(spec.status_of(s.info.layer) == metadata.EXAMPLE_COUPLED for s in weights)
     if coupled:
         return
