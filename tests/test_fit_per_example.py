@@ -124,3 +124,19 @@ def test_load_has_the_per_example_columns(tmp_path):
 def test_clear_errors():
     with pytest.raises(ValueError, match="format version 2"):
         tb_layergrad.GradientLogger("logs", per_example=True, format_version=1)
+
+
+@pytest.mark.parametrize("mode", ["graph", "xla"])
+def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
+    """An extra target (its own backward pass) leaves the loss's per-example records as they are: only the loss's
+    are written (kind `examples` for target "loss" only)."""
+    model = _mlp()
+    x, y = _data()
+    weights = ref.norms(ref.per_example_gradients(model, _loss, x, y))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
+    model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0, callbacks=[tb_layergrad.GradientLogger(
+        str(tmp_path), weights=True, per_example=True, targets={"unit_0": lambda p: p[:, 0]})])
+    found = tb_reading.examples(str(tmp_path))["train"]
+    assert set(found) == {("loss", "output"), ("loss", "weight")}
+    for layer, row in found[("loss", "weight")][1].items():
+        ref.assert_row(row, weights[layer], RTOL, layer)

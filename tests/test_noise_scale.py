@@ -127,3 +127,30 @@ def test_estimate_is_the_formula(b):
     assert float(got.signal) == pytest.approx((b * g2 - s) / (b - 1), rel=1e-12)
     assert float(got.trace) == pytest.approx((s - g2) * b / (b - 1), rel=1e-12)
     assert float(got.b_simple) == pytest.approx(float(got.trace) / float(got.signal), rel=1e-12)
+
+
+def test_embedding_in_a_tf_function(tmp_path):
+    """An Embedding's batch gradient is an IndexedSlices (repeated ids add up) and its parameter count is read
+    from its dense shape while tracing."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((6,), dtype="int32"), layers.Embedding(20, 4, name="emb"),
+                              layers.Flatten(name="flat"), layers.Dense(2, name="d")], name="emb_model")
+    rng = np.random.RandomState(0)
+    x = tf.constant(rng.randint(0, 20, size=(10, 6)), tf.int32)  # repeated ids within and across examples
+    y = tf.constant(2.0 + rng.normal(size=(10, 2)), tf.float32)
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, tape=tape, weights=True, per_example=True) as cap:
+                loss = _loss(y, model(x))
+        with writer.as_default(step=1):
+            tb_layergrad.summary.gradients(cap.gradients(tape, loss))
+
+    step()
+    writer.flush()
+    got = tb_reading.scalars(str(tmp_path))["."]
+    want, tol = _check(got, model, x, y)
+    np.testing.assert_allclose(got[pw.NOISE_SCALE_TAG][1], want["b_simple"], rtol=tol["b_simple"])
+    assert got[pw.COVERAGE_TAG][1] == 1.0
