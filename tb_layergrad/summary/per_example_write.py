@@ -27,25 +27,36 @@ COVERAGE_TAG = NOISE_SCALE_TAG + "/coverage"
 
 
 def write(plan: "plans.Plan", step: tf.Tensor, description: str = "") -> None:
-    """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale."""
+    """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale.
+
+    Why everything at once: the groups share the batch, so all their rows come from one `exact_rows` call and
+    their tags' metadata state from one `Pending`: a few ops per step where a group each would be a few dozen.
+    """
     spec = plan.per_example
     if spec is None:
         return
+    chosen = [members for members in plans.groups(plan.series)
+              if members[0].info.target == spec.target and members[0].info.source in metadata.GRADIENT_SOURCES]
+    if not chosen:
+        return
     batch = spec.batch_size()
-    weight_group = None
-    for members in plans.groups(plan.series):
-        first = members[0].info
-        if first.target != spec.target or first.source not in metadata.GRADIENT_SOURCES:
-            continue
-        rows = _write_group(members, spec, batch, step, description)
-        if first.source == metadata.SOURCE_WEIGHT:
-            weight_group = (members, rows)
-    if weight_group is not None and spec.target == metadata.DEFAULT_TARGET:
-        _write_noise_scale(*weight_group, spec, batch, step)
+    members = [s for group in chosen for s in group]
+    table = _rows(members, spec, batch)
+    infos = [metadata.GroupInfo.of(metadata.KIND_EXAMPLES, [s.info for s in group]) for group in chosen]
+    pending = tag_metadata.Pending(infos, step)
+    begin = 0
+    for i, (group, info) in enumerate(zip(chosen, infos)):
+        rows = table[begin : begin + len(group)]
+        serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(info, description).SerializeToString())
+        tf.summary.write(tag_metadata.tag_at(info, pending.firsts[i]), rows, step=step, metadata=serialized)
+        if group[0].info.source == metadata.SOURCE_WEIGHT and spec.target == metadata.DEFAULT_TARGET:
+            _write_noise_scale(group, rows, spec, batch, step)
+        begin += len(group)
+    pending.store(tf.ones([len(infos)], tf.bool))
 
 
 def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor]) -> tf.Tensor:
-    """float64 [len(members), WIDTH]: each layer's row, its numbers computed together (`exact_rows`).
+    """float64 [len(members), WIDTH]: each layer's row, the numbers of all computed together (`exact_rows`).
 
     A layer with norms: its numbers; one the target does not depend on (no gradient, no reason given):
     zeros, every example's gradient being 0; else the status of why there are none, NaN.
@@ -70,20 +81,10 @@ def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[t
     if status_rows:
         parts.append(tf.stack(status_rows))
     table = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+    if all(kind == "exact" for kind, _ in order):
+        return table  # already in the members' order
     offset = {"exact": 0, "status": len(exact)}
     return tf.gather(table, [offset[kind] + i for kind, i in order])
-
-
-def _write_group(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor], step: tf.Tensor,
-                 description: str) -> tf.Tensor:
-    """Write one group's record; returns its rows."""
-    group = metadata.GroupInfo.of(metadata.KIND_EXAMPLES, [s.info for s in members])
-    rows = _rows(members, spec, batch)
-    pending = tag_metadata.Pending([group], step)
-    serialized = tag_metadata.serialized_if(pending.needed[0], metadata.create_group_metadata(group, description).SerializeToString())
-    tf.summary.write(tag_metadata.tag_at(group, pending.firsts[0]), rows, step=step, metadata=serialized)
-    pending.store(tf.constant([True]))
-    return rows
 
 
 def _batch_sq(s: "plans.Series") -> tf.Tensor:
