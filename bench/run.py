@@ -9,6 +9,8 @@ Figures:
   same gradients through tf.summary.histogram (TensorBoard's path) and Keras'
   TensorBoard(histogram_freq=1) (weights only);
 - event-file bytes per layer per step;
+- per-example gradient norms (`per_example=True`, bench/per_example.py): MLP / CNN / Transformer block, custom
+  loop, every step and every 10th;
 - tab latency on a synthetic logdir (layers x steps x runs), both loaders, and
   TensorBoard's resident memory, with how they grow with steps and layers.
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
@@ -99,6 +101,15 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         lines.append(f"| {name} | {layers} | {b:.0f} |")
     lines.append("")
     return lines
+
+
+def per_example_tables(models: List[str], rounds: int, block_seconds: float, figures: Dict) -> List[str]:
+    """The cost of `per_example=True` against a plain step (bench/per_example.py), as a table."""
+    import per_example
+
+    rows = per_example.measure(models, rounds, block_seconds)
+    figures["per_example"] = {name: ratios for name, _, ratios in rows}
+    return per_example.table(rows)
 
 
 def synthetic(runs: int, layers: int, steps: int, version: int) -> str:
@@ -280,6 +291,11 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
         ours, hist = cnn["ours_every_1"] - 1, cnn["tf.summary.histogram_every_1"] - 1
         factor = hist / ours if ours > 0 else float("inf")
         rows.append(f"| custom loop, cnn: overhead of tf.summary.histogram / ours | >= 5 | {factor:.1f} | {'met' if factor >= 5 else 'NOT met'} |")
+    for name, r in figures.get("per_example", {}).items():  # issue 28: per_example=True every step, MLP and Transformer
+        every1 = r.get("per_example, every step")
+        target = name in ("mlp", "transformer")
+        row(f"custom loop, {name}, per_example=True every step (weights, records)", "<= 1.50x" if target else "–", every1,
+            every1 <= 1.5 if target else None)
     for key, m in figures.get("tab", {}).items():
         if key[:3] != tab_size:
             continue
@@ -322,6 +338,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round: only checks the scripts run")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-tab", action="store_true")
+    parser.add_argument("--skip-per-example", action="store_true", help="skip the per-example norms' cost (bench/per_example.py)")
     parser.add_argument("--skip-format", action="store_true", help="skip format versions 1 vs 2 (bytes, load, memory)")
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; x3 for fit(); x4 more when the plain step is under 10 ms; smoke 1)")
@@ -353,6 +370,8 @@ def main() -> None:
     body: List[str] = []
     if not args.skip_overhead:
         body += overhead_tables(models, rounds, block_seconds, fit_steps, figures)
+    if not args.skip_per_example:
+        body += per_example_tables(["mlp"] if args.smoke else ["mlp", "cnn", "transformer"], rounds, block_seconds, figures)
     if not args.skip_tab:
         body += tab_tables(sizes, loaders, figures)
     if not args.skip_format:

@@ -59,6 +59,37 @@ def _split_groups(tags: Dict[str, Tuple[metadata.Info, List]]) -> Dict[str, Tupl
     return out
 
 
+def examples(logdir: str) -> Dict[str, Dict[Tuple[str, str], Dict[int, Dict[str, np.ndarray]]]]:
+    """{run: {(target, source): {step: {layer: row}}}} of every `examples` record, read as stored (version 2),
+    each row a float64 [len(EXAMPLE_FIELDS)]; the metadata checked to carry the stats group's layer list."""
+    out: Dict[str, Dict[Tuple[str, str], Dict[int, Dict[str, np.ndarray]]]] = {}
+    for run, tags in read_all(logdir, split_groups=False).items():
+        for tag, (info, datums) in tags.items():
+            if not isinstance(info, metadata.GroupInfo) or info.kind != metadata.KIND_EXAMPLES:
+                continue
+            assert tuple(info.fields) == metadata.EXAMPLE_FIELDS
+            stats = info.with_kind(metadata.KIND_STATS)
+            assert any(isinstance(i, metadata.GroupInfo) and i.tag == stats.tag for i, _ in tags.values()), \
+                f"{tag}: no stats group with the same layer list"
+            for d in datums:
+                value = np.asarray(d.numpy)
+                assert value.shape == (len(info.layers), len(metadata.EXAMPLE_FIELDS)), value.shape
+                out.setdefault(run, {}).setdefault((info.target, info.source), {})[int(d.step)] = dict(zip(info.layers, value))
+    return out
+
+
+def scalars(logdir: str) -> Dict[str, Dict[str, Dict[int, float]]]:
+    """{run: {tag: {step: value}}} of the standard TensorBoard scalars (plugin `scalars`), through its data provider."""
+    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={"scalars": 0})
+    mux.AddRunsFromDirectory(logdir)
+    mux.Reload()
+    provider = data_provider.MultiplexerDataProvider(mux, logdir)
+    ctx = tb_context.RequestContext()
+    data = provider.read_scalars(ctx, experiment_id="", plugin_name="scalars", downsample=10**9)
+    return {run: {tag: {int(d.step): float(d.value) for d in points} for tag, points in tags.items()}
+            for run, tags in data.items()}
+
+
 def _row(group: metadata.GroupInfo, datum, row: int, stats_at) -> "provider.TensorDatum":
     from tensorboard.data import provider
 
@@ -69,6 +100,9 @@ def _row(group: metadata.GroupInfo, datum, row: int, stats_at) -> "provider.Tens
         one = value[row].astype(np.float64)
     elif group.kind == metadata.KIND_FIRST_NONFINITE:
         one = value[row : row + 1].astype(np.int64)
+    elif group.kind == metadata.KIND_EXAMPLES:  # version 2 only: the row as written, its columns named by `fields`
+        assert tuple(group.fields) == metadata.EXAMPLE_FIELDS
+        one = value[row].astype(np.float64)
     else:
         assert value.dtype.kind == "u", f"histogram counts are unsigned integers, got {value.dtype}"
         stats = stats_at[int(datum.step)][row]

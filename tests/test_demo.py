@@ -205,3 +205,20 @@ def test_serve_prints_the_tabs_url(demo):
     finally:
         proc.terminate()
         proc.wait(timeout=20)
+
+
+def test_the_flipped_labels_carry_their_steps_gradient(demo):
+    """`mislabelled`: once the classifier has learnt (from step 16 on), each batch holding a flipped label shows
+    it as the largest per-example norm of every weight, with most of the gradient energy (docs/FORMAT.md)."""
+    import tb_reading
+
+    found = tb_reading.examples(demo["logdir"])["mislabelled"][("loss", "weight")]
+    F = metadata.EXAMPLE_INDEX
+    planted = demo_module.mislabelled_positions(demo_module.Plan.for_mode(True).mlp)
+    assert sorted(found) == list(range(1, demo_module.Plan.for_mode(True).mlp + 1))
+    late = {step: position for step, position in planted.items() if step >= 16}
+    assert late
+    for step, position in late.items():
+        row = found[step]["mislabelled/logits/kernel"]
+        assert row[F["top_index_1"]] == position, step
+        assert row[F["top_share"]] > 0.9, (step, row[F["top_share"]])

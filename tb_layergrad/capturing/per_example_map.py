@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, Optional, Tuple
 
+# How the reason of a path whose examples a BatchNormalization coupled begins (`PerExamplePass` writes it,
+# `is_coupled` and the writers read it): a coupled path gets status EXAMPLE_COUPLED on disk, not "unsupported".
+COUPLED_REASON = "examples are coupled by"
+
 
 class PerExampleNorms:
     """path -> [batch] float tensor: ‖∇ℓ_i‖ for each example i (None where there is no number).
@@ -29,6 +33,10 @@ class PerExampleNorms:
     def complete(self) -> bool:
         """True when every path the target depends on has its per-example norms."""
         return not self.unsupported
+
+    def is_coupled(self, path: str) -> bool:
+        """Is `path` without numbers because the examples were coupled (not for want of a rule)?"""
+        return self.unsupported.get(path, "").startswith(COUPLED_REASON)
 
     def __getitem__(self, path: str) -> Any:
         return self._norms[path]

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tb_layergrad.capturing import ghost_norm
 from tb_layergrad.capturing.per_example import Rule, Unsupported, couples_examples, rule_for, short_name
-from tb_layergrad.capturing.per_example_map import PerExampleNorms
+from tb_layergrad.capturing.per_example_map import COUPLED_REASON, PerExampleNorms
 from tb_layergrad.capturing.preactivation import PreactivationObserver
 
 
@@ -100,7 +100,7 @@ class PerExamplePass:
         """
         boundary = max((b for b, _ in self.coupled), default=0)
         coupled_by = tuple(dict.fromkeys(p for _, p in self.coupled))
-        coupled_reason = f"examples are coupled by {', '.join(coupled_by)} (batch statistics in training mode)"
+        coupled_reason = f"{COUPLED_REASON} {', '.join(coupled_by)} (batch statistics in training mode)"
         norms: Dict[str, Any] = {}
         unsupported: Dict[str, str] = {}
         for key, seq, g in outputs:

@@ -17,6 +17,7 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 | `nan_backward` | a layer takes the square root of ReLU features: finite forward, but at the batch where one is 0 its gradient is infinite: born in the **backward** pass of that layer (logged every 5 steps) |
 | `explode_noclip` | a linear head on frozen features, learning rate too high: every step overshoots, the gradient grows exponentially |
 | `explode_clipnorm` | the same with `clipnorm=1.0`: the steps are bounded, it does not |
+| `mislabelled` | an easy classifier whose data hold a few flipped labels, logged with `per_example=True`: once it has learnt, the flipped example carries most of each layer's per-example gradient energy at its step (`top_share`, `top_index_1`) |
 
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
 TensorBoard on the logdir.
@@ -52,6 +53,7 @@ RUNS = (
     DemoRun("nan_backward", "Inf born in the backward pass: sqrt at 0"),
     DemoRun("explode_noclip", "exploding: learning rate too high, no clipping"),
     DemoRun("explode_clipnorm", "the same with clipnorm=1.0: stable"),
+    DemoRun("mislabelled", "per-example norms: a few flipped labels stand out"),
 )
 RUN_NAMES = tuple(r.name for r in RUNS)
 
@@ -63,6 +65,8 @@ NAN_FORWARD_STEP = 23  # nan_forward: the batch whose inputs drive a feature bel
 NAN_BACKWARD_STEP = 17  # nan_backward: the batch whose inputs drive a ReLU feature to exactly 0 (not a logged step)
 NAN_EVERY = 5  # nan_forward, nan_backward: logged every 5 steps
 EXPLODE_LR = 0.7  # explode_*: above 2 / (largest curvature of the head's loss): each step overshoots
+MISLABELLED_EVERY = 4  # mislabelled: one flipped label in every 4th batch (`mislabelled_positions`)
+MISLABELLED_BATCH = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +136,7 @@ def _progress_callback(progress: Progress):
 
 
 def _fit(name: str, logdir: str, model, optimizer, loss, x, y, steps: int, *, batch: int = 64,
-         timesteps: bool = False, activations: bool = False, every_n_steps: int = 1) -> None:
+         timesteps: bool = False, activations: bool = False, every_n_steps: int = 1, per_example: bool = False) -> None:
     """model.fit() for `steps` batches with GradientLogger: exactly what a user writes."""
     import tb_layergrad
 
@@ -147,7 +151,7 @@ def _fit(name: str, logdir: str, model, optimizer, loss, x, y, steps: int, *, ba
         verbose=0,
         callbacks=[
             tb_layergrad.GradientLogger(logdir, run_name=name, timesteps=timesteps, activations=activations,
-                                        every_n_steps=every_n_steps),
+                                        every_n_steps=every_n_steps, weights=per_example, per_example=per_example),
             _progress_callback(progress),
         ],
     )
@@ -378,6 +382,49 @@ def _explode_runs(logdir: str, steps: int) -> None:
              x, y, steps)
 
 
+def mislabelled_positions(steps: int) -> dict:
+    """{step: batch position} of the flipped labels of the `mislabelled` run: one in every MISLABELLED_EVERY-th
+    batch (steps counted from 1, as the optimizer does), at a position drawn once (seed 7)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    return {step: int(rng.integers(MISLABELLED_BATCH)) for step in range(MISLABELLED_EVERY, steps + 1, MISLABELLED_EVERY)}
+
+
+def _mislabelled_run(logdir: str, steps: int) -> None:
+    """Two well-separated classes (the sign of the first feature, far from 0) and a few flipped labels.
+
+    Why it shows: once the classifier is confident, a correctly labelled example's
+    own loss gradient is near 0 and a flipped one's is as large as it gets, so at
+    the steps whose batch holds one, that example carries most of each layer's
+    sum of squared per-example norms (`top_share` near 1, at `top_index_1`).
+    """
+    import keras
+    import numpy as np
+    from keras import layers
+
+    rng = np.random.default_rng(8)
+    x = rng.normal(size=(steps * MISLABELLED_BATCH, 16)).astype(np.float32)
+    x[:, 0] = np.sign(x[:, 0]) * (2.0 + np.abs(x[:, 0]))  # a margin: every label is easy to learn
+    y = (x[:, 0] > 0).astype(np.int32)
+    for step, position in mislabelled_positions(steps).items():
+        i = (step - 1) * MISLABELLED_BATCH + position
+        y[i] = 1 - y[i]
+    keras.utils.set_random_seed(4)
+    model = keras.Sequential(
+        [
+            keras.Input((16,)),
+            layers.Dense(32, activation="relu", name="dense_0"),
+            layers.Dense(32, activation="relu", name="dense_1"),
+            layers.Dense(2, name="logits"),
+        ],
+        name="mislabelled",
+    )
+    _fit("mislabelled", logdir, model, keras.optimizers.Adam(0.01),
+         keras.losses.SparseCategoricalCrossentropy(from_logits=True), x, y, steps, batch=MISLABELLED_BATCH,
+         per_example=True)
+
+
 def _clear_previous(logdir: str) -> int:
     """Remove the event files of an earlier demo in the demo's own run folders (else both would show)."""
     removed = 0
@@ -403,6 +450,7 @@ def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
     _nan_run(logdir, plan.nan)
     _nan_pass_runs(logdir, plan.nan)
     _explode_runs(logdir, plan.explode)
+    _mislabelled_run(logdir, plan.mlp)
     return list(RUN_NAMES)
 
 

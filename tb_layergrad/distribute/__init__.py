@@ -11,6 +11,7 @@ from tb_layergrad.distribute.merge import (
     holds_distributed_values,
     merge,
     merge_in_replica,
+    merge_per_example,
     num_replicas,
     per_replica_map,
     replica_context,
@@ -18,6 +19,6 @@ from tb_layergrad.distribute.merge import (
 from tb_layergrad.distribute.workers import NonChiefWriter, create_file_writer, is_chief
 
 __all__ = [
-    "MODES", "Merged", "check_mode", "holds_distributed_values", "merge", "merge_in_replica", "num_replicas",
+    "MODES", "Merged", "check_mode", "holds_distributed_values", "merge", "merge_in_replica", "merge_per_example", "num_replicas",
     "per_replica_map", "replica_context", "NonChiefWriter", "create_file_writer", "is_chief",
 ]

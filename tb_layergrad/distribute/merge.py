@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+from tb_layergrad.capturing.per_example_map import PerExampleNorms
 from tb_layergrad.statistics import across_replicas
 
 MODES = ("gather", "stats")
@@ -184,7 +185,25 @@ def _merge_in_replica(gmap: GradientMap, ctx: Any) -> GradientMap:
     entries = _merged_entries(gmap, lambda ts: ctx.all_gather(ts, axis=0), lambda ts: _sum(ctx, ts), n)
     acts = _gathered_activations(gmap, lambda ts: ctx.all_gather(ts, axis=0))
     return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n, activations=acts,
-                       target_value=_summed_target(gmap, ctx))
+                       target_value=_summed_target(gmap, ctx), per_example=merge_per_example(gmap.per_example, ctx))
+
+
+def merge_per_example(per_example: Optional[PerExampleNorms], ctx: Any) -> Optional[PerExampleNorms]:
+    """Inside `strategy.run`: every replica's per-example norms, in global batch order (all-gathered along axis 0).
+
+    Each replica's capture took its own batch for B while its loss is its share of the global loss (the
+    replicas' losses sum to it: the assumption under which weight gradients are summed, module docstring):
+    its norms came out divided by the replica count, which is put back here. Which paths have no numbers,
+    and why, is the same on every replica (the same model and step).
+    """
+    if per_example is None:
+        return None
+    n = ctx.num_replicas_in_sync
+    paths = [p for p, v in per_example.items() if v is not None]
+    gathered = ctx.all_gather([per_example[p] for p in paths], axis=0) if paths else []
+    norms = {p: None for p in per_example}
+    norms.update({p: g * tf.cast(n, g.dtype) for p, g in zip(paths, gathered)})
+    return PerExampleNorms(norms, per_example.unsupported, per_example.coupled_by)
 
 
 def _gathered_activations(gmap: GradientMap, gather: Callable) -> Dict[str, Entry]:
@@ -254,6 +273,7 @@ def merge_in_replica(
             [gmap[p] for p in outputs] + [gmap.activations[p] for p in acts], buckets, ctx, xla_safe=xla_safe)
         squares = [_timestep_sumsq(timesteps[k]) for k in keys]  # this replica's share of each timestep's squared norm
         norms = [tf.sqrt(v) for v in _sum(ctx, squares)] if keys else []
+        per_example = merge_per_example(gmap.per_example, ctx)
     except RuntimeError as e:
         raise _merge_call_error(e) from e
     entries = {}
@@ -265,7 +285,8 @@ def merge_in_replica(
             e = dataclasses.replace(e, elements=e.elements * n)  # "no gradient": count the whole batch
         entries[p] = e
     merged = GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n,
-                         activations={p: gmap.activation_entry(p) for p in acts}, target_value=_summed_target(gmap, ctx))
+                         activations={p: gmap.activation_entry(p) for p in acts}, target_value=_summed_target(gmap, ctx),
+                         per_example=per_example)
     keyed = [(metadata.SOURCE_OUTPUT, p) for p in outputs] + [(metadata.SOURCE_ACTIVATION, p) for p in acts]
     return Merged(merged, dict(zip(keyed, records)), dict(zip(keys, norms)), True)
 

@@ -39,6 +39,7 @@ from tb_layergrad.capturing.targets import target_value
 from tb_layergrad.keras import nonfinite_check, replica_payload, tape_observer
 from tb_layergrad.keras.model_facts import model_train_step, update_count
 from tb_layergrad.keras.step_observation import StepObservation
+from tb_layergrad.summary import per_example_plan
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.write import reduced_plan, when, write_step, write_step_checked
 
@@ -67,6 +68,7 @@ class StepConfig:
     on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
     format_version: int = metadata.FORMAT_VERSION  # the on-disk layout (docs/FORMAT.md)
     histogram_every_n_steps: int = 1  # of the logged steps, those that also write histograms
+    per_example: bool = False  # each example's own gradient norms of the loss (kind `examples`) and the noise scale
 
 
 class FitStep:
@@ -102,7 +104,8 @@ class FitStep:
         """The model's own train step, observed (module docstring), then this step's records."""
         step, log = self._step_and_flag()
         cfg = self.config
-        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights, activations=cfg.activations)
+        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights, activations=cfg.activations,
+                      per_example=cfg.per_example)
         probe = TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps) if cfg.timesteps is not False else None
         seen = StepObservation(self, cap, probe)
         with contextlib.ExitStack() as scope:
@@ -171,11 +174,19 @@ class FitStep:
         if shadow:  # the applied weight gradients are not read (see _shadow_weights): the aux pass gives them
             loss_map = loss_map.with_entries({p: loss_map.entry(p) for p in loss_map if loss_map.entry(p).source != metadata.SOURCE_WEIGHT})
         main = self._target_plan(metadata.DEFAULT_TARGET, loss_map, seen.eps_grads, probe, seen.scale, forward=True)
+        # The loss's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
+        # the weights in `auxiliary` when shadowed) writes its `examples` record, the weights' plan the noise scale.
+        per_example = seen.gmap.per_example
+        ctx = distribute.replica_context()
+        if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
+            per_example = distribute.merge_per_example(per_example, ctx)
+        examples = per_example_plan.from_norms(per_example, metadata.DEFAULT_TARGET, seen.gmap, seen.scale)
+        main = dataclasses.replace(main, per_example=examples)
         if not shadow and not seen.values:
             return main, None
 
         def auxiliary() -> plans.Plan:
-            plan = plans.Plan(buckets=self.config.buckets, format_version=self.config.format_version)
+            plan = plans.Plan(buckets=self.config.buckets, format_version=self.config.format_version, per_example=examples)
             if shadow:
                 weights = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target)
                 only = weights.with_entries({p: weights.entry(p) for p in weights if weights.entry(p).source == metadata.SOURCE_WEIGHT})

@@ -139,6 +139,16 @@ class GradientLogger(_Base):
             layers of a (target, source) in one record per step, an eighth of
             version 1's bytes; 1, a record per layer, for readers that know no
             other (kept for one release).
+        per_example: also log, at the logged steps, the distribution over the
+            batch of each example's own gradient norm of the loss, per layer
+            output and (with `weights=True`) per weight (kind `examples`:
+            min, median, max, the largest example's share, the five largest
+            and their batch positions; docs/PER_EXAMPLE.md), and with
+            `weights=True` the gradient noise scale as TensorBoard scalars
+            `layergrad/gradient_noise_scale[/trace|/signal|/coverage]`
+            (docs/FORMAT.md). The loss must be the batch mean (Keras' default
+            reduction). Format version 2. Several replicas: every replica's
+            examples, in global batch order.
 
     Mixed precision: with a loss-scaling optimizer, the recorded gradients are
     divided by the loss scale read before the step's update (float32). A step
@@ -173,6 +183,7 @@ class GradientLogger(_Base):
         check_every_step: bool = True,
         format_version: int = metadata.FORMAT_VERSION,
         histogram_every_n_steps: int = 1,
+        per_example: bool = False,
     ):
         super().__init__()
         distribute.check_mode(replicas)
@@ -197,6 +208,9 @@ class GradientLogger(_Base):
         if timesteps is None:
             timesteps = False
         self.format_version = plans.check_format_version(format_version)
+        self.per_example = bool(per_example)
+        if self.per_example and self.format_version < 2:
+            raise ValueError("per_example=True writes records of format version 2 only: use format_version=2 (the default)")
         self.layers = layers
         self.every_n_steps = every_n_steps
         self.histogram_every_n_steps = histogram_every_n_steps
@@ -337,6 +351,7 @@ class GradientLogger(_Base):
             on_nonfinite=self.on_nonfinite,
             format_version=self.format_version,
             histogram_every_n_steps=self.histogram_every_n_steps,
+            per_example=self.per_example,
         )
         if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
             model.make_train_function()

@@ -117,11 +117,13 @@ class _CombinedCall:
         self._tape.watch(tensor)
 
     def gradient(self, target: Any, requested: Any) -> Any:
-        variables, outputs = requested
-        got, output_grads, extra = self._gradient(self._tape, target, (self._sources, list(outputs), self._extra), *self._args, **self._kwargs)
+        # (variables, outputs), and with per_example=True a third part: the δ sources of the per-example rules.
+        variables, outputs, *deltas = requested
+        got, output_grads, extra, *delta_grads = self._gradient(
+            self._tape, target, (self._sources, list(outputs), self._extra, *deltas), *self._args, **self._kwargs)
         self.source_gradients, self.extra_gradients = got, list(extra)
         by_id = {id(s): g for s, g in zip(tf.nest.flatten(self._sources), tf.nest.flatten(got))}
-        return [by_id.get(id(v)) for v in variables], output_grads
+        return ([by_id.get(id(v)) for v in variables], output_grads, *delta_grads)
 
 
 @contextlib.contextmanager

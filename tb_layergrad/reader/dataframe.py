@@ -19,7 +19,10 @@ from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import catalog, event_files, origin, series
 from tb_layergrad.reader.stats_store import StatsStore
 
-COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + series.ALL_STATS
+# The per-example columns (docs/FORMAT.md, kind `examples`): field of the record -> column; NaN where not written.
+EXAMPLE_COLUMNS = {"min": "example_norm_min", "median": "example_norm_median", "max": "example_norm_max",
+                   "top_share": "example_norm_top_share"}
+COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + series.ALL_STATS + tuple(EXAMPLE_COLUMNS.values())
 
 
 def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
@@ -27,7 +30,11 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
 
     Columns: run, layer, index (position in the model), target, source, step,
     wall_time, then every stored statistic of docs/FORMAT.md and the derived ones of
-    docs/HTTP_API.md (NaN where undefined). Rows are ordered by run, model order,
+    docs/HTTP_API.md (NaN where undefined), then the per-example columns
+    `example_norm_min`, `example_norm_median`, `example_norm_max`,
+    `example_norm_top_share` (each example's own gradient norm over the batch,
+    `GradientLogger(per_example=True)`; NaN where not written, and where the
+    layer has no exact per-example number). Rows are ordered by run, model order,
     target, source, step; a run's target series come after its layers.
 
     `source` is "output" (gradient w.r.t. the layer output), "weight" (w.r.t. a
@@ -70,6 +77,7 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     for run_name, rc in cat.runs.items():
         stats_series = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
         tables = StatsStore(provider).read(ctx, "", run_name, stats_series)
+        examples = _examples(provider, ctx, run_name, [s for s in rc.series if s.info.kind == metadata.KIND_EXAMPLES])
         order = {layer: i for i, layer in enumerate(rc.layers())}
 
         def rank(s: catalog.Series) -> tuple:
@@ -90,6 +98,9 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
             }
             for name in series.ALL_STATS:
                 frame[name] = rows.column(name)
+            written = examples.get((s.info.layer, s.info.target, s.info.source), {})
+            for field, column in EXAMPLE_COLUMNS.items():
+                frame[column] = [written.get(int(step), {}).get(field, float("nan")) for step in rows.steps]
             frames.append(pd.DataFrame(frame, columns=list(COLUMNS)))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
     df.attrs["nonfinite_origin"] = {
@@ -97,6 +108,35 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
         for run, by_target in _origins(provider, ctx, cat).items()
     }
     return df
+
+
+def _examples(provider: Any, ctx: Any, run: str, examples: Iterable[catalog.Series]
+              ) -> Dict[tuple, Dict[int, Dict[str, float]]]:
+    """{(layer, target, source): {step: {field: value}}} of the `examples` records of one run.
+
+    Columns are mapped by the record's own `fields` (a name this reader does not use is ignored); a record of
+    another shape is skipped with a warning (`series.fits`); at a repeated step the later record wins.
+    """
+    examples = list(examples)
+    parts = {p.tag: p for s in examples for p in s.parts if p.grouped}
+    if not parts:
+        return {}
+    data = series.read(provider, ctx, "", run, list(parts), alone=list(parts))
+    out: Dict[tuple, Dict[int, Dict[str, float]]] = {}
+    for s in examples:
+        by_step: Dict[int, Any] = {}
+        for p in (p for p in s.parts if p.grouped):
+            wanted = {f: j for j, f in enumerate(p.fields) if f in EXAMPLE_COLUMNS}
+            for datum in data.get(p.tag, ()):
+                if not series.fits(datum, p.tag, run, (p.rows, len(p.fields))):
+                    continue
+                step = int(datum.step)
+                if step in by_step and by_step[step][0] > datum.wall_time:
+                    continue
+                row = datum.numpy[p.row]
+                by_step[step] = (datum.wall_time, {f: float(row[j]) for f, j in wanted.items()})
+        out[(s.info.layer, s.info.target, s.info.source)] = {step: values for step, (_, values) in by_step.items()}
+    return out
 
 
 def origins(logdir: str, runs: Optional[Iterable[str]] = None) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:

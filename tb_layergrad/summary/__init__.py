@@ -39,10 +39,15 @@ import tensorflow as tf
 
 from tb_layergrad import distribute, metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+from tb_layergrad.capturing.per_example_map import PerExampleNorms
+from tb_layergrad.summary import per_example_plan
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
 
 __all__ = ["activations", "gradient", "gradients", "timesteps"]
+
+_NO_REPLICAS = ("per-example records of gradients returned from strategy.run are not written (issue #28): write "
+                "them inside strategy.run (replica context: every replica's norms are gathered), or pass per_example=False")
 
 
 def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str,
@@ -52,7 +57,9 @@ def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: 
         raise ValueError('max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"')
     merged = distribute.merge_in_replica(gmap, replicas, buckets, ctx)
     plan = plans.from_gradients(merged.gradients, target, max_elements, buckets, format_version=format_version)
-    return plans.with_merged_records(plan, merged.reduced)
+    examples = per_example_plan.from_norms(merged.gradients.per_example, target, merged.gradients)
+    per_example_plan.check_format(format_version, examples)
+    return dataclasses.replace(plans.with_merged_records(plan, merged.reduced), per_example=examples)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
@@ -123,6 +130,7 @@ def gradients(
     strategy: Any = None,
     format_version: int = metadata.FORMAT_VERSION,
     histograms: Any = True,
+    per_example: Any = None,
 ) -> tf.Tensor:
     """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
 
@@ -145,11 +153,24 @@ def gradients(
     for one release), docs/FORMAT.md. `histograms` (a bool or bool tensor):
     False writes the statistics alone (e.g. `histograms=step % 100 == 0`),
     except at a step where an entry holds a NaN/Inf, written in full.
+
+    `per_example`: each example's own gradient norms (docs/PER_EXAMPLE.md),
+    written as `examples` records beside the `stats` of every output and weight
+    group of the target, at the same steps, and for the target "loss" the
+    gradient noise scale as TensorBoard scalars (docs/FORMAT.md, "Per-example
+    records"). None (default): those `grads` carries (`capture(...,
+    per_example=True)`); a `PerExampleNorms` or a mapping path -> [batch]
+    norms: these; False: none. Format version 2 only. Inside `strategy.run`
+    every replica's norms are gathered, in global batch order; on what
+    `strategy.run` returned, not yet (a clear error).
     """
     step = resolve_step(step)
     distribute.check_mode(replicas)
     plans.check_buckets(buckets)
     plans.check_format_version(format_version)
+    if isinstance(grads, tf.distribute.DistributedValues) and per_example is not False and any(
+            getattr(g, "per_example", None) is not None for g in grads.values):
+        raise ValueError(_NO_REPLICAS)  # regrouping the replicas' maps would drop them silently
     grads = distribute.per_replica_map(grads)
     if not isinstance(grads, GradientMap):
         grads = GradientMap(
@@ -157,14 +178,22 @@ def gradients(
             metadata.DEFAULT_TARGET,
         )
     target_name = target or grads.target
+    if per_example is not None:  # given (or refused) here: in place of what the map carries
+        given = per_example if per_example is False or isinstance(per_example, PerExampleNorms) else PerExampleNorms(dict(per_example))
+        grads = grads.with_entries({p: grads.entry(p) for p in grads})  # a copy: the caller's map is left alone
+        grads.per_example = None if given is False else given
+    examples = per_example_plan.from_norms(grads.per_example, target_name, grads)
+    per_example_plan.check_format(format_version, examples)
     ctx = distribute.replica_context()
+    if examples is not None and ctx is None and distribute.holds_distributed_values(grads):
+        raise ValueError(_NO_REPLICAS)
     with tf.name_scope("layergrad"):
         if ctx is not None:
             return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version), step,
                               histograms=histograms)
         if not distribute.holds_distributed_values(grads):
-            return write_step(plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version), step,
-                              histograms=histograms)
+            plan = plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version)
+            return write_step(dataclasses.replace(plan, per_example=examples), step, histograms=histograms)
         if replicas == "stats":
             raise ValueError(
                 'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '

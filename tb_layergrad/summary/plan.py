@@ -85,9 +85,13 @@ class Plan:
     description: str = ""
     track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md)
     format_version: int = metadata.FORMAT_VERSION  # 2: one record per step per (target, source); 1: per layer
+    # Each example's own gradient norms of one target (`per_example_plan.PerExample`): its `examples` records
+    # and, for the loss, the noise scale, written with the groups of that target (`per_example_write`).
+    per_example: Any = None
 
     def __add__(self, other: "Plan") -> "Plan":
-        return dataclasses.replace(self, series=self.series + other.series, timesteps=self.timesteps + other.timesteps)
+        return dataclasses.replace(self, series=self.series + other.series, timesteps=self.timesteps + other.timesteps,
+                                   per_example=self.per_example if self.per_example is not None else other.per_example)
 
     # -- a flat dict of tensors and back: how a plan leaves a compiled step --------
     def tensors(self) -> Dict[str, Any]:
@@ -103,6 +107,8 @@ class Plan:
             for part, value in (("gradient", t.gradient), ("norms", t.norms), ("raw", t.raw)):
                 if value is not None:
                     out[f"{t.info.tag}|{part}"] = value
+        if self.per_example is not None:
+            out.update(self.per_example.tensors())
         return out
 
     def with_tensors(self, tensors: Dict[str, Any]) -> "Plan":
@@ -120,7 +126,8 @@ class Plan:
             dataclasses.replace(t, gradient=get(t.info.tag, "gradient"), norms=get(t.info.tag, "norms"), raw=get(t.info.tag, "raw"))
             for t in self.timesteps
         ]
-        return dataclasses.replace(self, series=tuple(series), timesteps=tuple(steps))
+        per_example = self.per_example.with_tensors(tensors) if self.per_example is not None else None
+        return dataclasses.replace(self, series=tuple(series), timesteps=tuple(steps), per_example=per_example)
 
     def prepared(self) -> "Plan":
         """The small records computed now (per-timestep norms, bounded raw tensors); the reductions not.

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.statistics import reductions
-from tb_layergrad.summary import backend, first_nonfinite, tag_metadata
+from tb_layergrad.summary import backend, first_nonfinite, per_example_write, tag_metadata
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.graph import cond_out_of_line
 from tb_layergrad.summary.plan import Plan, Series
@@ -142,11 +142,13 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
         should = tf.logical_or(should, tf.logical_and(tf.reduce_any(flags), record_if_nonfinite))
     else:
         flags = tf.zeros([len(present)], tf.bool)
-    if rest or plan.timesteps or any(s.wants_raw for s in fused):
+    if rest or plan.timesteps or any(s.wants_raw for s in fused) or plan.per_example is not None:
 
         def write_rest() -> None:
             with entered():
-                _write_with_ops(plan, rest, fused, read_step(step), histograms)
+                at = read_step(step)
+                _write_with_ops(plan, rest, fused, at, histograms)
+                per_example_write.write(plan, at, plan.description)
 
         written.append(when(should, write_rest))
     if not written:

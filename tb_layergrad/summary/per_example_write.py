@@ -1,0 +1,149 @@
+"""Write a step's per-example records (kind `examples`) and, for the loss, the gradient noise scale scalars.
+
+Called by `write.write_step` inside the recorded branch, with the default
+writer entered: the records exist exactly at the steps the `stats` of the same
+groups are written (docs/FORMAT.md, "Per-example records"). The rows come from
+`statistics.per_example_rows`, the noise scale from `statistics.noise_scale`;
+this module only lays them out per group and writes them.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence
+
+import tensorflow as tf
+from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+from tb_layergrad import metadata
+from tb_layergrad.statistics import noise_scale, per_example_rows
+from tb_layergrad.summary import plan as plans
+from tb_layergrad.summary import tag_metadata
+from tb_layergrad.summary.per_example_plan import PerExample
+
+# The scalars' tags (docs/FORMAT.md): the Scalars dashboard shows them too.
+NOISE_SCALE_TAG = "layergrad/gradient_noise_scale"
+TRACE_TAG = NOISE_SCALE_TAG + "/trace"
+SIGNAL_TAG = NOISE_SCALE_TAG + "/signal"
+COVERAGE_TAG = NOISE_SCALE_TAG + "/coverage"
+
+
+def write(plan: "plans.Plan", step: tf.Tensor, description: str = "") -> None:
+    """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale.
+
+    Why everything at once: the groups share the batch, so all their rows come from one `exact_rows` call and
+    their tags' metadata state from one `Pending`: a few ops per step where a group each would be a few dozen.
+    """
+    spec = plan.per_example
+    if spec is None:
+        return
+    chosen = [members for members in plans.groups(plan.series)
+              if members[0].info.target == spec.target and members[0].info.source in metadata.GRADIENT_SOURCES]
+    if not chosen:
+        return
+    batch = spec.batch_size()
+    members = [s for group in chosen for s in group]
+    table = _rows(members, spec, batch)
+    infos = [metadata.GroupInfo.of(metadata.KIND_EXAMPLES, [s.info for s in group]) for group in chosen]
+    pending = tag_metadata.Pending(infos, step)
+    begin = 0
+    for i, (group, info) in enumerate(zip(chosen, infos)):
+        rows = table[begin : begin + len(group)]
+        serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(info, description).SerializeToString())
+        tf.summary.write(tag_metadata.tag_at(info, pending.firsts[i]), rows, step=step, metadata=serialized)
+        if group[0].info.source == metadata.SOURCE_WEIGHT and spec.target == metadata.DEFAULT_TARGET:
+            _write_noise_scale(group, rows, spec, batch, step)
+        begin += len(group)
+    pending.store(tf.ones([len(infos)], tf.bool))
+
+
+def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor]) -> tf.Tensor:
+    """float64 [len(members), WIDTH]: each layer's row, the numbers of all computed together (`exact_rows`).
+
+    A layer with norms: its numbers; one the target does not depend on (no gradient, no reason given):
+    zeros, every example's gradient being 0; else the status of why there are none, NaN.
+    """
+    exact, status_rows, order = [], [], []
+    for s in members:
+        path = s.info.layer
+        norm = spec.norm_of(path)
+        status = spec.status_of(path)
+        if norm is None and status is None and not s.present and batch is not None:
+            norm = tf.zeros([batch], tf.float32)
+        if norm is not None:
+            order.append(("exact", len(exact)))
+            exact.append(tf.cast(tf.reshape(norm, [-1]), tf.float64))
+        else:
+            examples = float("nan") if batch is None else tf.cast(batch, tf.float64)
+            order.append(("status", len(status_rows)))
+            status_rows.append(per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status))
+    parts = []
+    if exact:
+        parts.append(per_example_rows.exact_rows(tf.stack(exact)))
+    if status_rows:
+        parts.append(tf.stack(status_rows))
+    table = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+    if all(kind == "exact" for kind, _ in order):
+        return table  # already in the members' order
+    offset = {"exact": 0, "status": len(exact)}
+    return tf.gather(table, [offset[kind] + i for kind, i in order])
+
+
+def _batch_sq(s: "plans.Series") -> tf.Tensor:
+    """‖G_B‖² of one variable: from its gradient, or from its merged stats' norm."""
+    if s.data is not None:
+        g = tf.convert_to_tensor(s.data)  # an IndexedSlices densified: repeated rows add up first
+        # One fused kernel (Σ g² / 2) in the gradient's own float type: the per-example norms it is set against
+        # are float32 anyway, and a float64 copy of a large weight gradient at every logged step was most of
+        # the noise scale's cost.
+        return 2.0 * tf.cast(tf.nn.l2_loss(g if g.dtype in (tf.float32, tf.float64) else tf.cast(g, tf.float32)), tf.float64)
+    norm = tf.cast(s.reduced[1], tf.float64)[metadata.STAT_INDEX["norm"]]
+    return tf.square(norm)
+
+
+def _write_noise_scale(weights: Sequence["plans.Series"], rows: tf.Tensor, spec: PerExample, batch: Optional[tf.Tensor],
+                       step: tf.Tensor) -> None:
+    """B_simple, trace, signal and coverage over the weights with exact per-example norms (docs/FORMAT.md).
+
+    `rows`: the weight group's `examples` rows, whose `sum_sq` column is Σ_i ‖g_{i,v}‖² of each variable.
+    """
+    at = [i for i, s in enumerate(weights) if spec.norm_of(s.info.layer) is not None and s.present]
+    covered = [weights[i] for i in at]
+    sizes = dict(spec.elements)
+    covered_parameters = sum(sizes.get(s.info.layer, 0) for s in covered)
+    total = spec.parameters or sum(sizes.get(s.info.layer, 0) for s in weights)
+    coverage = covered_parameters / total if total > 0 else 0.0
+    _scalar(COVERAGE_TAG, tf.constant(coverage, tf.float64), step)
+    if not covered or batch is None:
+        return
+    sum_sq = tf.gather(rows[:, metadata.EXAMPLE_INDEX["sum_sq"]], at)
+    estimate = noise_scale.estimate(sum_sq, tf.stack([_batch_sq(s) for s in covered]), batch)
+    # Finite together (the same S, |G_B|^2 and B): one condition for both.
+    both = tf.logical_and(tf.math.is_finite(estimate.trace), tf.math.is_finite(estimate.signal))
+    _when(both, lambda: (_scalar(TRACE_TAG, estimate.trace, step), _scalar(SIGNAL_TAG, estimate.signal, step)))
+    coupled = any(spec.status_of(s.info.layer) == metadata.EXAMPLE_COUPLED for s in weights)
+    if coupled:
+        return
+    usable = tf.logical_and(estimate.signal > 0, tf.math.is_finite(estimate.b_simple))
+    _when(tf.logical_and(usable, tf.math.is_finite(estimate.signal)),
+          lambda: _scalar(NOISE_SCALE_TAG, estimate.b_simple, step))
+
+
+def _scalar(tag: str, value: tf.Tensor, step: tf.Tensor) -> None:
+    """A standard TensorBoard scalar (plugin `scalars`), under `tag` as given (no name scope added)."""
+    meta = scalar_metadata.create_summary_metadata(display_name=tag, description="")
+    tf.summary.write(tag, tf.cast(value, tf.float32), step=step, metadata=meta)
+
+
+def _when(condition: tf.Tensor, write: Callable[[], None]) -> None:
+    if tf.executing_eagerly():
+        if bool(condition):
+            write()
+        return
+
+    def run() -> tf.Tensor:
+        write()
+        return tf.constant(True)
+
+    tf.cond(condition, run, lambda: tf.constant(False))
+
+
+__all__: List[str] = ["COVERAGE_TAG", "NOISE_SCALE_TAG", "SIGNAL_TAG", "TRACE_TAG", "write"]
