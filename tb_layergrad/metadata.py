@@ -87,6 +87,13 @@ EXAMPLE_FIELDS = (
 # top_index_j: the batch position (global batch order) of the j-th largest norm, -1 past `examples`;
 # top_norm_j: that norm (NaN past `examples`).
 EXAMPLE_INDEX = {name: i for i, name in enumerate(EXAMPLE_FIELDS)}
+# The gradient noise scale's TensorBoard scalars (plugin `scalars`, docs/FORMAT.md), by what they hold.
+NOISE_SCALE_TAGS = {
+    "noise_scale": "layergrad/gradient_noise_scale",  # B_simple = trace / signal
+    "trace": "layergrad/gradient_noise_scale/trace",  # tr(Sigma) estimate
+    "signal": "layergrad/gradient_noise_scale/signal",  # |G|^2 estimate
+    "coverage": "layergrad/gradient_noise_scale/coverage",  # share of trainable parameters covered
+}
 EXAMPLE_EXACT = 0  # the numbers are each example's own gradient norm
 EXAMPLE_UNSUPPORTED = 1  # no exact per-example rule for this layer's weights: no numbers (NaN)
 EXAMPLE_COUPLED = 2  # the examples are coupled (e.g. BatchNormalization in training): not defined, no numbers

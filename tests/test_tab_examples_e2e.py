@@ -150,3 +150,46 @@ def test_a_run_without_them_shows_none(env):
     b.page.remove_listener("request", record)
     assert any("/matrix?" in u for u in asked)
     assert not [u for u in asked if "/examples?" in u or "/noise_scale?" in u or "example_norm" in u]  # asked nothing new
+
+
+# -- the demo's `mislabelled` run, trained for real (`tb-layergrad demo --quick`, tests/conftest.py) -----------
+
+
+@pytest.fixture(scope="module")
+def mislabelled(demo, env, tmp_path_factory):
+    """A second `tensorboard`, on the demo's logdir; the module's browser. The planted flips that the classifier
+    has learnt past (from step 16 on, as tests/test_demo.py checks in the records)."""
+    from tb_layergrad.cli import demo as demo_module
+    from tensorboard_process import TensorBoardProcess
+
+    work = tmp_path_factory.mktemp("mislabelled_tab")
+    tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
+    try:
+        last = demo["runs"]["mislabelled"]["summary"]["last_step"]
+        tb.wait_for_runs({"mislabelled": last})
+        planted = demo_module.mislabelled_positions(last)
+        learnt = {s: p for s, p in planted.items() if s >= 16}
+        yield {"tb": tb, "browser": env["browser"], "planted": planted, "learnt": learnt}
+    finally:
+        tb.stop()
+
+
+def test_the_report_finds_the_flipped_labels(demo, mislabelled):
+    """`tb-layergrad report` on the demo: the logits' gradient is dominated at a planted step, by the planted example."""
+    found = {d["layer"]: d for d in demo["runs"]["mislabelled"]["dominated"]}
+    logits = found["mislabelled/logits"]
+    assert logits["worst_step"] in mislabelled["planted"]
+    assert logits["worst_position"] == mislabelled["planted"][logits["worst_step"]]
+    assert logits["worst_share"] > 0.5 and logits["examples"] == 32
+    assert not [r for r in demo["runs"].values() if r["run"] != "mislabelled" and r.get("dominated")]
+
+
+def test_the_tab_shows_the_flipped_example_at_its_step(mislabelled):
+    step, position = sorted(mislabelled["learnt"].items())[-1]
+    frame = mislabelled["browser"].open(mislabelled["tb"].base,
+                                        {"run": "mislabelled", "view": "layer", "layer": "mislabelled/logits", "step": step})
+    frame.wait_for_selector('[data-panel="examples"] path.lg-band')
+    frame.wait_for_selector(f'.lg-example-table[data-step="{step}"]')
+    positions = frame.locator(".lg-example-table tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+    assert positions[0] == position
+    assert "of 32 examples carries" in frame.locator(".lg-example-head").inner_text()

@@ -14,12 +14,7 @@ from tb_layergrad.plugin.responses import count_list, float_list
 from tb_layergrad.reader import examples
 
 # The noise-scale scalars (docs/FORMAT.md), by the name each has in the `noise_scale` route.
-NOISE_SCALE_TAGS = {
-    "noise_scale": "layergrad/gradient_noise_scale",
-    "trace": "layergrad/gradient_noise_scale/trace",
-    "signal": "layergrad/gradient_noise_scale/signal",
-    "coverage": "layergrad/gradient_noise_scale/coverage",
-}
+NOISE_SCALE_TAGS = metadata.NOISE_SCALE_TAGS
 
 
 def _column(rows: examples.ExampleRows, name: str) -> list:

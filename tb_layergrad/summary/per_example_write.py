@@ -20,10 +20,10 @@ from tb_layergrad.summary import tag_metadata
 from tb_layergrad.summary.per_example_plan import PerExample
 
 # The scalars' tags (docs/FORMAT.md): the Scalars dashboard shows them too.
-NOISE_SCALE_TAG = "layergrad/gradient_noise_scale"
-TRACE_TAG = NOISE_SCALE_TAG + "/trace"
-SIGNAL_TAG = NOISE_SCALE_TAG + "/signal"
-COVERAGE_TAG = NOISE_SCALE_TAG + "/coverage"
+NOISE_SCALE_TAG = metadata.NOISE_SCALE_TAGS["noise_scale"]
+TRACE_TAG = metadata.NOISE_SCALE_TAGS["trace"]
+SIGNAL_TAG = metadata.NOISE_SCALE_TAGS["signal"]
+COVERAGE_TAG = metadata.NOISE_SCALE_TAGS["coverage"]
 
 
 def write(plan: "plans.Plan", step: tf.Tensor, description: str = "") -> None:
