@@ -75,6 +75,22 @@ def _missing_series(rc: catalog.RunCatalog, target: str, source: str, kind: str)
     return errors.NotFoundError(f"run {quote(rc.run)} has no {source!r} {kind} records for target {quote(target)}")
 
 
+def _matrix_response(request: wrappers.Request, head: dict, columns: Sequence[Tuple[np.ndarray, np.ndarray]],
+                     steps: np.ndarray, stat: str, points: Optional[int], max_steps: Optional[int],
+                     start: Optional[int], end: Optional[int], flags: Optional[np.ndarray] = None) -> wrappers.Response:
+    """The `matrix` answer of per-layer (steps, values) columns on the union `steps`: binned to `points` when
+    there are more steps (`flags`: each step's anomaly flags, for the bins), else every step or `max_steps`."""
+    if binned.needed(points, steps):
+        return json_response(request, {**head, **binned.columns_body(columns, steps, stat, points, start, end, flags)})
+    steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
+    extra = {"binned": False} if points else {}
+    return json_response(
+        request,
+        {**head, **extra, "steps": _int_list(steps)},
+        raw={"values": _columns_json([align(pts, col, steps) for pts, col in columns], stat)},
+    )
+
+
 @dataclasses.dataclass
 class LayerQuery:
     """The validated query of a one-layer route and the series it names."""
@@ -221,17 +237,11 @@ class Routes:
         columns = [(rows[s.key].steps, rows[s.key].column(stat)) for s in stats_series]
         head = {"run": run, "target": target, "source": source, "stat": stat, "layers": [s.info.layer for s in stats_series]}
         steps = series.union_steps([c[0] for c in columns])
+        flags = None
         if binned.needed(points, steps):
             whole = rows if start is None and end is None else self._stats.read(ctx, eid, run, stats_series)  # the rules see the whole run
             flags, _ = downsample.run_flags([(whole[s.key].steps, whole[s.key].table) for s in stats_series], steps)
-            return json_response(request, {**head, **binned.columns_body(columns, steps, stat, points, start, end, flags)})
-        steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
-        extra = {"binned": False} if points else {}
-        return json_response(
-            request,
-            {**head, **extra, "steps": _int_list(steps)},
-            raw={"values": _columns_json([align(pts, col, steps) for pts, col in columns], stat)},
-        )
+        return _matrix_response(request, head, columns, steps, stat, points, max_steps, start, end, flags)
 
     @json_errors
     def stats(self, request: wrappers.Request) -> wrappers.Response:
@@ -440,15 +450,7 @@ class Routes:
         columns = [(rows[s.key].steps, rows[s.key].column(field)) for s in chosen]
         head = {"run": run, "target": target, "source": source, "stat": stat, "layers": [s.info.layer for s in chosen]}
         steps = series.union_steps([c[0] for c in columns])
-        if binned.needed(points, steps):
-            return json_response(request, {**head, **binned.columns_body(columns, steps, stat, points, start, end)})
-        steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
-        extra = {"binned": False} if points else {}
-        return json_response(
-            request,
-            {**head, **extra, "steps": _int_list(steps)},
-            raw={"values": _columns_json([align(pts, col, steps) for pts, col in columns], stat)},
-        )
+        return _matrix_response(request, head, columns, steps, stat, points, max_steps, start, end)
 
     @json_errors
     def examples(self, request: wrappers.Request) -> wrappers.Response:

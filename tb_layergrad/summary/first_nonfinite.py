@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.summary import writer_state
-from tb_layergrad.summary.graph import cond_out_of_line
+from tb_layergrad.summary.graph import cond_out_of_line, write_if
 
 _NONFINITE_COUNTS = [metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf")]
 
@@ -183,14 +183,6 @@ def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any,
     cond_out_of_line(needed, store_and_write)
 
 
-def _when(condition: tf.Tensor, write: Any) -> None:
-    if tf.executing_eagerly():
-        if bool(condition):
-            write()
-    else:
-        tf.cond(condition, write, lambda: tf.constant(False))
-
-
 def _write_each(infos: Sequence[metadata.SeriesInfo], first: tf.Tensor, step: tf.Tensor) -> None:
     for i, info in enumerate(infos):
         record = record_info(info)
@@ -199,7 +191,7 @@ def _write_each(infos: Sequence[metadata.SeriesInfo], first: tf.Tensor, step: tf
             tf.summary.write(record.tag, value, step=step, metadata=metadata.create_summary_metadata(record))
             return tf.constant(True)
 
-        _when(first[i] >= 0, write)
+        write_if(first[i] >= 0, write)
 
 
 def _write_groups(infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], first: tf.Tensor, step: tf.Tensor) -> None:
@@ -219,4 +211,4 @@ def _write_groups(infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], fi
             pending.store(tf.constant([True]))
             return tf.constant(True)
 
-        _when(tf.reduce_any(values >= 0), write)
+        write_if(tf.reduce_any(values >= 0), write)

@@ -1,7 +1,7 @@
 """A condition whose untaken branch costs nothing: how a step's records are kept off unlogged steps."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import tensorflow as tf
 
@@ -23,3 +23,18 @@ def cond_out_of_line(pred: tf.Tensor, true_fn: Callable[[], tf.Tensor]) -> tf.Te
         return tf.cond(pred, true_fn, lambda: tf.constant(False))
     call = tf.function(true_fn, autograph=False, experimental_attributes={"_noinline": True})
     return tf.cond(pred, call, lambda: tf.constant(False))
+
+
+def write_if(condition: Any, write: Callable[[], None]) -> None:
+    """`write()` where `condition` (a bool, or a bool tensor) holds: a plain `if` eagerly or for a Python bool,
+    an inline `tf.cond` in a graph (a few summary writes: no branch worth putting out of line)."""
+    if isinstance(condition, bool) or tf.executing_eagerly():
+        if bool(condition):
+            write()
+        return
+
+    def run() -> tf.Tensor:
+        write()
+        return tf.constant(True)
+
+    tf.cond(condition, run, lambda: tf.constant(False))

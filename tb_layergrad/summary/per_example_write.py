@@ -8,7 +8,7 @@ this module only lays them out per group and writes them.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
@@ -17,6 +17,7 @@ from tb_layergrad import metadata
 from tb_layergrad.statistics import noise_scale, per_example_rows
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary import tag_metadata
+from tb_layergrad.summary.graph import write_if
 from tb_layergrad.summary.per_example_plan import PerExample
 
 # The scalars' tags (docs/FORMAT.md): the Scalars dashboard shows them too.
@@ -118,12 +119,12 @@ def _write_noise_scale(weights: Sequence["plans.Series"], rows: tf.Tensor, spec:
     estimate = noise_scale.estimate(sum_sq, tf.stack([_batch_sq(s) for s in covered]), batch)
     # Finite together (the same S, |G_B|^2 and B): one condition for both.
     both = tf.logical_and(tf.math.is_finite(estimate.trace), tf.math.is_finite(estimate.signal))
-    _when(both, lambda: (_scalar(TRACE_TAG, estimate.trace, step), _scalar(SIGNAL_TAG, estimate.signal, step)))
+    write_if(both, lambda: (_scalar(TRACE_TAG, estimate.trace, step), _scalar(SIGNAL_TAG, estimate.signal, step)))
     coupled = any(spec.status_of(s.info.layer) == metadata.EXAMPLE_COUPLED for s in weights)
     if coupled:
         return
     usable = tf.logical_and(estimate.signal > 0, tf.math.is_finite(estimate.b_simple))
-    _when(tf.logical_and(usable, tf.math.is_finite(estimate.signal)),
+    write_if(tf.logical_and(usable, tf.math.is_finite(estimate.signal)),
           lambda: _scalar(NOISE_SCALE_TAG, estimate.b_simple, step))
 
 
@@ -131,19 +132,6 @@ def _scalar(tag: str, value: tf.Tensor, step: tf.Tensor) -> None:
     """A standard TensorBoard scalar (plugin `scalars`), under `tag` as given (no name scope added)."""
     meta = scalar_metadata.create_summary_metadata(display_name=tag, description="")
     tf.summary.write(tag, tf.cast(value, tf.float32), step=step, metadata=meta)
-
-
-def _when(condition: tf.Tensor, write: Callable[[], None]) -> None:
-    if tf.executing_eagerly():
-        if bool(condition):
-            write()
-        return
-
-    def run() -> tf.Tensor:
-        write()
-        return tf.constant(True)
-
-    tf.cond(condition, run, lambda: tf.constant(False))
 
 
 __all__: List[str] = ["COVERAGE_TAG", "NOISE_SCALE_TAG", "SIGNAL_TAG", "TRACE_TAG", "write"]

@@ -19,7 +19,7 @@ from tb_layergrad import metadata
 from tb_layergrad.statistics import reductions
 from tb_layergrad.summary import backend, first_nonfinite, per_example_write, tag_metadata
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.graph import cond_out_of_line
+from tb_layergrad.summary.graph import cond_out_of_line, write_if
 from tb_layergrad.summary.plan import Plan, Series
 
 
@@ -203,7 +203,7 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
         tracked, stats, sizes = [], [], ()
         for s, hist, stat in records:
             if not s.stats_only:
-                _maybe(histograms, lambda s=s, hist=hist: _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description))
+                write_if(histograms, lambda s=s, hist=hist: _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description))
             _write(s.info, stat, step, plan.description)
             if s.present:
                 tracked.append(s.info)
@@ -220,19 +220,6 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
     if plan.track_nonfinite and tracked:
         first_nonfinite.track(tracked, flags, step, group_sizes=sizes)
 
-
-def _maybe(condition: Any, write: Callable[[], None]) -> None:
-    """`write()` where `condition` (a bool or a bool tensor) holds."""
-    if isinstance(condition, bool) or tf.executing_eagerly():
-        if bool(condition):
-            write()
-        return
-
-    def run() -> tf.Tensor:
-        write()
-        return tf.constant(True)
-
-    tf.cond(condition, run, lambda: tf.constant(False))
 
 
 def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, description: str,
@@ -259,7 +246,7 @@ def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, descr
                 written.append(tf.constant(True))
             else:
                 counts = tf.stack([tf.cast(by_series[id(s)][0], tf.float64)[:, 2] for s in members])
-                _maybe(histograms, lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized))
+                write_if(histograms, lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized))
                 written.append(tf.convert_to_tensor(histograms, tf.bool))
         pending.store(tf.stack(written))
         ordered.extend(members)
