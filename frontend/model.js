@@ -23,6 +23,12 @@ export function layersWith(run, target, source) {
   return run.layers.filter((l) => l.series.some((x) => x.target === target && x.source === source && x.kinds.includes("stats")));
 }
 
+/** Whether the run holds `kind` records (e.g. "histogram") of `layer` for (target, source). */
+export function hasKind(run, layer, target, source, kind) {
+  const l = run ? run.layers.find((x) => x.layer === layer) : null;
+  return Boolean(l && l.series.some((x) => x.target === target && x.source === source && x.kinds.includes(kind)));
+}
+
 /**
  * The output layer a weight variable belongs to: the longest output-layer path that is a
  * path prefix of the variable's (its index may differ: an LSTM's weights carry its cell's).

@@ -8,7 +8,7 @@ import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
-import { anyExamples, findRun, hasActivations, layerKey, layersWith, union, valuesOf } from "../model.js";
+import { anyExamples, findRun, hasActivations, hasKind, layerKey, layersWith, union, valuesOf } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
 
@@ -301,7 +301,9 @@ export class CompareView {
     };
     const hists = await Promise.all(
       d.runs.map(async (r, k) => {
-        if (!d.paths[k]) return null;
+        const { target, source } = valuesOf(state);
+        // A run without histograms for the layer (stats only) is not asked: its answer would be a 404.
+        if (!d.paths[k] || !hasKind(findRun(this.app.runs, r), d.paths[k], target, source, "histogram")) return null;
         const b = await one("histograms", { run: r, layer: d.paths[k], ...valuesOf(state) });
         const n = b.steps.length - 1;
         return n < 0 ? null : { step: b.steps[n], buckets: b.histograms[n] };

@@ -226,9 +226,8 @@ def _patches(a: Any, size: List[int], stride: List[int], rate: List[int], paddin
 
     Two exact ways (each patch element is one input element, copied): a convolution whose kernel is
     the identity (cost ∝ patch length², oneDNN's fast path) or `tf.image.extract_patches` (a gather,
-    memory-bound). Measured on a 2-core AVX-512 CPU, batch 32, 3x3 kernels: the convolution is faster
-    up to C_in = 8 (length 72: 2.6 vs 3.2 ms at 32x32), slower from C_in = 16 (5.7 vs 5.4 ms; C_in = 64:
-    76 vs 24 ms), so the convolution up to length 64.
+    memory-bound). Measured with 3x3 kernels, the convolution is the faster up to 8 input channels and
+    the slower from 16 on, three times so at 64 (docs/PER_EXAMPLE.md, "Cost"): so it serves up to length 64.
     """
     channels = int(a.shape[-1])
     length = size[0] * size[1] * channels
