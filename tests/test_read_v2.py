@@ -50,10 +50,11 @@ def tb(twins):
 
 
 def without_run_and_wall(doc):
-    """The answer with what legitimately differs between the twins removed: run names, wall times, versions."""
+    """The answer with what legitimately differs between the twins removed: run names, wall times, versions, and
+    whether the background read-ahead has reached each run yet (`statistics_read`, timing)."""
     if isinstance(doc, dict):
         return {k: without_run_and_wall(v) for k, v in doc.items()
-                if k not in ("run", "format_versions") and "wall" not in k}
+                if k not in ("run", "format_versions", "statistics_read") and "wall" not in k}
     if isinstance(doc, list):
         return [without_run_and_wall(v) for v in doc]
     return doc
