@@ -7,6 +7,8 @@ formula's terms is derived in per_example_reference.noise_scale_tolerance.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,6 +16,7 @@ import tensorflow as tf
 import tb_layergrad
 import per_example_reference as ref
 import tb_reading
+from tb_layergrad import fused_kernel
 from tb_layergrad.statistics import noise_scale
 from tb_layergrad.summary import per_example_write as pw
 
@@ -53,7 +56,14 @@ def _check(got, model, x, y, variables=None):
     return want, tol
 
 
-def test_scalars_equal_the_formula_on_independent_gradients(tmp_path):
+@pytest.fixture(params=[pytest.param("fused op", marks=pytest.mark.kernel), "TensorFlow ops"])
+def write_path(request):
+    """Both ways ‖G_B‖² is had: from the stats the fused write op wrote, and from the gradients (TensorFlow's ops)."""
+    with fused_kernel.disabled() if request.param == "TensorFlow ops" else contextlib.nullcontext():
+        yield request.param
+
+
+def test_scalars_equal_the_formula_on_independent_gradients(tmp_path, write_path):
     model = _model()
     rng = np.random.RandomState(4)
     x = tf.constant(rng.normal(size=(12, 6)), tf.float32)
@@ -63,6 +73,15 @@ def test_scalars_equal_the_formula_on_independent_gradients(tmp_path):
     assert want["signal"] > 0
     np.testing.assert_allclose(got[pw.NOISE_SCALE_TAG][1], want["b_simple"], rtol=tol["b_simple"])
     assert got[pw.COVERAGE_TAG][1] == 1.0
+
+
+def test_no_scalars_from_a_gradient_holding_a_nan(tmp_path, write_path):
+    """A NaN in an input reaches every gradient: no trace, signal or B_simple is written (coverage still is)."""
+    model = _model()
+    x = tf.constant(np.where(np.arange(12 * 6).reshape(12, 6) == 7, np.nan, 1.0), tf.float32)
+    got = _write(model, x, tf.zeros([12, 2]), str(tmp_path))
+    assert got[pw.COVERAGE_TAG][1] == 1.0
+    assert not {pw.TRACE_TAG, pw.SIGNAL_TAG, pw.NOISE_SCALE_TAG} & set(got)
 
 
 def test_no_b_simple_when_the_signal_estimate_is_not_positive(tmp_path):

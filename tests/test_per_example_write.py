@@ -16,6 +16,7 @@ import tb_layergrad
 import per_example_reference as ref
 import tb_reading
 from tb_layergrad import metadata
+from tb_layergrad.capturing import per_example_map
 from tb_layergrad.statistics import per_example_rows
 
 keras = tf.keras
@@ -175,3 +176,44 @@ def test_batch_normalization_in_training_gets_status_coupled(tmp_path):
     assert np.isnan(weight["bnm/a/kernel"][F["max"]])
     assert weight["bnm/b/kernel"][F["status"]] == metadata.EXAMPLE_EXACT  # after the coupling: each example's own
     assert rows[("loss", "output")][3]["bnm/a"][F["status"]] == metadata.EXAMPLE_COUPLED
+
+
+def _top_level_ops(fn, *args) -> dict:
+    """Op type -> count in `fn`'s own graph, not in the functions it calls (the recording condition's branch)."""
+    counts: dict = {}
+    for op in fn.get_concrete_function(*args).graph.get_operations():
+        counts[op.type] = counts.get(op.type, 0) + 1
+    return counts
+
+
+def test_norms_are_built_on_logged_steps_only(tmp_path):
+    """The capture defers its norms (`per_example_map.Deferred`): inside a tf.function step they are built in
+    the recording condition's branch, so an unlogged step computes none of them. The step's own graph holds no
+    more squares, roots or rankings than the same step without per_example; the written rows are right
+    (test above). Eagerly, an entry stays deferred until read, and reading it gives the independent norms."""
+    model, x, y = _mlp()
+    writer = tf.summary.create_file_writer(str(tmp_path))
+
+    def step(per_example):
+        def run(x, y):
+            with tf.GradientTape() as tape:
+                with tb_layergrad.capture(model, tape=tape, weights=True, per_example=per_example) as cap:
+                    loss = _loss(y, model(x, training=True))
+            grads = cap.gradients(tape, loss)
+            with writer.as_default(step=3), tf.summary.record_if(tf.reduce_sum(x) > 1e9):  # known at run time only
+                tb_layergrad.summary.gradients(grads)
+            return loss
+        return tf.function(run)
+
+    norm_ops = ("Square", "Sqrt", "TopKV2", "L2Loss")
+    with_norms, without = _top_level_ops(step(True), x, y), _top_level_ops(step(False), x, y)
+    assert {k: with_norms.get(k, 0) for k in norm_ops} == {k: without.get(k, 0) for k in norm_ops}
+    assert with_norms.get("If", 0) + with_norms.get("StatelessIf", 0) >= 1  # the recording condition was built
+
+    grads = _step(model, x, y)
+    per_example = grads.per_example
+    assert all(isinstance(per_example.entry(p), per_example_map.Deferred) for p in per_example if per_example.entry(p) is not None)
+    want = {**ref.norms(ref.per_example_gradients(model, _loss, x, y)), **ref.output_norms(model, _loss, x, y)}
+    assert set(want) == {p for p in per_example if per_example.entry(p) is not None}
+    for path, norms in want.items():
+        np.testing.assert_allclose(per_example[path].numpy(), norms, rtol=RTOL)

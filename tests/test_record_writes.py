@@ -239,13 +239,16 @@ def test_the_check_of_an_unrecorded_step_finds_each_nan_and_inf(tmp_path, dtype,
     xs = [tf.cast(tf.constant(t), dtype) for t in tensors]
     series = _series(5)
     for record_if in (False, True):
-        written, nonfinite = backend.write_fused(writer._resource, tf.constant(False), tf.constant(3, tf.int64), series, xs, 30,  # noqa: SLF001
-                                                 track_nonfinite=False, record_if_nonfinite=tf.constant(record_if))
+        written, nonfinite, stats = backend.write_fused(writer._resource, tf.constant(False), tf.constant(3, tf.int64), series, xs, 30,  # noqa: SLF001
+                                                        track_nonfinite=False, record_if_nonfinite=tf.constant(record_if))
         assert nonfinite.numpy().tolist() == [False, True, True, True, False]
         assert bool(written) == record_if
+        # The stats as written come out too (zeros when nothing was): the NaN/Inf counts name the same tensors.
+        counts = stats.numpy()[:, [metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf")]].sum(axis=1)
+        assert counts.tolist() == ([0, 1, 1, 1, 0] if record_if else [0] * 5)
     writer.close()
     assert sorted({step for step, _ in _events(str(tmp_path))}) == [3]  # written once: when asked to
     other = tf.summary.create_file_writer(str(tmp_path / "clean"))
-    clean_written, clean = backend.write_fused(other._resource, tf.constant(False), tf.constant(4, tf.int64), series[:1],  # noqa: SLF001
+    clean_written, clean, _ = backend.write_fused(other._resource, tf.constant(False), tf.constant(4, tf.int64), series[:1],  # noqa: SLF001
                                                xs[:1], 30, track_nonfinite=False, record_if_nonfinite=tf.constant(True))
     assert not bool(clean_written) and clean.numpy().tolist() == [False]  # all finite: nothing written

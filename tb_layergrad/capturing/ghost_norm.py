@@ -88,7 +88,10 @@ def concat(factors: Sequence[Factor]) -> Factor:
 def squared_norm(factor: Factor) -> Any:
     """‖G_i‖² for every example i: a [B] tensor."""
     if isinstance(factor, Summed):
-        return tf.reduce_sum(tf.square(tf.reduce_sum(_float(factor.v), axis=1)), axis=-1)
+        v = _float(factor.v)
+        if _static(v.shape[1]) == 1:  # the same ops as an Outer's δ term of one position: one computation of both
+            return tf.reduce_sum(tf.square(v), axis=[1, 2])
+        return tf.reduce_sum(tf.square(tf.reduce_sum(v, axis=1)), axis=-1)
     if isinstance(factor, Lookup):
         d = _float(factor.d)
         same = tf.cast(tf.equal(factor.ids[:, :, None], factor.ids[:, None, :]), d.dtype)

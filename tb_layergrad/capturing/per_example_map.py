@@ -5,14 +5,80 @@ target does not depend on it (as in `GradientMap`) and ALSO when no exact per-ex
 (a layer without a rule, a BatchNormalization in training mode that couples the examples); the
 latter are listed in `unsupported` with the reason, so a reader never takes an absent number for a
 zero or a wrong one for a right one. Like `GradientMap`, it can be returned from a `tf.function`.
+
+Why deferred norms: the capture knows at the end of the backward pass everything a norm needs (the
+layers' inputs and δ), but the writers log most steps unwritten. A norm is kept as a `Deferred` until
+someone reads it, and is built in the graph that reads it: inside the writers' recording condition it
+is computed on written steps only; read anywhere else (`norms[path]`, returned from a `tf.function`)
+it is computed there, as before. The writers read squared norms (`squared`), which is what their
+statistics need, one square root per example fewer.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, Optional, Tuple
+import dataclasses
+import weakref
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+
+import tensorflow as tf
 
 # How the reason of a path whose examples a BatchNormalization coupled begins (`PerExamplePass` writes it,
 # `is_coupled` and the writers read it): a coupled path gets status EXAMPLE_COUPLED on disk, not "unsupported".
 COUPLED_REASON = "examples are coupled by"
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """One path's norms, not computed yet: ‖∇ℓ_i‖² = `scale`² · `build()` (float32 or float64 [B]).
+
+    `build` makes the ops of the unscaled squared norms in the current graph; `scale` is a scalar
+    tensor (the batch size that undoes a batch-mean loss, divided by a loss scale where one applies);
+    `batch` the example count (int32 scalar).
+    """
+
+    build: Callable[[], Any]
+    scale: Any
+    batch: Any
+
+    def scaled(self, factor: Any) -> "Deferred":
+        """The same norms multiplied by `factor` (a scalar)."""
+        return dataclasses.replace(self, scale=self.scale * tf.cast(factor, self.scale.dtype))
+
+
+def squared(entry: Any) -> Tuple[Any, Any]:
+    """(s, c): ‖∇ℓ_i‖² = c² · s, s [B] built in the current graph, c a scalar (a norms tensor: its squares, 1).
+
+    Why apart: a squared batch size times a float32 sum of squares can overflow where the norm does not;
+    the writers multiply the two in float64.
+    """
+    if isinstance(entry, Deferred):
+        return entry.build(), entry.scale
+    entry = tf.convert_to_tensor(entry)
+    entry = entry if entry.dtype.is_floating else tf.cast(entry, tf.float32)
+    return tf.square(tf.cast(entry, tf.float64)), tf.constant(1.0, tf.float64)
+
+
+def materialized(entry: Any) -> Any:
+    """The [B] norms of an entry, built in the current graph (a tensor entry as it is)."""
+    if isinstance(entry, Deferred):
+        sq = entry.build()
+        return tf.cast(entry.scale, sq.dtype) * tf.sqrt(sq)
+    return tf.convert_to_tensor(entry)
+
+
+def batch_of(entry: Any) -> Any:
+    """The example count (int32 scalar) of an entry."""
+    return entry.batch if isinstance(entry, Deferred) else tf.size(entry)
+
+
+def scaled(entry: Any, factor: Any) -> Any:
+    """An entry's norms multiplied by `factor`, a deferred entry staying deferred."""
+    if entry is None:
+        return None
+    if isinstance(entry, Deferred):
+        return entry.scaled(factor)
+    entry = tf.convert_to_tensor(entry)
+    entry = entry if entry.dtype.is_floating else tf.cast(entry, tf.float32)
+    return entry * tf.cast(factor, entry.dtype)
 
 
 class PerExampleNorms:
@@ -25,7 +91,8 @@ class PerExampleNorms:
 
     def __init__(self, norms: Dict[str, Any], unsupported: Optional[Dict[str, str]] = None,
                  coupled_by: Tuple[str, ...] = ()):
-        self._norms = dict(norms)
+        self._norms = dict(norms)  # path -> None, a [B] tensor or a `Deferred`
+        self._built: Dict[Tuple[str, int], Tuple[Any, Any]] = {}  # (path, graph id) -> (graph weakref, tensor)
         self.unsupported: Dict[str, str] = dict(unsupported or {})
         self.coupled_by: Tuple[str, ...] = tuple(coupled_by)
 
@@ -39,7 +106,27 @@ class PerExampleNorms:
         return self.unsupported.get(path, "").startswith(COUPLED_REASON)
 
     def __getitem__(self, path: str) -> Any:
+        return self._tensor(path, self._norms[path])
+
+    def entry(self, path: str) -> Any:
+        """The path's norms as held: None, a tensor, or a `Deferred` (the writers build it where they write)."""
         return self._norms[path]
+
+    def entries(self) -> Dict[str, Any]:
+        return dict(self._norms)
+
+    def _tensor(self, path: str, entry: Any) -> Any:
+        """A deferred entry built once per graph (eagerly: once)."""
+        if not isinstance(entry, Deferred):
+            return entry
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        key = (path, id(graph))
+        held = self._built.get(key)
+        if held is not None and (graph is None or held[0]() is graph):
+            return held[1]
+        value = materialized(entry)
+        self._built[key] = (None if graph is None else weakref.ref(graph), value)
+        return value
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._norms)
@@ -54,21 +141,21 @@ class PerExampleNorms:
         return self._norms.keys()
 
     def values(self):
-        return self._norms.values()
+        return [self[p] for p in self._norms]
 
     def items(self):
-        return self._norms.items()
+        return [(p, self[p]) for p in self._norms]
 
     def get(self, path: str, default: Any = None) -> Any:
-        return self._norms.get(path, default)
+        return self[path] if path in self._norms else default
 
     def as_dict(self) -> Dict[str, Any]:
-        return dict(self._norms)
+        return dict(self.items())
 
     # tf.nest protocol: lets it be returned from a tf.function (the reasons are static Python).
     def __tf_flatten__(self):
         meta = (tuple(self._norms), tuple(sorted(self.unsupported.items())), self.coupled_by)
-        return meta, tuple(self._norms.values())
+        return meta, tuple(self.values())
 
     @classmethod
     def __tf_unflatten__(cls, meta, components):

@@ -18,13 +18,15 @@ the reason.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad.capturing import ghost_norm
 from tb_layergrad.capturing.per_example import Rule, Unsupported, couples_examples, rule_for, short_name
-from tb_layergrad.capturing.per_example_map import COUPLED_REASON, PerExampleNorms
+from tb_layergrad.capturing.per_example_map import COUPLED_REASON, Deferred, PerExampleNorms
 from tb_layergrad.capturing.preactivation import PreactivationObserver
 
 
@@ -112,10 +114,9 @@ class PerExamplePass:
             elif g.shape.rank == 0:
                 unsupported[key] = "a scalar output has no batch axis"
             else:
-                flat = tf.reshape(_float(g), [tf.shape(g)[0], -1])  # any rank, known or not
-                norms[key] = _batch_size(g) * tf.sqrt(tf.reduce_sum(tf.square(flat), axis=1))
+                norms[key] = Deferred(functools.partial(_squared_rows, g), _batch_size(g), tf.shape(g)[0])
         deltas = self._deltas(source_grads)
-        factors: Dict[int, Any] = {}
+        factors = _FactorMemo(self, deltas)
         for path, var, owner, g in weights:
             norms[path] = None
             if g is None:
@@ -131,9 +132,9 @@ class PerExamplePass:
         with_source = [c for c in self.calls if c.delta_source is not None]
         return {id(c): g for c, g in zip(with_source, source_grads)}
 
-    def _weight_norm(self, var: Any, owner: Any, deltas: Dict[int, Any], factors: Dict[int, Any], boundary: int,
+    def _weight_norm(self, var: Any, owner: Any, deltas: Dict[int, Any], factors: "_FactorMemo", boundary: int,
                      coupled_reason: str) -> Any:
-        """The [B] norms of one variable, or the reason there are none."""
+        """The deferred [B] norms of one variable, or the reason there are none."""
         if owner.index not in self.rules:
             return f"layer {owner.path} is not captured: include it in layers= for its per-example norms"
         calls = [c for c in self.calls if c.node is owner]
@@ -147,17 +148,17 @@ class PerExamplePass:
         role = short_name(var)
         if role not in rule.roles:
             return f"{type(owner.layer).__name__} variable {role!r} has no per-example rule (e.g. LoRA)"
-        if owner.index not in factors:
-            factors[owner.index] = self._factors(rule, owner, calls, deltas)
-        per_call = factors[owner.index]
+        per_call = factors.get(rule, owner, calls)
         if isinstance(per_call, str):
             return per_call
-        try:
-            chosen = [f[role] for f in per_call]
-        except KeyError:
+        if any(role not in f for f in per_call):
             return f"no factor for {role!r}"
-        first = calls[0]
-        return _batch_size(deltas[id(first)]) * ghost_norm.norm(chosen)
+
+        def build() -> Any:
+            return ghost_norm.squared_norm(ghost_norm.concat([f[role] for f in factors.get(rule, owner, calls)]))
+
+        first = deltas[id(calls[0])]
+        return Deferred(build, _batch_size(first), tf.shape(first)[0])
 
     @staticmethod
     def _factors(rule: Rule, owner: Any, calls: List[Observed], deltas: Dict[int, Any]) -> Any:
@@ -178,6 +179,38 @@ class PerExamplePass:
             except (TypeError, ValueError) as e:  # an input the rule cannot take (ragged, sparse, unknown rank)
                 return f"{type(owner.layer).__name__}: the rule cannot take this call's input ({type(e).__name__}: {e})"
         return result
+
+
+class _FactorMemo:
+    """Each layer's per-call factors, made once per graph.
+
+    Why per graph: the norms are built where they are read (`Deferred`), usually inside the writers'
+    recording condition; a layer's variables (kernel and bias) share its factors there. Whether a layer's
+    factors can be made at all is decided when the norms are assembled: in a graph those
+    trial ops have no consumer and are pruned; eagerly they are the factors themselves, kept.
+    """
+
+    def __init__(self, owner_pass: "PerExamplePass", deltas: Dict[int, Any]):
+        self._pass = owner_pass
+        self._deltas = deltas
+        self._made: Dict[Tuple[int, int], Any] = {}
+
+    def get(self, rule: Rule, owner: Any, calls: List[Observed]) -> Any:
+        """The factors (or the reason there are none), made in the current graph and remembered."""
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        key = (owner.index, id(graph))
+        held = self._made.get(key)
+        if held is None or (graph is not None and held[0]() is not graph):
+            made = self._pass._factors(rule, owner, calls, self._deltas)  # noqa: SLF001 - the pass's own rule runner
+            held = (None if graph is None else weakref.ref(graph), made)
+            self._made[key] = held
+        return held[1]
+
+
+def _squared_rows(g: Any) -> Any:
+    """Σ of squares of each example's slice of `g` [B, ...]: a [B] tensor."""
+    flat = tf.reshape(_float(g), [tf.shape(g)[0], -1])  # any rank, known or not
+    return tf.reduce_sum(tf.square(flat), axis=1)
 
 
 def _float(t: Any) -> Any:

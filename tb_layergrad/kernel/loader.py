@@ -280,10 +280,11 @@ def write_histograms_and_stats(
     with_metadata: Any = None,
     block_steps: Sequence[int] = (),
     histograms: Any = True,
-) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
     """When `record` (a bool scalar) holds, write each tensor's records.
 
-    Returns (written, first steps after, nonfinite, metadata_written).
+    Returns (written, first steps after, nonfinite, metadata_written, stats): `stats` [T, 12] float64,
+    each tensor's stats record as written (zeros when nothing was written).
 
     `writer`: a summary writer's resource handle; `step`: int64 scalar; the
     series: one (tag, serialized SummaryMetadata) per tensor and kind. The
@@ -317,13 +318,13 @@ def write_histograms_and_stats(
     if with_metadata is None:
         with_metadata = tf.ones([3 * len(group_sizes)], tf.bool)
     with tf.device("cpu:0"):
-        written, firsts, nonfinite, metadata_written = fn(
+        written, firsts, nonfinite, metadata_written, stats = fn(
             writer, record, tf.constant(False) if not check else record_if_nonfinite, histograms, step, first_nonfinite,
             with_metadata, list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm, stats_tags=st,
             stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush, check=check,
             group_sizes=list(group_sizes), block_steps=list(block_steps),
         )
-    return written, firsts, nonfinite, metadata_written
+    return written, firsts, nonfinite, metadata_written, stats
 
 
 def main() -> None:

@@ -24,32 +24,41 @@ def exact_row(norms: Any) -> tf.Tensor:
 
 
 def exact_rows(norms: Any) -> tf.Tensor:
-    """float64 [L, WIDTH]: the rows of L layers of one batch, from their [L, B] per-example norms.
+    """float64 [L, WIDTH]: the rows of L layers of one batch, from their [L, B] per-example norms."""
+    n = tf.cast(norms, tf.float64)
+    return exact_rows_from_squares(n * n)  # a float32 norm squared in float64 is exact: sqrt gives it back
+
+
+def exact_rows_from_squares(squares: Any) -> tf.Tensor:
+    """float64 [L, WIDTH]: the rows of L layers of one batch, from their [L, B] squared per-example norms.
 
     Why all at once: a group's rows share the batch, and one sort and one top_k over [L, B] are a few ops
-    where a row each would be a few dozen per layer, run at every logged step.
+    where a row each would be a few dozen per layer, run at every logged step. Why squares: `sum_sq` is
+    their sum, and the order, hence the picked examples, is the norms'; only the picked values need a root.
     """
-    n = tf.cast(norms, tf.float64)
-    rows = tf.shape(n)[0]
-    count = tf.shape(n)[1]
+    sq = tf.cast(squares, tf.float64)
+    rows = tf.shape(sq)[0]
+    count = tf.shape(sq)[1]
     some = count > 0
     nan = tf.constant(_NAN, tf.float64)
-    # Sorted ascending, padded with a column so that an empty batch gathers nothing out of range (its values
-    # are replaced by NaN below). The median: the mean of the middle two for an even count.
-    padded = tf.concat([tf.sort(n, axis=1), tf.zeros([rows, 1], tf.float64)], 1)
+    # ONE full top_k: the examples in descending order, the lower index first among equal values (TensorFlow's
+    # documented tie rule, which is the contract's); the first K are the top ones, and the order statistics are
+    # read from the same ranking (a column of zeros appended so that an empty batch gathers nothing out of
+    # range; its values are replaced by NaN below). The median: the mean of the middle two for an even count.
+    ranked = tf.math.top_k(sq, k=count, sorted=True)
+    padded = tf.concat([ranked.values, tf.zeros([rows, 1], tf.float64)], 1)
     last = tf.maximum(count - 1, 0)
-    picked = tf.gather(padded, tf.stack([0, last // 2, count // 2, last]), axis=1)  # [L, 4]
-    smallest = tf.where(some, picked[:, 0], nan)
-    median = tf.where(some, (picked[:, 1] + picked[:, 2]) / 2.0, nan)
-    largest = tf.where(some, picked[:, 3], nan)
-    sum_sq = tf.reduce_sum(tf.square(n), axis=1)
+    picked = tf.gather(padded, tf.stack([last, last // 2, count // 2, 0]), axis=1)  # [L, 4] squares
+    roots = tf.sqrt(picked)
+    smallest = tf.where(some, roots[:, 0], nan)
+    median = tf.where(some, (roots[:, 1] + roots[:, 2]) / 2.0, nan)
+    largest = tf.where(some, roots[:, 3], nan)
+    sum_sq = tf.reduce_sum(sq, axis=1)
     positive = sum_sq > 0
-    top_share = tf.where(positive, tf.square(largest) / tf.where(positive, sum_sq, 1.0), nan)
-    # top_k: the lower index first among equal values (TensorFlow's documented tie rule), which is the contract's.
+    top_share = tf.where(positive, picked[:, 3] / tf.where(positive, sum_sq, 1.0), nan)
     k = tf.minimum(count, K)
-    top = tf.math.top_k(n, k=k, sorted=True)
-    indexes = tf.pad(tf.cast(top.indices, tf.float64), [[0, 0], [0, K - k]], constant_values=-1.0)
-    values = tf.pad(top.values, [[0, 0], [0, K - k]], constant_values=_NAN)
+    indexes = tf.pad(tf.cast(ranked.indices[:, :k], tf.float64), [[0, 0], [0, K - k]], constant_values=-1.0)
+    values = tf.pad(tf.sqrt(ranked.values[:, :k]), [[0, 0], [0, K - k]], constant_values=_NAN)
     head = tf.stack([tf.fill([rows], tf.cast(count, tf.float64)), tf.fill([rows], tf.constant(float(metadata.EXAMPLE_EXACT), tf.float64)),
                      smallest, median, largest, sum_sq, top_share], axis=1)
     return tf.reshape(tf.concat([head, tf.reshape(indexes, [rows, K]), tf.reshape(values, [rows, K])], 1), [rows, WIDTH])
@@ -69,4 +78,4 @@ def status_row(examples: Any, status: int) -> tf.Tensor:
     ], 0)
 
 
-__all__ = ["WIDTH", "exact_row", "exact_rows", "status_row"]
+__all__ = ["WIDTH", "exact_row", "exact_rows", "exact_rows_from_squares", "status_row"]

@@ -57,10 +57,11 @@ def write_fused(
     record_if_nonfinite: Any = None,
     group_sizes: Sequence[int] = (),
     histograms: Any = True,
-) -> Tuple[tf.Tensor, tf.Tensor]:
+) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """ONE op: when `record` holds, each tensor's histogram, stats and first-non-finite records.
 
-    Returns (written, nonfinite [T]). The running first steps are the one
+    Returns (written, nonfinite [T], stats [T, 12]: each tensor's stats as written, zeros
+    when nothing was). The running first steps are the one
     tracker's (`first_nonfinite`), those of `writer` (the writer `resource`
     belongs to; default: the default writer): read before the op, which
     applies the rule, and stored after it. `record_if_nonfinite` (a bool, or
@@ -95,7 +96,7 @@ def write_fused(
         first_series = series[metadata.KIND_FIRST_NONFINITE]
     else:
         firsts, first_series = tf.fill([len(infos)], tf.constant(-1, tf.int64)), []
-    written, after, nonfinite, metadata_written = kernel.write_histograms_and_stats(
+    written, after, nonfinite, metadata_written, stats = kernel.write_histograms_and_stats(
         resource, record, step, list(tensors), buckets, series[metadata.KIND_HISTOGRAM],
         series[metadata.KIND_STATS], firsts, first_series, flush=flush,
         record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes,
@@ -107,7 +108,7 @@ def write_fused(
         first_nonfinite.store(variable, slots, after)
     if pending is not None:
         pending.store(metadata_written)
-    return written, nonfinite
+    return written, nonfinite, stats
 
 
 def _split(items: Sequence[Any], sizes: Sequence[int]) -> List[Sequence[Any]]:

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
+from tb_layergrad.capturing import per_example_map
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
 
 
@@ -24,12 +25,13 @@ class PerExample:
     """One target's per-example norms for one step, as a plan carries them."""
 
     target: str
-    norms: Tuple[Tuple[str, Any], ...]  # (path, [B] float tensor) for every path with numbers
+    norms: Tuple[Tuple[str, Any], ...]  # (path, [B] float tensor or a `Deferred`) for every path with numbers
     status: Tuple[Tuple[str, int], ...]  # (path, EXAMPLE_UNSUPPORTED or EXAMPLE_COUPLED) for paths without
     elements: Tuple[Tuple[str, int], ...] = ()  # (weight path, parameter count): the noise scale's coverage
     parameters: int = 0  # trainable parameters the target depends on (coverage's denominator); 0: the weights'
 
     def norm_of(self, path: str) -> Any:
+        """The path's norms as held (a tensor or a `Deferred`: `per_example_map.squared` reads either), or None."""
         return dict(self.norms).get(path)
 
     def status_of(self, path: str) -> Optional[int]:
@@ -38,12 +40,13 @@ class PerExample:
     def batch_size(self) -> Optional[tf.Tensor]:
         """The number of examples (int32 scalar), from the first path with numbers; None when none has."""
         for _, norm in self.norms:
-            return tf.size(norm)
+            return per_example_map.batch_of(norm)
         return None
 
     # -- a flat dict of tensors and back: how it leaves a compiled step (with `Plan.tensors`) --------
     def tensors(self) -> Dict[str, Any]:
-        return {f"{self.target}|examples|{path}": norm for path, norm in self.norms}
+        """Every path's norms built now (they leave the step as they are)."""
+        return {f"{self.target}|examples|{path}": per_example_map.materialized(norm) for path, norm in self.norms}
 
     def with_tensors(self, tensors: Mapping[str, Any]) -> "PerExample":
         norms = tuple((path, tensors.get(f"{self.target}|examples|{path}")) for path, _ in self.norms)
@@ -64,13 +67,11 @@ def from_norms(per_example: Any, target: str, gmap: Optional[GradientMap] = None
     if not isinstance(per_example, PerExampleNorms):
         per_example = PerExampleNorms(dict(per_example))
     norms = []
-    for path, norm in per_example.items():
-        if norm is None:
+    inverse = None if scale is None else 1.0 / tf.cast(scale, tf.float32)
+    for path, entry in per_example.entries().items():  # deferred ones stay so: built where they are written
+        if entry is None:
             continue
-        norm = tf.convert_to_tensor(norm)
-        if scale is not None:
-            norm = tf.cast(norm, tf.float32) / tf.cast(scale, tf.float32)
-        norms.append((path, norm))
+        norms.append((path, entry if inverse is None else per_example_map.scaled(entry, inverse)))
     status = tuple(
         (path, metadata.EXAMPLE_COUPLED if per_example.is_coupled(path) else metadata.EXAMPLE_UNSUPPORTED)
         for path in per_example.unsupported

@@ -8,12 +8,13 @@ this module only lays them out per group and writes them.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from tb_layergrad import metadata
+from tb_layergrad.capturing import per_example_map
 from tb_layergrad.statistics import noise_scale, per_example_rows
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary import tag_metadata
@@ -27,10 +28,13 @@ SIGNAL_TAG = metadata.NOISE_SCALE_TAGS["signal"]
 COVERAGE_TAG = metadata.NOISE_SCALE_TAGS["coverage"]
 
 
-def write(plan: "plans.Plan", step: tf.Tensor, description: str = "") -> None:
+def write(plan: "plans.Plan", step: tf.Tensor, description: str = "", fused_stats: Optional[Dict[int, Any]] = None) -> None:
     """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale.
 
-    Why everything at once: the groups share the batch, so all their rows come from one `exact_rows` call and
+    `fused_stats`: id(series) -> the stats [12] the fused write op wrote this step for that series: the
+    noise scale takes the batch gradient's norm from them rather than reading the gradient again.
+
+    Why everything at once: the groups share the batch, so all their rows come from one `exact_rows_from_squares` call and
     their tags' metadata state from one `Pending`: a few ops per step where a group each would be a few dozen.
     """
     spec = plan.per_example
@@ -51,13 +55,13 @@ def write(plan: "plans.Plan", step: tf.Tensor, description: str = "") -> None:
         serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(info, description).SerializeToString())
         tf.summary.write(tag_metadata.tag_at(info, pending.firsts[i]), rows, step=step, metadata=serialized)
         if group[0].info.source == metadata.SOURCE_WEIGHT and spec.target == metadata.DEFAULT_TARGET:
-            _write_noise_scale(group, rows, spec, batch, step)
+            _write_noise_scale(group, rows, spec, batch, step, fused_stats or {})
         begin += len(group)
     pending.store(tf.ones([len(infos)], tf.bool))
 
 
 def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[tf.Tensor]) -> tf.Tensor:
-    """float64 [len(members), WIDTH]: each layer's row, the numbers of all computed together (`exact_rows`).
+    """float64 [len(members), WIDTH]: each layer's row, the numbers of all computed together (`exact_rows_from_squares`).
 
     A layer with norms: its numbers; one the target does not depend on (no gradient, no reason given):
     zeros, every example's gradient being 0; else the status of why there are none, NaN.
@@ -71,14 +75,18 @@ def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[t
             norm = tf.zeros([batch], tf.float32)
         if norm is not None:
             order.append(("exact", len(exact)))
-            exact.append(tf.cast(tf.reshape(norm, [-1]), tf.float64))
+            exact.append(per_example_map.squared(norm))
         else:
             examples = float("nan") if batch is None else tf.cast(batch, tf.float64)
             order.append(("status", len(status_rows)))
             status_rows.append(per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status))
     parts = []
     if exact:
-        parts.append(per_example_rows.exact_rows(tf.stack(exact)))
+        # Each path's unscaled squares and its scale, multiplied in float64 (`per_example_map.squared`).
+        widest = tf.float64 if any(sq.dtype == tf.float64 for sq, _ in exact) else tf.float32
+        squares = tf.cast(tf.stack([tf.reshape(tf.cast(sq, widest), [-1]) for sq, _ in exact]), tf.float64)
+        scales = tf.cast(tf.stack([tf.cast(c, widest) for _, c in exact]), tf.float64)
+        parts.append(per_example_rows.exact_rows_from_squares(squares * tf.square(scales)[:, None]))
     if status_rows:
         parts.append(tf.stack(status_rows))
     table = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
@@ -88,20 +96,44 @@ def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[t
     return tf.gather(table, [offset[kind] + i for kind, i in order])
 
 
-def _batch_sq(s: "plans.Series") -> tf.Tensor:
-    """‖G_B‖² of one variable: from its gradient, or from its merged stats' norm."""
-    if s.data is not None:
-        g = tf.convert_to_tensor(s.data)  # an IndexedSlices densified: repeated rows add up first
-        # One fused kernel (Σ g² / 2) in the gradient's own float type: the per-example norms it is set against
-        # are float32 anyway, and a float64 copy of a large weight gradient at every logged step was most of
-        # the noise scale's cost.
-        return 2.0 * tf.cast(tf.nn.l2_loss(g if g.dtype in (tf.float32, tf.float64) else tf.cast(g, tf.float32)), tf.float64)
-    norm = tf.cast(s.reduced[1], tf.float64)[metadata.STAT_INDEX["norm"]]
-    return tf.square(norm)
+_NONFINITE_COLUMNS = [metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf")]
+
+
+def _batch_squares(series: Sequence["plans.Series"], fused_stats: Dict[int, Any]) -> tf.Tensor:
+    """float64 [n]: ‖G_B‖² of each variable, from the stats its records carry (the fused op's, or merged
+    ones) where there are some, all of them in a few ops; else from its gradient."""
+    stats_of = [fused_stats.get(id(s), None if s.reduced is None else s.reduced[1]) for s in series]
+    with_stats = [i for i, st in enumerate(stats_of) if st is not None]
+    parts, order = [], []
+    if with_stats:
+        table = tf.cast(tf.stack([stats_of[i] for i in with_stats]), tf.float64)  # [m, 12]
+        # The stats' norm is of the finite elements: a NaN/Inf anywhere makes ‖G_B‖² NaN, as a sum would.
+        nonfinite = tf.reduce_sum(tf.gather(table, _NONFINITE_COLUMNS, axis=1), axis=1) > 0
+        norms = table[:, metadata.STAT_INDEX["norm"]]
+        parts.append(tf.where(nonfinite, tf.constant(float("nan"), tf.float64), tf.square(norms)))
+        order += with_stats
+    rest = [i for i, st in enumerate(stats_of) if st is None]
+    if rest:
+        parts.append(tf.stack([_squared_from_gradient(series[i]) for i in rest]))
+        order += rest
+    joined = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
+    if order == sorted(order):
+        return joined
+    return tf.gather(joined, [order.index(i) for i in range(len(series))])
+
+
+def _squared_from_gradient(s: "plans.Series") -> tf.Tensor:
+    if s.data is None:
+        raise ValueError(f"{s.info.layer}: neither a gradient nor its stats")
+    g = tf.convert_to_tensor(s.data)  # an IndexedSlices densified: repeated rows add up first
+    # One fused kernel (Σ g² / 2) in the gradient's own float type: the per-example norms it is set against
+    # are float32 anyway, and a float64 copy of a large weight gradient at every logged step was most of
+    # the noise scale's cost.
+    return 2.0 * tf.cast(tf.nn.l2_loss(g if g.dtype in (tf.float32, tf.float64) else tf.cast(g, tf.float32)), tf.float64)
 
 
 def _write_noise_scale(weights: Sequence["plans.Series"], rows: tf.Tensor, spec: PerExample, batch: Optional[tf.Tensor],
-                       step: tf.Tensor) -> None:
+                       step: tf.Tensor, fused_stats: Dict[int, Any]) -> None:
     """B_simple, trace, signal and coverage over the weights with exact per-example norms (docs/FORMAT.md).
 
     `rows`: the weight group's `examples` rows, whose `sum_sq` column is Σ_i ‖g_{i,v}‖² of each variable.
@@ -116,7 +148,7 @@ def _write_noise_scale(weights: Sequence["plans.Series"], rows: tf.Tensor, spec:
     if not covered or batch is None:
         return
     sum_sq = tf.gather(rows[:, metadata.EXAMPLE_INDEX["sum_sq"]], at)
-    estimate = noise_scale.estimate(sum_sq, tf.stack([_batch_sq(s) for s in covered]), batch)
+    estimate = noise_scale.estimate(sum_sq, _batch_squares(covered, fused_stats), batch)
     # Finite together (the same S, |G_B|^2 and B): one condition for both.
     both = tf.logical_and(tf.math.is_finite(estimate.trace), tf.math.is_finite(estimate.signal))
     write_if(both, lambda: (_scalar(TRACE_TAG, estimate.trace, step), _scalar(SIGNAL_TAG, estimate.signal, step)))

@@ -121,6 +121,7 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
     entered = writer.as_default if writer is not None else contextlib.nullcontext
     written: List[tf.Tensor] = []
     flag_of: dict = {}
+    fused_stats: dict = {}  # id(series) -> its stats [12] as the fused op wrote them
     if checking:  # the small rest first: a NaN there makes the fused op write too (the step is written in full)
         for s in rest:
             if s.present:
@@ -130,13 +131,15 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
             should = tf.logical_or(should, tf.logical_and(elsewhere, record_if_nonfinite))
     if fused:
         condition = tf.constant(should) if isinstance(should, bool) else should
-        done, nonfinite = backend.write_fused(
+        done, nonfinite, stats = backend.write_fused(
             resource, condition, read_step(step), [s.info for s in fused], [s.data for s in fused], plan.buckets,
             plan.description, flush=flush, track_nonfinite=plan.track_nonfinite, writer=writer,
             record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes, histograms=histograms,
         )
         written.append(done)
         flag_of.update(zip(map(id, fused), tf.unstack(nonfinite, len(fused))))
+        if plan.per_example is not None:  # the noise scale reads the batch gradients' norms from them
+            fused_stats.update(zip(map(id, fused), tf.unstack(stats, len(fused))))
     if checking:
         flags = tf.stack([flag_of[id(s)] for s in present]) if present else tf.zeros([0], tf.bool)
         should = tf.logical_or(should, tf.logical_and(tf.reduce_any(flags), record_if_nonfinite))
@@ -148,7 +151,7 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
             with entered():
                 at = read_step(step)
                 _write_with_ops(plan, rest, fused, at, histograms)
-                per_example_write.write(plan, at, plan.description)
+                per_example_write.write(plan, at, plan.description, fused_stats)
 
         written.append(when(should, write_rest))
     if not written:

@@ -59,6 +59,7 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Output("first_nonfinite_after: int64")
     .Output("nonfinite: bool")
     .Output("metadata_written: bool")
+    .Output("stats: double")
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
       int n;
@@ -67,6 +68,7 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
       c->set_output(1, c->MakeShape({n}));
       c->set_output(2, c->MakeShape({n}));
       c->set_output(3, c->input(6));
+      c->set_output(4, c->MakeShape({n, kNumStats}));
       return absl::OkStatus();
     })
     .Doc(
@@ -83,7 +85,8 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
         "groups and each group is one record per kind (stats [L, 12], histogram counts [L, buckets] in the narrowest "
         "unsigned type, first_nonfinite [L]); the tag and metadata lists hold one entry per group, with_metadata "
         "[3 * groups] says which of (histogram, stats, first_nonfinite) of each group carries its metadata, and "
-        "metadata_written says which did; with block_steps (one per group), each group's tags are suffixed with "
+        "metadata_written says which did; stats [T, 12] holds each input's stats as written (zeros when nothing "
+        "was written); with block_steps (one per group), each group's tags are suffixed with "
         "/<the first step of the block of that many steps holding step> (tb_layergrad).");
 
 
@@ -150,10 +153,13 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     tensorflow::Tensor* firsts_out = nullptr;
     tensorflow::Tensor* nonfinite_out = nullptr;
     tensorflow::Tensor* metadata_out = nullptr;
+    tensorflow::Tensor* stats_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, tensorflow::TensorShape({}), &written));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, tensorflow::TensorShape({num}), &firsts_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, tensorflow::TensorShape({num}), &nonfinite_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, tensorflow::TensorShape({flags}), &metadata_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, tensorflow::TensorShape({num, kNumStats}), &stats_out));
+    stats_out->matrix<double>().setZero();
     auto firsts = firsts_out->vec<int64_t>();
     firsts = firsts_in.vec<int64_t>();
     auto nonfinite = nonfinite_out->vec<bool>();
@@ -172,9 +178,11 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     const tensorflow::ResourceHandle& handle = tensorflow::HandleFromInput(ctx, 0);
     tensorflow::core::RefCountPtr<tensorflow::SummaryWriterInterface> writer;
     OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, handle, &writer));
-    tensorflow::Tensor hist, stats;
+    // The stats are the op's output too: a later consumer (the noise scale's batch gradient norms) reads them
+    // instead of reading the tensors again.
+    tensorflow::Tensor hist;
+    tensorflow::Tensor& stats = *stats_out;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_DOUBLE, tensorflow::TensorShape({num, k_, 3}), &hist));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(tensorflow::DT_DOUBLE, tensorflow::TensorShape({num, kNumStats}), &stats));
     ComputeRecords(ctx, xs, k_, &hist, &stats);
 
     const int64_t at = step.scalar<int64_t>()();
