@@ -165,7 +165,7 @@ def test_overview_of_weights_names_each_dominated_variable(env):
     variables = sorted(env["weights"].weights[0])
     assert len(layers) == 3 and {x[0] for x in layers} < set(variables)
     assert {(x[1], x[2]) for x in layers} == {(str(df.DOMINATED_STEP), str(df.DOMINATED_POSITION))}
-    assert "and 1 more layers where one example dominates" in frame.locator(".lg-summary").inner_text()
+    assert "and 1 more layer where one example dominates (marked on its row)" in frame.locator(".lg-summary").inner_text()
     chips = frame.locator(".lg-chip-dominated").evaluate_all("els => els.map(e => e.dataset.layer)")
     assert sorted(chips) == variables
 

@@ -592,7 +592,8 @@ export class OverviewView {
       link.textContent = `${capitalize(dom.line)} →`;
       return link;
     });
-    if (found.length > MAX) out.push(h("span", { class: "lg-muted", text: `and ${found.length - MAX} more layers where one example dominates (marked on their rows)` }));
+    const more = found.length - MAX;
+    if (more > 0) out.push(h("span", { class: "lg-muted", text: `and ${more} more layer${more === 1 ? "" : "s"} where one example dominates (marked on ${more === 1 ? "its row" : "their rows"})` }));
     return out;
   }
 
