@@ -43,7 +43,7 @@ export function flagOf(ch) {
  * @returns {{flags: Uint8Array, layers: object[], maxRms: Float64Array, thresholds: object, info: object[]}}
  *   flags[i * cols + j]; layers[i] = {firstNonfinite (column or null), firstNonfiniteStep (step or null),
  *   count: {nonfinite, vanishing, exploding, dead}, latest (bits at the layer's last step),
- *   latestStep (column or null), recorded}.
+ *   latestStep (column or null), recorded, dominated (the route's `dominated` entry of the layer, or null)}.
  */
 export function fromRoute(body, layers, steps) {
   const rows = layers.length;
@@ -52,7 +52,7 @@ export function fromRoute(body, layers, steps) {
   const maxRms = new Float64Array(cols).fill(NaN);
   const col = new Map(steps.map((s, j) => [s, j]));
   const rowOf = new Map(layers.map((l, i) => [l, i]));
-  const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0 });
+  const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0, dominated: null });
   const out = layers.map(empty);
   const thresholds = (body && body.thresholds) || DEFAULT_THRESHOLDS;
   if (!body) return { flags, layers: out, maxRms, thresholds, info: flagInfo(thresholds) };
@@ -84,7 +84,18 @@ export function fromRoute(body, layers, steps) {
       l.firstNonfinite = j >= 0 ? j : null;
     }
   }
+  // One example dominating a layer (only for runs with per-example records): not a flag bit, a finding per layer.
+  for (const d of body.dominated || []) {
+    const i = rowOf.get(d.layer);
+    if (i !== undefined) out[i].dominated = d;
+  }
   return { flags, layers: out, maxRms, thresholds, info: flagInfo(thresholds) };
+}
+
+/** The rule of "one example dominates" in words, with the route's constants (docs/ANOMALIES.md). */
+export function dominatedRule(body) {
+  const T = (body && body.example_thresholds) || { DOMINANT_SHARE: 0.5, DOMINANT_MIN_EXAMPLES: 8 };
+  return `the largest example carries more than ${Math.round(100 * T.DOMINANT_SHARE)}% of the layer's per-example gradient energy (batches of at least ${T.DOMINANT_MIN_EXAMPLES})`;
 }
 
 /** The first step with a non-finite gradient in any layer, and those layers (rows), or null. */

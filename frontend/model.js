@@ -151,12 +151,14 @@ export function hasExamples(run, target, source) {
   return Boolean(run && run.layers.some((l) => l.series.some((x) => x.target === target && x.source === source && x.kinds.includes("examples"))));
 }
 
-/** The series of layer `path` with per-example records: the one of `target` and `source` if it has them, else any. */
-export function examplesSeries(run, path, target, source = "output") {
-  const entry = findLayer(run, path);
-  if (!entry) return null;
-  const withExamples = entry.series.filter((x) => x.kinds.includes("examples"));
-  return withExamples.find((x) => x.target === target && x.source === source) || withExamples.find((x) => x.source === source) || withExamples[0] || null;
+/**
+ * The series of the layer view (`layerSeries`) that have per-example records, in the order that view lists
+ * them (the layer's outputs, then the weights it owns), the one of `target` and `source` first.
+ */
+export function examplesChoices(series, target, source = "output") {
+  const withExamples = series.filter((x) => x.kinds.includes("examples"));
+  const first = withExamples.find((x) => x.target === target && x.source === source) || withExamples.find((x) => x.source === source) || null;
+  return first ? [first, ...withExamples.filter((x) => x !== first)] : withExamples;
 }
 
 /** Whether `run` recorded per-example records at all: only such runs have the gradient noise scale scalars. */

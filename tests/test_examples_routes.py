@@ -129,18 +129,38 @@ def test_runs_without_examples_read_as_before(env):
     assert "examples" in kinds[ef.RUN] and kinds[ef.PLAIN] == {"stats"}
     assert runs[ef.PLAIN]["format_versions"] == runs[ef.RUN]["format_versions"] == [2]
     assert kinds[ef.PLAIN_V1] == {"stats"} and runs[ef.PLAIN_V1]["format_versions"] == [1]
-    # The same stats tables in both runs: every stats answer of `ex` is that of `plain`.
+    # The same stats tables in both runs: every stats answer of `ex` is that of `plain` (`anomalies` adds
+    # `dominated` for `ex` alone, test_anomalies_say_which_layer_one_example_dominates).
     for route, query in (("matrix", {"stat": "norm"}), ("stats", {"layer": "net/mid"}),
                          ("matrix", {"stat": "rms", "points": 5}), ("anomalies", {})):
         a = get_json(tb, route, {"run": ef.RUN, **query})
         b = get_json(tb, route, {"run": ef.PLAIN, **query})
-        a.pop("run"), b.pop("run")
+        a.pop("run"), b.pop("run"), a.pop("dominated", None), a.pop("example_thresholds", None)
         assert a == b, route
     for route, query in (("matrix", {"stat": "norm"}), ("matrix", {"stat": "rms", "points": 5}), ("anomalies", {})):
         a = get_json(tb, route, {"run": ef.RUN, **query})
         b = get_json(tb, route, {"run": ef.PLAIN_V1, **query})  # version 1, the same numbers
-        a.pop("run"), b.pop("run")
+        a.pop("run"), b.pop("run"), a.pop("dominated", None), a.pop("example_thresholds", None)
         assert a == b, route
+
+
+@pytest.mark.parametrize("run", [ef.RUN, ef.RENAMED])
+def test_anomalies_say_which_layer_one_example_dominates(env, run):
+    """`dominated` (docs/HTTP_API.md): numpy on the made-up norms; absent for the runs without per-example records."""
+    written, tb = env
+    body = get_json(tb, "anomalies", {"run": run})
+    norms = written.norms[ef.DOMINATED_LAYER]
+    share = (norms ** 2).max(1) / (norms ** 2).sum(1)
+    assert np.flatnonzero(share > 0.5).tolist() == [ef.DOMINATED_STEP]
+    (d,) = body["dominated"]  # net/in is never dominated, net/out has no numbers (status 1)
+    assert (d["layer"], d["steps"], d["first_step"], d["worst_step"], d["worst_position"], d["examples"]) == \
+        (ef.DOMINATED_LAYER, 1, ef.DOMINATED_STEP, ef.DOMINATED_STEP, ef.DOMINATED_POSITION, ef.BATCH)
+    np.testing.assert_allclose(d["worst_share"], share[ef.DOMINATED_STEP], rtol=1e-12)
+    assert f"from batch position {ef.DOMINATED_POSITION} of {ef.BATCH}" in d["line"]
+    assert get_json(tb, "anomalies", {"run": run, "layer": "net/in"})["dominated"] == []
+    for plain in (ef.PLAIN, ef.PLAIN_V1):
+        b = get_json(tb, "anomalies", {"run": plain})
+        assert "dominated" not in b and "example_thresholds" not in b
 
 
 @pytest.mark.parametrize("route,query,status", [
@@ -163,6 +183,8 @@ def test_runs_without_examples_read_as_before(env):
     ("matrix", {"run": ef.RUN, "stat": "example_norm_top_share", "points": "x"}, 400),
     ("matrix", {"run": ef.RUN, "stat": "example_norm_bogus"}, 400),
     ("matrix", [("run", ef.RUN), ("stat", "example_norm_max"), ("stat", "norm")], 400),
+    ("anomalies", {"run": ef.RUN, "end": "-3"}, 400),
+    ("anomalies", [("run", ef.RUN), ("source", "output"), ("source", "weight")], 400),
     ("noise_scale", {}, 400),
     ("noise_scale", {"run": ef.RUN, "start": "5", "end": "1"}, 400),
     ("noise_scale", {"run": ""}, 400),

@@ -52,8 +52,10 @@ USES = {
     "examples": ["run", "layer", "target", "source", "start", "end", "points", "step"],
     "noise_scale": ["run", "start", "end"],
 }
-# Routes that read per-example records (issue #28): fuzzed on tests/examples_fixtures.py's logdir, which has them.
+# Routes that read per-example records (issue #28): fuzzed on tests/examples_fixtures.py's logdir, which has them;
+# `anomalies` (its `dominated`) there too, besides the hostile logdir.
 ON_EXAMPLES = {"examples", "noise_scale"}
+ALSO_ON_EXAMPLES = {"anomalies"}
 HOSTILE = ["", "nope", "../train", "../../../../etc/passwd", "<script>alert(1)</script>", "train\x00", "%2e%2e%2f",
            "TRAIN", " train", "x" * 5000, "\u202etrain", "🚀", "\ud7ff", "null", "undefined", "__proto__",
            "constructor", "[]", "{}", "\\..\\", "a\r\nSet-Cookie: x=1", "\ufeff"]
@@ -185,6 +187,12 @@ def check_ok_json(route: str, pairs, body: dict) -> None:
         assert all(len(body[name]) == len(steps) for name in per_step)
         step = _ints(pairs, "step")
         assert step is None or body["at"]["step"] == step
+    elif route == "anomalies":
+        assert len(body["layers"]) and all(len(entry["flags"]) == len(steps) for entry in body["layers"])
+        start, end = _ints(pairs, "start"), _ints(pairs, "end")
+        for d in body.get("dominated", ()):  # within the range, a layer of the answer, more than half
+            assert (start is None or d["first_step"] >= start) and (end is None or d["worst_step"] <= end)
+            assert d["layer"] in [entry["layer"] for entry in body["layers"]] and d["worst_share"] > 0.5
     elif route == "noise_scale":
         assert set(body["missing"]) <= set(body["runs"]) and len(body["series"]) + len(body["missing"]) == len(body["runs"])
         start, end = _ints(pairs, "start"), _ints(pairs, "end")
@@ -242,9 +250,10 @@ _SETTINGS = dict(deadline=None, derandomize=True, database=None,
                                         HealthCheck.function_scoped_fixture])
 
 
-@pytest.mark.parametrize("route", list(USES))
-def test_generated_queries(hostile, with_examples, errors_logged, route):
-    tb, written = with_examples if route in ON_EXAMPLES else hostile
+@pytest.mark.parametrize("route,logdir", [(r, "examples" if r in ON_EXAMPLES else "hostile") for r in USES]
+                         + [(r, "examples") for r in sorted(ALSO_ON_EXAMPLES)])
+def test_generated_queries(hostile, with_examples, errors_logged, route, logdir):
+    tb, written = with_examples if logdir == "examples" else hostile
     tally = Tally()
 
     @settings(max_examples=QUERY_EXAMPLES, **_SETTINGS)

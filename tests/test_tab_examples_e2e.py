@@ -1,7 +1,9 @@
 """The tab's per-example views (issue #28) in headless Chromium against a real `tensorboard`: the layer view's
-band of per-example norms and the batch positions of the largest at a step, the overview coloured by
-`example_norm_top_share`, and the gradient noise scale chart with its smoothing slider, in the run's view
-and in compare. A run without these records shows none of them. The runs are tests/examples_fixtures.py's.
+band of per-example norms and the batch positions of the largest at a step, for the layer's output and for
+each weight it owns, the overview coloured by `example_norm_top_share` and naming the layers one example
+dominates, and the gradient noise scale chart with its smoothing slider, in the run's view and in compare.
+A run without these records shows none of them. The runs are tests/examples_fixtures.py's and
+tests/dominated_fixtures.py's (written by the real capture and summary ops, with weights).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
+import dominated_fixtures as df  # noqa: E402
 import examples_fixtures as ef  # noqa: E402
 import tab_fixtures as tf_  # noqa: E402
 
@@ -27,10 +30,14 @@ SMOOTHED = "EMA(tr Σ) / EMA(|G|²)"
 def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("examples_tab"))
     work = tmp_path_factory.mktemp("work")
-    last = {ef.RUN: ef.STEPS - 1, ef.PLAIN: ef.STEPS - 1}
-    with tf_.served(logdir, work, last, lambda: ef.write_examples_logdir(logdir), write_first=True,
-                    load_fast="true", reload_interval=0) as (tb, browser, written):
-        yield {"tb": tb, "browser": browser, "written": written}
+    last = {ef.RUN: ef.STEPS - 1, ef.PLAIN: ef.STEPS - 1, df.RUN: df.STEPS - 1}
+
+    def write():
+        return ef.write_examples_logdir(logdir), df.write_logdir(logdir)
+
+    with tf_.served(logdir, work, last, write, write_first=True,
+                    load_fast="true", reload_interval=0) as (tb, browser, (written, weights)):
+        yield {"tb": tb, "browser": browser, "written": written, "weights": weights}
 
 
 @pytest.fixture(autouse=True)
@@ -120,6 +127,93 @@ def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
     raw = frame.locator('[data-panel="noise-scale"] path.lg-line[data-series="raw tr(Σ)/|G|²"]').get_attribute("d")
     assert raw.count("M") == 2  # the raw ratio has no value at the step without a positive signal: two pieces
     assert "covers 75% of the trainable parameters" in noise.inner_text()
+
+
+def test_overview_names_the_layer_one_example_dominates(env):
+    """The `anomalies` route's `dominated`, as text above the matrix and a chip on the row; a click opens the
+    layer at its worst step, where the table names the dominating batch position."""
+    b = env["browser"]
+    frame = b.open(env["tb"].base, {"run": ef.RUN})
+    frame.wait_for_selector(".lg-alert-dominated")
+    alerts = frame.locator(".lg-alert-dominated")
+    assert alerts.count() == 1  # net/in is never dominated; net/out has no numbers
+    assert alerts.first.get_attribute("data-layer") == ef.DOMINATED_LAYER
+    assert alerts.first.get_attribute("data-step") == str(ef.DOMINATED_STEP)
+    norms = env["written"].norms[ef.DOMINATED_LAYER][ef.DOMINATED_STEP]
+    share = norms.max() ** 2 / np.sum(norms ** 2)
+    assert alerts.first.inner_text() == (f"One example dominates {ef.DOMINATED_LAYER} at 1 step: first step {ef.DOMINATED_STEP}; "
+                                         f"worst step {ef.DOMINATED_STEP}, {share:.0%} of its gradient from batch position "
+                                         f"{ef.DOMINATED_POSITION} of {ef.BATCH} →")
+    chip = frame.locator(f'.lg-chip-dominated[data-layer="{ef.DOMINATED_LAYER}"]')
+    assert chip.count() == 1 and chip.inner_text() == f"1 example {round(100 * share)}% @{ef.DOMINATED_STEP}"
+    row = frame.locator(".lg-row-chip").nth(list(ef.LAYERS).index(ef.DOMINATED_LAYER))
+    assert row.locator(".lg-chip-dominated").count() == 1  # on its own row
+    alerts.first.click()
+    frame.wait_for_selector(f'.lg-example-table[data-step="{ef.DOMINATED_STEP}"]')
+    state = tf_.parent_state(b.page)
+    assert (state["view"], state["layer"], state["step"]) == ("layer", ef.DOMINATED_LAYER, str(ef.DOMINATED_STEP))
+    first = frame.locator(".lg-example-table tbody tr").first.get_attribute("data-position")
+    assert first == str(ef.DOMINATED_POSITION)
+
+
+def test_overview_of_weights_names_each_dominated_variable(env):
+    """The weight gradients' overview: every variable is dominated at the planted step; three named, the rest counted."""
+    b = env["browser"]
+    frame = b.open(env["tb"].base, {"run": df.RUN, "source": "weight"})
+    frame.wait_for_selector(".lg-alert-dominated")
+    layers = frame.locator(".lg-alert-dominated").evaluate_all("els => els.map(e => [e.dataset.layer, e.dataset.step, e.dataset.position])")
+    variables = sorted(env["weights"].weights[0])
+    assert len(layers) == 3 and {x[0] for x in layers} < set(variables)
+    assert {(x[1], x[2]) for x in layers} == {(str(df.DOMINATED_STEP), str(df.DOMINATED_POSITION))}
+    assert "and 1 more layer where one example dominates (marked on its row)" in frame.locator(".lg-summary").inner_text()
+    chips = frame.locator(".lg-chip-dominated").evaluate_all("els => els.map(e => e.dataset.layer)")
+    assert sorted(chips) == variables
+
+
+def test_layer_view_shows_the_examples_of_each_weight_it_owns(env):
+    """`mlp/out` owns `mlp/out/kernel` and `mlp/out/bias`: the panel's selector offers its output and both, and the
+    kernel's band and largest positions are the kernel's own (numpy on independent per-example gradients)."""
+    b = env["browser"]
+    weights = env["weights"]
+    frame = b.open(env["tb"].base, {"run": df.RUN, "view": "layer", "layer": df.OUT, "step": df.DOMINATED_STEP})
+    frame.wait_for_selector(f'.lg-example-table[data-step="{df.DOMINATED_STEP}"]')
+    picker = frame.locator('[data-panel="examples"] select[aria-label="per-example series"]')
+    assert picker.is_visible()
+    options = picker.locator("option").evaluate_all("els => els.map(e => [e.value, e.textContent])")
+    kernel_key, bias_key, out_key = f"loss|weight|{df.KERNEL}", f"loss|weight|{df.BIAS}", f"loss|output|{df.OUT}"
+    assert options[0] == [out_key, "output"]  # the layer's own output first, as before
+    assert sorted(options[1:]) == [[bias_key, "bias (weight)"], [kernel_key, "kernel (weight)"]]
+
+    def positions(key):
+        sel = f'.lg-example-table[data-series="{key}"][data-step="{df.DOMINATED_STEP}"]'
+        frame.wait_for_selector(sel)
+        return frame.locator(f"{sel} tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+
+    def order(source, path):
+        return np.argsort(-weights.norms(source, path)[df.DOMINATED_STEP], kind="stable")[:5].tolist()
+
+    assert positions(out_key) == order("output", df.OUT)
+    picker.select_option(kernel_key)
+    assert positions(kernel_key) == order("weight", df.KERNEL)
+    assert positions(kernel_key)[0] == df.DOMINATED_POSITION
+    norms = weights.norms("weight", df.KERNEL)[df.DOMINATED_STEP]
+    head = frame.locator(".lg-example-head").inner_text()
+    assert f"of {df.BATCH} examples carries {100 * norms.max() ** 2 / np.sum(norms ** 2):.1f}%" in head
+    assert f"weight {df.KERNEL}" in frame.locator('[data-panel="examples"] .lg-muted').first.inner_text()
+    assert frame.locator('[data-panel="examples"] path.lg-band').count() == 1
+    # Another step keeps the kernel: its own positions there.
+    frame.locator('.lg-layer button[aria-label="next step"]').click()
+    step = df.DOMINATED_STEP + 1
+    sel = f'.lg-example-table[data-series="{kernel_key}"][data-step="{step}"]'
+    frame.wait_for_selector(sel)
+    got = frame.locator(f"{sel} tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+    assert got == np.argsort(-weights.norms("weight", df.KERNEL)[step], kind="stable")[:5].tolist()
+
+
+def test_a_layer_without_weight_examples_shows_no_picker(env):
+    frame = env["browser"].open(env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": 3})
+    frame.wait_for_selector('.lg-example-table[data-step="3"]')
+    assert frame.locator('[data-panel="examples"] select[aria-label="per-example series"]').is_hidden()
 
 
 def test_compare_shows_the_noise_scale_of_the_runs_that_have_it(env):

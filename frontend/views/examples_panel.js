@@ -1,13 +1,15 @@
 // The layer view's per-example panel (issue #28): the spread of each example's own gradient norm over
 // steps (a band min..max, the median, the max on top) and, at the chosen step, the batch positions that
 // carried the largest norms. Hidden for a layer without per-example records: nothing changes for them.
+// A layer's output and the weights it owns each have their own records: a selector picks one, as the
+// raw-gradient panel does.
 
 import { api, isAbort } from "../api.js";
 import { COLORS } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
-import { h, clear, replace } from "../dom.js";
+import { h, clear, replace, select, setOptions } from "../dom.js";
 import { fmtExact, fmtNum } from "../format.js";
-import { examplesSeries } from "../model.js";
+import { examplesChoices } from "../model.js";
 import { errorBox, note } from "./common.js";
 
 const BAND = "#1f77b4";
@@ -22,45 +24,81 @@ export class ExamplesPanel {
     this.info = h("div", { class: "lg-muted" });
     this.msg = h("div");
     this.top = h("div", { class: "lg-example-top" });
+    this.seriesSelect = select([], null, (key) => this._pick(key), { "aria-label": "per-example series" });
     this.el = h(
       "div",
       { class: "lg-panel lg-panel-examples", hidden: true, dataset: { panel: "examples" } },
-      h("h3", { class: "lg-panel-title", text: "Per-example gradient norms" }),
+      h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Per-example gradient norms" }), this.seriesSelect),
       this.info,
       this.msg,
     );
     this.chart = new LineChart(this.el, { height: 200, alwaysLegend: true, onPick: (x) => app.setState({ step: x }) });
     this.el.appendChild(this.top);
-    this.loaded = null; // {series, body, at: Map(step -> `at` | {error})}
+    this.loaded = null; // {run, series, body, at: Map(step -> `at` | {error})}
+    this.picked = null; // {run, layer, key}: the series picked in the selector, kept while the layer is shown
   }
 
-  /** Fetch the layer's spread over the view's range; `window_`: {start, end, points} as the stats ask. */
-  async load(state, run, signal, window_) {
-    const x = examplesSeries(run, state.layer, state.target);
-    this.el.hidden = !x;
+  /** Fetch the spread over the view's range of the series picked among `choices` (the layer view's series with
+   * per-example records: its output's, then its weights'); `window_`: {start, end, points} as the stats ask. */
+  async load(state, signal, window_, choices) {
+    this.el.hidden = !choices.length;
     this.loaded = null;
+    this.context = { run: state.run, layer: state.layer, window_, choices };
     clear(this.top);
-    if (!x) return;
+    if (!choices.length) return;
+    const kept = this.picked && this.picked.run === state.run && this.picked.layer === state.layer ? choices.find((x) => x.key === this.picked.key) : null;
+    const x = kept || choices[0];
+    setOptions(this.seriesSelect, choices.map((c) => [c.key, c.label]), x.key);
+    this.seriesSelect.hidden = choices.length < 2;
+    this.el.dataset.series = x.key;
+    await this._fetch(x, signal);
+  }
+
+  /** Load series `x` (for the layer shown now: an answer that comes after the view moved on is dropped). */
+  async _fetch(x, signal) {
+    const C = this.context;
+    const { run, window_ } = C;
     try {
-      const body = await api.examples({ run: state.run, layer: state.layer, target: x.target, source: x.source, ...window_ }, { signal });
-      this.loaded = { run: state.run, layer: state.layer, series: x, body, at: new Map() };
+      const body = await api.examples({ run, layer: x.layer, target: x.target, source: x.source, ...window_ }, { signal });
+      if (this.context !== C) return;
+      this.loaded = { run, series: x, body, at: new Map() };
       if (body.at) this.loaded.at.set(body.at.step, body.at);
       clear(this.msg);
     } catch (e) {
       if (isAbort(e)) throw e;
-      replace(this.msg, errorBox(e, "the per-example norms"));
+      if (this.context !== C) return;
+      this.loaded = null;
+      replace(this.msg, errorBox(e, `the per-example norms of ${x.layer}`));
     }
+  }
+
+  /** Another series in the selector: its records over the same range, drawn at the same step. */
+  async _pick(key) {
+    const C = this.context;
+    const x = C && C.choices.find((c) => c.key === key);
+    if (!x) return;
+    this.picked = { run: C.run, layer: C.layer, key };
+    this.el.dataset.series = key;
+    clear(this.top);
+    try {
+      await this._fetch(x);
+    } catch (e) {
+      if (!isAbort(e)) throw e;
+    }
+    if (this.context === C && this.drawn) this.draw(this.drawn.state, this.drawn.step);
   }
 
   /** Draw the spread, mark `step`, and name the largest examples there (fetched once per step). */
   draw(state, step) {
+    this.drawn = { state, step };
     const L = this.loaded;
     if (!L) return;
     const b = L.body;
     const median = b.binned ? b.median_max : b.median;
     const n = b.binned ? b.counts.reduce((a, c) => a + c, 0) : b.steps.length;
     const last = b.examples.filter((v) => v !== null).slice(-1)[0];
-    this.info.textContent = `${L.series.target} · ${L.series.source}: the L2 norm of each example's own gradient, over the ${last ?? "?"} examples of a batch` +
+    const what = L.series.source === "weight" ? `${L.series.target} · weight ${L.series.layer}` : `${L.series.target} · ${L.series.source}`;
+    this.info.textContent = `${what}: the L2 norm of each example's own gradient, over the ${last ?? "?"} examples of a batch` +
       (b.binned ? ` — ${b.steps.length} bins of ${n} steps (each bin's smallest min and largest max)` : "");
     this.chart.update({
       log: state.log,
@@ -87,7 +125,7 @@ export class ExamplesPanel {
     if (at === undefined) {
       L.at.set(step, null); // asked
       const x = L.series;
-      api.examples({ run: L.run, layer: L.layer, target: x.target, source: x.source, step }).then(
+      api.examples({ run: L.run, layer: x.layer, target: x.target, source: x.source, step }).then(
         (body) => L.at.set(step, body.at),
         (e) => L.at.set(step, { error: e }),
       ).then(() => {
@@ -107,7 +145,7 @@ export class ExamplesPanel {
       replace(this.top, note(`Step ${step}: ${WHY_NO_NUMBERS[at.status] || `status ${at.status}`}.`));
       return;
     }
-    const table = h("table", { class: "lg-stats-table lg-example-table", dataset: { step } });
+    const table = h("table", { class: "lg-stats-table lg-example-table", dataset: { step, series: L.series.key } });
     table.appendChild(h("thead", null, h("tr", null, h("th", { text: "rank" }), h("th", { text: "batch position" }), h("th", { text: "norm ‖g_i‖" }), h("th", { text: "share of Σ‖g_i‖²" }))));
     const tbody = h("tbody");
     at.top.forEach((t, k) => {

@@ -14,7 +14,7 @@ import { indexAtOrBefore } from "../charts/scale.js";
 import { tooltip } from "../charts/tooltip.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { capitalize, csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
-import { findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
+import { examplesChoices, findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { ExamplesPanel } from "./examples_panel.js";
 
@@ -202,7 +202,7 @@ export class LayerView {
       else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
       clear(this.message);
       this.body.hidden = false;
-      await Promise.all([this._loadHist(state, signal), this._loadActHist(state, signal), this._loadTimesteps(state, signal), this.examples.load(state, run, signal, window_)]);
+      await Promise.all([this._loadHist(state, signal), this._loadActHist(state, signal), this._loadTimesteps(state, signal), this.examples.load(state, signal, window_, examplesChoices(all, state.target))]);
       if (signal.aborted) return;
       this._apply(state, true);
     } catch (e) {

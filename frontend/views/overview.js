@@ -3,7 +3,7 @@
 // for the layer's detail at that step.
 
 import { api, isAbort, isTransient } from "../api.js";
-import { firstNonfinite, flagNames, flagOf, fromRoute, FLAG } from "../anomalies.js";
+import { dominatedRule, firstNonfinite, flagNames, flagOf, fromRoute, FLAG } from "../anomalies.js";
 import { pointsFor, rangeOf, stepOfBin, stepsOfColumns, zoomBar } from "../bins.js";
 import { indexAtOrBefore } from "../charts/scale.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
@@ -289,7 +289,7 @@ export class OverviewView {
     const names = d.layers.map((l) => l.slice(prefix.length));
     const labelW = Math.max(90, Math.min(280, 24 + 7.2 * Math.max(...names.map((n) => n.length))));
     const avail = this.el.clientWidth || 900;
-    const anyChip = an.layers.some((l) => l.firstNonfiniteStep !== null || l.count.vanishing || l.count.exploding || l.count.dead);
+    const anyChip = an.layers.some((l) => l.firstNonfiniteStep !== null || l.count.vanishing || l.count.exploding || l.count.dead || l.dominated);
     const chipW = anyChip ? CHIP_W : 12;
     const width = Math.max(120, avail - labelW - chipW - 24);
     this._lastPlotWidth = width;
@@ -411,6 +411,8 @@ export class OverviewView {
         const now = f.latest & info.flag;
         chips.push([info.key, now ? info.label : `${info.label} ${c}/${n}`, `${info.label} at ${c} of ${n} steps${now ? ", including the latest" : ""}: ${info.rule}`]);
       }
+      const dom = f.dominated;
+      if (dom) chips.push(["dominated", `1 example ${Math.round(100 * dom.worst_share)}% @${dom.worst_step}`, `${dom.line}: ${dominatedRule(d.an)} — click: this layer at step ${dom.worst_step}`, dom]);
       if (dense) {
         // One thin bar per flagged row, in the colour of its most serious flag.
         if (chips.length) {
@@ -424,7 +426,12 @@ export class OverviewView {
         return;
       }
       const row = h("div", { class: "lg-row-chip", style: { height: `${rowH}px` }, dataset: { row: i } });
-      for (const [kind, text, title] of chips.slice(0, 2)) row.appendChild(h("span", { class: `lg-chip lg-chip-${kind}`, text, title }));
+      // At most two chips; "dominated" (not a flag of the cells) goes last and keeps its place.
+      const shown = chips.length > 2 && chips[chips.length - 1][0] === "dominated" ? [chips[0], chips[chips.length - 1]] : chips.slice(0, 2);
+      for (const [kind, text, title, dom] of shown) {
+        const open = dom ? { click: () => this._openStep(dom.layer, dom.worst_step) } : null;
+        row.appendChild(h("span", { class: `lg-chip lg-chip-${kind}${dom ? " lg-chip-link" : ""}`, text, title, dataset: dom ? { layer: dom.layer, step: dom.worst_step } : {}, on: open }));
+      }
       items.push(row);
     });
     replace(this.chips, items);
@@ -542,6 +549,7 @@ export class OverviewView {
       link.textContent = `First non-finite gradient: step ${first.step} in ${names[0]}${names.length > 1 ? ` and ${names.length - 1} more layer${names.length > 2 ? "s" : ""}` : ""} →`;
       parts.push(link);
     }
+    parts.push(...this._dominated(an));
     const last = cols - 1;
     const lastStep = (d.bins ? d.bins.last_steps : d.steps)[last];
     const counts = { "non-finite": 0, vanishing: 0, exploding: 0, dead: 0 };
@@ -566,6 +574,33 @@ export class OverviewView {
     }
     parts.push(health);
     replace(this.summary, parts);
+  }
+
+  /** One line per layer where one example dominated a step (the route's `dominated`, its sentence as text):
+   * a click opens the layer at its worst step. A few at most; the chips mark every such row. */
+  _dominated(an) {
+    const found = an.layers.map((l) => l.dominated).filter(Boolean);
+    const MAX = 3;
+    const out = found.slice(0, MAX).map((dom) => {
+      const link = h("button", {
+        type: "button",
+        class: "lg-alert lg-alert-dominated",
+        title: `${dominatedRule(this.data.an)}\nopen that layer at its worst step`,
+        dataset: { layer: dom.layer, step: dom.worst_step, position: dom.worst_position ?? "" },
+        on: { click: () => this._openStep(dom.layer, dom.worst_step) },
+      });
+      link.textContent = `${capitalize(dom.line)} →`;
+      return link;
+    });
+    const more = found.length - MAX;
+    if (more > 0) out.push(h("span", { class: "lg-muted", text: `and ${more} more layer${more === 1 ? "" : "s"} where one example dominates (marked on ${more === 1 ? "its row" : "their rows"})` }));
+    return out;
+  }
+
+  /** The layer view of `layer` at `step` (a step, not a column: it holds in a binned matrix too). */
+  _openStep(layer, step) {
+    tooltip().hide();
+    this.app.setState({ view: "layer", layer, step, series: null });
   }
 
   _hover(c) {

@@ -100,7 +100,8 @@ def describe_layer(rc: catalog.RunCatalog, layer: str) -> dict:
 
 
 def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = None) -> dict:
-    """The `anomalies` route: the rules' flags per step and the summaries, of one layer or all."""
+    """The `anomalies` route: the rules' flags per step and the summaries, of one layer or all; `dominated`
+    only when the reader could say (the run has per-example records for the target and source)."""
     flags = result.flag_strings()
     layers = []
     for i, s in enumerate(result.summaries):
@@ -109,7 +110,7 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
         entry = s.to_json()
         entry["flags"] = flags[i]
         layers.append(entry)
-    return {
+    body = {
         "run": result.run,
         "target": result.target,
         "source": result.source,
@@ -121,3 +122,13 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
         "layers": layers,
         "summary": result.summary_json(),
     }
+    if result.dominated is not None:
+        body["dominated"] = [dominance_json(d) for d in result.dominated if only_layer in (None, d.layer)]
+        body["example_thresholds"] = dict(anomalies.EXAMPLE_THRESHOLDS)
+    return body
+
+
+def dominance_json(d: anomalies.Dominance) -> dict:
+    """One dominated layer as `tb-layergrad report --format json` gives it, with the report's sentence (`line`):
+    the tab inserts it as text, so that both say the same."""
+    return {**d.to_json(), "worst_share": finite_or_none(d.worst_share), "line": d.line}

@@ -428,6 +428,9 @@ class Routes:
                                         origin_target=origin_target)
         if result is None:
             raise _missing_series(rc, target, source, "stats")
+        # One example dominating a layer (docs/ANOMALIES.md): the report's reader, None without per-example records.
+        result.dominated = run_anomalies.read_dominance(self._provider, ctx, eid, rc, target, source, start, end,
+                                                        self._blocks)
         return json_response(request, bodies.anomalies_body(result, layer))
 
     # -- per-example records and the noise scale (issue #28) -----------------------------------

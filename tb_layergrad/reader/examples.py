@@ -53,9 +53,15 @@ class ExampleRows:
 
 def rows_of(points: series.Points) -> ExampleRows:
     width = len(metadata.EXAMPLE_FIELDS)
-    table = np.stack([np.asarray(v, np.float64).reshape(-1)[:width] for v in points.values]) if len(points) \
-        else np.zeros([0, width])
+    table = np.stack([_row(v, width) for v in points.values]) if len(points) else np.zeros([0, width])
     return ExampleRows(points.steps, points.wall_times, table)
+
+
+def _row(value, width: int) -> np.ndarray:
+    """One record as a row of `width`: a short one (not what a writer of docs/FORMAT.md writes) ends in NaN,
+    which reads as absent, never as a number of another column."""
+    flat = np.asarray(value, np.float64).reshape(-1)[:width]
+    return flat if flat.size == width else np.concatenate([flat, np.full(width - flat.size, np.nan)])
 
 
 def read(data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, rc: catalog.RunCatalog,

@@ -14,6 +14,7 @@ from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import anomalies, catalog, examples, layer_points, origin, series
+from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.origin import first_nonfinite_hint
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -91,13 +92,15 @@ def read_dominance(
     source: str,
     start: Optional[int] = None,
     end: Optional[int] = None,
+    blocks: Optional[BlockCache] = None,
 ) -> Optional[List[anomalies.Dominance]]:
     """The layers of run `rc` where one example dominated a step (docs/ANOMALIES.md), in model order;
-    None when the run has no per-example records for (target, source) (nothing could be said)."""
+    None when the run has no per-example records for (target, source) (nothing could be said).
+    `blocks`: the plugin's cache of decoded group blocks, shared with its `examples` route."""
     chosen = rc.with_kind(target, source, metadata.KIND_EXAMPLES)
     if not chosen:
         return None
-    rows = examples.read(data_provider, ctx, experiment_id, rc, chosen, start, end)
+    rows = examples.read(data_provider, ctx, experiment_id, rc, chosen, start, end, blocks)
     out = []
     for s in chosen:
         r = rows[s.key]
