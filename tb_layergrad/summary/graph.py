@@ -1,7 +1,7 @@
 """A condition whose untaken branch costs nothing: how a step's records are kept off unlogged steps."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import tensorflow as tf
 
@@ -38,3 +38,19 @@ def write_if(condition: Any, write: Callable[[], None]) -> None:
         return tf.constant(True)
 
     tf.cond(condition, run, lambda: tf.constant(False))
+
+
+def write_one_of(index: Any, writes: Sequence[Callable[[], None]]) -> None:
+    """`writes[index]()` (an int32 scalar tensor, or an int): ONE `tf.switch_case` in a graph where nested
+    `write_if`s would be one condition each, for writes that are each other's extensions."""
+    if isinstance(index, int) or tf.executing_eagerly():
+        writes[int(index)]()
+        return
+
+    def branch(write: Callable[[], None]) -> Callable[[], tf.Tensor]:
+        def run() -> tf.Tensor:
+            write()
+            return tf.constant(True)
+        return run
+
+    tf.switch_case(index, [branch(w) for w in writes])

@@ -18,7 +18,7 @@ from tb_layergrad.capturing import per_example_map
 from tb_layergrad.statistics import noise_scale, per_example_rows
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary import tag_metadata
-from tb_layergrad.summary.graph import write_if
+from tb_layergrad.summary.graph import write_one_of
 from tb_layergrad.summary.per_example_plan import PerExample
 
 # The scalars' tags (docs/FORMAT.md): the Scalars dashboard shows them too.
@@ -149,15 +149,23 @@ def _write_noise_scale(weights: Sequence["plans.Series"], rows: tf.Tensor, spec:
         return
     sum_sq = tf.gather(rows[:, metadata.EXAMPLE_INDEX["sum_sq"]], at)
     estimate = noise_scale.estimate(sum_sq, _batch_squares(covered, fused_stats), batch)
-    # Finite together (the same S, |G_B|^2 and B): one condition for both.
+    # Finite together (the same S, |G_B|^2 and B); B_simple only with them (its finiteness implies theirs), never
+    # where a weight is coupled: 0 writes nothing, 1 trace and signal, 2 also B_simple. One switch for all three.
     both = tf.logical_and(tf.math.is_finite(estimate.trace), tf.math.is_finite(estimate.signal))
-    write_if(both, lambda: (_scalar(TRACE_TAG, estimate.trace, step), _scalar(SIGNAL_TAG, estimate.signal, step)))
     coupled = any(spec.status_of(s.info.layer) == metadata.EXAMPLE_COUPLED for s in weights)
-    if coupled:
-        return
-    usable = tf.logical_and(estimate.signal > 0, tf.math.is_finite(estimate.b_simple))
-    write_if(tf.logical_and(usable, tf.math.is_finite(estimate.signal)),
-          lambda: _scalar(NOISE_SCALE_TAG, estimate.b_simple, step))
+    usable = tf.logical_and(both, tf.logical_and(estimate.signal > 0, tf.math.is_finite(estimate.b_simple)))
+    usable = tf.logical_and(usable, not coupled)
+    index = tf.cast(both, tf.int32) + tf.cast(usable, tf.int32)
+
+    def trace_and_signal() -> None:
+        _scalar(TRACE_TAG, estimate.trace, step)
+        _scalar(SIGNAL_TAG, estimate.signal, step)
+
+    def all_three() -> None:
+        trace_and_signal()
+        _scalar(NOISE_SCALE_TAG, estimate.b_simple, step)
+
+    write_one_of(index, [lambda: None, trace_and_signal, all_three])
 
 
 def _scalar(tag: str, value: tf.Tensor, step: tf.Tensor) -> None:
