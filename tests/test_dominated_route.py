@@ -5,11 +5,16 @@ independent per-example gradients (one tape per example), and the same as `tb-la
 """
 from __future__ import annotations
 
+import csv
+import io
+import json
+
 import numpy as np
 import pytest
 
 import dominated_fixtures as df
 from plugin_fixtures import InProcess, as_float, get_json
+from tb_layergrad import cli
 from tb_layergrad.cli import report
 
 pytestmark = pytest.mark.timeout(300)
@@ -78,6 +83,29 @@ def test_the_route_and_the_report_say_the_same(env):
         (run,) = rep["runs"]
         route = get_json(tb, "anomalies", {"run": df.RUN, "source": source})["dominated"]
         assert [{k: v for k, v in d.items() if k != "line"} for d in route] == run["dominated"], source
+
+
+@pytest.mark.parametrize("source", ["output", "weight"])
+def test_the_csv_says_what_the_json_says(env, capsys, source):
+    """`--format csv`: each dominated layer's row carries the JSON's numbers, which are numpy's."""
+    written, _, logdir = env
+    outs = []
+    for fmt in ("json", "csv"):
+        assert cli.main(["report", logdir, "--format", fmt, "--source", source]) == 0
+        outs.append(capsys.readouterr().out)
+    (run,) = json.loads(outs[0])["runs"]
+    rows = {r["layer"]: r for r in csv.DictReader(io.StringIO(outs[1]))}
+    assert list(rows) == [entry["layer"] for entry in run["layers"]]
+    assert sorted(d["layer"] for d in run["dominated"]) == _paths(written, source)
+    for d in run["dominated"]:
+        row = rows[d["layer"]]
+        for k in ("steps", "first_step", "worst_step", "worst_position", "examples"):
+            assert int(row[f"dominated_{k}"]) == d[k], (d["layer"], k)
+        assert float(row["dominated_worst_share"]) == d["worst_share"]  # repr(): the same float
+        assert (int(row["dominated_worst_step"]), int(row["dominated_worst_position"])) == \
+            (df.DOMINATED_STEP, df.DOMINATED_POSITION)
+        want = df.expected_dominance(d["layer"], written.norms(source, d["layer"]))["worst_share"]
+        np.testing.assert_allclose(float(row["dominated_worst_share"]), want, rtol=SHARE_RTOL, err_msg=d["layer"])
 
 
 @pytest.mark.parametrize("query,status", [

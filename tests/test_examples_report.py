@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
 import examples_fixtures as ef
+from tb_layergrad import cli
 from tb_layergrad.cli import report
 from tb_layergrad.reader import anomalies
 
@@ -72,3 +75,74 @@ def test_fail_on_dominated(logdir):
     assert code == report.EXIT_FAILED and f"layer {ef.DOMINATED_LAYER}, step {ef.DOMINATED_STEP}" in err
     code, out, _ = _run(logdir, "--run", ef.PLAIN, "--fail-on", "dominated")
     assert code == 0 and "OK: none of dominated holds" in out
+
+
+DOMINATED_COLUMNS = [f"dominated_{k}" for k in report.DOMINATED_FIELDS]
+OLD_COLUMNS = ("run", "target", "source", "layer", "index", "recorded", "last_step", "last_norm", "last_rms",
+               "last_zero_frac", "trend", "first_nonfinite", "timestep_decay", "nonfinite_steps", "vanishing_steps",
+               "exploding_steps", "dead_steps", "now")
+
+
+def _cli(capsys, *argv):
+    code = cli.main(["report", *argv])
+    out, _ = capsys.readouterr()
+    assert code == 0
+    return out
+
+
+def _number(cell: str):
+    return float(cell) if "." in cell else int(cell)
+
+
+def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys):
+    doc = json.loads(_cli(capsys, logdir, "--format", "json"))
+    text = _cli(capsys, logdir, "--format", "csv")
+    header = next(csv.reader(io.StringIO(text)))
+    assert tuple(header[: len(OLD_COLUMNS)]) == OLD_COLUMNS and header[len(OLD_COLUMNS):] == DOMINATED_COLUMNS
+    rows = list(csv.DictReader(io.StringIO(text)))
+    for run in doc["runs"]:
+        mine = [r for r in rows if r["run"] == run["run"]]
+        assert [r["layer"] for r in mine] == [s["layer"] for s in run["layers"]]  # still a row per layer
+        said = {d["layer"]: d for d in run.get("dominated", ())}
+        for r in mine:
+            cells = [r[c] for c in DOMINATED_COLUMNS]
+            if "dominated" not in run:  # no per-example records: nothing said
+                assert cells == [""] * len(cells), r
+            elif r["layer"] not in said:
+                assert cells == ["0"] + [""] * (len(cells) - 1), r
+            else:  # the JSON's numbers exactly (repr of the same floats)
+                assert [_number(c) for c in cells] == [said[r["layer"]][k] for k in report.DOMINATED_FIELDS]
+    by = {(r["run"], r["layer"]): r for r in rows}
+    sq = ef.make_norms()[ef.DOMINATED_LAYER] ** 2
+    for name in (ef.RUN, ef.RENAMED):  # the planted example, against numpy on the norms written
+        row = by[(name, ef.DOMINATED_LAYER)]
+        assert (row["dominated_steps"], row["dominated_first_step"], row["dominated_worst_step"]) == \
+            ("1", str(ef.DOMINATED_STEP), str(ef.DOMINATED_STEP))
+        assert (row["dominated_worst_position"], row["dominated_examples"]) == (str(ef.DOMINATED_POSITION), str(ef.BATCH))
+        share = sq[ef.DOMINATED_STEP].max() / sq[ef.DOMINATED_STEP].sum()
+        assert float(row["dominated_worst_share"]) == pytest.approx(share, rel=1e-12) and share > 0.5
+        assert by[(name, ef.UNSUPPORTED_LAYER)]["dominated_steps"] == "0"  # status 1: never dominated
+    for name in (ef.PLAIN, ef.PLAIN_V1):
+        assert any(r["run"] == name for r in rows)
+        assert all(r[c] == "" for r in rows if r["run"] == name for c in DOMINATED_COLUMNS)
+
+
+def test_csv_names_a_dominated_layer_without_statistics():
+    """Per-example records of a layer the stats do not list: a row of its own rather than lost."""
+    ones, zeros = np.ones((1, 2)), np.zeros((1, 2))
+    run = anomalies.evaluate(["m/a"], [0, 1], {"rms": ones, "norm": ones, "nonfinite": zeros, "zero_frac": zeros}, run="r")
+    run.dominated = [anomalies.Dominance("m/b", 2, 0, 1, 0.75, 3, 16)]
+    rep = report.Report("logs", run.target, run.source, [run], [], [], [])
+    rows = list(csv.DictReader(io.StringIO(report.format_csv(rep))))
+    assert [(r["layer"], r["dominated_steps"]) for r in rows] == [("m/a", "0"), ("m/b", "2")]
+    assert [rows[1][c] for c in DOMINATED_COLUMNS] == ["2", "0", "1", "0.75", "3", "16"]
+    assert rows[1]["run"] == "r" and rows[1]["recorded"] == rows[1]["now"] == ""
+
+
+def test_the_readme_lists_the_csv_columns_in_order():
+    """The README is where a spreadsheet or CI user reads what each column index holds."""
+    readme = " ".join((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    cut = len(OLD_COLUMNS)
+    assert report.CSV_COLUMNS[:cut] == OLD_COLUMNS  # appended only: the old indexes hold
+    for group in (report.CSV_COLUMNS[:cut], report.CSV_COLUMNS[cut:]):
+        assert f"`{', '.join(group)}`" in readme

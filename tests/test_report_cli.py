@@ -73,6 +73,9 @@ def test_csv_rows(planted, capsys):  # noqa: F811
     assert by["net/embed"]["now"] == "vanishing" and by["net/head"]["first_nonfinite"] == ""
     assert float(by[rf.RNN_LAYER]["timestep_decay"]) == pytest.approx(-(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD)  # the planted noise; repr(): exact
     assert by["net/dead"]["last_norm"] == "0.0" and by["net/dead"]["last_zero_frac"] == "1.0"
+    # No per-example records in this run: the `dominated_*` columns (appended last) say nothing.
+    assert report.CSV_COLUMNS[-len(report.DOMINATED_FIELDS):] == tuple(f"dominated_{k}" for k in report.DOMINATED_FIELDS)
+    assert all(r[f"dominated_{k}"] == "" for r in rows for k in report.DOMINATED_FIELDS)
 
 
 @pytest.mark.parametrize(

@@ -11,7 +11,8 @@ which pass (`reader.origin`, docs/ANOMALIES.md "Where it broke"). Per run and la
 (one target, one source): the norm, RMS and zero fraction at the layer's last logged step, the trend (`anomalies.trend`), the first step with
 a NaN/Inf gradient, the decay of per-timestep gradients for RNN layers
 (`anomalies.timestep_decay`), and the anomaly flags (docs/ANOMALIES.md); for a run with per-example
-records, the layers where one example carried most of the gradient at some step (`anomalies.dominance`).
+records, the layers where one example carried most of the gradient at some step (`anomalies.dominance`;
+in CSV the `dominated_*` columns of the layer's row).
 
 Exit status: 0; 3 when a `--fail-on` condition holds; 1 when the logdir, a run
 or the asked series do not exist; 2 for a usage error.
@@ -308,10 +309,16 @@ def _run_json(r: anomalies.RunAnomalies) -> dict:
     return out
 
 
+# The `dominated` condition (docs/ANOMALIES.md, "One example dominates"): `dominated_<key>` is
+# `runs[].dominated[].<key>` of --format json. Appended after the flag counts so that the columns before it
+# keep their indexes for existing consumers.
+DOMINATED_FIELDS = ("steps", "first_step", "worst_step", "worst_share", "worst_position", "examples")
+
 CSV_COLUMNS = (
     "run", "target", "source", "layer", "index", "recorded", "last_step", "last_norm", "last_rms",
     "last_zero_frac", "trend", "first_nonfinite", "timestep_decay",
     "nonfinite_steps", "vanishing_steps", "exploding_steps", "dead_steps", "now",
+    *(f"dominated_{k}" for k in DOMINATED_FIELDS),
 )
 
 
@@ -323,18 +330,42 @@ def _csv_cell(v) -> str:
     return str(v)
 
 
+def _summary_cells(r: anomalies.RunAnomalies, s: anomalies.LayerSummary) -> list:
+    """A layer's statistics and flag counts: the columns up to `now`."""
+    return [r.run, r.target, r.source, s.layer, s.index, s.recorded, s.last_step, s.last_norm, s.last_rms,
+            s.last_zero_frac, s.trend, s.first_nonfinite, s.timestep_decay,
+            s.counts["nonfinite"], s.counts["vanishing"], s.counts["exploding"], s.counts["dead"],
+            ";".join(s.now_names)]
+
+
+def _dominated_cells(r: anomalies.RunAnomalies, d: Optional[anomalies.Dominance]) -> list:
+    """The `dominated_*` columns of one layer.
+
+    All empty when the run has no per-example records (nothing could be said; JSON leaves `dominated` out),
+    so that a filter on `dominated_steps > 0` tells "not dominated" (0) from "not known" (empty).
+    """
+    if d is not None:
+        return [getattr(d, k) for k in DOMINATED_FIELDS]
+    return [None if r.dominated is None else 0] + [None] * (len(DOMINATED_FIELDS) - 1)
+
+
+def _csv_rows(r: anomalies.RunAnomalies) -> List[list]:
+    """One row per layer (model order), its dominance on the same row so that a row stays a layer."""
+    by_layer = {d.layer: d for d in r.dominated or ()}
+    rows = [_summary_cells(r, s) + _dominated_cells(r, by_layer.pop(s.layer, None)) for s in r.summaries]
+    # Per-example records of a layer without statistics: still a row, as --fail-on dominated names it.
+    blank = [None] * (len(CSV_COLUMNS) - 4 - len(DOMINATED_FIELDS))
+    rows += [[r.run, r.target, r.source, d.layer, *blank, *_dominated_cells(r, d)] for d in by_layer.values()]
+    return rows
+
+
 def format_csv(report: Report) -> str:
+    """Columns: `CSV_COLUMNS` (README, "In a terminal, in CI, in a notebook"); a float that is not finite is empty."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for r in report.runs:
-        for s in r.summaries:
-            w.writerow([_csv_cell(v) for v in (
-                r.run, r.target, r.source, s.layer, s.index, s.recorded, s.last_step, s.last_norm, s.last_rms,
-                s.last_zero_frac, s.trend, s.first_nonfinite, s.timestep_decay,
-                s.counts["nonfinite"], s.counts["vanishing"], s.counts["exploding"], s.counts["dead"],
-                ";".join(s.now_names),
-            )])
+        w.writerows([_csv_cell(v) for v in row] for row in _csv_rows(r))
     return buf.getvalue()
 
 
