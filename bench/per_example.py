@@ -5,9 +5,10 @@ with SGD applied, taking turns with the plain step in interleaved rounds
 (`overhead.interleaved`: ratios within a round, median over rounds). Variants:
 the capture with weights logging its records (`summary.gradients`), without and
 with `per_example=True` (the `examples` records and the noise scale written),
-every step and every 10th. With `per_example=True` the norms are computed in
-every step's backward pass, logged or not (the capture computes them with the
-gradients); only the records and the noise scale wait for a logged step.
+every step and every 10th. With `per_example=True` every step's backward pass
+also yields the δs the norms need; the norms themselves, the records and the
+noise scale are computed on logged steps only (the capture defers them:
+`per_example_map.Deferred`).
 
     python bench/per_example.py [--models mlp,cnn,transformer] [--rounds N] [--block S]
 """
@@ -126,8 +127,8 @@ def table(rows: List[Tuple[str, float, Dict[str, float]]]) -> List[str]:
         lines.append(f"| {name} | {base * 1e3:.2f} ms | " + " | ".join(f"{ratios[k]:.2f}x" for k in VARIANTS) + " |")
     lines += ["", "Models: " + "; ".join(f"{k}: {DESCRIPTION[k]}" for k, _, _ in rows) + ". Every variant captures "
               "every layer with its weights and writes its records through `summary.gradients`; `per_example` adds "
-              "the per-example norms (computed at every step), their `examples` records and the noise-scale scalars "
-              "(at logged steps).", ""]
+              "the per-example norms, their `examples` records and the noise-scale scalars, all computed on logged "
+              "steps only.", ""]
     return lines
 
 
