@@ -170,8 +170,17 @@ def shared():
     return model, x, tf.random.normal([5, 2])
 
 
+def float_ids():
+    """Ids given as floats (an Input without dtype): Keras and tf_keras truncate them to int32, so 1.0 and 1.7
+    are one row."""
+    inp = keras.Input((4,))
+    out = layers.Dense(2, name="head")(layers.Flatten(name="flat")(layers.Embedding(5, 3, name="emb")(inp)))
+    x = tf.constant([[1.0, 1.7, 2.0, 2.9], [0.0, 4.5, 4.0, 3.2], [3.9, 3.0, 3.5, 0.1]])
+    return keras.Model(inp, out, name="float_ids"), x, tf.random.normal([3, 2])
+
+
 MODELS = {"mlp": mlp, "sequence": sequence, "cnn1d": cnn1d, "cnn2d": cnn2d, "embedding": embedding,
-          "layer_norm": layer_norm, "shared_layer": shared}
+          "layer_norm": layer_norm, "shared_layer": shared, "float_ids": float_ids}
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -239,6 +239,8 @@ def _patches(a: Any, size: List[int], stride: List[int], rate: List[int], paddin
 
 def _embedding(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     ids = tf.convert_to_tensor(inputs)
+    if not ids.dtype.is_integer:  # float ids (an Input without dtype): the layer truncates them to int32 to look up
+        ids = tf.cast(ids, tf.int32)
     ids = tf.reshape(ids, [tf.shape(ids)[0], -1])
     return {"embeddings": Lookup(ids, _positions(delta, int(delta.shape[-1])))}
 
