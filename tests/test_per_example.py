@@ -385,6 +385,21 @@ def test_layer_without_rule_is_unsupported_with_reason():
         np.testing.assert_allclose(got[path].numpy(), want[path], rtol=RTOL, err_msg=path)
 
 
+def test_sparse_input_is_unsupported_with_reason():
+    """A SparseTensor input (Keras 3 and tf_keras Dense take one): the rule cannot take it, so the layer's weights
+    are reported, not computed; the next layer's are exact."""
+    inp = keras.Input((5,), sparse=True)
+    model = keras.Model(inp, layers.Dense(2, name="head")(layers.Dense(3, activation="tanh", name="d")(inp)), name="m")
+    x = tf.sparse.from_dense(tf.constant([[1.0, 0, 0, 2, 0], [0, 0, 3, 0, 0], [0, 1, 0, 0, 1]]))
+    y = tf.random.normal([3, 2])
+    got = _per_example(model, x, y, "eager")
+    assert set(got.unsupported) == {"m/d/kernel", "m/d/bias"}
+    assert all("cannot take this call's input" in got.unsupported[p] for p in got.unsupported)
+    want = _reference(model, tf.sparse.to_dense(x), y)
+    for path in ("m/head/kernel", "m/head/bias", "m/d"):
+        np.testing.assert_allclose(got[path].numpy(), want[path], rtol=RTOL, err_msg=path)
+
+
 def test_subclass_that_overrides_call_is_unsupported():
     class Doubled(layers.Dense):
         def call(self, x):
