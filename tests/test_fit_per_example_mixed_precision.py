@@ -27,7 +27,8 @@ most r (relative) errs by at most r, so
 token).
 
 "Relative to the magnitudes combined" equals relative to the value where the terms do not cancel: the data
-have targets offset from the predictions (every δ of the loss has one sign) and the test asserts it. The noise
+have targets above the predictions, so every δ of the loss has one sign (asserted); what can still cancel is a
+sum through weights of both signs, of a few terms each here: the assumption this bound rests on. The noise
 scale's tolerances follow from that rtol (`per_example_reference.noise_scale_tolerance`).
 """
 from __future__ import annotations
