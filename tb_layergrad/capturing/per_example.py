@@ -12,7 +12,8 @@ and a reason, never an approximation.
                    over the output axes the bias broadcasts along
   Conv1D/Conv2D    kernel: Outer(patches of a, δ) over the output positions (the patch ordering does
                    not change a norm); bias: Σ over positions of δ. groups > 1: unsupported
-  Embedding        Lookup(ids, δ at the output): repeated ids in one example share one row
+  Embedding        Lookup(ids, δ at the output): repeated ids in one example share one row; float ids
+                   are truncated to int32 first, as the layer's own call does
   LayerNorm        gamma: Σ_t x̂_t ⊙ δ_t, beta: Σ_t δ_t, δ at the output, x̂ recomputed from the input
                    with the layer's axis and epsilon. rms_scaling: unsupported
   BatchNorm        in inference only (moving statistics: a per-example affine map), as LayerNorm with
