@@ -37,6 +37,36 @@ def _data(n=10, offset=2.0):
     return rng.normal(size=(n, 6)).astype("float32"), (offset + 0.3 * rng.normal(size=(n, 3))).astype("float32")
 
 
+def _tokens(seed=12):
+    """Embedding (repeated ids within an example) -> LayerNormalization -> Dense per token -> pooled head."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((6,), dtype="int32")
+    h = layers.Embedding(9, 5, name="emb")(inp)
+    h = layers.LayerNormalization(name="ln")(h)
+    h = layers.Dense(4, activation="tanh", name="tok")(h)
+    out = layers.Dense(3, name="out")(layers.GlobalAveragePooling1D(name="pool")(h))
+    model = keras.Model(inp, out, name="fittok")
+    x = np.array([[1, 1, 1, 2, 3, 1], [4, 5, 4, 5, 4, 5], [0, 1, 2, 3, 4, 5], [8, 7, 8, 6, 8, 0], [2, 2, 7, 7, 3, 3],
+                  [6, 0, 6, 1, 6, 2]], "int32")
+    return model, x, _data(n=len(x))[1]
+
+
+def _cnn(seed=13):
+    """Conv2D (same; strided valid) -> LayerNormalization over the channels -> pooled head."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((6, 6, 2))
+    h = layers.Conv2D(4, 3, padding="same", activation="relu", name="c1")(inp)
+    h = layers.Conv2D(3, 3, strides=2, padding="valid", activation="tanh", name="c2")(h)
+    h = layers.LayerNormalization(name="ln")(h)
+    out = layers.Dense(3, name="out")(layers.GlobalAveragePooling2D(name="pool")(h))
+    model = keras.Model(inp, out, name="fitcnn")
+    x = np.random.RandomState(4).normal(size=(6, 6, 6, 2)).astype("float32")
+    return model, x, _data(n=len(x))[1]
+
+
+MODELS = {"mlp": lambda: (_mlp(), *_data()), "tokens": _tokens, "cnn": _cnn}
+
+
 def _fit(model, x, y, logdir, mode, batch_size, every_n_steps=1, epochs=1, per_example=True):
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
     callbacks = [] if logdir is None else [tb_layergrad.GradientLogger(logdir, weights=True, per_example=per_example,
@@ -45,9 +75,10 @@ def _fit(model, x, y, logdir, mode, batch_size, every_n_steps=1, epochs=1, per_e
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
-def test_norms_and_noise_scale_equal_one_tape_per_example(tmp_path, mode):
-    model = _mlp()
-    x, y = _data()
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_norms_and_noise_scale_equal_one_tape_per_example(tmp_path, kind, mode):
+    """Dense, Embedding, LayerNormalization and Conv2D: each has an exact rule (coverage 1) in Keras 3 and tf_keras."""
+    model, x, y = MODELS[kind]()
     weights = ref.per_example_gradients(model, _loss, x, y)  # at the weights the first (and only) step sees
     outputs = ref.output_norms(model, _loss, x, y)
     noise = ref.noise_scale(weights, ref.batch_gradients(model, _loss, x, y))

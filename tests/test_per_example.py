@@ -170,8 +170,17 @@ def shared():
     return model, x, tf.random.normal([5, 2])
 
 
+def float_ids():
+    """Ids given as floats (an Input without dtype): Keras and tf_keras truncate them to int32, so 1.0 and 1.7
+    are one row."""
+    inp = keras.Input((4,))
+    out = layers.Dense(2, name="head")(layers.Flatten(name="flat")(layers.Embedding(5, 3, name="emb")(inp)))
+    x = tf.constant([[1.0, 1.7, 2.0, 2.9], [0.0, 4.5, 4.0, 3.2], [3.9, 3.0, 3.5, 0.1]])
+    return keras.Model(inp, out, name="float_ids"), x, tf.random.normal([3, 2])
+
+
 MODELS = {"mlp": mlp, "sequence": sequence, "cnn1d": cnn1d, "cnn2d": cnn2d, "embedding": embedding,
-          "layer_norm": layer_norm, "shared_layer": shared}
+          "layer_norm": layer_norm, "shared_layer": shared, "float_ids": float_ids}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -373,6 +382,21 @@ def test_layer_without_rule_is_unsupported_with_reason():
     assert set(got.unsupported) == {"m/scale/w"}
     want = _reference(model, x, y)
     for path in ("m/d/kernel", "m/head/kernel", "m/scale"):
+        np.testing.assert_allclose(got[path].numpy(), want[path], rtol=RTOL, err_msg=path)
+
+
+def test_sparse_input_is_unsupported_with_reason():
+    """A SparseTensor input (Keras 3 and tf_keras Dense take one): the rule cannot take it, so the layer's weights
+    are reported, not computed; the next layer's are exact."""
+    inp = keras.Input((5,), sparse=True)
+    model = keras.Model(inp, layers.Dense(2, name="head")(layers.Dense(3, activation="tanh", name="d")(inp)), name="m")
+    x = tf.sparse.from_dense(tf.constant([[1.0, 0, 0, 2, 0], [0, 0, 3, 0, 0], [0, 1, 0, 0, 1]]))
+    y = tf.random.normal([3, 2])
+    got = _per_example(model, x, y, "eager")
+    assert set(got.unsupported) == {"m/d/kernel", "m/d/bias"}
+    assert all("cannot take this call's input" in got.unsupported[p] for p in got.unsupported)
+    want = _reference(model, tf.sparse.to_dense(x), y)
+    for path in ("m/head/kernel", "m/head/bias", "m/d"):
         np.testing.assert_allclose(got[path].numpy(), want[path], rtol=RTOL, err_msg=path)
 
 

@@ -12,7 +12,8 @@ and a reason, never an approximation.
                    over the output axes the bias broadcasts along
   Conv1D/Conv2D    kernel: Outer(patches of a, δ) over the output positions (the patch ordering does
                    not change a norm); bias: Σ over positions of δ. groups > 1: unsupported
-  Embedding        Lookup(ids, δ at the output): repeated ids in one example share one row
+  Embedding        Lookup(ids, δ at the output): repeated ids in one example share one row; float ids
+                   are truncated to int32 first, as the layer's own call does
   LayerNorm        gamma: Σ_t x̂_t ⊙ δ_t, beta: Σ_t δ_t, δ at the output, x̂ recomputed from the input
                    with the layer's axis and epsilon. rms_scaling: unsupported
   BatchNorm        in inference only (moving statistics: a per-example affine map), as LayerNorm with
@@ -239,6 +240,8 @@ def _patches(a: Any, size: List[int], stride: List[int], rate: List[int], paddin
 
 def _embedding(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     ids = tf.convert_to_tensor(inputs)
+    if not ids.dtype.is_integer:  # float ids (an Input without dtype): the layer truncates them to int32 to look up
+        ids = tf.cast(ids, tf.int32)
     ids = tf.reshape(ids, [tf.shape(ids)[0], -1])
     return {"embeddings": Lookup(ids, _positions(delta, int(delta.shape[-1])))}
 
