@@ -44,6 +44,26 @@ class Deferred:
         return dataclasses.replace(self, scale=self.scale * tf.cast(factor, self.scale.dtype))
 
 
+class PerGraph:
+    """Values made once per graph (eagerly: once), keyed by the caller's key.
+
+    Why: a deferred norm, and a layer's factors, are built in whichever graph reads them (the step's own, a
+    recording condition's branch); a tensor of one graph cannot be used in another, and a graph that is gone
+    may leave its id to a new one, hence the weak reference checked on every hit.
+    """
+
+    def __init__(self) -> None:
+        self._held: Dict[Tuple[Any, int], Tuple[Any, Any]] = {}
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        held = self._held.get((key, id(graph)))
+        if held is None or (graph is not None and held[0]() is not graph):
+            held = (None if graph is None else weakref.ref(graph), make())
+            self._held[(key, id(graph))] = held
+        return held[1]
+
+
 def squared(entry: Any) -> Tuple[Any, Any]:
     """(s, c): ‖∇ℓ_i‖² = c² · s, s [B] built in the current graph, c a scalar (a norms tensor: its squares, 1).
 
@@ -92,7 +112,7 @@ class PerExampleNorms:
     def __init__(self, norms: Dict[str, Any], unsupported: Optional[Dict[str, str]] = None,
                  coupled_by: Tuple[str, ...] = ()):
         self._norms = dict(norms)  # path -> None, a [B] tensor or a `Deferred`
-        self._built: Dict[Tuple[str, int], Tuple[Any, Any]] = {}  # (path, graph id) -> (graph weakref, tensor)
+        self._built = PerGraph()  # path -> its deferred norms, built
         self.unsupported: Dict[str, str] = dict(unsupported or {})
         self.coupled_by: Tuple[str, ...] = tuple(coupled_by)
 
@@ -119,14 +139,7 @@ class PerExampleNorms:
         """A deferred entry built once per graph (eagerly: once)."""
         if not isinstance(entry, Deferred):
             return entry
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        key = (path, id(graph))
-        held = self._built.get(key)
-        if held is not None and (graph is None or held[0]() is graph):
-            return held[1]
-        value = materialized(entry)
-        self._built[key] = (None if graph is None else weakref.ref(graph), value)
-        return value
+        return self._built.get(path, lambda: materialized(entry))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._norms)

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad.capturing import ghost_norm
 from tb_layergrad.capturing.per_example import Rule, Unsupported, couples_examples, rule_for, short_name
-from tb_layergrad.capturing.per_example_map import COUPLED_REASON, Deferred, PerExampleNorms
+from tb_layergrad.capturing.per_example_map import COUPLED_REASON, Deferred, PerExampleNorms, PerGraph
 from tb_layergrad.capturing.preactivation import PreactivationObserver
 
 
@@ -186,25 +185,19 @@ class _FactorMemo:
 
     Why per graph: the norms are built where they are read (`Deferred`), usually inside the writers'
     recording condition; a layer's variables (kernel and bias) share its factors there. Whether a layer's
-    factors can be made at all is decided when the norms are assembled: in a graph those
-    trial ops have no consumer and are pruned; eagerly they are the factors themselves, kept.
+    factors can be made at all is decided when the norms are assembled: in a graph those trial ops have
+    no consumer and are pruned; eagerly they are the factors themselves, kept (so eagerly a convolution's
+    patches are made at every step, logged or not).
     """
 
     def __init__(self, owner_pass: "PerExamplePass", deltas: Dict[int, Any]):
         self._pass = owner_pass
         self._deltas = deltas
-        self._made: Dict[Tuple[int, int], Any] = {}
+        self._made = PerGraph()
 
     def get(self, rule: Rule, owner: Any, calls: List[Observed]) -> Any:
         """The factors (or the reason there are none), made in the current graph and remembered."""
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        key = (owner.index, id(graph))
-        held = self._made.get(key)
-        if held is None or (graph is not None and held[0]() is not graph):
-            made = self._pass._factors(rule, owner, calls, self._deltas)  # noqa: SLF001 - the pass's own rule runner
-            held = (None if graph is None else weakref.ref(graph), made)
-            self._made[key] = held
-        return held[1]
+        return self._made.get(owner.index, lambda: self._pass._factors(rule, owner, calls, self._deltas))  # noqa: SLF001
 
 
 def _squared_rows(g: Any) -> Any:
