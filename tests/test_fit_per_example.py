@@ -171,3 +171,40 @@ def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
     assert set(found) == {("loss", "output"), ("loss", "weight")}
     for layer, row in found[("loss", "weight")][1].items():
         ref.assert_row(row, weights[layer], RTOL, layer)
+
+
+def _sqrt_model():
+    """Finite forward; at the batch that drives a ReLU feature to 0, sqrt's gradient there is infinite (as
+    tests/test_fit_activations.py): a non-finite gradient with a finite loss."""
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input((16,)),
+        layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
+                     kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
+        layers.Lambda(tf.sqrt, name="sqrt_features"),
+        layers.Dense(1, name="head"),
+    ], name="sq")
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
+    """Every 10th step logged; step 7's batch makes a gradient non-finite while the loss stays finite, so the
+    logger writes step 7 in full after all (the first non-finite step of a run). Its `examples` rows are
+    computed then: the rows computed ahead under the schedule's condition do not exist for that step (they
+    would read as zeros), so the layer whose gradient broke has a non-finite largest norm and the others
+    positive ones."""
+    from tb_layergrad.cli.demo import _inputs_with_one_bad_batch
+
+    x, y = _inputs_with_one_bad_batch(12, 7, -50.0, 6)
+    model = _sqrt_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
+    logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, every_n_steps=10)
+    model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    rows = tb_reading.examples(str(tmp_path))["train"][("loss", "output")]
+    assert sorted(rows) == [7, 10]
+    at7 = rows[7]
+    assert not np.isfinite(at7["sq/dense_0"][F["max"]])
+    assert at7["sq/head"][F["max"]] > 0 and np.isfinite(at7["sq/head"][F["max"]])
+    assert all(row[F["examples"]] == 64 and row[F["status"]] == metadata.EXAMPLE_EXACT for row in at7.values())

@@ -17,12 +17,18 @@ def cond_out_of_line(pred: tf.Tensor, true_fn: Callable[[], tf.Tensor]) -> tf.Te
     traced in a replica thread cannot capture that replica's tensors). `true_fn`
     returns a boolean scalar.
     """
+    return value_out_of_line(pred, true_fn, lambda: tf.constant(False))
+
+
+def value_out_of_line(pred: tf.Tensor, true_fn: Callable[[], Any], false_fn: Callable[[], Any]) -> Any:
+    """`tf.cond(pred, true_fn, false_fn)` whose true branch is ONE function call (see `cond_out_of_line`);
+    `false_fn` gives what an untaken step yields instead (cheap: constants of the same structure)."""
     if tf.executing_eagerly():
-        return true_fn() if bool(pred) else tf.constant(False)
+        return true_fn() if bool(pred) else false_fn()
     if tf.distribute.has_strategy():
-        return tf.cond(pred, true_fn, lambda: tf.constant(False))
+        return tf.cond(pred, true_fn, false_fn)
     call = tf.function(true_fn, autograph=False, experimental_attributes={"_noinline": True})
-    return tf.cond(pred, call, lambda: tf.constant(False))
+    return tf.cond(pred, call, false_fn)
 
 
 def write_if(condition: Any, write: Callable[[], None]) -> None:

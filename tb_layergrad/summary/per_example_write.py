@@ -8,6 +8,7 @@ this module only lays them out per group and writes them.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional, Sequence
 
 import tensorflow as tf
@@ -18,7 +19,7 @@ from tb_layergrad.capturing import per_example_map
 from tb_layergrad.statistics import noise_scale, per_example_rows
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary import tag_metadata
-from tb_layergrad.summary.graph import write_one_of
+from tb_layergrad.summary.graph import value_out_of_line, write_one_of
 from tb_layergrad.summary.per_example_plan import PerExample
 
 # The scalars' tags (docs/FORMAT.md): the Scalars dashboard shows them too.
@@ -28,25 +29,68 @@ SIGNAL_TAG = metadata.NOISE_SCALE_TAGS["signal"]
 COVERAGE_TAG = metadata.NOISE_SCALE_TAGS["coverage"]
 
 
-def write(plan: "plans.Plan", step: tf.Tensor, description: str = "", fused_stats: Optional[Dict[int, Any]] = None) -> None:
+@dataclasses.dataclass(frozen=True)
+class RowsAhead:
+    """The `examples` rows of a step, computed in a recording condition of their own (`rows_ahead`)."""
+
+    table: tf.Tensor  # float64 [members, WIDTH] (zeros where `condition` did not hold)
+    condition: tf.Tensor  # the recording condition they were computed under
+    final: bool  # it is the write's own condition (else the write may also happen where it did not hold)
+
+
+def _chosen(plan: "plans.Plan") -> List[List["plans.Series"]]:
+    """The output/weight groups of the plan's per-example target: those that get an `examples` record."""
+    spec = plan.per_example
+    if spec is None:
+        return []
+    return [members for members in plans.groups(plan.series)
+            if members[0].info.target == spec.target and members[0].info.source in metadata.GRADIENT_SOURCES]
+
+
+def rows_ahead(plan: "plans.Plan", should: Any, final: bool = True) -> Optional[RowsAhead]:
+    """The rows (and the per-example norms they are made of) under recording condition `should`, in a branch of
+    their own; None where there is nothing to gain (no per-example data, eagerly, a condition known now).
+
+    Why apart from the branch that writes: that one also reads what the fused write op returns (the stats the
+    noise scale takes ‖G_B‖² from), so it starts only once that op has read every gradient. The norms need
+    only the layers' inputs and δs: in a condition of their own they are computed beside that op, not after it.
+    `final`: `should` is the condition the records are written under (not when a NaN can still force a write).
+    """
+    chosen = _chosen(plan)
+    if not chosen or isinstance(should, bool) or tf.executing_eagerly():
+        return None
+    spec = plan.per_example
+    members = [s for group in chosen for s in group]
+    table = value_out_of_line(should, lambda: _rows(members, spec, spec.batch_size()),
+                              lambda: tf.zeros([len(members), per_example_rows.WIDTH], tf.float64))
+    return RowsAhead(table, should, final)
+
+
+def write(plan: "plans.Plan", step: tf.Tensor, description: str = "", fused_stats: Optional[Dict[int, Any]] = None,
+          ahead: Optional[RowsAhead] = None) -> None:
     """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale.
 
     `fused_stats`: id(series) -> the stats [12] the fused write op wrote this step for that series: the
-    noise scale takes the batch gradient's norm from them rather than reading the gradient again.
+    noise scale takes the batch gradient's norm from them rather than reading the gradient again. `ahead`:
+    the rows already computed (`rows_ahead`); where its condition did not hold (a step written for a NaN
+    only), they are computed here.
 
-    Why everything at once: the groups share the batch, so all their rows come from one `exact_rows_from_squares` call and
-    their tags' metadata state from one `Pending`: a few ops per step where a group each would be a few dozen.
+    Why everything at once: the groups share the batch, so all their rows come from one
+    `exact_rows_from_squares` call and their tags' metadata state from one `Pending`: a few ops per step where
+    a group each would be a few dozen.
     """
-    spec = plan.per_example
-    if spec is None:
-        return
-    chosen = [members for members in plans.groups(plan.series)
-              if members[0].info.target == spec.target and members[0].info.source in metadata.GRADIENT_SOURCES]
+    chosen = _chosen(plan)
     if not chosen:
         return
+    spec = plan.per_example
     batch = spec.batch_size()
     members = [s for group in chosen for s in group]
-    table = _rows(members, spec, batch)
+    if ahead is None:
+        table = _rows(members, spec, batch)
+    elif ahead.final:
+        table = ahead.table
+    else:
+        table = tf.cond(ahead.condition, lambda: ahead.table, lambda: _rows(members, spec, batch))
     infos = [metadata.GroupInfo.of(metadata.KIND_EXAMPLES, [s.info for s in group]) for group in chosen]
     pending = tag_metadata.Pending(infos, step)
     begin = 0

@@ -129,6 +129,8 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
         if flag_of:
             elsewhere = tf.reduce_any(tf.stack(list(flag_of.values())))
             should = tf.logical_or(should, tf.logical_and(elsewhere, record_if_nonfinite))
+    # The per-example rows in a condition of their own, beside the fused op rather than after it (`rows_ahead`).
+    ahead = per_example_write.rows_ahead(plan, should, final=not checking)
     if fused:
         condition = tf.constant(should) if isinstance(should, bool) else should
         done, nonfinite, stats = backend.write_fused(
@@ -151,7 +153,7 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
             with entered():
                 at = read_step(step)
                 _write_with_ops(plan, rest, fused, at, histograms)
-                per_example_write.write(plan, at, plan.description, fused_stats)
+                per_example_write.write(plan, at, plan.description, fused_stats, ahead)
 
         written.append(when(should, write_rest))
     if not written:
