@@ -123,6 +123,19 @@ def seed_model() -> Tuple[keras.Model, Callable]:
     return model, manual
 
 
+def sqrt_model() -> keras.Model:
+    """Finite forward; at a batch that drives a ReLU feature to 0, sqrt's gradient there is infinite: a
+    non-finite gradient with a finite loss (`tb_layergrad.cli.demo._inputs_with_one_bad_batch` makes one)."""
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([
+        keras.Input((16,)),
+        layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
+                     kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
+        layers.Lambda(tf.sqrt, name="sqrt_features"),
+        layers.Dense(1, name="head"),
+    ], name="sq")
+
+
 def tiny_conv_bn_residual(name: str = "convres") -> keras.Model:
     """A tiny CNN with BatchNormalization and a residual Add (neutrality tests)."""
     inp = keras.Input((8, 8, 3))

@@ -26,6 +26,7 @@ from fit_helpers import (
     path_length,
     read_series,
     seed_model,
+    sqrt_model,
     stat,
 )
 from tb_layergrad import metadata
@@ -168,18 +169,6 @@ def _bad_batch_data(steps: int, bad_step: int, scale: float, seed: int):
     return _inputs_with_one_bad_batch(steps, bad_step, scale, seed)
 
 
-def _sqrt_model():
-    """Finite forward; at the batch that drives a ReLU feature to 0, sqrt's gradient there is infinite."""
-    keras.utils.set_random_seed(0)
-    return keras.Sequential([
-        keras.Input((16,)),
-        layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
-                     kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
-        layers.Lambda(tf.sqrt, name="sqrt_features"),
-        layers.Dense(1, name="head"),
-    ], name="sq")
-
-
 def _log_model():
     """A large input drives `shift` below 0 and log is NaN there: born in the forward pass of `log_features`."""
     keras.utils.set_random_seed(0)
@@ -207,7 +196,7 @@ def _nonfinite(series, tag, step) -> bool:
 @pytest.mark.parametrize("mode", MODES)
 def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, mode):
     x, y = _bad_batch_data(12, 7, -50.0, seed=6)
-    logger, series = _fit(tmp_path, _sqrt_model(), x, y, mode, every_n_steps=10, activations=True)
+    logger, series = _fit(tmp_path, sqrt_model(), x, y, mode, every_n_steps=10, activations=True)
     steps = sorted({s for _, (info, by) in series.items() if info.source == "output" for s in by})
     assert steps == [7, 10]  # step 7 (not a multiple of 10) is the first non-finite one: written anyway
     assert _nonfinite(series, "loss/output/sq/dense_0/stats", 7)
@@ -236,7 +225,7 @@ def test_loss_nan_without_activations_cannot_be_placed(tmp_path):
 
 def test_on_nonfinite_stop_ends_training_at_that_step(tmp_path, capsys):
     x, y = _bad_batch_data(12, 7, -50.0, seed=6)
-    model = _sqrt_model()
+    model = sqrt_model()
     logger, series = _fit(tmp_path, model, x, y, every_n_steps=5, activations=True, on_nonfinite="stop")
     assert int(model.optimizer.iterations.numpy()) == 7  # the step of the first NaN/Inf is the last one trained
     steps = sorted({s for _, (info, by) in series.items() if info.source == "output" for s in by})
@@ -247,7 +236,7 @@ def test_on_nonfinite_stop_ends_training_at_that_step(tmp_path, capsys):
 
 def test_on_nonfinite_raise(tmp_path):
     x, y = _bad_batch_data(12, 4, -50.0, seed=6)
-    model = _sqrt_model()
+    model = sqrt_model()
     with pytest.raises(FloatingPointError, match="step 4: backward pass.*sq/sqrt_features") as raised:
         _fit(tmp_path, model, x, y, every_n_steps=5, on_nonfinite="raise")
     assert raised.value.origin.pass_ == "backward"
@@ -264,7 +253,7 @@ def test_on_nonfinite_must_be_one_of_three(tmp_path, bad):
 
 def test_custom_loop_says_where_it_broke(tmp_path):
     x, y = _bad_batch_data(2, 1, -50.0, seed=6)
-    model = _sqrt_model()
+    model = sqrt_model()
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model, tape=tape, activations=True) as cap:
             loss = tf.reduce_mean(tf.square(model(x[:64]) - y[:64]))
@@ -296,7 +285,7 @@ def test_a_nan_only_in_the_loss_value_writes_the_step_in_full(tmp_path, mode):
     def loss(y_true, y_pred):
         return tf.reduce_mean(tf.square(y_pred - y_true)) + tf.stop_gradient(tf.math.log(tf.reduce_min(y_true) + 100.0))
 
-    model = _sqrt_model()
+    model = sqrt_model()
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss, **compile_kwargs(mode))
     logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=10, activations=True)
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])

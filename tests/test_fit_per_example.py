@@ -12,7 +12,7 @@ import pytest
 import tb_layergrad
 import per_example_reference as ref
 import tb_reading
-from fit_helpers import compile_kwargs, keras, layers
+from fit_helpers import compile_kwargs, keras, layers, sqrt_model
 from tb_layergrad import metadata
 from tb_layergrad.summary import per_example_write as pw
 
@@ -173,21 +173,6 @@ def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
         ref.assert_row(row, weights[layer], RTOL, layer)
 
 
-def _sqrt_model():
-    """Finite forward; at the batch that drives a ReLU feature to 0, sqrt's gradient there is infinite (as
-    tests/test_fit_activations.py): a non-finite gradient with a finite loss."""
-    import tensorflow as tf
-
-    keras.utils.set_random_seed(0)
-    return keras.Sequential([
-        keras.Input((16,)),
-        layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
-                     kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
-        layers.Lambda(tf.sqrt, name="sqrt_features"),
-        layers.Dense(1, name="head"),
-    ], name="sq")
-
-
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
     """Every 10th step logged; step 7's batch makes a gradient non-finite while the loss stays finite, so the
@@ -198,7 +183,7 @@ def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
     from tb_layergrad.cli.demo import _inputs_with_one_bad_batch
 
     x, y = _inputs_with_one_bad_batch(12, 7, -50.0, 6)
-    model = _sqrt_model()
+    model = sqrt_model()
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
     logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, every_n_steps=10)
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
