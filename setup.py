@@ -6,6 +6,7 @@ would otherwise pull a second copy. The TensorBoard plugin itself needs no
 TensorFlow at all. For the same reason the `test` extra holds test tools only:
 `[cpu,test]` on a fresh machine, `[test]` beside an installed TensorFlow.
 """
+
 import ast
 import pathlib
 

@@ -11,6 +11,7 @@ context, where strategy.gather runs on recorded steps only. Variants run in inte
 rounds; the median per-step time of each and its ratio to the plain step are
 printed. The numbers are only comparable within one run: the machine is shared.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,14 @@ def main() -> None:
     strategy = tf.distribute.MirroredStrategy([d.name for d in tf.config.list_logical_devices("CPU")])
     with strategy.scope():
         keras.utils.set_random_seed(0)
-        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(512, activation="relu"),
-                                  keras.layers.Dense(512, activation="relu"), keras.layers.Dense(10)])
+        model = keras.Sequential(
+            [
+                keras.Input((64,)),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
         opt = keras.optimizers.SGD(0.01)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(args.batch, 64)).astype("float32")
@@ -86,8 +93,10 @@ def main() -> None:
 
     variants = {
         "plain": make(None),
-        "gather/1": make("gather"), "stats/1": make("stats"),
-        "gather/10": make("gather", 10), "stats/10": make("stats", 10),
+        "gather/1": make("gather"),
+        "stats/1": make("stats"),
+        "gather/10": make("gather", 10),
+        "stats/10": make("stats", 10),
         "cross/10": make("gather", 10, cross=True),
     }
     for fn in variants.values():  # trace + warm up
@@ -102,8 +111,10 @@ def main() -> None:
             opt.iterations.numpy()
             times[name].append((time.perf_counter() - t) / args.steps)
     base = statistics.median(times["plain"])
-    print(f"MirroredStrategy, 2 logical CPUs, MLP 64-512-512-10, global batch {args.batch}, "
-          f"{args.rounds} rounds x {args.steps} steps (median per step; shared machine)")
+    print(
+        f"MirroredStrategy, 2 logical CPUs, MLP 64-512-512-10, global batch {args.batch}, "
+        f"{args.rounds} rounds x {args.steps} steps (median per step; shared machine)"
+    )
     for name, ts in times.items():
         m = statistics.median(ts)
         print(f"  {name:9s} {m * 1e3:8.2f} ms  {m / base:5.2f}x")

@@ -8,6 +8,7 @@ summary metadata, and the stats, histogram and other tensor payloads.
 
     python bench/format_bytes.py OUT --layers 100 --steps 4000 --format-version 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,18 @@ PARTS = ("framing", "metadata", "stats", "histogram", "other")
 _FRAME = 16
 
 
-def write_fit_logdir(logdir: str, layers: int = 100, steps: int = 4000, format_version: int = 2, width: int = 32) -> float:
+def write_fit_logdir(
+    logdir: str, layers: int = 100, steps: int = 4000, format_version: int = 2, width: int = 32
+) -> float:
     """Train `layers` Dense layers for `steps` steps with GradientLogger's defaults; returns the seconds taken."""
     import keras
+
     import tb_layergrad
 
     keras.utils.set_random_seed(0)
-    stack = [keras.Input((width,))] + [keras.layers.Dense(width, activation="relu", name=f"dense_{i}") for i in range(layers - 1)]
+    stack = [keras.Input((width,))] + [
+        keras.layers.Dense(width, activation="relu", name=f"dense_{i}") for i in range(layers - 1)
+    ]
     model = keras.Sequential(stack + [keras.layers.Dense(1, name="out")], name="deep_mlp")
     model.compile(optimizer=keras.optimizers.SGD(1e-3), loss="mse")
     batch = 32
@@ -86,8 +92,10 @@ def main() -> None:
     seconds = write_fit_logdir(args.out, args.layers, args.steps, args.format_version)
     parts = bytes_by_part(args.out)
     per = args.layers * args.steps
-    print(f"{seconds:.0f} s; bytes / layer / step: total {sum(parts.values()) / per:.0f}, "
-          + ", ".join(f"{k} {v / per:.1f}" for k, v in parts.items()))
+    print(
+        f"{seconds:.0f} s; bytes / layer / step: total {sum(parts.values()) / per:.0f}, "
+        + ", ".join(f"{k} {v / per:.1f}" for k, v in parts.items())
+    )
 
 
 if __name__ == "__main__":

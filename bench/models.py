@@ -1,4 +1,5 @@
 """The three benchmark models: an MLP, a small CNN and an LSTM, with batches."""
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Tuple
@@ -10,7 +11,13 @@ from keras import layers
 
 def mlp() -> Tuple[keras.Model, tf.Tensor, tf.Tensor]:
     model = keras.Sequential(
-        [keras.Input((784,)), layers.Dense(256, activation="relu"), layers.Dense(256, activation="relu"), layers.Dense(128, activation="relu"), layers.Dense(10)],
+        [
+            keras.Input((784,)),
+            layers.Dense(256, activation="relu"),
+            layers.Dense(256, activation="relu"),
+            layers.Dense(128, activation="relu"),
+            layers.Dense(10),
+        ],
         name="mlp",
     )
     return model, tf.random.normal([128, 784]), tf.random.uniform([128], 0, 10, tf.int32)

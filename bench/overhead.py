@@ -6,6 +6,7 @@ ours, ...); each variant's time is divided by the plain step's time of the same
 round, and the median of these ratios over the rounds is reported (the
 machine's speed drifts within seconds; turns of ~0.03-0.13 s cancel most of it).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,10 +19,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 import keras
 import numpy as np
 import tensorflow as tf
+from models import MODELS
 
 import tb_layergrad
 from tb_layergrad import fused_kernel
-from models import MODELS
 
 Step = Callable[[], object]
 
@@ -148,7 +149,9 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
                     lo, hi = tf.reduce_min(g), tf.reduce_max(g)
                     a = tf.abs(g)
                     stats = [tf.reduce_sum(g), tf.nn.l2_loss(g), lo, hi, tf.reduce_sum(a), tf.reduce_sum(tf.sign(a))]
-                    tf.summary.write(f"floor/{path}/histogram", tf.histogram_fixed_width(g, tf.stack([lo, hi]), nbins=30))
+                    tf.summary.write(
+                        f"floor/{path}/histogram", tf.histogram_fixed_width(g, tf.stack([lo, hi]), nbins=30)
+                    )
                     tf.summary.write(f"floor/{path}/stats", tf.stack(stats))
             return tf.constant(True)
 
@@ -264,11 +267,22 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
         "plain": fit([]),
         "ours_every_1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), every_n_steps=1)]),
         "ours_every_10": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10"), every_n_steps=10)]),
-        "ours_every_1, format_version=1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1v1"), format_version=1)]),
-        "ours_every_10, check_every_step=False": fit([tb_layergrad.GradientLogger(
-            os.path.join(logdir, f"fit_{name}_10u"), every_n_steps=10, check_every_step=False)]),
-        "ours_every_1+activations": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1a"), every_n_steps=1, activations=True)]),
-        "ours_every_10+activations": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10a"), every_n_steps=10, activations=True)]),
+        "ours_every_1, format_version=1": fit(
+            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1v1"), format_version=1)]
+        ),
+        "ours_every_10, check_every_step=False": fit(
+            [
+                tb_layergrad.GradientLogger(
+                    os.path.join(logdir, f"fit_{name}_10u"), every_n_steps=10, check_every_step=False
+                )
+            ]
+        ),
+        "ours_every_1+activations": fit(
+            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1a"), every_n_steps=1, activations=True)]
+        ),
+        "ours_every_10+activations": fit(
+            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10a"), every_n_steps=10, activations=True)]
+        ),
         "keras.TensorBoard(histogram_freq=1)": fit(
             [keras.callbacks.TensorBoard(os.path.join(logdir, f"fit_{name}_keras"), histogram_freq=1)]
         ),
@@ -308,7 +322,10 @@ def run_length(per_call: float) -> int:
 
 
 def interleaved(
-    variants: Dict[str, Step], rounds: int, block_seconds: float = 0.5, warmup: Optional[int] = None,
+    variants: Dict[str, Step],
+    rounds: int,
+    block_seconds: float = 0.5,
+    warmup: Optional[int] = None,
     short_step_rounds: int = 1,
 ) -> Tuple[float, Dict[str, float], int, int]:
     """(baseline seconds per call, {variant: median over rounds of its time / the baseline's}, calls per round, rounds).

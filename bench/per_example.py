@@ -12,6 +12,7 @@ noise scale are computed on logged steps only (the capture defers them:
 
     python bench/per_example.py [--models mlp,cnn,transformer] [--rounds N] [--block S]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,12 +25,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import keras  # noqa: E402
+import overhead  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from keras import layers  # noqa: E402
-
-import overhead  # noqa: E402
-import tb_layergrad  # noqa: E402
 from models import MODELS  # noqa: E402
+
+import tb_layergrad  # noqa: E402
 
 TRANSFORMER = dict(batch=32, tokens=32, width=64, heads=4, hidden=256)
 
@@ -55,11 +56,17 @@ BUILDERS: Dict[str, Callable] = {"mlp": MODELS["mlp"], "cnn": MODELS["cnn"], "tr
 DESCRIPTION = {
     "mlp": "MLP 784-256-256-128-10, batch 128",
     "cnn": "CNN (4 Conv2D 3x3, 32-64 channels, on 32x32x3; Dense 128), batch 64",
-    "transformer": (f"Transformer block (MultiHeadAttention {TRANSFORMER['heads']} heads, MLP {TRANSFORMER['hidden']}, "
-                    f"2 LayerNorm), T {TRANSFORMER['tokens']}, d {TRANSFORMER['width']}, batch {TRANSFORMER['batch']}"),
+    "transformer": (
+        f"Transformer block (MultiHeadAttention {TRANSFORMER['heads']} heads, MLP {TRANSFORMER['hidden']}, "
+        f"2 LayerNorm), T {TRANSFORMER['tokens']}, d {TRANSFORMER['width']}, batch {TRANSFORMER['batch']}"
+    ),
 }
-VARIANTS = ("capture (weights), every step", "capture (weights), every 10th",
-            "per_example, every step", "per_example, every 10th")
+VARIANTS = (
+    "capture (weights), every step",
+    "capture (weights), every 10th",
+    "per_example, every step",
+    "per_example, every 10th",
+)
 
 
 def variants(name: str, logdir: str) -> Dict[str, Callable]:
@@ -111,8 +118,9 @@ def measure(models: List[str], rounds: int, block_seconds: float) -> List[Tuple[
     for name in models:
         logdir = overhead.new_logdir()
         try:
-            base, ratios, _, _ = overhead.interleaved(variants(name, logdir), rounds, block_seconds,
-                                                      short_step_rounds=4)
+            base, ratios, _, _ = overhead.interleaved(
+                variants(name, logdir), rounds, block_seconds, short_step_rounds=4
+            )
         finally:
             shutil.rmtree(logdir, ignore_errors=True)
         rows.append((name, base, ratios))
@@ -121,14 +129,21 @@ def measure(models: List[str], rounds: int, block_seconds: float) -> List[Tuple[
 
 
 def table(rows: List[Tuple[str, float, Dict[str, float]]]) -> List[str]:
-    lines = ["### Per-example gradient norms (`per_example=True`), custom loop (tf.function step), ratio to the plain step\n",
-             "| model | plain step | " + " | ".join(VARIANTS) + " |", "|---|---|" + "---|" * len(VARIANTS)]
+    lines = [
+        "### Per-example gradient norms (`per_example=True`), custom loop (tf.function step), ratio to the plain step\n",
+        "| model | plain step | " + " | ".join(VARIANTS) + " |",
+        "|---|---|" + "---|" * len(VARIANTS),
+    ]
     for name, base, ratios in rows:
         lines.append(f"| {name} | {base * 1e3:.2f} ms | " + " | ".join(f"{ratios[k]:.2f}x" for k in VARIANTS) + " |")
-    lines += ["", "Models: " + "; ".join(f"{k}: {DESCRIPTION[k]}" for k, _, _ in rows) + ". Every variant captures "
-              "every layer with its weights and writes its records through `summary.gradients`; `per_example` adds "
-              "the per-example norms, their `examples` records and the noise-scale scalars, all computed on logged "
-              "steps only.", ""]
+    lines += [
+        "",
+        "Models: " + "; ".join(f"{k}: {DESCRIPTION[k]}" for k, _, _ in rows) + ". Every variant captures "
+        "every layer with its weights and writes its records through `summary.gradients`; `per_example` adds "
+        "the per-example norms, their `examples` records and the noise-scale scalars, all computed on logged "
+        "steps only.",
+        "",
+    ]
     return lines
 
 

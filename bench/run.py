@@ -16,6 +16,7 @@ Figures:
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
 per batch inside each call, the first batches (tracing) excluded.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,7 +52,9 @@ def machine() -> str:
         pass
     from tb_layergrad import fused_kernel
 
-    kernel = "built and used" if fused_kernel.op() is not None else f"NOT available ({fused_kernel.unavailable_reason()})"
+    kernel = (
+        "built and used" if fused_kernel.op() is not None else f"NOT available ({fused_kernel.unavailable_reason()})"
+    )
     return (
         f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}); Python {platform.python_version()}, "
         f"TensorFlow {tf.__version__}, Keras {keras.__version__}, TensorBoard {tensorboard.__version__}; "
@@ -74,7 +77,15 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         figures.setdefault("loop", {})[name] = ratios
         model, x, _ = MODELS[name]()
         layers = len(model.layers)
-        byte_rows.append((name, layers, overhead.bytes_per_layer_step(logdir, f"{name}_ours1", layers, loop_rounds * per_round + overhead.WARMUP_CALLS)))
+        byte_rows.append(
+            (
+                name,
+                layers,
+                overhead.bytes_per_layer_step(
+                    logdir, f"{name}_ours1", layers, loop_rounds * per_round + overhead.WARMUP_CALLS
+                ),
+            )
+        )
         steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))  # at least ~one block
         fit_rounds = rounds * FIT_ROUNDS * (SHORT_STEP_ROUNDS if base < overhead.SHORT_STEP_S else 1)
         base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), fit_rounds)
@@ -89,7 +100,9 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         lines.append("| model | plain step | " + " | ".join(keys) + " |")
         lines.append("|---|---|" + "---|" * len(keys))
         for name, base, res in rows:
-            lines.append(f"| {name} | {base * 1e3:.2f} ms | " + " | ".join(f"{ratio_of(res[k], base):.2f}x" for k in keys) + " |")
+            lines.append(
+                f"| {name} | {base * 1e3:.2f} ms | " + " | ".join(f"{ratio_of(res[k], base):.2f}x" for k in keys) + " |"
+            )
         lines.append("")
 
     table("Custom training loop (tf.function step), ratio to the plain step", loop_rows, lambda v, b: v)
@@ -130,7 +143,9 @@ def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[st
     import tab_latency
 
     lines = ["### Tab latency (warm, median), real tensorboard process, synthetic logdir (format version 2)\n"]
-    lines.append("| runs x layers x steps | loader | load time | listing | flow matrix | layer detail | 3-run compare | TensorBoard RSS |")
+    lines.append(
+        "| runs x layers x steps | loader | load time | listing | flow matrix | layer detail | 3-run compare | TensorBoard RSS |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|")
     for runs, layers, steps in sizes:
         logdir = synthetic(runs, layers, steps, 2)
@@ -166,9 +181,13 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
     import tab_latency
 
     real, *others = sizes
-    lines = [f"### Format versions 1 and 2: event-file bytes of fit() with GradientLogger's defaults "
-             f"({real[1]} Dense layers, {real[2]} steps, every step)\n"]
-    lines.append("| format version | bytes / layer / step | framing | metadata | stats | histogram | other | fit() time |")
+    lines = [
+        f"### Format versions 1 and 2: event-file bytes of fit() with GradientLogger's defaults "
+        f"({real[1]} Dense layers, {real[2]} steps, every step)\n"
+    ]
+    lines.append(
+        "| format version | bytes / layer / step | framing | metadata | stats | histogram | other | fit() time |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|")
     logdirs = []
     for version in (1, 2):
@@ -177,8 +196,11 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
         parts = format_bytes.bytes_by_part(logdir)
         per = real[1] * real[2]
         figures.setdefault("format_bytes", {})[version] = sum(parts.values()) / per
-        lines.append(f"| {version} | {sum(parts.values()) / per:.0f} | " + " | ".join(f"{parts[k] / per:.1f}" for k in format_bytes.PARTS)
-                     + f" | {seconds:.0f} s |")
+        lines.append(
+            f"| {version} | {sum(parts.values()) / per:.0f} | "
+            + " | ".join(f"{parts[k] / per:.1f}" for k in format_bytes.PARTS)
+            + f" | {seconds:.0f} s |"
+        )
         print("  " + lines[-1], flush=True)
         logdirs.append((real, version, logdir, real[2]))  # GradientLogger's steps are 1..steps
     for runs, layers, steps in others:
@@ -186,11 +208,14 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
             if version == 1 and runs * layers * steps * 2 > V1_MAX_RECORDS:
                 continue
             logdirs.append(((runs, layers, steps), version, synthetic(runs, layers, steps, version), steps - 1))
-    lines += ["", "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; first requests)\n",
-              "| runs x layers x steps | version | loader | start-up | loaded after start-up | statistics read ahead after "
-              "loading | RSS | listing | flow matrix (first) | layer stats | anomalies | 3-run compare | slowest first "
-              "request, read ahead | slowest first request, nothing read ahead |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; first requests)\n",
+        "| runs x layers x steps | version | loader | start-up | loaded after start-up | statistics read ahead after "
+        "loading | RSS | listing | flow matrix (first) | layer stats | anomalies | 3-run compare | slowest first "
+        "request, read ahead | slowest first request, nothing read ahead |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (runs, layers, steps), version, logdir, last in logdirs:
         for loader in loaders:
             points = TAB_POINTS if steps > TAB_POINTS else None
@@ -198,8 +223,10 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
             try:
                 m = tab_latency.measure(logdir, runs, layers, steps, loader, last_step=last, points=points)
             except Exception as e:  # noqa: BLE001 - one case failing must not lose the others' figures
-                lines.append(f"| {runs} x {layers} x {steps} | {version} | {name} | failed: {type(e).__name__}: "
-                             f"{str(e)[:120]} |" + " |" * 11)
+                lines.append(
+                    f"| {runs} x {layers} x {steps} | {version} | {name} | failed: {type(e).__name__}: "
+                    f"{str(e)[:120]} |" + " |" * 11
+                )
                 print("  " + lines[-1], flush=True)
                 continue
             figures.setdefault("format_tab", {})[(runs, layers, steps, version, loader)] = m
@@ -223,30 +250,45 @@ def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
     rows = []
     got = figures.get("format_bytes", {}).get(2)
     if got is not None:
-        rows.append(f"| {sizes[0][1]} layers x {sizes[0][2]} steps, defaults: bytes / layer / step | <= 320 | {got:.0f} | "
-                    f"{'met' if got <= 320 else 'NOT met'} |")
+        rows.append(
+            f"| {sizes[0][1]} layers x {sizes[0][2]} steps, defaults: bytes / layer / step | <= 320 | {got:.0f} | "
+            f"{'met' if got <= 320 else 'NOT met'} |"
+        )
     tab = figures.get("format_tab", {})
-    for key, limit, what in (((*sizes[0], 2, "true"), 3.5, "loaded after start-up"), ((*sizes[1], 2, "true"), 11, "loaded after start-up")):
+    for key, limit, what in (
+        ((*sizes[0], 2, "true"), 3.5, "loaded after start-up"),
+        ((*sizes[1], 2, "true"), 11, "loaded after start-up"),
+    ):
         m = tab.get(key)
         if m is not None:
             v = m["load_s"] - m["startup_s"]
-            rows.append(f"| {key[0]} x {key[1]} x {key[2]}, Rust: {what} | <= {limit} s | {v:.1f} s | {'met' if v <= limit else 'NOT met'} |")
+            rows.append(
+                f"| {key[0]} x {key[1]} x {key[2]}, Rust: {what} | <= {limit} s | {v:.1f} s | {'met' if v <= limit else 'NOT met'} |"
+            )
     for key, limit in (((*sizes[0], 2, "true"), 1100), ((*sizes[1], 2, "true"), 2500)):
         m = tab.get(key)
         if m is not None:
-            rows.append(f"| {key[0]} x {key[1]} x {key[2]}, Rust: TensorBoard RSS | <= {limit} MB | {m['rss_mb']:.0f} MB | "
-                        f"{'met' if m['rss_mb'] <= limit else 'NOT met'} |")
+            rows.append(
+                f"| {key[0]} x {key[1]} x {key[2]}, Rust: TensorBoard RSS | <= {limit} MB | {m['rss_mb']:.0f} MB | "
+                f"{'met' if m['rss_mb'] <= limit else 'NOT met'} |"
+            )
     for loader in ("true", "false"):
         m = tab.get((*sizes[2], 2, loader))
         if m is not None:
             worst = max(m["matrix_s"], m["layer_stats_s"], m["anomalies_s"], m["compare_s"], m["listing_s"])
             what = f"{sizes[2][0]} x {sizes[2][1]} x {sizes[2][2]}, {'Rust' if loader == 'true' else 'Python'}"
-            rows.append(f"| {what}: slowest route (warm median) | <= 2 s | {worst:.2f} s | {'met' if worst <= 2 else 'NOT met'} |")
+            rows.append(
+                f"| {what}: slowest route (warm median) | <= 2 s | {worst:.2f} s | {'met' if worst <= 2 else 'NOT met'} |"
+            )
             cold = m["slowest_cold_s"]
-            rows.append(f"| {what}: slowest first request, statistics read ahead ({m['read_ahead_s']:.1f} s after "
-                        f"loading) | <= 2 s | {cold:.2f} s | {'met' if cold <= 2 else 'NOT met'} |")
-            rows.append(f"| {what}: slowest first request right after loading, nothing read ahead "
-                        f"(`--layergrad_prefetch=false`) | – | {m['slowest_cold_unread_s']:.2f} s | – |")
+            rows.append(
+                f"| {what}: slowest first request, statistics read ahead ({m['read_ahead_s']:.1f} s after "
+                f"loading) | <= 2 s | {cold:.2f} s | {'met' if cold <= 2 else 'NOT met'} |"
+            )
+            rows.append(
+                f"| {what}: slowest first request right after loading, nothing read ahead "
+                f"(`--layergrad_prefetch=false`) | – | {m['slowest_cold_unread_s']:.2f} s | – |"
+            )
     if not rows:
         return []
     return ["### Targets (issue 27) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]
@@ -265,8 +307,18 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
             every10, every1 = r.get("ours_every_10"), r.get("ours_every_1")
             unchecked = r.get("ours_every_10, check_every_step=False")
             if unchecked is not None:  # fit(): the schedule alone; by default every step is also checked for NaN/Inf
-                row(f"{label}, {name}, all layers every 10 steps, check_every_step=False", "<= 1.03x", unchecked, unchecked <= 1.03)
-                row(f"{label}, {name}, all layers every 10 steps, and every step checked for NaN/Inf (default)", "–", every10, None)
+                row(
+                    f"{label}, {name}, all layers every 10 steps, check_every_step=False",
+                    "<= 1.03x",
+                    unchecked,
+                    unchecked <= 1.03,
+                )
+                row(
+                    f"{label}, {name}, all layers every 10 steps, and every step checked for NaN/Inf (default)",
+                    "–",
+                    every10,
+                    None,
+                )
             else:
                 row(f"{label}, {name}, all layers every 10 steps", "<= 1.03x", every10, every10 <= 1.03)
             acts = r.get("ours_every_1+activations")
@@ -279,10 +331,17 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
                 row(f"{label}, {name}, every step: our records written, nothing reduced (floor)", "–", floor, None)
             one_event = r.get("floor: our records as one event per step")
             if one_event is not None:  # the same, all of a step's records in one event (not how ours writes)
-                row(f"{label}, {name}, every step: the same records as one event per step (floor)", "–", one_event, None)
+                row(
+                    f"{label}, {name}, every step: the same records as one event per step (floor)", "–", one_event, None
+                )
             kernels = r.get("floor + one kernel per statistic")
             if kernels is not None:  # ... plus the one TensorFlow kernel each recorded figure needs
-                row(f"{label}, {name}, every step: + one TensorFlow kernel per statistic and the histogram (floor)", "–", kernels, None)
+                row(
+                    f"{label}, {name}, every step: + one TensorFlow kernel per statistic and the histogram (floor)",
+                    "–",
+                    kernels,
+                    None,
+                )
             plain_ops = r.get("ours_every_1, TensorFlow ops (no fused kernel)")
             if plain_ops is not None:  # where the fused kernel cannot be built (no compiler, a GPU)
                 row(f"{label}, {name}, every step, without the fused kernel (TensorFlow ops)", "–", plain_ops, None)
@@ -290,18 +349,34 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
     if cnn:
         ours, hist = cnn["ours_every_1"] - 1, cnn["tf.summary.histogram_every_1"] - 1
         factor = hist / ours if ours > 0 else float("inf")
-        rows.append(f"| custom loop, cnn: overhead of tf.summary.histogram / ours | >= 5 | {factor:.1f} | {'met' if factor >= 5 else 'NOT met'} |")
+        rows.append(
+            f"| custom loop, cnn: overhead of tf.summary.histogram / ours | >= 5 | {factor:.1f} | {'met' if factor >= 5 else 'NOT met'} |"
+        )
     for name, r in figures.get("per_example", {}).items():  # issue 28: per_example=True every step, MLP and Transformer
         every1 = r.get("per_example, every step")
         target = name in ("mlp", "transformer")
-        row(f"custom loop, {name}, per_example=True every step (weights, records)", "<= 1.50x" if target else "–", every1,
-            every1 <= 1.5 if target else None)
+        row(
+            f"custom loop, {name}, per_example=True every step (weights, records)",
+            "<= 1.50x" if target else "–",
+            every1,
+            every1 <= 1.5 if target else None,
+        )
     for key, m in figures.get("tab", {}).items():
         if key[:3] != tab_size:
             continue
         loader = {"true": "Rust", "false": "Python"}[key[3]]
-        for field, what, limit in (("matrix_s", "flow matrix", 1.0), ("layer_detail_s", "layer detail", 0.3), ("listing_s", "listing", 0.2)):
-            row(f"tab {tab_size[0]}x{tab_size[1]}x{tab_size[2]}, {loader} loader: {what}", f"< {limit * 1e3:.0f} ms", m[field], m[field] < limit, unit="s")
+        for field, what, limit in (
+            ("matrix_s", "flow matrix", 1.0),
+            ("layer_detail_s", "layer detail", 0.3),
+            ("listing_s", "listing", 0.2),
+        ):
+            row(
+                f"tab {tab_size[0]}x{tab_size[1]}x{tab_size[2]}, {loader} loader: {what}",
+                f"< {limit * 1e3:.0f} ms",
+                m[field],
+                m[field] < limit,
+                unit="s",
+            )
     if not rows:
         return []
     return ["### Targets (issue 7) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]
@@ -338,11 +413,19 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round: only checks the scripts run")
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-tab", action="store_true")
-    parser.add_argument("--skip-per-example", action="store_true", help="skip the per-example norms' cost (bench/per_example.py)")
+    parser.add_argument(
+        "--skip-per-example", action="store_true", help="skip the per-example norms' cost (bench/per_example.py)"
+    )
     parser.add_argument("--skip-format", action="store_true", help="skip format versions 1 vs 2 (bytes, load, memory)")
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
-    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 15; x3 for fit(); x4 more when the plain step is under 10 ms; smoke 1)")
-    parser.add_argument("--out", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"), help="where to write the report ('-' for none)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        help="interleaved rounds (default 15; x3 for fit(); x4 more when the plain step is under 10 ms; smoke 1)",
+    )
+    parser.add_argument(
+        "--out", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"), help="where to write the report ('-' for none)"
+    )
     args = parser.parse_args()
 
     if args.smoke:
@@ -371,7 +454,9 @@ def main() -> None:
     if not args.skip_overhead:
         body += overhead_tables(models, rounds, block_seconds, fit_steps, figures)
     if not args.skip_per_example:
-        body += per_example_tables(["mlp"] if args.smoke else ["mlp", "cnn", "transformer"], rounds, block_seconds, figures)
+        body += per_example_tables(
+            ["mlp"] if args.smoke else ["mlp", "cnn", "transformer"], rounds, block_seconds, figures
+        )
     if not args.skip_tab:
         body += tab_tables(sizes, loaders, figures)
     if not args.skip_format:
@@ -379,8 +464,11 @@ def main() -> None:
     lines += format_targets(figures, format_sizes) + target_table(figures, format_sizes[1]) + body
     if not args.smoke:
         lines.append(READING)
-    lines.insert(3, f"Load average (1 min) at the start {start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: "
-                    "ratios are medians over rounds of within-round ratios, but a busy machine still adds noise.\n")
+    lines.insert(
+        3,
+        f"Load average (1 min) at the start {start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: "
+        "ratios are medians over rounds of within-round ratios, but a busy machine still adds noise.\n",
+    )
     text = "\n".join(lines)
     print(text)
     if args.out != "-":

@@ -10,6 +10,7 @@ one layer.
 
     python bench/synthetic_logdir.py OUT --runs 3 --layers 200 --steps 5000 --format-version 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,9 @@ def _tensor_proto(values: np.ndarray) -> tensor_pb2.TensorProto:
         values = values.astype(np.float64)
     values = np.ascontiguousarray(values)
     shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in values.shape])
-    return tensor_pb2.TensorProto(dtype=_PROTO_DTYPES[values.dtype], tensor_shape=shape, tensor_content=values.tobytes())
+    return tensor_pb2.TensorProto(
+        dtype=_PROTO_DTYPES[values.dtype], tensor_shape=shape, tensor_content=values.tobytes()
+    )
 
 
 _BELL = np.exp(-0.5 * np.linspace(-3.5, 3.5, BUCKETS) ** 2)
@@ -71,8 +74,12 @@ def write_run(path: str, layers: int, steps: int, seed: int, format_version: int
     """Writes one run; returns the number of bytes written."""
     os.makedirs(path, exist_ok=True)
     name = os.path.join(path, f"events.out.tfevents.{int(time.time())}.synthetic.{seed}.v2")
-    infos = [metadata.SeriesInfo(layer=f"model/block_{i // 10}/dense_{i}", kind=metadata.KIND_STATS, index=i + 1,
-                                 dtype="float32") for i in range(layers)]
+    infos = [
+        metadata.SeriesInfo(
+            layer=f"model/block_{i // 10}/dense_{i}", kind=metadata.KIND_STATS, index=i + 1, dtype="float32"
+        )
+        for i in range(layers)
+    ]
     nan_at = (layers // 2, steps // 3)
     import tensorflow as tf  # only for its C++ TFRecord writer (event files are TFRecords)
 
@@ -80,16 +87,23 @@ def write_run(path: str, layers: int, steps: int, seed: int, format_version: int
         value = summary_pb2.Summary.Value(tag=tag, tensor=_tensor_proto(values))
         if meta is not None:
             value.metadata.CopyFrom(meta)
-        return event_pb2.Event(wall_time=wall + step * 0.1, step=step, summary=summary_pb2.Summary(value=[value])).SerializeToString()
+        return event_pb2.Event(
+            wall_time=wall + step * 0.1, step=step, summary=summary_pb2.Summary(value=[value])
+        ).SerializeToString()
 
     with tf.io.TFRecordWriter(name) as writer:
         writer.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
         wall = time.time()
         if format_version == 1:
             kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS)
-            metas = {(i, k): (dataclasses.replace(info, kind=k).tag,
-                              metadata.create_summary_metadata(dataclasses.replace(info, kind=k)))
-                     for i, info in enumerate(infos) for k in kinds}
+            metas = {
+                (i, k): (
+                    dataclasses.replace(info, kind=k).tag,
+                    metadata.create_summary_metadata(dataclasses.replace(info, kind=k)),
+                )
+                for i, info in enumerate(infos)
+                for k in kinds
+            }
             for step in range(steps):
                 hists, stats = _layer_records(layers, step, seed, nan_at)
                 for i in range(layers):
@@ -116,11 +130,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--layers", type=int, default=200)
     parser.add_argument("--steps", type=int, default=5000)
-    parser.add_argument("--format-version", type=int, default=metadata.FORMAT_VERSION, choices=metadata.WRITABLE_VERSIONS)
+    parser.add_argument(
+        "--format-version", type=int, default=metadata.FORMAT_VERSION, choices=metadata.WRITABLE_VERSIONS
+    )
     args = parser.parse_args()
     for r in range(args.runs):
         t = time.time()
-        size = write_run(os.path.join(args.out, f"run_{r}"), args.layers, args.steps, seed=r, format_version=args.format_version)
+        size = write_run(
+            os.path.join(args.out, f"run_{r}"), args.layers, args.steps, seed=r, format_version=args.format_version
+        )
         print(f"run_{r}: {size / 1e6:.1f} MB in {time.time() - t:.1f}s", flush=True)
 
 

@@ -10,6 +10,7 @@ First requests ("cold") are timed twice: once the plugin has read the runs' stat
 route says `statistics_read`; how long after loading that took is reported too), and, in a second
 process started with `--layergrad_prefetch=false`, right after loading with nothing read ahead.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,9 @@ class TensorBoard:
     def wait_loaded(self, runs: int, last_step: int, timeout: float) -> Tuple[float, float]:
         """(seconds until the plugin answers at all: start-up; seconds until every run reports `last_step`)."""
         start = time.time()
-        self.process.wait_until(lambda _: self.get("runs", timeout=30)[0] == 200, "the plugin to answer", timeout, interval=0.2)
+        self.process.wait_until(
+            lambda _: self.get("runs", timeout=30)[0] == 200, "the plugin to answer", timeout, interval=0.2
+        )
         started = time.time() - start
 
         def loaded(_) -> bool:
@@ -84,7 +87,9 @@ class TensorBoard:
         self.process.stop()
 
 
-def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int, cold: Optional[Dict[str, float]] = None) -> float:
+def time_route(
+    tb: TensorBoard, route: str, query: Dict, repeats: int, cold: Optional[Dict[str, float]] = None
+) -> float:
     """The median of `repeats` warm requests; the first (cold) one's time goes in `cold[route]` if given."""
     start = time.perf_counter()
     code, body = tb.get(route, query)
@@ -100,8 +105,17 @@ def time_route(tb: TensorBoard, route: str, query: Dict, repeats: int, cold: Opt
     return statistics.median(times)
 
 
-def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, repeats: int = 11, timeout: float = 3600,
-            last_step: Optional[int] = None, points: Optional[int] = None) -> Dict[str, float]:
+def measure(
+    logdir: str,
+    runs: int,
+    layers: int,
+    steps: int,
+    load_fast: str,
+    repeats: int = 11,
+    timeout: float = 3600,
+    last_step: Optional[int] = None,
+    points: Optional[int] = None,
+) -> Dict[str, float]:
     """Start-up, load time, resident memory and warm route latencies of a logdir of `runs` runs.
 
     `last_step`: the step every run ends at (default `steps - 1`); `points`: ask the
@@ -124,8 +138,12 @@ def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, rep
             "listing_s": time_route(tb, "runs", {}, repeats),
             "matrix_s": time_route(tb, "matrix", {"run": run0["run"], "stat": "norm", **binned}, repeats, cold),
             "layer_stats_s": time_route(tb, "stats", {"run": run0["run"], "layer": layer, **binned}, repeats, cold),
-            "layer_histograms_s": time_route(tb, "histograms", {"run": run0["run"], "layer": layer, "max_steps": 60}, repeats),
-            "compare_s": time_route(tb, "compare", {"run": all_runs[:3], "layer": layer, "stat": "norm", **binned}, repeats),
+            "layer_histograms_s": time_route(
+                tb, "histograms", {"run": run0["run"], "layer": layer, "max_steps": 60}, repeats
+            ),
+            "compare_s": time_route(
+                tb, "compare", {"run": all_runs[:3], "layer": layer, "stat": "norm", **binned}, repeats
+            ),
             "anomalies_s": time_route(tb, "anomalies", {"run": run0["run"]}, repeats, cold),
             "rss_mb": _rss_mb(tb.process.proc.pid),
         }
@@ -134,12 +152,21 @@ def measure(logdir: str, runs: int, layers: int, steps: int, load_fast: str, rep
         out["slowest_cold_s"] = max(cold.values())
     finally:
         tb.stop()
-    out["slowest_cold_unread_s"] = max(first_requests_unread(logdir, runs, steps, load_fast, timeout, last_step, points).values())
+    out["slowest_cold_unread_s"] = max(
+        first_requests_unread(logdir, runs, steps, load_fast, timeout, last_step, points).values()
+    )
     return out
 
 
-def first_requests_unread(logdir: str, runs: int, steps: int, load_fast: str, timeout: float,
-                          last_step: Optional[int] = None, points: Optional[int] = None) -> Dict[str, float]:
+def first_requests_unread(
+    logdir: str,
+    runs: int,
+    steps: int,
+    load_fast: str,
+    timeout: float,
+    last_step: Optional[int] = None,
+    points: Optional[int] = None,
+) -> Dict[str, float]:
     """The first requests of the overview and a layer right after loading, with nothing read ahead
     (`--layergrad_prefetch=false`): what the statistics' first read costs the request that makes it."""
     tb = TensorBoard(logdir, load_fast, extra=["--layergrad_prefetch=false"])
@@ -149,9 +176,11 @@ def first_requests_unread(logdir: str, runs: int, steps: int, load_fast: str, ti
         run0 = json.loads(tb.get("runs")[1])["runs"][0]
         layer = run0["layers"][len(run0["layers"]) // 2]["layer"]
         cold: Dict[str, float] = {}
-        for route, query in (("matrix", {"run": run0["run"], "stat": "norm", **binned}),
-                             ("stats", {"run": run0["run"], "layer": layer, **binned}),
-                             ("anomalies", {"run": run0["run"]})):
+        for route, query in (
+            ("matrix", {"run": run0["run"], "stat": "norm", **binned}),
+            ("stats", {"run": run0["run"], "layer": layer, **binned}),
+            ("anomalies", {"run": run0["run"]}),
+        ):
             start = time.perf_counter()
             code, body = tb.get(route, query)
             cold[route] = time.perf_counter() - start

@@ -10,6 +10,7 @@ target, and an MLP whose learning rate is too high (its gradients explode, then 
 Needs Debian's Chromium (`apt-get install chromium`) and Playwright; reuses tests/tab_fixtures.py and
 tests/tensorboard_process.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,7 +76,9 @@ def write_lstm_run(logdir: str, steps: int = 60) -> None:
             # An illustration only: GradientLogger(timesteps=True) records the total dL/dh_t.
             g = grads["seq_model/lstm"]
             tb_layergrad.summary.timesteps(
-                "seq_model/lstm", tf.sqrt(tf.reduce_sum(tf.square(g), axis=[0, 2])), layer_index=grads.entry("seq_model/lstm").index
+                "seq_model/lstm",
+                tf.sqrt(tf.reduce_sum(tf.square(g), axis=[0, 2])),
+                layer_index=grads.entry("seq_model/lstm").index,
             )
 
     for step in range(steps):
@@ -144,12 +147,22 @@ SHOTS = [
     (
         "layer.png",
         {"run": "lstm_weights", "view": "layer", "layer": "seq_model/lstm", "step": 30},
-        [".lg-panel-ts path.lg-line", ".lg-panel-tensor .lg-heatmap-canvas[data-rows='2']", ".lg-panel-hist path.lg-ridge"],
+        [
+            ".lg-panel-ts path.lg-line",
+            ".lg-panel-tensor .lg-heatmap-canvas[data-rows='2']",
+            ".lg-panel-hist path.lg-ridge",
+        ],
         None,
     ),
     (
         "compare.png",
-        {"run": "mlp_sigmoid", "view": "compare", "layer": "mlp_sigmoid/dense_3", "runs": json.dumps(["mlp_sigmoid", "mlp_relu_he"]), "step": 40},
+        {
+            "run": "mlp_sigmoid",
+            "view": "compare",
+            "layer": "mlp_sigmoid/dense_3",
+            "runs": json.dumps(["mlp_sigmoid", "mlp_relu_he"]),
+            "step": 40,
+        },
         [".lg-compare path.lg-aligned", ".lg-compare .lg-panel:nth-child(2) path.lg-line"],
         None,
     ),

@@ -13,6 +13,7 @@ Quick use inside a training loop:
 The heavy submodules (TensorFlow, Keras) load on first use, so that the
 TensorBoard plugin, which imports this package, starts without TensorFlow.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -5,12 +5,13 @@ TensorBoard may run without TensorFlow installed. `docs/FORMAT.md` is the prose
 version of what is encoded here; change both together and bump FORMAT_VERSION
 when a reader written for the old version would misread the new files.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import hashlib
+import json
 from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 from tensorboard.compat.proto import summary_pb2
@@ -43,7 +44,9 @@ KINDS = (KIND_HISTOGRAM, KIND_STATS, KIND_TENSOR, KIND_TIMESTEPS, KIND_FIRST_NON
 # What the record describes (the `source` field).
 SOURCE_OUTPUT = "output"  # d target / d (layer output)
 SOURCE_WEIGHT = "weight"  # d target / d (trainable variable)
-SOURCE_ACTIVATION = "activation"  # the layer output itself: the forward value (kinds histogram, stats, tensor, first_nonfinite)
+SOURCE_ACTIVATION = (
+    "activation"  # the layer output itself: the forward value (kinds histogram, stats, tensor, first_nonfinite)
+)
 SOURCE_TARGET = "target"  # the differentiated scalar itself, e.g. the loss (kinds stats, first_nonfinite)
 SOURCES = (SOURCE_OUTPUT, SOURCE_WEIGHT, SOURCE_ACTIVATION, SOURCE_TARGET)
 GRADIENT_SOURCES = (SOURCE_OUTPUT, SOURCE_WEIGHT)
@@ -76,14 +79,18 @@ EXAMPLE_TOP_K = 5
 # Order of the values in a row of an `examples` record (one row per layer). `norm` is ||g_i||, the L2 norm of
 # example i's own gradient (docs/PER_EXAMPLE.md); counts and positions are exact integers stored as float64.
 EXAMPLE_FIELDS = (
-    "examples",  # number of examples of the (global) batch
-    "status",  # EXAMPLE_EXACT, or why there are no numbers: EXAMPLE_UNSUPPORTED, EXAMPLE_COUPLED
-    "min",  # smallest per-example norm
-    "median",  # median per-example norm (the mean of the middle two for an even count)
-    "max",  # largest per-example norm
-    "sum_sq",  # sum over the examples of the squared norms
-    "top_share",  # the largest example's share of sum_sq: max^2 / sum_sq (NaN when sum_sq is 0)
-) + tuple(f"top_index_{i}" for i in range(1, EXAMPLE_TOP_K + 1)) + tuple(f"top_norm_{i}" for i in range(1, EXAMPLE_TOP_K + 1))
+    (
+        "examples",  # number of examples of the (global) batch
+        "status",  # EXAMPLE_EXACT, or why there are no numbers: EXAMPLE_UNSUPPORTED, EXAMPLE_COUPLED
+        "min",  # smallest per-example norm
+        "median",  # median per-example norm (the mean of the middle two for an even count)
+        "max",  # largest per-example norm
+        "sum_sq",  # sum over the examples of the squared norms
+        "top_share",  # the largest example's share of sum_sq: max^2 / sum_sq (NaN when sum_sq is 0)
+    )
+    + tuple(f"top_index_{i}" for i in range(1, EXAMPLE_TOP_K + 1))
+    + tuple(f"top_norm_{i}" for i in range(1, EXAMPLE_TOP_K + 1))
+)
 # top_index_j: the batch position (global batch order) of the j-th largest norm, -1 past `examples`;
 # top_norm_j: that norm (NaN past `examples`).
 EXAMPLE_INDEX = {name: i for i, name in enumerate(EXAMPLE_FIELDS)}
@@ -157,9 +164,7 @@ def create_summary_metadata(info: SeriesInfo, description: str = "") -> summary_
     return summary_pb2.SummaryMetadata(
         display_name=info.layer,
         summary_description=description,
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(
-            plugin_name=PLUGIN_NAME, content=info.to_content()
-        ),
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=info.to_content()),
         data_class=summary_pb2.DATA_CLASS_TENSOR,
     )
 
@@ -254,8 +259,14 @@ class GroupInfo:
         first = members[0]
         if any((m.target, m.source) != (first.target, first.source) for m in members):
             raise ValueError("the series of one version-2 record share their target and source")
-        return cls(kind=kind, target=first.target, source=first.source, layers=tuple(m.layer for m in members),
-                   indexes=tuple(m.index for m in members), dtypes=tuple(m.dtype for m in members))
+        return cls(
+            kind=kind,
+            target=first.target,
+            source=first.source,
+            layers=tuple(m.layer for m in members),
+            indexes=tuple(m.index for m in members),
+            dtypes=tuple(m.dtype for m in members),
+        )
 
     @property
     def digest(self) -> str:
@@ -277,15 +288,27 @@ class GroupInfo:
     def members(self) -> Tuple[SeriesInfo, ...]:
         """One `SeriesInfo` per row (version 2), as a reader lists layers."""
         return tuple(
-            SeriesInfo(layer=layer, kind=self.kind, target=self.target, source=self.source, index=index, dtype=dtype,
-                       version=self.version)
+            SeriesInfo(
+                layer=layer,
+                kind=self.kind,
+                target=self.target,
+                source=self.source,
+                index=index,
+                dtype=dtype,
+                version=self.version,
+            )
             for layer, index, dtype in zip(self.layers, self.indexes, self.dtypes)
         )
 
     def to_content(self) -> bytes:
         doc: Dict[str, Any] = {
-            "version": self.version, "kind": self.kind, "target": self.target, "source": self.source,
-            "layers": list(self.layers), "indexes": list(self.indexes), "dtypes": list(self.dtypes),
+            "version": self.version,
+            "kind": self.kind,
+            "target": self.target,
+            "source": self.source,
+            "layers": list(self.layers),
+            "indexes": list(self.indexes),
+            "dtypes": list(self.dtypes),
             "block_steps": self.block_steps,
         }
         if self.fields:
@@ -389,8 +412,15 @@ def _group_info(doc: Dict[str, Any]) -> GroupInfo:
     if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
         raise ValueError("version-2 plugin content: 'fields' must be a list of names")
     try:
-        return GroupInfo(kind=doc["kind"], target=doc["target"], source=doc["source"], version=doc["version"],
-                         fields=tuple(fields), block_steps=doc.get("block_steps", 0), **lists)
+        return GroupInfo(
+            kind=doc["kind"],
+            target=doc["target"],
+            source=doc["source"],
+            version=doc["version"],
+            fields=tuple(fields),
+            block_steps=doc.get("block_steps", 0),
+            **lists,
+        )
     except (KeyError, TypeError) as e:
         raise ValueError(f"plugin content is incomplete: {e}") from None
 

@@ -22,6 +22,7 @@ At the first step at which anything is non-finite:
 - Without activations, a non-finite target cannot be placed in the forward
   pass or the loss: the pass is `forward_or_loss`, no origin.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,17 +64,29 @@ class Origin:
         if self.pass_ == PASS_LOSS:
             return f"first non-finite value at {at}: in the {self.origin} (every layer output finite)"
         if self.pass_ == PASS_BACKWARD:
-            where = f"the {self.origin}'s own gradient" if self.origin == self.target else f"the backward pass of {self.origin}"
+            where = (
+                f"the {self.origin}'s own gradient"
+                if self.origin == self.target
+                else f"the backward pass of {self.origin}"
+            )
             return f"first non-finite value at {at}: backward pass, born in {where} ({self.target} finite)"
         if self.pass_ == PASS_FORWARD_OR_LOSS:
-            return (f"first non-finite value at {at}: the {self.target} is non-finite; the forward pass or the loss "
-                    "(record activations to tell them apart)")
+            return (
+                f"first non-finite value at {at}: the {self.target} is non-finite; the forward pass or the loss "
+                "(record activations to tell them apart)"
+            )
         names = ", ".join(self.layers) or "?"
         return f"first non-finite gradient at {at}: {names} (the {self.target} was not recorded: pass unknown)"
 
     def to_json(self) -> dict:
-        return {"step": self.step, "pass": self.pass_, "origin": self.origin, "target": self.target,
-                "layers": list(self.layers), "line": self.line}
+        return {
+            "step": self.step,
+            "pass": self.pass_,
+            "origin": self.origin,
+            "target": self.target,
+            "layers": list(self.layers),
+            "line": self.line,
+        }
 
 
 def _ordered(seen: Sequence[Seen]) -> List[Seen]:

@@ -3,13 +3,13 @@
 TensorFlow's log level is left as the user has it: the tests' subprocesses then see what a user sees
 (tb-layergrad's commands must be quiet without TF_CPP_MIN_LOG_LEVEL).
 """
+
 import json
 import os
 import subprocess
 import time
 
 import pytest
-
 from console_script import CLI
 
 
@@ -69,5 +69,3 @@ def demo(tmp_path_factory):
     layers = {name: {l["layer"].split("/", 1)[1]: l for l in r["layers"]} for name, r in runs.items()}
     print(f"demo --quick: {elapsed:.0f} s")
     return {"logdir": logdir, "stdout": r.stdout, "elapsed": elapsed, "runs": runs, "layers": layers}
-
-

@@ -3,6 +3,7 @@
 Why not by name: the suite also runs from a venv that is not activated (`/tmp/fresh/bin/python -m pytest`),
 where the venv's scripts are not on PATH.
 """
+
 from __future__ import annotations
 
 import shutil

@@ -4,6 +4,7 @@ Why subprocesses: logical devices (`tf.config.set_logical_device_configuration`)
 must be configured before TensorFlow initialises, which pytest's process did long
 ago; and a MultiWorkerMirroredStrategy needs one process per worker.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,6 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-
 import tb_reading
 from tolerances import TWO_SIDES, chain_rtol
 
@@ -38,7 +38,11 @@ def run_script(name: str, args: Sequence[str], timeout: float = 240, env: Option
     """Run one script to completion (killed after `timeout` s); its stdout, or an assertion with its stderr."""
     proc = subprocess.run(
         [sys.executable, os.path.join(SCRIPTS, name), *args],
-        cwd=SCRIPTS, env=_env(env), capture_output=True, text=True, timeout=timeout,
+        cwd=SCRIPTS,
+        env=_env(env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert proc.returncode == 0, f"{name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc.stdout
@@ -47,7 +51,11 @@ def run_script(name: str, args: Sequence[str], timeout: float = 240, env: Option
 def start_script(name: str, args: Sequence[str], env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, os.path.join(SCRIPTS, name), *args],
-        cwd=SCRIPTS, env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=SCRIPTS,
+        env=_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -100,7 +108,9 @@ def assert_same_records(actual: Dict, expected: Dict, rtol: float = RTOL) -> int
             if info.kind == "stats":
                 np.testing.assert_array_equal(a[:5], e[:5], err_msg=f"{tag} step {d.step}: counts")
             scale = np.nanmax(np.abs(e)) if np.isfinite(e).any() else 0.0
-            np.testing.assert_allclose(a, e, rtol=rtol, atol=rtol * scale, equal_nan=True, err_msg=f"{tag} step {d.step}")
+            np.testing.assert_allclose(
+                a, e, rtol=rtol, atol=rtol * scale, equal_nan=True, err_msg=f"{tag} step {d.step}"
+            )
             n += 1
     return n
 

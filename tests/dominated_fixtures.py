@@ -7,6 +7,7 @@ The model does not train (no optimizer): every step holds a fresh batch through 
 per-example norms are those of that batch alone. At DOMINATED_STEP the example at DOMINATED_POSITION has a target
 far from the others': its gradient carries most of every layer's per-example gradient energy there.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,10 @@ def _model():
 
     keras = tf.keras
     keras.utils.set_random_seed(3)  # the same weights in every run of the tests
-    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(7, activation="tanh", name="h"),
-                             keras.layers.Dense(3, name="out")], name="mlp")
+    return keras.Sequential(
+        [keras.Input((5,)), keras.layers.Dense(7, activation="tanh", name="h"), keras.layers.Dense(3, name="out")],
+        name="mlp",
+    )
 
 
 def batch(step: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -59,9 +62,9 @@ def batch(step: int) -> Tuple[np.ndarray, np.ndarray]:
 
 def write_run(run_dir: str) -> Written:
     """`summary.gradients` of `capture(weights=True, per_example=True)` at every step, and the reference norms."""
+    import per_example_reference as ref
     import tensorflow as tf
 
-    import per_example_reference as ref
     import tb_layergrad
 
     model = _model()
@@ -92,5 +95,12 @@ def expected_dominance(layer: str, norms: np.ndarray) -> Optional[dict]:
     if not hit.size:
         return None
     worst = int(hit[np.argmax(share[hit])])
-    return {"layer": layer, "steps": int(hit.size), "first_step": int(hit[0]), "worst_step": worst,
-            "worst_share": float(share[worst]), "worst_position": int(np.argmax(norms[worst])), "examples": norms.shape[1]}
+    return {
+        "layer": layer,
+        "steps": int(hit.size),
+        "first_step": int(hit[0]),
+        "worst_step": worst,
+        "worst_share": float(share[worst]),
+        "worst_position": int(np.argmax(norms[worst])),
+        "examples": norms.shape[1],
+    }

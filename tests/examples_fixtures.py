@@ -12,15 +12,16 @@ Runs:
 - `plain`: stats only (no examples, no scalars): must read as before; `plain_v1` the same stats in format
   version 1 (a record per layer).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 from typing import Dict, List, Tuple
 
+import long_fixtures as lf
 import numpy as np
 
-import long_fixtures as lf
 from tb_layergrad import metadata
 
 RUN, RENAMED, PLAIN, PLAIN_V1 = "ex", "ex_renamed", "plain", "plain_v1"
@@ -64,7 +65,7 @@ def examples_row(norms: np.ndarray, status: int = metadata.EXAMPLE_EXACT) -> np.
     if status != metadata.EXAMPLE_EXACT:
         return row
     order = sorted(range(norms.size), key=lambda p: (-norms[p], p))
-    sum_sq = float(np.sum(norms ** 2))
+    sum_sq = float(np.sum(norms**2))
     row[E["min"]], row[E["median"]], row[E["max"]] = norms.min(), np.median(norms), norms.max()
     row[E["sum_sq"]] = sum_sq
     row[E["top_share"]] = norms.max() ** 2 / sum_sq if sum_sq > 0 else np.nan
@@ -74,12 +75,15 @@ def examples_row(norms: np.ndarray, status: int = metadata.EXAMPLE_EXACT) -> np.
 
 
 def _infos() -> List[metadata.SeriesInfo]:
-    return [metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
-            for i, layer in enumerate(LAYERS)]
+    return [
+        metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
+        for i, layer in enumerate(LAYERS)
+    ]
 
 
-def write_run(path: str, norms: Dict[str, np.ndarray], with_examples: bool, fields=metadata.EXAMPLE_FIELDS,
-              steps: int = STEPS) -> None:
+def write_run(
+    path: str, norms: Dict[str, np.ndarray], with_examples: bool, fields=metadata.EXAMPLE_FIELDS, steps: int = STEPS
+) -> None:
     """Stats (long_fixtures' made-up tables) and, if asked, examples groups, in one event file."""
     import tensorflow as tf
 
@@ -88,30 +92,51 @@ def write_run(path: str, norms: Dict[str, np.ndarray], with_examples: bool, fiel
     stats = metadata.GroupInfo.of(metadata.KIND_STATS, infos)
     ex = stats.with_kind(metadata.KIND_EXAMPLES)
     ex = dataclasses.replace(ex, fields=tuple(fields))
-    tables = np.stack([lf.stats_table(i, steps, len(LAYERS), nan=False, spike=False) for i in range(len(LAYERS))], axis=1)
+    tables = np.stack(
+        [lf.stats_table(i, steps, len(LAYERS), nan=False, spike=False) for i in range(len(LAYERS))], axis=1
+    )
 
     def event(step: int, tag: str, meta, values: np.ndarray) -> bytes:
         from tensorboard.compat.proto import event_pb2, summary_pb2
+
         value = summary_pb2.Summary.Value(tag=tag, tensor=lf._tensor(values))  # noqa: SLF001 - the same framing
         if meta is not None:
             value.metadata.CopyFrom(meta)
-        return event_pb2.Event(wall_time=1.7e9 + step, step=step, summary=summary_pb2.Summary(value=[value])).SerializeToString()
+        return event_pb2.Event(
+            wall_time=1.7e9 + step, step=step, summary=summary_pb2.Summary(value=[value])
+        ).SerializeToString()
 
     from tensorboard.compat.proto import event_pb2
+
     with tf.io.TFRecordWriter(os.path.join(path, "events.out.tfevents.1.ex.v2")) as writer:
         writer.write(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())
         for step in range(steps):
             first = step == 0
-            writer.write(event(step, stats.tag_at(step), metadata.create_group_metadata(stats) if first else None,
-                               np.ascontiguousarray(tables[step])))
+            writer.write(
+                event(
+                    step,
+                    stats.tag_at(step),
+                    metadata.create_group_metadata(stats) if first else None,
+                    np.ascontiguousarray(tables[step]),
+                )
+            )
             if not with_examples:
                 continue
-            rows = np.stack([examples_row(norms[layer][step],
-                                          metadata.EXAMPLE_UNSUPPORTED if layer == UNSUPPORTED_LAYER else 0)
-                             for layer in LAYERS])
+            rows = np.stack(
+                [
+                    examples_row(norms[layer][step], metadata.EXAMPLE_UNSUPPORTED if layer == UNSUPPORTED_LAYER else 0)
+                    for layer in LAYERS
+                ]
+            )
             cols = [rows[:, E[f]] if f in E else np.full(len(LAYERS), 7.0) for f in fields]
-            writer.write(event(step, ex.tag_at(step), metadata.create_group_metadata(ex) if first else None,
-                               np.ascontiguousarray(np.stack(cols, axis=1))))
+            writer.write(
+                event(
+                    step,
+                    ex.tag_at(step),
+                    metadata.create_group_metadata(ex) if first else None,
+                    np.ascontiguousarray(np.stack(cols, axis=1)),
+                )
+            )
 
 
 def noise_numbers(norms: Dict[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:

@@ -8,6 +8,7 @@ step (a callback copies them in on_train_batch_begin), the same batch
 (shuffle=False, batches we slice ourselves), and a forward pass written layer
 by layer with `tape.watch` on every exposed output.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,9 @@ from typing import Callable, Dict, List, Tuple
 
 import numpy as np
 import tensorflow as tf
+from tolerances import TWO_SIDES, chain_rtol, reduction_path_length
 
 from tb_layergrad import metadata
-from tolerances import TWO_SIDES, chain_rtol, reduction_path_length
 
 keras = tf.keras
 layers = keras.layers
@@ -41,7 +42,9 @@ class MinimalRNNCell(layers.Layer):
 
     def build(self, input_shape):
         self.kernel = self.add_weight(shape=(input_shape[-1], self.units), initializer="uniform", name="kernel")
-        self.recurrent_kernel = self.add_weight(shape=(self.units, self.units), initializer="uniform", name="recurrent_kernel")
+        self.recurrent_kernel = self.add_weight(
+            shape=(self.units, self.units), initializer="uniform", name="recurrent_kernel"
+        )
         self.built = True
 
     def call(self, inputs, states):
@@ -127,13 +130,21 @@ def sqrt_model() -> keras.Model:
     """Finite forward; at a batch that drives a ReLU feature to 0, sqrt's gradient there is infinite: a
     non-finite gradient with a finite loss (`tb_layergrad.cli.demo._inputs_with_one_bad_batch` makes one)."""
     keras.utils.set_random_seed(0)
-    return keras.Sequential([
-        keras.Input((16,)),
-        layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
-                     kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
-        layers.Lambda(tf.sqrt, name="sqrt_features"),
-        layers.Dense(1, name="head"),
-    ], name="sq")
+    return keras.Sequential(
+        [
+            keras.Input((16,)),
+            layers.Dense(
+                16,
+                activation="relu",
+                bias_initializer=keras.initializers.Constant(1.0),
+                kernel_initializer=keras.initializers.Constant(0.1),
+                name="dense_0",
+            ),
+            layers.Lambda(tf.sqrt, name="sqrt_features"),
+            layers.Dense(1, name="head"),
+        ],
+        name="sq",
+    )
 
 
 def tiny_conv_bn_residual(name: str = "convres") -> keras.Model:
@@ -170,7 +181,9 @@ class WeightsBeforeStep(keras.callbacks.Callback):
         self.before[step] = [w.copy() for w in self.model.get_weights()]
 
 
-def reproduce(model, manual, weights, x, y, loss_fn, target=None) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
+def reproduce(
+    model, manual, weights, x, y, loss_fn, target=None
+) -> Tuple[Dict[str, np.ndarray], Dict[str, np.ndarray]]:
     """(d/d outputs by path, d/d weights by variable) of one step, from scratch."""
     saved = model.get_weights()
     model.set_weights(weights)
@@ -248,7 +261,9 @@ def assert_close(actual, expected, what: str, length: int, scale: float = None) 
     expected = np.asarray(expected, np.float64)
     if scale is None:
         scale = float(np.max(np.abs(expected))) if expected.size else 0.0
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=rtol, atol=rtol * scale + 1e-30, err_msg=what)
+    np.testing.assert_allclose(
+        np.asarray(actual, np.float64), expected, rtol=rtol, atol=rtol * scale + 1e-30, err_msg=what
+    )
 
 
 def expected_stats(g: np.ndarray) -> Dict[str, float]:
@@ -274,7 +289,7 @@ def bounded(g: np.ndarray, max_elements: int) -> np.ndarray:
 
 def layergrad_steps(series, target: str = "loss") -> List[int]:
     steps = set()
-    for tag, (info, by_step) in series.items():
+    for info, by_step in series.values():
         if info.target == target:
             steps.update(by_step)
     return sorted(steps)
@@ -284,7 +299,9 @@ def log_dir(tmp_path) -> str:
     return os.fspath(tmp_path / "logs")
 
 
-def check_step(series, step, model, manual, weights, x, y, loss_fn, *, with_weights=True, target="loss", target_fn=None):
+def check_step(
+    series, step, model, manual, weights, x, y, loss_fn, *, with_weights=True, target="loss", target_fn=None
+):
     """The records of `step` equal an independent reproduction of that step (see `reproduce`)."""
     g_out, g_var = reproduce(model, manual, weights, x, y, loss_fn, target=target_fn)
     length = path_length(model, x, target_terms=max(g.size for g in g_out.values() if g is not None))
@@ -293,13 +310,28 @@ def check_step(series, step, model, manual, weights, x, y, loss_fn, *, with_weig
         exp = expected_stats(g)
         for name in ("elements", "min", "max", "mean", "std", "norm", "mean_abs"):
             # a statistic is one more reduction, over the g.size elements of the gradient
-            assert_close(stat(st, name), exp[name], f"{path} {name} at step {step}", length + g.size, scale=float(np.max(np.abs(g))))
+            assert_close(
+                stat(st, name),
+                exp[name],
+                f"{path} {name} at step {step}",
+                length + g.size,
+                scale=float(np.max(np.abs(g))),
+            )
         assert stat(st, "no_gradient") == 0
-        assert_close(one(series, f"{target}/output/{path}/tensor", step), bounded(g, MAX), f"{path} tensor at step {step}", length)
+        assert_close(
+            one(series, f"{target}/output/{path}/tensor", step),
+            bounded(g, MAX),
+            f"{path} tensor at step {step}",
+            length,
+        )
         hist = one(series, f"{target}/output/{path}/histogram", step)
         assert hist.shape == (30, 3) and hist[:, 2].sum() == g.size
     if with_weights:
-        infos = {info.layer: tag for tag, (info, _) in series.items() if info.source == "weight" and info.kind == "tensor" and info.target == target}
+        infos = {
+            info.layer: tag
+            for tag, (info, _) in series.items()
+            if info.source == "weight" and info.kind == "tensor" and info.target == target
+        }
         assert infos, "no weight records"
         for path, tag in infos.items():
             tail = path.split("/", 1)[1]  # "model/d1/kernel" -> "d1/kernel"

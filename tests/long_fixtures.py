@@ -6,6 +6,7 @@ version 2 by default (one `stats` record per step for all layers, in blocks of s
 each block's first record, docs/FORMAT.md), version 1 on request (a record per layer, metadata on each). The stats are made up, not reduced from
 a tensor: the tests compare the routes with numpy applied to `LongRun.tables`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,23 +62,35 @@ def _tensor(values: np.ndarray) -> tensor_pb2.TensorProto:
     return tensor_pb2.TensorProto(dtype=types_pb2.DT_DOUBLE, tensor_shape=shape, tensor_content=values.tobytes())
 
 
-def write_run(path: str, layers: List[str], steps: int, keep: bool = True, format_version: int = 2,
-              block_steps: Optional[int] = None) -> Dict[str, np.ndarray]:
+def write_run(
+    path: str,
+    layers: List[str],
+    steps: int,
+    keep: bool = True,
+    format_version: int = 2,
+    block_steps: Optional[int] = None,
+) -> Dict[str, np.ndarray]:
     """One run of `stats` records; returns the tables (none with `keep=False`). `block_steps`: a version-2
     group's blocks as given (a power of two), not as the layer count sets them, for many blocks in few steps."""
     import tensorflow as tf  # its C++ TFRecord writer: event files are TFRecords
 
     os.makedirs(path, exist_ok=True)
-    infos = [metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
-             for i, layer in enumerate(layers)]
-    tables = {layer: stats_table(i, steps, len(layers), nan=i == NAN_LAYER, spike=i == SPIKE_LAYER)
-              for i, layer in enumerate(layers)}
+    infos = [
+        metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
+        for i, layer in enumerate(layers)
+    ]
+    tables = {
+        layer: stats_table(i, steps, len(layers), nan=i == NAN_LAYER, spike=i == SPIKE_LAYER)
+        for i, layer in enumerate(layers)
+    }
 
     def event(step: int, tag: str, meta, values: np.ndarray) -> bytes:
         value = summary_pb2.Summary.Value(tag=tag, tensor=_tensor(values))
         if meta is not None:
             value.metadata.CopyFrom(meta)
-        return event_pb2.Event(wall_time=1.7e9 + step * 0.01, step=step, summary=summary_pb2.Summary(value=[value])).SerializeToString()
+        return event_pb2.Event(
+            wall_time=1.7e9 + step * 0.01, step=step, summary=summary_pb2.Summary(value=[value])
+        ).SerializeToString()
 
     with tf.io.TFRecordWriter(os.path.join(path, "events.out.tfevents.1.long.v2")) as writer:
         writer.write(event_pb2.Event(wall_time=1.7e9, file_version="brain.Event:2").SerializeToString())

@@ -5,6 +5,7 @@ same computation layer by layer, `tape.watch`es every layer output it exposes
 and returns (prediction, {expected path: output tensor}). That is the
 independent ground truth the captured gradients are checked against.
 """
+
 from __future__ import annotations
 
 import keras
@@ -13,7 +14,6 @@ import tensorflow as tf
 from keras import layers
 
 from tb_layergrad.cli.demo_models import MinimalRNNCell, MyModel  # noqa: F401
-
 
 SeedModel = MyModel  # the seed question's model, shared with the demo
 
@@ -40,7 +40,9 @@ def seed_model():
 
 def sequential_mlp(depth=4, width=16, activation="tanh"):
     model = keras.Sequential(
-        [keras.Input((8,))] + [layers.Dense(width, activation=activation, name=f"d{i}") for i in range(depth)] + [layers.Dense(3, name="head")],
+        [keras.Input((8,))]
+        + [layers.Dense(width, activation=activation, name=f"d{i}") for i in range(depth)]
+        + [layers.Dense(3, name="head")],
         name="mlp",
     )
     x = tf.random.normal([6, 8])
@@ -71,13 +73,26 @@ def functional_branches():
     L = {layer.name: layer for layer in model.layers}
 
     def manual(x, tape):
-        t = L["trunk"](x); tape.watch(t)
-        a = L["left"](t); tape.watch(a)
-        b = L["right"](t); tape.watch(b)
-        m = L["merge"]([a, b]); tape.watch(m)
-        c = L["cat"]([m, t]); tape.watch(c)
-        o = L["out"](c); tape.watch(o)
-        exposed = {"branches/trunk": t, "branches/left": a, "branches/right": b, "branches/merge": m, "branches/cat": c, "branches/out": o}
+        t = L["trunk"](x)
+        tape.watch(t)
+        a = L["left"](t)
+        tape.watch(a)
+        b = L["right"](t)
+        tape.watch(b)
+        m = L["merge"]([a, b])
+        tape.watch(m)
+        c = L["cat"]([m, t])
+        tape.watch(c)
+        o = L["out"](c)
+        tape.watch(o)
+        exposed = {
+            "branches/trunk": t,
+            "branches/left": a,
+            "branches/right": b,
+            "branches/merge": m,
+            "branches/cat": c,
+            "branches/out": o,
+        }
         return o, exposed
 
     return model, x, y, manual
@@ -102,7 +117,9 @@ class NestedModel(keras.Model):
         super().__init__(name="nested")
         self.dense = layers.Dense(6, name="dense")
         self.block = Block(name="block")
-        self.inner = keras.Sequential([layers.Dense(6, activation="relu", name="dense"), layers.Dense(6, name="dense_b")], name="inner")
+        self.inner = keras.Sequential(
+            [layers.Dense(6, activation="relu", name="dense"), layers.Dense(6, name="dense_b")], name="inner"
+        )
         self.shared = layers.Dense(6, activation="tanh", name="shared")
         self.head = layers.Dense(2, name="head")
 
@@ -170,9 +187,13 @@ def multi_output_model():
     model(x)
 
     def manual(x, tape):
-        p = model.pre(x); tape.watch(p)
-        a, b = model.split(p); tape.watch(a); tape.watch(b)
-        o = model.head(a * b); tape.watch(o)
+        p = model.pre(x)
+        tape.watch(p)
+        a, b = model.split(p)
+        tape.watch(a)
+        tape.watch(b)
+        o = model.head(a * b)
+        tape.watch(o)
         return o, {"multi/pre": p, "multi/split[0]": a, "multi/split[1]": b, "multi/head": o}
 
     return model, x, y, manual
@@ -181,7 +202,12 @@ def multi_output_model():
 def weightless_front():
     """Layers before the first weight: only watching makes their outputs differentiable."""
     model = keras.Sequential(
-        [keras.Input((4,)), layers.Rescaling(0.5, name="scale"), layers.Activation("tanh", name="act"), layers.Dense(2, name="dense")],
+        [
+            keras.Input((4,)),
+            layers.Rescaling(0.5, name="scale"),
+            layers.Activation("tanh", name="act"),
+            layers.Dense(2, name="dense"),
+        ],
         name="front",
     )
     x = tf.random.normal([3, 4])

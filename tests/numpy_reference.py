@@ -8,6 +8,7 @@ Plain numpy sums (pairwise, float64), not an overflow-safe or exactly rounded su
 summary tests' tolerances are stated against this. `test_reliability_reductions.reference` is the
 overflow-safe one, for inputs near the float range's ends.
 """
+
 from __future__ import annotations
 
 from typing import Dict

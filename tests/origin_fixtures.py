@@ -16,12 +16,13 @@ and the loss as source `target` (layer and target `loss`, index -1), as docs/FOR
 `expected(run)` is the origin each run must get, stated here from the table (not computed by
 tb_layergrad); `Written.arrays` holds every array written, for numpy to recompute any number shown.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 import zlib
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import pytest
@@ -38,7 +39,13 @@ NAN_STEP = 3
 BUCKETS = 8
 
 FORWARD, LOSS, BACKWARD, GRADS_ONLY, LOSS_NO_ACTS, HTML = (
-    "forward_nan", "loss_nan", "backward_nan", "backward_grads_only", "loss_nan_no_activations", "html_layer")
+    "forward_nan",
+    "loss_nan",
+    "backward_nan",
+    "backward_grads_only",
+    "loss_nan_no_activations",
+    "html_layer",
+)
 RUNS = (FORWARD, LOSS, BACKWARD, GRADS_ONLY, LOSS_NO_ACTS, HTML)
 WITH_ACTIVATIONS = (FORWARD, LOSS, BACKWARD, HTML)
 WITH_TARGET = (FORWARD, LOSS, BACKWARD, LOSS_NO_ACTS, HTML)
@@ -52,13 +59,31 @@ def expected(run: str) -> dict:
     if run == FORWARD:
         return {"step": NAN_STEP, "pass": "forward", "origin": K, "target": "loss", "layers": [K, "net/out"]}
     if run == HTML:
-        return {"step": NAN_STEP, "pass": "forward", "origin": HTML_LAYER, "target": "loss", "layers": [HTML_LAYER, "net/last"]}
+        return {
+            "step": NAN_STEP,
+            "pass": "forward",
+            "origin": HTML_LAYER,
+            "target": "loss",
+            "layers": [HTML_LAYER, "net/last"],
+        }
     if run == LOSS:
         return {"step": NAN_STEP, "pass": "loss", "origin": "loss", "target": "loss", "layers": []}
     if run == BACKWARD:
-        return {"step": NAN_STEP, "pass": "backward", "origin": K, "target": "loss", "layers": ["net/in", "net/mid", "net/in/kernel"]}
+        return {
+            "step": NAN_STEP,
+            "pass": "backward",
+            "origin": K,
+            "target": "loss",
+            "layers": ["net/in", "net/mid", "net/in/kernel"],
+        }
     if run == GRADS_ONLY:
-        return {"step": NAN_STEP, "pass": "unknown", "origin": None, "target": "loss", "layers": ["net/in", "net/mid", "net/in/kernel"]}
+        return {
+            "step": NAN_STEP,
+            "pass": "unknown",
+            "origin": None,
+            "target": "loss",
+            "layers": ["net/in", "net/mid", "net/in/kernel"],
+        }
     if run == LOSS_NO_ACTS:
         return {"step": NAN_STEP, "pass": "forward_or_loss", "origin": None, "target": "loss", "layers": []}
     raise KeyError(run)
@@ -151,27 +176,63 @@ def write_origin_logdir(logdir: str, runs=RUNS) -> Written:
                 for layer, index in _layers(run):
                     if run in WITH_ACTIVATIONS:
                         a = activation(run, layer, index, step)
-                        summary.gradient(layer, tf.constant(a), step=step, format_version=1, buckets=BUCKETS, source="activation",
-                                         target="forward", layer_index=index)
+                        summary.gradient(
+                            layer,
+                            tf.constant(a),
+                            step=step,
+                            format_version=1,
+                            buckets=BUCKETS,
+                            source="activation",
+                            target="forward",
+                            layer_index=index,
+                        )
                         put(run, "forward", "activation", layer, step, a)
                     g = output_gradient(run, layer, index, step)
-                    summary.gradient(layer, tf.constant(g), step=step, format_version=1, buckets=BUCKETS, layer_index=index)
+                    summary.gradient(
+                        layer, tf.constant(g), step=step, format_version=1, buckets=BUCKETS, layer_index=index
+                    )
                     put(run, "loss", "output", layer, step, g)
                 if run != HTML:
                     for layer, index in WEIGHTS:
                         g = weight_gradient(run, layer, index, step)
-                        summary.gradient(layer, tf.constant(g), step=step, format_version=1, buckets=BUCKETS, source="weight", layer_index=index)
+                        summary.gradient(
+                            layer,
+                            tf.constant(g),
+                            step=step,
+                            format_version=1,
+                            buckets=BUCKETS,
+                            source="weight",
+                            layer_index=index,
+                        )
                         put(run, "loss", "weight", layer, step, g)
                 if run in WITH_TARGET:
                     v = loss_value(run, step)
                     put(run, "loss", "target", "loss", step, v)
                     if run in RAW_TARGET:  # as the real writer: stats only, no histogram
-                        info = metadata.SeriesInfo(layer="loss", kind=metadata.KIND_STATS, target="loss",
-                                                   source=metadata.SOURCE_TARGET, index=-1, dtype="float32")
-                        tf.summary.write(info.tag, tf.constant(numpy_stats_record(v)), step=step,
-                                         metadata=metadata.create_summary_metadata(info))
+                        info = metadata.SeriesInfo(
+                            layer="loss",
+                            kind=metadata.KIND_STATS,
+                            target="loss",
+                            source=metadata.SOURCE_TARGET,
+                            index=-1,
+                            dtype="float32",
+                        )
+                        tf.summary.write(
+                            info.tag,
+                            tf.constant(numpy_stats_record(v)),
+                            step=step,
+                            metadata=metadata.create_summary_metadata(info),
+                        )
                     else:
-                        summary.gradient("loss", tf.constant(v), step=step, format_version=1, buckets=BUCKETS, source="target", target="loss")
+                        summary.gradient(
+                            "loss",
+                            tf.constant(v),
+                            step=step,
+                            format_version=1,
+                            buckets=BUCKETS,
+                            source="target",
+                            target="loss",
+                        )
         writer.close()
     return w
 

@@ -2,6 +2,7 @@
 batch of one (no capture, no rule), and the numbers the `examples` records and the noise scale must hold,
 computed in numpy from docs/FORMAT.md ("Per-example records") as written there.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List
@@ -54,7 +55,10 @@ def batch_gradients(model, loss_fn: Callable, x, y) -> Dict[str, np.ndarray]:
     owners = LayerTree(model).variable_paths()
     with tf.GradientTape() as tape:
         loss = loss_fn(y, model(x, training=True))
-    return {owners[id(v)][0]: _dense(g) for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables))}
+    return {
+        owners[id(v)][0]: _dense(g)
+        for v, g in zip(model.trainable_variables, tape.gradient(loss, model.trainable_variables))
+    }
 
 
 def norms(grads: Dict[str, List[np.ndarray]]) -> Dict[str, np.ndarray]:
@@ -67,8 +71,15 @@ def expected_row(n: np.ndarray) -> Dict[str, float]:
     order = sorted(range(len(n)), key=lambda i: (-n[i], i))  # largest first, ties: lower position first
     top = order[:K]
     sum_sq = float(np.sum(n.astype(np.float64) ** 2))
-    row = {"examples": float(len(n)), "status": 0.0, "min": float(n.min()), "median": float(np.median(n)),
-           "max": float(n.max()), "sum_sq": sum_sq, "top_share": float(n.max() ** 2 / sum_sq) if sum_sq > 0 else np.nan}
+    row = {
+        "examples": float(len(n)),
+        "status": 0.0,
+        "min": float(n.min()),
+        "median": float(np.median(n)),
+        "max": float(n.max()),
+        "sum_sq": sum_sq,
+        "top_share": float(n.max() ** 2 / sum_sq) if sum_sq > 0 else np.nan,
+    }
     for j in range(K):
         row[f"top_index_{j + 1}"] = float(top[j]) if j < len(top) else -1.0
         row[f"top_norm_{j + 1}"] = float(n[top[j]]) if j < len(top) else np.nan
@@ -96,7 +107,7 @@ def noise_scale_tolerance(ref: Dict[str, float], rtol: float) -> Dict[str, float
     b, s, g2 = ref["B"], ref["S"], ref["G2"]
     signal = 2 * rtol * (b * g2 + s) / (b - 1)
     trace = 2 * rtol * (s + g2) * b / (b - 1)
-    f32 = 2.0 ** -24
+    f32 = 2.0**-24
     rel = trace / abs(ref["trace"]) + signal / abs(ref["signal"]) + f32
     return {"trace": trace + f32 * abs(ref["trace"]), "signal": signal + f32 * abs(ref["signal"]), "b_simple": rel}
 

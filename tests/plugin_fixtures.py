@@ -4,6 +4,7 @@
 input arrays and the histogram/stats tensors the reductions produced), so the
 tests can compare every route's numbers with it and recompute them with numpy.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -101,20 +102,27 @@ def write_small_logdir(logdir: str) -> Written:
                             layer,
                             tf.constant(x),
                             step=step,
-                            format_version=1, buckets=BUCKETS,
+                            format_version=1,
+                            buckets=BUCKETS,
                             target=target,
                             source=source,
                             layer_index=index,
                             max_elements=TENSOR_MAX_ELEMENTS if layer == TENSOR_LAYER else 0,
                         )
                         key = (run, target, source, layer)
-                        (h, s), = backend.reduce([tf.constant(x)], BUCKETS)
+                        ((h, s),) = backend.reduce([tf.constant(x)], BUCKETS)
                         put(w.inputs, key, step, x)
                         put(w.hist, key, step, h.numpy())
                         put(w.stats, key, step, s.numpy())
                 if run == "train":
                     summary.gradient(
-                        UNUSED_LAYER[0], None, step=step, format_version=1, buckets=BUCKETS, layer_index=UNUSED_LAYER[1], elements=10
+                        UNUSED_LAYER[0],
+                        None,
+                        step=step,
+                        format_version=1,
+                        buckets=BUCKETS,
+                        layer_index=UNUSED_LAYER[1],
+                        elements=10,
                     )
                     h, s = reductions.no_gradient_records(10, BUCKETS)
                     key = (run, metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, UNUSED_LAYER[0])
@@ -175,8 +183,17 @@ def write_future_series(logdir: str) -> None:
     import tensorflow as tf
     from tensorboard.compat.proto import summary_pb2
 
-    content = json.dumps({"layer": "model/new", "kind": "stats", "target": "loss", "source": "output",
-                          "index": 0, "dtype": "float32", "version": metadata.FORMAT_VERSION + 1}).encode()
+    content = json.dumps(
+        {
+            "layer": "model/new",
+            "kind": "stats",
+            "target": "loss",
+            "source": "output",
+            "index": 0,
+            "dtype": "float32",
+            "version": metadata.FORMAT_VERSION + 1,
+        }
+    ).encode()
     md = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content),
         data_class=summary_pb2.DATA_CLASS_TENSOR,
@@ -203,13 +220,19 @@ class RecordingProvider:
 
     def list_tensors(self, ctx=None, *, experiment_id, plugin_name, run_tag_filter=None):
         self._record("list_tensors", experiment_id, run_tag_filter)
-        return self.inner.list_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                                       run_tag_filter=run_tag_filter)
+        return self.inner.list_tensors(
+            ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+        )
 
     def read_tensors(self, ctx=None, *, experiment_id, plugin_name, downsample=None, run_tag_filter=None):
         self._record("read_tensors", experiment_id, run_tag_filter)
-        return self.inner.read_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                                       downsample=downsample, run_tag_filter=run_tag_filter)
+        return self.inner.read_tensors(
+            ctx,
+            experiment_id=experiment_id,
+            plugin_name=plugin_name,
+            downsample=downsample,
+            run_tag_filter=run_tag_filter,
+        )
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -218,7 +241,9 @@ class RecordingProvider:
 class InProcess:
     """TensorBoardWSGI with only the layergrad plugin, over a MultiplexerDataProvider."""
 
-    def __init__(self, logdir: str, path_prefix: str = "", frontend_root=None, keep: int = 0, read_ahead: bool = False) -> None:
+    def __init__(
+        self, logdir: str, path_prefix: str = "", frontend_root=None, keep: int = 0, read_ahead: bool = False
+    ) -> None:
         """`keep`: records TensorBoard keeps per series (0: all), as `--samples_per_plugin=layergrad=<keep>`.
         `read_ahead`: the plugin reads the statistics in the background (`plugin.prefetch`), as TensorBoard's does."""
         from tensorboard.backend import application
@@ -229,9 +254,7 @@ class InProcess:
         from tb_layergrad.plugin.plugin import LayerGradPlugin
 
         self.logdir = logdir
-        self.multiplexer = plugin_event_multiplexer.EventMultiplexer(
-            tensor_size_guidance={metadata.PLUGIN_NAME: keep}
-        )
+        self.multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: keep})
         self.multiplexer.AddRunsFromDirectory(logdir)
         self.multiplexer.Reload()
         self.provider = RecordingProvider(data_provider.MultiplexerDataProvider(self.multiplexer, logdir))
@@ -328,9 +351,12 @@ def _layer_rank(info: "metadata.SeriesInfo") -> Tuple[bool, int, str]:
     return (info.index < 0, info.index, info.layer)
 
 
-def grouped_records(records: List[Record], reorder_at: Optional[int] = None,
-                    drop: Optional[Tuple[str, int]] = None, block_steps: Optional[int] = None
-                    ) -> List[Tuple[int, str, object, np.ndarray]]:
+def grouped_records(
+    records: List[Record],
+    reorder_at: Optional[int] = None,
+    drop: Optional[Tuple[str, int]] = None,
+    block_steps: Optional[int] = None,
+) -> List[Tuple[int, str, object, np.ndarray]]:
     """The records as version 2 writes them: per step, one record per (target, source, grouped kind) for all
     its layers (model order; reversed from step `reorder_at` on: a rebuilt model, another tag); `tensor` and
     `timesteps` records unchanged. `drop=(layer, step)`: the layer is left out of the layer list before `step`.
@@ -379,8 +405,11 @@ def write_records(run_dir: str, records, metadata_once: bool = True) -> None:
         for step, tag, info, value in records:
             md = None
             if tag not in seen or not metadata_once:
-                md = (metadata.create_group_metadata(info) if isinstance(info, metadata.GroupInfo)
-                      else metadata.create_summary_metadata(info))
+                md = (
+                    metadata.create_group_metadata(info)
+                    if isinstance(info, metadata.GroupInfo)
+                    else metadata.create_summary_metadata(info)
+                )
                 seen.add(tag)
             tf.summary.write(tag, tf.constant(value), step=step, metadata=md)
     writer.close()

@@ -8,6 +8,7 @@ every route must answer: `norm(layer_i, step)`.
 `record(section, what, count)` appends a JSON line to `$RELIABILITY_REPORT` (if set): the numbers
 of docs/RELIABILITY.md come from there.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -70,15 +71,21 @@ def _array(kind: str, layer_i: int, step: int, shift: float = 0.0) -> np.ndarray
     return np.asarray([min(step, 3)], np.int64)  # any other kind (first_nonfinite): a step number
 
 
-_DTYPES = {np.dtype(np.float64): types_pb2.DT_DOUBLE, np.dtype(np.float32): types_pb2.DT_FLOAT,
-           np.dtype(np.int64): types_pb2.DT_INT64}
+_DTYPES = {
+    np.dtype(np.float64): types_pb2.DT_DOUBLE,
+    np.dtype(np.float32): types_pb2.DT_FLOAT,
+    np.dtype(np.int64): types_pb2.DT_INT64,
+}
 
 
 def _tensor_proto(array: np.ndarray) -> tensor_pb2.TensorProto:
     """What `make_tensor_proto` gives, ~10x faster (10,000-tag runs are written in tests)."""
     dims = [tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in array.shape]
-    return tensor_pb2.TensorProto(dtype=_DTYPES[array.dtype], tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=dims),
-                                  tensor_content=array.tobytes())
+    return tensor_pb2.TensorProto(
+        dtype=_DTYPES[array.dtype],
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(dim=dims),
+        tensor_content=array.tobytes(),
+    )
 
 
 def frame(payload: bytes) -> bytes:
@@ -119,14 +126,20 @@ class EventFile:
         for i, layer in enumerate(layers):
             for kind in kinds:
                 key = (layer, kind, target, first_index + i)
-                value = summary_pb2.Summary.Value(tag=metadata.make_tag(target, metadata.SOURCE_OUTPUT, layer, kind),
-                                                  tensor=_tensor_proto(_array(kind, first_index + i, step, shift)))
+                value = summary_pb2.Summary.Value(
+                    tag=metadata.make_tag(target, metadata.SOURCE_OUTPUT, layer, kind),
+                    tensor=_tensor_proto(_array(kind, first_index + i, step, shift)),
+                )
                 if key not in self._metadata:
-                    info = metadata.SeriesInfo(layer=layer, kind=kind, target=target, index=first_index + i, dtype="float32")
+                    info = metadata.SeriesInfo(
+                        layer=layer, kind=kind, target=target, index=first_index + i, dtype="float32"
+                    )
                     self._metadata[key] = metadata.create_summary_metadata(info)
                     value.metadata.CopyFrom(self._metadata[key])
                 values.append(value)
-        return event_pb2.Event(step=step, wall_time=time.time(), summary=summary_pb2.Summary(value=values)).SerializeToString()
+        return event_pb2.Event(
+            step=step, wall_time=time.time(), summary=summary_pb2.Summary(value=values)
+        ).SerializeToString()
 
     def write(self, step: int, layers: Sequence[str], **kwargs) -> None:
         self.append_raw(frame(self.event(step, layers, **kwargs)))

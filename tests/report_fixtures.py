@@ -5,6 +5,7 @@ the rules' first Python statement), without `tb_layergrad.anomalies`: the tests 
 the route and the report with them. `write_planted_logdir` writes, with the real summary ops, a run
 where each rule fires on a known layer, and returns the arrays it wrote.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -119,7 +120,11 @@ def reference_summaries(layers, steps, m, timesteps=None, norm_rel: float = 0.0)
     flags = reference_detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
     out = []
     for i, layer in enumerate(layers):
-        rec = [j for j in range(len(steps)) if not all(np.isnan(m[k][i, j]) for k in ("rms", "norm", "nonfinite", "zero_frac"))]
+        rec = [
+            j
+            for j in range(len(steps))
+            if not all(np.isnan(m[k][i, j]) for k in ("rms", "norm", "nonfinite", "zero_frac"))
+        ]
         last = rec[-1] if rec else None
         nf = [steps[j] for j in rec if flags[i, j] & NONFINITE]
 
@@ -240,8 +245,13 @@ def write_planted_logdir(logdir: str) -> Planted:
                 summary.gradient(SPARSE, tf.constant(arrays[(SPARSE, step)]), step=step, layer_index=5)
             ts[step] = planted_timesteps(step)
             summary.timesteps(RNN_LAYER, tf.constant(ts[step]), step=step, layer_index=1)
-            summary.gradient("net/dense/kernel", tf.constant(planted_array("net/head", step)), step=step,
-                             source="weight", layer_index=1)
+            summary.gradient(
+                "net/dense/kernel",
+                tf.constant(planted_array("net/head", step)),
+                step=step,
+                source="weight",
+                layer_index=1,
+            )
     writer.close()
     # Layer paths longer than any terminal column.
     writer = tf.summary.create_file_writer(os.path.join(logdir, LONG_RUN))
@@ -253,8 +263,10 @@ def write_planted_logdir(logdir: str) -> Planted:
 
 
 LONG_RUN = "long_names"
-LONG_LAYERS = ["model/" + "encoder_block_with_a_very_long_name/" * 3 + "attention_output_projection",
-               "model/" + "encoder_block_with_a_very_long_name/" * 3 + "feed_forward_output"]
+LONG_LAYERS = [
+    "model/" + "encoder_block_with_a_very_long_name/" * 3 + "attention_output_projection",
+    "model/" + "encoder_block_with_a_very_long_name/" * 3 + "feed_forward_output",
+]
 
 SAMPLED_STEPS = 60
 SAMPLED_NAN_STEP = 7  # layer "m/a" holds a NaN at this step only

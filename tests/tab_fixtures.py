@@ -8,6 +8,7 @@
 - `Browser` is headless Debian Chromium driven by Playwright, collecting console errors,
   page errors, CSP violations and dialogs from every frame.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,7 +20,6 @@ import zlib
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-
 from numpy_reference import numpy_stats  # noqa: F401 (the tests' tf_.numpy_stats)
 
 PLUGIN = "layergrad"
@@ -27,8 +27,14 @@ TAB_NAME = "Layer gradients"
 IFRAME = f'iframe[src*="plugin_entry.html?name={PLUGIN}"]'
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
     "--disable-dev-shm-usage",
 ]
 
@@ -98,7 +104,9 @@ class Written:
     arrays: Dict[Key, Dict[int, np.ndarray]]
     timesteps: Dict[str, Dict[int, np.ndarray]]  # run -> {step: norms}
 
-    def expected_stats(self, run: str, layer: str, step: int, target: str = "loss", source: str = "output") -> Dict[str, float]:
+    def expected_stats(
+        self, run: str, layer: str, step: int, target: str = "loss", source: str = "output"
+    ) -> Dict[str, float]:
         return numpy_stats(self.arrays[(run, target, source, layer)][step])
 
 
@@ -151,7 +159,9 @@ def _series(run: str, layers_for_run) -> List[Tuple[str, int, str, List[str]]]:
     return out
 
 
-def write_tab_logdir(logdir: str, runs: Tuple[str, ...] = ("train", "eval", *HOSTILE_RUNS), steps: Optional[List[int]] = None) -> Written:
+def write_tab_logdir(
+    logdir: str, runs: Tuple[str, ...] = ("train", "eval", *HOSTILE_RUNS), steps: Optional[List[int]] = None
+) -> Written:
     """Write the test runs (see the constants above) with tb_layergrad.summary."""
     import tensorflow as tf
 
@@ -168,7 +178,12 @@ def write_tab_logdir(logdir: str, runs: Tuple[str, ...] = ("train", "eval", *HOS
                     for target in targets:
                         x = layer_array(run, target, layer, step)
                         summary.gradient(
-                            layer, tf.constant(x), step=step, buckets=BUCKETS, target=target, source=source,
+                            layer,
+                            tf.constant(x),
+                            step=step,
+                            buckets=BUCKETS,
+                            target=target,
+                            source=source,
                             layer_index=index,
                             max_elements=TENSOR_MAX_ELEMENTS if has_tensor(layer, step) else 0,
                         )
@@ -193,7 +208,15 @@ def append_steps(logdir: str, run: str, steps: List[int]) -> None:
             for layer, index, source, targets in _series(run, LAYERS):
                 for target in targets:
                     x = layer_array(run, target, layer, step)
-                    summary.gradient(layer, tf.constant(x), step=step, buckets=BUCKETS, target=target, source=source, layer_index=index)
+                    summary.gradient(
+                        layer,
+                        tf.constant(x),
+                        step=step,
+                        buckets=BUCKETS,
+                        target=target,
+                        source=source,
+                        layer_index=index,
+                    )
     writer.close()
 
 
@@ -218,8 +241,12 @@ class Browser:
 
         self._pw = sync_playwright().start()
         self.context = self._pw.chromium.launch_persistent_context(
-            profile_dir, executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True,
-            viewport={"width": viewport[0], "height": viewport[1]}, accept_downloads=True,
+            profile_dir,
+            executable_path=CHROMIUM,
+            args=CHROMIUM_FLAGS,
+            headless=True,
+            viewport={"width": viewport[0], "height": viewport[1]},
+            accept_downloads=True,
         )
         self.context.add_init_script(INIT_SCRIPT % poll_ms)
         self.errors: List[str] = []
@@ -270,8 +297,17 @@ class Browser:
 
 
 @contextlib.contextmanager
-def served(logdir: str, work, last_steps: Dict[str, int], write: Callable[[], object], *, poll_ms: Optional[int] = None,
-           write_first: bool = False, timeout: float = 60.0, **tensorboard):
+def served(
+    logdir: str,
+    work,
+    last_steps: Dict[str, int],
+    write: Callable[[], object],
+    *,
+    poll_ms: Optional[int] = None,
+    write_first: bool = False,
+    timeout: float = 60.0,
+    **tensorboard,
+):
     """A real `tensorboard` on `logdir` and a headless browser: yields (tensorboard, browser, what `write` returned).
 
     TensorBoard starts (~3 s) while `write` writes the runs (it picks them up as they appear), unless

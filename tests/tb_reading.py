@@ -1,4 +1,5 @@
 """Read layergrad records back through TensorBoard's own data provider."""
+
 from __future__ import annotations
 
 from typing import Dict, List, Tuple
@@ -39,14 +40,18 @@ def read_all(logdir: str, split_groups: bool = True) -> Dict[str, Dict[str, Tupl
 
 def _split_groups(tags: Dict[str, Tuple[metadata.Info, List]]) -> Dict[str, Tuple[metadata.Info, List]]:
     out = {tag: found for tag, found in tags.items() if not isinstance(found[0], metadata.GroupInfo)}
-    for tag, (group, datums) in tags.items():
+    for group, datums in tags.values():
         if not isinstance(group, metadata.GroupInfo):
             continue
         stats_at = {}
         if group.kind == metadata.KIND_HISTOGRAM:
             stats_tag = group.with_kind(metadata.KIND_STATS).tag  # the stats of every block of the same digest
-            stats_at = {int(d.step): np.asarray(d.numpy) for t, (info, found) in tags.items()
-                        if isinstance(info, metadata.GroupInfo) and info.tag == stats_tag for d in found}
+            stats_at = {
+                int(d.step): np.asarray(d.numpy)
+                for t, (info, found) in tags.items()
+                if isinstance(info, metadata.GroupInfo) and info.tag == stats_tag
+                for d in found
+            }
         for row, member in enumerate(group.members()):
             rows = [_row(group, d, row, stats_at) for d in datums]
             if group.kind == metadata.KIND_FIRST_NONFINITE:  # -1: this layer clean so far (version 1: no record)
@@ -69,12 +74,15 @@ def examples(logdir: str) -> Dict[str, Dict[Tuple[str, str], Dict[int, Dict[str,
                 continue
             assert tuple(info.fields) == metadata.EXAMPLE_FIELDS
             stats = info.with_kind(metadata.KIND_STATS)
-            assert any(isinstance(i, metadata.GroupInfo) and i.tag == stats.tag for i, _ in tags.values()), \
+            assert any(isinstance(i, metadata.GroupInfo) and i.tag == stats.tag for i, _ in tags.values()), (
                 f"{tag}: no stats group with the same layer list"
+            )
             for d in datums:
                 value = np.asarray(d.numpy)
                 assert value.shape == (len(info.layers), len(metadata.EXAMPLE_FIELDS)), value.shape
-                out.setdefault(run, {}).setdefault((info.target, info.source), {})[int(d.step)] = dict(zip(info.layers, value))
+                out.setdefault(run, {}).setdefault((info.target, info.source), {})[int(d.step)] = dict(
+                    zip(info.layers, value)
+                )
     return out
 
 
@@ -86,11 +94,13 @@ def scalars(logdir: str) -> Dict[str, Dict[str, Dict[int, float]]]:
     provider = data_provider.MultiplexerDataProvider(mux, logdir)
     ctx = tb_context.RequestContext()
     data = provider.read_scalars(ctx, experiment_id="", plugin_name="scalars", downsample=10**9)
-    return {run: {tag: {int(d.step): float(d.value) for d in points} for tag, points in tags.items()}
-            for run, tags in data.items()}
+    return {
+        run: {tag: {int(d.step): float(d.value) for d in points} for tag, points in tags.items()}
+        for run, tags in data.items()
+    }
 
 
-def _row(group: metadata.GroupInfo, datum, row: int, stats_at) -> "provider.TensorDatum":
+def _row(group: metadata.GroupInfo, datum, row: int, stats_at) -> "provider.TensorDatum":  # noqa: F821 - imported in the body, where TensorBoard is needed
     from tensorboard.data import provider
 
     value = np.asarray(datum.numpy)

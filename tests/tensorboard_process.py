@@ -4,6 +4,7 @@
 127.0.0.1 and a free port, in its own process group: stopping it stops the Rust data server it starts too.
 Its stderr goes to a file (nobody drains a pipe while it runs), or nowhere with `log_path=None`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,14 +45,28 @@ class TensorBoardProcess:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        args = [sys.executable, "-m", "tensorboard.main", "--logdir", logdir, "--host", "127.0.0.1",
-                "--port", str(self.port), "--reload_interval", str(reload_interval)]
+        args = [
+            sys.executable,
+            "-m",
+            "tensorboard.main",
+            "--logdir",
+            logdir,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--reload_interval",
+            str(reload_interval),
+        ]
         if load_fast is not None:
             args += ["--load_fast", load_fast]
         args += list(extra or [])
         self._log = open(log_path, "wb") if log_path else None
         self.proc = subprocess.Popen(
-            args, stdout=subprocess.DEVNULL, stderr=self._log or subprocess.DEVNULL, start_new_session=True,
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=self._log or subprocess.DEVNULL,
+            start_new_session=True,
             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
         )
 
@@ -76,8 +91,13 @@ class TensorBoardProcess:
             raise ValueError(f"{path}: HTTP {status}: {body[:300]!r}")
         return json.loads(body)
 
-    def wait_until(self, predicate: Callable[["TensorBoardProcess"], bool], what: str, timeout: float = 90.0,
-                   interval: float = 0.25) -> None:
+    def wait_until(
+        self,
+        predicate: Callable[["TensorBoardProcess"], bool],
+        what: str,
+        timeout: float = 90.0,
+        interval: float = 0.25,
+    ) -> None:
         """Poll `predicate(self)` until it holds; it may raise OSError, ValueError or KeyError meanwhile."""
         deadline = time.monotonic() + timeout
         last = None

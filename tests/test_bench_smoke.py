@@ -1,4 +1,5 @@
 """The benchmark scripts keep working (tiny sizes; the figures come from `python bench/run.py`)."""
+
 from __future__ import annotations
 
 import os
@@ -15,11 +16,19 @@ def test_bench_run_smoke(tmp_path):
     out = tmp_path / "PERFORMANCE.md"
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = out.read_text()
-    for heading in ("Custom training loop", "model.fit()", "bytes per layer", "Tab latency", "Per-example gradient norms"):
+    for heading in (
+        "Custom training loop",
+        "model.fit()",
+        "bytes per layer",
+        "Tab latency",
+        "Per-example gradient norms",
+    ):
         assert heading in text, heading
     # Every measured cell is a number with a unit, not a placeholder.
     rows = [line for line in text.splitlines() if line.startswith("| mlp |") or line.startswith("| 3 x 4 x 20 |")]

@@ -4,19 +4,20 @@ A run of 100,000 steps x 3 layers (tests/long_fixtures.py) served by `tensorboar
 every bin is checked against numpy applied to the tables that were written, and the NaN step (inside
 a bin) and the exploding spike must come back exactly.
 """
+
 from __future__ import annotations
 
 import json
 import time
 import urllib.parse
 
+import long_fixtures as lf
 import numpy as np
 import pytest
-
-import long_fixtures as lf
 from plugin_fixtures import as_float
-from tb_layergrad.reader import anomalies
 from tensorboard_process import PLUGIN_API, TensorBoardProcess
+
+from tb_layergrad.reader import anomalies
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -52,7 +53,9 @@ def numpy_bins(steps: np.ndarray, values: np.ndarray, bins: int, start: int, end
         if a == b:
             continue
         v = values[a:b][np.isfinite(values[a:b])]
-        out.append((int(steps[a]), int(steps[b - 1]), int(b - a), v.min() if v.size else np.nan, v.max() if v.size else np.nan))
+        out.append(
+            (int(steps[a]), int(steps[b - 1]), int(b - a), v.min() if v.size else np.nan, v.max() if v.size else np.nan)
+        )
     return out
 
 
@@ -98,7 +101,7 @@ def test_a_narrow_range_is_full_resolution_and_a_wider_one_binned_over_it(env):
     start, end = lf.NAN_STEP - 200, lf.NAN_STEP + 299
     body = get(tb, "matrix", run=lf.RUN, points=1000, start=start, end=end)
     assert body["binned"] is False and body["steps"] == list(range(start, end + 1))
-    np.testing.assert_array_equal(as_float(body["values"][1]), written.column("net/mid", "norm")[start:end + 1])
+    np.testing.assert_array_equal(as_float(body["values"][1]), written.column("net/mid", "norm")[start : end + 1])
     start, end = 40_000, 70_000
     body = get(tb, "matrix", run=lf.RUN, points=600, start=start, end=end)
     assert body["binned"] is True

@@ -1,16 +1,16 @@
 """A layer's version-2 histograms from a group cut into blocks: thinned before they are laid out, decoded
 blocks kept while TensorBoard reports them unchanged (`reader.block_cache`), and the same answers as reading
 everything and thinning after."""
+
 from __future__ import annotations
 
 import os
 
 import numpy as np
-import pytest
-
 import plugin_fixtures as pf
+import pytest
 from plugin_fixtures import InProcess, get_json
-from tb_layergrad import metadata
+
 from tb_layergrad.reader import series
 from tb_layergrad.reader.block_cache import BlockCache
 

@@ -1,14 +1,15 @@
 """Captured gradients equal an independent tape.watch computation, in every mode."""
+
 from __future__ import annotations
 
+import model_zoo
 import numpy as np
 import pytest
 import tensorflow as tf
+from tolerances import assert_same_float32_math, reduction_path_length
 
-import model_zoo
 import tb_layergrad
 from tb_layergrad.capturing.layer_tree import LayerTree
-from tolerances import assert_same_float32_math, reduction_path_length
 
 MODES = ["eager", "function", "xla"]
 
@@ -96,7 +97,7 @@ def test_get_layer_output_fails_but_capture_works():
     """The seed question's failure, and that capture does not need it."""
     model, x, y, _ = model_zoo.seed_model()
     with pytest.raises((AttributeError, ValueError)):
-        model.get_layer("minimalrnn").output
+        _ = model.get_layer("minimalrnn").output
     grads = _captured(model, x, y, "eager")
     assert grads["my_model/minimalrnn"].shape == (2, 2)
 
@@ -207,7 +208,7 @@ def test_unused_output_reports_no_gradient():
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model, tape=tape) as cap:
             model(x)
-            a, b = cap.outputs["multi/split[0]"], cap.outputs["multi/split[1]"]
+            a, _ = cap.outputs["multi/split[0]"], cap.outputs["multi/split[1]"]
             t = tf.reduce_sum(a)
     grads = cap.gradients(tape, t, name="first_only")
     assert grads["multi/split[1]"] is None

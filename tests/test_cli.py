@@ -3,6 +3,7 @@
 Each runs in a fresh interpreter with the environment a user has (no TF_CPP_MIN_LOG_LEVEL), and
 TensorFlow is installed there: what is checked is that nothing imports it.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,10 @@ import sysconfig
 import textwrap
 
 import pytest
-
 import report_fixtures as rf
-import tb_layergrad
 from report_fixtures import planted  # noqa: F401 (fixture)
+
+import tb_layergrad
 
 
 def user_env() -> dict:
@@ -24,8 +25,9 @@ def user_env() -> dict:
 
 
 def python(code: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout, env=user_env())
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=user_env()
+    )
 
 
 def test_tensorflow_is_installed_here():
@@ -90,8 +92,13 @@ def test_version_from_the_console_script_and_python_dash_m():
 
 
 def test_python_dash_m_runs_the_report(planted):  # noqa: F811
-    done = subprocess.run([sys.executable, "-m", "tb_layergrad", "report", planted.logdir, "--run", rf.RUN],
-                          capture_output=True, text=True, timeout=120, env=user_env())
+    done = subprocess.run(
+        [sys.executable, "-m", "tb_layergrad", "report", planted.logdir, "--run", rf.RUN],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=user_env(),
+    )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.startswith("tb-layergrad report")
 

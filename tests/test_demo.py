@@ -3,6 +3,7 @@
 Each planted behaviour must show in the report on the right run; the first NaN step and layers are
 checked against the event files read directly (TFRecord + Event protos, not TensorBoard's reader).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,11 +18,10 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from console_script import CLI
 
-from tb_layergrad.cli import demo as demo_module
 from tb_layergrad import metadata
+from tb_layergrad.cli import demo as demo_module
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -131,8 +131,9 @@ def test_the_report_says_where_the_nan_was_born(demo, run):
         records = read_event_files(os.path.join(demo["logdir"], run), source)
         stats = [by_step for (_, kind, _), by_step in records.items() if kind == "stats"]
         assert stats and all(step in by_step for by_step in stats)  # written in full at that step
-    text = subprocess.run([CLI, "report", demo["logdir"], "--run", run], capture_output=True, text=True,
-                          timeout=120).stdout
+    text = subprocess.run(
+        [CLI, "report", demo["logdir"], "--run", run], capture_output=True, text=True, timeout=120
+    ).stdout
     assert f"step {step}" in text and pass_ in text and origin in text
 
 
@@ -157,8 +158,18 @@ def test_fail_on_nan_exit_status(demo):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = cli.main(["report", demo["logdir"], "--run", "mlp_relu_he", "--run", "explode_clipnorm",
-                         "--fail-on", "nan,exploding,vanishing,dead"])
+        code = cli.main(
+            [
+                "report",
+                demo["logdir"],
+                "--run",
+                "mlp_relu_he",
+                "--run",
+                "explode_clipnorm",
+                "--fail-on",
+                "nan,exploding,vanishing,dead",
+            ]
+        )
     assert code == 0, out.getvalue()
     assert "OK: none of nan, exploding, vanishing, dead holds" in out.getvalue()
     assert max(len(line) for line in out.getvalue().splitlines()) <= 100
@@ -166,9 +177,11 @@ def test_fail_on_nan_exit_status(demo):
 
 def test_report_on_the_demo_is_silent_on_stderr_and_imports_no_tensorflow(demo):
     """What a user runs after the demo, in the environment a user has (no TF_CPP_MIN_LOG_LEVEL)."""
-    code = ("import sys\nfrom tb_layergrad import cli\n"
-            f"status = cli.main(['report', {demo['logdir']!r}])\n"
-            "assert 'tensorflow' not in sys.modules, 'the report imported TensorFlow'\nsys.exit(status)\n")
+    code = (
+        "import sys\nfrom tb_layergrad import cli\n"
+        f"status = cli.main(['report', {demo['logdir']!r}])\n"
+        "assert 'tensorflow' not in sys.modules, 'the report imported TensorFlow'\nsys.exit(status)\n"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP_")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert (done.returncode, done.stderr) == (0, "")
@@ -194,8 +207,13 @@ def test_seed_model_is_the_subclassed_minimalrnn(demo):
 
 def test_serve_prints_the_tabs_url(demo):
     code = f"from tb_layergrad.cli import demo; demo.serve({demo['logdir']!r}, port=0)"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = proc.stdout.readline()
         url = re.search(r"(http://\S+/)#layergrad", line).group(1)

@@ -5,20 +5,22 @@ every distributed path: in replica context with replicas="gather" and "stats",
 and in cross-replica context on what strategy.run returned; plus a single-device
 reference on the same weights and the same global batch at each step.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
+import distribute_harness as dh
 import pytest
 
-import distribute_harness as dh
 from tb_layergrad import metadata
 
 GLOBAL_BATCH, STEPS = 8, 3
 
 
 pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -30,14 +32,19 @@ def run(tmp_path_factory):
 @pytest.mark.parametrize("mode", ["gather", "stats", "cross"])
 def test_equals_single_device_on_the_global_batch(run, mode):
     _, records = run
-    assert dh.assert_same_records(records[mode], records["single"]) == 17 * STEPS  # 12 records of gradients, 4 of activations, the loss value (source "target")
+    assert (
+        dh.assert_same_records(records[mode], records["single"]) == 17 * STEPS
+    )  # 12 records of gradients, 4 of activations, the loss value (source "target")
 
 
 @pytest.mark.parametrize("mode", ["low_gather", "low_stats"])
 def test_low_level_op_writes_the_global_batch(run, mode):
     _, records = run
-    wanted = [metadata.make_tag("loss", s, p, k) for s, p in (("output", "tiny/hidden"), ("weight", "tiny/out/bias"))
-              for k in ("histogram", "stats")]
+    wanted = [
+        metadata.make_tag("loss", s, p, k)
+        for s, p in (("output", "tiny/hidden"), ("weight", "tiny/out/bias"))
+        for k in ("histogram", "stats")
+    ]
     expected = {tag: records["single"][tag] for tag in wanted}
     assert dh.assert_same_records(records[mode], expected) == 4 * STEPS
 

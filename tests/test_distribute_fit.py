@@ -3,14 +3,15 @@
 Named test_distribute_* (not test_fit_*): it drives Keras 3 through its own
 subprocess; the legacy tf_keras CI run refuses several replicas with a clear error.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
+import distribute_harness as dh
 import pytest
 
-import distribute_harness as dh
 from tb_layergrad import metadata
 
 GLOBAL_BATCH, STEPS = 8, 3
@@ -18,6 +19,7 @@ MODES = ("graph", "eager")
 
 
 pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
@@ -37,7 +39,9 @@ def test_fit_records_equal_single_device(run, replicas, mode):
     with open(os.path.join(logdir, "keras_factor.json")) as f:
         factor = json.load(f)["factor"]
     if factor is not None:
-        assert dh.assert_same_records(got, records[f"single_{mode}/train"]) == 17 * STEPS  # 12 of gradients, 4 of activations, the loss value (source "target")
+        assert (
+            dh.assert_same_records(got, records[f"single_{mode}/train"]) == 17 * STEPS
+        )  # 12 of gradients, 4 of activations, the loss value (source "target")
     for layer, units in (("tiny/hidden", 16), ("tiny/out", 4)):
         _, datums = got[metadata.make_tag("loss", "output", layer, "stats")]
         assert [d.step for d in datums] == list(range(1, STEPS + 1))

@@ -4,14 +4,15 @@ Both workers get the same log directory (as on a shared file system). The global
 batch of every step is split across the workers; the chief's records must count
 all of it, once per step, and equal one device's on the whole batch.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
+import distribute_harness as dh
 import pytest
 
-import distribute_harness as dh
 from tb_layergrad import metadata
 
 GLOBAL_BATCH, STEPS, WORKERS = 8, 3, 2
@@ -19,14 +20,18 @@ GLOBAL_BATCH, STEPS, WORKERS = 8, 3, 2
 
 pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
 
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("mwms"))
     ports = dh.free_ports(WORKERS)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = [
-        dh.start_script("mwms_worker.py", [logdir],
-                        env={"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})})
+        dh.start_script(
+            "mwms_worker.py",
+            [logdir],
+            env={"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
+        )
         for i in range(WORKERS)
     ]
     results = dh.wait_all(procs, timeout=240)
@@ -59,4 +64,6 @@ def test_counts_cover_the_global_batch_once_per_step(run, mode):
 @pytest.mark.parametrize("mode", ["gather", "stats"])
 def test_equals_one_device_on_the_global_batch(run, mode):
     _, _, records = run
-    assert dh.assert_same_records(records[mode], records["single"]) == 13 * STEPS  # 12 records of gradients, and the loss value (source "target")
+    assert (
+        dh.assert_same_records(records[mode], records["single"]) == 13 * STEPS
+    )  # 12 records of gradients, and the loss value (source "target")

@@ -6,13 +6,14 @@ math on half batches. In fit(), Keras 3.3 does not divide the loss by the replic
 the norms then come out that many times larger, so there the check is scale-free (positions and shares) plus a
 whole factor of 1 or the replica count.
 """
+
 from __future__ import annotations
 
+import distribute_harness as dh
 import numpy as np
 import pytest
-
-import distribute_harness as dh
 import tb_reading
+
 from tb_layergrad import metadata
 
 pytestmark = pytest.mark.slow  # a real process with 2 logical CPUs

@@ -1,4 +1,5 @@
 """In-process pieces of the distributed support: payload encoding, who is the chief, the non-chief writer."""
+
 from __future__ import annotations
 
 import json
@@ -63,7 +64,9 @@ def test_single_process_is_chief(monkeypatch):
 
 
 def test_non_chief_writer_writes_nothing_but_keeps_the_step(monkeypatch, tmp_path):
-    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}))
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}})
+    )
     writer = distribute.create_file_writer(str(tmp_path / "run"))
     from tb_layergrad import summary
 

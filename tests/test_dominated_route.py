@@ -3,17 +3,18 @@
 summary ops (tests/dominated_fixtures.py): the layers, worst steps, batch positions and shares are numpy's on
 independent per-example gradients (one tape per example), and the same as `tb-layergrad report`'s.
 """
+
 from __future__ import annotations
 
 import csv
 import io
 import json
 
+import dominated_fixtures as df
 import numpy as np
 import pytest
-
-import dominated_fixtures as df
 from plugin_fixtures import InProcess, as_float, get_json
+
 from tb_layergrad import cli
 from tb_layergrad.cli import report
 
@@ -46,14 +47,18 @@ def test_route_names_the_dominated_layers_as_numpy_does(env, source):
     assert [d["layer"] for d in got] == [p for p in model_order if p in want]
     for d in got:
         w = want[d["layer"]]
-        assert (d["steps"], d["first_step"], d["worst_step"], d["worst_position"], d["examples"]) == \
-            (w["steps"], w["first_step"], w["worst_step"], w["worst_position"], w["examples"]) == \
-            (1, df.DOMINATED_STEP, df.DOMINATED_STEP, df.DOMINATED_POSITION, df.BATCH), d["layer"]
+        assert (
+            (d["steps"], d["first_step"], d["worst_step"], d["worst_position"], d["examples"])
+            == (w["steps"], w["first_step"], w["worst_step"], w["worst_position"], w["examples"])
+            == (1, df.DOMINATED_STEP, df.DOMINATED_STEP, df.DOMINATED_POSITION, df.BATCH)
+        ), d["layer"]
         np.testing.assert_allclose(d["worst_share"], w["worst_share"], rtol=SHARE_RTOL, err_msg=d["layer"])
         assert d["worst_share"] > 0.5
-        assert d["line"] == (f"one example dominates {d['layer']} at 1 step: first step {df.DOMINATED_STEP}; worst step "
-                             f"{df.DOMINATED_STEP}, {d['worst_share']:.0%} of its gradient from batch position "
-                             f"{df.DOMINATED_POSITION} of {df.BATCH}")
+        assert d["line"] == (
+            f"one example dominates {d['layer']} at 1 step: first step {df.DOMINATED_STEP}; worst step "
+            f"{df.DOMINATED_STEP}, {d['worst_share']:.0%} of its gradient from batch position "
+            f"{df.DOMINATED_POSITION} of {df.BATCH}"
+        )
     assert body["example_thresholds"] == {"DOMINANT_SHARE": 0.5, "DOMINANT_MIN_EXAMPLES": 8}
     # Not a flag bit: no step of the flags says anything about it.
     assert all(set(entry["counts"]) == {"nonfinite", "vanishing", "exploding", "dead"} for entry in body["layers"])
@@ -65,11 +70,13 @@ def test_one_layer_and_a_step_range(env):
     assert [d["layer"] for d in one["dominated"]] == [df.OUT] and [e["layer"] for e in one["layers"]] == [df.OUT]
     kernel = get_json(tb, "anomalies", {"run": df.RUN, "source": "weight", "layer": df.KERNEL})
     assert [d["layer"] for d in kernel["dominated"]] == [df.KERNEL]
-    np.testing.assert_allclose(kernel["dominated"][0]["worst_share"],
-                               df.expected_dominance(df.KERNEL, written.norms("weight", df.KERNEL))["worst_share"],
-                               rtol=SHARE_RTOL)
+    np.testing.assert_allclose(
+        kernel["dominated"][0]["worst_share"],
+        df.expected_dominance(df.KERNEL, written.norms("weight", df.KERNEL))["worst_share"],
+        rtol=SHARE_RTOL,
+    )
     after = get_json(tb, "anomalies", {"run": df.RUN, "start": df.DOMINATED_STEP + 1})
-    norms = written.norms("output", df.OUT)[df.DOMINATED_STEP + 1:]
+    norms = written.norms("output", df.OUT)[df.DOMINATED_STEP + 1 :]
     assert df.expected_dominance(df.OUT, norms) is None  # numpy agrees: nothing after the planted step
     assert after["dominated"] == [] and "example_thresholds" in after  # said, and nothing found
     upto = get_json(tb, "anomalies", {"run": df.RUN, "end": df.DOMINATED_STEP})
@@ -102,20 +109,25 @@ def test_the_csv_says_what_the_json_says(env, capsys, source):
         for k in ("steps", "first_step", "worst_step", "worst_position", "examples"):
             assert int(row[f"dominated_{k}"]) == d[k], (d["layer"], k)
         assert float(row["dominated_worst_share"]) == d["worst_share"]  # repr(): the same float
-        assert (int(row["dominated_worst_step"]), int(row["dominated_worst_position"])) == \
-            (df.DOMINATED_STEP, df.DOMINATED_POSITION)
+        assert (int(row["dominated_worst_step"]), int(row["dominated_worst_position"])) == (
+            df.DOMINATED_STEP,
+            df.DOMINATED_POSITION,
+        )
         want = df.expected_dominance(d["layer"], written.norms(source, d["layer"]))["worst_share"]
         np.testing.assert_allclose(float(row["dominated_worst_share"]), want, rtol=SHARE_RTOL, err_msg=d["layer"])
 
 
-@pytest.mark.parametrize("query,status", [
-    ({"run": df.RUN, "start": "5", "end": "1"}, 400),
-    ({"run": df.RUN, "source": "bogus"}, 400),
-    ({"run": df.RUN, "start": "x"}, 400),
-    ([("run", df.RUN), ("layer", df.OUT), ("layer", "mlp/h")], 400),
-    ({"run": df.RUN, "layer": "no/such"}, 404),
-    ({"run": df.RUN, "source": "weight", "layer": df.OUT}, 404),
-])
+@pytest.mark.parametrize(
+    "query,status",
+    [
+        ({"run": df.RUN, "start": "5", "end": "1"}, 400),
+        ({"run": df.RUN, "source": "bogus"}, 400),
+        ({"run": df.RUN, "start": "x"}, 400),
+        ([("run", df.RUN), ("layer", df.OUT), ("layer", "mlp/h")], 400),
+        ({"run": df.RUN, "layer": "no/such"}, 404),
+        ({"run": df.RUN, "source": "weight", "layer": df.OUT}, 404),
+    ],
+)
 def test_bad_queries_are_json_errors(env, query, status):
     _, tb, _ = env
     r = tb.get("anomalies", query)
@@ -130,13 +142,15 @@ def test_examples_route_of_a_weight(env, variable):
     norms = written.norms("weight", variable)
     body = get_json(tb, "examples", {"run": df.RUN, "layer": variable, "source": "weight"})
     assert (body["layer"], body["source"], body["steps"]) == (variable, "weight", list(range(df.STEPS)))
-    sq = norms ** 2
+    sq = norms**2
     np.testing.assert_allclose(as_float(body["min"]), norms.min(1), rtol=df.RTOL)
     np.testing.assert_allclose(as_float(body["median"]), np.median(norms, 1), rtol=df.RTOL)
     np.testing.assert_allclose(as_float(body["max"]), norms.max(1), rtol=df.RTOL)
     np.testing.assert_allclose(as_float(body["top_share"]), sq.max(1) / sq.sum(1), rtol=SHARE_RTOL)
     assert body["examples"] == [df.BATCH] * df.STEPS and body["status"] == [0] * df.STEPS
-    at = get_json(tb, "examples", {"run": df.RUN, "layer": variable, "source": "weight", "step": df.DOMINATED_STEP})["at"]
+    at = get_json(tb, "examples", {"run": df.RUN, "layer": variable, "source": "weight", "step": df.DOMINATED_STEP})[
+        "at"
+    ]
     order = np.argsort(-norms[df.DOMINATED_STEP], kind="stable")[:5]
     assert [t["position"] for t in at["top"]] == order.tolist() and order[0] == df.DOMINATED_POSITION
     np.testing.assert_allclose([t["norm"] for t in at["top"]], norms[df.DOMINATED_STEP][order], rtol=df.RTOL)

@@ -1,4 +1,5 @@
 """tb_layergrad.reader.downsample against a brute-force numpy reference (one bin at a time)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -31,10 +32,12 @@ def reference(steps, columns, bins, start, end):
 def long_series(seed: int = 0):
     rng = np.random.default_rng(seed)
     steps = np.arange(N, dtype=np.int64) * 3 + 7  # not starting at 0, not unit spaced
-    columns = np.stack([
-        np.exp(rng.normal(size=N)),  # a norm-like positive column
-        rng.normal(size=N) * 1e-3,  # a signed one
-    ])
+    columns = np.stack(
+        [
+            np.exp(rng.normal(size=N)),  # a norm-like positive column
+            rng.normal(size=N) * 1e-3,  # a signed one
+        ]
+    )
     columns[0, NAN_ROW] = np.nan
     columns[1, NAN_ROW + 5] = np.inf
     return steps, columns
@@ -73,7 +76,10 @@ def test_a_range_is_binned_alone_and_empty_bins_are_left_out():
     steps, columns = long_series()
     start, end = int(steps[NAN_ROW - 100]), int(steps[NAN_ROW + 100])
     binned = downsample.downsample(steps, columns, 50, start, end, recorded=np.ones(columns.shape, bool))
-    check(binned, reference(steps[NAN_ROW - 150:NAN_ROW + 150], columns[:, NAN_ROW - 150:NAN_ROW + 150], 50, start, end))
+    check(
+        binned,
+        reference(steps[NAN_ROW - 150 : NAN_ROW + 150], columns[:, NAN_ROW - 150 : NAN_ROW + 150], 50, start, end),
+    )
     sparse = downsample.downsample(np.array([0, 1, 1000]), np.array([[1.0, 2.0, 3.0]]), 10)
     assert list(sparse.first) == [0, 1000] and list(sparse.last) == [1, 1000] and list(sparse.hi[0]) == [2.0, 3.0]
 

@@ -1,5 +1,6 @@
 """The report flags the step where one example carries most of a layer's gradient (docs/ANOMALIES.md,
 "One example dominates"), from per-example records written by hand (tests/examples_fixtures.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -8,10 +9,10 @@ import io
 import json
 import pathlib
 
+import examples_fixtures as ef
 import numpy as np
 import pytest
 
-import examples_fixtures as ef
 from tb_layergrad import cli
 from tb_layergrad.cli import report
 from tb_layergrad.reader import anomalies
@@ -57,9 +58,17 @@ def test_report_names_the_dominated_step(logdir):
             hit = np.flatnonzero(share > 0.5)
             if hit.size:
                 worst = int(hit[np.argmax(share[hit])])
-                want.append({"layer": layer, "steps": int(hit.size), "first_step": int(hit[0]), "worst_step": worst,
-                             "worst_share": pytest.approx(float(share[worst]), rel=1e-12),
-                             "worst_position": int(np.argmax(norms[layer][worst])), "examples": ef.BATCH})
+                want.append(
+                    {
+                        "layer": layer,
+                        "steps": int(hit.size),
+                        "first_step": int(hit[0]),
+                        "worst_step": worst,
+                        "worst_share": pytest.approx(float(share[worst]), rel=1e-12),
+                        "worst_position": int(np.argmax(norms[layer][worst])),
+                        "examples": ef.BATCH,
+                    }
+                )
         assert runs[name]["dominated"] == want
         assert want[0]["layer"] == ef.DOMINATED_LAYER and want[0]["worst_step"] == ef.DOMINATED_STEP
         assert want[0]["worst_position"] == ef.DOMINATED_POSITION
@@ -78,9 +87,26 @@ def test_fail_on_dominated(logdir):
 
 
 DOMINATED_COLUMNS = [f"dominated_{k}" for k in report.DOMINATED_FIELDS]
-OLD_COLUMNS = ("run", "target", "source", "layer", "index", "recorded", "last_step", "last_norm", "last_rms",
-               "last_zero_frac", "trend", "first_nonfinite", "timestep_decay", "nonfinite_steps", "vanishing_steps",
-               "exploding_steps", "dead_steps", "now")
+OLD_COLUMNS = (
+    "run",
+    "target",
+    "source",
+    "layer",
+    "index",
+    "recorded",
+    "last_step",
+    "last_norm",
+    "last_rms",
+    "last_zero_frac",
+    "trend",
+    "first_nonfinite",
+    "timestep_decay",
+    "nonfinite_steps",
+    "vanishing_steps",
+    "exploding_steps",
+    "dead_steps",
+    "now",
+)
 
 
 def _cli(capsys, *argv):
@@ -98,7 +124,7 @@ def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys):
     doc = json.loads(_cli(capsys, logdir, "--format", "json"))
     text = _cli(capsys, logdir, "--format", "csv")
     header = next(csv.reader(io.StringIO(text)))
-    assert tuple(header[: len(OLD_COLUMNS)]) == OLD_COLUMNS and header[len(OLD_COLUMNS):] == DOMINATED_COLUMNS
+    assert tuple(header[: len(OLD_COLUMNS)]) == OLD_COLUMNS and header[len(OLD_COLUMNS) :] == DOMINATED_COLUMNS
     rows = list(csv.DictReader(io.StringIO(text)))
     for run in doc["runs"]:
         mine = [r for r in rows if r["run"] == run["run"]]
@@ -116,9 +142,15 @@ def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys):
     sq = ef.make_norms()[ef.DOMINATED_LAYER] ** 2
     for name in (ef.RUN, ef.RENAMED):  # the planted example, against numpy on the norms written
         row = by[(name, ef.DOMINATED_LAYER)]
-        assert (row["dominated_steps"], row["dominated_first_step"], row["dominated_worst_step"]) == \
-            ("1", str(ef.DOMINATED_STEP), str(ef.DOMINATED_STEP))
-        assert (row["dominated_worst_position"], row["dominated_examples"]) == (str(ef.DOMINATED_POSITION), str(ef.BATCH))
+        assert (row["dominated_steps"], row["dominated_first_step"], row["dominated_worst_step"]) == (
+            "1",
+            str(ef.DOMINATED_STEP),
+            str(ef.DOMINATED_STEP),
+        )
+        assert (row["dominated_worst_position"], row["dominated_examples"]) == (
+            str(ef.DOMINATED_POSITION),
+            str(ef.BATCH),
+        )
         share = sq[ef.DOMINATED_STEP].max() / sq[ef.DOMINATED_STEP].sum()
         assert float(row["dominated_worst_share"]) == pytest.approx(share, rel=1e-12) and share > 0.5
         assert by[(name, ef.UNSUPPORTED_LAYER)]["dominated_steps"] == "0"  # status 1: never dominated
@@ -130,7 +162,9 @@ def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys):
 def test_csv_names_a_dominated_layer_without_statistics():
     """Per-example records of a layer the stats do not list: a row of its own rather than lost."""
     ones, zeros = np.ones((1, 2)), np.zeros((1, 2))
-    run = anomalies.evaluate(["m/a"], [0, 1], {"rms": ones, "norm": ones, "nonfinite": zeros, "zero_frac": zeros}, run="r")
+    run = anomalies.evaluate(
+        ["m/a"], [0, 1], {"rms": ones, "norm": ones, "nonfinite": zeros, "zero_frac": zeros}, run="r"
+    )
     run.dominated = [anomalies.Dominance("m/b", 2, 0, 1, 0.75, 3, 16)]
     rep = report.Report("logs", run.target, run.source, [run], [], [], [])
     rows = list(csv.DictReader(io.StringIO(report.format_csv(rep))))

@@ -1,11 +1,11 @@
 """The `examples`, `noise_scale` routes and `matrix?stat=example_norm_*` (docs/HTTP_API.md), through their HTTP
 handlers, against numpy applied to the per-example norms the fixture made up (tests/examples_fixtures.py)."""
+
 from __future__ import annotations
 
+import examples_fixtures as ef
 import numpy as np
 import pytest
-
-import examples_fixtures as ef
 from plugin_fixtures import InProcess, as_float, get_json
 
 pytestmark = pytest.mark.timeout(300)
@@ -19,9 +19,14 @@ def env(tmp_path_factory):
 
 def spread(norms: np.ndarray) -> dict:
     """numpy's answer per step, from the raw norms [steps, batch]."""
-    sq = norms ** 2
-    return {"min": norms.min(1), "median": np.median(norms, 1), "max": norms.max(1),
-            "top_share": sq.max(1) / sq.sum(1), "examples": np.full(norms.shape[0], norms.shape[1])}
+    sq = norms**2
+    return {
+        "min": norms.min(1),
+        "median": np.median(norms, 1),
+        "max": norms.max(1),
+        "top_share": sq.max(1) / sq.sum(1),
+        "examples": np.full(norms.shape[0], norms.shape[1]),
+    }
 
 
 @pytest.mark.parametrize("run", [ef.RUN, ef.RENAMED])
@@ -58,7 +63,7 @@ def test_top_positions_at_a_step(env, run):
     if run == ef.RENAMED:  # absent from its fields: NaN, sent as null
         assert at["sum_sq"] is None
     else:
-        np.testing.assert_allclose(at["sum_sq"], np.sum(norms ** 2), rtol=1e-12)
+        np.testing.assert_allclose(at["sum_sq"], np.sum(norms**2), rtol=1e-12)
     last = get_json(tb, "examples", {"run": run, "layer": ef.DOMINATED_LAYER})["at"]
     assert last["step"] == ef.STEPS - 1
 
@@ -70,10 +75,11 @@ def test_range_and_binning(env):
     assert body["binned"] is True and body["points"] == 6
     assert sum(body["counts"]) == 26 and body["steps"][0] == 5 and body["last_steps"][-1] == 30
     assert len(body["steps"]) <= 6
-    for a, b, lo, hi, share, at in zip(body["steps"], body["last_steps"], body["min"], body["max"],
-                                       body["top_share"], body["top_share_step"]):
-        block = norms[a:b + 1]
-        shares = (block ** 2).max(1) / (block ** 2).sum(1)
+    for a, b, lo, hi, share, at in zip(
+        body["steps"], body["last_steps"], body["min"], body["max"], body["top_share"], body["top_share_step"]
+    ):
+        block = norms[a : b + 1]
+        shares = (block**2).max(1) / (block**2).sum(1)
         np.testing.assert_allclose([lo, hi, share], [block.min(), block.max(), shares.max()], rtol=1e-12)
         assert at == a + int(np.argmax(shares))
     assert ef.DOMINATED_STEP in body["top_share_step"]
@@ -98,7 +104,7 @@ def test_matrix_by_top_share(env):
     row = binned["layers"].index(ef.DOMINATED_LAYER)
     shares = spread(written.norms[ef.DOMINATED_LAYER])["top_share"]
     for a, b, hi in zip(binned["steps"], binned["last_steps"], binned["max"][row]):
-        np.testing.assert_allclose(hi, shares[a:b + 1].max(), rtol=1e-12)
+        np.testing.assert_allclose(hi, shares[a : b + 1].max(), rtol=1e-12)
 
 
 def test_noise_scale(env):
@@ -131,8 +137,12 @@ def test_runs_without_examples_read_as_before(env):
     assert kinds[ef.PLAIN_V1] == {"stats"} and runs[ef.PLAIN_V1]["format_versions"] == [1]
     # The same stats tables in both runs: every stats answer of `ex` is that of `plain` (`anomalies` adds
     # `dominated` for `ex` alone, test_anomalies_say_which_layer_one_example_dominates).
-    for route, query in (("matrix", {"stat": "norm"}), ("stats", {"layer": "net/mid"}),
-                         ("matrix", {"stat": "rms", "points": 5}), ("anomalies", {})):
+    for route, query in (
+        ("matrix", {"stat": "norm"}),
+        ("stats", {"layer": "net/mid"}),
+        ("matrix", {"stat": "rms", "points": 5}),
+        ("anomalies", {}),
+    ):
         a = get_json(tb, route, {"run": ef.RUN, **query})
         b = get_json(tb, route, {"run": ef.PLAIN, **query})
         a.pop("run"), b.pop("run"), a.pop("dominated", None), a.pop("example_thresholds", None)
@@ -150,11 +160,17 @@ def test_anomalies_say_which_layer_one_example_dominates(env, run):
     written, tb = env
     body = get_json(tb, "anomalies", {"run": run})
     norms = written.norms[ef.DOMINATED_LAYER]
-    share = (norms ** 2).max(1) / (norms ** 2).sum(1)
+    share = (norms**2).max(1) / (norms**2).sum(1)
     assert np.flatnonzero(share > 0.5).tolist() == [ef.DOMINATED_STEP]
     (d,) = body["dominated"]  # net/in is never dominated, net/out has no numbers (status 1)
-    assert (d["layer"], d["steps"], d["first_step"], d["worst_step"], d["worst_position"], d["examples"]) == \
-        (ef.DOMINATED_LAYER, 1, ef.DOMINATED_STEP, ef.DOMINATED_STEP, ef.DOMINATED_POSITION, ef.BATCH)
+    assert (d["layer"], d["steps"], d["first_step"], d["worst_step"], d["worst_position"], d["examples"]) == (
+        ef.DOMINATED_LAYER,
+        1,
+        ef.DOMINATED_STEP,
+        ef.DOMINATED_STEP,
+        ef.DOMINATED_POSITION,
+        ef.BATCH,
+    )
     np.testing.assert_allclose(d["worst_share"], share[ef.DOMINATED_STEP], rtol=1e-12)
     assert f"from batch position {ef.DOMINATED_POSITION} of {ef.BATCH}" in d["line"]
     assert get_json(tb, "anomalies", {"run": run, "layer": "net/in"})["dominated"] == []
@@ -163,32 +179,35 @@ def test_anomalies_say_which_layer_one_example_dominates(env, run):
         assert "dominated" not in b and "example_thresholds" not in b
 
 
-@pytest.mark.parametrize("route,query,status", [
-    ("examples", {"layer": "net/in"}, 400),
-    ("examples", {"run": ef.RUN}, 400),
-    ("examples", {"run": ef.RUN, "layer": "net/in", "points": "0"}, 400),
-    ("examples", {"run": ef.RUN, "layer": "net/in", "step": "-1"}, 400),
-    ("examples", {"run": ef.RUN, "layer": "net/in", "step": "1e3"}, 400),
-    ("examples", {"run": ef.RUN, "layer": "net/in", "start": "9", "end": "3"}, 400),
-    ("examples", {"run": ef.RUN, "layer": "net/in", "source": "bogus"}, 400),
-    ("examples", [("run", ef.RUN), ("layer", "net/in"), ("step", "1"), ("step", "2")], 400),
-    ("examples", {"run": ef.RUN, "layer": "net/in", "step": str(ef.STEPS + 5)}, 404),
-    ("examples", {"run": ef.RUN, "layer": "no/such"}, 404),
-    ("examples", {"run": "nope", "layer": "net/in"}, 404),
-    ("examples", {"run": ef.PLAIN, "layer": "net/in"}, 404),
-    ("examples", {"run": ef.PLAIN_V1, "layer": "net/in"}, 404),
-    ("matrix", {"run": ef.PLAIN_V1, "stat": "example_norm_max"}, 404),
-    ("examples", {"run": ef.RUN, "layer": "net/in", "target": "aux"}, 404),
-    ("matrix", {"run": ef.PLAIN, "stat": "example_norm_top_share"}, 404),
-    ("matrix", {"run": ef.RUN, "stat": "example_norm_top_share", "points": "x"}, 400),
-    ("matrix", {"run": ef.RUN, "stat": "example_norm_bogus"}, 400),
-    ("matrix", [("run", ef.RUN), ("stat", "example_norm_max"), ("stat", "norm")], 400),
-    ("anomalies", {"run": ef.RUN, "end": "-3"}, 400),
-    ("anomalies", [("run", ef.RUN), ("source", "output"), ("source", "weight")], 400),
-    ("noise_scale", {}, 400),
-    ("noise_scale", {"run": ef.RUN, "start": "5", "end": "1"}, 400),
-    ("noise_scale", {"run": ""}, 400),
-])
+@pytest.mark.parametrize(
+    "route,query,status",
+    [
+        ("examples", {"layer": "net/in"}, 400),
+        ("examples", {"run": ef.RUN}, 400),
+        ("examples", {"run": ef.RUN, "layer": "net/in", "points": "0"}, 400),
+        ("examples", {"run": ef.RUN, "layer": "net/in", "step": "-1"}, 400),
+        ("examples", {"run": ef.RUN, "layer": "net/in", "step": "1e3"}, 400),
+        ("examples", {"run": ef.RUN, "layer": "net/in", "start": "9", "end": "3"}, 400),
+        ("examples", {"run": ef.RUN, "layer": "net/in", "source": "bogus"}, 400),
+        ("examples", [("run", ef.RUN), ("layer", "net/in"), ("step", "1"), ("step", "2")], 400),
+        ("examples", {"run": ef.RUN, "layer": "net/in", "step": str(ef.STEPS + 5)}, 404),
+        ("examples", {"run": ef.RUN, "layer": "no/such"}, 404),
+        ("examples", {"run": "nope", "layer": "net/in"}, 404),
+        ("examples", {"run": ef.PLAIN, "layer": "net/in"}, 404),
+        ("examples", {"run": ef.PLAIN_V1, "layer": "net/in"}, 404),
+        ("matrix", {"run": ef.PLAIN_V1, "stat": "example_norm_max"}, 404),
+        ("examples", {"run": ef.RUN, "layer": "net/in", "target": "aux"}, 404),
+        ("matrix", {"run": ef.PLAIN, "stat": "example_norm_top_share"}, 404),
+        ("matrix", {"run": ef.RUN, "stat": "example_norm_top_share", "points": "x"}, 400),
+        ("matrix", {"run": ef.RUN, "stat": "example_norm_bogus"}, 400),
+        ("matrix", [("run", ef.RUN), ("stat", "example_norm_max"), ("stat", "norm")], 400),
+        ("anomalies", {"run": ef.RUN, "end": "-3"}, 400),
+        ("anomalies", [("run", ef.RUN), ("source", "output"), ("source", "weight")], 400),
+        ("noise_scale", {}, 400),
+        ("noise_scale", {"run": ef.RUN, "start": "5", "end": "1"}, 400),
+        ("noise_scale", {"run": ""}, 400),
+    ],
+)
 def test_bad_queries(env, route, query, status):
     _, tb = env
     r = tb.get(route, query)

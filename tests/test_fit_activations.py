@@ -4,13 +4,12 @@ The activation records of step s are checked against the layer outputs of an ind
 (a by-hand twin of the model, with the weights saved before that step), the target record against the
 loss that twin computes; the origin of a NaN against the demo's three kinds, in fit() and a custom loop.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import tb_layergrad
 from fit_helpers import (
     MODES,
     WeightsBeforeStep,
@@ -29,6 +28,8 @@ from fit_helpers import (
     sqrt_model,
     stat,
 )
+
+import tb_layergrad
 from tb_layergrad import metadata
 
 STATS = ("elements", "min", "max", "mean", "std", "norm", "mean_abs")
@@ -54,8 +55,13 @@ def check_forward(series, step, model, manual, weights, x, y, loss_fn):
         st = one(series, f"forward/activation/{path}/stats", step)
         exp = expected_stats(a)
         for name in STATS:
-            assert_close(stat(st, name), exp[name], f"activation {path} {name} at {step}", length + a.size,
-                         scale=float(np.max(np.abs(a))))
+            assert_close(
+                stat(st, name),
+                exp[name],
+                f"activation {path} {name} at {step}",
+                length + a.size,
+                scale=float(np.max(np.abs(a))),
+            )
         assert stat(st, "nan") + stat(st, "pos_inf") + stat(st, "neg_inf") == 0 and stat(st, "no_gradient") == 0
         hist = one(series, f"forward/activation/{path}/histogram", step)
         assert hist.shape == (30, 3) and hist[:, 2].sum() == a.size
@@ -71,13 +77,22 @@ def _classification(n=24, features=6, classes=3, seed=0):
 
 
 MODELS = {
-    "functional": (bn_residual_mlp, lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True), _classification),
-    "sequential": (mlp_sequential, lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True), _classification),
+    "functional": (
+        bn_residual_mlp,
+        lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        _classification,
+    ),
+    "sequential": (
+        mlp_sequential,
+        lambda: keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        _classification,
+    ),
     "subclassed": (
         seed_model,
         keras.losses.MeanSquaredError,
         lambda: (
-            np.array([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 4, np.float32) + np.arange(4, dtype=np.float32)[:, None, None] * 0.1,
+            np.array([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 4, np.float32)
+            + np.arange(4, dtype=np.float32)[:, None, None] * 0.1,
             np.array([[0.0, 1.0, 2.0, 3.0]] * 4, np.float32),
         ),
     ),
@@ -102,9 +117,19 @@ def test_fit_activations_equal_an_independent_forward_pass(tmp_path, kind, mode)
     assert steps == list(range(2, 2 * per_epoch + 1, 2))
     for step in (steps[0], steps[-1]):
         b = (step - 1) % per_epoch
-        check_forward(series, step, model, manual, saver.before[step], x[b * batch : (b + 1) * batch],
-                      y[b * batch : (b + 1) * batch], loss_fn())
-    info, _ = series[f"forward/activation/{next(iter(forward(model, manual, model.get_weights(), x[:batch], y[:batch], loss_fn())[0]))}/stats"]
+        check_forward(
+            series,
+            step,
+            model,
+            manual,
+            saver.before[step],
+            x[b * batch : (b + 1) * batch],
+            y[b * batch : (b + 1) * batch],
+            loss_fn(),
+        )
+    info, _ = series[
+        f"forward/activation/{next(iter(forward(model, manual, model.get_weights(), x[:batch], y[:batch], loss_fn())[0]))}/stats"
+    ]
     assert (info.source, info.target, info.kind) == ("activation", "forward", "stats") and info.index > 0
     assert logger.nonfinite is None  # nothing was non-finite
 
@@ -172,13 +197,16 @@ def _bad_batch_data(steps: int, bad_step: int, scale: float, seed: int):
 def _log_model():
     """A large input drives `shift` below 0 and log is NaN there: born in the forward pass of `log_features`."""
     keras.utils.set_random_seed(0)
-    return keras.Sequential([
-        keras.Input((16,)),
-        layers.Dense(16, name="dense_0"),
-        layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
-        layers.Lambda(tf.math.log, name="log_features"),
-        layers.Dense(1, name="head"),
-    ], name="lg")
+    return keras.Sequential(
+        [
+            keras.Input((16,)),
+            layers.Dense(16, name="dense_0"),
+            layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
+            layers.Lambda(tf.math.log, name="log_features"),
+            layers.Dense(1, name="head"),
+        ],
+        name="lg",
+    )
 
 
 def _fit(tmp_path, model, x, y, mode="graph", **logger_kwargs):

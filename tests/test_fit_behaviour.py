@@ -4,19 +4,22 @@ Per-layer norms of dL/d(layer output) at the first step shrink geometrically
 toward the input (each layer multiplies by sigmoid' <= 1/4 times a Glorot
 matrix); the ReLU/He twin keeps them of the same order.
 """
+
 from __future__ import annotations
 
 import numpy as np
+from fit_helpers import keras, layers, log_dir, one, read_series, stat
 
 import tb_layergrad
-from fit_helpers import keras, layers, log_dir, one, read_series, stat
 
 DEPTH = 8
 
 
 def _deep(activation, initializer, name):
     stack = [keras.Input((32,))]
-    stack += [layers.Dense(32, activation=activation, kernel_initializer=initializer, name=f"dense_{i}") for i in range(DEPTH)]
+    stack += [
+        layers.Dense(32, activation=activation, kernel_initializer=initializer, name=f"dense_{i}") for i in range(DEPTH)
+    ]
     stack.append(layers.Dense(10, name="logits"))
     return keras.Sequential(stack, name=name)
 
@@ -29,7 +32,9 @@ def _ratios(tmp_path, activation, initializer):
     model = _deep(activation, initializer, activation)
     model.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     logdir = log_dir(tmp_path / activation)
-    model.fit(x, y, batch_size=64, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir, layers="dense_*")])
+    model.fit(
+        x, y, batch_size=64, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir, layers="dense_*")]
+    )
     series = read_series(logdir)
     norms = np.array([stat(one(series, f"loss/output/{activation}/dense_{i}/stats", 1), "norm") for i in range(DEPTH)])
     return norms[:-1] / norms[1:]  # layer i relative to layer i+1 (one step closer to the output)

@@ -8,13 +8,12 @@ Keras loss object knows about) is what is logged. Checked against an
 independent reproduction of each logged step (`fit_helpers.assert_close`), and training is
 bitwise what it is without the callback. Runs under Keras 3 and tf_keras.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import tb_layergrad
 from fit_helpers import (
     MODES,
     WeightsBeforeStep,
@@ -26,6 +25,8 @@ from fit_helpers import (
     log_dir,
     read_series,
 )
+
+import tb_layergrad
 
 PENALTY = 0.01
 
@@ -109,7 +110,9 @@ def test_own_train_step_gradients_are_logged(tmp_path, mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_own_train_step_trains_bitwise_as_without_the_callback(tmp_path, mode):
     plain, _ = _train(OwnStep, mode, [])
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=2, weights=True, targets={"unit_0": lambda p: p[:, 0]})
+    logger = tb_layergrad.GradientLogger(
+        log_dir(tmp_path), every_n_steps=2, weights=True, targets={"unit_0": lambda p: p[:, 0]}
+    )
     logged, _ = _train(OwnStep, mode, [logger])
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
@@ -162,13 +165,25 @@ def test_persistent_tape_asked_twice_logs_the_first_call(tmp_path):
     original = dict(tf.GradientTape.__dict__)
     plain, _ = _train(TwoCallStep, "graph", [])
     saver = WeightsBeforeStep()
-    logged, manual = _train(TwoCallStep, "graph", [saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=10_000)])
+    logged, manual = _train(
+        TwoCallStep, "graph", [saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=10_000)]
+    )
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
     series = read_series(log_dir(tmp_path))
     assert layergrad_steps(series) == [1, 2, 3, 4]
     x, y = _data()
-    check_step(series, 3, logged, manual, saver.before[3], x[:8], y[:8], lambda yt, yp: _own_loss(logged, yt, yp), with_weights=False)
+    check_step(
+        series,
+        3,
+        logged,
+        manual,
+        saver.before[3],
+        x[:8],
+        y[:8],
+        lambda yt, yp: _own_loss(logged, yt, yp),
+        with_weights=False,
+    )
     # The tape class is as it was: the observation swaps its methods only while a step is traced.
     assert tf.GradientTape.__dict__["__enter__"] is original["__enter__"]
     assert tf.GradientTape.__dict__["gradient"] is original["gradient"]

@@ -9,17 +9,16 @@ EventMultiplexer + MultiplexerDataProvider.
 
 Runs under Keras 3 and, with TF_USE_LEGACY_KERAS=1, under tf_keras.
 """
+
 from __future__ import annotations
 
 import warnings
 
 import numpy as np
 import pytest
-
-import tb_layergrad
 from fit_helpers import (
-    MODES,
     MAX,
+    MODES,
     WeightsBeforeStep,
     bn_residual_mlp,
     check_step,
@@ -28,11 +27,13 @@ from fit_helpers import (
     layergrad_steps,
     log_dir,
     mlp_sequential,
-    one,
     read_series,
     seed_model,
 )
+
+import tb_layergrad
 from tb_layergrad import metadata
+
 
 def _data(n=24, features=6, classes=3, seed=0):
     rng = np.random.default_rng(seed)
@@ -52,7 +53,16 @@ def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
     x, y = _data()
     saver = WeightsBeforeStep()
     logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=2, weights=True, max_elements=MAX)
-    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x[:8], y[:8]), callbacks=[saver, logger])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        validation_data=(x[:8], y[:8]),
+        callbacks=[saver, logger],
+    )
 
     series = read_series(log_dir(tmp_path))
     assert layergrad_steps(series) == [2, 4, 6]  # every 2nd of 6 updates; evaluation wrote nothing
@@ -81,7 +91,16 @@ def test_sequential_matches_reproduction(tmp_path, mode):
     assert layergrad_steps(series) == [1, 2, 3, 4]
     for step in (1, 4):
         batch = (step - 1) % 2
-        check_step(series, step, model, manual, saver.before[step], x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8], _loss())
+        check_step(
+            series,
+            step,
+            model,
+            manual,
+            saver.before[step],
+            x[batch * 8 : (batch + 1) * 8],
+            y[batch * 8 : (batch + 1) * 8],
+            _loss(),
+        )
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -90,7 +109,10 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
     keras.utils.set_random_seed(5)
     model, manual = seed_model()
     model.compile(optimizer="sgd", loss="mse", **compile_kwargs(mode))
-    x = np.array([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 4, np.float32) + np.arange(4, dtype=np.float32)[:, None, None] * 0.1
+    x = (
+        np.array([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 4, np.float32)
+        + np.arange(4, dtype=np.float32)[:, None, None] * 0.1
+    )
     y = np.array([[0.0, 1.0, 2.0, 3.0]] * 4, np.float32)
     saver = WeightsBeforeStep()
     logger = tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["minimalrnn", "out"], max_elements=MAX)
@@ -99,8 +121,17 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
     assert layergrad_steps(series) == [1, 2, 3, 4, 5, 6]
     for step in (1, 6):
         batch = (step - 1) % 2
-        check_step(series, step, model, manual, saver.before[step], x[batch * 2 : (batch + 1) * 2], y[batch * 2 : (batch + 1) * 2],
-                    keras.losses.MeanSquaredError(), with_weights=False)
+        check_step(
+            series,
+            step,
+            model,
+            manual,
+            saver.before[step],
+            x[batch * 2 : (batch + 1) * 2],
+            y[batch * 2 : (batch + 1) * 2],
+            keras.losses.MeanSquaredError(),
+            with_weights=False,
+        )
 
 
 def test_without_the_fused_kernel_the_records_match_too(tmp_path):
@@ -118,7 +149,16 @@ def test_without_the_fused_kernel_the_records_match_too(tmp_path):
     series = read_series(log_dir(tmp_path))
     assert layergrad_steps(series) == [1, 2]
     for step in (1, 2):
-        check_step(series, step, model, manual, saver.before[step], x[(step - 1) * 8 : step * 8], y[(step - 1) * 8 : step * 8], _loss())
+        check_step(
+            series,
+            step,
+            model,
+            manual,
+            saver.before[step],
+            x[(step - 1) * 8 : step * 8],
+            y[(step - 1) * 8 : step * 8],
+            _loss(),
+        )
 
 
 def test_steps_are_optimizer_iterations_across_fits(tmp_path):
@@ -284,7 +324,12 @@ def _fit_must_fail(model, logger, exc, match):
 def test_unknown_layer_fails_before_training(tmp_path):
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
-    _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["h1", "nope"]), ValueError, "no layer matches 'nope'")
+    _fit_must_fail(
+        model,
+        tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["h1", "nope"]),
+        ValueError,
+        "no layer matches 'nope'",
+    )
 
 
 def test_target_not_scalar_per_example_fails_before_training(tmp_path):

@@ -1,12 +1,23 @@
 """mixed_float16: recorded gradients are divided by the loss scale; overflow steps are counted, never bucketed."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from fit_helpers import (
+    WeightsBeforeStep,
+    compile_kwargs,
+    keras,
+    layers,
+    log_dir,
+    path_length,
+    read_series,
+    stat,
+    update_count,
+)
+from tolerances import chain_rtol
 
 import tb_layergrad
-from fit_helpers import WeightsBeforeStep, compile_kwargs, keras, layers, log_dir, path_length, read_series, stat, update_count
-from tolerances import chain_rtol
 from tb_layergrad import metadata
 
 
@@ -21,7 +32,12 @@ def mixed_float16():
 
 def _mlp(name="mp"):
     return keras.Sequential(
-        [keras.Input((6,)), layers.Dense(16, activation="relu", name="h"), layers.Dense(3, name="logits"), layers.Activation("linear", dtype="float32", name="f32")],
+        [
+            keras.Input((6,)),
+            layers.Dense(16, activation="relu", name="h"),
+            layers.Dense(3, name="logits"),
+            layers.Activation("linear", dtype="float32", name="f32"),
+        ],
         name=name,
     )
 
@@ -57,11 +73,23 @@ def _float32_reference(weights, x, y):
 def test_records_are_unscaled(tmp_path, mixed_float16, mode):
     keras.utils.set_random_seed(2)
     model = _mlp()
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), **compile_kwargs(mode))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        **compile_kwargs(mode),
+    )
     assert "LossScaleOptimizer" in type(model.optimizer).__name__
     x, y = _data()
     saver = WeightsBeforeStep()
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=1000)])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=1000)],
+    )
     series = read_series(log_dir(tmp_path))
     reference, ref = _float32_reference(saver.before[1], x[:8], y[:8])
     # The logged step runs the forward and backward pass in float16 (any order of its sums on any CPU), the
@@ -86,7 +114,15 @@ def test_overflow_steps_are_counted_not_bucketed(tmp_path, mixed_float16):
     model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = _data()
     before = model.get_weights()
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))],
+    )
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)  # both steps overflowed: no update
     iterations = int(update_count(model.optimizer).numpy())

@@ -10,19 +10,25 @@ some CPUs (this test's AVX2 machine), on others the same float32 math in
 another order, so under XLA one update is checked against the derived bound of
 that math, and several epochs for equal bits only where the first update was.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-import tb_layergrad
 from fit_helpers import compile_kwargs, keras, layergrad_steps, layers, log_dir, read_series, tiny_conv_bn_residual
 from tolerances import assert_same_float32_math, gamma, reduction_path_length
+
+import tb_layergrad
 
 
 def _mlp():
     return keras.Sequential(
-        [keras.Input((10,)), layers.Dense(16, activation="relu", name="a"), layers.Dense(16, activation="sigmoid", name="b"), layers.Dense(4, activation="softmax", name="c")],
+        [
+            keras.Input((10,)),
+            layers.Dense(16, activation="relu", name="a"),
+            layers.Dense(16, activation="sigmoid", name="b"),
+            layers.Dense(4, activation="softmax", name="c"),
+        ],
         name="mlp",
     )
 
@@ -30,7 +36,11 @@ def _mlp():
 def _run(build, x, y, mode, callbacks, epochs=2):
     keras.utils.set_random_seed(21)
     model = build()
-    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss="sparse_categorical_crossentropy", **compile_kwargs(mode))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+        loss="sparse_categorical_crossentropy",
+        **compile_kwargs(mode),
+    )
     if epochs:  # epochs=0: the initial weights (tf_keras refuses fit(epochs=0))
         model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     return model, model.get_weights()  # includes BatchNorm's moving statistics
@@ -38,8 +48,12 @@ def _run(build, x, y, mode, callbacks, epochs=2):
 
 def _logger(tmp_path, layers, every_n_steps=2):
     return tb_layergrad.GradientLogger(
-        log_dir(tmp_path), layers=layers, every_n_steps=every_n_steps, weights=True,
-        targets={"class_1": lambda p: p[:, 1]}, max_elements=64,
+        log_dir(tmp_path),
+        layers=layers,
+        every_n_steps=every_n_steps,
+        weights=True,
+        targets={"class_1": lambda p: p[:, 1]},
+        max_elements=64,
     )
 
 
@@ -87,7 +101,9 @@ def test_under_xla_the_same_math(tmp_path, model, chosen):
     for w0, a, b in zip(start, plain, logged):
         slack = 2 * gamma(1, np.float32) * float(np.max(np.abs(w0), initial=0.0))
         assert_same_float32_math(b - w0, a - w0, length, err_msg=f"update of a weight of shape {w0.shape}")
-        np.testing.assert_allclose(b, a, rtol=0, atol=slack + np.max(np.abs(a - w0), initial=0.0) * 2 * gamma(length, np.float32))
+        np.testing.assert_allclose(
+            b, a, rtol=0, atol=slack + np.max(np.abs(a - w0), initial=0.0) * 2 * gamma(length, np.float32)
+        )
     if all(np.array_equal(a, b) for a, b in zip(plain, logged)):
         # Where the first update is bitwise, XLA fused the same way: so must the whole run be.
         _, plain = _run(build, x, y, "xla", [])

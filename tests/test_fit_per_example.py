@@ -4,15 +4,16 @@ of one (rtol 1e-4, as the issue asks) — the noise-scale scalars equal the form
 written on unlogged steps, a BatchNormalization model is flagged (status 2, no noise scale), training is
 bitwise unchanged, and `load()` has the per-example columns.
 """
+
 from __future__ import annotations
 
 import numpy as np
-import pytest
-
-import tb_layergrad
 import per_example_reference as ref
+import pytest
 import tb_reading
 from fit_helpers import compile_kwargs, keras, layers, sqrt_model
+
+import tb_layergrad
 from tb_layergrad import metadata
 from tb_layergrad.summary import per_example_write as pw
 
@@ -28,8 +29,9 @@ def _loss(y, pred):
 
 def _mlp(seed=11):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((6,)), layers.Dense(8, activation="tanh", name="h"), layers.Dense(3, name="out")],
-                            name="fitmlp")
+    return keras.Sequential(
+        [keras.Input((6,)), layers.Dense(8, activation="tanh", name="h"), layers.Dense(3, name="out")], name="fitmlp"
+    )
 
 
 def _data(n=10, offset=2.0):
@@ -46,8 +48,17 @@ def _tokens(seed=12):
     h = layers.Dense(4, activation="tanh", name="tok")(h)
     out = layers.Dense(3, name="out")(layers.GlobalAveragePooling1D(name="pool")(h))
     model = keras.Model(inp, out, name="fittok")
-    x = np.array([[1, 1, 1, 2, 3, 1], [4, 5, 4, 5, 4, 5], [0, 1, 2, 3, 4, 5], [8, 7, 8, 6, 8, 0], [2, 2, 7, 7, 3, 3],
-                  [6, 0, 6, 1, 6, 2]], "int32")
+    x = np.array(
+        [
+            [1, 1, 1, 2, 3, 1],
+            [4, 5, 4, 5, 4, 5],
+            [0, 1, 2, 3, 4, 5],
+            [8, 7, 8, 6, 8, 0],
+            [2, 2, 7, 7, 3, 3],
+            [6, 0, 6, 1, 6, 2],
+        ],
+        "int32",
+    )
     return model, x, _data(n=len(x))[1]
 
 
@@ -69,8 +80,11 @@ MODELS = {"mlp": lambda: (_mlp(), *_data()), "tokens": _tokens, "cnn": _cnn}
 
 def _fit(model, x, y, logdir, mode, batch_size, every_n_steps=1, epochs=1, per_example=True):
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
-    callbacks = [] if logdir is None else [tb_layergrad.GradientLogger(logdir, weights=True, per_example=per_example,
-                                                                       every_n_steps=every_n_steps)]
+    callbacks = (
+        []
+        if logdir is None
+        else [tb_layergrad.GradientLogger(logdir, weights=True, per_example=per_example, every_n_steps=every_n_steps)]
+    )
     model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
 
 
@@ -123,8 +137,10 @@ def test_training_unchanged_bitwise(tmp_path, mode):
 
 def test_batch_normalization_is_flagged_and_gets_no_noise_scale(tmp_path):
     keras.utils.set_random_seed(4)
-    model = keras.Sequential([keras.Input((6,)), layers.Dense(5, name="a"), layers.BatchNormalization(name="bn"),
-                              layers.Dense(3, name="b")], name="fitbn")
+    model = keras.Sequential(
+        [keras.Input((6,)), layers.Dense(5, name="a"), layers.BatchNormalization(name="bn"), layers.Dense(3, name="b")],
+        name="fitbn",
+    )
     x, y = _data()
     _fit(model, x, y, str(tmp_path), "graph", batch_size=len(x))
     found = tb_reading.examples(str(tmp_path))["train"]
@@ -146,8 +162,12 @@ def test_load_has_the_per_example_columns(tmp_path):
     rows = df[(df.source == "output") & (df.layer == "fitmlp/h")]
     assert list(rows.step) == [2] and (rows.example_norm_max >= rows.example_norm_median).all()
     stored = tb_reading.examples(str(tmp_path))["train"][("loss", "output")][2]["fitmlp/h"]
-    for column, field in (("example_norm_min", "min"), ("example_norm_median", "median"), ("example_norm_max", "max"),
-                          ("example_norm_top_share", "top_share")):
+    for column, field in (
+        ("example_norm_min", "min"),
+        ("example_norm_median", "median"),
+        ("example_norm_max", "max"),
+        ("example_norm_top_share", "top_share"),
+    ):
         assert float(rows[column].iloc[0]) == stored[F[field]]
     assert df[df.source == "target"].example_norm_max.isna().all()
 
@@ -165,8 +185,19 @@ def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
     x, y = _data()
     weights = ref.norms(ref.per_example_gradients(model, _loss, x, y))
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
-    model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0, callbacks=[tb_layergrad.GradientLogger(
-        str(tmp_path), weights=True, per_example=True, targets={"unit_0": lambda p: p[:, 0]})])
+    model.fit(
+        x,
+        y,
+        batch_size=len(x),
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            tb_layergrad.GradientLogger(
+                str(tmp_path), weights=True, per_example=True, targets={"unit_0": lambda p: p[:, 0]}
+            )
+        ],
+    )
     found = tb_reading.examples(str(tmp_path))["train"]
     assert set(found) == {("loss", "output"), ("loss", "weight")}
     for layer, row in found[("loss", "weight")][1].items():

@@ -31,19 +31,21 @@ have targets above the predictions, so every δ of the loss has one sign (assert
 sum through weights of both signs, of a few terms each here: the assumption this bound rests on. The noise
 scale's tolerances follow from that rtol (`per_example_reference.noise_scale_tolerance`).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Iterator, List, NamedTuple, Tuple
 
 import numpy as np
-import pytest
-
 import per_example_reference as ref
-import tb_layergrad
+import pytest
 import tb_reading
 from fit_helpers import compile_kwargs, keras, layers, path_length
-from tb_layergrad.summary import per_example_write as pw
 from tolerances import chain_rtol
+
+import tb_layergrad
+from tb_layergrad.summary import per_example_write as pw
+
 
 @pytest.fixture
 def mixed_float16() -> Iterator[None]:
@@ -65,8 +67,12 @@ def _loss(y, pred):
 def _mlp() -> keras.Model:
     """Dense layers in the global policy's dtype, then a float32 output (Keras' mixed-precision guide)."""
     return keras.Sequential(
-        [keras.Input((6,)), layers.Dense(8, activation="tanh", name="h"), layers.Dense(3, name="out"),
-         layers.Activation("linear", dtype="float32", name="f32")],
+        [
+            keras.Input((6,)),
+            layers.Dense(8, activation="tanh", name="h"),
+            layers.Dense(3, name="out"),
+            layers.Activation("linear", dtype="float32", name="f32"),
+        ],
         name="mpmlp",
     )
 
@@ -98,8 +104,13 @@ SPECS = {
     # elementwise: the casts to float16 of x and of the 4 variables (5); the forward's 2 bias additions and
     # tanh (3); the float32 output's gradient cast back to float16 (1); the loss's y_pred - y and its factor
     # 2 / (B·3) (2); tanh' = 1 - h² and its product with δ (3).
-    "mlp": Spec(_mlp, lambda rng: rng.normal(size=(B, 6)).astype("float32"), other=0, elementwise=5 + 3 + 1 + 2 + 3,
-                norm_terms=0),
+    "mlp": Spec(
+        _mlp,
+        lambda rng: rng.normal(size=(B, 6)).astype("float32"),
+        other=0,
+        elementwise=5 + 3 + 1 + 2 + 3,
+        norm_terms=0,
+    ),
     # other: the weight gradients sum over B·T positions (path_length counts B: the ids have no feature axis);
     # the mean over T tokens, forward and backward (2T); LayerNormalization's mean and variance over 5
     # features, forward and backward (4·5). elementwise: the casts to float16 of the looked-up rows and of the
@@ -107,8 +118,13 @@ SPECS = {
     # and backward (14); the Dense layers' 2 bias additions and tanh, tanh' = 1 - h² and its product (6); the
     # mean's 1/T, forward and backward (2); the output's gradient cast (1); the loss's 2 (2). norm_terms: the
     # embedding's per-example norm sums T² products ("same id" Gram, tests/test_per_example.py).
-    "tokens": Spec(_tokens, lambda rng: rng.randint(0, 9, size=(B, T)).astype("int32"), other=B * T + 2 * T + 4 * 5,
-                   elementwise=7 + 14 + 6 + 2 + 1 + 2, norm_terms=T * T),
+    "tokens": Spec(
+        _tokens,
+        lambda rng: rng.randint(0, 9, size=(B, T)).astype("int32"),
+        other=B * T + 2 * T + 4 * 5,
+        elementwise=7 + 14 + 6 + 2 + 1 + 2,
+        norm_terms=T * T,
+    ),
 }
 
 
@@ -156,10 +172,25 @@ def _logged_step(logdir: str, spec: Spec, mode: str, above: float) -> Step:
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
     assert "LossScaleOptimizer" in type(model.optimizer).__name__
     before = model.get_weights()
-    model.fit(x, y, batch_size=len(x), epochs=1, shuffle=False, verbose=0,
-              callbacks=[tb_layergrad.GradientLogger(logdir, weights=True, per_example=True)])
-    return Step(tb_reading.examples(logdir)["train"], tb_reading.scalars(logdir)["train"],
-                ref.output_norms(twin, _loss, x, y), weights, noise, _rtol(spec, twin, x), before, model.get_weights())
+    model.fit(
+        x,
+        y,
+        batch_size=len(x),
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[tb_layergrad.GradientLogger(logdir, weights=True, per_example=True)],
+    )
+    return Step(
+        tb_reading.examples(logdir)["train"],
+        tb_reading.scalars(logdir)["train"],
+        ref.output_norms(twin, _loss, x, y),
+        weights,
+        noise,
+        _rtol(spec, twin, x),
+        before,
+        model.get_weights(),
+    )
 
 
 def _assert_rows(step: Step, label: str) -> None:

@@ -1,11 +1,10 @@
 """Extra targets: d(sum over the batch of fn(y_pred)) / d(layer outputs, weights), each its own series."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import tb_layergrad
 from fit_helpers import (
     WeightsBeforeStep,
     assert_close,
@@ -20,6 +19,8 @@ from fit_helpers import (
     read_series,
     reproduce,
 )
+
+import tb_layergrad
 from tb_layergrad import targets as lg_targets
 
 TARGETS = {
@@ -39,7 +40,9 @@ def test_target_gradients_match_reproduction(tmp_path, mode):
     y = rng.integers(0, 3, size=(16,)).astype("int32")
     saver = WeightsBeforeStep()
     chosen = ["d2", "out"] if mode == "xla" else None  # XLA compiles every captured tensor: keep it short
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), layers=chosen, every_n_steps=2, weights=True, targets=TARGETS, max_elements=10_000)
+    logger = tb_layergrad.GradientLogger(
+        log_dir(tmp_path), layers=chosen, every_n_steps=2, weights=True, targets=TARGETS, max_elements=10_000
+    )
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
     series = read_series(log_dir(tmp_path))
     for name in ("loss", *TARGETS):
@@ -54,7 +57,12 @@ def test_target_gradients_match_reproduction(tmp_path, mode):
             for path, g in g_out.items():
                 if chosen and path.split("/")[-1] not in chosen:
                     continue
-                assert_close(one(series, f"{name}/output/{path}/tensor", step), bounded(g, 10_000), f"{name} {path} step {step}", length)
+                assert_close(
+                    one(series, f"{name}/output/{path}/tensor", step),
+                    bounded(g, 10_000),
+                    f"{name} {path} step {step}",
+                    length,
+                )
             for key, g in g_var.items():
                 if chosen and key.split("/")[-2] not in chosen:
                     continue

@@ -3,6 +3,7 @@
 The records are decoded here from the event files (no tb_layergrad reader) and checked against an
 independent numpy computation; the same step written as version 1 gives the same numbers.
 """
+
 from __future__ import annotations
 
 import glob
@@ -11,16 +12,15 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+from numpy_reference import numpy_stats
+from tb_reading import read_all
 from tensorboard.backend.event_processing import event_file_loader
+from tolerances import sum_rtol
 
 import tb_layergrad
 from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
 from tb_layergrad.summary import backend
-
-from numpy_reference import numpy_stats
-from tb_reading import read_all
-from tolerances import sum_rtol
 
 # The group kinds every version-2 write has (`examples` only with per_example=True).
 DEFAULT_GROUPED_KINDS = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
@@ -85,9 +85,13 @@ def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fus
             assert bool(log(grads, tf.constant(step, tf.int64)))
     writer.close()
     records = _values(str(tmp_path))
-    group = metadata.GroupInfo.of(metadata.KIND_STATS, [
-        metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype=g.dtype.name) for i, (p, g) in enumerate(grads.items())
-    ])
+    group = metadata.GroupInfo.of(
+        metadata.KIND_STATS,
+        [
+            metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype=g.dtype.name)
+            for i, (p, g) in enumerate(grads.items())
+        ],
+    )
     tags = {kind: group.with_kind(kind).tag_at(0) for kind in DEFAULT_GROUPED_KINDS}
     assert sorted({(s, v.tag) for s, v in records}) == sorted((s, t) for s in (4, 5) for t in tags.values())
     by = {(s, v.tag): v for s, v in records}
@@ -144,16 +148,24 @@ def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(t
         tb_layergrad.summary.gradients({"m/a": tf.ones([3]), "m/b": tf.ones([2])}, step=4)
     second.close()
     with_metadata = [(s, v.tag) for s, v in _values(str(tmp_path)) if v.HasField("metadata")]
-    two = metadata.GroupInfo.of("stats", [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
-                                          for i, p in enumerate(["m/a", "m/b"])])
-    three = metadata.GroupInfo.of("stats", [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
-                                            for i, p in enumerate(["m/a", "m/b", "m/c"])])
+    two = metadata.GroupInfo.of(
+        "stats",
+        [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32") for i, p in enumerate(["m/a", "m/b"])],
+    )
+    three = metadata.GroupInfo.of(
+        "stats",
+        [
+            metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
+            for i, p in enumerate(["m/a", "m/b", "m/c"])
+        ],
+    )
     assert two.tag != three.tag
     files = sorted(glob.glob(str(tmp_path / "run" / "events.out.tfevents.*")), key=lambda p: p.endswith(".restarted"))
     assert len(files) == 2
     kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS)
     assert sorted(with_metadata) == sorted(
-        [(1, two.with_kind(k).tag_at(0)) for k in kinds] + [(3, three.with_kind(k).tag_at(0)) for k in kinds]
+        [(1, two.with_kind(k).tag_at(0)) for k in kinds]
+        + [(3, three.with_kind(k).tag_at(0)) for k in kinds]
         + [(4, two.with_kind(k).tag_at(0)) for k in kinds]
     )
     series = read_all(str(tmp_path))["run"]
@@ -167,8 +179,9 @@ def test_gradient_logger_writes_version_2_by_default_and_version_1_on_request(tm
     x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
     y = np.zeros([16, 1], np.float32)
     for version, expected in ((None, metadata.GroupInfo), (1, metadata.SeriesInfo)):
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")],
-                                 name="mlp")
+        model = keras.Sequential(
+            [keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")], name="mlp"
+        )
         model.compile(optimizer="sgd", loss="mse")
         logdir = str(tmp_path / f"v{version}")
         kwargs = {} if version is None else {"format_version": version}
@@ -187,8 +200,10 @@ def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, 
     if not fused:
         monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
     grads = {"m/a": tf.ones([3]), "m/b": tf.constant([1.0, np.nan])}
-    group = metadata.GroupInfo.of(metadata.KIND_STATS, [
-        metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32") for i, p in enumerate(grads)])
+    group = metadata.GroupInfo.of(
+        metadata.KIND_STATS,
+        [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32") for i, p in enumerate(grads)],
+    )
     b = group.block_steps
     assert b == metadata.block_steps(2) and b & (b - 1) == 0  # a power of two
     writer = tf.summary.create_file_writer(str(tmp_path / "run"))
@@ -199,8 +214,9 @@ def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, 
     writer.close()
     with_metadata = sorted((s, v.tag) for s, v in _values(str(tmp_path)) if v.HasField("metadata"))
     kinds = DEFAULT_GROUPED_KINDS
-    assert with_metadata == sorted([(b - 1, group.with_kind(k).tag_at(0)) for k in kinds]
-                                   + [(b, group.with_kind(k).tag_at(b)) for k in kinds])
+    assert with_metadata == sorted(
+        [(b - 1, group.with_kind(k).tag_at(0)) for k in kinds] + [(b, group.with_kind(k).tag_at(b)) for k in kinds]
+    )
     assert group.with_kind("stats").tag_at(b) == f"loss/output/layers-{group.digest}/stats/{b}"
     series = read_all(str(tmp_path))["run"]
     assert [d.step for d in series["loss/output/m/a/stats"][1]] == [b - 1, b, b + 1]
@@ -217,11 +233,19 @@ def test_histograms_on_their_own_schedule_statistics_every_step(tmp_path, jit_co
     x = rng.normal(size=(80, 4)).astype(np.float32)
     y = np.zeros([80, 1], np.float32)
     x[8 * 7 + 2, 0] = np.nan  # batch 8 (step 8, not a histogram step) holds a NaN: NaN gradients (and weights) on
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")],
-                             name="mlp")
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")], name="mlp"
+    )
     model.compile(optimizer="sgd", loss="mse", jit_compile=jit_compile)
-    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
-              callbacks=[tb_layergrad.GradientLogger(str(tmp_path), histogram_every_n_steps=3)])
+    model.fit(
+        x,
+        y,
+        batch_size=8,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[tb_layergrad.GradientLogger(str(tmp_path), histogram_every_n_steps=3)],
+    )
     series = read_all(str(tmp_path))["train"]
     assert sorted(d.step for d in series["loss/output/mlp/h/stats"][1]) == list(range(1, 11))
     assert sorted(d.step for d in series["loss/output/mlp/h/histogram"][1]) == [3, 6, 8, 9, 10]  # 8, 10: NaN

@@ -5,6 +5,7 @@ Its numbers are checked against the independent numpy reference of the reduction
 the TensorFlow path; here: chunks (NaN, Inf and subnormal numbers in a later chunk of a large tensor),
 one op per step in a graph, the build cache, and the fallback when the kernel cannot be built.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,9 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-
 from test_reliability_reductions import check_histogram, check_stats
 from tolerances import TWO_SIDES, blocked_sum_atol, gamma, histogram_edge_atol, sum_atol, sum_rtol, unit_roundoff
+
 from tb_layergrad import fused_kernel, metadata, reductions
 from tb_layergrad.summary import backend
 
@@ -100,7 +101,7 @@ def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
 
 def test_big_tensor_counts_every_chunk():
     x = _big_with_specials()
-    (hist, stats), = backend.reduce([tf.constant(x)], 30)
+    ((hist, stats),) = backend.reduce([tf.constant(x)], 30)
     stats = stats.numpy()
     assert (stats[S["nan"]], stats[S["pos_inf"]], stats[S["neg_inf"]]) == (1, 1, 1)
     finite = x[np.isfinite(x)].astype(np.float64)
@@ -124,7 +125,9 @@ def test_big_tensor_counts_every_chunk():
     np.testing.assert_allclose(stats[S["std"]], std, rtol=0, atol=var_atol / std + TWO_SIDES * u64 * std)
     # Squares of float32 numbers are exact in float64; their n-term float64 sum (positive terms) is
     # within gamma(n - 1) on each side; sqrt halves that and rounds once.
-    np.testing.assert_allclose(stats[S["norm"]], np.sqrt(np.sum(finite**2)), rtol=TWO_SIDES * (sum_rtol(f64, n) / 2 + u64))
+    np.testing.assert_allclose(
+        stats[S["norm"]], np.sqrt(np.sum(finite**2)), rtol=TWO_SIDES * (sum_rtol(f64, n) / 2 + u64)
+    )
     assert hist.numpy()[:, 2].sum() == finite.size
 
 

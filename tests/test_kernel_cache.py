@@ -3,6 +3,7 @@
 The compilers here are small shell scripts that count their runs in a file, so that no test pays for a
 real build; the real build is tests/test_fused_kernel.py's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,14 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tb_reading import read_all
 
 import tb_layergrad
 from tb_layergrad import metadata
 from tb_layergrad.kernel import cache as kernel_cache
-from tb_reading import read_all
 
-LINUX_X86_64 = pytest.mark.skipif(kernel_cache.supported_platform() is not None,
-                                  reason="the fused kernel is attempted on Linux x86-64 only")
+LINUX_X86_64 = pytest.mark.skipif(
+    kernel_cache.supported_platform() is not None, reason="the fused kernel is attempted on Linux x86-64 only"
+)
 
 
 def fake_compiler(path: Path, version: str, succeed: bool) -> Path:
@@ -32,11 +34,14 @@ def fake_compiler(path: Path, version: str, succeed: bool) -> Path:
     runs = path.with_suffix(".runs")
     result = (
         'umask 002\nwhile [ $# -gt 0 ]; do if [ "$1" = "-o" ]; then echo built > "$2"; chmod 775 "$2"; fi; shift; done\nexit 0'
-        if succeed else 'echo "fakecxx: error: this compiler always fails" >&2\nexit 1'
+        if succeed
+        else 'echo "fakecxx: error: this compiler always fails" >&2\nexit 1'
     )
-    path.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then echo "fakecxx {version}"; exit 0; fi\n'
-                    'case " $* " in *" -dM "*) echo "#define __x86_64__ 1"; exit 0;; esac\n'
-                    f'echo run >> "{runs}"\n{result}\n')
+    path.write_text(
+        f'#!/bin/sh\nif [ "$1" = "--version" ]; then echo "fakecxx {version}"; exit 0; fi\n'
+        'case " $* " in *" -dM "*) echo "#define __x86_64__ 1"; exit 0;; esac\n'
+        f'echo run >> "{runs}"\n{result}\n'
+    )
     path.chmod(0o755)
     return path
 
@@ -99,8 +104,10 @@ def test_a_failing_compiler_is_tried_once_across_processes(tmp_path):
     cxx = fake_compiler(tmp_path / "c++", "1.0", succeed=False)
     env = dict(os.environ, CXX=str(cxx), **{kernel_cache.ENV_CACHE: str(tmp_path / "cache")})
     env.pop("TB_LAYERGRAD_FUSED", None)
-    code = ("from tb_layergrad import fused_kernel\n"
-            "print(fused_kernel.op() is None)\nprint(fused_kernel.unavailable_reason())\n")
+    code = (
+        "from tb_layergrad import fused_kernel\n"
+        "print(fused_kernel.op() is None)\nprint(fused_kernel.unavailable_reason())\n"
+    )
 
     def process():
         done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)

@@ -2,6 +2,7 @@
 
 Read from the sources (ast), not by importing them: the rule is about what each room imports.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,7 +29,17 @@ ALLOWED: Dict[str, Set[str]] = {
     "keras": {"metadata", "nonfinite_origin", "capturing", "statistics", "kernel", "distribute", "summary"},
     "reader": {"metadata", "nonfinite_origin"},
     "plugin": {"metadata", "nonfinite_origin", "reader"},
-    "cli": {"__init__", "metadata", "nonfinite_origin", "capturing", "summary", "keras", "distribute", "reader", "kernel"},
+    "cli": {
+        "__init__",
+        "metadata",
+        "nonfinite_origin",
+        "capturing",
+        "summary",
+        "keras",
+        "distribute",
+        "reader",
+        "kernel",
+    },
     "__init__": {"metadata"},
     "__main__": {"cli"},
 }

@@ -1,10 +1,11 @@
 """tb_layergrad.load() gives the plugin's numbers, as a DataFrame."""
+
 from __future__ import annotations
 
 import numpy as np
+from plugin_fixtures import InProcess, as_float, small_logdir, strict_json  # noqa: F401 (fixture)
 
 import tb_layergrad
-from plugin_fixtures import InProcess, as_float, small_logdir, strict_json  # noqa: F401 (fixture)
 from tb_layergrad import metadata
 
 
@@ -23,10 +24,17 @@ def test_load_equals_the_stats_route_for_every_series(small_logdir):  # noqa: F8
                     continue
                 q = {"run": run["run"], "layer": layer["layer"], "target": s["target"], "source": s["source"]}
                 route = strict_json(tb.get("stats", q).data)
-                rows = df[(df.run == run["run"]) & (df.layer == layer["layer"]) & (df.target == s["target"]) & (df.source == s["source"])]
+                rows = df[
+                    (df.run == run["run"])
+                    & (df.layer == layer["layer"])
+                    & (df.target == s["target"])
+                    & (df.source == s["source"])
+                ]
                 assert list(rows.step) == route["steps"]
                 for stat, values in route["stats"].items():
-                    np.testing.assert_array_equal(rows[stat].to_numpy(dtype=float), as_float(values), err_msg=f"{q} {stat}")
+                    np.testing.assert_array_equal(
+                        rows[stat].to_numpy(dtype=float), as_float(values), err_msg=f"{q} {stat}"
+                    )
                 compared += 1
     assert compared >= 5
 
@@ -39,7 +47,9 @@ def test_load_numbers_are_what_was_written(small_logdir):  # noqa: F811
         for step, stats in by_step.items():
             row = rows[rows.step == step].iloc[0]
             for i, name in enumerate(metadata.STAT_FIELDS):
-                np.testing.assert_allclose(row[name], stats[i], rtol=0, equal_nan=True, err_msg=f"{layer} {step} {name}")
+                np.testing.assert_allclose(
+                    row[name], stats[i], rtol=0, equal_nan=True, err_msg=f"{layer} {step} {name}"
+                )
 
 
 def test_load_of_an_empty_logdir(tmp_path):

@@ -1,4 +1,5 @@
 """`metadata.parse_plugin_content`: round trip, memoized, and errors never cached as answers."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,13 @@ def test_round_trip_and_one_shared_answer_per_content():
 
 def test_unknown_fields_are_ignored_and_missing_ones_defaulted():
     got = metadata.parse_plugin_content(content(version=1, layer="a", kind="histogram", future_field=[1, 2]))
-    assert (got.layer, got.kind, got.target, got.source, got.index) == ("a", "histogram", metadata.DEFAULT_TARGET, "output", -1)
+    assert (got.layer, got.kind, got.target, got.source, got.index) == (
+        "a",
+        "histogram",
+        metadata.DEFAULT_TARGET,
+        "output",
+        -1,
+    )
 
 
 @pytest.mark.parametrize(

@@ -5,17 +5,18 @@ of one tape on the whole batch; read back through TensorBoard's scalars data pro
 Tolerance: each per-example norm is held to rtol 1e-4 (tests/test_per_example.py); how that carries into the
 formula's terms is derived in per_example_reference.noise_scale_tolerance.
 """
+
 from __future__ import annotations
 
 import contextlib
 
 import numpy as np
+import per_example_reference as ref
 import pytest
+import tb_reading
 import tensorflow as tf
 
 import tb_layergrad
-import per_example_reference as ref
-import tb_reading
 from tb_layergrad import fused_kernel
 from tb_layergrad.statistics import noise_scale
 from tb_layergrad.summary import per_example_write as pw
@@ -41,8 +42,9 @@ def _write(model, x, y, logdir, step=1, **capture):
 
 def _model(seed=3):
     tf.random.set_seed(seed)
-    return keras.Sequential([keras.Input((6,)), layers.Dense(8, activation="tanh", name="h"), layers.Dense(2, name="out")],
-                            name="ns")
+    return keras.Sequential(
+        [keras.Input((6,)), layers.Dense(8, activation="tanh", name="h"), layers.Dense(2, name="out")], name="ns"
+    )
 
 
 def _check(got, model, x, y, variables=None):
@@ -86,7 +88,9 @@ def test_no_scalars_from_a_gradient_holding_a_nan(tmp_path, write_path):
 
 def test_no_b_simple_when_the_signal_estimate_is_not_positive(tmp_path):
     """Two examples with opposite gradients: G_B = 0, so the signal estimate is -S < 0."""
-    model = keras.Sequential([keras.Input((1,)), layers.Dense(1, use_bias=False, kernel_initializer="ones", name="d")], name="opp")
+    model = keras.Sequential(
+        [keras.Input((1,)), layers.Dense(1, use_bias=False, kernel_initializer="ones", name="d")], name="opp"
+    )
     x = tf.constant([[1.0], [1.0]])
     y = tf.constant([[2.0], [0.0]])  # predictions 1: errors -1 and +1
     got = _write(model, x, y, str(tmp_path))
@@ -114,8 +118,10 @@ def test_coverage_and_restriction_to_the_covered_variables(tmp_path):
 
 def test_batch_normalization_in_training_gives_no_noise_scale(tmp_path):
     tf.random.set_seed(7)
-    model = keras.Sequential([keras.Input((4,)), layers.Dense(6, name="a"), layers.BatchNormalization(name="bn"),
-                              layers.Dense(2, name="b")], name="bnn")
+    model = keras.Sequential(
+        [keras.Input((4,)), layers.Dense(6, name="a"), layers.BatchNormalization(name="bn"), layers.Dense(2, name="b")],
+        name="bnn",
+    )
     rng = np.random.RandomState(8)
     x = tf.constant(rng.normal(size=(8, 4)), tf.float32)
     y = tf.constant(3.0 + rng.normal(size=(8, 2)), tf.float32)
@@ -152,8 +158,15 @@ def test_embedding_in_a_tf_function(tmp_path):
     """An Embedding's batch gradient is an IndexedSlices (repeated ids add up) and its parameter count is read
     from its dense shape while tracing."""
     keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((6,), dtype="int32"), layers.Embedding(20, 4, name="emb"),
-                              layers.Flatten(name="flat"), layers.Dense(2, name="d")], name="emb_model")
+    model = keras.Sequential(
+        [
+            keras.Input((6,), dtype="int32"),
+            layers.Embedding(20, 4, name="emb"),
+            layers.Flatten(name="flat"),
+            layers.Dense(2, name="d"),
+        ],
+        name="emb_model",
+    )
     rng = np.random.RandomState(0)
     x = tf.constant(rng.randint(0, 20, size=(10, 6)), tf.int32)  # repeated ids within and across examples
     y = tf.constant(2.0 + rng.normal(size=(10, 2)), tf.float32)

@@ -5,16 +5,17 @@ The expected pass and origin of each run are stated by the fixture from how it w
 computed by tb_layergrad; the numbers of the activation and target series are recomputed with numpy
 from the arrays written.
 """
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
-import pytest
-
 import origin_fixtures as of
+import pytest
 from origin_fixtures import origin_logdir  # noqa: F401 (fixture)
 from plugin_fixtures import InProcess, as_float, get_json, strict_json
+
 from tb_layergrad import cli, nonfinite_origin
 
 
@@ -69,7 +70,8 @@ def test_runs_route_keeps_forward_and_the_loss_out_of_targets_and_layers(tb):
             if name in of.WITH_ACTIVATIONS and l["layer"] in dict(of._layers(name)):
                 assert "activation" in l["sources"]
                 assert {"target": "forward", "source": "activation"}.items() <= next(
-                    x for x in l["series"] if x["source"] == "activation").items()
+                    x for x in l["series"] if x["source"] == "activation"
+                ).items()
 
 
 @pytest.mark.parametrize("asked_target", [None, "loss", "whatever"])
@@ -103,7 +105,9 @@ def test_matrix_colours_by_an_activation_statistic(tb, origin_logdir):  # noqa: 
     norm = get(tb, "matrix", {"run": of.BACKWARD, "source": "activation", "stat": "norm"})
     for layer, row in zip(norm["layers"], norm["values"]):
         written = origin_logdir.arrays[(of.BACKWARD, "forward", "activation", layer)]
-        np.testing.assert_allclose(as_float(row), [np.linalg.norm(written[s].astype(np.float64)) for s in of.STEPS], rtol=1e-6)
+        np.testing.assert_allclose(
+            as_float(row), [np.linalg.norm(written[s].astype(np.float64)) for s in of.STEPS], rtol=1e-6
+        )
     # Compare runs with activations: one layer in two runs.
     cmp_ = get(tb, "compare", {"run": [of.FORWARD, of.BACKWARD], "layer": of.K, "source": "activation", "stat": "nan"})
     assert cmp_["values"] == [[1 if s >= of.NAN_STEP else 0 for s in of.STEPS], [0] * len(of.STEPS)]
@@ -153,7 +157,9 @@ def test_report_json_and_text_name_pass_and_origin(origin_logdir, capsys):  # no
     joined = " ".join(line.strip() for line in lines)  # a long line is wrapped, not cut
     for run in of.RUNS:
         assert line_of(of.expected(run)) in joined, run
-    assert "first non-finite value at step 3: backward pass, born in the backward pass of net/log (loss finite)" in joined
+    assert (
+        "first non-finite value at step 3: backward pass, born in the backward pass of net/log (loss finite)" in joined
+    )
     assert "  first non-finite value at step 3: in the loss (every layer output finite)" in lines
     assert "  first non-finite value at step 3: forward pass, output of net/log" in lines
 
@@ -169,8 +175,10 @@ def test_load_gives_activations_the_loss_and_the_origins(origin_logdir):  # noqa
     assert list(at_k.nan) == [float(s >= of.NAN_STEP) for s in of.STEPS]
     loss = df[(df.run == of.LOSS) & (df.source == "target")]
     assert list(loss.layer.unique()) == ["loss"] and list(loss["index"].unique()) == [-1]
-    np.testing.assert_array_equal(loss["mean"].to_numpy(float),
-                                  [origin_logdir.arrays[(of.LOSS, "loss", "target", "loss")][s][0] for s in of.STEPS])
+    np.testing.assert_array_equal(
+        loss["mean"].to_numpy(float),
+        [origin_logdir.arrays[(of.LOSS, "loss", "target", "loss")][s][0] for s in of.STEPS],
+    )
     assert df[df.run == of.LOSS].source.iloc[-1] == "target"  # the loss after the layers
     assert "activation" not in set(df[df.run == of.GRADS_ONLY].source)
     for run in of.RUNS:

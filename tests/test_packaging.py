@@ -1,4 +1,5 @@
 """Packaging as installed: one version, the licence, extras that never bring a second TensorFlow."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -42,7 +43,9 @@ def test_one_version_source(monkeypatch):
 def test_apache_licence_file_and_metadata():
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert "Apache License" in text and "Version 2.0, January 2004" in text
-    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text and "END OF TERMS AND CONDITIONS" in text
+    assert (
+        "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in text and "END OF TERMS AND CONDITIONS" in text
+    )
     assert DIST.metadata["License"] == "Apache-2.0"
     classifiers = DIST.metadata.get_all("Classifier")
     assert "License :: OSI Approved :: Apache Software License" in classifiers
@@ -56,21 +59,29 @@ def test_test_extra_brings_no_tensorflow_the_cpu_and_tf_extras_do():
     assert not tensorflows & set(requirements(""))
     # TensorFlow, and the oldest Keras 3 that GradientLogger supports (README, "Supported versions").
     # In any order: a PEP 660 editable install and a legacy `setup.py develop` list extras in different orders.
-    assert sorted(requirements("cpu")) == ["keras", "tensorflow-cpu"] and sorted(requirements("tf")) == ["keras", "tensorflow"]
+    assert sorted(requirements("cpu")) == ["keras", "tensorflow-cpu"] and sorted(requirements("tf")) == [
+        "keras",
+        "tensorflow",
+    ]
     assert {"pytest", "pytest-timeout", "playwright"} <= set(requirements("test"))
     assert {"filelock", "platformdirs", "tensorboard"} <= set(requirements(""))
 
 
-
 def collect(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_markers_are_registered_and_select():
     """`pytest -m "not browser"` leaves out exactly the browser tests (and --strict-markers knows all three)."""
-    listed = subprocess.run([sys.executable, "-m", "pytest", "--markers"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60).stdout
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--markers"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    ).stdout
     assert all(f"@pytest.mark.{m}:" in listed for m in ("browser", "kernel", "slow"))
     browser = collect("-m", "browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
     others = collect("-m", "not browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
@@ -96,4 +107,3 @@ def test_public_names_of_the_reading_side():
         assert "tensorflow" not in sys.modules
     """)
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
-

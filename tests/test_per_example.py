@@ -8,6 +8,7 @@ mode and inside `tf.function`.
 
 Tolerance: rtol 1e-4 on each example's norm (float32), as the issue asks.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -85,8 +86,13 @@ def _assert_matches(got, want, expect_paths=None):
 
 def mlp():
     model = keras.Sequential(
-        [keras.Input((8,)), layers.Dense(16, activation="tanh", name="d0"), layers.Dense(12, activation="relu", name="d1"),
-         layers.Dense(10, activation="sigmoid", use_bias=False, name="d2"), layers.Dense(3, name="head")],
+        [
+            keras.Input((8,)),
+            layers.Dense(16, activation="tanh", name="d0"),
+            layers.Dense(12, activation="relu", name="d1"),
+            layers.Dense(10, activation="sigmoid", use_bias=False, name="d2"),
+            layers.Dense(3, name="head"),
+        ],
         name="mlp",
     )
     return model, tf.random.normal([6, 8]), tf.random.normal([6, 3])
@@ -179,8 +185,16 @@ def float_ids():
     return keras.Model(inp, out, name="float_ids"), x, tf.random.normal([3, 2])
 
 
-MODELS = {"mlp": mlp, "sequence": sequence, "cnn1d": cnn1d, "cnn2d": cnn2d, "embedding": embedding,
-          "layer_norm": layer_norm, "shared_layer": shared, "float_ids": float_ids}
+MODELS = {
+    "mlp": mlp,
+    "sequence": sequence,
+    "cnn1d": cnn1d,
+    "cnn2d": cnn2d,
+    "embedding": embedding,
+    "layer_norm": layer_norm,
+    "shared_layer": shared,
+    "float_ids": float_ids,
+}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -274,8 +288,12 @@ def test_gradients_unchanged_without_per_example():
             loss = mse(y, model(x))
     grads = cap.gradients(tape, loss)
     assert grads.per_example is None
-    assert not any("activation" in layer.__dict__ and callable(layer.__dict__["activation"]) and
-                   type(layer.__dict__["activation"]).__name__ == "PreactivationObserver" for layer in model.layers)
+    assert not any(
+        "activation" in layer.__dict__
+        and callable(layer.__dict__["activation"])
+        and type(layer.__dict__["activation"]).__name__ == "PreactivationObserver"
+        for layer in model.layers
+    )
     with pytest.raises(ValueError, match="per_example=True"):
         cap.per_example_norms(tape, loss)
 
@@ -319,7 +337,14 @@ def test_batch_normalization_in_training_is_flagged(mode):
     got = _per_example(model, x, y, mode, training=True)
     assert got.coupled_by == ("bn_model/bn",)
     assert not got.complete
-    flagged = {"bn_model/pre", "bn_model/pre/kernel", "bn_model/pre/bias", "bn_model/bn", "bn_model/bn/gamma", "bn_model/bn/beta"}
+    flagged = {
+        "bn_model/pre",
+        "bn_model/pre/kernel",
+        "bn_model/pre/bias",
+        "bn_model/bn",
+        "bn_model/bn/gamma",
+        "bn_model/bn/beta",
+    }
     assert set(got.unsupported) == flagged
     for path in flagged:
         assert got[path] is None
@@ -344,8 +369,17 @@ def _reference_downstream(model, x, y):
     want = {}
     for i in range(int(x.shape[0])):
         gp, go, *gv = tape.gradient(losses[i], [p, o] + post.trainable_variables + head.trainable_variables)
-        for path, g in zip(["bn_model/post", "bn_model/head", "bn_model/post/kernel", "bn_model/post/bias",
-                            "bn_model/head/kernel", "bn_model/head/bias"], [gp, go] + gv):
+        for path, g in zip(
+            [
+                "bn_model/post",
+                "bn_model/head",
+                "bn_model/post/kernel",
+                "bn_model/post/bias",
+                "bn_model/head/kernel",
+                "bn_model/head/bias",
+            ],
+            [gp, go] + gv,
+        ):
             want.setdefault(path, []).append(float(tf.norm(g)))
     return want
 

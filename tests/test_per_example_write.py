@@ -6,15 +6,16 @@ norms (one tape per example, its own loss on a batch of one).
 Tolerance: rtol 1e-4 on each norm, as the issue asks of per-example norms (tests/test_per_example.py); a
 squared sum or a share of two is within twice that per factor (per_example_reference.assert_row).
 """
+
 from __future__ import annotations
 
 import numpy as np
+import per_example_reference as ref
 import pytest
+import tb_reading
 import tensorflow as tf
 
 import tb_layergrad
-import per_example_reference as ref
-import tb_reading
 from tb_layergrad import metadata
 from tb_layergrad.capturing import per_example_map
 from tb_layergrad.statistics import per_example_rows
@@ -31,8 +32,9 @@ def _loss(y, pred):
 
 def _mlp():
     tf.random.set_seed(1)
-    model = keras.Sequential([keras.Input((5,)), layers.Dense(7, activation="tanh", name="h"), layers.Dense(3, name="out")],
-                             name="mlp")
+    model = keras.Sequential(
+        [keras.Input((5,)), layers.Dense(7, activation="tanh", name="h"), layers.Dense(3, name="out")], name="mlp"
+    )
     rng = np.random.RandomState(0)
     return model, tf.constant(rng.normal(size=(9, 5)), tf.float32), tf.constant(rng.normal(size=(9, 3)), tf.float32)
 
@@ -63,7 +65,7 @@ def test_rows_equal_independent_per_example_norms_at_logged_steps_only(tmp_path,
     assert set(found) == {("loss", "output"), ("loss", "weight")}
     weights = ref.norms(ref.per_example_gradients(model, _loss, x, y))
     outputs = ref.output_norms(model, _loss, x, y)
-    for (target, source), by_step in found.items():
+    for (_target, source), by_step in found.items():
         assert sorted(by_step) == [2, 4], "written at the logged steps only"
         want = outputs if source == "output" else weights
         for step, rows in by_step.items():
@@ -95,7 +97,9 @@ def test_same_layer_list_digest_and_block_as_the_stats(tmp_path):
     with tf.summary.create_file_writer(str(tmp_path)).as_default():
         tb_layergrad.summary.gradients(_step(model, x, y), step=5)
     tags = tb_reading.read_all(str(tmp_path), split_groups=False)["."]
-    groups = {(i.target, i.source, i.kind): (i, tag) for tag, (i, _) in tags.items() if isinstance(i, metadata.GroupInfo)}
+    groups = {
+        (i.target, i.source, i.kind): (i, tag) for tag, (i, _) in tags.items() if isinstance(i, metadata.GroupInfo)
+    }
     for source in ("output", "weight"):
         stats, stats_tag = groups[("loss", source, "stats")]
         examples, examples_tag = groups[("loss", source, "examples")]
@@ -164,8 +168,10 @@ def test_top_share_nan_when_every_norm_is_zero():
 
 def test_batch_normalization_in_training_gets_status_coupled(tmp_path):
     tf.random.set_seed(2)
-    model = keras.Sequential([keras.Input((4,)), layers.Dense(6, name="a"), layers.BatchNormalization(name="bn"),
-                              layers.Dense(2, name="b")], name="bnm")
+    model = keras.Sequential(
+        [keras.Input((4,)), layers.Dense(6, name="a"), layers.BatchNormalization(name="bn"), layers.Dense(2, name="b")],
+        name="bnm",
+    )
     rng = np.random.RandomState(1)
     x, y = tf.constant(rng.normal(size=(8, 4)), tf.float32), tf.constant(rng.normal(size=(8, 2)), tf.float32)
     with tf.summary.create_file_writer(str(tmp_path)).as_default():
@@ -203,6 +209,7 @@ def test_norms_are_built_on_logged_steps_only(tmp_path):
             with writer.as_default(step=3), tf.summary.record_if(tf.reduce_sum(x) > 1e9):  # known at run time only
                 tb_layergrad.summary.gradients(grads)
             return loss
+
         return tf.function(run)
 
     norm_ops = ("Square", "Sqrt", "TopKV2", "L2Loss")
@@ -212,7 +219,11 @@ def test_norms_are_built_on_logged_steps_only(tmp_path):
 
     grads = _step(model, x, y)
     per_example = grads.per_example
-    assert all(isinstance(per_example.entry(p), per_example_map.Deferred) for p in per_example if per_example.entry(p) is not None)
+    assert all(
+        isinstance(per_example.entry(p), per_example_map.Deferred)
+        for p in per_example
+        if per_example.entry(p) is not None
+    )
     want = {**ref.norms(ref.per_example_gradients(model, _loss, x, y)), **ref.output_norms(model, _loss, x, y)}
     assert set(want) == {p for p in per_example if per_example.entry(p) is not None}
     for path, norms in want.items():

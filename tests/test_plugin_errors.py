@@ -3,13 +3,13 @@
 Also the static route: the right content types, and nothing outside the
 frontend folder, whatever the spelling of the traversal.
 """
+
 from __future__ import annotations
 
 import os
 import re
 
 import pytest
-
 from plugin_fixtures import RNN_LAYER, TENSOR_LAYER, InProcess, small_logdir, strict_json  # noqa: F401
 
 ROUTES = {
@@ -32,10 +32,36 @@ USES = {
     "max_steps": {"matrix", "stats", "histograms", "timesteps", "compare"},
     "step": {"tensor"},
 }
-HOSTILE_NAMES = ["nope", "../train", "../../../../etc/passwd", "<script>alert(1)</script>", "train\x00",
-                 "%2e%2e%2ftrain", "train/..", "TRAIN", " train", "x" * 5000, "\u202etrain"]
-BAD_INTEGERS = ["abc", "-1", "1.5", "1e3", "0x10", " 5", "5 ", "+5", "", "NaN", "inf", "１２",
-                "99999999999999999999999", "9" * 5000, "9223372036854775808"]
+HOSTILE_NAMES = [
+    "nope",
+    "../train",
+    "../../../../etc/passwd",
+    "<script>alert(1)</script>",
+    "train\x00",
+    "%2e%2e%2ftrain",
+    "train/..",
+    "TRAIN",
+    " train",
+    "x" * 5000,
+    "\u202etrain",
+]
+BAD_INTEGERS = [
+    "abc",
+    "-1",
+    "1.5",
+    "1e3",
+    "0x10",
+    " 5",
+    "5 ",
+    "+5",
+    "",
+    "NaN",
+    "inf",
+    "１２",
+    "99999999999999999999999",
+    "9" * 5000,
+    "9223372036854775808",
+]
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +139,14 @@ def test_malformed_numbers_are_400(tb, route):
 
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_bad_enums_are_400(tb, route):
-    for param, bad in [("source", "bogus"), ("source", "OUTPUT"), ("stat", "bogus"), ("stat", "<b>norm</b>"),
-                       ("stat", "__class__"), ("source", "../weight")]:
+    for param, bad in [
+        ("source", "bogus"),
+        ("source", "OUTPUT"),
+        ("stat", "bogus"),
+        ("stat", "<b>norm</b>"),
+        ("stat", "__class__"),
+        ("source", "../weight"),
+    ]:
         if route in USES[param]:
             body = check_error(tb.get(route, query(route, **{param: bad})), 400)
             assert param in body["error"]
@@ -205,10 +237,16 @@ def tb_static(small_logdir, frontend_dir):
 
 def test_static_content_types(tb_static, frontend_dir):
     expect = {
-        "index.js": "text/javascript", "app.mjs": "text/javascript", "style.css": "text/css",
-        "page.html": "text/html", "icon.svg": "image/svg+xml", "pic.png": "image/png",
-        "data.json": "application/json", "vendor/lib.js": "text/javascript",
-        "vendor/deep/x.js": "text/javascript", "LICENSES/lib.txt": "text/plain",
+        "index.js": "text/javascript",
+        "app.mjs": "text/javascript",
+        "style.css": "text/css",
+        "page.html": "text/html",
+        "icon.svg": "image/svg+xml",
+        "pic.png": "image/png",
+        "data.json": "application/json",
+        "vendor/lib.js": "text/javascript",
+        "vendor/deep/x.js": "text/javascript",
+        "LICENSES/lib.txt": "text/plain",
     }
     for name, ctype in expect.items():
         r = tb_static.get(name)
@@ -219,12 +257,39 @@ def test_static_content_types(tb_static, frontend_dir):
 
 
 TRAVERSALS = [
-    "../setup.py", "../../setup.py", "..%2fsetup.py", "%2e%2e/setup.py", "%2e%2e%2fsetup.py",
-    "%252e%252e%252fsetup.py", "..%5csetup.py", "..\\setup.py", "vendor/../../setup.py", "vendor/../index.js",
-    "./index.js", "/etc/passwd", "//etc/passwd", "%2fetc%2fpasswd", "C:/Windows/win.ini", "C:%5cwin.ini",
-    "index.js%00.png", "secret.py", ".hidden.js", "link.js", "up/outside.js", "vendor", "vendor/",
-    "nope.js", "..", "...", "....//setup.py", "vendor//lib.js", "%c0%ae%c0%ae/setup.py", "index.js;.png",
-    "index.js?x=../../setup.py&", "~/x.js", "$HOME/x.js",
+    "../setup.py",
+    "../../setup.py",
+    "..%2fsetup.py",
+    "%2e%2e/setup.py",
+    "%2e%2e%2fsetup.py",
+    "%252e%252e%252fsetup.py",
+    "..%5csetup.py",
+    "..\\setup.py",
+    "vendor/../../setup.py",
+    "vendor/../index.js",
+    "./index.js",
+    "/etc/passwd",
+    "//etc/passwd",
+    "%2fetc%2fpasswd",
+    "C:/Windows/win.ini",
+    "C:%5cwin.ini",
+    "index.js%00.png",
+    "secret.py",
+    ".hidden.js",
+    "link.js",
+    "up/outside.js",
+    "vendor",
+    "vendor/",
+    "nope.js",
+    "..",
+    "...",
+    "....//setup.py",
+    "vendor//lib.js",
+    "%c0%ae%c0%ae/setup.py",
+    "index.js;.png",
+    "index.js?x=../../setup.py&",
+    "~/x.js",
+    "$HOME/x.js",
 ]
 
 
@@ -242,8 +307,13 @@ def test_static_traversal_with_raw_environ(tb_static):
     """Paths a client library would normalise, sent verbatim as WSGI PATH_INFO."""
     from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-    for raw in ["/data/plugin/layergrad/../../../setup.py", "/data/plugin/layergrad/..", "/data/plugin/layergrad/%2e%2e/x.js",
-                "/data/plugin/layergrad/up/../link.js", "/data/plugin/layergrad/\x00index.js"]:
+    for raw in [
+        "/data/plugin/layergrad/../../../setup.py",
+        "/data/plugin/layergrad/..",
+        "/data/plugin/layergrad/%2e%2e/x.js",
+        "/data/plugin/layergrad/up/../link.js",
+        "/data/plugin/layergrad/\x00index.js",
+    ]:
         env = EnvironBuilder(path="/").get_environ()
         env["PATH_INFO"] = raw
         app_iter, status, headers = run_wsgi_app(tb_static.app, env)

@@ -11,6 +11,7 @@ out-of-order steps (purged by tag); with every record kept and with sampling.
 The routes `runs` and `matrix` are compared too, with and without the multiplexer
 in the plugin's context (what the Python and the Rust loader give the plugin).
 """
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,8 @@ import time
 from typing import Callable, Dict, List
 
 import pytest
+import reliability_fixtures as rf
+from plugin_fixtures import RecordingProvider, strict_json
 from tensorboard import context as tb_context
 from tensorboard.backend import application
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -26,8 +29,6 @@ from tensorboard.data import provider as tb_provider
 from tensorboard.plugins import base_plugin
 from werkzeug import test as wtest
 
-import reliability_fixtures as rf
-from plugin_fixtures import RecordingProvider, strict_json
 from tb_layergrad import metadata
 from tb_layergrad.plugin import listing
 from tb_layergrad.plugin.plugin import LayerGradPlugin
@@ -46,7 +47,9 @@ def put(f: rf.EventFile, step: int, layers: List[str], wall: float) -> None:
 
 def session_start(f: rf.EventFile, step: int, wall: float) -> None:
     """A `SessionLog.START`: the second one in a run makes TensorBoard purge every record at >= `step`."""
-    event = event_pb2.Event(step=step, wall_time=wall, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START))
+    event = event_pb2.Event(
+        step=step, wall_time=wall, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+    )
     f.append_raw(rf.frame(event.SerializeToString()))
 
 
@@ -115,7 +118,9 @@ class Server:
             return inner(*args, **kwargs)
 
         self.provider.list_tensors = counting  # still a MultiplexerDataProvider
-        self.python = self._client(base_plugin.TBContext(logdir=logdir, data_provider=self.provider, multiplexer=self.mux))
+        self.python = self._client(
+            base_plugin.TBContext(logdir=logdir, data_provider=self.provider, multiplexer=self.mux)
+        )
         self.rust_like = self._client(base_plugin.TBContext(logdir=logdir, data_provider=self.provider))
         self.lister = listing.TensorLister(self.provider, self.mux)
 
@@ -166,8 +171,12 @@ def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep, re
         server.reload()
         for _ in range(2):  # the second time from the kept maxima
             for f in FILTERS:
-                want = server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f)
-                got = server.lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f)
+                want = server.provider.list_tensors(
+                    ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f
+                )
+                got = server.lister.list_tensors(
+                    ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f
+                )
                 assert got == want, f
         full = server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
         seen_max.update({run: max(ts.max_step for ts in tags.values()) for run, tags in full.items()})
@@ -287,7 +296,9 @@ def test_a_rust_listing_is_asked_run_by_run_and_gives_the_same_answer(rust_serve
 
     asked.clear()
     two = tb_provider.RunTagFilter(runs=["c", "a"])
-    assert lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=two) == expected(two)
+    assert lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=two) == expected(
+        two
+    )
     assert sorted(asked) == [(["a"], None), (["c"], None)]
 
     # More runs than calls: a few runs per call, every run asked once.
@@ -299,9 +310,13 @@ def test_a_rust_listing_is_asked_run_by_run_and_gives_the_same_answer(rust_serve
     # A tag filter is cheap for the server already: one call, as asked.
     for one_call in (
         tb_provider.RunTagFilter(runs=["b"]),
-        tb_provider.RunTagFilter(tags=[metadata.make_tag(metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, LAYERS[0], "stats")]),
+        tb_provider.RunTagFilter(
+            tags=[metadata.make_tag(metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, LAYERS[0], "stats")]
+        ),
         tb_provider.RunTagFilter(runs=["a", "b"], tags=["nope"]),
     ):
         asked.clear()
-        assert lister.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=one_call) == expected(one_call)
+        assert lister.list_tensors(
+            ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=one_call
+        ) == expected(one_call)
         assert len(asked) == 1

@@ -4,6 +4,7 @@ The logdir is written by the real summary ops (`plugin_fixtures.write_small_logd
 `Written` keeps the input arrays and the exact histogram/stats tensors, and the
 statistics are also recomputed with numpy, independently of `reductions`.
 """
+
 from __future__ import annotations
 
 import csv
@@ -15,7 +16,6 @@ import time
 
 import numpy as np
 import pytest
-
 from plugin_fixtures import (  # noqa: F401  (small_logdir is a fixture)
     AUX_TARGET,
     EVAL_STEPS,
@@ -31,6 +31,7 @@ from plugin_fixtures import (  # noqa: F401  (small_logdir is a fixture)
     small_logdir,
     strict_json,
 )
+
 from tb_layergrad import metadata
 from tb_layergrad.reader import series
 
@@ -87,7 +88,6 @@ def check_against_reference(stats, x, where: str) -> None:
     """The stats of float32 input x against the independent float64 reference, within the bounds
     derived from the reduction length (test_reliability_reductions.check_stats, tests/tolerances.py)."""
     import tensorflow as tf  # only here: the rest of this file reads what was written
-
     from test_reliability_reductions import check_stats
 
     check_stats(np.asarray(stats, np.float64), tf.constant(x), where)
@@ -127,7 +127,12 @@ def test_runs_lists_layers_in_model_order_with_what_exists(tb, small_logdir):
     assert train["sources"] == [OUT, WEIGHT]
     layers = {entry["layer"]: entry for entry in train["layers"]}
     assert [entry["layer"] for entry in train["layers"]] == [
-        "model/embedding", "model/dense", "model/dense/kernel", "model/rnn", "model/unused", "extra/no_index",
+        "model/embedding",
+        "model/dense",
+        "model/dense/kernel",
+        "model/rnn",
+        "model/unused",
+        "extra/no_index",
     ]
     assert [entry["index"] for entry in train["layers"]] == [0, 1, 1, 2, 3, -1]
     dense = layers[TENSOR_LAYER]
@@ -135,10 +140,20 @@ def test_runs_lists_layers_in_model_order_with_what_exists(tb, small_logdir):
     assert dense["targets"] == [AUX_TARGET, LOSS] and dense["sources"] == [OUT]
     assert dense["dtype"] == "float32"
     assert dense["series"] == [
-        {"target": AUX_TARGET, "source": OUT, "kinds": ["histogram", "stats", "tensor"],
-         "max_step": TRAIN_STEPS[-1], "max_wall_time": dense["series"][0]["max_wall_time"]},
-        {"target": LOSS, "source": OUT, "kinds": ["histogram", "stats", "tensor"],
-         "max_step": TRAIN_STEPS[-1], "max_wall_time": dense["series"][1]["max_wall_time"]},
+        {
+            "target": AUX_TARGET,
+            "source": OUT,
+            "kinds": ["histogram", "stats", "tensor"],
+            "max_step": TRAIN_STEPS[-1],
+            "max_wall_time": dense["series"][0]["max_wall_time"],
+        },
+        {
+            "target": LOSS,
+            "source": OUT,
+            "kinds": ["histogram", "stats", "tensor"],
+            "max_step": TRAIN_STEPS[-1],
+            "max_wall_time": dense["series"][1]["max_wall_time"],
+        },
     ]
     assert layers["model/dense/kernel"]["sources"] == [WEIGHT]
     assert layers[RNN_LAYER]["timesteps"] is True and layers[RNN_LAYER]["tensors"] is False
@@ -237,9 +252,16 @@ def test_matrix_aligns_layers_with_different_steps(tmp_path):
 # -- one layer -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", [("train", LOSS, OUT, TENSOR_LAYER), ("train", LOSS, WEIGHT, "model/dense/kernel"),
-                                 ("train", AUX_TARGET, OUT, TENSOR_LAYER), ("train", LOSS, OUT, UNUSED_LAYER[0]),
-                                 ("eval", LOSS, OUT, "model/embedding")])
+@pytest.mark.parametrize(
+    "key",
+    [
+        ("train", LOSS, OUT, TENSOR_LAYER),
+        ("train", LOSS, WEIGHT, "model/dense/kernel"),
+        ("train", AUX_TARGET, OUT, TENSOR_LAYER),
+        ("train", LOSS, OUT, UNUSED_LAYER[0]),
+        ("eval", LOSS, OUT, "model/embedding"),
+    ],
+)
 def test_stats_route_matches_what_was_written(tb, small_logdir, key):
     run, target, source, layer = key
     body = get_json(tb, "stats", {"run": run, "layer": layer, "target": target, "source": source})
@@ -280,8 +302,12 @@ def test_stats_range_and_max_steps(tb, small_logdir):
 
 
 def test_histograms_match_what_was_written(tb, small_logdir):
-    for key in [("train", LOSS, OUT, TENSOR_LAYER), ("eval", LOSS, OUT, "model/rnn"),
-                ("train", LOSS, WEIGHT, "model/dense/kernel"), ("train", LOSS, OUT, UNUSED_LAYER[0])]:
+    for key in [
+        ("train", LOSS, OUT, TENSOR_LAYER),
+        ("eval", LOSS, OUT, "model/rnn"),
+        ("train", LOSS, WEIGHT, "model/dense/kernel"),
+        ("train", LOSS, OUT, UNUSED_LAYER[0]),
+    ]:
         run, target, source, layer = key
         body = get_json(tb, "histograms", {"run": run, "layer": layer, "target": target, "source": source})
         written = small_logdir.hist[key]
@@ -304,8 +330,10 @@ def test_tensor_route_returns_the_raw_gradient(tb, small_logdir):
     assert rows.size <= TENSOR_MAX_ELEMENTS
     assert body["step"] == NAN_STEP and body["shape"] == list(rows.shape)
     assert_same([v for row in body["values"] for v in row], rows.reshape(-1))
-    want_nonfinite = [[int(r), int(c), "nan" if np.isnan(rows[r, c]) else ("+inf" if rows[r, c] > 0 else "-inf")]
-                      for r, c in np.argwhere(~np.isfinite(rows))]
+    want_nonfinite = [
+        [int(r), int(c), "nan" if np.isnan(rows[r, c]) else ("+inf" if rows[r, c] > 0 else "-inf")]
+        for r, c in np.argwhere(~np.isfinite(rows))
+    ]
     assert body["nonfinite"] == want_nonfinite
     assert sorted(k for _, _, k in body["nonfinite"]) == ["+inf", "-inf", "nan", "nan"]
     fin = rows[np.isfinite(rows)]
@@ -318,8 +346,10 @@ def test_tensor_route_returns_the_raw_gradient(tb, small_logdir):
     assert_same([v for row in latest["values"] for v in row], x_last.reshape(-1))
 
     aux = get_json(tb, "tensor", {"run": "train", "layer": TENSOR_LAYER, "target": AUX_TARGET, "step": "2"})
-    assert_same([v for row in aux["values"] for v in row],
-                small_logdir.inputs[("train", AUX_TARGET, OUT, TENSOR_LAYER)][2].reshape(-1))
+    assert_same(
+        [v for row in aux["values"] for v in row],
+        small_logdir.inputs[("train", AUX_TARGET, OUT, TENSOR_LAYER)][2].reshape(-1),
+    )
 
     assert get_json(tb, "tensor", {"run": "eval", "layer": TENSOR_LAYER, "step": "3"}, status=404)["error"]
     assert get_json(tb, "tensor", {"run": "train", "layer": "model/embedding"}, status=404)["error"]
@@ -341,8 +371,11 @@ def test_timesteps_route(tb, small_logdir):
 
 
 def test_compare_aligns_runs_on_steps(tb, small_logdir):
-    body = get_json(tb, "compare", [("run", "train"), ("run", "eval"), ("run", "train"),
-                                    ("layer", TENSOR_LAYER), ("stat", "mean_abs")])
+    body = get_json(
+        tb,
+        "compare",
+        [("run", "train"), ("run", "eval"), ("run", "train"), ("layer", TENSOR_LAYER), ("stat", "mean_abs")],
+    )
     assert body["runs"] == ["train", "eval"]  # the duplicate is dropped
     steps = sorted(set(TRAIN_STEPS) | set(EVAL_STEPS))
     assert body["steps"] == steps and body["missing"] == []
@@ -350,12 +383,15 @@ def test_compare_aligns_runs_on_steps(tb, small_logdir):
         written = small_logdir.stats[(run, LOSS, OUT, TENSOR_LAYER)]
         assert_same(row, [written[s][STAT("mean_abs")] if s in written else np.nan for s in steps])
 
-    part = get_json(tb, "compare", [("run", "eval"), ("run", "train"), ("layer", UNUSED_LAYER[0]), ("stat", "elements")])
+    part = get_json(
+        tb, "compare", [("run", "eval"), ("run", "train"), ("layer", UNUSED_LAYER[0]), ("stat", "elements")]
+    )
     assert part["missing"] == ["eval"]
     assert part["values"][0] == [None] * len(TRAIN_STEPS) and part["values"][1] == [10] * len(TRAIN_STEPS)
 
-    ranged = get_json(tb, "compare", [("run", "train"), ("run", "eval"), ("layer", TENSOR_LAYER),
-                                      ("start", "8"), ("end", "12")])
+    ranged = get_json(
+        tb, "compare", [("run", "train"), ("run", "eval"), ("layer", TENSOR_LAYER), ("start", "8"), ("end", "12")]
+    )
     assert ranged["steps"] == [8, 9, 10, 12]
     thinned = get_json(tb, "compare", [("run", "train"), ("run", "eval"), ("layer", TENSOR_LAYER), ("max_steps", "2")])
     assert thinned["steps"] == [0, 18]
@@ -380,8 +416,11 @@ def test_csv_export(tb, small_logdir):
         np.testing.assert_array_equal(got, written)  # exact: repr round-trips; "nan" parses to NaN
         assert row["elements"].isdigit()
 
-    one = list(csv.DictReader(io.StringIO(tb.get("csv", {"run": "eval", "layer": TENSOR_LAYER, "start": "10"})
-                                          .get_data(as_text=True))))
+    one = list(
+        csv.DictReader(
+            io.StringIO(tb.get("csv", {"run": "eval", "layer": TENSOR_LAYER, "start": "10"}).get_data(as_text=True))
+        )
+    )
     assert [int(row["step"]) for row in one] == [10, 12, 14, 16, 18]
     weights = tb.get("csv", {"run": "train", "source": "weight"}).get_data(as_text=True)
     assert {row["layer"] for row in csv.DictReader(io.StringIO(weights))} == {"model/dense/kernel"}
@@ -391,12 +430,15 @@ def test_csv_export(tb, small_logdir):
 
 
 def test_every_read_is_filtered_by_run_and_tag(tb):
-    for route, query in [("matrix", {"run": "train"}), ("stats", {"run": "train", "layer": TENSOR_LAYER}),
-                         ("histograms", {"run": "eval", "layer": TENSOR_LAYER}),
-                         ("tensor", {"run": "train", "layer": TENSOR_LAYER}),
-                         ("timesteps", {"run": "train", "layer": RNN_LAYER}),
-                         ("compare", [("run", "train"), ("run", "eval"), ("layer", TENSOR_LAYER)]),
-                         ("csv", {"run": "train"})]:
+    for route, query in [
+        ("matrix", {"run": "train"}),
+        ("stats", {"run": "train", "layer": TENSOR_LAYER}),
+        ("histograms", {"run": "eval", "layer": TENSOR_LAYER}),
+        ("tensor", {"run": "train", "layer": TENSOR_LAYER}),
+        ("timesteps", {"run": "train", "layer": RNN_LAYER}),
+        ("compare", [("run", "train"), ("run", "eval"), ("layer", TENSOR_LAYER)]),
+        ("csv", {"run": "train"}),
+    ]:
         tb.forget_stats()  # else a stats table read by an earlier route is served without a read
         before = len(tb.provider.calls)
         assert tb.get(route, query).status_code == 200
@@ -464,16 +506,25 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version
 
     from tb_layergrad import summary
 
-    group = metadata.GroupInfo.of(metadata.KIND_STATS, [metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
-                                                        for i, p in enumerate(("net/a", "net/b"))])
-    origin = group.block_steps - 3 if version == 2 else 0  # version 2: steps origin..origin+2, then two in the next block
+    group = metadata.GroupInfo.of(
+        metadata.KIND_STATS,
+        [
+            metadata.SeriesInfo(layer=p, kind="stats", index=i, dtype="float32")
+            for i, p in enumerate(("net/a", "net/b"))
+        ],
+    )
+    origin = (
+        group.block_steps - 3 if version == 2 else 0
+    )  # version 2: steps origin..origin+2, then two in the next block
     steps = [origin + i for i in range(5)]
 
     def write(chosen):
         writer = tf.summary.create_file_writer(str(tmp_path / "live"))
         with writer.as_default():
             for step in chosen:
-                values = {layer: tf.fill([3], float(step - origin + 1 + i)) for i, layer in enumerate(("net/a", "net/b"))}
+                values = {
+                    layer: tf.fill([3], float(step - origin + 1 + i)) for i, layer in enumerate(("net/a", "net/b"))
+                }
                 summary.gradients(values, step=step, format_version=version)
         writer.flush()
         return writer
@@ -482,15 +533,22 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version
         before = len(tb.provider.calls)
         body = tb.get(route, query)
         assert body.status_code == 200, body.get_data()
-        return sum(1 for c in tb.provider.calls[before:]
-                   if c[0] == "read_tensors" and any(t.endswith("/stats") or "/stats/" in t for t in c[3]))
+        return sum(
+            1
+            for c in tb.provider.calls[before:]
+            if c[0] == "read_tensors" and any(t.endswith("/stats") or "/stats/" in t for t in c[3])
+        )
 
     first = write(steps[:3])
     tb = InProcess(str(tmp_path))
     assert stats_reads("matrix", {"run": "live"}) == 1
-    for route, query in [("matrix", {"run": "live", "stat": "max"}), ("anomalies", {"run": "live"}),
-                         ("stats", {"run": "live", "layer": "net/b"}), ("csv", {"run": "live"}),
-                         ("compare", {"run": "live", "layer": "net/a"})]:
+    for route, query in [
+        ("matrix", {"run": "live", "stat": "max"}),
+        ("anomalies", {"run": "live"}),
+        ("stats", {"run": "live", "layer": "net/b"}),
+        ("csv", {"run": "live"}),
+        ("compare", {"run": "live", "layer": "net/a"}),
+    ]:
         assert stats_reads(route, query) == 0, route
     next_second()
     second = write(steps[3:])
@@ -499,16 +557,22 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version
     body = get_json(tb, "matrix", {"run": "live", "stat": "max"})
     assert body["steps"] == steps
     assert body["values"] == [[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0]]
-    assert get_json(tb, "stats", {"run": "live", "layer": "net/b", "start": str(steps[3])})["stats"]["max"] == [5.0, 6.0]
+    assert get_json(tb, "stats", {"run": "live", "layer": "net/b", "start": str(steps[3])})["stats"]["max"] == [
+        5.0,
+        6.0,
+    ]
     first.close()
     second.close()
 
 
 def test_json_never_contains_nan_literals(tb):
-    for route, query in [("runs", None), ("matrix", {"run": "train", "stat": "mean"}),
-                         ("stats", {"run": "train", "layer": UNUSED_LAYER[0]}),
-                         ("tensor", {"run": "train", "layer": TENSOR_LAYER, "step": str(NAN_STEP)}),
-                         ("timesteps", {"run": "train", "layer": RNN_LAYER})]:
+    for route, query in [
+        ("runs", None),
+        ("matrix", {"run": "train", "stat": "mean"}),
+        ("stats", {"run": "train", "layer": UNUSED_LAYER[0]}),
+        ("tensor", {"run": "train", "layer": TENSOR_LAYER, "step": str(NAN_STEP)}),
+        ("timesteps", {"run": "train", "layer": RNN_LAYER}),
+    ]:
         text = tb.get(route, query).get_data(as_text=True)
         assert "NaN" not in text and "Infinity" not in text
         strict_json(text.encode())
@@ -543,10 +607,29 @@ def test_fast_float_rows_parse_to_the_same_float64():
     from tb_layergrad.plugin import responses
 
     rng = np.random.default_rng(7)
-    edge = [0.0, -0.0, 1.0, 0.1, 1 / 3, 5e-324, 2.2250738585072014e-308, 1.7976931348623157e308, -123.456,
-            np.nan, np.inf, -np.inf, 2.0**53 + 2, 1e22, 1e-7]
-    rows = [np.asarray(edge), rng.normal(size=300) * 10.0 ** rng.integers(-300, 300, size=300), np.zeros(0),
-            np.full(4, np.nan)]
+    edge = [
+        0.0,
+        -0.0,
+        1.0,
+        0.1,
+        1 / 3,
+        5e-324,
+        2.2250738585072014e-308,
+        1.7976931348623157e308,
+        -123.456,
+        np.nan,
+        np.inf,
+        -np.inf,
+        2.0**53 + 2,
+        1e22,
+        1e-7,
+    ]
+    rows = [
+        np.asarray(edge),
+        rng.normal(size=300) * 10.0 ** rng.integers(-300, 300, size=300),
+        np.zeros(0),
+        np.full(4, np.nan),
+    ]
     got = json.loads(responses.float_rows_json(rows))
     want = [responses.float_list(r) for r in rows]
     assert len(got) == len(want)

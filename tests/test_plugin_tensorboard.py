@@ -5,6 +5,7 @@ TensorBoard would keep 10 (Python) or 100 (Rust) of them. Four servers start at
 once on the same logdir (both loaders, with and without a user sampling flag)
 so their start-up times overlap.
 """
+
 from __future__ import annotations
 
 import http.client
@@ -12,7 +13,6 @@ import json
 
 import numpy as np
 import pytest
-
 from plugin_fixtures import (
     BIG_LAYERS,
     BIG_NAN_STEP,
@@ -21,10 +21,11 @@ from plugin_fixtures import (
     strict_json,
     write_big_logdir,
 )
-from tb_layergrad import metadata
-from tb_layergrad.plugin.loader import LayerGradLoader
 from tensorboard_process import tensorboards
 from tolerances import gamma
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin.loader import LayerGradLoader
 
 USER_SAMPLES = 50
 CONFIGS = {
@@ -32,12 +33,16 @@ CONFIGS = {
     "python": ("false", []),
     "rust_user": ("true", ["--samples_per_plugin", f"layergrad={USER_SAMPLES}"]),
     # ... and with the plugin's own flag: no reading ahead (`plugin.prefetch`), the routes read on request.
-    "python_user": ("false", ["--samples_per_plugin", f"images=3,layergrad={USER_SAMPLES}", "--layergrad_prefetch=false"]),
+    "python_user": (
+        "false",
+        ["--samples_per_plugin", f"images=3,layergrad={USER_SAMPLES}", "--layergrad_prefetch=false"],
+    ),
 }
 API = "/data/plugin/layergrad/"
 
 
 pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard servers
+
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
@@ -127,8 +132,14 @@ def test_tab_enabled_and_served(servers, name):
     assert get_json(p, API + "tensor?run=long&layer=net/first&step=-1", status=400)["error"]
 
 
-@pytest.mark.parametrize("raw", ["/data/plugin/layergrad/../../../setup.py", "/data/plugin/layergrad/%2e%2e/%2e%2e/setup.py",
-                                 "/data/plugin/layergrad/..%2f..%2fsetup.py"])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "/data/plugin/layergrad/../../../setup.py",
+        "/data/plugin/layergrad/%2e%2e/%2e%2e/setup.py",
+        "/data/plugin/layergrad/..%2f..%2fsetup.py",
+    ],
+)
 def test_real_server_never_serves_outside_the_frontend(servers, raw):
     p = servers["python"]
     conn = http.client.HTTPConnection("127.0.0.1", p.port, timeout=10)
@@ -156,11 +167,17 @@ def configured_flags(argv=(), **kwargs):
 def test_fix_flags_keeps_everything_unless_the_user_says_otherwise():
     assert configured_flags().samples_per_plugin == {metadata.PLUGIN_NAME: 0}
     assert configured_flags(["--samples_per_plugin", "images=3"]).samples_per_plugin == {
-        "images": 3, metadata.PLUGIN_NAME: 0}
+        "images": 3,
+        metadata.PLUGIN_NAME: 0,
+    }
     assert configured_flags(["--samples_per_plugin", "layergrad=7,images=3"]).samples_per_plugin == {
-        "images": 3, metadata.PLUGIN_NAME: 7}
+        "images": 3,
+        metadata.PLUGIN_NAME: 7,
+    }
     assert configured_flags(samples_per_plugin="scalars=9").samples_per_plugin == {
-        "scalars": 9, metadata.PLUGIN_NAME: 0}
+        "scalars": 9,
+        metadata.PLUGIN_NAME: 0,
+    }
 
 
 def test_the_entry_point_is_the_loader():

@@ -5,16 +5,17 @@ The figures that made it necessary (the first request of a 100,000-step run) are
 store drop a table, that it stops re-reading a changing run while nobody looks, and that TensorBoard
 starts with it on and with `--layergrad_prefetch=false`.
 """
+
 from __future__ import annotations
 
 import os
 import shutil
 import time
 
-import pytest
-
 import long_fixtures as lf
+import pytest
 from plugin_fixtures import InProcess, get_json
+
 from tb_layergrad import metadata
 from tb_layergrad.plugin import flags, prefetch
 from tb_layergrad.reader import catalog
@@ -60,6 +61,7 @@ def settle(pre: prefetch.StatsPrefetcher):
 def test_after_two_passes_no_route_reads_a_record(logdir):
     tb = InProcess(logdir)
     pre = prefetch.StatsPrefetcher(tb.plugin._routes._stats, tb.plugin._routes._lister)  # noqa: SLF001 - the plugin's own store
+
     def statistics_read():
         return {r["run"]: r["statistics_read"] for r in get_json(tb, "runs", {})["runs"]}
 
@@ -89,12 +91,18 @@ def test_a_run_being_written_is_read_now_and_then_up_to_its_last_block(tmp_path,
     # Training goes on: block 48 grows (steps 50-59 arrive in a later file); 0, 16 and 32 stay as they were.
     more = str(tmp_path_factory.mktemp("more"))
     lf.write_run(more, LAYERS, 60, keep=False, block_steps=16)
-    shutil.copy(os.path.join(more, "events.out.tfevents.1.long.v2"), os.path.join(str(tmp_path), "blocks", "events.out.tfevents.2.long.v2"))
+    shutil.copy(
+        os.path.join(more, "events.out.tfevents.1.long.v2"),
+        os.path.join(str(tmp_path), "blocks", "events.out.tfevents.2.long.v2"),
+    )
     tb.reload()
     clock.now += prefetch.BUSY_INTERVAL / 2
     assert pre.warm_once() == []  # changing, and first seen a moment ago
     lf.write_run(more, LAYERS, 64, keep=False, block_steps=16)  # and grows again: steps 60-63
-    shutil.copy(os.path.join(more, "events.out.tfevents.1.long.v2"), os.path.join(str(tmp_path), "blocks", "events.out.tfevents.3.long.v2"))
+    shutil.copy(
+        os.path.join(more, "events.out.tfevents.1.long.v2"),
+        os.path.join(str(tmp_path), "blocks", "events.out.tfevents.3.long.v2"),
+    )
     tb.reload()
     clock.now += prefetch.BUSY_INTERVAL
     assert pre.warm_once() == ["blocks"]  # still changing, but for long enough: what stopped changing is read
@@ -139,7 +147,10 @@ def test_a_changing_run_is_read_again_only_while_the_tab_is_used(logdir, tmp_pat
     # Training goes on: more steps of `short` arrive in a later event file.
     more = str(tmp_path_factory.mktemp("more"))
     lf.write_run(more, LAYERS, 30, keep=False)
-    shutil.copy(os.path.join(more, "events.out.tfevents.1.long.v2"), os.path.join(logdir, "short", "events.out.tfevents.2.long.v2"))
+    shutil.copy(
+        os.path.join(more, "events.out.tfevents.1.long.v2"),
+        os.path.join(logdir, "short", "events.out.tfevents.2.long.v2"),
+    )
     tb.reload()
     assert not store.is_current("", "short", stats_series(tb, "short"))
     clock.now += 61.0  # nobody has asked for anything for a minute

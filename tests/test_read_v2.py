@@ -6,6 +6,7 @@ metadata only with a tag's first record, histograms as counts whose edges come f
 converted from event files the real summary ops wrote (tests/plugin_fixtures.py). Every route, the
 report and `load()` must give the same answer for both, except run names and wall times.
 """
+
 from __future__ import annotations
 
 import glob
@@ -15,11 +16,11 @@ import logging
 import os
 
 import numpy as np
-import pytest
-
 import origin_fixtures as of
 import plugin_fixtures as pf
+import pytest
 from plugin_fixtures import InProcess, as_float, get_json, strict_json
+
 from tb_layergrad import metadata
 from tb_layergrad.reader import series
 
@@ -53,8 +54,11 @@ def without_run_and_wall(doc):
     """The answer with what legitimately differs between the twins removed: run names, wall times, versions, and
     whether the background read-ahead has reached each run yet (`statistics_read`, timing)."""
     if isinstance(doc, dict):
-        return {k: without_run_and_wall(v) for k, v in doc.items()
-                if k not in ("run", "format_versions", "statistics_read") and "wall" not in k}
+        return {
+            k: without_run_and_wall(v)
+            for k, v in doc.items()
+            if k not in ("run", "format_versions", "statistics_read") and "wall" not in k
+        }
     if isinstance(doc, list):
         return [without_run_and_wall(v) for v in doc]
     return doc
@@ -86,14 +90,24 @@ def test_runs_route_lists_the_same_layers_and_names_the_versions(tb):
         assert by_name[f"{run}_v2"]["format_versions"] == [2]
         assert without_run_and_wall(by_name[run]) == without_run_and_wall(by_name[f"{run}_v2"])
     layers = [x["layer"] for x in by_name["train_v2"]["layers"]]
-    assert layers == ["model/embedding", "model/dense", "model/dense/kernel", "model/rnn", "model/unused", "extra/no_index"]
+    assert layers == [
+        "model/embedding",
+        "model/dense",
+        "model/dense/kernel",
+        "model/rnn",
+        "model/unused",
+        "extra/no_index",
+    ]
     assert by_name[f"{of.FORWARD}_v2"]["activations"] and by_name[f"{of.FORWARD}_v2"]["target_series"] == ["loss"]
 
 
 def test_both_kinds_of_record_in_one_run_list_both_versions(tmp_path):
     layer = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0, dtype="float32")
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [dataclass_replace(layer, layer="m/b", index=1)])
-    pf.write_records(str(tmp_path / "mixed"), [(0, layer.tag, layer, stats_row(1.0)), (0, group.tag_at(0), group, stats_row(2.0)[None])])
+    pf.write_records(
+        str(tmp_path / "mixed"),
+        [(0, layer.tag, layer, stats_row(1.0)), (0, group.tag_at(0), group, stats_row(2.0)[None])],
+    )
     body = get_json(InProcess(str(tmp_path)), "runs", {})
     (run,) = body["runs"]
     assert run["format_versions"] == [1, 2]
@@ -117,8 +131,10 @@ def test_matrix_numbers_are_the_written_ones(tb, twins):
     body = get_json(tb, "matrix", {"run": "train_v2", "stat": "norm"})
     assert body["steps"] == pf.TRAIN_STEPS
     row = as_float(body["values"][body["layers"].index("model/rnn")])
-    want = [np.linalg.norm(written.inputs[("train", "loss", "output", "model/rnn")][s].astype(np.float64))
-            for s in pf.TRAIN_STEPS]
+    want = [
+        np.linalg.norm(written.inputs[("train", "loss", "output", "model/rnn")][s].astype(np.float64))
+        for s in pf.TRAIN_STEPS
+    ]
     np.testing.assert_allclose(row, want, rtol=1e-5)
     nonfinite = get_json(tb, "matrix", {"run": "train_v2", "stat": "nonfinite"})
     dense = nonfinite["values"][nonfinite["layers"].index("model/dense")]
@@ -158,8 +174,11 @@ def test_a_histogram_step_without_stats_is_skipped(tmp_path):
     stats = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
     hist = stats.with_kind(metadata.KIND_HISTOGRAM)
     counts = np.asarray([[1, 2, 3]], np.uint8)
-    records = [(0, stats.tag_at(0), stats, stats_row(1.0, lo=-1.0, hi=2.0)[None]), (0, hist.tag_at(0), hist, counts),
-               (1, hist.tag_at(1), hist, counts)]
+    records = [
+        (0, stats.tag_at(0), stats, stats_row(1.0, lo=-1.0, hi=2.0)[None]),
+        (0, hist.tag_at(0), hist, counts),
+        (1, hist.tag_at(1), hist, counts),
+    ]
     pf.write_records(str(tmp_path / "r"), records)
     body = get_json(InProcess(str(tmp_path)), "histograms", {"run": "r", "layer": "m/a"})
     assert body["steps"] == [0]
@@ -236,7 +255,9 @@ def test_load_dataframe_is_the_same(twins):
 def test_a_rebuilt_model_writes_new_tags_and_its_layers_continue(tb):
     from tensorboard import context
 
-    tags = tb.provider.list_tensors(context.RequestContext(), experiment_id="", plugin_name=metadata.PLUGIN_NAME)["train_v2"]
+    tags = tb.provider.list_tensors(context.RequestContext(), experiment_id="", plugin_name=metadata.PLUGIN_NAME)[
+        "train_v2"
+    ]
     stats_groups = [t for t in tags if t.startswith("loss/output/layers-") and "/stats/" in t]
     assert len(stats_groups) == 2
     body = get_json(tb, "stats", {"run": "train_v2", "layer": "model/embedding"})
@@ -262,9 +283,17 @@ def test_the_blocks_of_a_group_are_one_series(tmp_path):
     b = stats.block_steps
     steps = [b - 2, b - 1, b, b + 1]
     counts = np.asarray([[1, 2, 3]], np.uint8)
-    pf.write_records(str(tmp_path / "r"), [
-        r for s in steps for r in ((s, stats.tag_at(s), stats, stats_row(float(s), lo=-1.0, hi=2.0)[None]),
-                                   (s, hist.tag_at(s), hist, counts))])
+    pf.write_records(
+        str(tmp_path / "r"),
+        [
+            r
+            for s in steps
+            for r in (
+                (s, stats.tag_at(s), stats, stats_row(float(s), lo=-1.0, hi=2.0)[None]),
+                (s, hist.tag_at(s), hist, counts),
+            )
+        ],
+    )
     tb = InProcess(str(tmp_path))
     body = get_json(tb, "stats", {"run": "r", "layer": "m/a"})
     assert body["steps"] == steps and body["stats"]["norm"] == [float(s) for s in steps]
@@ -279,8 +308,10 @@ def test_at_a_repeated_step_the_later_record_wins_across_tags(tmp_path):
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
     other = metadata.GroupInfo.of(metadata.KIND_STATS, [dataclass_replace(info, index=5)])  # another digest
     pf.write_records(str(tmp_path / "r"), [(0, info.tag, info, stats_row(1.0)), (1, info.tag, info, stats_row(1.0))])
-    pf.write_records(str(tmp_path / "r"), [(1, group.tag_at(1), group, stats_row(2.0)[None]),
-                                           (2, group.tag_at(2), group, stats_row(2.0)[None])])
+    pf.write_records(
+        str(tmp_path / "r"),
+        [(1, group.tag_at(1), group, stats_row(2.0)[None]), (2, group.tag_at(2), group, stats_row(2.0)[None])],
+    )
     pf.write_records(str(tmp_path / "r"), [(2, other.tag_at(2), other, stats_row(3.0)[None])])
     tb = InProcess(str(tmp_path))
     body = get_json(tb, "stats", {"run": "r", "layer": "m/a"})
@@ -317,11 +348,22 @@ def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path):
 
     info = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
     pf.write_records(str(tmp_path / "ok"), [(0, info.tag, info, stats_row(1.0))])
-    content = json.dumps({"version": 3, "kind": "stats", "target": "loss", "source": "output", "layers": ["m/a"],
-                          "indexes": [0], "dtypes": [""], "fields": list(metadata.STAT_FIELDS)}).encode()
+    content = json.dumps(
+        {
+            "version": 3,
+            "kind": "stats",
+            "target": "loss",
+            "source": "output",
+            "layers": ["m/a"],
+            "indexes": [0],
+            "dtypes": [""],
+            "fields": list(metadata.STAT_FIELDS),
+        }
+    ).encode()
     md = summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=metadata.PLUGIN_NAME, content=content),
-        data_class=summary_pb2.DATA_CLASS_TENSOR)
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
     writer = tf.summary.create_file_writer(str(tmp_path / "ok"))
     with writer.as_default():
         tf.summary.write("loss/output/layers-abc/stats", tf.constant(stats_row(2.0)[None]), step=1, metadata=md)
@@ -340,8 +382,11 @@ def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path):
     assert "upgrade tb_layergrad" in report.format_text(rep)
     assert report.to_json(rep)["warnings"] == [warning]
     err = io.StringIO()
-    args = type("A", (), {"logdir": str(tmp_path), "run": None, "target": "loss", "source": "output",
-                          "fail_on": None, "format": "csv"})()
+    args = type(
+        "A",
+        (),
+        {"logdir": str(tmp_path), "run": None, "target": "loss", "source": "output", "fail_on": None, "format": "csv"},
+    )()
     assert report.main(args, out=io.StringIO(), err=err) == 0
     assert "format version 3" in err.getvalue()
 
@@ -354,10 +399,16 @@ def test_a_record_whose_rows_disagree_with_its_layers_is_skipped(tmp_path, caplo
     first = stats.with_kind(metadata.KIND_FIRST_NONFINITE)
     good = np.stack([stats_row(1.0), stats_row(2.0)])
     records = [
-        (0, stats.tag_at(0), stats, good), (0, hist.tag_at(0), hist, np.ones([2, 3], np.uint8)), (0, first.tag_at(0), first, np.asarray([-1, -1])),
-        (1, stats.tag_at(1), stats, good[:1]), (1, hist.tag_at(1), hist, np.ones([3, 3], np.uint8)), (1, first.tag_at(1), first, np.asarray([1])),
-        (2, stats.tag_at(2), stats, good[:, :5]), (2, hist.tag_at(2), hist, np.ones([2, 3], np.uint8)),
-        (3, stats.tag_at(3), stats, good), (3, hist.tag_at(3), hist, np.ones([2, 4], np.uint8)),
+        (0, stats.tag_at(0), stats, good),
+        (0, hist.tag_at(0), hist, np.ones([2, 3], np.uint8)),
+        (0, first.tag_at(0), first, np.asarray([-1, -1])),
+        (1, stats.tag_at(1), stats, good[:1]),
+        (1, hist.tag_at(1), hist, np.ones([3, 3], np.uint8)),
+        (1, first.tag_at(1), first, np.asarray([1])),
+        (2, stats.tag_at(2), stats, good[:, :5]),
+        (2, hist.tag_at(2), hist, np.ones([2, 3], np.uint8)),
+        (3, stats.tag_at(3), stats, good),
+        (3, hist.tag_at(3), hist, np.ones([2, 4], np.uint8)),
     ]
     pf.write_records(str(tmp_path / "r"), records)
     tb = InProcess(str(tmp_path))
@@ -382,8 +433,23 @@ def dataclass_replace(info, **changes):
 
 def stats_row(norm: float, lo: float = 0.0, hi: float = 1.0) -> np.ndarray:
     """A float64 stats record (STAT_FIELDS order) with the given norm, min and max."""
-    return np.asarray(metadata.stat_values(elements=4, nan=0, pos_inf=0, neg_inf=0, zeros=0, min=lo, max=hi,
-                                           mean=0.5, std=0.5, norm=norm, mean_abs=0.5, no_gradient=0), np.float64)
+    return np.asarray(
+        metadata.stat_values(
+            elements=4,
+            nan=0,
+            pos_inf=0,
+            neg_inf=0,
+            zeros=0,
+            min=lo,
+            max=hi,
+            mean=0.5,
+            std=0.5,
+            norm=norm,
+            mean_abs=0.5,
+            no_gradient=0,
+        ),
+        np.float64,
+    )
 
 
 # -- a real TensorBoard, both loaders -----------------------------------------------------------------------
@@ -416,9 +482,14 @@ def test_both_loaders_list_and_read_group_tags_whose_metadata_is_in_the_first_re
     runs = {r["run"]: r for r in served(p, "runs")["runs"]}
     assert runs["train_v2"]["format_versions"] == [2] and runs["train"]["format_versions"] == [1]
     assert without_run_and_wall(runs["train"]) == without_run_and_wall(runs["train_v2"])
-    for route, query in (("matrix", {"stat": "norm"}), ("matrix", {"stat": "zero_frac", "source": "weight"}),
-                         ("stats", {"layer": "model/dense"}), ("histograms", {"layer": "model/rnn"}),
-                         ("anomalies", {}), ("compare", {"layer": "model/dense", "run": ["train", "train_v2"]})):
+    for route, query in (
+        ("matrix", {"stat": "norm"}),
+        ("matrix", {"stat": "zero_frac", "source": "weight"}),
+        ("stats", {"layer": "model/dense"}),
+        ("histograms", {"layer": "model/rnn"}),
+        ("anomalies", {}),
+        ("compare", {"layer": "model/dense", "run": ["train", "train_v2"]}),
+    ):
         if route == "compare":
             body = served(p, route, **query)
             assert body["values"][0] == body["values"][1] and body["missing"] == []
@@ -466,7 +537,9 @@ def test_one_layer_routes_list_by_tag_once_the_run_was_listed(tb, run, layer):
         lists = [c for c in tb.provider.calls[before:] if c[0] == "list_tensors"]
         assert lists and all(c[3] is not None for c in lists), lists  # never a listing of the whole run
         if run == "eval":  # version 1: the layer's own tag, as before
-            assert lists[0][3] == {metadata.make_tag("loss", "output", layer, {"stats": "stats", "histograms": "histogram"}[route])}
+            assert lists[0][3] == {
+                metadata.make_tag("loss", "output", layer, {"stats": "stats", "histograms": "histogram"}[route])
+            }
 
 
 @pytest.mark.slow

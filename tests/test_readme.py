@@ -1,4 +1,5 @@
 """The README's quickstart runs as written and writes what it promises; CI runs the README's test command."""
+
 from __future__ import annotations
 
 import os
@@ -9,10 +10,10 @@ import sys
 
 import numpy as np
 import pytest
-
-from tb_layergrad.kernel import cache as kernel_cache
 from tb_reading import read_all
 from tolerances import TWO_SIDES, gamma
+
+from tb_layergrad.kernel import cache as kernel_cache
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
@@ -52,7 +53,11 @@ TEST_COMMAND = "pip install -e '.[cpu,test]' && python -m pytest -q"
 def readme_test_commands() -> list:
     """The README's lines that install and run the tests (first screen and Development section)."""
     text = README.read_text(encoding="utf-8")
-    return [line.split(" #")[0].strip() for line in text.splitlines() if "python -m pytest" in line and "pip install" in line]
+    return [
+        line.split(" #")[0].strip()
+        for line in text.splitlines()
+        if "python -m pytest" in line and "pip install" in line
+    ]
 
 
 def test_the_readme_names_one_test_command_with_tensorflow_from_the_cpu_extra():
@@ -63,7 +68,7 @@ def test_ci_runs_the_readmes_test_command_exactly_in_a_fresh_venv_and_sets_no_va
     script = CI_RUN.read_text(encoding="utf-8")
     lines = [line.strip() for line in script.splitlines()]
     assert any(line.startswith("{ " + TEST_COMMAND + "; }") for line in lines), "the README's command, verbatim"
-    main_body = script[script.index("main() {"):]
+    main_body = script[script.index("main() {") :]
     assert main_body.index("fresh_venv main") < main_body.index(TEST_COMMAND)
     assert "python3 -m venv" in script
     assert not [line for line in lines if line.startswith("export ")]
@@ -72,15 +77,22 @@ def test_ci_runs_the_readmes_test_command_exactly_in_a_fresh_venv_and_sets_no_va
 
 def ci_helper(call: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     """Runs one of .ci/run's shell functions (the script, sourced, runs nothing of its own)."""
-    return subprocess.run(["bash", "-c", f'source "{CI_RUN}" && {call}'], cwd=cwd, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        ["bash", "-c", f'source "{CI_RUN}" && {call}'], cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def pytest_output(tmp_path: pathlib.Path, env: dict) -> pathlib.Path:
     """The real output of one test marked `kernel`, run as CI runs the suite (pytest.ini's options)."""
     node = "tests/test_fused_kernel.py::test_build_is_cached_per_source_and_tensorflow"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", node], cwd=README.parent, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", node],
+        cwd=README.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     log = tmp_path / f"pytest-{done.returncode}.log"
     log.write_text(done.stdout + done.stderr)
     return log

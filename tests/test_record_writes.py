@@ -3,6 +3,7 @@
 The records must be the very bytes `tf.summary.write` writes (docs/FORMAT.md): compared here event by
 event, read back through TensorBoard's own event-file loader, against the per-record path.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.kernel
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel_built():
-    assert fused_kernel.write_op() is not None, f"the fused kernel did not build here: {fused_kernel.unavailable_reason()}"
+    assert fused_kernel.write_op() is not None, (
+        f"the fused kernel did not build here: {fused_kernel.unavailable_reason()}"
+    )
 
 
 def _tensors() -> list:
@@ -43,7 +46,9 @@ def _tensors() -> list:
 
 def _series(n: int) -> list:
     return [
-        metadata.SeriesInfo(layer=f"model/dense_{i}", kind=metadata.KIND_STATS, target="loss", source="output", index=i, dtype="float32")
+        metadata.SeriesInfo(
+            layer=f"model/dense_{i}", kind=metadata.KIND_STATS, target="loss", source="output", index=i, dtype="float32"
+        )
         for i in range(n)
     ]
 
@@ -112,7 +117,10 @@ def test_version_2_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, mon
     _write(str(tmp_path / "plain"), tensors, [7, 9], True, monkeypatch, format_version=2)
     fused, plain = _events(str(tmp_path / "fused")), _events(str(tmp_path / "plain"))
     group = metadata.GroupInfo.of(metadata.KIND_STATS, _series(len(tensors)))
-    tags = {kind: group.with_kind(kind).tag_at(0) for kind in (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)}
+    tags = {
+        kind: group.with_kind(kind).tag_at(0)
+        for kind in (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
+    }
     assert sorted(fused) == sorted(plain) == sorted((s, tag) for s in (7, 9) for tag in tags.values())
     for key in plain:
         assert fused[key].SerializeToString() == plain[key].SerializeToString(), key
@@ -159,7 +167,9 @@ def test_a_logged_step_is_one_op_and_no_condition(tmp_path):
             assert bool(step(grads)) == (s % 2 == 0)
     writer.close()
     events = _events(str(tmp_path))
-    assert sorted({s for s, _ in events}) == [0, 2] and len(events) == 2 * 2  # version 2: a histogram and a stats record
+    assert (
+        sorted({s for s, _ in events}) == [0, 2] and len(events) == 2 * 2
+    )  # version 2: a histogram and a stats record
 
 
 def test_without_a_file_writer_nothing_is_written_and_nothing_fails():
@@ -176,8 +186,15 @@ def test_mismatched_series_are_refused(tmp_path):
     one = [("a", b"")]
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one tag and one metadata per input"):
         fused_kernel.write_histograms_and_stats(
-            writer._resource, True, tf.constant(1, tf.int64), [tf.ones([3]), tf.ones([2])], 5, one, one,  # noqa: SLF001
-            tf.constant([-1, -1], tf.int64), one,
+            writer._resource,
+            True,
+            tf.constant(1, tf.int64),
+            [tf.ones([3]), tf.ones([2])],
+            5,
+            one,
+            one,  # noqa: SLF001
+            tf.constant([-1, -1], tf.int64),
+            one,
         )
 
 
@@ -186,9 +203,13 @@ def test_flush_puts_the_step_on_disk_before_the_writer_closes(tmp_path, flush):
     """GradientLogger's in-step writes flush (records before a crash are kept); without flush they wait in the queue."""
     writer = tf.summary.create_file_writer(str(tmp_path), max_queue=1000, flush_millis=10**9)
     series = _series(1)
-    backend.write_fused(writer._resource, tf.constant(True), tf.constant(5, tf.int64), series, [tf.ones([4])], 30, flush=flush)  # noqa: SLF001
+    backend.write_fused(
+        writer._resource, tf.constant(True), tf.constant(5, tf.int64), series, [tf.ones([4])], 30, flush=flush
+    )  # noqa: SLF001
     on_disk = _events(str(tmp_path))
-    assert sorted(on_disk) == ([(5, series[0].tag.replace("/stats", "/histogram")), (5, series[0].tag)] if flush else [])
+    assert sorted(on_disk) == (
+        [(5, series[0].tag.replace("/stats", "/histogram")), (5, series[0].tag)] if flush else []
+    )
     writer.close()
     assert len(_events(str(tmp_path))) == 2
 
@@ -211,8 +232,12 @@ def test_first_nonfinite_is_kept_per_writer_written_to(tmp_path):
     runs = {name: tf.summary.create_file_writer(str(tmp_path / name)) for name in ("nan_run", "clean_run")}
     info = _series(1)[0]
     for step, (name, data) in enumerate((("nan_run", [1.0, np.nan]), ("clean_run", [1.0, 2.0])), start=3):
-        written = write_step(Plan((Series(info, tf.constant(data)),), format_version=1), step, record=tf.constant(True),
-                             writer=runs[name])
+        written = write_step(
+            Plan((Series(info, tf.constant(data)),), format_version=1),
+            step,
+            record=tf.constant(True),
+            writer=runs[name],
+        )
         assert bool(written)
         runs[name].close()
     first_tag = dataclasses.replace(info, kind=metadata.KIND_FIRST_NONFINITE).tag
@@ -239,8 +264,16 @@ def test_the_check_of_an_unrecorded_step_finds_each_nan_and_inf(tmp_path, dtype,
     xs = [tf.cast(tf.constant(t), dtype) for t in tensors]
     series = _series(5)
     for record_if in (False, True):
-        written, nonfinite, stats = backend.write_fused(writer._resource, tf.constant(False), tf.constant(3, tf.int64), series, xs, 30,  # noqa: SLF001
-                                                        track_nonfinite=False, record_if_nonfinite=tf.constant(record_if))
+        written, nonfinite, stats = backend.write_fused(
+            writer._resource,
+            tf.constant(False),
+            tf.constant(3, tf.int64),
+            series,
+            xs,
+            30,  # noqa: SLF001
+            track_nonfinite=False,
+            record_if_nonfinite=tf.constant(record_if),
+        )
         assert nonfinite.numpy().tolist() == [False, True, True, True, False]
         assert bool(written) == record_if
         # The stats as written come out too (zeros when nothing was): the NaN/Inf counts name the same tensors.
@@ -249,6 +282,14 @@ def test_the_check_of_an_unrecorded_step_finds_each_nan_and_inf(tmp_path, dtype,
     writer.close()
     assert sorted({step for step, _ in _events(str(tmp_path))}) == [3]  # written once: when asked to
     other = tf.summary.create_file_writer(str(tmp_path / "clean"))
-    clean_written, clean, _ = backend.write_fused(other._resource, tf.constant(False), tf.constant(4, tf.int64), series[:1],  # noqa: SLF001
-                                               xs[:1], 30, track_nonfinite=False, record_if_nonfinite=tf.constant(True))
+    clean_written, clean, _ = backend.write_fused(
+        other._resource,
+        tf.constant(False),
+        tf.constant(4, tf.int64),
+        series[:1],  # noqa: SLF001
+        xs[:1],
+        30,
+        track_nonfinite=False,
+        record_if_nonfinite=tf.constant(True),
+    )
     assert not bool(clean_written) and clean.numpy().tolist() == [False]  # all finite: nothing written

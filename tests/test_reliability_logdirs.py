@@ -28,6 +28,7 @@ A limitation of TensorBoard's Python loader (not of the plugin, which only reads
 kept) is asserted as such, so that a change shows up: it follows only the newest file of a run
 (`live_two`: records appended to the older file afterwards are never read). See docs/RELIABILITY.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,12 +42,12 @@ from urllib.parse import urlencode
 
 import numpy as np
 import pytest
-from google.protobuf.message import DecodeError
-
 import reliability_fixtures as rf
+from google.protobuf.message import DecodeError
 from plugin_fixtures import InProcess, strict_json
-from tb_layergrad import metadata
 from tensorboard_process import TensorBoardProcess
+
+from tb_layergrad import metadata
 
 LAYERS = ["net/a", "net/b"]
 MANY_LAYERS = [f"big/block_{i // 100}/layer_{i % 100}" for i in range(5000)]
@@ -219,8 +220,10 @@ def check_served(get: Get, damaged: Damaged, gone: frozenset = frozenset()) -> S
             continue
         first = next(iter(required))
         hist = _json(get, "histograms", {"run": run, "layer": first}, served)
-        if hist and (hist["steps"] != sorted(required[first])
-                     or hist["histograms"] != [rf.histogram(s).tolist() for s in hist["steps"]]):
+        if hist and (
+            hist["steps"] != sorted(required[first])
+            or hist["histograms"] != [rf.histogram(s).tolist() for s in hist["steps"]]
+        ):
             served.problems.append(f"{run}: histograms of {first} are not the intact steps")
         code, body = get("csv", {"run": run})
         served.requests += 1
@@ -240,8 +243,12 @@ def _matrix(get: Get, run: str, served: Served, allow_404: bool) -> Dict[Tuple[s
         served.problems.append(f"matrix {run!r}: {code} {raw[:200]!r}")
         return {}
     body = strict_json(raw)
-    return {(layer, s): v for layer, row in zip(body["layers"], body["values"]) for s, v in zip(body["steps"], row)
-            if v is not None}
+    return {
+        (layer, s): v
+        for layer, row in zip(body["layers"], body["values"])
+        for s, v in zip(body["steps"], row)
+        if v is not None
+    }
 
 
 def _gone(get: Get, damaged: Damaged) -> frozenset:
@@ -278,16 +285,24 @@ def test_damaged_logdir_in_process(tmp_path):
     damaged.go_live()
     racing = [get("matrix", {"run": "deleted"})[0] for _ in range(3)]
     tb.reload()
-    racing += [get(route, {"run": "deleted", "layer": "net/a"})[0] for route in ("matrix", "stats", "histograms", "csv")]
+    racing += [
+        get(route, {"run": "deleted", "layer": "net/a"})[0] for route in ("matrix", "stats", "histograms", "csv")
+    ]
     assert all(code < 500 for code in racing), racing
     gone = _gone(get, damaged)
     after = check_served(get, damaged, gone=gone)
     assert gone == {"deleted"}  # the Python multiplexer drops a run whose folder is gone, keeps an emptied one
     assert_served(after, allowed_missing=damaged.python_loader_misses())
-    rf.record("logdirs", "in-process: intact records checked", before.checked + after.checked,
-              missing=len(before.missing) + len(after.missing - damaged.python_loader_misses()),
-              python_loader_limitation=len(after.missing), requests=before.requests + after.requests + len(racing),
-              removed_runs_gone=sorted(gone), runs_listing_10000_tags_seconds=round(listing_seconds, 2))
+    rf.record(
+        "logdirs",
+        "in-process: intact records checked",
+        before.checked + after.checked,
+        missing=len(before.missing) + len(after.missing - damaged.python_loader_misses()),
+        python_loader_limitation=len(after.missing),
+        requests=before.requests + after.requests + len(racing),
+        removed_runs_gone=sorted(gone),
+        runs_listing_10000_tags_seconds=round(listing_seconds, 2),
+    )
 
 
 # -- real tensorboard processes ----------------------------------------------------------------------------
@@ -310,8 +325,9 @@ def _runs_ready(p, damaged: Damaged, live: bool = False) -> bool:
     if live:
         for run in REMOVED:
             want.pop(run)
-    return all(r in runs and runs[r]["max_step"] == m for r, m in want.items()) and len(
-        runs["many"]["layers"]) == len(MANY_LAYERS)
+    return all(r in runs and runs[r]["max_step"] == m for r, m in want.items()) and len(runs["many"]["layers"]) == len(
+        MANY_LAYERS
+    )
 
 
 @pytest.mark.slow
@@ -320,8 +336,10 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
     damaged = {"rust": Damaged(str(tmp_path / "rust"), rust=True), "python": Damaged(str(tmp_path / "python"))}
     logs = tmp_path / "tensorboard_logs"
     logs.mkdir()
-    procs = {name: TensorBoardProcess(d.logdir, str(logs / f"{name}.log"), load_fast="true" if name == "rust" else "false")
-             for name, d in damaged.items()}
+    procs = {
+        name: TensorBoardProcess(d.logdir, str(logs / f"{name}.log"), load_fast="true" if name == "rust" else "false")
+        for name, d in damaged.items()
+    }
     codes: List[int] = []
     before, after, gone = {}, {}, {}
     try:
@@ -370,13 +388,17 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
             p.stop()
     for name in procs:
         limitation = damaged[name].python_loader_misses() if name == "python" else set()
-        rf.record("logdirs", f"real tensorboard ({name}): intact records checked",
-                  before[name].checked + after[name].checked,
-                  missing=len(before[name].missing) + len(after[name].missing - limitation),
-                  python_loader_limitation=len(after[name].missing & limitation),
-                  **{f"not_read_after_{run}": n for run, n in before[name].observed_missing.items()},
-                  corrupt_served=before[name].observed_extra, removed_runs_gone=sorted(gone[name]),
-                  requests=before[name].requests + after[name].requests)
+        rf.record(
+            "logdirs",
+            f"real tensorboard ({name}): intact records checked",
+            before[name].checked + after[name].checked,
+            missing=len(before[name].missing) + len(after[name].missing - limitation),
+            python_loader_limitation=len(after[name].missing & limitation),
+            **{f"not_read_after_{run}": n for run, n in before[name].observed_missing.items()},
+            corrupt_served=before[name].observed_extra,
+            removed_runs_gone=sorted(gone[name]),
+            requests=before[name].requests + after[name].requests,
+        )
     rf.record("logdirs", "requests racing with a run deletion", len(codes))
 
 
@@ -390,9 +412,12 @@ def _python_live_ready(p) -> bool:
     return 9 in strict_json(body)["steps"] and 9 in live["steps"] and b[live["steps"].index(9)] is not None
 
 
-@pytest.mark.xfail(raises=DecodeError, strict=False,
-                   reason="TensorBoard's Python loader: a well-framed record that is not an Event raises out of "
-                          "Reload; in a tensorboard process the reload thread dies and no run loads or updates again")
+@pytest.mark.xfail(
+    raises=DecodeError,
+    strict=False,
+    reason="TensorBoard's Python loader: a well-framed record that is not an Event raises out of "
+    "Reload; in a tensorboard process the reload thread dies and no run loads or updates again",
+)
 def test_python_loader_stops_at_a_non_event(tmp_path):
     """Upstream (TensorBoard 2.21) behaviour, kept visible: XPASS once TensorBoard skips such a record."""
     rf.write_run(str(tmp_path / "good"), LAYERS, range(3))

@@ -24,6 +24,7 @@ A crash (TensorFlow kernels can segfault) cannot be reported by hypothesis: run 
 Example counts are kept moderate (`EXAMPLES`) so this file runs in well under a minute on 2 cores;
 `RELIABILITY_EXAMPLES_SCALE=10` multiplies them for a longer hunt.
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,14 +36,14 @@ from typing import Dict
 
 import numpy as np
 import pytest
+import reliability_fixtures as rf
 import tensorflow as tf
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-import reliability_fixtures as rf
-from tb_layergrad import fused_kernel, metadata, reductions, summary
 from tolerances import TWO_SIDES, gamma, unit_roundoff
+
+from tb_layergrad import fused_kernel, metadata, reductions, summary
 
 S = metadata.STAT_INDEX
 SCALE = int(os.environ.get("RELIABILITY_EXAMPLES_SCALE", "1"))
@@ -70,8 +71,26 @@ FLUSH = float(np.finfo(np.float64).tiny)
 def _specials(dtype_name: str):
     info = np.finfo(np.float32 if dtype_name == "bfloat16" else dtype_name)
     big, tiny = float(info.max), float(info.tiny)
-    return [0.0, -0.0, 1.0, -1.0, float("nan"), float("inf"), float("-inf"), big, -big, big / 2, -big / 3,
-            big * 0.999, tiny, -tiny, tiny * 3, float(info.eps), 1e-3, 65504.0 if dtype_name == "float16" else 1e30]
+    return [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        big,
+        -big,
+        big / 2,
+        -big / 3,
+        big * 0.999,
+        tiny,
+        -tiny,
+        tiny * 3,
+        float(info.eps),
+        1e-3,
+        65504.0 if dtype_name == "float16" else 1e30,
+    ]
 
 
 @st.composite
@@ -212,7 +231,9 @@ def check_stats(stats: np.ndarray, x: tf.Tensor, where: str) -> None:
     ms = float(np.mean((fin / s) ** 2))
     var_err = abs((got["std"] / s) ** 2 - (want["std"] / s) ** 2)
     var_tol = (3 * tol + tol**2 + 3 * unit_roundoff(cdt) + 3 * unit_roundoff(np.float64)) * ms
-    assert var_err <= var_tol or abs(got["std"] - want["std"]) <= FLUSH, f"std (var error {var_err:.3g}, mean square {ms:.3g}) -- {msg}"
+    assert var_err <= var_tol or abs(got["std"] - want["std"]) <= FLUSH, (
+        f"std (var error {var_err:.3g}, mean square {ms:.3g}) -- {msg}"
+    )
 
 
 def check_histogram(hist: np.ndarray, x: tf.Tensor, buckets: int, where: str) -> None:
@@ -277,15 +298,26 @@ def run(mode: str, x: tf.Tensor, buckets: int):
 
 def _property(mode: str, tally: collections.Counter):
     @seed(zlib.crc32(mode.encode()))  # reproducible, and different inputs in each mode
-    @settings(max_examples=EXAMPLES[mode], deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=EXAMPLES[mode],
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(case=tensors(), buckets=st.sampled_from(BUCKETS))
     def prop(case, buckets):
         _, x = case
         _count(tally, x)
         if os.environ.get("RELIABILITY_TRACE"):
             with open(os.environ["RELIABILITY_TRACE"], "a") as f:
-                print("CASE", x.dtype.name, x.shape, buckets, repr(tf.cast(x, tf.float64).numpy().reshape(-1).tolist()), file=f)
+                print(
+                    "CASE",
+                    x.dtype.name,
+                    x.shape,
+                    buckets,
+                    repr(tf.cast(x, tf.float64).numpy().reshape(-1).tolist()),
+                    file=f,
+                )
         hist, stats = run(mode, x, buckets)
         check_stats(stats.numpy(), x, mode)
         check_histogram(hist.numpy(), x, buckets, mode)
@@ -307,7 +339,13 @@ def _run_property(mode: str) -> None:
     rf.record("reductions", f"generated tensors: {mode}", tally.pop("cases"), **tally)
 
 
-@pytest.mark.parametrize("mode", [marked(m) for m in ("eager-kernel", "function-kernel", "eager-fast", "eager-general", "function-fast", "function-general")])
+@pytest.mark.parametrize(
+    "mode",
+    [
+        marked(m)
+        for m in ("eager-kernel", "function-kernel", "eager-fast", "eager-general", "function-fast", "function-general")
+    ],
+)
 def test_reductions_property(mode):
     _run_property(mode)
 
@@ -321,8 +359,13 @@ def test_summary_op_property(tmp_path_factory):
     """`summary.gradient` writes exactly what the reductions compute, with the right metadata."""
     from tb_reading import read_all
 
-    @settings(max_examples=EXAMPLES["summary-op"], deadline=None, derandomize=True, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=EXAMPLES["summary-op"],
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(case=tensors(), buckets=st.sampled_from(BUCKETS), step=st.integers(0, 2**63 - 1))
     def prop(case, buckets, step):
         name, x = case
@@ -365,14 +408,21 @@ REGRESSIONS = [
 ]
 
 
-XLA_REGRESSIONS = [("bfloat16", [1.4693679385278594e-39]), ("float64", [-1.7e308, 1.7e308, 0.0]),
-                   ("float64", [1e300, -1e300, 1e308])]  # where XLA behaves differently
+XLA_REGRESSIONS = [
+    ("bfloat16", [1.4693679385278594e-39]),
+    ("float64", [-1.7e308, 1.7e308, 0.0]),
+    ("float64", [1e300, -1e300, 1e308]),
+]  # where XLA behaves differently
 
 
 @pytest.mark.parametrize(
     "mode,dtype,values,buckets",
-    [marked(mode, *case) for case in REGRESSIONS for mode in ("eager-kernel", "eager-fast", "eager-general", "function-fast", "xla-general")
-     if not mode.startswith("xla") or case[:2] in XLA_REGRESSIONS],  # an XLA compile takes ~1 s
+    [
+        marked(mode, *case)
+        for case in REGRESSIONS
+        for mode in ("eager-kernel", "eager-fast", "eager-general", "function-fast", "xla-general")
+        if not mode.startswith("xla") or case[:2] in XLA_REGRESSIONS
+    ],  # an XLA compile takes ~1 s
 )
 def test_found_inputs(mode, dtype, values, buckets):
     x = tf.cast(tf.constant(values, tf.float64 if dtype == "float64" else tf.float32), DTYPES[dtype])

@@ -12,6 +12,7 @@ where the logdir says what the number is, hold that number.
 The static route (`index.js` and `/*`) gets generated paths, sent verbatim as PATH_INFO: it may
 only ever answer 404 or the bytes of a file inside its folder.
 """
+
 from __future__ import annotations
 
 import collections
@@ -22,16 +23,16 @@ import os
 import re
 from typing import Dict, List, Tuple
 
+import examples_fixtures as ef
 import pytest
+import reliability_fixtures as rf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from plugin_fixtures import InProcess, strict_json
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-import examples_fixtures as ef
-import reliability_fixtures as rf
-from plugin_fixtures import InProcess, strict_json
-from tb_layergrad.reader import examples, series
 from tb_layergrad.plugin.plugin import LayerGradPlugin
+from tb_layergrad.reader import examples, series
 
 SCALE = int(os.environ.get("RELIABILITY_EXAMPLES_SCALE", "1"))
 QUERY_EXAMPLES = 150 * SCALE  # per route
@@ -56,11 +57,53 @@ USES = {
 # `anomalies` (its `dominated`) there too, besides the hostile logdir.
 ON_EXAMPLES = {"examples", "noise_scale"}
 ALSO_ON_EXAMPLES = {"anomalies"}
-HOSTILE = ["", "nope", "../train", "../../../../etc/passwd", "<script>alert(1)</script>", "train\x00", "%2e%2e%2f",
-           "TRAIN", " train", "x" * 5000, "\u202etrain", "🚀", "\ud7ff", "null", "undefined", "__proto__",
-           "constructor", "[]", "{}", "\\..\\", "a\r\nSet-Cookie: x=1", "\ufeff"]
-BAD_INTS = ["", "-1", "-0", "+5", " 5", "5 ", "1.5", "1e3", "0x10", "NaN", "inf", "１２", "٣", "9" * 5000,
-            "9223372036854775808", "99999999999999999999999", "true", "[1]", "1,2", "0b1", "1_000"]
+HOSTILE = [
+    "",
+    "nope",
+    "../train",
+    "../../../../etc/passwd",
+    "<script>alert(1)</script>",
+    "train\x00",
+    "%2e%2e%2f",
+    "TRAIN",
+    " train",
+    "x" * 5000,
+    "\u202etrain",
+    "🚀",
+    "\ud7ff",
+    "null",
+    "undefined",
+    "__proto__",
+    "constructor",
+    "[]",
+    "{}",
+    "\\..\\",
+    "a\r\nSet-Cookie: x=1",
+    "\ufeff",
+]
+BAD_INTS = [
+    "",
+    "-1",
+    "-0",
+    "+5",
+    " 5",
+    "5 ",
+    "1.5",
+    "1e3",
+    "0x10",
+    "NaN",
+    "inf",
+    "１２",
+    "٣",
+    "9" * 5000,
+    "9223372036854775808",
+    "99999999999999999999999",
+    "true",
+    "[1]",
+    "1,2",
+    "0b1",
+    "1_000",
+]
 
 
 def test_every_route_is_fuzzed():
@@ -106,10 +149,16 @@ _INTS = st.one_of(
 def queries(draw, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, str]]:
     names = _names(written)
     values = {
-        "run": names, "layer": names, "target": st.one_of(st.sampled_from(["loss", rf.HOSTILE_TARGET]), names),
+        "run": names,
+        "layer": names,
+        "target": st.one_of(st.sampled_from(["loss", rf.HOSTILE_TARGET]), names),
         "source": st.one_of(st.sampled_from(["output", "weight"]), names),
         "stat": st.one_of(st.sampled_from(series.ALL_STATS + tuple(examples.MATRIX_STATS)), names),
-        "start": _INTS, "end": _INTS, "step": _INTS, "max_steps": _INTS, "points": _INTS,
+        "start": _INTS,
+        "end": _INTS,
+        "step": _INTS,
+        "max_steps": _INTS,
+        "points": _INTS,
     }
     pairs: List[Tuple[str, str]] = []
     if draw(st.integers(0, 3)):  # mostly: a valid run (and layer) to mutate
@@ -117,8 +166,9 @@ def queries(draw, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, 
         pairs.append(("run", run))
         if "layer" in USES[route]:
             pairs.append(("layer", draw(st.sampled_from(written[run]))))
-    keys = st.one_of(st.sampled_from(USES[route]), st.sampled_from(["_", "RUN", "run[]", "", "foo", "layer "]),
-                     st.text(max_size=6))
+    keys = st.one_of(
+        st.sampled_from(USES[route]), st.sampled_from(["_", "RUN", "run[]", "", "foo", "layer "]), st.text(max_size=6)
+    )
     for _ in range(draw(st.integers(0, 5))):
         key = draw(keys)
         pairs.append((key, draw(values.get(key, names))))
@@ -129,9 +179,28 @@ def queries(draw, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, 
 
 _RAW_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789%&=+;._-~:/?[]@!$'()*,<>\" "
 RAW_QUERIES = st.lists(
-    st.one_of(st.text(alphabet=_RAW_ALPHABET, max_size=12),
-              st.sampled_from(["%ff", "%00", "%c0%af", "%", "%%", "%zz", "%e2%82", "run=", "=train", "&&", "run=train",
-                               "layer=m%2fdense", "start=1", "step=%31", "+"])),
+    st.one_of(
+        st.text(alphabet=_RAW_ALPHABET, max_size=12),
+        st.sampled_from(
+            [
+                "%ff",
+                "%00",
+                "%c0%af",
+                "%",
+                "%%",
+                "%zz",
+                "%e2%82",
+                "run=",
+                "=train",
+                "&&",
+                "run=train",
+                "layer=m%2fdense",
+                "start=1",
+                "step=%31",
+                "+",
+            ]
+        ),
+    ),
     max_size=8,
 ).map("".join)
 
@@ -183,7 +252,9 @@ def check_ok_json(route: str, pairs, body: dict) -> None:
         assert len(body["values"]) == len(body["runs"]) and all(len(r) == len(steps) for r in body["values"])
         assert set(body["missing"]) <= set(body["runs"])
     elif route == "examples":
-        per_step = ["min", "max", "top_share", "examples", "status"] + (["last_steps", "counts"] if body.get("binned") else ["median"])
+        per_step = ["min", "max", "top_share", "examples", "status"] + (
+            ["last_steps", "counts"] if body.get("binned") else ["median"]
+        )
         assert all(len(body[name]) == len(steps) for name in per_step)
         step = _ints(pairs, "step")
         assert step is None or body["at"]["step"] == step
@@ -194,11 +265,17 @@ def check_ok_json(route: str, pairs, body: dict) -> None:
             assert (start is None or d["first_step"] >= start) and (end is None or d["worst_step"] <= end)
             assert d["layer"] in [entry["layer"] for entry in body["layers"]] and d["worst_share"] > 0.5
     elif route == "noise_scale":
-        assert set(body["missing"]) <= set(body["runs"]) and len(body["series"]) + len(body["missing"]) == len(body["runs"])
+        assert set(body["missing"]) <= set(body["runs"]) and len(body["series"]) + len(body["missing"]) == len(
+            body["runs"]
+        )
         start, end = _ints(pairs, "start"), _ints(pairs, "end")
         for r in body["series"]:
-            assert r["steps"] == sorted(set(r["steps"])) and all(len(r[k]) == len(r["steps"]) for k in ("trace", "signal"))
-            assert (start is None or all(x >= start for x in r["steps"])) and (end is None or all(x <= end for x in r["steps"]))
+            assert r["steps"] == sorted(set(r["steps"])) and all(
+                len(r[k]) == len(r["steps"]) for k in ("trace", "signal")
+            )
+            assert (start is None or all(x >= start for x in r["steps"])) and (
+                end is None or all(x <= end for x in r["steps"])
+            )
 
 
 def check_response(route: str, pairs, method: str, response, errors_logged, tally: Tally, written) -> None:
@@ -245,13 +322,19 @@ def errors_logged(caplog):
     return logged
 
 
-_SETTINGS = dict(deadline=None, derandomize=True, database=None,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                        HealthCheck.function_scoped_fixture])
+_SETTINGS = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 
 
-@pytest.mark.parametrize("route,logdir", [(r, "examples" if r in ON_EXAMPLES else "hostile") for r in USES]
-                         + [(r, "examples") for r in sorted(ALSO_ON_EXAMPLES)])
+@pytest.mark.parametrize(
+    "route,logdir",
+    [(r, "examples" if r in ON_EXAMPLES else "hostile") for r in USES]
+    + [(r, "examples") for r in sorted(ALSO_ON_EXAMPLES)],
+)
 def test_generated_queries(hostile, with_examples, errors_logged, route, logdir):
     tb, written = with_examples if logdir == "examples" else hostile
     tally = Tally()
@@ -312,10 +395,49 @@ def reaches_plugin(env) -> bool:
     return _clean_path(urlparse(Request(env).path).path).startswith(API)
 
 
-SEGMENTS = ["index.js", "app.js", "style.css", "lib.js", "x.js", "vendor", "deep", "..", ".", "", "...", "%2e%2e",
-            "%2E%2e", "%252e%252e", "..%2f", "%2f", "%5c", "\\", "..\\..", "%00", "index.js%00.png", "\x00", "secret.py",
-            ".hidden.js", "link.js", "up", "outside.js", "~", "C:", "ü.js", "a" * 300, ";", "index.js;.png", "%c0%ae",
-            "runs", "data", "plugin", "layergrad", "..;", "%", "//"]
+SEGMENTS = [
+    "index.js",
+    "app.js",
+    "style.css",
+    "lib.js",
+    "x.js",
+    "vendor",
+    "deep",
+    "..",
+    ".",
+    "",
+    "...",
+    "%2e%2e",
+    "%2E%2e",
+    "%252e%252e",
+    "..%2f",
+    "%2f",
+    "%5c",
+    "\\",
+    "..\\..",
+    "%00",
+    "index.js%00.png",
+    "\x00",
+    "secret.py",
+    ".hidden.js",
+    "link.js",
+    "up",
+    "outside.js",
+    "~",
+    "C:",
+    "ü.js",
+    "a" * 300,
+    ";",
+    "index.js;.png",
+    "%c0%ae",
+    "runs",
+    "data",
+    "plugin",
+    "layergrad",
+    "..;",
+    "%",
+    "//",
+]
 
 
 @pytest.fixture(scope="module")
@@ -323,9 +445,15 @@ def frontend(tmp_path_factory, hostile):
     """A frontend folder with files, a secret outside it, symlinks out of it."""
     base = tmp_path_factory.mktemp("static_fuzz")
     root = base / "frontend"
-    files = {"index.js": b"export function render() {}\n", "app.js": b"export const app = 1;\n",
-             "style.css": b"body{}", "vendor/lib.js": b"export default 1;", "vendor/deep/x.js": b"export default 2;",
-             "secret.py": b"SECRET = 1", ".hidden.js": b"HIDDEN"}
+    files = {
+        "index.js": b"export function render() {}\n",
+        "app.js": b"export const app = 1;\n",
+        "style.css": b"body{}",
+        "vendor/lib.js": b"export default 1;",
+        "vendor/deep/x.js": b"export default 2;",
+        "secret.py": b"SECRET = 1",
+        ".hidden.js": b"HIDDEN",
+    }
     for name, data in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
@@ -376,8 +504,15 @@ def test_real_frontend_serves_only_its_files(hostile, errors_logged):
     tally = Tally()
 
     @settings(max_examples=100 * SCALE, **_SETTINGS)
-    @given(segments=st.lists(st.sampled_from(SEGMENTS + ["frontend", "setup.py", "README.md", "tb_layergrad",
-                                                         "__init__.py", "charts", "views"]), min_size=1, max_size=6))
+    @given(
+        segments=st.lists(
+            st.sampled_from(
+                SEGMENTS + ["frontend", "setup.py", "README.md", "tb_layergrad", "__init__.py", "charts", "views"]
+            ),
+            min_size=1,
+            max_size=6,
+        )
+    )
     def prop(segments):
         raw = API + "/".join(segments)
         env = EnvironBuilder(path="/").get_environ()

@@ -3,6 +3,7 @@
 The report reads with TensorBoard's multiplexer (every step) and the plugin's code: its numbers
 must be the `anomalies` route's, which tests/test_report_route.py checks against numpy.
 """
+
 from __future__ import annotations
 
 import csv
@@ -13,10 +14,10 @@ import re
 import sys
 
 import pytest
-
 import report_fixtures as rf
 from plugin_fixtures import strict_json
 from report_fixtures import in_process, planted  # noqa: F401 (fixture)
+
 from tb_layergrad import cli, report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -48,11 +49,18 @@ def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):  #
     assert code == 0
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 100
-    text = "\n".join(lines)
     # Where it broke: no target series in this logdir, so the pass is unknown (docs/ANOMALIES.md).
-    assert f"  first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)" in lines
-    rows = {line.split()[0]: line for line in lines if line.startswith("  ") and line.split() and line.split()[0] in
-            {"embed", "dense", "grow", "dead", "head", "sparse"}}
+    assert (
+        f"  first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)"
+        in lines
+    )
+    rows = {
+        line.split()[0]: line
+        for line in lines
+        if line.startswith("  ")
+        and line.split()
+        and line.split()[0] in {"embed", "dense", "grow", "dead", "head", "sparse"}
+    }
     assert rows["embed"].endswith("vanishing") and rows["dead"].endswith("dead")
     assert rows["grow"].rstrip().endswith("exploding")
     assert re.search(rf"\s{rf.NAN_STEPS[0]}\s+-6\.\d", rows["dense"])  # first NaN step, then the timestep decay
@@ -71,10 +79,14 @@ def test_csv_rows(planted, capsys):  # noqa: F811
     assert list(by) == rf.LAYERS + [rf.SPARSE]
     assert by[rf.NAN_LAYER]["first_nonfinite"] == str(rf.NAN_STEPS[0]) and by[rf.NAN_LAYER]["nonfinite_steps"] == "3"
     assert by["net/embed"]["now"] == "vanishing" and by["net/head"]["first_nonfinite"] == ""
-    assert float(by[rf.RNN_LAYER]["timestep_decay"]) == pytest.approx(-(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD)  # the planted noise; repr(): exact
+    assert float(by[rf.RNN_LAYER]["timestep_decay"]) == pytest.approx(
+        -(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD
+    )  # the planted noise; repr(): exact
     assert by["net/dead"]["last_norm"] == "0.0" and by["net/dead"]["last_zero_frac"] == "1.0"
     # No per-example records in this run: the `dominated_*` columns (appended last) say nothing.
-    assert report.CSV_COLUMNS[-len(report.DOMINATED_FIELDS):] == tuple(f"dominated_{k}" for k in report.DOMINATED_FIELDS)
+    assert report.CSV_COLUMNS[-len(report.DOMINATED_FIELDS) :] == tuple(
+        f"dominated_{k}" for k in report.DOMINATED_FIELDS
+    )
     assert all(r[f"dominated_{k}"] == "" for r in rows for k in report.DOMINATED_FIELDS)
 
 
@@ -101,11 +113,15 @@ def test_exit_status(planted, capsys, argv, code):  # noqa: F811
 
 
 def test_fail_on_names_each_failing_layer(planted, capsys):  # noqa: F811
-    code, out, err = run_cli(capsys, planted.logdir, "--format", "json", "--fail-on", "nan,vanishing,dead", "--run", rf.RUN)
+    code, out, err = run_cli(
+        capsys, planted.logdir, "--format", "json", "--fail-on", "nan,vanishing,dead", "--run", rf.RUN
+    )
     assert code == 3
     failures = json.loads(out)["failures"]
     assert {(f["layer"], f["condition"], f["step"]) for f in failures} == {
-        (rf.NAN_LAYER, "nan", rf.NAN_STEPS[0]), ("net/embed", "vanishing", 29), ("net/dead", "dead", 29),
+        (rf.NAN_LAYER, "nan", rf.NAN_STEPS[0]),
+        ("net/embed", "vanishing", 29),
+        ("net/dead", "dead", 29),
     }
     assert err.count("FAIL") == 3
 

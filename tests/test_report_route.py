@@ -5,13 +5,13 @@ answer is recomputed from the written float32 arrays with numpy and the cell-by-
 rules, never through tb_layergrad's reader or its anomalies module. The sampling tests make
 TensorBoard keep 5 records per series and check that the first NaN step survives.
 """
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
-
 import report_fixtures as rf
 from plugin_fixtures import get_json, strict_json
 from report_fixtures import in_process, planted, reference_summaries, sampled_logdir  # noqa: F401 (fixtures)
@@ -45,7 +45,12 @@ def assert_layer_matches(got: dict, want: dict):
         assert got[key] == approx_or_none(want[key], rel=rel), (want["layer"], key, got[key], want[key])
     for key in ("trend", "timestep_decay"):  # report_fixtures.reference_*_atol, from norms within NORM_REL
         if key in want:
-            assert got[key] == approx_or_none(want[key], rel=0, abs=want["atol"][key]), (want["layer"], key, got[key], want[key])
+            assert got[key] == approx_or_none(want[key], rel=0, abs=want["atol"][key]), (
+                want["layer"],
+                key,
+                got[key],
+                want[key],
+            )
     assert ("timestep_decay" in got) == ("timestep_decay" in want)
 
 
@@ -55,7 +60,13 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
     assert body["steps"] == rf.STEPS
     assert [l["layer"] for l in body["layers"]] == OUTPUT_LAYERS
     m = planted.matrices(OUTPUT_LAYERS, rf.STEPS)
-    want = reference_summaries(OUTPUT_LAYERS, rf.STEPS, m, timesteps={rf.RNN_LAYER: [planted.timesteps[s] for s in rf.STEPS]}, norm_rel=NORM_REL)
+    want = reference_summaries(
+        OUTPUT_LAYERS,
+        rf.STEPS,
+        m,
+        timesteps={rf.RNN_LAYER: [planted.timesteps[s] for s in rf.STEPS]},
+        norm_rel=NORM_REL,
+    )
     for got, w in zip(body["layers"], want):
         assert_layer_matches(got, w)
     expected_max = np.nanmax(np.where(m["rms"] > 0, m["rms"], np.nan), axis=0)
@@ -67,22 +78,45 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
     assert by["net/grow"]["now"] == ["exploding"] and 0 < by["net/grow"]["counts"]["exploding"] < 30
     assert by["net/grow"]["trend"] > 1  # grew 1.5x per step over the first 10 steps of the trend window
     assert by[rf.NAN_LAYER]["first_nonfinite"] == rf.NAN_STEPS[0] and by[rf.NAN_LAYER]["counts"]["nonfinite"] == 3
-    assert by[rf.RNN_LAYER]["timestep_decay"] == pytest.approx(-(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD)  # the planted noise
+    assert by[rf.RNN_LAYER]["timestep_decay"] == pytest.approx(
+        -(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD
+    )  # the planted noise
     assert [c == "." for c in by[rf.SPARSE]["flags"]] == [s not in rf.SPARSE_STEPS for s in rf.STEPS]
     assert by["net/head"]["counts"] == {"nonfinite": 0, "vanishing": 0, "exploding": 0, "dead": 0}
     # No target series in the planted files: where it broke is "unknown"; the weight gradient (planted from
     # net/head's array, finite) is not non-finite, so the layers are the output gradient's alone.
-    unknown_line = f"first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)"
+    unknown_line = (
+        f"first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)"
+    )
     assert body["summary"] == {
-        "layers": 6, "steps": 30, "first_step": 0, "last_step": 29,
-        "first_nonfinite": {"step": rf.NAN_STEPS[0], "layers": [rf.NAN_LAYER], "pass": "unknown", "origin": None,
-                            "line": unknown_line},
-        "origin": {"step": rf.NAN_STEPS[0], "pass": "unknown", "origin": None, "target": "loss",
-                   "layers": [rf.NAN_LAYER], "line": unknown_line},
+        "layers": 6,
+        "steps": 30,
+        "first_step": 0,
+        "last_step": 29,
+        "first_nonfinite": {
+            "step": rf.NAN_STEPS[0],
+            "layers": [rf.NAN_LAYER],
+            "pass": "unknown",
+            "origin": None,
+            "line": unknown_line,
+        },
+        "origin": {
+            "step": rf.NAN_STEPS[0],
+            "pass": "unknown",
+            "origin": None,
+            "target": "loss",
+            "layers": [rf.NAN_LAYER],
+            "line": unknown_line,
+        },
         "latest": {"nonfinite": 0, "vanishing": 1, "exploding": 1, "dead": 1},
     }
-    assert body["thresholds"] == {"VANISH_REL": 1e-3, "EXPLODE_ABS": 1e3, "EXPLODE_GROWTH": 1e2,
-                                  "BASELINE_STEPS": 5, "DEAD_ZERO_FRAC": 0.99}
+    assert body["thresholds"] == {
+        "VANISH_REL": 1e-3,
+        "EXPLODE_ABS": 1e3,
+        "EXPLODE_GROWTH": 1e2,
+        "BASELINE_STEPS": 5,
+        "DEAD_ZERO_FRAC": 0.99,
+    }
 
 
 def test_route_flags_agree_with_the_matrix_route(tb):
@@ -98,8 +132,13 @@ def test_step_range_is_evaluated_on_its_own(tb, planted):  # noqa: F811
     body = get(tb, "anomalies", {"run": rf.RUN, "start": "10", "end": "25"})
     steps = list(range(10, 26))
     assert body["steps"] == steps
-    want = reference_summaries(OUTPUT_LAYERS, steps, planted.matrices(OUTPUT_LAYERS, steps),
-                               timesteps={rf.RNN_LAYER: [planted.timesteps[s] for s in steps]}, norm_rel=NORM_REL)
+    want = reference_summaries(
+        OUTPUT_LAYERS,
+        steps,
+        planted.matrices(OUTPUT_LAYERS, steps),
+        timesteps={rf.RNN_LAYER: [planted.timesteps[s] for s in steps]},
+        norm_rel=NORM_REL,
+    )
     for got, w in zip(body["layers"], want):
         assert_layer_matches(got, w)
 
@@ -141,8 +180,11 @@ def test_first_nan_step_survives_tensorboards_sampling(sampled_logdir):  # noqa:
     tracked = get(tb, "anomalies", {"run": "tracked"})
     a = tracked["layers"][0]
     assert a["layer"] == "m/a" and a["first_nonfinite"] == rf.SAMPLED_NAN_STEP
-    unknown = {"pass": "unknown", "origin": None,  # no target series in these files: where it broke is unknown
-               "line": f"first non-finite gradient at step {rf.SAMPLED_NAN_STEP}: m/a (the loss was not recorded: pass unknown)"}
+    unknown = {
+        "pass": "unknown",
+        "origin": None,  # no target series in these files: where it broke is unknown
+        "line": f"first non-finite gradient at step {rf.SAMPLED_NAN_STEP}: m/a (the loss was not recorded: pass unknown)",
+    }
     assert tracked["summary"]["first_nonfinite"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"], **unknown}
     assert tracked["summary"]["origin"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"], "target": "loss", **unknown}
     assert tracked["layers"][1]["first_nonfinite"] is None
@@ -159,6 +201,7 @@ def test_sampling_in_real_tensorboards_both_loaders(sampled_logdir, tmp_path):  
     configs = [("true", ["--samples_per_plugin", "layergrad=5"]), ("false", ["--samples_per_plugin", "layergrad=5"])]
     with tensorboards(sampled_logdir, configs, str(tmp_path)) as procs:
         for p in procs:
+
             def ready(p):
                 status, body, _ = p.get("/data/plugin/layergrad/runs")
                 runs = json.loads(body)["runs"] if status == 200 else []

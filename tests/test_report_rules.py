@@ -2,6 +2,7 @@
 
 No TensorFlow here: the module is numpy only (the plugin imports it).
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -11,9 +12,16 @@ import time
 
 import numpy as np
 import pytest
-
-from report_fixtures import reference_decay, reference_decay_atol, reference_detect, reference_summaries, reference_trend, reference_trend_atol
+from report_fixtures import (
+    reference_decay,
+    reference_decay_atol,
+    reference_detect,
+    reference_summaries,
+    reference_trend,
+    reference_trend_atol,
+)
 from tolerances import approx_or_none, gamma
+
 from tb_layergrad import anomalies
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ANOMALIES.md"
@@ -73,8 +81,12 @@ def test_evaluate_summaries_equal_the_independent_ones():
     # Planted 10**(j - 5 + c): -5 + c rounds once (<= 5 u off -5), each pow once (moves its log10 by
     # <= u / ln 10 < u); then the two evaluations' own rounding (reference_decay_atol).
     u = gamma(1, np.float64)
-    assert run.summaries[3].timestep_decay == pytest.approx(-5.0, rel=0, abs=reference_decay_atol(ts["m/l3"]) + 5 * u + 2 * u)
-    np.testing.assert_array_equal(run.max_rms, np.nanmax(np.where(m["rms"] > 0, m["rms"], np.nan), axis=0))  # a max: exact
+    assert run.summaries[3].timestep_decay == pytest.approx(
+        -5.0, rel=0, abs=reference_decay_atol(ts["m/l3"]) + 5 * u + 2 * u
+    )
+    np.testing.assert_array_equal(
+        run.max_rms, np.nanmax(np.where(m["rms"] > 0, m["rms"], np.nan), axis=0)
+    )  # a max: exact
 
 
 def test_flag_strings_round_trip():
@@ -107,10 +119,14 @@ def test_trend_is_the_fitted_change_in_decades():
     atol = reference_trend_atol(list(steps), norm, np.zeros(50), norm_rel=gamma(6, np.float64))
     # The last 20 logged steps span 38 steps: -0.38 decades.
     assert anomalies.trend(steps, norm) == pytest.approx(-0.38, rel=0, abs=atol)
-    assert anomalies.trend(steps, norm) == pytest.approx(reference_trend(list(steps), norm, np.zeros(50)), rel=0, abs=atol)
+    assert anomalies.trend(steps, norm) == pytest.approx(
+        reference_trend(list(steps), norm, np.zeros(50)), rel=0, abs=atol
+    )
     noisy = norm * np.exp(np.random.default_rng(0).normal(0, 0.3, norm.shape))
     atol_noisy = reference_trend_atol(list(steps), noisy, np.zeros(50))  # the same inputs: rounding only
-    assert anomalies.trend(steps, noisy) == pytest.approx(reference_trend(list(steps), noisy, np.zeros(50)), rel=0, abs=atol_noisy)
+    assert anomalies.trend(steps, noisy) == pytest.approx(
+        reference_trend(list(steps), noisy, np.zeros(50)), rel=0, abs=atol_noisy
+    )
     assert anomalies.trend([1, 2], [1.0, 2.0]) is None  # fewer than 3 points
     with_nan = norm.copy()
     nonfinite = np.zeros(50)
@@ -146,8 +162,10 @@ def test_docs_point_at_the_module_and_their_python_block_runs():
 def test_module_needs_no_tensorflow():
     import subprocess
 
-    code = ("import sys, tb_layergrad.reader.anomalies, tb_layergrad.reader.run_anomalies, tb_layergrad.cli.report; "
-            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    code = (
+        "import sys, tb_layergrad.reader.anomalies, tb_layergrad.reader.run_anomalies, tb_layergrad.cli.report; "
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -1,4 +1,5 @@
 """Reads through a data provider: an answer refused for its size is split, not lost (reader/series.py)."""
+
 from __future__ import annotations
 
 import types

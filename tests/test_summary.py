@@ -1,19 +1,20 @@
 """Summary ops write what TensorBoard's own readers give back, numbers included."""
+
 from __future__ import annotations
 
 import contextlib
 
+import model_zoo
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import model_zoo
-import tb_layergrad
 from numpy_reference import numpy_stats
-from tb_layergrad import fused_kernel, metadata
 from tb_reading import read_all, values_at
 from test_reliability_reductions import check_histogram, check_stats
 from tolerances import histogram_edge_atol
+
+import tb_layergrad
+from tb_layergrad import fused_kernel, metadata
 
 S = metadata.STAT_INDEX
 
@@ -51,7 +52,13 @@ def test_planted_nan_inf_stats_and_histogram(tmp_path):
     assert_stats(stats, a, "planted")
     check_histogram(hist, tf.constant(a), 20, "planted")
     info = recs["loss/output/model/dense/stats"][0]
-    assert (info.layer, info.kind, info.target, info.source, info.version) == ("model/dense", "stats", "loss", "output", metadata.FORMAT_VERSION)
+    assert (info.layer, info.kind, info.target, info.source, info.version) == (
+        "model/dense",
+        "stats",
+        "loss",
+        "output",
+        metadata.FORMAT_VERSION,
+    )
 
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
@@ -196,7 +203,7 @@ def test_fast_path_equals_general_path(shift, dtype):
     a = tf.cast(tf.constant(rng.normal(size=5000) * 2 + (shift if dtype != tf.float16 else 10.0)), dtype)
     fast_h, fast_s = tf.function(lambda t: reductions.histogram_and_stats(t, 30))(a)
     gen_h, gen_s = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True))(a)
-    for name, (hist, stats) in (("fast", (fast_h, fast_s)), ("general", (gen_h, gen_s))):
+    for name, stats in (("fast", fast_s), ("general", gen_s)):
         check_stats(stats.numpy(), a, name)  # float32 sums in different orders: each within its bound
     np.testing.assert_allclose(fast_h.numpy()[:, :2], gen_h.numpy()[:, :2], rtol=0, atol=edge_atol(gen_h.numpy()))
     edges = np.append(fast_h.numpy()[:, 0], fast_h.numpy()[-1, 1])
@@ -238,7 +245,9 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
     for a, t, (hist, stats) in zip(arrays, tensors, together):
         one_h, one_s = run(lambda x: reductions.histogram_and_stats(x, 7))(t)
         np.testing.assert_array_equal(hist.numpy()[:, 2], one_h.numpy()[:, 2])
-        np.testing.assert_allclose(hist.numpy()[:, :2], one_h.numpy()[:, :2], rtol=0, atol=edge_atol(one_h.numpy()))  # graph rewrites
+        np.testing.assert_allclose(
+            hist.numpy()[:, :2], one_h.numpy()[:, :2], rtol=0, atol=edge_atol(one_h.numpy())
+        )  # graph rewrites
         np.testing.assert_array_equal(stats.numpy(), one_s.numpy())
         want = numpy_stats(a)
         for name in ("elements", "nan", "pos_inf", "neg_inf", "zeros"):

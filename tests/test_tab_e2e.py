@@ -5,6 +5,7 @@ One TensorBoard and one browser for the whole module. The logdir is written with
 against numpy applied to the arrays that were written. After every test, no console error,
 page error, CSP violation or dialog may have happened in any frame.
 """
+
 from __future__ import annotations
 
 import csv
@@ -23,9 +24,17 @@ if not os.path.exists("/usr/bin/chromium"):
 
 import tab_fixtures as tf_  # noqa: E402
 from tab_fixtures import (  # noqa: E402
-    HOSTILE_ATTR_LAYERS, HOSTILE_ATTR_RUN, HOSTILE_JS_RUN, HOSTILE_LAYER, HOSTILE_RUN, HOSTILE_RUNS, HOSTILE_TARGET, NAN_LAYER,
+    HOSTILE_ATTR_LAYERS,
+    HOSTILE_ATTR_RUN,
+    HOSTILE_JS_RUN,
+    HOSTILE_LAYER,
+    HOSTILE_RUN,
+    HOSTILE_RUNS,
+    HOSTILE_TARGET,
+    NAN_LAYER,
     NAN_STEP,
 )
+
 from tb_layergrad import metadata  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
@@ -39,7 +48,11 @@ def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("logs"))
     work = tmp_path_factory.mktemp("work")
     last = {"train": tf_.STEPS[-1], "eval": tf_.EVAL_STEPS[-1], **{r: tf_.STEPS[-1] for r in HOSTILE_RUNS}}
-    with tf_.served(logdir, work, last, lambda: tf_.write_tab_logdir(logdir), poll_ms=POLL_MS) as (tb, browser, written):
+    with tf_.served(logdir, work, last, lambda: tf_.write_tab_logdir(logdir), poll_ms=POLL_MS) as (
+        tb,
+        browser,
+        written,
+    ):
         yield {"tb": tb, "browser": browser, "written": written, "logdir": logdir}
 
 
@@ -117,7 +130,9 @@ def test_tab_opens_and_overview_shows_every_layer_in_model_order(env):
     assert "net/lstm" in tip.inner_text()
     norm_text = tip.locator("tr", has_text="L2 norm").locator("td").inner_text()
     lstm_4 = env["written"].arrays[("train", "loss", "output", "net/lstm")][4]
-    assert float(norm_text) == pytest.approx(tf_.numpy_stats(lstm_4)["norm"], rel=0, abs=tf_.shown_atol(lstm_4, "norm"))  # String(v)
+    assert float(norm_text) == pytest.approx(
+        tf_.numpy_stats(lstm_4)["norm"], rel=0, abs=tf_.shown_atol(lstm_4, "norm")
+    )  # String(v)
 
 
 def test_click_on_a_cell_opens_the_layer_at_that_step(env):
@@ -141,11 +156,17 @@ def test_click_on_a_cell_opens_the_layer_at_that_step(env):
         frame.locator(".lg-layer .lg-button", has_text="Download CSV").click()
     rows = list(csv.DictReader(io.StringIO(open(dl.value.path(), encoding="utf-8").read())))
     assert list(rows[0]) == ["run", "target", "source", "layer", "step", "wall_time", *metadata.STAT_FIELDS]
-    at_nan = [r for r in rows if (r["target"], r["source"], r["layer"], r["step"]) == ("loss", "output", NAN_LAYER, str(NAN_STEP))]
+    at_nan = [
+        r
+        for r in rows
+        if (r["target"], r["source"], r["layer"], r["step"]) == ("loss", "output", NAN_LAYER, str(NAN_STEP))
+    ]
     assert [(float(r["nan"]), float(r["pos_inf"])) for r in at_nan] == [(1.0, 1.0)]
     # One line per series in the charts over steps; the raw tensor at this step, with its two non-finite values.
     assert frame.locator(".lg-panel-charts .lg-chart").first.locator("path.lg-line").count() == 4
-    frame.wait_for_function("() => /step 7 .*2 non-finite/.test(document.querySelector('.lg-panel-tensor .lg-muted')?.textContent)")
+    frame.wait_for_function(
+        "() => /step 7 .*2 non-finite/.test(document.querySelector('.lg-panel-tensor .lg-muted')?.textContent)"
+    )
     assert frame.locator(".lg-panel-tensor .lg-heatmap-canvas").get_attribute("data-rows") == "4"
     # Histograms: one ridge per step, the chosen one highlighted.
     assert frame.locator(".lg-panel-hist path.lg-ridge").count() == 20
@@ -183,7 +204,9 @@ def test_slider_and_arrow_keys_change_the_step_and_the_numbers(env):
     # No raw tensor at step 1: the tab says which one it shows instead.
     page.keyboard.press("ArrowRight")
     wait_step(frame, 1)
-    frame.wait_for_function("() => document.querySelector('.lg-panel-tensor .lg-muted')?.textContent.includes('no raw tensor at step 1; showing step 0')")
+    frame.wait_for_function(
+        "() => document.querySelector('.lg-panel-tensor .lg-muted')?.textContent.includes('no raw tensor at step 1; showing step 0')"
+    )
     # A recurrent layer: per-timestep norms at the chosen step.
     frame.select_option('select[aria-label="layer"]', "net/lstm")
     wait_step(frame, 1, layer="net/lstm")
@@ -194,7 +217,10 @@ def test_slider_and_arrow_keys_change_the_step_and_the_numbers(env):
 
 def test_compare_runs_shows_both_with_their_own_colours(env):
     b, page, written = env["browser"], env["browser"].page, env["written"]
-    frame = b.open(env["tb"].base, {"run": "train", "view": "compare", "layer": "net/lstm", "runs": json.dumps(["train", "eval"]), "step": 8})
+    frame = b.open(
+        env["tb"].base,
+        {"run": "train", "view": "compare", "layer": "net/lstm", "runs": json.dumps(["train", "eval"]), "step": 8},
+    )
     frame.wait_for_selector('.lg-compare path.lg-line[data-series="eval"]')
     assert frame.locator(".lg-run-chip.lg-on").all_inner_texts() == ["eval", "train"]  # chips in name order
     legend = frame.locator(".lg-panel-wide .lg-legend-name").all_inner_texts()
@@ -203,7 +229,10 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
     assert len(colours) == 2 and colours[0] != colours[1]
     # Histograms on common bins and depth profiles, one per run.
     frame.wait_for_selector(".lg-compare path.lg-aligned")
-    assert frame.locator(".lg-compare path.lg-aligned").evaluate_all("els => els.map(e => e.dataset.series)") == ["train", "eval"]
+    assert frame.locator(".lg-compare path.lg-aligned").evaluate_all("els => els.map(e => e.dataset.series)") == [
+        "train",
+        "eval",
+    ]
     depth = frame.locator(".lg-compare .lg-panel").nth(2)
     assert depth.locator("path.lg-line").count() == 2
     # The CSV holds what is shown: the statistic of both runs over steps, and the depth profiles.
@@ -214,17 +243,23 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
     for run, steps in (("train", tf_.STEPS), ("eval", tf_.EVAL_STEPS)):
         for step in steps:
             a = written.arrays[(run, "loss", "output", "net/lstm")][step]
-            assert float(over[(run, step)]) == pytest.approx(tf_.numpy_stats(a)["norm"], rel=0, abs=tf_.shown_atol(a, "norm"))
+            assert float(over[(run, step)]) == pytest.approx(
+                tf_.numpy_stats(a)["norm"], rel=0, abs=tf_.shown_atol(a, "norm")
+            )
     depth_rows = [r for r in rows if r["chart"] == "depth_profile" and r["run"] == "eval"]
     assert [r["layer"] for r in depth_rows] == [p for p, _ in tf_.LAYERS]
     zeta = written.arrays[("eval", "loss", "output", "net/zeta_embed")][8]
-    assert float(depth_rows[0]["value"]) == pytest.approx(tf_.numpy_stats(zeta)["norm"], rel=0, abs=tf_.shown_atol(zeta, "norm"))
+    assert float(depth_rows[0]["value"]) == pytest.approx(
+        tf_.numpy_stats(zeta)["norm"], rel=0, abs=tf_.shown_atol(zeta, "norm")
+    )
     # Picking a run adds it with a new colour; the others keep theirs.
     frame.locator(".lg-run-chip", has_text=HOSTILE_RUN).click()
     frame.wait_for_function("() => document.querySelectorAll('.lg-run-chip.lg-on').length === 3")
     assert json.loads(parent_state(page)["runs"]) == ["train", "eval", HOSTILE_RUN]
     frame.wait_for_selector(".lg-panel-wide .lg-legend-item:nth-child(3)")
-    after = frame.locator(".lg-panel-wide .lg-legend-item .lg-swatch").evaluate_all("els => els.map(e => e.style.background)")
+    after = frame.locator(".lg-panel-wide .lg-legend-item .lg-swatch").evaluate_all(
+        "els => els.map(e => e.style.background)"
+    )
     assert len(set(after)) == 3
 
 
@@ -233,9 +268,14 @@ def test_hostile_run_and_layer_names_render_as_text(env):
     frame = b.open(env["tb"].base, {"run": HOSTILE_RUN})
     frame.wait_for_function("(name) => document.querySelector('.lg-run-name')?.textContent === name", arg=HOSTILE_RUN)
     assert frame.locator('select[aria-label="run"] option:checked').inner_text() == HOSTILE_RUN
-    assert frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.textContent)") == ["first", HOSTILE_LAYER.split("/", 1)[1]]
+    assert frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.textContent)") == [
+        "first",
+        HOSTILE_LAYER.split("/", 1)[1],
+    ]
     cell_click(frame, row=1, col=3)
-    frame.wait_for_function("(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=HOSTILE_LAYER)
+    frame.wait_for_function(
+        "(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=HOSTILE_LAYER
+    )
     frame.locator(".lg-tab", has_text="Compare runs").click()
     frame.wait_for_selector(".lg-run-chip.lg-on")
     time.sleep(0.5)
@@ -246,7 +286,7 @@ def test_hostile_run_and_layer_names_render_as_text(env):
 
 
 def test_route_error_shows_a_message(env):
-    b, page = env["browser"], env["browser"].page
+    b = env["browser"]
     frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": "net/nope"})
     box = frame.locator(".lg-layer .lg-error")
     box.wait_for()
@@ -265,7 +305,9 @@ def test_route_error_shows_a_message(env):
 
 def test_empty_state_then_data_arrives_by_polling(env):
     b, page = env["browser"], env["browser"].page
-    empty = json.dumps({"api_version": 1, "format_version": 1, "stats": [], "default_stat": "norm", "runs": [], "warnings": []})
+    empty = json.dumps(
+        {"api_version": 1, "format_version": 1, "stats": [], "default_stat": "norm", "runs": [], "warnings": []}
+    )
     pattern = "**/data/plugin/layergrad/runs*"
     page.route(pattern, lambda route: route.fulfill(status=200, content_type="application/json", body=empty))
     try:
@@ -280,7 +322,7 @@ def test_empty_state_then_data_arrives_by_polling(env):
 
 
 def test_a_run_being_written_refreshes_without_a_reload(env):
-    b, page = env["browser"], env["browser"].page
+    b = env["browser"]
     frame = b.open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas[data-cols='20']")
     frame.evaluate("() => { document.querySelector('.lg-heatmap-canvas').__mark = 1; }")
@@ -383,7 +425,9 @@ def test_overview_flags_are_the_routes_and_match_numpy(env):
         }"""
     )
     layers, steps = got["layers"], got["steps"]
-    assert layers == [p for p, _ in tf_.LAYERS] and steps[:20] == tf_.STEPS  # (an earlier test may have appended 20, 21)
+    assert (
+        layers == [p for p, _ in tf_.LAYERS] and steps[:20] == tf_.STEPS
+    )  # (an earlier test may have appended 20, 21)
     m = {k: np.full((len(layers), len(steps)), np.nan) for k in ("rms", "norm", "nonfinite", "zero_frac")}
     for i, layer in enumerate(layers):
         for j, step in enumerate(steps):
@@ -485,7 +529,9 @@ def texts(frame, selector: str):
 
 
 def wait_text(frame, selector: str, text: str, timeout: float = 10_000):
-    frame.wait_for_function("([sel, t]) => document.querySelector(sel)?.textContent === t", arg=[selector, text], timeout=timeout)
+    frame.wait_for_function(
+        "([sel, t]) => document.querySelector(sel)?.textContent === t", arg=[selector, text], timeout=timeout
+    )
 
 
 def take_expected_errors(b, *needles: str):
@@ -504,7 +550,9 @@ def test_attribute_breakout_names_render_as_text_in_every_view(env):
     # Overview.
     frame = b.open(env["tb"].base, {"run": HOSTILE_ATTR_RUN})
     wait_text(frame, ".lg-run-name", HOSTILE_ATTR_RUN)
-    frame.wait_for_function("(n) => document.querySelectorAll('.lg-row-label').length === n", arg=len(HOSTILE_ATTR_LAYERS))
+    frame.wait_for_function(
+        "(n) => document.querySelectorAll('.lg-row-label').length === n", arg=len(HOSTILE_ATTR_LAYERS)
+    )
     assert texts(frame, 'select[aria-label="run"] option') == all_runs
     assert texts(frame, 'select[aria-label="run"] option:checked') == [HOSTILE_ATTR_RUN]
     assert texts(frame, ".lg-row-label") == HOSTILE_ATTR_LAYERS  # no common prefix: the full names
@@ -552,23 +600,37 @@ def test_attribute_breakout_names_render_as_text_in_every_view(env):
     assert frame.locator(".lg-layer-head .lg-muted").text_content().endswith(f"targets: {HOSTILE_TARGET}, loss")
     assert_nothing_injected(b, frame)
     # Compare: three hostile runs; one lacks the layer and is named in a note.
-    frame = b.open(env["tb"].base, {"run": HOSTILE_ATTR_RUN, "view": "compare", "layer": "net/first", "runs": json.dumps(list(HOSTILE_RUNS))})
+    frame = b.open(
+        env["tb"].base,
+        {"run": HOSTILE_ATTR_RUN, "view": "compare", "layer": "net/first", "runs": json.dumps(list(HOSTILE_RUNS))},
+    )
     frame.wait_for_selector(".lg-compare path.lg-line")
     assert texts(frame, ".lg-run-chip-name") == all_runs
     assert texts(frame, ".lg-run-chip.lg-on .lg-run-chip-name") == sorted(HOSTILE_RUNS)
     assert texts(frame, ".lg-compare .lg-note") == [f"No layer 'first' in: {HOSTILE_ATTR_RUN}."]
     assert set(texts(frame, ".lg-panel-wide .lg-legend-name")) <= set(HOSTILE_RUNS)
-    assert HOSTILE_RUN in texts(frame, ".lg-panel-wide .lg-legend-name") and HOSTILE_JS_RUN in texts(frame, ".lg-panel-wide .lg-legend-name")
+    assert HOSTILE_RUN in texts(frame, ".lg-panel-wide .lg-legend-name") and HOSTILE_JS_RUN in texts(
+        frame, ".lg-panel-wide .lg-legend-name"
+    )
     keys = texts(frame, '.lg-compare select[aria-label="layer"] option')
-    assert keys == ["first", HOSTILE_LAYER.split("/", 1)[1], *[k.split("/", 1)[-1] for k in HOSTILE_ATTR_LAYERS]]  # paths without the model
+    assert keys == [
+        "first",
+        HOSTILE_LAYER.split("/", 1)[1],
+        *[k.split("/", 1)[-1] for k in HOSTILE_ATTR_LAYERS],
+    ]  # paths without the model
     assert texts(frame, '.lg-compare select[aria-label="target"] option') == sorted(["loss", HOSTILE_TARGET])
     assert_nothing_injected(b, frame)
     # The overview of the `javascript:` run: its CSV link stays a relative URL of the plugin.
     frame = b.open(env["tb"].base, {"run": HOSTILE_JS_RUN})
     wait_text(frame, ".lg-run-name", HOSTILE_JS_RUN)
     link = frame.locator(".lg-overview a.lg-button")
-    assert link.get_attribute("href") == "./csv?" + urllib.parse.urlencode({"run": HOSTILE_JS_RUN, "target": "loss", "source": "output"})
-    assert link.evaluate("a => a.protocol") == "http:" and link.get_attribute("download") == f"layergrad-{HOSTILE_JS_RUN}.csv"
+    assert link.get_attribute("href") == "./csv?" + urllib.parse.urlencode(
+        {"run": HOSTILE_JS_RUN, "target": "loss", "source": "output"}
+    )
+    assert (
+        link.evaluate("a => a.protocol") == "http:"
+        and link.get_attribute("download") == f"layergrad-{HOSTILE_JS_RUN}.csv"
+    )
     assert_nothing_injected(b, frame)
 
 
@@ -612,8 +674,10 @@ def test_hostile_names_inside_error_messages_render_as_text(env):
 
 # -- faults injected on the plugin's routes (page.route on top of the real TensorBoard) ---------------
 
-HTML_PAGE = ("<!doctype html><html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1>"
-             "<img src=x onerror=alert(12)><script>alert(13)</script></body></html>")
+HTML_PAGE = (
+    "<!doctype html><html><head><title>502 Bad Gateway</title></head><body><h1>Bad Gateway</h1>"
+    "<img src=x onerror=alert(12)><script>alert(13)</script></body></html>"
+)
 FAULTS = {
     # kind: (what is sent, text the tab must show)
     "json500": ("500 + the plugin's JSON error", "<b>boom</b> the data server went away (HTTP 500 from '{route}')"),
@@ -640,7 +704,11 @@ class Fault:
             return route.abort("connectionrefused")
         if self.kind == "html502":
             return route.fulfill(status=502, content_type="text/html", body=HTML_PAGE)
-        return route.fulfill(status=500, content_type="application/json", body=json.dumps({"error": "<b>boom</b> the data server went away"}))
+        return route.fulfill(
+            status=500,
+            content_type="application/json",
+            body=json.dumps({"error": "<b>boom</b> the data server went away"}),
+        )
 
     def expected_text(self) -> str:
         return FAULTS[self.kind][1].format(route=self.route)
@@ -724,13 +792,24 @@ VIEW_FAULTS = [
     ({"run": "train"}, "matrix", "json500", ".lg-row-label"),
     ({"run": "train"}, "matrix", "html502", ".lg-row-label"),
     ({"run": "train"}, "matrix", "abort", ".lg-row-label"),
-    ({"run": "train", "view": "layer", "layer": "net/dense"}, "stats", "html502", '.lg-stats-table[data-layer="net/dense"]'),
-    ({"run": "train", "view": "compare", "layer": "net/lstm", "runs": json.dumps(["train", "eval"])}, "compare", "json500",
-     '.lg-compare path.lg-line[data-series="eval"]'),
+    (
+        {"run": "train", "view": "layer", "layer": "net/dense"},
+        "stats",
+        "html502",
+        '.lg-stats-table[data-layer="net/dense"]',
+    ),
+    (
+        {"run": "train", "view": "compare", "layer": "net/lstm", "runs": json.dumps(["train", "eval"])},
+        "compare",
+        "json500",
+        '.lg-compare path.lg-line[data-series="eval"]',
+    ),
 ]
 
 
-@pytest.mark.parametrize("state,route,kind,ready", VIEW_FAULTS, ids=[f"{s.get('view', 'overview')}-{r}-{k}" for s, r, k, _ in VIEW_FAULTS])
+@pytest.mark.parametrize(
+    "state,route,kind,ready", VIEW_FAULTS, ids=[f"{s.get('view', 'overview')}-{r}-{k}" for s, r, k, _ in VIEW_FAULTS]
+)
 def test_view_route_failing_shows_a_message_in_the_view_and_recovers(env, state, route, kind, ready):
     """`runs` works, the route a view draws from fails: the view (toolbar and all) says so, asks again on the next
     polls while the failure is one that can pass (5xx, no connection), and draws once the route works."""

@@ -5,6 +5,7 @@ dominates, and the gradient noise scale chart with its smoothing slider, in the 
 A run without these records shows none of them. The runs are tests/examples_fixtures.py's and
 tests/dominated_fixtures.py's (written by the real capture and summary ops, with weights).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,11 @@ def env(tmp_path_factory):
     def write():
         return ef.write_examples_logdir(logdir), df.write_logdir(logdir)
 
-    with tf_.served(logdir, work, last, write, write_first=True,
-                    load_fast="true", reload_interval=0) as (tb, browser, (written, weights)):
+    with tf_.served(logdir, work, last, write, write_first=True, load_fast="true", reload_interval=0) as (
+        tb,
+        browser,
+        (written, weights),
+    ):
         yield {"tb": tb, "browser": browser, "written": written, "weights": weights}
 
 
@@ -53,19 +57,23 @@ def test_the_served_tab_is_this_worktrees(env):
 
 def reference_smoothed(trace: np.ndarray, signal: np.ndarray, w: float) -> np.ndarray:
     """TensorBoard's debiased EMA of each, then their ratio (NaN while the averaged signal is <= 0)."""
+
     def ema(ys):
         out, last = [], 0.0
         for n, v in enumerate(ys, start=1):
             last = last * w + (1 - w) * v
-            out.append(last / (1 - w ** n))
+            out.append(last / (1 - w**n))
         return np.asarray(out)
+
     t, g = ema(trace.astype(np.float32).astype(np.float64)), ema(signal.astype(np.float32).astype(np.float64))
     return np.where(g > 0, t / np.where(g > 0, g, 1), np.nan)
 
 
 def test_layer_view_shows_the_band_and_the_dominating_position(env):
     b = env["browser"]
-    frame = b.open(env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": ef.DOMINATED_STEP})
+    frame = b.open(
+        env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": ef.DOMINATED_STEP}
+    )
     panel = frame.locator('[data-panel="examples"]')
     frame.wait_for_selector('[data-panel="examples"] path.lg-band')
     assert panel.is_visible()
@@ -73,35 +81,49 @@ def test_layer_view_shows_the_band_and_the_dominating_position(env):
     lines = frame.locator('[data-panel="examples"] path.lg-line').evaluate_all("els => els.map(e => e.dataset.series)")
     assert lines == ["max", "median", "min"]
     frame.wait_for_selector(f'.lg-example-table[data-step="{ef.DOMINATED_STEP}"]')
-    positions = frame.locator(".lg-example-table tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+    positions = frame.locator(".lg-example-table tbody tr").evaluate_all(
+        "els => els.map(e => Number(e.dataset.position))"
+    )
     norms = env["written"].norms[ef.DOMINATED_LAYER][ef.DOMINATED_STEP]
     assert positions == np.argsort(-norms, kind="stable")[:5].tolist() and positions[0] == ef.DOMINATED_POSITION
     head = frame.locator(".lg-example-head").inner_text()
-    share = norms.max() ** 2 / np.sum(norms ** 2)
+    share = norms.max() ** 2 / np.sum(norms**2)
     assert f"of {ef.BATCH} examples carries {100 * share:.1f}%" in head
     # Another step: its own positions.
     frame.locator('.lg-layer button[aria-label="next step"]').click()
     step = ef.DOMINATED_STEP + 1
     frame.wait_for_function(f"() => document.querySelector('.lg-step-value')?.textContent.includes('{step}')")
     frame.wait_for_selector(f'.lg-example-table[data-step="{step}"]')
-    positions = frame.locator(".lg-example-table tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+    positions = frame.locator(".lg-example-table tbody tr").evaluate_all(
+        "els => els.map(e => Number(e.dataset.position))"
+    )
     assert positions == np.argsort(-env["written"].norms[ef.DOMINATED_LAYER][step], kind="stable")[:5].tolist()
 
 
 def test_unsupported_layer_says_why(env):
-    frame = env["browser"].open(env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.UNSUPPORTED_LAYER, "step": 3})
-    frame.wait_for_function("() => document.querySelector('.lg-example-top')?.textContent.includes('no exact per-example rule')")
+    frame = env["browser"].open(
+        env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.UNSUPPORTED_LAYER, "step": 3}
+    )
+    frame.wait_for_function(
+        "() => document.querySelector('.lg-example-top')?.textContent.includes('no exact per-example rule')"
+    )
     assert frame.locator('[data-panel="examples"] path.lg-band').count() == 0
 
 
 def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
     b = env["browser"]
     frame = b.open(env["tb"].base, {"run": ef.RUN})
-    frame.wait_for_selector('.lg-overview select[aria-label="statistic"] option[value="example_norm_top_share"]', state="attached")
-    options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all("els => els.map(e => e.value)")
+    frame.wait_for_selector(
+        '.lg-overview select[aria-label="statistic"] option[value="example_norm_top_share"]', state="attached"
+    )
+    options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all(
+        "els => els.map(e => e.value)"
+    )
     assert "example_norm_top_share" in options
     frame.locator('.lg-overview select[aria-label="statistic"]').select_option("example_norm_top_share")
-    frame.wait_for_function("() => document.querySelector('.lg-heat-legend')?.textContent.includes(\"largest example's share\")")
+    frame.wait_for_function(
+        "() => document.querySelector('.lg-heat-legend')?.textContent.includes(\"largest example's share\")"
+    )
     assert tf_.parent_state(b.page)["stat"] == "example_norm_top_share"
     # The noise-scale chart: smoothed at TensorBoard's default 0.6, the numbers those of numpy's EMA ratio.
     noise = frame.locator('[data-panel="noise-scale"]')
@@ -115,7 +137,9 @@ def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
                 const b = await (await fetch('./noise_scale?run=ex')).json();
                 const r = b.series[0];
                 return m.smoothedNoiseScale(r.trace, r.signal, w);
-            }""", [w])
+            }""",
+            [w],
+        )
         want = reference_smoothed(written.trace, written.signal, w)
         np.testing.assert_allclose(np.asarray([np.nan if v is None else v for v in got]), want, rtol=1e-9)
     # The slider: moving it redraws the smoothed line (and says its value).
@@ -140,10 +164,12 @@ def test_overview_names_the_layer_one_example_dominates(env):
     assert alerts.first.get_attribute("data-layer") == ef.DOMINATED_LAYER
     assert alerts.first.get_attribute("data-step") == str(ef.DOMINATED_STEP)
     norms = env["written"].norms[ef.DOMINATED_LAYER][ef.DOMINATED_STEP]
-    share = norms.max() ** 2 / np.sum(norms ** 2)
-    assert alerts.first.inner_text() == (f"One example dominates {ef.DOMINATED_LAYER} at 1 step: first step {ef.DOMINATED_STEP}; "
-                                         f"worst step {ef.DOMINATED_STEP}, {share:.0%} of its gradient from batch position "
-                                         f"{ef.DOMINATED_POSITION} of {ef.BATCH} →")
+    share = norms.max() ** 2 / np.sum(norms**2)
+    assert alerts.first.inner_text() == (
+        f"One example dominates {ef.DOMINATED_LAYER} at 1 step: first step {ef.DOMINATED_STEP}; "
+        f"worst step {ef.DOMINATED_STEP}, {share:.0%} of its gradient from batch position "
+        f"{ef.DOMINATED_POSITION} of {ef.BATCH} →"
+    )
     chip = frame.locator(f'.lg-chip-dominated[data-layer="{ef.DOMINATED_LAYER}"]')
     assert chip.count() == 1 and chip.inner_text() == f"1 example {round(100 * share)}% @{ef.DOMINATED_STEP}"
     row = frame.locator(".lg-row-chip").nth(list(ef.LAYERS).index(ef.DOMINATED_LAYER))
@@ -161,11 +187,15 @@ def test_overview_of_weights_names_each_dominated_variable(env):
     b = env["browser"]
     frame = b.open(env["tb"].base, {"run": df.RUN, "source": "weight"})
     frame.wait_for_selector(".lg-alert-dominated")
-    layers = frame.locator(".lg-alert-dominated").evaluate_all("els => els.map(e => [e.dataset.layer, e.dataset.step, e.dataset.position])")
+    layers = frame.locator(".lg-alert-dominated").evaluate_all(
+        "els => els.map(e => [e.dataset.layer, e.dataset.step, e.dataset.position])"
+    )
     variables = sorted(env["weights"].weights[0])
     assert len(layers) == 3 and {x[0] for x in layers} < set(variables)
     assert {(x[1], x[2]) for x in layers} == {(str(df.DOMINATED_STEP), str(df.DOMINATED_POSITION))}
-    assert "and 1 more layer where one example dominates (marked on its row)" in frame.locator(".lg-summary").inner_text()
+    assert (
+        "and 1 more layer where one example dominates (marked on its row)" in frame.locator(".lg-summary").inner_text()
+    )
     chips = frame.locator(".lg-chip-dominated").evaluate_all("els => els.map(e => e.dataset.layer)")
     assert sorted(chips) == variables
 
@@ -198,7 +228,7 @@ def test_layer_view_shows_the_examples_of_each_weight_it_owns(env):
     assert positions(kernel_key)[0] == df.DOMINATED_POSITION
     norms = weights.norms("weight", df.KERNEL)[df.DOMINATED_STEP]
     head = frame.locator(".lg-example-head").inner_text()
-    assert f"of {df.BATCH} examples carries {100 * norms.max() ** 2 / np.sum(norms ** 2):.1f}%" in head
+    assert f"of {df.BATCH} examples carries {100 * norms.max() ** 2 / np.sum(norms**2):.1f}%" in head
     assert f"weight {df.KERNEL}" in frame.locator('[data-panel="examples"] .lg-muted').first.inner_text()
     assert frame.locator('[data-panel="examples"] path.lg-band').count() == 1
     # Another step keeps the kernel: its own positions there.
@@ -211,14 +241,24 @@ def test_layer_view_shows_the_examples_of_each_weight_it_owns(env):
 
 
 def test_a_layer_without_weight_examples_shows_no_picker(env):
-    frame = env["browser"].open(env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": 3})
+    frame = env["browser"].open(
+        env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": 3}
+    )
     frame.wait_for_selector('.lg-example-table[data-step="3"]')
     assert frame.locator('[data-panel="examples"] select[aria-label="per-example series"]').is_hidden()
 
 
 def test_compare_shows_the_noise_scale_of_the_runs_that_have_it(env):
-    frame = env["browser"].open(env["tb"].base, {"run": ef.RUN, "view": "compare", "layer": "net/mid",
-                                                 "runs": json.dumps([ef.RUN, ef.PLAIN]), "stat": "example_norm_top_share"})
+    frame = env["browser"].open(
+        env["tb"].base,
+        {
+            "run": ef.RUN,
+            "view": "compare",
+            "layer": "net/mid",
+            "runs": json.dumps([ef.RUN, ef.PLAIN]),
+            "stat": "example_norm_top_share",
+        },
+    )
     frame.wait_for_selector(f'.lg-compare [data-panel="noise-scale"] path.lg-line[data-series="{ef.RUN} {SMOOTHED}"]')
     assert f"not recorded in {ef.PLAIN}" in frame.locator('.lg-compare [data-panel="noise-scale"]').inner_text()
     frame.wait_for_selector('.lg-compare path.lg-line[data-series="plain"]')  # compared by the norm meanwhile
@@ -232,7 +272,9 @@ def test_a_run_without_them_shows_none(env):
     b.page.on("request", record)
     frame = b.open(env["tb"].base, {"run": ef.PLAIN, "stat": "example_norm_top_share"})
     frame.wait_for_selector(".lg-heat-legend .lg-legend-title")
-    options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all("els => els.map(e => e.value)")
+    options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all(
+        "els => els.map(e => e.value)"
+    )
     assert not any(o.startswith("example_") for o in options)
     assert "L2 norm" in frame.locator(".lg-heat-legend").inner_text()
     assert frame.locator('[data-panel="noise-scale"]').is_hidden()
@@ -241,7 +283,9 @@ def test_a_run_without_them_shows_none(env):
     assert frame.locator('[data-panel="examples"]').is_hidden()
     b.page.remove_listener("request", record)
     assert any("/matrix?" in u for u in asked)
-    assert not [u for u in asked if "/examples?" in u or "/noise_scale?" in u or "example_norm" in u]  # asked nothing new
+    assert not [
+        u for u in asked if "/examples?" in u or "/noise_scale?" in u or "example_norm" in u
+    ]  # asked nothing new
 
 
 # -- the demo's `mislabelled` run, trained for real (`tb-layergrad demo --quick`, tests/conftest.py) -----------
@@ -251,8 +295,9 @@ def test_a_run_without_them_shows_none(env):
 def mislabelled(demo, env, tmp_path_factory):
     """A second `tensorboard`, on the demo's logdir; the module's browser. The planted flips that the classifier
     has learnt past (from step 16 on, as tests/test_demo.py checks in the records)."""
-    from tb_layergrad.cli import demo as demo_module
     from tensorboard_process import TensorBoardProcess
+
+    from tb_layergrad.cli import demo as demo_module
 
     work = tmp_path_factory.mktemp("mislabelled_tab")
     tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
@@ -278,10 +323,13 @@ def test_the_report_finds_the_flipped_labels(demo, mislabelled):
 
 def test_the_tab_shows_the_flipped_example_at_its_step(mislabelled):
     step, position = sorted(mislabelled["learnt"].items())[-1]
-    frame = mislabelled["browser"].open(mislabelled["tb"].base,
-                                        {"run": "mislabelled", "view": "layer", "layer": "mislabelled/logits", "step": step})
+    frame = mislabelled["browser"].open(
+        mislabelled["tb"].base, {"run": "mislabelled", "view": "layer", "layer": "mislabelled/logits", "step": step}
+    )
     frame.wait_for_selector('[data-panel="examples"] path.lg-band')
     frame.wait_for_selector(f'.lg-example-table[data-step="{step}"]')
-    positions = frame.locator(".lg-example-table tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
+    positions = frame.locator(".lg-example-table tbody tr").evaluate_all(
+        "els => els.map(e => Number(e.dataset.position))"
+    )
     assert positions[0] == position
     assert "of 32 examples carries" in frame.locator(".lg-example-head").inner_text()

@@ -4,6 +4,7 @@ The overview's banner names the pass and the origin (as text: a layer named with
 layer view shows the layer's activation beside its gradient (statistics from numpy on the written arrays,
 histograms), the overview colours by an activation statistic, and compare runs shows activations.
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,7 +32,11 @@ def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("origin_logs"))
     work = tmp_path_factory.mktemp("origin_work")
     last = {run: of.STEPS[-1] for run in of.RUNS}
-    with tf_.served(logdir, work, last, lambda: of.write_origin_logdir(logdir), poll_ms=60_000) as (tb, browser, written):
+    with tf_.served(logdir, work, last, lambda: of.write_origin_logdir(logdir), poll_ms=60_000) as (
+        tb,
+        browser,
+        written,
+    ):
         yield {"tb": tb, "browser": browser, "written": written}
 
 
@@ -67,8 +72,13 @@ def test_banner_names_pass_and_origin(env, run):
     assert el.get_attribute("data-origin") == (want["origin"] or "")
     text = el.inner_text()
     assert f"step {of.NAN_STEP}" in text
-    words = {"forward": "forward pass, output of", "loss": "in the loss", "backward": "backward pass, born in",
-             "forward_or_loss": "the forward pass or the loss", "unknown": "pass unknown"}
+    words = {
+        "forward": "forward pass, output of",
+        "loss": "in the loss",
+        "backward": "backward pass, born in",
+        "forward_or_loss": "the forward pass or the loss",
+        "unknown": "pass unknown",
+    }
     assert words[want["pass"]] in text
     if want["origin"]:
         assert want["origin"] in text
@@ -84,7 +94,9 @@ def test_a_layer_named_with_html_is_text_in_the_banner(env):
     assert el.get_attribute("data-origin") == of.HTML_LAYER
     # The banner opens that layer at that step.
     el.click()
-    frame.wait_for_function("(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=of.HTML_LAYER)
+    frame.wait_for_function(
+        "(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=of.HTML_LAYER
+    )
     assert parent_state(b.page)["step"] == str(of.NAN_STEP)
     assert frame.evaluate("() => document.querySelectorAll('b').length") == 0
 
@@ -112,12 +124,16 @@ def test_layer_view_shows_the_activation_beside_the_gradient(env):
         for stat in ("elements", "nan", "zeros"):
             assert shown(frame, act, stat) == want[stat], (step, stat)
         for stat in ("norm", "mean", "max"):
-            assert shown(frame, act, stat) == pytest.approx(want[stat], rel=0, abs=tf_.shown_atol(a, stat, digits=tf_.TABLE_DIGITS)), (step, stat)
+            assert shown(frame, act, stat) == pytest.approx(
+                want[stat], rel=0, abs=tf_.shown_atol(a, stat, digits=tf_.TABLE_DIGITS)
+            ), (step, stat)
         assert shown(frame, grad, "nan") == tf_.numpy_stats(g)["nan"]
     # The activation's histograms, one ridge per step, beside the gradient's.
     panel = frame.locator(".lg-panel-act-hist")
     panel.wait_for(state="visible")
-    frame.wait_for_function("(n) => document.querySelectorAll('.lg-panel-act-hist path.lg-ridge').length === n", arg=len(of.STEPS))
+    frame.wait_for_function(
+        "(n) => document.querySelectorAll('.lg-panel-act-hist path.lg-ridge').length === n", arg=len(of.STEPS)
+    )
     assert "activation" in panel.locator(".lg-panel-title").first.inner_text().lower()
     assert frame.locator(".lg-panel-hist path.lg-ridge").count() == len(of.STEPS)  # the gradient's, still there
     # No activation column, no activation panel, for a run without activations.
@@ -138,7 +154,9 @@ def test_overview_colours_by_an_activation_statistic(env):
     page.on("request", listener)
     try:
         values.locator(".lg-toggle-btn", has_text="activations").click()
-        frame.wait_for_function("() => document.querySelector('.lg-legend-title')?.textContent.startsWith('activation ')")
+        frame.wait_for_function(
+            "() => document.querySelector('.lg-legend-title')?.textContent.startsWith('activation ')"
+        )
     finally:
         page.remove_listener("request", listener)
     assert asked and all("source=activation" in u for u in asked)
@@ -163,9 +181,22 @@ def test_overview_colours_by_an_activation_statistic(env):
 
 def test_compare_runs_with_activations(env):
     b, page, written = env["browser"], env["browser"].page, env["written"]
-    frame = b.open(env["tb"].base, {"view": "compare", "run": of.FORWARD, "layer": of.K, "of": "activation", "stat": "nonfinite",
-                                    "runs": json.dumps([of.FORWARD, of.BACKWARD]), "step": of.NAN_STEP, "log": "0"})
-    frame.wait_for_selector(f'.lg-panel-wide path.lg-line[data-series="{of.BACKWARD}"][d*="L"]', state="attached")  # flat: no height
+    frame = b.open(
+        env["tb"].base,
+        {
+            "view": "compare",
+            "run": of.FORWARD,
+            "layer": of.K,
+            "of": "activation",
+            "stat": "nonfinite",
+            "runs": json.dumps([of.FORWARD, of.BACKWARD]),
+            "step": of.NAN_STEP,
+            "log": "0",
+        },
+    )
+    frame.wait_for_selector(
+        f'.lg-panel-wide path.lg-line[data-series="{of.BACKWARD}"][d*="L"]', state="attached"
+    )  # flat: no height
     assert "activation" in frame.locator(".lg-panel-wide").inner_text()
     with page.expect_download() as dl:
         frame.locator(".lg-compare .lg-button", has_text="Download CSV").click()
@@ -194,8 +225,11 @@ def demo_tab(demo, env, tmp_path_factory):
     tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
     try:
         tb.wait_for_runs({run: demo["runs"][run]["summary"]["last_step"] for run in DEMO_NAN_RUNS})
-        steps = {"nan_forward": demo_module.NAN_FORWARD_STEP, "nan_backward": demo_module.NAN_BACKWARD_STEP,
-                 "nan_log0": demo["runs"]["nan_log0"]["summary"]["first_nonfinite"]["step"]}
+        steps = {
+            "nan_forward": demo_module.NAN_FORWARD_STEP,
+            "nan_backward": demo_module.NAN_BACKWARD_STEP,
+            "nan_log0": demo["runs"]["nan_log0"]["summary"]["first_nonfinite"]["step"],
+        }
         yield {"tb": tb, "browser": env["browser"], "steps": steps}
     finally:
         tb.stop()

@@ -5,6 +5,7 @@ tests/tab_fixtures.py's. The heatmap asks for one bin per pixel (`points`), must
 step in red and open it exactly; a zoom (URL state, or a drag across the heatmap) refetches the range
 at full resolution; "Reset zoom" goes back to the whole run.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,16 @@ MID = "loss|output|net/mid"
 def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("long"))
     work = tmp_path_factory.mktemp("work")
-    with tf_.served(logdir, work, {lf.RUN: lf.STEPS - 1}, lambda: lf.write_long_logdir(logdir), write_first=True,
-                    timeout=120, load_fast="true", reload_interval=0) as (tb, browser, written):
+    with tf_.served(
+        logdir,
+        work,
+        {lf.RUN: lf.STEPS - 1},
+        lambda: lf.write_long_logdir(logdir),
+        write_first=True,
+        timeout=120,
+        load_fast="true",
+        reload_interval=0,
+    ) as (tb, browser, written):
         yield {"tb": tb, "browser": browser, "written": written}
 
 
@@ -75,7 +84,9 @@ def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env):
     box = canvas.bounding_box()
     note = frame.locator(".lg-tooltip-note")
     # A pixel is about one bin wide and the iframe's offset may be fractional: try points across the red pixel.
-    for at in ({"x": (x + d) * box["width"] / width, "y": 1.5 * box["height"] / 3} for x in reds for d in (0.5, 1.0, 0.0)):
+    for at in (
+        {"x": (x + d) * box["width"] / width, "y": 1.5 * box["height"] / 3} for x in reds for d in (0.5, 1.0, 0.0)
+    ):
         canvas.hover(position=at)
         frame.wait_for_function("() => document.querySelector('.lg-tooltip-note')?.textContent.startsWith('click')")
         if str(lf.NAN_STEP) in note.inner_text():
@@ -84,18 +95,24 @@ def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env):
     canvas.click(position=at)
     frame.wait_for_selector(f'.lg-stats-table[data-step="{lf.NAN_STEP}"][data-layer="net/mid"]', timeout=20_000)
     assert tf_.parent_state(page)["step"] == str(lf.NAN_STEP)
-    frame.wait_for_function(f"() => document.querySelector('td[data-series=\"{MID}\"][data-stat=\"nan\"]')?.textContent === '3'")
+    frame.wait_for_function(
+        f"() => document.querySelector('td[data-series=\"{MID}\"][data-stat=\"nan\"]')?.textContent === '3'"
+    )
     want_norm = env["written"].column("net/mid", "norm")[lf.NAN_STEP]
     shown = float(frame.locator(f'td[data-series="{MID}"][data-stat="norm"]').get_attribute("title"))
     assert shown == pytest.approx(want_norm, rel=1e-15)
     # The layer view's charts are binned too, and mark the NaN step exactly.
-    frame.wait_for_selector(f'.lg-panel-charts .lg-xmark title:text-is("non-finite values at step {lf.NAN_STEP}")', state="attached")
+    frame.wait_for_selector(
+        f'.lg-panel-charts .lg-xmark title:text-is("non-finite values at step {lf.NAN_STEP}")', state="attached"
+    )
     # A step between kept ones (the slider's neighbour) shows exact numbers, fetched for that step.
     b.page.keyboard.press("ArrowRight")
     frame.wait_for_function(f"() => Number(document.querySelector('.lg-step-value').textContent) > {lf.NAN_STEP}")
     step = int(frame.locator(".lg-step-value").inner_text())
     frame.wait_for_selector(f'.lg-stats-table[data-step="{step}"]')
-    frame.wait_for_function(f"() => document.querySelector('td[data-series=\"{MID}\"][data-stat=\"nan\"]')?.textContent === '0'")
+    frame.wait_for_function(
+        f"() => document.querySelector('td[data-series=\"{MID}\"][data-stat=\"nan\"]')?.textContent === '0'"
+    )
     shown = float(frame.locator(f'td[data-series="{MID}"][data-stat="norm"]').get_attribute("title"))
     assert shown == pytest.approx(env["written"].column("net/mid", "norm")[step], rel=1e-15)
 
@@ -105,7 +122,9 @@ def test_zoom_from_the_url_is_full_resolution(env):
     start, end = lf.NAN_STEP - 150, lf.NAN_STEP + 150
     frame = b.open(env["tb"].base, {"run": lf.RUN, "zoom": f"{start}-{end}"})
     frame.wait_for_selector(f'.lg-zoom-bar[data-zoom="{start}-{end}"]')
-    frame.wait_for_function(f"() => document.querySelector('.lg-overview .lg-heatmap-canvas')?.dataset.cols === '{end - start + 1}'")
+    frame.wait_for_function(
+        f"() => document.querySelector('.lg-overview .lg-heatmap-canvas')?.dataset.cols === '{end - start + 1}'"
+    )
     assert "bins" not in frame.locator(".lg-zoom-bar").inner_text()
     cols = end - start + 1
     width = frame.locator(".lg-overview .lg-heatmap-canvas").evaluate("c => c.width")
@@ -133,5 +152,7 @@ def test_drag_across_the_heatmap_zooms_in_to_full_resolution(env):
     zoom = tf_.parent_state(page)["zoom"]
     a, z = (int(v) for v in zoom.split("-"))
     assert a < z and z - a + 1 <= 10 * lf.STEPS / cols  # about nine bins' worth of steps
-    frame.wait_for_function(f"() => document.querySelector('.lg-overview .lg-heatmap-canvas')?.dataset.cols === '{z - a + 1}'")
+    frame.wait_for_function(
+        f"() => document.querySelector('.lg-overview .lg-heatmap-canvas')?.dataset.cols === '{z - a + 1}'"
+    )
     assert frame.locator(".lg-layer").count() == 0  # a drag is not a click: still the overview

@@ -7,13 +7,12 @@ seed MinimalRNNCell, SimpleRNN, LSTM, GRU), return_sequences True and False,
 in eager, tf.function and XLA, and inside model.fit() via
 GradientLogger(timesteps=True). Runs under Keras 3 and tf_keras.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import tb_layergrad
 from fit_helpers import (
     MinimalRNNCell,
     WeightsBeforeStep,
@@ -26,6 +25,8 @@ from fit_helpers import (
     path_length,
     read_series,
 )
+
+import tb_layergrad
 from tb_layergrad import rnn_probe
 
 KINDS = ("minimal", "simple", "lstm", "gru")
@@ -118,7 +119,10 @@ def test_total_differs_from_direct_path():
     model = _model("simple", True)
     x, y = _data()
     with tf.GradientTape() as tape:
-        with tb_layergrad.capture(model, layers=["rnn"], tape=tape) as cap, rnn_probe.timestep_probe(model, tape=tape) as probe:
+        with (
+            tb_layergrad.capture(model, layers=["rnn"], tape=tape) as cap,
+            rnn_probe.timestep_probe(model, tape=tape) as probe,
+        ):
             loss = _mse(y, model(tf.constant(x)))
     grads, per_step = probe.gradients(tape, loss, capture=cap)
     direct = grads["net/rnn"].numpy()
@@ -130,7 +134,14 @@ def test_total_differs_from_direct_path():
 
 @pytest.mark.parametrize(
     "kind,return_sequences,mode",
-    [("minimal", False, "graph"), ("simple", True, "xla"), ("lstm", False, "graph"), ("lstm", True, "xla"), ("gru", True, "eager"), ("gru", False, "graph")],
+    [
+        ("minimal", False, "graph"),
+        ("simple", True, "xla"),
+        ("lstm", False, "graph"),
+        ("lstm", True, "xla"),
+        ("gru", True, "eager"),
+        ("gru", False, "graph"),
+    ],
 )
 def test_fit_timesteps_equal_ground_truth(tmp_path, kind, return_sequences, mode):
     keras.utils.set_random_seed(4)
@@ -154,9 +165,16 @@ def test_fit_timesteps_equal_ground_truth(tmp_path, kind, return_sequences, mode
         assert norms.dtype == np.float64 and norms.shape == (T,)
         length = _length(model, xb, yb)
         # a norm over batch x units is one more reduction, of BATCH * UNITS squares
-        assert_close(norms, np.linalg.norm(truth.astype(np.float64), axis=(0, 2)), f"{kind} norms at step {step}", length + BATCH * UNITS)
+        assert_close(
+            norms,
+            np.linalg.norm(truth.astype(np.float64), axis=(0, 2)),
+            f"{kind} norms at step {step}",
+            length + BATCH * UNITS,
+        )
         # Example 0's [T, units] gradient, the optional bounded tensor.
-        assert_close(one(series, "loss/output/net/rnn[h_t]/tensor", step), truth[0], f"{kind} [T, units] at step {step}", length)
+        assert_close(
+            one(series, "loss/output/net/rnn[h_t]/tensor", step), truth[0], f"{kind} [T, units] at step {step}", length
+        )
 
 
 def test_timesteps_keep_training_unchanged(tmp_path):
@@ -167,7 +185,15 @@ def test_timesteps_keep_training_unchanged(tmp_path):
         keras.utils.set_random_seed(9)
         model = _model("lstm", True)
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
-        model.fit(np.concatenate([x, x]), np.concatenate([y, y]), batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        model.fit(
+            np.concatenate([x, x]),
+            np.concatenate([y, y]),
+            batch_size=BATCH,
+            epochs=2,
+            shuffle=False,
+            verbose=0,
+            callbacks=callbacks,
+        )
         return model.get_weights()
 
     plain = run([])

@@ -1,11 +1,11 @@
 """tests/tolerances.py: its bounds hold for the summation orders the CPUs use, against exact sums (math.fsum)."""
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
-
 from tolerances import approx_or_none, blocked_sum_atol, gamma, matmul_rtol, sum_atol, unit_roundoff
 
 
@@ -14,7 +14,7 @@ def lane_sum(x: np.ndarray, lanes: int) -> np.float32:
     sums (8 for AVX2, 16 for AVX-512), then the lanes added pairwise."""
     acc = np.zeros(lanes, np.float32)
     for start in range(0, x.size, lanes):
-        part = x[start:start + lanes]
+        part = x[start : start + lanes]
         acc[: part.size] += part  # float32 adds, lane by lane
     while acc.size > 1:
         acc = acc[0::2] + acc[1::2]
@@ -23,7 +23,7 @@ def lane_sum(x: np.ndarray, lanes: int) -> np.float32:
 
 def blocked(x: np.ndarray, lanes: int, block: int = 256) -> float:
     """float32 within blocks (lane sums), float64 across: the fused kernel's sum of x."""
-    return math.fsum(float(lane_sum(x[i:i + block], lanes)) for i in range(0, x.size, block))
+    return math.fsum(float(lane_sum(x[i : i + block], lanes)) for i in range(0, x.size, block))
 
 
 @pytest.mark.parametrize("shift", [0.0, 3.0])

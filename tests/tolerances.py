@@ -22,6 +22,7 @@ A chain of reductions (a forward pass then backprop) accumulates, to first order
 sum of the gammas of its steps: gamma(k1) + gamma(k2) <= gamma(k1 + k2) (Higham,
 lemma 3.3), so a chain is bounded by gamma of its total reduction length.
 """
+
 from __future__ import annotations
 
 import math
@@ -126,7 +127,9 @@ def assert_same_float32_math(got, want, length: int, err_msg: str = "", magnitud
     got, want = np.asarray(got), np.asarray(want)
     rtol = TWO_SIDES * chain_rtol(np.float32, [length])
     if magnitude is None:
-        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * float(np.max(np.abs(want), initial=0.0)), err_msg=err_msg)
+        np.testing.assert_allclose(
+            got, want, rtol=rtol, atol=rtol * float(np.max(np.abs(want), initial=0.0)), err_msg=err_msg
+        )
         return
     bound = rtol * np.broadcast_to(np.maximum(np.abs(want), magnitude), want.shape)
     beyond = ~(np.abs(got.astype(np.float64) - want) <= bound)

@@ -16,6 +16,7 @@ with T). With T = 1 both are ‖a‖·‖δ‖, computed as such.
 All arithmetic is float32 at least (float64 inputs stay float64); every function returns the norm
 of the *given* δ: the caller scales by the batch size to undo a batch-mean loss.
 """
+
 from __future__ import annotations
 
 import dataclasses

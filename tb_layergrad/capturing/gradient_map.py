@@ -9,6 +9,7 @@ of the same pass: the target's value and, with `capture(activations=True)`,
 the layer outputs themselves, so that one object says where a NaN was born
 (`nonfinite_origin`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,9 +39,16 @@ class GradientMap:
     `tf.function`.
     """
 
-    def __init__(self, entries: Dict[str, Entry], target: str, variable_gradients: Optional[List[Any]] = None,
-                 replicas: int = 1, activations: Optional[Dict[str, Entry]] = None, target_value: Any = None,
-                 per_example: Any = None):
+    def __init__(
+        self,
+        entries: Dict[str, Entry],
+        target: str,
+        variable_gradients: Optional[List[Any]] = None,
+        replicas: int = 1,
+        activations: Optional[Dict[str, Entry]] = None,
+        target_value: Any = None,
+        per_example: Any = None,
+    ):
         self._entries = dict(entries)
         self._activations = dict(activations or {})
         self.target = target
@@ -104,8 +112,15 @@ class GradientMap:
 
     def with_entries(self, entries: Dict[str, Entry]) -> "GradientMap":
         """The same pass (target, activations, target value, replicas) with other gradient entries, e.g. a subset."""
-        return GradientMap(entries, self.target, self.variable_gradients, self.replicas, self._activations, self.target_value,
-                           self.per_example)
+        return GradientMap(
+            entries,
+            self.target,
+            self.variable_gradients,
+            self.replicas,
+            self._activations,
+            self.target_value,
+            self.per_example,
+        )
 
     def nonfinite_origin(self, step: Optional[int] = None) -> Optional[nonfinite_origin.Origin]:
         """Where a NaN/Inf of this pass was born (forward, loss or backward), or None if everything is finite.
@@ -114,10 +129,17 @@ class GradientMap:
         call this outside. The rules are `tb_layergrad.nonfinite_origin`'s, the
         same the tab and `GradientLogger(on_nonfinite=...)` apply.
         """
-        def seen(entries: Dict[str, Entry]) -> List[nonfinite_origin.Seen]:
-            return [nonfinite_origin.Seen(p, e.index, _nonfinite(e.gradient)) for p, e in entries.items() if e.gradient is not None]
 
-        by_source = {src: {p: e for p, e in self._entries.items() if e.source == src} for src in metadata.GRADIENT_SOURCES}
+        def seen(entries: Dict[str, Entry]) -> List[nonfinite_origin.Seen]:
+            return [
+                nonfinite_origin.Seen(p, e.index, _nonfinite(e.gradient))
+                for p, e in entries.items()
+                if e.gradient is not None
+            ]
+
+        by_source = {
+            src: {p: e for p, e in self._entries.items() if e.source == src} for src in metadata.GRADIENT_SOURCES
+        }
         return nonfinite_origin.locate(
             step,
             target=self.target,
@@ -144,7 +166,10 @@ class GradientMap:
         target, keys, n_vars, replicas, acts, has_value, has_per_example = meta
         n, m = len(keys), len(acts)
         entries = {path: dataclasses.replace(e, gradient=g) for (path, e), g in zip(keys, components[:n])}
-        activations = {path: dataclasses.replace(e, gradient=a) for (path, e), a in zip(acts, components[n + n_vars : n + n_vars + m])}
+        activations = {
+            path: dataclasses.replace(e, gradient=a)
+            for (path, e), a in zip(acts, components[n + n_vars : n + n_vars + m])
+        }
         value = components[n + n_vars + m] if has_value else None
         per_example = components[-1] if has_per_example else None
         return cls(entries, target, list(components[n : n + n_vars]), replicas, activations, value, per_example)

@@ -25,6 +25,7 @@ tape", and an output that nothing trainable feeds (a layer before the first
 weight) is only recorded if it is watched. Without `tape=`, such outputs may
 report no gradient; with it, every output is exact.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -45,6 +46,7 @@ LayerSpec = Union[None, str, Any, Sequence[Union[str, Any]]]
 try:  # private, but the only way to ask "does any active tape record this tensor?"
     from tensorflow.python.eager.record import should_record_backprop as _recorded
 except ImportError:  # pragma: no cover - a TF without it: assume recorded, never warn
+
     def _recorded(tensors: Any) -> bool:
         return True
 
@@ -52,8 +54,9 @@ except ImportError:  # pragma: no cover - a TF without it: assume recorded, neve
 class _Record:
     __slots__ = ("node", "call", "sub", "tensor", "recorded", "seq")
 
-    def __init__(self, node: LayerNode, call: int, sub: Optional[str], tensor: Any, recorded: bool = True,
-                 seq: int = 0):
+    def __init__(
+        self, node: LayerNode, call: int, sub: Optional[str], tensor: Any, recorded: bool = True, seq: int = 0
+    ):
         self.node, self.call, self.sub, self.tensor = node, call, sub, tensor
         self.recorded = recorded
         self.seq = seq  # position in call-completion order (per-example norms: what ran before a coupling call)
@@ -97,8 +100,15 @@ def _static_elements(t: Any) -> int:
 class Capture(LayerHooks):
     """Context manager returned by `capture()`; see the module docstring."""
 
-    def __init__(self, model: Any, layers: LayerSpec = None, weights: bool = False, tape: Any = None,
-                 activations: bool = False, per_example: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        layers: LayerSpec = None,
+        weights: bool = False,
+        tape: Any = None,
+        activations: bool = False,
+        per_example: bool = False,
+    ):
         self.tree = LayerTree(model)
         super().__init__(model, self.tree.select(layers), tape)
         self.weights = bool(weights)
@@ -197,8 +207,11 @@ class Capture(LayerHooks):
 
     def _activation_entries(self) -> Dict[str, Entry]:
         return {
-            r.key: Entry(r.tensor, metadata.SOURCE_ACTIVATION, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name)
-            for r in self._ordered_records() if _is_differentiable(r.tensor)
+            r.key: Entry(
+                r.tensor, metadata.SOURCE_ACTIVATION, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name
+            )
+            for r in self._ordered_records()
+            if _is_differentiable(r.tensor)
         }
 
     def _ordered_records(self) -> List[_Record]:
@@ -265,7 +278,9 @@ class Capture(LayerHooks):
         entries: Dict[str, Entry] = {}
         for r in records:
             g = grad_of.get(id(r))
-            entries[r.key] = Entry(g, metadata.SOURCE_OUTPUT, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name)
+            entries[r.key] = Entry(
+                g, metadata.SOURCE_OUTPUT, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name
+            )
         weight_owners: List[tuple] = []
         if self.weights:
             entries.update(self._weight_entries(variables, var_grads, weight_owners))
@@ -275,8 +290,9 @@ class Capture(LayerHooks):
             per_example = self._per_example.norms(
                 [(r.key, r.seq, grad_of.get(id(r))) for r in records], weight_owners, delta_grads[0]
             )
-        result = GradientMap(entries, name, var_grads, activations=activations, target_value=target,
-                             per_example=per_example)
+        result = GradientMap(
+            entries, name, var_grads, activations=activations, target_value=target, per_example=per_example
+        )
         self._last = (tape, target, result)
         return result
 
@@ -306,7 +322,9 @@ class Capture(LayerHooks):
         """The result of the last `gradients()` call of this pass (None before it)."""
         return None if self._last is None else self._last[2]
 
-    def _weight_entries(self, variables: List[Any], grads: List[Any], owners_out: Optional[List[tuple]] = None) -> Dict[str, Entry]:
+    def _weight_entries(
+        self, variables: List[Any], grads: List[Any], owners_out: Optional[List[tuple]] = None
+    ) -> Dict[str, Entry]:
         owners = self.tree.variable_paths()
         chosen = {node.index for node in self.nodes}
         chosen_layers = [node for node in self.nodes]
@@ -315,7 +333,13 @@ class Capture(LayerHooks):
             path, owner = owners.get(id(var), (getattr(var, "path", var.name), self.tree.root))
             if owner.index not in chosen and not any(path.startswith(n.path + "/") for n in chosen_layers):
                 continue
-            entries[path] = Entry(g, metadata.SOURCE_WEIGHT, owner.index, _static_elements(var), var.dtype.name if hasattr(var.dtype, "name") else str(var.dtype))
+            entries[path] = Entry(
+                g,
+                metadata.SOURCE_WEIGHT,
+                owner.index,
+                _static_elements(var),
+                var.dtype.name if hasattr(var.dtype, "name") else str(var.dtype),
+            )
             if owners_out is not None:
                 owners_out.append((path, var, owner, g))
         return entries
@@ -333,8 +357,15 @@ class LayerOutputs(dict):
         self.indexes = dict(indexes or {})
 
 
-def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape: Any = None,
-            activations: bool = False, per_example: bool = False) -> Capture:
+def capture(
+    model: Any,
+    layers: LayerSpec = None,
+    weights: bool = False,
+    *,
+    tape: Any = None,
+    activations: bool = False,
+    per_example: bool = False,
+) -> Capture:
     """Capture d target / d (layer output) for the chosen layers of `model`.
 
     Example:
@@ -356,5 +387,4 @@ def capture(model: Any, layers: LayerSpec = None, weights: bool = False, *, tape
         `.per_example` of every `gradients()` result) from the same backward pass; the loss must be
         the batch mean (docs/PER_EXAMPLE.md).
     """
-    return Capture(model, layers=layers, weights=weights, tape=tape, activations=activations,
-                   per_example=per_example)
+    return Capture(model, layers=layers, weights=weights, tape=tape, activations=activations, per_example=per_example)

@@ -6,6 +6,7 @@ nested models), needs no subclassing, and leaves nothing behind once removed.
 `Capture` (layer outputs) and `TimestepProbe` (per-timestep states) are the
 two kinds of hooks.
 """
+
 from __future__ import annotations
 
 import threading

@@ -11,6 +11,7 @@ Layers that run inside an RNN's loop (the cell and everything under it) are
 marked `in_loop`: their outputs live inside a `tf.while_loop` body and cannot
 be differentiated from outside it in graph mode.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,9 +79,7 @@ class LayerTree:
             used[name] = used.get(name, 0) + 1
             if used[name] > 1:
                 name = f"{name}~{used[name]}"
-            node.children.append(
-                self._visit(child, f"{path}/{name}", depth + 1, in_loop or id(child) in loop_children)
-            )
+            node.children.append(self._visit(child, f"{path}/{name}", depth + 1, in_loop or id(child) in loop_children))
         return node
 
     def node_of(self, layer: Any) -> Optional[LayerNode]:

@@ -27,6 +27,7 @@ dtype policy), and only to
 the variables it names (`kernel`, `bias`, ...): LoRA's `lora_kernel_a/b`, or any other trainable
 variable of the layer, are reported unsupported.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -113,8 +114,13 @@ RULES = (
     Rule("Conv", ("Conv1D", "Conv2D"), ("Conv1D", "Conv2D", "BaseConv", "Conv"), ("kernel", "bias"), True),
     Rule("Embedding", ("Embedding",), ("Embedding",), ("embeddings",), False),
     Rule("LayerNormalization", ("LayerNormalization",), ("LayerNormalization",), ("gamma", "beta"), False),
-    Rule("BatchNormalization", ("BatchNormalization",), ("BatchNormalization", "BatchNormalizationBase"),
-         ("gamma", "beta"), False),
+    Rule(
+        "BatchNormalization",
+        ("BatchNormalization",),
+        ("BatchNormalization", "BatchNormalizationBase"),
+        ("gamma", "beta"),
+        False,
+    ),
 )
 
 
@@ -184,8 +190,8 @@ def _einsum_split(equation: str) -> Tuple[str, str, str]:
 
 def _einsum(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     _, contracted, free = _einsum_split(layer.equation)
-    p = math.prod(int(n) for n in inputs.shape[inputs.shape.rank - len(contracted):])
-    q = math.prod(int(n) for n in delta.shape[delta.shape.rank - len(free):])
+    p = math.prod(int(n) for n in inputs.shape[inputs.shape.rank - len(contracted) :])
+    q = math.prod(int(n) for n in delta.shape[delta.shape.rank - len(free) :])
     out = {"kernel": Outer(_positions(inputs, p), _positions(delta, q))}
     bias = getattr(layer, "bias", None)
     if bias is not None:
@@ -235,7 +241,9 @@ def _patches(a: Any, size: List[int], stride: List[int], rate: List[int], paddin
     if length <= PATCHES_BY_CONVOLUTION:
         eye = tf.reshape(tf.eye(length, dtype=a.dtype), [size[0], size[1], channels, length])
         return tf.nn.conv2d(a, eye, strides=[1, *stride, 1], padding=padding, dilations=[1, *rate, 1])
-    return tf.image.extract_patches(a, sizes=[1, *size, 1], strides=[1, *stride, 1], rates=[1, *rate, 1], padding=padding)
+    return tf.image.extract_patches(
+        a, sizes=[1, *size, 1], strides=[1, *stride, 1], rates=[1, *rate, 1], padding=padding
+    )
 
 
 def _embedding(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:

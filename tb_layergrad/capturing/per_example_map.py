@@ -13,6 +13,7 @@ is computed on written steps only; read anywhere else (`norms[path]`, returned f
 it is computed there, as before. The writers read squared norms (`squared`), which is what their
 statistics need, one square root per example fewer.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -109,8 +110,9 @@ class PerExampleNorms:
     when it is not empty the affected paths are in `unsupported`.
     """
 
-    def __init__(self, norms: Dict[str, Any], unsupported: Optional[Dict[str, str]] = None,
-                 coupled_by: Tuple[str, ...] = ()):
+    def __init__(
+        self, norms: Dict[str, Any], unsupported: Optional[Dict[str, str]] = None, coupled_by: Tuple[str, ...] = ()
+    ):
         self._norms = dict(norms)  # path -> None, a [B] tensor or a `Deferred`
         self._built = PerGraph()  # path -> its deferred norms, built
         self.unsupported: Dict[str, str] = dict(unsupported or {})

@@ -15,6 +15,7 @@ recorded before such a call returned (in call order, which is conservative: a pa
 ran earlier is flagged too) and every weight of a layer first called before it gets no number, with
 the reason.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,8 +70,16 @@ class PerExamplePass:
             return None
         return PreactivationObserver(activation)
 
-    def observe(self, node: Any, seq: int, args: Sequence[Any], kwargs: Dict[str, Any], out: Any,
-                preactivation: Optional[Any], records_now: int) -> None:
+    def observe(
+        self,
+        node: Any,
+        seq: int,
+        args: Sequence[Any],
+        kwargs: Dict[str, Any],
+        out: Any,
+        preactivation: Optional[Any],
+        records_now: int,
+    ) -> None:
         """After one call of `node`'s layer: keep what its rule needs, note a coupling call."""
         if couples_examples(node.layer, args, kwargs):
             self.coupled.append((records_now, node.path))
@@ -91,8 +100,12 @@ class PerExamplePass:
         return [c.delta_source for c in self.calls if c.delta_source is not None]
 
     # -- after the backward pass --------------------------------------------------------------
-    def norms(self, outputs: Sequence[Tuple[str, int, Any]], weights: Sequence[Tuple[str, Any, Any, Any]],
-              source_grads: Sequence[Any]) -> PerExampleNorms:
+    def norms(
+        self,
+        outputs: Sequence[Tuple[str, int, Any]],
+        weights: Sequence[Tuple[str, Any, Any, Any]],
+        source_grads: Sequence[Any],
+    ) -> PerExampleNorms:
         """Assemble the result.
 
         outputs: (key, seq, gradient or None) per recorded output.
@@ -131,8 +144,9 @@ class PerExamplePass:
         with_source = [c for c in self.calls if c.delta_source is not None]
         return {id(c): g for c, g in zip(with_source, source_grads)}
 
-    def _weight_norm(self, var: Any, owner: Any, deltas: Dict[int, Any], factors: "_FactorMemo", boundary: int,
-                     coupled_reason: str) -> Any:
+    def _weight_norm(
+        self, var: Any, owner: Any, deltas: Dict[int, Any], factors: "_FactorMemo", boundary: int, coupled_reason: str
+    ) -> Any:
         """The deferred [B] norms of one variable, or the reason there are none."""
         if owner.index not in self.rules:
             return f"layer {owner.path} is not captured: include it in layers= for its per-example norms"
@@ -166,8 +180,10 @@ class PerExamplePass:
         for c in calls:
             if c.delta_source is None:
                 where = "pre-activation" if rule.delta_at_preactivation else "output"
-                return (f"{type(owner.layer).__name__}'s {where} was not observed in the forward pass (its call "
-                        "does not end with `activation` applied once)")
+                return (
+                    f"{type(owner.layer).__name__}'s {where} was not observed in the forward pass (its call "
+                    "does not end with `activation` applied once)"
+                )
             delta = deltas.get(id(c))
             if delta is None:
                 return "the target does not depend on this layer's δ"

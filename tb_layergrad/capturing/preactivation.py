@@ -12,6 +12,7 @@ object). Any other shape of `call` (an activation applied twice, something after
 attribute used) yields None, and the caller reports the layer's weights as unsupported rather than
 guessing.
 """
+
 from __future__ import annotations
 
 import threading

@@ -49,6 +49,7 @@ Example (custom training loop):
         for path, g in per_step.items():              # g: [batch, T, units]
             tb_layergrad.summary.timesteps(path, tb_layergrad.rnn_probe.timestep_norms(g))
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -135,7 +136,9 @@ class TapeWithExtraSources:
     def watch(self, tensor: Any) -> None:
         self._tape.watch(tensor)
 
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, unconnected_gradients: Any = None) -> Any:
+    def gradient(
+        self, target: Any, sources: Any, output_gradients: Any = None, unconnected_gradients: Any = None
+    ) -> Any:
         kwargs = {}
         if output_gradients is not None:
             kwargs["output_gradients"] = output_gradients
@@ -193,7 +196,9 @@ class TimestepProbe(LayerHooks):
             inner_loop_with_probe.__wrapped__ = original
             self._hook(layer, "inner_loop", inner_loop_with_probe)
 
-    def _run(self, node: LayerNode, original: Any, inputs: Any, args: tuple, kwargs: dict, time_major: bool, fused_flag: str) -> Any:
+    def _run(
+        self, node: LayerNode, original: Any, inputs: Any, args: tuple, kwargs: dict, time_major: bool, fused_flag: str
+    ) -> Any:
         if not isinstance(inputs, tf.Tensor) or not self._belongs_to_this_pass(inputs):
             # Keras' symbolic passes (shape inference), nested/ragged inputs: run unprobed.
             if isinstance(inputs, tf.RaggedTensor):
@@ -203,7 +208,9 @@ class TimestepProbe(LayerHooks):
         cell = layer.cell
         units = _units(cell)
         if inputs.shape.rank != 3:
-            raise ValueError(f"per-timestep gradients need a [batch, time, features] input, got {inputs.shape} ({node.path})")
+            raise ValueError(
+                f"per-timestep gradients need a [batch, time, features] input, got {inputs.shape} ({node.path})"
+            )
         features = inputs.shape[-1]
         if features is None:
             features = tf.shape(inputs)[-1]
@@ -269,9 +276,7 @@ class TimestepProbe(LayerHooks):
     def wrap_tape(self, tape: Any) -> TapeWithExtraSources:
         """A tape stand-in that adds the probes to the next `gradient()` call (see TapeWithExtraSources)."""
         if not self._probes:
-            raise RuntimeError(
-                "no RNN layer ran inside `with timestep_probe(...)`: call the model inside the context"
-            )
+            raise RuntimeError("no RNN layer ran inside `with timestep_probe(...)`: call the model inside the context")
         return TapeWithExtraSources(tape, [p.eps for p in self._ordered()])
 
     def collect(self, wrapped: TapeWithExtraSources) -> Dict[str, Any]:
@@ -285,7 +290,9 @@ class TimestepProbe(LayerHooks):
             out[p.key] = g
         return out
 
-    def gradients(self, tape: Any, target: Any, capture: Any = None, name: str = metadata.DEFAULT_TARGET) -> Tuple[Any, Dict[str, Any]]:
+    def gradients(
+        self, tape: Any, target: Any, capture: Any = None, name: str = metadata.DEFAULT_TARGET
+    ) -> Tuple[Any, Dict[str, Any]]:
         """ONE backward pass for the layer outputs (of `capture`, if given) and every timestep.
 
         Returns (GradientMap or None, {key: dL/dh_t as [batch, T, units]}). Without

@@ -35,6 +35,7 @@ Custom training loop:
 (`cap.gradients(tape, value, name="class_3")` on a persistent tape is the same
 thing for one target.)
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, Mapping, Optional

@@ -8,6 +8,7 @@ Modules:
   demo         -- `tb-layergrad demo`: small trainings that each show one classic behaviour
   demo_models  -- the demo's models (the README's quickstart model among them)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
         "exploding, RNN timesteps) and write their gradients; --serve then opens TensorBoard on them.",
     )
     demo.add_argument("--logdir", default="layergrad_demo", help="where to write the runs (default: %(default)s)")
-    demo.add_argument("--serve", action="store_true", help="then start TensorBoard on the logdir and print the tab's URL")
-    demo.add_argument("--port", type=int, default=None, help="TensorBoard port with --serve (default: the first free one from 6006)")
-    demo.add_argument("--quick", action="store_true", help="fewer steps (well under a minute; for tests and a first look)")
+    demo.add_argument(
+        "--serve", action="store_true", help="then start TensorBoard on the logdir and print the tab's URL"
+    )
+    demo.add_argument(
+        "--port", type=int, default=None, help="TensorBoard port with --serve (default: the first free one from 6006)"
+    )
+    demo.add_argument(
+        "--quick", action="store_true", help="fewer steps (well under a minute; for tests and a first look)"
+    )
     from tb_layergrad.cli import report
 
     rep = sub.add_parser(

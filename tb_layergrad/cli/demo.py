@@ -22,6 +22,7 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
 TensorBoard on the logdir.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -135,8 +136,22 @@ def _progress_callback(progress: Progress):
     return _Bar()
 
 
-def _fit(name: str, logdir: str, model, optimizer, loss, x, y, steps: int, *, batch: int = 64,
-         timesteps: bool = False, activations: bool = False, every_n_steps: int = 1, per_example: bool = False) -> None:
+def _fit(
+    name: str,
+    logdir: str,
+    model,
+    optimizer,
+    loss,
+    x,
+    y,
+    steps: int,
+    *,
+    batch: int = 64,
+    timesteps: bool = False,
+    activations: bool = False,
+    every_n_steps: int = 1,
+    per_example: bool = False,
+) -> None:
     """model.fit() for `steps` batches with GradientLogger: exactly what a user writes."""
     import tb_layergrad
 
@@ -150,8 +165,15 @@ def _fit(name: str, logdir: str, model, optimizer, loss, x, y, steps: int, *, ba
         shuffle=False,
         verbose=0,
         callbacks=[
-            tb_layergrad.GradientLogger(logdir, run_name=name, timesteps=timesteps, activations=activations,
-                                        every_n_steps=every_n_steps, weights=per_example, per_example=per_example),
+            tb_layergrad.GradientLogger(
+                logdir,
+                run_name=name,
+                timesteps=timesteps,
+                activations=activations,
+                every_n_steps=every_n_steps,
+                weights=per_example,
+                per_example=per_example,
+            ),
             _progress_callback(progress),
         ],
     )
@@ -204,12 +226,20 @@ def _mlp_runs(logdir: str, steps: int) -> None:
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(steps * 64, 32)).astype(np.float32)
-    y = ((x[:, :4].sum(axis=1) > 0).astype(np.int32) + 2 * (x[:, 4] > 0).astype(np.int32))
+    y = (x[:, :4].sum(axis=1) > 0).astype(np.int32) + 2 * (x[:, 4] > 0).astype(np.int32)
     for name, act, init in (("mlp_sigmoid", "sigmoid", "glorot_uniform"), ("mlp_relu_he", "relu", "he_normal")):
         keras.utils.set_random_seed(1)
         model = deep_mlp(MLP_DEPTH, 64, act, init, 32, 4, name=name)
-        _fit(name, logdir, model, keras.optimizers.SGD(0.1),
-             keras.losses.SparseCategoricalCrossentropy(from_logits=True), x, y, steps)
+        _fit(
+            name,
+            logdir,
+            model,
+            keras.optimizers.SGD(0.1),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            x,
+            y,
+            steps,
+        )
 
 
 def _rnn_runs(logdir: str, steps: int) -> None:
@@ -228,8 +258,17 @@ def _rnn_runs(logdir: str, steps: int) -> None:
         else:
             rnn = layers.SimpleRNN(32, name="rnn")
         model = keras.Sequential([keras.Input((SEQ_LEN, 1)), rnn, layers.Dense(1, name="out")], name=name)
-        _fit(name, logdir, model, keras.optimizers.Adam(0.003), keras.losses.BinaryCrossentropy(from_logits=True),
-             x, y, steps, timesteps=True)
+        _fit(
+            name,
+            logdir,
+            model,
+            keras.optimizers.Adam(0.003),
+            keras.losses.BinaryCrossentropy(from_logits=True),
+            x,
+            y,
+            steps,
+            timesteps=True,
+        )
 
 
 def forget_bias(value: float):
@@ -268,8 +307,16 @@ def _dead_run(logdir: str, steps: int) -> None:
         ],
         name="dead_relu",
     )
-    _fit("dead_relu", logdir, model, keras.optimizers.SGD(0.1),
-         keras.losses.SparseCategoricalCrossentropy(from_logits=True), x, y, steps)
+    _fit(
+        "dead_relu",
+        logdir,
+        model,
+        keras.optimizers.SGD(0.1),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        x,
+        y,
+        steps,
+    )
 
 
 def naive_binary_crossentropy(y_true, p):
@@ -298,8 +345,17 @@ def _nan_run(logdir: str, steps: int) -> None:
         ],
         name="nan_log0",
     )
-    _fit("nan_log0", logdir, model, keras.optimizers.SGD(NAN_LR), naive_binary_crossentropy, x, y, steps,
-         activations=True)
+    _fit(
+        "nan_log0",
+        logdir,
+        model,
+        keras.optimizers.SGD(NAN_LR),
+        naive_binary_crossentropy,
+        x,
+        y,
+        steps,
+        activations=True,
+    )
 
 
 def _inputs_with_one_bad_batch(steps: int, bad_step: int, scale: float, seed: int):
@@ -337,8 +393,18 @@ def _nan_pass_runs(logdir: str, steps: int) -> None:
         ],
         name="nan_forward",
     )
-    _fit("nan_forward", logdir, model, keras.optimizers.SGD(0.01), keras.losses.MeanSquaredError(), x, y, steps,
-         activations=True, every_n_steps=NAN_EVERY)
+    _fit(
+        "nan_forward",
+        logdir,
+        model,
+        keras.optimizers.SGD(0.01),
+        keras.losses.MeanSquaredError(),
+        x,
+        y,
+        steps,
+        activations=True,
+        every_n_steps=NAN_EVERY,
+    )
 
     x, y = _inputs_with_one_bad_batch(steps, NAN_BACKWARD_STEP, -50.0, seed=6)
     keras.utils.set_random_seed(0)
@@ -346,15 +412,30 @@ def _nan_pass_runs(logdir: str, steps: int) -> None:
         [
             keras.Input((16,)),
             # Positive for small inputs (bias 1): the large input drives some to exactly 0 after the ReLU.
-            layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(1.0),
-                         kernel_initializer=keras.initializers.Constant(0.1), name="dense_0"),
+            layers.Dense(
+                16,
+                activation="relu",
+                bias_initializer=keras.initializers.Constant(1.0),
+                kernel_initializer=keras.initializers.Constant(0.1),
+                name="dense_0",
+            ),
             layers.Lambda(tf.sqrt, name="sqrt_features"),  # sqrt(0) = 0, but its gradient there is infinite
             layers.Dense(1, name="head"),
         ],
         name="nan_backward",
     )
-    _fit("nan_backward", logdir, model, keras.optimizers.SGD(0.01), keras.losses.MeanSquaredError(), x, y, steps,
-         activations=True, every_n_steps=NAN_EVERY)
+    _fit(
+        "nan_backward",
+        logdir,
+        model,
+        keras.optimizers.SGD(0.01),
+        keras.losses.MeanSquaredError(),
+        x,
+        y,
+        steps,
+        activations=True,
+        every_n_steps=NAN_EVERY,
+    )
 
 
 def _explode_runs(logdir: str, steps: int) -> None:
@@ -378,8 +459,16 @@ def _explode_runs(logdir: str, steps: int) -> None:
             ],
             name=name,
         )
-        _fit(name, logdir, model, keras.optimizers.SGD(EXPLODE_LR, clipnorm=clipnorm), keras.losses.MeanSquaredError(),
-             x, y, steps)
+        _fit(
+            name,
+            logdir,
+            model,
+            keras.optimizers.SGD(EXPLODE_LR, clipnorm=clipnorm),
+            keras.losses.MeanSquaredError(),
+            x,
+            y,
+            steps,
+        )
 
 
 def mislabelled_positions(steps: int) -> dict:
@@ -388,7 +477,9 @@ def mislabelled_positions(steps: int) -> dict:
     import numpy as np
 
     rng = np.random.default_rng(7)
-    return {step: int(rng.integers(MISLABELLED_BATCH)) for step in range(MISLABELLED_EVERY, steps + 1, MISLABELLED_EVERY)}
+    return {
+        step: int(rng.integers(MISLABELLED_BATCH)) for step in range(MISLABELLED_EVERY, steps + 1, MISLABELLED_EVERY)
+    }
 
 
 def _mislabelled_run(logdir: str, steps: int) -> None:
@@ -420,9 +511,18 @@ def _mislabelled_run(logdir: str, steps: int) -> None:
         ],
         name="mislabelled",
     )
-    _fit("mislabelled", logdir, model, keras.optimizers.Adam(0.01),
-         keras.losses.SparseCategoricalCrossentropy(from_logits=True), x, y, steps, batch=MISLABELLED_BATCH,
-         per_example=True)
+    _fit(
+        "mislabelled",
+        logdir,
+        model,
+        keras.optimizers.Adam(0.01),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        x,
+        y,
+        steps,
+        batch=MISLABELLED_BATCH,
+        per_example=True,
+    )
 
 
 def _clear_previous(logdir: str) -> int:

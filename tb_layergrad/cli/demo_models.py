@@ -5,6 +5,7 @@ of the loss w.r.t. an inner layer's output in TF2?", updated for Keras 3
 (`AbstractRNNCell` and `K.dot` are gone: a cell is a plain Layer with
 `state_size`).
 """
+
 from __future__ import annotations
 
 import keras
@@ -43,9 +44,14 @@ class MyModel(keras.Model):
         return self.out(self.minimalrnn(inputs))
 
 
-def deep_mlp(depth: int, width: int, activation: str, initializer: str, inputs: int, classes: int, name: str) -> keras.Model:
+def deep_mlp(
+    depth: int, width: int, activation: str, initializer: str, inputs: int, classes: int, name: str
+) -> keras.Model:
     """A plain MLP; sigmoid + Glorot shows vanishing gradients, ReLU + He does not."""
     stack = [keras.Input((inputs,))]
-    stack += [layers.Dense(width, activation=activation, kernel_initializer=initializer, name=f"dense_{i}") for i in range(depth)]
+    stack += [
+        layers.Dense(width, activation=activation, kernel_initializer=initializer, name=f"dense_{i}")
+        for i in range(depth)
+    ]
     stack.append(layers.Dense(classes, name="logits"))
     return keras.Sequential(stack, name=name)

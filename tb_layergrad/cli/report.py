@@ -17,6 +17,7 @@ in CSV the `dominated_*` columns of the layer's row).
 Exit status: 0; 3 when a `--fail-on` condition holds; 1 when the logdir, a run
 or the asked series do not exist; 2 for a usage error.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,8 +38,14 @@ EXIT_ERROR = 1
 EXIT_FAILED = 3
 
 # --fail-on names -> flag kind ("nan" is the short name of "nonfinite").
-FAIL_ON = {"nan": "nonfinite", "nonfinite": "nonfinite", "exploding": "exploding", "vanishing": "vanishing", "dead": "dead",
-           "dominated": "dominated"}
+FAIL_ON = {
+    "nan": "nonfinite",
+    "nonfinite": "nonfinite",
+    "exploding": "exploding",
+    "vanishing": "vanishing",
+    "dead": "dead",
+    "dominated": "dominated",
+}
 LABELS = {"nonfinite": "NaN/Inf", "vanishing": "vanishing", "exploding": "exploding", "dead": "dead"}
 WIDTH = 100
 
@@ -73,7 +80,9 @@ def parse_fail_on(text: Optional[str]) -> List[str]:
         if not name:
             continue
         if name not in FAIL_ON:
-            raise ValueError(f"unknown --fail-on condition {name!r}; use some of: nan, exploding, vanishing, dead, dominated")
+            raise ValueError(
+                f"unknown --fail-on condition {name!r}; use some of: nan, exploding, vanishing, dead, dominated"
+            )
         if FAIL_ON[name] not in kinds:
             kinds.append(FAIL_ON[name])
     return kinds
@@ -89,7 +98,9 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
     out: List[Dict[str, object]] = []
     for kind in fail_on:
         if kind == "dominated":  # one example carried most of a layer's gradient at some step (its worst named)
-            out += [{"run": run.run, "layer": d.layer, "condition": kind, "step": d.worst_step} for d in run.dominated or ()]
+            out += [
+                {"run": run.run, "layer": d.layer, "condition": kind, "step": d.worst_step} for d in run.dominated or ()
+            ]
             continue
         for s in run.summaries:
             if kind == "nonfinite":
@@ -100,8 +111,13 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
     return out
 
 
-def build(logdir: str, runs: Optional[Sequence[str]] = None, target: str = metadata.DEFAULT_TARGET,
-          source: str = metadata.SOURCE_OUTPUT, fail_on: Sequence[str] = ()) -> Report:
+def build(
+    logdir: str,
+    runs: Optional[Sequence[str]] = None,
+    target: str = metadata.DEFAULT_TARGET,
+    source: str = metadata.SOURCE_OUTPUT,
+    fail_on: Sequence[str] = (),
+) -> Report:
     """Read `logdir` (every step) and evaluate the rules for each run (without importing TensorFlow)."""
     if not event_files.is_url(logdir) and not os.path.isdir(logdir):
         raise ReportError(f"no such directory: {logdir}")
@@ -128,8 +144,13 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
         rc = cat.runs[name]
         result = run_anomalies.read_run(provider, ctx, "", rc, target, source)
         if result is None:
-            skipped.append({"run": name, "reason": f"no {source} statistics for target {target!r} "
-                                                   f"(targets: {', '.join(rc.targets())}; sources: {', '.join(rc.sources())})"})
+            skipped.append(
+                {
+                    "run": name,
+                    "reason": f"no {source} statistics for target {target!r} "
+                    f"(targets: {', '.join(rc.targets())}; sources: {', '.join(rc.sources())})",
+                }
+            )
             continue
         result.dominated = run_anomalies.read_dominance(provider, ctx, "", rc, target, source)
         results.append(result)
@@ -216,8 +237,11 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         lines.append("")
         prefix = _common_model_prefix(result.layers)
         summary = result.summary_json()
-        span = (f"steps {summary['first_step']}–{summary['last_step']} ({summary['steps']} logged)"
-                if summary["steps"] else "no steps logged")
+        span = (
+            f"steps {summary['first_step']}–{summary['last_step']} ({summary['steps']} logged)"
+            if summary["steps"]
+            else "no steps logged"
+        )
         n = len(result.layers)
         head = f"run {result.run}  ·  {n} layer{'' if n == 1 else 's'}  ·  {span}"
         if prefix:
@@ -225,20 +249,27 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         lines.append(shorten(head, width))
         first = result.first_nonfinite
         if result.origin is not None:  # where it broke: Origin.line, whole (wrapped, not cut: it names a layer)
-            lines += [("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(result.origin.line, width - 4, ""))]
+            lines += [
+                ("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(result.origin.line, width - 4, ""))
+            ]
         elif first:
-            names = [n[len(prefix):] if prefix else n for n in first["layers"]]
+            names = [n[len(prefix) :] if prefix else n for n in first["layers"]]
             more = f" and {len(names) - 1} more layer{'s' if len(names) > 2 else ''}" if len(names) > 1 else ""
             lines.append(shorten(f"  first non-finite gradient: step {first['step']} in {names[0]}{more}", width))
         latest = {k: v for k, v in result.latest.items() if v}
         if summary["steps"]:
             bits = ", ".join(f"{v} {LABELS[k]}" for k, v in latest.items())
-            lines.append(shorten(f"  at the latest step ({summary['last_step']}): "
-                                 + (f"{bits} of {len(result.layers)} layers" if bits else "no flagged layer"), width))
+            lines.append(
+                shorten(
+                    f"  at the latest step ({summary['last_step']}): "
+                    + (f"{bits} of {len(result.layers)} layers" if bits else "no flagged layer"),
+                    width,
+                )
+            )
         header = "  " + " ".join(f"{h:{a}{w}}" for _, h, w, a in _COLUMNS) + " " + "flags"
         lines.append(header)
         for s in result.summaries:
-            name = s.layer[len(prefix):] if prefix and s.layer.startswith(prefix) else s.layer
+            name = s.layer[len(prefix) :] if prefix and s.layer.startswith(prefix) else s.layer
             cells = {
                 "layer": shorten(name, _COLUMNS[0][2], path=True),
                 "norm": _g(s.last_norm),
@@ -262,9 +293,13 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         if report.failures:
             for f in report.failures:
                 what = "NaN/Inf gradient since step" if f["condition"] == "nan" else f"{f['condition']} at step"
-                lines.append(shorten(f"FAIL {f['condition']}: run {f['run']}, layer {f['layer']}: {what} {f['step']}", width))
+                lines.append(
+                    shorten(f"FAIL {f['condition']}: run {f['run']}, layer {f['layer']}: {what} {f['step']}", width)
+                )
         else:
-            lines.append("OK: none of " + ", ".join("nan" if k == "nonfinite" else k for k in report.fail_on) + " holds")
+            lines.append(
+                "OK: none of " + ", ".join("nan" if k == "nonfinite" else k for k in report.fail_on) + " holds"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -315,9 +350,24 @@ def _run_json(r: anomalies.RunAnomalies) -> dict:
 DOMINATED_FIELDS = ("steps", "first_step", "worst_step", "worst_share", "worst_position", "examples")
 
 CSV_COLUMNS = (
-    "run", "target", "source", "layer", "index", "recorded", "last_step", "last_norm", "last_rms",
-    "last_zero_frac", "trend", "first_nonfinite", "timestep_decay",
-    "nonfinite_steps", "vanishing_steps", "exploding_steps", "dead_steps", "now",
+    "run",
+    "target",
+    "source",
+    "layer",
+    "index",
+    "recorded",
+    "last_step",
+    "last_norm",
+    "last_rms",
+    "last_zero_frac",
+    "trend",
+    "first_nonfinite",
+    "timestep_decay",
+    "nonfinite_steps",
+    "vanishing_steps",
+    "exploding_steps",
+    "dead_steps",
+    "now",
     *(f"dominated_{k}" for k in DOMINATED_FIELDS),
 )
 
@@ -332,10 +382,26 @@ def _csv_cell(v) -> str:
 
 def _summary_cells(r: anomalies.RunAnomalies, s: anomalies.LayerSummary) -> list:
     """A layer's statistics and flag counts: the columns up to `now`."""
-    return [r.run, r.target, r.source, s.layer, s.index, s.recorded, s.last_step, s.last_norm, s.last_rms,
-            s.last_zero_frac, s.trend, s.first_nonfinite, s.timestep_decay,
-            s.counts["nonfinite"], s.counts["vanishing"], s.counts["exploding"], s.counts["dead"],
-            ";".join(s.now_names)]
+    return [
+        r.run,
+        r.target,
+        r.source,
+        s.layer,
+        s.index,
+        s.recorded,
+        s.last_step,
+        s.last_norm,
+        s.last_rms,
+        s.last_zero_frac,
+        s.trend,
+        s.first_nonfinite,
+        s.timestep_decay,
+        s.counts["nonfinite"],
+        s.counts["vanishing"],
+        s.counts["exploding"],
+        s.counts["dead"],
+        ";".join(s.now_names),
+    ]
 
 
 def _dominated_cells(r: anomalies.RunAnomalies, d: Optional[anomalies.Dominance]) -> list:
@@ -380,14 +446,26 @@ def render(report: Report, fmt: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logdir", help="TensorBoard log directory (runs are its subdirectories holding event files)")
     parser.add_argument("--run", action="append", metavar="R", help="only this run (repeat for several; default: all)")
-    parser.add_argument("--format", choices=("text", "json", "csv"), default="text", help="output format (default: %(default)s)")
-    parser.add_argument("--fail-on", metavar="LIST", default="",
-                        help="comma-separated conditions that make the exit status 3: nan (a NaN/Inf gradient at any "
-                             "step), exploding, vanishing, dead (flagged at a layer's last logged step), dominated "
-                             "(one example carried most of a layer's gradient at some step; per-example records)")
-    parser.add_argument("--target", default=metadata.DEFAULT_TARGET, help="differentiated scalar (default: %(default)s)")
-    parser.add_argument("--source", choices=metadata.SOURCES, default=metadata.SOURCE_OUTPUT,
-                        help="output: gradients w.r.t. layer outputs; weight: w.r.t. variables (default: %(default)s)")
+    parser.add_argument(
+        "--format", choices=("text", "json", "csv"), default="text", help="output format (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--fail-on",
+        metavar="LIST",
+        default="",
+        help="comma-separated conditions that make the exit status 3: nan (a NaN/Inf gradient at any "
+        "step), exploding, vanishing, dead (flagged at a layer's last logged step), dominated "
+        "(one example carried most of a layer's gradient at some step; per-example records)",
+    )
+    parser.add_argument(
+        "--target", default=metadata.DEFAULT_TARGET, help="differentiated scalar (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--source",
+        choices=metadata.SOURCES,
+        default=metadata.SOURCE_OUTPUT,
+        help="output: gradients w.r.t. layer outputs; weight: w.r.t. variables (default: %(default)s)",
+    )
 
 
 def main(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:

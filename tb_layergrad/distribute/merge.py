@@ -20,6 +20,7 @@ is the one merge every writer uses inside `strategy.run` (`summary.gradients`,
 the `fit()` step), in either mode: "gather" (the tensors, as `merge()`) or
 "stats" (`statistics.across_replicas`: only statistics cross replicas).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,8 +78,10 @@ def per_replica_map(grads: Any) -> Any:
     entries = {p: dataclasses.replace(first.entry(p), gradient=regroup([m[p] for m in maps])) for p in first}
     var_grads = [regroup([m.variable_gradients[i] for m in maps]) for i in range(len(first.variable_gradients))]
     value = None if first.target_value is None else regroup([m.target_value for m in maps])
-    acts = {p: dataclasses.replace(first.activation_entry(p), gradient=regroup([m.activations[p] for m in maps]))
-            for p in first.activations}
+    acts = {
+        p: dataclasses.replace(first.activation_entry(p), gradient=regroup([m.activations[p] for m in maps]))
+        for p in first.activations
+    }
     return GradientMap(entries, first.target, var_grads, activations=acts, target_value=value)
 
 
@@ -184,8 +187,15 @@ def _merge_in_replica(gmap: GradientMap, ctx: Any) -> GradientMap:
         _check_batch_major(p, a)
     entries = _merged_entries(gmap, lambda ts: ctx.all_gather(ts, axis=0), lambda ts: _sum(ctx, ts), n)
     acts = _gathered_activations(gmap, lambda ts: ctx.all_gather(ts, axis=0))
-    return GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n, activations=acts,
-                       target_value=_summed_target(gmap, ctx), per_example=merge_per_example(gmap.per_example, ctx))
+    return GradientMap(
+        entries,
+        gmap.target,
+        gmap.variable_gradients,
+        replicas=n,
+        activations=acts,
+        target_value=_summed_target(gmap, ctx),
+        per_example=merge_per_example(gmap.per_example, ctx),
+    )
 
 
 def merge_per_example(per_example: Optional[PerExampleNorms], ctx: Any) -> Optional[PerExampleNorms]:
@@ -270,7 +280,8 @@ def merge_in_replica(
         acts = list(gmap.activations)
         summed = dict(zip(weights, _sum(ctx, [gmap[p] for p in weights]) if weights else []))
         records = across_replicas.merged_histograms_and_stats(
-            [gmap[p] for p in outputs] + [gmap.activations[p] for p in acts], buckets, ctx, xla_safe=xla_safe)
+            [gmap[p] for p in outputs] + [gmap.activations[p] for p in acts], buckets, ctx, xla_safe=xla_safe
+        )
         squares = [_timestep_sumsq(timesteps[k]) for k in keys]  # this replica's share of each timestep's squared norm
         norms = [tf.sqrt(v) for v in _sum(ctx, squares)] if keys else []
         per_example = merge_per_example(gmap.per_example, ctx)
@@ -284,9 +295,15 @@ def merge_in_replica(
         elif e.gradient is None and e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:
             e = dataclasses.replace(e, elements=e.elements * n)  # "no gradient": count the whole batch
         entries[p] = e
-    merged = GradientMap(entries, gmap.target, gmap.variable_gradients, replicas=n,
-                         activations={p: gmap.activation_entry(p) for p in acts}, target_value=_summed_target(gmap, ctx),
-                         per_example=per_example)
+    merged = GradientMap(
+        entries,
+        gmap.target,
+        gmap.variable_gradients,
+        replicas=n,
+        activations={p: gmap.activation_entry(p) for p in acts},
+        target_value=_summed_target(gmap, ctx),
+        per_example=per_example,
+    )
     keyed = [(metadata.SOURCE_OUTPUT, p) for p in outputs] + [(metadata.SOURCE_ACTIVATION, p) for p in acts]
     return Merged(merged, dict(zip(keyed, records)), dict(zip(keys, norms)), True)
 
@@ -310,5 +327,6 @@ def _merge_cross_replica(gmap: GradientMap, strategy: Any) -> GradientMap:
     entries = _merged_entries(gmap, gather, reduce_sum, n)
     var_grads = [None if g is None else strategy.reduce(sum_op, g, axis=None) for g in gmap.variable_gradients]
     value = None if gmap.target_value is None else strategy.reduce(sum_op, gmap.target_value, axis=None)
-    return GradientMap(entries, gmap.target, var_grads, replicas=n, activations=_gathered_activations(gmap, gather),
-                       target_value=value)
+    return GradientMap(
+        entries, gmap.target, var_grads, replicas=n, activations=_gathered_activations(gmap, gather), target_value=value
+    )

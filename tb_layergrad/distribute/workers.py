@@ -1,4 +1,5 @@
 """Who writes under multi-worker training: the chief only, and the other workers leave no file behind."""
+
 from __future__ import annotations
 
 import contextlib

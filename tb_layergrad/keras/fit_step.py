@@ -22,6 +22,7 @@ of the step in the logs under PAYLOAD_KEY and written by the callback
 (XLA and eager: the gradients, unreduced; several replicas: the merged
 records, encoded by `replica_payload`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -104,9 +105,14 @@ class FitStep:
         """The model's own train step, observed (module docstring), then this step's records."""
         step, log = self._step_and_flag()
         cfg = self.config
-        cap = Capture(self.model, layers=cfg.layers, weights=cfg.weights, activations=cfg.activations,
-                      per_example=cfg.per_example)
-        probe = TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps) if cfg.timesteps is not False else None
+        cap = Capture(
+            self.model, layers=cfg.layers, weights=cfg.weights, activations=cfg.activations, per_example=cfg.per_example
+        )
+        probe = (
+            TimestepProbe(self.model, None if cfg.timesteps is True else cfg.timesteps)
+            if cfg.timesteps is not False
+            else None
+        )
         seen = StepObservation(self, cap, probe)
         with contextlib.ExitStack() as scope:
             scope.callback(seen.stop_aux)  # also when the step raises
@@ -157,7 +163,9 @@ class FitStep:
         return out
 
     # -- the records ------------------------------------------------------------
-    def _plan(self, cap: Capture, probe: Optional[TimestepProbe], seen: StepObservation) -> Tuple[plans.Plan, Optional[Callable[[], plans.Plan]]]:
+    def _plan(
+        self, cap: Capture, probe: Optional[TimestepProbe], seen: StepObservation
+    ) -> Tuple[plans.Plan, Optional[Callable[[], plans.Plan]]]:
         """(what every step computes, what only a written step computes) of this step's records.
 
         The first part is the loss's: its output gradients, activations, value
@@ -172,7 +180,9 @@ class FitStep:
         shadow = self._shadow_weights()
         loss_map = seen.gmap
         if shadow:  # the applied weight gradients are not read (see _shadow_weights): the aux pass gives them
-            loss_map = loss_map.with_entries({p: loss_map.entry(p) for p in loss_map if loss_map.entry(p).source != metadata.SOURCE_WEIGHT})
+            loss_map = loss_map.with_entries(
+                {p: loss_map.entry(p) for p in loss_map if loss_map.entry(p).source != metadata.SOURCE_WEIGHT}
+            )
         main = self._target_plan(metadata.DEFAULT_TARGET, loss_map, seen.eps_grads, probe, seen.scale, forward=True)
         # The loss's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
         # the weights in `auxiliary` when shadowed) writes its `examples` record, the weights' plan the noise scale.
@@ -186,10 +196,14 @@ class FitStep:
             return main, None
 
         def auxiliary() -> plans.Plan:
-            plan = plans.Plan(buckets=self.config.buckets, format_version=self.config.format_version, per_example=examples)
+            plan = plans.Plan(
+                buckets=self.config.buckets, format_version=self.config.format_version, per_example=examples
+            )
             if shadow:
                 weights = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target)
-                only = weights.with_entries({p: weights.entry(p) for p in weights if weights.entry(p).source == metadata.SOURCE_WEIGHT})
+                only = weights.with_entries(
+                    {p: weights.entry(p) for p in weights if weights.entry(p).source == metadata.SOURCE_WEIGHT}
+                )
                 plan = plan + self._target_plan(metadata.DEFAULT_TARGET, only, {}, None, seen.scale, forward=False)
             for name, value in seen.values.items():
                 wrapped = TapeWithExtraSources(seen.aux, list(eps_sources.values()))
@@ -200,8 +214,16 @@ class FitStep:
 
         return main, auxiliary
 
-    def _target_plan(self, target: str, gmap: GradientMap, eps_grads: Dict[str, Any], probe: Optional[TimestepProbe],
-                     scale: Optional[tf.Tensor], forward: bool, with_value: bool = False) -> plans.Plan:
+    def _target_plan(
+        self,
+        target: str,
+        gmap: GradientMap,
+        eps_grads: Dict[str, Any],
+        probe: Optional[TimestepProbe],
+        scale: Optional[tf.Tensor],
+        forward: bool,
+        with_value: bool = False,
+    ) -> plans.Plan:
         """One target's records; `forward`: also the step's activations and the target's value; `with_value`: its value only."""
         cfg = self.config
         entries = {p: dataclasses.replace(gmap.entry(p), gradient=_unscale(gmap[p], scale)) for p in gmap}
@@ -214,16 +236,32 @@ class FitStep:
                 g = eps_grads.get(key)
                 eps[key] = tf.zeros_like(source) if g is None else _unscale(g, scale)
         ctx = distribute.replica_context()
-        merged = distribute.merge_in_replica(unscaled, cfg.replicas, cfg.buckets, ctx, eps, cfg.xla) if ctx is not None else None
-        plan = plans.from_gradients(merged.gradients if merged else unscaled, target, cfg.max_elements, cfg.buckets,
-                                    captured_dtypes=True, format_version=cfg.format_version)
+        merged = (
+            distribute.merge_in_replica(unscaled, cfg.replicas, cfg.buckets, ctx, eps, cfg.xla)
+            if ctx is not None
+            else None
+        )
+        plan = plans.from_gradients(
+            merged.gradients if merged else unscaled,
+            target,
+            cfg.max_elements,
+            cfg.buckets,
+            captured_dtypes=True,
+            format_version=cfg.format_version,
+        )
         if merged is not None:
             plan = plans.with_merged_records(plan, merged.reduced)
         timesteps = merged.timesteps if merged is not None else eps
         as_norms = merged is not None and merged.timesteps_are_norms
         steps = tuple(
-            plans.timesteps(key, target=target, index=probe.layer_index(key), max_elements=cfg.max_elements,
-                            dtype=probe.sources[key].dtype.name, **{"norms" if as_norms else "gradient": value})
+            plans.timesteps(
+                key,
+                target=target,
+                index=probe.layer_index(key),
+                max_elements=cfg.max_elements,
+                dtype=probe.sources[key].dtype.name,
+                **{"norms" if as_norms else "gradient": value},
+            )
             for key, value in timesteps.items()
         )
         return dataclasses.replace(plan, timesteps=steps)
@@ -239,8 +277,14 @@ class FitStep:
         """
         return self.writer is not None and not self.config.xla and not tf.executing_eagerly()
 
-    def _with_records(self, logs: Any, step: tf.Tensor, log: tf.Tensor, main: plans.Plan,
-                      auxiliary: Optional[Callable[[], plans.Plan]]) -> Any:
+    def _with_records(
+        self,
+        logs: Any,
+        step: tf.Tensor,
+        log: tf.Tensor,
+        main: plans.Plan,
+        auxiliary: Optional[Callable[[], plans.Plan]],
+    ) -> Any:
         """Check this step for NaN/Inf; write its records in the step, or hand them out in the logs (module docstring).
 
         Every step hands out the finiteness flags of `main`'s series (the
@@ -260,13 +304,20 @@ class FitStep:
             with tf.name_scope("layergrad"):
                 state = self.first_nonfinite
                 histograms = tf.equal(tf.math.floormod(step, self.config.histogram_every_n_steps), 0)
-                record, flags = write_step_checked(main, step, log, state.none_yet(), writer=self.writer, flush=True,
-                                                   histograms=histograms)
+                record, flags = write_step_checked(
+                    main, step, log, state.none_yet(), writer=self.writer, flush=True, histograms=histograms
+                )
                 written = [record]
                 if auxiliary is not None:
                     full = tf.logical_or(histograms, tf.logical_not(log))  # unlogged but written: its first NaN/Inf
-                    written.append(when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer,
-                                                                   flush=True, histograms=full)))
+                    written.append(
+                        when(
+                            record,
+                            lambda: write_step(
+                                auxiliary(), step, record=True, writer=self.writer, flush=True, histograms=full
+                            ),
+                        )
+                    )
                 with tf.control_dependencies(written):
                     state.remember(step, flags)
             if self.config.on_nonfinite != "log":  # the callback acts at once: it needs the flags of every step

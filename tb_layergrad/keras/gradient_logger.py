@@ -1,4 +1,5 @@
 """`GradientLogger`: gradients of the loss w.r.t. layer outputs, from the real fit() step."""
+
 from __future__ import annotations
 
 import os
@@ -210,7 +211,9 @@ class GradientLogger(_Base):
         self.format_version = plans.check_format_version(format_version)
         self.per_example = bool(per_example)
         if self.per_example and self.format_version < 2:
-            raise ValueError("per_example=True writes records of format version 2 only: use format_version=2 (the default)")
+            raise ValueError(
+                "per_example=True writes records of format version 2 only: use format_version=2 (the default)"
+            )
         self.layers = layers
         self.every_n_steps = every_n_steps
         self.histogram_every_n_steps = histogram_every_n_steps
@@ -360,7 +363,11 @@ class GradientLogger(_Base):
             "train_tf_function": getattr(model, "train_tf_function", _MISSING),
             "train_step": model.__dict__.get("train_step", _MISSING),
         }
-        reuse = self._built if self._built is not None and self._built.fits(model, saved["train_function"], config, writer) else None
+        reuse = (
+            self._built
+            if self._built is not None and self._built.fits(model, saved["train_function"], config, writer)
+            else None
+        )
         fit_step = reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config, writer=writer)
         step_fn = fit_step.train_step
         self._writer, self._fit_step, self._saved = writer, fit_step, saved

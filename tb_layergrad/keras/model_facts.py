@@ -1,4 +1,5 @@
 """What GradientLogger reads off a model and its optimizer, by their behaviour, never by a version."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional

@@ -8,6 +8,7 @@ first step at which one is set is written in full, logged or not, and its
 flags say where it was born (`tb_layergrad.nonfinite_origin`, the rules the
 tab applies to the written records).
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Optional, Sequence, Tuple
@@ -61,8 +62,12 @@ class FirstNonfinite:
 
     def __init__(self) -> None:
         with tf.init_scope():
-            self.step = first_nonfinite.local_variable(tf.constant(-1, tf.int64), tf.TensorShape([]), "layergrad_first_nonfinite_step")
-            self.flags = first_nonfinite.local_variable(tf.zeros([0], tf.bool), tf.TensorShape([None]), "layergrad_first_nonfinite_flags")
+            self.step = first_nonfinite.local_variable(
+                tf.constant(-1, tf.int64), tf.TensorShape([]), "layergrad_first_nonfinite_step"
+            )
+            self.flags = first_nonfinite.local_variable(
+                tf.zeros([0], tf.bool), tf.TensorShape([None]), "layergrad_first_nonfinite_flags"
+            )
 
     def none_yet(self) -> tf.Tensor:
         return self.step.value() < 0
@@ -83,13 +88,18 @@ class FirstNonfinite:
         return None if step < 0 else (step, self.flags.numpy())
 
 
-def origin(infos: Sequence[metadata.SeriesInfo], nonfinite: Any, step: Optional[int]) -> Optional[nonfinite_origin.Origin]:
+def origin(
+    infos: Sequence[metadata.SeriesInfo], nonfinite: Any, step: Optional[int]
+) -> Optional[nonfinite_origin.Origin]:
     """Where it was born, from one step's flags (`flags`) of these series."""
     bad = np.asarray(nonfinite, dtype=bool).reshape(-1)
 
     def seen(source: str) -> List[nonfinite_origin.Seen]:
-        return [nonfinite_origin.Seen(i.layer, i.index, bool(b)) for i, b in zip(infos, bad)
-                if i.source == source and i.target in (metadata.DEFAULT_TARGET, metadata.ACTIVATION_TARGET)]
+        return [
+            nonfinite_origin.Seen(i.layer, i.index, bool(b))
+            for i, b in zip(infos, bad)
+            if i.source == source and i.target in (metadata.DEFAULT_TARGET, metadata.ACTIVATION_TARGET)
+        ]
 
     targets = [bool(b) for i, b in zip(infos, bad) if i.source == metadata.SOURCE_TARGET]
     activations = seen(metadata.SOURCE_ACTIVATION)

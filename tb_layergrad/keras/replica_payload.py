@@ -12,6 +12,7 @@ halves ([1, ..., 2], values < 2**32): the mean of equal integers is exact
 (integer division, or float64 for MultiWorker's true division: sums stay below
 2**53), and the leading axis of 1 absorbs the axis-0 mean. `decode` undoes it.
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Tuple

@@ -6,6 +6,7 @@ returns; the first tape the step enters is adopted (the layer outputs are
 watched on it); its first `gradient()` call is answered by ONE real call for
 the step's sources, the layer outputs and the RNN probes (`_CombinedCall`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -77,7 +78,9 @@ class StepObservation(tape_observer.Observation):
             self._aux_recording = False
             self.aux.__exit__(None, None, None)
 
-    def answer(self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: Callable) -> Any:
+    def answer(
+        self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: Callable
+    ) -> Any:
         fit_step = self.fit_step
         self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
         if fit_step.config.targets:
@@ -107,7 +110,9 @@ class _CombinedCall:
 
     _persistent = False
 
-    def __init__(self, tape: Any, gradient: Callable, sources: Any, extra: List[Any], args: tuple, kwargs: Dict[str, Any]):
+    def __init__(
+        self, tape: Any, gradient: Callable, sources: Any, extra: List[Any], args: tuple, kwargs: Dict[str, Any]
+    ):
         self._tape, self._gradient, self._sources, self._extra = tape, gradient, sources, extra
         self._args, self._kwargs = args, kwargs
         self.source_gradients: Any = None
@@ -120,7 +125,8 @@ class _CombinedCall:
         # (variables, outputs), and with per_example=True a third part: the δ sources of the per-example rules.
         variables, outputs, *deltas = requested
         got, output_grads, extra, *delta_grads = self._gradient(
-            self._tape, target, (self._sources, list(outputs), self._extra, *deltas), *self._args, **self._kwargs)
+            self._tape, target, (self._sources, list(outputs), self._extra, *deltas), *self._args, **self._kwargs
+        )
         self.source_gradients, self.extra_gradients = got, list(extra)
         by_id = {id(s): g for s, g in zip(tf.nest.flatten(self._sources), tf.nest.flatten(got))}
         return ([by_id.get(id(v)) for v in variables], output_grads, *delta_grads)
@@ -138,7 +144,9 @@ def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None
     def call_and_watch(*args: Any, **kwargs: Any) -> Any:
         out = original(*args, **kwargs)
         first = next(iter(tf.nest.flatten(out)), None)
-        ours = isinstance(first, tf.Tensor) and (hasattr(first, "numpy") if graph is None else getattr(first, "graph", None) is graph)
+        ours = isinstance(first, tf.Tensor) and (
+            hasattr(first, "numpy") if graph is None else getattr(first, "graph", None) is graph
+        )
         if seen.y_pred is None and ours:
             seen.y_pred = out
             seen.remove_hooks()

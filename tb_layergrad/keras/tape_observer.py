@@ -22,6 +22,7 @@ The class's `__enter__` and `gradient` are swapped only while some thread
 observes (reference counted, so replicas tracing in threads can overlap), and
 every other tape, thread or call passes straight through.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,9 @@ class Observation:
     def adopt(self, tape: Any) -> None:
         """Called right after the step entered its tape (still recording)."""
 
-    def answer(self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: GradientFn) -> Any:
+    def answer(
+        self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: GradientFn
+    ) -> Any:
         """Return what `tape.gradient(target, sources, *args, **kwargs)` returns; `gradient` is the real method."""
         return gradient(tape, target, sources, *args, **kwargs)
 

@@ -4,6 +4,7 @@ Keras' own train function runs every step that logs nothing; the observing one
 (`BuiltStep.logging_fn`) runs the executions that contain a logged step, and is
 kept for the next fit() while nothing it depends on changed.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Dict
@@ -44,7 +45,13 @@ class BuiltStep:
     """
 
     def __init__(self, model: Any, keras_fn: Callable, config: "StepConfig", fit_step: "FitStep", logging_fn: Callable):
-        self.model, self.keras_fn, self.config, self.fit_step, self.logging_fn = model, keras_fn, config, fit_step, logging_fn
+        self.model, self.keras_fn, self.config, self.fit_step, self.logging_fn = (
+            model,
+            keras_fn,
+            config,
+            fit_step,
+            logging_fn,
+        )
         self.run_eagerly = bool(getattr(model, "run_eagerly", False))
         self.traced = False
 
@@ -58,7 +65,11 @@ def step_writes_itself(model: Any) -> bool:
     """Will the capturing step write its records itself (`FitStep.writes_in_step`)?"""
     strategy = getattr(model, "distribute_strategy", None)
     replicas = strategy.num_replicas_in_sync if strategy is not None else 1
-    return replicas == 1 and not bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))
+    return (
+        replicas == 1
+        and not bool(getattr(model, "jit_compile", False))
+        and not bool(getattr(model, "run_eagerly", False))
+    )
 
 
 def iterations_countable(model: Any, kind: str, steps_per_execution: int) -> bool:

@@ -8,6 +8,7 @@ Modules:
 `tb_layergrad.kernel.<name>` reads `loader`'s names, so that importing this
 package (or `cache`) does not import TensorFlow.
 """
+
 from __future__ import annotations
 
 import importlib

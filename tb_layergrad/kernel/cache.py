@@ -13,6 +13,7 @@ TensorFlow ships for.
 - A cached library is loaded only when it belongs to the current user and no
   one else can write it (`refusal`): a library is code that runs in-process.
 """
+
 from __future__ import annotations
 
 import contextlib

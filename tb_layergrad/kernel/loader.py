@@ -19,6 +19,7 @@ records with TensorFlow's ops: the same records, more kernels.
 `python -m tb_layergrad.kernel` builds it ahead of time. A build failure is logged with the compiler's message and never
 raised; it is remembered, so later processes do not compile again in vain.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -83,7 +84,10 @@ def _target_flags(compiler: str) -> Tuple[str, ...]:
     try:
         macros = subprocess.run(
             [compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         macros = ""
@@ -92,8 +96,19 @@ def _target_flags(compiler: str) -> Tuple[str, ...]:
 
 def _build_command(compiler: str, output: Path) -> List[str]:
     return [
-        compiler, "-shared", "-fPIC", "-O3", *_target_flags(compiler), "-ffp-contract=off", "-fopenmp-simd", "-w",
-        *map(str, SOURCES), "-o", str(output), *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags(),
+        compiler,
+        "-shared",
+        "-fPIC",
+        "-O3",
+        *_target_flags(compiler),
+        "-ffp-contract=off",
+        "-fopenmp-simd",
+        "-w",
+        *map(str, SOURCES),
+        "-o",
+        str(output),
+        *tf.sysconfig.get_compile_flags(),
+        *tf.sysconfig.get_link_flags(),
     ]
 
 
@@ -101,8 +116,12 @@ def library_path(compiler: str) -> Path:
     """Where the build for this source, command (compiler, flags, TensorFlow), compiler version and CPU lives."""
     key = hashlib.sha256()
     parts = (
-        *(f.read_bytes() for f in SOURCES + HEADERS), tf.__version__, " ".join(_build_command(compiler, Path("out"))),
-        cache.compiler_identity(compiler), _cpu_flags(), sys.platform,
+        *(f.read_bytes() for f in SOURCES + HEADERS),
+        tf.__version__,
+        " ".join(_build_command(compiler, Path("out"))),
+        cache.compiler_identity(compiler),
+        _cpu_flags(),
+        sys.platform,
     )
     for part in parts:
         key.update(part if isinstance(part, bytes) else part.encode())
@@ -141,7 +160,10 @@ def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
         failed = None if retry else cache.remembered_failure(target)  # or failed there
         if failed:
             raise RuntimeError(failed)
-        log.warning("tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~30 s) into %s", target.parent)
+        log.warning(
+            "tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~30 s) into %s",
+            target.parent,
+        )
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             partial = Path(tmp) / target.name
@@ -156,7 +178,9 @@ def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
 def _compile(compiler: str, output: Path, target: Path) -> None:
     """Runs the compiler; on failure remembers it for `target` and raises RuntimeError."""
     try:
-        done = subprocess.run(_build_command(compiler, output), capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+        done = subprocess.run(
+            _build_command(compiler, output), capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired:
         message = f"compiling {KERNELS.name}/*.cc with {compiler} failed: no result after {_BUILD_TIMEOUT_S} s"
     else:
@@ -185,8 +209,11 @@ def _load() -> Tuple[Optional[Any], Optional[str]]:
     tf.no_gradient(WRITE_OP_NAME)
     _state["write_error"] = _write_op_error(module)
     if _state["write_error"]:
-        log.warning("tb_layergrad: the fused write op cannot write to TensorFlow's summary writers here, "
-                    "tf.summary.write is used instead: %s", _state["write_error"])
+        log.warning(
+            "tb_layergrad: the fused write op cannot write to TensorFlow's summary writers here, "
+            "tf.summary.write is used instead: %s",
+            _state["write_error"],
+        )
     return module, None
 
 
@@ -203,10 +230,22 @@ def _write_op_error(module: Any) -> Optional[str]:
             writer = tf.summary.create_file_writer(scratch)
             record = ("self_test", b"")
             module.tb_layergrad_write_histograms_and_stats(
-                writer._resource, True, False, True, tf.constant(0, tf.int64), tf.constant([-1], tf.int64),  # noqa: SLF001
-                tf.zeros([0], tf.bool), [tf.constant([1.0, 2.0])], buckets=2, histogram_tags=[record[0]], histogram_metadata=[record[1]],
-                stats_tags=[record[0]], stats_metadata=[record[1]], first_nonfinite_tags=[],
-                first_nonfinite_metadata=[], flush=True,
+                writer._resource,
+                True,
+                False,
+                True,
+                tf.constant(0, tf.int64),
+                tf.constant([-1], tf.int64),  # noqa: SLF001
+                tf.zeros([0], tf.bool),
+                [tf.constant([1.0, 2.0])],
+                buckets=2,
+                histogram_tags=[record[0]],
+                histogram_metadata=[record[1]],
+                stats_tags=[record[0]],
+                stats_metadata=[record[1]],
+                first_nonfinite_tags=[],
+                first_nonfinite_metadata=[],
+                flush=True,
             )
             writer.close()
             if not any(os.path.getsize(os.path.join(scratch, f)) > 0 for f in os.listdir(scratch)):
@@ -319,10 +358,25 @@ def write_histograms_and_stats(
         with_metadata = tf.ones([3 * len(group_sizes)], tf.bool)
     with tf.device("cpu:0"):
         written, firsts, nonfinite, metadata_written, stats = fn(
-            writer, record, tf.constant(False) if not check else record_if_nonfinite, histograms, step, first_nonfinite,
-            with_metadata, list(tensors), buckets=buckets, histogram_tags=ht, histogram_metadata=hm, stats_tags=st,
-            stats_metadata=sm, first_nonfinite_tags=ft, first_nonfinite_metadata=fm, flush=flush, check=check,
-            group_sizes=list(group_sizes), block_steps=list(block_steps),
+            writer,
+            record,
+            tf.constant(False) if not check else record_if_nonfinite,
+            histograms,
+            step,
+            first_nonfinite,
+            with_metadata,
+            list(tensors),
+            buckets=buckets,
+            histogram_tags=ht,
+            histogram_metadata=hm,
+            stats_tags=st,
+            stats_metadata=sm,
+            first_nonfinite_tags=ft,
+            first_nonfinite_metadata=fm,
+            flush=flush,
+            check=check,
+            group_sizes=list(group_sizes),
+            block_steps=list(block_steps),
         )
     return written, firsts, nonfinite, metadata_written, stats
 

@@ -6,6 +6,7 @@ first and last step, min and max per column, whether a value in it was NaN/Inf, 
 flags, and the kept steps (where a flag starts) exactly. Fewer steps than `points`: the ordinary
 answer, marked `"binned": false`, so zooming in ends at full resolution.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -45,13 +46,21 @@ def _head(b: downsample.Binned, points: int) -> dict:
 def _on_axis(columns: Columns, steps: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """(values float [c, n], recorded bool [c, n]) of the columns placed on the `steps` axis."""
     values = np.stack([align(s, v, steps) for s, v in columns]) if columns else np.zeros((0, steps.size))
-    recorded = np.stack([~np.isnan(align(s, np.ones(s.size), steps)) for s, _ in columns]) if columns \
+    recorded = (
+        np.stack([~np.isnan(align(s, np.ones(s.size), steps)) for s, _ in columns])
+        if columns
         else np.zeros((0, steps.size), bool)
+    )
     return values, recorded
 
 
 def columns_body(
-    columns: Columns, steps: np.ndarray, stat: str, points: int, start: Optional[int], end: Optional[int],
+    columns: Columns,
+    steps: np.ndarray,
+    stat: str,
+    points: int,
+    start: Optional[int],
+    end: Optional[int],
     flags: Optional[np.ndarray] = None,
 ) -> dict:
     """The binned body of `matrix` (a column per layer) or `compare` (per run): `min`, `max`,
@@ -81,8 +90,13 @@ def nonfinite_flags(tables: Sequence[Tuple[np.ndarray, np.ndarray]], steps: np.n
 
 
 def stats_body(
-    steps: np.ndarray, wall_times: np.ndarray, table: np.ndarray, flags: np.ndarray, points: int,
-    start: Optional[int], end: Optional[int],
+    steps: np.ndarray,
+    wall_times: np.ndarray,
+    table: np.ndarray,
+    flags: np.ndarray,
+    points: int,
+    start: Optional[int],
+    end: Optional[int],
 ) -> dict:
     """The binned body of `stats` (one layer): per statistic `min`, `max`, `not_finite` per bin, the
     bins' `flags`, the first wall time of each bin, and `kept` = {steps, wall_times, stats, flags}."""

@@ -4,6 +4,7 @@ No reading here: `routes` asks `tb_layergrad.reader` for a catalog or an evaluat
 and hands it to these functions, which only shape it for the wire (api_version is
 added by `responses.json_response`).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Tuple

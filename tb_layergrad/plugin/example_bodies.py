@@ -3,6 +3,7 @@
 No reading here, as in `bodies`: the routes hand over an `examples.ExampleRows` or the scalars a data
 provider answered, and these functions only shape them for the wire (NaN and Inf as null).
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -34,7 +35,9 @@ def spread_body(rows: examples.ExampleRows) -> dict:
 def at_body(step: int, row: np.ndarray) -> dict:
     """One step's record: its spread, `sum_sq`, and the batch positions of the largest norms."""
     value = {name: row[metadata.EXAMPLE_INDEX[name]] for name in (*examples.SPREAD, "sum_sq")}
-    out = {name: (count_list([v]) if name in examples.COUNT_FIELDS else float_list([v]))[0] for name, v in value.items()}
+    out = {
+        name: (count_list([v]) if name in examples.COUNT_FIELDS else float_list([v]))[0] for name, v in value.items()
+    }
     return {"step": int(step), **out, "top": examples.top_at(row)}
 
 
@@ -72,5 +75,3 @@ def noise_scale_run(run: str, answer: Dict[str, Sequence], start: Optional[int],
 
 def has_noise_scale(answer: Dict[str, Sequence]) -> bool:
     return any(answer.get(tag) for tag in NOISE_SCALE_TAGS.values())
-
-

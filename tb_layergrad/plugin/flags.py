@@ -3,6 +3,7 @@
 Standard library only: TensorBoard defines flags before any plugin loads, so an import that fails here
 would stop TensorBoard itself, not just the tab.
 """
+
 from __future__ import annotations
 
 import argparse

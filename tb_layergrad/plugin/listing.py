@@ -29,6 +29,7 @@ once, so that the server folds the runs on all its cores instead of one
 (measured in docs/DESIGN.md, "Reading side"). Any other data provider gets
 `list_tensors` as is.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -126,8 +127,12 @@ class TensorLister:
         with self._lock:
             known = self._run_tags.get((experiment_id, run))
         if known is None:
-            self.list_tensors(ctx, experiment_id=experiment_id, plugin_name=plugin_name,
-                              run_tag_filter=tb_provider.RunTagFilter(runs=[run]))
+            self.list_tensors(
+                ctx,
+                experiment_id=experiment_id,
+                plugin_name=plugin_name,
+                run_tag_filter=tb_provider.RunTagFilter(runs=[run]),
+            )
             with self._lock:
                 known = self._run_tags.get((experiment_id, run), ())
         return known
@@ -271,7 +276,7 @@ def _new_records(mux: Any, run: str, tag: str, kept: Optional[_Fold]) -> Tuple[L
         reservoir = mux.GetAccumulator(run).tensors_by_tag[tag]
         bucket = reservoir._buckets.get(_TENSOR_RESERVOIR_KEY)  # noqa: SLF001 - see the docstring
         lock = bucket._mutex  # noqa: SLF001
-        bucket.items
+        bucket.items  # noqa: B018 - probes the attribute; a reservoir without it takes the fallback
     except (KeyError, AttributeError):  # KeyError: let `Tensors` raise it, as `list_tensors` would
         records = mux.Tensors(run, tag)
         if _continues(records, kept):

@@ -9,6 +9,7 @@ setting `samples_per_plugin[layergrad] = 0` ("keep all") there reaches both
 loaders. A value the user gave for `layergrad` is left alone: that is how to
 bound memory on very long runs (`--samples_per_plugin=layergrad=2000`).
 """
+
 from __future__ import annotations
 
 import logging

@@ -5,6 +5,7 @@ Strict on purpose: integers are plain decimal digits only, so `1e3`, `-1`,
 Unknown parameters are ignored (cache busters), but a known one given twice is
 an error: silently taking the first or the last would hide a client bug.
 """
+
 from __future__ import annotations
 
 import re

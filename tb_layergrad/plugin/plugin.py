@@ -5,6 +5,7 @@ The plugin reads through `context.data_provider`, so the same code serves
 `--load_fast=true`, `false` and `auto`; under the Python loader it also lists
 series from `context.multiplexer` (None under the Rust loader), see `listing`.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional
@@ -25,8 +26,9 @@ class LayerGradPlugin(base_plugin.TBPlugin):
 
     plugin_name = metadata.PLUGIN_NAME
 
-    def __init__(self, context: base_plugin.TBContext, *, frontend_root: Optional[Root] = None,
-                 read_ahead: Optional[bool] = None) -> None:
+    def __init__(
+        self, context: base_plugin.TBContext, *, frontend_root: Optional[Root] = None, read_ahead: Optional[bool] = None
+    ) -> None:
         """`frontend_root` overrides the folder of static files (tests). `read_ahead`: read the runs'
         statistics in the background (`prefetch`); None: as `--layergrad_prefetch` says, off without flags."""
         if read_ahead is None:

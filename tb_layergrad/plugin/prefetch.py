@@ -17,6 +17,7 @@ What it costs, and its bounds:
   that keep changing (a training run); a run never read yet is still read once.
 - `--layergrad_prefetch=false` turns it off (`plugin.loader`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,7 +64,7 @@ def estimated_bytes(stats_series: List[catalog.Series]) -> int:
 
 def _block_first_step(part: catalog.Part) -> int:
     """The first step of a version-2 block, the last component of its tag (`GroupInfo.tag_at`, docs/FORMAT.md)."""
-    tail = part.tag[len(part.group) + 1:] if part.tag.startswith(part.group + "/") else ""
+    tail = part.tag[len(part.group) + 1 :] if part.tag.startswith(part.group + "/") else ""
     return int(tail) if tail.isdigit() else 0
 
 
@@ -166,8 +167,11 @@ def _settled(stats: List[catalog.Series], before: Dict[str, "_Version"]) -> List
                 last_block[p.group] = max(last_block.get(p.group, (-1, "")), (_block_first_step(p), p.tag))
     out = []
     for s in stats:
-        parts = tuple(p for p in s.parts if before.get(p.tag) == (p.max_step, p.max_wall_time)
-                      or (p.grouped and last_block[p.group][1] != p.tag))
+        parts = tuple(
+            p
+            for p in s.parts
+            if before.get(p.tag) == (p.max_step, p.max_wall_time) or (p.grouped and last_block[p.group][1] != p.tag)
+        )
         if parts:
             out.append(dataclasses.replace(s, parts=parts))
     return out

@@ -7,6 +7,7 @@ chart would then have to special-case; this API promises `null` instead
 with a text/plain body, while the tab expects JSON errors; so every route is
 wrapped by `json_errors`, which renders errors itself.
 """
+
 from __future__ import annotations
 
 import csv

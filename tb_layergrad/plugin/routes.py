@@ -7,6 +7,7 @@ request, so a run being written shows its new steps on the next call; `stats`
 series are read through a `StatsStore`, which keeps each one as a table while
 `list_tensors` reports it unchanged.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,9 +37,9 @@ from tb_layergrad.plugin.responses import (
 )
 from tb_layergrad.plugin.static import StaticFiles
 from tb_layergrad.reader import catalog, downsample, examples, layer_points, run_anomalies, series
+from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.series import align
-from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.stats_store import StatsStore
 
 PLUGIN_PREFIX = f"/data/plugin/{metadata.PLUGIN_NAME}/"
@@ -69,15 +70,26 @@ def _series_range(args) -> Tuple[str, str, Optional[int], Optional[int]]:
 def _missing_series(rc: catalog.RunCatalog, target: str, source: str, kind: str) -> errors.NotFoundError:
     """The 404 for a run with no series of `kind` for (target, source)."""
     if source == metadata.SOURCE_ACTIVATION:
-        return errors.NotFoundError(f"run {quote(rc.run)} has no activation {kind} records (forward values were not recorded)")
+        return errors.NotFoundError(
+            f"run {quote(rc.run)} has no activation {kind} records (forward values were not recorded)"
+        )
     if target not in rc.targets():
         return errors.NotFoundError(f"target {quote(target)} not found in run {quote(rc.run)}; it has {rc.targets()}")
     return errors.NotFoundError(f"run {quote(rc.run)} has no {source!r} {kind} records for target {quote(target)}")
 
 
-def _matrix_response(request: wrappers.Request, head: dict, columns: Sequence[Tuple[np.ndarray, np.ndarray]],
-                     steps: np.ndarray, stat: str, points: Optional[int], max_steps: Optional[int],
-                     start: Optional[int], end: Optional[int], flags: Optional[np.ndarray] = None) -> wrappers.Response:
+def _matrix_response(
+    request: wrappers.Request,
+    head: dict,
+    columns: Sequence[Tuple[np.ndarray, np.ndarray]],
+    steps: np.ndarray,
+    stat: str,
+    points: Optional[int],
+    max_steps: Optional[int],
+    start: Optional[int],
+    end: Optional[int],
+    flags: Optional[np.ndarray] = None,
+) -> wrappers.Response:
     """The `matrix` answer of per-layer (steps, values) columns on the union `steps`: binned to `points` when
     there are more steps (`flags`: each step's anomaly flags, for the bins), else every step or `max_steps`."""
     if binned.needed(points, steps):
@@ -108,8 +120,13 @@ class LayerQuery:
 class Routes:
     """Handlers bound to one data provider; each is a WSGI app (see `json_errors`)."""
 
-    def __init__(self, data_provider: tb_provider.DataProvider, static: StaticFiles, multiplexer: object = None,
-                 read_ahead: bool = False) -> None:
+    def __init__(
+        self,
+        data_provider: tb_provider.DataProvider,
+        static: StaticFiles,
+        multiplexer: object = None,
+        read_ahead: bool = False,
+    ) -> None:
         """`multiplexer`: `TBContext.multiplexer`, for listing without a walk of every record (`listing`).
         `read_ahead`: read the runs' statistics in the background (`prefetch.StatsPrefetcher`)."""
         self._provider = data_provider
@@ -133,11 +150,18 @@ class Routes:
         ctx, eid = self._where(request)
         return catalog.load(self._lister, ctx, eid, runs=[run]).run(run)
 
-    def _points(self, request: wrappers.Request, q: "LayerQuery", start: Optional[int], end: Optional[int],
-                max_steps: Optional[int] = None) -> series.Points:
+    def _points(
+        self,
+        request: wrappers.Request,
+        q: "LayerQuery",
+        start: Optional[int],
+        end: Optional[int],
+        max_steps: Optional[int] = None,
+    ) -> series.Points:
         ctx, eid = self._where(request)
-        return layer_points.read_one(self._provider, ctx, eid, q.listed, q.series, start, end, self._stats, max_steps,
-                                     self._blocks)
+        return layer_points.read_one(
+            self._provider, ctx, eid, q.listed, q.series, start, end, self._stats, max_steps, self._blocks
+        )
 
     def _layer_query(self, request: wrappers.Request, kind: str) -> "LayerQuery":
         """Validate every parameter of a one-layer route (400), then find its series (404).
@@ -165,8 +189,9 @@ class Routes:
         q.series, q.listed = self._one_series(request, run, layer, target, source, kind)
         return q
 
-    def _layer_tags(self, request: wrappers.Request, run: str, layer: str, target: str, source: str,
-                    kinds: Sequence[str]) -> List[str]:
+    def _layer_tags(
+        self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kinds: Sequence[str]
+    ) -> List[str]:
         """The tags that may hold a layer's `kinds`: its version-1 tags and the run's version-2 group tags
         of (target, source), found by name (`listing.TensorLister.tags_of`), never by folding the run."""
         tags = [metadata.make_tag(target, source, layer, kind) for kind in kinds]
@@ -175,12 +200,16 @@ class Routes:
             ctx, eid = self._where(request)
             prefix = f"{target}/{source}/layers-"
             kinds = tuple(f"/{k}/" for k in grouped)  # `.../layers-{digest}/{kind}/{block}` (docs/FORMAT.md)
-            tags += [t for t in self._lister.tags_of(ctx, eid, run, metadata.PLUGIN_NAME)
-                     if t.startswith(prefix) and any(k in t[len(prefix):] for k in kinds)]
+            tags += [
+                t
+                for t in self._lister.tags_of(ctx, eid, run, metadata.PLUGIN_NAME)
+                if t.startswith(prefix) and any(k in t[len(prefix) :] for k in kinds)
+            ]
         return tags
 
-    def _one_series(self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kind: str
-                    ) -> Tuple[catalog.Series, catalog.RunCatalog]:
+    def _one_series(
+        self, request: wrappers.Request, run: str, layer: str, target: str, source: str, kind: str
+    ) -> Tuple[catalog.Series, catalog.RunCatalog]:
         """The series a one-layer route shows, and the catalog it was found in: listed by run AND tag, so its
         cost does not grow with the run; the whole run's catalog is listed only to explain a miss (404).
         A histogram comes with its layer's stats (a version-2 histogram's edges are the stats' min and max)."""
@@ -235,11 +264,19 @@ class Routes:
         ctx, eid = self._where(request)
         rows = self._stats.read(ctx, eid, run, stats_series, start, end)
         columns = [(rows[s.key].steps, rows[s.key].column(stat)) for s in stats_series]
-        head = {"run": run, "target": target, "source": source, "stat": stat, "layers": [s.info.layer for s in stats_series]}
+        head = {
+            "run": run,
+            "target": target,
+            "source": source,
+            "stat": stat,
+            "layers": [s.info.layer for s in stats_series],
+        }
         steps = series.union_steps([c[0] for c in columns])
         flags = None
         if binned.needed(points, steps):
-            whole = rows if start is None and end is None else self._stats.read(ctx, eid, run, stats_series)  # the rules see the whole run
+            whole = (
+                rows if start is None and end is None else self._stats.read(ctx, eid, run, stats_series)
+            )  # the rules see the whole run
             flags, _ = downsample.run_flags([(whole[s.key].steps, whole[s.key].table) for s in stats_series], steps)
         return _matrix_response(request, head, columns, steps, stat, points, max_steps, start, end, flags)
 
@@ -251,7 +288,9 @@ class Routes:
         rows = self._stats.read(ctx, eid, s.run, [s], q.start, q.end)[s.key]
         head = {**q.head, "index": s.info.index, "dtype": s.info.dtype}
         if binned.needed(q.points, rows.steps):
-            whole = rows if q.start is None and q.end is None else self._stats.read(ctx, eid, s.run, [s])[s.key]  # the layer's own rules, over the whole run
+            whole = (
+                rows if q.start is None and q.end is None else self._stats.read(ctx, eid, s.run, [s])[s.key]
+            )  # the layer's own rules, over the whole run
             flags, _ = downsample.run_flags([(whole.steps, whole.table)], rows.steps)
             body = binned.stats_body(rows.steps, rows.wall_times, rows.table, flags, q.points, q.start, q.end)
             return json_response(request, {**head, **body})
@@ -345,7 +384,9 @@ class Routes:
         max_steps = params.max_steps(args)
         points = params.points(args)
         ctx, eid = self._where(request)
-        tags = [t for name in names for t in self._layer_tags(request, name, layer, target, source, [metadata.KIND_STATS])]
+        tags = [
+            t for name in names for t in self._layer_tags(request, name, layer, target, source, [metadata.KIND_STATS])
+        ]
         listed = catalog.load(self._lister, ctx, eid, runs=names, tags=tags).runs  # cheap: the layer's tags
         found: Dict[str, catalog.Series] = {}
         others = [name for name in names if name not in listed]
@@ -365,15 +406,23 @@ class Routes:
             rows = self._stats.read(ctx, eid, name, [s], start, end)[s.key]
             columns[name] = (rows.steps, rows.column(stat))
             tables[name] = (rows.steps, rows.table)
-        head = {"layer": layer, "target": target, "source": source, "stat": stat, "runs": names,
-                "missing": [n for n in names if n not in found]}
+        head = {
+            "layer": layer,
+            "target": target,
+            "source": source,
+            "stat": stat,
+            "runs": names,
+            "missing": [n for n in names if n not in found],
+        }
         empty = np.zeros([0], np.int64)
         steps = series.union_steps([c[0] for c in columns.values()])
         if binned.needed(points, steps):
             per_run = [columns.get(name, (empty, np.zeros([0]))) for name in names]
             no_table = (empty, np.zeros([0, len(series.STORED_STATS)]))
             flags = binned.nonfinite_flags([tables.get(name, no_table) for name in names], steps)
-            return json_response(request, {**head, **binned.columns_body(per_run, steps, stat, points, start, end, flags)})
+            return json_response(
+                request, {**head, **binned.columns_body(per_run, steps, stat, points, start, end, flags)}
+            )
         steps = steps[series.pick_evenly(steps.size, None if points else max_steps)]
         values = []
         for name in names:
@@ -403,7 +452,15 @@ class Routes:
             t = tables[s.key]
             for step, wall, record in zip(t.steps, t.wall_times, t.table):
                 rows.append(
-                    [run, target, source, s.info.layer, str(rc.layer_index(s.info.layer)), str(int(step)), csv_number(wall)]
+                    [
+                        run,
+                        target,
+                        source,
+                        s.info.layer,
+                        str(rc.layer_index(s.info.layer)),
+                        str(int(step)),
+                        csv_number(wall),
+                    ]
                     + [csv_number(v, name in series.COUNT_STATS) for name, v in zip(series.STORED_STATS, record)]
                 )
         header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
@@ -424,13 +481,15 @@ class Routes:
         ctx, eid = self._where(request)
         # Where it broke is a question about a differentiated target: for activations, the one asked for.
         origin_target = metadata.DEFAULT_TARGET if asked == metadata.ACTIVATION_TARGET else asked
-        result = run_anomalies.read_run(self._provider, ctx, eid, rc, target, source, start, end, store=self._stats,
-                                        origin_target=origin_target)
+        result = run_anomalies.read_run(
+            self._provider, ctx, eid, rc, target, source, start, end, store=self._stats, origin_target=origin_target
+        )
         if result is None:
             raise _missing_series(rc, target, source, "stats")
         # One example dominating a layer (docs/ANOMALIES.md): the report's reader, None without per-example records.
-        result.dominated = run_anomalies.read_dominance(self._provider, ctx, eid, rc, target, source, start, end,
-                                                        self._blocks)
+        result.dominated = run_anomalies.read_dominance(
+            self._provider, ctx, eid, rc, target, source, start, end, self._blocks
+        )
         return json_response(request, bodies.anomalies_body(result, layer))
 
     # -- per-example records and the noise scale (issue #28) -----------------------------------
@@ -446,7 +505,9 @@ class Routes:
         if not chosen:
             if not rc.with_kind(target, source, metadata.KIND_STATS):
                 raise _missing_series(rc, target, source, "stats")
-            raise errors.NotFoundError(f"run {quote(run)} has no per-example records ({source!r}, target {quote(target)})")
+            raise errors.NotFoundError(
+                f"run {quote(run)} has no per-example records ({source!r}, target {quote(target)})"
+            )
         ctx, eid = self._where(request)
         rows = examples.read(self._provider, ctx, eid, rc, chosen, start, end, self._blocks)
         field = examples.MATRIX_STATS[stat]
@@ -467,11 +528,21 @@ class Routes:
         ctx, eid = self._where(request)
         s, rc = self._one_series(request, run, layer, target, source, metadata.KIND_EXAMPLES)
         rows = examples.read(self._provider, ctx, eid, rc, [s], start, end, self._blocks)[s.key]
-        head = {"run": run, "layer": layer, "target": target, "source": source, "index": s.info.index,
-                "dtype": s.info.dtype, "top_k": metadata.EXAMPLE_TOP_K}
+        head = {
+            "run": run,
+            "layer": layer,
+            "target": target,
+            "source": source,
+            "index": s.info.index,
+            "dtype": s.info.dtype,
+            "top_k": metadata.EXAMPLE_TOP_K,
+        }
         if step is not None:
-            whole = rows if start is None and end is None else \
-                examples.read(self._provider, ctx, eid, rc, [s], blocks=self._blocks)[s.key]
+            whole = (
+                rows
+                if start is None and end is None
+                else examples.read(self._provider, ctx, eid, rc, [s], blocks=self._blocks)[s.key]
+            )
             row = whole.at(step)
             if row is None:
                 raise errors.NotFoundError(f"no per-example record at step {step} for layer {quote(layer)}")
@@ -492,18 +563,24 @@ class Routes:
         start, end = params.step_range(args)
         ctx, eid = self._where(request)
         answer = self._provider.read_scalars(
-            ctx, experiment_id=eid, plugin_name="scalars", downsample=series.READ_ALL,
+            ctx,
+            experiment_id=eid,
+            plugin_name="scalars",
+            downsample=series.READ_ALL,
             run_tag_filter=tb_provider.RunTagFilter(runs=names, tags=list(example_bodies.NOISE_SCALE_TAGS.values())),
         )
         # A run without the scalars is `missing`, not an error: the tab asks for every run it shows and
         # hides the chart when none has them (a 404 per plain run would be noise in the browser's console).
         found = [n for n in names if example_bodies.has_noise_scale(answer.get(n, {}))]
-        return json_response(request, {
-            "runs": names,
-            "missing": [n for n in names if n not in found],
-            "tags": dict(example_bodies.NOISE_SCALE_TAGS),
-            "series": [example_bodies.noise_scale_run(n, answer[n], start, end) for n in found],
-        })
+        return json_response(
+            request,
+            {
+                "runs": names,
+                "missing": [n for n in names if n not in found],
+                "tags": dict(example_bodies.NOISE_SCALE_TAGS),
+                "series": [example_bodies.noise_scale_run(n, answer[n], start, end) for n in found],
+            },
+        )
 
     @json_errors
     def static_file(self, request: wrappers.Request) -> wrappers.Response:

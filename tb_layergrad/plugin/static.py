@@ -11,6 +11,7 @@ The folder is the package `tb_layergrad.frontend` (setup.py maps it from the
 top-level `frontend/`). In a legacy `pip install -e .` that mapping does not
 exist at import time, so the source checkout's `frontend/` is used instead.
 """
+
 from __future__ import annotations
 
 import importlib.resources

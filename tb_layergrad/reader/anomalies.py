@@ -18,6 +18,7 @@ cell (docs/HTTP_API.md), NaN where a layer has no record at a step:
     run = anomalies.evaluate(layers, steps, {"rms": rms, "norm": norm, ...})
     run.layers[0].first_nonfinite, run.layers[0].now, run.to_json()
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -82,8 +83,12 @@ def _as_matrix(a, shape=None) -> np.ndarray:
 def recorded(rms, norm, nonfinite, zero_frac) -> np.ndarray:
     """bool [layers, steps]: the cell has a record (any of the four statistics is present)."""
     r = _as_matrix(rms)
-    return ~(np.isnan(r) & np.isnan(_as_matrix(norm, r.shape)) & np.isnan(_as_matrix(nonfinite, r.shape))
-             & np.isnan(_as_matrix(zero_frac, r.shape)))
+    return ~(
+        np.isnan(r)
+        & np.isnan(_as_matrix(norm, r.shape))
+        & np.isnan(_as_matrix(nonfinite, r.shape))
+        & np.isnan(_as_matrix(zero_frac, r.shape))
+    )
 
 
 def max_rms(rms) -> np.ndarray:
@@ -158,8 +163,9 @@ def decode_flags(text: str) -> np.ndarray:
     return np.asarray([-1 if c == NOT_RECORDED else int(c, 16) for c in text], dtype=np.int64)
 
 
-def trend(steps: np.ndarray, norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray] = None,
-          window: int = TREND_WINDOW) -> Optional[float]:
+def trend(
+    steps: np.ndarray, norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray] = None, window: int = TREND_WINDOW
+) -> Optional[float]:
     """How the layer's norm moved lately, in decades (log10 units).
 
     The least-squares line of log10(norm) against the step, over the layer's last
@@ -417,8 +423,10 @@ class Dominance:
     def line(self) -> str:
         where = f" from batch position {self.worst_position}" if self.worst_position is not None else ""
         batch = f" of {self.examples}" if self.examples is not None else ""
-        return (f"one example dominates {self.layer} at {self.steps} step{'' if self.steps == 1 else 's'}: first "
-                f"step {self.first_step}; worst step {self.worst_step}, {self.worst_share:.0%} of its gradient{where}{batch}")
+        return (
+            f"one example dominates {self.layer} at {self.steps} step{'' if self.steps == 1 else 's'}: first "
+            f"step {self.first_step}; worst step {self.worst_step}, {self.worst_share:.0%} of its gradient{where}{batch}"
+        )
 
 
 def dominance(layer: str, steps, top_share, examples, status, top_position) -> Optional[Dominance]:
@@ -431,5 +439,12 @@ def dominance(layer: str, steps, top_share, examples, status, top_position) -> O
     worst = int(hit[np.argmax(share[hit])])
     pos = float(np.asarray(top_position, np.float64)[worst])
     count = float(np.asarray(examples, np.float64)[worst])
-    return Dominance(layer, int(hit.size), int(steps[hit[0]]), int(steps[worst]), float(share[worst]),
-                     int(pos) if math.isfinite(pos) and pos >= 0 else None, int(count) if math.isfinite(count) else None)
+    return Dominance(
+        layer,
+        int(hit.size),
+        int(steps[hit[0]]),
+        int(steps[worst]),
+        float(share[worst]),
+        int(pos) if math.isfinite(pos) and pos >= 0 else None,
+        int(count) if math.isfinite(count) else None,
+    )

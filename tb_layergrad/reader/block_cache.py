@@ -7,6 +7,7 @@ every layer of it. A block is valid while `list_tensors` reports the same `max_s
 for its tag, as the `StatsStore`'s tables are; the least recently used are dropped beyond `max_bytes`.
 (`stats` blocks are the `StatsStore`'s, kept as tables.)
 """
+
 from __future__ import annotations
 
 import collections

@@ -9,6 +9,7 @@ Format version 2 (docs/FORMAT.md) stores the stats, histograms and first_nonfini
 (target, source) in one tag per layer list: the catalog still lists one `Series` per layer, whose
 `parts` name the tags and rows that hold it (`reader.layer_points` reads them).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -95,12 +96,15 @@ def merge(run: str, infos_parts: Sequence[Tuple[metadata.SeriesInfo, Part]]) -> 
     return Series(run, info, parts, _max(p.max_step for p in parts), _max(p.max_wall_time for p in parts))
 
 
-def members(tag: str, info: metadata.Info, max_step: Optional[int], max_wall: Optional[float]
-            ) -> List[Tuple[metadata.SeriesInfo, Part]]:
+def members(
+    tag: str, info: metadata.Info, max_step: Optional[int], max_wall: Optional[float]
+) -> List[Tuple[metadata.SeriesInfo, Part]]:
     """The per-layer series one listed tag holds: itself (version 1) or one per row (version 2)."""
     if isinstance(info, metadata.GroupInfo):
-        return [(m, Part(tag, i, max_step, max_wall, len(info.layers), info.fields, info.tag))
-                for i, m in enumerate(info.members())]
+        return [
+            (m, Part(tag, i, max_step, max_wall, len(info.layers), info.fields, info.tag))
+            for i, m in enumerate(info.members())
+        ]
     return [(info, Part(tag, None, max_step, max_wall))]
 
 

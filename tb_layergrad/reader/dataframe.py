@@ -11,6 +11,7 @@ kept: no sampling. TensorFlow is not imported.
     df[df.layer == "my_model/minimalrnn"].plot(x="step", y="norm", logy=True)
     df.attrs["nonfinite_origin"]["train"]["loss"]   # where run "train" first went NaN/Inf, or None
 """
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional
@@ -20,9 +21,17 @@ from tb_layergrad.reader import catalog, event_files, origin, series
 from tb_layergrad.reader.stats_store import StatsStore
 
 # The per-example columns (docs/FORMAT.md, kind `examples`): field of the record -> column; NaN where not written.
-EXAMPLE_COLUMNS = {"min": "example_norm_min", "median": "example_norm_median", "max": "example_norm_max",
-                   "top_share": "example_norm_top_share"}
-COLUMNS = ("run", "layer", "index", "target", "source", "step", "wall_time") + series.ALL_STATS + tuple(EXAMPLE_COLUMNS.values())
+EXAMPLE_COLUMNS = {
+    "min": "example_norm_min",
+    "median": "example_norm_median",
+    "max": "example_norm_max",
+    "top_share": "example_norm_top_share",
+}
+COLUMNS = (
+    ("run", "layer", "index", "target", "source", "step", "wall_time")
+    + series.ALL_STATS
+    + tuple(EXAMPLE_COLUMNS.values())
+)
 
 
 def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
@@ -82,8 +91,13 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
 
         def rank(s: catalog.Series) -> tuple:
             target_series = s.info.source == metadata.SOURCE_TARGET  # the loss value: after every layer
-            return (target_series, order.get(s.info.layer, len(order)), s.info.target,
-                    metadata.SOURCES.index(s.info.source), s.info.layer)
+            return (
+                target_series,
+                order.get(s.info.layer, len(order)),
+                s.info.target,
+                metadata.SOURCES.index(s.info.source),
+                s.info.layer,
+            )
 
         for s in sorted(stats_series, key=rank):
             rows = tables[s.key]
@@ -110,8 +124,9 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     return df
 
 
-def _examples(provider: Any, ctx: Any, run: str, examples: Iterable[catalog.Series]
-              ) -> Dict[tuple, Dict[int, Dict[str, float]]]:
+def _examples(
+    provider: Any, ctx: Any, run: str, examples: Iterable[catalog.Series]
+) -> Dict[tuple, Dict[int, Dict[str, float]]]:
     """{(layer, target, source): {step: {field: value}}} of the `examples` records of one run.
 
     Columns are mapped by the record's own `fields` (a name this reader does not use is ignored); a record of
@@ -139,7 +154,9 @@ def _examples(provider: Any, ctx: Any, run: str, examples: Iterable[catalog.Seri
     return out
 
 
-def origins(logdir: str, runs: Optional[Iterable[str]] = None) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:
+def origins(
+    logdir: str, runs: Optional[Iterable[str]] = None
+) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:
     """Where each run first went non-finite: `{run: {target: Origin or None}}` (no pandas needed).
 
     The `Origin` of `tb_layergrad.nonfinite_origin` (`.step`, `.pass_`, `.origin`, `.line`,
@@ -154,7 +171,4 @@ def origins(logdir: str, runs: Optional[Iterable[str]] = None) -> Dict[str, Dict
 
 
 def _origins(provider: Any, ctx: Any, cat: catalog.Catalog) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:
-    return {
-        run: {t: origin.locate_run(provider, ctx, "", rc, t) for t in rc.targets()}
-        for run, rc in cat.runs.items()
-    }
+    return {run: {t: origin.locate_run(provider, ctx, "", rc, t) for t in rc.targets()} for run, rc in cat.runs.items()}

@@ -12,6 +12,7 @@ run is one kept step, not 100,000).
 
 Pure numpy; the plugin's routes apply it to the tables `StatsStore` already holds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,7 +72,9 @@ def onsets(flags: np.ndarray, recorded: np.ndarray) -> np.ndarray:
 
 def kept_rows(flags: np.ndarray, recorded: np.ndarray, limit: int) -> np.ndarray:
     """Ascending rows where any column's flag starts; beyond `limit`, the most serious kinds first, then the earliest."""
-    started = np.bitwise_or.reduce(onsets(flags, recorded), axis=0) if flags.shape[0] else np.zeros(flags.shape[1], np.uint8)
+    started = (
+        np.bitwise_or.reduce(onsets(flags, recorded), axis=0) if flags.shape[0] else np.zeros(flags.shape[1], np.uint8)
+    )
     rows = np.flatnonzero(started)
     if rows.size <= limit:
         return rows
@@ -128,8 +131,9 @@ def downsample(
     ends = np.append(starts[1:], steps.size) - 1 if steps.size else starts
     if not steps.size:
         empty = np.zeros((columns.shape[0], 0))
-        return Binned(starts, starts, starts, empty, empty, empty.astype(bool), empty.astype(bool),
-                      empty.astype(np.uint8), starts)
+        return Binned(
+            starts, starts, starts, empty, empty, empty.astype(bool), empty.astype(bool), empty.astype(np.uint8), starts
+        )
     lo, hi, _ = _reduce(columns, starts)
     bad = recorded & ~np.isfinite(columns)
     kept = kept_rows(flags, recorded, bins if keep_limit is None else keep_limit)

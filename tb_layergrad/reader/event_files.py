@@ -18,6 +18,7 @@ Logdirs given as URLs (`gs://...`) keep TensorFlow's file systems. A TensorBoard
 running in the same process during a read also reads through the stand-in,
 which serves local files as TensorFlow does; the plugin itself never swaps.
 """
+
 from __future__ import annotations
 
 import contextlib

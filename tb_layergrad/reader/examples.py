@@ -5,6 +5,7 @@ all read the same numbers; `layer_points` reads the records (columns mapped by n
 them as a [steps, len(EXAMPLE_FIELDS)] table and cuts a long series into bins the way the `stats`
 route does (`reader.downsample.bin_of`), keeping in each bin what a band and a dominance flag need.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,9 +65,16 @@ def _row(value, width: int) -> np.ndarray:
     return flat if flat.size == width else np.concatenate([flat, np.full(width - flat.size, np.nan)])
 
 
-def read(data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, rc: catalog.RunCatalog,
-         chosen: Sequence[catalog.Series], start: Optional[int] = None, end: Optional[int] = None,
-         blocks: Optional[BlockCache] = None) -> Dict[catalog.SeriesKey, ExampleRows]:
+def read(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    rc: catalog.RunCatalog,
+    chosen: Sequence[catalog.Series],
+    start: Optional[int] = None,
+    end: Optional[int] = None,
+    blocks: Optional[BlockCache] = None,
+) -> Dict[catalog.SeriesKey, ExampleRows]:
     """`{key: ExampleRows}` of `examples` series of run `rc` within [start, end]; `blocks`: the plugin's cache
     of decoded group blocks (every layer of a group is a row of the same records)."""
     points = layer_points.read_points(data_provider, ctx, experiment_id, rc, chosen, start, end, blocks=blocks)
@@ -86,8 +94,19 @@ def binned(rows: ExampleRows, points: int, start: Optional[int], end: Optional[i
     starts = np.flatnonzero(np.diff(which, prepend=-1)) if steps.size else np.zeros(0, np.int64)
     ends = np.append(starts[1:], steps.size) - 1
     col = {name: table[:, metadata.EXAMPLE_INDEX[name]] for name in SPREAD}
-    out = {"first": [], "last": [], "count": [], "min": [], "max": [], "median_min": [], "median_max": [],
-           "top_share": [], "top_share_step": [], "examples": [], "status": []}
+    out = {
+        "first": [],
+        "last": [],
+        "count": [],
+        "min": [],
+        "max": [],
+        "median_min": [],
+        "median_max": [],
+        "top_share": [],
+        "top_share_step": [],
+        "examples": [],
+        "status": [],
+    }
     for a, b in zip(starts, ends):
         sl = slice(int(a), int(b) + 1)
         share = col["top_share"][sl]

@@ -13,6 +13,7 @@ right, count) layout of version 1 is rebuilt from the same step's `stats` (min, 
 layer (`metadata.histogram_edges`), and a step without stats is skipped. A `first_nonfinite`
 group record holds one int64 per layer, read as a version-1 record of one element.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -59,8 +60,14 @@ def read_points(
             if p.grouped and p.tag not in kept and blocks is not None:
                 kept[p.tag] = blocks.get(experiment_id, rc.run, p)
     kept = {t: v for t, v in kept.items() if v is not None}
-    data = series.read(data_provider, ctx, experiment_id, rc.run, [t for s in others for t in s.tags if t not in kept],
-                       alone=[p.tag for s in others for p in s.parts if p.grouped and p.tag not in kept])
+    data = series.read(
+        data_provider,
+        ctx,
+        experiment_id,
+        rc.run,
+        [t for s in others for t in s.tags if t not in kept],
+        alone=[p.tag for s in others for p in s.parts if p.grouped and p.tag not in kept],
+    )
     edges = _edge_rows(ctx, experiment_id, rc, others, store)
     groups: Dict[str, series.Points] = {}  # a group tag's records within [start, end], selected once for all its layers
     for s in others:
@@ -126,8 +133,9 @@ def united(parts: Sequence[series.Points]) -> series.Points:
     return series.Points(steps[keep], walls[keep], [values[i] for i in keep])
 
 
-def _edge_rows(ctx: object, experiment_id: str, rc: catalog.RunCatalog, others: Sequence[catalog.Series],
-               store: StatsStore) -> Dict[catalog.SeriesKey, StatsRows]:
+def _edge_rows(
+    ctx: object, experiment_id: str, rc: catalog.RunCatalog, others: Sequence[catalog.Series], store: StatsStore
+) -> Dict[catalog.SeriesKey, StatsRows]:
     """The stats rows of the layers whose version-2 histograms need edges (min, max at each step)."""
     need = {}
     for s in others:
@@ -208,8 +216,9 @@ def _histograms(points: series.Points, counts: List[np.ndarray], stats: Optional
     return series.Points(points.steps[idx], points.wall_times[idx], values)
 
 
-def without_clean_hints(data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str,
-                        cat: catalog.Catalog) -> catalog.Catalog:
+def without_clean_hints(
+    data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, cat: catalog.Catalog
+) -> catalog.Catalog:
     """The catalog without the `first_nonfinite` series that exist only as version-2 rows of -1.
 
     Why: a version-1 `first_nonfinite` series exists only once its layer held a NaN/Inf, and the
@@ -217,12 +226,21 @@ def without_clean_hints(data_provider: tb_provider.DataProvider, ctx: object, ex
     -1 until then. The running value never returns to -1, so the last record of each group tag
     (which TensorBoard always keeps, and `downsample=1` returns) tells: one record per tag is read.
     """
-    grouped = {p.tag for rc in cat.runs.values() for s in rc.series
-               if s.info.kind == metadata.KIND_FIRST_NONFINITE for p in s.parts if p.grouped}
+    grouped = {
+        p.tag
+        for rc in cat.runs.values()
+        for s in rc.series
+        if s.info.kind == metadata.KIND_FIRST_NONFINITE
+        for p in s.parts
+        if p.grouped
+    }
     if not grouped:
         return cat
     last = data_provider.read_tensors(
-        ctx, experiment_id=experiment_id, plugin_name=metadata.PLUGIN_NAME, downsample=1,
+        ctx,
+        experiment_id=experiment_id,
+        plugin_name=metadata.PLUGIN_NAME,
+        downsample=1,
         run_tag_filter=tb_provider.RunTagFilter(runs=sorted(cat.runs), tags=sorted(grouped)),
     )
     runs = {}

@@ -12,6 +12,7 @@ first `stats` record holding a NaN/Inf and the step named by its `first_nonfinit
 a series is non-finite there exactly when its own first non-finite step is that step (none can
 be earlier). No histogram is needed: the target series has none.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -80,7 +81,9 @@ def first_steps(
         f = rc.find(i.layer, i.target, i.source, metadata.KIND_FIRST_NONFINITE)
         if f is not None:
             hint_series[s.key] = f
-    hints = layer_points.read_points(data_provider, ctx, experiment_id, rc, list(hint_series.values()), start, end, store)
+    hints = layer_points.read_points(
+        data_provider, ctx, experiment_id, rc, list(hint_series.values()), start, end, store
+    )
     out: Dict[catalog.SeriesKey, Optional[int]] = {}
     for s in stats_series:
         rows = tables[s.key]

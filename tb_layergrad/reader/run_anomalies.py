@@ -5,6 +5,7 @@ give the numbers the tab shows: the same catalog (layers in model order), the sa
 statistics table and derived statistics as the `matrix` route, then
 `anomalies.evaluate`. No TensorFlow.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional
@@ -52,15 +53,17 @@ def read_run(
             if t is not None:
                 ts_series[layer] = t
     store = store if store is not None else StatsStore(data_provider)
-    data = layer_points.read_points(data_provider, ctx, experiment_id, rc, [*extra.values(), *ts_series.values()],
-                                    start, end, store)
+    data = layer_points.read_points(
+        data_provider, ctx, experiment_id, rc, [*extra.values(), *ts_series.values()], start, end, store
+    )
     tables = store.read(ctx, experiment_id, rc.run, stats_series, start, end)
 
     columns = [(tables[s.key].steps, tables[s.key].table) for s in stats_series]
     steps = series.union_steps([c[0] for c in columns])
     stats = {
         name: np.stack([series.align(pts, series.stat_column(table, name), steps) for pts, table in columns])
-        if columns else np.zeros([0, steps.size])
+        if columns
+        else np.zeros([0, steps.size])
         for name in anomalies.REQUIRED_STATS
     }
     hints: List[Optional[int]] = []
@@ -104,8 +107,14 @@ def read_dominance(
     out = []
     for s in chosen:
         r = rows[s.key]
-        found = anomalies.dominance(s.info.layer, r.steps, r.column("top_share"), r.column("examples"),
-                                    r.column("status"), r.column("top_index_1"))
+        found = anomalies.dominance(
+            s.info.layer,
+            r.steps,
+            r.column("top_share"),
+            r.column("examples"),
+            r.column("status"),
+            r.column("top_index_1"),
+        )
         if found is not None:
             out.append(found)
     return out

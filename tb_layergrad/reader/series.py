@@ -9,6 +9,7 @@ step filter: `downsample` picks a *random* subset, which could drop exactly the
 step with the NaN. We read everything the server kept (the loader makes it keep
 everything) and thin deterministically when a client asks for `max_steps`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,8 +72,9 @@ def read(
     return out
 
 
-def _read_split(data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, run: str,
-                tags: List[str]) -> Dict[str, Sequence[tb_provider.TensorDatum]]:
+def _read_split(
+    data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, run: str, tags: List[str]
+) -> Dict[str, Sequence[tb_provider.TensorDatum]]:
     try:
         result = data_provider.read_tensors(
             ctx,
@@ -85,8 +87,10 @@ def _read_split(data_provider: tb_provider.DataProvider, ctx: object, experiment
         if len(tags) < 2 or not _too_large(e):
             raise
         half = len(tags) // 2
-        return {**_read_split(data_provider, ctx, experiment_id, run, tags[:half]),
-                **_read_split(data_provider, ctx, experiment_id, run, tags[half:])}
+        return {
+            **_read_split(data_provider, ctx, experiment_id, run, tags[:half]),
+            **_read_split(data_provider, ctx, experiment_id, run, tags[half:]),
+        }
     return result.get(run, {})
 
 
@@ -107,8 +111,15 @@ def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Opt
     ok = len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
     if not ok:
         expected = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
-        logger.warning("layergrad: run %r, tag %r, step %d: record of shape %s, expected %s (one row per layer "
-                       "of its metadata); skipped", run, tag, int(datum.step), list(got), expected)
+        logger.warning(
+            "layergrad: run %r, tag %r, step %d: record of shape %s, expected %s (one row per layer "
+            "of its metadata); skipped",
+            run,
+            tag,
+            int(datum.step),
+            list(got),
+            expected,
+        )
     return ok
 
 

@@ -13,6 +13,7 @@ are read again. Version-1 tags of one request are read in one `read_tensors` cal
 of its own (an answer is capped, docs/FORMAT.md); the least recently used tables are dropped beyond
 `max_bytes`.
 """
+
 from __future__ import annotations
 
 import collections
@@ -71,12 +72,19 @@ def union(parts: Sequence[StatsRows]) -> StatsRows:
     """One layer's rows from several tags (docs/FORMAT.md, version 2): by step, the later wall time wins."""
     parts = [p for p in parts if len(p)]
     if len(parts) <= 1:
-        return parts[0] if parts else StatsRows(np.zeros([0], np.int64), np.zeros([0]), np.zeros([0, len(series.STORED_STATS)]))
+        return (
+            parts[0]
+            if parts
+            else StatsRows(np.zeros([0], np.int64), np.zeros([0]), np.zeros([0, len(series.STORED_STATS)]))
+        )
     ordered = sorted(parts, key=lambda p: int(p.steps[0]))
     if all(int(a.steps[-1]) < int(b.steps[0]) for a, b in zip(ordered, ordered[1:])):
         # The blocks of one group (docs/FORMAT.md): disjoint step ranges, so no step to choose between.
-        return StatsRows(np.concatenate([p.steps for p in ordered]), np.concatenate([p.wall_times for p in ordered]),
-                         np.concatenate([p.table for p in ordered]))
+        return StatsRows(
+            np.concatenate([p.steps for p in ordered]),
+            np.concatenate([p.wall_times for p in ordered]),
+            np.concatenate([p.table for p in ordered]),
+        )
     steps = np.concatenate([p.steps for p in parts])
     walls = np.concatenate([p.wall_times for p in parts])
     order = np.lexsort((walls, steps))  # stable: at equal step and wall time, the later part wins
@@ -154,7 +162,9 @@ def column_major(steps: int, rows: int) -> np.ndarray:
     return np.empty([rows, len(series.STORED_STATS), steps], np.float64).transpose(2, 0, 1)
 
 
-def unite(blocks: Dict[str, Union[GroupRows, series.Points]], versions: Dict[str, "_Version"], rows: int) -> UnitedGroup:
+def unite(
+    blocks: Dict[str, Union[GroupRows, series.Points]], versions: Dict[str, "_Version"], rows: int
+) -> UnitedGroup:
     """Blocks of one group, ordered by their first step (their step ranges are disjoint), copied once into
     one table: a block read now (`series.Points` of [layers, STAT_FIELDS] records) or one kept (`GroupRows`)."""
     order = sorted((t for t in blocks if len(blocks[t].steps)), key=lambda t: int(blocks[t].steps[0]))
@@ -177,7 +187,9 @@ def unite(blocks: Dict[str, Union[GroupRows, series.Points]], versions: Dict[str
     return UnitedGroup(dict(versions), spans, GroupRows(steps, walls, table))
 
 
-def block_points(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run: str) -> Union[GroupRows, series.Points]:
+def block_points(
+    data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run: str
+) -> Union[GroupRows, series.Points]:
     """A version-2 stats block as read: its fitting records (`series.Points`) when its columns are STAT_FIELDS
     (`unite` copies them once), else already mapped to them (`group_rows`)."""
     if tuple(part.fields) != series.STORED_STATS:
@@ -238,8 +250,10 @@ class StatsStore:
             singles = [(t, p) for t, p in parts.items() if not p.grouped]
             if any((self._tables.get((experiment_id, run, t)) or (None,))[0] != _version(p) for t, p in singles):
                 return False
-            return all(k in self._tables and self._tables[k][1].versions == want
-                       for k, want in (((experiment_id, run, g), w) for g, w in groups.items()))
+            return all(
+                k in self._tables and self._tables[k][1].versions == want
+                for k, want in (((experiment_id, run, g), w) for g, w in groups.items())
+            )
 
     def holds_all(self, experiment_id: str, run: str, stats_series: Sequence[catalog.Series]) -> bool:
         """Whether every part of these series is kept as listed (a group may hold more blocks besides)."""
@@ -318,8 +332,18 @@ class StatsStore:
                     if old is None or old.versions.get(t) != want[t]:
                         missing[t] = p
         # A stale group may lack nothing: it holds a block no longer listed (a reload dropped it); rebuilt all the same.
-        data = series.read(self._provider, ctx, experiment_id, run, list(missing),
-                           alone=[t for t, p in missing.items() if p.grouped]) if missing else {}
+        data = (
+            series.read(
+                self._provider,
+                ctx,
+                experiment_id,
+                run,
+                list(missing),
+                alone=[t for t, p in missing.items() if p.grouped],
+            )
+            if missing
+            else {}
+        )
         if missing or stale:
             with self._lock:
                 for tag, p in missing.items():
@@ -327,8 +351,10 @@ class StatsStore:
                         found[tag] = StatsRows.of(series.select(data.get(tag, ())))
                         self._put((experiment_id, run, tag), _version(p), found[tag])
                 for group, old in stale.items():
-                    blocks = {t: (block_points(data.get(t, ()), p, run) if t in missing else old.block(t))
-                              for t, p in groups[group].items()}
+                    blocks = {
+                        t: (block_points(data.get(t, ()), p, run) if t in missing else old.block(t))
+                        for t, p in groups[group].items()
+                    }
                     rows = next(iter(groups[group].values())).rows
                     united[group] = unite(blocks, {t: _version(p) for t, p in groups[group].items()}, rows)
                     self._put((experiment_id, run, group), None, united[group])

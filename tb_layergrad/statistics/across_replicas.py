@@ -22,6 +22,7 @@ The path choice (`reductions._fast_path_applies`) uses the float32 sums of the
 shards' sums, which can differ from a single device's sums by rounding: near
 float32's maximum, or at its |mean| >> std threshold.
 """
+
 from __future__ import annotations
 
 from typing import Any, List, Sequence, Tuple
@@ -31,9 +32,13 @@ import tensorflow as tf
 from tb_layergrad import metadata
 from tb_layergrad.statistics import reductions
 from tb_layergrad.statistics.reductions import (
-    _FAST_MIN_MAGNITUDE, _SMALLEST_NORMAL, _flush_subnormal, _histogram, _pow2_scale, _with_edges,
+    _FAST_MIN_MAGNITUDE,
+    _SMALLEST_NORMAL,
+    _flush_subnormal,
+    _histogram,
+    _pow2_scale,
+    _with_edges,
 )
-
 
 __all__ = ["merged_histograms_and_stats"]
 
@@ -55,8 +60,19 @@ def _round1(x: tf.Tensor) -> tf.Tensor:
     nonfinite = tf.reduce_sum(tf.cast(~finite, tf.float64))
     total = tf.reduce_sum(tf.where(finite, x, tf.zeros_like(x)))
     sumsq = 2 * tf.nn.l2_loss(tf.where(finite, x, tf.zeros_like(x)))
-    return tf.cast(tf.stack([-tf.cast(lo, tf.float64), tf.cast(hi, tf.float64), n, nonfinite,
-                             tf.cast(total, tf.float64), tf.cast(sumsq, tf.float64)]), tf.float64)
+    return tf.cast(
+        tf.stack(
+            [
+                -tf.cast(lo, tf.float64),
+                tf.cast(hi, tf.float64),
+                n,
+                nonfinite,
+                tf.cast(total, tf.float64),
+                tf.cast(sumsq, tf.float64),
+            ]
+        ),
+        tf.float64,
+    )
 
 
 def _local_partials(x: tf.Tensor, g: tf.Tensor, k: int, xla_safe: bool) -> Tuple[tf.Tensor, Tuple]:
@@ -78,8 +94,14 @@ def _local_partials(x: tf.Tensor, g: tf.Tensor, k: int, xla_safe: bool) -> Tuple
     n_dt = tf.maximum(tf.cast(n, dt), tf.ones([], dt))
     mean = total / n_dt
     exact_enough = mean * mean <= 1e3 * tf.maximum(sumsq / n_dt - mean * mean, 0)  # reductions._fast_path_applies
-    fast = (tf.equal(nonfinite, 0) & (n > 0) & tf.math.is_finite(total) & tf.math.is_finite(sumsq) & big_enough
-            & exact_enough)
+    fast = (
+        tf.equal(nonfinite, 0)
+        & (n > 0)
+        & tf.math.is_finite(total)
+        & tf.math.is_finite(sumsq)
+        & big_enough
+        & exact_enough
+    )
     if xla_safe:
         fast = tf.constant(False)
 
@@ -91,16 +113,18 @@ def _local_partials(x: tf.Tensor, g: tf.Tensor, k: int, xla_safe: bool) -> Tuple
     def count(mask: tf.Tensor) -> tf.Tensor:
         return tf.reduce_sum(tf.cast(mask, tf.float64))
 
-    moments = tf.stack([
-        count(finite),
-        count(tf.math.is_nan(x)),
-        count(tf.equal(x, tf.constant(float("inf"), dt))),
-        count(tf.equal(x, tf.constant(float("-inf"), dt))),
-        count(zero),
-        tf.reduce_sum(xs64),
-        tf.reduce_sum(xs64 * xs64),
-        tf.reduce_sum(tf.abs(xs64)),
-    ])
+    moments = tf.stack(
+        [
+            count(finite),
+            count(tf.math.is_nan(x)),
+            count(tf.equal(x, tf.constant(float("inf"), dt))),
+            count(tf.equal(x, tf.constant(float("-inf"), dt))),
+            count(zero),
+            tf.reduce_sum(xs64),
+            tf.reduce_sum(xs64 * xs64),
+            tf.reduce_sum(tf.abs(xs64)),
+        ]
+    )
 
     def fast_counts() -> tf.Tensor:
         n_local = tf.cast(tf.size(x, out_type=tf.int64), tf.float64)
@@ -130,12 +154,22 @@ def _finish(summed: tf.Tensor, local: Tuple, k: int) -> Tuple[tf.Tensor, tf.Tens
     def defined(v: tf.Tensor) -> tf.Tensor:
         return tf.where(has_finite, v, nan64)
 
-    stats = tf.stack(metadata.stat_values(
-        elements=n, nan=nan, pos_inf=pos_inf, neg_inf=neg_inf, zeros=zeros,
-        min=defined(tf.cast(lo, tf.float64)), max=defined(tf.cast(hi, tf.float64)),
-        mean=defined(mean * scale64), std=defined(tf.sqrt(var) * scale64), norm=tf.sqrt(s2) * scale64,
-        mean_abs=defined(sa / n_div * scale64), no_gradient=tf.zeros([], tf.float64),
-    ))
+    stats = tf.stack(
+        metadata.stat_values(
+            elements=n,
+            nan=nan,
+            pos_inf=pos_inf,
+            neg_inf=neg_inf,
+            zeros=zeros,
+            min=defined(tf.cast(lo, tf.float64)),
+            max=defined(tf.cast(hi, tf.float64)),
+            mean=defined(mean * scale64),
+            std=defined(tf.sqrt(var) * scale64),
+            norm=tf.sqrt(s2) * scale64,
+            mean_abs=defined(sa / n_div * scale64),
+            no_gradient=tf.zeros([], tf.float64),
+        )
+    )
     return _with_edges(counts, lo, hi, k, scale), stats
 
 
@@ -169,4 +203,4 @@ def merged_histograms_and_stats(
         locals_.append(local)
     summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.concat(partials, 0))
     width = _MOMENTS + buckets
-    return [_finish(summed[i * width:(i + 1) * width], local, buckets) for i, local in enumerate(locals_)]
+    return [_finish(summed[i * width : (i + 1) * width], local, buckets) for i, local in enumerate(locals_)]

@@ -15,6 +15,7 @@ independently; B_simple is only meaningful where the signal estimate is
 positive (the caller writes nothing otherwise). float64 throughout: S and
 B·|G_B|² are close when the noise dominates, and their difference is the point.
 """
+
 from __future__ import annotations
 
 from typing import Any, NamedTuple

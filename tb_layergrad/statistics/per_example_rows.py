@@ -5,6 +5,7 @@ expectations all need the same columns in the same order, with the same
 undefined values (NaN, positions -1); `metadata.EXAMPLE_FIELDS` names them and
 this module is the one place that fills them. Pure TensorFlow, eager or traced.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -59,9 +60,21 @@ def exact_rows_from_squares(squares: Any) -> tf.Tensor:
     k = tf.minimum(count, K)
     indexes = tf.pad(tf.cast(ranked.indices[:, :k], tf.float64), [[0, 0], [0, K - k]], constant_values=-1.0)
     values = tf.pad(tf.sqrt(ranked.values[:, :k]), [[0, 0], [0, K - k]], constant_values=_NAN)
-    head = tf.stack([tf.fill([rows], tf.cast(count, tf.float64)), tf.fill([rows], tf.constant(float(metadata.EXAMPLE_EXACT), tf.float64)),
-                     smallest, median, largest, sum_sq, top_share], axis=1)
-    return tf.reshape(tf.concat([head, tf.reshape(indexes, [rows, K]), tf.reshape(values, [rows, K])], 1), [rows, WIDTH])
+    head = tf.stack(
+        [
+            tf.fill([rows], tf.cast(count, tf.float64)),
+            tf.fill([rows], tf.constant(float(metadata.EXAMPLE_EXACT), tf.float64)),
+            smallest,
+            median,
+            largest,
+            sum_sq,
+            top_share,
+        ],
+        axis=1,
+    )
+    return tf.reshape(
+        tf.concat([head, tf.reshape(indexes, [rows, K]), tf.reshape(values, [rows, K])], 1), [rows, WIDTH]
+    )
 
 
 def status_row(examples: Any, status: int) -> tf.Tensor:
@@ -72,10 +85,16 @@ def status_row(examples: Any, status: int) -> tf.Tensor:
     if status == metadata.EXAMPLE_EXACT:
         raise ValueError("a row with status EXAMPLE_EXACT has numbers: use exact_row")
     nan = tf.fill([5], tf.constant(_NAN, tf.float64))
-    return tf.concat([
-        tf.reshape(tf.cast(examples, tf.float64), [1]), tf.constant([float(status)], tf.float64), nan,
-        tf.fill([K], tf.constant(-1.0, tf.float64)), tf.fill([K], tf.constant(_NAN, tf.float64)),
-    ], 0)
+    return tf.concat(
+        [
+            tf.reshape(tf.cast(examples, tf.float64), [1]),
+            tf.constant([float(status)], tf.float64),
+            nan,
+            tf.fill([K], tf.constant(-1.0, tf.float64)),
+            tf.fill([K], tf.constant(_NAN, tf.float64)),
+        ],
+        0,
+    )
 
 
 __all__ = ["WIDTH", "exact_row", "exact_rows", "exact_rows_from_squares", "status_row"]

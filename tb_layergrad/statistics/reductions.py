@@ -22,6 +22,7 @@ Numerical rules (see docs/FORMAT.md):
   value exceeds float64; subnormal numbers count as zero, as TensorFlow's CPU
   kernels flush them.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -29,8 +30,6 @@ from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tb_layergrad import metadata
-
-
 
 NUM_STATS = len(metadata.STAT_FIELDS)
 
@@ -74,7 +73,9 @@ def histogram_and_stats(data: tf.Tensor, buckets: int = 30, xla_safe: bool = Fal
     return histograms_and_stats([data], buckets, xla_safe)[0]
 
 
-def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int = 30, xla_safe: bool = False) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+def histograms_and_stats(
+    tensors: Sequence[tf.Tensor], buckets: int = 30, xla_safe: bool = False
+) -> List[Tuple[tf.Tensor, tf.Tensor]]:
     """`histogram_and_stats` of several tensors at once; the same numbers, fewer ops.
 
     Why: a training step may log hundreds of tensors, and per tensor the
@@ -232,9 +233,18 @@ def _fast(xs: List[tf.Tensor], m: _Moments, k: int) -> Tuple[tf.Tensor, tf.Tenso
     f64 = lambda v: tf.cast(v, tf.float64)  # noqa: E731
     stats = tf.stack(
         metadata.stat_values(
-            elements=m.n64, nan=zero, pos_inf=zero, neg_inf=zero, zeros=m.n64 - nonzero, min=f64(m.lo),
-            max=f64(m.hi), mean=f64(mean), std=f64(tf.sqrt(var)), norm=f64(tf.sqrt(m.sumsq)),
-            mean_abs=f64(sum_abs / m.n), no_gradient=zero,
+            elements=m.n64,
+            nan=zero,
+            pos_inf=zero,
+            neg_inf=zero,
+            zeros=m.n64 - nonzero,
+            min=f64(m.lo),
+            max=f64(m.hi),
+            mean=f64(mean),
+            std=f64(tf.sqrt(var)),
+            norm=f64(tf.sqrt(m.sumsq)),
+            mean_abs=f64(sum_abs / m.n),
+            no_gradient=zero,
         ),
         axis=1,
     )
@@ -300,9 +310,18 @@ def _general(x: tf.Tensor, buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
 
     stats = tf.stack(
         metadata.stat_values(
-            elements=elements, nan=nan, pos_inf=pos_inf, neg_inf=neg_inf, zeros=zeros, min=defined(lo),
-            max=defined(hi), mean=defined(mean, scaled=True), std=defined(tf.sqrt(var), scaled=True), norm=norm,
-            mean_abs=defined(mean_abs, scaled=True), no_gradient=tf.zeros([], tf.float64),
+            elements=elements,
+            nan=nan,
+            pos_inf=pos_inf,
+            neg_inf=neg_inf,
+            zeros=zeros,
+            min=defined(lo),
+            max=defined(hi),
+            mean=defined(mean, scaled=True),
+            std=defined(tf.sqrt(var), scaled=True),
+            norm=norm,
+            mean_abs=defined(mean_abs, scaled=True),
+            no_gradient=tf.zeros([], tf.float64),
         )
     )
     hist = _histogram(x, xs, finite, lo, hi, scale, buckets)
@@ -327,7 +346,9 @@ def _histogram(x, xs, finite, lo, hi, scale, k: int) -> tf.Tensor:
     span = hi / scale - lo_s  # scaled: cannot overflow (hi - lo can) or flush to 0
     width = span / k
     # Equal edges (one unique value): every element lands in the last bucket.
-    scaled = tf.where(span > 0, (xs - lo_s) / tf.where(span > 0, width, tf.ones([], dt)), tf.fill(tf.shape(x), tf.constant(k - 1, dt)))
+    scaled = tf.where(
+        span > 0, (xs - lo_s) / tf.where(span > 0, width, tf.ones([], dt)), tf.fill(tf.shape(x), tf.constant(k - 1, dt))
+    )
     scaled = tf.where(finite, scaled, tf.zeros_like(scaled))
     index = tf.clip_by_value(tf.cast(tf.floor(scaled), tf.int32), 0, k - 1)
     # The division above may round across an edge (and graph optimizers may
@@ -370,8 +391,18 @@ def no_gradient_records(shape_elements: int, buckets: int = 30) -> Tuple[tf.Tens
     """Records for a tensor the target does not depend on: empty histogram, NaN moments."""
     nan = float("nan")
     stats = metadata.stat_values(
-        elements=float(shape_elements), nan=0.0, pos_inf=0.0, neg_inf=0.0, zeros=0.0, min=nan, max=nan, mean=nan,
-        std=nan, norm=0.0, mean_abs=nan, no_gradient=1.0,
+        elements=float(shape_elements),
+        nan=0.0,
+        pos_inf=0.0,
+        neg_inf=0.0,
+        zeros=0.0,
+        min=nan,
+        max=nan,
+        mean=nan,
+        std=nan,
+        norm=0.0,
+        mean_abs=nan,
+        no_gradient=1.0,
     )
     return tf.zeros([buckets, 3], tf.float64), tf.constant(stats, tf.float64)
 

@@ -30,6 +30,7 @@ writes), `write` (`write_step`: the one way records are written), `backend`
 (fused kernel or TensorFlow's ops, decided once), `first_nonfinite` (the one
 tracker of the first NaN/Inf step), `writer_state`, `graph`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,12 +47,21 @@ from tb_layergrad.summary.write import read_step, recording, resolve_step, when,
 
 __all__ = ["activations", "gradient", "gradients", "timesteps"]
 
-_NO_REPLICAS = ("per-example records of gradients returned from strategy.run are not written (issue #28): write "
-                "them inside strategy.run (replica context: every replica's norms are gathered), or pass per_example=False")
+_NO_REPLICAS = (
+    "per-example records of gradients returned from strategy.run are not written (issue #28): write "
+    "them inside strategy.run (replica context: every replica's norms are gathered), or pass per_example=False"
+)
 
 
-def _replica_plan(gmap: GradientMap, replicas: str, buckets: int, max_elements: int, ctx: Any, target: str,
-                  format_version: int = metadata.FORMAT_VERSION) -> plans.Plan:
+def _replica_plan(
+    gmap: GradientMap,
+    replicas: str,
+    buckets: int,
+    max_elements: int,
+    ctx: Any,
+    target: str,
+    format_version: int = metadata.FORMAT_VERSION,
+) -> plans.Plan:
     """Inside `strategy.run`: the global batch's plan, the collectives run here, unconditionally."""
     if replicas == "stats" and max_elements > 0:
         raise ValueError('max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"')
@@ -105,10 +115,16 @@ def gradient(
     """
     step = resolve_step(step)
     distribute.check_mode(replicas)
-    one = plans.series(name, data, target=target, source=source, index=layer_index, elements=elements,
-                       max_elements=max_elements)
-    plan = plans.Plan((one,), buckets=plans.check_buckets(buckets), description=description, track_nonfinite=False,
-                      format_version=plans.check_format_version(format_version))
+    one = plans.series(
+        name, data, target=target, source=source, index=layer_index, elements=elements, max_elements=max_elements
+    )
+    plan = plans.Plan(
+        (one,),
+        buckets=plans.check_buckets(buckets),
+        description=description,
+        track_nonfinite=False,
+        format_version=plans.check_format_version(format_version),
+    )
     ctx = distribute.replica_context()
     if ctx is not None:
         entry = Entry(data, source, layer_index, elements)
@@ -168,8 +184,11 @@ def gradients(
     distribute.check_mode(replicas)
     plans.check_buckets(buckets)
     plans.check_format_version(format_version)
-    if isinstance(grads, tf.distribute.DistributedValues) and per_example is not False and any(
-            getattr(g, "per_example", None) is not None for g in grads.values):
+    if (
+        isinstance(grads, tf.distribute.DistributedValues)
+        and per_example is not False
+        and any(getattr(g, "per_example", None) is not None for g in grads.values)
+    ):
         raise ValueError(_NO_REPLICAS)  # regrouping the replicas' maps would drop them silently
     grads = distribute.per_replica_map(grads)
     if not isinstance(grads, GradientMap):
@@ -179,7 +198,11 @@ def gradients(
         )
     target_name = target or grads.target
     if per_example is not None:  # given (or refused) here: in place of what the map carries
-        given = per_example if per_example is False or isinstance(per_example, PerExampleNorms) else PerExampleNorms(dict(per_example))
+        given = (
+            per_example
+            if per_example is False or isinstance(per_example, PerExampleNorms)
+            else PerExampleNorms(dict(per_example))
+        )
         grads = grads.with_entries({p: grads.entry(p) for p in grads})  # a copy: the caller's map is left alone
         grads.per_example = None if given is False else given
     examples = per_example_plan.from_norms(grads.per_example, target_name, grads)
@@ -189,15 +212,18 @@ def gradients(
         raise ValueError(_NO_REPLICAS)
     with tf.name_scope("layergrad"):
         if ctx is not None:
-            return write_step(_replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version), step,
-                              histograms=histograms)
+            return write_step(
+                _replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version),
+                step,
+                histograms=histograms,
+            )
         if not distribute.holds_distributed_values(grads):
             plan = plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version)
             return write_step(dataclasses.replace(plan, per_example=examples), step, histograms=histograms)
         if replicas == "stats":
             raise ValueError(
                 'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '
-                "from strategy.run: write them there, or use the default replicas=\"gather\" here"
+                'from strategy.run: write them there, or use the default replicas="gather" here'
             )
         if strategy is None and not tf.distribute.has_strategy():
             raise ValueError(
@@ -259,8 +285,10 @@ def activations(
     else:
         indexes = getattr(values, "indexes", {})
         values = {p: tf.convert_to_tensor(v) for p, v in dict(values).items()}
-        entries = {p: Entry(v, metadata.SOURCE_ACTIVATION, indexes.get(p, i), dtype=v.dtype.name)
-                   for i, (p, v) in enumerate(values.items())}
+        entries = {
+            p: Entry(v, metadata.SOURCE_ACTIVATION, indexes.get(p, i), dtype=v.dtype.name)
+            for i, (p, v) in enumerate(values.items())
+        }
     forward = GradientMap({}, metadata.DEFAULT_TARGET, activations=entries)
     ctx = distribute.replica_context()
     with tf.name_scope("layergrad"):
@@ -269,13 +297,19 @@ def activations(
             forward, reduced = merged.gradients, merged.reduced
         else:
             reduced = {}
-        plan = plans.Plan(plans.forward_series(forward, max_elements=max_elements), buckets=buckets, description=description,
-                          format_version=format_version)
+        plan = plans.Plan(
+            plans.forward_series(forward, max_elements=max_elements),
+            buckets=buckets,
+            description=description,
+            format_version=format_version,
+        )
         return write_step(plans.with_merged_records(plan, reduced), step)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
-def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET, layer_index: int = -1) -> tf.Tensor:
+def timesteps(
+    name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET, layer_index: int = -1
+) -> tf.Tensor:
     """Write a per-timestep gradient norm vector [T] for an RNN layer."""
     step = resolve_step(step)
     plan = plans.Plan(timesteps=(plans.timesteps(name, target=target, index=layer_index, norms=norms),))

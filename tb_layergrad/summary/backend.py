@@ -9,6 +9,7 @@ step needs no condition around its records (docs/DESIGN.md, "One write step").
 Everything else (float64 and integer data, XLA, a writer the op cannot
 write to) takes `statistics.reductions` and `tf.summary.write`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -76,19 +77,29 @@ def write_fused(
     if group_sizes:
         groups = [metadata.GroupInfo.of(metadata.KIND_STATS, part) for part in _split(infos, group_sizes)]
         series = {
-            kind: [(g.with_kind(kind).tag, metadata.create_group_metadata(g.with_kind(kind), text).SerializeToString())
-                   for g in groups]
-            for kind, text in ((metadata.KIND_HISTOGRAM, description), (metadata.KIND_STATS, description),
-                               (metadata.KIND_FIRST_NONFINITE, ""))
+            kind: [
+                (g.with_kind(kind).tag, metadata.create_group_metadata(g.with_kind(kind), text).SerializeToString())
+                for g in groups
+            ]
+            for kind, text in (
+                (metadata.KIND_HISTOGRAM, description),
+                (metadata.KIND_STATS, description),
+                (metadata.KIND_FIRST_NONFINITE, ""),
+            )
         }
         kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
         pending = tag_metadata.Pending([g.with_kind(k) for g in groups for k in kinds], step, writer)
     else:
         series = {
-            kind: [(info.tag, metadata.create_summary_metadata(info, text).SerializeToString())
-                   for info in (dataclasses.replace(info, kind=kind) for info in infos)]
-            for kind, text in ((metadata.KIND_HISTOGRAM, description), (metadata.KIND_STATS, description),
-                               (metadata.KIND_FIRST_NONFINITE, ""))  # no description, as first_nonfinite.track
+            kind: [
+                (info.tag, metadata.create_summary_metadata(info, text).SerializeToString())
+                for info in (dataclasses.replace(info, kind=kind) for info in infos)
+            ]
+            for kind, text in (
+                (metadata.KIND_HISTOGRAM, description),
+                (metadata.KIND_STATS, description),
+                (metadata.KIND_FIRST_NONFINITE, ""),
+            )  # no description, as first_nonfinite.track
         }
         pending = None
     if track_nonfinite:
@@ -97,9 +108,18 @@ def write_fused(
     else:
         firsts, first_series = tf.fill([len(infos)], tf.constant(-1, tf.int64)), []
     written, after, nonfinite, metadata_written, stats = kernel.write_histograms_and_stats(
-        resource, record, step, list(tensors), buckets, series[metadata.KIND_HISTOGRAM],
-        series[metadata.KIND_STATS], firsts, first_series, flush=flush,
-        record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes,
+        resource,
+        record,
+        step,
+        list(tensors),
+        buckets,
+        series[metadata.KIND_HISTOGRAM],
+        series[metadata.KIND_STATS],
+        firsts,
+        first_series,
+        flush=flush,
+        record_if_nonfinite=record_if_nonfinite,
+        group_sizes=group_sizes,
         with_metadata=None if pending is None else pending.needed,
         block_steps=[g.block_steps for g in groups] if group_sizes else (),
         histograms=tf.convert_to_tensor(histograms, tf.bool),

@@ -13,6 +13,7 @@ the one tracker: every write of a step (`write.write_step`, whichever backend
 computed the records) hands it which series held a NaN/Inf (`track`). Records
 are written only from the first non-finite step on: a clean run gets none.
 """
+
 from __future__ import annotations
 
 import threading
@@ -88,7 +89,9 @@ def _running_firsts(tags: Sequence[str], writer: Any = None) -> Tuple[_RunningFi
 
 
 def running_values(
-    registry: "weakref.WeakKeyDictionary[Any, _RunningFirsts]", fallback: _RunningFirsts, tags: Sequence[str],
+    registry: "weakref.WeakKeyDictionary[Any, _RunningFirsts]",
+    fallback: _RunningFirsts,
+    tags: Sequence[str],
     writer: Any = None,
 ) -> Tuple[_RunningFirsts, List[int]]:
     """(`writer`'s int64 vector in `registry` (default: the default writer's), the slots of `tags` in it).
@@ -146,7 +149,9 @@ def nonfinite_flags(stats: Sequence[Any]) -> tf.Tensor:
     return tf.reduce_any(counts > 0, axis=1)
 
 
-def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any, group_sizes: Sequence[int] = ()) -> None:
+def track(
+    infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any, group_sizes: Sequence[int] = ()
+) -> None:
     """Update the running first non-finite step of each stats series and write those there are.
 
     `nonfinite` [T] bool: which series held a NaN/Inf at this step. To be
@@ -194,7 +199,9 @@ def _write_each(infos: Sequence[metadata.SeriesInfo], first: tf.Tensor, step: tf
         write_if(first[i] >= 0, write)
 
 
-def _write_groups(infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], first: tf.Tensor, step: tf.Tensor) -> None:
+def _write_groups(
+    infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], first: tf.Tensor, step: tf.Tensor
+) -> None:
     from tb_layergrad.summary import tag_metadata  # it builds on this module's per-writer vectors
 
     begin = 0
@@ -206,8 +213,12 @@ def _write_groups(infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], fi
         def write(group=group, values=values) -> tf.Tensor:
             pending = tag_metadata.Pending([group], step)
             serialized = metadata.create_group_metadata(group).SerializeToString()
-            tf.summary.write(tag_metadata.tag_at(group, pending.firsts[0]), values, step=step,
-                             metadata=tag_metadata.serialized_if(pending.needed[0], serialized))
+            tf.summary.write(
+                tag_metadata.tag_at(group, pending.firsts[0]),
+                values,
+                step=step,
+                metadata=tag_metadata.serialized_if(pending.needed[0], serialized),
+            )
             pending.store(tf.constant([True]))
             return tf.constant(True)
 

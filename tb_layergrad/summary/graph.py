@@ -1,4 +1,5 @@
 """A condition whose untaken branch costs nothing: how a step's records are kept off unlogged steps."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Sequence
@@ -57,6 +58,7 @@ def write_one_of(index: Any, writes: Sequence[Callable[[], None]]) -> None:
         def run() -> tf.Tensor:
             write()
             return tf.constant(True)
+
         return run
 
     tf.switch_case(index, [branch(w) for w in writes])

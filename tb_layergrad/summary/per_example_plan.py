@@ -7,6 +7,7 @@ are laid out at write time from the groups the step writes
 or why it has none. Built here from a `PerExampleNorms` (the capture's) or a
 plain mapping path -> [B] norms.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,8 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing import per_example_map
+from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
 
 
@@ -53,8 +54,13 @@ class PerExample:
         return dataclasses.replace(self, norms=norms)
 
 
-def from_norms(per_example: Any, target: str, gmap: Optional[GradientMap] = None, scale: Any = None,
-               parameters: Optional[int] = None) -> Optional[PerExample]:
+def from_norms(
+    per_example: Any,
+    target: str,
+    gmap: Optional[GradientMap] = None,
+    scale: Any = None,
+    parameters: Optional[int] = None,
+) -> Optional[PerExample]:
     """The plan's view of `per_example` (a `PerExampleNorms` or a mapping path -> [B] norms), or None.
 
     `gmap`: the gradients of the same pass, for the weights' parameter counts
@@ -78,8 +84,11 @@ def from_norms(per_example: Any, target: str, gmap: Optional[GradientMap] = None
     )
     elements: Tuple[Tuple[str, int], ...] = ()
     if gmap is not None:
-        elements = tuple((p, int(gmap.entry(p).elements)) for p in gmap
-                         if gmap.entry(p).source == metadata.SOURCE_WEIGHT and gmap.entry(p).elements >= 0)
+        elements = tuple(
+            (p, int(gmap.entry(p).elements))
+            for p in gmap
+            if gmap.entry(p).source == metadata.SOURCE_WEIGHT and gmap.entry(p).elements >= 0
+        )
         if parameters is None:
             parameters = trainable_parameters(gmap)
     return PerExample(target, tuple(norms), status, elements, int(parameters or 0))
@@ -91,7 +100,13 @@ def trainable_parameters(gmap: GradientMap) -> int:
     for g in gmap.variable_gradients:
         if g is None:
             continue
-        shape = g.dense_shape if isinstance(g, tf.IndexedSlices) else tf.shape(g) if g.shape.num_elements() is None else None
+        shape = (
+            g.dense_shape
+            if isinstance(g, tf.IndexedSlices)
+            else tf.shape(g)
+            if g.shape.num_elements() is None
+            else None
+        )
         if shape is None:
             total += int(g.shape.num_elements())
         else:

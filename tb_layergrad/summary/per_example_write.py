@@ -6,6 +6,7 @@ groups are written (docs/FORMAT.md, "Per-example records"). The rows come from
 `statistics.per_example_rows`, the noise scale from `statistics.noise_scale`;
 this module only lays them out per group and writes them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,11 @@ def _chosen(plan: "plans.Plan") -> List[List["plans.Series"]]:
     spec = plan.per_example
     if spec is None:
         return []
-    return [members for members in plans.groups(plan.series)
-            if members[0].info.target == spec.target and members[0].info.source in metadata.GRADIENT_SOURCES]
+    return [
+        members
+        for members in plans.groups(plan.series)
+        if members[0].info.target == spec.target and members[0].info.source in metadata.GRADIENT_SOURCES
+    ]
 
 
 def rows_ahead(plan: "plans.Plan", should: Any, final: bool = True) -> Optional[RowsAhead]:
@@ -61,13 +65,21 @@ def rows_ahead(plan: "plans.Plan", should: Any, final: bool = True) -> Optional[
         return None
     spec = plan.per_example
     members = [s for group in chosen for s in group]
-    table = value_out_of_line(should, lambda: _rows(members, spec, spec.batch_size()),
-                              lambda: tf.zeros([len(members), per_example_rows.WIDTH], tf.float64))
+    table = value_out_of_line(
+        should,
+        lambda: _rows(members, spec, spec.batch_size()),
+        lambda: tf.zeros([len(members), per_example_rows.WIDTH], tf.float64),
+    )
     return RowsAhead(table, should, final)
 
 
-def write(plan: "plans.Plan", step: tf.Tensor, description: str = "", fused_stats: Optional[Dict[int, Any]] = None,
-          ahead: Optional[RowsAhead] = None) -> None:
+def write(
+    plan: "plans.Plan",
+    step: tf.Tensor,
+    description: str = "",
+    fused_stats: Optional[Dict[int, Any]] = None,
+    ahead: Optional[RowsAhead] = None,
+) -> None:
     """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale.
 
     `fused_stats`: id(series) -> the stats [12] the fused write op wrote this step for that series: the
@@ -96,7 +108,9 @@ def write(plan: "plans.Plan", step: tf.Tensor, description: str = "", fused_stat
     begin = 0
     for i, (group, info) in enumerate(zip(chosen, infos)):
         rows = table[begin : begin + len(group)]
-        serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(info, description).SerializeToString())
+        serialized = tag_metadata.serialized_if(
+            pending.needed[i], metadata.create_group_metadata(info, description).SerializeToString()
+        )
         tf.summary.write(tag_metadata.tag_at(info, pending.firsts[i]), rows, step=step, metadata=serialized)
         if group[0].info.source == metadata.SOURCE_WEIGHT and spec.target == metadata.DEFAULT_TARGET:
             _write_noise_scale(group, rows, spec, batch, step, fused_stats or {})
@@ -123,7 +137,9 @@ def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[t
         else:
             examples = float("nan") if batch is None else tf.cast(batch, tf.float64)
             order.append(("status", len(status_rows)))
-            status_rows.append(per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status))
+            status_rows.append(
+                per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status)
+            )
     parts = []
     if exact:
         # Each path's unscaled squares and its scale, multiplied in float64 (`per_example_map.squared`).
@@ -173,11 +189,19 @@ def _squared_from_gradient(s: "plans.Series") -> tf.Tensor:
     # One fused kernel (Σ g² / 2) in the gradient's own float type: the per-example norms it is set against
     # are float32 anyway, and a float64 copy of a large weight gradient at every logged step was most of
     # the noise scale's cost.
-    return 2.0 * tf.cast(tf.nn.l2_loss(g if g.dtype in (tf.float32, tf.float64) else tf.cast(g, tf.float32)), tf.float64)
+    return 2.0 * tf.cast(
+        tf.nn.l2_loss(g if g.dtype in (tf.float32, tf.float64) else tf.cast(g, tf.float32)), tf.float64
+    )
 
 
-def _write_noise_scale(weights: Sequence["plans.Series"], rows: tf.Tensor, spec: PerExample, batch: Optional[tf.Tensor],
-                       step: tf.Tensor, fused_stats: Dict[int, Any]) -> None:
+def _write_noise_scale(
+    weights: Sequence["plans.Series"],
+    rows: tf.Tensor,
+    spec: PerExample,
+    batch: Optional[tf.Tensor],
+    step: tf.Tensor,
+    fused_stats: Dict[int, Any],
+) -> None:
     """B_simple, trace, signal and coverage over the weights with exact per-example norms (docs/FORMAT.md).
 
     `rows`: the weight group's `examples` rows, whose `sum_sq` column is Σ_i ‖g_{i,v}‖² of each variable.

@@ -8,6 +8,7 @@ compiled step as a flat dict. A plan says what is written, with the metadata
 of each series, independent of where; `write_step` is the one place that
 decides how.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -90,8 +91,12 @@ class Plan:
     per_example: Any = None
 
     def __add__(self, other: "Plan") -> "Plan":
-        return dataclasses.replace(self, series=self.series + other.series, timesteps=self.timesteps + other.timesteps,
-                                   per_example=self.per_example if self.per_example is not None else other.per_example)
+        return dataclasses.replace(
+            self,
+            series=self.series + other.series,
+            timesteps=self.timesteps + other.timesteps,
+            per_example=self.per_example if self.per_example is not None else other.per_example,
+        )
 
     # -- a flat dict of tensors and back: how a plan leaves a compiled step --------
     def tensors(self) -> Dict[str, Any]:
@@ -121,9 +126,13 @@ class Plan:
         for s in self.series:
             hist, stats = get(s.info.tag, "histogram"), get(s.info.tag, "stats")
             reduced = (hist, stats) if stats is not None else None
-            series.append(dataclasses.replace(s, data=get(s.info.tag, "data"), reduced=reduced, raw=get(s.info.tag, "raw")))
+            series.append(
+                dataclasses.replace(s, data=get(s.info.tag, "data"), reduced=reduced, raw=get(s.info.tag, "raw"))
+            )
         steps = [
-            dataclasses.replace(t, gradient=get(t.info.tag, "gradient"), norms=get(t.info.tag, "norms"), raw=get(t.info.tag, "raw"))
+            dataclasses.replace(
+                t, gradient=get(t.info.tag, "gradient"), norms=get(t.info.tag, "norms"), raw=get(t.info.tag, "raw")
+            )
             for t in self.timesteps
         ]
         per_example = self.per_example.with_tensors(tensors) if self.per_example is not None else None
@@ -137,7 +146,8 @@ class Plan:
         """
         series = tuple(
             dataclasses.replace(s, raw=reductions.bounded_tensor(s.data, s.max_elements))
-            if s.wants_raw and s.raw is None and s.data is not None else s
+            if s.wants_raw and s.raw is None and s.data is not None
+            else s
             for s in self.series
         )
         steps = tuple(_timestep_records(t) for t in self.timesteps)
@@ -190,13 +200,19 @@ def series(
         raise ValueError(f"max_elements must be >= 0, got {max_elements}")
     if dtype is None:
         dtype = "" if data is None else tf.as_dtype(getattr(data, "dtype", tf.float32)).name
-    info = metadata.SeriesInfo(layer=path, kind=metadata.KIND_STATS, target=target, source=source, index=int(index), dtype=dtype)
+    info = metadata.SeriesInfo(
+        layer=path, kind=metadata.KIND_STATS, target=target, source=source, index=int(index), dtype=dtype
+    )
     return Series(info, data, elements, max_elements)
 
 
 def from_gradients(
-    gmap: GradientMap, target: Optional[str] = None, max_elements: int = 0, buckets: int = 30,
-    captured_dtypes: bool = False, format_version: int = metadata.FORMAT_VERSION,
+    gmap: GradientMap,
+    target: Optional[str] = None,
+    max_elements: int = 0,
+    buckets: int = 30,
+    captured_dtypes: bool = False,
+    format_version: int = metadata.FORMAT_VERSION,
 ) -> Plan:
     """The plan of every entry of a `GradientMap`, in its order.
 
@@ -205,12 +221,23 @@ def from_gradients(
     """
     name = target or gmap.target
     gradients = tuple(
-        series(p, e.gradient, target=name, source=e.source, index=e.index, elements=e.elements,
-               max_elements=max_elements, dtype=e.dtype if captured_dtypes else None)
+        series(
+            p,
+            e.gradient,
+            target=name,
+            source=e.source,
+            index=e.index,
+            elements=e.elements,
+            max_elements=max_elements,
+            dtype=e.dtype if captured_dtypes else None,
+        )
         for p, e in ((p, gmap.entry(p)) for p in gmap)
     )
-    return Plan(gradients + forward_series(gmap, name, max_elements), buckets=check_buckets(buckets),
-                format_version=check_format_version(format_version))
+    return Plan(
+        gradients + forward_series(gmap, name, max_elements),
+        buckets=check_buckets(buckets),
+        format_version=check_format_version(format_version),
+    )
 
 
 def forward_series(gmap: GradientMap, target: Optional[str] = None, max_elements: int = 0) -> Tuple[Series, ...]:
@@ -220,8 +247,10 @@ def forward_series(gmap: GradientMap, target: Optional[str] = None, max_elements
     told by comparing them at one step (`tb_layergrad.nonfinite_origin`).
     """
     name = target or gmap.target
-    acts = tuple(activation_series(p, e.gradient, index=e.index, max_elements=max_elements, dtype=e.dtype)
-                 for p, e in ((p, gmap.activation_entry(p)) for p in gmap.activations))
+    acts = tuple(
+        activation_series(p, e.gradient, index=e.index, max_elements=max_elements, dtype=e.dtype)
+        for p, e in ((p, gmap.activation_entry(p)) for p in gmap.activations)
+    )
     if gmap.target_value is None:
         return acts
     return acts + (target_series(name, gmap.target_value),)
@@ -232,17 +261,30 @@ def with_merged_records(plan: Plan, reduced: Dict[Tuple[str, str], Tuple[Any, An
     this replica's shard."""
     if not reduced:
         return plan
-    return dataclasses.replace(plan, series=tuple(
-        dataclasses.replace(s, data=None, reduced=reduced[(s.info.source, s.info.layer)])
-        if (s.info.source, s.info.layer) in reduced else s
-        for s in plan.series
-    ))
+    return dataclasses.replace(
+        plan,
+        series=tuple(
+            dataclasses.replace(s, data=None, reduced=reduced[(s.info.source, s.info.layer)])
+            if (s.info.source, s.info.layer) in reduced
+            else s
+            for s in plan.series
+        ),
+    )
 
 
-def activation_series(path: str, value: Any, *, index: int = -1, max_elements: int = 0, dtype: Optional[str] = None) -> Series:
+def activation_series(
+    path: str, value: Any, *, index: int = -1, max_elements: int = 0, dtype: Optional[str] = None
+) -> Series:
     """A layer output's forward value (source "activation", docs/FORMAT.md)."""
-    return series(path, value, target=metadata.ACTIVATION_TARGET, source=metadata.SOURCE_ACTIVATION, index=index,
-                  max_elements=max_elements, dtype=dtype)
+    return series(
+        path,
+        value,
+        target=metadata.ACTIVATION_TARGET,
+        source=metadata.SOURCE_ACTIVATION,
+        index=index,
+        max_elements=max_elements,
+        dtype=dtype,
+    )
 
 
 def target_series(name: str, value: Any) -> Series:
@@ -251,14 +293,25 @@ def target_series(name: str, value: Any) -> Series:
 
 
 def timesteps(
-    path: str, *, target: str, index: int = -1, gradient: Any = None, norms: Any = None, max_elements: int = 0,
+    path: str,
+    *,
+    target: str,
+    index: int = -1,
+    gradient: Any = None,
+    norms: Any = None,
+    max_elements: int = 0,
     dtype: Optional[str] = None,
 ) -> Timesteps:
     """An RNN layer's per-timestep series; `dtype`: the probed state's (default: the gradient's)."""
-    info = metadata.SeriesInfo(layer=path, kind=metadata.KIND_TIMESTEPS, target=target, source=metadata.SOURCE_OUTPUT,
-                               index=int(index), dtype="float64")
+    info = metadata.SeriesInfo(
+        layer=path,
+        kind=metadata.KIND_TIMESTEPS,
+        target=target,
+        source=metadata.SOURCE_OUTPUT,
+        index=int(index),
+        dtype="float64",
+    )
     norms = None if norms is None else tf.cast(tf.reshape(norms, [-1]), tf.float64)
     if dtype is None:
         dtype = "" if gradient is None else tf.as_dtype(gradient.dtype).name
     return Timesteps(info, gradient, norms, max_elements, dtype=dtype)
-

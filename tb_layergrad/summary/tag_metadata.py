@@ -15,10 +15,11 @@ last got the metadata (-1: none yet), like the running first non-finite steps
 time. A writer this module cannot tell apart from others gets the metadata on
 every record: lost metadata would hide a run.
 """
+
 from __future__ import annotations
 
 import weakref
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence
 
 import tensorflow as tf
 

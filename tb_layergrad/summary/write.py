@@ -7,6 +7,7 @@ the recording condition as an input, and one out-of-line condition writes the
 rest with TensorFlow's ops. Both keep the running first NaN/Inf steps in the
 one tracker, `first_nonfinite`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,8 +81,9 @@ def when(should: Any, fn: Callable[[], None], out_of_line: bool = True) -> tf.Te
     return cond_out_of_line(should, run)
 
 
-def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, flush: bool = False,
-               histograms: Any = True) -> tf.Tensor:
+def write_step(
+    plan: Plan, step: Any, record: Any = None, writer: Any = None, flush: bool = False, histograms: Any = True
+) -> tf.Tensor:
     """Write `plan`'s records at `step` if the step is recorded; returns a bool scalar: written.
 
     `record`: None for the default writer's own condition (`tf.summary.record_if`,
@@ -95,8 +97,15 @@ def write_step(plan: Plan, step: Any, record: Any = None, writer: Any = None, fl
     return _write_step(plan, step, record, writer, flush, None, histograms)[0]
 
 
-def write_step_checked(plan: Plan, step: Any, record: Any, record_if_nonfinite: Any, writer: Any = None,
-                       flush: bool = False, histograms: Any = True) -> Tuple[tf.Tensor, tf.Tensor]:
+def write_step_checked(
+    plan: Plan,
+    step: Any,
+    record: Any,
+    record_if_nonfinite: Any,
+    writer: Any = None,
+    flush: bool = False,
+    histograms: Any = True,
+) -> Tuple[tf.Tensor, tf.Tensor]:
     """`write_step`, and a look at every present series for a NaN/Inf at every step, recorded or not.
 
     Returns (written, nonfinite): `nonfinite` [n] bool, one per present series
@@ -108,8 +117,9 @@ def write_step_checked(plan: Plan, step: Any, record: Any, record_if_nonfinite: 
     return _write_step(plan, step, record, writer, flush, record_if_nonfinite, histograms)
 
 
-def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, record_if_nonfinite: Any,
-                histograms: Any = True) -> Tuple[tf.Tensor, tf.Tensor]:
+def _write_step(
+    plan: Plan, step: Any, record: Any, writer: Any, flush: bool, record_if_nonfinite: Any, histograms: Any = True
+) -> Tuple[tf.Tensor, tf.Tensor]:
     checking = record_if_nonfinite is not None
     present = [s for s in plan.series if s.present]
     should = recording() if record is None else record
@@ -134,9 +144,19 @@ def _write_step(plan: Plan, step: Any, record: Any, writer: Any, flush: bool, re
     if fused:
         condition = tf.constant(should) if isinstance(should, bool) else should
         done, nonfinite, stats = backend.write_fused(
-            resource, condition, read_step(step), [s.info for s in fused], [s.data for s in fused], plan.buckets,
-            plan.description, flush=flush, track_nonfinite=plan.track_nonfinite, writer=writer,
-            record_if_nonfinite=record_if_nonfinite, group_sizes=group_sizes, histograms=histograms,
+            resource,
+            condition,
+            read_step(step),
+            [s.info for s in fused],
+            [s.data for s in fused],
+            plan.buckets,
+            plan.description,
+            flush=flush,
+            track_nonfinite=plan.track_nonfinite,
+            writer=writer,
+            record_if_nonfinite=record_if_nonfinite,
+            group_sizes=group_sizes,
+            histograms=histograms,
         )
         written.append(done)
         flag_of.update(zip(map(id, fused), tf.unstack(nonfinite, len(fused))))
@@ -168,14 +188,18 @@ def _fused_series(plan: Plan, resource: Any) -> Tuple[List[Series], List[int]]:
     (one record per (target, source)) whose every series is one, so that a
     group is one record whichever path writes it.
     """
+
     def fusable(s: Series) -> bool:
         return s.data is not None and s.reduced is None and not s.stats_only
 
     if plan.format_version < 2:
         unreduced = [s for s in plan.series if fusable(s)]
         return [unreduced[i] for i in backend.fused_part(resource, [s.data for s in unreduced])], []
-    chosen = [g for g in plans.groups(plan.series)
-              if all(map(fusable, g)) and len(backend.fused_part(resource, [s.data for s in g])) == len(g)]
+    chosen = [
+        g
+        for g in plans.groups(plan.series)
+        if all(map(fusable, g)) and len(backend.fused_part(resource, [s.data for s in g])) == len(g)
+    ]
     return [s for g in chosen for s in g], [len(g) for g in chosen]
 
 
@@ -186,14 +210,18 @@ def series_nonfinite(s: Series) -> tf.Tensor:
     return tf.logical_not(tf.reduce_all(tf.math.is_finite(s.data)))
 
 
-def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor, histograms: Any = True) -> None:
+def _write_with_ops(
+    plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor, histograms: Any = True
+) -> None:
     """What the fused op did not write, with `tf.summary.write`; then the first-non-finite tracker.
 
     `histograms`: write the histogram records too (a step with a NaN/Inf in these series gets them anyway).
     """
     reduced = reduced_plan(dataclasses.replace(plan, series=tuple(rest)))
-    records = [(s, *(s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)))
-               for s in reduced.series]
+    records = [
+        (s, *(s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)))
+        for s in reduced.series
+    ]
     if records and not (isinstance(histograms, bool) and histograms):
         present = [stat for s, _, stat in records if s.present]
         if present:  # a NaN/Inf: the step is written in full
@@ -202,13 +230,22 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
         ordered, sizes = _write_groups(records, step, plan.description, histograms)
         stat_of = {id(s): stat for s, _, stat in records}
         tracked = [s.info for s in ordered]  # every row of a group, a "no gradient" one never non-finite
-        flags = None if not ordered else tf.logical_and(
-            first_nonfinite.nonfinite_flags([stat_of[id(s)] for s in ordered]), tf.constant([s.present for s in ordered]))
+        flags = (
+            None
+            if not ordered
+            else tf.logical_and(
+                first_nonfinite.nonfinite_flags([stat_of[id(s)] for s in ordered]),
+                tf.constant([s.present for s in ordered]),
+            )
+        )
     else:
         tracked, stats, sizes = [], [], ()
         for s, hist, stat in records:
             if not s.stats_only:
-                write_if(histograms, lambda s=s, hist=hist: _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description))
+                write_if(
+                    histograms,
+                    lambda s=s, hist=hist: _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description),
+                )
             _write(s.info, stat, step, plan.description)
             if s.present:
                 tracked.append(s.info)
@@ -226,9 +263,9 @@ def _write_with_ops(plan: Plan, rest: List[Series], fused: List[Series], step: t
         first_nonfinite.track(tracked, flags, step, group_sizes=sizes)
 
 
-
-def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, description: str,
-                  histograms: Any = True) -> Tuple[List[Series], List[int]]:
+def _write_groups(
+    records: List[Tuple[Series, Any, Any]], step: tf.Tensor, description: str, histograms: Any = True
+) -> Tuple[List[Series], List[int]]:
     """Format version 2: each (target, source) group's histogram counts and stats as one record each.
 
     Returns the series in the order written, and the group sizes (for the tracker).
@@ -243,7 +280,9 @@ def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, descr
         pending = tag_metadata.Pending(tags, step)
         written = []
         for i, g in enumerate(tags):
-            serialized = tag_metadata.serialized_if(pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString())
+            serialized = tag_metadata.serialized_if(
+                pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString()
+            )
             tag = tag_metadata.tag_at(g, pending.firsts[i])
             if g.kind == metadata.KIND_STATS:
                 value = tf.stack([tf.cast(by_series[id(s)][1], tf.float64) for s in members])
@@ -251,7 +290,10 @@ def _write_groups(records: List[Tuple[Series, Any, Any]], step: tf.Tensor, descr
                 written.append(tf.constant(True))
             else:
                 counts = tf.stack([tf.cast(by_series[id(s)][0], tf.float64)[:, 2] for s in members])
-                write_if(histograms, lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized))
+                write_if(
+                    histograms,
+                    lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized),
+                )
                 written.append(tf.convert_to_tensor(histograms, tf.bool))
         pending.store(tf.stack(written))
         ordered.extend(members)
@@ -272,6 +314,7 @@ def _write_counts(tag: Any, counts: tf.Tensor, step: tf.Tensor, serialized: Any)
         def write() -> tf.Tensor:
             tf.summary.write(tag, tf.cast(counts, dtype), step=step, metadata=serialized)
             return tf.constant(True)
+
         return write
 
     if tf.executing_eagerly():

@@ -6,6 +6,7 @@ resource itself. The state object read here has been stable since TF 2.0; if
 it ever moves, callers fall back (coarser keying, per-record writes), they do
 not fail.
 """
+
 from __future__ import annotations
 
 from typing import Any, Optional

@@ -3,6 +3,7 @@
 Run as scripts (a fresh process each), never imported by pytest: the device
 configuration must come before anything creates a TensorFlow context.
 """
+
 from __future__ import annotations
 
 import os

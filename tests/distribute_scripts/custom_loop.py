@@ -3,6 +3,7 @@
 Usage: custom_loop.py LOGDIR. Writes runs LOGDIR/{single,gather,stats,cross} and
 LOGDIR/weights.npz (final weights with and without logging, under the strategy).
 """
+
 import os
 import sys
 
@@ -11,9 +12,9 @@ from common import data, logical_cpus, tiny_model  # noqa: E402  (sets up sys.pa
 logdir = sys.argv[1]
 devices = logical_cpus(2)
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import keras  # noqa: E402
 
 import tb_layergrad  # noqa: E402
 from tb_layergrad import distribute  # noqa: E402
@@ -35,8 +36,10 @@ def train(log: bool):
         opt = keras.optimizers.SGD(0.1)
     single = tiny_model(keras)
     if log:
-        writers = {k: distribute.create_file_writer(os.path.join(logdir, k))
-                   for k in ("gather", "stats", "cross", "low_gather", "low_stats")}
+        writers = {
+            k: distribute.create_file_writer(os.path.join(logdir, k))
+            for k in ("gather", "stats", "cross", "low_gather", "low_stats")
+        }
         single_writer = tf.summary.create_file_writer(os.path.join(logdir, "single"))
 
     def replica_step(xb, yb):
@@ -53,7 +56,9 @@ def train(log: bool):
             for mode in ("gather", "stats"):  # the low-level op, one output and one weight
                 with writers[f"low_{mode}"].as_default(step=step):
                     tb_layergrad.summary.gradient("tiny/hidden", grads["tiny/hidden"], replicas=mode)
-                    tb_layergrad.summary.gradient("tiny/out/bias", grads["tiny/out/bias"], source="weight", replicas=mode)
+                    tb_layergrad.summary.gradient(
+                        "tiny/out/bias", grads["tiny/out/bias"], source="weight", replicas=mode
+                    )
         opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
         return grads
 

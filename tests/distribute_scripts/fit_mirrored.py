@@ -18,6 +18,7 @@ LOGDIR/keras_factor.json: a whole factor (1, or the replica count) goes into the
 single-device run's loss so the records compare value for value; null means
 there is no single-device step to compare with.
 """
+
 import json
 import os
 import sys
@@ -28,9 +29,9 @@ logdir = sys.argv[1]
 modes = sys.argv[2].split(",") if len(sys.argv) > 2 else ["graph"]
 devices = logical_cpus(2)
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import keras  # noqa: E402
 
 import tb_layergrad  # noqa: E402
 
@@ -47,7 +48,11 @@ def fit(run, replicas=None, lr=0.0, strategy_=None, eager=False, factor=1.0, ste
         model.compile(optimizer=keras.optimizers.SGD(lr), loss=loss, run_eagerly=eager)
     callbacks = []
     if run is not None:
-        callbacks.append(tb_layergrad.GradientLogger(os.path.join(logdir, run), weights=True, replicas=replicas or "gather", activations=True))
+        callbacks.append(
+            tb_layergrad.GradientLogger(
+                os.path.join(logdir, run), weights=True, replicas=replicas or "gather", activations=True
+            )
+        )
     n = GLOBAL_BATCH * steps
     model.fit(x[:n], y[:n], batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     return [v.numpy() for v in model.trainable_variables]

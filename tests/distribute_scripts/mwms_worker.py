@@ -11,6 +11,7 @@ of the examples, so it does not matter how the batch was split over workers).
 Not fit(): Keras 3.15's own fit() fails under MultiWorkerMirroredStrategy before
 any callback runs (docs/DISTRIBUTED.md).
 """
+
 import json
 import os
 import sys

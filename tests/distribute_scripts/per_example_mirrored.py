@@ -4,6 +4,7 @@ Usage: per_example_mirrored.py LOGDIR. Writes runs LOGDIR/{single,gather,stats} 
 the global batch, then `summary.gradients` inside `strategy.run` in both merge modes, same weights, same batch),
 and LOGDIR/{fit_single,fit_mirrored}/train (GradientLogger(per_example=True) in fit(), one step on the global batch).
 """
+
 import os
 import sys
 
@@ -12,9 +13,9 @@ from common import data, logical_cpus, tiny_model  # noqa: E402  (sets up sys.pa
 logdir = sys.argv[1]
 devices = logical_cpus(2)
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-import keras  # noqa: E402
 
 import tb_layergrad  # noqa: E402
 from tb_layergrad import distribute  # noqa: E402
@@ -68,8 +69,15 @@ def fit(run, strategy_=None):
     with scope:
         m = tiny_model(keras)
         m.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse", jit_compile=False)
-    m.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0,
-          callbacks=[tb_layergrad.GradientLogger(os.path.join(logdir, run), weights=True, per_example=True)])
+    m.fit(
+        x,
+        y,
+        batch_size=GLOBAL_BATCH,
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=[tb_layergrad.GradientLogger(os.path.join(logdir, run), weights=True, per_example=True)],
+    )
 
 
 fit("fit_single")
