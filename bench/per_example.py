@@ -1,4 +1,4 @@
-"""Cost of per-example gradient norms (`capture(..., per_example=True)`, issue #28): custom-loop steps side by side.
+"""Cost of per-example gradient norms (`capture(..., per_example=True)`): custom-loop steps side by side.
 
 Every variant trains the same model on the same batch in a `tf.function` step
 with SGD applied, taking turns with the plain step in interleaved rounds

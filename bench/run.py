@@ -164,7 +164,7 @@ def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[st
     return lines
 
 
-# The three sizes of issue #27: (runs, layers, steps); the first is a real fit() at GradientLogger's defaults.
+# The three large-logdir sizes: (runs, layers, steps); the first is a real fit() at GradientLogger's defaults.
 FORMAT_SIZES = [(1, 100, 4000), (3, 200, 5000), (1, 50, 100_000)]
 SMOKE_FORMAT_SIZES = [(1, 4, 20), (2, 4, 20), (1, 3, 60)]
 # Version 1 of the largest size (10 million records) is left out: TensorBoard's Python loader grows past 21 GB
@@ -230,7 +230,7 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
                 print("  " + lines[-1], flush=True)
                 continue
             figures.setdefault("format_tab", {})[(runs, layers, steps, version, loader)] = m
-            if version == 2:  # the default format: also what issue 7's tab targets are read from
+            if version == 2:  # the default format: also what the tab's targets are read from
                 figures.setdefault("tab", {})[(runs, layers, steps, loader)] = m
             ms = lambda v: f"{v * 1e3:.0f} ms"  # noqa: E731
             lines.append(
@@ -246,7 +246,7 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
 
 
 def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
-    """Issue 27's targets next to what this run measured."""
+    """The large-logdir targets next to what this run measured."""
     rows = []
     got = figures.get("format_bytes", {}).get(2)
     if got is not None:
@@ -291,11 +291,17 @@ def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
             )
     if not rows:
         return []
-    return ["### Targets (issue 27) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]
+    return [
+        "### Targets for large logdirs, and this run\n",
+        "| figure | target | measured | |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def target_table(figures: Dict, tab_size: tuple) -> List[str]:
-    """Issue 7's targets next to what this run measured (ratios to a plain step; tab medians, warm)."""
+    """The training-step and tab targets next to what this run measured (ratios to a plain step; tab medians, warm)."""
     rows = []
 
     def row(what: str, target: str, value: Optional[float], ok: Optional[bool], unit: str = "x") -> None:
@@ -352,7 +358,7 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
         rows.append(
             f"| custom loop, cnn: overhead of tf.summary.histogram / ours | >= 5 | {factor:.1f} | {'met' if factor >= 5 else 'NOT met'} |"
         )
-    for name, r in figures.get("per_example", {}).items():  # issue 28: per_example=True every step, MLP and Transformer
+    for name, r in figures.get("per_example", {}).items():  # per_example=True every step, MLP and Transformer
         every1 = r.get("per_example, every step")
         target = name in ("mlp", "transformer")
         row(
@@ -379,7 +385,13 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
             )
     if not rows:
         return []
-    return ["### Targets (issue 7) and this run\n", "| figure | target | measured | |", "|---|---|---|---|", *rows, ""]
+    return [
+        "### Targets for the training step and the tab, and this run\n",
+        "| figure | target | measured | |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 # What the rows of the tables mean; how the figures are taken and what they decided: docs/DESIGN.md.

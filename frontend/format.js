@@ -24,7 +24,7 @@ export const STAT_LABELS = {
   example_norm_top_share: "largest example's share",
 };
 
-/** Colours of the overview read from the per-example records (`matrix?stat=example_norm_*`, issue #28). */
+/** Colours of the overview read from the per-example records (`matrix?stat=example_norm_*`). */
 export const EXAMPLE_STATS = ["example_norm_top_share", "example_norm_max", "example_norm_median", "example_norm_min"];
 
 /** Statistics that are never negative: the ones a log10 colour or log axis can show. */

@@ -146,7 +146,7 @@ export function signature(runsBody, run) {
   return JSON.stringify(pick.map((r) => [r.run, r.max_step, r.layers.length, r.layers.map((l) => l.series.map((x) => x.max_step))]));
 }
 
-/** Whether `run` has per-example records (kind `examples`, issue #28) for (target, source). */
+/** Whether `run` has per-example records (kind `examples`) for (target, source). */
 export function hasExamples(run, target, source) {
   return Boolean(run && run.layers.some((l) => l.series.some((x) => x.target === target && x.source === source && x.kinds.includes("examples"))));
 }

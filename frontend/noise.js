@@ -1,4 +1,4 @@
-// The gradient noise scale as the tab draws it (issue #28): the ratio of two exponential moving
+// The gradient noise scale as the tab draws it: the ratio of two exponential moving
 // averages, of the trace tr(Σ) and of the signal |G|², each as TensorBoard's Scalars dashboard
 // smooths (a debiased EMA, so that the first steps are not pulled towards 0). Why not the EMA of the
 // raw ratio: each estimate is unbiased but noisy, the signal's often <= 0 at a step (no raw ratio

@@ -307,7 +307,7 @@ def get_json(tb: "InProcess", route: str, query: dict, status: int = 200):
     return strict_json(r.data)
 
 
-# -- format version 2: the same data, grouped (docs/FORMAT.md; issue #27) ------------------------------------
+# -- format version 2: the same data, grouped (docs/FORMAT.md) ------------------------------------
 
 Record = Tuple[int, str, "metadata.SeriesInfo", np.ndarray]  # (step, tag, info, tensor)
 

@@ -1,4 +1,4 @@
-"""Per-example gradient norms (issue #28, step 1) equal an independent computation: one tape per example,
+"""Per-example gradient norms equal an independent computation: one tape per example,
 its own loss on a batch of one.
 
 The reference for weights is a plain `tape.gradient(loss_i, model.trainable_variables)`; for layer

@@ -1,4 +1,4 @@
-"""Readers read format version 2 beside version 1 (issue #27, reading side; docs/FORMAT.md).
+"""Readers read format version 2 beside version 1 (reading side; docs/FORMAT.md).
 
 The same numbers are written twice into one logdir: run `X` as version 1 (one record per layer, kind
 and step) and run `X_v2` grouped as version 2 (one record per (target, source, kind) and step, the

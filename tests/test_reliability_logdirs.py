@@ -1,4 +1,4 @@
-"""Damaged logdirs (issue 9, item 3): the plugin answers and shows every intact step.
+"""Damaged logdirs: the plugin answers and shows every intact step.
 
 One logdir holds every kind of damage, one run each (`Damaged`):
 

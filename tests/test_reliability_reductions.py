@@ -1,4 +1,4 @@
-"""Property tests of the reductions and the summary ops (issue 9, item 1).
+"""Property tests of the reductions and the summary ops.
 
 Random shapes, dtypes (float16, bfloat16, float32, float64), values mixing NaN/+-Inf, zeros, empty
 tensors, a single unique value, magnitudes near the dtype's max (sums of squares overflow) and tiny

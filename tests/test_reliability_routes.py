@@ -1,4 +1,4 @@
-"""Route fuzzing (issue 9, item 2): generated query strings and paths, in-process.
+"""Route fuzzing: generated query strings and paths, in-process.
 
 Every route of `LayerGradPlugin.get_plugin_apps` gets hypothesis-generated queries: valid names
 (which are themselves hostile: HTML, unicode, `../`, quotes and newlines, see reliability_fixtures),
@@ -53,7 +53,7 @@ USES = {
     "examples": ["run", "layer", "target", "source", "start", "end", "points", "step"],
     "noise_scale": ["run", "start", "end"],
 }
-# Routes that read per-example records (issue #28): fuzzed on tests/examples_fixtures.py's logdir, which has them;
+# Routes that read per-example records: fuzzed on tests/examples_fixtures.py's logdir, which has them;
 # `anomalies` (its `dominated`) there too, besides the hostile logdir.
 ON_EXAMPLES = {"examples", "noise_scale"}
 ALSO_ON_EXAMPLES = {"anomalies"}

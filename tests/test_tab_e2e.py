@@ -499,7 +499,7 @@ def test_polls_only_while_the_tab_is_visible(env):
         page.remove_listener("request", listener)
 
 
-# -- hostile names (issue 9): attribute breakouts, </script>, javascript:, in every view ---------------
+# -- hostile names: attribute breakouts, </script>, javascript:, in every view ---------------
 
 # Anything a payload could have turned into if it had been parsed as HTML.
 INJECTED_JS = r"""() => {

@@ -1,4 +1,4 @@
-"""The tab's per-example views (issue #28) in headless Chromium against a real `tensorboard`: the layer view's
+"""The tab's per-example views in headless Chromium against a real `tensorboard`: the layer view's
 band of per-example norms and the batch positions of the largest at a step, for the layer's output and for
 each weight it owns, the overview coloured by `example_norm_top_share` and naming the layers one example
 dominates, and the gradient noise scale chart with its smoothing slider, in the run's view and in compare.

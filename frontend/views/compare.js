@@ -46,7 +46,7 @@ export class CompareView {
     this.hist = new HistogramChart(h("div"), { height: 240 });
     this.histNote = h("div", { class: "lg-muted" });
     this.depth = new LineChart(h("div"), { height: 240, onPick: (i) => this._depthPick(i), alwaysLegend: true });
-    // The runs' gradient noise scales side by side (issue #28), when recorded.
+    // The runs' gradient noise scales side by side, when recorded.
     this.noise = new NoiseScalePanel();
     this.body = h(
       "div",

@@ -1,4 +1,4 @@
-// The layer view's per-example panel (issue #28): the spread of each example's own gradient norm over
+// The layer view's per-example panel: the spread of each example's own gradient norm over
 // steps (a band min..max, the median, the max on top) and, at the chosen step, the batch positions that
 // carried the largest norms. Hidden for a layer without per-example records: nothing changes for them.
 // A layer's output and the weights it owns each have their own records: a selector picks one, as the

@@ -109,7 +109,7 @@ export class LayerView {
     this.tsPanel = h("div", { class: "lg-panel lg-panel-ts", hidden: true }, h("h3", { class: "lg-panel-title", text: "Gradient norm per timestep (RNN)" }), this.tsMsg);
     this.tsChart = new LineChart(this.tsPanel, { height: 200, alwaysLegend: true });
 
-    // Each example's own gradient norm (per-example records, issue #28): hidden without them.
+    // Each example's own gradient norm (per-example records): hidden without them.
     this.examples = new ExamplesPanel(app);
 
     this.body = h(

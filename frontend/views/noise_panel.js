@@ -1,4 +1,4 @@
-// The gradient noise scale chart (issue #28) of one run (its overview) or several (compare): the
+// The gradient noise scale chart of one run (its overview) or several (compare): the
 // `noise_scale` route's raw trace and signal, smoothed here, with a smoothing slider like TensorBoard's.
 // Hidden when no run asked for has the scalars, so nothing changes for runs without them.
 

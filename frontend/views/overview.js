@@ -62,7 +62,7 @@ export class OverviewView {
     this.plot.appendChild(this.axis);
     this.grid = h("div", { class: "lg-heat-grid" }, this.labels, this.plot, this.chips);
     this.zoomBox = h("div", { class: "lg-zoom" });
-    // The run's gradient noise scale (issue #28), when it was recorded.
+    // The run's gradient noise scale, when it was recorded.
     this.noise = new NoiseScalePanel();
     this.el = h("section", { class: "lg-view lg-overview", dataset: { view: "overview" } }, this.toolbar, this.message, this.summary, this.zoomBox, this.legend, this.grid, this.noise.el);
     this._resize = new ResizeObserver(() => {
@@ -81,7 +81,7 @@ export class OverviewView {
     return state.run && anyExamples(findRun(this.app.runs, state.run)) ? [state.run] : [];
   }
 
-  /** The colour statistics the run offers: the per-example ones (issue #28) only when it has such records. */
+  /** The colour statistics the run offers: the per-example ones only when it has such records. */
   _stats(state) {
     const of = this._of(state);
     const ex = of !== "activation" && hasExamples(findRun(this.app.runs, state.run), state.target, state.source);

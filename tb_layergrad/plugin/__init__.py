@@ -14,7 +14,7 @@ Modules, one job each (the reading itself is `tb_layergrad.reader`'s):
   prefetch   -- reading the runs' statistics ahead of the tab, in the background
   routes     -- one handler per JSON route (docs/HTTP_API.md)
   bodies     -- the JSON of the `runs` and `anomalies` routes, from the reader's results
-  example_bodies -- the JSON of the `examples` and `noise_scale` routes (per-example records, issue #28)
+  example_bodies -- the JSON of the `examples` and `noise_scale` routes (per-example records)
   listing    -- `list_tensors` without walking every stored record again (Python loader)
   params     -- query-string validation (400s)
   responses  -- strict JSON/CSV bodies and the JSON error wrapper

@@ -492,7 +492,7 @@ class Routes:
         )
         return json_response(request, bodies.anomalies_body(result, layer))
 
-    # -- per-example records and the noise scale (issue #28) -----------------------------------
+    # -- per-example records and the noise scale -----------------------------------
 
     def _examples_matrix(self, request: wrappers.Request, stat: str) -> wrappers.Response:
         args = request.args

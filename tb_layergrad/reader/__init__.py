@@ -9,7 +9,7 @@ Modules, one job each:
   series         -- reading tensors of a run/tag set, step selection, stored and derived statistics
   stats_store    -- stats series kept as tables while TensorBoard reports them unchanged
   layer_points   -- a layer's points of any kind, whatever format version wrote them (every reader reads here)
-  examples       -- per-example records (kind `examples`) as tables, and their bins (issue #28)
+  examples       -- per-example records (kind `examples`) as tables, and their bins
   anomalies      -- the anomaly rules of docs/ANOMALIES.md, pure numpy (public: `tb_layergrad.anomalies`)
   run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
   event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow

@@ -48,7 +48,7 @@ from tb_layergrad.summary.write import read_step, recording, resolve_step, when,
 __all__ = ["activations", "gradient", "gradients", "timesteps"]
 
 _NO_REPLICAS = (
-    "per-example records of gradients returned from strategy.run are not written (issue #28): write "
+    "per-example records of gradients returned from strategy.run are not written: write "
     "them inside strategy.run (replica context: every replica's norms are gathered), or pass per_example=False"
 )
 
