@@ -71,14 +71,14 @@ def write_lstm_run(logdir: str, steps: int = 60) -> None:
         with writer.as_default(step=optimizer.iterations):
             tb_layergrad.summary.gradients(grads, max_elements=24 * 24)
             for path, g in aux.outputs.items():
-                tb_layergrad.summary.gradient(path, g, target="pred_sq", layer_index=aux.entry(path).index)
+                tb_layergrad.summary.ops.write_tensor(path, g, target="pred_sq", index=aux.entry(path).index)
             # Per-timestep norms of the first LSTM's output gradient (return_sequences=True: one h_t per step).
             # An illustration only: GradientLogger(timesteps=True) records the total dL/dh_t.
             g = grads["seq_model/lstm"]
-            tb_layergrad.summary.timesteps(
+            tb_layergrad.summary.ops.write_timesteps(
                 "seq_model/lstm",
                 tf.sqrt(tf.reduce_sum(tf.square(g), axis=[0, 2])),
-                layer_index=grads.entry("seq_model/lstm").index,
+                index=grads.entry("seq_model/lstm").index,
             )
 
     for step in range(steps):

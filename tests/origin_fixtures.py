@@ -176,33 +176,29 @@ def write_origin_logdir(logdir: str, runs=RUNS) -> Written:
                 for layer, index in _layers(run):
                     if run in WITH_ACTIVATIONS:
                         a = activation(run, layer, index, step)
-                        summary.gradient(
+                        summary.ops.write_tensor(
                             layer,
                             tf.constant(a),
                             step=step,
-                            format_version=1,
                             buckets=BUCKETS,
                             source="activation",
                             target="forward",
-                            layer_index=index,
+                            index=index,
                         )
                         put(run, "forward", "activation", layer, step, a)
                     g = output_gradient(run, layer, index, step)
-                    summary.gradient(
-                        layer, tf.constant(g), step=step, format_version=1, buckets=BUCKETS, layer_index=index
-                    )
+                    summary.ops.write_tensor(layer, tf.constant(g), step=step, buckets=BUCKETS, index=index)
                     put(run, "loss", "output", layer, step, g)
                 if run != HTML:
                     for layer, index in WEIGHTS:
                         g = weight_gradient(run, layer, index, step)
-                        summary.gradient(
+                        summary.ops.write_tensor(
                             layer,
                             tf.constant(g),
                             step=step,
-                            format_version=1,
                             buckets=BUCKETS,
                             source="weight",
-                            layer_index=index,
+                            index=index,
                         )
                         put(run, "loss", "weight", layer, step, g)
                 if run in WITH_TARGET:
@@ -224,11 +220,10 @@ def write_origin_logdir(logdir: str, runs=RUNS) -> Written:
                             metadata=metadata.create_summary_metadata(info),
                         )
                     else:
-                        summary.gradient(
+                        summary.histogram_and_stats(
                             "loss",
                             tf.constant(v),
                             step=step,
-                            format_version=1,
                             buckets=BUCKETS,
                             source="target",
                             target="loss",

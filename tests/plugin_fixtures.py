@@ -79,7 +79,8 @@ def write_small_logdir(logdir: str) -> Written:
     """Two runs, two targets, weight and output sources, raw tensors, timesteps, NaN/Inf."""
     import tensorflow as tf
 
-    from tb_layergrad import reductions, summary
+    from tb_layergrad import summary
+    from tb_layergrad.statistics import special_records
     from tb_layergrad.summary import backend  # what the writer computes the records with
 
     w = Written(logdir, {}, {}, {}, {}, {layer: i for layer, i, _ in LAYERS})
@@ -98,15 +99,14 @@ def write_small_logdir(logdir: str) -> Written:
                         targets.append(AUX_TARGET)
                     for target in targets:
                         x = layer_data(run, target, layer, step)
-                        summary.gradient(
+                        summary.ops.write_tensor(
                             layer,
                             tf.constant(x),
                             step=step,
-                            format_version=1,
                             buckets=BUCKETS,
                             target=target,
                             source=source,
-                            layer_index=index,
+                            index=index,
                             max_elements=TENSOR_MAX_ELEMENTS if layer == TENSOR_LAYER else 0,
                         )
                         key = (run, target, source, layer)
@@ -115,21 +115,20 @@ def write_small_logdir(logdir: str) -> Written:
                         put(w.hist, key, step, h.numpy())
                         put(w.stats, key, step, s.numpy())
                 if run == "train":
-                    summary.gradient(
+                    summary.ops.write_tensor(
                         UNUSED_LAYER[0],
                         None,
                         step=step,
-                        format_version=1,
                         buckets=BUCKETS,
-                        layer_index=UNUSED_LAYER[1],
+                        index=UNUSED_LAYER[1],
                         elements=10,
                     )
-                    h, s = reductions.no_gradient_records(10, BUCKETS)
+                    h, s = special_records.no_gradient_records(10, BUCKETS)
                     key = (run, metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, UNUSED_LAYER[0])
                     put(w.hist, key, step, h.numpy())
                     put(w.stats, key, step, s.numpy())
                 norms = timestep_norms(run, step)
-                summary.timesteps(RNN_LAYER, tf.constant(norms), step=step, layer_index=w.indices[RNN_LAYER])
+                summary.ops.write_timesteps(RNN_LAYER, tf.constant(norms), step=step, index=w.indices[RNN_LAYER])
                 put(w.timesteps, (run, RNN_LAYER), step, norms)
         writer.close()
     return w
@@ -156,7 +155,7 @@ def write_big_logdir(logdir: str, steps: int = BIG_STEPS) -> None:
                     x = tf.fill([3, 4], tf.cast(step, tf.float32) + float(i))
                     if i == 0:
                         x = tf.where(tf.equal(step, BIG_NAN_STEP), x * float("nan"), x)
-                    summary.gradient(name, x, step=step, format_version=1, buckets=4, layer_index=i)
+                    summary.ops.write_tensor(name, x, step=step, buckets=4, index=i)
 
     write_all()
     writer.close()
@@ -313,20 +312,46 @@ Record = Tuple[int, str, "metadata.SeriesInfo", np.ndarray]  # (step, tag, info,
 
 
 def read_run_records(run_dir: str) -> List[Record]:
-    """Every layergrad record of a version-1 run directory, in file order, its info from the tag's metadata."""
+    """Every layergrad record of a run directory as version 1 lays them out (a record per layer, kind and step),
+    in file order, its info from the tag's metadata: the writer's version-2 records are cut into their rows,
+    a histogram's edges put back from its row's stats (`metadata.histogram_edges`, as every reader does)."""
     import glob
 
     import tensorflow as tf
 
-    infos: Dict[str, metadata.SeriesInfo] = {}
-    out: List[Record] = []
+    infos: Dict[str, metadata.Info] = {}
+    read: List[Tuple[int, str, metadata.Info, np.ndarray]] = []
     for path in sorted(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))):
         for event in tf.compat.v1.train.summary_iterator(path):
             for value in event.summary.value:
                 if value.HasField("metadata") and value.metadata.plugin_data.plugin_name == metadata.PLUGIN_NAME:
                     infos.setdefault(value.tag, metadata.parse_plugin_content(value.metadata.plugin_data.content))
                 if value.tag in infos:
-                    out.append((int(event.step), value.tag, infos[value.tag], tf.make_ndarray(value.tensor)))
+                    read.append((int(event.step), value.tag, infos[value.tag], tf.make_ndarray(value.tensor)))
+    stats = {
+        (step, m.target, m.source, m.layer): row
+        for step, _, info, value in read
+        if isinstance(info, metadata.GroupInfo) and info.kind == metadata.KIND_STATS
+        for m, row in zip(info.members(), value)
+    }
+    out: List[Record] = []
+    for step, tag, info, value in read:
+        if not isinstance(info, metadata.GroupInfo):
+            out.append((step, tag, info, value))
+            continue
+        for m, row in zip(info.members(), value):
+            layer = dataclasses.replace(m, version=metadata.LAYER_RECORD_VERSION)
+            if info.kind == metadata.KIND_HISTOGRAM:
+                st = stats[(step, m.target, m.source, m.layer)]
+                left, right = metadata.histogram_edges(
+                    st[metadata.STAT_INDEX["min"]], st[metadata.STAT_INDEX["max"]], row.size
+                )
+                row = np.stack([left, right, row.astype(np.float64)], axis=1)
+            elif info.kind == metadata.KIND_FIRST_NONFINITE:
+                if row < 0:
+                    continue
+                row = np.asarray([row], np.int64)
+            out.append((step, layer.tag, layer, row))
     return out
 
 
@@ -416,8 +441,8 @@ def write_records(run_dir: str, records, metadata_once: bool = True) -> None:
 
 
 def write_twin_runs(src_run_dir: str, logdir: str, run: str, reorder_at: Optional[int] = None) -> Tuple[str, str]:
-    """Runs `run` (version 1) and `run_v2` (the same numbers as version 2) in `logdir`, from a version-1 run;
-    both with `first_nonfinite` records. Returns their names."""
+    """Runs `run` (version 1) and `run_v2` (the same numbers as version 2) in `logdir`, from a run the writer
+    wrote (`read_run_records`); both with `first_nonfinite` records. Returns their names."""
     records = read_run_records(src_run_dir)
     records = records + first_nonfinite_records(records)
     records.sort(key=lambda r: r[0])

@@ -242,15 +242,15 @@ def write_planted_logdir(logdir: str) -> Planted:
             summary.gradients(grads, step=step)
             if step in SPARSE_STEPS:
                 arrays[(SPARSE, step)] = planted_array(SPARSE, step)
-                summary.gradient(SPARSE, tf.constant(arrays[(SPARSE, step)]), step=step, layer_index=5)
+                summary.ops.write_tensor(SPARSE, tf.constant(arrays[(SPARSE, step)]), step=step, index=5)
             ts[step] = planted_timesteps(step)
-            summary.timesteps(RNN_LAYER, tf.constant(ts[step]), step=step, layer_index=1)
-            summary.gradient(
+            summary.ops.write_timesteps(RNN_LAYER, tf.constant(ts[step]), step=step, index=1)
+            summary.ops.write_tensor(
                 "net/dense/kernel",
                 tf.constant(planted_array("net/head", step)),
                 step=step,
                 source="weight",
-                layer_index=1,
+                index=1,
             )
     writer.close()
     # Layer paths longer than any terminal column.
@@ -290,8 +290,8 @@ def write_sampled_logdir(logdir: str) -> None:
                 if run == "tracked":
                     summary.gradients({"m/a": tf.constant(a), "m/b": tf.constant(b)}, step=step)
                 else:
-                    summary.gradient("m/a", tf.constant(a), step=step, layer_index=0)
-                    summary.gradient("m/b", tf.constant(b), step=step, layer_index=1)
+                    summary.ops.write_tensor("m/a", tf.constant(a), step=step, index=0)
+                    summary.ops.write_tensor("m/b", tf.constant(b), step=step, index=1)
         writer.close()
 
 

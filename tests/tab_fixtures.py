@@ -177,20 +177,20 @@ def write_tab_logdir(
                 for layer, index, source, targets in _series(run, layers):
                     for target in targets:
                         x = layer_array(run, target, layer, step)
-                        summary.gradient(
+                        summary.ops.write_tensor(
                             layer,
                             tf.constant(x),
                             step=step,
                             buckets=BUCKETS,
                             target=target,
                             source=source,
-                            layer_index=index,
+                            index=index,
                             max_elements=TENSOR_MAX_ELEMENTS if has_tensor(layer, step) else 0,
                         )
                         written.arrays.setdefault((run, target, source, layer), {})[step] = x
                 if run not in HOSTILE_RUNS:
                     norms = timestep_norms(run, step)
-                    summary.timesteps(RNN_LAYER, tf.constant(norms), step=step, layer_index=dict(LAYERS)[RNN_LAYER])
+                    summary.ops.write_timesteps(RNN_LAYER, tf.constant(norms), step=step, index=dict(LAYERS)[RNN_LAYER])
                     written.timesteps.setdefault(run, {})[step] = norms
         writer.close()
     return written
@@ -208,14 +208,14 @@ def append_steps(logdir: str, run: str, steps: List[int]) -> None:
             for layer, index, source, targets in _series(run, LAYERS):
                 for target in targets:
                     x = layer_array(run, target, layer, step)
-                    summary.gradient(
+                    summary.ops.write_tensor(
                         layer,
                         tf.constant(x),
                         step=step,
                         buckets=BUCKETS,
                         target=target,
                         source=source,
-                        layer_index=index,
+                        index=index,
                     )
     writer.close()
 

@@ -1,7 +1,8 @@
 """Format version 2 as written (docs/FORMAT.md): one record per step per (target, source), read back raw.
 
 The records are decoded here from the event files (no tb_layergrad reader) and checked against an
-independent numpy computation; the same step written as version 1 gives the same numbers.
+independent numpy computation; the data the version-1 writer wrote (tests/data/format_v1), written again now,
+holds the same numbers.
 """
 
 from __future__ import annotations
@@ -114,24 +115,43 @@ def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fus
         np.testing.assert_array_equal(counts[row].astype(np.int64), _bucket_counts(x, 30))
 
 
-def test_version_1_and_version_2_of_one_step_hold_the_same_numbers(tmp_path):
-    """The same gradients written both ways: every histogram, stats and first_nonfinite value is equal."""
-    grads = _gradients(2)
-    for version in (1, 2):
-        writer = tf.summary.create_file_writer(str(tmp_path / f"v{version}"))
-        with writer.as_default():
-            for step in (1, 2):
-                tb_layergrad.summary.gradients(grads, step=step, format_version=version)
-        writer.close()
-    v1, v2 = read_all(str(tmp_path / "v1"))["."], read_all(str(tmp_path / "v2"))["."]
-    assert sorted(v1) == sorted(v2)
-    for tag, (info, datums) in v1.items():
-        assert info.version == 1 and v2[tag][0].version == 2
-        assert [d.step for d in datums] == [d.step for d in v2[tag][1]]
-        for a, b in zip(datums, v2[tag][1]):
-            np.testing.assert_array_equal(a.numpy, b.numpy, err_msg=tag)
-    stored = read_all(str(tmp_path / "v2"), split_groups=False)["."]
-    assert all(isinstance(info, metadata.GroupInfo) for info, _ in stored.values()) and len(stored) == 3
+def test_the_same_numbers_as_the_version_1_writer_wrote(tmp_path):
+    """tests/data/format_v1 again, written now: the same gradients (its README says how they were drawn) give
+    every histogram, stats and first_nonfinite value the version-1 writer wrote, as version 2."""
+    import json
+
+    from tb_layergrad.capturing.gradient_map import Entry, GradientMap
+
+    data = os.path.join(os.path.dirname(__file__), "data", "format_v1")
+    layers = [
+        ("model/dense", "output", 1, (4, 3)),
+        ("model/dense/kernel", "weight", 1, (2, 3)),
+        ("model/dense_1", "output", 2, (4, 2)),
+    ]
+    rng = np.random.default_rng(20261206)
+    writer = tf.summary.create_file_writer(str(tmp_path / "train"))
+    with writer.as_default():
+        for step in range(6):
+            entries = {}
+            for path, source, index, shape in layers:
+                x = rng.normal(scale=1.0 + step, size=shape).astype(np.float32)
+                x.reshape(-1)[1] = 0.0
+                if step == 3 and path == "model/dense":
+                    x.reshape(-1)[0], x.reshape(-1)[5] = np.nan, np.inf
+                entries[path] = Entry(tf.constant(x), source, index, x.size, "float32")
+            gmap = GradientMap(entries, "loss", target_value=tf.constant(np.float32(2.0 / (1 + step))))
+            tb_layergrad.summary.gradients(gmap, step=step, buckets=10)
+    writer.close()
+    with open(os.path.join(data, "expected.json")) as f:
+        records = json.load(f)["records"]
+    now = read_all(str(tmp_path))["train"]
+    assert sorted(now) == sorted({r["tag"] for r in records})
+    for r in records:
+        (datum,) = [d for d in now[r["tag"]][1] if d.step == r["step"]]
+        value = np.asarray([np.nan if v is None else v for v in r["value"]]).reshape(r["shape"])
+        np.testing.assert_array_equal(np.asarray(datum.numpy, np.float64), value, err_msg=f"{r['tag']} {r['step']}")
+    stored = read_all(str(tmp_path), split_groups=False)["train"]
+    assert all(isinstance(info, metadata.GroupInfo) for info, _ in stored.values())
 
 
 def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(tmp_path):
@@ -173,24 +193,20 @@ def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(t
     assert [d.step for d in series["loss/output/m/c/stats"][1]] == [3]
 
 
-def test_gradient_logger_writes_version_2_by_default_and_version_1_on_request(tmp_path):
+def test_gradient_logger_writes_version_2(tmp_path):
     import keras
 
     x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
     y = np.zeros([16, 1], np.float32)
-    for version, expected in ((None, metadata.GroupInfo), (1, metadata.SeriesInfo)):
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")], name="mlp"
-        )
-        model.compile(optimizer="sgd", loss="mse")
-        logdir = str(tmp_path / f"v{version}")
-        kwargs = {} if version is None else {"format_version": version}
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir, **kwargs)])
-        stored = read_all(logdir, split_groups=False)["train"]
-        assert {type(info) for info, _ in stored.values()} == {expected}
-        assert {d.step for d in read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
-    with pytest.raises(ValueError, match="format_version"):
-        tb_layergrad.GradientLogger(str(tmp_path / "bad"), format_version=3)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")], name="mlp"
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    logdir = str(tmp_path / "logs")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir)])
+    stored = read_all(logdir, split_groups=False)["train"]
+    assert {type(info) for info, _ in stored.values()} == {metadata.GroupInfo}
+    assert {d.step for d in read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])

@@ -109,15 +109,6 @@ def test_same_layer_list_digest_and_block_as_the_stats(tmp_path):
     assert ("forward", "activation", "examples") not in groups and ("loss", "target", "examples") not in groups
 
 
-def test_format_version_1_with_per_example_is_a_clear_error(tmp_path):
-    model, x, y = _mlp()
-    grads = _step(model, x, y)
-    with tf.summary.create_file_writer(str(tmp_path)).as_default():
-        with pytest.raises(ValueError, match="format version 2"):
-            tb_layergrad.summary.gradients(grads, step=0, format_version=1)
-        tb_layergrad.summary.gradients(grads, step=0, format_version=1, per_example=False)  # explicitly without
-
-
 def test_no_writer_writes_and_computes_nothing(tmp_path):
     model, x, y = _mlp()
     assert not bool(tb_layergrad.summary.gradients(_step(model, x, y), step=0))

@@ -239,9 +239,9 @@ def test_matrix_aligns_layers_with_different_steps(tmp_path):
     writer = tf.summary.create_file_writer(str(tmp_path / "run"))
     with writer.as_default():
         for step in range(6):
-            summary.gradient("a", tf.fill([2], float(step)), step=step, layer_index=0)
+            summary.ops.write_tensor("a", tf.fill([2], float(step)), step=step, index=0)
             if step % 2:
-                summary.gradient("b", tf.fill([2], -float(step)), step=step, layer_index=1)
+                summary.ops.write_tensor("b", tf.fill([2], -float(step)), step=step, index=1)
     writer.close()
     body = get_json(InProcess(str(tmp_path)), "matrix", {"run": "run", "stat": "max"})
     assert body["layers"] == ["a", "b"]
@@ -480,7 +480,7 @@ def test_live_training_new_steps_appear_on_next_request(tmp_path):
         writer = tf.summary.create_file_writer(str(tmp_path / "live"))
         with writer.as_default():
             for step in steps:
-                summary.gradient("net/layer", tf.fill([3], float(step + 1)), step=step, layer_index=0)
+                summary.ops.write_tensor("net/layer", tf.fill([3], float(step + 1)), step=step, index=0)
         writer.flush()
         return writer
 

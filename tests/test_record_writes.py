@@ -16,6 +16,7 @@ from tensorboard.backend.event_processing import event_file_loader
 
 import tb_layergrad
 from tb_layergrad import fused_kernel, metadata
+from tb_layergrad.kernel.ops import Condition, Groups
 from tb_layergrad.summary import backend, writer_state
 from tb_layergrad.summary.plan import Plan, Series
 from tb_layergrad.summary.write import write_step
@@ -64,7 +65,14 @@ def _events(logdir: str) -> dict:
     return out
 
 
-def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch, format_version: int = 1) -> None:
+def _fused(writer, record, step, infos, tensors, track_nonfinite=True, **condition):
+    """`backend.write_fused` of one group (`infos`, one target and source) at `step`, when `record`."""
+    plan = Plan(tuple(Series(i, x) for i, x in zip(infos, tensors)), track_nonfinite=track_nonfinite)
+    at = Condition(record=record, step=step, **condition)
+    return backend.write_fused(writer._resource, plan, [plan.series], at, writer)  # noqa: SLF001
+
+
+def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> None:
     """Write the records of `tensors` at each step, through the fused op or (`per_record`) tf.summary.write."""
     if per_record:
         monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
@@ -74,7 +82,7 @@ def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch, for
     def write(xs, at):
         with tf.summary.record_if(True):
             series = tuple(Series(info, x) for info, x in zip(_series(len(xs)), xs))
-            write_step(Plan(series, buckets=30, description="why", format_version=format_version), at)
+            write_step(Plan(series, buckets=30, description="why"), at)
 
     with writer.as_default():
         for step in steps:
@@ -84,37 +92,11 @@ def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch, for
 
 
 def test_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, monkeypatch):
-    """Format version 1: histogram, stats and first_nonfinite records, the same bytes through the op as through
-    tf.summary.write."""
-    tensors = _tensors()
+    """One record per kind for the group, the same bytes through the op as through tf.summary.write, the
+    metadata in each tag's first record only, the counts in the narrowest type."""
+    tensors = [t for t in _tensors() if t.dtype != tf.float64]  # a group is fused only if every tensor is the op's
     _write(str(tmp_path / "fused"), tensors, [7, 9], False, monkeypatch)
     _write(str(tmp_path / "plain"), tensors, [7, 9], True, monkeypatch)
-    fused, plain = _events(str(tmp_path / "fused")), _events(str(tmp_path / "plain"))
-    # 6 tensors x 2 steps x (histogram, stats), and first_nonfinite for the one with a NaN at both steps.
-    assert len(fused) == 6 * 2 * 2 + 2 and sorted(fused) == sorted(plain)
-    for key in plain:
-        assert fused[key].SerializeToString() == plain[key].SerializeToString(), key
-    first_tag = metadata.SeriesInfo(**{**_series(6)[1].__dict__, "kind": metadata.KIND_FIRST_NONFINITE}).tag
-    assert [int(tf.make_ndarray(fused[(s, first_tag)].tensor)[0]) for s in (7, 9)] == [7, 7]
-    # Real numbers, not just equal ones: the big tensor's counts, and one histogram against numpy.
-    big = fused[(7, _series(6)[1].tag)]
-    stats = tf.make_ndarray(big.tensor)
-    assert stats[metadata.STAT_INDEX["nan"]] == 1 and stats[metadata.STAT_INDEX["pos_inf"]] == 1
-    hist_info = metadata.SeriesInfo(**{**_series(6)[0].__dict__, "kind": metadata.KIND_HISTOGRAM})
-    hist = tf.make_ndarray(fused[(7, hist_info.tag)].tensor)
-    x = tensors[0].numpy().astype(np.float64).ravel()
-    counts, _ = np.histogram(x, bins=30, range=(x.min(), x.max()))
-    assert hist.shape == (30, 3) and hist[0, 0] == x.min() and hist[-1, 1] == x.max()
-    assert np.abs(hist[:, 2] - counts).sum() <= 2  # float32 bucket indices may move an edge element
-    assert fused[(7, hist_info.tag)].metadata.summary_description == "why"
-
-
-def test_version_2_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, monkeypatch):
-    """Format version 2: one record per kind for the group, the same bytes through the op as through
-    tf.summary.write, the metadata in each tag's first record only, the counts in the narrowest type."""
-    tensors = [t for t in _tensors() if t.dtype != tf.float64]  # a group is fused only if every tensor is the op's
-    _write(str(tmp_path / "fused"), tensors, [7, 9], False, monkeypatch, format_version=2)
-    _write(str(tmp_path / "plain"), tensors, [7, 9], True, monkeypatch, format_version=2)
     fused, plain = _events(str(tmp_path / "fused")), _events(str(tmp_path / "plain"))
     group = metadata.GroupInfo.of(metadata.KIND_STATS, _series(len(tensors)))
     tags = {
@@ -183,18 +165,23 @@ def test_without_a_file_writer_nothing_is_written_and_nothing_fails():
 
 def test_mismatched_series_are_refused(tmp_path):
     writer = tf.summary.create_file_writer(str(tmp_path))
-    one = [("a", b"")]
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one tag and one metadata per input"):
+    one = (("a", b""),)
+    groups = Groups(sizes=(2,), block_steps=(1,), histogram=one + one, stats=one)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one tag and one metadata per group"):
         fused_kernel.write_histograms_and_stats(
-            writer._resource,
-            True,
-            tf.constant(1, tf.int64),
+            writer._resource,  # noqa: SLF001
             [tf.ones([3]), tf.ones([2])],
             5,
-            one,
-            one,  # noqa: SLF001
-            tf.constant([-1, -1], tf.int64),
-            one,
+            groups,
+            Condition(record=tf.constant(True), step=tf.constant(1, tf.int64)),
+        )
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="add up to the number of input tensors"):
+        fused_kernel.write_histograms_and_stats(
+            writer._resource,  # noqa: SLF001
+            [tf.ones([3])],
+            5,
+            dataclasses.replace(groups, histogram=one),
+            Condition(record=tf.constant(True), step=tf.constant(1, tf.int64)),
         )
 
 
@@ -203,13 +190,10 @@ def test_flush_puts_the_step_on_disk_before_the_writer_closes(tmp_path, flush):
     """GradientLogger's in-step writes flush (records before a crash are kept); without flush they wait in the queue."""
     writer = tf.summary.create_file_writer(str(tmp_path), max_queue=1000, flush_millis=10**9)
     series = _series(1)
-    backend.write_fused(
-        writer._resource, tf.constant(True), tf.constant(5, tf.int64), series, [tf.ones([4])], 30, flush=flush
-    )  # noqa: SLF001
-    on_disk = _events(str(tmp_path))
-    assert sorted(on_disk) == (
-        [(5, series[0].tag.replace("/stats", "/histogram")), (5, series[0].tag)] if flush else []
-    )
+    _fused(writer, tf.constant(True), tf.constant(5, tf.int64), series, [tf.ones([4])], flush=flush)
+    group = metadata.GroupInfo.of(metadata.KIND_STATS, series)
+    tags = [group.with_kind(k).tag_at(5) for k in (metadata.KIND_HISTOGRAM, metadata.KIND_STATS)]
+    assert sorted(_events(str(tmp_path))) == (sorted((5, tag) for tag in tags) if flush else [])
     writer.close()
     assert len(_events(str(tmp_path))) == 2
 
@@ -233,17 +217,16 @@ def test_first_nonfinite_is_kept_per_writer_written_to(tmp_path):
     info = _series(1)[0]
     for step, (name, data) in enumerate((("nan_run", [1.0, np.nan]), ("clean_run", [1.0, 2.0])), start=3):
         written = write_step(
-            Plan((Series(info, tf.constant(data)),), format_version=1),
-            step,
-            record=tf.constant(True),
-            writer=runs[name],
+            Plan((Series(info, tf.constant(data)),)), step, record=tf.constant(True), writer=runs[name]
         )
         assert bool(written)
         runs[name].close()
-    first_tag = dataclasses.replace(info, kind=metadata.KIND_FIRST_NONFINITE).tag
+    group = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
+    first_tag = group.with_kind(metadata.KIND_FIRST_NONFINITE).tag_at(3)
     nan_run, clean_run = _events(str(tmp_path / "nan_run")), _events(str(tmp_path / "clean_run"))
-    assert int(tf.make_ndarray(nan_run[(3, first_tag)].tensor)[0]) == 3
-    assert sorted(clean_run) == [(4, info.tag.replace("/stats", "/histogram")), (4, info.tag)]
+    assert tf.make_ndarray(nan_run[(3, first_tag)].tensor).tolist() == [3]
+    kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS)
+    assert sorted(clean_run) == sorted((4, group.with_kind(k).tag_at(4)) for k in kinds)
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16])
@@ -264,16 +247,16 @@ def test_the_check_of_an_unrecorded_step_finds_each_nan_and_inf(tmp_path, dtype,
     xs = [tf.cast(tf.constant(t), dtype) for t in tensors]
     series = _series(5)
     for record_if in (False, True):
-        written, nonfinite, stats = backend.write_fused(
-            writer._resource,
+        out = _fused(
+            writer,
             tf.constant(False),
             tf.constant(3, tf.int64),
             series,
             xs,
-            30,  # noqa: SLF001
             track_nonfinite=False,
             record_if_nonfinite=tf.constant(record_if),
         )
+        written, nonfinite, stats = out.written, out.nonfinite, out.stats
         assert nonfinite.numpy().tolist() == [False, True, True, True, False]
         assert bool(written) == record_if
         # The stats as written come out too (zeros when nothing was): the NaN/Inf counts name the same tensors.
@@ -282,14 +265,14 @@ def test_the_check_of_an_unrecorded_step_finds_each_nan_and_inf(tmp_path, dtype,
     writer.close()
     assert sorted({step for step, _ in _events(str(tmp_path))}) == [3]  # written once: when asked to
     other = tf.summary.create_file_writer(str(tmp_path / "clean"))
-    clean_written, clean, _ = backend.write_fused(
-        other._resource,
+    out = _fused(
+        other,
         tf.constant(False),
         tf.constant(4, tf.int64),
-        series[:1],  # noqa: SLF001
+        series[:1],
         xs[:1],
-        30,
         track_nonfinite=False,
         record_if_nonfinite=tf.constant(True),
     )
+    clean_written, clean = out.written, out.nonfinite
     assert not bool(clean_written) and clean.numpy().tolist() == [False]  # all finite: nothing written

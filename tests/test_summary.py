@@ -43,7 +43,7 @@ def test_planted_nan_inf_stats_and_histogram(tmp_path):
     a[2, 2] = -np.inf
     a[3, 3:6] = 0.0
     a[5, 5] = np.nan
-    write(tmp_path, lambda: tb_layergrad.summary.gradient("model/dense", tf.constant(a), step=7, buckets=20))
+    write(tmp_path, lambda: tb_layergrad.summary.histogram_and_stats("model/dense", tf.constant(a), step=7, buckets=20))
     recs = read_all(str(tmp_path))["run"]
     hist = values_at(recs, "loss/output/model/dense/histogram", 7)
     stats = values_at(recs, "loss/output/model/dense/stats", 7)
@@ -66,7 +66,7 @@ def test_float_dtypes(tmp_path, dtype):
     rng = np.random.default_rng(1)
     a = rng.normal(size=(300,)) * 3
     t = tf.cast(tf.constant(a), dtype)
-    write(tmp_path, lambda: tb_layergrad.summary.gradient("g", t, step=1))
+    write(tmp_path, lambda: tb_layergrad.summary.histogram_and_stats("g", t, step=1))
     recs = read_all(str(tmp_path))["run"]
     assert_stats(values_at(recs, "loss/output/g/stats", 1), t, dtype.name)  # bounds in the compute dtype
     check_histogram(values_at(recs, "loss/output/g/histogram", 1), t, 30, dtype.name)
@@ -75,11 +75,11 @@ def test_float_dtypes(tmp_path, dtype):
 
 def test_empty_single_value_integer_and_no_gradient(tmp_path):
     def fn():
-        tb_layergrad.summary.gradient("empty", tf.zeros([0, 4]), step=0)
-        tb_layergrad.summary.gradient("single", tf.fill([5, 5], 0.25), step=0)
-        tb_layergrad.summary.gradient("ints", tf.constant([1, 2, 2, 3], tf.int32), step=0)
-        tb_layergrad.summary.gradient("none", None, step=0, elements=12)
-        tb_layergrad.summary.gradient("allnan", tf.constant([np.nan, np.inf]), step=0)
+        tb_layergrad.summary.histogram_and_stats("empty", tf.zeros([0, 4]), step=0)
+        tb_layergrad.summary.histogram_and_stats("single", tf.fill([5, 5], 0.25), step=0)
+        tb_layergrad.summary.histogram_and_stats("ints", tf.constant([1, 2, 2, 3], tf.int32), step=0)
+        tb_layergrad.summary.ops.write_tensor("none", None, step=0, elements=12)
+        tb_layergrad.summary.histogram_and_stats("allnan", tf.constant([np.nan, np.inf]), step=0)
 
     write(tmp_path, fn)
     recs = read_all(str(tmp_path))["run"]
@@ -99,11 +99,15 @@ def test_empty_single_value_integer_and_no_gradient(tmp_path):
 
 def test_bounded_raw_tensor(tmp_path):
     a = np.arange(6 * 50, dtype=np.float32).reshape(6, 5, 10)
-    write(tmp_path, lambda: tb_layergrad.summary.gradient("t", tf.constant(a), step=2, max_elements=120))
+    write(tmp_path, lambda: tb_layergrad.summary.histogram_and_stats("t", tf.constant(a), step=2, max_elements=120))
     recs = read_all(str(tmp_path))["run"]
     raw = values_at(recs, "loss/output/t/tensor", 2)
     np.testing.assert_array_equal(raw, a.reshape(6, 50)[:2])  # whole rows while they fit
-    write(tmp_path, lambda: tb_layergrad.summary.gradient("wide", tf.constant(a), step=2, max_elements=20), run="wide")
+    write(
+        tmp_path,
+        lambda: tb_layergrad.summary.histogram_and_stats("wide", tf.constant(a), step=2, max_elements=20),
+        run="wide",
+    )
     wide = values_at(read_all(str(tmp_path))["wide"], "loss/output/wide/tensor", 2)
     np.testing.assert_array_equal(wide, a.reshape(6, 50)[:1, ::3])  # one row, strided columns
 
@@ -140,8 +144,8 @@ def test_gradients_writes_a_capture_result_in_graph_mode(tmp_path):
 def test_record_if_false_writes_nothing(tmp_path):
     def fn():
         with tf.summary.record_if(False):
-            tb_layergrad.summary.gradient("g", tf.ones([3]), step=1)
-        tb_layergrad.summary.gradient("h", tf.ones([3]), step=1)
+            tb_layergrad.summary.histogram_and_stats("g", tf.ones([3]), step=1)
+        tb_layergrad.summary.histogram_and_stats("h", tf.ones([3]), step=1)
 
     write(tmp_path, fn)
     recs = read_all(str(tmp_path))["run"]
@@ -151,7 +155,7 @@ def test_record_if_false_writes_nothing(tmp_path):
 
 def test_step_is_required():
     with pytest.raises(ValueError, match="no step given"):
-        tb_layergrad.summary.gradient("g", tf.ones([2]))
+        tb_layergrad.summary.histogram_and_stats("g", tf.ones([2]))
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])

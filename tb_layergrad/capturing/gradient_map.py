@@ -22,8 +22,14 @@ from tb_layergrad import metadata, nonfinite_origin
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-    gradient: Any  # tf.Tensor, or None when the target does not depend on it
-    source: str  # metadata.SOURCE_OUTPUT, SOURCE_WEIGHT (or SOURCE_ACTIVATION: then `gradient` is the forward value)
+    """One tensor of a pass and what its records are tagged with.
+
+    `value` is a gradient for sources "output" and "weight" (None when the target does not depend on the
+    tensor) and the forward value itself for source "activation".
+    """
+
+    value: Any  # tf.Tensor, or None
+    source: str  # metadata.SOURCE_OUTPUT, SOURCE_WEIGHT or SOURCE_ACTIVATION
     index: int  # position in the model (pre-order), -1 if unknown
     elements: int = -1  # static element count when known (for "no gradient" records)
     dtype: str = ""
@@ -63,7 +69,7 @@ class GradientMap:
         self.per_example = per_example
 
     def __getitem__(self, path: str) -> Any:
-        return self._entries[path].gradient
+        return self._entries[path].value
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._entries)
@@ -84,10 +90,10 @@ class GradientMap:
         return self.as_dict().items()
 
     def get(self, path: str, default: Any = None) -> Any:
-        return self._entries[path].gradient if path in self._entries else default
+        return self._entries[path].value if path in self._entries else default
 
     def as_dict(self) -> Dict[str, Any]:
-        return {p: e.gradient for p, e in self._entries.items()}
+        return {p: e.value for p, e in self._entries.items()}
 
     def entry(self, path: str) -> Entry:
         return self._entries[path]
@@ -95,17 +101,17 @@ class GradientMap:
     @property
     def outputs(self) -> Dict[str, Any]:
         """Only the layer-output gradients."""
-        return {p: e.gradient for p, e in self._entries.items() if e.source == metadata.SOURCE_OUTPUT}
+        return {p: e.value for p, e in self._entries.items() if e.source == metadata.SOURCE_OUTPUT}
 
     @property
     def weights(self) -> Dict[str, Any]:
         """Only the weight gradients (present when capture(..., weights=True))."""
-        return {p: e.gradient for p, e in self._entries.items() if e.source == metadata.SOURCE_WEIGHT}
+        return {p: e.value for p, e in self._entries.items() if e.source == metadata.SOURCE_WEIGHT}
 
     @property
     def activations(self) -> Dict[str, Any]:
         """The layer outputs (forward values) of the same pass, when captured with `activations=True`; else empty."""
-        return {p: e.gradient for p, e in self._activations.items()}
+        return {p: e.value for p, e in self._activations.items()}
 
     def activation_entry(self, path: str) -> Entry:
         return self._activations[path]
@@ -132,9 +138,9 @@ class GradientMap:
 
         def seen(entries: Dict[str, Entry]) -> List[nonfinite_origin.Seen]:
             return [
-                nonfinite_origin.Seen(p, e.index, _nonfinite(e.gradient))
+                nonfinite_origin.Seen(p, e.index, _nonfinite(e.value))
                 for p, e in entries.items()
-                if e.gradient is not None
+                if e.value is not None
             ]
 
         by_source = {
@@ -151,13 +157,13 @@ class GradientMap:
 
     # tf.nest protocol: lets a GradientMap be returned from a tf.function.
     def __tf_flatten__(self):
-        keys = tuple((path, dataclasses.replace(e, gradient=None)) for path, e in self._entries.items())
-        acts = tuple((path, dataclasses.replace(e, gradient=None)) for path, e in self._activations.items())
+        keys = tuple((path, dataclasses.replace(e, value=None)) for path, e in self._entries.items())
+        acts = tuple((path, dataclasses.replace(e, value=None)) for path, e in self._activations.items())
         has_value = self.target_value is not None
         has_per_example = self.per_example is not None
         meta = (self.target, keys, len(self.variable_gradients), self.replicas, acts, has_value, has_per_example)
-        components = tuple(e.gradient for e in self._entries.values()) + tuple(self.variable_gradients)
-        components += tuple(e.gradient for e in self._activations.values())
+        components = tuple(e.value for e in self._entries.values()) + tuple(self.variable_gradients)
+        components += tuple(e.value for e in self._activations.values())
         components += (self.target_value,) if has_value else ()
         return meta, components + ((self.per_example,) if has_per_example else ())
 
@@ -165,10 +171,9 @@ class GradientMap:
     def __tf_unflatten__(cls, meta, components):
         target, keys, n_vars, replicas, acts, has_value, has_per_example = meta
         n, m = len(keys), len(acts)
-        entries = {path: dataclasses.replace(e, gradient=g) for (path, e), g in zip(keys, components[:n])}
+        entries = {path: dataclasses.replace(e, value=g) for (path, e), g in zip(keys, components[:n])}
         activations = {
-            path: dataclasses.replace(e, gradient=a)
-            for (path, e), a in zip(acts, components[n + n_vars : n + n_vars + m])
+            path: dataclasses.replace(e, value=a) for (path, e), a in zip(acts, components[n + n_vars : n + n_vars + m])
         }
         value = components[n + n_vars + m] if has_value else None
         per_example = components[-1] if has_per_example else None

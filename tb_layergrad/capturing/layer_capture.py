@@ -203,7 +203,7 @@ class Capture(LayerHooks):
         activations and the gradients written at one step come from one pass.
         """
         entries = self._activation_entries()
-        return LayerOutputs({p: e.gradient for p, e in entries.items()}, {p: e.index for p, e in entries.items()})
+        return LayerOutputs({p: e.value for p, e in entries.items()}, {p: e.index for p, e in entries.items()})
 
     def _activation_entries(self) -> Dict[str, Entry]:
         return {

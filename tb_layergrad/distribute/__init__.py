@@ -6,9 +6,7 @@ Modules:
 """
 
 from tb_layergrad.distribute.merge import (
-    MODES,
     Merged,
-    check_mode,
     holds_distributed_values,
     merge,
     merge_in_replica,
@@ -20,9 +18,7 @@ from tb_layergrad.distribute.merge import (
 from tb_layergrad.distribute.workers import NonChiefWriter, create_file_writer, is_chief
 
 __all__ = [
-    "MODES",
     "Merged",
-    "check_mode",
     "holds_distributed_values",
     "merge",
     "merge_in_replica",

@@ -17,29 +17,19 @@ per-replica results into what one device would have computed on the whole batch:
 cross-replica context on what `strategy.run` returned (`strategy.gather` /
 `strategy.reduce`, which may run on logged steps only). `merge_in_replica()`
 is the one merge every writer uses inside `strategy.run` (`summary.gradients`,
-the `fit()` step), in either mode: "gather" (the tensors, as `merge()`) or
-"stats" (`statistics.across_replicas`: only statistics cross replicas).
+the `fit()` step).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
-from tb_layergrad.statistics import across_replicas
-
-MODES = ("gather", "stats")
-
-
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"replicas must be one of {MODES}, got {mode!r}")
-    return mode
 
 
 def replica_context() -> Optional[Any]:
@@ -75,11 +65,11 @@ def per_replica_map(grads: Any) -> Any:
         return values[0] if len(values) == 1 or values[0] is None else PerReplica(tuple(values))
 
     first = maps[0]
-    entries = {p: dataclasses.replace(first.entry(p), gradient=regroup([m[p] for m in maps])) for p in first}
+    entries = {p: dataclasses.replace(first.entry(p), value=regroup([m[p] for m in maps])) for p in first}
     var_grads = [regroup([m.variable_gradients[i] for m in maps]) for i in range(len(first.variable_gradients))]
     value = None if first.target_value is None else regroup([m.target_value for m in maps])
     acts = {
-        p: dataclasses.replace(first.activation_entry(p), gradient=regroup([m.activations[p] for m in maps]))
+        p: dataclasses.replace(first.activation_entry(p), value=regroup([m.activations[p] for m in maps]))
         for p in first.activations
     }
     return GradientMap(entries, first.target, var_grads, activations=acts, target_value=value)
@@ -170,7 +160,7 @@ def _merged_entries(gmap: GradientMap, gather: Callable, reduce_sum: Callable, n
     for p in gmap:
         e = gmap.entry(p)
         if p in merged:
-            entries[p] = dataclasses.replace(e, gradient=merged[p])
+            entries[p] = dataclasses.replace(e, value=merged[p])
         elif e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:  # "no gradient": count the whole batch
             entries[p] = dataclasses.replace(e, elements=e.elements * n)
         else:
@@ -220,7 +210,7 @@ def _gathered_activations(gmap: GradientMap, gather: Callable) -> Dict[str, Entr
     """The layer outputs (forward values) of the global batch: gathered along axis 0, as their gradients are."""
     paths = list(gmap.activations)
     values = gather([gmap.activations[p] for p in paths]) if paths else []
-    return {p: dataclasses.replace(gmap.activation_entry(p), gradient=v) for p, v in zip(paths, values)}
+    return {p: dataclasses.replace(gmap.activation_entry(p), value=v) for p, v in zip(paths, values)}
 
 
 def _summed_target(gmap: GradientMap, ctx: Any) -> Any:
@@ -239,79 +229,27 @@ def _sum(ctx: Any, tensors: List[Any]) -> List[Any]:
 class Merged:
     """The global batch's gradients, as `merge_in_replica` leaves them for the records.
 
-    `gradients`: weights summed; layer outputs (and activations) gathered
-    ("gather") or left as this replica's shard ("stats": their records are in
-    `reduced`, keyed by (source, path)).
-    `timesteps`: per RNN probe, the gathered dL/dh_t ("gather") or the global
-    per-timestep norms [T] ("stats": `timesteps_are_norms`).
+    `gradients`: layer outputs (and activations) gathered, weights summed (`merge`);
+    `timesteps`: per RNN probe, dL/dh_t gathered along the batch.
     """
 
     gradients: GradientMap
-    reduced: Dict[Tuple[str, str], Tuple[Any, Any]]
     timesteps: Dict[str, Any]
-    timesteps_are_norms: bool
 
 
-def merge_in_replica(
-    gmap: GradientMap,
-    mode: str,
-    buckets: int,
-    ctx: Any,
-    timesteps: Optional[Dict[str, Any]] = None,
-    xla_safe: bool = False,
-) -> Merged:
-    """Inside `strategy.run`, at every step: the replicas' gradients merged into the global batch's.
+def merge_in_replica(gmap: GradientMap, ctx: Any, timesteps: Optional[Dict[str, Any]] = None) -> Merged:
+    """Inside `strategy.run`, at every step: `merge()`, plus the per-timestep gradients gathered along the batch.
 
-    "gather": `merge()`, plus the per-timestep gradients gathered along the batch.
-    "stats": weight gradients summed (they are partial sums, and small), layer
-    outputs reduced to records that cover every replica
-    (`across_replicas.merged_histograms_and_stats`), per-timestep squared norms
-    summed. Every replica gets the same result.
+    Every replica gets the same result. The one merge every writer uses in replica context
+    (`summary.gradients`, the `fit()` step).
     """
     timesteps = dict(timesteps or {})
     keys = [k for k, g in timesteps.items() if g is not None]
     try:
-        if check_mode(mode) == "gather":
-            gathered = ctx.all_gather([timesteps[k] for k in keys], axis=0) if keys else []
-            return Merged(_merge_in_replica(gmap, ctx), {}, dict(zip(keys, gathered)), False)
-        n = ctx.num_replicas_in_sync
-        weights = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_WEIGHT]
-        outputs = [p for p in gmap if gmap[p] is not None and gmap.entry(p).source == metadata.SOURCE_OUTPUT]
-        acts = list(gmap.activations)
-        summed = dict(zip(weights, _sum(ctx, [gmap[p] for p in weights]) if weights else []))
-        records = across_replicas.merged_histograms_and_stats(
-            [gmap[p] for p in outputs] + [gmap.activations[p] for p in acts], buckets, ctx, xla_safe=xla_safe
-        )
-        squares = [_timestep_sumsq(timesteps[k]) for k in keys]  # this replica's share of each timestep's squared norm
-        norms = [tf.sqrt(v) for v in _sum(ctx, squares)] if keys else []
-        per_example = merge_per_example(gmap.per_example, ctx)
+        gathered = ctx.all_gather([timesteps[k] for k in keys], axis=0) if keys else []
+        return Merged(_merge_in_replica(gmap, ctx), dict(zip(keys, gathered)))
     except RuntimeError as e:
         raise _merge_call_error(e) from e
-    entries = {}
-    for p in gmap:
-        e = gmap.entry(p)
-        if p in summed:
-            e = dataclasses.replace(e, gradient=summed[p])
-        elif e.gradient is None and e.source == metadata.SOURCE_OUTPUT and e.elements >= 0:
-            e = dataclasses.replace(e, elements=e.elements * n)  # "no gradient": count the whole batch
-        entries[p] = e
-    merged = GradientMap(
-        entries,
-        gmap.target,
-        gmap.variable_gradients,
-        replicas=n,
-        activations={p: gmap.activation_entry(p) for p in acts},
-        target_value=_summed_target(gmap, ctx),
-        per_example=per_example,
-    )
-    keyed = [(metadata.SOURCE_OUTPUT, p) for p in outputs] + [(metadata.SOURCE_ACTIVATION, p) for p in acts]
-    return Merged(merged, dict(zip(keyed, records)), dict(zip(keys, norms)), True)
-
-
-def _timestep_sumsq(g: tf.Tensor, time_axis: int = 1) -> tf.Tensor:
-    """`rnn_probe.timestep_norms` before its square root: what sums over replicas."""
-    g = tf.cast(g, tf.float64)
-    return tf.reduce_sum(tf.square(g), axis=[a for a in range(g.shape.rank) if a != time_axis])
 
 
 def _merge_cross_replica(gmap: GradientMap, strategy: Any) -> GradientMap:

@@ -64,10 +64,8 @@ class StepConfig:
     max_elements: int
     every_n_steps: int
     xla: bool
-    replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
     activations: bool = False  # also the layer outputs' forward values (source "activation")
     on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
-    format_version: int = metadata.FORMAT_VERSION  # the on-disk layout (docs/FORMAT.md)
     histogram_every_n_steps: int = 1  # of the logged steps, those that also write histograms
     per_example: bool = False  # each example's own gradient norms of the loss (kind `examples`) and the noise scale
 
@@ -196,9 +194,7 @@ class FitStep:
             return main, None
 
         def auxiliary() -> plans.Plan:
-            plan = plans.Plan(
-                buckets=self.config.buckets, format_version=self.config.format_version, per_example=examples
-            )
+            plan = plans.Plan(buckets=self.config.buckets, per_example=examples)
             if shadow:
                 weights = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target)
                 only = weights.with_entries(
@@ -226,7 +222,7 @@ class FitStep:
     ) -> plans.Plan:
         """One target's records; `forward`: also the step's activations and the target's value; `with_value`: its value only."""
         cfg = self.config
-        entries = {p: dataclasses.replace(gmap.entry(p), gradient=_unscale(gmap[p], scale)) for p in gmap}
+        entries = {p: dataclasses.replace(gmap.entry(p), value=_unscale(gmap[p], scale)) for p in gmap}
         value = _unscale(gmap.target_value, scale) if (forward or with_value) else None
         acts = {p: gmap.activation_entry(p) for p in gmap.activations} if forward else None
         unscaled = GradientMap(entries, target, [], activations=acts, target_value=value)
@@ -236,23 +232,11 @@ class FitStep:
                 g = eps_grads.get(key)
                 eps[key] = tf.zeros_like(source) if g is None else _unscale(g, scale)
         ctx = distribute.replica_context()
-        merged = (
-            distribute.merge_in_replica(unscaled, cfg.replicas, cfg.buckets, ctx, eps, cfg.xla)
-            if ctx is not None
-            else None
-        )
+        merged = distribute.merge_in_replica(unscaled, ctx, eps) if ctx is not None else None
         plan = plans.from_gradients(
-            merged.gradients if merged else unscaled,
-            target,
-            cfg.max_elements,
-            cfg.buckets,
-            captured_dtypes=True,
-            format_version=cfg.format_version,
+            merged.gradients if merged else unscaled, target, cfg.max_elements, cfg.buckets, captured_dtypes=True
         )
-        if merged is not None:
-            plan = plans.with_merged_records(plan, merged.reduced)
         timesteps = merged.timesteps if merged is not None else eps
-        as_norms = merged is not None and merged.timesteps_are_norms
         steps = tuple(
             plans.timesteps(
                 key,
@@ -260,7 +244,7 @@ class FitStep:
                 index=probe.layer_index(key),
                 max_elements=cfg.max_elements,
                 dtype=probe.sources[key].dtype.name,
-                **{"norms" if as_norms else "gradient": value},
+                gradient=value,
             )
             for key, value in timesteps.items()
         )
@@ -344,5 +328,5 @@ class FitStep:
         grads = aux.gradient(aux_loss, [by_path[p] for p in paths]) if paths else []
         entries = {p: gmap.entry(p) for p in gmap}
         for p, g in zip(paths, grads):
-            entries[p] = dataclasses.replace(entries[p], gradient=g)
+            entries[p] = dataclasses.replace(entries[p], value=g)
         return GradientMap(entries, gmap.target, [])

@@ -9,13 +9,12 @@ from typing import Any, Callable, Dict, Mapping, Optional
 import numpy as np
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata
+from tb_layergrad import distribute
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.capturing.targets import check_target_shape, validate_targets
 from tb_layergrad.keras import fit_step as _fit_step
 from tb_layergrad.keras import model_facts, nonfinite_check, replica_payload, train_functions
-from tb_layergrad.summary import plan as plans
 
 _Base = tf.keras.callbacks.Callback  # tf_keras' under TF_USE_LEGACY_KERAS=1, Keras 3's otherwise
 _MISSING = object()
@@ -118,14 +117,8 @@ class GradientLogger(_Base):
             on logged steps only.
         buckets: histogram buckets per record.
         max_elements: when > 0, also log the raw gradient, bounded to this
-            many elements (`tb_layergrad.reductions.bounded_tensor`).
+            many elements (docs/FORMAT.md, kind `tensor`).
         run_name: subdirectory of `log_dir` to write to ("train", like Keras).
-        replicas: under a multi-replica strategy (MirroredStrategy,
-            MultiWorkerMirroredStrategy), how the replicas' gradients become
-            those of the global batch: "gather" (all-gather the tensors) or
-            "stats" (all-reduce only counts, sums, min/max and histogram counts
-            with shared edges; cheaper, cannot log raw tensors). Only the chief
-            writes. See docs/DISTRIBUTED.md.
         activations: also log the layer outputs themselves (forward values:
             histogram and statistics, source "activation"), from the same
             forward pass as the gradients of that step (the global batch's under
@@ -136,10 +129,6 @@ class GradientLogger(_Base):
             `tb_layergrad.NonFiniteError`, a FloatingPointError, with that line).
         check_every_step: check every step for a NaN/Inf (see above), not only
             the logged ones.
-        format_version: the on-disk layout (docs/FORMAT.md): 2 (default), all
-            layers of a (target, source) in one record per step, an eighth of
-            version 1's bytes; 1, a record per layer, for readers that know no
-            other (kept for one release).
         per_example: also log, at the logged steps, the distribution over the
             batch of each example's own gradient norm of the loss, per layer
             output and (with `weights=True`) per weight (kind `examples`:
@@ -148,7 +137,7 @@ class GradientLogger(_Base):
             `weights=True` the gradient noise scale as TensorBoard scalars
             `layergrad/gradient_noise_scale[/trace|/signal|/coverage]`
             (docs/FORMAT.md). The loss must be the batch mean (Keras' default
-            reduction). Format version 2. Several replicas: every replica's
+            reduction). Several replicas: every replica's
             examples, in global batch order.
 
     Mixed precision: with a loss-scaling optimizer, the recorded gradients are
@@ -178,19 +167,14 @@ class GradientLogger(_Base):
         buckets: int = 30,
         max_elements: int = 0,
         run_name: str = "train",
-        replicas: str = "gather",
         activations: bool = False,
         on_nonfinite: str = "log",
         check_every_step: bool = True,
-        format_version: int = metadata.FORMAT_VERSION,
         histogram_every_n_steps: int = 1,
         per_example: bool = False,
     ):
         super().__init__()
-        distribute.check_mode(replicas)
         self.on_nonfinite = nonfinite_check.check_mode(on_nonfinite)
-        if replicas == "stats" and max_elements > 0:
-            raise ValueError('max_elements > 0 logs raw gradients, which needs the full tensors: use replicas="gather"')
         for name, value in (("every_n_steps", every_n_steps), ("histogram_every_n_steps", histogram_every_n_steps)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
@@ -208,12 +192,7 @@ class GradientLogger(_Base):
             raise ValueError("log_dir must be a non-empty path")
         if timesteps is None:
             timesteps = False
-        self.format_version = plans.check_format_version(format_version)
         self.per_example = bool(per_example)
-        if self.per_example and self.format_version < 2:
-            raise ValueError(
-                "per_example=True writes records of format version 2 only: use format_version=2 (the default)"
-            )
         self.layers = layers
         self.every_n_steps = every_n_steps
         self.histogram_every_n_steps = histogram_every_n_steps
@@ -223,7 +202,6 @@ class GradientLogger(_Base):
         self.buckets = buckets
         self.max_elements = max_elements
         self.run_name = run_name
-        self.replicas = replicas
         self.activations = bool(activations)
         self.check_every_step = bool(check_every_step)
         self._nonfinite = None  # see the `nonfinite` property
@@ -349,10 +327,8 @@ class GradientLogger(_Base):
             max_elements=self.max_elements,
             every_n_steps=self.every_n_steps,
             xla=xla,
-            replicas=self.replicas,
             activations=self.activations,
             on_nonfinite=self.on_nonfinite,
-            format_version=self.format_version,
             histogram_every_n_steps=self.histogram_every_n_steps,
             per_example=self.per_example,
         )

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -228,25 +228,12 @@ def _write_op_error(module: Any) -> Optional[str]:
     try:
         with tempfile.TemporaryDirectory() as scratch, tf.init_scope():
             writer = tf.summary.create_file_writer(scratch)
-            record = ("self_test", b"")
-            module.tb_layergrad_write_histograms_and_stats(
-                writer._resource,
-                True,
-                False,
-                True,
-                tf.constant(0, tf.int64),
-                tf.constant([-1], tf.int64),  # noqa: SLF001
-                tf.zeros([0], tf.bool),
-                [tf.constant([1.0, 2.0])],
-                buckets=2,
-                histogram_tags=[record[0]],
-                histogram_metadata=[record[1]],
-                stats_tags=[record[0]],
-                stats_metadata=[record[1]],
-                first_nonfinite_tags=[],
-                first_nonfinite_metadata=[],
-                flush=True,
-            )
+            from tb_layergrad.kernel import ops  # the op's one Python caller, which imports this module
+
+            one = (("self_test", b""),)
+            groups = ops.Groups(sizes=(1,), block_steps=(1,), histogram=one, stats=one, first_nonfinite=())
+            condition = ops.Condition(record=tf.constant(True), step=tf.constant(0, tf.int64), flush=True)
+            ops.write(module, writer._resource, [tf.constant([1.0, 2.0])], 2, groups, condition)  # noqa: SLF001
             writer.close()
             if not any(os.path.getsize(os.path.join(scratch, f)) > 0 for f in os.listdir(scratch)):
                 return "the self-test wrote nothing"
@@ -271,12 +258,16 @@ def op():
     return None if module is None else module.tb_layergrad_histograms_and_stats
 
 
-def write_op():
-    """The op function that also writes the records (see `write_histograms_and_stats`), or None."""
+def write_module() -> Optional[Any]:
+    """The loaded library when its write op can write here (`kernel.ops.write_histograms_and_stats`), or None."""
     module = _module()
-    if module is None or _state.get("write_error"):
-        return None
-    return module.tb_layergrad_write_histograms_and_stats
+    return None if module is None or _state.get("write_error") else module
+
+
+def write_op():
+    """The op function that also writes the records, or None (see `write_module`)."""
+    module = write_module()
+    return None if module is None else module.tb_layergrad_write_histograms_and_stats
 
 
 def unavailable_reason() -> Optional[str]:
@@ -293,92 +284,6 @@ def disabled() -> Iterator[None]:
         yield
     finally:
         _enabled[0] = before
-
-
-def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
-    """([T, buckets, 3], [T, NUM_STATS]) float64 of float16/bfloat16/float32 tensors, by the kernel."""
-    fn = op()
-    if fn is None:
-        raise RuntimeError(f"the fused kernel is not available: {unavailable_reason()}")
-    return fn(list(tensors), buckets=buckets)
-
-
-def write_histograms_and_stats(
-    writer: tf.Tensor,
-    record: Any,
-    step: tf.Tensor,
-    tensors: Sequence[tf.Tensor],
-    buckets: int,
-    histogram_series: Sequence[Tuple[str, bytes]],
-    stats_series: Sequence[Tuple[str, bytes]],
-    first_nonfinite: Any,
-    first_nonfinite_series: Sequence[Tuple[str, bytes]],
-    flush: bool = False,
-    record_if_nonfinite: Any = None,
-    group_sizes: Sequence[int] = (),
-    with_metadata: Any = None,
-    block_steps: Sequence[int] = (),
-    histograms: Any = True,
-) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
-    """When `record` (a bool scalar) holds, write each tensor's records.
-
-    Returns (written, first steps after, nonfinite, metadata_written, stats): `stats` [T, 12] float64,
-    each tensor's stats record as written (zeros when nothing was written).
-
-    `writer`: a summary writer's resource handle; `step`: int64 scalar; the
-    series: one (tag, serialized SummaryMetadata) per tensor and kind. The
-    histogram and stats records are those `tf.summary.write` would write.
-    `first_nonfinite`: int64 [T], each tensor's first step with a NaN/Inf so
-    far (-1: none); returned updated with this step, and, unless
-    `first_nonfinite_series` is empty, written for those that have one.
-    `flush`: flush the writer after writing. `record_if_nonfinite`: None, or a
-    bool scalar: then every tensor is checked for a NaN/Inf on an unrecorded
-    step too, and the records are written after all when one holds one and
-    it is true. `nonfinite` [T] bool: which tensors held one (all false when
-    nothing was recorded or checked). One op, on the CPU, where the writer lives.
-    `group_sizes` (format version 2): the tensors form consecutive groups of these
-    sizes, each written as one record per kind; the series then name one
-    (tag, metadata) per group, and `with_metadata` [3 * groups] bool says which
-    of each group's (histogram, stats, first_nonfinite) records carries its
-    metadata; `metadata_written` [3 * groups] says which did. `block_steps` (one
-    per group): each of the group's tags gets `/{first step of the block of that
-    many steps holding step}`. `histograms` (a bool scalar): write the histogram
-    records too; a step at which a tensor holds a NaN/Inf always gets them.
-    """
-    fn = write_op()
-    if fn is None:
-        raise RuntimeError(f"the fused kernel is not available: {unavailable_reason()}")
-
-    def split(series):
-        return [t for t, _ in series], [m for _, m in series]
-
-    (ht, hm), (st, sm), (ft, fm) = split(histogram_series), split(stats_series), split(first_nonfinite_series)
-    check = record_if_nonfinite is not None
-    if with_metadata is None:
-        with_metadata = tf.ones([3 * len(group_sizes)], tf.bool)
-    with tf.device("cpu:0"):
-        written, firsts, nonfinite, metadata_written, stats = fn(
-            writer,
-            record,
-            tf.constant(False) if not check else record_if_nonfinite,
-            histograms,
-            step,
-            first_nonfinite,
-            with_metadata,
-            list(tensors),
-            buckets=buckets,
-            histogram_tags=ht,
-            histogram_metadata=hm,
-            stats_tags=st,
-            stats_metadata=sm,
-            first_nonfinite_tags=ft,
-            first_nonfinite_metadata=fm,
-            flush=flush,
-            check=check,
-            group_sizes=list(group_sizes),
-            block_steps=list(block_steps),
-        )
-    return written, firsts, nonfinite, metadata_written, stats
 
 
 def main() -> None:

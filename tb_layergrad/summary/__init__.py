@@ -1,137 +1,42 @@
-"""Summary ops: write gradients as records this plugin's tab can find.
+"""Summary ops: write gradients as records this plugin's tab can find (docs/FORMAT.md).
 
-`gradient()` is the low-level op, the analogue of `tf.summary.histogram` for
-one tensor; `gradients()` writes a whole `Capture.gradients(...)` result
-(with the target's value and, for `capture(activations=True)`, the layer
-outputs beside the gradients); `activations()` writes layer outputs (forward
-values); `timesteps()` an RNN layer's per-timestep gradient norms. They write to the
-default `tf.summary` writer, at `step` or at the default step, and respect
-`tf.summary.record_if` (nothing is computed when nothing is recorded).
+- `gradients(grads)`: a whole `Capture.gradients(...)` result (or a dict path -> gradient), with
+  the target's value and, when captured, the layer outputs and per-example norms beside them;
+- `histogram_and_stats(name, data)`: the histogram and statistics of ONE tensor, the analogue of
+  `tf.summary.histogram`;
+- `activations(values)`: layer outputs (forward values);
+- `timesteps(name, norms)`: an RNN layer's per-timestep gradient norms.
 
-Under a multi-replica `tf.distribute` strategy they write the GLOBAL batch,
-once (docs/DISTRIBUTED.md): inside `strategy.run` they merge the replicas first
-(`replicas="gather"`: all-gather the tensors; `replicas="stats"`: all-reduce
-only the statistics), every step, since collectives cannot run inside the
-recording condition; in cross-replica context, on what `strategy.run`
-returned, they `strategy.gather` on recorded steps only.
+They write to the default `tf.summary` writer, at `step` or at the default step, and respect
+`tf.summary.record_if`: nothing is computed when nothing is recorded. Under a multi-replica
+`tf.distribute` strategy they write the GLOBAL batch, once (docs/DISTRIBUTED.md): inside
+`strategy.run` the replicas' tensors are all-gathered first, at every step (collectives cannot run
+inside the recording condition); in cross-replica context, on what `strategy.run` returned, they
+are gathered on recorded steps only.
 
-Example:
-    writer = tf.summary.create_file_writer("logs/run1")
-    with writer.as_default(step=optimizer.iterations):
-        tb_layergrad.summary.gradients(grads)
+With a `tf.function` train step, enter the writer around the Python loop (or call
+`writer.set_as_default(step=...)` once), not inside the step: leaving a `with writer.as_default():`
+block inside a `tf.function` flushes the event file at every call, logged or not.
 
-With a `tf.function` train step, enter the writer around the Python loop (or
-call `writer.set_as_default(step=...)` once), not inside the step: leaving a
-`with writer.as_default():` block inside a `tf.function` flushes the event
-file at every call, logged or not.
-
-Modules (the write pipeline, in the order data passes): `plan` (what a step
-writes), `write` (`write_step`: the one way records are written), `backend`
-(fused kernel or TensorFlow's ops, decided once), `first_nonfinite` (the one
-tracker of the first NaN/Inf step), `writer_state`, `graph`.
+Modules (the write pipeline, in the order data passes): `ops` (what the public ops do, with the
+parameters a user does not choose), `plan` (what a step writes), `write` (`write_step`: the one way
+records are written), `backend` (fused kernel or TensorFlow's ops, decided once),
+`nonfinite_tracker` (each series' running first NaN/Inf step), `tag_metadata`, `per_example_write`,
+`writer_state`, `graph`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata
-from tb_layergrad.capturing.gradient_map import Entry, GradientMap
-from tb_layergrad.capturing.per_example_map import PerExampleNorms
-from tb_layergrad.summary import per_example_plan
+from tb_layergrad import metadata
+from tb_layergrad.summary import ops
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
+from tb_layergrad.summary.write import resolve_step
 
-__all__ = ["activations", "gradient", "gradients", "timesteps"]
-
-_NO_REPLICAS = (
-    "per-example records of gradients returned from strategy.run are not written: write "
-    "them inside strategy.run (replica context: every replica's norms are gathered), or pass per_example=False"
-)
-
-
-def _replica_plan(
-    gmap: GradientMap,
-    replicas: str,
-    buckets: int,
-    max_elements: int,
-    ctx: Any,
-    target: str,
-    format_version: int = metadata.FORMAT_VERSION,
-) -> plans.Plan:
-    """Inside `strategy.run`: the global batch's plan, the collectives run here, unconditionally."""
-    if replicas == "stats" and max_elements > 0:
-        raise ValueError('max_elements > 0 writes raw gradients, which needs the full tensors: use replicas="gather"')
-    merged = distribute.merge_in_replica(gmap, replicas, buckets, ctx)
-    plan = plans.from_gradients(merged.gradients, target, max_elements, buckets, format_version=format_version)
-    examples = per_example_plan.from_norms(merged.gradients.per_example, target, merged.gradients)
-    per_example_plan.check_format(format_version, examples)
-    return dataclasses.replace(plans.with_merged_records(plan, merged.reduced), per_example=examples)
-
-
-@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
-def gradient(
-    name: str,
-    data: Optional[tf.Tensor],
-    step: Any = None,
-    buckets: int = 30,
-    *,
-    max_elements: int = 0,
-    target: str = metadata.DEFAULT_TARGET,
-    source: str = metadata.SOURCE_OUTPUT,
-    layer_index: int = -1,
-    elements: int = -1,
-    description: str = "",
-    replicas: str = "gather",
-    format_version: int = metadata.FORMAT_VERSION,
-) -> tf.Tensor:
-    """Write the histogram and statistics of one gradient tensor.
-
-    Unlike `gradients()`, it keeps no state across steps: no `first_nonfinite`
-    records (docs/FORMAT.md).
-
-    Args:
-      name: the layer (or tensor) path, e.g. "my_model/minimalrnn".
-      data: the gradient; None records "no gradient" (the target does not
-        depend on this tensor) instead of failing.
-      step: the training step; defaults to the default summary step.
-      buckets: number of histogram buckets.
-      max_elements: when > 0, also write the raw gradient, bounded to this many
-        elements (see `reductions.bounded_tensor` for the rule).
-      target: name of the scalar differentiated ("loss" unless told otherwise).
-      source: "output" for a layer output, "weight" for a variable.
-      layer_index: the layer's position in the model, for ordering in the tab.
-      elements: element count to report when `data` is None (-1 if unknown).
-      replicas: inside `strategy.run` with several replicas, how `data` (this
-        replica's shard) is merged into the global batch before writing:
-        "gather" (a layer output is all-gathered along axis 0, a weight
-        gradient summed) or "stats" (only statistics cross replicas).
-
-    Returns:
-      A boolean scalar tensor: True if something was written.
-    """
-    step = resolve_step(step)
-    distribute.check_mode(replicas)
-    one = plans.series(
-        name, data, target=target, source=source, index=layer_index, elements=elements, max_elements=max_elements
-    )
-    plan = plans.Plan(
-        (one,),
-        buckets=plans.check_buckets(buckets),
-        description=description,
-        track_nonfinite=False,
-        format_version=plans.check_format_version(format_version),
-    )
-    ctx = distribute.replica_context()
-    if ctx is not None:
-        entry = Entry(data, source, layer_index, elements)
-        merged = _replica_plan(GradientMap({name: entry}, target), replicas, buckets, max_elements, ctx, target)
-        plan = dataclasses.replace(plan, series=merged.series)
-    with tf.name_scope("layergrad"):
-        return write_step(plan, step)
+__all__ = ["activations", "gradients", "histogram_and_stats", "timesteps"]
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
@@ -142,176 +47,213 @@ def gradients(
     *,
     max_elements: int = 0,
     target: Optional[str] = None,
-    replicas: str = "gather",
     strategy: Any = None,
-    format_version: int = metadata.FORMAT_VERSION,
     histograms: Any = True,
     per_example: Any = None,
 ) -> tf.Tensor:
-    """Write every entry of a `Capture.gradients(...)` result (or a plain dict).
+    """Write every entry of a `Capture.gradients(...)` result: histogram and statistics of each.
 
-    For a plain dict, every entry is taken as a layer output, in dict order.
-    `target` overrides the target name the result carries. One recording
-    condition guards the whole step: when nothing is recorded (record_if
-    false, no writer), no reduction runs at all. From the first logged step
-    at which an entry holds a NaN/Inf on, it also writes that step (kind
-    `first_nonfinite`, kept per default writer and tag), so that sampling by
-    TensorBoard cannot hide it.
+    One recording condition guards the whole step: when nothing is recorded
+    (`record_if` false, no writer), no reduction runs. From the first logged
+    step at which an entry holds a NaN/Inf on, that step is also written (kind
+    `first_nonfinite`, kept per default writer and tag), so that TensorBoard's
+    sampling cannot hide it. Inside `strategy.run` call it at every step,
+    unconditionally, and choose the logged steps with `tf.summary.record_if`.
 
-    Under a multi-replica strategy the global batch is written, once
-    (`replicas`: "gather" or "stats", see the module docstring and
-    docs/DISTRIBUTED.md). Inside `strategy.run` the merge runs at every step
-    (collectives cannot run in the recording condition); call this
-    unconditionally and pick steps with `tf.summary.record_if`. In
-    cross-replica context, `strategy` is the strategy that ran them (default:
-    the one in scope). `format_version`: 2 (default: all layers of a
-    (target, source) in one record per step) or 1 (a record per layer, kept
-    for one release), docs/FORMAT.md. `histograms` (a bool or bool tensor):
-    False writes the statistics alone (e.g. `histograms=step % 100 == 0`),
-    except at a step where an entry holds a NaN/Inf, written in full.
+    Args:
+      grads: a `GradientMap` (`cap.gradients(tape, loss)`), or a dict layer
+        path -> gradient (every entry taken as a layer output, in dict order);
+        also what `strategy.run` returned (PerReplica values).
+      step: the training step (an integer); defaults to the default summary step.
+      buckets: number of histogram buckets.
+      max_elements: when > 0, also write each raw gradient, bounded to this many
+        elements (docs/FORMAT.md, kind `tensor`).
+      target: the name of the differentiated scalar, in place of the one
+        `grads` carries ("loss" for a plain dict).
+      strategy: for what `strategy.run` returned outside `strategy.scope()`:
+        the strategy that ran it (in scope: that one).
+      histograms: a bool or a bool tensor: False writes the statistics alone
+        (e.g. `histograms=step % 100 == 0`), except at a step where an entry
+        holds a NaN/Inf, written in full.
+      per_example: each example's own gradient norms (docs/PER_EXAMPLE.md),
+        written beside the statistics, and for the target "loss" with weight
+        gradients the gradient noise scale as TensorBoard scalars. None: those
+        `grads` carries (`capture(..., per_example=True)`); a `PerExampleNorms`
+        or a dict path -> [batch] norms: these; False: none.
 
-    `per_example`: each example's own gradient norms (docs/PER_EXAMPLE.md),
-    written as `examples` records beside the `stats` of every output and weight
-    group of the target, at the same steps, and for the target "loss" the
-    gradient noise scale as TensorBoard scalars (docs/FORMAT.md, "Per-example
-    records"). None (default): those `grads` carries (`capture(...,
-    per_example=True)`); a `PerExampleNorms` or a mapping path -> [batch]
-    norms: these; False: none. Format version 2 only. Inside `strategy.run`
-    every replica's norms are gathered, in global batch order; on what
-    `strategy.run` returned, not yet (a clear error).
+    Returns:
+      A boolean scalar tensor: True if something was written.
+
+    Raises:
+      ValueError: no step given and no default step set; `buckets` < 1 or
+        `max_elements` < 0; per-example norms of gradients returned from
+        `strategy.run` (write them inside it); PerReplica values without a
+        strategy in scope or given.
+      RuntimeError: called inside a `tf.cond` in replica context (collectives).
+
+    A warning (once) says when an option has no effect: `strategy` for
+    gradients that are not PerReplica values; per-example norms of the loss
+    without weight gradients (no noise scale can be written).
+
+    Example:
+
+    ```python
+    import tensorflow as tf, keras, tb_layergrad
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+    writer = tf.summary.create_file_writer("/tmp/layergrad_example")
+    x, y = tf.random.normal([16, 4]), tf.random.normal([16, 1])
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+    grads = cap.gradients(tape, loss)
+    with writer.as_default(step=1):
+        tb_layergrad.summary.gradients(grads)
+    ```
     """
     step = resolve_step(step)
-    distribute.check_mode(replicas)
     plans.check_buckets(buckets)
-    plans.check_format_version(format_version)
-    if (
-        isinstance(grads, tf.distribute.DistributedValues)
-        and per_example is not False
-        and any(getattr(g, "per_example", None) is not None for g in grads.values)
-    ):
-        raise ValueError(_NO_REPLICAS)  # regrouping the replicas' maps would drop them silently
-    grads = distribute.per_replica_map(grads)
-    if not isinstance(grads, GradientMap):
-        grads = GradientMap(
-            {path: Entry(g, metadata.SOURCE_OUTPUT, i) for i, (path, g) in enumerate(dict(grads).items())},
-            metadata.DEFAULT_TARGET,
-        )
-    target_name = target or grads.target
-    if per_example is not None:  # given (or refused) here: in place of what the map carries
-        given = (
-            per_example
-            if per_example is False or isinstance(per_example, PerExampleNorms)
-            else PerExampleNorms(dict(per_example))
-        )
-        grads = grads.with_entries({p: grads.entry(p) for p in grads})  # a copy: the caller's map is left alone
-        grads.per_example = None if given is False else given
-    examples = per_example_plan.from_norms(grads.per_example, target_name, grads)
-    per_example_plan.check_format(format_version, examples)
-    ctx = distribute.replica_context()
-    if examples is not None and ctx is None and distribute.holds_distributed_values(grads):
-        raise ValueError(_NO_REPLICAS)
+    grads = ops.gradient_map(grads, per_example)
     with tf.name_scope("layergrad"):
-        if ctx is not None:
-            return write_step(
-                _replica_plan(grads, replicas, buckets, max_elements, ctx, target_name, format_version),
-                step,
-                histograms=histograms,
-            )
-        if not distribute.holds_distributed_values(grads):
-            plan = plans.from_gradients(grads, target_name, max_elements, buckets, format_version=format_version)
-            return write_step(dataclasses.replace(plan, per_example=examples), step, histograms=histograms)
-        if replicas == "stats":
-            raise ValueError(
-                'replicas="stats" merges inside strategy.run (replica context); these gradients were returned '
-                'from strategy.run: write them there, or use the default replicas="gather" here'
-            )
-        if strategy is None and not tf.distribute.has_strategy():
-            raise ValueError(
-                "these gradients come from strategy.run (PerReplica values): pass strategy=... or write them "
-                "under `with strategy.scope():`"
-            )
-        should = recording()
-        if should is None:
-            return tf.constant(False)
+        return ops.write_gradient_map(grads, step, buckets, max_elements, target or grads.target, strategy, histograms)
 
-        def gather_and_write() -> None:  # cross-replica: gather now, on a recorded step only
-            merged = distribute.merge(grads, strategy)
-            plan = plans.from_gradients(merged, target_name, max_elements, buckets, format_version=format_version)
-            write_step(plan, read_step(step), record=True, histograms=histograms)
 
-        return when(should, gather_and_write, out_of_line=False)
+@tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
+def histogram_and_stats(
+    name: str,
+    data: Optional[tf.Tensor],
+    step: Any = None,
+    buckets: int = 30,
+    *,
+    target: str = metadata.DEFAULT_TARGET,
+    source: str = metadata.SOURCE_OUTPUT,
+    max_elements: int = 0,
+    description: str = "",
+) -> tf.Tensor:
+    """Write the histogram and statistics of one tensor, e.g. one layer's gradient.
+
+    The analogue of `tf.summary.histogram` for the tab: a histogram record and
+    a statistics record (docs/FORMAT.md). Unlike `gradients()`, it keeps no
+    state across steps: no `first_nonfinite` records. Inside `strategy.run`,
+    the replicas' tensors are merged into the global batch's first.
+
+    Args:
+      name: the layer (or tensor) path, e.g. "my_model/dense".
+      data: the tensor; None records "no gradient" (the target does not
+        depend on this tensor) instead of failing.
+      step: the training step (an integer); defaults to the default summary step.
+      buckets: number of histogram buckets.
+      target: the name of the differentiated scalar.
+      source: "output" (a gradient w.r.t. a layer output), "weight" (w.r.t. a
+        variable) or "activation" (a forward value: then `target` "forward").
+      max_elements: when > 0, also write the raw tensor, bounded to this many
+        elements (docs/FORMAT.md, kind `tensor`).
+      description: shown with the series (`SummaryMetadata.summary_description`).
+
+    Returns:
+      A boolean scalar tensor: True if something was written.
+
+    Raises:
+      ValueError: an empty `name`, an unknown `source`, `buckets` < 1,
+        `max_elements` < 0, or no step given and no default step set.
+
+    Example:
+
+    ```python
+    import tensorflow as tf, tb_layergrad
+
+    writer = tf.summary.create_file_writer("/tmp/layergrad_example")
+    with writer.as_default(step=3):
+        tb_layergrad.summary.histogram_and_stats("model/dense", tf.random.normal([32, 8]))
+    ```
+    """
+    return ops.write_tensor(
+        name,
+        data,
+        step,
+        buckets,
+        target=target,
+        source=source,
+        max_elements=max_elements,
+        description=description,
+    )
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
 def activations(
-    values: Mapping[str, Any],
-    step: Any = None,
-    buckets: int = 30,
-    *,
-    max_elements: int = 0,
-    description: str = "",
-    replicas: str = "gather",
-    format_version: int = metadata.FORMAT_VERSION,
+    values: Mapping[str, Any], step: Any = None, buckets: int = 30, *, max_elements: int = 0, description: str = ""
 ) -> tf.Tensor:
     """Write the histogram and statistics of layer outputs: the forward values (source "activation").
 
-    `values`: `cap.activations()` (layer path -> output; its layers keep their
-    model positions), a `GradientMap` from a capture made with
-    `activations=True`, or a plain dict (positions in dict order). The
-    records are those of gradients (docs/FORMAT.md) with source "activation";
-    like `gradients()`, one recording condition guards the step, and the
-    first step at which an output holds a NaN/Inf is kept in `first_nonfinite`
-    records. To write gradients and activations of one pass together, capture
-    with `activations=True` and call `gradients()` alone. Inside `strategy.run`
-    with several replicas, the global batch's outputs are written, merged as
-    layer-output gradients are (`replicas`: "gather" or "stats").
-    `format_version`: as `gradients()`.
+    The records are those of gradients (docs/FORMAT.md) with source
+    "activation" and target "forward"; like `gradients()`, one recording
+    condition guards the step, and the first step at which an output holds a
+    NaN/Inf is kept in `first_nonfinite` records. To write gradients and
+    activations of one pass together, capture with `activations=True` and
+    call `gradients()` alone. Inside `strategy.run` the global batch's outputs
+    are written.
+
+    Args:
+      values: `cap.activations()` (layer path -> output; its layers keep their
+        model positions), a `GradientMap` from a capture made with
+        `activations=True`, or a dict (positions in dict order).
+      step: the training step (an integer); defaults to the default summary step.
+      buckets: number of histogram buckets.
+      max_elements: when > 0, also write each raw output, bounded to this many elements.
+      description: shown with the series (`SummaryMetadata.summary_description`).
+
+    Returns:
+      A boolean scalar tensor: True if something was written.
+
+    Raises:
+      ValueError: `buckets` < 1, `max_elements` < 0, or no step given and no
+        default step set.
 
     Example:
-        with tf.GradientTape() as tape:
-            with tb_layergrad.capture(model, tape=tape) as cap:
-                loss = loss_fn(y, model(x))
-        with writer.as_default(step=step):
-            tb_layergrad.summary.activations(cap.activations())
+
+    ```python
+    import tensorflow as tf, keras, tb_layergrad
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+    writer = tf.summary.create_file_writer("/tmp/layergrad_example")
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap:
+            loss = tf.reduce_mean(model(tf.random.normal([16, 4])))
+    with writer.as_default(step=1):
+        tb_layergrad.summary.activations(cap.activations())
+    ```
     """
     step = resolve_step(step)
     plans.check_buckets(buckets)
-    plans.check_format_version(format_version)
-    distribute.check_mode(replicas)
-    if replicas == "stats" and max_elements > 0:
-        raise ValueError('max_elements > 0 writes raw values, which needs the full tensors: use replicas="gather"')
-    if isinstance(values, GradientMap):
-        entries = {p: values.activation_entry(p) for p in values.activations}
-    else:
-        indexes = getattr(values, "indexes", {})
-        values = {p: tf.convert_to_tensor(v) for p, v in dict(values).items()}
-        entries = {
-            p: Entry(v, metadata.SOURCE_ACTIVATION, indexes.get(p, i), dtype=v.dtype.name)
-            for i, (p, v) in enumerate(values.items())
-        }
-    forward = GradientMap({}, metadata.DEFAULT_TARGET, activations=entries)
-    ctx = distribute.replica_context()
     with tf.name_scope("layergrad"):
-        if ctx is not None:  # several replicas: the global batch's outputs (gathered, or merged records)
-            merged = distribute.merge_in_replica(forward, replicas, buckets, ctx)
-            forward, reduced = merged.gradients, merged.reduced
-        else:
-            reduced = {}
-        plan = plans.Plan(
-            plans.forward_series(forward, max_elements=max_elements),
-            buckets=buckets,
-            description=description,
-            format_version=format_version,
-        )
-        return write_step(plans.with_merged_records(plan, reduced), step)
+        return ops.write_activations(ops.activation_map(values), step, buckets, max_elements, description)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
-def timesteps(
-    name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET, layer_index: int = -1
-) -> tf.Tensor:
-    """Write a per-timestep gradient norm vector [T] for an RNN layer."""
-    step = resolve_step(step)
-    plan = plans.Plan(timesteps=(plans.timesteps(name, target=target, index=layer_index, norms=norms),))
-    with tf.name_scope("layergrad"):
-        return write_step(plan, step)
+def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = metadata.DEFAULT_TARGET) -> tf.Tensor:
+    """Write an RNN layer's per-timestep gradient norms (kind `timesteps`, docs/FORMAT.md).
+
+    Args:
+      name: the RNN layer's path, e.g. "my_model/lstm".
+      norms: a [T] tensor, the norm of dL/dh_t at each timestep
+        (`tb_layergrad.rnn_probe.timestep_norms`).
+      step: the training step (an integer); defaults to the default summary step.
+      target: the name of the differentiated scalar.
+
+    Returns:
+      A boolean scalar tensor: True if something was written.
+
+    Raises:
+      ValueError: no step given and no default step set.
+
+    Example:
+
+    ```python
+    import tensorflow as tf, tb_layergrad
+
+    writer = tf.summary.create_file_writer("/tmp/layergrad_example")
+    with writer.as_default(step=1):
+        tb_layergrad.summary.timesteps("model/lstm", tf.constant([0.5, 0.25, 0.125]))
+    ```
+    """
+    return ops.write_timesteps(name, norms, step, target=target)

@@ -12,14 +12,17 @@ write to) takes `statistics.reductions` and `tf.summary.write`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import kernel, metadata
+from tb_layergrad.kernel.ops import Condition, Groups, Written
 from tb_layergrad.statistics import reductions
-from tb_layergrad.summary import first_nonfinite, tag_metadata, writer_state
+from tb_layergrad.summary import nonfinite_tracker, tag_metadata, writer_state
+from tb_layergrad.summary.plan import Plan, Series
+
+_KINDS = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
 
 
 def _fusable(tensor: Any) -> bool:
@@ -39,104 +42,54 @@ def fused_writer(writer: Any = None) -> Optional[tf.Tensor]:
     return writer_state.writer_resource(writer_state.default_writer() if writer is None else writer)
 
 
-def fused_part(resource: Optional[tf.Tensor], tensors: Sequence[Any]) -> List[int]:
-    """The positions of `tensors` the fused write op takes, given `fused_writer()`'s answer."""
-    return [] if resource is None else [i for i, t in enumerate(tensors) if _fusable(t)]
+def fused_groups(groups: Sequence[Tuple[Series, ...]], resource: Optional[tf.Tensor]) -> List[bool]:
+    """Which of these (target, source) groups the fused write op writes, given `fused_writer()`'s answer.
+
+    A whole group or none of it, so that a group is one record whichever path writes it: every series
+    unreduced, 16/32-bit float data, more than one value (a target's value is written as stats alone).
+    """
+    if resource is None:
+        return [False] * len(groups)
+    return [all(s.reduced is None and not s.stats_only and _fusable(s.data) for s in g) for g in groups]
 
 
 def write_fused(
-    resource: tf.Tensor,
-    record: Any,
-    step: tf.Tensor,
-    infos: Sequence[metadata.SeriesInfo],
-    tensors: Sequence[Any],
-    buckets: int,
-    description: str = "",
-    flush: bool = False,
-    track_nonfinite: bool = True,
-    writer: Any = None,
-    record_if_nonfinite: Any = None,
-    group_sizes: Sequence[int] = (),
-    histograms: Any = True,
-) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """ONE op: when `record` holds, each tensor's histogram, stats and first-non-finite records.
+    resource: tf.Tensor, plan: Plan, groups: Sequence[Tuple[Series, ...]], condition: Condition, writer: Any = None
+) -> Written:
+    """ONE op: when `condition` holds, the histogram, stats and first-non-finite records of `groups` of `plan`.
 
-    Returns (written, nonfinite [T], stats [T, 12]: each tensor's stats as written, zeros
-    when nothing was). The running first steps are the one
-    tracker's (`first_nonfinite`), those of `writer` (the writer `resource`
-    belongs to; default: the default writer): read before the op, which
-    applies the rule, and stored after it. `record_if_nonfinite` (a bool, or
-    None): the op also checks an unrecorded step's tensors for a NaN/Inf and
-    writes them after all when one holds one and it is true
-    (`kernel.write_histograms_and_stats`). `group_sizes` (format version 2):
-    consecutive groups of `infos` (one target and source each), each written
-    as one record per kind, its metadata in its tags' first records only
-    (`tag_metadata`). `histograms` (a bool, or a bool tensor): write the
-    histograms too (a step with a NaN/Inf gets them anyway).
+    The running first steps are the one tracker's (`nonfinite_tracker`), those of `writer` (the writer
+    `resource` belongs to; default: the default writer): read before the op, which applies the rule, and
+    stored after it; so is which tags already carry their metadata (`tag_metadata`).
     """
-    if group_sizes:
-        groups = [metadata.GroupInfo.of(metadata.KIND_STATS, part) for part in _split(infos, group_sizes)]
-        series = {
-            kind: [
-                (g.with_kind(kind).tag, metadata.create_group_metadata(g.with_kind(kind), text).SerializeToString())
-                for g in groups
-            ]
-            for kind, text in (
-                (metadata.KIND_HISTOGRAM, description),
-                (metadata.KIND_STATS, description),
-                (metadata.KIND_FIRST_NONFINITE, ""),
-            )
-        }
-        kinds = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
-        pending = tag_metadata.Pending([g.with_kind(k) for g in groups for k in kinds], step, writer)
-    else:
-        series = {
-            kind: [
-                (info.tag, metadata.create_summary_metadata(info, text).SerializeToString())
-                for info in (dataclasses.replace(info, kind=kind) for info in infos)
-            ]
-            for kind, text in (
-                (metadata.KIND_HISTOGRAM, description),
-                (metadata.KIND_STATS, description),
-                (metadata.KIND_FIRST_NONFINITE, ""),
-            )  # no description, as first_nonfinite.track
-        }
-        pending = None
-    if track_nonfinite:
-        variable, slots, firsts = first_nonfinite.running(infos, writer)
-        first_series = series[metadata.KIND_FIRST_NONFINITE]
-    else:
-        firsts, first_series = tf.fill([len(infos)], tf.constant(-1, tf.int64)), []
-    written, after, nonfinite, metadata_written, stats = kernel.write_histograms_and_stats(
-        resource,
-        record,
-        step,
-        list(tensors),
-        buckets,
-        series[metadata.KIND_HISTOGRAM],
-        series[metadata.KIND_STATS],
-        firsts,
-        first_series,
-        flush=flush,
-        record_if_nonfinite=record_if_nonfinite,
-        group_sizes=group_sizes,
-        with_metadata=None if pending is None else pending.needed,
-        block_steps=[g.block_steps for g in groups] if group_sizes else (),
-        histograms=tf.convert_to_tensor(histograms, tf.bool),
+    infos = [metadata.GroupInfo.of(metadata.KIND_STATS, [s.info for s in members]) for members in groups]
+    pending = tag_metadata.Pending([g.with_kind(k) for g in infos for k in _KINDS], condition.step, writer)
+    records = Groups(
+        sizes=tuple(len(members) for members in groups),
+        block_steps=tuple(g.block_steps for g in infos),
+        histogram=_series(infos, metadata.KIND_HISTOGRAM, plan.description),
+        stats=_series(infos, metadata.KIND_STATS, plan.description),
+        first_nonfinite=_series(infos, metadata.KIND_FIRST_NONFINITE, "") if plan.track_nonfinite else (),
     )
-    if track_nonfinite:
-        first_nonfinite.store(variable, slots, after)
-    if pending is not None:
-        pending.store(metadata_written)
-    return written, nonfinite, stats
-
-
-def _split(items: Sequence[Any], sizes: Sequence[int]) -> List[Sequence[Any]]:
-    out, begin = [], 0
-    for size in sizes:
-        out.append(items[begin : begin + size])
-        begin += size
+    flat = [s for members in groups for s in members]
+    firsts = None
+    if plan.track_nonfinite:
+        variable, slots, firsts = nonfinite_tracker.running([s.info for s in flat], writer)
+    out = kernel.write_histograms_and_stats(
+        resource, [s.data for s in flat], plan.buckets, records, condition, firsts, pending.needed
+    )
+    if plan.track_nonfinite:
+        nonfinite_tracker.store(variable, slots, out.first_steps)
+    pending.store(out.metadata_written)
     return out
+
+
+def _series(groups: Sequence[metadata.GroupInfo], kind: str, description: str) -> Tuple[Tuple[str, bytes], ...]:
+    """(tag, serialized metadata) of each group's records of `kind` (the first_nonfinite ones: no description)."""
+    return tuple(
+        (g.with_kind(kind).tag, metadata.create_group_metadata(g.with_kind(kind), description).SerializeToString())
+        for g in groups
+    )
 
 
 def reduce(tensors: Sequence[Any], buckets: int, xla_safe: bool = False) -> List[Tuple[tf.Tensor, tf.Tensor]]:

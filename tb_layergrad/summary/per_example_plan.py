@@ -117,13 +117,4 @@ def trainable_parameters(gmap: GradientMap) -> int:
     return total
 
 
-def check_format(version: int, per_example: Optional[PerExample]) -> None:
-    """Per-example records exist in format version 2 only (docs/FORMAT.md): a clear error, not a silent drop."""
-    if per_example is not None and version < 2:
-        raise ValueError(
-            "per-example records (kind 'examples') are written in format version 2 only: use format_version=2 "
-            "(the default), or per_example=False to write the version-1 records without them"
-        )
-
-
-__all__ = ["PerExample", "check_format", "from_norms", "trainable_parameters"]
+__all__ = ["PerExample", "from_norms", "trainable_parameters"]

@@ -82,7 +82,7 @@ def write(
 ) -> None:
     """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale.
 
-    `fused_stats`: id(series) -> the stats [12] the fused write op wrote this step for that series: the
+    `fused_stats`: series tag -> the stats [12] the fused write op wrote this step for that series: the
     noise scale takes the batch gradient's norm from them rather than reading the gradient again. `ahead`:
     the rows already computed (`rows_ahead`); where its condition did not hold (a step written for a NaN
     only), they are computed here.
@@ -162,7 +162,7 @@ _NONFINITE_COLUMNS = [metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_in
 def _batch_squares(series: Sequence["plans.Series"], fused_stats: Dict[int, Any]) -> tf.Tensor:
     """float64 [n]: ‖G_B‖² of each variable, from the stats its records carry (the fused op's, or merged
     ones) where there are some, all of them in a few ops; else from its gradient."""
-    stats_of = [fused_stats.get(id(s), None if s.reduced is None else s.reduced[1]) for s in series]
+    stats_of = [fused_stats.get(s.info.tag, None if s.reduced is None else s.reduced[1]) for s in series]
     with_stats = [i for i, st in enumerate(stats_of) if st is not None]
     parts, order = [], []
     if with_stats:

@@ -3,7 +3,7 @@
 Why a plan: the custom loop (`summary.gradients`), the `fit()` step and the
 distributed paths all write the same records (docs/FORMAT.md). They differ
 only in where the tensors are when the writing happens: still raw gradients,
-already reduced (replicas merged their statistics), or handed out of a
+already reduced (before they crossed replicas in `fit()`), or handed out of a
 compiled step as a flat dict. A plan says what is written, with the metadata
 of each series, independent of where; `write_step` is the one place that
 decides how.
@@ -12,14 +12,14 @@ decides how.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.rnn_probe import timestep_norms
-from tb_layergrad.statistics import reductions
+from tb_layergrad.statistics import special_records
 
 # Suffix of the layer path for the bounded [T, units] per-timestep tensor (kind "tensor").
 TIMESTEP_TENSOR_SUFFIX = "[h_t]"
@@ -30,14 +30,14 @@ class Series:
     """One tensor's records: its histogram and stats (and, if asked, its bounded raw values).
 
     `data` is the gradient (None: "no gradient", the target does not depend on
-    it); `reduced` its (histogram, stats) when already computed, e.g. merged
-    across replicas; `raw` its bounded raw tensor when already cut.
+    it); `reduced` its (histogram, stats) when already computed (e.g. before
+    crossing replicas); `raw` its bounded raw tensor when already cut.
     """
 
     info: metadata.SeriesInfo  # kind "stats"; the other kinds differ only in kind
     data: Any = None
     elements: int = -1  # element count, for a "no gradient" record (-1: unknown)
-    max_elements: int = 0  # > 0: also the raw tensor, bounded (`reductions.bounded_tensor`)
+    max_elements: int = 0  # > 0: also the raw tensor, bounded (`special_records.bounded_tensor`)
     reduced: Optional[Tuple[Any, Any]] = None
     raw: Any = None
 
@@ -84,8 +84,7 @@ class Plan:
     timesteps: Tuple[Timesteps, ...] = ()
     buckets: int = 30
     description: str = ""
-    track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md)
-    format_version: int = metadata.FORMAT_VERSION  # 2: one record per step per (target, source); 1: per layer
+    track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md, `nonfinite_tracker`)
     # Each example's own gradient norms of one target (`per_example_plan.PerExample`): its `examples` records
     # and, for the loss, the noise scale, written with the groups of that target (`per_example_write`).
     per_example: Any = None
@@ -145,7 +144,7 @@ class Plan:
         (XLA, eager), what is small is better computed where the big tensors are.
         """
         series = tuple(
-            dataclasses.replace(s, raw=reductions.bounded_tensor(s.data, s.max_elements))
+            dataclasses.replace(s, raw=special_records.bounded_tensor(s.data, s.max_elements))
             if s.wants_raw and s.raw is None and s.data is not None
             else s
             for s in self.series
@@ -157,25 +156,23 @@ class Plan:
 def _timestep_records(t: Timesteps) -> Timesteps:
     if t.norms is not None:
         return t
-    raw = reductions.bounded_tensor(t.gradient[0], t.max_elements) if t.max_elements > 0 else None
+    raw = special_records.bounded_tensor(t.gradient[0], t.max_elements) if t.max_elements > 0 else None
     return dataclasses.replace(t, gradient=None, norms=timestep_norms(t.gradient), raw=raw)
 
 
-def groups(all_series: Tuple[Series, ...]) -> Tuple[Tuple[Series, ...], ...]:
-    """The series by (target, source), in the order each first appears: one version-2 record each."""
+def groups(
+    items: Sequence[Any], info_of: Callable[[Any], metadata.SeriesInfo] = lambda s: s.info
+) -> Tuple[Tuple[Any, ...], ...]:
+    """The series (or what `info_of` finds their info in) by (target, source), in the order each first appears:
+    one record per kind each (docs/FORMAT.md)."""
     by_key: Dict[Tuple[str, str], list] = {}
-    for s in all_series:
-        by_key.setdefault((s.info.target, s.info.source), []).append(s)
+    for item in items:
+        info = info_of(item)
+        by_key.setdefault((info.target, info.source), []).append(item)
     return tuple(tuple(members) for members in by_key.values())
 
 
 # -- building plans ------------------------------------------------------------------
-def check_format_version(version: int) -> int:
-    if isinstance(version, bool) or version not in metadata.WRITABLE_VERSIONS:
-        raise ValueError(f"format_version must be one of {metadata.WRITABLE_VERSIONS}, got {version!r}")
-    return version
-
-
 def check_buckets(buckets: int) -> int:
     if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
         raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
@@ -212,7 +209,6 @@ def from_gradients(
     max_elements: int = 0,
     buckets: int = 30,
     captured_dtypes: bool = False,
-    format_version: int = metadata.FORMAT_VERSION,
 ) -> Plan:
     """The plan of every entry of a `GradientMap`, in its order.
 
@@ -223,7 +219,7 @@ def from_gradients(
     gradients = tuple(
         series(
             p,
-            e.gradient,
+            e.value,
             target=name,
             source=e.source,
             index=e.index,
@@ -233,11 +229,7 @@ def from_gradients(
         )
         for p, e in ((p, gmap.entry(p)) for p in gmap)
     )
-    return Plan(
-        gradients + forward_series(gmap, name, max_elements),
-        buckets=check_buckets(buckets),
-        format_version=check_format_version(format_version),
-    )
+    return Plan(gradients + forward_series(gmap, name, max_elements), buckets=check_buckets(buckets))
 
 
 def forward_series(gmap: GradientMap, target: Optional[str] = None, max_elements: int = 0) -> Tuple[Series, ...]:
@@ -248,28 +240,12 @@ def forward_series(gmap: GradientMap, target: Optional[str] = None, max_elements
     """
     name = target or gmap.target
     acts = tuple(
-        activation_series(p, e.gradient, index=e.index, max_elements=max_elements, dtype=e.dtype)
+        activation_series(p, e.value, index=e.index, max_elements=max_elements, dtype=e.dtype)
         for p, e in ((p, gmap.activation_entry(p)) for p in gmap.activations)
     )
     if gmap.target_value is None:
         return acts
     return acts + (target_series(name, gmap.target_value),)
-
-
-def with_merged_records(plan: Plan, reduced: Dict[Tuple[str, str], Tuple[Any, Any]]) -> Plan:
-    """`plan` with the records merged across replicas (`distribute.Merged.reduced`, by (source, path)) in place of
-    this replica's shard."""
-    if not reduced:
-        return plan
-    return dataclasses.replace(
-        plan,
-        series=tuple(
-            dataclasses.replace(s, data=None, reduced=reduced[(s.info.source, s.info.layer)])
-            if (s.info.source, s.info.layer) in reduced
-            else s
-            for s in plan.series
-        ),
-    )
 
 
 def activation_series(

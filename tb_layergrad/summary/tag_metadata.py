@@ -11,7 +11,7 @@ state is per writer (a new writer is a new file, which needs the metadata
 again) and group tag, and lives where the writes happen: an int64 vector
 variable, a slot per group tag, holding the first step of the block whose tag
 last got the metadata (-1: none yet), like the running first non-finite steps
-(`first_nonfinite`), so that a `tf.function` asks at run time, not at trace
+(`nonfinite_tracker`), so that a `tf.function` asks at run time, not at trace
 time. A writer this module cannot tell apart from others gets the metadata on
 every record: lost metadata would hide a run.
 """
@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.summary import first_nonfinite, writer_state
+from tb_layergrad.summary import nonfinite_tracker, writer_state
 
 _BY_WRITER: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
 
@@ -47,7 +47,7 @@ class Pending:
         if writer is None or not groups:
             self.needed = tf.ones([len(groups)], tf.bool)  # unknown writer: every record carries it
             return
-        table, slots = first_nonfinite.running_values(_BY_WRITER, None, [g.tag for g in groups], writer)
+        table, slots = nonfinite_tracker.running_values(_BY_WRITER, None, [g.tag for g in groups], writer)
         self._table = table
         self.slots = tf.constant(slots, tf.int64)
         self._stored = tf.gather(table.variable.value(), self.slots)

@@ -1,24 +1,37 @@
 """One write step: a plan's records into the summary writer, on recorded steps only.
 
 Every path that writes (the custom loop's `summary.gradients`, the `fit()`
-step, its record writer, the distributed paths) ends in `write_step`. It asks
-`backend` once which tensors the fused write op takes; that op writes them with
-the recording condition as an input, and one out-of-line condition writes the
-rest with TensorFlow's ops. Both keep the running first NaN/Inf steps in the
-one tracker, `first_nonfinite`.
+step, its record writer, the distributed paths) ends in `write_step`, which
+reads top to bottom (`_write_step`):
+
+1. is the step recorded (`recording()`, or the caller's condition)?
+2. which (target, source) groups the fused write op takes, decided once
+   (`backend.fused_groups`); the other series are "the rest";
+3. with a finiteness check (`write_step_checked`), the small rest is looked
+   at first: a NaN/Inf there makes the fused op write too (a step so written
+   is written in full);
+4. the per-example rows, in a recording condition of their own, beside the
+   fused op rather than after it (`per_example_write.rows_ahead`);
+5. the fused op writes its groups, the recording condition an input;
+6. one out-of-line condition writes the rest with TensorFlow's ops, the raw
+   tensors, the per-timestep norms and the per-example records.
+
+Both paths keep each series' running first NaN/Inf step in the one tracker,
+`nonfinite_tracker`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.statistics import reductions
-from tb_layergrad.summary import backend, first_nonfinite, per_example_write, tag_metadata
+from tb_layergrad.kernel.ops import Condition
+from tb_layergrad.statistics import special_records
+from tb_layergrad.summary import backend, nonfinite_tracker, per_example_write, tag_metadata
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.graph import cond_out_of_line, write_if
 from tb_layergrad.summary.plan import Plan, Series
@@ -94,7 +107,7 @@ def write_step(
     a bool tensor): write the histogram records too; when false, the stats
     only — except at a step where a series holds a NaN/Inf, written in full.
     """
-    return _write_step(plan, step, record, writer, flush, None, histograms)[0]
+    return _write_step(plan, Condition(record, step, histograms, None, flush), writer)[0]
 
 
 def write_step_checked(
@@ -114,191 +127,172 @@ def write_step_checked(
     the first such step of a run is written in full). Where the fused op
     writes, it looks at the tensors itself, in the same pass.
     """
-    return _write_step(plan, step, record, writer, flush, record_if_nonfinite, histograms)
+    return _write_step(plan, Condition(record, step, histograms, record_if_nonfinite, flush), writer)
 
 
-def _write_step(
-    plan: Plan, step: Any, record: Any, writer: Any, flush: bool, record_if_nonfinite: Any, histograms: Any = True
-) -> Tuple[tf.Tensor, tf.Tensor]:
-    checking = record_if_nonfinite is not None
+class _Split(NamedTuple):
+    """A plan's series by who writes them: whole (target, source) groups for the fused op, the rest not."""
+
+    fused: Tuple[Tuple[Series, ...], ...]
+    rest: Tuple[Series, ...]  # in the plan's order
+
+
+def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tensor, tf.Tensor]:
+    """The steps of the module docstring, in order. `condition.record` None: the default writer's own."""
     present = [s for s in plan.series if s.present]
-    should = recording() if record is None else record
+    should = recording() if condition.record is None else condition.record
     if should is None:
         return tf.constant(False), tf.zeros([len(present)], tf.bool)
     resource = backend.fused_writer(writer)
-    fused, group_sizes = _fused_series(plan, resource)
-    rest = [s for s in plan.series if all(s is not f for f in fused)]
-    entered = writer.as_default if writer is not None else contextlib.nullcontext
-    written: List[tf.Tensor] = []
-    flag_of: dict = {}
-    fused_stats: dict = {}  # id(series) -> its stats [12] as the fused op wrote them
-    if checking:  # the small rest first: a NaN there makes the fused op write too (the step is written in full)
-        for s in rest:
-            if s.present:
-                flag_of[id(s)] = series_nonfinite(s)
-        if flag_of:
-            elsewhere = tf.reduce_any(tf.stack(list(flag_of.values())))
-            should = tf.logical_or(should, tf.logical_and(elsewhere, record_if_nonfinite))
-    # The per-example rows in a condition of their own, beside the fused op rather than after it (`rows_ahead`).
+    split = _split(plan, resource)
+    checking = condition.record_if_nonfinite is not None
+    rest_flags = [series_nonfinite(s) for s in split.rest if s.present] if checking else []
+    should = _or_nonfinite(should, rest_flags, condition.record_if_nonfinite)
     ahead = per_example_write.rows_ahead(plan, should, final=not checking)
-    if fused:
-        condition = tf.constant(should) if isinstance(should, bool) else should
-        done, nonfinite, stats = backend.write_fused(
-            resource,
-            condition,
-            read_step(step),
-            [s.info for s in fused],
-            [s.data for s in fused],
-            plan.buckets,
-            plan.description,
-            flush=flush,
-            track_nonfinite=plan.track_nonfinite,
-            writer=writer,
-            record_if_nonfinite=record_if_nonfinite,
-            group_sizes=group_sizes,
-            histograms=histograms,
-        )
-        written.append(done)
-        flag_of.update(zip(map(id, fused), tf.unstack(nonfinite, len(fused))))
+    written: List[tf.Tensor] = []
+    fused_flags, fused_stats = None, {}
+    if split.fused:
+        record = tf.constant(should) if isinstance(should, bool) else should
+        at = dataclasses.replace(condition, record=record, step=read_step(condition.step))
+        out = backend.write_fused(resource, plan, split.fused, at, writer)
+        written.append(out.written)
+        fused_flags = out.nonfinite
         if plan.per_example is not None:  # the noise scale reads the batch gradients' norms from them
-            fused_stats.update(zip(map(id, fused), tf.unstack(stats, len(fused))))
+            fused_stats = dict(zip(_tags(split.fused), tf.unstack(out.stats, len(_tags(split.fused)))))
     if checking:
-        flags = tf.stack([flag_of[id(s)] for s in present]) if present else tf.zeros([0], tf.bool)
-        should = tf.logical_or(should, tf.logical_and(tf.reduce_any(flags), record_if_nonfinite))
+        flags = _flags_in_plan_order(present, split, fused_flags, rest_flags)
+        should = _or_nonfinite(should, [tf.reduce_any(flags)] if present else [], condition.record_if_nonfinite)
     else:
         flags = tf.zeros([len(present)], tf.bool)
-    if rest or plan.timesteps or any(s.wants_raw for s in fused) or plan.per_example is not None:
-
-        def write_rest() -> None:
-            with entered():
-                at = read_step(step)
-                _write_with_ops(plan, rest, fused, at, histograms)
-                per_example_write.write(plan, at, plan.description, fused_stats, ahead)
-
-        written.append(when(should, write_rest))
+    fused_raw = any(s.wants_raw for g in split.fused for s in g)
+    if split.rest or plan.timesteps or fused_raw or plan.per_example is not None:
+        written.append(when(should, lambda: _write_with_ops(plan, split, condition, writer, fused_stats, ahead)))
     if not written:
         return tf.constant(False), flags
     return (written[0] if len(written) == 1 else tf.reduce_any(tf.stack(written))), flags
 
 
-def _fused_series(plan: Plan, resource: Any) -> Tuple[List[Series], List[int]]:
-    """The series the fused write op takes, and (format version 2) the sizes of their groups.
+def _split(plan: Plan, resource: Any) -> _Split:
+    groups = plans.groups(plan.series)
+    fused = tuple(g for g, chosen in zip(groups, backend.fused_groups(groups, resource)) if chosen)
+    taken = set(_tags(fused))
+    return _Split(fused, tuple(s for s in plan.series if s.info.tag not in taken))
 
-    Version 1: every unreduced 16/32-bit float series. Version 2: whole groups
-    (one record per (target, source)) whose every series is one, so that a
-    group is one record whichever path writes it.
-    """
 
-    def fusable(s: Series) -> bool:
-        return s.data is not None and s.reduced is None and not s.stats_only
+def _tags(groups: Sequence[Sequence[Series]]) -> List[str]:
+    return [s.info.tag for g in groups for s in g]
 
-    if plan.format_version < 2:
-        unreduced = [s for s in plan.series if fusable(s)]
-        return [unreduced[i] for i in backend.fused_part(resource, [s.data for s in unreduced])], []
-    chosen = [
-        g
-        for g in plans.groups(plan.series)
-        if all(map(fusable, g)) and len(backend.fused_part(resource, [s.data for s in g])) == len(g)
-    ]
-    return [s for g in chosen for s in g], [len(g) for g in chosen]
+
+def _or_nonfinite(should: Any, flags: Sequence[tf.Tensor], record_if_nonfinite: Any) -> Any:
+    """`should`, or: some of `flags` holds and `record_if_nonfinite` does (a step written for its NaN/Inf)."""
+    if not flags:
+        return should
+    anything = flags[0] if len(flags) == 1 else tf.reduce_any(tf.stack(list(flags)))
+    return tf.logical_or(should, tf.logical_and(anything, record_if_nonfinite))
+
+
+def _flags_in_plan_order(
+    present: Sequence[Series], split: _Split, fused_flags: Optional[tf.Tensor], rest_flags: Sequence[tf.Tensor]
+) -> tf.Tensor:
+    """[n] bool: which present series held a NaN/Inf, in the plan's order."""
+    if not present:
+        return tf.zeros([0], tf.bool)
+    by_tag: Dict[str, tf.Tensor] = dict(zip([s.info.tag for s in split.rest if s.present], rest_flags))
+    if fused_flags is not None:
+        tags = _tags(split.fused)
+        by_tag.update(zip(tags, tf.unstack(fused_flags, len(tags))))
+    return tf.stack([by_tag[s.info.tag] for s in present])
 
 
 def series_nonfinite(s: Series) -> tf.Tensor:
     """Does this series hold a NaN/Inf (its data, or its merged stats)?"""
     if s.reduced is not None:
-        return first_nonfinite.nonfinite_flags([s.reduced[1]])[0]
+        return nonfinite_tracker.nonfinite_flags([s.reduced[1]])[0]
     return tf.logical_not(tf.reduce_all(tf.math.is_finite(s.data)))
 
 
+class _Record(NamedTuple):
+    series: Series
+    histogram: Any
+    stats: Any
+
+
 def _write_with_ops(
-    plan: Plan, rest: List[Series], fused: List[Series], step: tf.Tensor, histograms: Any = True
+    plan: Plan,
+    split: _Split,
+    condition: Condition,
+    writer: Any,
+    fused_stats: Dict[str, Any],
+    ahead: Optional[per_example_write.RowsAhead],
 ) -> None:
-    """What the fused op did not write, with `tf.summary.write`; then the first-non-finite tracker.
+    """Inside the recorded branch: what the fused op did not write, with `tf.summary.write`."""
+    entered = writer.as_default if writer is not None else contextlib.nullcontext
+    with entered():
+        step = read_step(condition.step)
+        rest = reduced_plan(dataclasses.replace(plan, series=split.rest))
+        records = [
+            _Record(s, *(s.reduced if s.present else special_records.no_gradient_records(s.elements, plan.buckets)))
+            for s in rest.series
+        ]
+        histograms = _unless_nonfinite(records, condition.histograms)
+        groups = plans.groups(records, info_of=lambda r: r.series.info)
+        for members in groups:
+            _write_group(members, step, plan.description, histograms)
+        for s in rest.series + tuple(s for g in split.fused for s in g):
+            _write_raw(s, step, plan.description)
+        for t in rest.timesteps:
+            _write(t.info, t.norms, step)
+            if t.raw is not None:
+                _write(t.raw_info, t.raw, step)
+        if plan.track_nonfinite and records:
+            _track([r for g in groups for r in g], [len(g) for g in groups], step)
+        per_example_write.write(plan, step, plan.description, fused_stats, ahead)
 
-    `histograms`: write the histogram records too (a step with a NaN/Inf in these series gets them anyway).
-    """
-    reduced = reduced_plan(dataclasses.replace(plan, series=tuple(rest)))
-    records = [
-        (s, *(s.reduced if s.present else reductions.no_gradient_records(s.elements, plan.buckets)))
-        for s in reduced.series
-    ]
-    if records and not (isinstance(histograms, bool) and histograms):
-        present = [stat for s, _, stat in records if s.present]
-        if present:  # a NaN/Inf: the step is written in full
-            histograms = tf.logical_or(histograms, tf.reduce_any(first_nonfinite.nonfinite_flags(present)))
-    if plan.format_version >= 2:
-        ordered, sizes = _write_groups(records, step, plan.description, histograms)
-        stat_of = {id(s): stat for s, _, stat in records}
-        tracked = [s.info for s in ordered]  # every row of a group, a "no gradient" one never non-finite
-        flags = (
-            None
-            if not ordered
-            else tf.logical_and(
-                first_nonfinite.nonfinite_flags([stat_of[id(s)] for s in ordered]),
-                tf.constant([s.present for s in ordered]),
-            )
+
+def _unless_nonfinite(records: Sequence[_Record], histograms: Any) -> Any:
+    """`histograms`, or true where one of the present series holds a NaN/Inf (the step is written in full)."""
+    if not records or (isinstance(histograms, bool) and histograms):
+        return histograms
+    present = [r.stats for r in records if r.series.present]
+    if not present:
+        return histograms
+    return tf.logical_or(histograms, tf.reduce_any(nonfinite_tracker.nonfinite_flags(present)))
+
+
+def _track(ordered: Sequence[_Record], sizes: Sequence[int], step: tf.Tensor) -> None:
+    """The tracker's update for every row written (a "no gradient" one is never non-finite)."""
+    flags = tf.logical_and(
+        nonfinite_tracker.nonfinite_flags([r.stats for r in ordered]),
+        tf.constant([r.series.present for r in ordered]),
+    )
+    nonfinite_tracker.track([r.series.info for r in ordered], flags, step, group_sizes=sizes)
+
+
+def _write_group(members: Sequence[_Record], step: tf.Tensor, description: str, histograms: Any) -> None:
+    """One (target, source) group's histogram counts and stats, as one record each (docs/FORMAT.md)."""
+    group = metadata.GroupInfo.of(metadata.KIND_STATS, [r.series.info for r in members])
+    stats_only = members[0].series.stats_only
+    kinds = [metadata.KIND_STATS] if stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
+    tags = [group.with_kind(k) for k in kinds]
+    pending = tag_metadata.Pending(tags, step)
+    written = []
+    for i, g in enumerate(tags):
+        serialized = tag_metadata.serialized_if(
+            pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString()
         )
-    else:
-        tracked, stats, sizes = [], [], ()
-        for s, hist, stat in records:
-            if not s.stats_only:
-                write_if(
-                    histograms,
-                    lambda s=s, hist=hist: _write(s.of_kind(metadata.KIND_HISTOGRAM), hist, step, plan.description),
-                )
-            _write(s.info, stat, step, plan.description)
-            if s.present:
-                tracked.append(s.info)
-                stats.append(stat)
-        flags = first_nonfinite.nonfinite_flags(stats) if stats else None
-    for s in reduced.series:
-        _write_raw(s, step, plan.description)
-    for s in fused:
-        _write_raw(s, step, plan.description)
-    for t in reduced.timesteps:
-        _write(t.info, t.norms, step)
-        if t.raw is not None:
-            _write(t.raw_info, t.raw, step)
-    if plan.track_nonfinite and tracked:
-        first_nonfinite.track(tracked, flags, step, group_sizes=sizes)
-
-
-def _write_groups(
-    records: List[Tuple[Series, Any, Any]], step: tf.Tensor, description: str, histograms: Any = True
-) -> Tuple[List[Series], List[int]]:
-    """Format version 2: each (target, source) group's histogram counts and stats as one record each.
-
-    Returns the series in the order written, and the group sizes (for the tracker).
-    """
-    by_series = {id(s): (hist, stat) for s, hist, stat in records}
-    ordered: List[Series] = []
-    sizes: List[int] = []
-    for members in plans.groups(tuple(s for s, _, _ in records)):
-        group = metadata.GroupInfo.of(metadata.KIND_STATS, [s.info for s in members])
-        kinds = [metadata.KIND_STATS] if members[0].stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
-        tags = [group.with_kind(k) for k in kinds]
-        pending = tag_metadata.Pending(tags, step)
-        written = []
-        for i, g in enumerate(tags):
-            serialized = tag_metadata.serialized_if(
-                pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString()
+        tag = tag_metadata.tag_at(g, pending.firsts[i])
+        if g.kind == metadata.KIND_STATS:
+            value = tf.stack([tf.cast(r.stats, tf.float64) for r in members])
+            tf.summary.write(tag, value, step=step, metadata=serialized)
+            written.append(tf.constant(True))
+        else:
+            counts = tf.stack([tf.cast(r.histogram, tf.float64)[:, 2] for r in members])
+            write_if(
+                histograms,
+                lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized),
             )
-            tag = tag_metadata.tag_at(g, pending.firsts[i])
-            if g.kind == metadata.KIND_STATS:
-                value = tf.stack([tf.cast(by_series[id(s)][1], tf.float64) for s in members])
-                tf.summary.write(tag, value, step=step, metadata=serialized)
-                written.append(tf.constant(True))
-            else:
-                counts = tf.stack([tf.cast(by_series[id(s)][0], tf.float64)[:, 2] for s in members])
-                write_if(
-                    histograms,
-                    lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized),
-                )
-                written.append(tf.convert_to_tensor(histograms, tf.bool))
-        pending.store(tf.stack(written))
-        ordered.extend(members)
-        sizes.append(len(members))
-    return ordered, sizes
+            written.append(tf.convert_to_tensor(histograms, tf.bool))
+    pending.store(tf.stack(written))
 
 
 _COUNT_TYPES = tuple(tf.as_dtype(name) for name, _ in metadata.COUNT_DTYPES)
@@ -329,7 +323,7 @@ def _write(info: metadata.SeriesInfo, tensor: Any, step: tf.Tensor, description:
 
 def _write_raw(s: Series, step: tf.Tensor, description: str) -> None:
     if s.wants_raw:
-        raw = s.raw if s.raw is not None else reductions.bounded_tensor(s.data, s.max_elements)
+        raw = s.raw if s.raw is not None else special_records.bounded_tensor(s.data, s.max_elements)
         _write(s.of_kind(metadata.KIND_TENSOR), raw, step, description)
 
 

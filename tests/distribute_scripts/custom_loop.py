@@ -55,10 +55,8 @@ def train(log: bool):
                 tb_layergrad.summary.gradients(grads, replicas="stats")
             for mode in ("gather", "stats"):  # the low-level op, one output and one weight
                 with writers[f"low_{mode}"].as_default(step=step):
-                    tb_layergrad.summary.gradient("tiny/hidden", grads["tiny/hidden"], replicas=mode)
-                    tb_layergrad.summary.gradient(
-                        "tiny/out/bias", grads["tiny/out/bias"], source="weight", replicas=mode
-                    )
+                    tb_layergrad.summary.histogram_and_stats("tiny/hidden", grads["tiny/hidden"])
+                    tb_layergrad.summary.histogram_and_stats("tiny/out/bias", grads["tiny/out/bias"], source="weight")
         opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
         return grads
 

@@ -17,11 +17,11 @@
 // the step is written after all when `record_if_nonfinite` holds (the first such step of a
 // run is written in full, on the schedule or not).
 //
-// With `group_sizes` (format version 2, docs/FORMAT.md), the inputs are consecutive groups (the
-// layers of one target and source) and each group is ONE record per kind: stats [L, 12] float64,
-// histogram counts [L, k] in the narrowest unsigned type that holds them, first_nonfinite [L]
-// int64. The tag and metadata lists then hold one entry per group, and the metadata is written
-// only where `with_metadata` says (a tag's first record: TensorBoard keeps the first it sees).
+// The inputs are consecutive groups of `group_sizes` (the layers of one target and source, docs/FORMAT.md)
+// and each group is ONE record per kind: stats [L, 12] float64, histogram counts [L, k] in the narrowest
+// unsigned type that holds them, first_nonfinite [L] int64. The tag and metadata lists hold one entry per
+// group, and the metadata is written only where `with_metadata` says (a tag's first record: TensorBoard
+// keeps the first it sees).
 #include "records.h"
 
 #include <algorithm>
@@ -53,8 +53,8 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
     .Attr("first_nonfinite_metadata: list(string)")
     .Attr("flush: bool = false")
     .Attr("check: bool = false")
-    .Attr("group_sizes: list(int) = []")
-    .Attr("block_steps: list(int) = []")
+    .Attr("group_sizes: list(int) >= 1")
+    .Attr("block_steps: list(int) >= 1")
     .Output("written: bool")
     .Output("first_nonfinite_after: int64")
     .Output("nonfinite: bool")
@@ -72,22 +72,19 @@ REGISTER_OP("TbLayergradWriteHistogramsAndStats")
       return absl::OkStatus();
     })
     .Doc(
-        "When record is true: writes the histogram [buckets, 3] and stats [12] record of each input to the "
-        "summary writer at step, under the given tags and serialized SummaryMetadata; updates each input's "
+        "The inputs form consecutive groups of group_sizes. When record is true: writes each group's stats "
+        "[L, 12] and histogram counts [L, buckets] (in the narrowest unsigned type) to the summary writer at step, "
+        "under the group's tag (suffixed with /<the first step of the block of block_steps steps holding step>) "
+        "and serialized SummaryMetadata (only where with_metadata [3 * groups] says, for each group's "
+        "histogram, stats and first_nonfinite record; metadata_written says which did); updates each input's "
         "first_nonfinite step (-1: none yet) with this step if it holds a NaN/Inf and, unless its tags are "
-        "empty, writes the int64 [1] first_nonfinite record of each input that has one; flushes the writer "
-        "if flush. With check, when record is false, each input is scanned for a NaN/Inf and the records are "
-        "written after all if one holds one and record_if_nonfinite is true. The histogram records are written only "
-        "when record_histograms is true or an input holds a NaN/Inf (a step so written is written in full). Returns "
-        "whether it wrote, the "
-        "updated first_nonfinite steps (the input as it is when nothing was written) and which inputs hold a "
-        "NaN/Inf (all false when nothing was recorded or checked). With group_sizes, the inputs form consecutive "
-        "groups and each group is one record per kind (stats [L, 12], histogram counts [L, buckets] in the narrowest "
-        "unsigned type, first_nonfinite [L]); the tag and metadata lists hold one entry per group, with_metadata "
-        "[3 * groups] says which of (histogram, stats, first_nonfinite) of each group carries its metadata, and "
-        "metadata_written says which did; stats [T, 12] holds each input's stats as written (zeros when nothing "
-        "was written); with block_steps (one per group), each group's tags are suffixed with "
-        "/<the first step of the block of that many steps holding step> (tb_layergrad).");
+        "empty, writes the int64 [L] first_nonfinite record of each group with one; flushes the writer if flush. "
+        "With check, when record is false, each input is scanned for a NaN/Inf and the records are written after "
+        "all if one holds one and record_if_nonfinite is true. The histogram records are written only when "
+        "record_histograms is true or an input holds a NaN/Inf (a step so written is written in full). Returns "
+        "whether it wrote, the updated first_nonfinite steps (the input as it is when nothing was written), which "
+        "inputs hold a NaN/Inf (all false when nothing was recorded or checked), metadata_written, and each "
+        "input's stats [T, 12] as written (zeros when nothing was written) (tb_layergrad).");
 
 
 class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
@@ -101,8 +98,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     std::vector<int64_t> sizes;
     OP_REQUIRES_OK(c, c->GetAttr("group_sizes", &sizes));
     OP_REQUIRES_OK(c, c->GetAttr("block_steps", &block_steps_));
-    OP_REQUIRES(c, block_steps_.empty() || block_steps_.size() == sizes.size(),
-                absl::InvalidArgumentError("block_steps needs one entry per group"));
+    OP_REQUIRES(c, block_steps_.size() == sizes.size(), absl::InvalidArgumentError("block_steps needs one entry per group"));
     for (const int64_t steps : block_steps_)
       OP_REQUIRES(c, steps >= 1, absl::InvalidArgumentError("block_steps must be >= 1"));
     int64_t begin = 0;
@@ -111,10 +107,10 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
       groups_.push_back({begin, begin + size});
       begin += size;
     }
-    OP_REQUIRES(c, groups_.empty() || begin == static_cast<int64_t>(types.size()),
+    OP_REQUIRES(c, begin == static_cast<int64_t>(types.size()),
                 absl::InvalidArgumentError("the group sizes must add up to the number of input tensors"));
-    // One tag and metadata per input tensor (version 1) or per group (version 2), and kind.
-    const size_t entries = groups_.empty() ? types.size() : groups_.size();
+    // One tag and metadata per group and kind.
+    const size_t entries = groups_.size();
     const char* names[] = {"histogram_tags", "histogram_metadata", "stats_tags", "stats_metadata",
                            "first_nonfinite_tags", "first_nonfinite_metadata"};
     std::vector<std::string>* lists[] = {&histogram_tags_, &histogram_metadata_, &stats_tags_, &stats_metadata_,
@@ -123,10 +119,10 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
       OP_REQUIRES_OK(c, c->GetAttr(names[i], lists[i]));
       const bool untracked = i >= 4 && lists[i]->empty();  // no first_nonfinite records
       OP_REQUIRES(c, lists[i]->size() == entries || untracked,
-                  absl::InvalidArgumentError("one tag and one metadata per input tensor (or group) and kind are needed"));
+                  absl::InvalidArgumentError("one tag and one metadata per group and kind are needed"));
     }
     OP_REQUIRES(c, first_tags_.size() == first_metadata_.size(),
-                absl::InvalidArgumentError("one tag and one metadata per input tensor (or group) and kind are needed"));
+                absl::InvalidArgumentError("one tag and one metadata per group and kind are needed"));
   }
 
   void Compute(tensorflow::OpKernelContext* ctx) override {
@@ -148,7 +144,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
                 absl::InvalidArgumentError("first_nonfinite must hold one step per input tensor"));
     const int64_t flags = 3 * static_cast<int64_t>(groups_.size());
     OP_REQUIRES(ctx, with_metadata_in.dims() == 1 && with_metadata_in.dim_size(0) == flags,
-                absl::InvalidArgumentError("with_metadata must hold three flags per group (none without groups)"));
+                absl::InvalidArgumentError("with_metadata must hold three flags per group"));
     tensorflow::Tensor* written = nullptr;
     tensorflow::Tensor* firsts_out = nullptr;
     tensorflow::Tensor* nonfinite_out = nullptr;
@@ -193,11 +189,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
       if (firsts(t) < 0 && nonfinite(t)) firsts(t) = at;
       histograms |= nonfinite(t);  // a step with a NaN/Inf is written in full
     }
-    if (groups_.empty()) {
-      WritePerTensor(ctx, writer.get(), at, hist, stats, *firsts_out, histograms);
-    } else {
-      WriteGroups(ctx, writer.get(), at, hist, stats, *firsts_out, with_metadata_in, metadata_out, histograms);
-    }
+    WriteGroups(ctx, writer.get(), at, hist, stats, *firsts_out, with_metadata_in, metadata_out, histograms);
     if (!ctx->status().ok()) return;
     if (flush_) OP_REQUIRES_OK(ctx, writer->Flush());
   }
@@ -207,25 +199,7 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     int64_t begin, end;  // input tensors [begin, end)
   };
 
-  // Version 1: in tf.summary.write's order, each tensor's histogram (if `histograms`), then its stats, then its
-  // first step.
-  void WritePerTensor(tensorflow::OpKernelContext* ctx, tensorflow::SummaryWriterInterface* writer, int64_t at,
-                      const tensorflow::Tensor& hist, const tensorflow::Tensor& stats,
-                      const tensorflow::Tensor& firsts_t, bool histograms) {
-    auto firsts = firsts_t.vec<int64_t>();
-    for (int t = 0; t < static_cast<int>(firsts.size()); ++t) {
-      if (histograms) {
-        OP_REQUIRES_OK(ctx, writer->WriteTensor(at, hist.SubSlice(t), histogram_tags_[t], histogram_metadata_[t]));
-      }
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, stats.SubSlice(t), stats_tags_[t], stats_metadata_[t]));
-      if (first_tags_.empty() || firsts(t) < 0) continue;  // not tracked, or clean so far
-      tensorflow::Tensor value(tensorflow::DT_INT64, tensorflow::TensorShape({1}));
-      value.flat<int64_t>()(0) = firsts(t);
-      OP_REQUIRES_OK(ctx, writer->WriteTensor(at, value, first_tags_[t], first_metadata_[t]));
-    }
-  }
-
-  // Version 2: each group's histogram counts (if `histograms`), then its stats, then (from its first NaN/Inf on)
+  // Each group's histogram counts (if `histograms`), then its stats, then (from its first NaN/Inf on)
   // its first steps.
   void WriteGroups(tensorflow::OpKernelContext* ctx, tensorflow::SummaryWriterInterface* writer, int64_t at,
                    const tensorflow::Tensor& hist, const tensorflow::Tensor& stats,
@@ -236,14 +210,11 @@ class WriteHistogramsAndStatsOp : public tensorflow::OpKernel {
     auto metadata_written = metadata_written_t->vec<bool>();
     auto h = hist.tensor<double, 3>();
     for (size_t g = 0; g < groups_.size(); ++g) {
-      // docs/FORMAT.md, "Format version 2": a tag per block of steps, named by its first step (floor division).
-      std::string block;
-      if (!block_steps_.empty()) {
-        const int64_t steps = block_steps_[g];
-        int64_t first = at / steps;
-        if (at % steps != 0 && at < 0) --first;
-        block = "/" + std::to_string(first * steps);
-      }
+      // docs/FORMAT.md: a tag per block of steps, named by its first step (floor division).
+      const int64_t steps = block_steps_[g];
+      int64_t first = at / steps;
+      if (at % steps != 0 && at < 0) --first;
+      const std::string block = "/" + std::to_string(first * steps);
       const Group& group = groups_[g];
       const int64_t rows = group.end - group.begin;
       auto metadata = [&](int kind, const std::string& serialized) -> std::string {

@@ -1,4 +1,7 @@
-"""The running "first non-finite step" records (kind `first_nonfinite`, docs/FORMAT.md).
+"""Each series' first non-finite step, kept running: the records of kind `first_nonfinite` (docs/FORMAT.md).
+
+Not to be mixed up with where a run's first NaN/Inf was born (`tb_layergrad.nonfinite_origin`): this module
+only remembers, per series, the first logged step at which it held a NaN/Inf, and writes it.
 
 Why: TensorBoard may keep only a sample of a series' steps (a user's
 `--samples_per_plugin=layergrad=N`), always including the LAST one. The step at
@@ -27,18 +30,6 @@ from tb_layergrad.summary import writer_state
 from tb_layergrad.summary.graph import cond_out_of_line, write_if
 
 _NONFINITE_COUNTS = [metadata.STAT_INDEX[k] for k in ("nan", "pos_inf", "neg_inf")]
-
-
-def record_info(stats_info: metadata.SeriesInfo) -> metadata.SeriesInfo:
-    """The `first_nonfinite` series that goes with a `stats` series."""
-    return metadata.SeriesInfo(
-        layer=stats_info.layer,
-        kind=metadata.KIND_FIRST_NONFINITE,
-        target=stats_info.target,
-        source=stats_info.source,
-        index=stats_info.index,
-        dtype=stats_info.dtype,
-    )
 
 
 _LOCK = threading.Lock()
@@ -149,9 +140,7 @@ def nonfinite_flags(stats: Sequence[Any]) -> tf.Tensor:
     return tf.reduce_any(counts > 0, axis=1)
 
 
-def track(
-    infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any, group_sizes: Sequence[int] = ()
-) -> None:
+def track(infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any, group_sizes: Sequence[int]) -> None:
     """Update the running first non-finite step of each stats series and write those there are.
 
     `nonfinite` [T] bool: which series held a NaN/Inf at this step. To be
@@ -161,8 +150,8 @@ def track(
     NaN/Inf ever) should cost no more than a look at its flags and one
     variable; a condition (or an assignment) per series costs a call each in a
     `tf.function` (docs/DESIGN.md, "One first-non-finite tracker").
-    `group_sizes` (format version 2): `infos` are consecutive groups of these
-    sizes, each written as one int64 [L] record (docs/FORMAT.md).
+    `group_sizes`: `infos` are consecutive groups of these sizes (one target
+    and source each), each written as one int64 [L] record (docs/FORMAT.md).
     """
     if not infos:
         return
@@ -179,24 +168,10 @@ def track(
         first = tf.where((previous < 0) & nonfinite, step, previous)
         variable.scatter_update(tf.IndexedSlices(first, slots_t))
         table.seen.assign(tf.logical_or(table.seen.value(), tf.reduce_any(first >= 0)))
-        if group_sizes:
-            _write_groups(infos, group_sizes, first, step)
-        else:
-            _write_each(infos, first, step)
+        _write_groups(infos, group_sizes, first, step)
         return tf.constant(True)
 
     cond_out_of_line(needed, store_and_write)
-
-
-def _write_each(infos: Sequence[metadata.SeriesInfo], first: tf.Tensor, step: tf.Tensor) -> None:
-    for i, info in enumerate(infos):
-        record = record_info(info)
-
-        def write(record=record, value=first[i : i + 1]) -> tf.Tensor:
-            tf.summary.write(record.tag, value, step=step, metadata=metadata.create_summary_metadata(record))
-            return tf.constant(True)
-
-        write_if(first[i] >= 0, write)
 
 
 def _write_groups(
