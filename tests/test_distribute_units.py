@@ -77,10 +77,12 @@ def test_non_chief_writer_writes_nothing_but_keeps_the_step(monkeypatch, tmp_pat
     assert not os.path.exists(tmp_path / "run")
 
 
-def test_bad_mode_is_refused():
-    with pytest.raises(ValueError, match="replicas must be one of"):
-        distribute.check_mode("mean")
+def test_removed_arguments_are_refused_by_python():
+    """No replicas="stats" mode and no format_version: only the newest format is written, always gathered."""
     import tb_layergrad
 
-    with pytest.raises(ValueError, match='replicas="gather"'):
-        tb_layergrad.GradientLogger("logs", replicas="stats", max_elements=4)
+    with pytest.raises(TypeError, match="replicas"):
+        tb_layergrad.summary.gradients({"layer": tf.ones([4, 2])}, step=0, replicas="stats")
+    with pytest.raises(TypeError, match="format_version"):
+        tb_layergrad.summary.activations({"layer": tf.ones([4, 2])}, step=0, format_version=1)
+    assert not hasattr(distribute, "check_mode")

@@ -1,6 +1,6 @@
 """MirroredStrategy over 2 logical CPUs, custom loop: every write path vs a single device on the same batch.
 
-Usage: custom_loop.py LOGDIR. Writes runs LOGDIR/{single,gather,stats,cross} and
+Usage: custom_loop.py LOGDIR. Writes runs LOGDIR/{single,gather,cross,low} and
 LOGDIR/weights.npz (final weights with and without logging, under the strategy).
 """
 
@@ -36,10 +36,7 @@ def train(log: bool):
         opt = keras.optimizers.SGD(0.1)
     single = tiny_model(keras)
     if log:
-        writers = {
-            k: distribute.create_file_writer(os.path.join(logdir, k))
-            for k in ("gather", "stats", "cross", "low_gather", "low_stats")
-        }
+        writers = {k: distribute.create_file_writer(os.path.join(logdir, k)) for k in ("gather", "cross", "low")}
         single_writer = tf.summary.create_file_writer(os.path.join(logdir, "single"))
 
     def replica_step(xb, yb):
@@ -51,12 +48,9 @@ def train(log: bool):
         if log:
             with writers["gather"].as_default(step=step):
                 tb_layergrad.summary.gradients(grads)
-            with writers["stats"].as_default(step=step):
-                tb_layergrad.summary.gradients(grads, replicas="stats")
-            for mode in ("gather", "stats"):  # the low-level op, one output and one weight
-                with writers[f"low_{mode}"].as_default(step=step):
-                    tb_layergrad.summary.histogram_and_stats("tiny/hidden", grads["tiny/hidden"])
-                    tb_layergrad.summary.histogram_and_stats("tiny/out/bias", grads["tiny/out/bias"], source="weight")
+            with writers["low"].as_default(step=step):  # the low-level op, one output and one weight
+                tb_layergrad.summary.histogram_and_stats("tiny/hidden", grads["tiny/hidden"])
+                tb_layergrad.summary.histogram_and_stats("tiny/out/bias", grads["tiny/out/bias"], source="weight")
         opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
         return grads
 
@@ -115,17 +109,12 @@ def in_cond(xb, yb):
         tf.cond(tf.reduce_sum(xb) > -1e9, lambda: tb_layergrad.summary.gradients(grads), lambda: tf.constant(False))
 
 
-def stats_with_tensors(xb, yb):
-    with ewriter.as_default(step=1):
-        tb_layergrad.summary.gradients(capture_step(xb, yb), replicas="stats", max_elements=10)
-
-
 def cross_without_strategy(xb, yb):
     return capture_step(xb, yb)
 
 
 batch = next(iter(strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensor_slices((x, y)).batch(8))))
-for name, fn in (("in_cond", in_cond), ("stats_with_tensors", stats_with_tensors)):
+for name, fn in (("in_cond", in_cond),):
     try:
         tf.function(lambda a, b: strategy.run(fn, (a, b)))(*batch)
         errors[name] = "no error"

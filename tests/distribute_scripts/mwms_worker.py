@@ -2,8 +2,8 @@
 
 Usage: mwms_worker.py LOGDIR. Every worker runs the same program on the same
 LOGDIR (a shared file system). A custom loop writes with summary.gradients in
-replica context, through distribute.create_file_writer, to LOGDIR/gather and
-LOGDIR/stats (replicas="gather" / "stats"): only the chief may leave event files.
+replica context, through distribute.create_file_writer, to LOGDIR/gather (the
+replicas' tensors all-gathered): only the chief may leave event files.
 The chief also writes LOGDIR/single: one device, the same weights, the whole
 global batch of each step (histograms and statistics do not depend on the order
 of the examples, so it does not matter how the batch was split over workers).
@@ -39,7 +39,7 @@ with strategy.scope():
     model = tiny_model(keras)
     opt = keras.optimizers.SGD(0.1)
 single = tiny_model(keras)
-writers = {m: distribute.create_file_writer(os.path.join(logdir, m)) for m in ("gather", "stats")}
+writer = distribute.create_file_writer(os.path.join(logdir, "gather"))
 single_writer = tf.summary.create_file_writer(os.path.join(logdir, "single")) if chief else None
 
 
@@ -55,9 +55,8 @@ def step_fn(xb, yb):
             with tb_layergrad.capture(model, weights=True, tape=tape) as cap:
                 loss = loss_of(model, xb, yb, GLOBAL_BATCH)
         grads = cap.gradients(tape, loss)
-        for mode, writer in writers.items():
-            with writer.as_default(step=opt.iterations + 1):
-                tb_layergrad.summary.gradients(grads, replicas=mode)
+        with writer.as_default(step=opt.iterations + 1):
+            tb_layergrad.summary.gradients(grads)
         opt.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
 
     strategy.run(replica_step, (xb, yb))
@@ -78,6 +77,6 @@ for (xg, yg), (xb, yb) in zip(ds, strategy.experimental_distribute_dataset(ds)):
         single.set_weights([v.numpy() for v in model.weights])
         single_step(xg, yg, opt.iterations + 1)
     step_fn(xb, yb)
-for w in list(writers.values()) + ([single_writer] if chief else []):
+for w in [writer] + ([single_writer] if chief else []):
     w.flush()
 print("OK", task["type"], task["index"], chief)

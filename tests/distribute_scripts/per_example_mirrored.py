@@ -1,7 +1,7 @@
 """MirroredStrategy over 2 logical CPUs: per-example records of every replica, in global batch order.
 
-Usage: per_example_mirrored.py LOGDIR. Writes runs LOGDIR/{single,gather,stats} (custom loop: a single device on
-the global batch, then `summary.gradients` inside `strategy.run` in both merge modes, same weights, same batch),
+Usage: per_example_mirrored.py LOGDIR. Writes runs LOGDIR/{single,gather} (custom loop: a single device on
+the global batch, then `summary.gradients` inside `strategy.run`, same weights, same batch),
 and LOGDIR/{fit_single,fit_mirrored}/train (GradientLogger(per_example=True) in fit(), one step on the global batch).
 """
 
@@ -33,7 +33,7 @@ with strategy.scope():
     model = tiny_model(keras)
 single = tiny_model(keras)
 single.set_weights(model.get_weights())
-writers = {k: distribute.create_file_writer(os.path.join(logdir, k)) for k in ("gather", "stats")}
+writer = distribute.create_file_writer(os.path.join(logdir, "gather"))
 single_writer = tf.summary.create_file_writer(os.path.join(logdir, "single"))
 
 
@@ -42,9 +42,8 @@ def replica_step(xb, yb):
         with tb_layergrad.capture(model, weights=True, tape=tape, per_example=True) as cap:
             loss = tf.nn.compute_average_loss(per_example(yb, model(xb)), global_batch_size=GLOBAL_BATCH)
     grads = cap.gradients(tape, loss)
-    for mode, w in writers.items():
-        with w.as_default(step=1):
-            tb_layergrad.summary.gradients(grads, replicas=mode)
+    with writer.as_default(step=1):
+        tb_layergrad.summary.gradients(grads)
 
 
 @tf.function
@@ -60,7 +59,7 @@ with single_writer.as_default(step=1):
 ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
 for xb, yb in strategy.experimental_distribute_dataset(ds):
     step_fn(xb, yb)
-for w in list(writers.values()) + [single_writer]:
+for w in (writer, single_writer):
     w.flush()
 
 
