@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 import subprocess
 import sys
 import textwrap
@@ -447,9 +448,10 @@ def test_every_read_is_filtered_by_run_and_tag(tb):
         for _, _, runs, tags in reads:
             assert runs is not None and len(runs) == 1, (route, runs)
             assert tags, (route, tags)
-            assert all(t.endswith(tuple(metadata.KINDS)) for t in tags)
+            assert all(re.search(rf"/({'|'.join(metadata.KINDS)})(/\d+)?$", t) for t in tags), tags
         if route == "stats":
-            assert reads[0][3] == frozenset({f"loss/output/{TENSOR_LAYER}/stats"})
+            layer = metadata.SeriesInfo(layer=TENSOR_LAYER, kind="stats", index=1, dtype="float32")
+            assert reads[0][3] == frozenset({metadata.GroupInfo.of("stats", [layer]).tag_at(0)})  # its group alone
 
 
 def test_experiment_id_and_path_prefix(small_logdir):
@@ -498,10 +500,9 @@ def test_live_training_new_steps_appear_on_next_request(tmp_path):
     second.close()
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version):
-    """matrix, anomalies, stats, csv share one read of a run's stats; a new record invalidates it. Version 2:
-    the steps cross a block (a tag each, docs/FORMAT.md), and only the block that changed is read again."""
+def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path):
+    """matrix, anomalies, stats, csv share one read of a run's stats; a new record invalidates it. The steps
+    cross a block (a tag each, docs/FORMAT.md), and only the block that changed is read again."""
     import tensorflow as tf
 
     from tb_layergrad import summary
@@ -513,9 +514,7 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version
             for i, p in enumerate(("net/a", "net/b"))
         ],
     )
-    origin = (
-        group.block_steps - 3 if version == 2 else 0
-    )  # version 2: steps origin..origin+2, then two in the next block
+    origin = group.block_steps - 3  # steps origin..origin+2, then two in the next block
     steps = [origin + i for i in range(5)]
 
     def write(chosen):
@@ -525,7 +524,7 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version
                 values = {
                     layer: tf.fill([3], float(step - origin + 1 + i)) for i, layer in enumerate(("net/a", "net/b"))
                 }
-                summary.gradients(values, step=step, format_version=version)
+                summary.gradients(values, step=step)
         writer.flush()
         return writer
 
@@ -553,7 +552,7 @@ def test_stats_tables_are_read_once_while_the_run_is_unchanged(tmp_path, version
     next_second()
     second = write(steps[3:])
     tb.reload()
-    assert stats_reads("matrix", {"run": "live"}) == 1  # version 2: the new block alone
+    assert stats_reads("matrix", {"run": "live"}) == 1  # the new block alone
     body = get_json(tb, "matrix", {"run": "live", "stat": "max"})
     assert body["steps"] == steps
     assert body["values"] == [[1.0, 2.0, 3.0, 4.0, 5.0], [2.0, 3.0, 4.0, 5.0, 6.0]]
