@@ -13,11 +13,12 @@ the layer outputs themselves, so that one object says where a NaN was born
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, ItemsView, Iterator, KeysView, List, Optional, ValuesView
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from tb_layergrad import metadata, nonfinite_origin
+from tb_layergrad.capturing.read_only_map import ReadOnlyMap
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +36,12 @@ class Entry:
     dtype: str = ""
 
 
-class GradientMap:
+class GradientMap(ReadOnlyMap):
     """path -> d target / d tensor (None where the target does not depend on it).
 
-    It behaves as a read-only dict but is deliberately not a
-    `collections.abc.Mapping`: tf.nest would then rebuild it as a plain dict
-    and lose the metadata; instead it implements tf.nest's
+    It behaves as a read-only dict (`ReadOnlyMap`) and implements tf.nest's
     `__tf_flatten__`/`__tf_unflatten__`, so it can be returned from a
-    `tf.function`.
+    `tf.function` with what it carries.
     """
 
     def __init__(
@@ -71,29 +70,8 @@ class GradientMap:
     def __getitem__(self, path: str) -> Any:
         return self._entries[path].value
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, path: object) -> bool:
-        return path in self._entries
-
-    def keys(self) -> KeysView[str]:
-        return self.as_dict().keys()
-
-    def values(self) -> ValuesView[Any]:
-        return self.as_dict().values()
-
-    def items(self) -> ItemsView[str, Any]:
-        return self.as_dict().items()
-
-    def get(self, path: str, default: Any = None) -> Any:
-        return self._entries[path].value if path in self._entries else default
-
-    def as_dict(self) -> Dict[str, Any]:
-        return {p: e.value for p, e in self._entries.items()}
+    def _paths(self) -> Dict[str, Entry]:
+        return self._entries
 
     def entry(self, path: str) -> Entry:
         return self._entries[path]

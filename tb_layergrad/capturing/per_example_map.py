@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
+
+from tb_layergrad.capturing.read_only_map import ReadOnlyMap
 
 # How the reason of a path whose examples a BatchNormalization coupled begins (`PerExamplePass` writes it,
 # `is_coupled` and the writers read it): a coupled path gets status EXAMPLE_COUPLED on disk, not "unsupported".
@@ -102,7 +104,7 @@ def scaled(entry: Any, factor: Any) -> Any:
     return entry * tf.cast(factor, entry.dtype)
 
 
-class PerExampleNorms:
+class PerExampleNorms(ReadOnlyMap):
     """path -> [batch] float tensor: ‖∇ℓ_i‖ for each example i (None where there is no number).
 
     `unsupported`: path -> reason, for every path that has no number although the target depends on
@@ -143,29 +145,8 @@ class PerExampleNorms:
             return entry
         return self._built.get(path, lambda: materialized(entry))
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._norms)
-
-    def __len__(self) -> int:
-        return len(self._norms)
-
-    def __contains__(self, path: object) -> bool:
-        return path in self._norms
-
-    def keys(self):
-        return self._norms.keys()
-
-    def values(self):
-        return [self[p] for p in self._norms]
-
-    def items(self):
-        return [(p, self[p]) for p in self._norms]
-
-    def get(self, path: str, default: Any = None) -> Any:
-        return self[path] if path in self._norms else default
-
-    def as_dict(self) -> Dict[str, Any]:
-        return dict(self.items())
+    def _paths(self) -> Dict[str, Any]:
+        return self._norms
 
     # tf.nest protocol: lets it be returned from a tf.function (the reasons are static Python).
     def __tf_flatten__(self):

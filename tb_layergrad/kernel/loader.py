@@ -233,7 +233,9 @@ def _write_op_error(module: Any) -> Optional[str]:
             one = (("self_test", b""),)
             groups = ops.Groups(sizes=(1,), block_steps=(1,), histogram=one, stats=one, first_nonfinite=())
             condition = ops.Condition(record=tf.constant(True), step=tf.constant(0, tf.int64), flush=True)
-            ops.write(module, writer._resource, [tf.constant([1.0, 2.0])], 2, groups, condition)  # noqa: SLF001
+            op = module.tb_layergrad_write_histograms_and_stats
+            resource = writer._resource  # noqa: SLF001
+            ops.write_histograms_and_stats(resource, [tf.constant([1.0, 2.0])], 2, groups, condition, op=op)
             writer.close()
             if not any(os.path.getsize(os.path.join(scratch, f)) > 0 for f in os.listdir(scratch)):
                 return "the self-test wrote nothing"
@@ -258,16 +260,13 @@ def op():
     return None if module is None else module.tb_layergrad_histograms_and_stats
 
 
-def write_module() -> Optional[Any]:
-    """The loaded library when its write op can write here (`kernel.ops.write_histograms_and_stats`), or None."""
-    module = _module()
-    return None if module is None or _state.get("write_error") else module
-
-
 def write_op():
-    """The op function that also writes the records, or None (see `write_module`)."""
-    module = write_module()
-    return None if module is None else module.tb_layergrad_write_histograms_and_stats
+    """The op function that also writes the records (`ops.write_histograms_and_stats`), or None where it cannot
+    write here (`_write_op_error`)."""
+    module = _module()
+    if module is None or _state.get("write_error"):
+        return None
+    return module.tb_layergrad_write_histograms_and_stats
 
 
 def unavailable_reason() -> Optional[str]:

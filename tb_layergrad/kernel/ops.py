@@ -72,53 +72,45 @@ def histograms_and_stats(tensors: Sequence[tf.Tensor], buckets: int) -> Tuple[tf
     return fn(list(tensors), buckets=buckets)
 
 
+class Running(NamedTuple):
+    """What the write op reads of the state kept across steps: `first_steps` int64 [T], each tensor's first step
+    with a NaN/Inf so far (-1: none); `with_metadata` [3 * groups] bool, which of each group's (histogram,
+    stats, first_nonfinite) records carries its metadata."""
+
+    first_steps: tf.Tensor
+    with_metadata: tf.Tensor
+
+
 def write_histograms_and_stats(
     writer: tf.Tensor,
     tensors: Sequence[tf.Tensor],
     buckets: int,
     groups: Groups,
     condition: Condition,
-    first_steps: Optional[tf.Tensor] = None,
-    with_metadata: Optional[tf.Tensor] = None,
+    running: Optional[Running] = None,
+    op: Any = None,
 ) -> Written:
     """When `condition` holds, write each group's records to `writer` (a summary writer's resource handle).
 
-    The records are those `tf.summary.write` would write (docs/FORMAT.md). `first_steps`: int64 [T], each
-    tensor's first step with a NaN/Inf so far (-1: none; default: none); `with_metadata` [3 * groups] bool:
-    which of each group's (histogram, stats, first_nonfinite) records carries its metadata (default: all).
-    One op, on the CPU, where the writer lives.
+    The records are those `tf.summary.write` would write (docs/FORMAT.md). `running`: default, no first
+    non-finite step yet and the metadata with every record. `op`: the write op's function (default:
+    `loader.write_op()`). One op, on the CPU, where the writer lives.
     """
-    module = loader.write_module()
-    if module is None:
+    op = op if op is not None else loader.write_op()
+    if op is None:
         raise RuntimeError(f"the fused kernel is not available: {loader.unavailable_reason()}")
-    return write(module, writer, tensors, buckets, groups, condition, first_steps, with_metadata)
-
-
-def write(
-    module: Any,
-    writer: tf.Tensor,
-    tensors: Sequence[tf.Tensor],
-    buckets: int,
-    groups: Groups,
-    condition: Condition,
-    first_steps: Optional[tf.Tensor] = None,
-    with_metadata: Optional[tf.Tensor] = None,
-) -> Written:
-    """`write_histograms_and_stats` with the loaded library `module` (also before it is known to write)."""
-    if first_steps is None:
-        first_steps = tf.fill([len(tensors)], tf.constant(-1, tf.int64))
-    if with_metadata is None:
-        with_metadata = tf.ones([3 * len(groups.sizes)], tf.bool)
+    if running is None:
+        running = Running(tf.fill([len(tensors)], tf.constant(-1, tf.int64)), tf.ones([3 * len(groups.sizes)], tf.bool))
     check = condition.record_if_nonfinite is not None
     with tf.device("cpu:0"):
-        out = module.tb_layergrad_write_histograms_and_stats(
+        out = op(
             writer,
             condition.record,
             condition.record_if_nonfinite if check else tf.constant(False),
             tf.convert_to_tensor(condition.histograms, tf.bool),
             condition.step,
-            first_steps,
-            with_metadata,
+            running.first_steps,
+            running.with_metadata,
             list(tensors),
             buckets=buckets,
             histogram_tags=[t for t, _ in groups.histogram],

@@ -167,16 +167,8 @@ def histogram_and_stats(
         tb_layergrad.summary.histogram_and_stats("model/dense", tf.random.normal([32, 8]))
     ```
     """
-    return ops.write_tensor(
-        name,
-        data,
-        step,
-        buckets,
-        target=target,
-        source=source,
-        max_elements=max_elements,
-        description=description,
-    )
+    one = plans.series(name, data, target=target, source=source, max_elements=max_elements)
+    return ops.write_series(one, step, buckets, description)
 
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing

@@ -17,7 +17,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tb_layergrad import kernel, metadata
-from tb_layergrad.kernel.ops import Condition, Groups, Written
+from tb_layergrad.kernel.ops import Condition, Groups, Running, Written
 from tb_layergrad.statistics import reductions
 from tb_layergrad.summary import nonfinite_tracker, tag_metadata, writer_state
 from tb_layergrad.summary.plan import Plan, Series
@@ -72,12 +72,12 @@ def write_fused(
         first_nonfinite=_series(infos, metadata.KIND_FIRST_NONFINITE, "") if plan.track_nonfinite else (),
     )
     flat = [s for members in groups for s in members]
-    firsts = None
     if plan.track_nonfinite:
         variable, slots, firsts = nonfinite_tracker.running([s.info for s in flat], writer)
-    out = kernel.write_histograms_and_stats(
-        resource, [s.data for s in flat], plan.buckets, records, condition, firsts, pending.needed
-    )
+    else:
+        firsts = tf.fill([len(flat)], tf.constant(-1, tf.int64))
+    running = Running(firsts, pending.needed)
+    out = kernel.write_histograms_and_stats(resource, [s.data for s in flat], plan.buckets, records, condition, running)
     if plan.track_nonfinite:
         nonfinite_tracker.store(variable, slots, out.first_steps)
     pending.store(out.metadata_written)

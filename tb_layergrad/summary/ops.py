@@ -36,32 +36,29 @@ def warn_once(key: str, message: str) -> None:
         warnings.warn(message, UserWarning, stacklevel=4)
 
 
-def write_tensor(
-    name: str,
-    data: Any,
-    step: Any = None,
-    buckets: int = 30,
-    *,
-    target: str = metadata.DEFAULT_TARGET,
-    source: str = metadata.SOURCE_OUTPUT,
-    max_elements: int = 0,
-    description: str = "",
-    index: int = -1,
-    elements: int = -1,
-) -> tf.Tensor:
-    """`summary.histogram_and_stats`, with the layer's position `index` and, for `data` None, its `elements`."""
+def write_series(one: plans.Series, step: Any, buckets: int, description: str) -> tf.Tensor:
+    """`summary.histogram_and_stats` of the series `one` (`plans.series`): no running state across steps."""
     step = resolve_step(step)
-    one = plans.series(
-        name, data, target=target, source=source, index=index, elements=elements, max_elements=max_elements
-    )
     plan = plans.Plan((one,), buckets=plans.check_buckets(buckets), description=description, track_nonfinite=False)
     ctx = distribute.replica_context()
     if ctx is not None:  # several replicas: the global batch's tensor
-        merged = distribute.merge_in_replica(GradientMap({name: Entry(data, source, index, elements)}, target), ctx)
-        gathered = plans.from_gradients(merged.gradients, target, max_elements, buckets)
+        info = one.info
+        entry = Entry(one.data, info.source, info.index, one.elements)
+        merged = distribute.merge_in_replica(GradientMap({info.layer: entry}, info.target), ctx)
+        gathered = plans.from_gradients(merged.gradients, info.target, one.max_elements, buckets)
         plan = dataclasses.replace(plan, series=gathered.series)
     with tf.name_scope("layergrad"):
         return write_step(plan, step)
+
+
+def write_tensor(
+    name: str, data: Any, step: Any = None, buckets: int = 30, *, index: int = -1, elements: int = -1, **options: Any
+) -> tf.Tensor:
+    """`summary.histogram_and_stats` with the layer's position `index` and, for `data` None, its element count
+    `elements`; `options`: its other keyword arguments."""
+    description = options.pop("description", "")
+    options.setdefault("target", metadata.DEFAULT_TARGET)
+    return write_series(plans.series(name, data, index=index, elements=elements, **options), step, buckets, description)
 
 
 def write_timesteps(
