@@ -10,6 +10,8 @@ position call `write_tensor` and `write_timesteps` directly.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import warnings
 from typing import Any, Mapping, Optional, Set
 
@@ -27,13 +29,21 @@ _NO_REPLICAS = (
     "them inside strategy.run (replica context: every replica's norms are gathered), or pass per_example=False"
 )
 _WARNED: Set[str] = set()
+_INSIDE = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(tf.__file__))
 
 
 def warn_once(key: str, message: str) -> None:
-    """A `UserWarning` the first time `key` is met in this process: an option with no effect here."""
-    if key not in _WARNED:
-        _WARNED.add(key)
-        warnings.warn(message, UserWarning, stacklevel=4)
+    """A `UserWarning` the first time `key` is met in this process: an option with no effect here.
+
+    It names the user's line that called the op (the first frame outside this package and TensorFlow).
+    """
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    frame, level = sys._getframe(0), 1  # noqa: SLF001 - this frame, which calls warnings.warn, is level 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INSIDE):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def write_series(one: plans.Series, step: Any, buckets: int, description: str) -> tf.Tensor:
