@@ -1,10 +1,10 @@
-"""Overhead of logging under MirroredStrategy (2 logical CPU devices): plain step vs gather vs stats-only.
+"""Overhead of logging under MirroredStrategy (2 logical CPU devices): plain step vs the all-gather merge.
 
     python bench/distributed.py [--rounds 7] [--steps 20] [--batch 256]
 
 Custom loop, MLP 64-512-512-10, every layer captured. Variants: plain (no
-capture); gather/N and stats/N: summary.gradients in replica context with
-replicas="gather" / "stats", recorded every N steps (the merge runs at EVERY
+capture); gather/N: summary.gradients in replica context (the replicas'
+tensors all-gathered), recorded every N steps (the merge runs at EVERY
 step: collectives cannot run inside the recording condition); cross/10: the
 layer-output gradients returned from strategy.run and written in cross-replica
 context, where strategy.gather runs on recorded steps only. Variants run in interleaved
@@ -78,7 +78,7 @@ def main() -> None:
                 grads = gmap.variable_gradients
                 if not cross:
                     with writer.as_default(step=opt.iterations), tf.summary.record_if(record):
-                        tb_layergrad.summary.gradients(gmap, replicas=mode)
+                        tb_layergrad.summary.gradients(gmap)
             opt.apply_gradients(zip(grads, model.trainable_variables))
             return gmap.outputs if cross else None
 
@@ -94,9 +94,7 @@ def main() -> None:
     variants = {
         "plain": make(None),
         "gather/1": make("gather"),
-        "stats/1": make("stats"),
         "gather/10": make("gather", 10),
-        "stats/10": make("stats", 10),
         "cross/10": make("gather", 10, cross=True),
     }
     for fn in variants.values():  # trace + warm up

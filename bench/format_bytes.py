@@ -1,12 +1,11 @@
-"""Event-file bytes of a real `fit()` with `GradientLogger` at its defaults, by part and format version.
+"""Event-file bytes of a real `fit()` with `GradientLogger` at its defaults, by part.
 
 Trains a deep MLP (`layers` Dense layers) for `steps` steps with
-`GradientLogger(logdir)` (every step, output gradients; `format_version` 1 or
-2) and splits the event file's bytes into what they carry: framing (the
+`GradientLogger(logdir)` (every step, output gradients) and splits the event file's bytes into what they carry: framing (the
 TFRecord frame, the Event and Summary wrappers, tags, dtypes and shapes),
 summary metadata, and the stats, histogram and other tensor payloads.
 
-    python bench/format_bytes.py OUT --layers 100 --steps 4000 --format-version 2
+    python bench/format_bytes.py OUT --layers 100 --steps 4000
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ PARTS = ("framing", "metadata", "stats", "histogram", "other")
 _FRAME = 16
 
 
-def write_fit_logdir(
-    logdir: str, layers: int = 100, steps: int = 4000, format_version: int = 2, width: int = 32
-) -> float:
+def write_fit_logdir(logdir: str, layers: int = 100, steps: int = 4000, width: int = 32) -> float:
     """Train `layers` Dense layers for `steps` steps with GradientLogger's defaults; returns the seconds taken."""
     import keras
 
@@ -43,7 +40,7 @@ def write_fit_logdir(
     x = rng.normal(size=(batch * steps, width)).astype(np.float32)
     y = rng.normal(size=(batch * steps, 1)).astype(np.float32)
     start = time.perf_counter()
-    logger = tb_layergrad.GradientLogger(logdir, format_version=format_version)
+    logger = tb_layergrad.GradientLogger(logdir)
     model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[logger])
     return time.perf_counter() - start
 
@@ -87,9 +84,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--layers", type=int, default=100)
     parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--format-version", type=int, default=2, choices=(1, 2))
     args = parser.parse_args()
-    seconds = write_fit_logdir(args.out, args.layers, args.steps, args.format_version)
+    seconds = write_fit_logdir(args.out, args.layers, args.steps)
     parts = bytes_by_part(args.out)
     per = args.layers * args.steps
     print(

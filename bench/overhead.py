@@ -165,9 +165,6 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
 
     tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731
 
-    def format_v1(grads) -> None:  # ours, writing format version 1 (a record per layer): the "before" of version 2
-        tb_layergrad.summary.gradients(grads, format_version=1)
-
     plain.prepare = lambda calls: it.assign(calls)  # the same untimed work as the others' prepare
 
     fns = {
@@ -179,7 +176,6 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         "floor + one kernel per statistic": logged(1, "floorkernels", kernels_only),
         "ours_every_1": ours(1),
         "ours_every_10": ours(10),
-        "ours_every_1, format_version=1": logged(1, "v1", format_v1),
         "ours_every_1, TensorFlow ops (no fused kernel)": logged(1, "nokernel", without_kernel),
         "tf.summary.histogram_every_1": tb_histogram(1),
         "tf.summary.histogram_every_10": tb_histogram(10),
@@ -267,9 +263,6 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
         "plain": fit([]),
         "ours_every_1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), every_n_steps=1)]),
         "ours_every_10": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10"), every_n_steps=10)]),
-        "ours_every_1, format_version=1": fit(
-            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1v1"), format_version=1)]
-        ),
         "ours_every_10, check_every_step=False": fit(
             [
                 tb_layergrad.GradientLogger(

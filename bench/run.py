@@ -175,14 +175,15 @@ TAB_POINTS = 1000
 
 
 def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
-    """Format versions 1 and 2 side by side: bytes by part (a real fit()), then TensorBoard's start-up, load
-    time, memory and the routes, per size and loader."""
+    """Bytes by part of a real fit() (the format written, version 2), then format versions 1 and 2 side by side
+    in TensorBoard (version 1 laid out by `synthetic_logdir`, as older logdirs hold it): start-up, load time,
+    memory and the routes, per size and loader."""
     import format_bytes
     import tab_latency
 
     real, *others = sizes
     lines = [
-        f"### Format versions 1 and 2: event-file bytes of fit() with GradientLogger's defaults "
+        f"### Event-file bytes of fit() with GradientLogger's defaults "
         f"({real[1]} Dense layers, {real[2]} steps, every step)\n"
     ]
     lines.append(
@@ -190,9 +191,9 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
     )
     lines.append("|---|---|---|---|---|---|---|---|")
     logdirs = []
-    for version in (1, 2):
+    for version in (2,):  # the one format written
         logdir = tempfile.mkdtemp(prefix=f"layergrad_fit_v{version}_")
-        seconds = format_bytes.write_fit_logdir(logdir, real[1], real[2], version)
+        seconds = format_bytes.write_fit_logdir(logdir, real[1], real[2])
         parts = format_bytes.bytes_by_part(logdir)
         per = real[1] * real[2]
         figures.setdefault("format_bytes", {})[version] = sum(parts.values()) / per

@@ -131,7 +131,10 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=200)
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument(
-        "--format-version", type=int, default=metadata.FORMAT_VERSION, choices=metadata.WRITABLE_VERSIONS
+        "--format-version",
+        type=int,
+        default=metadata.FORMAT_VERSION,
+        choices=(1, 2),  # laid out here: a reader's load
     )
     args = parser.parse_args()
     for r in range(args.runs):
