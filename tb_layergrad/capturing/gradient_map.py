@@ -41,7 +41,33 @@ class GradientMap(ReadOnlyMap):
 
     It behaves as a read-only dict (`ReadOnlyMap`) and implements tf.nest's
     `__tf_flatten__`/`__tf_unflatten__`, so it can be returned from a
-    `tf.function` with what it carries.
+    `tf.function` with what it carries. `Capture.gradients` builds it; build
+    one yourself only to write gradients you computed another way.
+
+    Args:
+      entries: path -> `Entry` (the gradient and what its records are tagged with), in model order.
+      target: the name of the differentiated scalar ("loss").
+      variable_gradients: the gradients of `model.trainable_variables`, in that order.
+      replicas: how many replicas' gradients it covers (`tb_layergrad.distribute.merge`).
+      activations: path -> `Entry` of the layer outputs (forward values) of the same pass.
+      target_value: the differentiated scalar's value.
+      per_example: each example's own gradient norms of the same pass (a `PerExampleNorms`).
+
+    Raises:
+      KeyError: an unknown path (`grads["no/such/layer"]`).
+
+    Example:
+
+    ```python
+    import tensorflow as tf, keras, tb_layergrad
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, name="out")], name="m")
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap:
+            loss = tf.reduce_sum(model(tf.ones([3, 4])))
+    grads = cap.gradients(tape, loss)
+    print(grads.target, list(grads), grads["m/out"].shape)
+    ```
     """
 
     def __init__(

@@ -116,18 +116,38 @@ def _merge_call_error(e: RuntimeError) -> RuntimeError:
 
 @tf.autograph.experimental.do_not_convert  # library code: autograph only slows tracing
 def merge(grads: Any, strategy: Any = None) -> GradientMap:
-    """The global-batch GradientMap from per-replica gradients (see the module docstring).
+    """The global batch's GradientMap from per-replica gradients (see the module docstring).
 
-    - Replica context (inside `strategy.run`, >1 replica): layer outputs are
-      all-gathered along axis 0, weight gradients all-reduced (SUM). Every
-      replica gets the same result. `variable_gradients` stays this replica's
-      (what an optimizer expects in replica context).
-    - Cross-replica context, on the result of `strategy.run`: the same with
-      `strategy.gather` / `strategy.reduce`; `variable_gradients` are summed.
-    - One replica / no strategy: returned unchanged.
+    The summary ops merge by themselves; this is for reading the merged gradients in your own code.
+    In replica context (inside `strategy.run`, more than one replica) layer outputs are all-gathered along
+    axis 0 and weight gradients all-reduced (SUM); every replica gets the same result, and its
+    `variable_gradients` stay this replica's (what an optimizer expects there). In cross-replica context, on
+    what `strategy.run` returned, the same with `strategy.gather` / `strategy.reduce`, and
+    `variable_gradients` are summed. With one replica or no strategy, `grads` comes back unchanged; merging
+    a merged map again is a no-op (its `replicas` says how many it covers).
 
-    The merged map has `replicas` set to the number of replicas it covers; merging
-    it again is a no-op.
+    Args:
+      grads: a `GradientMap` (`cap.gradients(tape, loss)`) or a dict layer path -> gradient, per replica;
+        or what `strategy.run` returned.
+      strategy: in cross-replica context outside `strategy.scope()`, the strategy that ran the step.
+
+    Returns:
+      The merged `GradientMap`.
+
+    Raises:
+      ValueError: PerReplica values without a strategy in scope or given; a scalar layer-output gradient
+        (no batch axis to gather along).
+      RuntimeError: called inside a `tf.cond` in replica context (collectives cannot run there).
+
+    Example:
+
+    ```python
+    import tensorflow as tf, tb_layergrad
+
+    strategy = tf.distribute.get_strategy()  # e.g. a MirroredStrategy
+    merged = tb_layergrad.distribute.merge({"model/dense": tf.ones([4, 2])}, strategy)
+    print(merged.replicas, merged["model/dense"].shape)
+    ```
     """
     gmap = _as_map(per_replica_map(grads))
     if gmap.replicas > 1:

@@ -16,6 +16,23 @@ def is_chief(strategy: Any = None) -> bool:
     chief task, as in `tf.distribute.MultiWorkerMirroredStrategy`. Without a
     strategy (none given, none in scope) the cluster is read from `TF_CONFIG`,
     so a writer made outside `strategy.scope()` is still only the chief's.
+
+    Args:
+      strategy: the strategy to ask (default: the one in scope, else `TF_CONFIG`).
+
+    Returns:
+      Whether this process writes.
+
+    Raises:
+      ValueError: a `TF_CONFIG` that TensorFlow's cluster resolver cannot read.
+
+    Example:
+
+    ```python
+    import tb_layergrad
+
+    print(tb_layergrad.distribute.is_chief())  # True in a single process
+    ```
     """
     if strategy is None and tf.distribute.has_strategy():
         strategy = tf.distribute.get_strategy()
@@ -78,6 +95,27 @@ def create_file_writer(logdir: Any, strategy: Any = None, **kwargs: Any) -> Any:
 
     Under MultiWorkerMirroredStrategy every worker runs the same program; a file
     writer on each would leave one event file per worker in `logdir`.
+
+    Args:
+      logdir: the run's directory.
+      strategy: the strategy whose chief writes (default: the one in scope, else `TF_CONFIG`'s cluster).
+      **kwargs: passed to `tf.summary.create_file_writer` on the chief.
+
+    Returns:
+      A summary writer: TensorFlow's on the chief, a `NonChiefWriter` (writes nothing, keeps the step) elsewhere.
+
+    Raises:
+      Whatever `tf.summary.create_file_writer` raises for `logdir`.
+
+    Example:
+
+    ```python
+    import tensorflow as tf, tb_layergrad
+
+    writer = tb_layergrad.distribute.create_file_writer("/tmp/layergrad_example/run1")
+    with writer.as_default(step=1):
+        tb_layergrad.summary.gradients({"model/dense": tf.ones([4, 2])})
+    ```
     """
     if not is_chief(strategy):
         return NonChiefWriter()
