@@ -54,6 +54,25 @@ def test_each_docstring_example_runs(tmp_path, monkeypatch):
     assert {info.layer for info, _ in written.values()} >= {"model/dense", "model/lstm"}
 
 
+@pytest.mark.parametrize(
+    "documented",
+    [
+        tb_layergrad.distribute.merge,
+        tb_layergrad.distribute.create_file_writer,
+        tb_layergrad.distribute.is_chief,
+        tb_layergrad.GradientMap,
+    ],
+    ids=lambda f: f.__name__,
+)
+def test_the_other_public_examples_run(tmp_path, documented, capsys):
+    doc = inspect.getdoc(documented)
+    for section in ("Args:", "Raises:", "Example:"):
+        assert section in doc, section
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0].replace("/tmp/layergrad_example", str(tmp_path))
+    exec(compile(code, f"{documented.__name__} example", "exec"), {})  # noqa: S102 - our own docstring
+    assert capsys.readouterr().out or list(tmp_path.iterdir())  # it printed, or it wrote
+
+
 def _per_example_step(weights: bool):
     import keras
 
