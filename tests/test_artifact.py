@@ -116,3 +116,15 @@ def test_the_release_metadata_declares_the_supported_ranges_and_renders(release)
         timeout=120,
     )
     assert checked.returncode == 0 and checked.stdout.count("PASSED") == 2, checked.stdout + checked.stderr
+
+
+def test_the_tab_is_served_from_the_installed_package():
+    """The tab's files come from the installed package on every Python (3.9's importlib.resources cannot open
+    the frontend folder, a namespace package), never from the checkout."""
+    from tb_layergrad.plugin import static
+
+    root = pathlib.Path(str(static.frontend_root()))
+    assert CHECKOUT not in root.resolve().parents
+    for name in ("index.js", "views/layer.js", "style.css"):
+        body, _ = static.StaticFiles().read(name)
+        assert body == (FRONTEND / name).read_bytes(), name
