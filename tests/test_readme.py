@@ -51,7 +51,7 @@ TEST_COMMAND = "pip install '.[cpu,test]' && python -m pytest -q"
 
 
 def readme_test_commands() -> list:
-    """The README's lines that install and run the tests (first screen and Development section)."""
+    """The README's lines that install and run the tests (its first screen)."""
     text = README.read_text(encoding="utf-8")
     return [
         line.split(" #")[0].strip()
@@ -61,7 +61,7 @@ def readme_test_commands() -> list:
 
 
 def test_the_readme_names_one_test_command_with_tensorflow_from_the_cpu_extra():
-    assert readme_test_commands() == [TEST_COMMAND, TEST_COMMAND]
+    assert readme_test_commands() == [TEST_COMMAND]
 
 
 def test_ci_runs_the_readmes_test_command_exactly_in_a_fresh_venv_and_sets_no_variable():
