@@ -104,8 +104,8 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
             continue
         for s in run.summaries:
             if kind == "nonfinite":
-                if s.first_nonfinite is not None:
-                    out.append({"run": run.run, "layer": s.layer, "condition": "nan", "step": s.first_nonfinite})
+                if s.first_nonfinite_step is not None:
+                    out.append({"run": run.run, "layer": s.layer, "condition": "nan", "step": s.first_nonfinite_step})
             elif kind in s.now_names:
                 out.append({"run": run.run, "layer": s.layer, "condition": kind, "step": s.last_step})
     return out
@@ -129,6 +129,7 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
     from tensorboard import context as tb_context
 
     from tb_layergrad.reader import catalog, run_anomalies
+    from tb_layergrad.reader.run_source import RunSource
 
     provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
@@ -142,7 +143,8 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
     results, skipped, failures = [], [], []
     for name in names:
         rc = cat.runs[name]
-        result = run_anomalies.read_run(provider, ctx, "", rc, target, source)
+        src = RunSource(provider, ctx, "", rc)
+        result = run_anomalies.read_run(src, target, source)
         if result is None:
             skipped.append(
                 {
@@ -152,7 +154,7 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
                 }
             )
             continue
-        result.dominated = run_anomalies.read_dominance(provider, ctx, "", rc, target, source)
+        result.dominated = run_anomalies.read_dominance(src, target, source)
         results.append(result)
         failures += failures_of(result, fail_on)
     if not results:
@@ -247,7 +249,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         if prefix:
             head += f"  ·  model {prefix[:-1]}"
         lines.append(shorten(head, width))
-        first = result.first_nonfinite
+        first = result.earliest_nonfinite
         if result.origin is not None:  # where it broke: Origin.line, whole (wrapped, not cut: it names a layer)
             lines += [
                 ("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(result.origin.line, width - 4, ""))
@@ -275,7 +277,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
                 "norm": _g(s.last_norm),
                 "trend": _g(s.trend, "+.2f"),
                 "zeros": _pct(s.last_zero_frac),
-                "first": "-" if s.first_nonfinite is None else str(s.first_nonfinite),
+                "first": "-" if s.first_nonfinite_step is None else str(s.first_nonfinite_step),
                 "decay": _g(s.timestep_decay, "+.1f"),
             }
             row = "  " + " ".join(f"{shorten(cells[k], w):{a}{w}}" for k, _, w, a in _COLUMNS)
@@ -394,7 +396,7 @@ def _summary_cells(r: anomalies.RunAnomalies, s: anomalies.LayerSummary) -> list
         s.last_rms,
         s.last_zero_frac,
         s.trend,
-        s.first_nonfinite,
+        s.first_nonfinite_step,
         s.timestep_decay,
         s.counts["nonfinite"],
         s.counts["vanishing"],
