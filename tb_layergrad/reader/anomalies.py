@@ -27,6 +27,15 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tb_layergrad.reader.dominance import (  # noqa: F401 - the rule of one example dominating, part of this module
+    DOMINANT_MIN_EXAMPLES,
+    DOMINANT_SHARE,
+    EXAMPLE_THRESHOLDS,
+    Dominance,
+    dominance,
+    dominated,
+)
+
 # -- thresholds (docs/ANOMALIES.md, "Thresholds") ------------------------------------------------
 VANISH_REL = 1e-3  # vanishing: rms < VANISH_REL x (largest rms of any layer at that step)
 EXPLODE_ABS = 1e3  # exploding: rms > EXPLODE_ABS ...
@@ -44,12 +53,6 @@ THRESHOLDS = {
     "BASELINE_STEPS": BASELINE_STEPS,
     "DEAD_ZERO_FRAC": DEAD_ZERO_FRAC,
 }
-
-# One example dominates a layer (docs/ANOMALIES.md, "One example dominates"): read from the per-example
-# records (kind `examples`), not from the statistics; not a flag bit of the matrix, a finding of its own.
-DOMINANT_SHARE = 0.5  # the largest example carries more than half of the layer's per-example gradient energy
-DOMINANT_MIN_EXAMPLES = 8  # ... in a batch of at least 8, where an even share would be at most 1/8
-EXAMPLE_THRESHOLDS = {"DOMINANT_SHARE": DOMINANT_SHARE, "DOMINANT_MIN_EXAMPLES": DOMINANT_MIN_EXAMPLES}
 
 # -- flags: one bit each --------------------------------------------------------------------------
 NONFINITE, VANISHING, EXPLODING, DEAD = 1, 2, 4, 8
@@ -395,62 +398,3 @@ def evaluate(
             )
         )
     return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries)
-
-
-def dominated(top_share, examples, status) -> np.ndarray:
-    """bool, elementwise: one example carries most of the layer's gradient at that step.
-
-    `top_share` > DOMINANT_SHARE with `examples` >= DOMINANT_MIN_EXAMPLES and `status` 0 (exact
-    numbers); a missing or NaN value is never dominated.
-    """
-    share = np.asarray(top_share, np.float64)
-    count = np.asarray(examples, np.float64)
-    code = np.asarray(status, np.float64)
-    with np.errstate(invalid="ignore"):
-        return (share > DOMINANT_SHARE) & (count >= DOMINANT_MIN_EXAMPLES) & (code == 0)
-
-
-@dataclasses.dataclass
-class Dominance:
-    """One layer's dominated steps: how many, the first, and the worst (largest share) with its example."""
-
-    layer: str
-    steps: int  # how many recorded steps are dominated
-    first_step: int
-    worst_step: int
-    worst_share: float
-    worst_position: Optional[int]  # batch position of the largest example at the worst step
-    examples: Optional[int]  # batch size at the worst step
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @property
-    def line(self) -> str:
-        where = f" from batch position {self.worst_position}" if self.worst_position is not None else ""
-        batch = f" of {self.examples}" if self.examples is not None else ""
-        return (
-            f"one example dominates {self.layer} at {self.steps} step{'' if self.steps == 1 else 's'}: first "
-            f"step {self.first_step}; worst step {self.worst_step}, {self.worst_share:.0%} of its gradient{where}{batch}"
-        )
-
-
-def dominance(layer: str, steps, top_share, examples, status, top_position) -> Optional[Dominance]:
-    """The `Dominance` of one layer from its per-step columns (ascending steps), None if no step is dominated."""
-    steps = np.asarray(steps, np.int64)
-    hit = np.flatnonzero(dominated(top_share, examples, status))
-    if not hit.size:
-        return None
-    share = np.asarray(top_share, np.float64)
-    worst = int(hit[np.argmax(share[hit])])
-    pos = float(np.asarray(top_position, np.float64)[worst])
-    count = float(np.asarray(examples, np.float64)[worst])
-    return Dominance(
-        layer,
-        int(hit.size),
-        int(steps[hit[0]]),
-        int(steps[worst]),
-        float(share[worst]),
-        int(pos) if math.isfinite(pos) and pos >= 0 else None,
-        int(count) if math.isfinite(count) else None,
-    )
