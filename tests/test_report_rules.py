@@ -201,6 +201,6 @@ def test_any_numbers_give_strict_json():
             m = {k: rng.choice(special, size=(L, S)) for k in anomalies.REQUIRED_STATS}
             steps = np.sort(rng.choice(10**6, size=S, replace=False))
             ts = {f"l{i}": [rng.choice(special, size=rng.integers(0, 5)) for _ in range(3)] for i in range(L)}
-            hints = [int(x) if x >= 0 else None for x in rng.integers(-3, 10**6, size=L)]
-            run = anomalies.evaluate([f"l{i}" for i in range(L)], steps, m, timesteps=ts, running_first_steps=hints)
+            named = [int(x) if x >= 0 else None for x in rng.integers(-3, 10**6, size=L)]
+            run = anomalies.evaluate([f"l{i}" for i in range(L)], steps, m, timesteps=ts, running_first_steps=named)
             json.dumps(anomalies_body(run), allow_nan=False)

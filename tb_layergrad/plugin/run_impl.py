@@ -34,7 +34,7 @@ def runs_impl(reading: Reading, ctx: object, eid: str, run: Optional[str]) -> di
     cat = reading.catalog(ctx, eid, runs=None if run is None else [run])
     if run is not None:
         cat.run(run)  # 404 if unknown
-    cat = layer_points.without_clean_hints(reading.provider, ctx, eid, cat)
+    cat = layer_points.without_clean_running_records(reading.provider, ctx, eid, cat)
 
     def statistics_read(rc: catalog.RunCatalog) -> bool:
         stats = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]

@@ -203,7 +203,7 @@ def _histograms(points: series.Points, counts: List[np.ndarray], stats: Optional
     return series.Points(points.steps[idx], points.wall_times[idx], values)
 
 
-def without_clean_hints(
+def without_clean_running_records(
     data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, cat: catalog.Catalog
 ) -> catalog.Catalog:
     """The catalog without the `first_nonfinite` series that exist only as version-2 rows of -1.
