@@ -294,11 +294,6 @@ class RunAnomalies:
         return {"step": step, "layers": [s.layer for s in self.summaries if s.first_nonfinite_step == step]}
 
     @property
-    def first_nonfinite(self) -> Optional[dict]:
-        """`earliest_nonfinite` under the name docs/ANOMALIES.md's example still uses."""
-        return self.earliest_nonfinite
-
-    @property
     def latest(self) -> Dict[str, int]:
         """How many layers are flagged with each kind at the run's last logged step."""
         counts = {k: 0 for k in KINDS}
