@@ -24,11 +24,13 @@ def package_version() -> str:
     raise RuntimeError("tb_layergrad/__init__.py defines no __version__")
 
 
-# Supported (README, "Supported versions"; CI tests both ends): TensorFlow from 2.16 with Keras 3 from 3.3,
-# or tf_keras of TensorFlow's minor version. No upper bound: GradientLogger observes Keras' own train step
-# instead of copying it, so a newer release is expected to work, and CI's newest pair is today's releases.
-TENSORFLOW = ">=2.16"
-KERAS = "keras>=3.3"
+# Supported ranges (README, "Supported versions"): CI tests both ends, the oldest pinned and the newest as
+# released that day. The upper bounds are the next major versions, not the newest tested minor: GradientLogger
+# observes Keras' own train step instead of copying it, and the plugin reads TensorBoard through its public
+# data provider (the one private read has a public fallback, plugin/listing.py), so a new minor is expected to
+# work, while capping at a minor would hold back every user's TensorFlow on the day it is released.
+TENSORFLOW = ">=2.16,<3"
+KERAS = "keras>=3.3,<4"
 
 TEST_REQUIRES = [
     "pytest>=7",
@@ -37,22 +39,29 @@ TEST_REQUIRES = [
     "hypothesis>=6",
     "playwright>=1.40",
     "pandas>=1.5",
+    # The artifact tests build the wheel and the sdist as a release would, offline (--no-isolation).
+    "build>=1",
+    "twine>=5",
+    "setuptools>=70.1",
+    "wheel",
+    # Lint and format (pyproject.toml); a minor of its own because a new ruff minor may reformat.
+    "ruff>=0.17,<0.18",
 ]
 
 setup(
-    name="tb_layergrad",
+    name="tb-layergrad",
     version=package_version(),
     description="Gradients w.r.t. layer outputs for TF2/Keras, logged to TensorBoard with its own tab.",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
-    python_requires=">=3.9",
+    python_requires=">=3.9",  # TensorFlow 2.16's oldest Python; CI tests 3.9 (oldest pair) and 3.11
     packages=find_packages(include=["tb_layergrad", "tb_layergrad.*"]) + ["tb_layergrad.frontend"],
     package_dir={"tb_layergrad.frontend": "frontend"},
     # Everything under frontend/ (nested ES modules, styles, vendored libraries and their licences).
     package_data={"tb_layergrad.frontend": ["**/*"], "tb_layergrad.kernel": ["src/*.cc", "src/*.h"]},
     install_requires=[
-        "tensorboard>=2.16",
+        "tensorboard>=2.16,<3",
         "numpy>=1.23",
         "protobuf>=3.20",
         "filelock>=3.12",  # the kernel build's lock, on every OS (no fcntl)
@@ -69,7 +78,7 @@ setup(
         "console_scripts": ["tb-layergrad = tb_layergrad.cli:main"],
     },
     classifiers=[
-        "Development Status :: 4 - Beta",
+        "Development Status :: 5 - Production/Stable",
         "Intended Audience :: Developers",
         "Intended Audience :: Science/Research",
         "License :: OSI Approved :: Apache Software License",

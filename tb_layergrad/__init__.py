@@ -21,7 +21,7 @@ from typing import Any
 
 from tb_layergrad.metadata import FORMAT_VERSION, PLUGIN_NAME
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"
 
 _LAZY = {
     "capture": ("tb_layergrad.capturing.layer_capture", "capture"),

@@ -6,11 +6,36 @@ TensorFlow's log level is left as the user has it: the tests' subprocesses then 
 
 import json
 import os
+import pathlib
 import subprocess
+import sys
 import time
 
 import pytest
-from console_script import CLI
+
+CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _is_checkout(entry: str) -> bool:
+    return pathlib.Path(entry or os.getcwd()).resolve() == CHECKOUT
+
+
+# The tests check the package a user installs, not this source tree: `python -m pytest`, started in the
+# checkout, puts the checkout first on sys.path, where `import tb_layergrad` would find the sources instead.
+# Nothing here has imported tb_layergrad yet (conftest.py loads first); test_packaging.py asserts where it came from.
+sys.path[:] = [entry for entry in sys.path if not _is_checkout(entry)]
+
+from console_script import CLI  # noqa: E402 - after the path above is set
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _outside_the_checkout(tmp_path_factory):
+    """The tests, and the programs they start, run from a folder outside the checkout, as a user's code does: a
+    `python -c` or `python -m tb_layergrad` started in the checkout would import its sources, not the package."""
+    before = os.getcwd()
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(before)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,8 @@ new file, a restart writing lower steps with earlier wall times into a new file
 `SessionLog.START` restart (purged by TensorBoard), an old-format file with
 out-of-order steps (purged by tag); with every record kept and with sampling.
 The routes `runs` and `matrix` are compared too, with and without the multiplexer
-in the plugin's context (what the Python and the Rust loader give the plugin).
+in the plugin's context (what the Python and the Rust loader give the plugin), and the
+listing of a provider whose multiplexer the lister cannot recognize (the public path).
 """
 
 from __future__ import annotations
@@ -151,17 +152,8 @@ def get(client: wtest.Client, route: str, query=None):
     return strict_json(r.get_data())
 
 
-@pytest.fixture(params=["reservoir", "public_copy"])
-def record_access(request, monkeypatch):
-    """Both ways the lister gets a series' records: TensorBoard's reservoir list, or (when the
-    reservoir is not as expected: another TensorBoard version) the public `Tensors` copy."""
-    if request.param == "public_copy":
-        monkeypatch.setattr(listing, "_TENSOR_RESERVOIR_KEY", "not the key")
-    return request.param
-
-
 @pytest.mark.parametrize("keep", [0, 4], ids=["keep_all", "sampled"])
-def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep, record_access):
+def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep):
     logdir = str(tmp_path)
     server = Server(logdir, keep)
     assert server.lister.incremental
@@ -200,7 +192,7 @@ def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep, re
     assert v1["purged_v1"]["loss/output/net/a/stats"].max_step == 5
 
 
-def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch, record_access):
+def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch):
     logdir = str(tmp_path)
     f = rf.write_run(os.path.join(logdir, "long"), LAYERS, range(500))
     server = Server(logdir, keep=0)
@@ -237,6 +229,35 @@ def test_other_providers_are_listed_by_list_tensors(tmp_path):
     assert not listing.TensorLister(provider, None).incremental  # the Rust loader: no multiplexer
     assert not listing.TensorLister(provider, plugin_event_multiplexer.EventMultiplexer()).incremental
     assert not listing.TensorLister(RecordingProvider(provider), mux).incremental  # a wrapper may change answers
+
+
+class Delegating:
+    """A multiplexer behind another object: what a TensorBoard release that wraps its multiplexer would hand
+    its provider. TensorBoard's own provider reads through it unchanged; only the identity differs."""
+
+    def __init__(self, mux: plugin_event_multiplexer.EventMultiplexer) -> None:
+        self._mux = mux
+
+    def __getattr__(self, name: str):
+        return getattr(self._mux, name)
+
+
+@pytest.mark.parametrize("keep", [0, 4], ids=["keep_all", "sampled"])
+def test_a_provider_of_another_shape_is_listed_the_public_way_with_the_same_answer(tmp_path, keep):
+    logdir = str(tmp_path)
+    server = Server(logdir, keep)
+    other = data_provider.MultiplexerDataProvider(Delegating(server.mux), logdir)
+    public = listing.TensorLister(other, server.mux)
+    assert server.lister.incremental and not public.incremental  # the one private read: it finds another object
+    for phase in phases(logdir):
+        phase()
+        server.reload()
+        for f in FILTERS:
+            kwargs = dict(experiment_id="", plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f)
+            got = public.list_tensors(ctx, **kwargs)
+            assert got == server.lister.list_tensors(ctx, **kwargs) == server.provider.list_tensors(ctx, **kwargs), f
+            if f is None:
+                assert got  # the phases list something
 
 
 @pytest.fixture(scope="module")

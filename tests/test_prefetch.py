@@ -60,7 +60,7 @@ def settle(pre: prefetch.StatsPrefetcher):
 
 def test_after_two_passes_no_route_reads_a_record(logdir):
     tb = InProcess(logdir)
-    pre = prefetch.StatsPrefetcher(tb.plugin._routes._stats, tb.plugin._routes._lister)  # noqa: SLF001 - the plugin's own store
+    pre = prefetch.StatsPrefetcher(tb.plugin._routes.reading.stats, tb.plugin._routes.reading.lister)  # noqa: SLF001 - the plugin's own store
 
     def statistics_read():
         return {r["run"]: r["statistics_read"] for r in get_json(tb, "runs", {})["runs"]}
@@ -85,7 +85,7 @@ def test_a_run_being_written_is_read_now_and_then_up_to_its_last_block(tmp_path,
     clock = Clock()
     lf.write_run(str(tmp_path / "blocks"), LAYERS, 50, keep=False, block_steps=16)  # blocks 0, 16, 32, 48
     tb = InProcess(str(tmp_path))
-    store = tb.plugin._routes._stats  # noqa: SLF001
+    store = tb.plugin._routes.reading.stats  # noqa: SLF001
     pre = prefetch.StatsPrefetcher(store, tb.provider, clock=clock)
     assert pre.warm_once() == []  # first seen: maybe still being loaded
     # Training goes on: block 48 grows (steps 50-59 arrive in a later file); 0, 16 and 32 stay as they were.
@@ -162,7 +162,7 @@ def test_a_changing_run_is_read_again_only_while_the_tab_is_used(logdir, tmp_pat
 
 def test_the_plugin_reads_ahead_in_the_background_when_asked(logdir):
     tb = InProcess(logdir, read_ahead=True)
-    store = tb.plugin._routes._stats  # noqa: SLF001 - watched, not driven: no request is made until it is full
+    store = tb.plugin._routes.reading.stats  # noqa: SLF001 - watched, not driven: no request is made until it is full
     deadline = time.monotonic() + 120
     while not all(store.holds("", run) for run in ("long", "short", "old_v1")):
         assert time.monotonic() < deadline, "the background pass never read the runs"

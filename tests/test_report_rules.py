@@ -98,16 +98,16 @@ def test_flag_strings_round_trip():
     assert anomalies.flag_names(6) == ["vanishing", "exploding"]
 
 
-def test_first_nonfinite_hint_wins_only_when_earlier():
+def test_the_step_running_records_name_wins_only_when_earlier():
     m = {k: np.ones((2, 4)) for k in anomalies.REQUIRED_STATS}
     m["zero_frac"][:] = 0
     m["nonfinite"][:] = 0
     m["nonfinite"][0, 2:] = 1  # layer 0 non-finite from step 20 in the kept steps
-    run = anomalies.evaluate(["a", "b"], [0, 10, 20, 30], m, first_nonfinite_hints=[15, None])
-    assert run.summaries[0].first_nonfinite == 15  # a sampled-away step, known from the records
-    assert run.first_nonfinite == {"step": 15, "layers": ["a"]}
-    later = anomalies.evaluate(["a", "b"], [0, 10, 20, 30], m, first_nonfinite_hints=[25, 3])
-    assert later.summaries[0].first_nonfinite == 20 and later.summaries[1].first_nonfinite == 3
+    run = anomalies.evaluate(["a", "b"], [0, 10, 20, 30], m, running_first_steps=[15, None])
+    assert run.summaries[0].first_nonfinite_step == 15  # a sampled-away step, known from the records
+    assert run.earliest_nonfinite == {"step": 15, "layers": ["a"]}
+    later = anomalies.evaluate(["a", "b"], [0, 10, 20, 30], m, running_first_steps=[25, 3])
+    assert later.summaries[0].first_nonfinite_step == 20 and later.summaries[1].first_nonfinite_step == 3
 
 
 def test_trend_is_the_fitted_change_in_decades():
@@ -181,7 +181,7 @@ def test_evaluate_200_layers_by_5000_steps_is_fast():
     run = anomalies.evaluate([f"l{i}" for i in range(L)], j, m)
     strings = run.flag_strings()
     elapsed = time.perf_counter() - t0
-    assert run.summaries[7].first_nonfinite == 4001 and strings[7][4001] == "1"
+    assert run.summaries[7].first_nonfinite_step == 4001 and strings[7][4001] == "1"
     assert elapsed < 1.5, f"{elapsed:.2f} s"
 
 
@@ -201,6 +201,6 @@ def test_any_numbers_give_strict_json():
             m = {k: rng.choice(special, size=(L, S)) for k in anomalies.REQUIRED_STATS}
             steps = np.sort(rng.choice(10**6, size=S, replace=False))
             ts = {f"l{i}": [rng.choice(special, size=rng.integers(0, 5)) for _ in range(3)] for i in range(L)}
-            hints = [int(x) if x >= 0 else None for x in rng.integers(-3, 10**6, size=L)]
-            run = anomalies.evaluate([f"l{i}" for i in range(L)], steps, m, timesteps=ts, first_nonfinite_hints=hints)
+            named = [int(x) if x >= 0 else None for x in rng.integers(-3, 10**6, size=L)]
+            run = anomalies.evaluate([f"l{i}" for i in range(L)], steps, m, timesteps=ts, running_first_steps=named)
             json.dumps(anomalies_body(run), allow_nan=False)

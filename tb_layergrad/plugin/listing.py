@@ -11,10 +11,11 @@ Why that is exact: the records of a series live in a TensorBoard reservoir, whos
 only changes are appending at the end, replacing the last record, removing a
 record then appending (sampling), and an order-keeping filter (purge after a
 restart). None inserts before an existing record, so a record's position never
-grows; and each record is its own `TensorEvent` object, never re-added. So a
-record that is still the very same object at the same position `n - 1` proves
-the first `n` records unchanged (a removal or replacement before or at
-it would have moved or dropped it). Then the fold of those `n` records, kept
+grows; and each record is its own `TensorEvent` object, never re-added, which the
+multiplexer's public `Tensors(run, tag)` hands out as it holds it (a new list, the
+same objects). So a record that is still the very same object at the same position
+`n - 1` proves the first `n` records unchanged (a removal or replacement before or
+at it would have moved or dropped it). Then the fold of those `n` records, kept
 from last time, continued over the rest, is the fold over all records, done in
 the same order with the same comparisons as `list_tensors` (so even unordered
 steps, earlier wall times or NaN give identical results). Anything else (a new
@@ -43,9 +44,6 @@ from tensorboard.data import provider as tb_provider
 
 Listing = Dict[str, Dict[str, tb_provider.TensorTimeSeries]]
 
-# The reservoir key of every tensor series (`plugin_event_accumulator._TENSOR_RESERVOIR_KEY`).
-_TENSOR_RESERVOIR_KEY = "."
-
 
 @dataclasses.dataclass(frozen=True)
 class _Fold:
@@ -60,12 +58,11 @@ class _Fold:
 def multiplexer_of(data_provider: Any, multiplexer: Any) -> Any:
     """The multiplexer to list from directly, or None to go through `data_provider.list_tensors`.
 
-    Only when TensorBoard's own `MultiplexerDataProvider` serves this very
-    multiplexer (the Python loader: `TBContext.multiplexer` and the provider
-    are built from the same `EventMultiplexer`), so that reading the
-    multiplexer is reading the provider. The provider does not expose its
-    multiplexer, hence the private `_multiplexer`; a TensorBoard without it
-    (renamed, another provider, a wrapper) just gets the ordinary listing.
+    Only when TensorBoard's own `MultiplexerDataProvider` serves this very multiplexer (the Python
+    loader builds `TBContext.multiplexer` and the provider from the same `EventMultiplexer`), so that
+    reading the multiplexer is reading the provider. The provider has no public way to say which
+    multiplexer it reads: this is the plugin's one read of a private TensorBoard attribute, and a
+    provider without it (renamed, another provider, a wrapper) gets the public `list_tensors`.
     """
     if multiplexer is None:
         return None
@@ -75,7 +72,7 @@ def multiplexer_of(data_provider: Any, multiplexer: Any) -> Any:
         return None
     if not isinstance(data_provider, mux_provider.MultiplexerDataProvider):
         return None
-    if getattr(data_provider, "_multiplexer", None) is not multiplexer:
+    if getattr(data_provider, "_multiplexer", None) is not multiplexer:  # noqa: SLF001 - see the docstring
         return None
     return multiplexer
 
@@ -266,24 +263,10 @@ def _continues(records: Sequence[Any], kept: Optional[_Fold]) -> bool:
 def _new_records(mux: Any, run: str, tag: str, kept: Optional[_Fold]) -> Tuple[List[Any], int, bool]:
     """(records to fold, how many the series has, whether they are those after `kept`'s); else all of them.
 
-    Why private attributes: the public `mux.Tensors(run, tag)` copies every
-    record of the series on each call (most of the cost of listing long runs
-    once the walk is gone). This reads the reservoir's
-    list under the reservoir's own lock, as its `Items()` does, and copies only
-    the new records. A TensorBoard whose reservoir differs gets the public copy.
+    `mux.Tensors` copies the series' list (of the same record objects): cheap beside folding them.
+    A KeyError (the tag gone) propagates, as from `list_tensors`.
     """
-    try:
-        reservoir = mux.GetAccumulator(run).tensors_by_tag[tag]
-        bucket = reservoir._buckets.get(_TENSOR_RESERVOIR_KEY)  # noqa: SLF001 - see the docstring
-        lock = bucket._mutex  # noqa: SLF001
-        bucket.items  # noqa: B018 - probes the attribute; a reservoir without it takes the fallback
-    except (KeyError, AttributeError):  # KeyError: let `Tensors` raise it, as `list_tensors` would
-        records = mux.Tensors(run, tag)
-        if _continues(records, kept):
-            return records[kept.count :], len(records), True
-        return records, len(records), False
-    with lock:
-        items = bucket.items
-        if _continues(items, kept):
-            return items[kept.count :], len(items), True
-        return list(items), len(items), False
+    records = mux.Tensors(run, tag)
+    if _continues(records, kept):
+        return records[kept.count :], len(records), True
+    return records, len(records), False

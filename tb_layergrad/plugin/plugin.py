@@ -42,22 +42,8 @@ class LayerGradPlugin(base_plugin.TBPlugin):
 
     def get_plugin_apps(self) -> Dict[str, Callable]:
         r = self._routes
-        return {
-            ES_MODULE_PATH: r.static_file,
-            "/runs": r.runs,
-            "/matrix": r.matrix,
-            "/stats": r.stats,
-            "/histograms": r.histograms,
-            "/tensor": r.tensor,
-            "/timesteps": r.timesteps,
-            "/compare": r.compare,
-            "/csv": r.csv,
-            "/anomalies": r.anomalies,
-            "/examples": r.examples,
-            "/noise_scale": r.noise_scale,
-            # Every other path below the plugin: a file of frontend/ (or a JSON 404).
-            "/*": r.static_file,
-        }
+        # The routes of docs/HTTP_API.md; every other path below the plugin: a file of frontend/ (or a JSON 404).
+        return {ES_MODULE_PATH: r.static_file, **r.apps(), "/*": r.static_file}
 
     def is_active(self) -> bool:
         # Only asked when no `layergrad` series exists (TensorBoard enables the

@@ -16,7 +16,7 @@ import io
 import json
 import logging
 import math
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Iterable, List, Optional, Sequence
 
 import numpy as np
 from tensorboard import errors
@@ -82,7 +82,7 @@ def _finite_row_format(n: int) -> str:
 
 def float_rows_json(rows: Iterable[np.ndarray]) -> str:
     """JSON text of a list of float rows, `null` for NaN/+-Inf: what `dumps([float_list(r) ...])`
-    gives once parsed, as `json_response(..., raw=)` takes it (integral values come as `1`, not `1.0`)."""
+    gives once parsed, for a `RawJson` value (integral values come as `1`, not `1.0`)."""
     parts = []
     for row in rows:
         arr = np.asarray(row, dtype=np.float64).reshape(-1)
@@ -105,15 +105,18 @@ def dumps(doc: Any) -> str:
     return json.dumps(doc, allow_nan=False, separators=(",", ":"))
 
 
-def json_response(
-    request: wrappers.Request, doc: dict, code: int = 200, raw: Optional[Dict[str, str]] = None
-) -> wrappers.Response:
-    """`raw`: fields whose values are JSON text already (`float_rows_json`), appended after `doc`'s."""
+class RawJson(str):
+    """A value that is JSON text already (`float_rows_json`): `json_response` writes it as it is."""
+
+
+def json_response(request: wrappers.Request, doc: dict, code: int = 200) -> wrappers.Response:
+    """`doc` as strict JSON after `api_version`; its `RawJson` values are written last, as they are."""
     body = {"api_version": API_VERSION}
-    body.update(doc)
+    body.update((key, value) for key, value in doc.items() if not isinstance(value, RawJson))
     text = dumps(body)
+    raw = [(key, value) for key, value in doc.items() if isinstance(value, RawJson)]
     if raw:
-        text = text[:-1] + "".join(f",{dumps(key)}:{value}" for key, value in raw.items()) + "}"
+        text = text[:-1] + "".join(f",{dumps(key)}:{value}" for key, value in raw) + "}"
     return http_util.Respond(request, text, JSON_TYPE, code=code)
 
 

@@ -8,13 +8,16 @@ passes is then resolved and must still lie inside the folder (a symlink
 pointing out of it is refused).
 
 The folder is the package `tb_layergrad.frontend` (setup.py maps it from the
-top-level `frontend/`). In a legacy `pip install -e .` that mapping does not
-exist at import time, so the source checkout's `frontend/` is used instead.
+top-level `frontend/`), found through importlib.resources or, where that
+cannot open a namespace package (Python 3.9), through the import system. In a
+legacy `pip install -e .` that mapping does not exist at import time, so the
+source checkout's `frontend/` is used instead.
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import importlib.util
 import pathlib
 import re
 from typing import Any, Optional, Tuple
@@ -67,6 +70,15 @@ def frontend_root() -> Root:
             return root
     except (ModuleNotFoundError, TypeError, FileNotFoundError, NotADirectoryError):
         pass
+    # Python 3.9's importlib.resources cannot open a namespace package (the installed frontend folder has no
+    # __init__.py): take the folder the import system finds for it.
+    try:
+        spec = importlib.util.find_spec(FRONTEND_PACKAGE)
+    except ModuleNotFoundError:
+        spec = None
+    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        if pathlib.Path(location, "index.js").is_file():
+            return pathlib.Path(location)
     return pathlib.Path(tb_layergrad.__file__).resolve().parent.parent / "frontend"
 
 

@@ -8,9 +8,12 @@ Modules, one job each:
   catalog        -- which series exist (metadata only, no tensor bodies); unknown names are 404s here
   series         -- reading tensors of a run/tag set, step selection, stored and derived statistics
   stats_store    -- stats series kept as tables while TensorBoard reports them unchanged
+  run_source     -- one run to read: provider, request context, experiment, catalog, caches
   layer_points   -- a layer's points of any kind, whatever format version wrote them (every reader reads here)
   examples       -- per-example records (kind `examples`) as tables, and their bins
   anomalies      -- the anomaly rules of docs/ANOMALIES.md, pure numpy (public: `tb_layergrad.anomalies`)
+  dominance      -- the rule of one example dominating a layer (part of `tb_layergrad.anomalies`)
+  origin         -- where a run first went non-finite for a target (`tb_layergrad.nonfinite_origin`'s rule)
   run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
   event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow
   dataframe      -- `tb_layergrad.load(logdir)`: every statistic as a pandas DataFrame

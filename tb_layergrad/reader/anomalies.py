@@ -16,7 +16,7 @@ cell (docs/HTTP_API.md), NaN where a layer has no record at a step:
     from tb_layergrad import anomalies
     flags = anomalies.detect(rms, norm, nonfinite, zero_frac)   # uint8 [layers, steps]
     run = anomalies.evaluate(layers, steps, {"rms": rms, "norm": norm, ...})
-    run.layers[0].first_nonfinite, run.layers[0].now, run.to_json()
+    run.summaries[0].first_nonfinite_step, run.summaries[0].now, run.summary_json()
 """
 
 from __future__ import annotations
@@ -26,6 +26,15 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+from tb_layergrad.reader.dominance import (  # noqa: F401 - the rule of one example dominating, part of this module
+    DOMINANT_MIN_EXAMPLES,
+    DOMINANT_SHARE,
+    EXAMPLE_THRESHOLDS,
+    Dominance,
+    dominance,
+    dominated,
+)
 
 # -- thresholds (docs/ANOMALIES.md, "Thresholds") ------------------------------------------------
 VANISH_REL = 1e-3  # vanishing: rms < VANISH_REL x (largest rms of any layer at that step)
@@ -44,12 +53,6 @@ THRESHOLDS = {
     "BASELINE_STEPS": BASELINE_STEPS,
     "DEAD_ZERO_FRAC": DEAD_ZERO_FRAC,
 }
-
-# One example dominates a layer (docs/ANOMALIES.md, "One example dominates"): read from the per-example
-# records (kind `examples`), not from the statistics; not a flag bit of the matrix, a finding of its own.
-DOMINANT_SHARE = 0.5  # the largest example carries more than half of the layer's per-example gradient energy
-DOMINANT_MIN_EXAMPLES = 8  # ... in a batch of at least 8, where an even share would be at most 1/8
-EXAMPLE_THRESHOLDS = {"DOMINANT_SHARE": DOMINANT_SHARE, "DOMINANT_MIN_EXAMPLES": DOMINANT_MIN_EXAMPLES}
 
 # -- flags: one bit each --------------------------------------------------------------------------
 NONFINITE, VANISHING, EXPLODING, DEAD = 1, 2, 4, 8
@@ -227,7 +230,7 @@ class LayerSummary:
     last_rms: Optional[float]
     last_zero_frac: Optional[float]
     trend: Optional[float]  # decades over the last TREND_WINDOW logged steps, see `trend`
-    first_nonfinite: Optional[int]  # first step with a NaN/Inf gradient
+    first_nonfinite_step: Optional[int]  # the layer's first step with a NaN/Inf (sent as `first_nonfinite`)
     counts: Dict[str, int]  # logged steps flagged with each kind
     now: int  # flags at last_step
     timestep_decay: Optional[float] = None  # RNN layers with per-timestep records, see `timestep_decay`
@@ -247,7 +250,7 @@ class LayerSummary:
             "last_rms": self.last_rms,
             "last_zero_frac": self.last_zero_frac,
             "trend": self.trend,
-            "first_nonfinite": self.first_nonfinite,
+            "first_nonfinite": self.first_nonfinite_step,
             "counts": dict(self.counts),
             "now": self.now_names,
         }
@@ -281,13 +284,14 @@ class RunAnomalies:
         return int(self.steps[-1]) if self.steps.size else None
 
     @property
-    def first_nonfinite(self) -> Optional[dict]:
-        """{"step": s, "layers": [...]} for the first step at which any layer is non-finite, or None."""
-        firsts = [s.first_nonfinite for s in self.summaries if s.first_nonfinite is not None]
+    def earliest_nonfinite(self) -> Optional[dict]:
+        """{"step": s, "layers": [...]}: the earliest of the layers' first non-finite steps, and the layers
+        non-finite there; None if none ever was. Not where it was born: that is `origin`."""
+        firsts = [s.first_nonfinite_step for s in self.summaries if s.first_nonfinite_step is not None]
         if not firsts:
             return None
         step = min(firsts)
-        return {"step": step, "layers": [s.layer for s in self.summaries if s.first_nonfinite == step]}
+        return {"step": step, "layers": [s.layer for s in self.summaries if s.first_nonfinite_step == step]}
 
     @property
     def latest(self) -> Dict[str, int]:
@@ -305,9 +309,9 @@ class RunAnomalies:
         return [encode_flags(self.flags[i], self.recorded[i]) for i in range(len(self.layers))]
 
     def summary_json(self) -> dict:
-        """The run's summary; with an `origin`, `first_nonfinite` also names its `pass`, `origin` and `line`
-        (those of the run's first non-finite step, `origin.step`), and `origin` is the whole answer."""
-        first = self.first_nonfinite
+        """The run's summary. Its `first_nonfinite` is `earliest_nonfinite`, to which an `origin` adds its
+        `pass`, `origin` and `line` (those of `origin.step`, which may be earlier); `origin` is the whole origin."""
+        first = self.earliest_nonfinite
         where = self.origin.to_json() if self.origin is not None else None
         if first is not None and where is not None:
             first = {**first, "pass": where["pass"], "origin": where["origin"], "line": where["line"]}
@@ -336,7 +340,7 @@ def evaluate(
     target: str = "loss",
     source: str = "output",
     indices: Optional[Sequence[int]] = None,
-    first_nonfinite_hints: Optional[Sequence[Optional[int]]] = None,
+    running_first_steps: Optional[Sequence[Optional[int]]] = None,
     timesteps: Optional[Mapping[str, Sequence[np.ndarray]]] = None,
 ) -> RunAnomalies:
     """Apply the rules to one run and summarise every layer.
@@ -346,9 +350,9 @@ def evaluate(
       steps: the ascending logged steps (columns).
       stats: {"rms", "norm", "nonfinite", "zero_frac"} -> [layers, steps] float arrays, NaN where missing.
       indices: each layer's model index (-1 if unknown), for the summaries.
-      first_nonfinite_hints: per layer, a first non-finite step known from elsewhere (the
-        `first_nonfinite` records of docs/FORMAT.md, which survive TensorBoard's sampling), or
-        None. A layer's `first_nonfinite` is the earlier of the hint and its first flagged step.
+      running_first_steps: per layer, the first non-finite step its running records name (kind
+        `first_nonfinite`, docs/FORMAT.md: they survive TensorBoard's sampling), or None. A layer's
+        `first_nonfinite_step` is the earlier of that and its first flagged step.
       timesteps: {layer: [per-timestep norm vectors in step order]} for RNN layers.
     """
     layers = list(layers)
@@ -366,9 +370,9 @@ def evaluate(
         nonfinite_cols = np.flatnonzero(row & NONFINITE)
         if nonfinite_cols.size:
             first = int(steps[nonfinite_cols[0]])
-        hint = first_nonfinite_hints[i] if first_nonfinite_hints is not None else None
-        if hint is not None and (first is None or hint < first):
-            first = int(hint)
+        named = running_first_steps[i] if running_first_steps is not None else None
+        if named is not None and (first is None or named < first):
+            first = int(named)
         last = int(cols[-1]) if cols.size else None
         ts = (timesteps or {}).get(layer)
         summaries.append(
@@ -381,7 +385,7 @@ def evaluate(
                 last_rms=_num(m["rms"][i, last]) if last is not None else None,
                 last_zero_frac=_num(m["zero_frac"][i, last]) if last is not None else None,
                 trend=trend(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
-                first_nonfinite=first,
+                first_nonfinite_step=first,
                 counts={k: int(((row[cols] & bit) > 0).sum()) for k, bit in FLAG_BITS.items()},
                 now=int(row[last]) if last is not None else 0,
                 timestep_decay=timestep_decay(ts) if ts else None,
@@ -389,62 +393,3 @@ def evaluate(
             )
         )
     return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries)
-
-
-def dominated(top_share, examples, status) -> np.ndarray:
-    """bool, elementwise: one example carries most of the layer's gradient at that step.
-
-    `top_share` > DOMINANT_SHARE with `examples` >= DOMINANT_MIN_EXAMPLES and `status` 0 (exact
-    numbers); a missing or NaN value is never dominated.
-    """
-    share = np.asarray(top_share, np.float64)
-    count = np.asarray(examples, np.float64)
-    code = np.asarray(status, np.float64)
-    with np.errstate(invalid="ignore"):
-        return (share > DOMINANT_SHARE) & (count >= DOMINANT_MIN_EXAMPLES) & (code == 0)
-
-
-@dataclasses.dataclass
-class Dominance:
-    """One layer's dominated steps: how many, the first, and the worst (largest share) with its example."""
-
-    layer: str
-    steps: int  # how many recorded steps are dominated
-    first_step: int
-    worst_step: int
-    worst_share: float
-    worst_position: Optional[int]  # batch position of the largest example at the worst step
-    examples: Optional[int]  # batch size at the worst step
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @property
-    def line(self) -> str:
-        where = f" from batch position {self.worst_position}" if self.worst_position is not None else ""
-        batch = f" of {self.examples}" if self.examples is not None else ""
-        return (
-            f"one example dominates {self.layer} at {self.steps} step{'' if self.steps == 1 else 's'}: first "
-            f"step {self.first_step}; worst step {self.worst_step}, {self.worst_share:.0%} of its gradient{where}{batch}"
-        )
-
-
-def dominance(layer: str, steps, top_share, examples, status, top_position) -> Optional[Dominance]:
-    """The `Dominance` of one layer from its per-step columns (ascending steps), None if no step is dominated."""
-    steps = np.asarray(steps, np.int64)
-    hit = np.flatnonzero(dominated(top_share, examples, status))
-    if not hit.size:
-        return None
-    share = np.asarray(top_share, np.float64)
-    worst = int(hit[np.argmax(share[hit])])
-    pos = float(np.asarray(top_position, np.float64)[worst])
-    count = float(np.asarray(examples, np.float64)[worst])
-    return Dominance(
-        layer,
-        int(hit.size),
-        int(steps[hit[0]]),
-        int(steps[worst]),
-        float(share[worst]),
-        int(pos) if math.isfinite(pos) and pos >= 0 else None,
-        int(count) if math.isfinite(count) else None,
-    )

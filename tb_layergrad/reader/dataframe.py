@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterable, Optional
 
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import catalog, event_files, origin, series
+from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsStore
 
 # The per-example columns (docs/FORMAT.md, kind `examples`): field of the record -> column; NaN where not written.
@@ -171,4 +172,7 @@ def origins(
 
 
 def _origins(provider: Any, ctx: Any, cat: catalog.Catalog) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:
-    return {run: {t: origin.locate_run(provider, ctx, "", rc, t) for t in rc.targets()} for run, rc in cat.runs.items()}
+    return {
+        run: {t: origin.locate_run(RunSource(provider, ctx, "", rc), t) for t in rc.targets()}
+        for run, rc in cat.runs.items()
+    }

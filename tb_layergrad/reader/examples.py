@@ -12,11 +12,10 @@ import dataclasses
 from typing import Dict, Optional, Sequence
 
 import numpy as np
-from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import catalog, downsample, layer_points, series
-from tb_layergrad.reader.block_cache import BlockCache
+from tb_layergrad.reader.run_source import RunSource
 
 # The `stat` names of `matrix` that colour by a per-example column, as `tb_layergrad.load()` names them.
 MATRIX_STATS = {
@@ -66,19 +65,11 @@ def _row(value, width: int) -> np.ndarray:
 
 
 def read(
-    data_provider: tb_provider.DataProvider,
-    ctx: object,
-    experiment_id: str,
-    rc: catalog.RunCatalog,
-    chosen: Sequence[catalog.Series],
-    start: Optional[int] = None,
-    end: Optional[int] = None,
-    blocks: Optional[BlockCache] = None,
+    src: RunSource, chosen: Sequence[catalog.Series], start: Optional[int] = None, end: Optional[int] = None
 ) -> Dict[catalog.SeriesKey, ExampleRows]:
-    """`{key: ExampleRows}` of `examples` series of run `rc` within [start, end]; `blocks`: the plugin's cache
-    of decoded group blocks (every layer of a group is a row of the same records)."""
-    points = layer_points.read_points(data_provider, ctx, experiment_id, rc, chosen, start, end, blocks=blocks)
-    return {key: rows_of(p) for key, p in points.items()}
+    """`{key: ExampleRows}` of `examples` series of run `src.rc` within [start, end] (every layer of a group is a
+    row of the same records: `src.blocks` keeps them decoded for the next layer)."""
+    return {key: rows_of(p) for key, p in layer_points.read_points(src, chosen, start, end).items()}
 
 
 def binned(rows: ExampleRows, points: int, start: Optional[int], end: Optional[int]) -> dict:

@@ -23,33 +23,28 @@ from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import catalog, series
-from tb_layergrad.reader.block_cache import BlockCache
-from tb_layergrad.reader.stats_store import StatsRows, StatsStore
+from tb_layergrad.reader.run_source import RunSource
+from tb_layergrad.reader.stats_store import StatsRows
 
 
 def read_points(
-    data_provider: tb_provider.DataProvider,
-    ctx: object,
-    experiment_id: str,
-    rc: catalog.RunCatalog,
+    src: RunSource,
     chosen: Sequence[catalog.Series],
     start: Optional[int] = None,
     end: Optional[int] = None,
-    store: Optional[StatsStore] = None,
     max_steps: Optional[int] = None,
-    blocks: Optional[BlockCache] = None,
 ) -> Dict[catalog.SeriesKey, series.Points]:
-    """`{series key: Points}` of `chosen` (series of run `rc`) within [start, end], in version-1 layouts.
+    """`{series key: Points}` of `chosen` (series of run `src.rc`) within [start, end], in version-1 layouts.
 
-    `store`: the plugin's StatsStore (stats, and the edges of version-2 histograms, come from it).
-    `rc` must list the layers' `stats` series when version-2 histograms are asked for. `max_steps`: at
-    most that many steps of each series other than `stats`, evenly spread (`series.thin`). `blocks`: the
-    plugin's cache of decoded version-2 blocks (those it holds as listed are not read again).
+    Stats, and the edges of version-2 histograms, come from `src.store`; `src.rc` must list the layers'
+    `stats` series when version-2 histograms are asked for. `max_steps`: at most that many steps of each
+    series other than `stats`, evenly spread (`series.thin`). Group blocks `src.blocks` holds as listed
+    are not read again.
     """
-    store = store if store is not None else StatsStore(data_provider)
+    rc, experiment_id, blocks = src.rc, src.experiment_id, src.blocks
     out: Dict[catalog.SeriesKey, series.Points] = {}
     stats = [s for s in chosen if s.info.kind == metadata.KIND_STATS]
-    for key, rows in store.read(ctx, experiment_id, rc.run, stats, start, end).items():
+    for key, rows in src.stats(stats, start, end).items():
         out[key] = series.Points(rows.steps, rows.wall_times, list(rows.table))
     others = [s for s in chosen if s.info.kind != metadata.KIND_STATS]
     if not others:
@@ -61,14 +56,14 @@ def read_points(
                 kept[p.tag] = blocks.get(experiment_id, rc.run, p)
     kept = {t: v for t, v in kept.items() if v is not None}
     data = series.read(
-        data_provider,
-        ctx,
+        src.provider,
+        src.ctx,
         experiment_id,
         rc.run,
         [t for s in others for t in s.tags if t not in kept],
         alone=[p.tag for s in others for p in s.parts if p.grouped and p.tag not in kept],
     )
-    edges = _edge_rows(ctx, experiment_id, rc, others, store)
+    edges = _edge_rows(src, others)
     groups: Dict[str, series.Points] = {}  # a group tag's records within [start, end], selected once for all its layers
     for s in others:
         selected = []
@@ -101,20 +96,14 @@ def _thinned_together(parts: List[series.Points], max_steps: Optional[int]) -> L
 
 
 def read_one(
-    data_provider: tb_provider.DataProvider,
-    ctx: object,
-    experiment_id: str,
-    rc: catalog.RunCatalog,
+    src: RunSource,
     s: catalog.Series,
     start: Optional[int] = None,
     end: Optional[int] = None,
-    store: Optional[StatsStore] = None,
     max_steps: Optional[int] = None,
-    blocks: Optional[BlockCache] = None,
 ) -> series.Points:
     """`read_points` of one series, at most `max_steps` of its steps (evenly spread; None: all)."""
-    found = read_points(data_provider, ctx, experiment_id, rc, [s], start, end, store, max_steps, blocks)[s.key]
-    return series.thin(found, max_steps)
+    return series.thin(read_points(src, [s], start, end, max_steps)[s.key], max_steps)
 
 
 def united(parts: Sequence[series.Points]) -> series.Points:
@@ -133,20 +122,18 @@ def united(parts: Sequence[series.Points]) -> series.Points:
     return series.Points(steps[keep], walls[keep], [values[i] for i in keep])
 
 
-def _edge_rows(
-    ctx: object, experiment_id: str, rc: catalog.RunCatalog, others: Sequence[catalog.Series], store: StatsStore
-) -> Dict[catalog.SeriesKey, StatsRows]:
+def _edge_rows(src: RunSource, others: Sequence[catalog.Series]) -> Dict[catalog.SeriesKey, StatsRows]:
     """The stats rows of the layers whose version-2 histograms need edges (min, max at each step)."""
     need = {}
     for s in others:
         if s.info.kind == metadata.KIND_HISTOGRAM and any(p.grouped for p in s.parts):
             i = s.info
-            found = rc.find(i.layer, i.target, i.source, metadata.KIND_STATS)
+            found = src.rc.find(i.layer, i.target, i.source, metadata.KIND_STATS)
             if found is not None:
                 need[s.key] = found
     if not need:
         return {}
-    rows = store.read(ctx, experiment_id, rc.run, list(need.values()))
+    rows = src.stats(list(need.values()))
     return {key: rows[stats.key] for key, stats in need.items()}
 
 
@@ -216,7 +203,7 @@ def _histograms(points: series.Points, counts: List[np.ndarray], stats: Optional
     return series.Points(points.steps[idx], points.wall_times[idx], values)
 
 
-def without_clean_hints(
+def without_clean_running_records(
     data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, cat: catalog.Catalog
 ) -> catalog.Catalog:
     """The catalog without the `first_nonfinite` series that exist only as version-2 rows of -1.

@@ -1,4 +1,4 @@
-"""Where it broke: the first non-finite step of one run and target, and the pass it was born in.
+"""Where it broke: the origin of a run's first NaN/Inf for one target (its step, pass and layer).
 
 Reads what `tb_layergrad.nonfinite_origin.locate` needs and calls it; the rules themselves are
 that module's (docs/ANOMALIES.md, "Where it broke"), never restated here. Shared by the
@@ -7,8 +7,8 @@ plugin's `anomalies` route, `tb-layergrad report` and `tb_layergrad.load()`.
 The series looked at, for one target (e.g. `loss`): its output and weight gradients, its
 `target` series (the loss value) and every activation (source `activation`, target `forward`:
 one forward pass for every target). Each series' first non-finite step is the earlier of its
-first `stats` record holding a NaN/Inf and the step named by its `first_nonfinite` records
-(docs/FORMAT.md: they survive TensorBoard's sampling). The run's step is the earliest of those;
+first `stats` record holding a NaN/Inf and the step named by its running records (kind
+`first_nonfinite`, docs/FORMAT.md: they survive TensorBoard's sampling). The run's step is the earliest of those;
 a series is non-finite there exactly when its own first non-finite step is that step (none can
 be earlier). No histogram is needed: the target series has none.
 """
@@ -18,15 +18,15 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import catalog, layer_points, series
-from tb_layergrad.reader.stats_store import StatsStore
+from tb_layergrad.reader.run_source import RunSource
 
 
-def first_nonfinite_hint(points: series.Points, start: Optional[int]) -> Optional[int]:
-    """The earliest step named by `first_nonfinite` records (docs/FORMAT.md) within the range.
+def running_first_step(points: series.Points, start: Optional[int]) -> Optional[int]:
+    """The first non-finite step of a series as its running records (kind `first_nonfinite`,
+    docs/FORMAT.md) name it: the earliest they name within the range.
 
     A record at step s holding f says "the first logged step <= s with a NaN/Inf in this
     series was f". Values that are not whole numbers in [start, s] are ignored (a
@@ -62,62 +62,47 @@ def series_of(rc: catalog.RunCatalog, target: str) -> Dict[str, List[catalog.Ser
     }
 
 
-def first_steps(
-    data_provider: tb_provider.DataProvider,
-    ctx: object,
-    experiment_id: str,
-    rc: catalog.RunCatalog,
-    stats_series: Sequence[catalog.Series],
-    start: Optional[int] = None,
-    end: Optional[int] = None,
-    store: Optional[StatsStore] = None,
+def first_nonfinite_steps(
+    src: RunSource, stats_series: Sequence[catalog.Series], start: Optional[int] = None, end: Optional[int] = None
 ) -> Dict[catalog.SeriesKey, Optional[int]]:
     """{stats series key: the series' first non-finite step in [start, end], or None}."""
-    store = store if store is not None else StatsStore(data_provider)
-    tables = store.read(ctx, experiment_id, rc.run, stats_series, start, end)
-    hint_series = {}
+    rc = src.rc
+    tables = src.stats(stats_series, start, end)
+    running = {}
     for s in stats_series:
         i = s.info
         f = rc.find(i.layer, i.target, i.source, metadata.KIND_FIRST_NONFINITE)
         if f is not None:
-            hint_series[s.key] = f
-    hints = layer_points.read_points(
-        data_provider, ctx, experiment_id, rc, list(hint_series.values()), start, end, store
-    )
+            running[s.key] = f
+    records = layer_points.read_points(src, list(running.values()), start, end)
     out: Dict[catalog.SeriesKey, Optional[int]] = {}
     for s in stats_series:
         rows = tables[s.key]
         bad = np.flatnonzero(rows.column("nonfinite") > 0)
         first = int(rows.steps[bad[0]]) if bad.size else None
-        f = hint_series.get(s.key)
+        f = running.get(s.key)
         if f is not None:
-            hint = first_nonfinite_hint(hints[f.key], start)
-            if hint is not None and (first is None or hint < first):
-                first = hint
+            named = running_first_step(records[f.key], start)
+            if named is not None and (first is None or named < first):
+                first = named
         out[s.key] = first
     return out
 
 
 def locate_run(
-    data_provider: tb_provider.DataProvider,
-    ctx: object,
-    experiment_id: str,
-    rc: catalog.RunCatalog,
-    target: str = metadata.DEFAULT_TARGET,
-    start: Optional[int] = None,
-    end: Optional[int] = None,
-    store: Optional[StatsStore] = None,
+    src: RunSource, target: str = metadata.DEFAULT_TARGET, start: Optional[int] = None, end: Optional[int] = None
 ) -> Optional[nonfinite_origin.Origin]:
-    """Where run `rc` first went non-finite for `target` within [start, end]; None if it never did.
+    """Where run `src.rc` first went non-finite for `target` within [start, end]; None if it never did.
 
     `target_nonfinite` is None (pass `unknown` possible) when the run has no target series for
     `target`; `activations` None (pass `forward_or_loss` possible) when it has no activation series.
     """
+    rc = src.rc
     roles = series_of(rc, target)
     every = [s for group in roles.values() for s in group]
     if not every:
         return None
-    firsts = first_steps(data_provider, ctx, experiment_id, rc, every, start, end, store)
+    firsts = first_nonfinite_steps(src, every, start, end)
     known = [f for f in firsts.values() if f is not None]
     if not known:
         return None

@@ -1,0 +1,302 @@
+"""`tb-layergrad report`'s three formats: text for a person, JSON, and CSV (a row per layer).
+
+Why apart from `report`: what is found (`report.build`) does not depend on how it is written; these
+only shape a `report.Report`, and `tb_layergrad.report` offers them under the same names.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import TYPE_CHECKING, List, Optional, Sequence
+
+from tb_layergrad import metadata
+from tb_layergrad.reader import anomalies
+
+if TYPE_CHECKING:
+    from tb_layergrad.cli.report import Report
+
+LABELS = {"nonfinite": "NaN/Inf", "vanishing": "vanishing", "exploding": "exploding", "dead": "dead"}
+WIDTH = 100
+
+
+def _g(v: Optional[float], spec: str = ".3g") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def shorten(text: str, width: int, path: bool = False) -> str:
+    """Fit `text` in `width` columns, marking a cut with "…".
+
+    path=True (layer paths): keep the last segment (the layer's own name) whole when it fits, and as
+    much of the start as the rest allows: "encoder/blo…/attention_output". Otherwise keep the start.
+    """
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return text[:width]
+    if path and "/" in text:
+        leaf = text[text.rindex("/") + 1 :]
+        if len(leaf) + 3 <= width:
+            return text[: width - len(leaf) - 2] + "…/" + leaf
+        if len(leaf) + 1 <= width:
+            return "…" + leaf
+        tail = max(1, (2 * width) // 3)
+        return text[: width - 1 - tail] + "…" + text[len(text) - tail :]
+    return text[: width - 1] + "…"
+
+
+def _common_model_prefix(layers: Sequence[str]) -> str:
+    """'model/' when every layer path starts with the same first segment (the model's name)."""
+    firsts = {p.split("/", 1)[0] for p in layers}
+    if len(firsts) == 1 and all("/" in p for p in layers):
+        return firsts.pop() + "/"
+    return ""
+
+
+def flags_text(s: anomalies.LayerSummary) -> str:
+    """'vanishing' (flagged at the last step), 'exploding 4/60' (at 4 of 60 logged steps, not the last)."""
+    parts = []
+    now = set(s.now_names)
+    for kind in ("nonfinite", "exploding", "vanishing", "dead"):
+        c = s.counts.get(kind, 0)
+        if not c:
+            continue
+        parts.append(LABELS[kind] if kind in now else f"{LABELS[kind]} {c}/{s.recorded}")
+    return ", ".join(parts) if parts else "ok"
+
+
+# name, header, width, alignment
+_COLUMNS = [
+    ("layer", "layer", 28, "<"),
+    ("norm", "norm@last", 9, ">"),
+    ("trend", "trend", 6, ">"),
+    ("zeros", "zeros", 6, ">"),
+    ("first", "1st NaN", 8, ">"),
+    ("decay", "t-decay", 7, ">"),
+]
+
+
+def format_text(report: Report, width: int = WIDTH) -> str:
+    fixed = 2 + sum(w + 1 for _, _, w, _ in _COLUMNS)
+    flags_w = max(10, width - fixed)
+    lines = [
+        shorten(f"tb-layergrad report  {report.logdir}  (target {report.target}, source {report.source})", width),
+        "norm@last: L2 norm at the layer's last logged step; trend: log10 change of the norm over the last "
+        f"{anomalies.TREND_WINDOW} logged steps; t-decay: log10(|dL/dh_first| / |dL/dh_last|) of RNN timesteps; "
+        "flags: docs/ANOMALIES.md",
+    ]
+    lines = [lines[0]] + _wrap(lines[1], width)
+    for result in report.runs:
+        lines.append("")
+        prefix = _common_model_prefix(result.layers)
+        summary = result.summary_json()
+        span = (
+            f"steps {summary['first_step']}–{summary['last_step']} ({summary['steps']} logged)"
+            if summary["steps"]
+            else "no steps logged"
+        )
+        n = len(result.layers)
+        head = f"run {result.run}  ·  {n} layer{'' if n == 1 else 's'}  ·  {span}"
+        if prefix:
+            head += f"  ·  model {prefix[:-1]}"
+        lines.append(shorten(head, width))
+        first = result.earliest_nonfinite
+        if result.origin is not None:  # where it broke: Origin.line, whole (wrapped, not cut: it names a layer)
+            lines += [
+                ("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(result.origin.line, width - 4, ""))
+            ]
+        elif first:
+            names = [n[len(prefix) :] if prefix else n for n in first["layers"]]
+            more = f" and {len(names) - 1} more layer{'s' if len(names) > 2 else ''}" if len(names) > 1 else ""
+            lines.append(shorten(f"  first non-finite gradient: step {first['step']} in {names[0]}{more}", width))
+        latest = {k: v for k, v in result.latest.items() if v}
+        if summary["steps"]:
+            bits = ", ".join(f"{v} {LABELS[k]}" for k, v in latest.items())
+            lines.append(
+                shorten(
+                    f"  at the latest step ({summary['last_step']}): "
+                    + (f"{bits} of {len(result.layers)} layers" if bits else "no flagged layer"),
+                    width,
+                )
+            )
+        header = "  " + " ".join(f"{h:{a}{w}}" for _, h, w, a in _COLUMNS) + " " + "flags"
+        lines.append(header)
+        for s in result.summaries:
+            name = s.layer[len(prefix) :] if prefix and s.layer.startswith(prefix) else s.layer
+            cells = {
+                "layer": shorten(name, _COLUMNS[0][2], path=True),
+                "norm": _g(s.last_norm),
+                "trend": _g(s.trend, "+.2f"),
+                "zeros": _pct(s.last_zero_frac),
+                "first": "-" if s.first_nonfinite_step is None else str(s.first_nonfinite_step),
+                "decay": _g(s.timestep_decay, "+.1f"),
+            }
+            row = "  " + " ".join(f"{shorten(cells[k], w):{a}{w}}" for k, _, w, a in _COLUMNS)
+            lines.append(row + " " + shorten(flags_text(s), flags_w))
+        for d in result.dominated or ():  # wrapped, not cut: it names a layer and a step to open
+            lines += _wrap("  " + d.line, width, "    ")
+    for s in report.skipped:
+        lines.append("")
+        lines.append(shorten(f"run {s['run']}: skipped, {s['reason']}", width))
+    for w in report.warnings:  # wrapped, not cut: it says what to do
+        lines.append("")
+        lines += _wrap(f"warning: {w}", width)
+    if report.fail_on:
+        lines.append("")
+        if report.failures:
+            for f in report.failures:
+                what = "NaN/Inf gradient since step" if f["condition"] == "nan" else f"{f['condition']} at step"
+                lines.append(
+                    shorten(f"FAIL {f['condition']}: run {f['run']}, layer {f['layer']}: {what} {f['step']}", width)
+                )
+        else:
+            lines.append(
+                "OK: none of " + ", ".join("nan" if k == "nonfinite" else k for k in report.fail_on) + " holds"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _wrap(text: str, width: int, indent: str = "  ") -> List[str]:
+    """Lines of at most `width` columns, broken at spaces (a longer word is cut), later ones after `indent`."""
+    words, lines, cur = text.split(" "), [], ""
+    for w in words:
+        while len(indent + w) > width:
+            w = w[: width - len(indent) - 1] + "…"
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = indent + w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    if cur:
+        lines.append(cur)
+    return lines
+
+
+def to_json(report: Report) -> dict:
+    return {
+        "logdir": report.logdir,
+        "target": report.target,
+        "source": report.source,
+        "format_version": metadata.FORMAT_VERSION,
+        "thresholds": dict(anomalies.THRESHOLDS),
+        "trend_window": anomalies.TREND_WINDOW,
+        "runs": [_run_json(r) for r in report.runs],
+        "skipped": report.skipped,
+        "fail_on": ["nan" if k == "nonfinite" else k for k in report.fail_on],
+        "failures": report.failures,
+        "warnings": report.warnings,
+    }
+
+
+def _run_json(r: anomalies.RunAnomalies) -> dict:
+    """One run; `dominated` (docs/ANOMALIES.md, "One example dominates") only for a run with per-example records."""
+    out = {"run": r.run, "summary": r.summary_json(), "layers": [s.to_json() for s in r.summaries]}
+    if r.dominated is not None:
+        out["dominated"] = [d.to_json() for d in r.dominated]
+        out["example_thresholds"] = dict(anomalies.EXAMPLE_THRESHOLDS)
+    return out
+
+
+# The `dominated` condition (docs/ANOMALIES.md, "One example dominates"): `dominated_<key>` is
+# `runs[].dominated[].<key>` of --format json. Appended after the flag counts so that the columns before it
+# keep their indexes for existing consumers.
+DOMINATED_FIELDS = ("steps", "first_step", "worst_step", "worst_share", "worst_position", "examples")
+
+CSV_COLUMNS = (
+    "run",
+    "target",
+    "source",
+    "layer",
+    "index",
+    "recorded",
+    "last_step",
+    "last_norm",
+    "last_rms",
+    "last_zero_frac",
+    "trend",
+    "first_nonfinite",
+    "timestep_decay",
+    "nonfinite_steps",
+    "vanishing_steps",
+    "exploding_steps",
+    "dead_steps",
+    "now",
+    *(f"dominated_{k}" for k in DOMINATED_FIELDS),
+)
+
+
+def _csv_cell(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ""
+    return str(v)
+
+
+def _summary_cells(r: anomalies.RunAnomalies, s: anomalies.LayerSummary) -> list:
+    """A layer's statistics and flag counts: the columns up to `now`."""
+    return [
+        r.run,
+        r.target,
+        r.source,
+        s.layer,
+        s.index,
+        s.recorded,
+        s.last_step,
+        s.last_norm,
+        s.last_rms,
+        s.last_zero_frac,
+        s.trend,
+        s.first_nonfinite_step,
+        s.timestep_decay,
+        s.counts["nonfinite"],
+        s.counts["vanishing"],
+        s.counts["exploding"],
+        s.counts["dead"],
+        ";".join(s.now_names),
+    ]
+
+
+def _dominated_cells(r: anomalies.RunAnomalies, d: Optional[anomalies.Dominance]) -> list:
+    """The `dominated_*` columns of one layer.
+
+    All empty when the run has no per-example records (nothing could be said; JSON leaves `dominated` out),
+    so that a filter on `dominated_steps > 0` tells "not dominated" (0) from "not known" (empty).
+    """
+    if d is not None:
+        return [getattr(d, k) for k in DOMINATED_FIELDS]
+    return [None if r.dominated is None else 0] + [None] * (len(DOMINATED_FIELDS) - 1)
+
+
+def _csv_rows(r: anomalies.RunAnomalies) -> List[list]:
+    """One row per layer (model order), its dominance on the same row so that a row stays a layer."""
+    by_layer = {d.layer: d for d in r.dominated or ()}
+    rows = [_summary_cells(r, s) + _dominated_cells(r, by_layer.pop(s.layer, None)) for s in r.summaries]
+    # Per-example records of a layer without statistics: still a row, as --fail-on dominated names it.
+    blank = [None] * (len(CSV_COLUMNS) - 4 - len(DOMINATED_FIELDS))
+    rows += [[r.run, r.target, r.source, d.layer, *blank, *_dominated_cells(r, d)] for d in by_layer.values()]
+    return rows
+
+
+def format_csv(report: Report) -> str:
+    """Columns: `CSV_COLUMNS` (README, "In a terminal, in CI, in a notebook"); a float that is not finite is empty."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    for r in report.runs:
+        w.writerows([_csv_cell(v) for v in row] for row in _csv_rows(r))
+    return buf.getvalue()
+
+
+def render(report: Report, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(to_json(report), indent=1, allow_nan=False) + "\n"
+    if fmt == "csv":
+        return format_csv(report)
+    return format_text(report)

@@ -1,0 +1,127 @@
+"""The answers of the one-layer routes (`stats`, `histograms`, `tensor`, `timesteps`, `examples`): read, then shape.
+
+Each `*_impl` takes the plugin's `Reading`, the request's context and experiment, and a validated
+query (`queries.LayerQuery`); it returns the JSON body as a dict (docs/HTTP_API.md), or raises a
+`tensorboard.errors` 404 naming what is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tensorboard import errors
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin import binned, example_bodies
+from tb_layergrad.plugin.queries import LayerQuery
+from tb_layergrad.plugin.reading import Reading
+from tb_layergrad.plugin.responses import count_list, finite_or_none, float_list, float_matrix
+from tb_layergrad.reader import downsample, examples, layer_points, series
+from tb_layergrad.reader.catalog import quote
+
+
+def stat_values(values: np.ndarray, stat: str) -> list:
+    """A column of one statistic for the wire: counts as integers, NaN/Inf as null."""
+    return count_list(values) if stat in series.COUNT_STATS else float_list(values)
+
+
+def int_list(steps: np.ndarray) -> list:
+    return [int(s) for s in steps]
+
+
+def stats_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
+    """Every statistic of one layer per step; binned to `q.points` when the range holds more steps."""
+    s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_STATS)
+    rows = src.stats([s], q.start, q.end)[s.key]
+    head = {**q.head(), "index": s.info.index, "dtype": s.info.dtype}
+    if binned.needed(q.points, rows.steps):
+        whole = rows if q.start is None and q.end is None else src.stats([s])[s.key]  # the rules see the whole run
+        flags, _ = downsample.run_flags([(whole.steps, whole.table)], rows.steps)
+        return {**head, **binned.stats_body(rows.steps, rows.wall_times, rows.table, flags, q.points, q.start, q.end)}
+    rows = rows.thinned(None if q.points else q.max_steps)
+    return {
+        **head,
+        **({"binned": False} if q.points else {}),
+        "steps": int_list(rows.steps),
+        "wall_times": float_list(rows.wall_times),
+        "stats": {name: stat_values(rows.column(name), name) for name in series.ALL_STATS},
+    }
+
+
+def histograms_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
+    """One layer's histograms as [k, 3] rows of (left, right, count) per step."""
+    s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_HISTOGRAM)
+    points = layer_points.read_one(src, s, q.start, q.end, q.max_steps)
+    hists = []
+    for value in points.values:
+        arr = np.asarray(value, dtype=np.float64)
+        hists.append(float_matrix(arr.reshape(-1, 3)) if arr.size % 3 == 0 and arr.size else [])
+    return {
+        **q.head(),
+        "steps": int_list(points.steps),
+        "wall_times": float_list(points.wall_times),
+        "histograms": hists,
+    }
+
+
+def tensor_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
+    """One layer's whole recorded value at `q.step` (default: the last), as a matrix, with its NaN/Inf cells."""
+    s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_TENSOR)
+    points = layer_points.read_one(src, s)
+    if not len(points):
+        raise errors.NotFoundError(f"no tensor records for layer {quote(s.info.layer)} yet")
+    i = len(points) - 1 if q.step is None else int(np.searchsorted(points.steps, q.step))
+    if i >= len(points) or (q.step is not None and int(points.steps[i]) != q.step):
+        raise errors.NotFoundError(f"no tensor record at step {q.step} for layer {quote(s.info.layer)}")
+    arr = np.asarray(points.values[i], dtype=np.float64)
+    if arr.ndim != 2:
+        arr = arr.reshape(1, -1) if arr.ndim < 2 else arr.reshape(arr.shape[0], -1)
+    finite = np.isfinite(arr)
+    nonfinite = [
+        [int(r), int(c), "nan" if np.isnan(arr[r, c]) else ("+inf" if arr[r, c] > 0 else "-inf")]
+        for r, c in np.argwhere(~finite)
+    ]
+    return {
+        **q.head(),
+        "step": int(points.steps[i]),
+        "wall_time": finite_or_none(points.wall_times[i]),
+        "shape": [int(d) for d in arr.shape],
+        "values": float_matrix(arr),
+        "nonfinite": nonfinite,
+        "min": float(arr[finite].min()) if finite.any() else None,
+        "max": float(arr[finite].max()) if finite.any() else None,
+        "steps": int_list(points.steps),
+    }
+
+
+def timesteps_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
+    """An RNN layer's gradient norm per timestep, per step (layer outputs only: no `source` echoed)."""
+    s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_TIMESTEPS)
+    points = layer_points.read_one(src, s, q.start, q.end, q.max_steps)
+    return {
+        "run": q.run,
+        "layer": q.layer,
+        "target": q.target,
+        "steps": int_list(points.steps),
+        "wall_times": float_list(points.wall_times),
+        "norms": [float_list(np.asarray(v, dtype=np.float64).reshape(-1)) for v in points.values],
+    }
+
+
+def examples_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
+    """One layer's per-example spread per step (binned with `q.points`), and the top positions at `q.step`."""
+    s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_EXAMPLES)
+    rows = examples.read(src, [s], q.start, q.end)[s.key]
+    head = {**q.head(), "index": s.info.index, "dtype": s.info.dtype, "top_k": metadata.EXAMPLE_TOP_K}
+    if q.step is not None:
+        whole = rows if q.start is None and q.end is None else examples.read(src, [s])[s.key]
+        row = whole.at(q.step)
+        if row is None:
+            raise errors.NotFoundError(f"no per-example record at step {q.step} for layer {quote(q.layer)}")
+        at = example_bodies.at_body(q.step, row)
+    else:
+        at = example_bodies.at_body(int(rows.steps[-1]), rows.table[-1]) if len(rows) else None
+    if binned.needed(q.points, rows.steps):
+        body = example_bodies.binned_body(rows, q.points, q.start, q.end)
+    else:
+        body = {**({"binned": False} if q.points else {}), **example_bodies.spread_body(rows)}
+    return {**head, **body, "at": at}

@@ -1,0 +1,110 @@
+"""What every route reads through: the data provider, its lister, the caches the routes share, and the lookups.
+
+Why the lookups here: a route names a run, a layer, a target and a source; finding that series (404 when
+there is none) must not cost in proportion to the run, so it is listed by run AND tag, and the whole run's
+catalog is listed only to explain a miss. The catalog is built anew for every request, so a run being
+written shows its new steps on the next call; its `stats` are kept as tables in one `StatsStore` while
+`list_tensors` reports them unchanged, and decoded version-2 blocks in one `BlockCache`.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from tensorboard import errors
+from tensorboard.data import provider as tb_provider
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin import listing
+from tb_layergrad.reader import catalog
+from tb_layergrad.reader.block_cache import BlockCache
+from tb_layergrad.reader.catalog import quote
+from tb_layergrad.reader.run_source import RunSource
+from tb_layergrad.reader.stats_store import StatsStore
+
+
+class Reading:
+    """The plugin's reading state, shared by its routes; thread-safe (TensorBoard serves requests in threads).
+
+    Args:
+      data_provider: `TBContext.data_provider`.
+      multiplexer: `TBContext.multiplexer` (None under the Rust loader), for listing without a walk of
+        every record (`listing.TensorLister`).
+    """
+
+    def __init__(self, data_provider: tb_provider.DataProvider, multiplexer: object = None) -> None:
+        self.provider = data_provider
+        self.lister = listing.TensorLister(data_provider, multiplexer)
+        self.stats = StatsStore(data_provider)
+        self.blocks = BlockCache()
+
+    def catalog(
+        self, ctx: object, eid: str, runs: Optional[Sequence[str]] = None, tags: Optional[Sequence[str]] = None
+    ) -> catalog.Catalog:
+        return catalog.load(self.lister, ctx, eid, runs=runs, tags=tags)
+
+    def run_catalog(self, ctx: object, eid: str, run: str) -> catalog.RunCatalog:
+        """The whole catalog of `run`; 404 if it has no layergrad series."""
+        return self.catalog(ctx, eid, runs=[run]).run(run)
+
+    def source(self, ctx: object, eid: str, rc: catalog.RunCatalog) -> RunSource:
+        return RunSource(self.provider, ctx, eid, rc, self.stats, self.blocks)
+
+    def layer_tags(
+        self, ctx: object, eid: str, run: str, layer: str, target: str, source: str, kinds: Sequence[str]
+    ) -> List[str]:
+        """The tags that may hold a layer's `kinds`: its version-1 tags and the run's version-2 group tags
+        of (target, source), found by name (`listing.TensorLister.tags_of`), never by folding the run."""
+        tags = [metadata.make_tag(target, source, layer, kind) for kind in kinds]
+        grouped = [k for k in kinds if k in metadata.GROUPED_KINDS]
+        if grouped:
+            prefix = f"{target}/{source}/layers-"
+            marks = tuple(f"/{k}/" for k in grouped)  # `.../layers-{digest}/{kind}/{block}` (docs/FORMAT.md)
+            tags += [
+                t
+                for t in self.lister.tags_of(ctx, eid, run, metadata.PLUGIN_NAME)
+                if t.startswith(prefix) and any(k in t[len(prefix) :] for k in marks)
+            ]
+        return tags
+
+    def one_series(
+        self, ctx: object, eid: str, run: str, layer: str, target: str, source: str, kind: str
+    ) -> Tuple[catalog.Series, RunSource]:
+        """The series a one-layer route shows, and the run to read it from: listed by run AND tag, so its
+        cost does not grow with the run; the whole run's catalog is listed only to explain a miss (404).
+        A histogram comes with its layer's stats (a version-2 histogram's edges are the stats' min and max)."""
+        tags = self.layer_tags(ctx, eid, run, layer, target, source, [kind])
+        if kind == metadata.KIND_HISTOGRAM and len(tags) > 1:  # version-2 groups: their edges need the stats
+            tags += self.layer_tags(ctx, eid, run, layer, target, source, [metadata.KIND_STATS])
+        listed = self.catalog(ctx, eid, runs=[run], tags=tags).runs.get(run)
+        found = listed.find(layer, target, source, kind) if listed is not None else None
+        if found is not None:
+            return found, self.source(ctx, eid, listed)
+        full = self.run_catalog(ctx, eid, run)
+        return full.require(layer, target, source, kind), self.source(ctx, eid, full)
+
+    def every_layer(
+        self, ctx: object, eid: str, run: str, target: str, source: str, kind: str
+    ) -> Tuple[List[catalog.Series], RunSource]:
+        """Every layer's series of `kind` (`stats` or `examples`) for (target, source) in `run`, in model
+        order, and the run to read them from; 404 naming what is missing."""
+        rc = self.run_catalog(ctx, eid, run)
+        chosen = rc.with_kind(target, source, kind)
+        if not chosen:
+            if kind == metadata.KIND_STATS or not rc.with_kind(target, source, metadata.KIND_STATS):
+                raise missing_series(rc, target, source, "stats")
+            raise errors.NotFoundError(
+                f"run {quote(run)} has no per-example records ({source!r}, target {quote(target)})"
+            )
+        return chosen, self.source(ctx, eid, rc)
+
+
+def missing_series(rc: catalog.RunCatalog, target: str, source: str, kind: str) -> errors.NotFoundError:
+    """The 404 for a run with no series of `kind` for (target, source)."""
+    if source == metadata.SOURCE_ACTIVATION:
+        return errors.NotFoundError(
+            f"run {quote(rc.run)} has no activation {kind} records (forward values were not recorded)"
+        )
+    if target not in rc.targets():
+        return errors.NotFoundError(f"target {quote(target)} not found in run {quote(rc.run)}; it has {rc.targets()}")
+    return errors.NotFoundError(f"run {quote(rc.run)} has no {source!r} {kind} records for target {quote(target)}")
