@@ -158,7 +158,8 @@ def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tenso
         written.append(out.written)
         fused_flags = out.nonfinite
         if plan.per_example is not None:  # the noise scale reads the batch gradients' norms from them
-            fused_stats = dict(zip(_tags(split.fused), tf.unstack(out.stats, len(_tags(split.fused)))))
+            tags = _tags(split.fused)
+            fused_stats = dict(zip(tags, tf.unstack(out.stats, len(tags))))
     if checking:
         flags = _flags_in_plan_order(present, split, fused_flags, rest_flags)
         should = _or_nonfinite(should, [tf.reduce_any(flags)] if present else [], condition.record_if_nonfinite)
