@@ -18,7 +18,6 @@ import tb_layergrad
 
 tf = pytest.importorskip("tensorflow")
 
-pytestmark = pytest.mark.skipif(TF_KERAS, reason="the guide's GAN compiles without an optimizer (Keras 3)")
 
 LR = 0.05
 
