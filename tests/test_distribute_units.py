@@ -86,3 +86,5 @@ def test_removed_arguments_are_refused_by_python():
     with pytest.raises(TypeError, match="format_version"):
         tb_layergrad.summary.activations({"layer": tf.ones([4, 2])}, step=0, format_version=1)
     assert not hasattr(distribute, "check_mode")
+    with pytest.raises(TypeError, match="replicas"):
+        tb_layergrad.GradientLogger("logs", replicas="stats")

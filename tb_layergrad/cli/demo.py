@@ -149,10 +149,14 @@ def _fit(
     batch: int = 64,
     timesteps: bool = False,
     activations: bool = False,
-    every_n_steps: int = 1,
+    update_freq: int = 1,
     per_example: bool = False,
 ) -> None:
-    """model.fit() for `steps` batches with GradientLogger: exactly what a user writes."""
+    """model.fit() for `steps` batches with GradientLogger: exactly what a user writes.
+
+    GradientLogger writes to `<log_dir>/train`; the demo then lifts that run up to `logdir/<name>`,
+    so that each demo run is one run named for what it shows.
+    """
     import tb_layergrad
 
     model.compile(optimizer=optimizer, loss=loss)
@@ -166,11 +170,10 @@ def _fit(
         verbose=0,
         callbacks=[
             tb_layergrad.GradientLogger(
-                logdir,
-                run_name=name,
+                os.path.join(logdir, name),
                 timesteps=timesteps,
                 activations=activations,
-                every_n_steps=every_n_steps,
+                update_freq=update_freq,
                 weights=per_example,
                 per_example=per_example,
             ),
@@ -178,6 +181,15 @@ def _fit(
         ],
     )
     progress.finish()
+    _lift_train_run(os.path.join(logdir, name))
+
+
+def _lift_train_run(run_dir: str) -> None:
+    """Move `run_dir/train/*` into `run_dir` (event files do not hold their run's name)."""
+    train = os.path.join(run_dir, "train")
+    for entry in os.listdir(train):
+        os.replace(os.path.join(train, entry), os.path.join(run_dir, entry))
+    os.rmdir(train)
 
 
 _SHOWS = {r.name: r.shows for r in RUNS}
@@ -403,7 +415,7 @@ def _nan_pass_runs(logdir: str, steps: int) -> None:
         y,
         steps,
         activations=True,
-        every_n_steps=NAN_EVERY,
+        update_freq=NAN_EVERY,
     )
 
     x, y = _inputs_with_one_bad_batch(steps, NAN_BACKWARD_STEP, -50.0, seed=6)
@@ -434,7 +446,7 @@ def _nan_pass_runs(logdir: str, steps: int) -> None:
         y,
         steps,
         activations=True,
-        every_n_steps=NAN_EVERY,
+        update_freq=NAN_EVERY,
     )
 
 
