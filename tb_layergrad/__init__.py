@@ -19,34 +19,23 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tb_layergrad.metadata import FORMAT_VERSION, PLUGIN_NAME
-
 __version__ = "1.0.0"
 
+# The public API (README, "What it writes, the API, the docs"; pinned by tests/test_public_api.py): every
+# other module is private and may change in any release.
 _LAZY = {
     "capture": ("tb_layergrad.capturing.layer_capture", "capture"),
     "Capture": ("tb_layergrad.capturing.layer_capture", "Capture"),
     "GradientMap": ("tb_layergrad.capturing.gradient_map", "GradientMap"),
-    "GradientLogger": ("tb_layergrad.keras.gradient_logger", "GradientLogger"),
     "timestep_probe": ("tb_layergrad.capturing.rnn_probe", "timestep_probe"),
-    "load": ("tb_layergrad.reader.dataframe", "load"),
+    "GradientLogger": ("tb_layergrad.keras.gradient_logger", "GradientLogger"),
     "NonFiniteError": ("tb_layergrad.keras.nonfinite_check", "NonFiniteError"),
+    "load": ("tb_layergrad.reader.dataframe", "load"),
 }
-# Public submodules, by the name users import them under -> where they live (the rooms).
-_SUBMODULES = {
-    "summary": "tb_layergrad.summary",
-    "reductions": "tb_layergrad.statistics.reductions",
-    "metadata": "tb_layergrad.metadata",
-    "anomalies": "tb_layergrad.reader.anomalies",
-    "report": "tb_layergrad.cli.report",
-    "targets": "tb_layergrad.capturing.targets",
-    "rnn_probe": "tb_layergrad.capturing.rnn_probe",
-    "distribute": "tb_layergrad.distribute",
-    "fused_kernel": "tb_layergrad.kernel",
-    "nonfinite_origin": "tb_layergrad.nonfinite_origin",
-}
+# Public submodules: the summary ops, and the writer helpers for distributed custom loops.
+_SUBMODULES = {"summary": "tb_layergrad.summary", "distribute": "tb_layergrad.distribute"}
 
-__all__ = ["PLUGIN_NAME", "FORMAT_VERSION", "__version__", *_LAZY, *_SUBMODULES]
+__all__ = ["__version__", *_LAZY, *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
@@ -58,3 +47,7 @@ def __getattr__(name: str) -> Any:
     if name in _SUBMODULES:
         return importlib.import_module(_SUBMODULES[name])
     raise AttributeError(f"module 'tb_layergrad' has no attribute {name!r}")
+
+
+def __dir__() -> list:
+    return sorted(__all__)

@@ -21,7 +21,7 @@ from fit_helpers import (
 )
 
 import tb_layergrad
-from tb_layergrad import targets as lg_targets
+from tb_layergrad.capturing import targets as lg_targets
 
 TARGETS = {
     "class_2": lambda p: p[:, 2],

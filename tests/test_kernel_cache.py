@@ -105,7 +105,7 @@ def test_a_failing_compiler_is_tried_once_across_processes(tmp_path):
     env = dict(os.environ, CXX=str(cxx), **{kernel_cache.ENV_CACHE: str(tmp_path / "cache")})
     env.pop("TB_LAYERGRAD_FUSED", None)
     code = (
-        "from tb_layergrad import fused_kernel\n"
+        "from tb_layergrad import kernel as fused_kernel\n"
         "print(fused_kernel.op() is None)\nprint(fused_kernel.unavailable_reason())\n"
     )
 

@@ -1,4 +1,4 @@
-"""tb_layergrad.anomalies: the one implementation of docs/ANOMALIES.md, against an independent evaluation.
+"""tb_layergrad.reader.anomalies: the one implementation of docs/ANOMALIES.md, against an independent evaluation.
 
 No TensorFlow here: the module is numpy only (the plugin imports it).
 """
@@ -22,7 +22,7 @@ from report_fixtures import (
 )
 from tolerances import approx_or_none, gamma
 
-from tb_layergrad import anomalies
+from tb_layergrad.reader import anomalies
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ANOMALIES.md"
 

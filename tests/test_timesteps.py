@@ -27,7 +27,7 @@ from fit_helpers import (
 )
 
 import tb_layergrad
-from tb_layergrad import rnn_probe
+from tb_layergrad.capturing import rnn_probe
 
 KINDS = ("minimal", "simple", "lstm", "gru")
 T, UNITS, FEATURES, BATCH = 5, 3, 2, 4

@@ -109,7 +109,35 @@ def _static_elements(t: Any) -> int:
 
 
 class Capture(LayerHooks):
-    """Context manager returned by `capture()`; see the module docstring."""
+    """What `capture()` returns: a context manager that records the chosen layers' outputs while the model runs.
+
+    Args:
+      model, layers, weights, tape, activations, per_example: as `tb_layergrad.capture`, which constructs it.
+
+    Inside the `with` block, run the model
+    as usual; after it, `gradients(tape, target, name="loss")` gives a `GradientMap` for any scalar target
+    (call it once per target on a persistent tape for several), `outputs` the recorded outputs by path,
+    `activations()` them as a map `summary.gradients` can write, and `per_example_norms(tape, loss)` each
+    example's own gradient norms (with `per_example=True`).
+
+    Raises:
+      RuntimeError: the same `Capture` entered twice at once, or `gradients()` asked before the model ran.
+
+    Example:
+
+    ```python
+    import tensorflow as tf, keras, tb_layergrad
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2, name="out")], name="m")
+    x = tf.ones([4, 3])
+    with tf.GradientTape(persistent=True) as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap:
+            y = model(x)
+        loss, unit_0 = tf.reduce_sum(tf.square(y)), tf.reduce_sum(y[:, 0])
+    print(cap.gradients(tape, loss)["m/out"].shape, cap.gradients(tape, unit_0, name="unit_0").target)
+    del tape
+    ```
+    """
 
     def __init__(
         self,
@@ -410,25 +438,54 @@ def capture(
     activations: bool = False,
     per_example: bool = False,
 ) -> Capture:
-    """Capture d target / d (layer output) for the chosen layers of `model`.
+    """Capture d(target)/d(layer output) for the chosen layers of `model`, from the backward pass you make anyway.
 
-    Example:
-        with tf.GradientTape() as tape:
-            with tb_layergrad.capture(model, tape=tape) as cap:
-                loss = loss_fn(y, model(x))
-        grads = cap.gradients(tape, loss)
-        optimizer.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
+    Works for Sequential, Functional, subclassed and nested models (no `layer.output` needed), in eager code,
+    `tf.function` and XLA. While the `with` block runs the model, each chosen layer's outputs are recorded and
+    watched on `tape`; `cap.gradients(tape, target)` then makes the ONE `tape.gradient` call for the weights
+    and the outputs together, so the model computes exactly what it computes without capturing. Leaving the
+    block restores the model.
 
     Args:
-      model: any Keras model (Sequential, Functional, subclassed) or layer.
-      layers: None for every layer, or names / glob patterns / Layer objects.
-      weights: also return the gradients of the chosen layers' weights.
-      tape: the GradientTape to watch outputs on (recommended; see module doc).
-      activations: the `gradients()` result also carries the layer outputs
-        (forward values) and `summary.gradients` writes them beside the
-        gradients (source "activation"); `cap.activations()` gives them anyway.
-      per_example: also compute each example's own gradient norm (`cap.per_example_norms`, and
-        `.per_example` of every `gradients()` result) from the same backward pass; the loss must be
-        the batch mean (docs/PER_EXAMPLE.md).
+      model: a Keras model (Sequential, Functional, subclassed) or layer; Keras 3 or tf_keras.
+      layers: None for every layer, or layer names, full paths (`"model/block/dense"`), glob patterns
+        (`"encoder/*"`) or Layer objects.
+      weights: also give the gradients of the chosen layers' trainable weights.
+      tape: the `tf.GradientTape` the forward pass runs under (the outputs are watched on it).
+      activations: the `gradients()` result also carries the layer outputs (forward values), which
+        `summary.gradients` writes beside the gradients (source "activation").
+      per_example: also compute each example's own gradient norm from the same backward pass
+        (`cap.per_example_norms`, and `.per_example` of every `gradients()` result); the loss must be the
+        batch mean (docs/PER_EXAMPLE.md).
+
+    Returns:
+      A `Capture`, a context manager: run the model inside it, then call `cap.gradients(tape, target)` for a
+      `GradientMap` {layer path: d(target)/d(output)} whose `variable_gradients` are the gradients of
+      `model.trainable_variables` to apply.
+
+    Raises:
+      TypeError: `model` is not a Keras model or layer, or `layers` holds something else than names,
+        patterns or layers.
+      ValueError: a name or pattern in `layers` matches no layer of `model` (the message lists them).
+
+    Example:
+
+    ```python
+    import tensorflow as tf, keras, tb_layergrad
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, name="hidden"), keras.layers.Dense(1)],
+                             name="mlp")
+    optimizer = keras.optimizers.SGD(0.1)
+    x, y = tf.random.normal([16, 4]), tf.random.normal([16, 1])
+    writer = tf.summary.create_file_writer("/tmp/layergrad_example/capture")
+    for step in range(3):
+        with tf.GradientTape() as tape:
+            with tb_layergrad.capture(model, tape=tape) as cap:
+                loss = tf.reduce_mean(tf.square(model(x) - y))
+        grads = cap.gradients(tape, loss)  # grads["mlp/hidden"]: dL/d(output of hidden), [16, 8]
+        optimizer.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
+        with writer.as_default(step=step):
+            tb_layergrad.summary.gradients(grads)
+    ```
     """
     return Capture(model, layers=layers, weights=weights, tape=tape, activations=activations, per_example=per_example)

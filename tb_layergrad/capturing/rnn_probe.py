@@ -47,7 +47,7 @@ Example (custom training loop):
     with writer.as_default(step=optimizer.iterations):
         tb_layergrad.summary.gradients(grads)
         for path, g in per_step.items():              # g: [batch, T, units]
-            tb_layergrad.summary.timesteps(path, tb_layergrad.rnn_probe.timestep_norms(g))
+            tb_layergrad.summary.timesteps(path, tf.norm(tf.cast(g, tf.float64), axis=[0, 2]))
 """
 
 from __future__ import annotations
@@ -311,11 +311,41 @@ class TimestepProbe(LayerHooks):
 
 
 def timestep_probe(model: Any, layers: LayerSpec = None, *, tape: Any = None) -> TimestepProbe:
-    """Probe the RNN layers of `model` for per-timestep dL/dh_t (see the module docstring).
+    """Probe the RNN layers of `model` for the per-timestep gradients dL/dh_t, without unrolling.
+
+    dL/dh_t is the TOTAL derivative through the output at t and through the recurrence, for every timestep t,
+    in eager code, `tf.function` and XLA alike (the method and its conventions: the module docstring).
 
     Args:
-      model: any Keras model (Keras 3 or tf_keras).
+      model: any Keras model (Keras 3 or tf_keras) holding `RNN` layers (custom cells included).
       layers: None for every RNN layer, or names / glob patterns / layers.
       tape: the GradientTape the forward pass runs under (the probes are watched on it).
+
+    Returns:
+      A `TimestepProbe`, a context manager: run the model inside it (and inside `capture()`), then
+      `probe.gradients(tape, loss, capture=cap)` gives `(grads, per_step)` from ONE backward pass: the
+      `GradientMap` of `cap.gradients`, and {RNN layer path: dL/dh_t of shape [batch, T, units]}.
+
+    Raises:
+      ValueError: the model has no RNN layer, a cell's output is not 1-D, or the input is ragged.
+
+    Example:
+
+    ```python
+    import tensorflow as tf, keras, tb_layergrad
+
+    model = keras.Sequential([keras.Input((5, 1)), keras.layers.SimpleRNN(3, name="rnn"), keras.layers.Dense(1)],
+                             name="m")
+    x, y = tf.random.normal([2, 5, 1]), tf.zeros([2, 1])
+    writer = tf.summary.create_file_writer("/tmp/layergrad_example/timesteps")
+    with tf.GradientTape() as tape:
+        with tb_layergrad.capture(model, tape=tape) as cap, tb_layergrad.timestep_probe(model, tape=tape) as probe:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+    grads, per_step = probe.gradients(tape, loss, capture=cap)  # per_step["m/rnn"]: [2, 5, 3]
+    with writer.as_default(step=0):
+        tb_layergrad.summary.gradients(grads)
+        for path, g in per_step.items():
+            tb_layergrad.summary.timesteps(path, tf.norm(tf.cast(g, tf.float64), axis=[0, 2]))  # one norm per t
+    ```
     """
     return TimestepProbe(model, layers, tape=tape)

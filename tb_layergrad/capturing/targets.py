@@ -16,15 +16,15 @@ Cost: each target is one more backward pass (roughly the cost of the loss's
 backward pass, without the optimizer update). `GradientLogger` runs it only
 on logged steps (inside a `tf.cond`).
 
-Custom training loop:
+Custom training loop (with this module's `target_values` and `target_gradients`):
 
     with tf.GradientTape(persistent=True) as tape:          # persistent: several targets
         with tb_layergrad.capture(model, tape=tape) as cap:
             y_pred = model(x, training=True)
         loss = loss_fn(y, y_pred)
-        values = tb_layergrad.targets.target_values(targets, y_pred)   # inside the tape
+        values = target_values(targets, y_pred)                  # inside the tape
     grads = cap.gradients(tape, loss)                        # the loss (and weight grads)
-    per_target = tb_layergrad.targets.target_gradients(cap, tape, values)  # {name: GradientMap}
+    per_target = target_gradients(cap, tape, values)         # {name: GradientMap}
     del tape
     optimizer.apply_gradients(zip(grads.variable_gradients, model.trainable_variables))
     with writer.as_default(step=optimizer.iterations):

@@ -4,7 +4,7 @@
 but their own output. Only `demo`, which trains, loads it.
 
 Modules:
-  report       -- `tb-layergrad report LOGDIR` (public: `tb_layergrad.report`); reads with `tb_layergrad.reader`
+  report       -- `tb-layergrad report LOGDIR` ; reads with `tb_layergrad.reader`
   report_format -- the report's text, JSON and CSV forms
   demo         -- `tb-layergrad demo`: small trainings that each show one classic behaviour
   demo_models  -- the demo's models (the README's quickstart model among them)

@@ -27,7 +27,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, TextIO
 
 from tb_layergrad import metadata
-from tb_layergrad.cli.report_format import (  # noqa: F401 - tb_layergrad.report's formats
+from tb_layergrad.cli.report_format import (  # noqa: F401 - the report's formats, under its names
     CSV_COLUMNS,
     DOMINATED_FIELDS,
     format_csv,

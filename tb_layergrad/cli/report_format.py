@@ -1,7 +1,7 @@
 """`tb-layergrad report`'s three formats: text for a person, JSON, and CSV (a row per layer).
 
 Why apart from `report`: what is found (`report.build`) does not depend on how it is written; these
-only shape a `report.Report`, and `tb_layergrad.report` offers them under the same names.
+only shape a `report.Report`, and `cli.report` offers them under the same names.
 """
 
 from __future__ import annotations

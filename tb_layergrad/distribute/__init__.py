@@ -5,28 +5,9 @@ Modules:
   workers  -- only the chief writes (`is_chief`, `create_file_writer`, `NonChiefWriter`)
 """
 
-from tb_layergrad.distribute.merge import (
-    Merged,
-    holds_distributed_values,
-    merge,
-    merge_in_replica,
-    merge_per_example,
-    num_replicas,
-    per_replica_map,
-    replica_context,
-)
-from tb_layergrad.distribute.workers import NonChiefWriter, create_file_writer, is_chief
+from tb_layergrad.distribute.merge import merge
+from tb_layergrad.distribute.workers import create_file_writer, is_chief
 
-__all__ = [
-    "Merged",
-    "holds_distributed_values",
-    "merge",
-    "merge_in_replica",
-    "merge_per_example",
-    "num_replicas",
-    "per_replica_map",
-    "replica_context",
-    "NonChiefWriter",
-    "create_file_writer",
-    "is_chief",
-]
+# Public: what a custom loop under a strategy calls (docs/DISTRIBUTED.md). The package's own writers import the
+# rest from the modules above.
+__all__ = ["create_file_writer", "is_chief", "merge"]

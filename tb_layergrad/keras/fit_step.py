@@ -32,11 +32,12 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata
+from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TapeWithExtraSources, TimestepProbe
 from tb_layergrad.capturing.targets import target_value
+from tb_layergrad.distribute.merge import merge_in_replica, merge_per_example, replica_context
 from tb_layergrad.keras import nonfinite_check, replica_payload, step_messages, tape_observer
 from tb_layergrad.keras.batch_count import BatchCount, advance, logged
 from tb_layergrad.keras.model_facts import model_train_step
@@ -185,9 +186,9 @@ class FitStep:
         # The loss's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
         # the weights in `auxiliary` when shadowed) writes its `examples` record, the weights' plan the noise scale.
         per_example = first.gmap.per_example
-        ctx = distribute.replica_context()
+        ctx = replica_context()
         if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
-            per_example = distribute.merge_per_example(per_example, ctx)
+            per_example = merge_per_example(per_example, ctx)
         examples = per_example_plan.from_norms(per_example, name, first.gmap, seen.scale)
         main = dataclasses.replace(main, per_example=examples)
         for other in others:  # each further tape of the step: its own target (its loss's value, no activations)
@@ -234,8 +235,8 @@ class FitStep:
             for key, source in probe.sources.items():
                 g = eps_grads.get(key)
                 eps[key] = tf.zeros_like(source) if g is None else _unscale(g, scale)
-        ctx = distribute.replica_context()
-        merged = distribute.merge_in_replica(unscaled, ctx, eps) if ctx is not None else None
+        ctx = replica_context()
+        merged = merge_in_replica(unscaled, ctx, eps) if ctx is not None else None
         plan = plans.from_gradients(
             merged.gradients if merged else unscaled, target, cfg.max_elements, captured_dtypes=True
         )
@@ -284,7 +285,7 @@ class FitStep:
         does not compile. `log` travels with the payload: with
         `steps_per_execution > 1` only some steps of an execution are logged.
         """
-        ctx = distribute.replica_context()
+        ctx = replica_context()
         self.checked = nonfinite_check.checked_series(main)
         logs = dict(logs)
         if ctx is None and self.writes_in_step():

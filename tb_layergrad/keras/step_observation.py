@@ -17,11 +17,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata
+from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.layer_hooks import restore_instance_attribute, set_instance_attribute
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
+from tb_layergrad.distribute.merge import replica_context
 from tb_layergrad.keras import tape_observer
 from tb_layergrad.keras.model_facts import loss_scale
 
@@ -59,7 +60,7 @@ class StepObservation(tape_observer.Observation):
 
     @property
     def several_replicas(self) -> bool:
-        return distribute.replica_context() is not None
+        return replica_context() is not None
 
     def install_hooks(self) -> None:
         """The layer hooks of Capture (and TimestepProbe) and the model's, for this step's forward passes."""

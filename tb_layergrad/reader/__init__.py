@@ -11,8 +11,8 @@ Modules, one job each:
   run_source     -- one run to read: provider, request context, experiment, catalog, caches
   layer_points   -- a layer's points of any kind, whatever format version wrote them (every reader reads here)
   examples       -- per-example records (kind `examples`) as tables, and their bins
-  anomalies      -- the anomaly rules of docs/ANOMALIES.md, pure numpy (public: `tb_layergrad.anomalies`)
-  dominance      -- the rule of one example dominating a layer (part of `tb_layergrad.anomalies`)
+  anomalies      -- the anomaly rules of docs/ANOMALIES.md, pure numpy
+  dominance      -- the rule of one example dominating a layer (its names also in `anomalies`)
   origin         -- where a run first went non-finite for a target (`tb_layergrad.nonfinite_origin`'s rule)
   run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
   event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow

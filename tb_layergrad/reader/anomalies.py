@@ -13,7 +13,7 @@ cell (docs/HTTP_API.md), NaN where a layer has no record at a step:
     nonfinite  nan + pos_inf + neg_inf
     zero_frac  zeros / elements
 
-    from tb_layergrad import anomalies
+    from tb_layergrad.reader import anomalies
     flags = anomalies.detect(rms, norm, nonfinite, zero_frac)   # uint8 [layers, steps]
     run = anomalies.evaluate(layers, steps, {"rms": rms, "norm": norm, ...})
     run.summaries[0].first_nonfinite_step, run.summaries[0].now, run.summary_json()

@@ -62,15 +62,35 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     the target series), `origin` (a layer path, or the target's name e.g. "loss"),
     `target`, `layers` (every non-finite series of that pass) and `line` (one line
     for a person). The rules: docs/ANOMALIES.md, "Where it broke"; the same answer
-    as the tab's banner and `tb-layergrad report`. `origins(logdir)` gives the
-    `Origin` objects alone, without pandas.
+    as the tab's banner and `tb-layergrad report`.
+
+    Args:
+      logdir: the directory TensorBoard would be given (`tensorboard --logdir`); every run below it is read.
+      runs: only these runs (their names relative to `logdir`, as TensorBoard shows them); None for all.
+
+    Returns:
+      A pandas DataFrame as above, empty (with its columns) when nothing tb_layergrad wrote is found.
+      Reading needs no TensorFlow.
+
+    Raises:
+      ImportError: pandas is not installed (`pip install 'tb-layergrad[pandas]'`).
+
+    Example:
+
+    ```python
+    import tb_layergrad
+
+    df = tb_layergrad.load("/tmp/layergrad_example")
+    loss_grads = df[(df.source == "output") & (df.target == "loss")]
+    print(loss_grads.groupby("layer").norm.last())  # each layer's last gradient norm
+    ```
     """
     try:
         import pandas as pd
     except ImportError as e:
         raise ImportError(
             "tb_layergrad.load() returns a pandas DataFrame, and pandas is not installed. It is an optional "
-            "extra: pip install 'tb_layergrad[pandas]' (or pip install pandas). Without pandas, "
+            "extra: pip install 'tb-layergrad[pandas]' (or pip install pandas). Without pandas, "
             "`tb-layergrad report LOGDIR --format csv|json` gives the per-layer verdicts."
         ) from e
     with event_files.tensorflow_free(logdir):

@@ -1,7 +1,7 @@
 """One example dominates a layer (docs/ANOMALIES.md, "One example dominates"): the rule, and a layer's finding.
 
 Read from the per-example records (kind `examples`), not from the statistics: not a flag bit of the
-matrix, a finding of its own. Part of `tb_layergrad.anomalies`, which offers these names too.
+matrix, a finding of its own. `anomalies` offers these names too.
 """
 
 from __future__ import annotations

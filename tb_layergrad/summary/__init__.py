@@ -228,7 +228,7 @@ def timesteps(name: str, norms: tf.Tensor, step: Any = None, *, target: str = me
     Args:
       name: the RNN layer's path, e.g. "my_model/lstm".
       norms: a [T] tensor, the norm of dL/dh_t at each timestep
-        (`tb_layergrad.rnn_probe.timestep_norms`).
+        (for a [batch, T, units] gradient g: `tf.norm(tf.cast(g, tf.float64), axis=[0, 2])`).
       step: the training step (an integer); defaults to the default summary step.
       target: the name of the differentiated scalar.
 

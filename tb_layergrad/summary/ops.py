@@ -20,6 +20,7 @@ import tensorflow as tf
 from tb_layergrad import distribute, metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
+from tb_layergrad.distribute.merge import holds_distributed_values, merge_in_replica, per_replica_map, replica_context
 from tb_layergrad.summary import per_example_plan
 from tb_layergrad.summary import plan as plans
 from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
@@ -50,11 +51,11 @@ def write_series(one: plans.Series, step: Any, buckets: int, description: str) -
     """`summary.histogram_and_stats` of the series `one` (`plans.series`): no running state across steps."""
     step = resolve_step(step)
     plan = plans.Plan((one,), buckets=plans.check_buckets(buckets), description=description, track_nonfinite=False)
-    ctx = distribute.replica_context()
+    ctx = replica_context()
     if ctx is not None:  # several replicas: the global batch's tensor
         info = one.info
         entry = Entry(one.data, info.source, info.index, one.elements)
-        merged = distribute.merge_in_replica(GradientMap({info.layer: entry}, info.target), ctx)
+        merged = merge_in_replica(GradientMap({info.layer: entry}, info.target), ctx)
         gathered = plans.from_gradients(merged.gradients, info.target, one.max_elements, buckets)
         plan = dataclasses.replace(plan, series=gathered.series)
     with tf.name_scope("layergrad"):
@@ -90,7 +91,7 @@ def gradient_map(grads: Any, per_example: Any) -> GradientMap:
         and any(getattr(g, "per_example", None) is not None for g in grads.values)
     ):
         raise ValueError(_NO_REPLICAS)  # regrouping the replicas' maps would drop them silently
-    grads = distribute.per_replica_map(grads)
+    grads = per_replica_map(grads)
     if not isinstance(grads, GradientMap):
         grads = GradientMap(
             {path: Entry(g, metadata.SOURCE_OUTPUT, i) for i, (path, g) in enumerate(dict(grads).items())},
@@ -115,15 +116,15 @@ def write_gradient_map(
     `strategy.run` returned (cross-replica context)."""
     examples = per_example_plan.from_norms(grads.per_example, target, grads)
     _warn_without_effect(grads, examples, strategy)
-    ctx = distribute.replica_context()
-    if examples is not None and ctx is None and distribute.holds_distributed_values(grads):
+    ctx = replica_context()
+    if examples is not None and ctx is None and holds_distributed_values(grads):
         raise ValueError(_NO_REPLICAS)
     if ctx is not None:  # the collectives run here, unconditionally: the global batch's plan
-        merged = distribute.merge_in_replica(grads, ctx).gradients
+        merged = merge_in_replica(grads, ctx).gradients
         plan = plans.from_gradients(merged, target, max_elements, buckets)
         examples = per_example_plan.from_norms(merged.per_example, target, merged)
         return write_step(dataclasses.replace(plan, per_example=examples), step, histograms=histograms)
-    if not distribute.holds_distributed_values(grads):
+    if not holds_distributed_values(grads):
         plan = plans.from_gradients(grads, target, max_elements, buckets)
         return write_step(dataclasses.replace(plan, per_example=examples), step, histograms=histograms)
     if strategy is None and not tf.distribute.has_strategy():
@@ -143,7 +144,7 @@ def write_gradient_map(
 
 
 def _warn_without_effect(grads: GradientMap, examples: Optional[per_example_plan.PerExample], strategy: Any) -> None:
-    if strategy is not None and not distribute.holds_distributed_values(grads):
+    if strategy is not None and not holds_distributed_values(grads):
         warn_once(
             "strategy",
             "summary.gradients(strategy=...) has no effect here: these gradients are not what strategy.run "
@@ -174,9 +175,9 @@ def activation_map(values: Mapping[str, Any]) -> GradientMap:
 
 def write_activations(forward: GradientMap, step: Any, buckets: int, max_elements: int, description: str) -> tf.Tensor:
     """`summary.activations` once its arguments are checked; several replicas: the global batch's outputs."""
-    ctx = distribute.replica_context()
+    ctx = replica_context()
     if ctx is not None:
-        forward = distribute.merge_in_replica(forward, ctx).gradients
+        forward = merge_in_replica(forward, ctx).gradients
     plan = plans.Plan(
         plans.forward_series(forward, max_elements=max_elements), buckets=buckets, description=description
     )
