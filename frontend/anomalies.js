@@ -26,6 +26,25 @@ export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
 
 export const FLAG_INFO = flagInfo();
 
+// A layer's verdict (the route's `layers[].verdict.state`, decided by tb_layergrad/reader/verdict.py) -> the chip
+// class that colours it. The origin of a NaN keeps the non-finite colour and gets its own mark (`isOrigin`).
+const STATE_CHIP = { nan_origin: "nonfinite", nonfinite: "nonfinite", exploding: "exploding", dead: "dead", vanishing: "vanishing", vanishing_through_time: "vanishing" };
+
+/** The chip class of a verdict state, or null for "ok" (no chip). */
+export function stateChip(state) {
+  return STATE_CHIP[state] || null;
+}
+
+/** True for the verdict of the layer where the run's first NaN/Inf was born. */
+export function isOrigin(verdict) {
+  return Boolean(verdict) && verdict.state === "nan_origin";
+}
+
+/** The route's findings (`summary.findings`): one line each, however many layers it spans. */
+export function findingsOf(body) {
+  return (body && body.summary && body.summary.findings) || [];
+}
+
 /** Names of the flags set in `f`. */
 export function flagNames(f) {
   return FLAG_INFO.filter((x) => f & x.flag).map((x) => x.label);
@@ -43,7 +62,8 @@ export function flagOf(ch) {
  * @returns {{flags: Uint8Array, layers: object[], maxRms: Float64Array, thresholds: object, info: object[]}}
  *   flags[i * cols + j]; layers[i] = {firstNonfinite (column or null), firstNonfiniteStep (step or null),
  *   count: {nonfinite, vanishing, exploding, dead}, latest (bits at the layer's last step),
- *   latestStep (column or null), recorded, dominated (the route's `dominated` entry of the layer, or null)}.
+ *   latestStep (column or null), recorded, dominated (the route's `dominated` entry of the layer, or null),
+ *   verdict (the route's `verdict` of the layer: {state, now, step, text}, or null)}.
  */
 export function fromRoute(body, layers, steps) {
   const rows = layers.length;
@@ -52,7 +72,7 @@ export function fromRoute(body, layers, steps) {
   const maxRms = new Float64Array(cols).fill(NaN);
   const col = new Map(steps.map((s, j) => [s, j]));
   const rowOf = new Map(layers.map((l, i) => [l, i]));
-  const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0, dominated: null });
+  const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0, dominated: null, verdict: null });
   const out = layers.map(empty);
   const thresholds = (body && body.thresholds) || DEFAULT_THRESHOLDS;
   if (!body) return { flags, layers: out, maxRms, thresholds, info: flagInfo(thresholds) };
@@ -73,6 +93,7 @@ export function fromRoute(body, layers, steps) {
     const l = out[i];
     l.count = { ...l.count, ...(entry.counts || {}) };
     l.recorded = entry.recorded || 0;
+    l.verdict = entry.verdict || null;
     l.latest = (entry.now || []).reduce((f, name) => f | (FLAG[name.toUpperCase()] || 0), 0);
     l.latestStep = entry.last_step !== null && col.has(entry.last_step) ? col.get(entry.last_step) : null;
     if (entry.first_nonfinite !== null && entry.first_nonfinite !== undefined) {

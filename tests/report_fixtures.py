@@ -40,11 +40,11 @@ def reference_detect(rms, norm, nonfinite, zero_frac):
                 flags[i, j] = NONFINITE
             elif norm[i, j] == 0 or zero_frac[i, j] >= DEAD_ZERO_FRAC:
                 flags[i, j] = DEAD
-            elif rms[i, j] > 0:
-                if enough[j] and rms[i, j] < VANISH_REL * r_max[j]:
-                    flags[i, j] |= VANISHING
+            elif rms[i, j] > 0:  # exploding first: it excludes vanishing (docs/ANOMALIES.md)
                 if rms[i, j] > EXPLODE_ABS or (j > base_end and rms[i, j] > EXPLODE_GROWTH * base):
-                    flags[i, j] |= EXPLODING
+                    flags[i, j] = EXPLODING
+                elif enough[j] and rms[i, j] < VANISH_REL * r_max[j]:
+                    flags[i, j] = VANISHING
     return flags
 
 

@@ -108,7 +108,7 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
     for i, s in enumerate(result.summaries):
         if only_layer is not None and s.layer != only_layer:
             continue
-        entry = s.to_json()
+        entry = result.layer_json(i)  # with its `verdict` (reader.verdict)
         entry["flags"] = flags[i]
         layers.append(entry)
     body = {

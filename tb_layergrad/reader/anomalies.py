@@ -29,11 +29,13 @@ import numpy as np
 
 from tb_layergrad.reader.dominance import (  # noqa: F401 - the rule of one example dominating, part of this module
     DOMINANT_MIN_EXAMPLES,
+    DOMINANT_OUTLIER,
     DOMINANT_SHARE,
     EXAMPLE_THRESHOLDS,
     Dominance,
     dominance,
     dominated,
+    usual_top_norm,
 )
 
 # -- thresholds (docs/ANOMALIES.md, "Thresholds") ------------------------------------------------
@@ -127,7 +129,7 @@ def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
 
     Arguments are [layers, steps] arrays (NaN where missing). The rules, in order
     (docs/ANOMALIES.md): non-finite excludes the others; dead excludes vanishing and
-    exploding; vanishing and exploding may both hold.
+    exploding; exploding excludes vanishing. So a cell has at most one flag: its state.
     """
     r = _as_matrix(rms)
     shape = r.shape
@@ -146,6 +148,7 @@ def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
         after = np.arange(shape[1])[None, :] > base_end[:, None]
         growth = after & (r > EXPLODE_GROWTH * base[:, None])  # NaN baseline: never
         exploding = live & ((r > EXPLODE_ABS) | growth)
+        vanishing &= ~exploding  # far below another layer, but far above its own start: the run is exploding
     flags = (is_nonfinite * NONFINITE) | (vanishing * VANISHING) | (exploding * EXPLODING) | (is_dead * DEAD)
     return flags.astype(np.uint8)
 
@@ -229,6 +232,7 @@ class LayerSummary:
     last_norm: Optional[float]  # statistics at last_step (None: NaN/Inf or missing)
     last_rms: Optional[float]
     last_zero_frac: Optional[float]
+    last_nonfinite: Optional[float]  # NaN/Inf elements at last_step: the norm of a gradient holding one is NaN
     trend: Optional[float]  # decades over the last TREND_WINDOW logged steps, see `trend`
     first_nonfinite_step: Optional[int]  # the layer's first step with a NaN/Inf (sent as `first_nonfinite`)
     counts: Dict[str, int]  # logged steps flagged with each kind
@@ -249,6 +253,7 @@ class LayerSummary:
             "last_norm": self.last_norm,
             "last_rms": self.last_rms,
             "last_zero_frac": self.last_zero_frac,
+            "last_nonfinite": self.last_nonfinite,
             "trend": self.trend,
             "first_nonfinite": self.first_nonfinite_step,
             "counts": dict(self.counts),
@@ -295,7 +300,10 @@ class RunAnomalies:
 
     @property
     def latest(self) -> Dict[str, int]:
-        """How many layers are flagged with each kind at the run's last logged step."""
+        """How many layers are flagged with each kind at the run's last logged step, and how many vanish
+        through time (`reader.verdict`)."""
+        from tb_layergrad.reader import verdict  # decides from this object: imported when asked
+
         counts = {k: 0 for k in KINDS}
         last = self.last_step
         for s in self.summaries:
@@ -303,14 +311,31 @@ class RunAnomalies:
                 continue
             for k in flag_names(s.now):
                 counts[k] += 1
+        counts[verdict.VANISHING_THROUGH_TIME] = sum(v.state == verdict.VANISHING_THROUGH_TIME for v in self.verdicts())
         return counts
+
+    def verdicts(self) -> list:
+        """Each layer's `reader.verdict.Verdict`, in model order: the one state every reader shows."""
+        from tb_layergrad.reader import verdict
+
+        key = (id(self.origin), id(self.dominated))  # the reader sets both after `evaluate`
+        if getattr(self, "_verdicts", (None,))[0] != key:
+            self._verdicts = (key, verdict.layer_verdicts(self))
+        return self._verdicts[1]
+
+    def layer_json(self, i: int) -> dict:
+        """Layer `i`'s summary with its `verdict` (the `anomalies` route's and the report's `layers[]`)."""
+        return {**self.summaries[i].to_json(), "verdict": self.verdicts()[i].to_json()}
 
     def flag_strings(self) -> List[str]:
         return [encode_flags(self.flags[i], self.recorded[i]) for i in range(len(self.layers))]
 
     def summary_json(self) -> dict:
         """The run's summary. Its `first_nonfinite` is `earliest_nonfinite`, to which an `origin` adds its
-        `pass`, `origin` and `line` (those of `origin.step`, which may be earlier); `origin` is the whole origin."""
+        `pass`, `origin` and `line` (those of `origin.step`, which may be earlier); `origin` is the whole origin;
+        `findings` the banner lines (`reader.verdict.findings`)."""
+        from tb_layergrad.reader import verdict
+
         first = self.earliest_nonfinite
         where = self.origin.to_json() if self.origin is not None else None
         if first is not None and where is not None:
@@ -323,6 +348,7 @@ class RunAnomalies:
             "first_nonfinite": first,
             "origin": where,
             "latest": self.latest,
+            "findings": verdict.findings(self),
         }
 
 
@@ -384,6 +410,7 @@ def evaluate(
                 last_norm=_num(m["norm"][i, last]) if last is not None else None,
                 last_rms=_num(m["rms"][i, last]) if last is not None else None,
                 last_zero_frac=_num(m["zero_frac"][i, last]) if last is not None else None,
+                last_nonfinite=_num(m["nonfinite"][i, last]) if last is not None else None,
                 trend=trend(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
                 first_nonfinite_step=first,
                 counts={k: int(((row[cols] & bit) > 0).sum()) for k, bit in FLAG_BITS.items()},
