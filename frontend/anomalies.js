@@ -79,7 +79,9 @@ export function fromRoute(body, layers, steps) {
   const at = body.steps.map((s) => (col.has(s) ? col.get(s) : -1));
   body.steps.forEach((s, k) => {
     const j = at[k];
-    const v = body.max_rms ? body.max_rms[k] : null;
+    // What the vanishing rule compares with (the largest RMS of the layers not exploding), else the largest RMS.
+    const ref = body.vanish_reference || body.max_rms;
+    const v = ref ? ref[k] : null;
     if (j >= 0 && typeof v === "number") maxRms[j] = v;
   });
   for (const entry of body.layers) {

@@ -120,6 +120,7 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
         "flag_bits": dict(anomalies.FLAG_BITS),
         "steps": [int(x) for x in result.steps],
         "max_rms": float_list(result.max_rms),
+        "vanish_reference": float_list(result.vanish_reference),
         "layers": layers,
         "summary": result.summary_json(),
     }

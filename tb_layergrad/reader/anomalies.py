@@ -96,7 +96,8 @@ def recorded(rms, norm, nonfinite, zero_frac) -> np.ndarray:
 
 
 def max_rms(rms) -> np.ndarray:
-    """float [steps]: the largest rms > 0 of any layer at each step; NaN where none."""
+    """float [steps]: the largest rms > 0 of any layer at each step; NaN where none. The vanishing rule's
+    reference is this of the layers not exploding at that step (`reference_rms`)."""
     r = _as_matrix(rms)
     pos = r > 0
     out = np.full(r.shape[1], np.nan)
@@ -105,6 +106,13 @@ def max_rms(rms) -> np.ndarray:
             best = np.where(pos, r, -np.inf).max(axis=0)
         out[pos.any(axis=0)] = best[pos.any(axis=0)]
     return out
+
+
+def reference_rms(rms, flags) -> np.ndarray:
+    """float [steps]: what the vanishing rule compares with, the largest rms > 0 of the layers that are not
+    exploding at each step (`detect`'s `flags`); NaN where none."""
+    r = _as_matrix(rms)
+    return max_rms(np.where((np.asarray(flags) & EXPLODING) > 0, np.nan, r))
 
 
 def baselines(rms) -> Tuple[np.ndarray, np.ndarray]:
@@ -140,14 +148,16 @@ def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
         is_nonfinite = rec & (nf > 0)
         is_dead = rec & ~is_nonfinite & ((n == 0) | (z >= DEAD_ZERO_FRAC))
         live = rec & ~is_nonfinite & ~is_dead & (r > 0)
-        counted = (r > 0).sum(axis=0)
-        top = max_rms(r)
-        vanishing = live & (counted >= 2)[None, :] & (r < VANISH_REL * top[None, :])
         base, base_end = baselines(r)
         after = np.arange(shape[1])[None, :] > base_end[:, None]
         growth = after & (r > EXPLODE_GROWTH * base[:, None])  # NaN baseline: never
         exploding = live & ((r > EXPLODE_ABS) | growth)
-        vanishing &= ~exploding  # far below another layer, but far above its own start: the run is exploding
+        # Vanishing is against the layers that are not exploding: one layer blowing up does not make the
+        # others vanish, and an exploding cell is not vanishing (exploding excludes vanishing).
+        calm = np.where(exploding, np.nan, r)
+        counted = (calm > 0).sum(axis=0)
+        top = max_rms(calm)
+        vanishing = live & ~exploding & (counted >= 2)[None, :] & (calm < VANISH_REL * top[None, :])
     flags = (is_nonfinite * NONFINITE) | (vanishing * VANISHING) | (exploding * EXPLODING) | (is_dead * DEAD)
     return flags.astype(np.uint8)
 
@@ -230,6 +240,7 @@ class RunAnomalies:
     # Where the run first went non-finite for its target (docs/ANOMALIES.md, "Where it broke"), set by
     # the reader (`reader.origin`; any source of the target counts, activations too); None: never, or not asked.
     origin: Optional[Any] = None  # a tb_layergrad.nonfinite_origin.Origin
+    vanish_reference: Optional[np.ndarray] = None  # float [steps]: what vanishing compares with (`reference_rms`)
 
     @property
     def last_step(self) -> Optional[int]:
@@ -335,6 +346,7 @@ def evaluate(
     flags = detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"]) if shape[0] else np.zeros(shape, np.uint8)
     rec = recorded(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"]) if shape[0] else np.zeros(shape, bool)
     top = max_rms(m["rms"]) if shape[0] else np.full(shape[1], np.nan)
+    reference = reference_rms(m["rms"], flags) if shape[0] else np.full(shape[1], np.nan)
     summaries = []
     for i, layer in enumerate(layers):
         cols = np.flatnonzero(rec[i])
@@ -366,4 +378,4 @@ def evaluate(
                 has_timesteps=ts is not None,
             )
         )
-    return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries)
+    return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries, vanish_reference=reference)
