@@ -139,3 +139,43 @@ def precision_recall(flagged: np.ndarray, truth: np.ndarray) -> Tuple[float, flo
     """(precision, recall) of bool cells; 1.0 where nothing was flagged or nothing was to be found."""
     tp = int((flagged & truth).sum())
     return (tp / flagged.sum() if flagged.any() else 1.0), (tp / truth.sum() if truth.any() else 1.0)
+
+
+# The flipped-label run: two well-separated classes, one flipped label in each batch of FLIPPED_BATCHES.
+FLIP_BATCHES, FLIP_BATCH_SIZE = 48, 32
+FLIPPED_BATCHES = tuple(range(5, FLIP_BATCHES, 3))  # 0-based batch numbers
+
+
+def flipped_positions() -> Dict[int, int]:
+    """{0-based batch: batch position of its flipped label}, drawn once."""
+    rng = np.random.default_rng(21)
+    return {b: int(rng.integers(FLIP_BATCH_SIZE)) for b in FLIPPED_BATCHES}
+
+
+def write_flipped(logdir: str) -> str:
+    """`model.fit` with `GradientLogger(per_example=True)` over the flipped-label data; returns the run dir."""
+    import keras
+
+    import tb_layergrad
+
+    rng = np.random.default_rng(22)
+    x = rng.normal(size=(FLIP_BATCHES * FLIP_BATCH_SIZE, 8)).astype(np.float32)
+    x[:, 1] = np.sign(x[:, 1]) * (2.0 + np.abs(x[:, 1]))  # a margin: every true label is easy
+    y = (x[:, 1] > 0).astype(np.int32)
+    for b, position in flipped_positions().items():
+        y[b * FLIP_BATCH_SIZE + position] = 1 - y[b * FLIP_BATCH_SIZE + position]
+    keras.utils.set_random_seed(23)
+    model = keras.Sequential(
+        [
+            keras.Input((8,)),
+            keras.layers.Dense(24, activation="relu", name="h0"),
+            keras.layers.Dense(24, activation="tanh", name="h1"),
+            keras.layers.Dense(2, name="logits"),
+        ],
+        name="flip",
+    )
+    model.compile(keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    run_dir = os.path.join(logdir, "flipped")
+    logger = tb_layergrad.GradientLogger(run_dir, per_example=True)
+    model.fit(x, y, batch_size=FLIP_BATCH_SIZE, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    return run_dir
