@@ -6,7 +6,7 @@
 export const FLAG = Object.freeze({ NONFINITE: 1, VANISHING: 2, EXPLODING: 4, DEAD: 8 });
 
 // Until a route answer brings the server's thresholds (the answer's `thresholds` replaces these).
-const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99 });
+const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99, TIME_DECAY_DECADES: 3 });
 
 /** Flag descriptions (most serious first after non-finite), with the rule in words. */
 export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
@@ -19,7 +19,7 @@ export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
       label: "exploding",
       rule: `RMS > ${T.EXPLODE_ABS}, or > ${T.EXPLODE_GROWTH}× the layer's first ${T.BASELINE_STEPS} logged steps`,
     },
-    { flag: FLAG.VANISHING, key: "vanishing", label: "vanishing", rule: `RMS < ${T.VANISH_REL}× the largest layer RMS at that step` },
+    { flag: FLAG.VANISHING, key: "vanishing", label: "vanishing", rule: `RMS < ${T.VANISH_REL}× the largest RMS of the layers not exploding at that step` },
     { flag: FLAG.DEAD, key: "dead", label: "dead", rule: `gradient all zero (or none), or ≥ ${Math.round(100 * T.DEAD_ZERO_FRAC)}% exact zeros` },
   ];
 }

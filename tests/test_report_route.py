@@ -123,6 +123,7 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
         "EXPLODE_GROWTH": 1e2,
         "BASELINE_STEPS": 5,
         "DEAD_ZERO_FRAC": 0.99,
+        "TIME_DECAY_DECADES": 3.0,
     }
 
 

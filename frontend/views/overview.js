@@ -447,7 +447,7 @@ export class OverviewView {
           : v.state === "nonfinite"
             ? `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${v.step} (reached from where it was born)`
             : v.state === "vanishing_through_time"
-              ? "the gradient reaching the first timestep is at least 1000 times smaller than at the last"
+              ? `the gradient reaching the first timestep is at least 10^${an.thresholds.TIME_DECAY_DECADES ?? 3} times smaller than at the last`
               : `${v.state} at ${f.count[v.state]} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
         chips.push([kind, v.text, why, null, v.state]);
       }

@@ -45,6 +45,9 @@ EXPLODE_ABS = 1e3  # exploding: rms > EXPLODE_ABS ...
 EXPLODE_GROWTH = 1e2  # ... or rms > EXPLODE_GROWTH x the layer's baseline, after the baseline
 BASELINE_STEPS = 5  # baseline: median of the layer's first BASELINE_STEPS rms values > 0
 DEAD_ZERO_FRAC = 0.99  # dead: norm == 0, or zero_frac >= DEAD_ZERO_FRAC
+# Vanishing through time (`reader.verdict`): dL/dh at the first timestep 1000x below the last one, the same three
+# orders of magnitude that make a layer vanishing against the others (VANISH_REL), through time instead of depth.
+TIME_DECAY_DECADES = 3.0
 
 
 THRESHOLDS = {
@@ -53,6 +56,7 @@ THRESHOLDS = {
     "EXPLODE_GROWTH": EXPLODE_GROWTH,
     "BASELINE_STEPS": BASELINE_STEPS,
     "DEAD_ZERO_FRAC": DEAD_ZERO_FRAC,
+    "TIME_DECAY_DECADES": TIME_DECAY_DECADES,
 }
 
 # -- flags: one bit each --------------------------------------------------------------------------

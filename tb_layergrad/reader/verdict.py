@@ -27,14 +27,11 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 import numpy as np
 
 from tb_layergrad import nonfinite_origin
-from tb_layergrad.reader.anomalies import DEAD, EXPLODING, NONFINITE, VANISH_REL, VANISHING
+from tb_layergrad.reader.anomalies import DEAD, EXPLODING, NONFINITE, TIME_DECAY_DECADES, VANISHING
 
 if TYPE_CHECKING:
     from tb_layergrad.reader.anomalies import RunAnomalies
 
-# Vanishing through time: dL/dh at the first timestep 1000x below the last one, the factor that makes a
-# layer vanishing against the others (VANISH_REL): three orders of magnitude, through time instead of depth.
-TIME_DECAY_DECADES = -float(np.log10(VANISH_REL))
 
 NAN_ORIGIN, NONFINITE_STATE, OK = "nan_origin", "nonfinite", "ok"
 VANISHING_THROUGH_TIME = "vanishing_through_time"
