@@ -69,7 +69,15 @@ class Verdict:
 
 
 def origin_layer(run: RunAnomalies) -> Optional[str]:
-    """The row where the run's first NaN/Inf was born, if it was born in a layer of this run's rows."""
+    """The row where the run's first NaN/Inf was born.
+
+    Args:
+      run: an evaluated run whose `origin` the reader set (`run_anomalies.read_run`).
+
+    Returns:
+      The layer path, or None: nothing broke, the pass was the loss or cannot be told, or the layer is not
+      one of the run's rows (e.g. asked for weights).
+    """
     o = run.origin
     if o is None or o.pass_ not in (nonfinite_origin.PASS_FORWARD, nonfinite_origin.PASS_BACKWARD):
         return None
@@ -77,7 +85,23 @@ def origin_layer(run: RunAnomalies) -> Optional[str]:
 
 
 def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
-    """Each layer's `Verdict`, in model order."""
+    """Each layer's state, decided once (the precedence of the module docstring).
+
+    Args:
+      run: an evaluated run (`anomalies.evaluate`), its `origin` set by the reader when known.
+
+    Returns:
+      A `Verdict` per layer, in model order (`run.layers`).
+
+    Example:
+
+        import numpy as np
+        from tb_layergrad import anomalies
+        one = np.ones((2, 6))
+        run = anomalies.evaluate(["m/a", "m/b"], range(6), {"rms": one * [[1e-6], [1.0]], "norm": one,
+                                 "nonfinite": 0 * one, "zero_frac": 0 * one})
+        [v.state for v in layer_verdicts(run)]  # ['vanishing', 'ok']
+    """
     born = origin_layer(run)
     out = []
     for i, s in enumerate(run.summaries):
@@ -119,8 +143,12 @@ def _finding(kind: str, layers: Sequence[str], layer: Optional[str], step: Optio
 def findings(run: RunAnomalies) -> List[dict]:
     """One line per finding, however many layers it spans (the overview's banners, the report's lines).
 
-    Each: `kind` (a state, or `dominated`), `layers` (model order), `layer` and `step` (where to look
-    first) and `line`, in the order of STATES, `dominated` last.
+    Args:
+      run: an evaluated run; its `origin` and `dominated` as the reader set them.
+
+    Returns:
+      A list of dicts: `kind` (a state, or `dominated`), `layers` (model order), `layer` and `step` (where
+      to look first) and `line`, in the order of STATES, `dominated` last; empty for a healthy run.
     """
     verdicts = layer_verdicts(run)
     out: List[dict] = []
@@ -177,8 +205,15 @@ def dominated_finding(found: Sequence) -> dict:
 
 
 def cell_states(run: RunAnomalies) -> np.ndarray:
-    """str [layers, steps]: each cell's state (`ok`, `nonfinite`, `exploding`, `dead`, `vanishing`), ""
-    where unrecorded, `nan_origin` at the origin's own cell (`origin_layer`, at the origin's step)."""
+    """Each cell's state, for `tb_layergrad.load()`'s `state` column.
+
+    Args:
+      run: an evaluated run, its `origin` set by the reader when known.
+
+    Returns:
+      str [layers, steps]: `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` (a cell has at most one
+      flag), "" where unrecorded, `nan_origin` at the origin's own cell (`origin_layer`, the origin's step).
+    """
     out = np.full(run.flags.shape, OK, dtype=object)
     out[(run.flags & NONFINITE) > 0] = NONFINITE_STATE
     for kind, bit in CELL_STATES:
