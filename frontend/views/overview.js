@@ -547,7 +547,7 @@ export class OverviewView {
       h("span", { class: "lg-colorbar-wrap" }, bar, ticks),
       swatch(COLORS.zero, "0", "exactly zero (e.g. no gradient reaches the layer)"),
       swatch(COLORS.missing, "no record", "nothing logged for this layer at this step"),
-      stat !== "nonfinite" ? swatch(COLORS.nonfinite, "NaN/Inf", "the gradient holds NaN or ±Inf at this step; a black box marks each layer's first") : null,
+      stat !== "nonfinite" ? swatch(COLORS.nonfinite, "NaN/Inf", "the gradient holds NaN or ±Inf at this step; a black box marks each layer's first, a red ring the cell where the first NaN/Inf was born") : null,
       showMarks ? glyph("lg-bar-vanishing", "vanishing", info[2].rule) : null,
       showMarks ? glyph("lg-bar-exploding", "exploding", info[1].rule) : null,
       showMarks ? glyph("lg-bar-dead", "dead", info[3].rule) : null,

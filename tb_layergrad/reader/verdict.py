@@ -150,7 +150,7 @@ def findings(run: RunAnomalies) -> List[dict]:
       A list of dicts: `kind` (a state, or `dominated`), `layers` (model order), `layer` and `step` (where
       to look first) and `line`, in the order of STATES, `dominated` last; empty for a healthy run.
     """
-    verdicts = layer_verdicts(run)
+    verdicts = run.verdicts()
     out: List[dict] = []
     first = run.earliest_nonfinite
     if run.origin is not None:
