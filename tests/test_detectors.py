@@ -103,7 +103,9 @@ def test_vanishing_through_time_at_the_documented_threshold(tb):
 def test_dominated_finds_the_flipped_labels(tb):
     """Every flipped batch the classifier sees after it learnt: precision and recall over steps."""
     body = get_json(tb, "anomalies", {"run": "flipped/train"})
-    truth = {b + 1 for b in ka.flipped_positions()}  # GradientLogger numbers steps from 1
+    first = body["summary"]["first_step"]  # the step of the first batch (fit() logs every batch)
+    assert body["summary"]["steps"] == ka.FLIP_BATCHES
+    truth = {first + b for b in ka.flipped_positions()}
     for d in body["dominated"]:
         steps = _dominated_steps(tb, "flipped/train", d["layer"])
         precision = len(set(steps) & truth) / max(1, len(steps))
@@ -112,7 +114,7 @@ def test_dominated_finds_the_flipped_labels(tb):
         assert d["steps"] == len(steps)
     (finding,) = [f for f in body["summary"]["findings"] if f["kind"] == "dominated"]  # one line, three layers
     assert len(finding["layers"]) == 3 and f"at {len(truth)} steps" in finding["line"]
-    assert ka.flipped_positions()[finding["step"] - 1] == next(
+    assert ka.flipped_positions()[finding["step"] - first] == next(
         d["worst_position"] for d in body["dominated"] if d["layer"] == finding["layer"]
     )
 

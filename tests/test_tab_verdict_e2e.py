@@ -25,7 +25,7 @@ RUNS = ("nan_backward", "explode", "rnn", "flipped/train")
 def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("verdict_logs"))
     work = tmp_path_factory.mktemp("verdict_work")
-    last = {**{run: ka.STEPS - 1 for run in ka.PLANTS}, "rnn": ka.TIME_STEPS - 1, "flipped/train": ka.FLIP_BATCHES}
+    last = {**{run: ka.STEPS - 1 for run in ka.PLANTS}, "rnn": ka.TIME_STEPS - 1, "flipped/train": ka.FLIP_BATCHES - 1}
 
     def write():
         ka.write_planted(logdir)
