@@ -6,7 +6,7 @@
 export const FLAG = Object.freeze({ NONFINITE: 1, VANISHING: 2, EXPLODING: 4, DEAD: 8 });
 
 // Until a route answer brings the server's thresholds (the answer's `thresholds` replaces these).
-const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99 });
+const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99, TIME_DECAY_DECADES: 3 });
 
 /** Flag descriptions (most serious first after non-finite), with the rule in words. */
 export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
@@ -19,12 +19,31 @@ export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
       label: "exploding",
       rule: `RMS > ${T.EXPLODE_ABS}, or > ${T.EXPLODE_GROWTH}× the layer's first ${T.BASELINE_STEPS} logged steps`,
     },
-    { flag: FLAG.VANISHING, key: "vanishing", label: "vanishing", rule: `RMS < ${T.VANISH_REL}× the largest layer RMS at that step` },
+    { flag: FLAG.VANISHING, key: "vanishing", label: "vanishing", rule: `RMS < ${T.VANISH_REL}× the largest RMS of the layers not exploding at that step` },
     { flag: FLAG.DEAD, key: "dead", label: "dead", rule: `gradient all zero (or none), or ≥ ${Math.round(100 * T.DEAD_ZERO_FRAC)}% exact zeros` },
   ];
 }
 
 export const FLAG_INFO = flagInfo();
+
+// A layer's verdict (the route's `layers[].verdict.state`, decided by tb_layergrad/reader/verdict.py) -> the chip
+// class that colours it. The origin of a NaN keeps the non-finite colour and gets its own mark (`isOrigin`).
+const STATE_CHIP = { nan_origin: "nonfinite", nonfinite: "nonfinite", exploding: "exploding", dead: "dead", vanishing: "vanishing", vanishing_through_time: "vanishing" };
+
+/** The chip class of a verdict state, or null for "ok" (no chip). */
+export function stateChip(state) {
+  return STATE_CHIP[state] || null;
+}
+
+/** True for the verdict of the layer where the run's first NaN/Inf was born. */
+export function isOrigin(verdict) {
+  return Boolean(verdict) && verdict.state === "nan_origin";
+}
+
+/** The route's findings (`summary.findings`): one line each, however many layers it spans. */
+export function findingsOf(body) {
+  return (body && body.summary && body.summary.findings) || [];
+}
 
 /** Names of the flags set in `f`. */
 export function flagNames(f) {
@@ -43,7 +62,8 @@ export function flagOf(ch) {
  * @returns {{flags: Uint8Array, layers: object[], maxRms: Float64Array, thresholds: object, info: object[]}}
  *   flags[i * cols + j]; layers[i] = {firstNonfinite (column or null), firstNonfiniteStep (step or null),
  *   count: {nonfinite, vanishing, exploding, dead}, latest (bits at the layer's last step),
- *   latestStep (column or null), recorded, dominated (the route's `dominated` entry of the layer, or null)}.
+ *   latestStep (column or null), recorded, dominated (the route's `dominated` entry of the layer, or null),
+ *   verdict (the route's `verdict` of the layer: {state, now, step, text}, or null)}.
  */
 export function fromRoute(body, layers, steps) {
   const rows = layers.length;
@@ -52,14 +72,16 @@ export function fromRoute(body, layers, steps) {
   const maxRms = new Float64Array(cols).fill(NaN);
   const col = new Map(steps.map((s, j) => [s, j]));
   const rowOf = new Map(layers.map((l, i) => [l, i]));
-  const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0, dominated: null });
+  const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0, dominated: null, verdict: null });
   const out = layers.map(empty);
   const thresholds = (body && body.thresholds) || DEFAULT_THRESHOLDS;
   if (!body) return { flags, layers: out, maxRms, thresholds, info: flagInfo(thresholds) };
   const at = body.steps.map((s) => (col.has(s) ? col.get(s) : -1));
   body.steps.forEach((s, k) => {
     const j = at[k];
-    const v = body.max_rms ? body.max_rms[k] : null;
+    // What the vanishing rule compares with (the largest RMS of the layers not exploding), else the largest RMS.
+    const ref = body.vanish_reference || body.max_rms;
+    const v = ref ? ref[k] : null;
     if (j >= 0 && typeof v === "number") maxRms[j] = v;
   });
   for (const entry of body.layers) {
@@ -73,6 +95,7 @@ export function fromRoute(body, layers, steps) {
     const l = out[i];
     l.count = { ...l.count, ...(entry.counts || {}) };
     l.recorded = entry.recorded || 0;
+    l.verdict = entry.verdict || null;
     l.latest = (entry.now || []).reduce((f, name) => f | (FLAG[name.toUpperCase()] || 0), 0);
     l.latestStep = entry.last_step !== null && col.has(entry.last_step) ? col.get(entry.last_step) : null;
     if (entry.first_nonfinite !== null && entry.first_nonfinite !== undefined) {

@@ -88,10 +88,12 @@ def write_logdir(logdir: str) -> Written:
 
 
 def expected_dominance(layer: str, norms: np.ndarray) -> Optional[dict]:
-    """numpy on [steps, batch] norms: the steps where the largest example carries more than half of the squares."""
+    """numpy on [steps, batch] norms: the steps where the largest example carries more than half of the squares
+    and is over 4 times the median, over the steps, of the batch's largest norm."""
     sq = norms.astype(np.float64) ** 2
     share = sq.max(1) / sq.sum(1)
-    hit = np.flatnonzero(share > 0.5)
+    top = norms.astype(np.float64).max(1)
+    hit = np.flatnonzero((share > 0.5) & (top > 4.0 * np.median(top)))
     if not hit.size:
         return None
     worst = int(hit[np.argmax(share[hit])])

@@ -26,13 +26,17 @@ def reference_detect(rms, norm, nonfinite, zero_frac):
     """[layers, steps] float arrays, NaN where missing -> uint8 flags [layers, steps]."""
     flags = np.zeros(rms.shape, np.uint8)
     pos = np.where(rms > 0, rms, np.nan)
-    enough = (pos > 0).sum(axis=0) >= 2
-    with np.errstate(all="ignore"):
-        r_max = np.nanmax(np.where(np.isnan(pos), -np.inf, pos), axis=0) if rms.shape[0] else np.zeros(rms.shape[1])
-    for i in range(rms.shape[0]):
+
+    def exploding(i, j):
         first = np.flatnonzero(pos[i] > 0)[:BASELINE_STEPS]
         base = np.median(pos[i, first]) if first.size == BASELINE_STEPS else np.nan
         base_end = first[-1] if first.size else -1
+        return rms[i, j] > EXPLODE_ABS or (j > base_end and rms[i, j] > EXPLODE_GROWTH * base)
+
+    def live(k, j):
+        return not nonfinite[k, j] > 0 and not (norm[k, j] == 0 or zero_frac[k, j] >= DEAD_ZERO_FRAC)
+
+    for i in range(rms.shape[0]):
         for j in range(rms.shape[1]):
             if np.all(np.isnan([rms[i, j], norm[i, j], nonfinite[i, j], zero_frac[i, j]])):
                 continue
@@ -40,11 +44,16 @@ def reference_detect(rms, norm, nonfinite, zero_frac):
                 flags[i, j] = NONFINITE
             elif norm[i, j] == 0 or zero_frac[i, j] >= DEAD_ZERO_FRAC:
                 flags[i, j] = DEAD
-            elif rms[i, j] > 0:
-                if enough[j] and rms[i, j] < VANISH_REL * r_max[j]:
-                    flags[i, j] |= VANISHING
-                if rms[i, j] > EXPLODE_ABS or (j > base_end and rms[i, j] > EXPLODE_GROWTH * base):
-                    flags[i, j] |= EXPLODING
+            elif rms[i, j] > 0:  # exploding first: it excludes vanishing (docs/ANOMALIES.md)
+                if exploding(i, j):
+                    flags[i, j] = EXPLODING
+                    continue
+                # Vanishing against the layers (rms > 0) that are not exploding at that step; live or not.
+                calm = [
+                    pos[k, j] for k in range(rms.shape[0]) if pos[k, j] > 0 and not (live(k, j) and exploding(k, j))
+                ]
+                if len(calm) >= 2 and rms[i, j] < VANISH_REL * max(calm):
+                    flags[i, j] = VANISHING
     return flags
 
 

@@ -59,7 +59,7 @@ def test_route_names_the_dominated_layers_as_numpy_does(env, source):
             f"{df.DOMINATED_STEP}, {d['worst_share']:.0%} of its gradient from batch position "
             f"{df.DOMINATED_POSITION} of {df.BATCH}"
         )
-    assert body["example_thresholds"] == {"DOMINANT_SHARE": 0.5, "DOMINANT_MIN_EXAMPLES": 8}
+    assert body["example_thresholds"] == {"DOMINANT_SHARE": 0.5, "DOMINANT_MIN_EXAMPLES": 8, "DOMINANT_OUTLIER": 4.0}
     # Not a flag bit: no step of the flags says anything about it.
     assert all(set(entry["counts"]) == {"nonfinite", "vanishing", "exploding", "dead"} for entry in body["layers"])
 

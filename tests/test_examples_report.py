@@ -34,13 +34,19 @@ def _run(logdir, *extra):
 
 
 def test_rule_by_hand():
-    share = np.array([0.49, 0.51, 0.9, 0.9, 0.9, np.nan])
-    count = np.array([32, 32, 7, 8, 8, 32])
-    status = np.array([0, 0, 0, 0, 2, 0])
-    assert anomalies.dominated(share, count, status).tolist() == [False, True, False, True, False, False]
-    d = anomalies.dominance("m/a", [0, 5, 10, 15, 20, 25], share, count, status, [1, 2, 3, 4, 5, 6])
+    share = np.array([0.49, 0.51, 0.9, 0.9, 0.9, np.nan, 0.9, 0.3, 0.3])
+    count = np.array([32, 32, 7, 8, 8, 32, 32, 32, 32])
+    status = np.array([0, 0, 0, 0, 2, 0, 0, 0, 0])
+    # The usual largest norm: the median of the exact steps in batches >= 8 (not the batch of 7, not status 2): 1.0.
+    top = np.array([9.0, 9.0, 9.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0])
+    assert anomalies.usual_top_norm(top, count, status) == 1.0
+    assert anomalies.dominated(share, count, status, top).tolist() == [False, True, False, True] + [False] * 5
+    # Half the gradient, but an example no larger than the layer's usual largest one: not dominated.
+    assert not anomalies.dominated(share, count, status, np.full(9, 1.0)).any()
+    d = anomalies.dominance("m/a", [0, 5, 10, 15, 20, 25, 30, 35, 40], share, count, status, list(range(1, 10)), top)
     assert (d.steps, d.first_step, d.worst_step, d.worst_share, d.worst_position, d.examples) == (2, 5, 15, 0.9, 4, 8)
-    assert anomalies.dominance("m/a", [0], [0.2], [32], [0], [3]) is None
+    assert d.at == (5, 15) and "at" not in d.to_json()
+    assert anomalies.dominance("m/a", [0], [0.2], [32], [0], [3], [1.0]) is None
 
 
 def test_report_names_the_dominated_step(logdir):
@@ -87,6 +93,7 @@ def test_fail_on_dominated(logdir):
 
 
 DOMINATED_COLUMNS = [f"dominated_{k}" for k in report.DOMINATED_FIELDS]
+VERDICT_COLUMNS = ["verdict", "last_nonfinite"]
 OLD_COLUMNS = (
     "run",
     "target",
@@ -124,7 +131,8 @@ def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys):
     doc = json.loads(_cli(capsys, logdir, "--format", "json"))
     text = _cli(capsys, logdir, "--format", "csv")
     header = next(csv.reader(io.StringIO(text)))
-    assert tuple(header[: len(OLD_COLUMNS)]) == OLD_COLUMNS and header[len(OLD_COLUMNS) :] == DOMINATED_COLUMNS
+    assert tuple(header[: len(OLD_COLUMNS)]) == OLD_COLUMNS
+    assert header[len(OLD_COLUMNS) :] == DOMINATED_COLUMNS + VERDICT_COLUMNS
     rows = list(csv.DictReader(io.StringIO(text)))
     for run in doc["runs"]:
         mine = [r for r in rows if r["run"] == run["run"]]
@@ -178,5 +186,6 @@ def test_the_readme_lists_the_csv_columns_in_order():
     readme = " ".join((pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text().split())
     cut = len(OLD_COLUMNS)
     assert report.CSV_COLUMNS[:cut] == OLD_COLUMNS  # appended only: the old indexes hold
-    for group in (report.CSV_COLUMNS[:cut], report.CSV_COLUMNS[cut:]):
+    n = len(DOMINATED_COLUMNS)
+    for group in (report.CSV_COLUMNS[:cut], report.CSV_COLUMNS[cut : cut + n], report.CSV_COLUMNS[cut + n :]):
         assert f"`{', '.join(group)}`" in readme

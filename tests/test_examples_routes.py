@@ -146,11 +146,15 @@ def test_runs_without_examples_read_as_before(env):
         a = get_json(tb, route, {"run": ef.RUN, **query})
         b = get_json(tb, route, {"run": ef.PLAIN, **query})
         a.pop("run"), b.pop("run"), a.pop("dominated", None), a.pop("example_thresholds", None)
+        if "summary" in a:  # and its finding, the one line that names it
+            a["summary"]["findings"] = [f for f in a["summary"]["findings"] if f["kind"] != "dominated"]
         assert a == b, route
     for route, query in (("matrix", {"stat": "norm"}), ("matrix", {"stat": "rms", "points": 5}), ("anomalies", {})):
         a = get_json(tb, route, {"run": ef.RUN, **query})
         b = get_json(tb, route, {"run": ef.PLAIN_V1, **query})  # version 1, the same numbers
         a.pop("run"), b.pop("run"), a.pop("dominated", None), a.pop("example_thresholds", None)
+        if "summary" in a:  # and its finding, the one line that names it
+            a["summary"]["findings"] = [f for f in a["summary"]["findings"] if f["kind"] != "dominated"]
         assert a == b, route
 
 

@@ -64,7 +64,8 @@ def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):  #
     assert rows["embed"].endswith("vanishing") and rows["dead"].endswith("dead")
     assert rows["grow"].rstrip().endswith("exploding")
     assert re.search(rf"\s{rf.NAN_STEPS[0]}\s+-6\.\d", rows["dense"])  # first NaN step, then the timestep decay
-    assert "NaN/Inf 3/30" in rows["dense"]
+    # Its verdict: a NaN reached it (not born there: the pass is unknown), from its first non-finite step on.
+    assert rows["dense"].rstrip().endswith(f"NaN/Inf @{rf.NAN_STEPS[0]}")
     # Long paths: cut in the middle, the start and the leaf kept, every line within 100 columns.
     long_rows = [line for line in lines if "…" in line]
     assert len(long_rows) == 2 and long_rows[0].split()[0].endswith("attention_output_projection")
@@ -83,10 +84,12 @@ def test_csv_rows(planted, capsys):  # noqa: F811
         -(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD
     )  # the planted noise; repr(): exact
     assert by["net/dead"]["last_norm"] == "0.0" and by["net/dead"]["last_zero_frac"] == "1.0"
-    # No per-example records in this run: the `dominated_*` columns (appended last) say nothing.
-    assert report.CSV_COLUMNS[-len(report.DOMINATED_FIELDS) :] == tuple(
+    # No per-example records in this run: the `dominated_*` columns (appended after `now`) say nothing.
+    at = report.CSV_COLUMNS.index("now") + 1
+    assert report.CSV_COLUMNS[at : at + len(report.DOMINATED_FIELDS)] == tuple(
         f"dominated_{k}" for k in report.DOMINATED_FIELDS
     )
+    assert report.CSV_COLUMNS[at + len(report.DOMINATED_FIELDS) :] == ("verdict", "last_nonfinite")
     assert all(r[f"dominated_{k}"] == "" for r in rows for k in report.DOMINATED_FIELDS)
 
 

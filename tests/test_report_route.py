@@ -88,6 +88,13 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
     unknown_line = (
         f"first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)"
     )
+    findings = body["summary"].pop("findings")  # one line per finding (tests/test_verdict.py says what they hold)
+    assert [(f["kind"], f["layers"]) for f in findings] == [
+        ("nonfinite", [rf.NAN_LAYER]),
+        ("exploding", ["net/grow"]),
+        ("dead", ["net/dead"]),
+        ("vanishing", ["net/embed"]),
+    ]  # RNN_LAYER decays through time too, but it is NAN_LAYER: its NaN comes first (docs/ANOMALIES.md)
     assert body["summary"] == {
         "layers": 6,
         "steps": 30,
@@ -108,7 +115,7 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
             "layers": [rf.NAN_LAYER],
             "line": unknown_line,
         },
-        "latest": {"nonfinite": 0, "vanishing": 1, "exploding": 1, "dead": 1},
+        "latest": {"nonfinite": 0, "vanishing": 1, "exploding": 1, "dead": 1, "vanishing_through_time": 0},
     }
     assert body["thresholds"] == {
         "VANISH_REL": 1e-3,
@@ -116,6 +123,7 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
         "EXPLODE_GROWTH": 1e2,
         "BASELINE_STEPS": 5,
         "DEAD_ZERO_FRAC": 0.99,
+        "TIME_DECAY_DECADES": 3.0,
     }
 
 

@@ -3,7 +3,7 @@
 // for the layer's detail at that step.
 
 import { api, isAbort, isTransient } from "../api.js";
-import { dominatedRule, firstNonfinite, flagNames, flagOf, fromRoute, FLAG } from "../anomalies.js";
+import { dominatedRule, findingsOf, firstNonfinite, flagNames, flagOf, fromRoute, isOrigin, stateChip, FLAG } from "../anomalies.js";
 import { pointsFor, rangeOf, stepOfBin, stepsOfColumns, zoomBar } from "../bins.js";
 import { indexAtOrBefore } from "../charts/scale.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
@@ -289,7 +289,7 @@ export class OverviewView {
     const names = d.layers.map((l) => l.slice(prefix.length));
     const labelW = Math.max(90, Math.min(280, 24 + 7.2 * Math.max(...names.map((n) => n.length))));
     const avail = this.el.clientWidth || 900;
-    const anyChip = an.layers.some((l) => l.firstNonfiniteStep !== null || l.count.vanishing || l.count.exploding || l.count.dead || l.dominated);
+    const anyChip = an.layers.some((l) => (l.verdict && stateChip(l.verdict.state)) || l.dominated);
     const chipW = anyChip ? CHIP_W : 12;
     const width = Math.max(120, avail - labelW - chipW - 24);
     this._lastPlotWidth = width;
@@ -314,7 +314,7 @@ export class OverviewView {
     this._chips(an, rowH);
     this._axis(width, first);
     this._legend(stat, lo, hi, showMarks, an.info);
-    this._summary(an, first);
+    this._summary(an);
   }
 
   _decorate(ctx, g, an, first, showMarks) {
@@ -331,6 +331,23 @@ export class OverviewView {
       const y = g.y(i) + g.rowHeight / 2 - hgt / 2;
       ctx.strokeStyle = "#000";
       ctx.strokeRect(x + 1, y + 1, w - 2, hgt - 2);
+    }
+    // The cell where the run's first NaN/Inf was born (the route's verdict `nan_origin`): a thick red ring
+    // with a white halo, on its own row even when that row's gradient stayed finite (a backward-pass origin).
+    for (let i = 0; i < rows; i++) {
+      const v = an.layers[i].verdict;
+      const j = isOrigin(v) ? this._column(v.step) : null;
+      if (j === null) continue;
+      const w = Math.max(9, g.colWidth + 4);
+      const hgt = Math.max(9, g.rowHeight + 2);
+      const x = g.x(j) + g.colWidth / 2 - w / 2;
+      const y = g.y(i) + g.rowHeight / 2 - hgt / 2;
+      ctx.lineWidth = 4;
+      ctx.strokeStyle = "#fff";
+      ctx.strokeRect(x, y, w, hgt);
+      ctx.lineWidth = 2;
+      ctx.strokeStyle = COLORS.nonfinite;
+      ctx.strokeRect(x, y, w, hgt);
     }
     if (!showMarks || g.rowHeight < 6) return;
     // A bar along the bottom of each run of flagged cells: the row reads "vanishing from here to there".
@@ -366,6 +383,18 @@ export class OverviewView {
     }
   }
 
+  /** The grid column holding `step` (its bin when binned; else the first logged step at or after it), or null. */
+  _column(step) {
+    const d = this.data;
+    if (step === null || step === undefined) return null;
+    if (d.bins) {
+      const j = indexAtOrBefore(d.bins.steps, step);
+      return j >= 0 && d.bins.last_steps[j] >= step ? j : null;
+    }
+    const j = d.steps.findIndex((x) => x >= step);
+    return j >= 0 ? j : null;
+  }
+
   _labels(names, rowH) {
     const d = this.data;
     // Rows under 13 px cannot hold text: then labels float over their row, one every `every` rows.
@@ -385,11 +414,15 @@ export class OverviewView {
       });
       el.textContent = name;
       if (i % every !== 0) el.hidden = true;
-      const f = this.anomalies.layers[i];
-      if (f.firstNonfiniteStep !== null) el.classList.add("lg-flag-nonfinite");
-      else if (f.latest & FLAG.EXPLODING) el.classList.add("lg-flag-exploding");
-      else if (f.latest & FLAG.DEAD) el.classList.add("lg-flag-dead");
-      else if (f.latest & FLAG.VANISHING) el.classList.add("lg-flag-vanishing");
+      // The route's verdict of the layer (tb_layergrad/reader/verdict.py), as the chips, banners and report say.
+      const v = this.anomalies.layers[i].verdict;
+      const kind = v && (v.now || v.state === "nan_origin") ? stateChip(v.state) : null;
+      if (kind) el.classList.add(`lg-flag-${kind}`);
+      if (v) el.dataset.state = v.state;
+      if (isOrigin(v)) {
+        el.style.fontWeight = "700";
+        el.title = `${full} — the first NaN/Inf was born here (step ${v.step}) — click for the layer's detail`;
+      }
       return el;
     });
     replace(this.labels, items);
@@ -404,12 +437,19 @@ export class OverviewView {
     an.layers.forEach((f, i) => {
       const chips = [];
       const n = Math.max(1, f.recorded);
-      if (f.firstNonfiniteStep !== null) chips.push(["nonfinite", `NaN/Inf @${f.firstNonfiniteStep}`, `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${f.firstNonfiniteStep}`]);
-      for (const info of an.info.slice(1)) {
-        const c = f.count[info.key];
-        if (!c) continue;
-        const now = f.latest & info.flag;
-        chips.push([info.key, now ? info.label : `${info.label} ${c}/${n}`, `${info.label} at ${c} of ${n} steps${now ? ", including the latest" : ""}: ${info.rule}`]);
+      // One chip for the layer's verdict (the route decides it; its text is the report's `verdict` column).
+      const v = f.verdict;
+      const kind = v ? stateChip(v.state) : null;
+      if (kind) {
+        const info = an.info.find((x) => x.key === v.state);
+        const why = v.state === "nan_origin"
+          ? `the run's first NaN/Inf was born in this layer at step ${v.step}: ${(d.an.summary.origin || {}).line || ""}`
+          : v.state === "nonfinite"
+            ? `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${v.step} (reached from where it was born)`
+            : v.state === "vanishing_through_time"
+              ? `the gradient reaching the first timestep is at least 10^${an.thresholds.TIME_DECAY_DECADES ?? 3} times smaller than at the last`
+              : `${v.state} at ${f.count[v.state]} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
+        chips.push([kind, v.text, why, null, v.state]);
       }
       const dom = f.dominated;
       if (dom) chips.push(["dominated", `1 example ${Math.round(100 * dom.worst_share)}% @${dom.worst_step}`, `${dom.line}: ${dominatedRule(d.an)} — click: this layer at step ${dom.worst_step}`, dom]);
@@ -428,9 +468,12 @@ export class OverviewView {
       const row = h("div", { class: "lg-row-chip", style: { height: `${rowH}px` }, dataset: { row: i } });
       // At most two chips; "dominated" (not a flag of the cells) goes last and keeps its place.
       const shown = chips.length > 2 && chips[chips.length - 1][0] === "dominated" ? [chips[0], chips[chips.length - 1]] : chips.slice(0, 2);
-      for (const [kind, text, title, dom] of shown) {
+      for (const [kind, text, title, dom, state] of shown) {
         const open = dom ? { click: () => this._openStep(dom.layer, dom.worst_step) } : null;
-        row.appendChild(h("span", { class: `lg-chip lg-chip-${kind}${dom ? " lg-chip-link" : ""}`, text, title, dataset: dom ? { layer: dom.layer, step: dom.worst_step } : {}, on: open }));
+        const chip = h("span", { class: `lg-chip lg-chip-${kind}${dom ? " lg-chip-link" : ""}`, text, title, dataset: dom ? { layer: dom.layer, step: dom.worst_step } : { state }, on: open });
+        // Born here, not merely reached: the non-finite colours inverted.
+        if (state === "nan_origin") Object.assign(chip.style, { background: "#fff", color: COLORS.nonfinite, border: `2px solid ${COLORS.nonfinite}`, fontWeight: "700" });
+        row.appendChild(chip);
       }
       items.push(row);
     });
@@ -504,14 +547,14 @@ export class OverviewView {
       h("span", { class: "lg-colorbar-wrap" }, bar, ticks),
       swatch(COLORS.zero, "0", "exactly zero (e.g. no gradient reaches the layer)"),
       swatch(COLORS.missing, "no record", "nothing logged for this layer at this step"),
-      stat !== "nonfinite" ? swatch(COLORS.nonfinite, "NaN/Inf", "the gradient holds NaN or ±Inf at this step; a black box marks each layer's first") : null,
+      stat !== "nonfinite" ? swatch(COLORS.nonfinite, "NaN/Inf", "the gradient holds NaN or ±Inf at this step; a black box marks each layer's first, a red ring the cell where the first NaN/Inf was born") : null,
       showMarks ? glyph("lg-bar-vanishing", "vanishing", info[2].rule) : null,
       showMarks ? glyph("lg-bar-exploding", "exploding", info[1].rule) : null,
       showMarks ? glyph("lg-bar-dead", "dead", info[3].rule) : null,
     );
   }
 
-  _summary(an, first) {
+  _summary(an) {
     const d = this.data;
     const state = this.state;
     const cols = d.steps.length;
@@ -523,43 +566,30 @@ export class OverviewView {
       h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${d.bins ? `${d.bins.counts.reduce((a, b) => a + b, 0)} steps in ${cols} bins` : `${cols} steps`}` + (cols ? ` (${d.steps[0]}–${(d.bins ? d.bins.last_steps : d.steps)[cols - 1]})` : "") + (this.geom.prefix ? ` · model ${this.geom.prefix.slice(0, -1)}` : "") }),
     );
     parts.push(head);
+    // The route's findings (tb_layergrad/reader/verdict.py): one line each however many layers it spans, the
+    // same lines as `tb-layergrad report`; inserted as text (names come from user code). A click opens the
+    // layer and step it names.
     const origin = d.an && d.an.summary ? d.an.summary.origin : null;
-    if (origin && origin.pass) {
-      // Where it broke (docs/ANOMALIES.md): the route's own sentence, as text (names come from user code).
-      const row = d.layers.indexOf(origin.origin);
-      const col = d.steps.indexOf(origin.step);
-      const at = row >= 0 ? row : first ? first.layers[0] : -1;
+    for (const f of findingsOf(d.an)) {
+      const cls = f.kind === "dominated" ? "lg-alert-dominated" : f.kind === "nonfinite" ? `lg-alert-nonfinite${origin && origin.pass ? " lg-origin" : ""}` : `lg-alert-${f.kind}`;
+      const dataset = { kind: f.kind, layer: f.layer ?? "", step: f.step ?? "", layers: String(f.layers.length) };
+      if (f.kind === "nonfinite" && origin && origin.pass) Object.assign(dataset, { pass: origin.pass, origin: origin.origin ?? "" });
+      const open = f.layer && d.layers.includes(f.layer);
       const link = h("button", {
         type: "button",
-        class: "lg-alert lg-alert-nonfinite lg-origin",
-        title: at >= 0 ? "open that layer at that step" : "where the run first went non-finite",
-        dataset: { pass: origin.pass, origin: origin.origin ?? "", step: origin.step ?? "" },
-        on: { click: () => (at >= 0 ? (d.bins && origin.step != null ? this.app.setState({ view: "layer", layer: d.layers[at], step: origin.step, series: null }) : this._open(at, col >= 0 ? col : first ? first.col : null)) : null) },
+        class: `lg-alert ${cls}`,
+        title: f.kind === "dominated" ? `${dominatedRule(d.an)}\nopen ${f.layer} at step ${f.step}` : open ? `open ${f.layer} at step ${f.step}` : "",
+        dataset,
+        on: { click: () => (open ? this._openStep(f.layer, f.step) : null) },
       });
-      link.textContent = `${capitalize(origin.line)}${at >= 0 ? " →" : ""}`;
-      parts.push(link);
-    } else if (first) {
-      const names = first.layers.map((i) => d.layers[i]);
-      const link = h("button", {
-        type: "button",
-        class: "lg-alert lg-alert-nonfinite",
-        title: "open that layer at that step",
-        on: { click: () => this.app.setState({ view: "layer", layer: d.layers[first.layers[0]], step: first.step, series: null }) },
-      });
-      link.textContent = `First non-finite gradient: step ${first.step} in ${names[0]}${names.length > 1 ? ` and ${names.length - 1} more layer${names.length > 2 ? "s" : ""}` : ""} →`;
+      link.textContent = `${capitalize(f.line)}${open ? " →" : ""}`;
       parts.push(link);
     }
-    parts.push(...this._dominated(an));
     const last = cols - 1;
-    const lastStep = (d.bins ? d.bins.last_steps : d.steps)[last];
-    const counts = { "non-finite": 0, vanishing: 0, exploding: 0, dead: 0 };
-    an.layers.forEach((l) => {
-      if (l.latestStep !== last) return;
-      if (l.latest & FLAG.NONFINITE) counts["non-finite"]++;
-      if (l.latest & FLAG.VANISHING) counts.vanishing++;
-      if (l.latest & FLAG.EXPLODING) counts.exploding++;
-      if (l.latest & FLAG.DEAD) counts.dead++;
-    });
+    const lastStep = d.an && d.an.summary && d.an.summary.last_step !== null ? d.an.summary.last_step : (d.bins ? d.bins.last_steps : d.steps)[last];
+    // How many layers are flagged at the run's latest step: the route's `summary.latest`, as the report says it.
+    const latest = (d.an && d.an.summary && d.an.summary.latest) || {};
+    const counts = { "non-finite": latest.nonfinite || 0, vanishing: latest.vanishing || 0, exploding: latest.exploding || 0, dead: latest.dead || 0, "vanishing through time": latest.vanishing_through_time || 0 };
     const bits = Object.entries(counts).filter(([, c]) => c).map(([k, c]) => `${c} ${k}`);
     const health = h("span", { class: bits.length ? "lg-health lg-health-bad" : "lg-health lg-health-ok" });
     health.textContent = cols
@@ -574,27 +604,6 @@ export class OverviewView {
     }
     parts.push(health);
     replace(this.summary, parts);
-  }
-
-  /** One line per layer where one example dominated a step (the route's `dominated`, its sentence as text):
-   * a click opens the layer at its worst step. A few at most; the chips mark every such row. */
-  _dominated(an) {
-    const found = an.layers.map((l) => l.dominated).filter(Boolean);
-    const MAX = 3;
-    const out = found.slice(0, MAX).map((dom) => {
-      const link = h("button", {
-        type: "button",
-        class: "lg-alert lg-alert-dominated",
-        title: `${dominatedRule(this.data.an)}\nopen that layer at its worst step`,
-        dataset: { layer: dom.layer, step: dom.worst_step, position: dom.worst_position ?? "" },
-        on: { click: () => this._openStep(dom.layer, dom.worst_step) },
-      });
-      link.textContent = `${capitalize(dom.line)} →`;
-      return link;
-    });
-    const more = found.length - MAX;
-    if (more > 0) out.push(h("span", { class: "lg-muted", text: `and ${more} more layer${more === 1 ? "" : "s"} where one example dominates (marked on ${more === 1 ? "its row" : "their rows"})` }));
-    return out;
   }
 
   /** The layer view of `layer` at `step` (a step, not a column: it holds in a binned matrix too). */

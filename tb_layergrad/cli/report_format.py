@@ -18,7 +18,13 @@ from tb_layergrad.reader import anomalies
 if TYPE_CHECKING:
     from tb_layergrad.cli.report import Report
 
-LABELS = {"nonfinite": "NaN/Inf", "vanishing": "vanishing", "exploding": "exploding", "dead": "dead"}
+LABELS = {
+    "nonfinite": "NaN/Inf",
+    "vanishing": "vanishing",
+    "exploding": "exploding",
+    "dead": "dead",
+    "vanishing_through_time": "vanishing through time",
+}
 WIDTH = 100
 
 
@@ -59,16 +65,12 @@ def _common_model_prefix(layers: Sequence[str]) -> str:
     return ""
 
 
-def flags_text(s: anomalies.LayerSummary) -> str:
-    """'vanishing' (flagged at the last step), 'exploding 4/60' (at 4 of 60 logged steps, not the last)."""
-    parts = []
-    now = set(s.now_names)
-    for kind in ("nonfinite", "exploding", "vanishing", "dead"):
-        c = s.counts.get(kind, 0)
-        if not c:
-            continue
-        parts.append(LABELS[kind] if kind in now else f"{LABELS[kind]} {c}/{s.recorded}")
-    return ", ".join(parts) if parts else "ok"
+def norm_text(s: anomalies.LayerSummary) -> str:
+    """The norm at the layer's last step: `nan` when the gradient held a NaN/Inf there (the stored norm
+    is that of its finite elements, 0 when there is none: not the gradient's norm)."""
+    if s.last_nonfinite:
+        return "nan"
+    return _g(s.last_norm)
 
 
 # name, header, width, alignment
@@ -89,7 +91,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         shorten(f"tb-layergrad report  {report.logdir}  (target {report.target}, source {report.source})", width),
         "norm@last: L2 norm at the layer's last logged step; trend: log10 change of the norm over the last "
         f"{anomalies.TREND_WINDOW} logged steps; t-decay: log10(|dL/dh_first| / |dL/dh_last|) of RNN timesteps; "
-        "flags: docs/ANOMALIES.md",
+        "verdict: docs/ANOMALIES.md",
     ]
     lines = [lines[0]] + _wrap(lines[1], width)
     for result in report.runs:
@@ -106,15 +108,10 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         if prefix:
             head += f"  ·  model {prefix[:-1]}"
         lines.append(shorten(head, width))
-        first = result.earliest_nonfinite
-        if result.origin is not None:  # where it broke: Origin.line, whole (wrapped, not cut: it names a layer)
+        for finding in summary["findings"]:  # the tab's banners, whole (wrapped, not cut: they name layers)
             lines += [
-                ("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(result.origin.line, width - 4, ""))
+                ("  " if k == 0 else "    ") + part for k, part in enumerate(_wrap(finding["line"], width - 4, ""))
             ]
-        elif first:
-            names = [n[len(prefix) :] if prefix else n for n in first["layers"]]
-            more = f" and {len(names) - 1} more layer{'s' if len(names) > 2 else ''}" if len(names) > 1 else ""
-            lines.append(shorten(f"  first non-finite gradient: step {first['step']} in {names[0]}{more}", width))
         latest = {k: v for k, v in result.latest.items() if v}
         if summary["steps"]:
             bits = ", ".join(f"{v} {LABELS[k]}" for k, v in latest.items())
@@ -125,22 +122,20 @@ def format_text(report: Report, width: int = WIDTH) -> str:
                     width,
                 )
             )
-        header = "  " + " ".join(f"{h:{a}{w}}" for _, h, w, a in _COLUMNS) + " " + "flags"
+        header = "  " + " ".join(f"{h:{a}{w}}" for _, h, w, a in _COLUMNS) + " " + "verdict"
         lines.append(header)
-        for s in result.summaries:
+        for s, v in zip(result.summaries, result.verdicts()):
             name = s.layer[len(prefix) :] if prefix and s.layer.startswith(prefix) else s.layer
             cells = {
                 "layer": shorten(name, _COLUMNS[0][2], path=True),
-                "norm": _g(s.last_norm),
+                "norm": norm_text(s),
                 "trend": _g(s.trend, "+.2f"),
                 "zeros": _pct(s.last_zero_frac),
                 "first": "-" if s.first_nonfinite_step is None else str(s.first_nonfinite_step),
                 "decay": _g(s.timestep_decay, "+.1f"),
             }
             row = "  " + " ".join(f"{shorten(cells[k], w):{a}{w}}" for k, _, w, a in _COLUMNS)
-            lines.append(row + " " + shorten(flags_text(s), flags_w))
-        for d in result.dominated or ():  # wrapped, not cut: it names a layer and a step to open
-            lines += _wrap("  " + d.line, width, "    ")
+            lines.append(row + " " + shorten(v.text, flags_w))
     for s in report.skipped:
         lines.append("")
         lines.append(shorten(f"run {s['run']}: skipped, {s['reason']}", width))
@@ -196,7 +191,7 @@ def to_json(report: Report) -> dict:
 
 def _run_json(r: anomalies.RunAnomalies) -> dict:
     """One run; `dominated` (docs/ANOMALIES.md, "One example dominates") only for a run with per-example records."""
-    out = {"run": r.run, "summary": r.summary_json(), "layers": [s.to_json() for s in r.summaries]}
+    out = {"run": r.run, "summary": r.summary_json(), "layers": [r.layer_json(i) for i in range(len(r.summaries))]}
     if r.dominated is not None:
         out["dominated"] = [d.to_json() for d in r.dominated]
         out["example_thresholds"] = dict(anomalies.EXAMPLE_THRESHOLDS)
@@ -228,6 +223,8 @@ CSV_COLUMNS = (
     "dead_steps",
     "now",
     *(f"dominated_{k}" for k in DOMINATED_FIELDS),
+    "verdict",  # the layer's state (docs/ANOMALIES.md, "One verdict"); appended: earlier columns keep their indexes
+    "last_nonfinite",
 )
 
 
@@ -277,10 +274,15 @@ def _dominated_cells(r: anomalies.RunAnomalies, d: Optional[anomalies.Dominance]
 def _csv_rows(r: anomalies.RunAnomalies) -> List[list]:
     """One row per layer (model order), its dominance on the same row so that a row stays a layer."""
     by_layer = {d.layer: d for d in r.dominated or ()}
-    rows = [_summary_cells(r, s) + _dominated_cells(r, by_layer.pop(s.layer, None)) for s in r.summaries]
+    rows = [
+        _summary_cells(r, s) + _dominated_cells(r, by_layer.pop(s.layer, None)) + [v.state, s.last_nonfinite]
+        for s, v in zip(r.summaries, r.verdicts())
+    ]
     # Per-example records of a layer without statistics: still a row, as --fail-on dominated names it.
-    blank = [None] * (len(CSV_COLUMNS) - 4 - len(DOMINATED_FIELDS))
-    rows += [[r.run, r.target, r.source, d.layer, *blank, *_dominated_cells(r, d)] for d in by_layer.values()]
+    blank = [None] * (len(CSV_COLUMNS) - 6 - len(DOMINATED_FIELDS))
+    rows += [
+        [r.run, r.target, r.source, d.layer, *blank, *_dominated_cells(r, d), None, None] for d in by_layer.values()
+    ]
     return rows
 
 

@@ -108,7 +108,7 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
     for i, s in enumerate(result.summaries):
         if only_layer is not None and s.layer != only_layer:
             continue
-        entry = s.to_json()
+        entry = result.layer_json(i)  # with its `verdict` (reader.verdict)
         entry["flags"] = flags[i]
         layers.append(entry)
     body = {
@@ -120,6 +120,7 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
         "flag_bits": dict(anomalies.FLAG_BITS),
         "steps": [int(x) for x in result.steps],
         "max_rms": float_list(result.max_rms),
+        "vanish_reference": float_list(result.vanish_reference),
         "layers": layers,
         "summary": result.summary_json(),
     }

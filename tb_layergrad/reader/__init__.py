@@ -13,6 +13,8 @@ Modules, one job each:
   examples       -- per-example records (kind `examples`) as tables, and their bins
   anomalies      -- the anomaly rules of docs/ANOMALIES.md, pure numpy
   dominance      -- the rule of one example dominating a layer (its names also in `anomalies`)
+  trends         -- a layer's trend over steps and decay through time (its names also in `anomalies`)
+  verdict        -- one state per layer and one line per finding: what every reader shows
   origin         -- where a run first went non-finite for a target (`tb_layergrad.nonfinite_origin`'s rule)
   run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
   event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow

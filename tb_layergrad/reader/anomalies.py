@@ -29,12 +29,15 @@ import numpy as np
 
 from tb_layergrad.reader.dominance import (  # noqa: F401 - the rule of one example dominating, part of this module
     DOMINANT_MIN_EXAMPLES,
+    DOMINANT_OUTLIER,
     DOMINANT_SHARE,
     EXAMPLE_THRESHOLDS,
     Dominance,
     dominance,
     dominated,
+    usual_top_norm,
 )
+from tb_layergrad.reader.trends import TINY, TREND_WINDOW, timestep_decay, trend  # noqa: F401 - summaries, part of this module
 
 # -- thresholds (docs/ANOMALIES.md, "Thresholds") ------------------------------------------------
 VANISH_REL = 1e-3  # vanishing: rms < VANISH_REL x (largest rms of any layer at that step)
@@ -42,9 +45,10 @@ EXPLODE_ABS = 1e3  # exploding: rms > EXPLODE_ABS ...
 EXPLODE_GROWTH = 1e2  # ... or rms > EXPLODE_GROWTH x the layer's baseline, after the baseline
 BASELINE_STEPS = 5  # baseline: median of the layer's first BASELINE_STEPS rms values > 0
 DEAD_ZERO_FRAC = 0.99  # dead: norm == 0, or zero_frac >= DEAD_ZERO_FRAC
+# Vanishing through time (`reader.verdict`): dL/dh at the first timestep 1000x below the last one, the same three
+# orders of magnitude that make a layer vanishing against the others (VANISH_REL), through time instead of depth.
+TIME_DECAY_DECADES = 3.0
 
-# Summaries (not flags): the trend fit and the timestep decay use the last TREND_WINDOW logged steps.
-TREND_WINDOW = 20
 
 THRESHOLDS = {
     "VANISH_REL": VANISH_REL,
@@ -52,6 +56,7 @@ THRESHOLDS = {
     "EXPLODE_GROWTH": EXPLODE_GROWTH,
     "BASELINE_STEPS": BASELINE_STEPS,
     "DEAD_ZERO_FRAC": DEAD_ZERO_FRAC,
+    "TIME_DECAY_DECADES": TIME_DECAY_DECADES,
 }
 
 # -- flags: one bit each --------------------------------------------------------------------------
@@ -95,7 +100,8 @@ def recorded(rms, norm, nonfinite, zero_frac) -> np.ndarray:
 
 
 def max_rms(rms) -> np.ndarray:
-    """float [steps]: the largest rms > 0 of any layer at each step; NaN where none."""
+    """float [steps]: the largest rms > 0 of any layer at each step; NaN where none. The vanishing rule's
+    reference is this of the layers not exploding at that step (`reference_rms`)."""
     r = _as_matrix(rms)
     pos = r > 0
     out = np.full(r.shape[1], np.nan)
@@ -104,6 +110,13 @@ def max_rms(rms) -> np.ndarray:
             best = np.where(pos, r, -np.inf).max(axis=0)
         out[pos.any(axis=0)] = best[pos.any(axis=0)]
     return out
+
+
+def reference_rms(rms, flags) -> np.ndarray:
+    """float [steps]: what the vanishing rule compares with, the largest rms > 0 of the layers that are not
+    exploding at each step (`detect`'s `flags`); NaN where none."""
+    r = _as_matrix(rms)
+    return max_rms(np.where((np.asarray(flags) & EXPLODING) > 0, np.nan, r))
 
 
 def baselines(rms) -> Tuple[np.ndarray, np.ndarray]:
@@ -127,7 +140,7 @@ def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
 
     Arguments are [layers, steps] arrays (NaN where missing). The rules, in order
     (docs/ANOMALIES.md): non-finite excludes the others; dead excludes vanishing and
-    exploding; vanishing and exploding may both hold.
+    exploding; exploding excludes vanishing. So a cell has at most one flag: its state.
     """
     r = _as_matrix(rms)
     shape = r.shape
@@ -139,13 +152,16 @@ def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
         is_nonfinite = rec & (nf > 0)
         is_dead = rec & ~is_nonfinite & ((n == 0) | (z >= DEAD_ZERO_FRAC))
         live = rec & ~is_nonfinite & ~is_dead & (r > 0)
-        counted = (r > 0).sum(axis=0)
-        top = max_rms(r)
-        vanishing = live & (counted >= 2)[None, :] & (r < VANISH_REL * top[None, :])
         base, base_end = baselines(r)
         after = np.arange(shape[1])[None, :] > base_end[:, None]
         growth = after & (r > EXPLODE_GROWTH * base[:, None])  # NaN baseline: never
         exploding = live & ((r > EXPLODE_ABS) | growth)
+        # Vanishing is against the layers that are not exploding: one layer blowing up does not make the
+        # others vanish, and an exploding cell is not vanishing (exploding excludes vanishing).
+        calm = np.where(exploding, np.nan, r)
+        counted = (calm > 0).sum(axis=0)
+        top = max_rms(calm)
+        vanishing = live & ~exploding & (counted >= 2)[None, :] & (calm < VANISH_REL * top[None, :])
     flags = (is_nonfinite * NONFINITE) | (vanishing * VANISHING) | (exploding * EXPLODING) | (is_dead * DEAD)
     return flags.astype(np.uint8)
 
@@ -166,58 +182,6 @@ def decode_flags(text: str) -> np.ndarray:
     return np.asarray([-1 if c == NOT_RECORDED else int(c, 16) for c in text], dtype=np.int64)
 
 
-def trend(
-    steps: np.ndarray, norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray] = None, window: int = TREND_WINDOW
-) -> Optional[float]:
-    """How the layer's norm moved lately, in decades (log10 units).
-
-    The least-squares line of log10(norm) against the step, over the layer's last
-    `window` logged steps whose norm is finite and > 0 and that hold no non-finite
-    element, evaluated as (slope x the window's span in steps): -2.0 means the
-    fitted norm fell 100-fold over that window. None with fewer than 3 such steps
-    or a span of 0.
-    """
-    steps = np.asarray(steps, dtype=np.float64)
-    norm_row = np.asarray(norm_row, dtype=np.float64)
-    ok = np.isfinite(norm_row) & (norm_row > 0)
-    if nonfinite_row is not None:
-        with np.errstate(invalid="ignore"):
-            ok &= ~(np.asarray(nonfinite_row, dtype=np.float64) > 0)
-    idx = np.flatnonzero(ok)[-window:]
-    if idx.size < 3:
-        return None
-    x = steps[idx]
-    span = x[-1] - x[0]
-    if span <= 0:
-        return None
-    y = np.log10(norm_row[idx])
-    xc = x - x.mean()
-    slope = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
-    return slope * float(span)
-
-
-# The smallest float32 subnormal: a timestep norm of exactly 0 counts as this (a fully underflowed gradient).
-TINY = 1.401298464324817e-45
-
-
-def timestep_decay(norm_vectors: Sequence[np.ndarray], window: int = TREND_WINDOW) -> Optional[float]:
-    """How much the per-timestep gradient shrinks from the last timestep back to the first, in decades.
-
-    For each of the last `window` logged records of an RNN layer's per-timestep norms
-    (docs/FORMAT.md, kind `timesteps`): log10(norm[0] / norm[T-1]), with a norm[0] of 0
-    counted as TINY; the median over those records. -3.0: the gradient reaching the first
-    timestep is 1000 times smaller than at the last one. None without a usable record
-    (T < 2, or norm[T-1] not finite and > 0, or norm[0] not finite).
-    """
-    values = []
-    for v in list(norm_vectors)[-window:]:
-        v = np.asarray(v, dtype=np.float64).reshape(-1)
-        if v.size < 2 or not (np.isfinite(v[-1]) and v[-1] > 0) or not np.isfinite(v[0]) or v[0] < 0:
-            continue
-        values.append(math.log10(max(v[0], TINY)) - math.log10(v[-1]))  # no overflow of the ratio
-    return float(np.median(values)) if values else None
-
-
 @dataclasses.dataclass
 class LayerSummary:
     """One layer of one evaluated run (docs/ANOMALIES.md, "Summaries")."""
@@ -229,6 +193,7 @@ class LayerSummary:
     last_norm: Optional[float]  # statistics at last_step (None: NaN/Inf or missing)
     last_rms: Optional[float]
     last_zero_frac: Optional[float]
+    last_nonfinite: Optional[float]  # NaN/Inf elements at last_step: the norm of a gradient holding one is NaN
     trend: Optional[float]  # decades over the last TREND_WINDOW logged steps, see `trend`
     first_nonfinite_step: Optional[int]  # the layer's first step with a NaN/Inf (sent as `first_nonfinite`)
     counts: Dict[str, int]  # logged steps flagged with each kind
@@ -249,6 +214,7 @@ class LayerSummary:
             "last_norm": self.last_norm,
             "last_rms": self.last_rms,
             "last_zero_frac": self.last_zero_frac,
+            "last_nonfinite": self.last_nonfinite,
             "trend": self.trend,
             "first_nonfinite": self.first_nonfinite_step,
             "counts": dict(self.counts),
@@ -278,6 +244,7 @@ class RunAnomalies:
     # Where the run first went non-finite for its target (docs/ANOMALIES.md, "Where it broke"), set by
     # the reader (`reader.origin`; any source of the target counts, activations too); None: never, or not asked.
     origin: Optional[Any] = None  # a tb_layergrad.nonfinite_origin.Origin
+    vanish_reference: Optional[np.ndarray] = None  # float [steps]: what vanishing compares with (`reference_rms`)
 
     @property
     def last_step(self) -> Optional[int]:
@@ -295,7 +262,10 @@ class RunAnomalies:
 
     @property
     def latest(self) -> Dict[str, int]:
-        """How many layers are flagged with each kind at the run's last logged step."""
+        """How many layers are flagged with each kind at the run's last logged step, and how many vanish
+        through time (`reader.verdict`)."""
+        from tb_layergrad.reader import verdict  # decides from this object: imported when asked
+
         counts = {k: 0 for k in KINDS}
         last = self.last_step
         for s in self.summaries:
@@ -303,14 +273,31 @@ class RunAnomalies:
                 continue
             for k in flag_names(s.now):
                 counts[k] += 1
+        counts[verdict.VANISHING_THROUGH_TIME] = sum(v.state == verdict.VANISHING_THROUGH_TIME for v in self.verdicts())
         return counts
+
+    def verdicts(self) -> list:
+        """Each layer's `reader.verdict.Verdict`, in model order: the one state every reader shows."""
+        from tb_layergrad.reader import verdict
+
+        key = (id(self.origin), id(self.dominated))  # the reader sets both after `evaluate`
+        if getattr(self, "_verdicts", (None,))[0] != key:
+            self._verdicts = (key, verdict.layer_verdicts(self))
+        return self._verdicts[1]
+
+    def layer_json(self, i: int) -> dict:
+        """Layer `i`'s summary with its `verdict` (the `anomalies` route's and the report's `layers[]`)."""
+        return {**self.summaries[i].to_json(), "verdict": self.verdicts()[i].to_json()}
 
     def flag_strings(self) -> List[str]:
         return [encode_flags(self.flags[i], self.recorded[i]) for i in range(len(self.layers))]
 
     def summary_json(self) -> dict:
         """The run's summary. Its `first_nonfinite` is `earliest_nonfinite`, to which an `origin` adds its
-        `pass`, `origin` and `line` (those of `origin.step`, which may be earlier); `origin` is the whole origin."""
+        `pass`, `origin` and `line` (those of `origin.step`, which may be earlier); `origin` is the whole origin;
+        `findings` the banner lines (`reader.verdict.findings`)."""
+        from tb_layergrad.reader import verdict
+
         first = self.earliest_nonfinite
         where = self.origin.to_json() if self.origin is not None else None
         if first is not None and where is not None:
@@ -323,6 +310,7 @@ class RunAnomalies:
             "first_nonfinite": first,
             "origin": where,
             "latest": self.latest,
+            "findings": verdict.findings(self),
         }
 
 
@@ -362,6 +350,7 @@ def evaluate(
     flags = detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"]) if shape[0] else np.zeros(shape, np.uint8)
     rec = recorded(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"]) if shape[0] else np.zeros(shape, bool)
     top = max_rms(m["rms"]) if shape[0] else np.full(shape[1], np.nan)
+    reference = reference_rms(m["rms"], flags) if shape[0] else np.full(shape[1], np.nan)
     summaries = []
     for i, layer in enumerate(layers):
         cols = np.flatnonzero(rec[i])
@@ -384,6 +373,7 @@ def evaluate(
                 last_norm=_num(m["norm"][i, last]) if last is not None else None,
                 last_rms=_num(m["rms"][i, last]) if last is not None else None,
                 last_zero_frac=_num(m["zero_frac"][i, last]) if last is not None else None,
+                last_nonfinite=_num(m["nonfinite"][i, last]) if last is not None else None,
                 trend=trend(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
                 first_nonfinite_step=first,
                 counts={k: int(((row[cols] & bit) > 0).sum()) for k, bit in FLAG_BITS.items()},
@@ -392,4 +382,4 @@ def evaluate(
                 has_timesteps=ts is not None,
             )
         )
-    return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries)
+    return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries, vanish_reference=reference)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Optional
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.reader import catalog, event_files, origin, series
+from tb_layergrad.reader import catalog, event_files, origin, run_anomalies, series
 from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -32,6 +32,7 @@ COLUMNS = (
     ("run", "layer", "index", "target", "source", "step", "wall_time")
     + series.ALL_STATS
     + tuple(EXAMPLE_COLUMNS.values())
+    + ("state",)
 )
 
 
@@ -44,7 +45,11 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     `example_norm_min`, `example_norm_median`, `example_norm_max`,
     `example_norm_top_share` (each example's own gradient norm over the batch,
     `GradientLogger(per_example=True)`; NaN where not written, and where the
-    layer has no exact per-example number). Rows are ordered by run, model order,
+    layer has no exact per-example number), then `state`: the verdict of the
+    cell, as the tab and `tb-layergrad report` show it (docs/ANOMALIES.md, "One
+    verdict"): `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` for a
+    gradient, `ok` or `nonfinite` for an activation or a target value, and
+    `nan_origin` on the one cell where the first NaN/Inf was born. Rows are ordered by run, model order,
     target, source, step; a run's target series come after its layers.
 
     `source` is "output" (gradient w.r.t. the layer output), "weight" (w.r.t. a
@@ -106,7 +111,9 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     frames = []
     for run_name, rc in cat.runs.items():
         stats_series = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
-        tables = StatsStore(provider).read(ctx, "", run_name, stats_series)
+        store = StatsStore(provider)
+        tables = store.read(ctx, "", run_name, stats_series)
+        states = run_anomalies.read_states(RunSource(provider, ctx, "", rc, store=store))
         examples = _examples(provider, ctx, run_name, [s for s in rc.series if s.info.kind == metadata.KIND_EXAMPLES])
         order = {layer: i for i, layer in enumerate(rc.layers())}
 
@@ -136,6 +143,8 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
             written = examples.get((s.info.layer, s.info.target, s.info.source), {})
             for field, column in EXAMPLE_COLUMNS.items():
                 frame[column] = [written.get(int(step), {}).get(field, float("nan")) for step in rows.steps]
+            cells = states.get((s.info.layer, s.info.target, s.info.source), {})
+            frame["state"] = [cells.get(int(step), "ok") for step in rows.steps]
             frames.append(pd.DataFrame(frame, columns=list(COLUMNS)))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
     df.attrs["nonfinite_origin"] = {

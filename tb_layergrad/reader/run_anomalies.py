@@ -94,7 +94,51 @@ def read_dominance(
             r.column("examples"),
             r.column("status"),
             r.column("top_index_1"),
+            r.column("max"),
         )
         if found is not None:
             out.append(found)
     return out
+
+
+def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
+    """{(layer, target, source): {step: state}} of every gradient series of run `src.rc` (`verdict.cell_states`,
+    the verdicts of the tab and the report), and of its activations and target values: `nonfinite` or `ok`,
+    `nan_origin` on the cell where the first NaN/Inf was born (an activation in the forward pass, the target's
+    own value in the loss, a layer's output gradient in the backward pass)."""
+    from tb_layergrad import nonfinite_origin
+    from tb_layergrad.reader import verdict
+
+    rc = src.rc
+    out: Dict[tuple, Dict[int, str]] = {}
+    values = [s for s in rc.series if s.info.kind == metadata.KIND_STATS and s.info.source in _VALUE_SOURCES]
+    tables = src.stats(values)
+    for s in values:
+        rows = tables[s.key]
+        bad = rows.column("nonfinite") > 0
+        out[(s.info.layer, s.info.target, s.info.source)] = {
+            int(step): verdict.NONFINITE_STATE if b else verdict.OK for step, b in zip(rows.steps, bad)
+        }
+    for target in rc.targets():
+        for source in (metadata.SOURCE_OUTPUT, metadata.SOURCE_WEIGHT):
+            result = read_run(src, target, source)
+            if result is None:
+                continue
+            cells = verdict.cell_states(result)
+            for i, layer in enumerate(result.layers):
+                out[(layer, target, source)] = {int(st): c for st, c in zip(result.steps, cells[i]) if c}
+            o = result.origin
+            if source != metadata.SOURCE_OUTPUT or o is None or o.origin is None:
+                continue
+            if o.pass_ == nonfinite_origin.PASS_FORWARD:
+                key = (o.origin, metadata.ACTIVATION_TARGET, metadata.SOURCE_ACTIVATION)
+            elif o.pass_ == nonfinite_origin.PASS_LOSS:
+                key = (o.origin, target, metadata.SOURCE_TARGET)
+            else:
+                continue
+            if o.step in out.get(key, {}):
+                out[key][o.step] = verdict.NAN_ORIGIN
+    return out
+
+
+_VALUE_SOURCES = (metadata.SOURCE_ACTIVATION, metadata.SOURCE_TARGET)

@@ -1,0 +1,227 @@
+"""One verdict per layer and one line per finding: what the overview, its banners, the layer view,
+`tb-layergrad report` and `tb_layergrad.load()` all show, decided here once.
+
+Why one place: the rules (`anomalies`) flag cells and `origin` says where a NaN was born, but each
+reader used to pick its own words from them, and they disagreed (the origin of a NaN unmarked while
+the layers it reached were red; a layer tagged two ways). Pure numpy, no TensorFlow.
+
+A layer's state is the first of these that holds (docs/ANOMALIES.md, "One verdict"):
+
+    nan_origin              the run's first NaN/Inf was born in this layer (`RunAnomalies.origin`)
+    nonfinite               a NaN/Inf reached the layer's gradient at some logged step
+    exploding, dead, vanishing   the layer's cell state at its last logged step (`now`); else the most
+                            serious one of an earlier step (`now` False), in this order
+    vanishing_through_time  its per-timestep gradients shrink by at least TIME_DECAY_DECADES
+    ok
+
+    from tb_layergrad import report
+    run = report.build("logs").runs[0]
+    [v.state for v in run.verdicts()], [f["line"] for f in run.summary_json()["findings"]]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from tb_layergrad import nonfinite_origin
+from tb_layergrad.reader.anomalies import DEAD, EXPLODING, NONFINITE, TIME_DECAY_DECADES, VANISHING
+
+if TYPE_CHECKING:
+    from tb_layergrad.reader.anomalies import RunAnomalies
+
+
+NAN_ORIGIN, NONFINITE_STATE, OK = "nan_origin", "nonfinite", "ok"
+VANISHING_THROUGH_TIME = "vanishing_through_time"
+# Cell states after non-finite, most serious first (a cell holds at most one: `anomalies.detect`).
+CELL_STATES = (("exploding", EXPLODING), ("dead", DEAD), ("vanishing", VANISHING))
+STATES = (NAN_ORIGIN, NONFINITE_STATE, *(k for k, _ in CELL_STATES), VANISHING_THROUGH_TIME, OK)
+LABELS = {
+    NAN_ORIGIN: "NaN/Inf born here",
+    NONFINITE_STATE: "NaN/Inf",
+    "exploding": "exploding",
+    "dead": "dead",
+    "vanishing": "vanishing",
+    VANISHING_THROUGH_TIME: "vanishing through time",
+    OK: "ok",
+}
+MAX_NAMED = 3  # layers a finding names before "and N more"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One layer's state.
+
+    `now`: it holds at the layer's last logged step (the NaN states: from their step on). `step`: where to
+    look (the origin's step, the first non-finite step, the first step flagged so, or the last step).
+    `text`: the words of the overview's chip and the report's `verdict` column.
+    """
+
+    state: str
+    now: bool
+    step: Optional[int]
+    text: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def origin_layer(run: RunAnomalies) -> Optional[str]:
+    """The row where the run's first NaN/Inf was born.
+
+    Args:
+      run: an evaluated run whose `origin` the reader set (`run_anomalies.read_run`).
+
+    Returns:
+      The layer path, or None: nothing broke, the pass was the loss or cannot be told, or the layer is not
+      one of the run's rows (e.g. asked for weights).
+    """
+    o = run.origin
+    if o is None or o.pass_ not in (nonfinite_origin.PASS_FORWARD, nonfinite_origin.PASS_BACKWARD):
+        return None
+    return o.origin if o.origin in run.layers else None
+
+
+def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
+    """Each layer's state, decided once (the precedence of the module docstring).
+
+    Args:
+      run: an evaluated run (`anomalies.evaluate`), its `origin` set by the reader when known.
+
+    Returns:
+      A `Verdict` per layer, in model order (`run.layers`).
+
+    Example:
+
+        import numpy as np
+        from tb_layergrad import anomalies
+        one = np.ones((2, 6))
+        run = anomalies.evaluate(["m/a", "m/b"], range(6), {"rms": one * [[1e-6], [1.0]], "norm": one,
+                                 "nonfinite": 0 * one, "zero_frac": 0 * one})
+        [v.state for v in layer_verdicts(run)]  # ['vanishing', 'ok']
+    """
+    born = origin_layer(run)
+    out = []
+    for i, s in enumerate(run.summaries):
+        row = run.flags[i][run.recorded[i]]
+        steps = run.steps[run.recorded[i]]
+        if s.layer == born:
+            out.append(Verdict(NAN_ORIGIN, True, run.origin.step, f"{LABELS[NAN_ORIGIN]} @{run.origin.step}"))
+            continue
+        if s.first_nonfinite_step is not None:
+            step = s.first_nonfinite_step
+            out.append(Verdict(NONFINITE_STATE, True, step, f"{LABELS[NONFINITE_STATE]} @{step}"))
+            continue
+        found = None
+        for kind, bit in CELL_STATES:
+            if s.now & bit:
+                found = Verdict(kind, True, int(steps[np.flatnonzero(row & bit)[0]]), kind)
+                break
+        for kind, bit in CELL_STATES if found is None else ():
+            hits = np.flatnonzero(row & bit)
+            if hits.size:
+                found = Verdict(kind, False, int(steps[hits[0]]), f"{kind} {hits.size}/{s.recorded}")
+                break
+        if found is None and s.timestep_decay is not None and s.timestep_decay <= -TIME_DECAY_DECADES:
+            found = Verdict(VANISHING_THROUGH_TIME, True, s.last_step, LABELS[VANISHING_THROUGH_TIME])
+        out.append(found or Verdict(OK, True, s.last_step, OK))
+    return out
+
+
+def _names(layers: Sequence[str]) -> str:
+    shown = ", ".join(layers[:MAX_NAMED])
+    more = len(layers) - MAX_NAMED
+    return shown + (f" and {more} more layer{'s' if more > 1 else ''}" if more > 0 else "")
+
+
+def _finding(kind: str, layers: Sequence[str], layer: Optional[str], step: Optional[int], line: str) -> dict:
+    return {"kind": kind, "layers": list(layers), "layer": layer, "step": step, "line": line}
+
+
+def findings(run: RunAnomalies) -> List[dict]:
+    """One line per finding, however many layers it spans (the overview's banners, the report's lines).
+
+    Args:
+      run: an evaluated run; its `origin` and `dominated` as the reader set them.
+
+    Returns:
+      A list of dicts: `kind` (a state, or `dominated`), `layers` (model order), `layer` and `step` (where
+      to look first) and `line`, in the order of STATES, `dominated` last; empty for a healthy run.
+    """
+    verdicts = run.verdicts()
+    out: List[dict] = []
+    first = run.earliest_nonfinite
+    if run.origin is not None:
+        o = run.origin
+        layers = [o.origin] if origin_layer(run) else list(first["layers"] if first else o.layers)
+        out.append(_finding(NONFINITE_STATE, layers, layers[0] if layers else None, o.step, o.line))
+    elif first is not None:
+        layers = first["layers"]
+        line = f"first non-finite gradient: step {first['step']} in {_names(layers)}"
+        out.append(_finding(NONFINITE_STATE, layers, layers[0], first["step"], line))
+    by_state: Dict[str, List[int]] = {}
+    for i, v in enumerate(verdicts):
+        if v.now:
+            by_state.setdefault(v.state, []).append(i)
+    for kind, _ in CELL_STATES:
+        rows = by_state.get(kind, [])
+        if rows:
+            names = [run.layers[i] for i in rows]
+            line = f"{kind} at the latest step ({run.last_step}): {_names(names)}"
+            out.append(_finding(kind, names, names[0], verdicts[rows[0]].step, line))
+    rows = by_state.get(VANISHING_THROUGH_TIME, [])
+    if rows:
+        names = [run.layers[i] for i in rows]
+        worst = min(run.summaries[i].timestep_decay for i in rows)
+        line = (
+            f"vanishing through time in {_names(names)}: the gradient reaching the first timestep is "
+            f"10^{-worst:.1f} times smaller than at the last (threshold 10^{TIME_DECAY_DECADES:g})"
+        )
+        out.append(_finding(VANISHING_THROUGH_TIME, names, names[0], run.last_step, line))
+    if run.dominated:
+        out.append(dominated_finding(run.dominated))
+    return out
+
+
+def dominated_finding(found: Sequence) -> dict:
+    """The layers where one example dominates (`anomalies.Dominance`, model order) as one finding: a
+    layer's own sentence when it is alone, else the union of their steps and the worst of them."""
+    names = [d.layer for d in found]
+    worst = max(found, key=lambda d: d.worst_share)
+    if len(found) == 1:
+        line = worst.line
+    else:
+        steps = sorted({s for d in found for s in d.at})
+        n = len(steps)
+        where = f" from batch position {worst.worst_position}" if worst.worst_position is not None else ""
+        batch = f" of {worst.examples}" if worst.examples is not None else ""
+        line = (
+            f"one example dominates {_names(names)} at {n} step{'' if n == 1 else 's'}: first step {steps[0]}; "
+            f"worst step {worst.worst_step} in {worst.layer}, {worst.worst_share:.0%} of its gradient{where}{batch}"
+        )
+    return _finding("dominated", names, worst.layer, worst.worst_step, line)
+
+
+def cell_states(run: RunAnomalies) -> np.ndarray:
+    """Each cell's state, for `tb_layergrad.load()`'s `state` column.
+
+    Args:
+      run: an evaluated run, its `origin` set by the reader when known.
+
+    Returns:
+      str [layers, steps]: `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` (a cell has at most one
+      flag), "" where unrecorded, `nan_origin` at the origin's own cell (`origin_layer`, the origin's step).
+    """
+    out = np.full(run.flags.shape, OK, dtype=object)
+    out[(run.flags & NONFINITE) > 0] = NONFINITE_STATE
+    for kind, bit in CELL_STATES:
+        out[(run.flags & bit) > 0] = kind
+    out[~run.recorded] = ""
+    born = origin_layer(run)
+    if born is not None:
+        col = np.flatnonzero(run.steps == run.origin.step)
+        if col.size:
+            out[run.layers.index(born), col[0]] = NAN_ORIGIN
+    return out
