@@ -1,7 +1,7 @@
 """Planted logdirs for the anomaly route and report tests, and an independent numpy evaluation.
 
 `reference_*` re-state the rules of docs/ANOMALIES.md cell by cell, the slow obvious way (this was
-the rules' first Python statement), without `tb_layergrad.anomalies`: the tests compare the module,
+the rules' first Python statement), without `tb_layergrad.reader.anomalies`: the tests compare the module,
 the route and the report with them. `write_planted_logdir` writes, with the real summary ops, a run
 where each rule fires on a known layer, and returns the arrays it wrote.
 """

@@ -1,7 +1,7 @@
 """How a layer's gradient moves: over the last logged steps (`trend`) and back through time (`timestep_decay`).
 
 Summaries, not flags: `anomalies.evaluate` puts them in each layer's summary, and `reader.verdict` calls a
-layer "vanishing through time" from the decay. Part of `tb_layergrad.anomalies`, which offers these names too.
+layer "vanishing through time" from the decay. `anomalies` offers these names too.
 """
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
     Example:
 
         import numpy as np
-        from tb_layergrad import anomalies
+        from tb_layergrad.reader import anomalies
         one = np.ones((2, 6))
         run = anomalies.evaluate(["m/a", "m/b"], range(6), {"rms": one * [[1e-6], [1.0]], "norm": one,
                                  "nonfinite": 0 * one, "zero_frac": 0 * one})
