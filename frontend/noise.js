@@ -5,25 +5,29 @@
 // there), and the ratio of two noisy numbers is biased; the two averages are good estimates first.
 // Pure functions, no DOM.
 
-/** TensorBoard's smoothing of `ys` with weight `w` in [0, 1): null and non-finite values are skipped. */
-export function ema(ys, w) {
-  const out = new Array(ys.length).fill(null);
-  let last = 0;
-  let n = 0;
-  for (let k = 0; k < ys.length; k++) {
-    const v = ys[k];
-    if (typeof v !== "number" || !Number.isFinite(v)) continue;
-    last = last * w + (1 - w) * v;
-    n += 1;
-    const debias = w === 1 ? 1 : 1 - Math.pow(w, n);
-    out[k] = last / debias;
-  }
-  return out;
-}
+import { ema } from "./smoothing.js";
+
+export { ema };
 
 /** EMA(trace) / EMA(signal) per step; null while the averaged signal is <= 0 or either is missing. */
 export function smoothedNoiseScale(trace, signal, w) {
   const t = ema(trace, w);
   const g = ema(signal, w);
   return t.map((v, k) => (v !== null && g[k] !== null && g[k] > 0 ? v / g[k] : null));
+}
+
+/** [first, last] step ranges where the estimate is not defined (`ys` null) though the run has a record. */
+export function undefinedRanges(xs, ys) {
+  const out = [];
+  let start = null;
+  for (let k = 0; k < xs.length; k++) {
+    if (ys[k] === null) {
+      if (start === null) start = k;
+    } else if (start !== null) {
+      out.push([xs[start], xs[k - 1]]);
+      start = null;
+    }
+  }
+  if (start !== null) out.push([xs[start], xs[xs.length - 1]]);
+  return out;
 }

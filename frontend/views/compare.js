@@ -11,6 +11,8 @@ import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from
 import { anyExamples, findRun, hasActivations, hasKind, layerKey, layersWith, union, valuesOf } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
+import { onSmoothing, smoothing } from "../smoothing.js";
+import { SmoothingControl } from "./smoothing_control.js";
 
 /** The statistic compared: the overview's colour, unless it is a per-example one (those are not compared). */
 function compared(state) {
@@ -37,6 +39,7 @@ export class CompareView {
       field("Statistic", this.statSelect),
       app.runControls({ run: false }),
       field("Y scale", this.logToggle.el),
+      new SmoothingControl("lg-compare-smoothing").el,
       h("span", { class: "lg-spacer" }),
       this.csvBtn,
     );
@@ -66,6 +69,9 @@ export class CompareView {
       this.body,
       this.noise.el,
     );
+    onSmoothing(() => {
+      if (this.data && this.el.isConnected) this._apply(this.state, true);
+    });
   }
 
   /** The runs that may have the noise-scale scalars (written with per-example records only); the others are
@@ -148,6 +154,8 @@ export class CompareView {
     setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), compared(state));
     this.logToggle.set(state.log ? "1" : "0");
     this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
+    const withActivations = runs.some((r) => hasActivations(findRun(this.app.runs, r)));
+    this.ofToggle.disable("activation", withActivations ? null : "Nothing to compare: none of the selected runs recorded activations (forward values)");
     this.ofToggle.set(state.of);
     const keys = this._keys(state, runs);
     const key = state.layer ? layerKey(state.layer) : keys[0];
@@ -241,6 +249,7 @@ export class CompareView {
           return { name: r, color: this._color(r), xs: keep.map((j) => d.steps[j]), ys: keep.map((j) => d.values[k][j]) };
         }),
         log: state.log,
+        smoothing: smoothing(),
         marker: step,
         xLabel: "step",
       });

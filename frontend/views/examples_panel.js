@@ -8,7 +8,7 @@ import { api, isAbort } from "../api.js";
 import { COLORS } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
 import { h, clear, replace, select, setOptions } from "../dom.js";
-import { fmtExact, fmtNum } from "../format.js";
+import { fmtNum } from "../format.js";
 import { examplesChoices } from "../model.js";
 import { errorBox, note } from "./common.js";
 
@@ -153,7 +153,7 @@ export class ExamplesPanel {
       tbody.appendChild(h("tr", { dataset: { position: t.position, rank: k + 1 } },
         h("td", { text: String(k + 1) }),
         h("td", { class: "lg-example-position", text: String(t.position) }),
-        h("td", { title: t.norm === null ? "" : fmtExact(t.norm), text: fmtNum(t.norm) }),
+        h("td", { text: fmtNum(t.norm), "data-value": t.norm === null ? null : String(t.norm) }),
         h("td", { text: share === null ? "—" : `${(100 * share).toFixed(1)}%` })));
     });
     table.appendChild(tbody);

@@ -5,28 +5,24 @@
 
 import { api, isAbort, isTransient } from "../api.js";
 import { flagNames, flagOf } from "../anomalies.js";
-import { pointsFor, rangeOf, zoomBar } from "../bins.js";
+import { pointsFor, rangeOf } from "../bins.js";
 import { COLORS, RDBU, lutIndex, packHex, paletteColor } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
+import { onSmoothing } from "../smoothing.js";
 import { indexAtOrBefore } from "../charts/scale.js";
 import { tooltip } from "../charts/tooltip.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
-import { capitalize, csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
+import { capitalize, csvText, fmtNum, safeFilename, statLabel } from "../format.js";
 import { examplesChoices, findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { ExamplesPanel } from "./examples_panel.js";
+import { LayerCharts } from "./layer_charts.js";
 
 const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
-const CHARTS = [
-  { stat: "norm", log: true },
-  { stat: "mean_abs", log: true },
-  { stat: "std", log: true },
-  { stat: "zero_frac", log: false },
-  { stat: "nonfinite", log: false },
-];
-const HIST_STEPS = 60;
+// Ridges of the offset histograms: as many as stay apart at the panel's height (TensorBoard's look).
+const HIST_STEPS = 20;
 const NAN_COLOR = packHex(COLORS.nan);
 const INF_COLOR = packHex(COLORS.inf);
 
@@ -56,22 +52,11 @@ export class LayerView {
     this.flags = h("div", { class: "lg-step-flags" });
     const tablePanel = h("div", { class: "lg-panel lg-panel-table" }, h("h3", { class: "lg-panel-title", text: "At this step" }), this.flags, this.table);
 
-    // Line charts.
-    this.charts = CHARTS.map((c) => ({ ...c, chart: null }));
-    this.chartGrid = h("div", { class: "lg-chart-grid" });
-    // A drag across a chart zooms all of them (and the overview) to those steps: refetched at full resolution.
-    const onSelect = (a, b) => app.setState({ zoom: [Math.max(0, Math.ceil(a)), Math.max(0, Math.floor(b))] });
-    for (const c of this.charts) c.chart = new LineChart(this.chartGrid, { title: statLabel(c.stat), height: 150, legend: false, onPick: (x) => app.setState({ step: x }), onSelect });
-    this.mmm = new LineChart(this.chartGrid, { title: "min · mean · max", height: 150, onPick: (x) => app.setState({ step: x }), alwaysLegend: true, onSelect });
-    this.zoomBox = h("div", { class: "lg-zoom" });
-    this.seriesLegend = h("div", { class: "lg-legend" });
-    const chartsPanel = h(
-      "div",
-      { class: "lg-panel lg-panel-charts" },
-      h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Over steps" }), this.seriesLegend),
-      this.zoomBox,
-      this.chartGrid,
-    );
+    // Charts over steps. A drag across one zooms the view (histograms too) and the overview: refetched at full resolution.
+    this.charts = new LayerCharts((step) => app.setState({ step }), (zoom) => app.setState({ zoom }));
+    onSmoothing(() => {
+      if (this.loaded && this.el.isConnected) this._apply(this.state, true);
+    });
 
     // Histograms.
     this.histSelect = select([], null, (v) => app.setState({ series: v }), { "aria-label": "histogram series" });
@@ -118,7 +103,7 @@ export class LayerView {
       h("div", { class: "lg-layer-row" }, tablePanel, this.histPanel),
       h("div", { class: "lg-layer-row" }, this.actPanel),
       h("div", { class: "lg-layer-row" }, this.examples.el),
-      chartsPanel,
+      this.charts.el,
       h("div", { class: "lg-layer-row" }, this.tensorPanel, this.tsPanel),
     );
     // Where the run first went non-finite (the anomalies route's `summary.origin`), when it did.
@@ -166,7 +151,7 @@ export class LayerView {
       this._header(state, null);
     }
     // One bin per pixel of a chart (docs/HTTP_API.md, "Binned answers"); a zoom narrows the range.
-    const window_ = { ...rangeOf(state.zoom), points: pointsFor((this.chartGrid.clientWidth || 900) / 2 - 72) };
+    const window_ = { ...rangeOf(state.zoom), points: pointsFor(this.charts.chartWidth() - 72) };
     try {
       // Each series' anomaly flags over steps, from the `anomalies` route (the rules compare the layer
       // with every other layer of its target and source). Without them the view still works.
@@ -244,7 +229,7 @@ export class LayerView {
     }
     this.histSelect.value = hs.key;
     try {
-      const body = await api.histograms({ run: state.run, layer: hs.layer, target: hs.target, source: hs.source, max_steps: HIST_STEPS }, { signal });
+      const body = await api.histograms({ run: state.run, layer: hs.layer, target: hs.target, source: hs.source, max_steps: HIST_STEPS, ...rangeOf(state.zoom) }, { signal });
       L.hist = { series: hs, steps: body.steps, hists: body.histograms, extra: new Map() };
       clear(this.histMsg);
     } catch (e) {
@@ -262,7 +247,7 @@ export class LayerView {
     L.actSeries = act || null;
     if (!act) return;
     try {
-      const body = await api.histograms({ run: state.run, layer: act.layer, target: act.target, source: act.source, max_steps: HIST_STEPS }, { signal });
+      const body = await api.histograms({ run: state.run, layer: act.layer, target: act.target, source: act.source, max_steps: HIST_STEPS, ...rangeOf(state.zoom) }, { signal });
       L.actHist = { series: act, steps: body.steps, hists: body.histograms };
       clear(this.actMsg);
     } catch (e) {
@@ -278,11 +263,8 @@ export class LayerView {
     this.actPanel.hidden = !(L && L.actSeries) || sameAsMain;
     if (!A || sameAsMain) return;
     const items = A.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: A.hists[k] }));
-    const stats = L.stats[A.series.key];
-    const total = stats ? stepCount(stats) : A.steps.length;
-    const shown = total > A.steps.length ? `${A.steps.length} of ${total} steps (evenly spread)` : `${A.steps.length} steps`;
-    this.actHist.setTitle(`${A.series.label} — ${shown}; orange: step ${step ?? "—"}`);
-    this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
+    this.actHist.setTitle(histTitle(A, L.stats[A.series.key], step, state.zoom));
+    this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this._color(A.series) });
   }
 
   /** Where the run broke: a line above the layer's numbers; it names this layer when it is the origin. */
@@ -355,11 +337,8 @@ export class LayerView {
     const chartsKey = JSON.stringify([L.key, state.log, primary.key, steps.length]);
     if (full || this._chartsKey !== chartsKey) {
       this._chartsKey = chartsKey;
-      this._charts(state, primary, step);
-    } else {
-      for (const c of this.charts) c.chart.setMarker(step);
-      this.mmm.setMarker(step);
-    }
+      this.charts.draw(state, L, primary, step, nonfiniteMarks(L.stats[primary.key]));
+    } else this.charts.mark(step);
     const wanted = this._histSeriesFor(state);
     if (L.histSeries && wanted && wanted.key !== L.histSeries.key) {
       this._loadHist(state).then(() => {
@@ -433,7 +412,7 @@ export class LayerView {
       for (const x of cols) {
         const v = step === null ? undefined : this._valueAt(L.stats[x.key], stat, step);
         const bad = (["nan", "pos_inf", "neg_inf"].includes(stat) && v > 0) || (stat === "no_gradient" && v === 1);
-        tr.appendChild(h("td", { class: bad ? "lg-bad" : null, dataset: { series: x.key, stat }, title: v === undefined ? "no record at this step" : fmtExact(v), text: v === undefined ? "·" : fmtNum(v) }));
+        tr.appendChild(h("td", { class: bad ? "lg-bad" : null, dataset: { series: x.key, stat }, title: v === undefined ? "no record at this step" : null, text: v === undefined ? "·" : fmtNum(v), "data-value": v === undefined ? null : String(v) }));
       }
       tbody.appendChild(tr);
     }
@@ -451,43 +430,10 @@ export class LayerView {
     replace(this.flags, bits);
   }
 
-  _charts(state, primary, step) {
-    const L = this.loaded;
-    const pb = L.stats[primary.key];
-    const xMarks = nonfiniteMarks(pb);
-    const binned = L.series.some((x) => L.stats[x.key].binned);
-    const total = pb.binned ? pb.counts.reduce((a, b) => a + b, 0) : pb.steps.length;
-    replace(this.zoomBox, zoomBar(state.zoom, binned ? `${pb.steps.length} bins of ${total} steps: each line is a bin's largest value, the dotted one its smallest` : "", () => this.app.setState({ zoom: null })));
-    replace(
-      this.seriesLegend,
-      L.series.map((x, k) =>
-        h("span", { class: "lg-legend-item", dataset: { series: x.key } },
-          h("span", { class: "lg-swatch", style: { background: paletteColor(k) } }),
-          h("span", { class: "lg-legend-name", text: x.label }))),
-    );
-    for (const c of this.charts) {
-      const log = c.log && state.log;
-      c.chart.setTitle(`${statLabel(c.stat)}${log ? " (log)" : ""}`);
-      c.chart.update({
-        series: L.series.flatMap((x, k) => lines(L.stats[x.key], c.stat, x.label, paletteColor(k))),
-        log,
-        marker: step,
-        xMarks,
-        xLabel: "step",
-      });
-    }
-    this.mmm.setTitle(`min · mean · max — ${primary.label}`);
-    this.mmm.update({
-      series: [
-        { name: "max", color: "#c62828", xs: pb.steps, ys: (pb.binned ? pb.max : pb.stats).max, dash: "4 3", width: 1.2 },
-        { name: pb.binned ? "mean (bin's largest)" : "mean", color: "#37474f", xs: pb.steps, ys: (pb.binned ? pb.max : pb.stats).mean },
-        { name: "min", color: "#1565c0", xs: pb.steps, ys: (pb.binned ? pb.min : pb.stats).min, dash: "4 3", width: 1.2 },
-      ],
-      log: false,
-      marker: step,
-      xMarks,
-      xLabel: "step",
-    });
+  /** A series' colour: its column's in the table and its line's in the charts. */
+  _color(series) {
+    const k = this.loaded.series.findIndex((x) => x.key === series.key);
+    return paletteColor(k >= 0 ? k : this.loaded.series.length);
   }
 
   _drawHist(state, step) {
@@ -500,11 +446,8 @@ export class LayerView {
       items.push({ key: step, label: `step ${step}`, buckets: H.extra.get(step) });
       items.sort((a, b) => a.key - b.key);
     }
-    const stats = L.stats[H.series.key];
-    const total = stats ? stepCount(stats) : H.steps.length;
-    const shown = total > H.steps.length ? `${H.steps.length} of ${total} steps (evenly spread)` : `${H.steps.length} steps`;
-    this.hist.setTitle(`${H.series.label} — ${shown}; orange: step ${step ?? "—"}`);
-    this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
+    this.hist.setTitle(histTitle(H, L.stats[H.series.key], step, state.zoom));
+    this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this._color(H.series) });
   }
 
   _timesteps(state, step) {
@@ -526,7 +469,7 @@ export class LayerView {
       const j = step === null ? b.steps.length - 1 : b.steps.indexOf(step);
       if (j < 0) return;
       const ys = b.norms[j];
-      series.push({ name: `${b.target} · step ${b.steps[j]}`, color: k ? paletteColor(k + 1) : COLORS.accent, xs: ys.map((_, t) => t), ys, width: 2.2 });
+      series.push({ name: `${b.target} · step ${b.steps[j]}`, color: k ? paletteColor(k + 1) : COLORS.selected, xs: ys.map((_, t) => t), ys, width: 2.2 });
     });
     this.tsChart.update({
       series,
@@ -607,9 +550,9 @@ export class LayerView {
     const sw = (color, text) => h("span", { class: "lg-legend-item" }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
     replace(
       this.tensorLegend,
-      sw(RDBU.css[0], `−${fmtNum(m, 3)}`),
+      sw(RDBU.css[0], `−${fmtNum(m)}`),
       sw(RDBU.css[128], "0"),
-      sw(RDBU.css[255], `+${fmtNum(m, 3)}`),
+      sw(RDBU.css[255], `+${fmtNum(m)}`),
       body.nonfinite.some((q) => q[2] === "nan") ? sw(COLORS.nan, "NaN") : null,
       body.nonfinite.some((q) => q[2] !== "nan") ? sw(COLORS.inf, "±Inf") : null,
     );
@@ -619,7 +562,7 @@ export class LayerView {
     const b = this.tensorBody;
     if (!b) return;
     const kind = b.nonfinite.find((q) => q[0] === c.i && q[1] === c.j);
-    const v = kind ? kind[2] : fmtExact(b.values[c.i][c.j]);
+    const v = kind ? kind[2] : fmtNum(b.values[c.i][c.j]);
     tooltip().show(c.clientX, c.clientY, `[${c.i}, ${c.j}]`, [["value", v], ["step", String(b.step)]]);
   }
 
@@ -656,6 +599,15 @@ function prepare(body) {
   return { ...body, query: { run: body.run, layer: body.layer, target: body.target, source: body.source }, exact: new Map(), asked: new Set() };
 }
 
+/** "output — 20 of 300 steps (evenly spread) in the zoom; black: step 12" */
+function histTitle(H, stats, step, zoom) {
+  const total = stats ? stepCount(stats) : H.steps.length;
+  const n = H.steps.length;
+  const shown = total > n ? `${n} of ${total} steps (evenly spread)` : `${n} steps`;
+  const range = n ? ` ${H.steps[0]}–${H.steps[n - 1]}` : "";
+  return `${H.series.label} — ${shown}${range}${zoom ? " (zoomed)" : ""}; outlined in black: step ${step ?? "—"}`;
+}
+
 function stepCount(body) {
   return body.binned ? body.counts.reduce((a, b) => a + b, 0) : body.steps.length;
 }
@@ -673,15 +625,6 @@ function sliderSteps(body, step) {
   const all = new Set([...body.steps, ...body.kept.steps]);
   if (typeof step === "number" && step >= body.steps[0] && step <= body.last_steps[body.last_steps.length - 1]) all.add(step);
   return [...all].sort((a, b) => a - b);
-}
-
-/** A series' line(s) of one statistic: its values, or for bins the largest (solid) and smallest (dotted). */
-function lines(body, stat, name, color) {
-  if (!body.binned) return [{ name, color, xs: body.steps, ys: body.stats[stat] }];
-  return [
-    { name, color, xs: body.steps, ys: body.max[stat] },
-    { name: `${name} (bin min)`, color, xs: body.steps, ys: body.min[stat], dash: "2 2", width: 1 },
-  ];
 }
 
 /** Red marks at the non-finite steps: exact at kept steps; a bin's first step when none of them is in it. */

@@ -5,12 +5,12 @@
 import { api, isAbort, isTransient } from "../api.js";
 import { dominatedRule, firstNonfinite, flagNames, flagOf, fromRoute, FLAG } from "../anomalies.js";
 import { pointsFor, rangeOf, stepOfBin, stepsOfColumns, zoomBar } from "../bins.js";
-import { indexAtOrBefore } from "../charts/scale.js";
+import { indexAtOrBefore, logTicks } from "../charts/scale.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
 import { h, s, clear, replace, select, setOptions } from "../dom.js";
-import { capitalize, commonPrefix, EXAMPLE_STATS, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
+import { capitalize, commonPrefix, EXAMPLE_STATS, fmtNum, fmtPercent, MAGNITUDE_STATS, statLabel } from "../format.js";
 import { anyExamples, findRun, hasActivations, hasExamples, valuesOf } from "../model.js";
 import { errorBox, field, note, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
@@ -476,25 +476,15 @@ export class OverviewView {
       ctx.fillRect(x, 0, 1, 10);
     }
     const ticks = h("div", { class: "lg-colorbar-ticks", style: { width: `${W}px` } });
-    const kLo = Math.ceil(lo - 1e-9);
-    const kHi = Math.floor(hi + 1e-9);
-    const at = (l, text) => ticks.appendChild(h("span", { class: "lg-colorbar-tick", style: { left: `${((l - lo) / (hi - lo)) * 100}%` }, text }));
-    if (kHi - kLo >= 2) {
-      const every = Math.max(1, Math.ceil((kHi - kLo + 1) / 6));
-      for (let k = kLo; k <= kHi; k += every) at(k, fmtPow10(k));
-    } else {
-      // Less than two decades: 1-2-5 ticks.
-      const marks = [];
-      for (let k = Math.floor(lo) - 1; k <= Math.ceil(hi); k++) for (const m of [1, 2, 5]) marks.push(Math.log10(m) + k);
-      const inside = marks.filter((l) => l >= lo - 1e-9 && l <= hi + 1e-9);
-      const every = Math.max(1, Math.ceil(inside.length / 6));
-      inside.forEach((l, n) => {
-        if (n % every === 0) at(l, fmtNum(Number(Math.pow(10, l).toPrecision(2)), 2));
-      });
-      if (!inside.length) {
-        at(lo, fmtNum(Math.pow(10, lo), 3));
-        at(hi, fmtNum(Math.pow(10, hi), 3));
-      }
+    // Round values of the log10 range, as many as fit apart (labels are centred on their value; the bar has
+    // room on both sides for half a label, so that none reaches the title or the swatches beside it).
+    const at = (l, text) => ticks.appendChild(h("span", { class: "lg-colorbar-tick", style: { left: `${((l - lo) / (hi - lo || 1)) * 100}%` }, text }));
+    let last = -Infinity;
+    for (const v of logTicks(Math.pow(10, lo), Math.pow(10, hi), { min: 2, max: 4 })) {
+      const px = ((Math.log10(v) - lo) / (hi - lo || 1)) * W;
+      if (px - last < 48) continue;
+      last = px;
+      at(Math.log10(v), fmtNum(v));
     }
     const swatch = (color, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
     const glyph = (cls, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: `lg-bar ${cls}` }), h("span", { text }));
@@ -615,17 +605,17 @@ export class OverviewView {
       const open = stepOfBin(d.bins, i, j);
       const b = d.bins;
       rows[0] = ["steps", `${b.steps[j]}–${b.last_steps[j]} (${b.counts[j]} steps in this bin)`];
-      rows.push([`${statLabel(b.stat || stat)} min–max`, `${fmtNum(b.min[i][j], 6)} – ${fmtNum(b.max[i][j], 6)}`]);
+      rows.push([`${statLabel(b.stat || stat)} min–max`, `${fmtNum(b.min[i][j])} – ${fmtNum(b.max[i][j])}`]);
       action = `click: this layer at step ${open.step} (${open.why})`;
     }
-    rows.push([statLabel(stat), fmtExact(m[stat][i][j])]);
-    for (const x of ["norm", "rms", "mean_abs", "std"]) if (x !== stat && m[x]) rows.push([statLabel(x), fmtNum(m[x][i][j], 6)]);
+    rows.push([statLabel(stat), fmtNum(m[stat][i][j])]);
+    for (const x of ["norm", "rms", "mean_abs", "std"]) if (x !== stat && m[x]) rows.push([statLabel(x), fmtNum(m[x][i][j])]);
     if (m.zero_frac) rows.push(["zero fraction", fmtPercent(m.zero_frac[i][j])]);
     if (m.nonfinite) rows.push(["non-finite", fmtNum(m.nonfinite[i][j])]);
     const f = this.anomalies.flags[i * d.steps.length + j];
     const flags = flagNames(f);
     if (flags.length) rows.push(["anomaly", flags.join(", "), "lg-tip-bad"]);
-    if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j], 3)} × (threshold ${this.anomalies.thresholds.VANISH_REL})`]);
+    if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j])} × (threshold ${this.anomalies.thresholds.VANISH_REL})`]);
     tooltip().show(c.clientX, c.clientY, d.layers[i], rows, action);
   }
 
