@@ -16,7 +16,11 @@ export function smoothedNoiseScale(trace, signal, w) {
   return t.map((v, k) => (v !== null && g[k] !== null && g[k] > 0 ? v / g[k] : null));
 }
 
-/** [first, last] step ranges where the estimate is not defined (`ys` null) though the run has a record. */
+/**
+ * The step ranges the smoothed line does not cover (`ys` null at some recorded step): each from the last
+ * defined step before to the first defined step after (the run's ends where there is none), so that a
+ * band drawn over them spans the whole gap in the line.
+ */
 export function undefinedRanges(xs, ys) {
   const out = [];
   let start = null;
@@ -24,10 +28,10 @@ export function undefinedRanges(xs, ys) {
     if (ys[k] === null) {
       if (start === null) start = k;
     } else if (start !== null) {
-      out.push([xs[start], xs[k - 1]]);
+      out.push([xs[Math.max(0, start - 1)], xs[k]]);
       start = null;
     }
   }
-  if (start !== null) out.push([xs[start], xs[xs.length - 1]]);
+  if (start !== null) out.push([xs[Math.max(0, start - 1)], xs[xs.length - 1]]);
   return out;
 }

@@ -173,7 +173,7 @@ export class LineChart {
     svg.appendChild(lines);
     const bad = log ? nonPositive(series.filter((q) => !q.faint).map((q) => ({ ...q, ys: q[RAW] || q.ys }))) : [];
     svg.appendChild(nonPositiveMarks(bad, x, M.top + plotH));
-    replace(this.note, bad.length ? noteText(bad, data.nonPositiveWhy) : "");
+    replace(this.note, bad.length ? noteText(bad, data.nonPositiveWhy, ["step", "layer"].includes(data.xLabel) ? data.xLabel : "point") : "");
 
     // The chosen step.
     this.markerEl = s("line", { x1: 0, x2: 0, y1: M.top, y2: M.top + plotH, class: "lg-marker", stroke: COLORS.selected });
@@ -262,7 +262,7 @@ export class LineChart {
       this.legend,
       series.map((q) =>
         h("span", { class: "lg-legend-item", dataset: { series: q.name } },
-          h("span", { class: "lg-swatch", style: { background: q.color } }),
+          h("span", { class: "lg-swatch", style: swatchStyle(q) }),
           h("span", { class: "lg-legend-name", text: q.name })),
       ),
     );
@@ -299,6 +299,13 @@ export class LineChart {
   }
 }
 
+/** A legend swatch: a filled square, or for a dashed line a dashed (or dotted) stroke of its colour. */
+function swatchStyle(q) {
+  if (!q.dash) return { background: q.color };
+  const dotted = Number(String(q.dash).split(" ")[0]) < 2;
+  return { background: "none", "border-top": `2px ${dotted ? "dotted" : "dashed"} ${q.color}`, height: "0", "margin-top": "4px" };
+}
+
 /** With a smoothing weight: each series smoothed (its raw values kept under RAW), after a faint copy of the raw. */
 function smoothed(series, w) {
   if (!(w > 0)) return series;
@@ -308,8 +315,8 @@ function smoothed(series, w) {
 }
 
 /** "run_b: 0 (not drawn on a log scale) at 3 steps · …" */
-function noteText(bad, why) {
-  const steps = (n) => `${n} step${n === 1 ? "" : "s"}`;
+function noteText(bad, why, unit) {
+  const steps = (n) => `${n} ${unit}${n === 1 ? "" : "s"}`;
   const bits = bad.map((b) => {
     const parts = [];
     if (b.zeros.length) parts.push(`0 (not drawn on a log scale) at ${steps(b.zeros.length)}`);

@@ -11,9 +11,8 @@ import { onSmoothing, smoothing } from "../smoothing.js";
 import { errorBox } from "./common.js";
 import { SmoothingControl } from "./smoothing_control.js";
 
-const UNDEFINED_WHY = "shaded: steps where the averaged |G|² is ≤ 0 — the gradient's noise outweighs its mean there, " +
-  "so B_simple has no positive value (larger batches still pay); more smoothing narrows them";
-const RAW_WHY = "a raw estimate below 0 is a step whose |G|² estimate came out below 0 (noise larger than the signal)";
+const UNDEFINED_WHY = "shaded: the averaged |G|² is ≤ 0 there (the noise outweighs the mean gradient), so B_simple has no positive value";
+const RAW_WHY = "there the step's |G|² estimate came out below 0";
 
 export class NoiseScalePanel {
   constructor() {
