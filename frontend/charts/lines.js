@@ -94,6 +94,8 @@ export class LineChart {
     }
     const x = linearScale(xr[0], xr[1], M.left, M.left + plotW);
     const y = (log ? logScale : linearScale)(y0, y1, M.top + plotH, M.top);
+    svg.dataset.y0 = String(y.domain[0]); // the axis' range, for tests and for reading
+    svg.dataset.y1 = String(y.domain[1]);
     this.scales = { x, y, xs: [...new Set(series.flatMap((q) => q.xs))].sort((a, b) => a - b) };
 
     // Axes and grid.
