@@ -65,6 +65,11 @@ def assert_four_digits(texts):
     assert too_long == [], too_long
 
 
+def texts(locator):
+    """The text of each element (SVG text has no innerText)."""
+    return locator.evaluate_all("es => es.map(e => e.textContent)")
+
+
 def ema(ys: np.ndarray, w: float) -> np.ndarray:
     """TensorBoard's debiased exponential moving average."""
     out, last = [], 0.0
@@ -122,7 +127,7 @@ def test_layer_charts_are_twice_as_large_with_4_to_6_ticks_and_fractions_on_0_to
         c = chart(frame, title)
         svg = c.locator("svg")
         assert (float(svg.get_attribute("data-y0")), float(svg.get_attribute("data-y1"))) == (0.0, 1.0)
-        labels = [float(t) for t in svg.locator("text.lg-ytick").all_inner_texts()]
+        labels = [float(t) for t in texts(svg.locator("text.lg-ytick"))]
         assert min(labels) == 0 and max(labels) == 1 and 4 <= len(labels) <= 6
     frame_rect = chart(frame, "zero fraction").locator("rect.lg-frame")
     top, height = float(frame_rect.get_attribute("y")), float(frame_rect.get_attribute("height"))
@@ -149,7 +154,7 @@ def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
     want = tf_.numpy_stats(x)["norm"]
     assert norm == pytest.approx(want, abs=tf_.shown_atol(x, "norm", digits=4))
     # Axes (charts, histograms) and a chart's tooltip.
-    assert_four_digits(frame.locator(".lg-layer svg text.lg-tick").all_inner_texts())
+    assert_four_digits(texts(frame.locator(".lg-layer svg text.lg-tick")))
     svg = frame.locator(".lg-panel-charts svg.lg-lines").first
     box = svg.bounding_box()
     svg.hover(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
@@ -373,6 +378,7 @@ def test_a_toggle_that_can_show_nothing_is_disabled_with_its_reason(env):
 def test_colour_bar_labels_do_not_overlap(env):
     frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
     frame.wait_for_selector(".lg-colorbar-tick")
+    # No label of the colour bar overlaps another, the title or the swatches beside it.
     ticks = [t.bounding_box() for t in frame.locator(".lg-colorbar-tick").all()]
     others = [
         e.bounding_box()

@@ -293,7 +293,7 @@ export class LineChart {
       const v = q.ys[n];
       const raw = q[RAW] ? q[RAW][n] : v;
       const shown = log && typeof raw === "number" && raw <= 0 ? `${fmtNum(raw)} (not drawn on a log scale)` : fmtNum(raw);
-      rows.push([q.name, q[RAW] ? `${fmtNum(v)} (raw ${shown})` : shown]);
+      rows.push([q.name, q[RAW] && v !== raw ? `${fmtNum(v)} (raw ${shown})` : shown]);
       if (isOk(v, this.scales.y.log)) this.hoverG.appendChild(s("circle", { cx: px, cy: y(v), r: 3.2, fill: q.color, stroke: "#fff" }));
     }
     const title = (data.xFormatHover || ((v) => `${data.xLabel || "step"} ${v}`))(xv);

@@ -240,7 +240,8 @@ export class CompareView {
     const d = this.data;
     const step = this.slider.set(d.steps, state.step);
     this.step = step;
-    if (full) {
+    if (full || d.drawnLog !== state.log) {
+      d.drawnLog = state.log; // the y scale toggle redraws (the data stay)
       this.overlay.setTitle(`${statLabel(compared(state))} of ${d.key} — ${state.of === "activation" ? "activation (forward value)" : `${state.target} / ${state.source}`}`);
       this.overlay.update({
         // Each run's own points joined (a run logged at other steps is null on the common axis).

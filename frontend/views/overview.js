@@ -479,12 +479,17 @@ export class OverviewView {
     // Round values of the log10 range, as many as fit apart (labels are centred on their value; the bar has
     // room on both sides for half a label, so that none reaches the title or the swatches beside it).
     const at = (l, text) => ticks.appendChild(h("span", { class: "lg-colorbar-tick", style: { left: `${((l - lo) / (hi - lo || 1)) * 100}%` }, text }));
-    let last = -Infinity;
-    for (const v of logTicks(Math.pow(10, lo), Math.pow(10, hi), { min: 2, max: 4 })) {
-      const px = ((Math.log10(v) - lo) / (hi - lo || 1)) * W;
-      if (px - last < 48) continue;
-      last = px;
-      at(Math.log10(v), fmtNum(v));
+    const px = (v) => ((Math.log10(v) - lo) / (hi - lo || 1)) * W;
+    let shown = [];
+    for (let max = 5; max >= 2 && !shown.length; max--) {
+      const vs = logTicks(Math.pow(10, lo), Math.pow(10, hi), { min: 2, max });
+      if (vs.every((v, k) => k === 0 || px(v) - px(vs[k - 1]) >= 48)) shown = vs;
+    }
+    for (const v of shown) at(Math.log10(v), fmtNum(v));
+    if (!shown.length) {
+      // A range too narrow for two round values far enough apart: its two ends, each inside the bar.
+      ticks.appendChild(h("span", { class: "lg-colorbar-tick lg-colorbar-start", text: fmtNum(Math.pow(10, lo)) }));
+      ticks.appendChild(h("span", { class: "lg-colorbar-tick lg-colorbar-end", text: fmtNum(Math.pow(10, hi)) }));
     }
     const swatch = (color, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
     const glyph = (cls, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: `lg-bar ${cls}` }), h("span", { text }));
