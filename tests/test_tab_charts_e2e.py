@@ -388,3 +388,19 @@ def test_colour_bar_labels_do_not_overlap(env):
     assert not any(boxes_overlap(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
     assert not any(boxes_overlap(a, b) for a in ticks for b in others)
     assert_four_digits(frame.locator(".lg-colorbar-tick").all_inner_texts())
+
+
+def test_the_overview_step_axis_has_4_to_6_round_ticks_under_their_steps(env):
+    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    canvas = frame.locator(".lg-overview .lg-heatmap-canvas")
+    canvas.wait_for()
+    ticks = frame.locator(".lg-overview svg text.lg-xtick")
+    frame.wait_for_function("() => document.querySelectorAll('.lg-overview svg text.lg-xtick').length > 0")
+    assert 4 <= ticks.count() <= 6
+    steps = [int(t) for t in texts(ticks)]
+    assert steps == sorted(steps) and all(s % 5 == 0 for s in steps)
+    width = float(
+        frame.locator(".lg-overview svg text.lg-xtick").first.evaluate("e => e.ownerSVGElement.width.baseVal.value")
+    )
+    xs = [float(x) for x in ticks.evaluate_all("es => es.map(e => e.getAttribute('x'))")]
+    assert xs == pytest.approx([(s + 0.5) * width / cf.STEPS for s in steps], abs=0.01)  # steps 0…39, a column each

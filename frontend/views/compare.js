@@ -9,9 +9,9 @@ import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
 import { anyExamples, findRun, hasActivations, hasKind, layerKey, layersWith, union, valuesOf } from "../model.js";
+import { onSmoothing, smoothing } from "../smoothing.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
-import { onSmoothing, smoothing } from "../smoothing.js";
 import { SmoothingControl } from "./smoothing_control.js";
 
 /** The statistic compared: the overview's colour, unless it is a per-example one (those are not compared). */

@@ -6,25 +6,19 @@
 import { api, isAbort, isTransient } from "../api.js";
 import { flagNames, flagOf } from "../anomalies.js";
 import { pointsFor, rangeOf } from "../bins.js";
-import { COLORS, RDBU, lutIndex, packHex, paletteColor } from "../charts/colors.js";
-import { Heatmap } from "../charts/heatmap.js";
-import { HistogramChart } from "../charts/histograms.js";
+import { COLORS, paletteColor } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
-import { onSmoothing } from "../smoothing.js";
-import { indexAtOrBefore } from "../charts/scale.js";
-import { tooltip } from "../charts/tooltip.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { capitalize, csvText, fmtNum, safeFilename, statLabel } from "../format.js";
 import { examplesChoices, findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
+import { onSmoothing } from "../smoothing.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { ExamplesPanel } from "./examples_panel.js";
 import { LayerCharts } from "./layer_charts.js";
+import { LayerHistograms } from "./layer_hists.js";
+import { TensorPanel } from "./tensor_panel.js";
 
 const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
-// Ridges of the offset histograms: as many as stay apart at the panel's height (TensorBoard's look).
-const HIST_STEPS = 20;
-const NAN_COLOR = packHex(COLORS.nan);
-const INF_COLOR = packHex(COLORS.inf);
 
 export class LayerView {
   constructor(app) {
@@ -58,37 +52,10 @@ export class LayerView {
       if (this.loaded && this.el.isConnected) this._apply(this.state, true);
     });
 
-    // Histograms.
-    this.histSelect = select([], null, (v) => app.setState({ series: v }), { "aria-label": "histogram series" });
-    this.histMode = new Toggle([["offset", "offset"], ["overlay", "overlay"]], "offset", (v) => app.setState({ hist: v }), "histogram mode");
-    this.histMsg = h("div");
-    this.hist = null;
-    const histHead = h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Histograms" }), field("Series", this.histSelect), this.histMode.el);
-    this.histPanel = h("div", { class: "lg-panel lg-panel-hist" }, histHead, this.histMsg);
-    this.hist = new HistogramChart(this.histPanel, { height: 300, onPick: (step) => app.setState({ step }) });
-
-    // The layer's forward values (activations), when recorded: their histograms beside the gradient's.
-    this.actMsg = h("div");
-    this.actPanel = h("div", { class: "lg-panel lg-panel-act-hist", hidden: true }, h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Activation histograms (forward values)" })), this.actMsg);
-    this.actHist = new HistogramChart(this.actPanel, { height: 300, onPick: (step) => app.setState({ step }) });
-
+    // Histograms of the chosen series and, when recorded, of the layer's forward values.
+    this.hists = new LayerHistograms(app, (series) => this._color(series));
     // Raw tensor.
-    this.tensorSelect = select([], null, () => this._loadTensor(), { "aria-label": "tensor series" });
-    this.tensorInfo = h("div", { class: "lg-muted" });
-    this.tensorMsg = h("div");
-    this.tensorPlot = h("div", { class: "lg-tensor-plot" });
-    this.tensorMap = new Heatmap(this.tensorPlot, { label: "raw gradient", onHover: (c) => this._tensorHover(c), onLeave: () => tooltip().hide() });
-    this.tensorLegend = h("div", { class: "lg-heat-legend" });
-    this.tensorPanel = h(
-      "div",
-      { class: "lg-panel lg-panel-tensor", hidden: true },
-      h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Raw gradient" }), this.tensorSelect),
-      this.tensorInfo,
-      this.tensorMsg,
-      this.tensorLegend,
-      this.tensorPlot,
-    );
-
+    this.tensor = new TensorPanel();
     // Timesteps.
     this.tsMsg = h("div");
     this.tsPanel = h("div", { class: "lg-panel lg-panel-ts", hidden: true }, h("h3", { class: "lg-panel-title", text: "Gradient norm per timestep (RNN)" }), this.tsMsg);
@@ -100,16 +67,15 @@ export class LayerView {
     this.body = h(
       "div",
       { class: "lg-layer-body" },
-      h("div", { class: "lg-layer-row" }, tablePanel, this.histPanel),
-      h("div", { class: "lg-layer-row" }, this.actPanel),
+      h("div", { class: "lg-layer-row" }, tablePanel, this.hists.panel),
+      h("div", { class: "lg-layer-row" }, this.hists.actPanel),
       h("div", { class: "lg-layer-row" }, this.examples.el),
       this.charts.el,
-      h("div", { class: "lg-layer-row" }, this.tensorPanel, this.tsPanel),
+      h("div", { class: "lg-layer-row" }, this.tensor.el, this.tsPanel),
     );
     // Where the run first went non-finite (the anomalies route's `summary.origin`), when it did.
     this.originBox = h("div", { class: "lg-layer-origin" });
     this.el = h("section", { class: "lg-view lg-layer", dataset: { view: "layer" } }, this.toolbar, this.header, this.slider.el, this.message, this.originBox, this.body);
-    this.tensorCache = new Map();
   }
 
   _key(state) {
@@ -124,7 +90,7 @@ export class LayerView {
     if (state.layer && !options.some(([v]) => v === state.layer)) options.push([state.layer, findLayer(run, state.layer) ? state.layer : `${state.layer} (not in this run)`]);
     setOptions(this.layerSelect, options, state.layer);
     this.logToggle.set(state.log ? "1" : "0");
-    this.histMode.set(state.hist);
+    this.hists.setMode(state.hist);
     if (!this.loaded || this.loaded.key !== this._key(state)) await this._load(state, false);
     else this._apply(state);
   }
@@ -183,11 +149,10 @@ export class LayerView {
       const all = layerSeries(run, state.layer);
       this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run, stored: storedStats(this.app.runs) };
       this.retryOnPoll = false;
-      if (!quiet) this.tensorCache.clear();
-      else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
+      this.tensor.forget(quiet);
       clear(this.message);
       this.body.hidden = false;
-      await Promise.all([this._loadHist(state, signal), this._loadActHist(state, signal), this._loadTimesteps(state, signal), this.examples.load(state, signal, window_, examplesChoices(all, state.target))]);
+      await Promise.all([this.hists.load(state, this.loaded, this._primary(state), signal), this._loadTimesteps(state, signal), this.examples.load(state, signal, window_, examplesChoices(all, state.target))]);
       if (signal.aborted) return;
       this._apply(state, true);
     } catch (e) {
@@ -217,56 +182,6 @@ export class LayerView {
       L.series.find((x) => x.layer === state.layer && !x.activation) || L.series[0];
   }
 
-  async _loadHist(state, signal) {
-    const L = this.loaded;
-    const withHist = L.all.filter((x) => x.kinds.includes("histogram"));
-    setOptions(this.histSelect, withHist.map((x) => [x.key, x.label]), null);
-    const hs = this._histSeriesFor(state);
-    L.histSeries = hs || null;
-    if (!hs) {
-      L.hist = null;
-      return;
-    }
-    this.histSelect.value = hs.key;
-    try {
-      const body = await api.histograms({ run: state.run, layer: hs.layer, target: hs.target, source: hs.source, max_steps: HIST_STEPS, ...rangeOf(state.zoom) }, { signal });
-      L.hist = { series: hs, steps: body.steps, hists: body.histograms, extra: new Map() };
-      clear(this.histMsg);
-    } catch (e) {
-      if (isAbort(e)) throw e;
-      L.hist = null;
-      replace(this.histMsg, errorBox(e, "the histograms"));
-    }
-  }
-
-  /** The activation's histograms, beside the gradient's (unless those already show the activation). */
-  async _loadActHist(state, signal) {
-    const L = this.loaded;
-    const act = L.all.find((x) => x.activation && x.layer === state.layer && x.kinds.includes("histogram"));
-    L.actHist = null;
-    L.actSeries = act || null;
-    if (!act) return;
-    try {
-      const body = await api.histograms({ run: state.run, layer: act.layer, target: act.target, source: act.source, max_steps: HIST_STEPS, ...rangeOf(state.zoom) }, { signal });
-      L.actHist = { series: act, steps: body.steps, hists: body.histograms };
-      clear(this.actMsg);
-    } catch (e) {
-      if (isAbort(e)) throw e;
-      replace(this.actMsg, errorBox(e, "the activation histograms"));
-    }
-  }
-
-  _drawActHist(state, step) {
-    const L = this.loaded;
-    const A = L && L.actHist;
-    const sameAsMain = Boolean(A && L.histSeries && L.histSeries.key === A.series.key);
-    this.actPanel.hidden = !(L && L.actSeries) || sameAsMain;
-    if (!A || sameAsMain) return;
-    const items = A.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: A.hists[k] }));
-    this.actHist.setTitle(histTitle(A, L.stats[A.series.key], step, state.zoom));
-    this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this._color(A.series) });
-  }
-
   /** Where the run broke: a line above the layer's numbers; it names this layer when it is the origin. */
   _origin(state, origin, run) {
     clear(this.originBox);
@@ -281,27 +196,6 @@ export class LayerView {
     });
     line.textContent = `${capitalize(origin.line)}${here ? " — this layer" : ""}`;
     this.originBox.append(line);
-  }
-
-  _histSeriesFor(state) {
-    const withHist = this.loaded.all.filter((x) => x.kinds.includes("histogram"));
-    const primary = this._primary(state);
-    return withHist.find((x) => x.key === state.series) || withHist.find((x) => x.key === primary.key) || withHist[0] || null;
-  }
-
-  async _histAt(step) {
-    // The ridges are thinned to HIST_STEPS; fetch the chosen step's histogram if it is not among them.
-    const L = this.loaded;
-    const H = L && L.hist;
-    if (!H || step === null || H.steps.includes(step) || H.extra.has(step)) return;
-    const hs = H.series;
-    try {
-      const body = await api.histograms({ run: this.state.run, layer: hs.layer, target: hs.target, source: hs.source, start: step, end: step });
-      if (body.steps.length) H.extra.set(step, body.histograms[0]);
-      if (this.loaded === L) this._drawHist(this.state, step);
-    } catch (e) {
-      if (!isAbort(e)) replace(this.histMsg, errorBox(e, `the histogram at step ${step}`));
-    }
   }
 
   async _loadTimesteps(state, signal) {
@@ -339,19 +233,10 @@ export class LayerView {
       this._chartsKey = chartsKey;
       this.charts.draw(state, L, primary, step, nonfiniteMarks(L.stats[primary.key]));
     } else this.charts.mark(step);
-    const wanted = this._histSeriesFor(state);
-    if (L.histSeries && wanted && wanted.key !== L.histSeries.key) {
-      this._loadHist(state).then(() => {
-        if (this.loaded === L) this._drawHist(this.state, this.step);
-      }, () => {});
-    } else {
-      this._drawHist(state, step);
-      this._histAt(step);
-    }
-    this._drawActHist(state, step);
+    this.hists.draw(state, L, primary, step);
     this.examples.draw(state, step);
     this._timesteps(state, step);
-    this._tensorSetup(state, step);
+    this.tensor.show(state.run, L.all, step);
     if (step === null) replace(this.message, note(`Nothing logged yet for ${primary.label}.`));
   }
 
@@ -436,20 +321,6 @@ export class LayerView {
     return paletteColor(k >= 0 ? k : this.loaded.series.length);
   }
 
-  _drawHist(state, step) {
-    const L = this.loaded;
-    const H = L && L.hist;
-    this.histPanel.hidden = !(L && L.histSeries);
-    if (!H) return;
-    const items = H.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: H.hists[k] }));
-    if (step !== null && !H.steps.includes(step) && H.extra.has(step)) {
-      items.push({ key: step, label: `step ${step}`, buckets: H.extra.get(step) });
-      items.sort((a, b) => a.key - b.key);
-    }
-    this.hist.setTitle(histTitle(H, L.stats[H.series.key], step, state.zoom));
-    this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this._color(H.series) });
-  }
-
   _timesteps(state, step) {
     const L = this.loaded;
     if (!L.ts || !L.ts.length) return;
@@ -479,91 +350,6 @@ export class LayerView {
       xFormatHover: (t) => `timestep ${t}`,
       empty: step === null ? "no data" : `no per-timestep norms at step ${step}`,
     });
-  }
-
-  // -- raw tensor ------------------------------------------------------------------------------
-
-  _tensorSetup(state, step) {
-    const L = this.loaded;
-    const withTensor = L.all.filter((x) => x.kinds.includes("tensor"));
-    this.tensorPanel.hidden = !withTensor.length;
-    if (!withTensor.length) return;
-    const current = this.tensorSelect.value;
-    setOptions(this.tensorSelect, withTensor.map((x) => [x.key, x.label]), withTensor.some((x) => x.key === current) ? current : withTensor[0].key);
-    this.tensorSelect.hidden = withTensor.length < 2;
-    clearTimeout(this._tensorTimer);
-    this._tensorTimer = setTimeout(() => this._loadTensor(), 120);
-  }
-
-  async _loadTensor() {
-    const L = this.loaded;
-    if (!L) return;
-    const x = L.all.find((q) => q.key === this.tensorSelect.value);
-    if (!x) return;
-    const step = this.step;
-    const run = this.state.run;
-    const ck = (s) => `${x.key}@${s}`;
-    try {
-      // The steps that have a tensor: from a first answer (the latest), cached.
-      let latest = this.tensorCache.get(ck("latest"));
-      if (!latest) {
-        latest = await api.tensor({ run, layer: x.layer, target: x.target, source: x.source });
-        this.tensorCache.set(ck("latest"), latest);
-        this.tensorCache.set(ck(latest.step), latest);
-      }
-      const steps = latest.steps;
-      let k = step === null ? steps.length - 1 : indexAtOrBefore(steps, step);
-      const exact = k >= 0 && steps[k] === step;
-      if (k < 0) k = 0;
-      const want = steps[k];
-      let body = this.tensorCache.get(ck(want));
-      if (!body) {
-        body = await api.tensor({ run, layer: x.layer, target: x.target, source: x.source, step: want });
-        this.tensorCache.set(ck(want), body);
-      }
-      if (this.loaded !== L || this.step !== step) return;
-      clear(this.tensorMsg);
-      this._drawTensor(body, exact ? null : `no raw tensor at step ${step}; showing step ${want} (raw tensors at ${steps.length} steps)`);
-    } catch (e) {
-      if (isAbort(e)) return;
-      replace(this.tensorMsg, errorBox(e, "the raw gradient"));
-    }
-  }
-
-  _drawTensor(body, why) {
-    const [rows, cols] = body.shape.length === 2 ? body.shape : [1, body.values.flat().length];
-    const bad = new Map(body.nonfinite.map(([r, c, kind]) => [r * cols + c, kind]));
-    let m = Math.max(Math.abs(body.min || 0), Math.abs(body.max || 0)) || 1;
-    const cell = (i, j) => {
-      const kind = bad.get(i * cols + j);
-      if (kind) return kind === "nan" ? NAN_COLOR : INF_COLOR;
-      const v = body.values[i][j];
-      if (v === null || v === undefined) return 0;
-      return RDBU.packed[lutIndex(0.5 + v / (2 * m))];
-    };
-    this.tensorBody = body;
-    const width = Math.max(160, this.tensorPlot.clientWidth || this.tensorPanel.clientWidth - 24 || 400);
-    const rowH = Math.max(4, Math.min(26, Math.floor(260 / rows)));
-    this.tensorMap.draw({ rows, cols, width, rowHeight: rowH, cell });
-    this.tensorInfo.textContent = `step ${body.step} · shown as [${rows}, ${cols}] · min ${fmtNum(body.min)} · max ${fmtNum(body.max)}` +
-      (body.nonfinite.length ? ` · ${body.nonfinite.length} non-finite` : "") + (why ? ` — ${why}` : "");
-    const sw = (color, text) => h("span", { class: "lg-legend-item" }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
-    replace(
-      this.tensorLegend,
-      sw(RDBU.css[0], `−${fmtNum(m)}`),
-      sw(RDBU.css[128], "0"),
-      sw(RDBU.css[255], `+${fmtNum(m)}`),
-      body.nonfinite.some((q) => q[2] === "nan") ? sw(COLORS.nan, "NaN") : null,
-      body.nonfinite.some((q) => q[2] !== "nan") ? sw(COLORS.inf, "±Inf") : null,
-    );
-  }
-
-  _tensorHover(c) {
-    const b = this.tensorBody;
-    if (!b) return;
-    const kind = b.nonfinite.find((q) => q[0] === c.i && q[1] === c.j);
-    const v = kind ? kind[2] : fmtNum(b.values[c.i][c.j]);
-    tooltip().show(c.clientX, c.clientY, `[${c.i}, ${c.j}]`, [["value", v], ["step", String(b.step)]]);
   }
 
   // -- keys, CSV -------------------------------------------------------------------------------
@@ -597,19 +383,6 @@ export class LayerView {
 function prepare(body) {
   if (!body.binned) return body;
   return { ...body, query: { run: body.run, layer: body.layer, target: body.target, source: body.source }, exact: new Map(), asked: new Set() };
-}
-
-/** "output — 20 of 300 steps (evenly spread) in the zoom; black: step 12" */
-function histTitle(H, stats, step, zoom) {
-  const total = stats ? stepCount(stats) : H.steps.length;
-  const n = H.steps.length;
-  const shown = total > n ? `${n} of ${total} steps (evenly spread)` : `${n} steps`;
-  const range = n ? ` ${H.steps[0]}–${H.steps[n - 1]}` : "";
-  return `${H.series.label} — ${shown}${range}${zoom ? " (zoomed)" : ""}; outlined in black: step ${step ?? "—"}`;
-}
-
-function stepCount(body) {
-  return body.binned ? body.counts.reduce((a, b) => a + b, 0) : body.steps.length;
 }
 
 /** The exact statistics of a binned answer at `step` ({stat: value}), null if none, undefined if unknown yet. */

@@ -5,7 +5,7 @@
 import { api, isAbort, isTransient } from "../api.js";
 import { dominatedRule, firstNonfinite, flagNames, flagOf, fromRoute, FLAG } from "../anomalies.js";
 import { pointsFor, rangeOf, stepOfBin, stepsOfColumns, zoomBar } from "../bins.js";
-import { indexAtOrBefore, logTicks } from "../charts/scale.js";
+import { indexAtOrBefore, logTicks, niceTicks } from "../charts/scale.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
@@ -447,15 +447,18 @@ export class OverviewView {
     const cols = d.steps.length;
     if (!cols) return;
     const colW = width / cols;
-    const n = Math.max(2, Math.min(cols, Math.floor(width / 70)));
-    const seen = new Set();
-    for (let k = 0; k < n; k++) {
-      const j = Math.round((k * (cols - 1)) / (n - 1));
-      if (seen.has(j)) continue;
-      seen.add(j);
-      const x = (j + 0.5) * colW;
+    // Round steps (4 to 6 of them) where they fall: inside a bin's steps, or between two logged steps.
+    const last = d.bins ? d.bins.last_steps : d.steps;
+    const ticks = niceTicks(d.steps[0], last[cols - 1], { integer: true, max: Math.min(6, Math.max(2, Math.floor(width / 70))) });
+    for (const step of ticks) {
+      const j = indexAtOrBefore(d.steps, step);
+      if (j < 0) continue;
+      const next = j + 1 < cols ? d.steps[j + 1] : d.steps[j] + 1;
+      const frac = d.bins ? (step - d.steps[j] + 0.5) / (last[j] - d.steps[j] + 1) : 0.5 + (step - d.steps[j]) / (next - d.steps[j]);
+      const x = (j + frac) * colW;
+      const anchor = x < 20 ? "start" : x > width - 20 ? "end" : "middle";
       svg.appendChild(s("line", { x1: x, x2: x, y1: 0, y2: 4, class: "lg-tickmark" }));
-      svg.appendChild(s("text", { x, y: 15, "text-anchor": k === 0 && x < 20 ? "start" : k === n - 1 && x > width - 20 ? "end" : "middle", class: "lg-tick", text: String(d.steps[j]) }));
+      svg.appendChild(s("text", { x, y: 15, "text-anchor": anchor, class: "lg-tick lg-xtick", text: fmtNum(step) }));
     }
     const what = d.bins ? `${cols} bins` : `${cols} logged`;
     svg.appendChild(s("text", { x: width, y: H - 2, "text-anchor": "end", class: "lg-axis-label", text: `step (${what}${cols > width ? `; a pixel column shows the largest value of ${(cols / width).toFixed(1)} steps` : ""})` }));
