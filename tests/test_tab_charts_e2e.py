@@ -359,6 +359,16 @@ def test_a_zero_on_a_log_axis_is_named_and_marked(env):
     frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note').textContent === ''")
     assert tf_.parent_state(page)["log"] == "0"
     frame.locator('.lg-compare .lg-toggle[aria-label="y scale"] .lg-toggle-btn', has_text="log").click()
+    # A run alone whose values are all 0: the log scale cannot show it, and the chart says it draws linear.
+    frame = env["browser"].open(env["tb"].base, {"view": "compare", "runs": f'["{cf.ZERO}"]', "layer": "net/b"})
+    frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note')?.textContent.length > 0")
+    assert (
+        frame.locator(".lg-panel-wide .lg-chart-note")
+        .inner_text()
+        .startswith("no value above 0: drawn on a linear scale")
+    )
+    chip = frame.locator(f'.lg-run-chip[data-run="{cf.ZERO}"]')
+    assert chip.get_attribute("title") == "the only run chosen: pick another one first"
 
 
 def test_a_toggle_that_can_show_nothing_is_disabled_with_its_reason(env):

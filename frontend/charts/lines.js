@@ -175,7 +175,9 @@ export class LineChart {
     svg.appendChild(lines);
     const bad = log ? nonPositive(series.filter((q) => !q.faint).map((q) => ({ ...q, ys: q[RAW] || q.ys }))) : [];
     svg.appendChild(nonPositiveMarks(bad, x, M.top + plotH));
-    replace(this.note, bad.length ? noteText(bad, data.nonPositiveWhy, ["step", "layer"].includes(data.xLabel) ? data.xLabel : "point") : "");
+    const unit = ["step", "layer"].includes(data.xLabel) ? data.xLabel : "point";
+    const linearWhy = data.log && !log ? "no value above 0: drawn on a linear scale (a log scale could show none)" : "";
+    replace(this.note, bad.length ? noteText(bad, data.nonPositiveWhy, unit) : linearWhy);
 
     // The chosen step.
     this.markerEl = s("line", { x1: 0, x2: 0, y1: M.top, y2: M.top + plotH, class: "lg-marker", stroke: COLORS.selected });

@@ -128,7 +128,8 @@ export class CompareView {
             type: "button",
             class: on ? "lg-run-chip lg-on" : "lg-run-chip",
             "aria-pressed": on ? "true" : "false",
-            title: on ? "click to remove" : "click to compare",
+            // The last run cannot be removed (nothing would be compared): its tooltip says so.
+            title: on ? (runs.length > 1 ? "click to remove" : "the only run chosen: pick another one first") : "click to compare",
             dataset: { run: name },
             on: {
               click: () => {
