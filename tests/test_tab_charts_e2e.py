@@ -133,8 +133,9 @@ def test_layer_charts_are_twice_as_large_with_4_to_6_ticks_and_fractions_on_0_to
     top, height = float(frame_rect.get_attribute("y")), float(frame_rect.get_attribute("height"))
     ys = {y for _, y in path_points(chart(frame, "zero fraction").locator("path.lg-line").get_attribute("d"))}
     assert all(abs(y - (top + height * (1 - zero_frac))) <= 0.1 for y in ys), (ys, zero_frac)
-    # The histograms' step labels do not overlap.
-    labels = [t.bounding_box() for t in frame.locator(".lg-panel-hist svg text").all()]
+    # The histograms: 4 to 6 value ticks, step labels that do not overlap.
+    assert 4 <= frame.locator(".lg-panel-hist svg text.lg-xtick").count() <= 6
+    labels = [t.bounding_box() for t in frame.locator(".lg-panel-hist svg text:not(.lg-xtick)").all()]
     assert len(labels) >= 4
     assert not any(boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
 

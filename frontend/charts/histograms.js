@@ -5,7 +5,7 @@
 import { h, s, clear, replace } from "../dom.js";
 import { fmtNum, fmtPercent } from "../format.js";
 import { COLORS } from "./colors.js";
-import { linearScale, niceTicks } from "./scale.js";
+import { linearScale, niceDomain } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
 const M = { top: 10, right: 56, bottom: 26, left: 16 };
@@ -114,9 +114,10 @@ export class HistogramChart {
       this.layout = null;
       return;
     }
-    const x = linearScale(range[0], range[1], M.left, M.left + plotW);
+    const [d0, d1, ticks] = niceDomain(range[0], range[1], { max: Math.min(6, Math.max(3, Math.floor(plotW / 70))) });
+    const x = linearScale(d0, d1, M.left, M.left + plotW);
     const axis = s("g", { class: "lg-grid" });
-    for (const t of niceTicks(range[0], range[1], { max: Math.min(6, Math.max(3, Math.floor(plotW / 70))) })) {
+    for (const t of ticks) {
       const px = x(t);
       axis.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: M.top + plotH, class: t === 0 ? "lg-zero" : null }));
       axis.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick lg-xtick", text: fmtNum(t) }));

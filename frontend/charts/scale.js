@@ -71,6 +71,26 @@ export function niceTicks(lo, hi, { min = TICKS.min, max = TICKS.max, integer = 
 }
 
 /**
+ * A range that may grow to round ends (a histogram's value axis): [lo', hi', ticks] with `min`..`max` ticks,
+ * lo' <= lo and hi' >= hi multiples of the tick step, when niceTicks inside [lo, hi] finds too few.
+ */
+export function niceDomain(lo, hi, { min = TICKS.min, max = TICKS.max } = {}) {
+  const inside = niceTicks(lo, hi, { min, max });
+  if (inside.length >= min || !(hi > lo)) return [lo, hi, inside];
+  const k0 = Math.floor(Math.log10((hi - lo) / (max + 1)));
+  for (let k = k0; k <= k0 + 2; k++) {
+    for (const m of [1, 2, 2.5, 5]) {
+      const step = m * Math.pow(10, k);
+      const a = Math.floor(lo / step + 1e-9) * step;
+      const b = Math.ceil(hi / step - 1e-9) * step;
+      const ticks = multiples(a, b, step);
+      if (ticks.length >= min && ticks.length <= max) return [ticks[0], ticks[ticks.length - 1], ticks];
+    }
+  }
+  return [lo, hi, inside];
+}
+
+/**
  * Ticks for a log axis in [lo, hi] (lo > 0): whole decades (every e-th one when there are many), else
  * 1-3, 1-2-5 or 1…9 times the decades, else round linear ticks inside the range; `min`..`max` of them.
  */
