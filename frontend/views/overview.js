@@ -450,12 +450,16 @@ export class OverviewView {
     // Round steps (4 to 6 of them) where they fall: inside a bin's steps, or between two logged steps.
     const last = d.bins ? d.bins.last_steps : d.steps;
     const ticks = niceTicks(d.steps[0], last[cols - 1], { integer: true, max: Math.min(6, Math.max(2, Math.floor(width / 70))) });
+    // The first non-finite step is labelled too (in red, under its mark); round ticks too close to it give way.
+    const firstX = first && first.col !== null ? (first.col + 0.5) * colW : null;
+    if (firstX !== null) svg.appendChild(s("text", { x: firstX, y: 15, "text-anchor": "middle", class: "lg-tick lg-tick-nonfinite", text: fmtNum(first.step) }));
     for (const step of ticks) {
       const j = indexAtOrBefore(d.steps, step);
       if (j < 0) continue;
       const next = j + 1 < cols ? d.steps[j + 1] : d.steps[j] + 1;
       const frac = d.bins ? (step - d.steps[j] + 0.5) / (last[j] - d.steps[j] + 1) : 0.5 + (step - d.steps[j]) / (next - d.steps[j]);
       const x = (j + frac) * colW;
+      if (firstX !== null && Math.abs(x - firstX) < 30) continue;
       const anchor = x < 20 ? "start" : x > width - 20 ? "end" : "middle";
       svg.appendChild(s("line", { x1: x, x2: x, y1: 0, y2: 4, class: "lg-tickmark" }));
       svg.appendChild(s("text", { x, y: 15, "text-anchor": anchor, class: "lg-tick lg-xtick", text: fmtNum(step) }));
