@@ -62,7 +62,7 @@ export class LayerView {
     this.tsChart = new LineChart(this.tsPanel, { height: 200, alwaysLegend: true });
 
     // Each example's own gradient norm (per-example records): hidden without them.
-    this.examples = new ExamplesPanel(app);
+    this.examples = new ExamplesPanel(app, (series) => this._color(series));
 
     this.body = h(
       "div",

@@ -6,6 +6,7 @@ import { api, isAbort } from "../api.js";
 import { paletteColor } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
 import { h, replace } from "../dom.js";
+import { fmtPercent } from "../format.js";
 import { smoothedNoiseScale, undefinedRanges } from "../noise.js";
 import { onSmoothing, smoothing } from "../smoothing.js";
 import { errorBox } from "./common.js";
@@ -81,7 +82,7 @@ export class NoiseScalePanel {
     const cover = b.series.map((r) => [r.run, r.coverage.filter((v) => v !== null).slice(-1)[0]]).filter(([, c]) => c !== undefined && c < 1);
     const bits = ["the batch size beyond which larger batches stop paying (McCandlish et al. 2018)"];
     if (b.missing.length) bits.push(`not recorded in ${b.missing.join(", ")}`);
-    for (const [run, c] of cover) bits.push(`${b.runs.length > 1 ? `${run}: ` : ""}covers ${(100 * c).toFixed(0)}% of the trainable parameters`);
+    for (const [run, c] of cover) bits.push(`${b.runs.length > 1 ? `${run}: ` : ""}covers ${fmtPercent(c)} of the trainable parameters`);
     if (xBands.length) bits.push(UNDEFINED_WHY);
     this.info.textContent = bits.join(" · ");
     this.chart.update({ series, log: true, xBands, nonPositiveWhy: RAW_WHY, xLabel: "step", empty: "no step with a positive averaged signal" });
