@@ -415,3 +415,35 @@ def test_the_overview_step_axis_has_4_to_6_round_ticks_under_their_steps(env):
     )
     xs = [float(x) for x in ticks.evaluate_all("es => es.map(e => e.getAttribute('x'))")]
     assert xs == pytest.approx([(s + 0.5) * width / cf.STEPS for s in steps], abs=0.01)  # steps 0…39, a column each
+
+
+def test_every_axis_gets_4_to_6_ticks_inside_its_range(env):
+    """The tab's own tick functions (run in the page) over many ranges: linear, integer (steps) and log."""
+    rng = np.random.default_rng(0)
+    linear = [
+        (float(a), float(a + s)) for a, s in zip(rng.normal(scale=10.0, size=200), 10.0 ** rng.uniform(-6, 6, 200))
+    ]
+    integer = [(int(a), int(a + s)) for a, s in zip(rng.integers(0, 10**6, 200), rng.integers(3, 10**6, 200))]
+    logs = [(float(10**a), float(10 ** (a + s))) for a, s in zip(rng.uniform(-12, 3, 200), rng.uniform(0.05, 15, 200))]
+    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    frame.wait_for_selector(".lg-overview")
+    got = frame.evaluate(
+        """async ([linear, integer, logs]) => {
+            const m = await import('./charts/scale.js');
+            return {
+                linear: linear.map(([a, b]) => m.niceTicks(a, b)),
+                integer: integer.map(([a, b]) => m.niceTicks(a, b, { integer: true })),
+                logs: logs.map(([a, b]) => m.niceLogDomain(a, b)),
+            };
+        }""",
+        [linear, integer, logs],
+    )
+    for (lo, hi), ticks in zip(linear, got["linear"]):
+        assert 4 <= len(ticks) <= 6 and lo - 1e-9 * (hi - lo) <= ticks[0] and ticks[-1] <= hi + 1e-9 * (hi - lo)
+    for (lo, hi), ticks in zip(integer, got["integer"]):
+        assert 4 <= len(ticks) <= 6 and lo <= ticks[0] and ticks[-1] <= hi and all(t == int(t) for t in ticks)
+    for (lo, hi), (d0, d1, ticks) in zip(logs, got["logs"]):
+        assert 4 <= len(ticks) <= 6, (lo, hi, ticks)
+        assert d0 <= lo * (1 + 1e-12) and d1 >= hi * (1 - 1e-12)  # the domain holds the range
+        assert d0 * (1 - 1e-9) <= ticks[0] and ticks[-1] <= d1 * (1 + 1e-9) and ticks == sorted(ticks)
+        assert d1 / d0 <= max(hi / lo, 1) * 100  # grown by at most a decade at each end

@@ -6,7 +6,7 @@ import { fmtNum } from "../format.js";
 import { ema } from "../smoothing.js";
 import { COLORS } from "./colors.js";
 import { nonPositive, nonPositiveMarks } from "./log_zeros.js";
-import { extent, linearScale, logScale, logTicks, nearestIndex, niceTicks } from "./scale.js";
+import { extent, linearScale, logScale, logTicks, nearestIndex, niceLogDomain, niceTicks } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
 const M = { top: 8, right: 14, bottom: 26, left: 58 };
@@ -92,6 +92,8 @@ export class LineChart {
       y0 -= pad;
       y1 += pad;
     }
+    let logTickValues = null;
+    if (log && !data.yDomain) [y0, y1, logTickValues] = niceLogDomain(y0, y1);
     const x = linearScale(xr[0], xr[1], M.left, M.left + plotW);
     const y = (log ? logScale : linearScale)(y0, y1, M.top + plotH, M.top);
     svg.dataset.y0 = String(y.domain[0]); // the axis' range, for tests and for reading
@@ -100,7 +102,7 @@ export class LineChart {
 
     // Axes and grid.
     const grid = s("g", { class: "lg-grid" });
-    const yTicks = log ? logTicks(y.domain[0], y.domain[1]) : niceTicks(y.domain[0], y.domain[1]);
+    const yTicks = log ? logTickValues || logTicks(y.domain[0], y.domain[1]) : niceTicks(y.domain[0], y.domain[1]);
     for (const t of yTicks) {
       const py = y(t);
       if (!(py >= M.top - 0.5 && py <= M.top + plotH + 0.5)) continue;

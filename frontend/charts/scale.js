@@ -32,7 +32,8 @@ export function logScale(d0, d1, r0, r1) {
 export const TICKS = { min: 4, max: 6 };
 
 // Tick steps m·10^k, the roundest first: among the steps that give MIN..MAX ticks, the first listed wins.
-const MANTISSAS = [1, 2, 5, 2.5, 4, 3];
+// Sorted, successive m differ by at most 1.5 times, so some step always gives 4 to 6 ticks.
+const MANTISSAS = [1, 2, 5, 2.5, 4, 3, 1.5, 6, 8];
 
 /** The multiples of `step` in [lo, hi]. */
 function multiples(lo, hi, step) {
@@ -92,7 +93,8 @@ export function niceDomain(lo, hi, { min = TICKS.min, max = TICKS.max } = {}) {
 
 /**
  * Ticks for a log axis in [lo, hi] (lo > 0): whole decades (every e-th one when there are many), else
- * 1-3, 1-2-5 or 1…9 times the decades, else round linear ticks inside the range; `min`..`max` of them.
+ * 1-3, 1-2-5 or 1…9 times the decades, else (under a decade) round linear ticks; `min`..`max` of them when
+ * the range allows (niceLogDomain grows a range of several decades that allows none).
  */
 export function logTicks(lo, hi, { min = TICKS.min, max = TICKS.max } = {}) {
   if (!(lo > 0) || !(hi >= lo)) return [];
@@ -111,7 +113,29 @@ export function logTicks(lo, hi, { min = TICKS.min, max = TICKS.max } = {}) {
   for (const ms of [[1, 3], [1, 2, 5], [1, 2, 3, 5], [1, 2, 3, 4, 5, 6, 7, 8, 9]]) candidates.push(withMantissas(ms));
   const ok = candidates.find((c) => c.length >= min && c.length <= max);
   if (ok) return ok;
-  return niceTicks(lo, hi, { min, max }).filter((v) => v > 0);
+  // Under a decade, round linear values read best; over one, never: their spacing would crowd one end.
+  if (hi / lo < 10) return niceTicks(lo, hi, { min, max }).filter((v) => v > 0);
+  return pick(candidates, min, max);
+}
+
+/**
+ * A log axis' range and ticks: [lo, hi] itself when logTicks finds `min`..`max` ticks there, else (a range of
+ * several decades that 1-3 or 1-2-5 would crowd) grown to whole decades, whose ticks are then every e-th decade.
+ */
+export function niceLogDomain(lo, hi, { min = TICKS.min, max = TICKS.max } = {}) {
+  const inside = logTicks(lo, hi, { min, max });
+  if (inside.length >= min && inside.length <= max) return [lo, hi, inside];
+  if (hi / lo >= 10) {
+    const a = Math.floor(Math.log10(lo) + 1e-9);
+    const b = Math.ceil(Math.log10(hi) - 1e-9);
+    for (let every = 1; every <= b - a; every++) {
+      if ((b - a) % every) continue;
+      const ticks = [];
+      for (let k = a; k <= b; k += every) ticks.push(Number(Math.pow(10, k).toPrecision(6)));
+      if (ticks.length >= min && ticks.length <= max) return [ticks[0], ticks[ticks.length - 1], ticks];
+    }
+  }
+  return [lo, hi, inside];
 }
 
 /** [min, max] of the finite values (only > 0 ones when `positive`). */
