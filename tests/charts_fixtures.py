@@ -7,12 +7,16 @@ Runs (steps 0 … STEPS-1, layers LAYERS):
 - `act`: as `steady`, with the layers' forward values (source `activation`) too;
 - `noisy`: per-example records and the noise-scale scalars (examples_fixtures' writers), its signal
   estimate below 0 over NEGATIVE_SIGNAL steps, so that the averaged signal is <= 0 for a while.
+
+Also the helpers that read the page as a person does: printed numbers' significant digits, boxes that
+overlap, a path's points, TensorBoard's smoothing (numpy, for the expected numbers).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import zlib
 from typing import Dict, Tuple
 
@@ -92,3 +96,52 @@ def write_charts_logdir(logdir: str) -> Written:
     ef.write_run(path, ef.make_norms(), True)
     ef.write_scalars(path, w.trace, w.signal, 1.0)
     return w
+
+
+# -- reading the page ------------------------------------------------------------------------------
+
+NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def significant_digits(text: str) -> int:
+    """Significant digits of a printed number; 0 for an integer without exponent (counts and steps are exact)."""
+    m = re.fullmatch(r"[-−]?(\d+)(?:\.(\d+))?(?:e([-+]?\d+))?", text.strip())
+    assert m, f"not a number: {text!r}"
+    whole, frac, exp = m.groups()
+    if frac is None and exp is None:
+        return 0
+    return len((whole + (frac or "")).lstrip("0").rstrip("0") or "0")
+
+
+def assert_four_digits(texts):
+    numbers = [n for t in texts for n in NUMBER.findall(t)]
+    assert numbers
+    too_long = [n for n in numbers if significant_digits(n) > 4]
+    assert too_long == [], too_long
+
+
+def texts(locator):
+    """The text of each element (SVG text has no innerText)."""
+    return locator.evaluate_all("es => es.map(e => e.textContent)")
+
+
+def ema(ys: np.ndarray, w: float) -> np.ndarray:
+    """TensorBoard's debiased exponential moving average."""
+    out, last = [], 0.0
+    for n, v in enumerate(ys, start=1):
+        last = last * w + (1 - w) * v
+        out.append(last / (1 - w**n))
+    return np.asarray(out)
+
+
+def boxes_overlap(a, b) -> bool:
+    return (
+        a["x"] < b["x"] + b["width"]
+        and b["x"] < a["x"] + a["width"]
+        and a["y"] < b["y"] + b["height"]
+        and b["y"] < a["y"] + a["height"]
+    )
+
+
+def path_points(d: str):
+    return [(float(x), float(y)) for x, y in re.findall(r"[ML](-?[\d.]+),(-?[\d.]+)", d)]

@@ -29,7 +29,6 @@ SMOOTHED = "EMA(tr Σ) / EMA(|G|²)"
 RAW = "raw tr(Σ)/|G|²"
 # Today's layer charts (the size this view had before): ~225 x 115 px each.
 OLD_AREA = 225 * 115
-NUMBER = re.compile(r"[-−]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 
 
 @pytest.fixture(scope="module")
@@ -48,37 +47,6 @@ def no_browser_errors(env):
     tf_.assert_no_browser_errors(env["browser"])
 
 
-def significant_digits(text: str) -> int:
-    """Significant digits of a printed number; 0 for an integer without exponent (counts and steps are exact)."""
-    m = re.fullmatch(r"[-−]?(\d+)(?:\.(\d+))?(?:e([-+]?\d+))?", text.strip())
-    assert m, f"not a number: {text!r}"
-    whole, frac, exp = m.groups()
-    if frac is None and exp is None:
-        return 0
-    return len((whole + (frac or "")).lstrip("0").rstrip("0") or "0")
-
-
-def assert_four_digits(texts):
-    numbers = [n for t in texts for n in NUMBER.findall(t)]
-    assert numbers
-    too_long = [n for n in numbers if significant_digits(n) > 4]
-    assert too_long == [], too_long
-
-
-def texts(locator):
-    """The text of each element (SVG text has no innerText)."""
-    return locator.evaluate_all("es => es.map(e => e.textContent)")
-
-
-def ema(ys: np.ndarray, w: float) -> np.ndarray:
-    """TensorBoard's debiased exponential moving average."""
-    out, last = [], 0.0
-    for n, v in enumerate(ys, start=1):
-        last = last * w + (1 - w) * v
-        out.append(last / (1 - w**n))
-    return np.asarray(out)
-
-
 def layer_view(env, run: str, layer: str, **state):
     frame = env["browser"].open(env["tb"].base, {"run": run, "view": "layer", "layer": layer, **state})
     frame.wait_for_selector(f'.lg-stats-table[data-layer="{layer}"]')
@@ -91,19 +59,6 @@ def chart(frame, title: str):
     return frame.locator(".lg-panel-charts .lg-chart").filter(
         has=frame.locator(".lg-chart-title", has_text=re.compile("^" + re.escape(title)))
     )
-
-
-def boxes_overlap(a, b) -> bool:
-    return (
-        a["x"] < b["x"] + b["width"]
-        and b["x"] < a["x"] + a["width"]
-        and a["y"] < b["y"] + b["height"]
-        and b["y"] < a["y"] + a["height"]
-    )
-
-
-def path_points(d: str):
-    return [(float(x), float(y)) for x, y in re.findall(r"[ML](-?[\d.]+),(-?[\d.]+)", d)]
 
 
 def step_shown(frame) -> int:
@@ -127,17 +82,17 @@ def test_layer_charts_are_twice_as_large_with_4_to_6_ticks_and_fractions_on_0_to
         c = chart(frame, title)
         svg = c.locator("svg")
         assert (float(svg.get_attribute("data-y0")), float(svg.get_attribute("data-y1"))) == (0.0, 1.0)
-        labels = [float(t) for t in texts(svg.locator("text.lg-ytick"))]
+        labels = [float(t) for t in cf.texts(svg.locator("text.lg-ytick"))]
         assert min(labels) == 0 and max(labels) == 1 and 4 <= len(labels) <= 6
     frame_rect = chart(frame, "zero fraction").locator("rect.lg-frame")
     top, height = float(frame_rect.get_attribute("y")), float(frame_rect.get_attribute("height"))
-    ys = {y for _, y in path_points(chart(frame, "zero fraction").locator("path.lg-line").get_attribute("d"))}
+    ys = {y for _, y in cf.path_points(chart(frame, "zero fraction").locator("path.lg-line").get_attribute("d"))}
     assert all(abs(y - (top + height * (1 - zero_frac))) <= 0.1 for y in ys), (ys, zero_frac)
     # The histograms: 4 to 6 value ticks, step labels that do not overlap.
     assert 4 <= frame.locator(".lg-panel-hist svg text.lg-xtick").count() <= 6
     labels = [t.bounding_box() for t in frame.locator(".lg-panel-hist svg text:not(.lg-xtick)").all()]
     assert len(labels) >= 4
-    assert not any(boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
+    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
 
 
 def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
@@ -147,7 +102,7 @@ def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
     for k in range(cells.count()):
         td = cells.nth(k)
         text, exact = td.inner_text(), float(td.get_attribute("data-value"))
-        assert_four_digits([text])
+        cf.assert_four_digits([text])
         assert float(text) == pytest.approx(exact, rel=5e-4, abs=0)
     # The value written: the table's norm is numpy's within 4 significant digits.
     norm = float(frame.locator('td[data-stat="norm"]').first.inner_text())
@@ -155,12 +110,12 @@ def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
     want = tf_.numpy_stats(x)["norm"]
     assert norm == pytest.approx(want, abs=tf_.shown_atol(x, "norm", digits=4))
     # Axes (charts, histograms) and a chart's tooltip.
-    assert_four_digits(texts(frame.locator(".lg-layer svg text.lg-tick")))
+    cf.assert_four_digits(cf.texts(frame.locator(".lg-layer svg text.lg-tick")))
     svg = frame.locator(".lg-panel-charts svg.lg-lines").first
     box = svg.bounding_box()
     svg.hover(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
     frame.locator(".lg-tooltip").wait_for(state="visible")
-    assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
+    cf.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
     # The overview's tooltip.
     frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
     canvas = frame.locator(".lg-heatmap-canvas")
@@ -168,7 +123,7 @@ def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
     box = canvas.bounding_box()
     canvas.hover(position={"x": 5.5 * box["width"] / cf.STEPS, "y": 0.5 * box["height"] / 2})
     frame.locator(".lg-tooltip").wait_for(state="visible")
-    assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
+    cf.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
 
 
 def test_the_chosen_step_has_a_colour_no_series_has(env):
@@ -269,7 +224,7 @@ def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env):
             frame.wait_for_function(
                 f"() => document.querySelector('[data-panel=\"noise-scale\"]').dataset.smoothing === '{w}'"
             )
-        defined = ema(signal, w) > 0
+        defined = cf.ema(signal, w) > 0
         assert not defined.all() and defined.any()  # the run has undefined steps at both weights
         # One path; one stroke per run of defined steps (continuous there), lone steps as dots.
         paths = panel.locator(f'path.lg-line[data-series="{SMOOTHED}"]')
@@ -286,7 +241,7 @@ def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env):
             else:
                 k += 1
         assert d.count("M") == len(runs)
-        assert len(path_points(d)) == int(defined.sum())
+        assert len(cf.path_points(d)) == int(defined.sum())
         # Each gap shaded, from the last defined step before it to the first after, with its reason.
         gaps = []
         for (_, j), (k2, _) in zip(runs, runs[1:]):
@@ -319,11 +274,11 @@ def test_the_layer_view_charts_share_the_smoothing(env):
     frame.locator(".lg-layer-smoothing").fill("0")
     frame.wait_for_function("() => document.querySelector('.lg-layer-smoothing-value')?.textContent === '0.000'")
     assert norm.locator("path.lg-line-raw").count() == 0
-    plain = path_points(norm.locator("path.lg-line").get_attribute("d"))
+    plain = cf.path_points(norm.locator("path.lg-line").get_attribute("d"))
     frame.locator(".lg-layer-smoothing").fill("0.9")
     frame.wait_for_function("() => document.querySelector('.lg-layer-smoothing-value')?.textContent === '0.900'")
-    raw = path_points(norm.locator("path.lg-line-raw").get_attribute("d"))
-    smooth = path_points(norm.locator("path.lg-line").get_attribute("d"))
+    raw = cf.path_points(norm.locator("path.lg-line-raw").get_attribute("d"))
+    smooth = cf.path_points(norm.locator("path.lg-line").get_attribute("d"))
     assert raw == plain and smooth != plain
     # The smoothed line is numpy's EMA of the written norms, on the chart's own (log) axis.
     norms = np.array([tf_.numpy_stats(cf.gradient(cf.STEADY, "net/a", s))["norm"] for s in range(cf.STEPS)])
@@ -331,7 +286,7 @@ def test_the_layer_view_charts_share_the_smoothing(env):
     y0, y1 = float(svg.get_attribute("data-y0")), float(svg.get_attribute("data-y1"))
     rect = norm.locator("rect.lg-frame")
     top, height = float(rect.get_attribute("y")), float(rect.get_attribute("height"))
-    want = top + height * (np.log10(y1) - np.log10(ema(norms, 0.9))) / (np.log10(y1) - np.log10(y0))
+    want = top + height * (np.log10(y1) - np.log10(cf.ema(norms, 0.9))) / (np.log10(y1) - np.log10(y0))
     np.testing.assert_allclose([y for _, y in smooth], want, atol=0.06)  # the path's one decimal
     # Non-finite counts are never smoothed (a lone NaN step stays a spike).
     assert chart(frame, "non-finite fraction").locator("path.lg-line-raw").count() == 0
@@ -396,9 +351,9 @@ def test_colour_bar_labels_do_not_overlap(env):
         for e in frame.locator(".lg-heat-legend .lg-legend-title, .lg-heat-legend .lg-legend-item").all()
     ]
     assert len(ticks) >= 2
-    assert not any(boxes_overlap(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
-    assert not any(boxes_overlap(a, b) for a in ticks for b in others)
-    assert_four_digits(frame.locator(".lg-colorbar-tick").all_inner_texts())
+    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
+    assert not any(cf.boxes_overlap(a, b) for a in ticks for b in others)
+    cf.assert_four_digits(frame.locator(".lg-colorbar-tick").all_inner_texts())
 
 
 def test_the_overview_step_axis_has_4_to_6_round_ticks_under_their_steps(env):
@@ -408,7 +363,7 @@ def test_the_overview_step_axis_has_4_to_6_round_ticks_under_their_steps(env):
     ticks = frame.locator(".lg-overview svg text.lg-xtick")
     frame.wait_for_function("() => document.querySelectorAll('.lg-overview svg text.lg-xtick').length > 0")
     assert 4 <= ticks.count() <= 6
-    steps = [int(t) for t in texts(ticks)]
+    steps = [int(t) for t in cf.texts(ticks)]
     assert steps == sorted(steps) and all(s % 5 == 0 for s in steps)
     width = float(
         frame.locator(".lg-overview svg text.lg-xtick").first.evaluate("e => e.ownerSVGElement.width.baseVal.value")
