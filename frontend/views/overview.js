@@ -122,7 +122,10 @@ export class OverviewView {
     this.state = state;
     setOptions(this.statSelect, this._stats(state).map((x) => [x, statLabel(x)]), this._stat(state));
     this.noise.show(this._noiseRuns(state));
-    this.ofField.hidden = !hasActivations(findRun(this.app.runs, state.run));
+    // Offered once any run has activations; for a run without them, disabled with the reason.
+    this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
+    const mine = hasActivations(findRun(this.app.runs, state.run));
+    this.ofToggle.disable("activation", mine ? null : `Nothing to show: run '${state.run}' recorded no activations (GradientLogger(activations=True) records them)`);
     this.ofToggle.set(this._of(state));
     this.csv.href = api.csvUrl({ run: state.run, target: state.target, source: state.source });
     this.csv.setAttribute("download", `layergrad-${state.run}.csv`);
