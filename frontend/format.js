@@ -34,48 +34,33 @@ export function statLabel(name) {
   return STAT_LABELS[name] || name;
 }
 
+/** Significant digits of every number the tab prints (tables, tooltips, axes, legends). */
+export const DIGITS = 4;
+
 /**
- * A value for reading: integers as is, others with `digits` significant digits,
- * exponent form for very small or large magnitudes. null/NaN -> "—".
+ * The tab's one number format: `DIGITS` significant digits, exponent form below 1e-3 and from 1e6 on
+ * (TensorBoard's charts do the same), integers under 1e6 (counts, steps) as they are. null/NaN -> "—".
+ * Axis ticks are round numbers, so they print short: fmtNum(0.0002) is "2e-4", fmtNum(1e6) "1e6".
  */
-export function fmtNum(v, digits = 5) {
+export function fmtNum(v) {
   if (v === null || v === undefined || Number.isNaN(v)) return "—";
   if (!Number.isFinite(v)) return v > 0 ? "+Inf" : "−Inf";
-  if (Number.isInteger(v) && Math.abs(v) < 1e15) return String(v);
-  const a = Math.abs(v);
-  if (a < 1e-3 || a >= 1e6) return trimExp(v.toExponential(digits - 1));
-  return String(Number(v.toPrecision(digits)));
-}
-
-/** The exact value as JavaScript prints it (shortest round-trip form). */
-export function fmtExact(v) {
-  if (v === null || v === undefined || Number.isNaN(v)) return "— (no finite value)";
-  return String(v);
-}
-
-/** Short axis labels: 3 significant digits at most. */
-export function fmtTick(v) {
   if (v === 0) return "0";
   const a = Math.abs(v);
-  if (a < 1e-3 || a >= 1e5) return trimExp(v.toExponential(1)).replace("e+", "e");
-  return String(Number(v.toPrecision(3)));
+  if (Number.isInteger(v) && a < 1e6) return String(v);
+  if (a < 1e-3 || a >= 1e6) return trimExp(v.toExponential(DIGITS - 1));
+  return String(Number(v.toPrecision(DIGITS)));
 }
 
-/** 10^k as a compact label. */
-export function fmtPow10(k) {
-  if (k === 0) return "1";
-  if (k > -3 && k < 4) return String(Number(Math.pow(10, k).toPrecision(3)));
-  return `1e${k}`;
-}
-
+/** A fraction as a percentage, with the same significant digits. */
 export function fmtPercent(f) {
   if (f === null || f === undefined || Number.isNaN(f)) return "—";
-  return `${Number((100 * f).toPrecision(3))}%`;
+  return `${fmtNum(100 * f)}%`;
 }
 
 function trimExp(s) {
-  // 1.2000e-8 -> 1.2e-8 ; 1.0000e-8 -> 1e-8
-  return s.replace(/\.?0+e/, "e");
+  // 1.200e-8 -> 1.2e-8 ; 1.000e-8 -> 1e-8 ; 2.500e+6 -> 2.5e6
+  return s.replace(/\.?0+e/, "e").replace("e+", "e");
 }
 
 /** The common leading path (whole segments) of layer names, e.g. "mlp/" of mlp/dense_1, mlp/dense_2. */

@@ -5,25 +5,33 @@
 // there), and the ratio of two noisy numbers is biased; the two averages are good estimates first.
 // Pure functions, no DOM.
 
-/** TensorBoard's smoothing of `ys` with weight `w` in [0, 1): null and non-finite values are skipped. */
-export function ema(ys, w) {
-  const out = new Array(ys.length).fill(null);
-  let last = 0;
-  let n = 0;
-  for (let k = 0; k < ys.length; k++) {
-    const v = ys[k];
-    if (typeof v !== "number" || !Number.isFinite(v)) continue;
-    last = last * w + (1 - w) * v;
-    n += 1;
-    const debias = w === 1 ? 1 : 1 - Math.pow(w, n);
-    out[k] = last / debias;
-  }
-  return out;
-}
+import { ema } from "./smoothing.js";
+
+export { ema };
 
 /** EMA(trace) / EMA(signal) per step; null while the averaged signal is <= 0 or either is missing. */
 export function smoothedNoiseScale(trace, signal, w) {
   const t = ema(trace, w);
   const g = ema(signal, w);
   return t.map((v, k) => (v !== null && g[k] !== null && g[k] > 0 ? v / g[k] : null));
+}
+
+/**
+ * The step ranges the smoothed line does not cover (`ys` null at some recorded step): each from the last
+ * defined step before to the first defined step after (the run's ends where there is none), so that a
+ * band drawn over them spans the whole gap in the line.
+ */
+export function undefinedRanges(xs, ys) {
+  const out = [];
+  let start = null;
+  for (let k = 0; k < xs.length; k++) {
+    if (ys[k] === null) {
+      if (start === null) start = k;
+    } else if (start !== null) {
+      out.push([xs[Math.max(0, start - 1)], xs[k]]);
+      start = null;
+    }
+  }
+  if (start !== null) out.push([xs[Math.max(0, start - 1)], xs[xs.length - 1]]);
+  return out;
 }

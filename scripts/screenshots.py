@@ -140,6 +140,15 @@ def make_logdir(logdir: str) -> None:
     write_diverging_run(logdir)
 
 
+def last_steps() -> dict:
+    """The step each run is complete at (at least): the demo's quick plan for its runs, 60 for the ones written here."""
+    from tb_layergrad.cli import demo
+
+    plan = demo.Plan.for_mode(True)
+    steps = {"seed_minimalrnn": plan.seed, "mlp_sigmoid": plan.mlp, "mlp_relu_he": plan.mlp}
+    return {r: steps.get(r, 60) - 1 for r in RUNS}
+
+
 # name, state (lg_* keys), selectors that say the view is drawn, mouse position over the heatmap (or None)
 SHOTS = [
     ("overview.png", {"run": "mlp_sigmoid"}, [".lg-overview .lg-heatmap-canvas[data-cols='60']"], (0.3, 2.5 / 9)),
@@ -205,7 +214,7 @@ def main(argv=None) -> int:
         tb = TensorBoardProcess(logdir, os.path.join(tmp, "tensorboard.log"))
         browser = None
         try:
-            tb.wait_for_runs({r: 59 for r in RUNS}, timeout=90)
+            tb.wait_for_runs(last_steps(), timeout=90)
             browser = tab_fixtures.Browser(os.path.join(tmp, "profile"), viewport=(WIDTH, 900))
             take(browser, tb.base, args.out)
         finally:

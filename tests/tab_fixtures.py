@@ -110,7 +110,7 @@ class Written:
         return numpy_stats(self.arrays[(run, target, source, layer)][step])
 
 
-TABLE_DIGITS = 5  # frontend/format.js fmtNum's default: the stats table; tooltips and CSV show String(v)
+TABLE_DIGITS = 4  # frontend/format.js DIGITS: every number the tab prints (exact: data-value, the CSV)
 
 
 def shown_atol(x: np.ndarray, stat: str, digits: Optional[int] = None) -> float:

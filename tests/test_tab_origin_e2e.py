@@ -171,11 +171,15 @@ def test_overview_colours_by_an_activation_statistic(env):
     tip.wait_for(state="visible")
     a = written.arrays[(of.FORWARD, "forward", "activation", "net/in")][1]
     norm_text = tip.locator("tr", has_text="L2 norm").locator("td").first.inner_text()
-    assert float(norm_text) == pytest.approx(tf_.numpy_stats(a)["norm"], rel=0, abs=tf_.shown_atol(a, "norm"))
-    # A run without activations: no such control, gradients shown.
+    assert float(norm_text) == pytest.approx(
+        tf_.numpy_stats(a)["norm"], rel=0, abs=tf_.shown_atol(a, "norm", digits=tf_.TABLE_DIGITS)
+    )
+    # A run without activations: the choice is disabled, with the reason as its tooltip; gradients shown.
     frame = b.open(env["tb"].base, {"run": of.GRADS_ONLY, "of": "activation"})
     banner(frame, of.GRADS_ONLY)
-    assert frame.locator('.lg-toggle[aria-label="values"]').is_hidden()
+    button = frame.locator('.lg-toggle[aria-label="values"] .lg-toggle-btn', has_text="activations")
+    assert button.is_disabled()
+    assert button.get_attribute("title").startswith(f"Nothing to show: run '{of.GRADS_ONLY}' recorded no activations")
     assert not frame.locator(".lg-legend-title").inner_text().startswith("activation")
 
 

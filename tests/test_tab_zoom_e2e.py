@@ -99,7 +99,7 @@ def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env):
         f"() => document.querySelector('td[data-series=\"{MID}\"][data-stat=\"nan\"]')?.textContent === '3'"
     )
     want_norm = env["written"].column("net/mid", "norm")[lf.NAN_STEP]
-    shown = float(frame.locator(f'td[data-series="{MID}"][data-stat="norm"]').get_attribute("title"))
+    shown = float(frame.locator(f'td[data-series="{MID}"][data-stat="norm"]').get_attribute("data-value"))
     assert shown == pytest.approx(want_norm, rel=1e-15)
     # The layer view's charts are binned too, and mark the NaN step exactly.
     frame.wait_for_selector(
@@ -113,7 +113,7 @@ def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env):
     frame.wait_for_function(
         f"() => document.querySelector('td[data-series=\"{MID}\"][data-stat=\"nan\"]')?.textContent === '0'"
     )
-    shown = float(frame.locator(f'td[data-series="{MID}"][data-stat="norm"]').get_attribute("title"))
+    shown = float(frame.locator(f'td[data-series="{MID}"][data-stat="norm"]').get_attribute("data-value"))
     assert shown == pytest.approx(env["written"].column("net/mid", "norm")[step], rel=1e-15)
 
 

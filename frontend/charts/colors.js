@@ -45,6 +45,8 @@ export const COLORS = {
   exploding: "#ff6d00",
   dead: "#616161",
   accent: "#f57c00",
+  // The chosen step (chart marker, highlighted histogram, slider): no series, run or flag has this colour.
+  selected: "#212121",
 };
 
 // Distinct, colour-blind-friendly colours for runs and series, assigned by position.

@@ -3,9 +3,9 @@
 // overlays of several runs. Buckets are [left, right, count] (docs/HTTP_API.md).
 
 import { h, s, clear, replace } from "../dom.js";
-import { fmtNum, fmtTick } from "../format.js";
+import { fmtNum, fmtPercent } from "../format.js";
 import { COLORS } from "./colors.js";
-import { linearScale, niceTicks } from "./scale.js";
+import { linearScale, niceDomain } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
 const M = { top: 10, right: 56, bottom: 26, left: 16 };
@@ -70,7 +70,7 @@ export class HistogramChart {
   constructor(parent, opts = {}) {
     this.opts = opts;
     this.titleEl = h("div", { class: "lg-chart-title", text: opts.title || "" });
-    this.svg = s("svg", { class: "lg-hist", role: "img" });
+    this.svg = s("svg", { class: "lg-hist", role: "img", tabindex: "0" });
     this.legend = h("div", { class: "lg-legend" });
     this.root = h("div", { class: "lg-chart" }, this.titleEl, this.svg, this.legend);
     parent.appendChild(this.root);
@@ -87,7 +87,9 @@ export class HistogramChart {
 
   /**
    * @param {{items: {key: any, label: string, color?: string, buckets: number[][]}[], mode: "offset"|"overlay"|"aligned",
-   *          current?: any, bins?: number, empty?: string}} data
+   *          current?: any, bins?: number, empty?: string, color?: string}} data
+   *   `color`: the series' colour (offset/overlay), so that a colour means one series across the view;
+   *   the chosen step is drawn in COLORS.selected.
    *   offset/overlay: one item per step (ascending). aligned: one item per run, re-binned onto common bins
    *   and shown as fractions of each run's finite elements.
    */
@@ -112,12 +114,13 @@ export class HistogramChart {
       this.layout = null;
       return;
     }
-    const x = linearScale(range[0], range[1], M.left, M.left + plotW);
+    const [d0, d1, ticks] = niceDomain(range[0], range[1], { max: Math.min(6, Math.max(3, Math.floor(plotW / 70))) });
+    const x = linearScale(d0, d1, M.left, M.left + plotW);
     const axis = s("g", { class: "lg-grid" });
-    for (const t of niceTicks(range[0], range[1], Math.max(3, Math.floor(plotW / 90)))) {
+    for (const t of ticks) {
       const px = x(t);
       axis.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: M.top + plotH, class: t === 0 ? "lg-zero" : null }));
-      axis.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick", text: fmtTick(t) }));
+      axis.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick lg-xtick", text: fmtNum(t) }));
     }
     svg.appendChild(axis);
     const g = s("g");
@@ -172,6 +175,7 @@ export class HistogramChart {
 
   _offset(g, data, items, x, plotH, plotW) {
     const n = items.length;
+    const color = data.color || COLORS.selected;
     const ridgeH = n > 1 ? Math.min(plotH * 0.45, Math.max(24, plotH * 0.3)) : plotH;
     const spacing = n > 1 ? (plotH - ridgeH) / (n - 1) : 0;
     let maxC = 0;
@@ -191,8 +195,10 @@ export class HistogramChart {
         s("path", {
           d,
           class: isCurrent ? "lg-ridge lg-current" : "lg-ridge",
-          fill: isCurrent ? "#ffe0b2" : `hsl(211, 45%, ${96 - 18 * t}%)`,
-          stroke: isCurrent ? COLORS.accent : `hsl(211, 60%, ${62 - 30 * t}%)`,
+          fill: isCurrent ? COLORS.selected : color,
+          "fill-opacity": isCurrent ? 0.14 : (0.06 + 0.22 * t).toFixed(3),
+          stroke: isCurrent ? COLORS.selected : color,
+          "stroke-opacity": isCurrent ? 1 : (0.35 + 0.55 * t).toFixed(3),
           dataset: { step: it.key },
         }),
       );
@@ -209,7 +215,7 @@ export class HistogramChart {
         );
       }
     });
-    if (currentPath) g.appendChild(s("path", { d: currentPath, class: "lg-ridge-top", fill: "none", stroke: COLORS.accent }));
+    if (currentPath) g.appendChild(s("path", { d: currentPath, class: "lg-ridge-top", fill: "none", stroke: COLORS.selected }));
   }
 
   _overlay(g, data, items, x, plotH) {
@@ -223,12 +229,13 @@ export class HistogramChart {
       const t = n > 1 ? k / (n - 1) : 1;
       const isCurrent = data.current !== undefined && it.key === data.current;
       const { d } = this._ridgePath(it.buckets, x, base, scaleY);
-      const p = s("path", { d, class: "lg-overlay-line", fill: "none", stroke: `hsl(211, 55%, ${80 - 50 * t}%)`, dataset: { step: it.key } });
+      const p = s("path", { d, class: "lg-overlay-line", fill: "none", stroke: data.color || COLORS.selected, "stroke-opacity": (0.2 + 0.6 * t).toFixed(3), dataset: { step: it.key } });
       if (isCurrent) current = p;
       else g.appendChild(p);
     });
     if (current) {
-      current.setAttribute("stroke", COLORS.accent);
+      current.setAttribute("stroke", COLORS.selected);
+      current.setAttribute("stroke-opacity", "1");
       current.setAttribute("class", "lg-overlay-line lg-current");
       g.appendChild(current);
     }
@@ -282,7 +289,7 @@ export class HistogramChart {
     if (L.mode === "aligned") {
       const { e: ed, fractions } = L.aligned;
       const b = Math.max(0, Math.min(ed.length - 2, Math.floor(((xv - ed[0]) / (ed[ed.length - 1] - ed[0])) * (ed.length - 1))));
-      const rows = L.items.map((it, k) => [it.label, `${fmtNum(100 * fractions[k][b], 4)}%`]);
+      const rows = L.items.map((it, k) => [it.label, fmtPercent(fractions[k][b])]);
       tooltip().show(e.clientX, e.clientY, `[${fmtNum(ed[b])}, ${fmtNum(ed[b + 1])})`, rows);
       return;
     }

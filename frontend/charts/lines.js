@@ -2,12 +2,15 @@
 // a marker at the chosen step, hover read-out, click to pick a step.
 
 import { h, s, clear, replace } from "../dom.js";
-import { fmtNum, fmtTick } from "../format.js";
+import { fmtNum } from "../format.js";
+import { ema } from "../smoothing.js";
 import { COLORS } from "./colors.js";
-import { extent, linearScale, logScale, logTicks, nearestIndex, niceTicks } from "./scale.js";
+import { nonPositive, nonPositiveMarks } from "./log_zeros.js";
+import { extent, linearScale, logScale, logTicks, nearestIndex, niceLogDomain, niceTicks } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
 const M = { top: 8, right: 14, bottom: 26, left: 58 };
+const RAW = Symbol("raw values of a smoothed series");
 
 export class LineChart {
   /**
@@ -18,8 +21,10 @@ export class LineChart {
     this.opts = opts;
     this.titleEl = h("div", { class: "lg-chart-title", text: opts.title || "" });
     this.svg = s("svg", { class: "lg-lines", role: "img" });
+    this.svg.setAttribute("tabindex", "0"); // focusable: the step keys work the same with focus on a chart
     this.legend = h("div", { class: "lg-legend" });
-    this.root = h("div", { class: `lg-chart ${opts.className || ""}` }, this.titleEl, this.svg, this.legend);
+    this.note = h("div", { class: "lg-chart-note" });
+    this.root = h("div", { class: `lg-chart ${opts.className || ""}` }, this.titleEl, this.svg, this.legend, this.note);
     parent.appendChild(this.root);
     this.data = null;
     this._resize = new ResizeObserver(() => {
@@ -36,8 +41,14 @@ export class LineChart {
    * @param {{series: {name: string, color: string, xs: number[], ys: (number|null)[], dash?: string, width?: number}[],
    *          log?: boolean, marker?: number|null, xMarks?: {x: number, color?: string, title?: string}[],
    *          xLabel?: string, yLabel?: string, integerX?: boolean, empty?: string, xFormat?: (x) => string,
-   *          bands?: {name: string, color: string, xs: number[], lo: (number|null)[], hi: (number|null)[]}[]}} data
+   *          bands?: {name: string, color: string, xs: number[], lo: (number|null)[], hi: (number|null)[]}[],
+   *          yDomain?: [number, number], smoothing?: number, xBands?: {x0: number, x1: number, title: string}[],
+   *          nonPositiveWhy?: string}} data
    * `bands`: filled areas between `lo` and `hi` (e.g. a spread over examples), drawn under the lines.
+   * `yDomain`: a fixed y range (fractions: [0, 1]). `smoothing`: TensorBoard's EMA weight; each series
+   * (unless `smooth: false`) is drawn smoothed, its raw values faint behind. `xBands`: shaded step ranges
+   * (e.g. where a value is not defined), with their reason as a tooltip. On a log axis, values <= 0 are
+   * marked under the plot and named in a note (with `nonPositiveWhy`): never dropped silently.
    */
   update(data) {
     this.data = data;
@@ -50,7 +61,8 @@ export class LineChart {
     svg.setAttribute("height", height);
     svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
     svg.setAttribute("aria-label", this.titleEl.textContent || "line chart");
-    const series = data.series || [];
+    const series = smoothed(data.series || [], data.smoothing || 0);
+    this.series = series;
     this._legend(series);
 
     const bands = data.bands || [];
@@ -70,7 +82,8 @@ export class LineChart {
       return;
     }
     let [y0, y1] = yr;
-    if (log) {
+    if (data.yDomain) [y0, y1] = data.yDomain;
+    else if (log) {
       const pad = Math.max(0.05, 0.05 * Math.log10(y1 / y0));
       y0 /= Math.pow(10, pad);
       y1 *= Math.pow(10, pad);
@@ -79,25 +92,35 @@ export class LineChart {
       y0 -= pad;
       y1 += pad;
     }
+    let logTickValues = null;
+    if (log && !data.yDomain) [y0, y1, logTickValues] = niceLogDomain(y0, y1);
     const x = linearScale(xr[0], xr[1], M.left, M.left + plotW);
     const y = (log ? logScale : linearScale)(y0, y1, M.top + plotH, M.top);
+    svg.dataset.y0 = String(y.domain[0]); // the axis' range, for tests and for reading
+    svg.dataset.y1 = String(y.domain[1]);
     this.scales = { x, y, xs: [...new Set(series.flatMap((q) => q.xs))].sort((a, b) => a - b) };
 
     // Axes and grid.
     const grid = s("g", { class: "lg-grid" });
-    const yTicks = log ? logTicks(y.domain[0], y.domain[1], 6) : niceTicks(y.domain[0], y.domain[1], 5);
+    const yTicks = log ? logTickValues || logTicks(y.domain[0], y.domain[1]) : niceTicks(y.domain[0], y.domain[1]);
     for (const t of yTicks) {
       const py = y(t);
       if (!(py >= M.top - 0.5 && py <= M.top + plotH + 0.5)) continue;
       grid.appendChild(s("line", { x1: M.left, x2: M.left + plotW, y1: py, y2: py }));
-      grid.appendChild(s("text", { x: M.left - 6, y: py + 3.5, "text-anchor": "end", class: "lg-tick", text: fmtTick(t) }));
+      grid.appendChild(s("text", { x: M.left - 6, y: py + 3.5, "text-anchor": "end", class: "lg-tick lg-ytick", text: fmtNum(t) }));
     }
-    const xTicks = niceTicks(xr[0], xr[1], Math.max(2, Math.floor(plotW / 80)), data.integerX !== false);
-    const xFormat = data.xFormat || fmtTick;
+    const xTicks = niceTicks(xr[0], xr[1], { integer: data.integerX !== false, max: Math.min(6, Math.max(2, Math.floor(plotW / 60))) });
+    const xFormat = data.xFormat || fmtNum;
     for (const t of xTicks) {
       const px = x(t);
       grid.appendChild(s("line", { x1: px, x2: px, y1: M.top + plotH, y2: M.top + plotH + 4, class: "lg-tickmark" }));
-      grid.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick", text: xFormat(t) }));
+      grid.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick lg-xtick", text: xFormat(t) }));
+    }
+    for (const b of data.xBands || []) {
+      const [a, z] = [x(b.x0), x(b.x1)];
+      const band = s("rect", { x: Math.min(a, z) - 1, y: M.top, width: Math.max(2, Math.abs(z - a) + 2), height: plotH, class: "lg-undefined-band", dataset: { x0: b.x0, x1: b.x1 } });
+      band.appendChild(s("title", { text: b.title }));
+      grid.appendChild(band);
     }
     grid.appendChild(s("rect", { x: M.left, y: M.top, width: plotW, height: plotH, class: "lg-frame" }));
     svg.appendChild(grid);
@@ -141,20 +164,25 @@ export class LineChart {
       }
       const path = s("path", {
         d: d || "M0,0",
-        class: "lg-line",
+        class: q.faint ? "lg-line-raw" : "lg-line",
         stroke: q.color,
         "stroke-width": q.width || 1.6,
         "stroke-dasharray": q.dash || null,
         fill: "none",
-        dataset: { series: q.name, index: k },
+        dataset: q.faint ? { raw: q.name } : { series: q.name, index: k },
       });
       lines.appendChild(path);
       for (const [px, py] of dots) lines.appendChild(s("circle", { cx: px, cy: py, r: 2.2, fill: q.color }));
     });
     svg.appendChild(lines);
+    const bad = log ? nonPositive(series.filter((q) => !q.faint).map((q) => ({ ...q, ys: q[RAW] || q.ys }))) : [];
+    svg.appendChild(nonPositiveMarks(bad, x, M.top + plotH));
+    const unit = ["step", "layer"].includes(data.xLabel) ? data.xLabel : "point";
+    const linearWhy = data.log && !log ? "no value above 0: drawn on a linear scale (a log scale could show none)" : "";
+    replace(this.note, bad.length ? noteText(bad, data.nonPositiveWhy, unit) : linearWhy);
 
     // The chosen step.
-    this.markerEl = s("line", { x1: 0, x2: 0, y1: M.top, y2: M.top + plotH, class: "lg-marker" });
+    this.markerEl = s("line", { x1: 0, x2: 0, y1: M.top, y2: M.top + plotH, class: "lg-marker", stroke: COLORS.selected });
     svg.appendChild(this.markerEl);
     this._placeMarker(data.marker);
 
@@ -230,7 +258,8 @@ export class LineChart {
     }
   }
 
-  _legend(series) {
+  _legend(all) {
+    const series = all.filter((q) => !q.faint);
     if (this.opts.legend === false || (series.length < 2 && !this.opts.alwaysLegend)) {
       clear(this.legend);
       return;
@@ -239,7 +268,7 @@ export class LineChart {
       this.legend,
       series.map((q) =>
         h("span", { class: "lg-legend-item", dataset: { series: q.name } },
-          h("span", { class: "lg-swatch", style: { background: q.color } }),
+          h("span", { class: "lg-swatch", style: swatchStyle(q) }),
           h("span", { class: "lg-legend-name", text: q.name })),
       ),
     );
@@ -261,16 +290,46 @@ export class LineChart {
     const px = x(xv);
     this.hoverG.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: (this.opts.height || 170) - M.bottom, class: "lg-crosshair" }));
     const rows = [];
-    for (const q of data.series) {
+    const log = this.scales.y.log;
+    for (const q of this.series) {
       const n = q.xs.indexOf(xv);
-      const v = n >= 0 ? q.ys[n] : undefined;
-      if (n < 0) continue;
-      rows.push([q.name, fmtNum(v, 6)]);
+      if (n < 0 || q.faint) continue;
+      const v = q.ys[n];
+      const raw = q[RAW] ? q[RAW][n] : v;
+      const shown = log && typeof raw === "number" && raw <= 0 ? `${fmtNum(raw)} (not drawn on a log scale)` : fmtNum(raw);
+      rows.push([q.name, q[RAW] && v !== raw ? `${fmtNum(v)} (raw ${shown})` : shown]);
       if (isOk(v, this.scales.y.log)) this.hoverG.appendChild(s("circle", { cx: px, cy: y(v), r: 3.2, fill: q.color, stroke: "#fff" }));
     }
     const title = (data.xFormatHover || ((v) => `${data.xLabel || "step"} ${v}`))(xv);
     tooltip().show(e.clientX, e.clientY, title, rows);
   }
+}
+
+/** A legend swatch: a filled square, or for a dashed line a dashed (or dotted) stroke of its colour. */
+function swatchStyle(q) {
+  if (!q.dash) return { background: q.color };
+  const dotted = Number(String(q.dash).split(" ")[0]) < 2;
+  return { background: "none", "border-top": `2px ${dotted ? "dotted" : "dashed"} ${q.color}`, height: "0", "margin-top": "4px" };
+}
+
+/** With a smoothing weight: each series smoothed (its raw values kept under RAW), after a faint copy of the raw. */
+function smoothed(series, w) {
+  if (!(w > 0)) return series;
+  return series.flatMap((q) =>
+    q.smooth === false ? [q] : [{ ...q, faint: true, width: 1, dash: null }, { ...q, ys: ema(q.ys, w), [RAW]: q.ys }],
+  );
+}
+
+/** "run_b: 0 (not drawn on a log scale) at 3 steps · …" */
+function noteText(bad, why, unit) {
+  const steps = (n) => `${n} ${unit}${n === 1 ? "" : "s"}`;
+  const bits = bad.map((b) => {
+    const parts = [];
+    if (b.zeros.length) parts.push(`0 (not drawn on a log scale) at ${steps(b.zeros.length)}`);
+    if (b.negatives.length) parts.push(`below 0 (not drawn on a log scale) at ${steps(b.negatives.length)}`);
+    return `${b.name}: ${parts.join(", ")}`;
+  });
+  return `▾ under the plot: ${bits.join(" · ")}${why ? ` — ${why}` : ""}`;
 }
 
 /** The closed outlines of a band: one per run of steps where both `lo` and `hi` can be drawn. */

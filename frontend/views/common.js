@@ -40,6 +40,15 @@ export class Toggle {
     this.set(value);
   }
 
+  /** Disable the button of `value` with `reason` as its tooltip (a choice that can show nothing); null enables it. */
+  disable(value, reason) {
+    const b = this.buttons.find((x) => x.dataset.value === String(value));
+    if (!b) return;
+    b.disabled = Boolean(reason);
+    if (reason) b.title = reason;
+    else b.removeAttribute("title");
+  }
+
   set(value) {
     for (const b of this.buttons) {
       const on = b.dataset.value === String(value);
@@ -52,7 +61,7 @@ export class Toggle {
 /**
  * A step slider over the recorded steps (the slider moves by index, so irregular
  * step numbers are fine), with previous/next buttons and the step shown as text.
- * Arrow keys: the range input handles them when focused; the view forwards them otherwise.
+ * Arrow keys: the view forwards them (stepKeys), with the focus on the slider too.
  */
 export class StepSlider {
   constructor(onChange) {
@@ -109,10 +118,15 @@ export class StepSlider {
   }
 }
 
-/** Handle ←/→ (±1), Shift (±10), Home/End for a StepSlider, unless typing somewhere. */
+/**
+ * Handle ←/→ (±1 logged step), Shift (±10), Home/End for a StepSlider, the same wherever the focus is
+ * (the page, a chart, a button, the slider itself: its own arrow keys would ignore Shift), except in
+ * another form control, whose arrow keys are its own.
+ */
 export function stepKeys(e, slider) {
   const t = e.target;
-  if (t && (t === slider.input || ["INPUT", "SELECT", "TEXTAREA"].includes(t.tagName) || t.isContentEditable)) return false;
+  const own = t === slider.input;
+  if (t && !own && (["INPUT", "SELECT", "TEXTAREA"].includes(t.tagName) || t.isContentEditable)) return false;
   if (e.altKey || e.ctrlKey || e.metaKey) return false;
   const big = e.shiftKey ? 10 : 1;
   if (e.key === "ArrowLeft") slider.move(-big);

@@ -9,8 +9,10 @@ import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
 import { anyExamples, findRun, hasActivations, hasKind, layerKey, layersWith, union, valuesOf } from "../model.js";
+import { onSmoothing, smoothing } from "../smoothing.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
+import { SmoothingControl } from "./smoothing_control.js";
 
 /** The statistic compared: the overview's colour, unless it is a per-example one (those are not compared). */
 function compared(state) {
@@ -37,6 +39,7 @@ export class CompareView {
       field("Statistic", this.statSelect),
       app.runControls({ run: false }),
       field("Y scale", this.logToggle.el),
+      new SmoothingControl("lg-compare-smoothing").el,
       h("span", { class: "lg-spacer" }),
       this.csvBtn,
     );
@@ -66,6 +69,9 @@ export class CompareView {
       this.body,
       this.noise.el,
     );
+    onSmoothing(() => {
+      if (this.data && this.el.isConnected) this._apply(this.state, true);
+    });
   }
 
   /** The runs that may have the noise-scale scalars (written with per-example records only); the others are
@@ -122,7 +128,8 @@ export class CompareView {
             type: "button",
             class: on ? "lg-run-chip lg-on" : "lg-run-chip",
             "aria-pressed": on ? "true" : "false",
-            title: on ? "click to remove" : "click to compare",
+            // The last run cannot be removed (nothing would be compared): its tooltip says so.
+            title: on ? (runs.length > 1 ? "click to remove" : "the only run chosen: pick another one first") : "click to compare",
             dataset: { run: name },
             on: {
               click: () => {
@@ -148,6 +155,8 @@ export class CompareView {
     setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), compared(state));
     this.logToggle.set(state.log ? "1" : "0");
     this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
+    const withActivations = runs.some((r) => hasActivations(findRun(this.app.runs, r)));
+    this.ofToggle.disable("activation", withActivations ? null : "Nothing to compare: none of the selected runs recorded activations (forward values)");
     this.ofToggle.set(state.of);
     const keys = this._keys(state, runs);
     const key = state.layer ? layerKey(state.layer) : keys[0];
@@ -232,7 +241,8 @@ export class CompareView {
     const d = this.data;
     const step = this.slider.set(d.steps, state.step);
     this.step = step;
-    if (full) {
+    if (full || d.drawnLog !== state.log) {
+      d.drawnLog = state.log; // the y scale toggle redraws (the data stay)
       this.overlay.setTitle(`${statLabel(compared(state))} of ${d.key} — ${state.of === "activation" ? "activation (forward value)" : `${state.target} / ${state.source}`}`);
       this.overlay.update({
         // Each run's own points joined (a run logged at other steps is null on the common axis).
@@ -241,6 +251,7 @@ export class CompareView {
           return { name: r, color: this._color(r), xs: keep.map((j) => d.steps[j]), ys: keep.map((j) => d.values[k][j]) };
         }),
         log: state.log,
+        smoothing: smoothing(),
         marker: step,
         xLabel: "step",
       });

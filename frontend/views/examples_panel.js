@@ -5,22 +5,24 @@
 // raw-gradient panel does.
 
 import { api, isAbort } from "../api.js";
-import { COLORS } from "../charts/colors.js";
+import { paletteColor } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
 import { h, clear, replace, select, setOptions } from "../dom.js";
-import { fmtExact, fmtNum } from "../format.js";
+import { fmtNum } from "../format.js";
 import { examplesChoices } from "../model.js";
+import { smoothing } from "../smoothing.js";
 import { errorBox, note } from "./common.js";
 
-const BAND = "#1f77b4";
 const WHY_NO_NUMBERS = {
   1: "no exact per-example rule for this layer's weights: no numbers",
   2: "the examples are coupled (e.g. BatchNormalization in training): per-example gradients are not defined",
 };
 
 export class ExamplesPanel {
-  constructor(app) {
+  /** `colorOf(series)`: the series' colour in the view (default: the palette's first). */
+  constructor(app, colorOf = () => paletteColor(0)) {
     this.app = app;
+    this.colorOf = colorOf;
     this.info = h("div", { class: "lg-muted" });
     this.msg = h("div");
     this.top = h("div", { class: "lg-example-top" });
@@ -100,15 +102,18 @@ export class ExamplesPanel {
     const what = L.series.source === "weight" ? `${L.series.target} · weight ${L.series.layer}` : `${L.series.target} · ${L.series.source}`;
     this.info.textContent = `${what}: the L2 norm of each example's own gradient, over the ${last ?? "?"} examples of a batch` +
       (b.binned ? ` — ${b.steps.length} bins of ${n} steps (each bin's smallest min and largest max)` : "");
+    // The series' own colour (red means NaN in this tab), told apart by the dash: max dashed, min dotted.
+    const color = this.colorOf(L.series);
     this.chart.update({
       log: state.log,
+      smoothing: smoothing(),
       marker: step,
       xLabel: "step",
-      bands: [{ name: "min–max", color: BAND, xs: b.steps, lo: b.min, hi: b.max }],
+      bands: [{ name: "min–max", color, xs: b.steps, lo: b.min, hi: b.max }],
       series: [
-        { name: "max", color: COLORS.nonfinite, xs: b.steps, ys: b.max, width: 1.8 },
-        { name: b.binned ? "median (bin's largest)" : "median", color: BAND, xs: b.steps, ys: median, width: 1.6, dash: "4 3" },
-        { name: "min", color: "#7f7f7f", xs: b.steps, ys: b.min, width: 1 },
+        { name: "max", color, xs: b.steps, ys: b.max, width: 1.3, dash: "6 3" },
+        { name: b.binned ? "median (bin's largest)" : "median", color, xs: b.steps, ys: median, width: 1.8 },
+        { name: "min", color, xs: b.steps, ys: b.min, width: 1.3, dash: "1.5 2.5" },
       ],
       empty: "no per-example numbers (see below)",
     });
@@ -153,7 +158,7 @@ export class ExamplesPanel {
       tbody.appendChild(h("tr", { dataset: { position: t.position, rank: k + 1 } },
         h("td", { text: String(k + 1) }),
         h("td", { class: "lg-example-position", text: String(t.position) }),
-        h("td", { title: t.norm === null ? "" : fmtExact(t.norm), text: fmtNum(t.norm) }),
+        h("td", { text: fmtNum(t.norm), "data-value": t.norm === null ? null : String(t.norm) }),
         h("td", { text: share === null ? "—" : `${(100 * share).toFixed(1)}%` })));
     });
     table.appendChild(tbody);

@@ -5,30 +5,20 @@
 
 import { api, isAbort, isTransient } from "../api.js";
 import { flagNames, flagOf } from "../anomalies.js";
-import { pointsFor, rangeOf, zoomBar } from "../bins.js";
-import { COLORS, RDBU, lutIndex, packHex, paletteColor } from "../charts/colors.js";
-import { Heatmap } from "../charts/heatmap.js";
-import { HistogramChart } from "../charts/histograms.js";
+import { pointsFor, rangeOf } from "../bins.js";
+import { COLORS, paletteColor } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
-import { indexAtOrBefore } from "../charts/scale.js";
-import { tooltip } from "../charts/tooltip.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
-import { capitalize, csvText, fmtExact, fmtNum, safeFilename, statLabel } from "../format.js";
+import { capitalize, csvText, fmtNum, safeFilename, statLabel } from "../format.js";
 import { examplesChoices, findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
+import { onSmoothing } from "../smoothing.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { ExamplesPanel } from "./examples_panel.js";
+import { LayerCharts } from "./layer_charts.js";
+import { LayerHistograms } from "./layer_hists.js";
+import { TensorPanel } from "./tensor_panel.js";
 
 const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
-const CHARTS = [
-  { stat: "norm", log: true },
-  { stat: "mean_abs", log: true },
-  { stat: "std", log: true },
-  { stat: "zero_frac", log: false },
-  { stat: "nonfinite", log: false },
-];
-const HIST_STEPS = 60;
-const NAN_COLOR = packHex(COLORS.nan);
-const INF_COLOR = packHex(COLORS.inf);
 
 export class LayerView {
   constructor(app) {
@@ -56,75 +46,36 @@ export class LayerView {
     this.flags = h("div", { class: "lg-step-flags" });
     const tablePanel = h("div", { class: "lg-panel lg-panel-table" }, h("h3", { class: "lg-panel-title", text: "At this step" }), this.flags, this.table);
 
-    // Line charts.
-    this.charts = CHARTS.map((c) => ({ ...c, chart: null }));
-    this.chartGrid = h("div", { class: "lg-chart-grid" });
-    // A drag across a chart zooms all of them (and the overview) to those steps: refetched at full resolution.
-    const onSelect = (a, b) => app.setState({ zoom: [Math.max(0, Math.ceil(a)), Math.max(0, Math.floor(b))] });
-    for (const c of this.charts) c.chart = new LineChart(this.chartGrid, { title: statLabel(c.stat), height: 150, legend: false, onPick: (x) => app.setState({ step: x }), onSelect });
-    this.mmm = new LineChart(this.chartGrid, { title: "min · mean · max", height: 150, onPick: (x) => app.setState({ step: x }), alwaysLegend: true, onSelect });
-    this.zoomBox = h("div", { class: "lg-zoom" });
-    this.seriesLegend = h("div", { class: "lg-legend" });
-    const chartsPanel = h(
-      "div",
-      { class: "lg-panel lg-panel-charts" },
-      h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Over steps" }), this.seriesLegend),
-      this.zoomBox,
-      this.chartGrid,
-    );
+    // Charts over steps. A drag across one zooms the view (histograms too) and the overview: refetched at full resolution.
+    this.charts = new LayerCharts((step) => app.setState({ step }), (zoom) => app.setState({ zoom }));
+    onSmoothing(() => {
+      if (this.loaded && this.el.isConnected) this._apply(this.state, true);
+    });
 
-    // Histograms.
-    this.histSelect = select([], null, (v) => app.setState({ series: v }), { "aria-label": "histogram series" });
-    this.histMode = new Toggle([["offset", "offset"], ["overlay", "overlay"]], "offset", (v) => app.setState({ hist: v }), "histogram mode");
-    this.histMsg = h("div");
-    this.hist = null;
-    const histHead = h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Histograms" }), field("Series", this.histSelect), this.histMode.el);
-    this.histPanel = h("div", { class: "lg-panel lg-panel-hist" }, histHead, this.histMsg);
-    this.hist = new HistogramChart(this.histPanel, { height: 300, onPick: (step) => app.setState({ step }) });
-
-    // The layer's forward values (activations), when recorded: their histograms beside the gradient's.
-    this.actMsg = h("div");
-    this.actPanel = h("div", { class: "lg-panel lg-panel-act-hist", hidden: true }, h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Activation histograms (forward values)" })), this.actMsg);
-    this.actHist = new HistogramChart(this.actPanel, { height: 300, onPick: (step) => app.setState({ step }) });
-
+    // Histograms of the chosen series and, when recorded, of the layer's forward values.
+    this.hists = new LayerHistograms(app, (series) => this._color(series));
     // Raw tensor.
-    this.tensorSelect = select([], null, () => this._loadTensor(), { "aria-label": "tensor series" });
-    this.tensorInfo = h("div", { class: "lg-muted" });
-    this.tensorMsg = h("div");
-    this.tensorPlot = h("div", { class: "lg-tensor-plot" });
-    this.tensorMap = new Heatmap(this.tensorPlot, { label: "raw gradient", onHover: (c) => this._tensorHover(c), onLeave: () => tooltip().hide() });
-    this.tensorLegend = h("div", { class: "lg-heat-legend" });
-    this.tensorPanel = h(
-      "div",
-      { class: "lg-panel lg-panel-tensor", hidden: true },
-      h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Raw gradient" }), this.tensorSelect),
-      this.tensorInfo,
-      this.tensorMsg,
-      this.tensorLegend,
-      this.tensorPlot,
-    );
-
+    this.tensor = new TensorPanel();
     // Timesteps.
     this.tsMsg = h("div");
     this.tsPanel = h("div", { class: "lg-panel lg-panel-ts", hidden: true }, h("h3", { class: "lg-panel-title", text: "Gradient norm per timestep (RNN)" }), this.tsMsg);
     this.tsChart = new LineChart(this.tsPanel, { height: 200, alwaysLegend: true });
 
     // Each example's own gradient norm (per-example records): hidden without them.
-    this.examples = new ExamplesPanel(app);
+    this.examples = new ExamplesPanel(app, (series) => this._color(series));
 
     this.body = h(
       "div",
       { class: "lg-layer-body" },
-      h("div", { class: "lg-layer-row" }, tablePanel, this.histPanel),
-      h("div", { class: "lg-layer-row" }, this.actPanel),
+      h("div", { class: "lg-layer-row" }, tablePanel, this.hists.panel),
+      h("div", { class: "lg-layer-row" }, this.hists.actPanel),
       h("div", { class: "lg-layer-row" }, this.examples.el),
-      chartsPanel,
-      h("div", { class: "lg-layer-row" }, this.tensorPanel, this.tsPanel),
+      this.charts.el,
+      h("div", { class: "lg-layer-row" }, this.tensor.el, this.tsPanel),
     );
     // Where the run first went non-finite (the anomalies route's `summary.origin`), when it did.
     this.originBox = h("div", { class: "lg-layer-origin" });
     this.el = h("section", { class: "lg-view lg-layer", dataset: { view: "layer" } }, this.toolbar, this.header, this.slider.el, this.message, this.originBox, this.body);
-    this.tensorCache = new Map();
   }
 
   _key(state) {
@@ -139,7 +90,7 @@ export class LayerView {
     if (state.layer && !options.some(([v]) => v === state.layer)) options.push([state.layer, findLayer(run, state.layer) ? state.layer : `${state.layer} (not in this run)`]);
     setOptions(this.layerSelect, options, state.layer);
     this.logToggle.set(state.log ? "1" : "0");
-    this.histMode.set(state.hist);
+    this.hists.setMode(state.hist);
     if (!this.loaded || this.loaded.key !== this._key(state)) await this._load(state, false);
     else this._apply(state);
   }
@@ -166,7 +117,7 @@ export class LayerView {
       this._header(state, null);
     }
     // One bin per pixel of a chart (docs/HTTP_API.md, "Binned answers"); a zoom narrows the range.
-    const window_ = { ...rangeOf(state.zoom), points: pointsFor((this.chartGrid.clientWidth || 900) / 2 - 72) };
+    const window_ = { ...rangeOf(state.zoom), points: pointsFor(this.charts.chartWidth() - 72) };
     try {
       // Each series' anomaly flags over steps, from the `anomalies` route (the rules compare the layer
       // with every other layer of its target and source). Without them the view still works.
@@ -198,11 +149,10 @@ export class LayerView {
       const all = layerSeries(run, state.layer);
       this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run, stored: storedStats(this.app.runs) };
       this.retryOnPoll = false;
-      if (!quiet) this.tensorCache.clear();
-      else for (const k of [...this.tensorCache.keys()]) if (k.endsWith("@latest")) this.tensorCache.delete(k);
+      this.tensor.forget(quiet);
       clear(this.message);
       this.body.hidden = false;
-      await Promise.all([this._loadHist(state, signal), this._loadActHist(state, signal), this._loadTimesteps(state, signal), this.examples.load(state, signal, window_, examplesChoices(all, state.target))]);
+      await Promise.all([this.hists.load(state, this.loaded, this._primary(state), signal), this._loadTimesteps(state, signal), this.examples.load(state, signal, window_, examplesChoices(all, state.target))]);
       if (signal.aborted) return;
       this._apply(state, true);
     } catch (e) {
@@ -232,59 +182,6 @@ export class LayerView {
       L.series.find((x) => x.layer === state.layer && !x.activation) || L.series[0];
   }
 
-  async _loadHist(state, signal) {
-    const L = this.loaded;
-    const withHist = L.all.filter((x) => x.kinds.includes("histogram"));
-    setOptions(this.histSelect, withHist.map((x) => [x.key, x.label]), null);
-    const hs = this._histSeriesFor(state);
-    L.histSeries = hs || null;
-    if (!hs) {
-      L.hist = null;
-      return;
-    }
-    this.histSelect.value = hs.key;
-    try {
-      const body = await api.histograms({ run: state.run, layer: hs.layer, target: hs.target, source: hs.source, max_steps: HIST_STEPS }, { signal });
-      L.hist = { series: hs, steps: body.steps, hists: body.histograms, extra: new Map() };
-      clear(this.histMsg);
-    } catch (e) {
-      if (isAbort(e)) throw e;
-      L.hist = null;
-      replace(this.histMsg, errorBox(e, "the histograms"));
-    }
-  }
-
-  /** The activation's histograms, beside the gradient's (unless those already show the activation). */
-  async _loadActHist(state, signal) {
-    const L = this.loaded;
-    const act = L.all.find((x) => x.activation && x.layer === state.layer && x.kinds.includes("histogram"));
-    L.actHist = null;
-    L.actSeries = act || null;
-    if (!act) return;
-    try {
-      const body = await api.histograms({ run: state.run, layer: act.layer, target: act.target, source: act.source, max_steps: HIST_STEPS }, { signal });
-      L.actHist = { series: act, steps: body.steps, hists: body.histograms };
-      clear(this.actMsg);
-    } catch (e) {
-      if (isAbort(e)) throw e;
-      replace(this.actMsg, errorBox(e, "the activation histograms"));
-    }
-  }
-
-  _drawActHist(state, step) {
-    const L = this.loaded;
-    const A = L && L.actHist;
-    const sameAsMain = Boolean(A && L.histSeries && L.histSeries.key === A.series.key);
-    this.actPanel.hidden = !(L && L.actSeries) || sameAsMain;
-    if (!A || sameAsMain) return;
-    const items = A.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: A.hists[k] }));
-    const stats = L.stats[A.series.key];
-    const total = stats ? stepCount(stats) : A.steps.length;
-    const shown = total > A.steps.length ? `${A.steps.length} of ${total} steps (evenly spread)` : `${A.steps.length} steps`;
-    this.actHist.setTitle(`${A.series.label} — ${shown}; orange: step ${step ?? "—"}`);
-    this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
-  }
-
   /** Where the run broke: a line above the layer's numbers; it names this layer when it is the origin. */
   _origin(state, origin, run) {
     clear(this.originBox);
@@ -299,27 +196,6 @@ export class LayerView {
     });
     line.textContent = `${capitalize(origin.line)}${here ? " — this layer" : ""}`;
     this.originBox.append(line);
-  }
-
-  _histSeriesFor(state) {
-    const withHist = this.loaded.all.filter((x) => x.kinds.includes("histogram"));
-    const primary = this._primary(state);
-    return withHist.find((x) => x.key === state.series) || withHist.find((x) => x.key === primary.key) || withHist[0] || null;
-  }
-
-  async _histAt(step) {
-    // The ridges are thinned to HIST_STEPS; fetch the chosen step's histogram if it is not among them.
-    const L = this.loaded;
-    const H = L && L.hist;
-    if (!H || step === null || H.steps.includes(step) || H.extra.has(step)) return;
-    const hs = H.series;
-    try {
-      const body = await api.histograms({ run: this.state.run, layer: hs.layer, target: hs.target, source: hs.source, start: step, end: step });
-      if (body.steps.length) H.extra.set(step, body.histograms[0]);
-      if (this.loaded === L) this._drawHist(this.state, step);
-    } catch (e) {
-      if (!isAbort(e)) replace(this.histMsg, errorBox(e, `the histogram at step ${step}`));
-    }
   }
 
   async _loadTimesteps(state, signal) {
@@ -355,24 +231,12 @@ export class LayerView {
     const chartsKey = JSON.stringify([L.key, state.log, primary.key, steps.length]);
     if (full || this._chartsKey !== chartsKey) {
       this._chartsKey = chartsKey;
-      this._charts(state, primary, step);
-    } else {
-      for (const c of this.charts) c.chart.setMarker(step);
-      this.mmm.setMarker(step);
-    }
-    const wanted = this._histSeriesFor(state);
-    if (L.histSeries && wanted && wanted.key !== L.histSeries.key) {
-      this._loadHist(state).then(() => {
-        if (this.loaded === L) this._drawHist(this.state, this.step);
-      }, () => {});
-    } else {
-      this._drawHist(state, step);
-      this._histAt(step);
-    }
-    this._drawActHist(state, step);
+      this.charts.draw(state, L, primary, step, nonfiniteMarks(L.stats[primary.key]));
+    } else this.charts.mark(step);
+    this.hists.draw(state, L, primary, step);
     this.examples.draw(state, step);
     this._timesteps(state, step);
-    this._tensorSetup(state, step);
+    this.tensor.show(state.run, L.all, step);
     if (step === null) replace(this.message, note(`Nothing logged yet for ${primary.label}.`));
   }
 
@@ -433,7 +297,7 @@ export class LayerView {
       for (const x of cols) {
         const v = step === null ? undefined : this._valueAt(L.stats[x.key], stat, step);
         const bad = (["nan", "pos_inf", "neg_inf"].includes(stat) && v > 0) || (stat === "no_gradient" && v === 1);
-        tr.appendChild(h("td", { class: bad ? "lg-bad" : null, dataset: { series: x.key, stat }, title: v === undefined ? "no record at this step" : fmtExact(v), text: v === undefined ? "·" : fmtNum(v) }));
+        tr.appendChild(h("td", { class: bad ? "lg-bad" : null, dataset: { series: x.key, stat }, title: v === undefined ? "no record at this step" : null, text: v === undefined ? "·" : fmtNum(v), "data-value": v === undefined ? null : String(v) }));
       }
       tbody.appendChild(tr);
     }
@@ -451,60 +315,10 @@ export class LayerView {
     replace(this.flags, bits);
   }
 
-  _charts(state, primary, step) {
-    const L = this.loaded;
-    const pb = L.stats[primary.key];
-    const xMarks = nonfiniteMarks(pb);
-    const binned = L.series.some((x) => L.stats[x.key].binned);
-    const total = pb.binned ? pb.counts.reduce((a, b) => a + b, 0) : pb.steps.length;
-    replace(this.zoomBox, zoomBar(state.zoom, binned ? `${pb.steps.length} bins of ${total} steps: each line is a bin's largest value, the dotted one its smallest` : "", () => this.app.setState({ zoom: null })));
-    replace(
-      this.seriesLegend,
-      L.series.map((x, k) =>
-        h("span", { class: "lg-legend-item", dataset: { series: x.key } },
-          h("span", { class: "lg-swatch", style: { background: paletteColor(k) } }),
-          h("span", { class: "lg-legend-name", text: x.label }))),
-    );
-    for (const c of this.charts) {
-      const log = c.log && state.log;
-      c.chart.setTitle(`${statLabel(c.stat)}${log ? " (log)" : ""}`);
-      c.chart.update({
-        series: L.series.flatMap((x, k) => lines(L.stats[x.key], c.stat, x.label, paletteColor(k))),
-        log,
-        marker: step,
-        xMarks,
-        xLabel: "step",
-      });
-    }
-    this.mmm.setTitle(`min · mean · max — ${primary.label}`);
-    this.mmm.update({
-      series: [
-        { name: "max", color: "#c62828", xs: pb.steps, ys: (pb.binned ? pb.max : pb.stats).max, dash: "4 3", width: 1.2 },
-        { name: pb.binned ? "mean (bin's largest)" : "mean", color: "#37474f", xs: pb.steps, ys: (pb.binned ? pb.max : pb.stats).mean },
-        { name: "min", color: "#1565c0", xs: pb.steps, ys: (pb.binned ? pb.min : pb.stats).min, dash: "4 3", width: 1.2 },
-      ],
-      log: false,
-      marker: step,
-      xMarks,
-      xLabel: "step",
-    });
-  }
-
-  _drawHist(state, step) {
-    const L = this.loaded;
-    const H = L && L.hist;
-    this.histPanel.hidden = !(L && L.histSeries);
-    if (!H) return;
-    const items = H.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: H.hists[k] }));
-    if (step !== null && !H.steps.includes(step) && H.extra.has(step)) {
-      items.push({ key: step, label: `step ${step}`, buckets: H.extra.get(step) });
-      items.sort((a, b) => a.key - b.key);
-    }
-    const stats = L.stats[H.series.key];
-    const total = stats ? stepCount(stats) : H.steps.length;
-    const shown = total > H.steps.length ? `${H.steps.length} of ${total} steps (evenly spread)` : `${H.steps.length} steps`;
-    this.hist.setTitle(`${H.series.label} — ${shown}; orange: step ${step ?? "—"}`);
-    this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step });
+  /** A series' colour: its column's in the table and its line's in the charts. */
+  _color(series) {
+    const k = this.loaded.series.findIndex((x) => x.key === series.key);
+    return paletteColor(k >= 0 ? k : this.loaded.series.length);
   }
 
   _timesteps(state, step) {
@@ -526,7 +340,7 @@ export class LayerView {
       const j = step === null ? b.steps.length - 1 : b.steps.indexOf(step);
       if (j < 0) return;
       const ys = b.norms[j];
-      series.push({ name: `${b.target} · step ${b.steps[j]}`, color: k ? paletteColor(k + 1) : COLORS.accent, xs: ys.map((_, t) => t), ys, width: 2.2 });
+      series.push({ name: `${b.target} · step ${b.steps[j]}`, color: k ? paletteColor(k + 1) : COLORS.selected, xs: ys.map((_, t) => t), ys, width: 2.2 });
     });
     this.tsChart.update({
       series,
@@ -536,91 +350,6 @@ export class LayerView {
       xFormatHover: (t) => `timestep ${t}`,
       empty: step === null ? "no data" : `no per-timestep norms at step ${step}`,
     });
-  }
-
-  // -- raw tensor ------------------------------------------------------------------------------
-
-  _tensorSetup(state, step) {
-    const L = this.loaded;
-    const withTensor = L.all.filter((x) => x.kinds.includes("tensor"));
-    this.tensorPanel.hidden = !withTensor.length;
-    if (!withTensor.length) return;
-    const current = this.tensorSelect.value;
-    setOptions(this.tensorSelect, withTensor.map((x) => [x.key, x.label]), withTensor.some((x) => x.key === current) ? current : withTensor[0].key);
-    this.tensorSelect.hidden = withTensor.length < 2;
-    clearTimeout(this._tensorTimer);
-    this._tensorTimer = setTimeout(() => this._loadTensor(), 120);
-  }
-
-  async _loadTensor() {
-    const L = this.loaded;
-    if (!L) return;
-    const x = L.all.find((q) => q.key === this.tensorSelect.value);
-    if (!x) return;
-    const step = this.step;
-    const run = this.state.run;
-    const ck = (s) => `${x.key}@${s}`;
-    try {
-      // The steps that have a tensor: from a first answer (the latest), cached.
-      let latest = this.tensorCache.get(ck("latest"));
-      if (!latest) {
-        latest = await api.tensor({ run, layer: x.layer, target: x.target, source: x.source });
-        this.tensorCache.set(ck("latest"), latest);
-        this.tensorCache.set(ck(latest.step), latest);
-      }
-      const steps = latest.steps;
-      let k = step === null ? steps.length - 1 : indexAtOrBefore(steps, step);
-      const exact = k >= 0 && steps[k] === step;
-      if (k < 0) k = 0;
-      const want = steps[k];
-      let body = this.tensorCache.get(ck(want));
-      if (!body) {
-        body = await api.tensor({ run, layer: x.layer, target: x.target, source: x.source, step: want });
-        this.tensorCache.set(ck(want), body);
-      }
-      if (this.loaded !== L || this.step !== step) return;
-      clear(this.tensorMsg);
-      this._drawTensor(body, exact ? null : `no raw tensor at step ${step}; showing step ${want} (raw tensors at ${steps.length} steps)`);
-    } catch (e) {
-      if (isAbort(e)) return;
-      replace(this.tensorMsg, errorBox(e, "the raw gradient"));
-    }
-  }
-
-  _drawTensor(body, why) {
-    const [rows, cols] = body.shape.length === 2 ? body.shape : [1, body.values.flat().length];
-    const bad = new Map(body.nonfinite.map(([r, c, kind]) => [r * cols + c, kind]));
-    let m = Math.max(Math.abs(body.min || 0), Math.abs(body.max || 0)) || 1;
-    const cell = (i, j) => {
-      const kind = bad.get(i * cols + j);
-      if (kind) return kind === "nan" ? NAN_COLOR : INF_COLOR;
-      const v = body.values[i][j];
-      if (v === null || v === undefined) return 0;
-      return RDBU.packed[lutIndex(0.5 + v / (2 * m))];
-    };
-    this.tensorBody = body;
-    const width = Math.max(160, this.tensorPlot.clientWidth || this.tensorPanel.clientWidth - 24 || 400);
-    const rowH = Math.max(4, Math.min(26, Math.floor(260 / rows)));
-    this.tensorMap.draw({ rows, cols, width, rowHeight: rowH, cell });
-    this.tensorInfo.textContent = `step ${body.step} · shown as [${rows}, ${cols}] · min ${fmtNum(body.min)} · max ${fmtNum(body.max)}` +
-      (body.nonfinite.length ? ` · ${body.nonfinite.length} non-finite` : "") + (why ? ` — ${why}` : "");
-    const sw = (color, text) => h("span", { class: "lg-legend-item" }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
-    replace(
-      this.tensorLegend,
-      sw(RDBU.css[0], `−${fmtNum(m, 3)}`),
-      sw(RDBU.css[128], "0"),
-      sw(RDBU.css[255], `+${fmtNum(m, 3)}`),
-      body.nonfinite.some((q) => q[2] === "nan") ? sw(COLORS.nan, "NaN") : null,
-      body.nonfinite.some((q) => q[2] !== "nan") ? sw(COLORS.inf, "±Inf") : null,
-    );
-  }
-
-  _tensorHover(c) {
-    const b = this.tensorBody;
-    if (!b) return;
-    const kind = b.nonfinite.find((q) => q[0] === c.i && q[1] === c.j);
-    const v = kind ? kind[2] : fmtExact(b.values[c.i][c.j]);
-    tooltip().show(c.clientX, c.clientY, `[${c.i}, ${c.j}]`, [["value", v], ["step", String(b.step)]]);
   }
 
   // -- keys, CSV -------------------------------------------------------------------------------
@@ -656,10 +385,6 @@ function prepare(body) {
   return { ...body, query: { run: body.run, layer: body.layer, target: body.target, source: body.source }, exact: new Map(), asked: new Set() };
 }
 
-function stepCount(body) {
-  return body.binned ? body.counts.reduce((a, b) => a + b, 0) : body.steps.length;
-}
-
 /** The exact statistics of a binned answer at `step` ({stat: value}), null if none, undefined if unknown yet. */
 function exactRow(body, step) {
   const k = body.kept.steps.indexOf(step);
@@ -673,15 +398,6 @@ function sliderSteps(body, step) {
   const all = new Set([...body.steps, ...body.kept.steps]);
   if (typeof step === "number" && step >= body.steps[0] && step <= body.last_steps[body.last_steps.length - 1]) all.add(step);
   return [...all].sort((a, b) => a - b);
-}
-
-/** A series' line(s) of one statistic: its values, or for bins the largest (solid) and smallest (dotted). */
-function lines(body, stat, name, color) {
-  if (!body.binned) return [{ name, color, xs: body.steps, ys: body.stats[stat] }];
-  return [
-    { name, color, xs: body.steps, ys: body.max[stat] },
-    { name: `${name} (bin min)`, color, xs: body.steps, ys: body.min[stat], dash: "2 2", width: 1 },
-  ];
 }
 
 /** Red marks at the non-finite steps: exact at kept steps; a bin's first step when none of them is in it. */

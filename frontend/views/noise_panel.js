@@ -6,35 +6,36 @@ import { api, isAbort } from "../api.js";
 import { paletteColor } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
 import { h, replace } from "../dom.js";
-import { smoothedNoiseScale } from "../noise.js";
+import { fmtPercent } from "../format.js";
+import { smoothedNoiseScale, undefinedRanges } from "../noise.js";
+import { onSmoothing, smoothing } from "../smoothing.js";
 import { errorBox } from "./common.js";
+import { SmoothingControl } from "./smoothing_control.js";
 
-const DEFAULT_WEIGHT = 0.6; // TensorBoard's Scalars dashboard's default smoothing
+const UNDEFINED_WHY = "shaded: the averaged |G|² is ≤ 0 there (the noise outweighs the mean gradient), so B_simple has no positive value";
+const RAW_WHY = "there the step's |G|² estimate came out below 0";
 
 export class NoiseScalePanel {
   constructor() {
-    this.weight = DEFAULT_WEIGHT;
     this.body = null;
     this.key = null;
     this.abort = null;
-    this.slider = h("input", {
-      type: "range", min: "0", max: "0.999", step: "0.001", value: String(DEFAULT_WEIGHT), class: "lg-noise-smoothing",
-      "aria-label": "smoothing",
-      on: { input: () => this._smoothing(Number(this.slider.value)) },
-    });
-    this.sliderValue = h("span", { class: "lg-noise-smoothing-value", text: DEFAULT_WEIGHT.toFixed(3) });
+    this.smoothing = new SmoothingControl("lg-noise-smoothing");
     this.info = h("div", { class: "lg-muted" });
     this.msg = h("div");
     const head = h(
       "div",
       { class: "lg-panel-head" },
       h("h3", { class: "lg-panel-title", text: "Gradient noise scale B_simple = tr(Σ) / |G|²" }),
-      h("label", { class: "lg-field" }, h("span", { class: "lg-field-label", text: "Smoothing" }), this.slider, this.sliderValue),
+      this.smoothing.el,
     );
-    this.el = h("div", { class: "lg-panel lg-panel-noise", hidden: true, dataset: { panel: "noise-scale" } }, head, this.info, this.msg);
-    this.chart = new LineChart(this.el, { height: 220, alwaysLegend: true });
+    this.el = h("div", { class: "lg-panel lg-panel-noise", hidden: true, dataset: { panel: "noise-scale", smoothing: String(smoothing()) } }, head, this.info, this.msg);
+    this.chart = new LineChart(this.el, { height: 240, alwaysLegend: true });
+    onSmoothing((w) => {
+      this.el.dataset.smoothing = String(w);
+      if (this.el.isConnected) this.draw();
+    });
   }
-
   /** Ask for `runs`' scalars (quietly again on a poll); hide the panel when none has them. */
   async show(runs) {
     const key = JSON.stringify(runs);
@@ -62,28 +63,28 @@ export class NoiseScalePanel {
     this.draw();
   }
 
-  _smoothing(w) {
-    this.weight = w;
-    this.sliderValue.textContent = w.toFixed(3);
-    this.el.dataset.smoothing = String(w);
-    this.draw();
-  }
-
   draw() {
     const b = this.body;
     if (!b || !b.series.length) return;
     const series = [];
+    const xBands = [];
+    const w = smoothing();
     b.series.forEach((r) => {
       const color = paletteColor(b.runs.indexOf(r.run));
       const label = b.runs.length > 1 ? `${r.run} ` : "";
-      if (b.runs.length === 1) series.push({ name: `${label}raw tr(Σ)/|G|²`, color: "#c7c7c7", xs: r.steps, ys: r.noise_scale, width: 1 });
-      series.push({ name: `${label}EMA(tr Σ) / EMA(|G|²)`, color, xs: r.steps, ys: smoothedNoiseScale(r.trace, r.signal, this.weight), width: 2 });
+      // The raw ratio where the signal estimate is below 0 too (negative: marked under the log axis, never dropped).
+      const raw = r.noise_scale.map((v, k) => (v !== null ? v : r.signal[k] < 0 && typeof r.trace[k] === "number" ? r.trace[k] / r.signal[k] : null));
+      if (b.runs.length === 1) series.push({ name: `${label}raw tr(Σ)/|G|²`, color: "#b0b0b0", xs: r.steps, ys: raw, width: 1 });
+      const ys = smoothedNoiseScale(r.trace, r.signal, w);
+      series.push({ name: `${label}EMA(tr Σ) / EMA(|G|²)`, color, xs: r.steps, ys, width: 2 });
+      for (const [x0, x1] of undefinedRanges(r.steps, ys)) xBands.push({ x0, x1, title: `${label}steps ${x0}–${x1}: ${UNDEFINED_WHY}` });
     });
     const cover = b.series.map((r) => [r.run, r.coverage.filter((v) => v !== null).slice(-1)[0]]).filter(([, c]) => c !== undefined && c < 1);
     const bits = ["the batch size beyond which larger batches stop paying (McCandlish et al. 2018)"];
     if (b.missing.length) bits.push(`not recorded in ${b.missing.join(", ")}`);
-    for (const [run, c] of cover) bits.push(`${b.runs.length > 1 ? `${run}: ` : ""}covers ${(100 * c).toFixed(0)}% of the trainable parameters`);
+    for (const [run, c] of cover) bits.push(`${b.runs.length > 1 ? `${run}: ` : ""}covers ${fmtPercent(c)} of the trainable parameters`);
+    if (xBands.length) bits.push(UNDEFINED_WHY);
     this.info.textContent = bits.join(" · ");
-    this.chart.update({ series, log: true, xLabel: "step", empty: "no step with a positive averaged signal" });
+    this.chart.update({ series, log: true, xBands, nonPositiveWhy: RAW_WHY, xLabel: "step", empty: "no step with a positive averaged signal" });
   }
 }

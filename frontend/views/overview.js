@@ -5,12 +5,12 @@
 import { api, isAbort, isTransient } from "../api.js";
 import { dominatedRule, findingsOf, firstNonfinite, flagNames, flagOf, fromRoute, isOrigin, stateChip, FLAG } from "../anomalies.js";
 import { pointsFor, rangeOf, stepOfBin, stepsOfColumns, zoomBar } from "../bins.js";
-import { indexAtOrBefore } from "../charts/scale.js";
+import { indexAtOrBefore, logTicks, niceTicks } from "../charts/scale.js";
 import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
 import { h, s, clear, replace, select, setOptions } from "../dom.js";
-import { capitalize, commonPrefix, EXAMPLE_STATS, fmtExact, fmtNum, fmtPercent, fmtPow10, MAGNITUDE_STATS, statLabel } from "../format.js";
+import { capitalize, commonPrefix, EXAMPLE_STATS, fmtNum, fmtPercent, MAGNITUDE_STATS, statLabel } from "../format.js";
 import { anyExamples, findRun, hasActivations, hasExamples, valuesOf } from "../model.js";
 import { errorBox, field, note, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
@@ -122,7 +122,10 @@ export class OverviewView {
     this.state = state;
     setOptions(this.statSelect, this._stats(state).map((x) => [x, statLabel(x)]), this._stat(state));
     this.noise.show(this._noiseRuns(state));
-    this.ofField.hidden = !hasActivations(findRun(this.app.runs, state.run));
+    // Offered once any run has activations; for a run without them, disabled with the reason.
+    this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
+    const mine = hasActivations(findRun(this.app.runs, state.run));
+    this.ofToggle.disable("activation", mine ? null : `Nothing to show: run '${state.run}' recorded no activations (GradientLogger(activations=True) records them)`);
     this.ofToggle.set(this._of(state));
     this.csv.href = api.csvUrl({ run: state.run, target: state.target, source: state.source });
     this.csv.setAttribute("download", `layergrad-${state.run}.csv`);
@@ -490,15 +493,22 @@ export class OverviewView {
     const cols = d.steps.length;
     if (!cols) return;
     const colW = width / cols;
-    const n = Math.max(2, Math.min(cols, Math.floor(width / 70)));
-    const seen = new Set();
-    for (let k = 0; k < n; k++) {
-      const j = Math.round((k * (cols - 1)) / (n - 1));
-      if (seen.has(j)) continue;
-      seen.add(j);
-      const x = (j + 0.5) * colW;
+    // Round steps (4 to 6 of them) where they fall: inside a bin's steps, or between two logged steps.
+    const last = d.bins ? d.bins.last_steps : d.steps;
+    const ticks = niceTicks(d.steps[0], last[cols - 1], { integer: true, max: Math.min(6, Math.max(2, Math.floor(width / 70))) });
+    // The first non-finite step is labelled too (in red, under its mark); round ticks too close to it give way.
+    const firstX = first && first.col !== null ? (first.col + 0.5) * colW : null;
+    if (firstX !== null) svg.appendChild(s("text", { x: firstX, y: 15, "text-anchor": "middle", class: "lg-tick lg-tick-nonfinite", text: fmtNum(first.step) }));
+    for (const step of ticks) {
+      const j = indexAtOrBefore(d.steps, step);
+      if (j < 0) continue;
+      const next = j + 1 < cols ? d.steps[j + 1] : d.steps[j] + 1;
+      const frac = d.bins ? (step - d.steps[j] + 0.5) / (last[j] - d.steps[j] + 1) : 0.5 + (step - d.steps[j]) / (next - d.steps[j]);
+      const x = (j + frac) * colW;
+      if (firstX !== null && Math.abs(x - firstX) < 30) continue;
+      const anchor = x < 20 ? "start" : x > width - 20 ? "end" : "middle";
       svg.appendChild(s("line", { x1: x, x2: x, y1: 0, y2: 4, class: "lg-tickmark" }));
-      svg.appendChild(s("text", { x, y: 15, "text-anchor": k === 0 && x < 20 ? "start" : k === n - 1 && x > width - 20 ? "end" : "middle", class: "lg-tick", text: String(d.steps[j]) }));
+      svg.appendChild(s("text", { x, y: 15, "text-anchor": anchor, class: "lg-tick lg-xtick", text: fmtNum(step) }));
     }
     const what = d.bins ? `${cols} bins` : `${cols} logged`;
     svg.appendChild(s("text", { x: width, y: H - 2, "text-anchor": "end", class: "lg-axis-label", text: `step (${what}${cols > width ? `; a pixel column shows the largest value of ${(cols / width).toFixed(1)} steps` : ""})` }));
@@ -519,25 +529,20 @@ export class OverviewView {
       ctx.fillRect(x, 0, 1, 10);
     }
     const ticks = h("div", { class: "lg-colorbar-ticks", style: { width: `${W}px` } });
-    const kLo = Math.ceil(lo - 1e-9);
-    const kHi = Math.floor(hi + 1e-9);
-    const at = (l, text) => ticks.appendChild(h("span", { class: "lg-colorbar-tick", style: { left: `${((l - lo) / (hi - lo)) * 100}%` }, text }));
-    if (kHi - kLo >= 2) {
-      const every = Math.max(1, Math.ceil((kHi - kLo + 1) / 6));
-      for (let k = kLo; k <= kHi; k += every) at(k, fmtPow10(k));
-    } else {
-      // Less than two decades: 1-2-5 ticks.
-      const marks = [];
-      for (let k = Math.floor(lo) - 1; k <= Math.ceil(hi); k++) for (const m of [1, 2, 5]) marks.push(Math.log10(m) + k);
-      const inside = marks.filter((l) => l >= lo - 1e-9 && l <= hi + 1e-9);
-      const every = Math.max(1, Math.ceil(inside.length / 6));
-      inside.forEach((l, n) => {
-        if (n % every === 0) at(l, fmtNum(Number(Math.pow(10, l).toPrecision(2)), 2));
-      });
-      if (!inside.length) {
-        at(lo, fmtNum(Math.pow(10, lo), 3));
-        at(hi, fmtNum(Math.pow(10, hi), 3));
-      }
+    // Round values of the log10 range, as many as fit apart (labels are centred on their value; the bar has
+    // room on both sides for half a label, so that none reaches the title or the swatches beside it).
+    const at = (l, text) => ticks.appendChild(h("span", { class: "lg-colorbar-tick", style: { left: `${((l - lo) / (hi - lo || 1)) * 100}%` }, text }));
+    const px = (v) => ((Math.log10(v) - lo) / (hi - lo || 1)) * W;
+    let shown = [];
+    for (let max = 5; max >= 2 && !shown.length; max--) {
+      const vs = logTicks(Math.pow(10, lo), Math.pow(10, hi), { min: 2, max });
+      if (vs.every((v, k) => k === 0 || px(v) - px(vs[k - 1]) >= 48)) shown = vs;
+    }
+    for (const v of shown) at(Math.log10(v), fmtNum(v));
+    if (!shown.length) {
+      // A range too narrow for two round values far enough apart: its two ends, each inside the bar.
+      ticks.appendChild(h("span", { class: "lg-colorbar-tick lg-colorbar-start", text: fmtNum(Math.pow(10, lo)) }));
+      ticks.appendChild(h("span", { class: "lg-colorbar-tick lg-colorbar-end", text: fmtNum(Math.pow(10, hi)) }));
     }
     const swatch = (color, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
     const glyph = (cls, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: `lg-bar ${cls}` }), h("span", { text }));
@@ -624,17 +629,17 @@ export class OverviewView {
       const open = stepOfBin(d.bins, i, j);
       const b = d.bins;
       rows[0] = ["steps", `${b.steps[j]}–${b.last_steps[j]} (${b.counts[j]} steps in this bin)`];
-      rows.push([`${statLabel(b.stat || stat)} min–max`, `${fmtNum(b.min[i][j], 6)} – ${fmtNum(b.max[i][j], 6)}`]);
+      rows.push([`${statLabel(b.stat || stat)} min–max`, `${fmtNum(b.min[i][j])} – ${fmtNum(b.max[i][j])}`]);
       action = `click: this layer at step ${open.step} (${open.why})`;
     }
-    rows.push([statLabel(stat), fmtExact(m[stat][i][j])]);
-    for (const x of ["norm", "rms", "mean_abs", "std"]) if (x !== stat && m[x]) rows.push([statLabel(x), fmtNum(m[x][i][j], 6)]);
+    rows.push([statLabel(stat), fmtNum(m[stat][i][j])]);
+    for (const x of ["norm", "rms", "mean_abs", "std"]) if (x !== stat && m[x]) rows.push([statLabel(x), fmtNum(m[x][i][j])]);
     if (m.zero_frac) rows.push(["zero fraction", fmtPercent(m.zero_frac[i][j])]);
     if (m.nonfinite) rows.push(["non-finite", fmtNum(m.nonfinite[i][j])]);
     const f = this.anomalies.flags[i * d.steps.length + j];
     const flags = flagNames(f);
     if (flags.length) rows.push(["anomaly", flags.join(", "), "lg-tip-bad"]);
-    if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j], 3)} × (threshold ${this.anomalies.thresholds.VANISH_REL})`]);
+    if (f & FLAG.VANISHING && m.rms) rows.push(["vs. largest", `${fmtNum(m.rms[i][j] / this.anomalies.maxRms[j])} × (threshold ${this.anomalies.thresholds.VANISH_REL})`]);
     tooltip().show(c.clientX, c.clientY, d.layers[i], rows, action);
   }
 

@@ -1,0 +1,404 @@
+"""The tab's charts as a person reads them, in headless Chromium on a real `tensorboard`: sizes, ticks,
+fraction axes, one number format, one colour for the chosen step, zoom reaching the histograms, the step
+keys wherever the focus is, values a log axis cannot draw, the noise-scale chart's undefined steps, a
+control that can do nothing disabled with its reason, colour-bar labels kept apart.
+
+The runs are tests/charts_fixtures.py's (the real summary ops); every expected number is computed here
+from what was written (numpy), and every measured one read from the page (boxes, attributes, text).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("playwright")
+if not os.path.exists("/usr/bin/chromium"):
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+import charts_fixtures as cf  # noqa: E402
+import examples_fixtures as ef  # noqa: E402
+import tab_fixtures as tf_  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
+
+SMOOTHED = "EMA(tr Σ) / EMA(|G|²)"
+RAW = "raw tr(Σ)/|G|²"
+# Today's layer charts (the size this view had before): ~225 x 115 px each.
+OLD_AREA = 225 * 115
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("charts"))
+    work = tmp_path_factory.mktemp("work")
+    last = {cf.STEADY: cf.STEPS - 1, cf.ZERO: cf.STEPS - 1, cf.ACT: cf.STEPS - 1, cf.NOISY: ef.STEPS - 1}
+    write = lambda: cf.write_charts_logdir(logdir)  # noqa: E731
+    with tf_.served(logdir, work, last, write, write_first=True, reload_interval=0) as (tb, browser, written):
+        yield {"tb": tb, "browser": browser, "written": written}
+
+
+@pytest.fixture(autouse=True)
+def no_browser_errors(env):
+    yield
+    tf_.assert_no_browser_errors(env["browser"])
+
+
+def layer_view(env, run: str, layer: str, **state):
+    frame = env["browser"].open(env["tb"].base, {"run": run, "view": "layer", "layer": layer, **state})
+    frame.wait_for_selector(f'.lg-stats-table[data-layer="{layer}"]')
+    frame.wait_for_selector(".lg-panel-charts path.lg-line")
+    return frame
+
+
+def chart(frame, title: str):
+    """The `.lg-chart` of the layer view whose title starts with `title`."""
+    return frame.locator(".lg-panel-charts .lg-chart").filter(
+        has=frame.locator(".lg-chart-title", has_text=re.compile("^" + re.escape(title)))
+    )
+
+
+def step_shown(frame) -> int:
+    return int(frame.locator(".lg-step-value").inner_text())
+
+
+def test_layer_charts_are_twice_as_large_with_4_to_6_ticks_and_fractions_on_0_to_1(env):
+    frame = layer_view(env, cf.STEADY, "net/b")
+    svgs = frame.locator(".lg-panel-charts svg.lg-lines")
+    assert svgs.count() == 6
+    for k in range(6):
+        svg = svgs.nth(k)
+        box = svg.bounding_box()
+        assert box["width"] * box["height"] >= 2 * OLD_AREA, box
+        assert 4 <= svg.locator("text.lg-ytick").count() <= 6
+        assert 4 <= svg.locator("text.lg-xtick").count() <= 6
+    # Fractions on 0…1: the axis' range, its ticks, and net/b's zero fraction (a quarter of it is 0) drawn at 0.25.
+    want = cf.gradient(cf.STEADY, "net/b", 0)
+    zero_frac = float(np.mean(want == 0))
+    for title in ("zero fraction", "non-finite fraction"):
+        c = chart(frame, title)
+        svg = c.locator("svg")
+        assert (float(svg.get_attribute("data-y0")), float(svg.get_attribute("data-y1"))) == (0.0, 1.0)
+        labels = [float(t) for t in cf.texts(svg.locator("text.lg-ytick"))]
+        assert min(labels) == 0 and max(labels) == 1 and 4 <= len(labels) <= 6
+    frame_rect = chart(frame, "zero fraction").locator("rect.lg-frame")
+    top, height = float(frame_rect.get_attribute("y")), float(frame_rect.get_attribute("height"))
+    ys = {y for _, y in cf.path_points(chart(frame, "zero fraction").locator("path.lg-line").get_attribute("d"))}
+    assert all(abs(y - (top + height * (1 - zero_frac))) <= 0.1 for y in ys), (ys, zero_frac)
+    # The histograms: 4 to 6 value ticks, step labels that do not overlap.
+    assert 4 <= frame.locator(".lg-panel-hist svg text.lg-xtick").count() <= 6
+    labels = [t.bounding_box() for t in frame.locator(".lg-panel-hist svg text:not(.lg-xtick)").all()]
+    assert len(labels) >= 4
+    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
+
+
+def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
+    frame = layer_view(env, cf.STEADY, "net/a", step=5)
+    cells = frame.locator(".lg-stats-table td[data-value]")
+    assert cells.count() >= 10
+    for k in range(cells.count()):
+        td = cells.nth(k)
+        text, exact = td.inner_text(), float(td.get_attribute("data-value"))
+        cf.assert_four_digits([text])
+        assert float(text) == pytest.approx(exact, rel=5e-4, abs=0)
+    # The value written: the table's norm is numpy's within 4 significant digits.
+    norm = float(frame.locator('td[data-stat="norm"]').first.inner_text())
+    x = cf.gradient(cf.STEADY, "net/a", 5)
+    want = tf_.numpy_stats(x)["norm"]
+    assert norm == pytest.approx(want, abs=tf_.shown_atol(x, "norm", digits=4))
+    # Axes (charts, histograms) and a chart's tooltip.
+    cf.assert_four_digits(cf.texts(frame.locator(".lg-layer svg text.lg-tick")))
+    svg = frame.locator(".lg-panel-charts svg.lg-lines").first
+    box = svg.bounding_box()
+    svg.hover(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
+    frame.locator(".lg-tooltip").wait_for(state="visible")
+    cf.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
+    # The overview's tooltip.
+    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    canvas = frame.locator(".lg-heatmap-canvas")
+    canvas.wait_for()
+    box = canvas.bounding_box()
+    canvas.hover(position={"x": 5.5 * box["width"] / cf.STEPS, "y": 0.5 * box["height"] / 2})
+    frame.locator(".lg-tooltip").wait_for(state="visible")
+    cf.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
+
+
+def test_the_chosen_step_has_a_colour_no_series_has(env):
+    frame = layer_view(env, cf.ACT, "net/a", step=12)
+    frame.wait_for_selector(".lg-panel-act-hist path.lg-ridge.lg-current")
+    colour = lambda loc: loc.evaluate("e => getComputedStyle(e).stroke")  # noqa: E731
+    markers = frame.locator(".lg-panel-charts line.lg-marker")
+    assert markers.count() == 6
+    selected = {colour(markers.nth(k)) for k in range(6)}
+    assert len(selected) == 1
+    (selected,) = selected
+    lines = frame.locator(".lg-panel-charts path.lg-line, .lg-panel-charts path.lg-line-raw")
+    series = {colour(lines.nth(k)) for k in range(lines.count())}
+    assert len(series) == 2 and selected not in series  # output and activation, one colour each
+    # The table's swatches are the series' colours; the histograms use them, the chosen step's ridge the marker's.
+    swatches = frame.locator(".lg-series-head .lg-swatch")
+    by_head = {
+        frame.locator(".lg-series-head").nth(k).inner_text(): swatches.nth(k).evaluate(
+            "e => getComputedStyle(e).backgroundColor"
+        )
+        for k in range(swatches.count())
+    }
+    assert set(by_head.values()) == series
+    for panel, head in ((".lg-panel-hist", "output"), (".lg-panel-act-hist", "activation (forward value)")):
+        current = frame.locator(f"{panel} path.lg-ridge.lg-current")
+        assert current.get_attribute("data-step") == "12" and colour(current) == selected
+        others = frame.locator(f"{panel} path.lg-ridge:not(.lg-current)")
+        assert others.count() >= 10
+        assert {colour(others.nth(k)) for k in range(others.count())} == {by_head[head]}
+
+
+def test_zoom_reaches_the_histograms(env):
+    def ridge_steps(frame):
+        return [
+            int(s)
+            for s in frame.locator(".lg-panel-hist path.lg-ridge").evaluate_all("es => es.map(e => e.dataset.step)")
+        ]
+
+    frame = layer_view(env, cf.STEADY, "net/a", zoom="10-25")
+    frame.wait_for_selector('.lg-panel-charts .lg-zoom-bar[data-zoom="10-25"]')
+    assert ridge_steps(frame) == list(range(10, 26))  # 16 steps: all of them
+    assert "10–25 (zoomed)" in frame.locator(".lg-panel-hist .lg-chart-title").inner_text()
+    frame.locator(".lg-panel-charts .lg-zoom-reset").click()
+    frame.wait_for_function("() => document.querySelectorAll('.lg-panel-hist path.lg-ridge').length === 20")
+    steps = ridge_steps(frame)
+    assert steps[0] == 0 and steps[-1] == cf.STEPS - 1
+    # A drag across a chart over steps zooms the histograms too.
+    page = env["browser"].page
+    svg = frame.locator(".lg-panel-charts svg.lg-lines").first
+    catcher = svg.locator("rect.lg-catcher")
+    box = catcher.bounding_box()
+    y = box["y"] + box["height"] / 2
+    at = lambda step: box["x"] + box["width"] * step / (cf.STEPS - 1)  # noqa: E731
+    page.mouse.move(at(20), y)
+    page.mouse.down()
+    page.mouse.move(at(30), y, steps=5)
+    page.mouse.up()
+    frame.wait_for_selector(".lg-panel-charts .lg-zoom-reset")
+    a, z = (int(v) for v in tf_.parent_state(page)["zoom"].split("-"))
+    assert 19 <= a <= 21 and 29 <= z <= 31
+    frame.wait_for_function(f"() => document.querySelector('.lg-panel-hist path.lg-ridge')?.dataset.step === '{a}'")
+    assert ridge_steps(frame) == list(range(a, z + 1))
+
+
+def test_step_keys_move_the_same_whatever_has_the_focus(env):
+    frame = layer_view(env, cf.STEADY, "net/a", step=0)
+    page = env["browser"].page
+
+    def press(key, want):
+        page.keyboard.press(key)
+        frame.wait_for_selector(f'.lg-stats-table[data-step="{want}"]')
+        assert step_shown(frame) == want
+
+    frame.locator(".lg-layer-name").click()  # the page
+    press("Shift+ArrowRight", 10)
+    frame.locator(".lg-panel-charts svg.lg-lines").first.focus()  # a chart
+    press("Shift+ArrowRight", 20)
+    frame.locator(".lg-panel-hist svg.lg-hist").focus()  # the histograms
+    press("Shift+ArrowLeft", 10)
+    frame.locator("input.lg-slider").focus()  # the step slider itself
+    press("Shift+ArrowRight", 20)
+    press("ArrowRight", 21)
+    frame.locator(".lg-icon-btn[aria-label='next step']").focus()  # a button
+    press("Shift+ArrowRight", 31)
+    press("ArrowLeft", 30)
+
+
+def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env):
+    written = env["written"]
+    frame = env["browser"].open(env["tb"].base, {"run": cf.NOISY})
+    panel = frame.locator('[data-panel="noise-scale"]')
+    frame.wait_for_selector(f'[data-panel="noise-scale"] path.lg-line[data-series="{SMOOTHED}"]')
+    steps = np.arange(ef.STEPS)
+    signal = written.signal.astype(np.float32).astype(np.float64)
+    for w in (0.6, 0.9):
+        if w != 0.6:
+            frame.locator(".lg-noise-smoothing").fill(str(w))
+            frame.wait_for_function(
+                f"() => document.querySelector('[data-panel=\"noise-scale\"]').dataset.smoothing === '{w}'"
+            )
+        defined = cf.ema(signal, w) > 0
+        assert not defined.all() and defined.any()  # the run has undefined steps at both weights
+        # One path; one stroke per run of defined steps (continuous there), lone steps as dots.
+        paths = panel.locator(f'path.lg-line[data-series="{SMOOTHED}"]')
+        assert paths.count() == 1
+        d = paths.get_attribute("d")
+        runs, k = [], 0
+        while k < len(defined):
+            if defined[k]:
+                j = k
+                while j + 1 < len(defined) and defined[j + 1]:
+                    j += 1
+                runs.append((k, j))
+                k = j + 1
+            else:
+                k += 1
+        assert d.count("M") == len(runs)
+        assert len(cf.path_points(d)) == int(defined.sum())
+        # Each gap shaded, from the last defined step before it to the first after, with its reason.
+        gaps = []
+        for (_, j), (k2, _) in zip(runs, runs[1:]):
+            gaps.append((int(steps[j]), int(steps[k2])))
+        if runs[0][0] > 0:
+            gaps.insert(0, (0, int(steps[runs[0][0]])))
+        if runs[-1][1] < len(steps) - 1:
+            gaps.append((int(steps[runs[-1][1]]), int(steps[-1])))
+        bands = panel.locator("rect.lg-undefined-band")
+        got = [
+            (int(bands.nth(i).get_attribute("data-x0")), int(bands.nth(i).get_attribute("data-x1")))
+            for i in range(bands.count())
+        ]
+        assert got == gaps
+        assert "|G|² is ≤ 0" in bands.first.locator("title").text_content()
+    assert "shaded: the averaged |G|² is ≤ 0 there" in panel.locator(".lg-muted").first.inner_text()
+    # The raw estimate below 0 (a negative signal) is marked at each such step and named under the chart.
+    negative = [int(s) for s in steps[signal < 0]]
+    marks = panel.locator(f'path.lg-nonpos[data-series="{RAW}"]')
+    assert sorted(int(marks.nth(i).get_attribute("data-x")) for i in range(marks.count())) == negative
+    assert (
+        f"{RAW}: below 0 (not drawn on a log scale) at {len(negative)} steps"
+        in panel.locator(".lg-chart-note").inner_text()
+    )
+
+
+def test_the_layer_view_charts_share_the_smoothing(env):
+    frame = layer_view(env, cf.STEADY, "net/a")
+    norm = chart(frame, "L2 norm")
+    frame.locator(".lg-layer-smoothing").fill("0")
+    frame.wait_for_function("() => document.querySelector('.lg-layer-smoothing-value')?.textContent === '0.000'")
+    assert norm.locator("path.lg-line-raw").count() == 0
+    plain = cf.path_points(norm.locator("path.lg-line").get_attribute("d"))
+    frame.locator(".lg-layer-smoothing").fill("0.9")
+    frame.wait_for_function("() => document.querySelector('.lg-layer-smoothing-value')?.textContent === '0.900'")
+    raw = cf.path_points(norm.locator("path.lg-line-raw").get_attribute("d"))
+    smooth = cf.path_points(norm.locator("path.lg-line").get_attribute("d"))
+    assert raw == plain and smooth != plain
+    # The smoothed line is numpy's EMA of the written norms, on the chart's own (log) axis.
+    norms = np.array([tf_.numpy_stats(cf.gradient(cf.STEADY, "net/a", s))["norm"] for s in range(cf.STEPS)])
+    svg = norm.locator("svg")
+    y0, y1 = float(svg.get_attribute("data-y0")), float(svg.get_attribute("data-y1"))
+    rect = norm.locator("rect.lg-frame")
+    top, height = float(rect.get_attribute("y")), float(rect.get_attribute("height"))
+    want = top + height * (np.log10(y1) - np.log10(cf.ema(norms, 0.9))) / (np.log10(y1) - np.log10(y0))
+    np.testing.assert_allclose([y for _, y in smooth], want, atol=0.06)  # the path's one decimal
+    # Non-finite counts are never smoothed (a lone NaN step stays a spike).
+    assert chart(frame, "non-finite fraction").locator("path.lg-line-raw").count() == 0
+    frame.locator(".lg-layer-smoothing").fill("0.6")
+
+
+def test_a_zero_on_a_log_axis_is_named_and_marked(env):
+    page = env["browser"].page
+    frame = env["browser"].open(
+        env["tb"].base, {"view": "compare", "runs": f'["{cf.STEADY}","{cf.ZERO}"]', "layer": "net/b"}
+    )
+    note = frame.locator(".lg-panel-wide .lg-chart-note")
+    frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note')?.textContent.length > 0")
+    assert note.inner_text() == f"▾ under the plot: {cf.ZERO}: 0 (not drawn on a log scale) at {cf.STEPS} steps"
+    marks = frame.locator(f'.lg-panel-wide path.lg-nonpos[data-series="{cf.ZERO}"]')
+    assert marks.count() == cf.STEPS
+    # The tooltip says it too.
+    svg = frame.locator(".lg-panel-wide svg.lg-lines")
+    box = svg.bounding_box()
+    svg.hover(position={"x": box["width"] / 2, "y": box["height"] / 2})
+    row = frame.locator(".lg-tooltip tr", has_text=cf.ZERO).locator("td")
+    row.wait_for()
+    assert row.inner_text().endswith("0 (not drawn on a log scale)")
+    # On a linear axis the zeros are drawn: nothing to say.
+    frame.locator('.lg-compare .lg-toggle[aria-label="y scale"] .lg-toggle-btn', has_text="linear").click()
+    frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note').textContent === ''")
+    assert tf_.parent_state(page)["log"] == "0"
+    frame.locator('.lg-compare .lg-toggle[aria-label="y scale"] .lg-toggle-btn', has_text="log").click()
+    # A run alone whose values are all 0: the log scale cannot show it, and the chart says it draws linear.
+    frame = env["browser"].open(env["tb"].base, {"view": "compare", "runs": f'["{cf.ZERO}"]', "layer": "net/b"})
+    frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note')?.textContent.length > 0")
+    assert (
+        frame.locator(".lg-panel-wide .lg-chart-note")
+        .inner_text()
+        .startswith("no value above 0: drawn on a linear scale")
+    )
+    chip = frame.locator(f'.lg-run-chip[data-run="{cf.ZERO}"]')
+    assert chip.get_attribute("title") == "the only run chosen: pick another one first"
+
+
+def test_a_toggle_that_can_show_nothing_is_disabled_with_its_reason(env):
+    frame = env["browser"].open(env["tb"].base, {"view": "compare", "runs": f'["{cf.STEADY}","{cf.ZERO}"]'})
+    button = frame.locator('.lg-toggle[aria-label="values"] .lg-toggle-btn', has_text="activations")
+    button.wait_for()
+    assert button.is_disabled()
+    assert button.get_attribute("title").startswith(
+        "Nothing to compare: none of the selected runs recorded activations"
+    )
+    frame = env["browser"].open(env["tb"].base, {"view": "compare", "runs": f'["{cf.STEADY}","{cf.ACT}"]'})
+    button = frame.locator('.lg-toggle[aria-label="values"] .lg-toggle-btn', has_text="activations")
+    button.wait_for()
+    assert button.is_enabled() and button.get_attribute("title") is None
+
+
+def test_colour_bar_labels_do_not_overlap(env):
+    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    frame.wait_for_selector(".lg-colorbar-tick")
+    # No label of the colour bar overlaps another, the title or the swatches beside it.
+    ticks = [t.bounding_box() for t in frame.locator(".lg-colorbar-tick").all()]
+    others = [
+        e.bounding_box()
+        for e in frame.locator(".lg-heat-legend .lg-legend-title, .lg-heat-legend .lg-legend-item").all()
+    ]
+    assert len(ticks) >= 2
+    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
+    assert not any(cf.boxes_overlap(a, b) for a in ticks for b in others)
+    cf.assert_four_digits(frame.locator(".lg-colorbar-tick").all_inner_texts())
+
+
+def test_the_overview_step_axis_has_4_to_6_round_ticks_under_their_steps(env):
+    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    canvas = frame.locator(".lg-overview .lg-heatmap-canvas")
+    canvas.wait_for()
+    ticks = frame.locator(".lg-overview svg text.lg-xtick")
+    frame.wait_for_function("() => document.querySelectorAll('.lg-overview svg text.lg-xtick').length > 0")
+    assert 4 <= ticks.count() <= 6
+    steps = [int(t) for t in cf.texts(ticks)]
+    assert steps == sorted(steps) and all(s % 5 == 0 for s in steps)
+    width = float(
+        frame.locator(".lg-overview svg text.lg-xtick").first.evaluate("e => e.ownerSVGElement.width.baseVal.value")
+    )
+    xs = [float(x) for x in ticks.evaluate_all("es => es.map(e => e.getAttribute('x'))")]
+    assert xs == pytest.approx([(s + 0.5) * width / cf.STEPS for s in steps], abs=0.01)  # steps 0…39, a column each
+
+
+def test_every_axis_gets_4_to_6_ticks_inside_its_range(env):
+    """The tab's own tick functions (run in the page) over many ranges: linear, integer (steps) and log."""
+    rng = np.random.default_rng(0)
+    linear = [
+        (float(a), float(a + s)) for a, s in zip(rng.normal(scale=10.0, size=200), 10.0 ** rng.uniform(-6, 6, 200))
+    ]
+    integer = [(int(a), int(a + s)) for a, s in zip(rng.integers(0, 10**6, 200), rng.integers(3, 10**6, 200))]
+    logs = [(float(10**a), float(10 ** (a + s))) for a, s in zip(rng.uniform(-12, 3, 200), rng.uniform(0.05, 15, 200))]
+    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    frame.wait_for_selector(".lg-overview")
+    got = frame.evaluate(
+        """async ([linear, integer, logs]) => {
+            const m = await import('./charts/scale.js');
+            return {
+                linear: linear.map(([a, b]) => m.niceTicks(a, b)),
+                integer: integer.map(([a, b]) => m.niceTicks(a, b, { integer: true })),
+                logs: logs.map(([a, b]) => m.niceLogDomain(a, b)),
+            };
+        }""",
+        [linear, integer, logs],
+    )
+    for (lo, hi), ticks in zip(linear, got["linear"]):
+        assert 4 <= len(ticks) <= 6 and lo - 1e-9 * (hi - lo) <= ticks[0] and ticks[-1] <= hi + 1e-9 * (hi - lo)
+    for (lo, hi), ticks in zip(integer, got["integer"]):
+        assert 4 <= len(ticks) <= 6 and lo <= ticks[0] and ticks[-1] <= hi and all(t == int(t) for t in ticks)
+    for (lo, hi), (d0, d1, ticks) in zip(logs, got["logs"]):
+        assert 4 <= len(ticks) <= 6, (lo, hi, ticks)
+        assert d0 <= lo * (1 + 1e-12) and d1 >= hi * (1 - 1e-12)  # the domain holds the range
+        assert d0 * (1 - 1e-9) <= ticks[0] and ticks[-1] <= d1 * (1 + 1e-9) and ticks == sorted(ticks)
+        assert d1 / d0 <= max(hi / lo, 1) * 100  # grown by at most a decade at each end
