@@ -1,0 +1,446 @@
+"""The gallery's one-loss steps: VAE, Distiller, two-view contrastive, gradient accumulation, `add_loss`,
+`sample_weight` / `class_weight`, and Keras 3's `compute_loss` + `optimizer.apply` (see custom_steps.py)."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import numpy as np
+import tensorflow as tf
+from custom_steps import (
+    ACCUMULATE,
+    ACTIVITY,
+    ALPHA,
+    CLASS_WEIGHT,
+    FEATURES,
+    L2,
+    LATENT,
+    TEMPERATURE,
+    Case,
+    Forward,
+    N,
+    Tape,
+    dataset,
+    differentiate,
+    keras,
+    layers,
+    mlp,
+    rng,
+    weight_paths,
+    with_weights,
+)
+
+CLASSES = 3
+
+
+def _xy(seed: int):
+    r = rng(seed)
+    x = r.normal(size=(N, FEATURES)).astype(np.float32)
+    return x, (np.argmax(x[:, :CLASSES], axis=1)).astype(np.int32)
+
+
+def _numpy_xy(arrays) -> dict:
+    return {"x": arrays[0], "y": arrays[1]}
+
+
+# -- VAE ----------------------------------------------------------------------------------------------------
+
+
+class Sampling(layers.Layer):
+    """z = mean + exp(log_var / 2) * eps; eps comes with the data (the example draws it here)."""
+
+    def call(self, inputs):
+        z_mean, z_log_var, eps = inputs
+        return z_mean + tf.exp(0.5 * z_log_var) * eps
+
+
+def vae_losses(x, z_mean, z_log_var, reconstruction):
+    reconstruction_loss = tf.reduce_mean(tf.reduce_sum(tf.square(x - reconstruction), axis=1))
+    kl = -0.5 * (1.0 + z_log_var - tf.square(z_mean) - tf.exp(z_log_var))
+    kl_loss = tf.reduce_mean(tf.reduce_sum(kl, axis=1))
+    return reconstruction_loss + kl_loss, reconstruction_loss, kl_loss
+
+
+class VAE(keras.Model):
+    """keras.io's VAE: an encoder to (mean, log variance), a sampling layer, a decoder, and its own loss trackers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(name="vae", **kwargs)
+        self.encoder = mlp("encoder", FEATURES, [6, 2 * LATENT])
+        self.sampling = Sampling(name="sampling")
+        self.decoder = mlp("decoder", LATENT, [6, FEATURES])
+        self.trackers = [keras.metrics.Mean(name=n) for n in ("total_loss", "reconstruction_loss", "kl_loss")]
+
+    @property
+    def metrics(self):
+        return list(self.trackers)
+
+    def train_step(self, data):
+        x, eps = data
+        with tf.GradientTape() as tape:
+            z_mean, z_log_var = tf.split(self.encoder(x, training=True), 2, axis=-1)
+            z = self.sampling([z_mean, z_log_var, eps])
+            losses = vae_losses(x, z_mean, z_log_var, self.decoder(z, training=True))
+        grads = tape.gradient(losses[0], self.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        for tracker, value in zip(self.trackers, losses):
+            tracker.update_state(value)
+        return {t.name: t.result() for t in self.trackers}
+
+
+def _build_vae():
+    keras.utils.set_random_seed(31)
+    model = VAE()
+    model.compile(optimizer=keras.optimizers.Adam(0.01))
+    return model
+
+
+def _vae_data():
+    r = rng(31)
+    return r.normal(size=(N, FEATURES)).astype(np.float32), r.normal(size=(N, LATENT)).astype(np.float32)
+
+
+def _reproduce_vae(model, before, after, batch) -> List[Tuple[str, Tape]]:
+    x, eps = (tf.constant(a) for a in batch)
+    paths = weight_paths(model, {"encoder": model.encoder, "decoder": model.decoder})
+    with with_weights(model, before), tf.GradientTape() as tape:
+        fwd = Forward(tape)
+        z_mean, z_log_var = tf.split(fwd.sequential(model.encoder, x, "vae/encoder"), 2, axis=-1)
+        z = fwd.layer(model.sampling, "vae/sampling", [z_mean, z_log_var, eps])
+        total = vae_losses(x, z_mean, z_log_var, fwd.sequential(model.decoder, z, "vae/decoder"))[0]
+    return [("vae", differentiate(tape, fwd, total, model.trainable_weights, paths))]
+
+
+VAE_CASE = Case("vae", _build_vae, _vae_data, dataset, _reproduce_vae)
+
+
+# -- Distiller ------------------------------------------------------------------------------------------------
+
+
+class Distiller(keras.Model):
+    """keras.io's knowledge distillation: the teacher (frozen) predicts before the tape, the student learns from
+    the labels and from the teacher's softened predictions."""
+
+    def __init__(self, student, teacher, **kwargs):
+        super().__init__(name="distiller", **kwargs)
+        self.student, self.teacher = student, teacher
+
+    def compile(self, optimizer, student_loss_fn, distillation_loss_fn):
+        super().compile(optimizer=optimizer)
+        self.student_loss_fn, self.distillation_loss_fn = student_loss_fn, distillation_loss_fn
+
+    def distill_loss(self, y, teacher_pred, student_pred):
+        student_loss = self.student_loss_fn(y, student_pred)
+        soft = self.distillation_loss_fn(
+            tf.nn.softmax(teacher_pred / TEMPERATURE, axis=1), tf.nn.softmax(student_pred / TEMPERATURE, axis=1)
+        )
+        return ALPHA * student_loss + (1.0 - ALPHA) * soft * TEMPERATURE**2
+
+    def train_step(self, data):
+        x, y = data
+        teacher_pred = self.teacher(x, training=False)
+        with tf.GradientTape() as tape:
+            loss = self.distill_loss(y, teacher_pred, self.student(x, training=True))
+        grads = tape.gradient(loss, self.student.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.student.trainable_variables))
+        return {"distillation_loss": loss}
+
+
+def _build_distiller():
+    keras.utils.set_random_seed(32)
+    teacher = mlp("teacher", FEATURES, [8, CLASSES])
+    teacher.trainable = False
+    model = Distiller(mlp("student", FEATURES, [4, CLASSES]), teacher)
+    model.compile(
+        keras.optimizers.SGD(0.1),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        keras.losses.KLDivergence(),
+    )
+    return model
+
+
+def _reproduce_distiller(model, before, after, batch) -> List[Tuple[str, Tape]]:
+    x, y = (tf.constant(a) for a in batch)
+    paths = weight_paths(model, {"student": model.student})
+    with with_weights(model, before):
+        teacher_pred = model.teacher(x, training=False)  # before the tape: on no tape
+        with tf.GradientTape() as tape:
+            fwd = Forward(tape)
+            loss = model.distill_loss(y, teacher_pred, fwd.sequential(model.student, x, "distiller/student"))
+        return [("student", differentiate(tape, fwd, loss, model.student.trainable_variables, paths))]
+
+
+DISTILLER_CASE = Case("distiller", _build_distiller, lambda: _xy(32), _numpy_xy, _reproduce_distiller)
+
+
+# -- two views ------------------------------------------------------------------------------------------------
+
+
+def negative_cosine(p, z):
+    """SimSiam's D(p, z): the target branch is a constant (stop-gradient)."""
+    p = tf.math.l2_normalize(p, axis=1)
+    z = tf.math.l2_normalize(tf.stop_gradient(z), axis=1)
+    return -tf.reduce_mean(tf.reduce_sum(p * z, axis=1))
+
+
+class SimSiam(keras.Model):
+    """A two-view contrastive step (keras.io's SimSiam): one encoder and predictor on both views, symmetric loss."""
+
+    def __init__(self, **kwargs):
+        super().__init__(name="simsiam", **kwargs)
+        self.encoder = mlp("encoder", FEATURES, [6, 5])
+        self.predictor = mlp("predictor", 5, [4, 5])
+
+    def views_loss(self, v1, v2, encode, predict):
+        z1, z2 = encode(v1), encode(v2)
+        return 0.5 * negative_cosine(predict(z1), z2) + 0.5 * negative_cosine(predict(z2), z1)
+
+    def train_step(self, data):
+        v1, v2 = data
+        with tf.GradientTape() as tape:
+            loss = self.views_loss(v1, v2, lambda v: self.encoder(v, training=True), self.predictor)
+        variables = self.encoder.trainable_variables + self.predictor.trainable_variables
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return {"loss": loss}
+
+
+def _build_simsiam():
+    keras.utils.set_random_seed(33)
+    model = SimSiam()
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9))
+    return model
+
+
+def _views():
+    r = rng(33)
+    v1 = r.normal(size=(N, FEATURES)).astype(np.float32)
+    return v1, (v1 + 0.1 * r.normal(size=v1.shape)).astype(np.float32)
+
+
+def _reproduce_simsiam(model, before, after, batch) -> List[Tuple[str, Tape]]:
+    v1, v2 = (tf.constant(a) for a in batch)
+    paths = weight_paths(model, {"encoder": model.encoder, "predictor": model.predictor})
+    with with_weights(model, before), tf.GradientTape() as tape:
+        fwd = Forward(tape)
+        loss = model.views_loss(
+            v1,
+            v2,
+            lambda v: fwd.sequential(model.encoder, v, "simsiam/encoder"),
+            lambda z: fwd.sequential(model.predictor, z, "simsiam/predictor"),
+        )
+    variables = model.encoder.trainable_variables + model.predictor.trainable_variables
+    return [("simsiam", differentiate(tape, fwd, loss, variables, paths))]
+
+
+CONTRASTIVE_CASE = Case("contrastive", _build_simsiam, _views, dataset, _reproduce_simsiam)
+
+
+# -- one body, one loss: accumulation, add_loss, weights, Keras 3's step ---------------------------------------
+
+
+class Body(keras.Model):
+    """A subclassed model around one Sequential stack (the steps below differ only in train_step)."""
+
+    def __init__(self, name: str, body=None, **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.body = body if body is not None else mlp("body", FEATURES, [6, CLASSES])
+
+    def call(self, x, training=False):
+        return self.body(x, training=training)
+
+
+class Accumulating(Body):
+    """Gradient accumulation: each batch's gradient is added up; the optimizer applies the mean every
+    ACCUMULATE-th batch (in a tf.cond), so most batches train nothing."""
+
+    def __init__(self, **kwargs):
+        super().__init__("accum", **kwargs)
+        self.count = self.add_weight(name="count", shape=(), dtype="int32", initializer="zeros", trainable=False)
+        self.sums = [
+            self.add_weight(name=f"sum_{i}", shape=v.shape, initializer="zeros", trainable=False)
+            for i, v in enumerate(self.body.trainable_variables)
+        ]
+
+    def compile(self, optimizer, loss):
+        super().compile(optimizer=optimizer, loss=loss)
+        self.optimizer.build(self.body.trainable_variables)  # its variables exist before the tf.cond branch
+
+    def _apply(self):
+        variables = self.body.trainable_variables
+        self.optimizer.apply_gradients(zip([tf.convert_to_tensor(s) for s in self.sums], variables))
+        self.count.assign(0)
+        for s in self.sums:
+            s.assign(tf.zeros_like(s))
+        return tf.constant(True)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(self.loss(y, self(x, training=True)))
+        grads = tape.gradient(loss, self.body.trainable_variables)
+        for s, g in zip(self.sums, grads):
+            s.assign_add(g / ACCUMULATE)
+        self.count.assign_add(1)
+        tf.cond(tf.equal(self.count, ACCUMULATE), self._apply, lambda: tf.constant(False))
+        return {"loss": loss}
+
+
+def _build_accumulating():
+    keras.utils.set_random_seed(34)
+    model = Accumulating()
+    model.compile(keras.optimizers.SGD(0.2), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+class ActivityPenalty(layers.Layer):
+    """Passes its input through and `add_loss`es ACTIVITY * mean(x^2)."""
+
+    def call(self, x):
+        self.add_loss(ACTIVITY * tf.reduce_mean(tf.square(x)))
+        return x
+
+
+class Regularized(Body):
+    """A hand-written loss plus `self.losses`: an activity penalty (add_loss) and a kernel regularizer."""
+
+    def __init__(self, **kwargs):
+        body = keras.Sequential(
+            [
+                keras.Input((FEATURES,)),
+                layers.Dense(6, activation="tanh", kernel_regularizer=keras.regularizers.L2(L2), name="b0"),
+                ActivityPenalty(name="penalty"),
+                layers.Dense(CLASSES, name="b1"),
+            ],
+            name="body",
+        )
+        super().__init__("addloss", body=body, **kwargs)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.loss(y, self(x, training=True)) + tf.add_n(self.losses)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+def _build_regularized():
+    keras.utils.set_random_seed(35)
+    model = Regularized()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=keras.losses.SparseCategoricalCrossentropy(True))
+    return model
+
+
+def _regularization(model):
+    """The penalties by hand (not `model.losses`): L2 * sum(kernel^2) and the activity term of `penalty`'s input."""
+    return lambda h: (
+        ACTIVITY * tf.reduce_mean(tf.square(h)) + L2 * tf.reduce_sum(tf.square(model.body.get_layer("b0").kernel))
+    )
+
+
+class Weighted(Body):
+    """The guide's step that supports `sample_weight` and `class_weight`: unpack, `compute_loss`, apply_gradients."""
+
+    def __init__(self, **kwargs):
+        super().__init__("weighted", **kwargs)
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        with tf.GradientTape() as tape:
+            loss = self.compute_loss(x=x, y=y, y_pred=self(x, training=True), sample_weight=sample_weight)
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}
+
+
+class Keras3Step(Body):
+    """Keras 3's guide step: `self.compute_loss`, `self.optimizer.apply`, the compiled metrics updated by hand."""
+
+    def __init__(self, **kwargs):
+        super().__init__("k3step", **kwargs)
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+        self.optimizer.apply(tape.gradient(loss, self.trainable_variables), self.trainable_variables)
+        for metric in self.metrics:
+            if metric.name == "loss":
+                metric.update_state(loss)
+            else:
+                metric.update_state(y, y_pred)
+        return {m.name: m.result() for m in self.metrics}
+
+
+def _built(cls, seed: int, **compile_kwargs):
+    def build():
+        keras.utils.set_random_seed(seed)
+        model = cls()
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            **compile_kwargs,
+        )
+        return model
+
+    return build
+
+
+def _reproducer(label: str, weight_of=None, extra=None):
+    """A one-tape step on model.body: loss = the compiled loss (weighted per example) [+ extra(penalty input)]."""
+
+    def reproduce(model, before, after, batch) -> List[Tuple[str, Tape]]:
+        x, y = tf.constant(batch[0]), tf.constant(batch[1])
+        weights = None if weight_of is None else tf.constant(weight_of(batch))
+        paths = weight_paths(model, {"body": model.body})
+        with with_weights(model, before), tf.GradientTape() as tape:
+            fwd = Forward(tape)
+            pred = fwd.sequential(model.body, x, f"{model.name}/body")
+            loss = tf.reduce_mean(model.loss(y, pred, sample_weight=weights))
+            if extra is not None:
+                loss = loss + extra(model)(fwd.outputs[f"{model.name}/body/b0"])  # the penalty layer's input
+        return [(label, differentiate(tape, fwd, loss, model.body.trainable_variables, paths))]
+
+    return reproduce
+
+
+def _sample_weights():
+    x, y = _xy(36)
+    return x, y, rng(36).uniform(0.1, 2.0, size=N).astype(np.float32)
+
+
+def _class_weights(batch):
+    return np.array([CLASS_WEIGHT[int(c)] for c in batch[1]], np.float32)
+
+
+def _no_apply_method() -> str:
+    """Why `optimizer.apply(grads, variables)` is missing where it is (an observed fact, not a version check)."""
+    if hasattr(keras.optimizers.SGD(), "apply"):
+        return None
+    return "this Keras' optimizers have no apply(gradients, variables): the step is Keras 3's guide pattern"
+
+
+SINGLE_CASES = [
+    VAE_CASE,
+    DISTILLER_CASE,
+    CONTRASTIVE_CASE,
+    Case("accumulation", _build_accumulating, lambda: _xy(34), _numpy_xy, _reproducer("accum")),
+    Case("add_loss", _build_regularized, lambda: _xy(35), _numpy_xy, _reproducer("addloss", extra=_regularization)),
+    Case(
+        "sample_weight",
+        _built(Weighted, 36),
+        _sample_weights,
+        lambda a: {"x": a[0], "y": a[1], "sample_weight": a[2]},
+        _reproducer("weighted", weight_of=lambda b: b[2]),
+    ),
+    Case(
+        "class_weight",
+        _built(Weighted, 37),
+        lambda: _xy(37),
+        lambda a: {"x": a[0], "y": a[1], "class_weight": CLASS_WEIGHT},
+        _reproducer("weighted", weight_of=_class_weights),
+    ),
+    Case("compute_loss_apply", _built(Keras3Step, 38), lambda: _xy(38), _numpy_xy, _reproducer("k3step")),
+]
+SINGLE_CASES[-1].keras3_only = _no_apply_method()

@@ -1,0 +1,120 @@
+"""GradientLogger on a gallery of real custom train_steps (tests/custom_steps*.py), in graph and eager mode.
+
+For every case, two fit()s of 4 batches from the same seed, one with GradientLogger:
+(a) training is bitwise what it is without GradientLogger, batch by batch;
+(b) every batch's records are at the step at which Keras' own `TensorBoard(update_freq=1)`, in the same
+    fit(), writes that batch's `batch_*` scalars (both read back through TensorBoard's readers);
+(c) each target's records (its loss, layer-output gradients and, with weights=True, the gradients of the
+    weights its tape was asked for, and no other weight) equal the case's independent reproduction of that
+    tape (its own `tf.GradientTape` on the weights saved around the batch, on the same batch).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+import numpy as np
+import pytest
+import tb_reading
+from custom_steps import BATCHES, Case, batches, keras, path_length
+from custom_steps_gan import GAN_CASE, WGAN_CASE
+from custom_steps_single import SINGLE_CASES
+from fit_helpers import MAX, TF_KERAS, assert_close, bounded, one, read_series, stat
+
+import tb_layergrad
+
+CASES = [GAN_CASE, WGAN_CASE, *SINGLE_CASES]
+MODES = ("graph", "eager")
+pytestmark = pytest.mark.timeout(600)
+
+
+class Snapshots(keras.callbacks.Callback):
+    """The model's weights before and after each batch, keyed by the count of batches trained (from 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before: Dict[int, List[np.ndarray]] = {}
+        self.after: Dict[int, List[np.ndarray]] = {}
+        self.count = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.count += 1
+        self.before[self.count] = self.model.get_weights()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.after[self.count] = self.model.get_weights()
+
+
+def target_names(case: Case, labels: List[str]) -> List[str]:
+    """The target each reproduced tape is logged under (docs/FIT.md, "Custom `train_step`: what is logged")."""
+    return labels
+
+
+def _fit(case: Case, mode: str, log_dir: str, logged: bool):
+    model = case.build()
+    model.run_eagerly = mode == "eager"
+    snapshots = Snapshots()
+    callbacks = [snapshots, keras.callbacks.TensorBoard(log_dir, update_freq=1)]
+    if logged:
+        callbacks.append(tb_layergrad.GradientLogger(log_dir, update_freq=1, weights=True, max_elements=MAX))
+    arrays = case.data()
+    model.fit(
+        **case.fit_kwargs(arrays),
+        batch_size=len(batches(arrays)[0][0]),
+        epochs=1,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+    return model, snapshots, arrays
+
+
+def _check_tape(series, target: str, step: int, tape, length: int) -> None:
+    """The records of `target` at `step` are the reproduced tape's numbers."""
+    infos = {(info.source, info.layer): info for info, _ in series.values() if info.target == target}
+    assert infos, f"no records for target {target!r} (targets: {sorted({i.target for i, _ in series.values()})})"
+    loss = [layer for source, layer in infos if source == "target"]
+    assert len(loss) == 1, loss
+    assert_close(stat(one(series, f"{target}/target/{loss[0]}/stats", step), "mean"), tape.loss, "loss", length)
+    reproduced = {path for path, g in tape.outputs.items() if g is not None}
+    logged = {layer for source, layer in infos if source == "output"}
+    assert logged == reproduced, f"{target}: logged {sorted(logged)}, reproduced {sorted(reproduced)}"
+    for path in sorted(logged):
+        got = one(series, f"{target}/output/{path}/tensor", step)
+        assert_close(got, bounded(tape.outputs[path], MAX), f"{target} {path} at step {step}", length)
+    weights = {layer for source, layer in infos if source == "weight"}
+    assert weights == set(tape.weights), f"{target}: weights {sorted(weights)}, asked {sorted(tape.weights)}"
+    for path in sorted(weights):
+        got = one(series, f"{target}/weight/{path}/tensor", step)
+        assert_close(got, bounded(tape.weights[path], MAX), f"{target} weight {path} at step {step}", length)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_gallery_step(tmp_path, case: Case, mode: str):
+    if TF_KERAS and case.keras3_only:
+        pytest.skip(case.keras3_only)
+    plain, plain_snaps, _ = _fit(case, mode, str(tmp_path / "plain"), logged=False)
+    model, snaps, arrays = _fit(case, mode, str(tmp_path / "logged"), logged=True)
+
+    # (a) bitwise the same training, batch by batch
+    assert sorted(snaps.after) == list(range(1, BATCHES + 1))
+    for step in snaps.after:
+        for a, b in zip(plain_snaps.after[step], snaps.after[step]):
+            np.testing.assert_array_equal(a, b, err_msg=f"{case.name}: weights after batch {step}")
+
+    # (b) at Keras' TensorBoard steps
+    scalars = tb_reading.scalars(str(tmp_path / "logged"))["train"]
+    keras_steps = sorted({s for tag, points in scalars.items() if tag.startswith("batch_") for s in points})
+    assert keras_steps == list(range(1, BATCHES + 1)), scalars.keys()
+    series = read_series(str(tmp_path / "logged"))
+    for info, by_step in series.values():
+        assert sorted(by_step) == keras_steps, f"{info.target}/{info.source}/{info.layer}/{info.kind}"
+
+    # (c) each tape's numbers
+    for step, batch in zip(keras_steps, batches(arrays)):
+        tapes = case.reproduce(model, snaps.before[step], snaps.after[step], batch)
+        length = path_length(model, batch)
+        for target, (_, tape) in zip(target_names(case, [label for label, _ in tapes]), tapes):
+            if target is not None:
+                _check_tape(series, target, step, tape, length)
