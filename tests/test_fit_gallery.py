@@ -1,4 +1,4 @@
-"""GradientLogger on a gallery of real custom train_steps (tests/custom_steps*.py), in graph and eager mode.
+"""GradientLogger on a gallery of real custom train_steps (tests/gallery_*.py), in graph and eager mode.
 
 For every case, two fit()s of 4 batches from the same seed, one with GradientLogger:
 (a) training is bitwise what it is without GradientLogger, batch by batch;
@@ -16,10 +16,10 @@ from typing import Dict, List
 import numpy as np
 import pytest
 import tb_reading
-from custom_steps import BATCHES, Case, batches, keras, path_length
-from custom_steps_gan import GAN_CASE, WGAN_CASE
-from custom_steps_single import SINGLE_CASES
 from fit_helpers import MAX, TF_KERAS, assert_close, bounded, one, read_series, stat
+from gallery_gan import GAN_CASE, WGAN_CASE
+from gallery_single import SINGLE_CASES
+from gallery_steps import BATCHES, Case, batches, keras, path_length
 
 import tb_layergrad
 

@@ -1,4 +1,4 @@
-"""The gallery's adversarial steps: the guide's GAN and WGAN-GP (see custom_steps.py for the conventions)."""
+"""The gallery's adversarial steps: the guide's GAN and WGAN-GP (see gallery_steps.py for the conventions)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import List, Tuple
 
 import numpy as np
 import tensorflow as tf
-from custom_steps import (
+from gallery_steps import (
     CRITIC_STEPS,
     FEATURES,
     GP_WEIGHT,

@@ -1,5 +1,5 @@
 """The gallery's one-loss steps: VAE, Distiller, two-view contrastive, gradient accumulation, `add_loss`,
-`sample_weight` / `class_weight`, and Keras 3's `compute_loss` + `optimizer.apply` (see custom_steps.py)."""
+`sample_weight` / `class_weight`, and Keras 3's `compute_loss` + `optimizer.apply` (see gallery_steps.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import List, Tuple
 
 import numpy as np
 import tensorflow as tf
-from custom_steps import (
+from gallery_steps import (
     ACCUMULATE,
     ACTIVITY,
     ALPHA,
