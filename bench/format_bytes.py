@@ -24,9 +24,7 @@ PARTS = ("framing", "metadata", "stats", "histogram", "other")
 _FRAME = 16
 
 
-def write_fit_logdir(
-    logdir: str, layers: int = 100, steps: int = 4000, format_version: int = 2, width: int = 32
-) -> float:
+def write_fit_logdir(logdir: str, layers: int = 100, steps: int = 4000, width: int = 32) -> float:
     """Train `layers` Dense layers for `steps` steps with GradientLogger's defaults; returns the seconds taken."""
     import keras
 
@@ -43,7 +41,7 @@ def write_fit_logdir(
     x = rng.normal(size=(batch * steps, width)).astype(np.float32)
     y = rng.normal(size=(batch * steps, 1)).astype(np.float32)
     start = time.perf_counter()
-    logger = tb_layergrad.GradientLogger(logdir, format_version=format_version)
+    logger = tb_layergrad.GradientLogger(logdir)
     model.fit(x, y, batch_size=batch, epochs=1, verbose=0, callbacks=[logger])
     return time.perf_counter() - start
 

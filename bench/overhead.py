@@ -265,23 +265,20 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
 
     return {
         "plain": fit([]),
-        "ours_every_1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), every_n_steps=1)]),
-        "ours_every_10": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10"), every_n_steps=10)]),
-        "ours_every_1, format_version=1": fit(
-            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1v1"), format_version=1)]
-        ),
-        "ours_every_10, check_every_step=False": fit(
+        "ours_every_1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), update_freq=1)]),
+        "ours_every_10": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10"), update_freq=10)]),
+        'ours_every_10, on_nonfinite="ignore"': fit(
             [
                 tb_layergrad.GradientLogger(
-                    os.path.join(logdir, f"fit_{name}_10u"), every_n_steps=10, check_every_step=False
+                    os.path.join(logdir, f"fit_{name}_10u"), update_freq=10, on_nonfinite="ignore"
                 )
             ]
         ),
         "ours_every_1+activations": fit(
-            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1a"), every_n_steps=1, activations=True)]
+            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1a"), update_freq=1, activations=True)]
         ),
         "ours_every_10+activations": fit(
-            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10a"), every_n_steps=10, activations=True)]
+            [tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_10a"), update_freq=10, activations=True)]
         ),
         "keras.TensorBoard(histogram_freq=1)": fit(
             [keras.callbacks.TensorBoard(os.path.join(logdir, f"fit_{name}_keras"), histogram_freq=1)]

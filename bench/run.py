@@ -182,7 +182,7 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
 
     real, *others = sizes
     lines = [
-        f"### Format versions 1 and 2: event-file bytes of fit() with GradientLogger's defaults "
+        f"### Event-file bytes of fit() with GradientLogger's defaults "
         f"({real[1]} Dense layers, {real[2]} steps, every step)\n"
     ]
     lines.append(
@@ -190,9 +190,9 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
     )
     lines.append("|---|---|---|---|---|---|---|---|")
     logdirs = []
-    for version in (1, 2):
+    for version in (2,):  # GradientLogger writes the newest format only
         logdir = tempfile.mkdtemp(prefix=f"layergrad_fit_v{version}_")
-        seconds = format_bytes.write_fit_logdir(logdir, real[1], real[2], version)
+        seconds = format_bytes.write_fit_logdir(logdir, real[1], real[2])
         parts = format_bytes.bytes_by_part(logdir)
         per = real[1] * real[2]
         figures.setdefault("format_bytes", {})[version] = sum(parts.values()) / per
@@ -311,10 +311,10 @@ def target_table(figures: Dict, tab_size: tuple) -> List[str]:
     for mode, label in (("loop", "custom loop"), ("fit", "fit()")):
         for name, r in figures.get(mode, {}).items():
             every10, every1 = r.get("ours_every_10"), r.get("ours_every_1")
-            unchecked = r.get("ours_every_10, check_every_step=False")
+            unchecked = r.get('ours_every_10, on_nonfinite="ignore"')
             if unchecked is not None:  # fit(): the schedule alone; by default every step is also checked for NaN/Inf
                 row(
-                    f"{label}, {name}, all layers every 10 steps, check_every_step=False",
+                    f'{label}, {name}, all layers every 10 steps, on_nonfinite="ignore"',
                     "<= 1.03x",
                     unchecked,
                     unchecked <= 1.03,
@@ -411,7 +411,7 @@ READING = """### Reading the figures
   exact, NaN-safe epilogue costs; this floor minus the first is what the statistics cost.
 - *TensorFlow ops (no fused kernel)*: ours where the fused kernel cannot be built.
 - fit(): *ours_every_N* is the default, which also checks every step for a NaN/Inf (the observing step
-  runs at every step); *check_every_step=False* runs Keras' own step on the steps that log nothing;
+  runs at every step); *on_nonfinite="ignore"* runs Keras' own step on the steps that log nothing;
   *+activations* also logs the layer outputs.
 - Route timings are medians of 11 warm requests. The machine may be shared: compare ratios within one run.
 

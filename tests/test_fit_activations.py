@@ -109,7 +109,7 @@ def test_fit_activations_equal_an_independent_forward_pass(tmp_path, kind, mode)
     x, y = data()
     batch = 8 if len(x) > 8 else 2
     saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=2, activations=True)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=2, activations=True)
     model.fit(x, y, batch_size=batch, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
     series = read_series(log_dir(tmp_path))
     per_epoch = len(x) // batch
@@ -224,7 +224,7 @@ def _nonfinite(series, tag, step) -> bool:
 @pytest.mark.parametrize("mode", MODES)
 def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, mode):
     x, y = _bad_batch_data(12, 7, -50.0, seed=6)
-    logger, series = _fit(tmp_path, sqrt_model(), x, y, mode, every_n_steps=10, activations=True)
+    logger, series = _fit(tmp_path, sqrt_model(), x, y, mode, update_freq=10, activations=True)
     steps = sorted({s for _, (info, by) in series.items() if info.source == "output" for s in by})
     assert steps == [7, 10]  # step 7 (not a multiple of 10) is the first non-finite one: written anyway
     assert _nonfinite(series, "loss/output/sq/dense_0/stats", 7)
@@ -237,7 +237,7 @@ def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, mode):
 @pytest.mark.parametrize("mode", ["graph", "xla"])
 def test_forward_nan_is_placed_in_its_layer(tmp_path, mode):
     x, y = _bad_batch_data(12, 5, 50.0, seed=5)
-    logger, series = _fit(tmp_path, _log_model(), x, y, mode, every_n_steps=10, activations=True)
+    logger, series = _fit(tmp_path, _log_model(), x, y, mode, update_freq=10, activations=True)
     assert _nonfinite(series, "forward/activation/lg/log_features/stats", 5)
     assert not _nonfinite(series, "forward/activation/lg/shift/stats", 5)
     assert (logger.nonfinite.step, logger.nonfinite.pass_, logger.nonfinite.origin) == (5, "forward", "lg/log_features")
@@ -246,7 +246,7 @@ def test_forward_nan_is_placed_in_its_layer(tmp_path, mode):
 def test_loss_nan_without_activations_cannot_be_placed(tmp_path):
     """No activations: a non-finite loss is the forward pass or the loss; the records say which they can."""
     x, y = _bad_batch_data(8, 3, 50.0, seed=5)
-    logger, series = _fit(tmp_path, _log_model(), x, y, every_n_steps=10)
+    logger, series = _fit(tmp_path, _log_model(), x, y, update_freq=10)
     assert (logger.nonfinite.step, logger.nonfinite.pass_, logger.nonfinite.origin) == (3, "forward_or_loss", None)
     assert _nonfinite(series, "loss/target/loss/stats", 3)
 
@@ -254,7 +254,7 @@ def test_loss_nan_without_activations_cannot_be_placed(tmp_path):
 def test_on_nonfinite_stop_ends_training_at_that_step(tmp_path, capsys):
     x, y = _bad_batch_data(12, 7, -50.0, seed=6)
     model = sqrt_model()
-    logger, series = _fit(tmp_path, model, x, y, every_n_steps=5, activations=True, on_nonfinite="stop")
+    logger, series = _fit(tmp_path, model, x, y, update_freq=5, activations=True, on_nonfinite="stop")
     assert int(model.optimizer.iterations.numpy()) == 7  # the step of the first NaN/Inf is the last one trained
     steps = sorted({s for _, (info, by) in series.items() if info.source == "output" for s in by})
     assert steps == [5, 7]
@@ -266,15 +266,15 @@ def test_on_nonfinite_raise(tmp_path):
     x, y = _bad_batch_data(12, 4, -50.0, seed=6)
     model = sqrt_model()
     with pytest.raises(FloatingPointError, match="step 4: backward pass.*sq/sqrt_features") as raised:
-        _fit(tmp_path, model, x, y, every_n_steps=5, on_nonfinite="raise")
+        _fit(tmp_path, model, x, y, update_freq=5, on_nonfinite="raise")
     assert raised.value.origin.pass_ == "backward"
     assert "train_step" not in model.__dict__  # the model is restored
     series = read_series(log_dir(tmp_path))
     assert _nonfinite(series, "loss/output/sq/dense_0/stats", 4)
 
 
-@pytest.mark.parametrize("bad", ["ignore", None, True, "STOP"])
-def test_on_nonfinite_must_be_one_of_three(tmp_path, bad):
+@pytest.mark.parametrize("bad", ["ignored", None, True, "STOP"])
+def test_on_nonfinite_must_be_one_of_four(tmp_path, bad):
     with pytest.raises(ValueError, match="on_nonfinite must be one of"):
         tb_layergrad.GradientLogger(log_dir(tmp_path), on_nonfinite=bad)
 
@@ -315,7 +315,7 @@ def test_a_nan_only_in_the_loss_value_writes_the_step_in_full(tmp_path, mode):
 
     model = sqrt_model()
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss, **compile_kwargs(mode))
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=10, activations=True)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=10, activations=True)
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     series = read_series(log_dir(tmp_path))
     for source in ("output", "activation", "target"):

@@ -96,7 +96,7 @@ def _train(cls, mode, callbacks, epochs=2):
 @pytest.mark.parametrize("mode", MODES)
 def test_own_train_step_gradients_are_logged(tmp_path, mode):
     saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=1, weights=True, max_elements=10_000)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=1, weights=True, max_elements=10_000)
     model, manual = _train(OwnStep, mode, [saver, logger])
     series = read_series(log_dir(tmp_path))
     assert layergrad_steps(series) == [1, 2, 3, 4]
@@ -111,7 +111,7 @@ def test_own_train_step_gradients_are_logged(tmp_path, mode):
 def test_own_train_step_trains_bitwise_as_without_the_callback(tmp_path, mode):
     plain, _ = _train(OwnStep, mode, [])
     logger = tb_layergrad.GradientLogger(
-        log_dir(tmp_path), every_n_steps=2, weights=True, targets={"unit_0": lambda p: p[:, 0]}
+        log_dir(tmp_path), update_freq=2, weights=True, targets={"unit_0": lambda p: p[:, 0]}
     )
     logged, _ = _train(OwnStep, mode, [logger])
     for a, b in zip(plain.get_weights(), logged.get_weights()):

@@ -52,7 +52,7 @@ def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss(), **compile_kwargs(mode))
     x, y = _data()
     saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=2, weights=True, max_elements=MAX)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=2, weights=True, max_elements=MAX)
     model.fit(
         x,
         y,
@@ -161,14 +161,18 @@ def test_without_the_fused_kernel_the_records_match_too(tmp_path):
         )
 
 
-def test_steps_are_optimizer_iterations_across_fits(tmp_path):
-    """every_n_steps is a tensor condition on optimizer.iterations: it continues across fit() calls."""
+def test_steps_continue_across_fits_with_a_new_logger(tmp_path):
+    """A new logger on a model trained by Keras' own step starts from its optimizer's update count:
+    the steps continue across fit() calls, and no batch runs unlogged for it."""
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     x, y = _data(n=16)
     for _ in range(2):  # 2 x (2 epochs x 2 batches) = 8 updates
-        logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=3)
-        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
+        logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
+        assert not any("runs unlogged" in str(w.message) for w in caught)
     assert int(model.optimizer.iterations.numpy()) == 8
     assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6]
 
@@ -178,24 +182,24 @@ def test_a_second_fit_reuses_the_compiled_step(tmp_path):
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     x, y = _data(n=16)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=3)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=3)
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
     built = logger._built
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
     assert logger._built is built
-    model.compile(optimizer="sgd", loss=_loss())  # a new optimizer: iterations start again at 0
+    model.compile(optimizer="sgd", loss=_loss())  # a new optimizer: its iterations start again at 0
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     assert logger._built is not built
-    # 8 updates then 2 more from 0 (the second compile): steps 3, 6 and again nothing at 1, 2.
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6]
+    # 8 batches, then 2 more: the logger's count goes on (9, 10) where the new optimizer's restarted.
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6, 9]
 
 
 def test_steps_per_execution_logs_the_last_step_of_an_execution(tmp_path):
-    """With steps_per_execution=2 Keras returns the last step of each execution: every_n_steps=4 logs 4 and 8."""
+    """With steps_per_execution=2 Keras returns the last step of each execution: update_freq=4 logs 4 and 8."""
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss(), steps_per_execution=2)
     x, y = _data(n=16)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=4)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=4)
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     assert int(model.optimizer.iterations.numpy()) == 8
     assert layergrad_steps(read_series(log_dir(tmp_path))) == [4, 8]
@@ -203,12 +207,12 @@ def test_steps_per_execution_logs_the_last_step_of_an_execution(tmp_path):
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
 def test_steps_per_execution_not_a_multiple(tmp_path, mode):
-    """every_n_steps=3, steps_per_execution=2: a step that writes itself (graph) logs 3 and 6, silently;
+    """update_freq=3, steps_per_execution=2: a step that writes itself (graph) logs 3 and 6, silently;
     under XLA only the last step of an execution comes back (6), and the callback warns before training."""
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss(), steps_per_execution=2, jit_compile=(mode == "xla"))
     x, y = _data(n=16)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=3)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
@@ -305,9 +309,9 @@ def test_next_to_keras_tensorboard(tmp_path):
 
 # -- bad input: clear errors before training starts ------------------------------------------
 @pytest.mark.parametrize("n", [0, -1, 1.5, True, "2"])
-def test_every_n_steps_must_be_a_positive_int(tmp_path, n):
-    with pytest.raises(ValueError, match="every_n_steps"):
-        tb_layergrad.GradientLogger(log_dir(tmp_path), every_n_steps=n)
+def test_update_freq_must_be_a_positive_int_batch_or_epoch(tmp_path, n):
+    with pytest.raises(ValueError, match="update_freq"):
+        tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=n)
 
 
 def _fit_must_fail(model, logger, exc, match):

@@ -46,11 +46,11 @@ def _run(build, x, y, mode, callbacks, epochs=2):
     return model, model.get_weights()  # includes BatchNorm's moving statistics
 
 
-def _logger(tmp_path, layers, every_n_steps=2):
+def _logger(tmp_path, layers, update_freq=2):
     return tb_layergrad.GradientLogger(
         log_dir(tmp_path),
         layers=layers,
-        every_n_steps=every_n_steps,
+        update_freq=update_freq,
         weights=True,
         targets={"class_1": lambda p: p[:, 1]},
         max_elements=64,
@@ -91,7 +91,7 @@ def test_under_xla_the_same_math(tmp_path, model, chosen):
     # One update: w1 = w0 - lr * g (momentum's first step), BatchNorm's moving statistics one step on.
     start_model, start = _run(build, x[:8], y[:8], "xla", [], epochs=0)
     _, plain = _run(build, x[:8], y[:8], "xla", [], epochs=1)
-    _, logged = _run(build, x[:8], y[:8], "xla", [_logger(tmp_path / "one", chosen, every_n_steps=1)], epochs=1)
+    _, logged = _run(build, x[:8], y[:8], "xla", [_logger(tmp_path / "one", chosen, update_freq=1)], epochs=1)
     assert layergrad_steps(read_series(log_dir(tmp_path / "one"))) == [1]
     # The gradient (and a batch statistic) of one step: float32 math along a path of at most `length`
     # reductions (contractions forward and back, the batch's moments and the pooling's mean for the CNN,

@@ -7,6 +7,8 @@ bitwise unchanged, and `load()` has the per-example columns.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import per_example_reference as ref
 import pytest
@@ -78,12 +80,12 @@ def _cnn(seed=13):
 MODELS = {"mlp": lambda: (_mlp(), *_data()), "tokens": _tokens, "cnn": _cnn}
 
 
-def _fit(model, x, y, logdir, mode, batch_size, every_n_steps=1, epochs=1, per_example=True):
+def _fit(model, x, y, logdir, mode, batch_size, update_freq=1, epochs=1, per_example=True):
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
     callbacks = (
         []
         if logdir is None
-        else [tb_layergrad.GradientLogger(logdir, weights=True, per_example=per_example, every_n_steps=every_n_steps)]
+        else [tb_layergrad.GradientLogger(logdir, weights=True, per_example=per_example, update_freq=update_freq)]
     )
     model.fit(x, y, batch_size=batch_size, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
 
@@ -118,7 +120,7 @@ def test_norms_and_noise_scale_equal_one_tape_per_example(tmp_path, kind, mode):
 def test_nothing_written_on_unlogged_steps(tmp_path, mode):
     model = _mlp()
     x, y = _data(n=16)
-    _fit(model, x, y, str(tmp_path), mode, batch_size=4, every_n_steps=2)
+    _fit(model, x, y, str(tmp_path), mode, batch_size=4, update_freq=2)
     found = tb_reading.examples(str(tmp_path))["train"]
     assert {k: sorted(v) for k, v in found.items()} == {("loss", "output"): [2, 4], ("loss", "weight"): [2, 4]}
     scalars = tb_reading.scalars(str(tmp_path))["train"]
@@ -130,7 +132,7 @@ def test_training_unchanged_bitwise(tmp_path, mode):
     x, y = _data(n=16)
     plain, logged = _mlp(), _mlp()
     _fit(plain, x, y, None, mode, batch_size=4, epochs=2)
-    _fit(logged, x, y, str(tmp_path), mode, batch_size=4, every_n_steps=2, epochs=2)
+    _fit(logged, x, y, str(tmp_path), mode, batch_size=4, update_freq=2, epochs=2)
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -157,7 +159,7 @@ def test_load_has_the_per_example_columns(tmp_path):
     pytest.importorskip("pandas")
     model = _mlp()
     x, y = _data(n=8)
-    _fit(model, x, y, str(tmp_path), "graph", batch_size=4, every_n_steps=2)
+    _fit(model, x, y, str(tmp_path), "graph", batch_size=4, update_freq=2)
     df = tb_layergrad.load(str(tmp_path))
     rows = df[(df.source == "output") & (df.layer == "fitmlp/h")]
     assert list(rows.step) == [2] and (rows.example_norm_max >= rows.example_norm_median).all()
@@ -172,9 +174,12 @@ def test_load_has_the_per_example_columns(tmp_path):
     assert df[df.source == "target"].example_norm_max.isna().all()
 
 
-def test_clear_errors():
-    with pytest.raises(ValueError, match="format version 2"):
-        tb_layergrad.GradientLogger("logs", per_example=True, format_version=1)
+def test_per_example_without_weights_warns_that_no_noise_scale_is_written():
+    with pytest.warns(UserWarning, match="noise scale"):
+        tb_layergrad.GradientLogger("logs", per_example=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tb_layergrad.GradientLogger("logs", per_example=True, weights=True)
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
@@ -216,7 +221,7 @@ def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
     x, y = _inputs_with_one_bad_batch(12, 7, -50.0, 6)
     model = sqrt_model()
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
-    logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, every_n_steps=10)
+    logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, update_freq=10)
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     rows = tb_reading.examples(str(tmp_path))["train"][("loss", "output")]
     assert sorted(rows) == [7, 10]

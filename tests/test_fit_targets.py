@@ -41,7 +41,7 @@ def test_target_gradients_match_reproduction(tmp_path, mode):
     saver = WeightsBeforeStep()
     chosen = ["d2", "out"] if mode == "xla" else None  # XLA compiles every captured tensor: keep it short
     logger = tb_layergrad.GradientLogger(
-        log_dir(tmp_path), layers=chosen, every_n_steps=2, weights=True, targets=TARGETS, max_elements=10_000
+        log_dir(tmp_path), layers=chosen, update_freq=2, weights=True, targets=TARGETS, max_elements=10_000
     )
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
     series = read_series(log_dir(tmp_path))

@@ -173,24 +173,22 @@ def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(t
     assert [d.step for d in series["loss/output/m/c/stats"][1]] == [3]
 
 
-def test_gradient_logger_writes_version_2_by_default_and_version_1_on_request(tmp_path):
+def test_gradient_logger_writes_version_2(tmp_path):
     import keras
 
     x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
     y = np.zeros([16, 1], np.float32)
-    for version, expected in ((None, metadata.GroupInfo), (1, metadata.SeriesInfo)):
-        model = keras.Sequential(
-            [keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")], name="mlp"
-        )
-        model.compile(optimizer="sgd", loss="mse")
-        logdir = str(tmp_path / f"v{version}")
-        kwargs = {} if version is None else {"format_version": version}
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir, **kwargs)])
-        stored = read_all(logdir, split_groups=False)["train"]
-        assert {type(info) for info, _ in stored.values()} == {expected}
-        assert {d.step for d in read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
-    with pytest.raises(ValueError, match="format_version"):
-        tb_layergrad.GradientLogger(str(tmp_path / "bad"), format_version=3)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(3, name="h"), keras.layers.Dense(1, name="out")], name="mlp"
+    )
+    model.compile(optimizer="sgd", loss="mse")
+    logdir = str(tmp_path / "v2")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir)])
+    stored = read_all(logdir, split_groups=False)["train"]
+    assert {type(info) for info, _ in stored.values()} == {metadata.GroupInfo}
+    assert {d.step for d in read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
+    with pytest.raises(TypeError, match="format_version"):
+        tb_layergrad.GradientLogger(str(tmp_path / "bad"), format_version=1)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
@@ -224,9 +222,9 @@ def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["in-step", "handed out (XLA)"])
-def test_histograms_on_their_own_schedule_statistics_every_step(tmp_path, jit_compile):
-    """GradientLogger(histogram_every_n_steps=3): statistics at every step, histograms at every third, and every step
-    with a NaN/Inf written in full whatever its schedule."""
+def test_histograms_and_statistics_at_every_logged_step(tmp_path, jit_compile):
+    """GradientLogger(update_freq=3): statistics and histograms at every third step, and the first step with a
+    NaN/Inf written in full whatever its schedule."""
     import keras
 
     rng = np.random.default_rng(0)
@@ -244,13 +242,13 @@ def test_histograms_on_their_own_schedule_statistics_every_step(tmp_path, jit_co
         epochs=1,
         shuffle=False,
         verbose=0,
-        callbacks=[tb_layergrad.GradientLogger(str(tmp_path), histogram_every_n_steps=3)],
+        callbacks=[tb_layergrad.GradientLogger(str(tmp_path), update_freq=3)],
     )
     series = read_all(str(tmp_path))["train"]
-    assert sorted(d.step for d in series["loss/output/mlp/h/stats"][1]) == list(range(1, 11))
-    assert sorted(d.step for d in series["loss/output/mlp/h/histogram"][1]) == [3, 6, 8, 9, 10]  # 8, 10: NaN
-    with pytest.raises(ValueError, match="histogram_every_n_steps"):
-        tb_layergrad.GradientLogger(str(tmp_path), histogram_every_n_steps=0)
+    assert sorted(d.step for d in series["loss/output/mlp/h/stats"][1]) == [3, 6, 8, 9]  # 8: the first NaN
+    assert sorted(d.step for d in series["loss/output/mlp/h/histogram"][1]) == [3, 6, 8, 9]
+    with pytest.raises(TypeError, match="histogram_every_n_steps"):
+        tb_layergrad.GradientLogger(str(tmp_path), histogram_every_n_steps=3)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])

@@ -52,14 +52,25 @@ except ImportError:  # pragma: no cover - a TF without it: assume recorded, neve
 
 
 class _Record:
-    __slots__ = ("node", "call", "sub", "tensor", "recorded", "seq")
+    __slots__ = ("node", "call", "sub", "tensor", "recorded", "seq", "tapes")
 
     def __init__(
-        self, node: LayerNode, call: int, sub: Optional[str], tensor: Any, recorded: bool = True, seq: int = 0
+        self,
+        node: LayerNode,
+        call: int,
+        sub: Optional[str],
+        tensor: Any,
+        recorded: bool = True,
+        seq: int = 0,
+        tapes: tuple = (),
     ):
         self.node, self.call, self.sub, self.tensor = node, call, sub, tensor
         self.recorded = recorded
         self.seq = seq  # position in call-completion order (per-example norms: what ran before a coupling call)
+        self.tapes = tapes  # ids of the tapes it was watched on
+
+    def renumbered(self, call: int) -> "_Record":
+        return _Record(self.node, call, self.sub, self.tensor, self.recorded, self.seq, self.tapes)
 
     @property
     def key(self) -> str:
@@ -179,11 +190,12 @@ class Capture(LayerHooks):
         if not tensors:
             return None
         call = self._next_call(node)
+        tapes = tuple(id(tape) for tape in self._tapes)
         with self._lock:
             first = len(self._records)
             for sub, t in tensors:
                 watched = bool(self._tapes) or not _is_differentiable(t) or bool(_recorded([t]))
-                self._records.append(_Record(node, call, sub, t, watched, len(self._records)))
+                self._records.append(_Record(node, call, sub, t, watched, len(self._records), tapes))
         for tape in self._tapes:
             for _, t in tensors:
                 if _is_differentiable(t):
@@ -243,6 +255,35 @@ class Capture(LayerHooks):
                 f"no layer output was recorded: model {self.model.name!r} was not called inside "
                 "`with capture(...)` (or none of the chosen layers ran)"
             )
+        return self._gradients(tape, target, name, self._ordered_records(), self._per_example, warn=True)
+
+    def tape_gradients(
+        self, tape: Any, target: Any, name: str, watched_on: Any, per_example: bool = True
+    ) -> GradientMap:
+        """`gradients()` of the outputs recorded while `watched_on` watched them (one tape of several in a step).
+
+        A layer called several times under that tape is numbered by its calls under it (`path`, `path#2`),
+        whatever ran before; `per_example`: also the per-example norms (`capture(per_example=True)`).
+        """
+        calls: Dict[tuple, int] = {}  # (layer, its call in the pass) -> its call under this tape
+        records = []
+        for r in self._ordered_records():
+            if id(watched_on) in r.tapes:
+                under = sum(1 for node, _ in calls if node == r.node.index) + 1
+                number = calls.setdefault((r.node.index, r.call), under)
+                records.append(r.renumbered(number))
+        return self._gradients(tape, target, name, records, self._per_example if per_example else None, warn=False)
+
+    def _gradients(
+        self,
+        tape: Any,
+        target: Any,
+        name: str,
+        records: List["_Record"],
+        per_example_pass: Optional[PerExamplePass],
+        warn: bool,
+    ) -> GradientMap:
+        target = tf.convert_to_tensor(target)
         persistent = getattr(tape, "_persistent", False)
         if self._used_tapes.get(id(tape)) is tape and not persistent:
             raise RuntimeError(
@@ -250,12 +291,11 @@ class Capture(LayerHooks):
                 "GradientTape computes one set of gradients. Use tf.GradientTape(persistent=True) "
                 "for several targets."
             )
-        records = self._ordered_records()
         variables = list(self.model.trainable_variables)
         differentiable = [r for r in records if _is_differentiable(r.tensor)]
         sources: tuple = (variables, [r.tensor for r in differentiable])
-        if self._per_example is not None:  # the δ sources ride along in the same single tape call
-            sources += (self._per_example.sources(),)
+        if per_example_pass is not None:  # the δ sources ride along in the same single tape call
+            sources += (per_example_pass.sources(),)
         try:
             var_grads, out_grads, *delta_grads = tape.gradient(target, sources)
         except RuntimeError as e:
@@ -269,7 +309,7 @@ class Capture(LayerHooks):
         self._used_tapes[id(tape)] = tape
         grad_of = {id(r): g for r, g in zip(differentiable, out_grads)}
         unsure = [r.key for r in differentiable if grad_of[id(r)] is None and not r.recorded]
-        if unsure:
+        if unsure and warn:
             warnings.warn(
                 f"no gradient for {', '.join(unsure)}: nothing trainable feeds these outputs, so no tape "
                 "recorded them. Pass the tape to capture(model, tape=tape) to watch them.",
@@ -286,8 +326,8 @@ class Capture(LayerHooks):
             entries.update(self._weight_entries(variables, var_grads, weight_owners))
         activations = self._activation_entries() if self.with_activations else None
         per_example = None
-        if self._per_example is not None:
-            per_example = self._per_example.norms(
+        if per_example_pass is not None:
+            per_example = per_example_pass.norms(
                 [(r.key, r.seq, grad_of.get(id(r))) for r in records], weight_owners, delta_grads[0]
             )
         result = GradientMap(

@@ -67,6 +67,10 @@ class LayerHooks:
         """Also watch on `tape` (a tape created after the hooks, e.g. a second tape for another target)."""
         self._tapes.append(tape)
 
+    def unwatch(self, tape: Any) -> None:
+        """Watch no more on `tape` (the step left it)."""
+        self._tapes = [t for t in self._tapes if t is not tape]
+
     def _start_pass(self) -> None:
         """Forget the previous pass's tensors."""
 

@@ -75,10 +75,14 @@ def fit(
     batch: int = 64,
     timesteps: bool = False,
     activations: bool = False,
-    every_n_steps: int = 1,
+    update_freq: int = 1,
     per_example: bool = False,
 ) -> None:
-    """model.fit() for `steps` batches with GradientLogger: exactly what a user writes."""
+    """model.fit() for `steps` batches with GradientLogger: exactly what a user writes.
+
+    GradientLogger writes to `logdir/<name>/train`; the run is then lifted up to `logdir/<name>`
+    (`lift_train_run`), so that each demo run is one run named for what it shows.
+    """
     import tb_layergrad
 
     model.compile(optimizer=optimizer, loss=loss)
@@ -92,11 +96,10 @@ def fit(
         verbose=0,
         callbacks=[
             tb_layergrad.GradientLogger(
-                logdir,
-                run_name=name,
+                os.path.join(logdir, name),
                 timesteps=timesteps,
                 activations=activations,
-                every_n_steps=every_n_steps,
+                update_freq=update_freq,
                 weights=per_example,
                 per_example=per_example,
             ),
@@ -104,6 +107,7 @@ def fit(
         ],
     )
     progress.finish()
+    lift_train_run(os.path.join(logdir, name))
 
 
 def lift_train_run(run_dir: str) -> None:

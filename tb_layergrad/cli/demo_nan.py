@@ -104,7 +104,7 @@ def nan_pass_runs(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
         y,
         steps,
         activations=True,
-        every_n_steps=NAN_EVERY,
+        update_freq=NAN_EVERY,
     )
 
     x, y = inputs_with_one_bad_batch(steps, NAN_BACKWARD_STEP, -50.0, seed=6)
@@ -136,5 +136,5 @@ def nan_pass_runs(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
         y,
         steps,
         activations=True,
-        every_n_steps=NAN_EVERY,
+        update_freq=NAN_EVERY,
     )

@@ -12,9 +12,8 @@ no op to the forward pass, so training stays bitwise what it is without the
 callback; identity-style capture (custom gradients) would not
 (docs/FIT.md).
 
-The callback runs this step only for executions that contain a logged step
-(Keras' own train function otherwise); the step computes the logging flag
-from `optimizer.iterations` (a tensor). What it logs is one plan
+The step counts the batch (`batch_count.advance`: the step written at is the
+count of batches trained) and computes the logging flag from it (a tensor). What it logs is one plan
 (`tb_layergrad.summary.plan`), written by the one write step
 (`summary.write.write_step`), in one of three places (`FitStep._with_records`):
 in the step itself, behind the flag (graph mode without XLA); or handed out
@@ -27,8 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -37,8 +35,9 @@ from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TapeWithExtraSources, TimestepProbe
 from tb_layergrad.capturing.targets import target_value
-from tb_layergrad.keras import nonfinite_check, replica_payload, tape_observer
-from tb_layergrad.keras.model_facts import model_train_step, update_count
+from tb_layergrad.keras import nonfinite_check, replica_payload, step_messages, tape_observer
+from tb_layergrad.keras.batch_count import BatchCount, advance, logged
+from tb_layergrad.keras.model_facts import model_train_step
 from tb_layergrad.keras.step_observation import StepObservation
 from tb_layergrad.summary import per_example_plan
 from tb_layergrad.summary import plan as plans
@@ -60,23 +59,21 @@ class StepConfig:
     weights: bool
     timesteps: Any  # False, True, or a layer spec
     targets: Dict[str, Callable]
-    buckets: int
     max_elements: int
-    every_n_steps: int
+    update_freq: Union[int, str]  # an int N (step % N == 0) or "epoch" (batch_count.logged)
     xla: bool
-    replicas: str = "gather"  # how several replicas are merged: "gather" or "stats" (docs/DISTRIBUTED.md)
     activations: bool = False  # also the layer outputs' forward values (source "activation")
     on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
-    format_version: int = metadata.FORMAT_VERSION  # the on-disk layout (docs/FORMAT.md)
-    histogram_every_n_steps: int = 1  # of the logged steps, those that also write histograms
     per_example: bool = False  # each example's own gradient norms of the loss (kind `examples`) and the noise scale
 
 
 class FitStep:
     """Builds the observing train_step for one fit() call; remembers the plan it logs."""
 
-    def __init__(self, model: Any, kind: str, config: StepConfig, writer: Any = None):
+    def __init__(self, model: Any, kind: str, config: StepConfig, count: BatchCount, writer: Any = None):
         self.model = model
+        #: the batches trained (the step written at), advanced by this step
+        self.count = count
         self.kind = kind
         self.config = config
         #: the summary writer the step writes to itself (see `writes_in_step`); None: hand records to Python.
@@ -90,15 +87,15 @@ class FitStep:
         self.layout: Dict[str, Tuple[int, tf.DType]] = {}
         #: the series whose finiteness every step checks, in the order of the flags it hands out.
         self.checked: List[metadata.SeriesInfo] = []
+        #: the target of the step's first logged tape ("loss" for a standard step), whose series the check reads
+        self.main_target = metadata.DEFAULT_TARGET
         #: the first non-finite step and its flags, kept by the step that writes itself (the first such step is
         #: written in full, logged or not)
         self.first_nonfinite = nonfinite_check.FirstNonfinite()
 
     def _step_and_flag(self) -> Tuple[tf.Tensor, tf.Tensor]:
-        iterations = tf.cast(tf.convert_to_tensor(update_count(self.model.optimizer)), tf.int64)
-        step = iterations + 1  # the update this batch makes: Keras' TensorBoard batch step
-        log = tf.equal(tf.math.floormod(step, self.config.every_n_steps), 0)
-        return step, log
+        step = advance(self.count.variable)  # this batch's position: Keras' TensorBoard batch step
+        return step, logged(step, self.config.update_freq, self.count.epoch_last)
 
     # -- the observed step ------------------------------------------------------
     def train_step(self, data: Any) -> Any:
@@ -125,14 +122,10 @@ class FitStep:
                 f"{type(self.model).__name__}.train_step entered no tf.GradientTape: GradientLogger logs the gradients "
                 "a train step computes with one. Capture inside your step with tb_layergrad.capture instead."
             )
-        if not seen.answered:
-            warnings.warn(
-                "GradientLogger: the train step asked its GradientTape for no gradient (a model without trainable "
-                "weights?); nothing is logged for this step",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        step_messages.warn_about(self.model, seen)
+        if not seen.logged:
             return logs
+        self.main_target = seen.logged[0].name
         main, auxiliary = self._plan(cap, probe, seen)
         return self._with_records(logs, step, log, main, auxiliary)
 
@@ -148,9 +141,14 @@ class FitStep:
         """
         return self.config.weights and not self.config.xla and not tf.executing_eagerly()
 
-    def aux_tape(self) -> Optional[Any]:
-        n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
-        return tf.GradientTape(persistent=n > 1) if n else None
+    def aux_tape(self, first: bool) -> Optional[Any]:
+        """A tape that records a step's tape's forward pass again: for the shadow weights and (first tape) targets."""
+        n = (len(self.config.targets) if first else 0) + (1 if self._shadow_weights() else 0)
+        if not n:
+            return None
+        tape = tf.GradientTape(persistent=n > 1)
+        tape._layergrad_own = True  # not one of the step's tapes (tape_observer)
+        return tape
 
     # -- targets ---------------------------------------------------------------
     def target_values(self, y_pred: Any, scale: Optional[tf.Tensor]) -> Dict[str, tf.Tensor]:
@@ -178,38 +176,37 @@ class FitStep:
         """
         eps_sources = dict(probe.sources) if probe is not None else {}
         shadow = self._shadow_weights()
-        loss_map = seen.gmap
-        if shadow:  # the applied weight gradients are not read (see _shadow_weights): the aux pass gives them
-            loss_map = loss_map.with_entries(
-                {p: loss_map.entry(p) for p in loss_map if loss_map.entry(p).source != metadata.SOURCE_WEIGHT}
-            )
-        main = self._target_plan(metadata.DEFAULT_TARGET, loss_map, seen.eps_grads, probe, seen.scale, forward=True)
+        first, *others = seen.logged
+        name = first.name
+        loss_map = _without_weights(first.gmap) if shadow else first.gmap
+        main = self._target_plan(name, loss_map, first.eps_grads, probe, seen.scale, forward=True)
         # The loss's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
         # the weights in `auxiliary` when shadowed) writes its `examples` record, the weights' plan the noise scale.
-        per_example = seen.gmap.per_example
+        per_example = first.gmap.per_example
         ctx = distribute.replica_context()
         if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
             per_example = distribute.merge_per_example(per_example, ctx)
-        examples = per_example_plan.from_norms(per_example, metadata.DEFAULT_TARGET, seen.gmap, seen.scale)
+        examples = per_example_plan.from_norms(per_example, name, first.gmap, seen.scale)
         main = dataclasses.replace(main, per_example=examples)
+        for other in others:  # each further tape of the step: its own target (its loss's value, no activations)
+            other_map = _without_weights(other.gmap) if shadow else other.gmap
+            main = main + self._target_plan(other.name, other_map, {}, None, None, forward=False, with_value=True)
         if not shadow and not seen.values:
             return main, None
 
         def auxiliary() -> plans.Plan:
-            plan = plans.Plan(
-                buckets=self.config.buckets, format_version=self.config.format_version, per_example=examples
-            )
+            plan = plans.Plan(per_example=examples)
             if shadow:
-                weights = self._with_shadow_weights(cap, seen.gmap, seen.aux, seen.target)
-                only = weights.with_entries(
-                    {p: weights.entry(p) for p in weights if weights.entry(p).source == metadata.SOURCE_WEIGHT}
-                )
-                plan = plan + self._target_plan(metadata.DEFAULT_TARGET, only, {}, None, seen.scale, forward=False)
-            for name, value in seen.values.items():
-                wrapped = TapeWithExtraSources(seen.aux, list(eps_sources.values()))
-                tmap = cap.gradients(wrapped, value, name=name)
+                for tape, scale in [(first, seen.scale)] + [(o, None) for o in others]:
+                    weights = self._shadow_weight_map(tape)
+                    plan = plan + self._target_plan(tape.name, weights, {}, None, scale, forward=False)
+            for target_name, value in seen.values.items():
+                wrapped = TapeWithExtraSources(first.aux, list(eps_sources.values()))
+                tmap = cap.gradients(wrapped, value, name=target_name)
                 teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
-                plan = plan + self._target_plan(name, tmap, teps, probe, seen.scale, forward=False, with_value=True)
+                plan = plan + self._target_plan(
+                    target_name, tmap, teps, probe, seen.scale, forward=False, with_value=True
+                )
             return plan
 
         return main, auxiliary
@@ -237,17 +234,12 @@ class FitStep:
                 eps[key] = tf.zeros_like(source) if g is None else _unscale(g, scale)
         ctx = distribute.replica_context()
         merged = (
-            distribute.merge_in_replica(unscaled, cfg.replicas, cfg.buckets, ctx, eps, cfg.xla)
+            distribute.merge_in_replica(unscaled, "gather", plans.Plan.buckets, ctx, eps, cfg.xla)
             if ctx is not None
             else None
         )
         plan = plans.from_gradients(
-            merged.gradients if merged else unscaled,
-            target,
-            cfg.max_elements,
-            cfg.buckets,
-            captured_dtypes=True,
-            format_version=cfg.format_version,
+            merged.gradients if merged else unscaled, target, cfg.max_elements, captured_dtypes=True
         )
         if merged is not None:
             plan = plans.with_merged_records(plan, merged.reduced)
@@ -303,20 +295,11 @@ class FitStep:
         if ctx is None and self.writes_in_step():
             with tf.name_scope("layergrad"):
                 state = self.first_nonfinite
-                histograms = tf.equal(tf.math.floormod(step, self.config.histogram_every_n_steps), 0)
-                record, flags = write_step_checked(
-                    main, step, log, state.none_yet(), writer=self.writer, flush=True, histograms=histograms
-                )
+                record, flags = write_step_checked(main, step, log, state.none_yet(), writer=self.writer, flush=True)
                 written = [record]
                 if auxiliary is not None:
-                    full = tf.logical_or(histograms, tf.logical_not(log))  # unlogged but written: its first NaN/Inf
                     written.append(
-                        when(
-                            record,
-                            lambda: write_step(
-                                auxiliary(), step, record=True, writer=self.writer, flush=True, histograms=full
-                            ),
-                        )
+                        when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer, flush=True))
                     )
                 with tf.control_dependencies(written):
                     state.remember(step, flags)
@@ -336,13 +319,19 @@ class FitStep:
             logs[PAYLOAD_KEY] = {"step": step, "log": log, "tensors": tensors, "flags": flags}
         return logs
 
-    def _with_shadow_weights(self, cap: Capture, gmap: Any, aux: Any, aux_loss: Any) -> Any:
-        """`gmap` with its weight entries recomputed by the aux tape (see _shadow_weights)."""
-        owners = cap.tree.variable_paths()
-        by_path = {owners[id(v)][0]: v for v in self.model.trainable_variables if id(v) in owners}
-        paths = [p for p in gmap if gmap.entry(p).source == metadata.SOURCE_WEIGHT and p in by_path]
-        grads = aux.gradient(aux_loss, [by_path[p] for p in paths]) if paths else []
-        entries = {p: gmap.entry(p) for p in gmap}
-        for p, g in zip(paths, grads):
-            entries[p] = dataclasses.replace(entries[p], gradient=g)
+    @staticmethod
+    def _shadow_weight_map(logged: Any) -> GradientMap:
+        """The weight entries of one logged tape, recomputed by its aux tape (see _shadow_weights).
+
+        Only the weights the step asked that tape for are there: no pass runs for the others.
+        """
+        gmap = logged.gmap
+        paths = [p for p in gmap if gmap.entry(p).source == metadata.SOURCE_WEIGHT and p in logged.variables]
+        grads = logged.aux.gradient(logged.target, [logged.variables[p] for p in paths]) if paths else []
+        entries = {p: dataclasses.replace(gmap.entry(p), gradient=g) for p, g in zip(paths, grads)}
         return GradientMap(entries, gmap.target, [])
+
+
+def _without_weights(gmap: GradientMap) -> GradientMap:
+    """`gmap` without its weight entries (they come from the aux pass, see FitStep._shadow_weights)."""
+    return gmap.with_entries({p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT})

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import numpy as np
 import tensorflow as tf
 
-from tb_layergrad import distribute, metadata
+from tb_layergrad import distribute
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
-from tb_layergrad.capturing.targets import check_target_shape, validate_targets
+from tb_layergrad.capturing.targets import validate_targets
+from tb_layergrad.keras import (
+    batch_count,
+    logger_options,
+    model_facts,
+    nonfinite_check,
+    replica_payload,
+    train_functions,
+)
 from tb_layergrad.keras import fit_step as _fit_step
-from tb_layergrad.keras import model_facts, nonfinite_check, replica_payload, train_functions
-from tb_layergrad.summary import plan as plans
 
 _Base = tf.keras.callbacks.Callback  # tf_keras' under TF_USE_LEGACY_KERAS=1, Keras 3's otherwise
 _MISSING = object()
@@ -24,208 +30,130 @@ _MISSING = object()
 class GradientLogger(_Base):
     """Log the gradients Keras computes inside `model.fit()`, per layer output, to TensorBoard.
 
-    For every chosen layer, the callback records d(loss)/d(layer output) (and,
-    optionally, d(loss)/d(weight)) *of the actual training step*: the batch
-    fit() trains on, the weights before that batch's update, the loss exactly
-    as the step computes it. Nothing is recomputed and nothing of Keras is
-    copied: the model's own `train_step` runs unmodified (Keras' own, or the
-    model's override that uses a `tf.GradientTape`), and the callback only
-    observes it: the layer outputs are watched on the tape the step opens, and
-    the step's one `tape.gradient(loss, weights)` call is answered by ONE call
-    for the weights and the outputs together, whose weight part goes back to
-    the step as it is. Training is therefore bit for bit unchanged in eager and
-    graph mode (under XLA, see README: the same math, bitwise on some CPUs). Gradients
-    are reduced to a histogram and statistics (`tb_layergrad.summary` format,
-    plugin "layergrad") and written by the step itself (`jit_compile=False`)
-    or right after it (XLA, eager), at step `s = optimizer.iterations` after
-    this batch's update (the s-th update; the step Keras' `TensorBoard`
-    callback uses for batch metrics), when `s % every_n_steps == 0`.
+    At each logged batch the callback records d(loss)/d(layer output) (and,
+    with `weights=True`, d(loss)/d(weight)) of the training step itself: the
+    batch fit() trains on, the weights before that batch's update, the loss
+    exactly as the step computes it. The model's own `train_step` runs
+    unmodified (Keras' own, or an override) and is only observed: every
+    `tf.GradientTape` it enters that it asks for gradients of trainable
+    weights is one target of that step, answered by ONE backward pass for the
+    weights and the layer outputs together, whose weight part goes back to the
+    step as it is. Training is bit for bit unchanged in eager and graph mode
+    (under XLA the same math: docs/FIT.md). Records go to `log_dir/train`, the
+    run Keras' `TensorBoard(log_dir)` callback writes its training scalars to,
+    in the `tb_layergrad.summary` format (the "layergrad" tab, `tb-layergrad
+    report`, `tb_layergrad.load`).
+
+    The step of a record is the count of batches trained, from 1, continuing
+    across fit() calls: where Keras' `TensorBoard(update_freq=1)` writes that
+    batch's `batch_*` scalars in one fit() of a new model, whatever optimizers
+    the step applies (docs/FIT.md, "The step").
+
+    Targets: a standard step differentiates one loss w.r.t. all trainable
+    weights: target "loss". A custom step with several tapes (a GAN's
+    discriminator, then generator) writes one target per tape, named after the
+    sub-model whose weights it differentiates ("discriminator", "generator");
+    a loss differentiated again in the same step (a WGAN critic's n updates)
+    is written each time, the k-th as "name#k". A tape that asks for no
+    trainable weight (a gradient penalty's) is not logged. `targets=` adds
+    functions of the model's prediction (docs/FIT.md, "Custom `train_step`").
 
     Every step is checked for a NaN/Inf (the loss, the output gradients and,
-    with `activations=True`, the layer outputs; one pass over them, in the
-    fused write op where it is built): the first step at which one appears is
-    written in full whether or not it is a logged step, and where it was born
-    (forward pass, loss, backward pass: `tb_layergrad.nonfinite_origin`) is
-    in `self.nonfinite`, in the tab and in `tb-layergrad report`.
-    `on_nonfinite` says what happens then. So the observing step runs at every
-    step; with `check_every_step=False`, the steps that log nothing run
-    Keras' own train function, untouched, and cost nothing (a NaN is then
-    seen at the next logged step only). The observing step is compiled at the
-    first batch and kept for a later fit() with the same callback. When
-    training ends, or fails, the model is restored (`train_step`,
-    `train_function`).
-
-    A model that overrides `train_step` is observed the same way: the first
-    `tf.GradientTape` its step enters is the one watched, and the first
-    `gradient()` call on it is the one logged (target "loss"). A step that
-    enters no tape raises a clear error at the first batch.
-
-    Evaluation (`validation_data`, `evaluate()`) is untouched and logs nothing.
-    Records go to `log_dir/train` (the run Keras' `TensorBoard(log_dir)`
-    callback writes its training scalars to), so both show up side by side.
+    with `activations=True`, the layer outputs): the first step with one is
+    written in full, logged or not; where it was born is `self.nonfinite`.
+    When training ends, or fails, the model is restored (`train_step`,
+    `train_function`). Evaluation is untouched.
 
     Example:
 
     ```python
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+    import numpy as np
+    import keras
+    import tb_layergrad
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.random.rand(64, 4), np.random.rand(64, 1)
     model.fit(
-        x, y, epochs=3, validation_data=(x_val, y_val),
+        x, y, batch_size=16, epochs=2,
         callbacks=[
-            keras.callbacks.TensorBoard("logs/run1"),
-            tb_layergrad.GradientLogger(
-                "logs/run1", every_n_steps=10, weights=True,
-                targets={"class_3": lambda y_pred: y_pred[:, 3]},
-            ),
+            keras.callbacks.TensorBoard("/tmp/logs/run1", update_freq=1),
+            tb_layergrad.GradientLogger("/tmp/logs/run1", update_freq=2, weights=True),
         ],
     )
-    # tensorboard --logdir logs  -> "layergrad" tab
-    ```
-
-    Stop at the first NaN, and say where it was born:
-
-    ```python
-    logger = tb_layergrad.GradientLogger("logs/run2", activations=True, on_nonfinite="stop")
-    model.fit(x, y, callbacks=[logger])
-    # GradientLogger: first non-finite value at step 23: forward pass, output of model/log_features; ...
-    logger.nonfinite.pass_, logger.nonfinite.origin  # ("forward", "model/log_features")
+    # tensorboard --logdir /tmp/logs  -> "layergrad" tab; steps 2, 4, 6, 8
     ```
 
     Args:
-        log_dir: directory of the TensorBoard logs; records go to
-            `log_dir/<run_name>`.
+        log_dir: the directory of the TensorBoard logs; records go to
+            `log_dir/train`.
         layers: `None` for every layer that can be captured, or layer names,
             full paths (`"model/block/dense"`), glob patterns or `Layer`
             objects. An unknown name raises before training starts.
-        every_n_steps: log when `optimizer.iterations % every_n_steps == 0`
-            (checked after the step's update). Must be >= 1.
-        histogram_every_n_steps: of the logged steps, write the histograms at
-            those where `optimizer.iterations % histogram_every_n_steps == 0`
-            (the statistics at every logged step): 1 (default), every logged
-            step; in format version 2 a histogram is 60 of about 160 bytes per
-            layer and step. A step with a NaN/Inf is always written in full.
-        weights: also log d(target)/d(weight) of the chosen layers' weights.
+        update_freq: `"batch"` or an integer N: log every N-th batch trained
+            (step % N == 0; "batch" is 1); `"epoch"`: the last batch of each
+            epoch (needs a known number of steps per epoch). Histograms and
+            statistics are written at every logged step.
+        weights: also log d(target)/d(weight) for the weights the step
+            differentiates (of the chosen layers); a weight the step does not
+            ask a gradient for is absent.
+        activations: also log the layer outputs themselves (forward values,
+            source "activation"), from the same forward pass.
         timesteps: per-timestep gradients of RNN layers: `True` for every RNN
-            layer, or names/patterns/layers. Logs, per step, the L2 norm of
-            the TOTAL dL/dh_t (through the output at t AND the recurrence) for
-            every timestep t, as a float64 [T] record (kind "timesteps"); for
-            an LSTM, h_t is the output state (not the cell state c). With
-            `max_elements > 0`, also example 0's [T, units] gradient (layer
-            path + "[h_t]", kind "tensor"). See `tb_layergrad.rnn_probe`.
-        targets: extra scalars to differentiate, `{name: fn(y_pred)}`; `fn`
-            returns one value per example ([batch] or [batch, 1]) and the SUM
-            over the batch is differentiated. Each target is its own series
-            (its name in the "target" field) and costs one more backward pass
-            on logged steps only.
-        buckets: histogram buckets per record.
-        max_elements: when > 0, also log the raw gradient, bounded to this
-            many elements (`tb_layergrad.reductions.bounded_tensor`).
-        run_name: subdirectory of `log_dir` to write to ("train", like Keras).
-        replicas: under a multi-replica strategy (MirroredStrategy,
-            MultiWorkerMirroredStrategy), how the replicas' gradients become
-            those of the global batch: "gather" (all-gather the tensors) or
-            "stats" (all-reduce only counts, sums, min/max and histogram counts
-            with shared edges; cheaper, cannot log raw tensors). Only the chief
-            writes. See docs/DISTRIBUTED.md.
-        activations: also log the layer outputs themselves (forward values:
-            histogram and statistics, source "activation"), from the same
-            forward pass as the gradients of that step (the global batch's under
-            several replicas, merged as the output gradients are).
-        on_nonfinite: at the first step with a NaN/Inf: "log" (write it and go
-            on), "stop" (write it, print one line saying where it was born,
-            end fit() after that step) or "raise" (write it, raise
-            `tb_layergrad.NonFiniteError`, a FloatingPointError, with that line).
-        check_every_step: check every step for a NaN/Inf (see above), not only
-            the logged ones.
-        format_version: the on-disk layout (docs/FORMAT.md): 2 (default), all
-            layers of a (target, source) in one record per step, an eighth of
-            version 1's bytes; 1, a record per layer, for readers that know no
-            other (kept for one release).
-        per_example: also log, at the logged steps, the distribution over the
-            batch of each example's own gradient norm of the loss, per layer
-            output and (with `weights=True`) per weight (kind `examples`:
-            min, median, max, the largest example's share, the five largest
-            and their batch positions; docs/PER_EXAMPLE.md), and with
-            `weights=True` the gradient noise scale as TensorBoard scalars
-            `layergrad/gradient_noise_scale[/trace|/signal|/coverage]`
-            (docs/FORMAT.md). The loss must be the batch mean (Keras' default
-            reduction). Format version 2. Several replicas: every replica's
-            examples, in global batch order.
+            layer, or names/patterns/layers: per step the L2 norm of the total
+            dL/dh_t for every timestep t (kind "timesteps"; docs/FORMAT.md).
+        targets: extra scalars to differentiate, `{name: fn(y_pred)}`: `fn`
+            returns one value per example ([batch] or [batch, 1]) whose SUM
+            over the batch is differentiated, each its own target (one more
+            backward pass at logged steps only).
+        per_example: also log the distribution over the batch of each
+            example's own gradient norm of the loss (kind `examples`) and, with
+            `weights=True`, the gradient noise scale (docs/PER_EXAMPLE.md). The
+            loss must be the batch mean (Keras' default reduction).
+        max_elements: when > 0, also log the raw gradients, bounded to this
+            many elements each.
+        on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go
+            on), "stop" (write it, print where it was born, end fit() after
+            that step), "raise" (write it, raise `tb_layergrad.NonFiniteError`),
+            or "ignore": no check at every step (off-schedule batches run
+            Keras' own train function untouched; a NaN is seen at a logged
+            step only).
 
-    Mixed precision: with a loss-scaling optimizer, the recorded gradients are
-    divided by the loss scale read before the step's update (float32). A step
-    whose scaled gradients overflow still writes its records: the non-finite
-    elements are counted in the stats (`nan`, `pos_inf`, `neg_inf`) and never
-    put in histogram buckets. Such a step makes no update; under Keras 3 it
-    does not advance `optimizer.iterations`, so the next step writes at the
-    same step number (tf_keras counts it).
-
-    Several replicas (Keras 3): the records are those of the global batch,
-    written once by the chief (docs/DISTRIBUTED.md). Not supported: several
-    replicas under tf_keras, non-TensorFlow Keras backends. With `steps_per_execution=k > 1` under XLA, eagerly or
-    with several replicas, Keras returns only the last step of each
-    execution: use an `every_n_steps` multiple of k (with `jit_compile=False`
-    the step writes every logged step itself).
+    Raises:
+        ValueError: an argument out of its range (before training), or an
+            unknown layer, a model without a compiled optimizer, a target that
+            does not fit the model's output (at `on_train_begin`).
+        RuntimeError: a train step that enters no `tf.GradientTape`; a batch
+            count that cannot be known (docs/FIT.md, "The step"); training
+            under a non-TensorFlow Keras backend.
+        tb_layergrad.NonFiniteError: with `on_nonfinite="raise"`.
     """
 
     def __init__(
         self,
         log_dir: Any,
         layers: Any = None,
-        every_n_steps: int = 1,
+        update_freq: Union[int, str] = 1,
         weights: bool = False,
+        activations: bool = False,
         timesteps: Any = False,
         targets: Optional[Mapping[str, Callable]] = None,
-        buckets: int = 30,
-        max_elements: int = 0,
-        run_name: str = "train",
-        replicas: str = "gather",
-        activations: bool = False,
-        on_nonfinite: str = "log",
-        check_every_step: bool = True,
-        format_version: int = metadata.FORMAT_VERSION,
-        histogram_every_n_steps: int = 1,
         per_example: bool = False,
+        max_elements: int = 0,
+        on_nonfinite: str = "log",
     ):
         super().__init__()
-        distribute.check_mode(replicas)
-        self.on_nonfinite = nonfinite_check.check_mode(on_nonfinite)
-        if replicas == "stats" and max_elements > 0:
-            raise ValueError('max_elements > 0 logs raw gradients, which needs the full tensors: use replicas="gather"')
-        for name, value in (("every_n_steps", every_n_steps), ("histogram_every_n_steps", histogram_every_n_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if isinstance(buckets, bool) or not isinstance(buckets, int) or buckets < 1:
-            raise ValueError(f"buckets must be an integer >= 1, got {buckets!r}")
-        if isinstance(max_elements, bool) or not isinstance(max_elements, int) or max_elements < 0:
-            raise ValueError(f"max_elements must be an integer >= 0, got {max_elements!r}")
-        if not isinstance(run_name, str) or not run_name:
-            raise ValueError(f"run_name must be a non-empty string, got {run_name!r}")
-        try:
-            self.log_dir = os.fspath(log_dir)
-        except TypeError:
-            raise TypeError(f"log_dir must be a path, got {type(log_dir).__name__}") from None
-        if not self.log_dir:
-            raise ValueError("log_dir must be a non-empty path")
-        if timesteps is None:
-            timesteps = False
-        self.format_version = plans.check_format_version(format_version)
-        self.per_example = bool(per_example)
-        if self.per_example and self.format_version < 2:
-            raise ValueError(
-                "per_example=True writes records of format version 2 only: use format_version=2 (the default)"
-            )
+        self.log_dir = logger_options.log_dir(log_dir)
         self.layers = layers
-        self.every_n_steps = every_n_steps
-        self.histogram_every_n_steps = histogram_every_n_steps
+        self.update_freq = logger_options.update_freq(update_freq)
         self.weights = bool(weights)
-        self.timesteps = timesteps
-        self.targets = validate_targets(targets)
-        self.buckets = buckets
-        self.max_elements = max_elements
-        self.run_name = run_name
-        self.replicas = replicas
         self.activations = bool(activations)
-        self.check_every_step = bool(check_every_step)
+        self.timesteps = False if timesteps is None else timesteps
+        self.targets = validate_targets(targets)
+        self.per_example = bool(per_example)
+        self.max_elements = logger_options.max_elements(max_elements)
+        self.on_nonfinite = logger_options.on_nonfinite(on_nonfinite)
+        logger_options.warn_without_effect(self.weights, self.per_example)
         self._nonfinite = None  # see the `nonfinite` property
         self._writer = None
         self._chief = True
@@ -233,9 +161,9 @@ class GradientLogger(_Base):
         self._fit_step: Optional[_fit_step.FitStep] = None
         self._saved: Optional[Dict[str, Any]] = None
         self._armed = False
+        self._observed = False  # did the last call of the train function run the observing step?
         self._steps_per_execution = 1
-        self._counting = False  # may optimizer.iterations be counted in Python (see _iterations_before_call)?
-        self._iterations: Optional[int] = None  # optimizer.iterations now, when counted; None: read it
+        self._count = batch_count.BatchCount()  # the step: batches trained (see batch_count)
         self._built: Optional[train_functions.BuiltStep] = None  # the compiled capturing step, reused by the next fit()
 
     # tf_keras' CallbackList asks these of every callback (Keras 3's does not).
@@ -261,18 +189,18 @@ class GradientLogger(_Base):
         if self._nonfinite is None and self._fit_step is not None:
             kept = self._fit_step.first_nonfinite.read()
             if kept is not None and len(kept[1]) == len(self._fit_step.checked):
-                self._nonfinite = nonfinite_check.origin(self._fit_step.checked, kept[1], kept[0])
+                self._nonfinite = nonfinite_check.origin(
+                    self._fit_step.checked, kept[1], kept[0], self._fit_step.main_target
+                )
         return self._nonfinite
 
     @property
     def run_dir(self) -> str:
-        return os.path.join(self.log_dir, self.run_name)
+        return os.path.join(self.log_dir, "train")
 
     # -- checks before training --------------------------------------------------
     def _check_model(self, model: Any) -> str:
         kind = model_facts.check_supported(model)
-        if getattr(model, "optimizer", None) is None:
-            raise ValueError("GradientLogger needs a compiled model with an optimizer")
         strategy = getattr(model, "distribute_strategy", None)
         if strategy is not None and strategy.num_replicas_in_sync > 1 and kind != "keras":
             raise ValueError(
@@ -282,40 +210,18 @@ class GradientLogger(_Base):
         Capture(model, layers=self.layers, weights=self.weights)  # unknown layers raise here
         if self.timesteps is not False:
             TimestepProbe(model, None if self.timesteps is True else self.timesteps)
-        self._check_targets_statically(model)
+        logger_options.check_targets_statically(model, self.targets)
         spe = train_functions.steps_per_execution(model)
-        if spe > 1 and self.every_n_steps % spe and not train_functions.step_writes_itself(model):
+        n = self.update_freq
+        if spe > 1 and n != "epoch" and n % spe and not train_functions.step_writes_itself(model):
             warnings.warn(
                 f"steps_per_execution={spe}: Keras returns only the last step of each execution, so a step logged "
-                f"by every_n_steps={self.every_n_steps} that is not the last of its execution is lost; use a "
-                f"multiple of {spe} (or jit_compile=False: then the step writes every logged step itself)",
+                f"by update_freq={n} that is not the last of its execution is lost; use a multiple of {spe} "
+                "(or jit_compile=False: then the step writes every logged step itself)",
                 RuntimeWarning,
                 stacklevel=3,
             )
         return kind
-
-    def _check_targets_statically(self, model: Any) -> None:
-        """Try each target on a zero y_pred when the output shape is known (Functional/Sequential)."""
-        if not self.targets:
-            return
-        try:
-            outputs = model.outputs
-        except (AttributeError, ValueError):
-            return
-        if not outputs or len(outputs) != 1:
-            return
-        shape = list(outputs[0].shape)
-        if any(d is None for d in shape[1:]):
-            return
-        dtype = getattr(outputs[0], "dtype", "float32")
-        dtype = getattr(dtype, "name", dtype)
-        y_pred = tf.zeros([2] + shape[1:], dtype=dtype)
-        for name, fn in self.targets.items():
-            try:
-                value = tf.convert_to_tensor(fn(y_pred))
-            except Exception as e:  # noqa: BLE001 - re-raised with context
-                raise ValueError(f"target {name!r} failed on a y_pred of shape {[None] + shape[1:]}: {e}") from e
-            check_target_shape(name, value, 2)
 
     def _open_writer(self) -> Any:
         try:
@@ -331,8 +237,12 @@ class GradientLogger(_Base):
             self._restore()
         kind = self._check_model(model)
         self._steps_per_execution = train_functions.steps_per_execution(model)
-        self._counting = train_functions.iterations_countable(model, kind, self._steps_per_execution)
-        self._iterations = None
+        self._count.begin(model)
+        if self.update_freq == "epoch" and not (self.params or {}).get("steps"):
+            raise ValueError(
+                'GradientLogger(update_freq="epoch") logs the last batch of each epoch, and this fit() does not '
+                "know how many batches an epoch has: pass steps_per_epoch to fit(), or use update_freq=N"
+            )
         strategy = getattr(model, "distribute_strategy", None)
         self._chief = distribute.is_chief(strategy)
         if self._chief:
@@ -345,15 +255,11 @@ class GradientLogger(_Base):
             weights=self.weights,
             timesteps=self.timesteps,
             targets=dict(self.targets),
-            buckets=self.buckets,
             max_elements=self.max_elements,
-            every_n_steps=self.every_n_steps,
+            update_freq=self.update_freq,
             xla=xla,
-            replicas=self.replicas,
             activations=self.activations,
-            on_nonfinite=self.on_nonfinite,
-            format_version=self.format_version,
-            histogram_every_n_steps=self.histogram_every_n_steps,
+            on_nonfinite="log" if self.on_nonfinite == "ignore" else self.on_nonfinite,
             per_example=self.per_example,
         )
         if model.train_function is None:  # fit() builds it before on_train_begin; a caller outside fit() may not
@@ -368,7 +274,9 @@ class GradientLogger(_Base):
             if self._built is not None and self._built.fits(model, saved["train_function"], config, writer)
             else None
         )
-        fit_step = reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config, writer=writer)
+        fit_step = (
+            reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config, self._count, writer=writer)
+        )
         step_fn = fit_step.train_step
         self._writer, self._fit_step, self._saved = writer, fit_step, saved
         try:
@@ -384,33 +292,25 @@ class GradientLogger(_Base):
             self._restore()
             raise
 
-    def _iterations_before_call(self) -> int:
-        """`optimizer.iterations` now: counted in Python where that is exact, read otherwise.
-
-        Why count: reading the variable costs an op and a device-to-host copy per
-        batch, a visible share of a small model's step. Counted only with
-        one step per execution and an optimizer that advances at every step
-        (not Keras 3's loss scaling, which skips overflowing steps); read again at
-        the start of each fit() and after a call that raised.
-        """
-        if self._iterations is None:
-            self._iterations = int(tf.convert_to_tensor(model_facts.update_count(self.model.optimizer)).numpy())
-        return self._iterations
-
     def _logs_next_execution(self, done: int) -> bool:
         """Does the next call of the train function run a step this callback logs?
 
         The steps of the next execution are done + 1 ... done + steps_per_execution.
         """
-        n = self.every_n_steps
-        return any((done + j) % n == 0 for j in range(1, self._steps_per_execution + 1))
+        steps = range(done + 1, done + self._steps_per_execution + 1)
+        if self.update_freq == "epoch":
+            return int(self._count.epoch_last.numpy()) in steps
+        return any(s % self.update_freq == 0 for s in steps)
 
     def _wrap(self, built: "train_functions.BuiltStep") -> Callable:
         """The train function fit() calls: ours on executions with a logged step, Keras' own otherwise.
 
-        The first call after the capturing step was built runs it even when nothing is
-        logged (its records are then not written): it is traced, and a target that does
-        not fit the model's output fails, before any other update.
+        Ours runs at every execution unless `on_nonfinite="ignore"` (the check needs
+        every step). The first call after the capturing step was built runs it even
+        when nothing is logged (its records are then not written): it is traced, and
+        a target that does not fit the model's output fails, before any other update.
+        The first call of a fit() whose batch count is not known yet runs Keras' own
+        function (`batch_count`, rule 4).
         """
 
         def train_function(*args: Any, **kwargs: Any) -> Any:
@@ -420,16 +320,18 @@ class GradientLogger(_Base):
                 self._restore()
                 return self.model.train_function(*args, **kwargs)
             self._armed = False
-            # Checking every step runs the observing step at every call: no count is needed to choose.
-            done = None if self.check_every_step else self._iterations_before_call()
-            capturing = done is None or not built.traced or self._logs_next_execution(done)
-            inner = built.logging_fn if capturing else built.keras_fn
-            self._iterations = None  # unknown until the call returns (it may stop the epoch)
+            count = self._count
+            if not count.known:
+                observe = False
+            else:
+                observe = self.on_nonfinite != "ignore" or not built.traced or self._logs_next_execution(count.count)
+            if observe:
+                count.sync()
+            self._observed = observe
+            inner = built.logging_fn if observe else built.keras_fn
             try:
                 out = inner(*args, **kwargs)
-                built.traced = built.traced or capturing
-                if self._counting and done is not None:
-                    self._iterations = done + 1
+                built.traced = built.traced or observe
             except (StopIteration, tf.errors.OutOfRangeError):
                 raise
             except BaseException:
@@ -448,8 +350,24 @@ class GradientLogger(_Base):
         train_function._tb_layergrad_wrapper = True
         return train_function
 
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        if self._saved is None:
+            return
+        self._count.epoch_begin(epoch, (self.params or {}).get("steps"))
+        if not self._count.known:
+            self._count.warn_unlogged_first_batch()
+
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self._armed = self._saved is not None
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        if self._saved is None:
+            return
+        try:
+            self._count.batch_end(batch, self._observed)
+        except BaseException:
+            self._restore()
+            raise
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._writer is not None:
@@ -497,14 +415,13 @@ class GradientLogger(_Base):
             if self._record_writer is None:
                 self._record_writer = train_functions.record_writer(self._writer, self._fit_step.plan)
             step = tf.cast(payload["step"], tf.int64)
-            histograms = tf.equal(tf.math.floormod(step, self.histogram_every_n_steps), 0)
-            self._record_writer(step, payload["tensors"], tf.reshape(histograms, []))
+            self._record_writer(step, payload["tensors"], tf.constant(True))
         if first:
             self._found_nonfinite(int(np.asarray(payload["step"]).reshape(-1)[0]), flags)
 
     def _found_nonfinite(self, step: int, flags: np.ndarray) -> None:
         """The first step with a NaN/Inf: say where it was born; stop or raise if asked (that step is written)."""
-        self._nonfinite = nonfinite_check.origin(self._fit_step.checked, flags, step)
+        self._nonfinite = nonfinite_check.origin(self._fit_step.checked, flags, step, self._fit_step.main_target)
         if self._writer is not None:
             self._writer.flush()
         if self.on_nonfinite == "log" or self._nonfinite is None:

@@ -1,6 +1,6 @@
 """Internal: the finiteness check of every fit() step, and what it says when something is non-finite.
 
-Why every step: a NaN is born at one step, and a schedule (`every_n_steps`)
+Why every step: a NaN is born at one step, and a schedule (`update_freq`)
 would miss it or show it only steps later, when every layer is NaN and its
 origin is lost. The check is one flag per series of the loss's records
 (activations, output gradients, the loss's value), computed in the step; the
@@ -89,23 +89,23 @@ class FirstNonfinite:
 
 
 def origin(
-    infos: Sequence[metadata.SeriesInfo], nonfinite: Any, step: Optional[int]
+    infos: Sequence[metadata.SeriesInfo], nonfinite: Any, step: Optional[int], target: str = metadata.DEFAULT_TARGET
 ) -> Optional[nonfinite_origin.Origin]:
-    """Where it was born, from one step's flags (`flags`) of these series."""
+    """Where it was born, from one step's flags (`flags`) of these series; `target`: the step's first loss."""
     bad = np.asarray(nonfinite, dtype=bool).reshape(-1)
 
     def seen(source: str) -> List[nonfinite_origin.Seen]:
         return [
             nonfinite_origin.Seen(i.layer, i.index, bool(b))
             for i, b in zip(infos, bad)
-            if i.source == source and i.target in (metadata.DEFAULT_TARGET, metadata.ACTIVATION_TARGET)
+            if i.source == source and i.target in (target, metadata.ACTIVATION_TARGET)
         ]
 
-    targets = [bool(b) for i, b in zip(infos, bad) if i.source == metadata.SOURCE_TARGET]
+    targets = [bool(b) for i, b in zip(infos, bad) if i.source == metadata.SOURCE_TARGET and i.target == target]
     activations = seen(metadata.SOURCE_ACTIVATION)
     return nonfinite_origin.locate(
         step,
-        target=metadata.DEFAULT_TARGET,
+        target=target,
         target_nonfinite=targets[0] if targets else None,
         activations=activations if activations else None,
         outputs=seen(metadata.SOURCE_OUTPUT),

@@ -1,20 +1,23 @@
 """What one run of the model's own train step shows GradientLogger: its tape, its loss, its gradient call.
 
 `StepObservation` is the `tape_observer.Observation` of one step: the layer
-hooks go on for the forward pass and come off when the model's own call
-returns; the first tape the step enters is adopted (the layer outputs are
-watched on it); its first `gradient()` call is answered by ONE real call for
-the step's sources, the layer outputs and the RNN probes (`_CombinedCall`).
+hooks are on for the step; every tape the step enters is adopted (the layer
+outputs computed while it records are watched on it); the first `gradient()`
+call of a tape that asks for trainable weights is answered by ONE real call
+for the step's sources, the layer outputs watched on that tape and (first
+tape) the RNN probes (`_CombinedCall`), and becomes one target (`LoggedTape`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import tensorflow as tf
 
-from tb_layergrad import metadata
+from tb_layergrad import distribute, metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.layer_hooks import restore_instance_attribute, set_instance_attribute
@@ -23,24 +26,43 @@ from tb_layergrad.keras import tape_observer
 from tb_layergrad.keras.model_facts import loss_scale
 
 
+@dataclasses.dataclass
+class LoggedTape:
+    """One tape of the step that differentiated trainable weights: one target of the step's records."""
+
+    name: str
+    gmap: GradientMap
+    target: Any  # the loss as the step differentiated it (scaled, with loss scaling)
+    aux: Optional[Any]  # the tape that recorded its forward pass again (shadow weights, targets), or None
+    variables: Dict[str, Any]  # path -> weight, of the weights the step asked gradients for
+    eps_grads: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 class StepObservation(tape_observer.Observation):
-    """What one run of the model's train step shows: its tape, its loss, its gradient call."""
+    """What one run of the model's train step shows: its tapes, their losses, their gradient calls."""
 
     def __init__(self, fit_step: Any, cap: Capture, probe: Optional[TimestepProbe]):
         super().__init__()
         self.fit_step, self.cap, self.probe = fit_step, cap, probe
-        self.aux: Optional[Any] = None  # a second tape for targets and shadow weights (FitStep._aux_tape)
-        self._aux_recording = False
         self.y_pred: Any = None  # the model's output in this pass (targets only, see _keeping_prediction)
-        self.gmap: Optional[GradientMap] = None
-        self.eps_grads: Dict[str, Any] = {}
         self.scale: Optional[tf.Tensor] = None
         self.values: Dict[str, tf.Tensor] = {}
-        self.target: Any = None
+        #: the tapes that differentiated trainable weights, in the order the step asked them
+        self.logged: List[LoggedTape] = []
+        #: tapes that asked for trainable weights inside a tf.cond / tf.while_loop (not logged)
+        self.in_control_flow = 0
+        self._aux: Dict[int, Any] = {}  # id(step's tape) -> its aux tape while that one records
         self._hooks: Optional[contextlib.ExitStack] = None
+        self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        self._trainable = {id(v) for v in fit_step.model.trainable_variables}
+        self._owners = cap.tree.variable_paths()
+
+    @property
+    def several_replicas(self) -> bool:
+        return distribute.replica_context() is not None
 
     def install_hooks(self) -> None:
-        """The layer hooks of Capture (and TimestepProbe) and the model's, for this step's forward pass."""
+        """The layer hooks of Capture (and TimestepProbe) and the model's, for this step's forward passes."""
         hooks = contextlib.ExitStack()
         hooks.enter_context(self.cap)
         if self.probe is not None:
@@ -49,53 +71,103 @@ class StepObservation(tape_observer.Observation):
         self._hooks = hooks
 
     def remove_hooks(self) -> None:
-        """Right after the forward pass, so that no other replica's forward runs through them.
+        """At the end of the step; with several replicas right after the forward pass.
 
         Why: MirroredStrategy runs the replicas' steps in threads that take turns at
         each cross-replica call (a metric update, the optimizer's all-reduce); hooks
         left on the layers past the forward pass would see another replica's outputs.
+        So with several replicas only the first tape's forward pass is observed.
         """
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
             hooks.close()
 
     def adopt(self, tape: Any) -> None:
+        first = tape is self.tape
         self.cap.watch_with(tape)
-        if self.probe is not None:
+        if first and self.probe is not None:
             self.probe.watch_with(tape)
-        aux = self.fit_step.aux_tape()
+        aux = self.fit_step.aux_tape(first)
         if aux is not None:
             # Records from here to the gradient call: the forward pass, the loss and
             # its scaling (tf_keras scales inside minimize(), after the step's `with`).
             aux.__enter__()
-            self.aux, self._aux_recording = aux, True
+            self._aux[id(tape)] = aux
             self.cap.watch_with(aux)
-            if self.probe is not None:
+            if first and self.probe is not None:
                 self.probe.watch_with(aux)
 
+    def leave(self, tape: Any) -> None:
+        self.cap.unwatch(tape)
+        self._stop_aux(tape)
+
+    def _stop_aux(self, tape: Any) -> Optional[Any]:
+        aux = self._aux.pop(id(tape), None)
+        if aux is not None:
+            aux.__exit__(None, None, None)
+            self.cap.unwatch(aux)
+        return aux
+
     def stop_aux(self) -> None:
-        if self._aux_recording:
-            self._aux_recording = False
-            self.aux.__exit__(None, None, None)
+        for aux in list(self._aux.values()):
+            aux.__exit__(None, None, None)
+        self._aux.clear()
 
     def answer(
         self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: Callable
     ) -> Any:
-        fit_step = self.fit_step
-        self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
-        if fit_step.config.targets:
-            if self.y_pred is None:
-                raise RuntimeError("GradientLogger(targets=...): the model was not called inside its train step's tape")
-            self.values = fit_step.target_values(self.y_pred, self.scale)  # still on the aux tape
-        self.target = target  # the loss as the step differentiates it (scaled, with loss scaling)
-        self.remove_hooks()  # a step that never called the model itself (e.g. only its sub-models)
-        self.stop_aux()  # before the backward pass: the aux tape must not record it
-        eps = list(self.probe.sources.values()) if self.probe is not None else []
+        asked = frozenset(id(s) for s in tf.nest.flatten(sources) if id(s) in self._trainable)
+        here = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+        if not asked or (self.logged and self.several_replicas):
+            return gradient(tape, target, sources, *args, **kwargs)  # e.g. a gradient penalty's tape
+        if here is not self._graph:  # inside tf.cond / tf.while_loop: its tensors cannot leave that branch
+            self.in_control_flow += 1
+            return gradient(tape, target, sources, *args, **kwargs)
+        fit_step, first = self.fit_step, not self.logged
+        if first:
+            self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
+            if fit_step.config.targets:
+                if self.y_pred is None:
+                    raise RuntimeError(
+                        "GradientLogger(targets=...): the model was not called inside its train step's tape"
+                    )
+                self.values = fit_step.target_values(self.y_pred, self.scale)  # still on the aux tape
+        if self.several_replicas:
+            self.remove_hooks()  # a step that never called the model itself (e.g. only its sub-models)
+        aux = self._stop_aux(tape)  # before the backward pass: the aux tape must not record it
+        eps = list(self.probe.sources.values()) if first and self.probe is not None else []
         combined = _CombinedCall(tape, gradient, sources, eps, args, kwargs)
-        self.gmap = self.cap.gradients(combined, target, name=metadata.DEFAULT_TARGET)
-        if eps:
-            self.eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients))
+        name = self._name(asked)
+        gmap = self.cap.tape_gradients(combined, target, name, watched_on=tape, per_example=first)
+        variables = {self._owners[id(s)][0]: s for s in tf.nest.flatten(sources) if id(s) in self._owners}
+        gmap = gmap.with_entries(
+            {p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT or p in variables}
+        )
+        eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients)) if eps else {}
+        self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads))
         return combined.source_gradients
+
+    def _name(self, asked: frozenset) -> str:
+        """The target's name: "loss" for all trainable weights, else the layer that owns the ones asked for.
+
+        The deepest layer (sub-model) whose weights include all those asked for, by its
+        name ("discriminator"); a loss differentiated again in this step gets "#2", "#3".
+        """
+        if asked >= self._trainable:
+            base = metadata.DEFAULT_TARGET
+        else:
+            paths = sorted(self._owners[i][0].split("/")[:-1] for i in asked if i in self._owners)
+            common = os.path.commonprefix(paths) if paths else []  # element-wise on lists of path parts
+            if len(common) > 1:
+                base = common[-1]
+            else:  # several top-level sub-models: their names joined
+                base = "+".join(dict.fromkeys(p[1] for p in paths if len(p) > 1)) or metadata.DEFAULT_TARGET
+        taken = sum(1 for t in self.logged if t.name.split("#")[0] == base)
+        return base if not taken else f"{base}#{taken + 1}"
+
+    def outside_tapes(self) -> List[str]:
+        """Keys of the outputs the step computed while no tape of it recorded (no gradient of it reaches them)."""
+        return [r.key for r in self.cap._ordered_records() if not r.tapes]
 
 
 class _CombinedCall:
@@ -149,7 +221,8 @@ def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None
         )
         if seen.y_pred is None and ours:
             seen.y_pred = out
-            seen.remove_hooks()
+            if seen.several_replicas:
+                seen.remove_hooks()
         return out
 
     call_and_watch.__wrapped__ = original  # keeps inspect.signature() truthful

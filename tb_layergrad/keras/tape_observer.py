@@ -1,26 +1,29 @@
-"""Internal: see the `tf.GradientTape` a train step trains with, and answer its one gradient call.
+"""Internal: see the `tf.GradientTape`s a train step trains with, and answer their gradient calls.
 
 Why. `GradientLogger` logs the gradients of `model.fit()`'s *own* step: Keras'
 unmodified `train_step`, or a model's override of it, whatever the Keras
-version. Every such step opens a `tf.GradientTape`, runs the model under it,
-and asks that tape once for the gradient of its loss w.r.t. the weights
-(Keras 3 directly, tf_keras through `optimizer.minimize(..., tape=tape)`).
-So, while an `Observation` is active on a thread:
+version. Every such step opens a `tf.GradientTape`, runs (part of) the model
+under it, and asks that tape for the gradient of a loss w.r.t. weights (Keras
+3 directly, tf_keras through `optimizer.minimize(..., tape=tape)`); a custom
+step may do so several times (a GAN's discriminator, then generator tape). So,
+while an `Observation` is active on a thread:
 
-- the first `tf.GradientTape` entered on that thread is handed to
-  `Observation.adopt` (the layer hooks then watch their outputs on it);
-- the first `gradient()` call made on that tape is handed to
-  `Observation.answer`, which makes ONE call of the real method for the
-  sources the step asked for *and* its own (layer outputs, timestep probes)
-  and returns the step's part unchanged.
+- every `tf.GradientTape` entered on that thread is handed to
+  `Observation.adopt` (the layer hooks then watch their outputs on it), and
+  to `Observation.leave` when the step exits it;
+- the first `gradient()` call made on each adopted tape is handed to
+  `Observation.answer`, which either passes it through (a tape that asks for
+  no trainable weight, e.g. a gradient penalty's) or makes ONE call of the
+  real method for the sources the step asked for *and* its own (layer
+  outputs, timestep probes) and returns the step's part unchanged.
 
 Nothing in the step is replaced: the tape, the loss, the optimizer and the
 update are the step's own, so training is bit for bit what it is without the
 observation (tests/test_fit_neutral.py).
 
-The class's `__enter__` and `gradient` are swapped only while some thread
-observes (reference counted, so replicas tracing in threads can overlap), and
-every other tape, thread or call passes straight through.
+The class's `__enter__`, `__exit__` and `gradient` are swapped only while some
+thread observes (reference counted, so replicas tracing in threads can
+overlap), and every other thread or call passes straight through.
 """
 
 from __future__ import annotations
@@ -40,13 +43,17 @@ class Observation:
     """One run of a train step on one thread; subclasses say what to do with the tape and the call."""
 
     def __init__(self) -> None:
-        #: the adopted tape (the first one entered), None until then.
+        #: the first tape the step entered, None until then.
         self.tape: Optional[Any] = None
-        #: has the adopted tape's first gradient() call been answered?
-        self.answered = False
+        #: ids of the adopted tapes whose first gradient() call was handed to `answer`
+        self._answered: set = set()
+        self._adopted: Dict[int, Any] = {}
 
     def adopt(self, tape: Any) -> None:
-        """Called right after the step entered its tape (still recording)."""
+        """Called right after the step entered a tape (still recording)."""
+
+    def leave(self, tape: Any) -> None:
+        """Called right before the step exits an adopted tape."""
 
     def answer(
         self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: GradientFn
@@ -68,18 +75,27 @@ def _current() -> Optional[Observation]:
 def _enter(tape: Any) -> Any:
     result = _originals["__enter__"](tape)
     observation = _current()
-    if observation is not None and observation.tape is None:
-        observation.tape = tape
+    if observation is not None and id(tape) not in observation._adopted and not getattr(tape, "_layergrad_own", False):
+        observation._adopted[id(tape)] = tape
+        if observation.tape is None:
+            observation.tape = tape
         observation.adopt(tape)
     return result
+
+
+def _exit(tape: Any, *exc: Any) -> Any:
+    observation = _current()
+    if observation is not None and observation._adopted.get(id(tape)) is tape:
+        observation.leave(tape)
+    return _originals["__exit__"](tape, *exc)
 
 
 def _gradient(tape: Any, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
     real = _originals["gradient"]
     observation = _current()
-    if observation is None or observation.answered or tape is not observation.tape:
+    if observation is None or observation._adopted.get(id(tape)) is not tape or id(tape) in observation._answered:
         return real(tape, target, sources, *args, **kwargs)
-    observation.answered = True
+    observation._answered.add(id(tape))
     return observation.answer(tape, target, sources, args, kwargs, real)
 
 
@@ -89,8 +105,10 @@ def _install() -> None:
         if _users == 0:
             cls = tf.GradientTape
             _originals["__enter__"] = cls.__dict__["__enter__"]
+            _originals["__exit__"] = cls.__dict__["__exit__"]
             _originals["gradient"] = cls.__dict__["gradient"]
             cls.__enter__ = _enter
+            cls.__exit__ = _exit
             cls.gradient = _gradient
         _users += 1
 
@@ -102,6 +120,7 @@ def _uninstall() -> None:
         if _users == 0:
             cls = tf.GradientTape
             cls.__enter__ = _originals.pop("__enter__")
+            cls.__exit__ = _originals.pop("__exit__")
             cls.gradient = _originals.pop("gradient")
 
 

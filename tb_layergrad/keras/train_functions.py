@@ -72,18 +72,6 @@ def step_writes_itself(model: Any) -> bool:
     )
 
 
-def iterations_countable(model: Any, kind: str, steps_per_execution: int) -> bool:
-    """Does every call of Keras' train function advance `optimizer.iterations` by exactly one?
-
-    Not with several steps per execution (the last one of an epoch may be short),
-    not with Keras 3's loss scaling (a step whose gradients overflow is skipped)
-    and not without trainable weights (Keras 3 then makes no update).
-    """
-    optimizer = getattr(model, "optimizer", None)
-    loss_scaled = kind == "keras" and hasattr(optimizer, "inner_optimizer")
-    return steps_per_execution == 1 and not loss_scaled and bool(model.trainable_weights)
-
-
 def steps_per_execution(model: Any) -> int:
     spe = getattr(model, "steps_per_execution", None)
     if spe is None:

@@ -1,7 +1,7 @@
 """GradientLogger in fit() under MirroredStrategy (2 logical CPUs) vs one device on the same global batches.
 
 Usage: fit_mirrored.py LOGDIR. Runs (LOGDIR/<run>/train):
-- single: one device; gather, stats: MirroredStrategy with replicas="gather" / "stats".
+- single: one device; gather: MirroredStrategy (the replicas' tensors all-gathered).
   SGD with learning rate 0: every run sees the same weights at every step, so the
   records can be compared value for value (a real update would differ in the last
   bits between 1 and 2 replicas: another summation order).
@@ -40,7 +40,7 @@ x, y = data(np, GLOBAL_BATCH * STEPS)
 strategy = tf.distribute.MirroredStrategy(devices)
 
 
-def fit(run, replicas=None, lr=0.0, strategy_=None, eager=False, factor=1.0, steps=STEPS):
+def fit(run, lr=0.0, strategy_=None, eager=False, factor=1.0, steps=STEPS):
     scope = strategy_.scope() if strategy_ is not None else tf.distribute.get_strategy().scope()
     with scope:
         model = tiny_model(keras)
@@ -48,11 +48,7 @@ def fit(run, replicas=None, lr=0.0, strategy_=None, eager=False, factor=1.0, ste
         model.compile(optimizer=keras.optimizers.SGD(lr), loss=loss, run_eagerly=eager)
     callbacks = []
     if run is not None:
-        callbacks.append(
-            tb_layergrad.GradientLogger(
-                os.path.join(logdir, run), weights=True, replicas=replicas or "gather", activations=True
-            )
-        )
+        callbacks.append(tb_layergrad.GradientLogger(os.path.join(logdir, run), weights=True, activations=True))
     n = GLOBAL_BATCH * steps
     model.fit(x[:n], y[:n], batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     return [v.numpy() for v in model.trainable_variables]
@@ -78,9 +74,8 @@ with open(os.path.join(logdir, "keras_factor.json"), "w") as f:
 for mode in modes:
     eager = mode == "eager"
     fit(f"single_{mode}", eager=eager, factor=factor or 1.0)
-    fit(f"gather_{mode}", "gather", strategy_=strategy, eager=eager)
-    fit(f"stats_{mode}", "stats", strategy_=strategy, eager=eager)
-logged = fit("neutral", "gather", lr=0.1, strategy_=strategy)
+    fit(f"gather_{mode}", strategy_=strategy, eager=eager)
+logged = fit("neutral", lr=0.1, strategy_=strategy)
 plain = fit(None, lr=0.1, strategy_=strategy)
 np.savez(os.path.join(logdir, "weights.npz"), *(logged + plain))
 print("OK")

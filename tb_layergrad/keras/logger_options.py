@@ -1,0 +1,88 @@
+"""GradientLogger's arguments: checked before training, and a warning for one that would have no effect.
+
+Why warn: an option that silently does nothing in a combination (the noise
+scale of `per_example=True` needs the weight gradients) leaves a user
+looking for records that will never be written.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, Dict, Union
+
+import tensorflow as tf
+
+from tb_layergrad.capturing.targets import check_target_shape
+from tb_layergrad.keras import nonfinite_check
+
+ON_NONFINITE = (*nonfinite_check.MODES, "ignore")
+
+
+def update_freq(value: Any) -> Union[int, str]:
+    """An int N >= 1, "batch" (1) or "epoch"."""
+    if value == "batch":
+        return 1
+    if value == "epoch":
+        return "epoch"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'update_freq must be an integer >= 1, "batch" or "epoch", got {value!r}')
+    return value
+
+
+def max_elements(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_elements must be an integer >= 0, got {value!r}")
+    return value
+
+
+def on_nonfinite(value: Any) -> str:
+    if value not in ON_NONFINITE:
+        raise ValueError(f"on_nonfinite must be one of {ON_NONFINITE}, got {value!r}")
+    return value
+
+
+def log_dir(value: Any) -> str:
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"log_dir must be a path, got {type(value).__name__}") from None
+    if not path:
+        raise ValueError("log_dir must be a non-empty path")
+    return path
+
+
+def warn_without_effect(weights: bool, per_example: bool) -> None:
+    """One warning per option that changes nothing in this combination."""
+    if per_example and not weights:
+        warnings.warn(
+            "GradientLogger(per_example=True, weights=False): the gradient noise scale needs the weight "
+            "gradients and is not written (the per-example norms of the layer outputs are); pass weights=True "
+            "for it",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def check_targets_statically(model: Any, targets: Dict[str, Callable]) -> None:
+    """Try each target on a zero y_pred when the output shape is known (Functional/Sequential)."""
+    if not targets:
+        return
+    try:
+        outputs = model.outputs
+    except (AttributeError, ValueError):
+        return
+    if not outputs or len(outputs) != 1:
+        return
+    shape = list(outputs[0].shape)
+    if any(d is None for d in shape[1:]):
+        return
+    dtype = getattr(outputs[0], "dtype", "float32")
+    dtype = getattr(dtype, "name", dtype)
+    y_pred = tf.zeros([2] + shape[1:], dtype=dtype)
+    for name, fn in targets.items():
+        try:
+            value = tf.convert_to_tensor(fn(y_pred))
+        except Exception as e:  # noqa: BLE001 - re-raised with context
+            raise ValueError(f"target {name!r} failed on a y_pred of shape {[None] + shape[1:]}: {e}") from e
+        check_target_shape(name, value, 2)
