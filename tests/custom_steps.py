@@ -13,16 +13,19 @@ from __future__ import annotations
 from typing import Dict, List
 
 import numpy as np
-from fit_helpers import keras, layers
-
 import tensorflow as tf
+from fit_helpers import keras, layers
 
 FEATURES, LATENT = 4, 3
 
 
 def generator() -> keras.Model:
     return keras.Sequential(
-        [keras.Input((LATENT,)), layers.Dense(5, activation="tanh", name="g_hidden"), layers.Dense(FEATURES, name="g_out")],
+        [
+            keras.Input((LATENT,)),
+            layers.Dense(5, activation="tanh", name="g_hidden"),
+            layers.Dense(FEATURES, name="g_out"),
+        ],
         name="generator",
     )
 

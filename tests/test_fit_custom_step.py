@@ -144,7 +144,8 @@ def test_step_without_a_tape_fails_clearly_and_restores(tmp_path):
 
 
 class TwoCallStep(keras.Model):
-    """A persistent tape asked twice (e.g. two objectives on two parts of the model): the first call is logged."""
+    """A persistent tape asked twice (e.g. two objectives on two parts of the model): the first call is logged,
+    as a target named for the layer whose weights it asks for ("d2")."""
 
     def train_step(self, data):
         x, y = data
@@ -171,7 +172,8 @@ def test_persistent_tape_asked_twice_logs_the_first_call(tmp_path):
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
     series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [1, 2, 3, 4]
+    assert {info.target for info, _ in series.values()} == {"d2"}
+    assert layergrad_steps(series, target="d2") == [1, 2, 3, 4]
     x, y = _data()
     check_step(
         series,
@@ -183,6 +185,7 @@ def test_persistent_tape_asked_twice_logs_the_first_call(tmp_path):
         y[:8],
         lambda yt, yp: _own_loss(logged, yt, yp),
         with_weights=False,
+        target="d2",
     )
     # The tape class is as it was: the observation swaps its methods only while a step is traced.
     assert tf.GradientTape.__dict__["__enter__"] is original["__enter__"]

@@ -98,8 +98,8 @@ class StepObservation(tape_observer.Observation):
                 self.probe.watch_with(aux)
 
     def leave(self, tape: Any) -> None:
+        # Its aux tape records on, to the gradient call (tf_keras scales the loss after the step's `with`).
         self.cap.unwatch(tape)
-        self._stop_aux(tape)
 
     def _stop_aux(self, tape: Any) -> Optional[Any]:
         aux = self._aux.pop(id(tape), None)
