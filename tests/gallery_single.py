@@ -108,7 +108,7 @@ def _reproduce_vae(model, before, after, batch) -> List[Tuple[str, Tape]]:
         z_mean, z_log_var = tf.split(fwd.sequential(model.encoder, x, "vae/encoder"), 2, axis=-1)
         z = fwd.layer(model.sampling, "vae/sampling", [z_mean, z_log_var, eps])
         total = vae_losses(x, z_mean, z_log_var, fwd.sequential(model.decoder, z, "vae/decoder"))[0]
-    return [("vae", differentiate(tape, fwd, total, model.trainable_weights, paths))]
+    return [("loss", differentiate(tape, fwd, total, model.trainable_weights, paths))]
 
 
 VAE_CASE = Case("vae", _build_vae, _vae_data, dataset, _reproduce_vae)
@@ -167,10 +167,12 @@ def _reproduce_distiller(model, before, after, batch) -> List[Tuple[str, Tape]]:
         with tf.GradientTape() as tape:
             fwd = Forward(tape)
             loss = model.distill_loss(y, teacher_pred, fwd.sequential(model.student, x, "distiller/student"))
-        return [("student", differentiate(tape, fwd, loss, model.student.trainable_variables, paths))]
+        return [("loss", differentiate(tape, fwd, loss, model.student.trainable_variables, paths))]
 
 
-DISTILLER_CASE = Case("distiller", _build_distiller, lambda: _xy(32), _numpy_xy, _reproduce_distiller)
+DISTILLER_CASE = Case(
+    "distiller", _build_distiller, lambda: _xy(32), _numpy_xy, _reproduce_distiller, outside="distiller/teacher"
+)
 
 
 # -- two views ------------------------------------------------------------------------------------------------
@@ -229,7 +231,7 @@ def _reproduce_simsiam(model, before, after, batch) -> List[Tuple[str, Tape]]:
             lambda z: fwd.sequential(model.predictor, z, "simsiam/predictor"),
         )
     variables = model.encoder.trainable_variables + model.predictor.trainable_variables
-    return [("simsiam", differentiate(tape, fwd, loss, variables, paths))]
+    return [("loss", differentiate(tape, fwd, loss, variables, paths))]
 
 
 CONTRASTIVE_CASE = Case("contrastive", _build_simsiam, _views, dataset, _reproduce_simsiam)
@@ -387,7 +389,7 @@ def _built(cls, seed: int, **compile_kwargs):
     return build
 
 
-def _reproducer(label: str, weight_of=None, extra=None):
+def _reproducer(weight_of=None, extra=None):
     """A one-tape step on model.body: loss = the compiled loss (weighted per example) [+ extra(penalty input)]."""
 
     def reproduce(model, before, after, batch) -> List[Tuple[str, Tape]]:
@@ -400,7 +402,7 @@ def _reproducer(label: str, weight_of=None, extra=None):
             loss = tf.reduce_mean(model.loss(y, pred, sample_weight=weights))
             if extra is not None:
                 loss = loss + extra(model)(fwd.outputs[f"{model.name}/body/b0"])  # the penalty layer's input
-        return [(label, differentiate(tape, fwd, loss, model.body.trainable_variables, paths))]
+        return [("loss", differentiate(tape, fwd, loss, model.body.trainable_variables, paths))]
 
     return reproduce
 
@@ -425,22 +427,22 @@ SINGLE_CASES = [
     VAE_CASE,
     DISTILLER_CASE,
     CONTRASTIVE_CASE,
-    Case("accumulation", _build_accumulating, lambda: _xy(34), _numpy_xy, _reproducer("accum")),
-    Case("add_loss", _build_regularized, lambda: _xy(35), _numpy_xy, _reproducer("addloss", extra=_regularization)),
+    Case("accumulation", _build_accumulating, lambda: _xy(34), _numpy_xy, _reproducer()),
+    Case("add_loss", _build_regularized, lambda: _xy(35), _numpy_xy, _reproducer(extra=_regularization)),
     Case(
         "sample_weight",
         _built(Weighted, 36),
         _sample_weights,
         lambda a: {"x": a[0], "y": a[1], "sample_weight": a[2]},
-        _reproducer("weighted", weight_of=lambda b: b[2]),
+        _reproducer(weight_of=lambda b: b[2]),
     ),
     Case(
         "class_weight",
         _built(Weighted, 37),
         lambda: _xy(37),
         lambda a: {"x": a[0], "y": a[1], "class_weight": CLASS_WEIGHT},
-        _reproducer("weighted", weight_of=_class_weights),
+        _reproducer(weight_of=_class_weights),
     ),
-    Case("compute_loss_apply", _built(Keras3Step, 38), lambda: _xy(38), _numpy_xy, _reproducer("k3step")),
+    Case("compute_loss_apply", _built(Keras3Step, 38), lambda: _xy(38), _numpy_xy, _reproducer()),
 ]
 SINGLE_CASES[-1].keras3_only = _no_apply_method()

@@ -66,8 +66,11 @@ class Case:
     build: Callable[[], keras.Model]  # a compiled model, from a fixed seed
     data: Callable[[], Tuple[np.ndarray, ...]]  # N examples each; the batches are consecutive slices
     fit_kwargs: Callable[[Tuple[np.ndarray, ...]], dict]  # what fit() gets besides batch_size/epochs
-    reproduce: Callable[..., List[Tuple[str, Tape]]]  # (label, Tape) of each tape in the order the step runs them
+    # (label, Tape) of each tape in the order the step runs them; label: the sub-model that owns the weights the
+    # tape asks for, "loss" where it asks for all of the model's trainable weights
+    reproduce: Callable[..., List[Tuple[str, Tape]]]
     keras3_only: Optional[str] = None  # why the pattern needs Keras 3 (skipped under tf_keras)
+    outside: Optional[str] = None  # the sub-model whose outputs the step computes before any of its tapes
 
 
 # -- small building blocks ---------------------------------------------------------------------------------
@@ -168,7 +171,3 @@ def mixed(model: keras.Model, before: List[np.ndarray], after: List[np.ndarray],
     batch) after the batch, every other weight before it."""
     late = {id(v) for v in updated.weights}
     return [a if id(v) in late else b for v, b, a in zip(model.weights, before, after)]
-
-
-def bce_logits(labels, logits):
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
