@@ -17,6 +17,7 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 | `nan_backward` | a layer takes the square root of ReLU features: finite forward, but at the batch where one is 0 its gradient is infinite: born in the **backward** pass of that layer (logged every 5 steps) |
 | `explode_noclip` | a linear head on frozen features, learning rate too high: every step overshoots, the gradient grows exponentially |
 | `explode_clipnorm` | the same with `clipnorm=1.0`: the steps are bounded, it does not |
+| `gan` | the guide's GAN (own optimizers, two tapes: two targets) with a saturating generator loss: the discriminator wins and the generator's gradients vanish (`demo_gan.py`) |
 | `mislabelled` | an easy classifier whose data hold a few flipped labels, logged with `per_example=True`: once it has learnt, the flipped example carries most of each layer's per-example gradient energy at its step (`top_share`, `top_index_1`) |
 
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
@@ -59,6 +60,7 @@ RUNS = (
     DemoRun("explode_noclip", "exploding: learning rate too high, no clipping"),
     DemoRun("explode_clipnorm", "the same with clipnorm=1.0: stable"),
     DemoRun("mislabelled", "per-example norms: a few flipped labels stand out"),
+    DemoRun("gan", "GAN: the discriminator wins, the generator's gradients vanish"),
 )
 RUN_NAMES = tuple(r.name for r in RUNS)
 
@@ -80,12 +82,13 @@ class Plan:
     dead: int
     nan: int
     explode: int  # the same in both modes: much longer and the unclipped run overflows to Inf
+    gan: int
 
     @staticmethod
     def for_mode(quick: bool) -> "Plan":
         if quick:
-            return Plan(seed=40, mlp=60, rnn=30, dead=30, nan=40, explode=45)
-        return Plan(seed=200, mlp=150, rnn=120, dead=100, nan=100, explode=45)
+            return Plan(seed=40, mlp=60, rnn=30, dead=30, nan=40, explode=45, gan=40)
+        return Plan(seed=200, mlp=150, rnn=120, dead=100, nan=100, explode=45, gan=100)
 
 
 _SHOWS = {r.name: r.shows for r in RUNS}
@@ -344,6 +347,9 @@ def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
     demo_nan.nan_pass_runs(logdir, plan.nan, _SHOWS)
     _explode_runs(logdir, plan.explode)
     _mislabelled_run(logdir, plan.mlp)
+    from tb_layergrad.cli import demo_gan  # imports Keras: only when the demo trains
+
+    demo_gan.gan_run(logdir, plan.gan, _SHOWS)
     return list(RUN_NAMES)
 
 
