@@ -117,13 +117,15 @@ def test_gallery_step(tmp_path, case: Case, mode: str):
         for a, b in zip(plain_snaps.after[step], snaps.after[step]):
             np.testing.assert_array_equal(a, b, err_msg=f"{case.name}: weights after batch {step}")
 
-    # (b) at Keras' TensorBoard steps
+    # (b) at Keras' TensorBoard steps: the count of batches trained
+    steps = list(range(1, BATCHES + 1))
     scalars = tb_reading.scalars(str(tmp_path / "logged"))["train"]
     keras_steps = sorted({s for tag, points in scalars.items() if tag.startswith("batch_") for s in points})
-    assert keras_steps == list(range(1, BATCHES + 1)), scalars.keys()
+    if keras_steps != [0]:  # Keras 3.3's TensorBoard writes every batch_* scalar at step 0 (its count never moves)
+        assert keras_steps == steps, scalars.keys()
     series = read_series(str(tmp_path / "logged"))
     for info, by_step in series.values():
-        assert sorted(by_step) == keras_steps, f"{info.target}/{info.source}/{info.layer}/{info.kind}"
+        assert sorted(by_step) == steps, f"{info.target}/{info.source}/{info.layer}/{info.kind}"
 
     # Outputs the step computed before any of its tapes (the guide's GAN's generated samples, the Distiller's
     # teacher) are named in one warning (raised at each trace; Python's default filter shows it once); nothing
@@ -134,7 +136,7 @@ def test_gallery_step(tmp_path, case: Case, mode: str):
         assert outside == []
 
     # (c) each tape's numbers
-    for step, batch in zip(keras_steps, batches(arrays)):
+    for step, batch in zip(steps, batches(arrays)):
         tapes = case.reproduce(model, snaps.before[step], snaps.after[step], batch)
         length = path_length(model, batch)
         for target, (_, tape) in zip(target_names([label for label, _ in tapes]), tapes):
