@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Mapping
+from typing import Mapping, Tuple
 
 import keras
 import numpy as np
@@ -63,25 +63,18 @@ class SaturatingGAN(keras.Model):
         return {"d_loss": d_loss, "g_loss": g_loss}
 
 
+def _stack(name: str, inputs: int, widths: Tuple[int, ...], prefix: str) -> keras.Sequential:
+    """ReLU Dense layers `{prefix}_hidden_i`, then a linear `{prefix}_out`."""
+    hidden = [layers.Dense(w, activation="relu", name=f"{prefix}_hidden_{i}") for i, w in enumerate(widths[:-1])]
+    return keras.Sequential(
+        [keras.Input((inputs,)), *hidden, layers.Dense(widths[-1], name=f"{prefix}_out")], name=name
+    )
+
+
 def gan_model() -> SaturatingGAN:
-    generator = keras.Sequential(
-        [
-            keras.Input((GAN_LATENT,)),
-            layers.Dense(16, activation="relu", name="g_hidden"),
-            layers.Dense(2, name="g_out"),
-        ],
-        name="generator",
-    )
-    discriminator = keras.Sequential(
-        [
-            keras.Input((2,)),
-            layers.Dense(64, activation="relu", name="d_hidden_0"),
-            layers.Dense(64, activation="relu", name="d_hidden_1"),
-            layers.Dense(1, name="d_logit"),
-        ],
-        name="discriminator",
-    )
-    return SaturatingGAN(discriminator, generator, name="gan")
+    """The generator (latent -> 16 -> 2-D sample) and a larger discriminator (2-D sample -> 64 -> 64 -> logit)."""
+    generator = _stack("generator", GAN_LATENT, (16, 2), "g")
+    return SaturatingGAN(_stack("discriminator", 2, (64, 64, 1), "d"), generator, name="gan")
 
 
 def gan_run(logdir: str, steps: int, shows: Mapping[str, str]) -> None:

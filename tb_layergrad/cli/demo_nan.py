@@ -80,61 +80,40 @@ def nan_pass_runs(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
     import tensorflow as tf
     from keras import layers
 
-    x, y = inputs_with_one_bad_batch(steps, NAN_FORWARD_STEP, 50.0, seed=5)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((16,)),
-            layers.Dense(16, name="dense_0"),
-            # Positive for small inputs (bias 2); a large input drives some below 0, and log is NaN there.
-            layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
-            layers.Lambda(tf.math.log, name="log_features"),
-            layers.Dense(1, name="head"),
-        ],
-        name="nan_forward",
-    )
-    fit(
-        "nan_forward",
-        shows["nan_forward"],
-        logdir,
-        model,
-        keras.optimizers.SGD(0.01),
-        keras.losses.MeanSquaredError(),
-        x,
-        y,
-        steps,
-        activations=True,
-        update_freq=NAN_EVERY,
-    )
-
-    x, y = inputs_with_one_bad_batch(steps, NAN_BACKWARD_STEP, -50.0, seed=6)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((16,)),
-            # Positive for small inputs (bias 1): the large input drives some to exactly 0 after the ReLU.
-            layers.Dense(
-                16,
-                activation="relu",
-                bias_initializer=keras.initializers.Constant(1.0),
-                kernel_initializer=keras.initializers.Constant(0.1),
-                name="dense_0",
-            ),
-            layers.Lambda(tf.sqrt, name="sqrt_features"),  # sqrt(0) = 0, but its gradient there is infinite
-            layers.Dense(1, name="head"),
-        ],
-        name="nan_backward",
-    )
-    fit(
-        "nan_backward",
-        shows["nan_backward"],
-        logdir,
-        model,
-        keras.optimizers.SGD(0.01),
-        keras.losses.MeanSquaredError(),
-        x,
-        y,
-        steps,
-        activations=True,
-        update_freq=NAN_EVERY,
-    )
+    forward = [
+        layers.Dense(16, name="dense_0"),
+        # Positive for small inputs (bias 2); a large input drives some below 0, and log is NaN there.
+        layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
+        layers.Lambda(tf.math.log, name="log_features"),
+    ]
+    backward = [
+        # Positive for small inputs (bias 1): the large input drives some to exactly 0 after the ReLU.
+        layers.Dense(
+            16,
+            activation="relu",
+            bias_initializer=keras.initializers.Constant(1.0),
+            kernel_initializer=keras.initializers.Constant(0.1),
+            name="dense_0",
+        ),
+        layers.Lambda(tf.sqrt, name="sqrt_features"),  # sqrt(0) = 0, but its gradient there is infinite
+    ]
+    for name, stack, bad_step, scale, seed in (
+        ("nan_forward", forward, NAN_FORWARD_STEP, 50.0, 5),
+        ("nan_backward", backward, NAN_BACKWARD_STEP, -50.0, 6),
+    ):
+        x, y = inputs_with_one_bad_batch(steps, bad_step, scale, seed=seed)
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((16,)), *stack, layers.Dense(1, name="head")], name=name)
+        fit(
+            name,
+            shows[name],
+            logdir,
+            model,
+            keras.optimizers.SGD(0.01),
+            keras.losses.MeanSquaredError(),
+            x,
+            y,
+            steps,
+            activations=True,
+            update_freq=NAN_EVERY,
+        )
