@@ -141,3 +141,28 @@ class Snapshots(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self.before[len(self.before) + 1] = [w.copy() for w in self.model.get_weights()]
+
+
+class Distiller(keras.Model):
+    """keras-io's knowledge distillation step: the frozen teacher runs outside the tape, the student inside."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.teacher = keras.Sequential([keras.Input((FEATURES,)), layers.Dense(2, name="t_out")], name="teacher")
+        self.student = keras.Sequential([keras.Input((FEATURES,)), layers.Dense(2, name="s_out")], name="student")
+        self.teacher.trainable = False
+
+    def call(self, x):
+        return self.student(x)
+
+    def train_step(self, data):
+        x, y = data
+        teacher_predictions = self.teacher(x, training=False)
+        with tf.GradientTape() as tape:
+            student_predictions = self.student(x, training=True)
+            loss = tf.reduce_mean((student_predictions - y) ** 2) + tf.reduce_mean(
+                (student_predictions - teacher_predictions) ** 2
+            )
+        grads = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": loss}

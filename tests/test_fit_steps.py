@@ -18,8 +18,6 @@ from tensorboard.backend.event_processing import plugin_event_multiplexer
 import tb_layergrad
 from tb_layergrad import metadata
 
-pytestmark = pytest.mark.skipif(TF_KERAS, reason="the guide's GAN compiles without an optimizer (Keras 3)")
-
 
 def _keras_batch_steps(logdir: str, tag: str) -> list:
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})

@@ -9,6 +9,8 @@ gradient-penalty tape not logged. weights=True: each target holds the weights it
 
 from __future__ import annotations
 
+import warnings
+
 import custom_steps as cs
 import numpy as np
 import pytest
@@ -18,7 +20,6 @@ import tb_layergrad
 
 tf = pytest.importorskip("tensorflow")
 
-pytestmark = pytest.mark.skipif(TF_KERAS, reason="the guide's GAN compiles without an optimizer (Keras 3)")
 
 LR = 0.05
 
@@ -136,3 +137,21 @@ def test_wgan_each_critic_update_its_own_target_penalty_not_logged(tmp_path):
     # two critic updates: the second sees the weights after the first, so its loss differs
     first, second = (float(stat(values[t][1][0], "mean")) for t in ("discriminator", "discriminator#2"))
     assert first != second
+
+
+def test_distiller_student_is_the_loss_and_the_frozen_teacher_is_not_warned_about(tmp_path):
+    keras = cs.keras
+    keras.utils.set_random_seed(0)
+    model = cs.Distiller()
+    model.compile(optimizer=keras.optimizers.SGD(0.01))
+    x = cs.data(16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(
+            x, x[:, :2], batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))]
+        )
+    assert not [w for w in caught if "outside its GradientTapes" in str(w.message)]
+    series = read_series(log_dir(tmp_path))
+    assert _targets(series) == {"loss"}
+    layers_logged = {info.layer for info, _ in series.values() if info.source == "output"}
+    assert layers_logged == {f"{model.name}/student", f"{model.name}/student/s_out"}

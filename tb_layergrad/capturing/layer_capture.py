@@ -257,6 +257,10 @@ class Capture(LayerHooks):
             )
         return self._gradients(tape, target, name, self._ordered_records(), self._per_example, warn=True)
 
+    def records_watched_on(self, tape: Any) -> List["_Record"]:
+        """The records of this pass watched on `tape`, in model order; None: those no tape watched."""
+        return [r for r in self._ordered_records() if (id(tape) in r.tapes if tape is not None else not r.tapes)]
+
     def tape_gradients(
         self, tape: Any, target: Any, name: str, watched_on: Any, per_example: bool = True
     ) -> GradientMap:

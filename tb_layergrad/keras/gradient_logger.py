@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 import numpy as np
 import tensorflow as tf
 
 from tb_layergrad import distribute
-from tb_layergrad.capturing.layer_capture import Capture
-from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.capturing.targets import validate_targets
 from tb_layergrad.keras import (
     batch_count,
     logger_options,
-    model_facts,
     nonfinite_check,
     replica_payload,
     train_functions,
@@ -198,31 +194,6 @@ class GradientLogger(_Base):
     def run_dir(self) -> str:
         return os.path.join(self.log_dir, "train")
 
-    # -- checks before training --------------------------------------------------
-    def _check_model(self, model: Any) -> str:
-        kind = model_facts.check_supported(model)
-        strategy = getattr(model, "distribute_strategy", None)
-        if strategy is not None and strategy.num_replicas_in_sync > 1 and kind != "keras":
-            raise ValueError(
-                f"GradientLogger supports {strategy.num_replicas_in_sync} replicas ({type(strategy).__name__}) "
-                "with Keras 3 only, not tf_keras; capture in a custom loop (tb_layergrad.distribute) instead"
-            )
-        Capture(model, layers=self.layers, weights=self.weights)  # unknown layers raise here
-        if self.timesteps is not False:
-            TimestepProbe(model, None if self.timesteps is True else self.timesteps)
-        logger_options.check_targets_statically(model, self.targets)
-        spe = train_functions.steps_per_execution(model)
-        n = self.update_freq
-        if spe > 1 and n != "epoch" and n % spe and not train_functions.step_writes_itself(model):
-            warnings.warn(
-                f"steps_per_execution={spe}: Keras returns only the last step of each execution, so a step logged "
-                f"by update_freq={n} that is not the last of its execution is lost; use a multiple of {spe} "
-                "(or jit_compile=False: then the step writes every logged step itself)",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return kind
-
     def _open_writer(self) -> Any:
         try:
             tf.io.gfile.makedirs(self.run_dir)
@@ -235,7 +206,9 @@ class GradientLogger(_Base):
         model = self.model
         if self._saved is not None:  # a previous fit() was left abnormally
             self._restore()
-        kind = self._check_model(model)
+        kind = logger_options.check_model(
+            model, self.layers, self.weights, self.timesteps, self.targets, self.update_freq
+        )
         self._steps_per_execution = train_functions.steps_per_execution(model)
         self._count.begin(model)
         if self.update_freq == "epoch" and not (self.params or {}).get("steps"):

@@ -13,8 +13,10 @@ from typing import Any, Callable, Dict, Union
 
 import tensorflow as tf
 
+from tb_layergrad.capturing.layer_capture import Capture
+from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.capturing.targets import check_target_shape
-from tb_layergrad.keras import nonfinite_check
+from tb_layergrad.keras import model_facts, nonfinite_check, train_functions
 
 ON_NONFINITE = (*nonfinite_check.MODES, "ignore")
 
@@ -62,6 +64,34 @@ def warn_without_effect(weights: bool, per_example: bool) -> None:
             UserWarning,
             stacklevel=3,
         )
+
+
+def check_model(
+    model: Any, layers: Any, weights: bool, timesteps: Any, targets: Dict[str, Callable], update_freq: Any
+) -> str:
+    """Raise before training what can be known then (flavor, replicas, layers, targets); returns the flavor."""
+    kind = model_facts.check_supported(model)
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is not None and strategy.num_replicas_in_sync > 1 and kind != "keras":
+        raise ValueError(
+            f"GradientLogger supports {strategy.num_replicas_in_sync} replicas ({type(strategy).__name__}) "
+            "with Keras 3 only, not tf_keras; capture in a custom loop (tb_layergrad.distribute) instead"
+        )
+    Capture(model, layers=layers, weights=weights)  # unknown layers raise here
+    if timesteps is not False:
+        TimestepProbe(model, None if timesteps is True else timesteps)
+    check_targets_statically(model, targets)
+    spe = train_functions.steps_per_execution(model)
+    n = update_freq
+    if spe > 1 and n != "epoch" and n % spe and not train_functions.step_writes_itself(model):
+        warnings.warn(
+            f"steps_per_execution={spe}: Keras returns only the last step of each execution, so a step logged "
+            f"by update_freq={n} that is not the last of its execution is lost; use a multiple of {spe} "
+            "(or jit_compile=False: then the step writes every logged step itself)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return kind
 
 
 def check_targets_statically(model: Any, targets: Dict[str, Callable]) -> None:

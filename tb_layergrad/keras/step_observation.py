@@ -166,8 +166,12 @@ class StepObservation(tape_observer.Observation):
         return base if not taken else f"{base}#{taken + 1}"
 
     def outside_tapes(self) -> List[str]:
-        """Keys of the outputs the step computed while no tape of it recorded (no gradient of it reaches them)."""
-        return [r.key for r in self.cap._ordered_records() if not r.tapes]
+        """Keys of the outputs the step computed while no tape of it recorded (no gradient of it reaches them).
+
+        Only of layers that hold trainable weights: a frozen teacher run outside the tape
+        (a Distiller) is not something to log.
+        """
+        return [r.key for r in self.cap.records_watched_on(None) if r.node.layer.trainable_weights]
 
 
 class _CombinedCall:
