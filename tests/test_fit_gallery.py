@@ -127,9 +127,9 @@ def test_gallery_step(tmp_path, case: Case, mode: str):
     for info, by_step in series.values():
         assert sorted(by_step) == steps, f"{info.target}/{info.source}/{info.layer}/{info.kind}"
 
-    # Outputs the step computed before any of its tapes (the guide's GAN's generated samples, the Distiller's
-    # teacher) are named in one warning (raised at each trace; Python's default filter shows it once); nothing
-    # else is.
+    # Outputs of trainable layers that the step computed before any of its tapes (the guide's GAN's generated
+    # samples) are named in one warning (raised at each trace; Python's default filter shows it once); nothing
+    # else is (not the Distiller's frozen teacher: nothing of it trains).
     if case.outside:
         assert outside and set(outside) == {outside[0]} and f"outputs of {case.outside}, " in outside[0], outside
     else:
