@@ -10,7 +10,7 @@ generator, and the generator minimizes the *saturating* (minimax) loss, minus th
 discriminator's loss on the generated samples. Once the discriminator rejects them
 confidently (logit l >> 0), that loss is -log(1 + e^-l) and its gradient e^-l / (1 + e^-l)
 vanishes: the generator's gradients fall by orders of magnitude within a few dozen steps
-(`GAN_VANISH`), while nothing in the losses' printout looks wrong.
+(`GAN_VANISH`), while its loss, going to 0, reads like convergence.
 """
 
 from __future__ import annotations
