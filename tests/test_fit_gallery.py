@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tb_reading
 from fit_helpers import MAX, TF_KERAS, assert_close, bounded, one, read_series, stat
+from gallery_body import BODY_CASES
 from gallery_gan import GAN_CASE, WGAN_CASE
 from gallery_single import SINGLE_CASES
 from gallery_steps import BATCHES, Case, batches, keras, path_length
@@ -26,7 +27,7 @@ from tolerances import assert_same_float32_math
 
 import tb_layergrad
 
-CASES = [GAN_CASE, WGAN_CASE, *SINGLE_CASES]
+CASES = [GAN_CASE, WGAN_CASE, *SINGLE_CASES, *BODY_CASES]
 # Under XLA (its compile time adds ~10 s a case here): the steps with several tapes, the novel part; a
 # one-tape step is the standard step's case (tests/test_fit_neutral.py).
 PARAMS = [(c, m) for c in CASES for m in ("graph", "eager")] + [(GAN_CASE, "xla"), (WGAN_CASE, "xla")]
