@@ -112,3 +112,22 @@ def test_a_count_that_cannot_be_known_raises_at_the_first_batch(tmp_path):
         model.fit(cs.data(16), batch_size=8, epochs=1, verbose=0, callbacks=[logger])
     assert "train_step" not in model.__dict__
     assert not read_series(log_dir(tmp_path))  # nothing written at a guessed step
+
+
+def test_a_saved_and_loaded_model_continues_with_a_new_logger(tmp_path):
+    """A standard model saved with its optimizer and loaded (as in a new process), then a new logger: its steps
+    continue from the restored optimizer's count, none written twice, no batch unlogged."""
+    model, _ = mlp_sequential()
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.random.default_rng(0).normal(size=(32, 6)).astype(np.float32), np.zeros((32, 3), np.float32)
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    restored = keras.models.load_model(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored.fit(x, y, batch_size=8, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    assert not [w for w in caught if "runs unlogged" in str(w.message)]
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series) == list(range(1, 9))
+    assert all(len(values) == 1 for _, by_step in series.values() for values in by_step.values())

@@ -4,16 +4,18 @@ Why observed, not copied. The step fit() runs is the model's `train_step`,
 unmodified: Keras' own (Keras 3 or tf_keras, whatever the version) or the
 model's override. While it runs (traces, in graph mode and XLA), an
 observation is active (`step_observation`): the layer hooks of `Capture` (and
-`TimestepProbe`) are installed, the first `tf.GradientTape` the step enters is
-the one the outputs are watched on, and the step's one `tape.gradient(loss,
-weights)` call is answered by ONE call for (weights, layer outputs, probes)
-whose weight part goes back to the step unchanged. Watch-style capture adds
-no op to the forward pass, so training stays bitwise what it is without the
-callback; identity-style capture (custom gradients) would not
-(docs/FIT.md).
+`TimestepProbe`) are installed, every `tf.GradientTape` the step enters has
+the outputs computed under it watched on it, and the first `tape.gradient(loss,
+weights)` call of each tape that asks for trainable weights is answered by ONE
+call for (weights, layer outputs, probes) whose weight part goes back to the
+step unchanged: one target per such tape (a GAN's discriminator, then
+generator). Watch-style capture adds no op to the forward pass, so training
+stays bitwise what it is without the callback; identity-style capture
+(custom gradients) would not (docs/FIT.md).
 
 The step counts the batch (`batch_count.advance`: the step written at is the
-count of batches trained) and computes the logging flag from it (a tensor). What it logs is one plan
+count of batches trained) and computes the logging flag from it (a tensor).
+What it logs is one plan
 (`tb_layergrad.summary.plan`), written by the one write step
 (`summary.write.write_step`), in one of three places (`FitStep._with_records`):
 in the step itself, behind the flag (graph mode without XLA); or handed out
