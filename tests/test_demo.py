@@ -26,8 +26,12 @@ from tb_layergrad.cli import demo as demo_module
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
+# The report's default target is "loss"; the GAN's custom step has two named targets (see the gan test below).
+LOSS_RUNS = sorted(set(demo_module.RUN_NAMES) - {"gan"})
+
+
 def test_every_run_trained_with_a_progress_bar(demo):
-    assert sorted(demo["runs"]) == sorted(demo_module.RUN_NAMES)
+    assert sorted(demo["runs"]) == LOSS_RUNS
     plan = demo_module.Plan.for_mode(quick=True)
     for name in demo_module.RUN_NAMES:
         line = next(l for l in demo["stdout"].splitlines() if l.strip().startswith(name + " "))
@@ -185,7 +189,8 @@ def test_report_on_the_demo_is_silent_on_stderr_and_imports_no_tensorflow(demo):
     env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP_")}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert (done.returncode, done.stderr) == (0, "")
-    assert all(f"run {name} " in done.stdout for name in demo_module.RUN_NAMES)
+    assert all(f"run {name} " in done.stdout for name in LOSS_RUNS)
+    assert "run gan: skipped, no output statistics for target 'loss' (targets: discriminator, generator;" in done.stdout
 
 
 def test_load_gives_the_reports_numbers(demo):
@@ -240,3 +245,25 @@ def test_the_flipped_labels_carry_their_steps_gradient(demo):
         row = found[step]["mislabelled/logits/kernel"]
         assert row[F["top_index_1"]] == position, step
         assert row[F["top_share"]] > 0.9, (step, row[F["top_share"]])
+
+
+def test_the_gan_discriminator_wins_and_the_generators_gradient_vanishes(demo):
+    """`gan`: two targets, one per tape of the guide's step, every step; the discriminator's loss falls toward 0
+    and the generator's gradients (its output's, and every layer's under its target) by GAN_VANISH."""
+    import tb_layergrad
+    from tb_layergrad.cli import demo_gan
+
+    steps = demo_module.Plan.for_mode(quick=True).gan
+    df = tb_layergrad.load(demo["logdir"])
+    gan = df[df.run == "gan"]
+    assert set(gan.target) == {demo_gan.D_TARGET, demo_gan.G_TARGET}
+    for target in (demo_gan.D_TARGET, demo_gan.G_TARGET):
+        assert sorted(gan[gan.target == target].step.unique()) == list(range(1, steps + 1)), target
+    d_loss = gan[(gan.target == demo_gan.D_TARGET) & (gan.source == "target")].set_index("step")["mean"]
+    assert d_loss[steps] < 0.01 * d_loss[1], d_loss  # the discriminator wins
+    out = gan[(gan.target == demo_gan.G_TARGET) & (gan.source == "output")]
+    assert demo_gan.G_OUTPUT in set(out.layer)
+    generator = out[out.layer.str.startswith(demo_gan.G_OUTPUT)]
+    for layer, rows in generator.groupby("layer"):
+        norm = rows.set_index("step")["norm"]
+        assert norm[steps] < norm.loc[1:10].max() / demo_gan.GAN_VANISH, (layer, norm.to_dict())

@@ -8,6 +8,9 @@ Modules:
   report_format -- the report's text, JSON and CSV forms
   demo         -- `tb-layergrad demo`: small trainings that each show one classic behaviour
   demo_models  -- the demo's models (the README's quickstart model among them)
+  demo_fit     -- what every demo run shares: its progress line, the model.fit() with GradientLogger
+  demo_nan     -- the demo's three NaN runs (born in the loss, the forward pass, the backward pass)
+  demo_gan     -- the demo's GAN run (a custom train_step with two optimizers: two targets)
 """
 
 from __future__ import annotations

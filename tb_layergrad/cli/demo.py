@@ -17,6 +17,7 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 | `nan_backward` | a layer takes the square root of ReLU features: finite forward, but at the batch where one is 0 its gradient is infinite: born in the **backward** pass of that layer (logged every 5 steps) |
 | `explode_noclip` | a linear head on frozen features, learning rate too high: every step overshoots, the gradient grows exponentially |
 | `explode_clipnorm` | the same with `clipnorm=1.0`: the steps are bounded, it does not |
+| `gan` | the guide's GAN (own optimizers, two tapes: two targets) with a saturating generator loss: the discriminator wins and the generator's gradients vanish (`demo_gan.py`) |
 | `mislabelled` | an easy classifier whose data hold a few flipped labels, logged with `per_example=True`: once it has learnt, the flipped example carries most of each layer's per-example gradient energy at its step (`top_share`, `top_index_1`) |
 
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
@@ -28,10 +29,14 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
-import shutil
-import sys
 import time
 from typing import Any, List, Optional
+
+from tb_layergrad.cli import demo_fit, demo_nan
+from tb_layergrad.cli.demo_fit import Progress
+from tb_layergrad.cli.demo_nan import NAN_BACKWARD_STEP, NAN_EVERY, NAN_FORWARD_STEP  # noqa: F401 (the plan)
+
+_inputs_with_one_bad_batch = demo_nan.inputs_with_one_bad_batch  # tests plant NaNs the demo's way
 
 DEFAULT_LOGDIR = "layergrad_demo"
 
@@ -55,16 +60,13 @@ RUNS = (
     DemoRun("explode_noclip", "exploding: learning rate too high, no clipping"),
     DemoRun("explode_clipnorm", "the same with clipnorm=1.0: stable"),
     DemoRun("mislabelled", "per-example norms: a few flipped labels stand out"),
+    DemoRun("gan", "GAN: the discriminator wins, the generator's gradients vanish"),
 )
 RUN_NAMES = tuple(r.name for r in RUNS)
 
 MLP_DEPTH = 8  # hidden layers of the sigmoid / ReLU pair
 SEQ_LEN = 80  # timesteps of the long-range task
 LSTM_FORGET_BIAS = 3.0  # sigmoid(3) = 0.95: the cell keeps ~2/3 of its memory over 8 steps at the start
-NAN_LR = 1.0  # nan_log0: the sigmoid saturates (p == 1.0 in float32) within ~30 steps
-NAN_FORWARD_STEP = 23  # nan_forward: the batch whose inputs drive a feature below 0 (not a logged step)
-NAN_BACKWARD_STEP = 17  # nan_backward: the batch whose inputs drive a ReLU feature to exactly 0 (not a logged step)
-NAN_EVERY = 5  # nan_forward, nan_backward: logged every 5 steps
 EXPLODE_LR = 0.7  # explode_*: above 2 / (largest curvature of the head's loss): each step overshoots
 MISLABELLED_EVERY = 4  # mislabelled: one flipped label in every 4th batch (`mislabelled_positions`)
 MISLABELLED_BATCH = 32
@@ -80,119 +82,20 @@ class Plan:
     dead: int
     nan: int
     explode: int  # the same in both modes: much longer and the unclipped run overflows to Inf
+    gan: int
 
     @staticmethod
     def for_mode(quick: bool) -> "Plan":
         if quick:
-            return Plan(seed=40, mlp=60, rnn=30, dead=30, nan=40, explode=45)
-        return Plan(seed=200, mlp=150, rnn=120, dead=100, nan=100, explode=45)
-
-
-class Progress:
-    """One line per run: a bar, steps, seconds; `\r`-updated on a terminal, printed once when done otherwise."""
-
-    def __init__(self, label: str, total: int, shows: str, stream=None) -> None:
-        self.label, self.total, self.shows = label, total, shows
-        self.stream = stream or sys.stdout
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.started = time.time()
-        self.done = 0
-        self._draw()
-
-    def _line(self) -> str:
-        width = 24
-        filled = int(width * self.done / max(1, self.total))
-        bar = "#" * filled + "-" * (width - filled)
-        return f"  {self.label:<17} [{bar}] {self.done:>3}/{self.total} steps {time.time() - self.started:5.1f}s  {self.shows}"
-
-    def _draw(self) -> None:
-        if self.tty:
-            # One terminal line, or `\r` could not redraw it.
-            width = shutil.get_terminal_size((100, 24)).columns - 1
-            self.stream.write("\r" + self._line()[:width])
-            self.stream.flush()
-
-    def update(self, done: int) -> None:
-        self.done = min(done, self.total)
-        if self.tty and (self.done == self.total or self.done % max(1, self.total // 24) == 0):
-            self._draw()
-
-    def finish(self) -> float:
-        self.done = self.total
-        if self.tty:
-            self.stream.write("\r" + " " * (shutil.get_terminal_size((100, 24)).columns - 1) + "\r")
-        self.stream.write(self._line() + "\n")
-        self.stream.flush()
-        return time.time() - self.started
-
-
-def _progress_callback(progress: Progress):
-    import keras
-
-    class _Bar(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            progress.update(batch + 1)
-
-    return _Bar()
-
-
-def _fit(
-    name: str,
-    logdir: str,
-    model,
-    optimizer,
-    loss,
-    x,
-    y,
-    steps: int,
-    *,
-    batch: int = 64,
-    timesteps: bool = False,
-    activations: bool = False,
-    update_freq: int = 1,
-    per_example: bool = False,
-) -> None:
-    """model.fit() for `steps` batches with GradientLogger: exactly what a user writes.
-
-    GradientLogger writes to `<log_dir>/train`; the demo then lifts that run up to `logdir/<name>`,
-    so that each demo run is one run named for what it shows.
-    """
-    import tb_layergrad
-
-    model.compile(optimizer=optimizer, loss=loss)
-    progress = Progress(name, steps, _SHOWS[name])
-    model.fit(
-        x[: steps * batch],
-        y[: steps * batch],
-        batch_size=batch,
-        epochs=1,
-        shuffle=False,
-        verbose=0,
-        callbacks=[
-            tb_layergrad.GradientLogger(
-                os.path.join(logdir, name),
-                timesteps=timesteps,
-                activations=activations,
-                update_freq=update_freq,
-                weights=per_example,
-                per_example=per_example,
-            ),
-            _progress_callback(progress),
-        ],
-    )
-    progress.finish()
-    _lift_train_run(os.path.join(logdir, name))
-
-
-def _lift_train_run(run_dir: str) -> None:
-    """Move `run_dir/train/*` into `run_dir` (event files do not hold their run's name)."""
-    train = os.path.join(run_dir, "train")
-    for entry in os.listdir(train):
-        os.replace(os.path.join(train, entry), os.path.join(run_dir, entry))
-    os.rmdir(train)
+            return Plan(seed=40, mlp=60, rnn=30, dead=30, nan=40, explode=45, gan=40)
+        return Plan(seed=200, mlp=150, rnn=120, dead=100, nan=100, explode=45, gan=100)
 
 
 _SHOWS = {r.name: r.shows for r in RUNS}
+
+
+def _fit(name: str, *args, **kwargs) -> None:
+    demo_fit.fit(name, _SHOWS[name], *args, **kwargs)
 
 
 def _seed_run(logdir: str, steps: int) -> None:
@@ -331,125 +234,6 @@ def _dead_run(logdir: str, steps: int) -> None:
     )
 
 
-def naive_binary_crossentropy(y_true, p):
-    """The textbook formula, without Keras' clipping: log(1 - p) is log(0) once p rounds to 1.0."""
-    import tensorflow as tf
-
-    y_true = tf.reshape(tf.cast(y_true, p.dtype), tf.shape(p))
-    return -tf.reduce_mean(y_true * tf.math.log(p) + (1.0 - y_true) * tf.math.log(1.0 - p))
-
-
-def _nan_run(logdir: str, steps: int) -> None:
-    import keras
-    import numpy as np
-    from keras import layers
-
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(steps * 64, 16)).astype(np.float32)
-    y = (x[:, :1] > 0).astype(np.float32)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((16,)),
-            layers.Dense(32, activation="relu", name="dense_0"),
-            layers.Dense(32, activation="relu", name="dense_1"),
-            layers.Dense(1, activation="sigmoid", name="prob"),
-        ],
-        name="nan_log0",
-    )
-    _fit(
-        "nan_log0",
-        logdir,
-        model,
-        keras.optimizers.SGD(NAN_LR),
-        naive_binary_crossentropy,
-        x,
-        y,
-        steps,
-        activations=True,
-    )
-
-
-def _inputs_with_one_bad_batch(steps: int, bad_step: int, scale: float, seed: int):
-    """Small inputs, except batch `bad_step` (1-based, as the optimizer counts): its first example is large."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    x = (0.1 * rng.normal(size=(steps * 64, 16))).astype(np.float32)
-    x[(bad_step - 1) * 64] = scale
-    y = rng.normal(size=(steps * 64, 1)).astype(np.float32)
-    return x, y
-
-
-def _nan_pass_runs(logdir: str, steps: int) -> None:
-    """Two NaNs the loss does not explain: one born in a layer's forward pass, one in a layer's backward pass.
-
-    Why data-driven: the step is then known in advance (one batch holds a large
-    input), and it is not a logged step, so the runs also show that the first
-    non-finite step is written off the schedule.
-    """
-    import keras
-    import tensorflow as tf
-    from keras import layers
-
-    x, y = _inputs_with_one_bad_batch(steps, NAN_FORWARD_STEP, 50.0, seed=5)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((16,)),
-            layers.Dense(16, name="dense_0"),
-            # Positive for small inputs (bias 2); a large input drives some below 0, and log is NaN there.
-            layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
-            layers.Lambda(tf.math.log, name="log_features"),
-            layers.Dense(1, name="head"),
-        ],
-        name="nan_forward",
-    )
-    _fit(
-        "nan_forward",
-        logdir,
-        model,
-        keras.optimizers.SGD(0.01),
-        keras.losses.MeanSquaredError(),
-        x,
-        y,
-        steps,
-        activations=True,
-        update_freq=NAN_EVERY,
-    )
-
-    x, y = _inputs_with_one_bad_batch(steps, NAN_BACKWARD_STEP, -50.0, seed=6)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential(
-        [
-            keras.Input((16,)),
-            # Positive for small inputs (bias 1): the large input drives some to exactly 0 after the ReLU.
-            layers.Dense(
-                16,
-                activation="relu",
-                bias_initializer=keras.initializers.Constant(1.0),
-                kernel_initializer=keras.initializers.Constant(0.1),
-                name="dense_0",
-            ),
-            layers.Lambda(tf.sqrt, name="sqrt_features"),  # sqrt(0) = 0, but its gradient there is infinite
-            layers.Dense(1, name="head"),
-        ],
-        name="nan_backward",
-    )
-    _fit(
-        "nan_backward",
-        logdir,
-        model,
-        keras.optimizers.SGD(0.01),
-        keras.losses.MeanSquaredError(),
-        x,
-        y,
-        steps,
-        activations=True,
-        update_freq=NAN_EVERY,
-    )
-
-
 def _explode_runs(logdir: str, steps: int) -> None:
     """A linear head trained on frozen random features (as when fine-tuning) with too high a
     learning rate: the error grows by a constant factor per step, and so does the gradient."""
@@ -559,10 +343,13 @@ def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
     _mlp_runs(logdir, plan.mlp)
     _rnn_runs(logdir, plan.rnn)
     _dead_run(logdir, plan.dead)
-    _nan_run(logdir, plan.nan)
-    _nan_pass_runs(logdir, plan.nan)
+    demo_nan.nan_log0_run(logdir, plan.nan, _SHOWS)
+    demo_nan.nan_pass_runs(logdir, plan.nan, _SHOWS)
     _explode_runs(logdir, plan.explode)
     _mislabelled_run(logdir, plan.mlp)
+    from tb_layergrad.cli import demo_gan  # imports Keras: only when the demo trains
+
+    demo_gan.gan_run(logdir, plan.gan, _SHOWS)
     return list(RUN_NAMES)
 
 
