@@ -18,7 +18,8 @@ import report_fixtures as rf
 from plugin_fixtures import strict_json
 from report_fixtures import in_process, planted  # noqa: F401 (fixture)
 
-from tb_layergrad import cli, report
+from tb_layergrad import cli
+from tb_layergrad.cli import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

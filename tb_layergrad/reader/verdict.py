@@ -14,7 +14,7 @@ A layer's state is the first of these that holds (docs/ANOMALIES.md, "One verdic
     vanishing_through_time  its per-timestep gradients shrink by at least TIME_DECAY_DECADES
     ok
 
-    from tb_layergrad import report
+    from tb_layergrad.cli import report
     run = report.build("logs").runs[0]
     [v.state for v in run.verdicts()], [f["line"] for f in run.summary_json()["findings"]]
 """
