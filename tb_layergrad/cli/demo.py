@@ -98,6 +98,16 @@ def _fit(name: str, *args, **kwargs) -> None:
     demo_fit.fit(name, _SHOWS[name], *args, **kwargs)
 
 
+def _fit_classifier(name: str, logdir: str, hidden: list, data: tuple, steps: int, optimizer, **kwargs) -> None:
+    """A two-class classifier: `hidden` layers, then 2 logits, trained on integer labels."""
+    import keras
+
+    inputs = keras.Input((data[0].shape[1],))
+    model = keras.Sequential([inputs, *hidden, keras.layers.Dense(2, name="logits")], name=name)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    _fit(name, logdir, model, data, steps, optimizer=optimizer, loss=loss, **kwargs)
+
+
 def _seed_run(logdir: str, steps: int) -> None:
     """The seed question's model in a custom training loop: capture + summary.gradients.
 
@@ -145,16 +155,8 @@ def _mlp_runs(logdir: str, steps: int) -> None:
     for name, act, init in (("mlp_sigmoid", "sigmoid", "glorot_uniform"), ("mlp_relu_he", "relu", "he_normal")):
         keras.utils.set_random_seed(1)
         model = deep_mlp(MLP_DEPTH, 64, act, init, 32, 4, name=name)
-        _fit(
-            name,
-            logdir,
-            model,
-            keras.optimizers.SGD(0.1),
-            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            x,
-            y,
-            steps,
-        )
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        _fit(name, logdir, model, (x, y), steps, optimizer=keras.optimizers.SGD(0.1), loss=loss)
 
 
 def _rnn_runs(logdir: str, steps: int) -> None:
@@ -173,17 +175,8 @@ def _rnn_runs(logdir: str, steps: int) -> None:
         else:
             rnn = layers.SimpleRNN(32, name="rnn")
         model = keras.Sequential([keras.Input((SEQ_LEN, 1)), rnn, layers.Dense(1, name="out")], name=name)
-        _fit(
-            name,
-            logdir,
-            model,
-            keras.optimizers.Adam(0.003),
-            keras.losses.BinaryCrossentropy(from_logits=True),
-            x,
-            y,
-            steps,
-            timesteps=True,
-        )
+        loss = keras.losses.BinaryCrossentropy(from_logits=True)
+        _fit(name, logdir, model, (x, y), steps, optimizer=keras.optimizers.Adam(0.003), loss=loss, timesteps=True)
 
 
 def forget_bias(value: float):
@@ -212,26 +205,12 @@ def _dead_run(logdir: str, steps: int) -> None:
     x = rng.normal(size=(steps * 64, 32)).astype(np.float32)
     y = (x[:, :4].sum(axis=1) > 0).astype(np.int32)
     keras.utils.set_random_seed(3)
-    model = keras.Sequential(
-        [
-            keras.Input((32,)),
-            layers.Dense(64, bias_initializer=keras.initializers.Constant(-10.0), name="dense_0"),
-            layers.ReLU(name="relu_0"),
-            layers.Dense(64, activation="tanh", name="dense_1"),
-            layers.Dense(2, name="logits"),
-        ],
-        name="dead_relu",
-    )
-    _fit(
-        "dead_relu",
-        logdir,
-        model,
-        keras.optimizers.SGD(0.1),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        x,
-        y,
-        steps,
-    )
+    hidden = [
+        layers.Dense(64, bias_initializer=keras.initializers.Constant(-10.0), name="dense_0"),
+        layers.ReLU(name="relu_0"),
+        layers.Dense(64, activation="tanh", name="dense_1"),
+    ]
+    _fit_classifier("dead_relu", logdir, hidden, (x, y), steps, keras.optimizers.SGD(0.1))
 
 
 def _explode_runs(logdir: str, steps: int) -> None:
@@ -259,11 +238,10 @@ def _explode_runs(logdir: str, steps: int) -> None:
             name,
             logdir,
             model,
-            keras.optimizers.SGD(EXPLODE_LR, clipnorm=clipnorm),
-            keras.losses.MeanSquaredError(),
-            x,
-            y,
+            (x, y),
             steps,
+            optimizer=keras.optimizers.SGD(EXPLODE_LR, clipnorm=clipnorm),
+            loss=keras.losses.MeanSquaredError(),
         )
 
 
@@ -298,27 +276,9 @@ def _mislabelled_run(logdir: str, steps: int) -> None:
         i = (step - 1) * MISLABELLED_BATCH + position
         y[i] = 1 - y[i]
     keras.utils.set_random_seed(4)
-    model = keras.Sequential(
-        [
-            keras.Input((16,)),
-            layers.Dense(32, activation="relu", name="dense_0"),
-            layers.Dense(32, activation="relu", name="dense_1"),
-            layers.Dense(2, name="logits"),
-        ],
-        name="mislabelled",
-    )
-    _fit(
-        "mislabelled",
-        logdir,
-        model,
-        keras.optimizers.Adam(0.01),
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        x,
-        y,
-        steps,
-        batch=MISLABELLED_BATCH,
-        per_example=True,
-    )
+    hidden = [layers.Dense(32, activation="relu", name="dense_0"), layers.Dense(32, activation="relu", name="dense_1")]
+    optimizer = keras.optimizers.Adam(0.01)
+    _fit_classifier("mislabelled", logdir, hidden, (x, y), steps, optimizer, batch=MISLABELLED_BATCH, per_example=True)
 
 
 def _clear_previous(logdir: str) -> int:

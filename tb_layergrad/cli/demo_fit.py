@@ -66,25 +66,25 @@ def fit(
     shows: str,
     logdir: str,
     model,
-    optimizer,
-    loss,
-    x,
-    y,
+    data: tuple,
     steps: int,
     *,
+    optimizer,
+    loss,
     batch: int = 64,
     timesteps: bool = False,
     activations: bool = False,
     update_freq: int = 1,
     per_example: bool = False,
 ) -> None:
-    """model.fit() for `steps` batches with GradientLogger: exactly what a user writes.
+    """model.fit() on `data` = (x, y) for `steps` batches with GradientLogger: exactly what a user writes.
 
     GradientLogger writes to `logdir/<name>/train`; the run is then lifted up to `logdir/<name>`
     (`lift_train_run`), so that each demo run is one run named for what it shows.
     """
     import tb_layergrad
 
+    x, y = data
     model.compile(optimizer=optimizer, loss=loss)
     progress = Progress(name, steps, shows)
     model.fit(

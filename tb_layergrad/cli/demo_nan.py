@@ -44,16 +44,16 @@ def nan_log0_run(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
         ],
         name="nan_log0",
     )
+    optimizer = keras.optimizers.SGD(NAN_LR)
     fit(
         "nan_log0",
         shows["nan_log0"],
         logdir,
         model,
-        keras.optimizers.SGD(NAN_LR),
-        naive_binary_crossentropy,
-        x,
-        y,
+        (x, y),
         steps,
+        optimizer=optimizer,
+        loss=naive_binary_crossentropy,
         activations=True,
     )
 
@@ -104,16 +104,16 @@ def nan_pass_runs(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
         x, y = inputs_with_one_bad_batch(steps, bad_step, scale, seed=seed)
         keras.utils.set_random_seed(0)
         model = keras.Sequential([keras.Input((16,)), *stack, layers.Dense(1, name="head")], name=name)
+        optimizer, loss = keras.optimizers.SGD(0.01), keras.losses.MeanSquaredError()
         fit(
             name,
             shows[name],
             logdir,
             model,
-            keras.optimizers.SGD(0.01),
-            keras.losses.MeanSquaredError(),
-            x,
-            y,
+            (x, y),
             steps,
+            optimizer=optimizer,
+            loss=loss,
             activations=True,
             update_freq=NAN_EVERY,
         )
