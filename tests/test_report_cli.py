@@ -141,7 +141,7 @@ def test_pandas_stays_optional(planted, monkeypatch, capsys):  # noqa: F811
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now fails
     import tb_layergrad
 
-    with pytest.raises(ImportError, match=r"pip install 'tb_layergrad\[pandas\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'tb-layergrad\[pandas\]'"):
         tb_layergrad.load(planted.logdir)
     code, out, _ = run_cli(capsys, planted.logdir, "--format", "csv")  # the report does not need it
     assert code == 0 and out.startswith("run,target")
