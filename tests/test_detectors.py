@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from plugin_fixtures import InProcess, get_json
 
-from tb_layergrad import report
+from tb_layergrad.cli import report
 from tb_layergrad.reader import anomalies, verdict
 
 
