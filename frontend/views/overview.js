@@ -14,6 +14,7 @@ import { capitalize, commonPrefix, EXAMPLE_STATS, fmtNum, fmtPercent, MAGNITUDE_
 import { anyExamples, findRun, hasActivations, hasExamples, valuesOf } from "../model.js";
 import { errorBox, field, note, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
+import { markOrigin, verdictWhy } from "./verdict.js";
 
 const RED = packHex(COLORS.nonfinite);
 const ZERO = packHex(COLORS.zero);
@@ -444,14 +445,7 @@ export class OverviewView {
       const v = f.verdict;
       const kind = v ? stateChip(v.state) : null;
       if (kind) {
-        const info = an.info.find((x) => x.key === v.state);
-        const why = v.state === "nan_origin"
-          ? `the run's first NaN/Inf was born in this layer at step ${v.step}: ${(d.an.summary.origin || {}).line || ""}`
-          : v.state === "nonfinite"
-            ? `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${v.step} (reached from where it was born)`
-            : v.state === "vanishing_through_time"
-              ? `the gradient reaching the first timestep is at least 10^${an.thresholds.TIME_DECAY_DECADES ?? 3} times smaller than at the last`
-              : `${v.state} at ${f.count[v.state]} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
+        const why = verdictWhy(v, { counts: f.count, recorded: n, thresholds: an.thresholds, originLine: (d.an.summary.origin || {}).line });
         chips.push([kind, v.text, why, null, v.state]);
       }
       const dom = f.dominated;
@@ -474,8 +468,7 @@ export class OverviewView {
       for (const [kind, text, title, dom, state] of shown) {
         const open = dom ? { click: () => this._openStep(dom.layer, dom.worst_step) } : null;
         const chip = h("span", { class: `lg-chip lg-chip-${kind}${dom ? " lg-chip-link" : ""}`, text, title, dataset: dom ? { layer: dom.layer, step: dom.worst_step } : { state }, on: open });
-        // Born here, not merely reached: the non-finite colours inverted.
-        if (state === "nan_origin") Object.assign(chip.style, { background: "#fff", color: COLORS.nonfinite, border: `2px solid ${COLORS.nonfinite}`, fontWeight: "700" });
+        if (state === "nan_origin") markOrigin(chip); // born here, not merely reached
         row.appendChild(chip);
       }
       items.push(row);
