@@ -81,7 +81,7 @@ def test_mislabelled_dominated_steps_hold_a_flipped_label(demo):
 
 def _flagged_steps(logdir: str) -> set:
     """Every step flagged in any layer: the union of `dominance`'s steps, read with the reader's own code."""
-    from tb_layergrad import report
+    from tb_layergrad.cli import report
 
     (run,) = report.build(logdir, runs=["mislabelled"]).runs
     return {s for d in run.dominated for s in d.at}
