@@ -78,18 +78,18 @@ def write_charts_logdir(logdir: str) -> Written:
                 for layer, index in LAYERS:
                     if run == ACT:
                         a = activation(layer, step)
-                        summary.gradient(
+                        summary.ops.write_tensor(
                             layer,
                             tf.constant(a),
                             step=step,
                             buckets=BUCKETS,
                             source="activation",
                             target="forward",
-                            layer_index=index,
+                            index=index,
                         )
                         w.arrays.setdefault((run, "forward", "activation", layer), {})[step] = a
                     g = gradient(run, layer, step)
-                    summary.gradient(layer, tf.constant(g), step=step, buckets=BUCKETS, layer_index=index)
+                    summary.ops.write_tensor(layer, tf.constant(g), step=step, buckets=BUCKETS, index=index)
                     w.arrays.setdefault((run, "loss", "output", layer), {})[step] = g
         writer.close()
     path = os.path.join(logdir, NOISY)
