@@ -4,9 +4,9 @@
 import { api, isAbort } from "./api.js";
 import { tooltip } from "./charts/tooltip.js";
 import { h, replace, select, setOptions } from "./dom.js";
-import { findRun, layerKey, layersWith, pickableLayers, signature } from "./model.js";
+import { defaultTarget, findRun, layerKey, layersWith, pickableLayers, signature } from "./model.js";
 import { Poller } from "./poll.js";
-import { DEFAULTS, UrlState } from "./state.js";
+import { UrlState } from "./state.js";
 import { CompareView } from "./views/compare.js";
 import { errorBox, field } from "./views/common.js";
 import { emptyState } from "./views/empty.js";
@@ -168,9 +168,10 @@ export class App {
     const s = { ...this.state, runs: [...this.state.runs] };
     const runs = this.runs ? this.runs.runs : [];
     if (!s.run && runs.length) {
-      const withStats = runs.find((r) => layersWith(r, s.target, s.source).length);
+      const withStats = runs.find((r) => layersWith(r, s.target ?? defaultTarget(r), s.source).length);
       s.run = (withStats || runs[0]).run;
     }
+    if (s.target === null) s.target = defaultTarget(findRun(this.runs, s.run)); // a target the URL names is kept
     if (s.view === "layer" && !s.layer) {
       const run = findRun(this.runs, s.run);
       const layers = run ? layersWith(run, s.target, s.source) : [];
@@ -187,7 +188,7 @@ export class App {
       // Another run: keep what still makes sense there.
       const run = findRun(this.runs, patch.run);
       if (run) {
-        if (!run.targets.includes(next.target)) next.target = run.targets.includes(DEFAULTS.target) ? DEFAULTS.target : run.targets[0];
+        if (next.target !== null && !run.targets.includes(next.target)) next.target = null; // the run's own
         if (!run.sources.includes(next.source)) next.source = run.sources[0];
         if (next.layer && !run.layers.some((l) => l.layer === next.layer)) {
           const same = run.layers.find((l) => layerKey(l.layer) === layerKey(next.layer));

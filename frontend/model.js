@@ -13,6 +13,19 @@ export function storedStats(runsBody) {
   return runsBody.stored_stats;
 }
 
+/** The differentiated scalar every other target is named beside. */
+export const DEFAULT_TARGET = "loss";
+
+/**
+ * The target a view opens `run` on: "loss" when the run has it, else its first target in the `runs`
+ * answer's order (a custom train_step names its targets after what each tape trains, e.g. a GAN's
+ * "discriminator" and "generator"). "loss" for an unknown run: what the routes default to.
+ */
+export function defaultTarget(run) {
+  if (!run || !run.targets.length || run.targets.includes(DEFAULT_TARGET)) return DEFAULT_TARGET;
+  return run.targets[0];
+}
+
 export function findLayer(run, path) {
   return (run && run.layers.find((l) => l.layer === path)) || null;
 }
@@ -106,7 +119,7 @@ export function layerSeries(run, path) {
     }
   }
   // Order: outputs before weights, the default target "loss" first, the layer's activation right after it.
-  const rank = (x) => [Number(x.weight), x.activation ? 1 : x.target === "loss" ? 0 : 2, x.target];
+  const rank = (x) => [Number(x.weight), x.activation ? 1 : x.target === DEFAULT_TARGET ? 0 : 2, x.target];
   out.sort((a, b) => {
     const [p, q] = [rank(a), rank(b)];
     return p[0] - q[0] || p[1] - q[1] || (p[2] < q[2] ? -1 : p[2] > q[2] ? 1 : 0);

@@ -18,7 +18,7 @@ export const DEFAULTS = Object.freeze({
   layer: null,
   step: null, // null: the latest step
   stat: "norm",
-  target: "loss",
+  target: null, // null: the run's own (model.js defaultTarget: "loss", else the run's first target)
   source: "output",
   runs: [], // compare: the chosen runs
   log: true, // log scale of the line charts

@@ -90,7 +90,16 @@ def demo(tmp_path_factory):
     rep = subprocess.run([CLI, "report", logdir, "--format", "json"], capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
     doc = json.loads(rep.stdout)
-    runs = {r["run"]: r for r in doc["runs"]}
+    # `runs`: target loss, the demo's runs but one; `by_target`: every (run, target) reported (the gan's two)
+    runs = {r["run"]: r for r in doc["runs"] if r["target"] == "loss"}
+    by_target = {(r["run"], r["target"]): r for r in doc["runs"]}
     layers = {name: {l["layer"].split("/", 1)[1]: l for l in r["layers"]} for name, r in runs.items()}
     print(f"demo --quick: {elapsed:.0f} s")
-    return {"logdir": logdir, "stdout": r.stdout, "elapsed": elapsed, "runs": runs, "layers": layers}
+    return {
+        "logdir": logdir,
+        "stdout": r.stdout,
+        "elapsed": elapsed,
+        "runs": runs,
+        "by_target": by_target,
+        "layers": layers,
+    }

@@ -149,3 +149,68 @@ def test_pandas_stays_optional(planted, monkeypatch, capsys):  # noqa: F811
     install = re.search(r"install_requires=\[(.*?)\]", setup, re.S).group(1)
     assert "pandas" not in install
     assert re.search(r'"pandas": \["pandas', setup) and '"pandas>=' in setup.split("TEST_REQUIRES", 1)[1]
+
+
+# -- a run without a `loss` target (a custom train_step names its targets after what each tape trains) --
+NAMED_TARGETS = {"critic": {"m/a": 1.0, "m/b": 1e-6}, "maker": {"m/a": 1.0, "m/b": 2.0}}  # layer scales
+
+
+@pytest.fixture(scope="module")
+def named_targets(tmp_path_factory) -> str:
+    """Run `gan`: targets `critic` (its `m/b` vanishes) and `maker`, no `loss`; run `plain`: `loss` and `aux`."""
+    import numpy as np
+    import tensorflow as tf
+
+    from tb_layergrad import summary
+
+    logdir = str(tmp_path_factory.mktemp("named_targets"))
+    rng = np.random.default_rng(3)
+    plain = {"loss": {"m/a": 1.0, "m/b": 1.0}, "aux": {"m/a": 1.0, "m/b": 1e-6}}
+    for run, targets in (("gan", NAMED_TARGETS), ("plain", plain)):
+        with tf.summary.create_file_writer(f"{logdir}/{run}").as_default():
+            for step in range(8):
+                for target, scales in targets.items():
+                    grads = {
+                        k: tf.constant(rng.normal(scale=s, size=(4, 5)).astype(np.float32)) for k, s in scales.items()
+                    }
+                    summary.gradients(grads, step=step, target=target)
+    return logdir
+
+
+def test_a_run_without_loss_is_reported_on_each_of_its_targets(named_targets, capsys):
+    code, out, _ = run_cli(capsys, named_targets, "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["target"] is None and doc["skipped"] == []
+    assert [(r["run"], r["target"]) for r in doc["runs"]] == [("gan", "critic"), ("gan", "maker"), ("plain", "loss")]
+    tb = in_process(named_targets)
+    for r in doc["runs"]:  # each target's verdicts are the route's for that target
+        route = strict_json(tb.get("anomalies", {"run": r["run"], "target": r["target"]}).data)
+        assert [x["verdict"] for x in r["layers"]] == [x["verdict"] for x in route["layers"]]
+        assert r["summary"] == route["summary"]
+    states = {(r["target"], x["layer"]): x["verdict"]["state"] for r in doc["runs"] for x in r["layers"]}
+    assert states[("critic", "m/b")] == "vanishing" and states[("maker", "m/b")] == "ok"
+
+    code, out, _ = run_cli(capsys, named_targets, "--fail-on", "vanishing")
+    assert code == 3
+    assert "run gan (target critic)  ·  2 layers" in out and "run gan (target maker)  ·  2 layers" in out
+    assert "run plain  ·  2 layers" in out and "target loss; a run without it: each of its targets, named" in " ".join(
+        out.split()
+    )
+    assert [line for line in out.splitlines() if line.startswith("FAIL")] == [
+        "FAIL vanishing: run gan (target critic), layer m/b: vanishing at step 7"
+    ]
+
+
+def test_an_asked_target_is_the_only_one(named_targets, capsys):
+    code, out, _ = run_cli(capsys, named_targets, "--format", "json", "--target", "maker")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["target"] == "maker" and [(r["run"], r["target"]) for r in doc["runs"]] == [("gan", "maker")]
+    assert [s["run"] for s in doc["skipped"]] == ["plain"]
+
+
+def test_default_targets():
+    assert report.default_targets(["critic", "maker"]) == ["critic", "maker"]
+    assert report.default_targets(["aux", "loss"]) == ["loss"]
+    assert report.default_targets([]) == []

@@ -34,6 +34,7 @@ from tab_fixtures import (  # noqa: E402
     NAN_LAYER,
     NAN_STEP,
 )
+from tensorboard_process import PLUGIN_API  # noqa: E402
 
 from tb_layergrad import metadata  # noqa: E402
 
@@ -439,18 +440,42 @@ def test_overview_flags_are_the_routes_and_match_numpy(env):
     assert got["first"] == [None, NAN_STEP, None, None]
 
 
-def test_layer_view_shows_the_routes_flags_at_the_step(env):
-    """The layer view's chips come from the same route as the overview: vanishing too, which needs
-    the other layers (a one-layer evaluation in the browser could never show it)."""
+def verdict_chips(frame):
+    """The layer view's verdict line: (series key, state, text) per chip."""
+    frame.wait_for_selector(".lg-layer-verdict .lg-chip")
+    return frame.locator(".lg-layer-verdict .lg-chip").evaluate_all(
+        "els => els.map(e => [e.dataset.series, e.dataset.state, e.textContent])"
+    )
+
+
+def test_layer_view_shows_the_layers_verdict(env):
+    """The layer view's chips are the route's verdict of the layer, one per series (target, source, the weights
+    it owns), as the overview and the report show it: the vanishing one needs the other layers (a one-layer
+    evaluation in the browser could never show it). A chip opens the step its verdict names."""
     b = env["browser"]
-    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": NAN_LAYER, "step": NAN_STEP})
+    for layer, step, want in ((NAN_LAYER, 2, "nonfinite"), ("net/zeta_embed", 3, "vanishing")):
+        frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": layer, "step": step})
+        wait_step(frame, step, layer)
+        chips = verdict_chips(frame)
+        keys = [k for k, _, _ in chips]
+        assert keys[0] == f"loss|output|{layer}" and len(keys) == len(set(keys))
+        assert {tuple(k.split("|")[:2]) for k in keys} >= {("loss", "output")}
+        for key, state, text in chips:
+            target, source, path = key.split("|", 2)
+            query = urllib.parse.urlencode({"run": "train", "target": target, "source": source, "layer": path})
+            verdict = env["tb"].get_json(f"{PLUGIN_API}anomalies?{query}")["layers"][0]["verdict"]
+            assert state == verdict["state"], key
+            assert text.endswith(f": {verdict['text']}") and text.startswith(f"{target} · "), (key, text)
+        assert chips[0][1] == want
+        if layer == NAN_LAYER:  # its two targets' outputs and the two weights it owns
+            assert len(chips) == 4
+    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": NAN_LAYER, "step": 2})
+    wait_step(frame, 2)
+    chip = frame.locator(f'.lg-layer-verdict .lg-chip[data-series="loss|output|{NAN_LAYER}"]')
+    assert chip.inner_text() == f"loss · output: NaN/Inf @{NAN_STEP}"
+    chip.click()
     wait_step(frame, NAN_STEP)
-    frame.wait_for_selector(".lg-step-flags .lg-chip-nonfinite")
-    assert frame.locator(".lg-step-flags").inner_text().strip() == "loss · output: non-finite"
-    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": "net/zeta_embed", "step": 3})
-    wait_step(frame, 3, "net/zeta_embed")
-    frame.wait_for_selector(".lg-step-flags .lg-chip-vanishing")
-    assert frame.locator(".lg-step-flags").inner_text().strip() == "loss · output: vanishing"
+    assert parent_state(b.page)["step"] == str(NAN_STEP)
 
 
 def test_url_state_round_trips_any_name_and_keeps_tensorboards_keys(env):

@@ -251,11 +251,11 @@ def test_the_demo_nan_runs_are_placed_by_the_route_and_the_tab(demo_tab, run):
     assert (el.get_attribute("data-pass"), el.get_attribute("data-origin")) == (pass_, origin)
     assert f"step {step}" in el.inner_text() and origin in el.inner_text()
 
-    # The layer view says it too, and names the layer when it is the origin.
+    # The layer view says it too: the origin's verdict is that it was born there, at that step.
     if origin != "loss":
         frame = demo_tab["browser"].open(demo_tab["tb"].base, {"view": "layer", "run": run, "layer": origin})
         frame.wait_for_function("(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=origin)
-        line = frame.locator(".lg-layer-origin .lg-origin")
-        line.wait_for()
-        assert line.get_attribute("data-here") == "1" and line.get_attribute("data-pass") == pass_
-        assert f"step {step}" in line.inner_text() and "this layer" in line.inner_text()
+        chip = frame.locator(f'.lg-layer-verdict .lg-chip[data-series="loss|output|{origin}"]')
+        chip.wait_for()
+        assert chip.get_attribute("data-state") == "nan_origin" and chip.get_attribute("data-step") == str(step)
+        assert chip.inner_text().endswith(f"NaN/Inf born here @{step}")

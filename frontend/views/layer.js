@@ -4,12 +4,11 @@
 // gradients beside its output gradient, one series per target.
 
 import { api, isAbort, isTransient } from "../api.js";
-import { flagNames, flagOf } from "../anomalies.js";
 import { pointsFor, rangeOf } from "../bins.js";
 import { COLORS, paletteColor } from "../charts/colors.js";
 import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
-import { capitalize, csvText, fmtNum, safeFilename, statLabel } from "../format.js";
+import { csvText, fmtNum, safeFilename, statLabel } from "../format.js";
 import { examplesChoices, findLayer, findRun, layerSeries, pickableLayers, storedStats } from "../model.js";
 import { onSmoothing } from "../smoothing.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
@@ -17,6 +16,7 @@ import { ExamplesPanel } from "./examples_panel.js";
 import { LayerCharts } from "./layer_charts.js";
 import { LayerHistograms } from "./layer_hists.js";
 import { TensorPanel } from "./tensor_panel.js";
+import { verdictLine, verdictWhy } from "./verdict.js";
 
 const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
 
@@ -43,8 +43,7 @@ export class LayerView {
 
     // At-step table.
     this.table = h("div", { class: "lg-at-step" });
-    this.flags = h("div", { class: "lg-step-flags" });
-    const tablePanel = h("div", { class: "lg-panel lg-panel-table" }, h("h3", { class: "lg-panel-title", text: "At this step" }), this.flags, this.table);
+    const tablePanel = h("div", { class: "lg-panel lg-panel-table" }, h("h3", { class: "lg-panel-title", text: "At this step" }), this.table);
 
     // Charts over steps. A drag across one zooms the view (histograms too) and the overview: refetched at full resolution.
     this.charts = new LayerCharts((step) => app.setState({ step }), (zoom) => app.setState({ zoom }));
@@ -73,9 +72,9 @@ export class LayerView {
       this.charts.el,
       h("div", { class: "lg-layer-row" }, this.tensor.el, this.tsPanel),
     );
-    // Where the run first went non-finite (the anomalies route's `summary.origin`), when it did.
-    this.originBox = h("div", { class: "lg-layer-origin" });
-    this.el = h("section", { class: "lg-view lg-layer", dataset: { view: "layer" } }, this.toolbar, this.header, this.slider.el, this.message, this.originBox, this.body);
+    // The layer's verdict per series (the anomalies route's, as the overview and the report show it).
+    this.verdictBox = h("div", { class: "lg-layer-verdict", "aria-label": "verdict" });
+    this.el = h("section", { class: "lg-view lg-layer", dataset: { view: "layer" } }, this.toolbar, this.header, this.slider.el, this.message, this.verdictBox, this.body);
   }
 
   _key(state) {
@@ -115,39 +114,39 @@ export class LayerView {
     if (!quiet) {
       this.app.busy(true);
       this._header(state, null);
+      clear(this.verdictBox);
     }
     // One bin per pixel of a chart (docs/HTTP_API.md, "Binned answers"); a zoom narrows the range.
     const window_ = { ...rangeOf(state.zoom), points: pointsFor(this.charts.chartWidth() - 72) };
     try {
-      // Each series' anomaly flags over steps, from the `anomalies` route (the rules compare the layer
-      // with every other layer of its target and source). Without them the view still works.
-      let origin = null;
-      const flagsOf = (x) =>
+      // Each series' verdict over the whole run, from the `anomalies` route (the rules compare the layer
+      // with every other layer of its target and source). Without it the view still works.
+      const verdictOf = (x) =>
         x.activation ? Promise.resolve(null) : api.anomalies({ run: state.run, target: x.target, source: x.source, layer: x.layer }, { signal }).then(
           (b) => {
-            if (!origin && b.summary && b.summary.origin && b.summary.origin.pass) origin = b.summary.origin;
             const entry = b.layers.find((l) => l.layer === x.layer);
-            return entry ? { steps: b.steps, flags: entry.flags } : null;
+            if (!entry || !entry.verdict) return null;
+            const origin = (b.summary && b.summary.origin) || null;
+            const why = verdictWhy(entry.verdict, { counts: entry.counts, recorded: entry.recorded, thresholds: b.thresholds, originLine: origin && origin.line });
+            return { series: x, verdict: entry.verdict, why, origin };
           },
           (e) => {
             if (isAbort(e)) throw e;
             return null;
           },
         );
-      const [bodies, flagBodies] = await Promise.all([
+      const [bodies, verdicts] = await Promise.all([
         Promise.all(series.map((x) => api.stats({ run: state.run, layer: x.layer, target: x.target, source: x.source, ...window_ }, { signal }).then(prepare))),
-        Promise.all(series.map(flagsOf)),
+        Promise.all(series.map(verdictOf)),
       ]);
       if (signal.aborted) return;
       const stats = {};
-      const flags = {};
       series.forEach((x, k) => {
         stats[x.key] = bodies[k];
-        flags[x.key] = flagBodies[k];
       });
-      this._origin(state, origin, run);
+      this._verdicts(verdicts.filter(Boolean), run);
       const all = layerSeries(run, state.layer);
-      this.loaded = { key: this._key(state), series, all, stats, flags, hist: null, ts: null, runInfo: run, stored: storedStats(this.app.runs) };
+      this.loaded = { key: this._key(state), series, all, stats, hist: null, ts: null, runInfo: run, stored: storedStats(this.app.runs) };
       this.retryOnPoll = false;
       this.tensor.forget(quiet);
       clear(this.message);
@@ -182,20 +181,10 @@ export class LayerView {
       L.series.find((x) => x.layer === state.layer && !x.activation) || L.series[0];
   }
 
-  /** Where the run broke: a line above the layer's numbers; it names this layer when it is the origin. */
-  _origin(state, origin, run) {
-    clear(this.originBox);
-    if (!origin) return;
-    const here = origin.origin === state.layer;
-    const line = h("button", {
-      type: "button",
-      class: "lg-alert lg-alert-nonfinite lg-origin",
-      title: here ? "born in this layer: go to that step" : "open where it was born, at that step",
-      dataset: { pass: origin.pass, origin: origin.origin ?? "", step: origin.step ?? "", here: here ? "1" : "0" },
-      on: { click: () => (origin.step != null ? this.app.setState({ step: origin.step, ...(here || !run || !run.layers.some((l) => l.layer === origin.origin) ? {} : { layer: origin.origin, series: null }) }) : null) },
-    });
-    line.textContent = `${capitalize(origin.line)}${here ? " — this layer" : ""}`;
-    this.originBox.append(line);
+  /** The layer's verdict per series, above its numbers; a chip opens the step its verdict names. */
+  _verdicts(items, run) {
+    const open = (step, layer) => this.app.setState(layer && layer !== this.state.layer ? { step, layer, series: null } : { step });
+    replace(this.verdictBox, verdictLine(items, open, (layer) => Boolean(findLayer(run, layer))));
   }
 
   async _loadTimesteps(state, signal) {
@@ -303,16 +292,6 @@ export class LayerView {
     }
     table.appendChild(tbody);
     replace(this.table, table);
-    // Each series' anomaly flags at this step (the `anomalies` route: the same verdicts as the overview).
-    const bits = [];
-    for (const x of cols) {
-      const fl = L.flags && L.flags[x.key];
-      const j = step === null || !fl ? -1 : fl.steps.indexOf(step);
-      if (j < 0) continue;
-      const f = flagNames(flagOf(fl.flags[j]));
-      if (f.length) bits.push(h("span", { class: "lg-chip lg-chip-" + f[0].replace("non-finite", "nonfinite") }, `${x.label}: ${f.join(", ")}`));
-    }
-    replace(this.flags, bits);
   }
 
   /** A series' colour: its column's in the table and its line's in the charts. */

@@ -3,21 +3,23 @@
 // for the layer's detail at that step.
 
 import { api, isAbort, isTransient } from "../api.js";
-import { dominatedRule, findingsOf, firstNonfinite, flagNames, flagOf, fromRoute, isOrigin, stateChip, FLAG } from "../anomalies.js";
+import { firstNonfinite, flagNames, fromRoute, stateChip, FLAG } from "../anomalies.js";
 import { pointsFor, rangeOf, stepOfBin, stepsOfColumns, zoomBar } from "../bins.js";
-import { indexAtOrBefore, logTicks, niceTicks } from "../charts/scale.js";
-import { COLORS, VIRIDIS, lutIndex, packHex } from "../charts/colors.js";
 import { Heatmap } from "../charts/heatmap.js";
 import { tooltip } from "../charts/tooltip.js";
 import { h, s, clear, replace, select, setOptions } from "../dom.js";
-import { capitalize, commonPrefix, EXAMPLE_STATS, fmtNum, fmtPercent, MAGNITUDE_STATS, statLabel } from "../format.js";
+import { commonPrefix, EXAMPLE_STATS, fmtNum, fmtPercent, MAGNITUDE_STATS, statLabel } from "../format.js";
 import { anyExamples, findRun, hasActivations, hasExamples, valuesOf } from "../model.js";
 import { errorBox, field, note, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
+import { drawAxis } from "./overview_axis.js";
+import { cellColors } from "./overview_cells.js";
+import { asColumns, columnOf, merge, onBins, onLayers } from "./overview_data.js";
+import { drawLegend } from "./overview_legend.js";
+import { decorate } from "./overview_marks.js";
+import { drawChips, drawLabels } from "./overview_rows.js";
+import { drawSummary } from "./overview_summary.js";
 
-const RED = packHex(COLORS.nonfinite);
-const ZERO = packHex(COLORS.zero);
-const MISSING = packHex(COLORS.missing);
 const CHIP_W = 168;
 // Loaded with the colour statistic: the tooltip shows them, `nonfinite` paints cells red.
 // The anomaly flags come from the `anomalies` route (the rules are tb_layergrad/reader/anomalies.py).
@@ -241,51 +243,8 @@ export class OverviewView {
     const an = this.anomalies;
     const showMarks = this.marks.checked;
 
-    // Colour scale: log10 of the positive finite values.
-    let lo = Infinity;
-    let hi = -Infinity;
-    for (const row of values) for (const v of row) if (v > 0 && Number.isFinite(v)) {
-      const l = Math.log10(v);
-      if (l < lo) lo = l;
-      if (l > hi) hi = l;
-    }
-    if (!(lo <= hi)) {
-      lo = 0;
-      hi = 1;
-    }
-    if (hi - lo < 1e-9) {
-      lo -= 0.5;
-      hi += 0.5;
-    }
-    const span = hi - lo;
-    const redOverride = stat !== "nonfinite";
-    const colorOf = (v) => (v === null || v === undefined ? MISSING : v === 0 ? ZERO : v > 0 ? VIRIDIS.packed[lutIndex((Math.log10(v) - lo) / span)] : MISSING);
-    const cell = (i, j) => (redOverride && nonfinite[i][j] > 0 ? RED : colorOf(values[i][j]));
-    const bin = (i, j0, j1) => {
-      let best = null;
-      let any = false;
-      for (let j = j0; j < j1; j++) {
-        if (redOverride && nonfinite[i][j] > 0) return RED;
-        const v = values[i][j];
-        if (v === null || v === undefined) continue;
-        any = true;
-        if (best === null || v > best) best = v;
-      }
-      return any ? colorOf(best) : MISSING;
-    };
-    const pick = (i, j0, j1) => {
-      let bestJ = j0;
-      let best = -Infinity;
-      for (let j = j0; j < j1; j++) {
-        if (nonfinite[i][j] > 0) return j;
-        const v = values[i][j];
-        if (v !== null && v > best) {
-          best = v;
-          bestJ = j;
-        }
-      }
-      return bestJ;
-    };
+    // Colour scale: log10 of the positive finite values; a non-finite cell is red.
+    const { lo, hi, cell, bin, pick } = cellColors(values, nonfinite, stat !== "nonfinite");
 
     // Layout: labels | heatmap | chips.
     const prefix = commonPrefix(d.layers);
@@ -311,304 +270,13 @@ export class OverviewView {
       bin,
       pick,
       selected: {},
-      decorate: (ctx, g) => this._decorate(ctx, g, an, first, showMarks),
+      decorate: (ctx, g) => decorate(ctx, g, an, showMarks, (step) => columnOf(d, step)),
     });
-    this._labels(names, rowH);
-    this._chips(an, rowH);
-    this._axis(width, first);
-    this._legend(stat, lo, hi, showMarks, an.info);
-    this._summary(an);
-  }
-
-  _decorate(ctx, g, an, first, showMarks) {
-    const { rows, cols } = g;
-    // Rings around the first non-finite cell of each layer (always, at least 5 px), outside a narrow cell
-    // so that a one-pixel column (a bin of a long run) stays red inside it.
-    ctx.lineWidth = 2;
-    for (let i = 0; i < rows; i++) {
-      const j = an.layers[i].firstNonfinite;
-      if (j === null) continue;
-      const w = g.colWidth < 5 ? g.colWidth + 4 : g.colWidth;
-      const hgt = Math.max(5, g.rowHeight);
-      const x = g.x(j) + g.colWidth / 2 - w / 2;
-      const y = g.y(i) + g.rowHeight / 2 - hgt / 2;
-      ctx.strokeStyle = "#000";
-      ctx.strokeRect(x + 1, y + 1, w - 2, hgt - 2);
-    }
-    // The cell where the run's first NaN/Inf was born (the route's verdict `nan_origin`): a thick red ring
-    // with a white halo, on its own row even when that row's gradient stayed finite (a backward-pass origin).
-    for (let i = 0; i < rows; i++) {
-      const v = an.layers[i].verdict;
-      const j = isOrigin(v) ? this._column(v.step) : null;
-      if (j === null) continue;
-      const w = Math.max(9, g.colWidth + 4);
-      const hgt = Math.max(9, g.rowHeight + 2);
-      const x = g.x(j) + g.colWidth / 2 - w / 2;
-      const y = g.y(i) + g.rowHeight / 2 - hgt / 2;
-      ctx.lineWidth = 4;
-      ctx.strokeStyle = "#fff";
-      ctx.strokeRect(x, y, w, hgt);
-      ctx.lineWidth = 2;
-      ctx.strokeStyle = COLORS.nonfinite;
-      ctx.strokeRect(x, y, w, hgt);
-    }
-    if (!showMarks || g.rowHeight < 6) return;
-    // A bar along the bottom of each run of flagged cells: the row reads "vanishing from here to there".
-    const barH = Math.max(2, Math.round(g.rowHeight * 0.2));
-    const colorOf = (f) => (f & FLAG.EXPLODING ? COLORS.exploding : f & FLAG.DEAD ? "#263238" : f & FLAG.VANISHING ? COLORS.vanishing : null);
-    const px = Math.max(1, Math.round(g.width));
-    const perPx = g.binned ? cols / px : 1;
-    const n = g.binned ? px : cols;
-    for (let i = 0; i < rows; i++) {
-      let runStart = 0;
-      let runColor = null;
-      const y = g.y(i) + g.rowHeight - barH;
-      for (let k = 0; k <= n; k++) {
-        let color = null;
-        if (k < n) {
-          let f = 0;
-          const j0 = Math.floor(k * perPx);
-          const j1 = g.binned ? Math.max(j0 + 1, Math.floor((k + 1) * perPx)) : j0 + 1;
-          for (let j = j0; j < j1; j++) f |= an.flags[i * cols + j];
-          if (!(f & FLAG.NONFINITE)) color = colorOf(f);
-        }
-        if (color !== runColor) {
-          if (runColor) {
-            const x0 = g.binned ? runStart : g.x(runStart);
-            const x1 = g.binned ? k : g.x(k);
-            ctx.fillStyle = runColor;
-            ctx.fillRect(x0, y, x1 - x0, barH);
-          }
-          runColor = color;
-          runStart = k;
-        }
-      }
-    }
-  }
-
-  /** The grid column holding `step` (its bin when binned; else the first logged step at or after it), or null. */
-  _column(step) {
-    const d = this.data;
-    if (step === null || step === undefined) return null;
-    if (d.bins) {
-      const j = indexAtOrBefore(d.bins.steps, step);
-      return j >= 0 && d.bins.last_steps[j] >= step ? j : null;
-    }
-    const j = d.steps.findIndex((x) => x >= step);
-    return j >= 0 ? j : null;
-  }
-
-  _labels(names, rowH) {
-    const d = this.data;
-    // Rows under 13 px cannot hold text: then labels float over their row, one every `every` rows.
-    const dense = rowH < 13;
-    const every = dense ? Math.ceil(14 / rowH) : 1;
-    this.labels.classList.toggle("lg-dense", dense);
-    this.labels.style.height = `${rowH * names.length}px`;
-    const items = names.map((name, i) => {
-      const full = d.layers[i];
-      const el = h("div", {
-        class: "lg-row-label",
-        role: "listitem",
-        title: `${full} — click for the layer's detail`,
-        dataset: { layer: full, row: i },
-        style: dense ? { top: `${(i + 0.5) * rowH - 7}px` } : { height: `${rowH}px`, "line-height": `${rowH}px` },
-        on: { click: () => this._open(i, null) },
-      });
-      el.textContent = name;
-      if (i % every !== 0) el.hidden = true;
-      // The route's verdict of the layer (tb_layergrad/reader/verdict.py), as the chips, banners and report say.
-      const v = this.anomalies.layers[i].verdict;
-      const kind = v && (v.now || v.state === "nan_origin") ? stateChip(v.state) : null;
-      if (kind) el.classList.add(`lg-flag-${kind}`);
-      if (v) el.dataset.state = v.state;
-      if (isOrigin(v)) {
-        el.style.fontWeight = "700";
-        el.title = `${full} — the first NaN/Inf was born here (step ${v.step}) — click for the layer's detail`;
-      }
-      return el;
-    });
-    replace(this.labels, items);
-  }
-
-  _chips(an, rowH) {
-    const d = this.data;
-    const dense = rowH < 12;
-    this.chips.classList.toggle("lg-dense", dense);
-    this.chips.style.height = `${rowH * an.layers.length}px`;
-    const items = [];
-    an.layers.forEach((f, i) => {
-      const chips = [];
-      const n = Math.max(1, f.recorded);
-      // One chip for the layer's verdict (the route decides it; its text is the report's `verdict` column).
-      const v = f.verdict;
-      const kind = v ? stateChip(v.state) : null;
-      if (kind) {
-        const info = an.info.find((x) => x.key === v.state);
-        const why = v.state === "nan_origin"
-          ? `the run's first NaN/Inf was born in this layer at step ${v.step}: ${(d.an.summary.origin || {}).line || ""}`
-          : v.state === "nonfinite"
-            ? `non-finite gradient at ${f.count.nonfinite} of ${n} steps, first at step ${v.step} (reached from where it was born)`
-            : v.state === "vanishing_through_time"
-              ? `the gradient reaching the first timestep is at least 10^${an.thresholds.TIME_DECAY_DECADES ?? 3} times smaller than at the last`
-              : `${v.state} at ${f.count[v.state]} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
-        chips.push([kind, v.text, why, null, v.state]);
-      }
-      const dom = f.dominated;
-      if (dom) chips.push(["dominated", `1 example ${Math.round(100 * dom.worst_share)}% @${dom.worst_step}`, `${dom.line}: ${dominatedRule(d.an)} — click: this layer at step ${dom.worst_step}`, dom]);
-      if (dense) {
-        // One thin bar per flagged row, in the colour of its most serious flag.
-        if (chips.length) {
-          items.push(h("span", {
-            class: `lg-row-bar lg-chip-${chips[0][0]}`,
-            title: `${d.layers[i]}\n${chips.map((c) => c[2]).join("\n")}`,
-            dataset: { row: i },
-            style: { top: `${i * rowH}px`, height: `${Math.max(2, rowH)}px` },
-          }));
-        }
-        return;
-      }
-      const row = h("div", { class: "lg-row-chip", style: { height: `${rowH}px` }, dataset: { row: i } });
-      // At most two chips; "dominated" (not a flag of the cells) goes last and keeps its place.
-      const shown = chips.length > 2 && chips[chips.length - 1][0] === "dominated" ? [chips[0], chips[chips.length - 1]] : chips.slice(0, 2);
-      for (const [kind, text, title, dom, state] of shown) {
-        const open = dom ? { click: () => this._openStep(dom.layer, dom.worst_step) } : null;
-        const chip = h("span", { class: `lg-chip lg-chip-${kind}${dom ? " lg-chip-link" : ""}`, text, title, dataset: dom ? { layer: dom.layer, step: dom.worst_step } : { state }, on: open });
-        // Born here, not merely reached: the non-finite colours inverted.
-        if (state === "nan_origin") Object.assign(chip.style, { background: "#fff", color: COLORS.nonfinite, border: `2px solid ${COLORS.nonfinite}`, fontWeight: "700" });
-        row.appendChild(chip);
-      }
-      items.push(row);
-    });
-    replace(this.chips, items);
-  }
-
-  _axis(width, first) {
-    const d = this.data;
-    const svg = this.axis;
-    clear(svg);
-    const H = 30;
-    svg.setAttribute("width", width);
-    svg.setAttribute("height", H);
-    const cols = d.steps.length;
-    if (!cols) return;
-    const colW = width / cols;
-    // Round steps (4 to 6 of them) where they fall: inside a bin's steps, or between two logged steps.
-    const last = d.bins ? d.bins.last_steps : d.steps;
-    const ticks = niceTicks(d.steps[0], last[cols - 1], { integer: true, max: Math.min(6, Math.max(2, Math.floor(width / 70))) });
-    // The first non-finite step is labelled too (in red, under its mark); round ticks too close to it give way.
-    const firstX = first && first.col !== null ? (first.col + 0.5) * colW : null;
-    if (firstX !== null) svg.appendChild(s("text", { x: firstX, y: 15, "text-anchor": "middle", class: "lg-tick lg-tick-nonfinite", text: fmtNum(first.step) }));
-    for (const step of ticks) {
-      const j = indexAtOrBefore(d.steps, step);
-      if (j < 0) continue;
-      const next = j + 1 < cols ? d.steps[j + 1] : d.steps[j] + 1;
-      const frac = d.bins ? (step - d.steps[j] + 0.5) / (last[j] - d.steps[j] + 1) : 0.5 + (step - d.steps[j]) / (next - d.steps[j]);
-      const x = (j + frac) * colW;
-      if (firstX !== null && Math.abs(x - firstX) < 30) continue;
-      const anchor = x < 20 ? "start" : x > width - 20 ? "end" : "middle";
-      svg.appendChild(s("line", { x1: x, x2: x, y1: 0, y2: 4, class: "lg-tickmark" }));
-      svg.appendChild(s("text", { x, y: 15, "text-anchor": anchor, class: "lg-tick lg-xtick", text: fmtNum(step) }));
-    }
-    const what = d.bins ? `${cols} bins` : `${cols} logged`;
-    svg.appendChild(s("text", { x: width, y: H - 2, "text-anchor": "end", class: "lg-axis-label", text: `step (${what}${cols > width ? `; a pixel column shows the largest value of ${(cols / width).toFixed(1)} steps` : ""})` }));
-    if (first && first.col !== null) {
-      const x = (first.col + 0.5) * colW;
-      const m = s("path", { d: `M${x},0 l5,8 l-10,0 z`, fill: COLORS.nonfinite, class: "lg-xmark" });
-      m.appendChild(s("title", { text: `first non-finite gradient: step ${first.step}` }));
-      svg.appendChild(m);
-    }
-  }
-
-  _legend(stat, lo, hi, showMarks, info) {
-    const W = 220;
-    const bar = h("canvas", { width: W, height: 10, class: "lg-colorbar" });
-    const ctx = bar.getContext("2d");
-    for (let x = 0; x < W; x++) {
-      ctx.fillStyle = VIRIDIS.css[lutIndex(x / (W - 1))];
-      ctx.fillRect(x, 0, 1, 10);
-    }
-    const ticks = h("div", { class: "lg-colorbar-ticks", style: { width: `${W}px` } });
-    // Round values of the log10 range, as many as fit apart (labels are centred on their value; the bar has
-    // room on both sides for half a label, so that none reaches the title or the swatches beside it).
-    const at = (l, text) => ticks.appendChild(h("span", { class: "lg-colorbar-tick", style: { left: `${((l - lo) / (hi - lo || 1)) * 100}%` }, text }));
-    const px = (v) => ((Math.log10(v) - lo) / (hi - lo || 1)) * W;
-    let shown = [];
-    for (let max = 5; max >= 2 && !shown.length; max--) {
-      const vs = logTicks(Math.pow(10, lo), Math.pow(10, hi), { min: 2, max });
-      if (vs.every((v, k) => k === 0 || px(v) - px(vs[k - 1]) >= 48)) shown = vs;
-    }
-    for (const v of shown) at(Math.log10(v), fmtNum(v));
-    if (!shown.length) {
-      // A range too narrow for two round values far enough apart: its two ends, each inside the bar.
-      ticks.appendChild(h("span", { class: "lg-colorbar-tick lg-colorbar-start", text: fmtNum(Math.pow(10, lo)) }));
-      ticks.appendChild(h("span", { class: "lg-colorbar-tick lg-colorbar-end", text: fmtNum(Math.pow(10, hi)) }));
-    }
-    const swatch = (color, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: "lg-swatch", style: { background: color } }), h("span", { text }));
-    const glyph = (cls, text, title) => h("span", { class: "lg-legend-item", title }, h("span", { class: `lg-bar ${cls}` }), h("span", { text }));
-    replace(
-      this.legend,
-      h("span", { class: "lg-legend-title", text: `${this._of(this.state) === "activation" ? "activation " : ""}${statLabel(stat)} (log10 colour)` }),
-      h("span", { class: "lg-colorbar-wrap" }, bar, ticks),
-      swatch(COLORS.zero, "0", "exactly zero (e.g. no gradient reaches the layer)"),
-      swatch(COLORS.missing, "no record", "nothing logged for this layer at this step"),
-      stat !== "nonfinite" ? swatch(COLORS.nonfinite, "NaN/Inf", "the gradient holds NaN or ±Inf at this step; a black box marks each layer's first, a red ring the cell where the first NaN/Inf was born") : null,
-      showMarks ? glyph("lg-bar-vanishing", "vanishing", info[2].rule) : null,
-      showMarks ? glyph("lg-bar-exploding", "exploding", info[1].rule) : null,
-      showMarks ? glyph("lg-bar-dead", "dead", info[3].rule) : null,
-    );
-  }
-
-  _summary(an) {
-    const d = this.data;
-    const state = this.state;
-    const cols = d.steps.length;
-    const parts = [];
-    const head = h(
-      "div",
-      { class: "lg-summary-head" },
-      h("span", { class: "lg-run-name", text: state.run }),
-      h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${d.bins ? `${d.bins.counts.reduce((a, b) => a + b, 0)} steps in ${cols} bins` : `${cols} steps`}` + (cols ? ` (${d.steps[0]}–${(d.bins ? d.bins.last_steps : d.steps)[cols - 1]})` : "") + (this.geom.prefix ? ` · model ${this.geom.prefix.slice(0, -1)}` : "") }),
-    );
-    parts.push(head);
-    // The route's findings (tb_layergrad/reader/verdict.py): one line each however many layers it spans, the
-    // same lines as `tb-layergrad report`; inserted as text (names come from user code). A click opens the
-    // layer and step it names.
-    const origin = d.an && d.an.summary ? d.an.summary.origin : null;
-    for (const f of findingsOf(d.an)) {
-      const cls = f.kind === "dominated" ? "lg-alert-dominated" : f.kind === "nonfinite" ? `lg-alert-nonfinite${origin && origin.pass ? " lg-origin" : ""}` : `lg-alert-${f.kind}`;
-      const dataset = { kind: f.kind, layer: f.layer ?? "", step: f.step ?? "", layers: String(f.layers.length) };
-      if (f.kind === "nonfinite" && origin && origin.pass) Object.assign(dataset, { pass: origin.pass, origin: origin.origin ?? "" });
-      const open = f.layer && d.layers.includes(f.layer);
-      const link = h("button", {
-        type: "button",
-        class: `lg-alert ${cls}`,
-        title: f.kind === "dominated" ? `${dominatedRule(d.an)}\nopen ${f.layer} at step ${f.step}` : open ? `open ${f.layer} at step ${f.step}` : "",
-        dataset,
-        on: { click: () => (open ? this._openStep(f.layer, f.step) : null) },
-      });
-      link.textContent = `${capitalize(f.line)}${open ? " →" : ""}`;
-      parts.push(link);
-    }
-    const last = cols - 1;
-    const lastStep = d.an && d.an.summary && d.an.summary.last_step !== null ? d.an.summary.last_step : (d.bins ? d.bins.last_steps : d.steps)[last];
-    // How many layers are flagged at the run's latest step: the route's `summary.latest`, as the report says it.
-    const latest = (d.an && d.an.summary && d.an.summary.latest) || {};
-    const counts = { "non-finite": latest.nonfinite || 0, vanishing: latest.vanishing || 0, exploding: latest.exploding || 0, dead: latest.dead || 0, "vanishing through time": latest.vanishing_through_time || 0 };
-    const bits = Object.entries(counts).filter(([, c]) => c).map(([k, c]) => `${c} ${k}`);
-    const health = h("span", { class: bits.length ? "lg-health lg-health-bad" : "lg-health lg-health-ok" });
-    health.textContent = cols
-      ? bits.length
-        ? `At the latest step (${lastStep}): ${bits.join(", ")} of ${d.layers.length} layers.`
-        : `At the latest step (${lastStep}): no non-finite, vanishing, exploding or dead layer.`
-      : "No steps logged yet.";
-    health.title = an.info.map((x) => `${x.label}: ${x.rule}`).join("\n");
-    if (this._of(state) === "activation") {
-      health.className = "lg-health";
-      health.textContent = "Coloured by the layers' outputs (activations); the anomaly flags are the gradients': pick Values: gradients.";
-    }
-    parts.push(health);
-    replace(this.summary, parts);
+    drawLabels(this.labels, { layers: d.layers, names, an, rowH, open: (i) => this._open(i, null) });
+    drawChips(this.chips, { layers: d.layers, an, route: d.an, rowH, openStep: (layer, step) => this._openStep(layer, step) });
+    drawAxis(this.axis, d, width, first);
+    drawLegend(this.legend, { stat, lo, hi, showMarks, info: an.info, activation: this._of(state) === "activation" });
+    drawSummary(this.summary, { d, an, state, prefix, activation: this._of(state) === "activation", openStep: (layer, step) => this._openStep(layer, step) });
   }
 
   /** The layer view of `layer` at `step` (a step, not a column: it holds in a binned matrix too). */
@@ -653,83 +321,5 @@ export class OverviewView {
 
   onKey() {
     return false;
-  }
-}
-
-/**
- * Put matrix answers (for `stats`, fetched from step `start` on) into `data`.
- * False when they do not line up with what `data` holds (then reload everything).
- */
-function merge(data, stats, bodies, start) {
-  const steps = [...new Set(bodies.flatMap((b) => b.steps))].sort((a, b) => a - b);
-  // Columns kept from before: those before `start`.
-  let keep = data.steps.length;
-  if (start !== undefined) {
-    keep = data.steps.findIndex((x) => x >= start);
-    if (keep < 0) keep = data.steps.length;
-  }
-  const oldSteps = data.steps.slice(0, keep);
-  const rowsN = data.layers.length;
-  // Stats held from before and not fetched now must have exactly these steps.
-  const others = Object.keys(data.m).filter((name) => !stats.includes(name));
-  if (others.length && (start !== undefined || JSON.stringify(data.steps) !== JSON.stringify(steps))) return false;
-  stats.forEach((stat, k) => {
-    const b = bodies[k];
-    const pos = new Map(b.steps.map((x, n) => [x, n]));
-    const old = data.m[stat] && start !== undefined ? data.m[stat] : null;
-    const rows = new Array(rowsN);
-    for (let i = 0; i < rowsN; i++) {
-      const src = b.values[i] || [];
-      const row = old ? old[i].slice(0, keep) : [];
-      for (const x of steps) {
-        const n = pos.get(x);
-        row.push(n === undefined ? null : src[n]);
-      }
-      rows[i] = row;
-    }
-    data.m[stat] = rows;
-  });
-  data.steps = start !== undefined ? oldSteps.concat(steps) : steps;
-  return true;
-}
-
-/** A matrix answer with its rows in the order of `layers` (empty for a layer it lacks): a per-example
- * answer lists the layers with such records, which a statistics answer's rows need not all be. */
-function onLayers(body, layers) {
-  if (JSON.stringify(body.layers) === JSON.stringify(layers)) return body;
-  const at = new Map(body.layers.map((l, i) => [l, i]));
-  const rows = (values) => layers.map((l) => (at.has(l) && values ? values[at.get(l)] : []));
-  return { ...body, layers, values: rows(body.values), ...(body.binned ? { max: rows(body.max), min: rows(body.min) } : {}) };
-}
-
-/** A binned matrix answer in the shape `merge` takes: a column per bin, its largest value. */
-function asColumns(body) {
-  return body.binned ? { ...body, values: body.max } : body;
-}
-
-/**
- * Put the flags of a binned matrix (each bin's flags ORed, computed by the route on the whole run) on the
- * grid, and find each layer's first non-finite and latest columns among the bins.
- */
-function onBins(an, d, route) {
-  const b = d.bins;
-  const cols = b.steps.length;
-  if (!route) return;
-  b.flags.forEach((text, i) => {
-    for (let j = 0; j < cols; j++) an.flags[i * cols + j] = flagOf(text[j]);
-  });
-  const rowOf = new Map(d.layers.map((l, i) => [l, i]));
-  for (const entry of route.layers) {
-    const i = rowOf.get(entry.layer);
-    if (i === undefined) continue;
-    const l = an.layers[i];
-    if (l.firstNonfiniteStep !== null) {
-      const j = indexAtOrBefore(b.steps, l.firstNonfiniteStep);
-      l.firstNonfinite = j >= 0 && b.last_steps[j] >= l.firstNonfiniteStep ? j : null;
-    }
-    if (entry.last_step !== null && entry.last_step !== undefined) {
-      const j = indexAtOrBefore(b.steps, entry.last_step);
-      l.latestStep = j === cols - 1 && b.last_steps[j] >= entry.last_step ? j : null;
-    }
   }
 }

@@ -33,6 +33,7 @@ from tb_layergrad.cli.report_format import (  # noqa: F401 - the report's format
     format_csv,
     format_text,
     render,
+    run_label,
     to_json,
 )
 from tb_layergrad.reader import anomalies, event_files
@@ -59,10 +60,10 @@ class ReportError(Exception):
 @dataclasses.dataclass
 class Report:
     logdir: str
-    target: str
+    target: Optional[str]  # None: each run's own (`default_targets`)
     source: str
     runs: List[anomalies.RunAnomalies]
-    skipped: List[Dict[str, str]]  # runs without stats for (target, source)
+    skipped: List[Dict[str, str]]  # runs (and targets) without stats for (target, source)
     fail_on: List[str]
     failures: List[Dict[str, object]]
     warnings: List[str] = dataclasses.field(default_factory=list)  # the catalog's: series skipped (newer format...)
@@ -100,34 +101,62 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
     out: List[Dict[str, object]] = []
     for kind in fail_on:
         if kind == "dominated":  # one example carried most of a layer's gradient at some step (its worst named)
-            out += [
-                {"run": run.run, "layer": d.layer, "condition": kind, "step": d.worst_step} for d in run.dominated or ()
-            ]
+            out += [_failure(run, d.layer, kind, d.worst_step) for d in run.dominated or ()]
             continue
         for s in run.summaries:
             if kind == "nonfinite":
                 if s.first_nonfinite_step is not None:
-                    out.append({"run": run.run, "layer": s.layer, "condition": "nan", "step": s.first_nonfinite_step})
+                    out.append(_failure(run, s.layer, "nan", s.first_nonfinite_step))
             elif kind in s.now_names:
-                out.append({"run": run.run, "layer": s.layer, "condition": kind, "step": s.last_step})
+                out.append(_failure(run, s.layer, kind, s.last_step))
     return out
+
+
+def _failure(run: anomalies.RunAnomalies, layer: str, condition: str, step: Optional[int]) -> Dict[str, object]:
+    return {"run": run.run, "target": run.target, "layer": layer, "condition": condition, "step": step}
+
+
+def default_targets(targets: Sequence[str]) -> List[str]:
+    """The targets a report covers when none is asked: `loss` if the run has it, else every one of the run's.
+
+    A custom `train_step` names its targets after what each tape trains (a GAN's `discriminator` and
+    `generator`): such a run has no `loss`, and each of its targets may be where it went wrong.
+
+    Args:
+      targets: the run's targets (the catalog's order).
+
+    Returns:
+      `["loss"]`, or `targets` as a list.
+
+    Example:
+      >>> default_targets(["discriminator", "generator"])
+      ['discriminator', 'generator']
+      >>> default_targets(["aux", "loss"])
+      ['loss']
+    """
+    return [metadata.DEFAULT_TARGET] if metadata.DEFAULT_TARGET in targets else list(targets)
 
 
 def build(
     logdir: str,
     runs: Optional[Sequence[str]] = None,
-    target: str = metadata.DEFAULT_TARGET,
+    target: Optional[str] = None,
     source: str = metadata.SOURCE_OUTPUT,
     fail_on: Sequence[str] = (),
 ) -> Report:
-    """Read `logdir` (every step) and evaluate the rules for each run (without importing TensorFlow)."""
+    """Read `logdir` (every step) and evaluate the rules for each run (without importing TensorFlow).
+
+    `target=None`: each run's `default_targets` (`loss`, or every target of a run without one).
+    """
     if not event_files.is_url(logdir) and not os.path.isdir(logdir):
         raise ReportError(f"no such directory: {logdir}")
     with event_files.tensorflow_free(logdir):
         return _build(logdir, runs, target, source, fail_on)
 
 
-def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str, fail_on: Sequence[str]) -> Report:
+def _build(
+    logdir: str, runs: Optional[Sequence[str]], target: Optional[str], source: str, fail_on: Sequence[str]
+) -> Report:
     from tensorboard import context as tb_context
 
     from tb_layergrad.reader import catalog, run_anomalies
@@ -146,19 +175,20 @@ def _build(logdir: str, runs: Optional[Sequence[str]], target: str, source: str,
     for name in names:
         rc = cat.runs[name]
         src = RunSource(provider, ctx, "", rc)
-        result = run_anomalies.read_run(src, target, source)
-        if result is None:
-            skipped.append(
-                {
-                    "run": name,
-                    "reason": f"no {source} statistics for target {target!r} "
-                    f"(targets: {', '.join(rc.targets())}; sources: {', '.join(rc.sources())})",
-                }
-            )
-            continue
-        result.dominated = run_anomalies.read_dominance(src, target, source)
-        results.append(result)
-        failures += failures_of(result, fail_on)
+        for t in [target] if target is not None else default_targets(rc.targets()):
+            result = run_anomalies.read_run(src, t, source)
+            if result is None:
+                skipped.append(
+                    {
+                        "run": name,
+                        "reason": f"no {source} statistics for target {t!r} "
+                        f"(targets: {', '.join(rc.targets())}; sources: {', '.join(rc.sources())})",
+                    }
+                )
+                continue
+            result.dominated = run_anomalies.read_dominance(src, t, source)
+            results.append(result)
+            failures += failures_of(result, fail_on)
     if not results:
         raise ReportError("; ".join(f"run {s['run']}: {s['reason']}" for s in skipped))
     return Report(logdir, target, source, results, skipped, list(fail_on), failures, list(cat.warnings))
@@ -179,7 +209,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(one example carried most of a layer's gradient at some step; per-example records)",
     )
     parser.add_argument(
-        "--target", default=metadata.DEFAULT_TARGET, help="differentiated scalar (default: %(default)s)"
+        "--target",
+        default=None,
+        help="differentiated scalar (default: loss; a run without a loss target, e.g. a custom train_step's "
+        "named tapes: each of its targets)",
     )
     parser.add_argument(
         "--source",
@@ -210,6 +243,8 @@ def main(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[T
     if report.failed:
         if args.format != "text":
             for f in report.failures:
-                err.write(f"FAIL {f['condition']}: run {f['run']}, layer {f['layer']}, step {f['step']}\n")
+                err.write(
+                    f"FAIL {f['condition']}: {run_label(f['run'], f['target'])}, layer {f['layer']}, step {f['step']}\n"
+                )
         return EXIT_FAILED
     return EXIT_OK

@@ -84,14 +84,21 @@ _COLUMNS = [
 ]
 
 
+def run_label(run: str, target: str) -> str:
+    """'run gan (target generator)'; the target is named unless it is the default one, `loss`."""
+    return f"run {run}" if target == metadata.DEFAULT_TARGET else f"run {run} (target {target})"
+
+
 def format_text(report: Report, width: int = WIDTH) -> str:
     fixed = 2 + sum(w + 1 for _, _, w, _ in _COLUMNS)
     flags_w = max(10, width - fixed)
+    target = report.target or metadata.DEFAULT_TARGET
+    named = "" if all(r.target == target for r in report.runs) else "; a run without it: each of its targets, named"
     lines = [
-        shorten(f"tb-layergrad report  {report.logdir}  (target {report.target}, source {report.source})", width),
+        shorten(f"tb-layergrad report  {report.logdir}  (target {target}, source {report.source})", width),
         "norm@last: L2 norm at the layer's last logged step; trend: log10 change of the norm over the last "
         f"{anomalies.TREND_WINDOW} logged steps; t-decay: log10(|dL/dh_first| / |dL/dh_last|) of RNN timesteps; "
-        "verdict: docs/ANOMALIES.md",
+        f"verdict: docs/ANOMALIES.md; target {target}{named}",
     ]
     lines = [lines[0]] + _wrap(lines[1], width)
     for result in report.runs:
@@ -104,7 +111,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             else "no steps logged"
         )
         n = len(result.layers)
-        head = f"run {result.run}  ·  {n} layer{'' if n == 1 else 's'}  ·  {span}"
+        head = f"{run_label(result.run, result.target)}  ·  {n} layer{'' if n == 1 else 's'}  ·  {span}"
         if prefix:
             head += f"  ·  model {prefix[:-1]}"
         lines.append(shorten(head, width))
@@ -148,7 +155,11 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             for f in report.failures:
                 what = "NaN/Inf gradient since step" if f["condition"] == "nan" else f"{f['condition']} at step"
                 lines.append(
-                    shorten(f"FAIL {f['condition']}: run {f['run']}, layer {f['layer']}: {what} {f['step']}", width)
+                    shorten(
+                        f"FAIL {f['condition']}: {run_label(f['run'], f['target'])}, layer {f['layer']}: "
+                        f"{what} {f['step']}",
+                        width,
+                    )
                 )
         else:
             lines.append(
@@ -191,7 +202,13 @@ def to_json(report: Report) -> dict:
 
 def _run_json(r: anomalies.RunAnomalies) -> dict:
     """One run; `dominated` (docs/ANOMALIES.md, "One example dominates") only for a run with per-example records."""
-    out = {"run": r.run, "summary": r.summary_json(), "layers": [r.layer_json(i) for i in range(len(r.summaries))]}
+    out = {
+        "run": r.run,
+        "target": r.target,
+        "source": r.source,
+        "summary": r.summary_json(),
+        "layers": [r.layer_json(i) for i in range(len(r.summaries))],
+    }
     if r.dominated is not None:
         out["dominated"] = [d.to_json() for d in r.dominated]
         out["example_thresholds"] = dict(anomalies.EXAMPLE_THRESHOLDS)
