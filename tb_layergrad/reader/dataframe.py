@@ -1,7 +1,7 @@
 """`tb_layergrad.load(logdir)`: every statistic of every series as a pandas DataFrame.
 
 For notebooks and scripts; pandas is an optional extra (`pip install
-'tb_layergrad[pandas]'`), imported only when `load` is called. It reads through
+'tb-layergrad[pandas]'`), imported only when `load` is called. It reads through
 TensorBoard's own event multiplexer and data provider (`event_files`) and the
 catalog and statistics code the plugin uses, so its numbers are the numbers the tab
 shows (derived statistics such as `rms` and `zero_frac` included). Every step is
