@@ -12,7 +12,9 @@ which pass (`reader.origin`, docs/ANOMALIES.md "Where it broke"). Per run and la
 a NaN/Inf gradient, the decay of per-timestep gradients for RNN layers
 (`anomalies.timestep_decay`), and the anomaly flags (docs/ANOMALIES.md); for a run with per-example
 records, the layers where one example carried most of the gradient at some step (`anomalies.dominance`;
-in CSV the `dominated_*` columns of the layer's row).
+in CSV the `dominated_*` columns of the layer's row). The hyperparameters each run was trained with, as
+logged with TensorBoard's HParams API (`reader.hparams`): `hparams` of each run in JSON, columns
+`hp/<name>` after the others in CSV. `--sort COLUMN` orders by a CSV column (`report_format.sort_rows`).
 
 Exit status: 0; 3 when a `--fail-on` condition holds; 1 when the logdir, a run
 or the asked series do not exist; 2 for a usage error.
@@ -24,19 +26,21 @@ import argparse
 import dataclasses
 import os
 import sys
-from typing import Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO
 
 from tb_layergrad import metadata
 from tb_layergrad.cli.report_format import (  # noqa: F401 - the report's formats, under its names
     CSV_COLUMNS,
     DOMINATED_FIELDS,
+    csv_header,
     format_csv,
     format_text,
     render,
     run_label,
+    split_sort,
     to_json,
 )
-from tb_layergrad.reader import anomalies, event_files
+from tb_layergrad.reader import anomalies, event_files, hparams
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -67,6 +71,8 @@ class Report:
     fail_on: List[str]
     failures: List[Dict[str, object]]
     warnings: List[str] = dataclasses.field(default_factory=list)  # the catalog's: series skipped (newer format...)
+    hparams: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)  # run -> reader.hparams values
+    sort: Optional[str] = None  # a column of `csv_header(report)`, "-" before it for descending
 
     @property
     def failed(self) -> bool:
@@ -191,7 +197,8 @@ def _build(
             failures += failures_of(result, fail_on)
     if not results:
         raise ReportError("; ".join(f"run {s['run']}: {s['reason']}" for s in skipped))
-    return Report(logdir, target, source, results, skipped, list(fail_on), failures, list(cat.warnings))
+    values = hparams.by_run(provider, ctx, "", [r.run for r in results])
+    return Report(logdir, target, source, results, skipped, list(fail_on), failures, list(cat.warnings), values)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -220,6 +227,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=metadata.SOURCE_OUTPUT,
         help="output: gradients w.r.t. layer outputs; weight: w.r.t. variables (default: %(default)s)",
     )
+    parser.add_argument(
+        "--sort",
+        metavar="COLUMN",
+        help="order by a CSV column (e.g. last_norm, first_nonfinite, hp/learning_rate); descending: "
+        "--sort=-COLUMN (with '=', so that the '-' is not read as an option); empty cells last. Orders the CSV's "
+        "rows, the JSON's runs and their layers, the text's runs (default: runs by name, layers in model order)",
+    )
 
 
 def main(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
@@ -235,6 +249,15 @@ def main(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[T
     except ReportError as e:
         err.write(f"tb-layergrad report: {e}\n")
         return EXIT_ERROR
+    if getattr(args, "sort", None):
+        column, _ = split_sort(args.sort)
+        if column not in csv_header(report):
+            err.write(
+                f"tb-layergrad report: unknown --sort column {column!r}; use one of: "
+                f"{', '.join(csv_header(report))} (prefix '-' for descending)\n"
+            )
+            return 2
+        report.sort = args.sort
     out.write(render(report, args.format))
     out.flush()
     if args.format == "csv":  # no place for them in the table

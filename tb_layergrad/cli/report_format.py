@@ -7,13 +7,15 @@ only shape a `report.Report`, and `cli.report` offers them under the same names.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import anomalies
+from tb_layergrad.cli.report_sort import order, split_sort  # noqa: F401 - `report` offers split_sort
+from tb_layergrad.reader import anomalies, hparams
 
 if TYPE_CHECKING:
     from tb_layergrad.cli.report import Report
@@ -185,6 +187,8 @@ def _wrap(text: str, width: int, indent: str = "  ") -> List[str]:
 
 
 def to_json(report: Report) -> dict:
+    """The report as JSON; each run with its `hparams` (`{name: value}`, a NaN value as null)."""
+    layer_order = _layer_order(report)
     return {
         "logdir": report.logdir,
         "target": report.target,
@@ -192,7 +196,11 @@ def to_json(report: Report) -> dict:
         "format_version": metadata.FORMAT_VERSION,
         "thresholds": dict(anomalies.THRESHOLDS),
         "trend_window": anomalies.TREND_WINDOW,
-        "runs": [_run_json(r) for r in report.runs],
+        "runs": [
+            {**_run_json(r, layer_order.get(r.run)), "hparams": _json_values(report.hparams.get(r.run, {}))}
+            for r in _sorted_runs(report).runs
+        ],
+        "sort": report.sort,
         "skipped": report.skipped,
         "fail_on": ["nan" if k == "nonfinite" else k for k in report.fail_on],
         "failures": report.failures,
@@ -200,14 +208,21 @@ def to_json(report: Report) -> dict:
     }
 
 
-def _run_json(r: anomalies.RunAnomalies) -> dict:
-    """One run; `dominated` (docs/ANOMALIES.md, "One example dominates") only for a run with per-example records."""
+def _json_values(values: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()}
+
+
+def _run_json(r: anomalies.RunAnomalies, layers: Optional[List[int]] = None) -> dict:
+    """One run; `dominated` (docs/ANOMALIES.md, "One example dominates") only for a run with per-example records.
+
+    `layers`: the indexes of its layers in the order to list them (`--sort`); None: model order."""
+    indexes = range(len(r.summaries)) if layers is None else layers
     out = {
         "run": r.run,
         "target": r.target,
         "source": r.source,
         "summary": r.summary_json(),
-        "layers": [r.layer_json(i) for i in range(len(r.summaries))],
+        "layers": [r.layer_json(i) for i in indexes],
     }
     if r.dominated is not None:
         out["dominated"] = [d.to_json() for d in r.dominated]
@@ -303,13 +318,48 @@ def _csv_rows(r: anomalies.RunAnomalies) -> List[list]:
     return rows
 
 
+def csv_header(report: Report) -> Tuple[str, ...]:
+    """`CSV_COLUMNS`, then `hp/<name>` for every hyperparameter of any reported run, sorted by name."""
+    return CSV_COLUMNS + tuple(hparams.column(n) for n in hparams.names(report.hparams))
+
+
+def _table(report: Report) -> List[Tuple[anomalies.RunAnomalies, Optional[int], list]]:
+    """(run, index of the layer's summary or None, cells of `csv_header`) per CSV row, in `report.sort`'s order."""
+    names = hparams.names(report.hparams)
+    table = []
+    for r in report.runs:
+        values = report.hparams.get(r.run, {})
+        cells = [values.get(n) for n in names]
+        table += [(r, i if i < len(r.summaries) else None, row + cells) for i, row in enumerate(_csv_rows(r))]
+    if report.sort:
+        table = [table[i] for i in order([row for _, _, row in table], csv_header(report), report.sort)]
+    return table
+
+
+def _sorted_runs(report: Report) -> Report:
+    """`report` with its runs in the order of their first row in `report.sort`'s order (itself when unsorted)."""
+    if not report.sort:
+        return report
+    runs = {id(r): r for r, _, _ in _table(report)}
+    return dataclasses.replace(report, runs=list(runs.values()) + [r for r in report.runs if id(r) not in runs])
+
+
+def _layer_order(report: Report) -> Dict[str, List[int]]:
+    """{run: its layers' summary indexes in `report.sort`'s order}; empty when unsorted."""
+    out: Dict[str, List[int]] = {}
+    for r, i, _ in _table(report) if report.sort else ():
+        if i is not None:
+            out.setdefault(r.run, []).append(i)
+    return out
+
+
 def format_csv(report: Report) -> str:
-    """Columns: `CSV_COLUMNS` (README, "In a terminal, in CI, in a notebook"); a float that is not finite is empty."""
+    """Columns: `csv_header(report)` (README, "In a terminal, in CI, in a notebook"); a float that is not finite
+    is empty; rows in `report.sort`'s order."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CSV_COLUMNS)
-    for r in report.runs:
-        w.writerows([_csv_cell(v) for v in row] for row in _csv_rows(r))
+    w.writerow(csv_header(report))
+    w.writerows([_csv_cell(v) for v in row] for _, _, row in _table(report))
     return buf.getvalue()
 
 
@@ -318,4 +368,4 @@ def render(report: Report, fmt: str) -> str:
         return json.dumps(to_json(report), indent=1, allow_nan=False) + "\n"
     if fmt == "csv":
         return format_csv(report)
-    return format_text(report)
+    return format_text(_sorted_runs(report))

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, Optional
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.reader import catalog, event_files, origin, run_anomalies, series
+from tb_layergrad.reader import catalog, event_files, hparams, origin, run_anomalies, series
 from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -49,8 +49,13 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     cell, as the tab and `tb-layergrad report` show it (docs/ANOMALIES.md, "One
     verdict"): `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` for a
     gradient, `ok` or `nonfinite` for an activation or a target value, and
-    `nan_origin` on the one cell where the first NaN/Inf was born. Rows are ordered by run, model order,
-    target, source, step; a run's target series come after its layers.
+    `nan_origin` on the one cell where the first NaN/Inf was born. Then one column `hp/<name>` per
+    hyperparameter any run was trained with, sorted by name, as logged with TensorBoard's HParams API
+    (`hp.hparams`, `hp.KerasCallback`; `tb_layergrad.reader.hparams`): the run's value on each of its
+    rows, a `str`, `bool` or `float` (numbers are stored as doubles); where a run has none, pandas'
+    missing value of the column's dtype (NaN in a numeric or string column, None in an object one). A run takes the hyperparameters of the nearest session at or above its folder:
+    `GradientLogger(log_dir)` writes to `log_dir/train`, which gets `hp.KerasCallback(log_dir)`'s. Rows
+    are ordered by run, model order, target, source, step; a run's target series come after its layers.
 
     `source` is "output" (gradient w.r.t. the layer output), "weight" (w.r.t. a
     variable), "activation" (the layer output itself, the forward value: its
@@ -147,6 +152,9 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
             frame["state"] = [cells.get(int(step), "ok") for step in rows.steps]
             frames.append(pd.DataFrame(frame, columns=list(COLUMNS)))
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
+    values = hparams.by_run(provider, ctx, "", list(cat.runs))
+    for name in hparams.names(values):
+        df[hparams.column(name)] = pd.Series([values[run].get(name) for run in df["run"]], index=df.index)
     df.attrs["nonfinite_origin"] = {
         run: {t: (o.to_json() if o is not None else None) for t, o in by_target.items()}
         for run, by_target in _origins(provider, ctx, cat).items()
