@@ -32,7 +32,7 @@ import os
 import time
 from typing import Any, List, Optional
 
-from tb_layergrad.cli import demo_fit, demo_nan
+from tb_layergrad.cli import demo_fit, demo_nan, demo_sweep
 from tb_layergrad.cli.demo_fit import Progress
 from tb_layergrad.cli.demo_nan import NAN_BACKWARD_STEP, NAN_EVERY, NAN_FORWARD_STEP  # noqa: F401 (the plan)
 
@@ -310,7 +310,7 @@ def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
     from tb_layergrad.cli import demo_gan  # imports Keras: only when the demo trains
 
     demo_gan.gan_run(logdir, plan.gan, _SHOWS)
-    return list(RUN_NAMES)
+    return list(RUN_NAMES) + demo_sweep.sweep_runs(logdir, quick)
 
 
 def serve(logdir: str, port: Optional[int] = None, host: str = "127.0.0.1", block: bool = True) -> Any:
