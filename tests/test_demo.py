@@ -7,6 +7,7 @@ checked against the event files read directly (TFRecord + Event protos, not Tens
 from __future__ import annotations
 
 import contextlib
+import csv
 import glob
 import io
 import json
@@ -22,12 +23,13 @@ from console_script import CLI
 
 from tb_layergrad import metadata
 from tb_layergrad.cli import demo as demo_module
+from tb_layergrad.cli import demo_sweep
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 # The report's default target is "loss"; the GAN's custom step has two named targets, reported each (see below).
-LOSS_RUNS = sorted(set(demo_module.RUN_NAMES) - {"gan"})
+LOSS_RUNS = sorted(set(demo_module.RUN_NAMES) - {"gan"} | set(demo_sweep.RUN_NAMES))
 
 
 def test_every_run_trained_with_a_progress_bar(demo):
@@ -227,7 +229,7 @@ def test_serve_prints_the_tabs_url(demo):
         url = re.search(r"(http://\S+/)#layergrad", line).group(1)
         with urllib.request.urlopen(url + "data/plugin/layergrad/runs", timeout=30) as r:
             runs = json.loads(r.read())["runs"]
-        assert sorted(r["run"] for r in runs) == sorted(demo_module.RUN_NAMES)
+        assert sorted(r["run"] for r in runs) == sorted(demo_module.RUN_NAMES + demo_sweep.RUN_NAMES)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
@@ -270,3 +272,37 @@ def test_the_gan_discriminator_wins_and_the_generators_gradient_vanishes(demo):
     for layer, rows in generator.groupby("layer"):
         norm = rows.set_index("step")["norm"]
         assert norm[steps] < norm.loc[1:10].max() / demo_gan.GAN_VANISH, (layer, norm.to_dict())
+
+
+def test_the_sweep_logs_its_hyperparameters_and_the_activation_explains_the_vanishing(demo):
+    sweep = {name: demo["runs"][name] for name in demo_sweep.RUN_NAMES}
+    assert len(sweep) == len(demo_sweep.LEARNING_RATES) * len(demo_sweep.ACTIVATIONS) == 6
+    for activation, lr in demo_sweep.TRIALS:
+        run = sweep[demo_sweep.run_name(lr, activation)]
+        assert run["hparams"] == {"activation": activation, "learning_rate": lr}  # hp.KerasCallback's, read back
+        assert run["summary"]["last_step"] == demo_sweep.STEPS[True]
+        vanishing = [name for name, layer in demo["layers"][run["run"]].items() if "vanishing" in layer["now"]]
+        if activation == "sigmoid":
+            assert "dense_0" in vanishing, (run["run"], vanishing)
+        else:
+            assert vanishing == [], (run["run"], vanishing)
+    # Sorted by the first layer's norm, the sweep's sigmoid runs come first whatever their learning rate.
+    r = subprocess.run(
+        [
+            CLI,
+            "report",
+            demo["logdir"],
+            *sum((["--run", n] for n in demo_sweep.RUN_NAMES), []),
+            "--format",
+            "csv",
+            "--sort",
+            "last_norm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [row for row in csv.DictReader(io.StringIO(r.stdout)) if row["layer"].endswith("/dense_0")]
+    assert [row["hp/activation"] for row in rows] == ["sigmoid"] * 3 + ["relu"] * 3
+    assert sorted(float(row["hp/learning_rate"]) for row in rows[:3]) == list(demo_sweep.LEARNING_RATES)

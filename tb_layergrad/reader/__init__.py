@@ -18,5 +18,6 @@ Modules, one job each:
   origin         -- where a run first went non-finite for a target (`tb_layergrad.nonfinite_origin`'s rule)
   run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
   event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow
+  hparams        -- each run's hyperparameters as logged with TensorBoard's HParams API (nearest session)
   dataframe      -- `tb_layergrad.load(logdir)`: every statistic as a pandas DataFrame
 """
