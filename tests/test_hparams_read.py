@@ -180,3 +180,20 @@ def test_sort_rules():
     assert order(rows, ["x"], "-x") == [2, 6, 0, 7, 4, 5, 1, 3]
     with pytest.raises(ValueError, match="use one of: x"):
         order(rows, ["x"], "y")
+
+
+@pytest.mark.slow
+def test_the_hparams_route_under_both_loaders(logdir, tmp_path):
+    from hparams_fixtures import STEPS
+    from tensorboard_process import PLUGIN_API, tensorboards
+
+    with tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
+        for p in procs:
+            p.wait_for_runs({run: STEPS for run in EXPECTED})
+            body = p.get_json(PLUGIN_API + "hparams")
+            assert body["names"] == NAMES
+            assert {r["run"]: r["hparams"] for r in body["runs"]} == EXPECTED
+            one = p.get_json(PLUGIN_API + "hparams?run=top/deep/train")
+            assert one["runs"] == [{"run": "top/deep/train", "hparams": EXPECTED["top/deep/train"]}]
+            code, body, _ = p.get(PLUGIN_API + "hparams?run=top")  # a session's own folder holds no gradients
+            assert code == 404 and b"top" in body

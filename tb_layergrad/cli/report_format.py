@@ -11,7 +11,7 @@ import dataclasses
 import io
 import json
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from tb_layergrad import metadata
 from tb_layergrad.cli.report_sort import order, split_sort  # noqa: F401 - `report` offers split_sort
@@ -197,7 +197,7 @@ def to_json(report: Report) -> dict:
         "thresholds": dict(anomalies.THRESHOLDS),
         "trend_window": anomalies.TREND_WINDOW,
         "runs": [
-            {**_run_json(r, layer_order.get(r.run)), "hparams": _json_values(report.hparams.get(r.run, {}))}
+            {**_run_json(r, layer_order.get(r.run)), "hparams": hparams.json_values(report.hparams.get(r.run, {}))}
             for r in _sorted_runs(report).runs
         ],
         "sort": report.sort,
@@ -206,10 +206,6 @@ def to_json(report: Report) -> dict:
         "failures": report.failures,
         "warnings": report.warnings,
     }
-
-
-def _json_values(values: Dict[str, Any]) -> Dict[str, Any]:
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()}
 
 
 def _run_json(r: anomalies.RunAnomalies, layers: Optional[List[int]] = None) -> dict:

@@ -38,6 +38,7 @@ JSON_ROUTES: Dict[str, Tuple[Parse, Answer]] = {
     "/anomalies": (queries.anomalies_query, run_impl.anomalies_impl),
     "/examples": (queries.examples_query, layer_impl.examples_impl),
     "/noise_scale": (queries.noise_scale_query, run_impl.noise_scale_impl),
+    "/hparams": (queries.runs_query, run_impl.hparams_impl),
 }
 
 

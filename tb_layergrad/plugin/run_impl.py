@@ -1,5 +1,5 @@
 """The answers of the routes over every layer of a run, or several runs: `runs`, `matrix`, `compare`, `csv`,
-`anomalies`, `noise_scale`.
+`anomalies`, `noise_scale`, `hparams`.
 
 Each `*_impl` takes the plugin's `Reading`, the request's context and experiment, and a validated query
 (`queries`); it returns the body (docs/HTTP_API.md), or raises a `tensorboard.errors` 404 naming what is
@@ -21,7 +21,7 @@ from tb_layergrad.plugin.layer_impl import int_list, stat_values
 from tb_layergrad.plugin.queries import CompareQuery, NoiseScaleQuery, RunQuery
 from tb_layergrad.plugin.reading import Reading, missing_series
 from tb_layergrad.plugin.responses import RawJson, csv_number, csv_text, dumps, float_rows_json
-from tb_layergrad.reader import catalog, downsample, examples, layer_points, run_anomalies, series
+from tb_layergrad.reader import catalog, downsample, examples, hparams, layer_points, run_anomalies, series
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.series import align
 
@@ -184,4 +184,17 @@ def noise_scale_impl(reading: Reading, ctx: object, eid: str, q: NoiseScaleQuery
         "missing": [n for n in runs if n not in found],
         "tags": dict(example_bodies.NOISE_SCALE_TAGS),
         "series": [example_bodies.noise_scale_run(n, answer[n], q.start, q.end) for n in found],
+    }
+
+
+def hparams_impl(reading: Reading, ctx: object, eid: str, run: Optional[str]) -> dict:
+    """Each run's hyperparameters as logged with TensorBoard's HParams API (`reader.hparams`: the nearest
+    session at or above the run), every run with layergrad data or only `run` (404 if it has none)."""
+    cat = reading.catalog(ctx, eid, runs=None if run is None else [run])
+    if run is not None:
+        cat.run(run)  # 404 if unknown
+    values = hparams.by_run(reading.provider, ctx, eid, list(cat.runs))
+    return {
+        "names": hparams.names(values),
+        "runs": [{"run": name, "hparams": hparams.json_values(hp)} for name, hp in values.items()],
     }

@@ -22,6 +22,7 @@ logged as 32 reads back as 32.0).
 from __future__ import annotations
 
 import logging
+import math
 import posixpath
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
@@ -178,6 +179,11 @@ def by_run(provider: tb_provider.DataProvider, ctx: Any, experiment_id: str, run
         session = session_of(run, found)
         out[run] = dict(found[session]) if session is not None else {}
     return out
+
+
+def json_values(values: Mapping[str, Value]) -> Dict[str, Optional[Value]]:
+    """`values` for strict JSON: a NaN or infinite number becomes None (null)."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in values.items()}
 
 
 def names(values_by_run: Mapping[str, Mapping[str, Value]]) -> List[str]:
