@@ -35,7 +35,7 @@ NAMES = sorted({k for v in SESSIONS.values() for k in v})
 STEPS = 3
 
 
-def _fit(logdir: str, run: str, callbacks: list, seed: int) -> None:
+def fit_with_logger(logdir: str, run: str, callbacks: list, seed: int) -> None:
     import tensorflow as tf
 
     import tb_layergrad
@@ -57,10 +57,10 @@ def write_hparams_logdir(logdir: str) -> None:
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
 
-    _fit(logdir, "kc", [hp.KerasCallback(os.path.join(logdir, "kc"), SESSIONS["kc"])], seed=1)
+    fit_with_logger(logdir, "kc", [hp.KerasCallback(os.path.join(logdir, "kc"), SESSIONS["kc"])], seed=1)
     for session in ("top", "top/deep"):
         with tf.summary.create_file_writer(os.path.join(logdir, session)).as_default():
             hp.hparams(SESSIONS[session])
-    _fit(logdir, "top", [], seed=2)
-    _fit(logdir, "top/deep", [], seed=3)
-    _fit(logdir, "bare", [], seed=4)
+    fit_with_logger(logdir, "top", [], seed=2)
+    fit_with_logger(logdir, "top/deep", [], seed=3)
+    fit_with_logger(logdir, "bare", [], seed=4)

@@ -197,3 +197,17 @@ def test_the_hparams_route_under_both_loaders(logdir, tmp_path):
             assert one["runs"] == [{"run": "top/deep/train", "hparams": EXPECTED["top/deep/train"]}]
             code, body, _ = p.get(PLUGIN_API + "hparams?run=top")  # a session's own folder holds no gradients
             assert code == 404 and b"top" in body
+
+
+def test_a_session_in_the_logdir_itself_reaches_every_run(tmp_path):
+    import tensorflow as tf
+    from hparams_fixtures import fit_with_logger
+    from tensorboard.plugins.hparams import api as hp
+
+    logdir = str(tmp_path)
+    with tf.summary.create_file_writer(logdir).as_default():
+        hp.hparams({"seed": 7, "optimizer": "sgd"})
+    fit_with_logger(logdir, "x/y", [], seed=5)
+    df = tb_layergrad.load(logdir)
+    assert set(df.run) == {"x/y/train"}
+    assert set(df["hp/seed"]) == {7.0} and set(df["hp/optimizer"]) == {"sgd"}
