@@ -306,3 +306,25 @@ def test_the_sweep_logs_its_hyperparameters_and_the_activation_explains_the_vani
     rows = [row for row in csv.DictReader(io.StringIO(r.stdout)) if row["layer"].endswith("/dense_0")]
     assert [row["hp/activation"] for row in rows] == ["sigmoid"] * 3 + ["relu"] * 3
     assert sorted(float(row["hp/learning_rate"]) for row in rows[:3]) == list(demo_sweep.LEARNING_RATES)
+
+
+def test_sorting_keeps_each_run_and_target_whole(demo):
+    # The GAN is reported once per target: --sort orders (run, target) results, each with all its layers.
+    r = subprocess.run(
+        [CLI, "report", demo["logdir"], "--format", "json", "--sort=-last_norm"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    body = json.loads(r.stdout)
+    unsorted = demo["by_target"]
+    got = {(run["run"], run["target"]): run for run in body["runs"]}
+    assert got.keys() == unsorted.keys() and len(body["runs"]) == len(unsorted)
+    assert ("gan", "generator") in got and ("gan", "discriminator") in got
+    for key, run in got.items():
+        assert sorted(l["layer"] for l in run["layers"]) == sorted(l["layer"] for l in unsorted[key]["layers"])
+        norms = [l["last_norm"] for l in run["layers"] if l["last_norm"] is not None]
+        assert norms == sorted(norms, reverse=True), key
+    firsts = [run["layers"][0]["last_norm"] for run in body["runs"] if run["layers"][0]["last_norm"] is not None]
+    assert firsts == sorted(firsts, reverse=True)

@@ -14,7 +14,7 @@ a NaN/Inf gradient, the decay of per-timestep gradients for RNN layers
 records, the layers where one example carried most of the gradient at some step (`anomalies.dominance`;
 in CSV the `dominated_*` columns of the layer's row). The hyperparameters each run was trained with, as
 logged with TensorBoard's HParams API (`reader.hparams`): `hparams` of each run in JSON, columns
-`hp/<name>` after the others in CSV. `--sort COLUMN` orders by a CSV column (`report_format.sort_rows`).
+`hp/<name>` after the others in CSV. `--sort COLUMN` orders by a CSV column (`report_sort`).
 
 Exit status: 0; 3 when a `--fail-on` condition holds; 1 when the logdir, a run
 or the asked series do not exist; 2 for a usage error.

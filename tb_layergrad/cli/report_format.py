@@ -197,7 +197,7 @@ def to_json(report: Report) -> dict:
         "thresholds": dict(anomalies.THRESHOLDS),
         "trend_window": anomalies.TREND_WINDOW,
         "runs": [
-            {**_run_json(r, layer_order.get(r.run)), "hparams": hparams.json_values(report.hparams.get(r.run, {}))}
+            {**_run_json(r, layer_order.get(id(r))), "hparams": hparams.json_values(report.hparams.get(r.run, {}))}
             for r in _sorted_runs(report).runs
         ],
         "sort": report.sort,
@@ -340,12 +340,12 @@ def _sorted_runs(report: Report) -> Report:
     return dataclasses.replace(report, runs=list(runs.values()) + [r for r in report.runs if id(r) not in runs])
 
 
-def _layer_order(report: Report) -> Dict[str, List[int]]:
-    """{run: its layers' summary indexes in `report.sort`'s order}; empty when unsorted."""
-    out: Dict[str, List[int]] = {}
+def _layer_order(report: Report) -> Dict[int, List[int]]:
+    """{id of a (run, target) result: its layers' summary indexes in `report.sort`'s order}; empty when unsorted."""
+    out: Dict[int, List[int]] = {}
     for r, i, _ in _table(report) if report.sort else ():
         if i is not None:
-            out.setdefault(r.run, []).append(i)
+            out.setdefault(id(r), []).append(i)
     return out
 
 
