@@ -254,7 +254,7 @@ def main(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[T
         if column not in csv_header(report):
             err.write(
                 f"tb-layergrad report: unknown --sort column {column!r}; use one of: "
-                f"{', '.join(csv_header(report))} (prefix '-' for descending)\n"
+                f"{', '.join(csv_header(report))} (descending: --sort=-COLUMN)\n"
             )
             return 2
         report.sort = args.sort
