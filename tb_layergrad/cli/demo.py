@@ -19,6 +19,7 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 | `explode_clipnorm` | the same with `clipnorm=1.0`: the steps are bounded, it does not |
 | `gan` | the guide's GAN (own optimizers, two tapes: two targets) with a saturating generator loss: the discriminator wins and the generator's gradients vanish (`demo_gan.py`) |
 | `mislabelled` | an easy classifier whose data hold a few flipped labels, logged with `per_example=True`: once it has learnt, the flipped example carries most of each layer's per-example gradient energy at its step (`top_share`, `top_index_1`) |
+| `sweep/lr=..,act=..` | six trials of learning rate x activation, hyperparameters logged with TensorBoard's `hp.KerasCallback`: the sigmoid trials' first layer vanishes whatever the learning rate (`demo_sweep.py`; `report --sort hp/act`) |
 
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
 TensorBoard on the logdir.
@@ -337,7 +338,8 @@ def serve(logdir: str, port: Optional[int] = None, host: str = "127.0.0.1", bloc
 def main(logdir: str = DEFAULT_LOGDIR, quick: bool = False, do_serve: bool = False, port: Optional[int] = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     started = time.time()
-    print(f"Training {len(RUNS)} demo runs{' (quick)' if quick else ''} on CPU into {os.path.abspath(logdir)}")
+    count = len(RUNS) + len(demo_sweep.RUN_NAMES)
+    print(f"Training {count} demo runs{' (quick)' if quick else ''} on CPU into {os.path.abspath(logdir)}")
     print("  (the first step of each run builds its graph: a few seconds)", flush=True)
     runs = run(logdir, quick)
     print(f"Done in {time.time() - started:.0f}s: {len(runs)} runs.")
