@@ -39,11 +39,11 @@ TEST_REQUIRES = [
     "hypothesis>=6",
     "playwright>=1.40",
     "pandas>=1.5",
-    # The artifact tests build the wheel and the sdist as a release would, offline (--no-isolation).
+    # The artifact tests build the sdist and the wheel as a release would: in build's isolated environment, with
+    # pyproject.toml's build requirements (not here: a newer setuptools in the test venv has no pkg_resources,
+    # which TensorBoard 2.16 imports at start-up).
     "build>=1",
     "twine>=5",
-    "setuptools>=70.1",
-    "wheel",
     # Lint and format (pyproject.toml); a minor of its own because a new ruff minor may reformat.
     "ruff>=0.17,<0.18",
 ]

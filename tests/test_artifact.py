@@ -59,11 +59,11 @@ def test_the_installed_package_holds_every_module_the_tab_and_the_kernel_sources
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory) -> pathlib.Path:
-    """`python -m build`: the sdist, then the wheel built from that sdist (offline: the build tools are the
-    test extra's)."""
+    """`python -m build`: the sdist, then the wheel built from that sdist, each in an isolated environment with
+    pyproject.toml's build requirements, as a release is built."""
     out = tmp_path_factory.mktemp("dist")
     done = subprocess.run(
-        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(CHECKOUT)],
+        [sys.executable, "-m", "build", "--outdir", str(out), str(CHECKOUT)],
         capture_output=True,
         text=True,
         timeout=600,

@@ -181,7 +181,9 @@ def test_fix_flags_keeps_everything_unless_the_user_says_otherwise():
 
 
 def test_the_entry_point_is_the_loader():
-    from importlib.metadata import entry_points
+    from importlib.metadata import distribution
 
-    found = [ep for ep in entry_points(group="tensorboard_plugins") if ep.name == metadata.PLUGIN_NAME]
+    # The installed distribution's own entry points: `entry_points(group=...)` needs Python 3.10.
+    points = distribution("tb-layergrad").entry_points
+    found = [ep for ep in points if ep.group == "tensorboard_plugins" and ep.name == metadata.PLUGIN_NAME]
     assert len(found) == 1 and found[0].load() is LayerGradLoader
