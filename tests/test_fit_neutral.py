@@ -3,7 +3,8 @@
 Two models: an MLP and a tiny CNN with BatchNormalization (batch statistics in
 training) and a residual Add. Every layer captured, weights, an extra target,
 the bounded raw tensors, every 2nd step logged (both branches of the step's
-condition run), momentum SGD. Eager and graph: bitwise. XLA: the layer-output
+condition run), momentum SGD. Eager and graph: bitwise; in graph mode also with
+batches of unknown size through layers that add their bias with `+`. XLA: the layer-output
 gradients become outputs of the compiled step and XLA may fuse its backward
 pass differently around them (docs/DESIGN.md, "XLA neutrality"): bitwise on
 some CPUs (this test's AVX2 machine), on others the same float32 math in
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from fit_helpers import compile_kwargs, keras, layergrad_steps, layers, log_dir, read_series, tiny_conv_bn_residual
 from tolerances import assert_same_float32_math, gamma, reduction_path_length
 
@@ -83,6 +85,48 @@ def test_weights_bitwise_equal(tmp_path, model, mode, chosen):
     for a, b in zip(plain, logged):
         np.testing.assert_array_equal(a, b)
     assert layergrad_steps(read_series(log_dir(tmp_path))) == [2, 4, 6]  # it did log
+
+
+class _Affine(layers.Layer):
+    """tanh(x @ kernel + bias), the bias added with `+` (an AddV2, as Keras 3.3's Dense does): grappler fuses the
+    three ops into one, and the gradient of `+` reads the MatMul output's shape."""
+
+    def __init__(self, units: int, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+
+    def build(self, input_shape):
+        self.kernel = self.add_weight(name="kernel", shape=(input_shape[-1], self.units), initializer="glorot_uniform")
+        self.bias = self.add_weight(name="bias", shape=(self.units,), initializer="random_normal")
+
+    def call(self, x):
+        return tf.tanh(tf.matmul(x, self.kernel) + self.bias)
+
+
+def _affine_mlp():
+    return keras.Sequential(
+        [keras.Input((10,)), _Affine(16, name="a"), _Affine(16, name="b"), layers.Dense(4, activation="softmax")]
+    )
+
+
+def test_bitwise_with_a_batch_of_unknown_size(tmp_path):
+    # A dataset's batches have no static size: the gradient of `+` reads each MatMul output's shape at run time.
+    # The second backward pass (weights=True) and the target's must leave that MatMul one reader, as the real one
+    # does, or grappler stops fusing it with its bias and tanh and the forward pass changes in its last bits.
+    _, x, y = _data("mlp")
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    runs = []
+    for callbacks in ([], [_logger(tmp_path, None)]):
+        keras.utils.set_random_seed(21)
+        model = _affine_mlp()
+        model.compile(
+            optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", **compile_kwargs("graph")
+        )
+        model.fit(data, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        runs.append(model.get_weights())
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
+    assert layergrad_steps(read_series(log_dir(tmp_path))) == [2, 4, 6]
 
 
 @pytest.mark.parametrize("model,chosen", [("mlp", ["b"]), ("cnn", ["bn2", "add"])])

@@ -294,9 +294,7 @@ class FitStep:
                 record, flags = write_step_checked(main, step, log, state.none_yet(), writer=self.writer, flush=True)
                 written = [record]
                 if auxiliary is not None:
-                    written.append(
-                        when(record, lambda: write_step(auxiliary(), step, record=True, writer=self.writer, flush=True))
-                    )
+                    written.append(when(record, self._written_auxiliary(auxiliary, record, step), out_of_line=False))
                 with tf.control_dependencies(written):
                     state.remember(step, flags)
             if self.config.on_nonfinite != "log":  # the callback acts at once: it needs the flags of every step
@@ -314,6 +312,27 @@ class FitStep:
         else:
             logs[PAYLOAD_KEY] = {"step": step, "log": log, "tensors": tensors, "flags": flags}
         return logs
+
+    def _written_auxiliary(
+        self, auxiliary: Callable[[], plans.Plan], record: tf.Tensor, step: tf.Tensor
+    ) -> Callable[[], None]:
+        """The branch that writes the auxiliary records: their backward passes inline, their writes out of line.
+
+        Why inline: a backward pass reads forward tensors for their shape only (an
+        `AddV2`'s gradient reads its operands' shapes). In the step's graph the
+        optimizer drops such reads once they are dead; a function call keeps every
+        tensor it is handed as a live input, and an extra reader of a `MatMul`'s
+        output stops grappler's remapper from fusing it with its bias add and
+        activation, which changes the forward pass's last bits. Inline, the branch's
+        ops are the step's own and its dead reads go. The writes stay one call
+        (`summary.graph.cond_out_of_line`), handed the passes' results only.
+        """
+
+        def run() -> None:
+            plan = auxiliary()
+            when(record, lambda: write_step(plan, step, record=True, writer=self.writer, flush=True))
+
+        return run
 
     @staticmethod
     def _shadow_weight_map(logged: Any) -> GradientMap:
