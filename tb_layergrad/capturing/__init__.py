@@ -9,6 +9,7 @@ Modules, one job each:
   layer_hooks      -- the `call` wrapper installed on a layer instance, and its removal
   layer_capture    -- `capture(model, ...)`: the context manager and `Capture.gradients()`
   gradient_map     -- `GradientMap`, what `Capture.gradients()` returns (per-layer entries)
+  records          -- one recorded layer output (its key, sub-outputs, element count) and the weight entries
   targets          -- extra scalar targets (`{name: fn(y_pred)}`), validated once
   rnn_probe        -- per-timestep dL/dh_t of recurrent layers (an additive probe on the cell)
   preactivation    -- a layer's pre-activation, seen in the forward pass that runs anyway (per-example norms)

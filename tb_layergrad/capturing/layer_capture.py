@@ -39,73 +39,17 @@ from tb_layergrad.capturing.layer_hooks import LayerHooks
 from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
 from tb_layergrad.capturing.per_example_pass import PerExamplePass
+from tb_layergrad.capturing.records import (
+    LayerOutputs,
+    Record,
+    flatten_output,
+    is_differentiable,
+    is_recorded,
+    static_elements,
+    weight_entries,
+)
 
 LayerSpec = Union[None, str, Any, Sequence[Union[str, Any]]]
-
-
-try:  # private, but the only way to ask "does any active tape record this tensor?"
-    from tensorflow.python.eager.record import should_record_backprop as _recorded
-except ImportError:  # pragma: no cover - a TF without it: assume recorded, never warn
-
-    def _recorded(tensors: Any) -> bool:
-        return True
-
-
-class _Record:
-    __slots__ = ("node", "call", "sub", "tensor", "recorded", "seq", "tapes")
-
-    def __init__(
-        self,
-        node: LayerNode,
-        call: int,
-        sub: Optional[str],
-        tensor: Any,
-        recorded: bool = True,
-        seq: int = 0,
-        tapes: tuple = (),
-    ):
-        self.node, self.call, self.sub, self.tensor = node, call, sub, tensor
-        self.recorded = recorded
-        self.seq = seq  # position in call-completion order (per-example norms: what ran before a coupling call)
-        self.tapes = tapes  # ids of the tapes it was watched on
-
-    def renumbered(self, call: int) -> "_Record":
-        return _Record(self.node, call, self.sub, self.tensor, self.recorded, self.seq, self.tapes)
-
-    @property
-    def key(self) -> str:
-        key = self.node.path if self.call == 1 else f"{self.node.path}#{self.call}"
-        return key if self.sub is None else f"{key}[{self.sub}]"
-
-
-def _is_differentiable(t: Any) -> bool:
-    return isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_complex)
-
-
-def _flatten_output(out: Any, prefix: Optional[str] = None) -> List[tuple]:
-    """[(sub-key or None, tensor)] for a layer's output structure.
-
-    A single tensor has no sub-key; a tuple/list output is keyed by position
-    and a dict by key, nested levels joined: `0`, `1`, `state][0`, so that the
-    full key reads `path[0]`, `path[state][0]`.
-    """
-    if isinstance(out, tf.Tensor):
-        return [(prefix, out)]
-    if isinstance(out, dict):
-        items = [(str(k), v) for k, v in sorted(out.items(), key=lambda kv: str(kv[0]))]
-    elif isinstance(out, (list, tuple)):
-        items = [(str(i), v) for i, v in enumerate(out)]
-    else:
-        return []
-    flat: List[tuple] = []
-    for key, value in items:
-        flat.extend(_flatten_output(value, key if prefix is None else f"{prefix}][{key}"))
-    return flat
-
-
-def _static_elements(t: Any) -> int:
-    n = t.shape.num_elements() if t.shape.rank is not None else None
-    return -1 if n is None else int(n)
 
 
 class Capture(LayerHooks):
@@ -157,7 +101,7 @@ class Capture(LayerHooks):
         self._last: Optional[tuple] = None
         #: Do `gradients()` results carry the layer outputs (`GradientMap.activations`), for the summary to write?
         self.with_activations = bool(activations)
-        self._records: List[_Record] = []
+        self._records: List[Record] = []
         # id -> the tape itself: held, so that a freed wrapper's id, reused by a new object, is no false match.
         self._used_tapes: Dict[int, Any] = {}
 
@@ -205,7 +149,7 @@ class Capture(LayerHooks):
 
         def call_and_note(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
-            if any(self._belongs_to_this_pass(t) for _, t in _flatten_output(out)):
+            if any(self._belongs_to_this_pass(t) for _, t in flatten_output(out)):
                 self._per_example.note_coupling(node, args, kwargs, len(self._records))
             return out
 
@@ -214,7 +158,7 @@ class Capture(LayerHooks):
 
     def _record(self, node: LayerNode, out: Any) -> Optional[int]:
         """Record this call's outputs; returns the position of the first one, or None (not of this pass)."""
-        tensors = [(s, t) for s, t in _flatten_output(out) if self._belongs_to_this_pass(t)]
+        tensors = [(s, t) for s, t in flatten_output(out) if self._belongs_to_this_pass(t)]
         if not tensors:
             return None
         call = self._next_call(node)
@@ -222,11 +166,11 @@ class Capture(LayerHooks):
         with self._lock:
             first = len(self._records)
             for sub, t in tensors:
-                watched = bool(self._tapes) or not _is_differentiable(t) or bool(_recorded([t]))
-                self._records.append(_Record(node, call, sub, t, watched, len(self._records), tapes))
+                watched = bool(self._tapes) or not is_differentiable(t) or bool(is_recorded([t]))
+                self._records.append(Record(node, call, sub, t, watched, len(self._records), tapes))
         for tape in self._tapes:
             for _, t in tensors:
-                if _is_differentiable(t):
+                if is_differentiable(t):
                     tape.watch(t)
         return first
 
@@ -248,13 +192,13 @@ class Capture(LayerHooks):
     def _activation_entries(self) -> Dict[str, Entry]:
         return {
             r.key: Entry(
-                r.tensor, metadata.SOURCE_ACTIVATION, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name
+                r.tensor, metadata.SOURCE_ACTIVATION, r.node.index, static_elements(r.tensor), r.tensor.dtype.name
             )
             for r in self._ordered_records()
-            if _is_differentiable(r.tensor)
+            if is_differentiable(r.tensor)
         }
 
-    def _ordered_records(self) -> List[_Record]:
+    def _ordered_records(self) -> List[Record]:
         return sorted(self._records, key=lambda r: (r.node.index, r.call))
 
     def gradients(self, tape: Any, target: Any, name: str = metadata.DEFAULT_TARGET) -> GradientMap:
@@ -285,7 +229,7 @@ class Capture(LayerHooks):
             )
         return self._gradients(tape, target, name, self._ordered_records(), self._per_example, warn=True)
 
-    def records_watched_on(self, tape: Any) -> List["_Record"]:
+    def records_watched_on(self, tape: Any) -> List["Record"]:
         """The records of this pass watched on `tape`, in model order; None: those no tape watched."""
         return [r for r in self._ordered_records() if (id(tape) in r.tapes if tape is not None else not r.tapes)]
 
@@ -311,7 +255,7 @@ class Capture(LayerHooks):
         tape: Any,
         target: Any,
         name: str,
-        records: List["_Record"],
+        records: List["Record"],
         per_example_pass: Optional[PerExamplePass],
         warn: bool,
     ) -> GradientMap:
@@ -324,7 +268,7 @@ class Capture(LayerHooks):
                 "for several targets."
             )
         variables = list(self.model.trainable_variables)
-        differentiable = [r for r in records if _is_differentiable(r.tensor)]
+        differentiable = [r for r in records if is_differentiable(r.tensor)]
         sources: tuple = (variables, [r.tensor for r in differentiable])
         if per_example_pass is not None:  # the δ sources ride along in the same single tape call
             sources += (per_example_pass.sources(),)
@@ -351,11 +295,11 @@ class Capture(LayerHooks):
         for r in records:
             g = grad_of.get(id(r))
             entries[r.key] = Entry(
-                g, metadata.SOURCE_OUTPUT, r.node.index, _static_elements(r.tensor), r.tensor.dtype.name
+                g, metadata.SOURCE_OUTPUT, r.node.index, static_elements(r.tensor), r.tensor.dtype.name
             )
         weight_owners: List[tuple] = []
         if self.weights:
-            entries.update(self._weight_entries(variables, var_grads, weight_owners))
+            entries.update(weight_entries(self.tree, self.nodes, variables, var_grads, weight_owners))
         activations = self._activation_entries() if self.with_activations else None
         per_example = None
         if per_example_pass is not None:
@@ -393,40 +337,6 @@ class Capture(LayerHooks):
     def last_gradients(self) -> Optional[GradientMap]:
         """The result of the last `gradients()` call of this pass (None before it)."""
         return None if self._last is None else self._last[2]
-
-    def _weight_entries(
-        self, variables: List[Any], grads: List[Any], owners_out: Optional[List[tuple]] = None
-    ) -> Dict[str, Entry]:
-        owners = self.tree.variable_paths()
-        chosen = {node.index for node in self.nodes}
-        chosen_layers = [node for node in self.nodes]
-        entries: Dict[str, Entry] = {}
-        for var, g in zip(variables, grads):
-            path, owner = owners.get(id(var), (getattr(var, "path", var.name), self.tree.root))
-            if owner.index not in chosen and not any(path.startswith(n.path + "/") for n in chosen_layers):
-                continue
-            entries[path] = Entry(
-                g,
-                metadata.SOURCE_WEIGHT,
-                owner.index,
-                _static_elements(var),
-                var.dtype.name if hasattr(var.dtype, "name") else str(var.dtype),
-            )
-            if owners_out is not None:
-                owners_out.append((path, var, owner, g))
-        return entries
-
-
-class LayerOutputs(dict):
-    """`Capture.activations()`: layer path -> forward value, in model order; `indexes` keeps each layer's position.
-
-    A dict, so that it passes through `tf.nest` (a `tf.function` may return it);
-    rebuilt there, it loses `indexes` (the positions are then the dict's order).
-    """
-
-    def __init__(self, values: Optional[Dict[str, Any]] = None, indexes: Optional[Dict[str, int]] = None):
-        super().__init__(values or {})
-        self.indexes = dict(indexes or {})
 
 
 def capture(
