@@ -52,6 +52,7 @@ USES = {
     "anomalies": ["run", "layer", "target", "source", "start", "end"],
     "examples": ["run", "layer", "target", "source", "start", "end", "points", "step"],
     "noise_scale": ["run", "start", "end"],
+    "hparams": ["run"],
 }
 # Routes that read per-example records: fuzzed on tests/examples_fixtures.py's logdir, which has them;
 # `anomalies` (its `dominated`) there too, besides the hostile logdir.
