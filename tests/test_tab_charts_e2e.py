@@ -118,7 +118,8 @@ def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
     cf.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
     # The overview's tooltip.
     frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
-    canvas = frame.locator(".lg-heatmap-canvas")
+    # Drawn, not only attached: the tooltip needs the matrix the heatmap was drawn from.
+    canvas = frame.locator(f".lg-heatmap-canvas[data-cols='{cf.STEPS}']")
     canvas.wait_for()
     box = canvas.bounding_box()
     canvas.hover(position={"x": 5.5 * box["width"] / cf.STEPS, "y": 0.5 * box["height"] / 2})
