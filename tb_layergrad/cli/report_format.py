@@ -15,18 +15,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from tb_layergrad import metadata
 from tb_layergrad.cli.report_sort import order, split_sort  # noqa: F401 - `report` offers split_sort
-from tb_layergrad.reader import anomalies, hparams
+from tb_layergrad.reader import anomalies, hparams, verdict
 
 if TYPE_CHECKING:
     from tb_layergrad.cli.report import Report
 
-LABELS = {
-    "nonfinite": "NaN/Inf",
-    "vanishing": "vanishing",
-    "exploding": "exploding",
-    "dead": "dead",
-    "vanishing_through_time": "vanishing through time",
-}
+LABELS = verdict.LABELS  # the words of each state, as every reader shows them
 WIDTH = 100
 
 
