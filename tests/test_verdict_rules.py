@@ -91,3 +91,19 @@ def test_the_states_in_their_order():
         "vanishing_through_time",
         "ok",
     )
+
+
+def test_the_two_measures_of_vanishing_over_steps():
+    """step_decay: medians of the first and last EDGE_STEPS usable norms; target_fall: of the target's value."""
+    from tb_layergrad.reader import trends
+
+    norms = np.r_[[2.0, 1.0, 1.0, np.nan, 0.0, 1.0, 1.0], np.full(5, 1e-3), [np.nan]]  # NaN, 0: not usable
+    assert trends.step_decay(norms) == -3.0 and trends.step_decay(norms[:9]) is None  # 9 usable: too few
+    assert trends.step_decay(norms, np.r_[np.zeros(12), 0]) == -3.0
+    assert trends.collapse_step(np.arange(13) * 10, norms) == 70
+    minimax = np.r_[np.full(5, -0.45), np.full(5, -1e-5)]  # minimized, it rose towards 0
+    assert trends.target_fall(trends.target_edges(minimax)) == (-0.45 + 1e-5) / 0.45
+    assert trends.target_fall(trends.target_edges(np.r_[np.full(5, 2.0), np.full(5, 1e-6)])) == (2.0 - 1e-6) / 2.0
+    assert trends.target_fall(trends.target_edges(np.zeros(10))) is None and trends.target_fall(None) is None
+    assert trends.collapsed(-2.0, 0.49) and not trends.collapsed(-1.99, -1.0) and not trends.collapsed(-5.0, 0.5)
+    assert not trends.collapsed(-5.0, None) and not trends.collapsed(None, -1.0)

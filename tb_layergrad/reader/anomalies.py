@@ -393,7 +393,7 @@ def evaluate(
                 timestep_decay=timestep_decay(ts) if ts else None,
                 has_timesteps=ts is not None,
                 step_decay=trends.step_decay(m["norm"][i, cols], m["nonfinite"][i, cols]),
-                decay_step=trends.collapse_step(steps[cols], m["norm"][i, cols]),
+                decay_step=trends.collapse_step(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
             )
         )
     edges = trends.target_edges(target_values) if target_values is not None else None

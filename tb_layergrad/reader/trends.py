@@ -78,29 +78,41 @@ def timestep_decay(norm_vectors: Sequence[np.ndarray], window: int = TREND_WINDO
 
 
 def _edges(row: np.ndarray, usable: np.ndarray) -> Optional[tuple]:
-    """(median of the first EDGE_STEPS usable values, of the last EDGE_STEPS, their indices); None with fewer
-    than 2 x EDGE_STEPS usable values (the two ends would overlap)."""
+    """(median of the first EDGE_STEPS usable values, of the last EDGE_STEPS); None with fewer than
+    2 x EDGE_STEPS usable values (the two ends would overlap)."""
     idx = np.flatnonzero(usable)
     if idx.size < 2 * EDGE_STEPS:
         return None
-    return float(np.median(row[idx[:EDGE_STEPS]])), float(np.median(row[idx[-EDGE_STEPS:]])), idx
+    return float(np.median(row[idx[:EDGE_STEPS]])), float(np.median(row[idx[-EDGE_STEPS:]]))
+
+
+def _usable(norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray]) -> np.ndarray:
+    """bool: the steps whose norm is finite and > 0 and that hold no NaN/Inf (what the two ends are made of)."""
+    with np.errstate(invalid="ignore"):
+        usable = np.isfinite(norm_row) & (norm_row > 0)
+        if nonfinite_row is not None:
+            usable &= ~(np.asarray(nonfinite_row, dtype=np.float64) > 0)
+    return usable
 
 
 def step_decay(norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray] = None) -> Optional[float]:
     """How far a layer's gradient fell over the run, in decades.
 
-    log10(late / early): `early` is the median norm of the layer's first EDGE_STEPS logged steps whose norm is
-    finite and > 0 and that hold no NaN/Inf, `late` that of its last EDGE_STEPS such steps. -3.0: the gradient
-    ends 1000 times smaller than it began. None with fewer than 2 x EDGE_STEPS such steps.
+    Args:
+      norm_row: the layer's norm at each logged step (NaN where not recorded).
+      nonfinite_row: its NaN/Inf count at each step; steps holding any are left out.
 
-    Example: `step_decay(np.r_[np.ones(6), np.full(6, 1e-3)])` is -3.0.
+    Returns:
+      log10(late / early): `early` is the median norm of the layer's first EDGE_STEPS logged steps whose norm
+      is finite and > 0 and that hold no NaN/Inf, `late` that of its last EDGE_STEPS such steps. -3.0: the
+      gradient ends 1000 times smaller than it began. None with fewer than 2 x EDGE_STEPS such steps.
+
+    Example:
+
+        step_decay(np.r_[np.ones(6), np.full(6, 1e-3)])  # -3.0
     """
     norm_row = np.asarray(norm_row, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        usable = np.isfinite(norm_row) & (norm_row > 0)
-        if nonfinite_row is not None:
-            usable &= ~(np.asarray(nonfinite_row, dtype=np.float64) > 0)
-    edges = _edges(norm_row, usable)
+    edges = _edges(norm_row, _usable(norm_row, nonfinite_row))
     return None if edges is None else math.log10(edges[1]) - math.log10(edges[0])
 
 
@@ -130,12 +142,12 @@ def collapsed(decay: Optional[float], fall: Optional[float]) -> bool:
     return decay is not None and fall is not None and decay <= -STEP_DECAY_DECADES and fall < TARGET_FALL
 
 
-def collapse_step(steps: np.ndarray, norm_row: np.ndarray) -> Optional[int]:
+def collapse_step(steps: np.ndarray, norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray] = None) -> Optional[int]:
     """The first logged step whose norm is at most 10^-STEP_DECAY_DECADES x the layer's early level (that of
-    `step_decay`): where its collapse is first seen. None if none is (or the row has no early level)."""
+    `step_decay`, same arguments with the steps): where its collapse is first seen. None if none is (or the row
+    has no early level)."""
     norm_row = np.asarray(norm_row, dtype=np.float64)
-    with np.errstate(invalid="ignore"):
-        usable = np.isfinite(norm_row) & (norm_row > 0)
+    usable = _usable(norm_row, nonfinite_row)
     edges = _edges(norm_row, usable)
     if edges is None:
         return None

@@ -130,7 +130,7 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
                 found = Verdict(kind, False, int(steps[hits[0]]), f"{kind} {hits.size}/{s.recorded}")
                 break
         if found is None and trends.collapsed(s.step_decay, trends.target_fall(run.target_edges)):
-            step = s.decay_step
+            step = s.decay_step if s.decay_step is not None else s.last_step
             found = Verdict(VANISHING_OVER_STEPS, True, step, f"{LABELS[VANISHING_OVER_STEPS]} @{step}")
         if found is None and s.timestep_decay is not None and s.timestep_decay <= -TIME_DECAY_DECADES:
             found = Verdict(VANISHING_THROUGH_TIME, True, s.last_step, LABELS[VANISHING_THROUGH_TIME])
