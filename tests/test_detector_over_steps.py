@@ -6,6 +6,7 @@ and `load()`. docs/ANOMALIES.md ("Vanishing over steps") states the numbers meas
 
 from __future__ import annotations
 
+import json
 import math
 
 import known_answer_fixtures as ka
@@ -85,3 +86,17 @@ def test_report_and_load_tell_the_same(logdir, bodies):
 
 def _over(entry: dict) -> bool:
     return entry["verdict"]["state"] == verdict.VANISHING_OVER_STEPS
+
+
+def test_fail_on_vanishing_over_steps(logdir, capsys):
+    from tb_layergrad import cli
+
+    assert cli.main(["report", logdir, "--run", "regression", "--fail-on", "vanishing_over_steps"]) == 0
+    capsys.readouterr()
+    assert (
+        cli.main(["report", logdir, "--run", "stall_3", "--fail-on", "vanishing_over_steps", "--format", "json"]) == 3
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert [(f["layer"], f["condition"], f["step"]) for f in doc["failures"]] == [
+        (ka.path(x), "vanishing_over_steps", ka.K) for x in ka.LAYERS
+    ]

@@ -149,7 +149,8 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         lines.append("")
         if report.failures:
             for f in report.failures:
-                what = "NaN/Inf gradient since step" if f["condition"] == "nan" else f"{f['condition']} at step"
+                since = {"nan": "NaN/Inf gradient since step", "vanishing_over_steps": "collapsed from step"}
+                what = since.get(f["condition"], f"{f['condition']} at step")
                 lines.append(
                     shorten(
                         f"FAIL {f['condition']}: {run_label(f['run'], f['target'])}, layer {f['layer']}: "
