@@ -223,7 +223,9 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
         {"run": "train", "view": "compare", "layer": "net/lstm", "runs": json.dumps(["train", "eval"]), "step": 8},
     )
     frame.wait_for_selector('.lg-compare path.lg-line[data-series="eval"]')
-    assert frame.locator(".lg-run-chip.lg-on").all_inner_texts() == ["eval", "train"]  # chips in name order
+    # The run list in name order, the compared runs ticked.
+    assert frame.locator(".lg-run-item.lg-on .lg-run-item-name").all_inner_texts() == ["eval", "train"]
+    assert frame.locator(".lg-run-item.lg-on input").evaluate_all("els => els.every(e => e.checked)")
     legend = frame.locator(".lg-panel-wide .lg-legend-name").all_inner_texts()
     assert legend == ["train", "eval"]
     colours = frame.locator(".lg-panel-wide path.lg-line").evaluate_all("els => els.map(e => e.getAttribute('stroke'))")
@@ -254,8 +256,8 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
         tf_.numpy_stats(zeta)["norm"], rel=0, abs=tf_.shown_atol(zeta, "norm")
     )
     # Picking a run adds it with a new colour; the others keep theirs.
-    frame.locator(".lg-run-chip", has_text=HOSTILE_RUN).click()
-    frame.wait_for_function("() => document.querySelectorAll('.lg-run-chip.lg-on').length === 3")
+    frame.locator(".lg-run-item", has_text=HOSTILE_RUN).locator("input").check()
+    frame.wait_for_function("() => document.querySelectorAll('.lg-run-item.lg-on').length === 3")
     assert json.loads(parent_state(page)["runs"]) == ["train", "eval", HOSTILE_RUN]
     frame.wait_for_selector(".lg-panel-wide .lg-legend-item:nth-child(3)")
     after = frame.locator(".lg-panel-wide .lg-legend-item .lg-swatch").evaluate_all(
@@ -278,7 +280,7 @@ def test_hostile_run_and_layer_names_render_as_text(env):
         "(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=HOSTILE_LAYER
     )
     frame.locator(".lg-tab", has_text="Compare runs").click()
-    frame.wait_for_selector(".lg-run-chip.lg-on")
+    frame.wait_for_selector(".lg-run-item.lg-on")
     time.sleep(0.5)
     for f in (page, frame):
         assert f.evaluate("() => document.querySelectorAll('img').length") == 0
@@ -630,8 +632,8 @@ def test_attribute_breakout_names_render_as_text_in_every_view(env):
         {"run": HOSTILE_ATTR_RUN, "view": "compare", "layer": "net/first", "runs": json.dumps(list(HOSTILE_RUNS))},
     )
     frame.wait_for_selector(".lg-compare path.lg-line")
-    assert texts(frame, ".lg-run-chip-name") == all_runs
-    assert texts(frame, ".lg-run-chip.lg-on .lg-run-chip-name") == sorted(HOSTILE_RUNS)
+    assert texts(frame, ".lg-run-item-name") == all_runs
+    assert texts(frame, ".lg-run-item.lg-on .lg-run-item-name") == sorted(HOSTILE_RUNS)
     assert texts(frame, ".lg-compare .lg-note") == [f"No layer 'first' in: {HOSTILE_ATTR_RUN}."]
     assert set(texts(frame, ".lg-panel-wide .lg-legend-name")) <= set(HOSTILE_RUNS)
     assert HOSTILE_RUN in texts(frame, ".lg-panel-wide .lg-legend-name") and HOSTILE_JS_RUN in texts(
