@@ -31,8 +31,10 @@ from tab_fixtures import (  # noqa: E402
     HOSTILE_RUN,
     HOSTILE_RUNS,
     HOSTILE_TARGET,
+    INJECTED_JS,
     NAN_LAYER,
     NAN_STEP,
+    assert_nothing_injected,
 )
 from tensorboard_process import PLUGIN_API  # noqa: E402
 
@@ -528,28 +530,8 @@ def test_polls_only_while_the_tab_is_visible(env):
 
 # -- hostile names: attribute breakouts, </script>, javascript:, in every view ---------------
 
+
 # Anything a payload could have turned into if it had been parsed as HTML.
-INJECTED_JS = r"""() => {
-  const bad = [];
-  for (const el of document.querySelectorAll('*')) {
-    for (const a of el.attributes) {
-      if (/^on/i.test(a.name) || a.name === 'autofocus') bad.push(`${el.tagName} ${a.name}=${a.value}`);
-      if (['href', 'src', 'action', 'formaction', 'xlink:href'].includes(a.name) && /^\s*javascript:/i.test(a.value)) bad.push(`${el.tagName} ${a.name}=${a.value}`);
-    }
-    if (el.tagName === 'SCRIPT' && /alert\(/.test(el.textContent)) bad.push('script: ' + el.textContent.slice(0, 80));  // the payloads'
-    if (el.tagName === 'IMG' || el.tagName === 'IFRAME' && !el.src.includes('plugin_entry.html')) bad.push(`${el.tagName} ${el.getAttribute('src')}`);
-  }
-  return bad;
-}"""
-
-
-def assert_nothing_injected(b, frame):
-    for f in (b.page, frame):
-        assert f.evaluate(INJECTED_JS) == [], f.url
-    assert frame.evaluate("() => window.__cspViolations") == []
-    assert b.dialogs == []
-
-
 def texts(frame, selector: str):
     """textContent (not innerText: hidden options count too) of every match."""
     return frame.locator(selector).evaluate_all("els => els.map(e => e.textContent)")
