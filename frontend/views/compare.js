@@ -16,6 +16,9 @@ import { NoiseScalePanel } from "./noise_panel.js";
 import { RunPicker } from "./run_picker.js";
 import { SmoothingControl } from "./smoothing_control.js";
 
+/** The most runs compared at once (the `compare` route's limit, docs/HTTP_API.md). */
+const MAX_RUNS = 200;
+
 /** The statistic compared: the overview's colour, unless it is a per-example one (those are not compared). */
 function compared(state) {
   return EXAMPLE_STATS.includes(state.stat) ? "norm" : state.stat;
@@ -157,11 +160,14 @@ export class CompareView {
     const recolor = colorKey !== this.colorKey;
     this.colorKey = colorKey;
     this.picker.update(this.app.runs.runs.map((r) => r.run), runs, (r) => this._color(r));
-    this.noise.show(this._noiseRuns(runs));
-    if (!runs.length || !key) {
+    const tooMany = runs.length > MAX_RUNS;
+    this.noise.show(tooMany ? [] : this._noiseRuns(runs));
+    if (!runs.length || !key || tooMany) {
       const why = !runs.length
         ? "No run chosen: tick runs in the list above (or All)."
-        : state.of === "activation"
+        : tooMany
+          ? `${runs.length} runs ticked: at most ${MAX_RUNS} can be compared at once. Untick some (the filter and None help).`
+          : state.of === "activation"
           ? "Nothing to compare: none of these runs recorded activations."
           : "Nothing to compare: no run has statistics for this target and source.";
       replace(this.message, note(why));
