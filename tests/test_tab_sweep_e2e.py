@@ -293,6 +293,11 @@ def test_the_run_filter_and_all_or_none(env):
         "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS - 1
     )
     assert "sweep/run_050" not in json.loads(tf_.parent_state(page)["runs"])
+    # The list was updated, not rebuilt: the box keeps the keyboard focus, and Space ticks it again.
+    assert frame.evaluate("() => document.activeElement.closest('.lg-run-item')?.dataset.run") == "sweep/run_050"
+    page.keyboard.press("Space")
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS)
+    assert json.loads(tf_.parent_state(page)["runs"])[-1] == "sweep/run_050"
 
 
 def test_hostile_run_names_are_text_in_the_list_and_the_legends(env):

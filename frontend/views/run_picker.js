@@ -30,6 +30,8 @@ export class RunPicker {
     this.all = [];
     this.chosen = [];
     this.colorOf = () => "";
+    this.listed = null; // the runs the rows are for (JSON)
+    this.rows = new Map();
     this.filter = h("input", {
       type: "search",
       class: "lg-run-filter",
@@ -71,8 +73,20 @@ export class RunPicker {
     this.filter.setAttribute("aria-invalid", f.error ? "true" : "false");
     const shown = this.all.filter((r) => f.test(r));
     const on = new Set(this.chosen);
-    replace(this.list, shown.map((name) => this._row(name, on.has(name))));
-    if (!shown.length) this.list.appendChild(h("div", { class: "lg-note", text: f.error ? "fix the expression to see runs" : "no run matches the filter" }));
+    if (JSON.stringify(shown) !== this.listed || !shown.length) {
+      // Other runs listed: new rows. The same runs: the rows are updated in place, so that a ticked box keeps
+      // the keyboard focus and the list its scroll position.
+      this.listed = JSON.stringify(shown);
+      this.rows = new Map(shown.map((name) => [name, this._row(name)]));
+      replace(this.list, [...this.rows.values()].map((r) => r.el));
+      if (!shown.length) this.list.appendChild(h("div", { class: "lg-note", text: f.error ? "fix the expression to see runs" : "no run matches the filter" }));
+    }
+    for (const [name, row] of this.rows) {
+      row.on = on.has(name);
+      row.el.classList.toggle("lg-on", row.on);
+      row.box.checked = row.on;
+      row.swatch.style.background = row.on ? this.colorOf(name) : "transparent";
+    }
     const picked = shown.filter((r) => on.has(r)).length;
     this.allBtn.disabled = picked === shown.length;
     this.noneBtn.disabled = picked === 0;
@@ -82,20 +96,24 @@ export class RunPicker {
     this.count.textContent = `${this.chosen.length} of ${this.all.length} runs compared${filtered}`;
   }
 
-  _row(name, on) {
-    const box = h("input", { type: "checkbox", checked: on, on: { change: () => this._toggle(name, box.checked) } });
-    return h(
+  /** A run's row: {el, box, swatch, on}; `_render` ticks it and colours it. */
+  _row(name) {
+    const row = { on: false };
+    row.box = h("input", { type: "checkbox", on: { change: () => this._toggle(name, row.box.checked) } });
+    row.swatch = h("span", { class: "lg-swatch" });
+    row.el = h(
       "label",
       {
-        class: on ? "lg-run-item lg-on" : "lg-run-item",
+        class: "lg-run-item",
         dataset: { run: name },
         title: name,
-        on: { mouseenter: () => this.onHover(on ? name : null), mouseleave: () => this.onHover(null) },
+        on: { mouseenter: () => this.onHover(row.on ? name : null), mouseleave: () => this.onHover(null) },
       },
-      box,
-      h("span", { class: "lg-swatch", style: { background: on ? this.colorOf(name) : "transparent" } }),
+      row.box,
+      row.swatch,
       h("span", { class: "lg-run-item-name", text: name }),
     );
+    return row;
   }
 
   _toggle(name, on) {
