@@ -104,5 +104,6 @@ export const api = {
   anomalies: (p, o) => getJSON("anomalies", p, o),
   examples: (p, o) => getJSON("examples", p, o),
   noiseScale: (p, o) => getJSON("noise_scale", p, o),
+  hparams: (p = {}, o) => getJSON("hparams", p, o),
   csvUrl: (p) => routeUrl("csv", p),
 };
