@@ -76,15 +76,16 @@ def write_run(
     block_steps: Optional[int] = None,
     seed: int = 0,
     gain: float = 1.0,
+    target: str = metadata.DEFAULT_TARGET,
 ) -> Dict[str, np.ndarray]:
     """One run of `stats` records; returns the tables (none with `keep=False`). `block_steps`: a version-2
     group's blocks as given (a power of two), not as the layer count sets them, for many blocks in few steps.
-    `seed`, `gain`: another run's values (`stats_table`)."""
+    `seed`, `gain`: another run's values (`stats_table`); `target`: the differentiated scalar named."""
     import tensorflow as tf  # its C++ TFRecord writer: event files are TFRecords
 
     os.makedirs(path, exist_ok=True)
     infos = [
-        metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
+        metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, target=target, index=i + 1, dtype="float32")
         for i, layer in enumerate(layers)
     ]
     tables = {
