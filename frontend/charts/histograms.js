@@ -7,6 +7,7 @@
 import { h, s, clear, replace } from "../dom.js";
 import { fmtNum, fmtPercent } from "../format.js";
 import { COLORS } from "./colors.js";
+import { markHighlighted } from "./highlight.js";
 import { linearScale, niceDomain } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
@@ -157,13 +158,8 @@ export class HistogramChart {
   highlight(key) {
     this.highlighted = key ?? null;
     const mark = this.byKey && key !== null && key !== undefined ? this.byKey.get(key) : null;
-    this.svg.classList.toggle("lg-dimmed", Boolean(mark));
-    this.legend.classList.toggle("lg-dimmed", Boolean(mark));
-    for (const el of this.root.querySelectorAll(".lg-hi")) el.classList.remove("lg-hi");
-    if (!mark) return;
-    mark.classList.add("lg-hi");
-    mark.parentNode.appendChild(mark); // drawn last: on top
-    for (const item of this.legend.children) if (item.dataset.key === key) item.classList.add("lg-hi");
+    markHighlighted(this, key, mark ? [mark] : null);
+    if (mark) mark.parentNode.appendChild(mark); // drawn last: on top
   }
 
   _hoverKey(key) {
