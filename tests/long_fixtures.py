@@ -62,9 +62,24 @@ def stats_table(
     return table
 
 
+_DTYPES = {np.dtype(np.float64): types_pb2.DT_DOUBLE, np.dtype(np.uint16): types_pb2.DT_UINT16}
+HIST_BUCKETS = 30
+
+
 def _tensor(values: np.ndarray) -> tensor_pb2.TensorProto:
     shape = tensor_shape_pb2.TensorShapeProto(dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=d) for d in values.shape])
-    return tensor_pb2.TensorProto(dtype=types_pb2.DT_DOUBLE, tensor_shape=shape, tensor_content=values.tobytes())
+    return tensor_pb2.TensorProto(dtype=_DTYPES[values.dtype], tensor_shape=shape, tensor_content=values.tobytes())
+
+
+def histogram_counts(n_layers: int, seed: int) -> np.ndarray:
+    """uint16 [layers, HIST_BUCKETS]: each layer's counts (of ELEMENTS) at every step, a bump placed by `seed` so
+    that each run's histogram has its own shape (docs/FORMAT.md: edges from the same step's stats min and max)."""
+    centre = 0.5 + 0.35 * np.sin(1.7 * seed + np.arange(n_layers))[:, None]
+    x = (np.arange(HIST_BUCKETS) + 0.5) / HIST_BUCKETS
+    bump = np.exp(-(((x[None, :] - centre) / 0.12) ** 2)) + 1e-3
+    counts = np.floor(ELEMENTS * bump / bump.sum(axis=1, keepdims=True))
+    counts[:, 0] += ELEMENTS - counts.sum(axis=1)  # every element counted
+    return counts.astype(np.uint16)
 
 
 def write_run(
@@ -76,15 +91,18 @@ def write_run(
     block_steps: Optional[int] = None,
     seed: int = 0,
     gain: float = 1.0,
+    target: str = metadata.DEFAULT_TARGET,
+    histograms: bool = False,
 ) -> Dict[str, np.ndarray]:
     """One run of `stats` records; returns the tables (none with `keep=False`). `block_steps`: a version-2
     group's blocks as given (a power of two), not as the layer count sets them, for many blocks in few steps.
-    `seed`, `gain`: another run's values (`stats_table`)."""
+    `seed`, `gain`: another run's values (`stats_table`); `target`: the differentiated scalar named; `histograms`: a version-2 `histogram` record beside each `stats`
+    one (`histogram_counts`)."""
     import tensorflow as tf  # its C++ TFRecord writer: event files are TFRecords
 
     os.makedirs(path, exist_ok=True)
     infos = [
-        metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
+        metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, target=target, index=i + 1, dtype="float32")
         for i, layer in enumerate(layers)
     ]
     tables = {
@@ -112,10 +130,17 @@ def write_run(
             if block_steps is not None:
                 group = dataclasses.replace(group, block_steps=block_steps)
             meta = metadata.create_group_metadata(group)
+            hists = [dataclasses.replace(info, kind=metadata.KIND_HISTOGRAM) for info in infos]
+            hgroup = dataclasses.replace(
+                metadata.GroupInfo.of(metadata.KIND_HISTOGRAM, hists), block_steps=group.block_steps
+            )
+            hmeta, counts = metadata.create_group_metadata(hgroup), histogram_counts(len(infos), seed)
             rows = np.stack([tables[info.layer] for info in infos], axis=1)  # [steps, layers, fields]
             for step in range(steps):
                 first = metadata.block_start(step, group.block_steps) == step or step == 0
                 writer.write(event(step, group.tag_at(step), meta if first else None, rows[step]))
+                if histograms:
+                    writer.write(event(step, hgroup.tag_at(step), hmeta if first else None, counts))
     return tables if keep else {}
 
 

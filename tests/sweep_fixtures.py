@@ -1,6 +1,6 @@
 """A sweep of RUNS runs for the compare view at scale (tests/test_tab_sweep_e2e.py, scripts, bench).
 
-Each run: STEPS steps of LAYERS' `stats` records (`long_fixtures.write_run`: framed as the summary ops write
+Each run: STEPS steps of LAYERS' `stats` and `histogram` records (`long_fixtures.write_run`: framed as the summary ops write
 them, fast), its own noise and size (`gain`: the runs' norms are spread over two decades, so that each line can
 be told from the next), and its hyperparameters written with TensorBoard's HParams API (`hp.hparams`) in the
 run's own folder:
@@ -57,7 +57,7 @@ def write_sweep_logdir(logdir: str) -> Dict[str, Dict[str, object]]:
     out: Dict[str, Dict[str, object]] = {}
     for k, name in enumerate(NAMES):
         path = os.path.join(logdir, name)
-        lf.write_run(path, LAYERS, STEPS, keep=False, seed=k + 1, gain=gain(k))
+        lf.write_run(path, LAYERS, STEPS, keep=False, seed=k + 1, gain=gain(k), histograms=True)
         values = hparams_of(k)
         if values:
             with tf.summary.create_file_writer(path, filename_suffix=".hparams").as_default():

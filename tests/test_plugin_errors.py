@@ -20,17 +20,18 @@ ROUTES = {
     "tensor": {"run": "train", "layer": TENSOR_LAYER},
     "timesteps": {"run": "train", "layer": RNN_LAYER},
     "compare": {"run": "train", "layer": TENSOR_LAYER},
+    "depth": {"run": "train", "step": "3"},
     "csv": {"run": "train"},
     "anomalies": {"run": "train"},
 }
 USES = {
     "layer": {"stats", "histograms", "tensor", "timesteps", "compare"},
     "target": set(ROUTES) - {"runs"},
-    "source": {"matrix", "stats", "histograms", "tensor", "compare", "csv", "anomalies"},
-    "stat": {"matrix", "compare"},
+    "source": {"matrix", "stats", "histograms", "tensor", "compare", "depth", "csv", "anomalies"},
+    "stat": {"matrix", "compare", "depth"},
     "start": {"matrix", "stats", "histograms", "timesteps", "compare", "csv", "anomalies"},  # and "end"
     "max_steps": {"matrix", "stats", "histograms", "timesteps", "compare"},
-    "step": {"tensor"},
+    "step": {"tensor", "depth"},
 }
 HOSTILE_NAMES = [
     "nope",
@@ -117,7 +118,7 @@ def test_missing_empty_and_repeated_names_are_400(tb, route):
         if param not in ROUTES[route]:
             pairs.append((param, value))
         check_error(tb.get(route, pairs), 400)
-    if route != "compare":  # compare takes several runs on purpose
+    if route not in ("compare", "depth"):  # these take several runs on purpose
         pairs = list(query(route).items()) + [("run", "train"), ("run", "eval")]
         check_error(tb.get(route, pairs), 400)
 
@@ -169,6 +170,11 @@ def test_compare_limits(tb):
     body = check_error(tb.get("compare", too_many + [("layer", TENSOR_LAYER)]), 400)
     assert f"at most {LIMIT} runs" in body["error"] and f"got {LIMIT + 1}" in body["error"]
     check_error(tb.get("noise_scale", too_many), 400)
+    body = check_error(tb.get("depth", too_many), 400)
+    assert f"at most {LIMIT} runs" in body["error"]
+    check_error(tb.get("depth", {}), 400)
+    check_error(tb.get("depth", too_many[:-1]), 404)
+    check_error(tb.get("depth", [("run", "train"), ("run", "nope")]), 404)
     # As many as allowed: checked for existence (404), not refused for their number.
     check_error(tb.get("compare", too_many[:-1] + [("layer", TENSOR_LAYER)]), 404)
     check_error(tb.get("compare", [("run", "train"), ("run", "nope"), ("layer", TENSOR_LAYER)]), 404)

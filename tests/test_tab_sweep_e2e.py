@@ -3,7 +3,9 @@
 tests/sweep_fixtures.py's 100 runs x 1,000 steps with hyperparameters logged by `hp.hparams`: all 100 compared
 are 100 lines of 1,000 points, drawn within a second of the data's arrival (the figure is printed for
 docs/PERFORMANCE.md); hovering a line or its legend entry highlights that run in the overlay and the depth
-profile and fades the others; colouring by a numeric hyperparameter orders the colours as the values, by a
+profile and fades the others; the depth profile of all 100 comes in one `depth` request and is drawn within a
+second of the overlay; their histograms at the step are outlines, with a note, and hovering one highlights that
+run everywhere (and hovering elsewhere highlights it there); colouring by a numeric hyperparameter orders the colours as the values, by a
 categorical one gives one colour per value, runs without it grey and counted in the legend; the run list's
 regular-expression filter, "All" and "None"; hostile names as text.
 """
@@ -29,21 +31,22 @@ pytestmark = [pytest.mark.timeout(400), pytest.mark.browser, pytest.mark.slow]
 
 OVERLAY = ".lg-panel-wide"
 DEPTH = ".lg-layer-row .lg-panel:last-child"
+HIST = ".lg-layer-row .lg-panel:first-child"
 NO_VALUE = "rgb(189, 189, 189)"  # frontend/charts/run_colors.js NO_VALUE, as the browser computes it
 # In every frame, before its scripts: when the overlay and the depth profile first hold every run's line.
 DRAWN_SCRIPT = """
 window.__lgDrawn = {};
 (function watch() {
-  const charts = {overlay: '%s path.lg-line', depth: '%s path.lg-line'};
+  const charts = {overlay: '%s path.lg-line', depth: '%s path.lg-line', hist: '%s path.lg-aligned'};
   const tick = () => {
     for (const [name, sel] of Object.entries(charts)) {
       if (!window.__lgDrawn[name] && document.querySelectorAll(sel).length >= %d) window.__lgDrawn[name] = performance.now();
     }
-    if (!window.__lgDrawn.overlay || !window.__lgDrawn.depth) requestAnimationFrame(tick);
+    if (!window.__lgDrawn.overlay || !window.__lgDrawn.depth || !window.__lgDrawn.hist) requestAnimationFrame(tick);
   };
   requestAnimationFrame(tick);
 })();
-""" % (OVERLAY, DEPTH, sf.RUNS)
+""" % (OVERLAY, DEPTH, HIST, sf.RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +79,15 @@ def no_browser_errors(env):
 
 
 def open_sweep(env, runs=None, **state):
-    """The compare view of `runs` (all by default) on net/a, once both line charts hold every run's line."""
+    """The compare view of `runs` (all by default) on net/a, once both line charts hold every run's line and the
+    histograms every run's outline."""
     runs = sf.NAMES if runs is None else runs
     frame = env["browser"].open(
         env["tb"].base, {"view": "compare", "layer": "net/a", "runs": json.dumps(runs), **state}
     )
     frame.wait_for_function(
-        "([a, b, n]) => document.querySelectorAll(a).length === n && document.querySelectorAll(b).length === n",
-        arg=[f"{OVERLAY} path.lg-line", f"{DEPTH} path.lg-line", len(runs)],
+        "([n, ...sel]) => sel.every(s => document.querySelectorAll(s).length === n)",
+        arg=[len(runs), f"{OVERLAY} path.lg-line", f"{DEPTH} path.lg-line", f"{HIST} path.lg-aligned"],
         timeout=60_000,
     )
     return frame
@@ -105,19 +109,28 @@ def luminance(css: str) -> float:
 
 def test_a_hundred_runs_are_a_hundred_lines_drawn_within_a_second(env):
     frame = open_sweep(env)
-    frame.wait_for_function("() => window.__lgDrawn.overlay && window.__lgDrawn.depth")
+    frame.wait_for_function("() => window.__lgDrawn.overlay && window.__lgDrawn.depth && window.__lgDrawn.hist")
     t = frame.evaluate(
         """() => {
           const ends = (route) => performance.getEntriesByType('resource').filter(e => e.name.includes(`/${route}?`)).map(e => e.responseEnd);
-          return {data: Math.max(...ends('compare')), depthData: Math.max(...ends('matrix')), ...window.__lgDrawn};
+          return {data: Math.max(...ends('compare')), depthData: Math.max(...ends('depth')), depthAsked: ends('depth').length,
+                  matrixAsked: ends('matrix').length, histData: Math.max(...ends('histograms')), ...window.__lgDrawn};
         }"""
     )
-    overlay_ms, depth_ms, depth_own_ms = t["overlay"] - t["data"], t["depth"] - t["data"], t["depth"] - t["depthData"]
+    overlay_ms, depth_after_overlay_ms, hist_after_overlay_ms = (
+        t["overlay"] - t["data"],
+        t["depth"] - t["overlay"],
+        t["hist"] - t["overlay"],
+    )
     print(
         f"\ncompare of {sf.RUNS} runs x {sf.STEPS} steps: overlay drawn {overlay_ms:.0f} ms after its data arrived; "
-        f"depth profile {depth_own_ms:.0f} ms after its data ({depth_ms:.0f} ms after the overlay's: one request per run)"
+        f"depth profile (one request, its answer {t['depthData'] - t['data']:+.0f} ms from the overlay's) drawn "
+        f"{depth_after_overlay_ms:.0f} ms after the overlay; histograms (one request per run) "
+        f"{hist_after_overlay_ms:.0f} ms after the overlay"
     )
     assert overlay_ms <= 1000
+    assert (t["depthAsked"], t["matrixAsked"]) == (1, 0)  # every run's profile in one request
+    assert depth_after_overlay_ms <= 1000
     lines = frame.locator(f"{OVERLAY} path.lg-line").evaluate_all(
         "els => els.map(e => [e.dataset.key, e.getAttribute('d')])"
     )
@@ -139,6 +152,13 @@ def dimmed(frame, chart: str):
 
 
 def assert_highlighted(frame, run: str) -> None:
+    hist = frame.locator(f"{HIST} path.lg-aligned").evaluate_all(
+        "els => els.map(e => [e.dataset.key, getComputedStyle(e).strokeOpacity, getComputedStyle(e).strokeWidth, e.classList.contains('lg-hi')])"
+    )
+    assert [k for k, _, _, hi in hist if hi] == [run] and hist[-1][0] == run  # drawn last: on top
+    assert {(o, w) for k, o, w, _ in hist if k == run} == {("1", "3px")}
+    assert {float(o) for k, o, _, _ in hist if k != run} == {0.12}
+    assert frame.locator(f"{HIST} .lg-legend-item.lg-hi .lg-legend-name").all_text_contents() == [run]
     for chart in (OVERLAY, DEPTH):
         style, hi = dimmed(frame, chart)
         assert hi == [run], chart
@@ -177,6 +197,7 @@ def test_hovering_a_line_or_its_legend_entry_highlights_the_run_everywhere(env):
     page.mouse.move(1, 1)
     frame.wait_for_function("() => !document.querySelector('.lg-lines.lg-dimmed')")
     assert dimmed(frame, OVERLAY)[1] == [] and dimmed(frame, DEPTH)[1] == []
+    assert frame.locator(f"{HIST} .lg-hi").count() == 0
     # A legend entry (scrolled to, as a person would): the same highlight.
     other = sf.NAMES[37]
     item = frame.locator(f"{OVERLAY} .lg-legend-item").nth(37)
@@ -189,6 +210,50 @@ def test_hovering_a_line_or_its_legend_entry_highlights_the_run_everywhere(env):
         "(r) => document.querySelector('.lg-panel-wide path.lg-line.lg-hi')?.dataset.key === r", arg=sf.NAMES[5]
     )
     assert_highlighted(frame, sf.NAMES[5])
+    page.mouse.move(1, 1)
+
+
+def test_the_histograms_of_a_hundred_runs_are_outlines_and_hovering_one_highlights_it_everywhere(env):
+    page = env["browser"].page
+    frame = open_sweep(env)
+    note = frame.locator(f"{HIST} .lg-hist-note").inner_text()
+    assert note.startswith(f"{sf.RUNS} runs: each an outline; hover one")
+    svg = frame.locator(f"{HIST} svg.lg-hist")
+    assert "lg-many" in svg.get_attribute("class")
+    assert {
+        (o, f)
+        for o, f in svg.locator("path.lg-aligned").evaluate_all(
+            "els => els.map(e => [getComputedStyle(e).strokeOpacity, getComputedStyle(e).fillOpacity])"
+        )
+    } == {("0.55", "0")}
+    # The outline standing furthest from every other at the middle of one of the common bins.
+    outlines = dict(
+        svg.locator("path.lg-aligned").evaluate_all("els => els.map(e => [e.dataset.key, e.getAttribute('d')])")
+    )
+    points = {k: cf.path_points(d) for k, d in outlines.items()}
+    bins = (len(next(iter(points.values()))) - 2) // 2
+    level = lambda k, b: points[k][1 + 2 * b][1]  # noqa: E731 - the y of run k's bin b
+    gap = lambda k, b: min(abs(level(k, b) - level(o, b)) for o in points if o != k)  # noqa: E731
+    run, b = max(((k, b) for k in points for b in range(bins)), key=lambda kb: gap(*kb))
+    assert gap(run, b) > 2.0  # pixels: the pointer cannot be nearer another outline
+    box = svg.bounding_box()
+    x = (points[run][1 + 2 * b][0] + points[run][2 + 2 * b][0]) / 2
+    svg.scroll_into_view_if_needed()
+    box = svg.bounding_box()
+    page.mouse.move(box["x"] + x, box["y"] + level(run, b))
+    frame.wait_for_selector(f"{HIST} svg.lg-dimmed")
+    frame.wait_for_selector(f"{OVERLAY} svg.lg-dimmed")
+    assert_highlighted(frame, run)
+    # The tooltip: the runs nearest the pointer, the hovered one first, and how many more there are.
+    assert frame.locator(".lg-tooltip tr.lg-tooltip-hi th").all_text_contents() == [run]
+    assert frame.locator(".lg-tooltip tr").count() == 12
+    assert frame.locator(".lg-tooltip-note").inner_text() == f"and {sf.RUNS - 12} more: move closer to an outline"
+    page.mouse.move(1, 1)
+    frame.wait_for_function("() => !document.querySelector('.lg-hist.lg-dimmed, .lg-lines.lg-dimmed')")
+    # Its legend entry, scrolled to: the same.
+    frame.locator(f"{HIST} .lg-legend-item").nth(63).hover()
+    frame.wait_for_selector(f"{DEPTH} svg.lg-dimmed")
+    assert_highlighted(frame, sf.NAMES[63])
     page.mouse.move(1, 1)
 
 

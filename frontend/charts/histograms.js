@@ -1,14 +1,19 @@
 // Histograms as TensorBoard draws them: "offset" (one ridge per step, older ones
 // behind and above) and "overlay" (all steps on one axis), plus aligned-bin
-// overlays of several runs. Buckets are [left, right, count] (docs/HTTP_API.md).
+// overlays of several runs. Buckets are [left, right, count] (docs/HTTP_API.md). Aligned, with `onHover`,
+// the run whose outline (or legend entry) is under the pointer is reported, and `highlight` brings one run
+// forward; beyond MANY runs each is an outline and the tooltip lists the runs nearest the pointer.
 
 import { h, s, clear, replace } from "../dom.js";
 import { fmtNum, fmtPercent } from "../format.js";
 import { COLORS } from "./colors.js";
+import { markHighlighted } from "./highlight.js";
 import { linearScale, niceDomain } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
 const M = { top: 10, right: 56, bottom: 26, left: 16 };
+const HOVER_PX = 6; // an outline this close to the pointer is the one hovered
+const MANY = 12;
 
 /** [min left, max right] over histograms that hold something. */
 export function valueRange(bucketLists) {
@@ -65,7 +70,8 @@ function total(buckets) {
 export class HistogramChart {
   /**
    * @param {HTMLElement} parent
-   * @param {{title?: string, height?: number, onPick?: (key: any) => void}} opts
+   * @param {{title?: string, height?: number, onPick?: (key: any) => void, onHover?: (key: any) => void}} opts
+   * `onHover(key)` (aligned): the run whose outline or legend entry is under the pointer, null when none.
    */
   constructor(parent, opts = {}) {
     this.opts = opts;
@@ -75,6 +81,7 @@ export class HistogramChart {
     this.root = h("div", { class: "lg-chart" }, this.titleEl, this.svg, this.legend);
     parent.appendChild(this.root);
     this.data = null;
+    this.highlighted = null;
     this._resize = new ResizeObserver(() => {
       if (this.data && this.root.clientWidth !== this._width) this.update(this.data);
     });
@@ -95,6 +102,7 @@ export class HistogramChart {
    */
   update(data) {
     this.data = data;
+    this.byKey = null;
     const width = Math.max(260, this.root.clientWidth || 420);
     this._width = this.root.clientWidth;
     const height = this.opts.height || 260;
@@ -133,13 +141,31 @@ export class HistogramChart {
 
     const catcher = s("rect", { x: M.left, y: M.top, width: plotW, height: plotH, class: "lg-catcher" });
     catcher.addEventListener("mousemove", (e) => this._hover(e));
-    catcher.addEventListener("mouseleave", () => tooltip().hide());
+    catcher.addEventListener("mouseleave", () => {
+      tooltip().hide();
+      this._hoverKey(null);
+    });
     catcher.addEventListener("click", (e) => {
       const it = this._itemAt(e);
       if (it && this.opts.onPick && data.mode !== "aligned") this.opts.onPick(it.key);
     });
     if (this.opts.onPick && data.mode !== "aligned") catcher.style.cursor = "pointer";
     svg.appendChild(catcher);
+    this.highlight(this.highlighted);
+  }
+
+  /** Aligned: bring run `key` forward and fade the others (null: none); its legend entry too. */
+  highlight(key) {
+    this.highlighted = key ?? null;
+    const mark = this.byKey && key !== null && key !== undefined ? this.byKey.get(key) : null;
+    markHighlighted(this, key, mark ? [mark] : null);
+    if (mark) mark.parentNode.appendChild(mark); // drawn last: on top
+  }
+
+  _hoverKey(key) {
+    if (!this.opts.onHover || key === this.hoverKey) return;
+    this.hoverKey = key;
+    this.opts.onHover(key);
   }
 
   _legend(items) {
@@ -147,10 +173,12 @@ export class HistogramChart {
       clear(this.legend);
       return;
     }
+    const on = (it) => (this.opts.onHover ? { mouseenter: () => this._hoverKey(it.key), mouseleave: () => this._hoverKey(null) } : null);
+    this.legend.classList.toggle("lg-legend-many", items.length > MANY);
     replace(
       this.legend,
       items.map((it) =>
-        h("span", { class: "lg-legend-item", dataset: { series: it.label } },
+        h("span", { class: "lg-legend-item", dataset: { series: it.label, key: it.key }, on: on(it) },
           h("span", { class: "lg-swatch", style: { background: it.color } }),
           h("span", { class: "lg-legend-name", text: it.label }),
           it.note ? h("span", { class: "lg-legend-note", text: it.note }) : null),
@@ -254,14 +282,18 @@ export class HistogramChart {
     for (const f of fractions) for (const v of f) maxF = Math.max(maxF, v);
     const base = M.top + plotH;
     const y = (v) => base - (maxF ? (v / maxF) * (plotH - 6) : 0);
-    this.layout.aligned = { e, fractions };
+    this.layout.aligned = { e, fractions, y };
+    this.byKey = new Map();
+    this.svg.classList.toggle("lg-many", items.length > MANY);
     items.forEach((it, k) => {
       let d = `M${x(e[0]).toFixed(1)},${base}`;
       fractions[k].forEach((v, b) => {
         d += `L${x(e[b]).toFixed(1)},${y(v).toFixed(1)}L${x(e[b + 1]).toFixed(1)},${y(v).toFixed(1)}`;
       });
       d += `L${x(e[bins]).toFixed(1)},${base}Z`;
-      g.appendChild(s("path", { d, class: "lg-aligned", fill: it.color, stroke: it.color, dataset: { series: it.label } }));
+      const path = s("path", { d, class: "lg-aligned", fill: it.color, stroke: it.color, dataset: { series: it.label, key: it.key } });
+      this.byKey.set(it.key, path);
+      g.appendChild(path);
     });
     g.appendChild(s("text", { x: M.left + 4, y: M.top + 10, class: "lg-tick", text: `fraction of finite elements, ${bins} common bins` }));
   }
@@ -287,10 +319,7 @@ export class HistogramChart {
     const r = this.svg.getBoundingClientRect();
     const xv = L.x.invert(e.clientX - r.left);
     if (L.mode === "aligned") {
-      const { e: ed, fractions } = L.aligned;
-      const b = Math.max(0, Math.min(ed.length - 2, Math.floor(((xv - ed[0]) / (ed[ed.length - 1] - ed[0])) * (ed.length - 1))));
-      const rows = L.items.map((it, k) => [it.label, fmtPercent(fractions[k][b])]);
-      tooltip().show(e.clientX, e.clientY, `[${fmtNum(ed[b])}, ${fmtNum(ed[b + 1])})`, rows);
+      this._hoverAligned(e, xv, e.clientY - r.top);
       return;
     }
     const it = this._itemAt(e);
@@ -300,5 +329,22 @@ export class HistogramChart {
     if (bucket) rows.push([`[${fmtNum(bucket[0])}, ${fmtNum(bucket[1])})`, fmtNum(bucket[2])]);
     rows.push(["range", `${fmtNum(it.buckets[0][0])} … ${fmtNum(it.buckets[it.buckets.length - 1][1])}`]);
     tooltip().show(e.clientX, e.clientY, it.label, rows, this.opts.onPick ? "click: go to this step" : "");
+  }
+
+  /** The runs' fractions in the bin under the pointer; the outline nearest it (within HOVER_PX) is hovered. */
+  _hoverAligned(e, xv, py) {
+    const { e: ed, fractions, y } = this.layout.aligned;
+    const b = Math.max(0, Math.min(ed.length - 2, Math.floor(((xv - ed[0]) / (ed[ed.length - 1] - ed[0])) * (ed.length - 1))));
+    let rows = this.layout.items.map((it, k) => ({ it, row: [it.label, fmtPercent(fractions[k][b])], away: Math.abs(y(fractions[k][b]) - py) }));
+    const near = rows.reduce((a, q) => (q.away < (a ? a.away : HOVER_PX) ? q : a), null);
+    this._hoverKey(near ? near.it.key : null);
+    let more = "";
+    if (rows.length > MANY) {
+      const all = rows.length;
+      rows = rows.slice().sort((a, q) => a.away - q.away).slice(0, MANY);
+      more = `and ${all - rows.length} more: move closer to an outline`;
+    }
+    const shown = rows.map((q) => (q === near ? [...q.row, "lg-tooltip-hi"] : q.row));
+    tooltip().show(e.clientX, e.clientY, `[${fmtNum(ed[b])}, ${fmtNum(ed[b + 1])})`, shown, more);
   }
 }

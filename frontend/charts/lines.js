@@ -8,6 +8,7 @@ import { fmtNum } from "../format.js";
 import { ema } from "../smoothing.js";
 import { COLORS } from "./colors.js";
 import { bandPaths, isOk } from "./bands.js";
+import { markHighlighted } from "./highlight.js";
 import { nonPositive, nonPositiveMarks, noteText } from "./log_zeros.js";
 import { extent, linearScale, logScale, logTicks, nearestIndex, niceLogDomain, niceTicks } from "./scale.js";
 import { tooltip } from "./tooltip.js";
@@ -233,15 +234,8 @@ export class LineChart {
   highlight(key) {
     this.highlighted = key ?? null;
     const marks = this.byKey && key !== null && key !== undefined ? this.byKey.get(key) : null;
-    this.svg.classList.toggle("lg-dimmed", Boolean(marks));
-    this.legend.classList.toggle("lg-dimmed", Boolean(marks));
-    for (const el of this.root.querySelectorAll(".lg-hi")) el.classList.remove("lg-hi");
-    if (!marks) return;
-    for (const el of marks) {
-      el.classList.add("lg-hi");
-      if (!el.classList.contains("lg-line-raw")) this.linesG.appendChild(el); // drawn last: on top
-    }
-    for (const item of this.legend.children) if (item.dataset.key === key) item.classList.add("lg-hi");
+    markHighlighted(this, key, marks);
+    for (const el of marks || []) if (!el.classList.contains("lg-line-raw")) this.linesG.appendChild(el); // drawn last: on top
   }
 
   _hoverKey(key) {

@@ -4,13 +4,13 @@
 // run list highlights it in every chart and fades the rest.
 
 import { api, isAbort, isTransient } from "../api.js";
-import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
-import { anyExamples, findRun, hasActivations, hasKind, layerKey, layersWith, union, valuesOf } from "../model.js";
+import { anyExamples, findRun, hasActivations, layerKey, layersWith, union, valuesOf } from "../model.js";
 import { onSmoothing, smoothing } from "../smoothing.js";
 import { ColorBy } from "./color_by.js";
+import { AtStepPanels } from "./compare_at_step.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
 import { RunPicker } from "./run_picker.js";
@@ -56,18 +56,15 @@ export class CompareView {
     this.message = h("div", { class: "lg-messages" });
     const onHover = (run) => this._hover(run);
     this.overlay = new LineChart(h("div"), { height: 240, onPick: (x) => app.setState({ step: x }), alwaysLegend: true, onHover });
-    this.hist = new HistogramChart(h("div"), { height: 240 });
-    this.histNote = h("div", { class: "lg-muted" });
-    this.depth = new LineChart(h("div"), { height: 240, onPick: (i) => this._depthPick(i), alwaysLegend: true, onHover });
+    // The histograms and the depth profiles at the chosen step.
+    this.atStep = new AtStepPanels(app, { colorOf: (run) => this._color(run), onHover, onPickLayer: (key) => this._pickLayer(key) });
     // The runs' gradient noise scales side by side, when recorded.
     this.noise = new NoiseScalePanel({ onHover, colorOf: (run) => this._color(run) });
     this.body = h(
       "div",
       { class: "lg-compare-body" },
       h("div", { class: "lg-panel lg-panel-wide" }, this.overlay.root),
-      h("div", { class: "lg-layer-row" },
-        h("div", { class: "lg-panel" }, h("h3", { class: "lg-panel-title", text: "Histograms at this step (common bins)" }), this.histNote, this.hist.root),
-        h("div", { class: "lg-panel" }, h("h3", { class: "lg-panel-title", text: "Depth profile at this step" }), this.depth.root)),
+      this.atStep.el,
     );
     this.el = h(
       "section",
@@ -116,7 +113,7 @@ export class CompareView {
   /** Highlight `run` (null: none) in every chart that shows the runs. */
   _hover(run) {
     this.hovered = run;
-    for (const chart of [this.overlay, this.depth, this.noise.chart]) chart.highlight(run);
+    for (const chart of [this.overlay, this.atStep, this.noise.chart]) chart.highlight(run);
   }
 
   /** Layer keys (paths without the model name) of the chosen runs, in model order. */
@@ -202,6 +199,7 @@ export class CompareView {
       let steps;
       let values;
       const same = present.length && present.every((r) => paths[runs.indexOf(r)] === paths[runs.indexOf(present[0])]);
+      const early = this.atStep.early(state, runs, compared(state), signal); // beside the overlay's request
       if (!present.length) {
         // Let the route say why (404 for a layer no run has).
         await api.compare({ run: runs, layer: state.layer || key, ...common }, { signal });
@@ -225,7 +223,7 @@ export class CompareView {
         });
       }
       if (signal.aborted) return;
-      this.data = { fetchKey, runs, key, paths, steps, values, atStep: new Map() };
+      this.data = { fetchKey, runs, key, paths, steps, values, atStep: new Map(), early };
       this.retryOnPoll = false;
       clear(this.message);
       const missing = runs.filter((_, k) => !paths[k]);
@@ -265,83 +263,7 @@ export class CompareView {
         xLabel: "step",
       });
     } else this.overlay.setMarker(step);
-    this._atStep(state, step);
-  }
-
-  async _atStep(state, step) {
-    const d = this.data;
-    if (step === null) return;
-    const cacheKey = `${step}`;
-    let at = d.atStep.get(cacheKey);
-    if (!at) {
-      try {
-        at = await this._fetchAtStep(state, d, step);
-      } catch (e) {
-        if (!isAbort(e)) replace(this.histNote, errorBox(e, `the runs at step ${step}`));
-        return;
-      }
-      d.atStep.set(cacheKey, at);
-    }
-    if (this.data !== d || this.step !== step) return;
-    clear(this.histNote);
-    const items = d.runs.map((r, k) => ({
-      key: r,
-      label: r,
-      color: this._color(r),
-      buckets: at.hists[k] ? at.hists[k].buckets : [],
-      note: at.hists[k] && at.hists[k].step !== step ? ` (step ${at.hists[k].step})` : "",
-    }));
-    this.hist.update({ items, mode: "aligned", bins: 40, empty: `no histogram at or before step ${step}` });
-    const keys = at.depthKeys;
-    const idx = keys.indexOf(d.key);
-    this.depthKeys = keys;
-    this.depth.setTitle(`${statLabel(compared(state))} by layer (model order) at step ${step}`);
-    this.depth.update({
-      series: d.runs.map((r, k) => ({
-        name: at.depth[k] && at.depth[k].step !== step && at.depth[k].step !== null ? `${r} (step ${at.depth[k].step})` : r,
-        key: r,
-        color: this._color(r),
-        xs: keys.map((_, i) => i),
-        ys: keys.map((key) => (at.depth[k] ? at.depth[k].byKey.get(key) ?? null : null)),
-      })),
-      log: state.log,
-      marker: idx >= 0 ? idx : null,
-      xLabel: "layer",
-      xFormat: (i) => shorten(keys[i] ?? ""),
-      xFormatHover: (i) => keys[i] ?? "",
-      empty: "no values at this step",
-    });
-  }
-
-  async _fetchAtStep(state, d, step) {
-    const signal = this.abort ? this.abort.signal : undefined;
-    const one = async (route, params) => {
-      const b = await api[route]({ ...params, start: step, end: step }, { signal });
-      if (b.steps.length) return b;
-      return api[route]({ ...params, end: step, max_steps: 2 }, { signal });
-    };
-    const hists = await Promise.all(
-      d.runs.map(async (r, k) => {
-        const { target, source } = valuesOf(state);
-        // A run without histograms for the layer (stats only) is not asked: its answer would be a 404.
-        if (!d.paths[k] || !hasKind(findRun(this.app.runs, r), d.paths[k], target, source, "histogram")) return null;
-        const b = await one("histograms", { run: r, layer: d.paths[k], ...valuesOf(state) });
-        const n = b.steps.length - 1;
-        return n < 0 ? null : { step: b.steps[n], buckets: b.histograms[n] };
-      }),
-    );
-    const depth = await Promise.all(
-      d.runs.map(async (r) => {
-        const b = await one("matrix", { run: r, stat: compared(state), ...valuesOf(state) });
-        const n = b.steps.length - 1;
-        const byKey = new Map();
-        b.layers.forEach((l, i) => byKey.set(layerKey(l), n < 0 ? null : b.values[i][n]));
-        return { step: n < 0 ? null : b.steps[n], byKey, layers: b.layers };
-      }),
-    );
-    const depthKeys = [];
-    for (const x of depth) for (const l of x.layers) if (!depthKeys.includes(layerKey(l))) depthKeys.push(layerKey(l));
-    return { hists, depth, depthKeys };
+    this.atStep.show(state, d, step, compared(state), this.abort ? this.abort.signal : undefined);
   }
 
   _pickLayer(key) {
@@ -353,11 +275,6 @@ export class CompareView {
       if (path) break;
     }
     this.app.setState({ layer: path || key });
-  }
-
-  _depthPick(i) {
-    const key = this.depthKeys && this.depthKeys[i];
-    if (key) this._pickLayer(key);
   }
 
   onKey(e) {
@@ -372,18 +289,7 @@ export class CompareView {
     d.runs.forEach((r, k) => {
       d.steps.forEach((step, j) => rows.push(["over_steps", r, d.paths[k] || "", step, compared(state), d.values[k][j]]));
     });
-    const at = d.atStep.get(`${this.step}`);
-    if (at) {
-      d.runs.forEach((r, k) => {
-        const dep = at.depth[k];
-        if (!dep) return;
-        for (const l of dep.layers) rows.push(["depth_profile", r, l, dep.step, compared(state), dep.byKey.get(layerKey(l))]);
-      });
-    }
+    rows.push(...this.atStep.csvRows(d, this.step, compared(state)));
     downloadText(csvText(["chart", "run", "layer", "step", "stat", "value"], rows), `layergrad-compare-${safeFilename(d.key)}.csv`);
   }
-}
-
-function shorten(s) {
-  return s.length > 14 ? `…${s.slice(-13)}` : s;
 }

@@ -119,7 +119,7 @@ def points(args: MultiDict) -> Optional[int]:
 
 
 def runs(args: MultiDict) -> List[str]:
-    """The repeated `run` of `compare` and `noise_scale`: 1..MAX_COMPARE_RUNS distinct names, in order."""
+    """The repeated `run` of `compare`, `depth` and `noise_scale`: 1..MAX_COMPARE_RUNS distinct names, in order."""
     names: List[str] = []
     for value in args.getlist("run"):
         if value == "":

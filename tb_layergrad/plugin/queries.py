@@ -68,6 +68,17 @@ class CompareQuery:
 
 
 @dataclasses.dataclass(frozen=True)
+class DepthQuery:
+    """Every layer's statistic in several runs at one step: `depth`."""
+
+    runs: List[str]
+    stat: str
+    target: str
+    source: str
+    step: Optional[int]  # None: each run's last
+
+
+@dataclasses.dataclass(frozen=True)
 class NoiseScaleQuery:
     """The noise-scale scalars of several runs: `noise_scale`."""
 
@@ -141,3 +152,10 @@ def compare_query(args: MultiDict) -> CompareQuery:
     asked, source, start, end = params.series_range(args)
     target = catalog.series_target(asked, source)
     return CompareQuery(runs, layer, stat, target, source, start, end, params.max_steps(args), params.points(args))
+
+
+def depth_query(args: MultiDict) -> DepthQuery:
+    runs = params.runs(args)
+    stat = params.stat(args)
+    asked, source = params.target(args), params.source(args)
+    return DepthQuery(runs, stat, catalog.series_target(asked, source), source, params.step(args))

@@ -1,7 +1,7 @@
 """The routes of docs/HTTP_API.md: each parses its request, calls an `*_impl` that returns the body, responds.
 
 A JSON route is one row of `JSON_ROUTES`: the function that validates its query whole (`queries`: 400),
-and the `*_impl` that looks the names up (`reading`: 404) and answers (`layer_impl`, `run_impl`). Every
+and the `*_impl` that looks the names up (`reading`: 404) and answers (`layer_impl`, `run_impl`, `depth_impl`). Every
 route is a WSGI app whose errors are JSON (`responses.json_errors`).
 """
 
@@ -16,7 +16,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import layer_impl, prefetch, queries, run_impl
+from tb_layergrad.plugin import depth_impl, layer_impl, prefetch, queries, run_impl
 from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import csv_response, json_errors, json_response
 from tb_layergrad.plugin.static import StaticFiles
@@ -35,6 +35,7 @@ JSON_ROUTES: Dict[str, Tuple[Parse, Answer]] = {
     "/tensor": (functools.partial(queries.layer_query, kind=metadata.KIND_TENSOR), layer_impl.tensor_impl),
     "/timesteps": (functools.partial(queries.layer_query, kind=metadata.KIND_TIMESTEPS), layer_impl.timesteps_impl),
     "/compare": (queries.compare_query, run_impl.compare_impl),
+    "/depth": (queries.depth_query, depth_impl.depth_impl),
     "/anomalies": (queries.anomalies_query, run_impl.anomalies_impl),
     "/examples": (queries.examples_query, layer_impl.examples_impl),
     "/noise_scale": (queries.noise_scale_query, run_impl.noise_scale_impl),
