@@ -71,6 +71,7 @@ class Case:
     reproduce: Callable[..., List[Tuple[str, Tape]]]
     keras3_only: Optional[str] = None  # why the pattern needs Keras 3 (skipped under tf_keras)
     outside: Optional[str] = None  # the sub-model whose outputs the step computes before any of its tapes
+    logger_kwargs: dict = dataclasses.field(default_factory=dict)  # GradientLogger's arguments beyond the gallery's
 
 
 # -- small building blocks ---------------------------------------------------------------------------------

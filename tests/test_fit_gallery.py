@@ -70,7 +70,9 @@ def _fit(case: Case, mode: str, log_dir: str, logged: bool):
     snapshots = Snapshots()
     callbacks = [snapshots, keras.callbacks.TensorBoard(log_dir, update_freq=1)]
     if logged:
-        callbacks.append(tb_layergrad.GradientLogger(log_dir, update_freq=1, weights=True, max_elements=MAX))
+        callbacks.append(
+            tb_layergrad.GradientLogger(log_dir, update_freq=1, weights=True, max_elements=MAX, **case.logger_kwargs)
+        )
     arrays = case.data()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -68,6 +68,7 @@ class StepConfig:
     activations: bool = False  # also the layer outputs' forward values (source "activation")
     on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
     per_example: bool = False  # each example's own gradient norms of the loss (kind `examples`) and the noise scale
+    input_target: Optional[str] = None  # the name of the step's tapes w.r.t. inputs only (None: not logged)
 
 
 class FitStep:
@@ -194,6 +195,8 @@ class FitStep:
         for other in others:  # each further tape of the step: its own target (its loss's value, no activations)
             other_map = _without_weights(other.gmap) if shadow else other.gmap
             main = main + self._target_plan(other.name, other_map, {}, None, None, forward=False, with_value=True)
+        for inputs in seen.input_logged:  # tapes w.r.t. inputs only, asked for by targets=: no weights, no scale
+            main = main + self._target_plan(inputs.name, inputs.gmap, {}, None, None, forward=False, with_value=True)
         if not shadow and not seen.values:
             return main, None
 

@@ -9,7 +9,6 @@ import numpy as np
 import tensorflow as tf
 
 from tb_layergrad import distribute
-from tb_layergrad.capturing.targets import validate_targets
 from tb_layergrad.keras import (
     batch_count,
     logger_options,
@@ -51,7 +50,8 @@ class GradientLogger(_Base):
     sub-model whose weights it differentiates ("discriminator", "generator");
     a loss differentiated again in the same step (a WGAN critic's n updates)
     is written each time, the k-th as "name#k". A tape that asks for no
-    trainable weight (a gradient penalty's) is not logged. `targets=` adds
+    trainable weight (a gradient penalty's, w.r.t. inputs) is logged only when
+    `targets=` asks for it: `{"critic_penalty": "inputs"}`. `targets=` also adds
     functions of the model's prediction (docs/FIT.md, "Custom `train_step`").
 
     Every step is checked for a NaN/Inf (the loss, the output gradients and,
@@ -101,7 +101,11 @@ class GradientLogger(_Base):
         targets: extra scalars to differentiate, `{name: fn(y_pred)}`: `fn`
             returns one value per example ([batch] or [batch, 1]) whose SUM
             over the batch is differentiated, each its own target (one more
-            backward pass at logged steps only).
+            backward pass at logged steps only). `{name: "inputs"}` (one
+            name): also log each tape of a custom step that differentiates
+            inputs only (a WGAN-GP's gradient penalty) as target `name`
+            (`name#2`, ... for more in one step), from the step's own
+            gradient call (no extra pass).
         per_example: also log the distribution over the batch of each
             example's own gradient norm of the loss (kind `examples`) and, with
             `weights=True`, the gradient noise scale (docs/PER_EXAMPLE.md). The
@@ -116,7 +120,8 @@ class GradientLogger(_Base):
             step only).
 
     Raises:
-        ValueError: an argument out of its range (before training), or an
+        ValueError: an argument out of its range (a `targets=` value that is
+            neither a function nor "inputs"; before training), or an
             unknown layer, a model without a compiled optimizer, a target that
             does not fit the model's output (at `on_train_begin`).
         RuntimeError: a train step that enters no `tf.GradientTape`; a batch
@@ -133,7 +138,7 @@ class GradientLogger(_Base):
         weights: bool = False,
         activations: bool = False,
         timesteps: Any = False,
-        targets: Optional[Mapping[str, Callable]] = None,
+        targets: Optional[Mapping[str, Union[Callable, str]]] = None,
         per_example: bool = False,
         max_elements: int = 0,
         on_nonfinite: str = "log",
@@ -145,7 +150,7 @@ class GradientLogger(_Base):
         self.weights = bool(weights)
         self.activations = bool(activations)
         self.timesteps = False if timesteps is None else timesteps
-        self.targets = validate_targets(targets)
+        self.targets, self.input_target = logger_options.targets(targets)
         self.per_example = bool(per_example)
         self.max_elements = logger_options.max_elements(max_elements)
         self.on_nonfinite = logger_options.on_nonfinite(on_nonfinite)
@@ -228,6 +233,7 @@ class GradientLogger(_Base):
             weights=self.weights,
             timesteps=self.timesteps,
             targets=dict(self.targets),
+            input_target=self.input_target,
             max_elements=self.max_elements,
             update_freq=self.update_freq,
             xla=xla,

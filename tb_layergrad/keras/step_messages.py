@@ -33,6 +33,14 @@ def warn_about(model: Any, seen: Any) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+    asked = seen.fit_step.config.input_target
+    if asked is not None and seen.logged and not seen.input_logged:
+        warnings.warn(
+            f"GradientLogger(targets={{{asked!r}: 'inputs'}}): {step} differentiated no tape with respect to inputs "
+            "only (such as a gradient penalty's), so nothing is logged as that target",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     if not seen.logged:
         warnings.warn(
             f"GradientLogger: {step} asked its GradientTapes for no gradient of a trainable weight (a model "

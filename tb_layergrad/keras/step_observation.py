@@ -50,6 +50,8 @@ class StepObservation(tape_observer.Observation):
         self.values: Dict[str, tf.Tensor] = {}
         #: the tapes that differentiated trainable weights, in the order the step asked them
         self.logged: List[LoggedTape] = []
+        #: the tapes that differentiated inputs only (a gradient penalty's), when `targets=` asks for them
+        self.input_logged: List[LoggedTape] = []
         #: tapes that asked for trainable weights inside a tf.cond / tf.while_loop (not logged)
         self.in_control_flow = 0
         self._aux: Dict[int, Any] = {}  # id(step's tape) -> its aux tape while that one records
@@ -119,11 +121,14 @@ class StepObservation(tape_observer.Observation):
     ) -> Any:
         asked = frozenset(id(s) for s in tf.nest.flatten(sources) if id(s) in self._trainable)
         here = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        if not asked or (self.logged and self.several_replicas):
-            return gradient(tape, target, sources, *args, **kwargs)  # e.g. a gradient penalty's tape
+        wanted = asked or self.fit_step.config.input_target is not None
+        if not wanted or (self.logged and self.several_replicas):
+            return gradient(tape, target, sources, *args, **kwargs)  # e.g. a gradient penalty's tape, not asked for
         if here is not self._graph:  # inside tf.cond / tf.while_loop: its tensors cannot leave that branch
             self.in_control_flow += 1
             return gradient(tape, target, sources, *args, **kwargs)
+        if not asked:
+            return self._answer_for_inputs(tape, target, sources, args, kwargs, gradient)
         fit_step, first = self.fit_step, not self.logged
         if first:
             self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
@@ -146,6 +151,26 @@ class StepObservation(tape_observer.Observation):
         )
         eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients)) if eps else {}
         self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads))
+        return combined.source_gradients
+
+    def _answer_for_inputs(
+        self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: Callable
+    ) -> Any:
+        """A tape that differentiates inputs only (a gradient penalty's), asked for by `targets=`: one target.
+
+        Its one gradient call also gives the layer outputs recorded under it; what
+        is differentiated is the sum of its target (times `output_gradients`, if
+        given), as `tape.gradient` does: that sum is the target's value.
+        """
+        self._stop_aux(tape)  # nothing of it is differentiated again (no weight was asked for)
+        combined = _CombinedCall(tape, gradient, sources, [], args, kwargs, target=target)
+        base = self.fit_step.config.input_target
+        taken = sum(1 for t in self.input_logged if t.name.split("#")[0] == base)
+        name = base if not taken else f"{base}#{taken + 1}"
+        value = _differentiated_sum(target, args, kwargs)
+        gmap = self.cap.tape_gradients(combined, value, name, watched_on=tape, per_example=False)
+        gmap = gmap.with_entries({p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT})
+        self.input_logged.append(LoggedTape(name, gmap, value, None, {}))
         return combined.source_gradients
 
     def _name(self, asked: frozenset) -> str:
@@ -188,10 +213,18 @@ class _CombinedCall:
     _persistent = False
 
     def __init__(
-        self, tape: Any, gradient: Callable, sources: Any, extra: List[Any], args: tuple, kwargs: Dict[str, Any]
+        self,
+        tape: Any,
+        gradient: Callable,
+        sources: Any,
+        extra: List[Any],
+        args: tuple,
+        kwargs: Dict[str, Any],
+        target: Any = None,
     ):
         self._tape, self._gradient, self._sources, self._extra = tape, gradient, sources, extra
         self._args, self._kwargs = args, kwargs
+        self._target = target  # the step's own target, differentiated as given (else the one Capture passes)
         self.source_gradients: Any = None
         self.extra_gradients: List[Any] = []
 
@@ -201,12 +234,22 @@ class _CombinedCall:
     def gradient(self, target: Any, requested: Any) -> Any:
         # (variables, outputs), and with per_example=True a third part: the δ sources of the per-example rules.
         variables, outputs, *deltas = requested
+        target = target if self._target is None else self._target
         got, output_grads, extra, *delta_grads = self._gradient(
             self._tape, target, (self._sources, list(outputs), self._extra, *deltas), *self._args, **self._kwargs
         )
         self.source_gradients, self.extra_gradients = got, list(extra)
         by_id = {id(s): g for s, g in zip(tf.nest.flatten(self._sources), tf.nest.flatten(got))}
         return ([by_id.get(id(v)) for v in variables], output_grads, *delta_grads)
+
+
+def _differentiated_sum(target: Any, args: tuple, kwargs: Dict[str, Any]) -> tf.Tensor:
+    """The scalar `tape.gradient(target, ..., output_gradients=w)` differentiates: sum(target * w), or sum(target)."""
+    weights = kwargs.get("output_gradients", args[0] if args else None)
+    targets = tf.nest.flatten(target)
+    weights = [None] * len(targets) if weights is None else tf.nest.flatten(weights)
+    terms = [tf.reduce_sum(t if w is None else t * tf.cast(w, t.dtype)) for t, w in zip(targets, weights)]
+    return terms[0] if len(terms) == 1 else tf.add_n(terms)
 
 
 @contextlib.contextmanager
