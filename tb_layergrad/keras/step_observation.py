@@ -20,9 +20,8 @@ import tensorflow as tf
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
-from tb_layergrad.capturing.layer_hooks import restore_instance_attribute, set_instance_attribute
+from tb_layergrad.capturing.layer_hooks import hook, unhook
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
-from tb_layergrad.distribute.merge import replica_context
 from tb_layergrad.keras import tape_observer
 from tb_layergrad.keras.model_facts import loss_scale
 
@@ -60,10 +59,6 @@ class StepObservation(tape_observer.Observation):
         self._trainable = {id(v) for v in fit_step.model.trainable_variables}
         self._owners = cap.tree.variable_paths()
 
-    @property
-    def several_replicas(self) -> bool:
-        return replica_context() is not None
-
     def install_hooks(self) -> None:
         """The layer hooks of Capture (and TimestepProbe) and the model's, for this step's forward passes."""
         hooks = contextlib.ExitStack()
@@ -74,12 +69,12 @@ class StepObservation(tape_observer.Observation):
         self._hooks = hooks
 
     def remove_hooks(self) -> None:
-        """At the end of the step; with several replicas right after the forward pass.
+        """At the end of the step (also when it raises).
 
-        Why: MirroredStrategy runs the replicas' steps in threads that take turns at
-        each cross-replica call (a metric update, the optimizer's all-reduce); hooks
-        left on the layers past the forward pass would see another replica's outputs.
-        So with several replicas only the first tape's forward pass is observed.
+        Several replicas: MirroredStrategy runs the replicas' steps in threads that take
+        turns at each cross-replica call (a metric update, the optimizer's all-reduce);
+        each replica's hooks are its thread's own (`layer_hooks.hook`), so every tape of
+        every replica is observed, each replica seeing its own outputs only.
         """
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
@@ -122,7 +117,7 @@ class StepObservation(tape_observer.Observation):
         asked = frozenset(id(s) for s in tf.nest.flatten(sources) if id(s) in self._trainable)
         here = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         wanted = asked or self.fit_step.config.input_target is not None
-        if not wanted or (self.logged and self.several_replicas):
+        if not wanted:
             return gradient(tape, target, sources, *args, **kwargs)  # e.g. a gradient penalty's tape, not asked for
         if here is not self._graph:  # inside tf.cond / tf.while_loop: its tensors cannot leave that branch
             self.in_control_flow += 1
@@ -138,8 +133,6 @@ class StepObservation(tape_observer.Observation):
                         "GradientLogger(targets=...): the model was not called inside its train step's tape"
                     )
                 self.values = fit_step.target_values(self.y_pred, self.scale)  # still on the aux tape
-        if self.several_replicas:
-            self.remove_hooks()  # a step that never called the model itself (e.g. only its sub-models)
         aux = self._stop_aux(tape)  # before the backward pass: the aux tape must not record it
         eps = list(self.probe.sources.values()) if first and self.probe is not None else []
         combined = _CombinedCall(tape, gradient, sources, eps, args, kwargs)
@@ -254,9 +247,9 @@ def _differentiated_sum(target: Any, args: tuple, kwargs: Dict[str, Any]) -> tf.
 
 @contextlib.contextmanager
 def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None]:
-    """When the model's own call returns: keep its output (targets are functions of it), remove the hooks.
+    """When the model's own call returns: keep its output (targets are functions of it).
 
-    Same hook as `Capture`'s on layers: an instance attribute `call`, removed afterwards.
+    Same hook as `Capture`'s on layers: the calling thread's `call`, removed afterwards.
     """
     original = model.call
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
@@ -269,13 +262,11 @@ def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None
         )
         if seen.y_pred is None and ours:
             seen.y_pred = out
-            if seen.several_replicas:
-                seen.remove_hooks()
         return out
 
     call_and_watch.__wrapped__ = original  # keeps inspect.signature() truthful
-    saved = set_instance_attribute(model, "call", call_and_watch)
+    installed = hook(model, "call", call_and_watch)  # this thread's (replica's) own, as the layers' hooks
     try:
         yield
     finally:
-        restore_instance_attribute(saved)
+        unhook(installed)
