@@ -105,11 +105,14 @@ class GradientLogger(_Base):
             name): also log each tape of a custom step that differentiates
             inputs only (a WGAN-GP's gradient penalty) as target `name`
             (`name#2`, ... for more in one step), from the step's own
-            gradient call (no extra pass).
+            gradient call (no extra pass). A custom step with several
+            tapes: each function on every tape under which it calls the
+            model itself (the k-th as `name#k`; docs/FIT.md).
         per_example: also log the distribution over the batch of each
             example's own gradient norm of the loss (kind `examples`) and, with
             `weights=True`, the gradient noise scale (docs/PER_EXAMPLE.md). The
-            loss must be the batch mean (Keras' default reduction).
+            loss must be the batch mean (Keras' default reduction). A custom
+            step: for every tape that trains weights (not those w.r.t. inputs).
         max_elements: when > 0, also log the raw gradients, bounded to this
             many elements each.
         on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go
@@ -154,7 +157,7 @@ class GradientLogger(_Base):
         self.per_example = bool(per_example)
         self.max_elements = logger_options.max_elements(max_elements)
         self.on_nonfinite = logger_options.on_nonfinite(on_nonfinite)
-        logger_options.warn_without_effect(self.weights, self.per_example)
+        logger_options.warn_without_effect(self.weights, self.per_example, self.input_target)
         self._nonfinite = None  # see the `nonfinite` property
         self._writer = None
         self._chief = True

@@ -83,8 +83,16 @@ def log_dir(value: Any) -> str:
     return path
 
 
-def warn_without_effect(weights: bool, per_example: bool) -> None:
+def warn_without_effect(weights: bool, per_example: bool, input_target: Optional[str] = None) -> None:
     """One warning per option that changes nothing in this combination."""
+    if per_example and input_target is not None:
+        warnings.warn(
+            f"GradientLogger(per_example=True, targets={{{input_target!r}: 'inputs'}}): per-example norms are of "
+            "a loss that is the mean over the batch; the tapes w.r.t. inputs differentiate a sum of the "
+            f"model's outputs, so {input_target!r} gets none (every tape that trains weights does)",
+            UserWarning,
+            stacklevel=3,
+        )
     if per_example and not weights:
         warnings.warn(
             "GradientLogger(per_example=True, weights=False): the gradient noise scale needs the weight "

@@ -36,6 +36,8 @@ class LoggedTape:
     aux: Optional[Any]  # the tape that recorded its forward pass again (shadow weights, targets), or None
     variables: Dict[str, Any]  # path -> weight, of the weights the step asked gradients for
     eps_grads: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the `targets=` values (scaled like the loss) from the model's own call under this tape, on `aux`; {} if none
+    values: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class StepObservation(tape_observer.Observation):
@@ -44,7 +46,9 @@ class StepObservation(tape_observer.Observation):
     def __init__(self, fit_step: Any, cap: Capture, probe: Optional[TimestepProbe]):
         super().__init__()
         self.fit_step, self.cap, self.probe = fit_step, cap, probe
-        self.y_pred: Any = None  # the model's output in this pass (targets only, see _keeping_prediction)
+        self.y_pred: Any = None  # the model's first output in this pass (targets only, see _watching_the_model_call)
+        self.y_preds: Dict[int, Any] = {}  # id(step's tape) -> the model's first output while that tape recorded
+        self.recording: List[Any] = []  # the step's tapes that record now (entered, not left)
         self.scale: Optional[tf.Tensor] = None
         self.values: Dict[str, tf.Tensor] = {}
         #: the tapes that differentiated trainable weights, in the order the step asked them
@@ -82,10 +86,11 @@ class StepObservation(tape_observer.Observation):
 
     def adopt(self, tape: Any) -> None:
         first = tape is self.tape
+        self.recording.append(tape)
         self.cap.watch_with(tape)
         if first and self.probe is not None:
             self.probe.watch_with(tape)
-        aux = self.fit_step.aux_tape(first)
+        aux = self.fit_step.aux_tape()
         if aux is not None:
             # Records from here to the gradient call: the forward pass, the loss and
             # its scaling (tf_keras scales inside minimize(), after the step's `with`).
@@ -98,6 +103,7 @@ class StepObservation(tape_observer.Observation):
     def leave(self, tape: Any) -> None:
         # Its aux tape records on, to the gradient call (tf_keras scales the loss after the step's `with`).
         self.cap.unwatch(tape)
+        self.recording = [t for t in self.recording if t is not tape]
 
     def _stop_aux(self, tape: Any) -> Optional[Any]:
         aux = self._aux.pop(id(tape), None)
@@ -127,23 +133,22 @@ class StepObservation(tape_observer.Observation):
         fit_step, first = self.fit_step, not self.logged
         if first:
             self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
-            if fit_step.config.targets:
-                if self.y_pred is None:
-                    raise RuntimeError(
-                        "GradientLogger(targets=...): the model was not called inside its train step's tape"
-                    )
-                self.values = fit_step.target_values(self.y_pred, self.scale)  # still on the aux tape
+        values = {}
+        if fit_step.config.targets and id(tape) in self.y_preds:  # still on the aux tape
+            values = fit_step.target_values(self.y_preds[id(tape)], self.scale if first else None)
+            if first:
+                self.values = values
         aux = self._stop_aux(tape)  # before the backward pass: the aux tape must not record it
         eps = list(self.probe.sources.values()) if first and self.probe is not None else []
         combined = _CombinedCall(tape, gradient, sources, eps, args, kwargs)
         name = self._name(asked)
-        gmap = self.cap.tape_gradients(combined, target, name, watched_on=tape, per_example=first)
+        gmap = self.cap.tape_gradients(combined, target, name, watched_on=tape)
         variables = {self._owners[id(s)][0]: s for s in tf.nest.flatten(sources) if id(s) in self._owners}
         gmap = gmap.with_entries(
             {p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT or p in variables}
         )
         eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients)) if eps else {}
-        self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads))
+        self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads, values))
         return combined.source_gradients
 
     def _answer_for_inputs(
@@ -260,8 +265,10 @@ def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None
         ours = isinstance(first, tf.Tensor) and (
             hasattr(first, "numpy") if graph is None else getattr(first, "graph", None) is graph
         )
-        if seen.y_pred is None and ours:
-            seen.y_pred = out
+        if ours:
+            seen.y_pred = out if seen.y_pred is None else seen.y_pred
+            for tape in seen.recording:
+                seen.y_preds.setdefault(id(tape), out)
         return out
 
     call_and_watch.__wrapped__ = original  # keeps inspect.signature() truthful
