@@ -49,10 +49,9 @@ class GradientLogger(_Base):
     discriminator, then generator) writes one target per tape, named after the
     sub-model whose weights it differentiates ("discriminator", "generator");
     a loss differentiated again in the same step (a WGAN critic's n updates)
-    is written each time, the k-th as "name#k". A tape that asks for no
-    trainable weight (a gradient penalty's, w.r.t. inputs) is logged only when
-    `targets=` asks for it: `{"critic_penalty": "inputs"}`. `targets=` also adds
-    functions of the model's prediction (docs/FIT.md, "Custom `train_step`").
+    is written each time, the k-th as "name#k". A tape w.r.t. inputs only (a
+    gradient penalty's) is logged when asked for: `targets={"gp": "inputs"}`
+    (docs/FIT.md, "Custom `train_step`").
 
     Every step is checked for a NaN/Inf (the loss, the output gradients and,
     with `activations=True`, the layer outputs): the first step with one is
@@ -98,16 +97,13 @@ class GradientLogger(_Base):
         timesteps: per-timestep gradients of RNN layers: `True` for every RNN
             layer, or names/patterns/layers: per step the L2 norm of the total
             dL/dh_t for every timestep t (kind "timesteps"; docs/FORMAT.md).
-        targets: extra scalars to differentiate, `{name: fn(y_pred)}`: `fn`
-            returns one value per example ([batch] or [batch, 1]) whose SUM
-            over the batch is differentiated, each its own target (one more
-            backward pass at logged steps only). `{name: "inputs"}` (one
-            name): also log each tape of a custom step that differentiates
-            inputs only (a WGAN-GP's gradient penalty) as target `name`
-            (`name#2`, ... for more in one step), from the step's own
-            gradient call (no extra pass). A custom step with several
-            tapes: each function on every tape under which it calls the
-            model itself (the k-th as `name#k`; docs/FIT.md).
+        targets: extra targets, `{name: fn(y_pred)}`: `fn` returns one value
+            per example ([batch] or [batch, 1]) whose SUM over the batch is
+            differentiated (one more backward pass at logged steps only; a
+            custom step: on every tape that calls the model itself, the k-th
+            as `name#k`). `{name: "inputs"}` (one name): each tape of a custom
+            step w.r.t. inputs only (a WGAN-GP's gradient penalty) as target
+            `name` (`name#k`), from its own gradient call (docs/FIT.md).
         per_example: also log the distribution over the batch of each
             example's own gradient norm of the loss (kind `examples`) and, with
             `weights=True`, the gradient noise scale (docs/PER_EXAMPLE.md). The
