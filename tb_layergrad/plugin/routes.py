@@ -16,7 +16,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import layer_impl, prefetch, queries, run_impl
+from tb_layergrad.plugin import layer_impl, prefetch, queries, run_impl, sweep_impl
 from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import csv_response, json_errors, json_response
 from tb_layergrad.plugin.static import StaticFiles
@@ -39,6 +39,7 @@ JSON_ROUTES: Dict[str, Tuple[Parse, Answer]] = {
     "/examples": (queries.examples_query, layer_impl.examples_impl),
     "/noise_scale": (queries.noise_scale_query, run_impl.noise_scale_impl),
     "/hparams": (queries.runs_query, run_impl.hparams_impl),
+    "/sweep": (queries.sweep_query, sweep_impl.sweep_impl),
 }
 
 
