@@ -166,3 +166,31 @@ def test_an_unchanged_sweep_recomputes_nothing(tmp_path):
 def test_bad_queries_are_400(tb, query, message):
     body = get_json(tb, "sweep", query, status=400)
     assert message in body["error"]
+
+
+def test_the_read_ahead_computes_the_rows_a_first_request_needs(tmp_path):
+    import functools
+
+    import long_fixtures as lf
+
+    from tb_layergrad.plugin import prefetch, sweep_impl
+
+    logdir = str(tmp_path)
+    for name in ("a", "b"):
+        lf.write_run(f"{logdir}/{name}", ["m/x", "m/y", "m/z"], 30, keep=False, format_version=2)
+    tb = InProcess(logdir)
+    reading = tb.plugin._routes.reading  # noqa: SLF001 - the plugin's own caches
+    pre = prefetch.StatsPrefetcher(reading.stats, reading.lister, then=functools.partial(sweep_impl.warm, reading))
+
+    def sweep_read():
+        return {r["run"]: r["sweep_read"] for r in get_json(tb, "runs", {})["runs"]}
+
+    assert sweep_read() == {"a": False, "b": False}
+    pre.warm_once()  # sees the runs; their last blocks may still be being written
+    pre.warm_once()  # reads them, then computes their rows
+    assert sweep_read() == {"a": True, "b": True} and reading.health.computed == 2
+    body = get_json(tb, "sweep", {})
+    assert reading.health.computed == 2  # the first request computed nothing
+    assert body == get_json(InProcess(logdir), "sweep", {})  # and its rows are those a request computes
+    other = get_json(tb, "sweep", {"source": "weight"})  # another query: its own rows (none here)
+    assert [r["layers"] for r in other["runs"]] == [0, 0]

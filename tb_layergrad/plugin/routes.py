@@ -65,7 +65,8 @@ class Routes:
       data_provider: `TBContext.data_provider`.
       static: the files of the tab (`static.StaticFiles`).
       multiplexer: `TBContext.multiplexer`, for listing without a walk of every record (`listing`).
-      read_ahead: read the runs' statistics in the background (`prefetch.StatsPrefetcher`).
+      read_ahead: read the runs' statistics in the background (`prefetch.StatsPrefetcher`), and compute the
+        `sweep` route's rows of the runs read (`sweep_impl.warm`).
     """
 
     def __init__(
@@ -79,7 +80,9 @@ class Routes:
         self._static = static
         self._prefetch: Optional[prefetch.StatsPrefetcher] = None
         if read_ahead:
-            self._prefetch = prefetch.StatsPrefetcher(self.reading.stats, self.reading.lister)
+            self._prefetch = prefetch.StatsPrefetcher(
+                self.reading.stats, self.reading.lister, then=functools.partial(sweep_impl.warm, self.reading)
+            )
             self._prefetch.start()
 
     def apps(self) -> Dict[str, Callable]:

@@ -8,10 +8,11 @@ sweep lists the runs and their hyperparameters and recomputes nothing.
 
 from __future__ import annotations
 
+from tb_layergrad import metadata
 from tb_layergrad.plugin.queries import SweepQuery
 from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import finite_or_none
-from tb_layergrad.reader import hparams, run_health
+from tb_layergrad.reader import catalog, hparams, run_health
 
 
 def sweep_impl(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> dict:
@@ -43,3 +44,14 @@ def sweep_impl(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> dict:
         "runs": rows,
         "warnings": list(cat.warnings),
     }
+
+
+def warm(reading: Reading, ctx: object, cat: catalog.Catalog, eid: str = "") -> None:
+    """Compute the default rows (each run's own target, `output`) of the runs whose statistics the store holds
+    as listed, and their noise scale: what the read-ahead does after reading (`prefetch`), so that the Runs
+    view's first request finds its rows. A run not held is left to the request (no read here)."""
+    for rc in cat.runs.values():
+        stats = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
+        if stats and reading.stats.is_current(eid, rc.run, stats):
+            reading.health.row(reading.source(ctx, eid, rc), run_health.row_target(rc, None), metadata.SOURCE_OUTPUT)
+    reading.noise_ends.read(reading.provider, ctx, eid, list(cat.runs))

@@ -184,6 +184,12 @@ class HealthCache:
         self._lock = threading.Lock()
         self.computed = 0  # rows computed since start: what a test of "nothing recomputed" reads
 
+    def holds(self, experiment_id: str, rc: catalog.RunCatalog, target: str, source: str) -> bool:
+        """Whether `row` would find the run's row kept and current (compute nothing)."""
+        with self._lock:
+            hit = self._rows.get((experiment_id, rc.run, target, source))
+        return hit is not None and hit[0] == signature(rc)
+
     def row(self, src: RunSource, target: str, source: str) -> dict:
         """`health(src, target, source)`, computed only if the run changed since it was last computed."""
         key = (src.experiment_id, src.rc.run, target, source)
