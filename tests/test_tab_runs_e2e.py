@@ -413,3 +413,60 @@ def test_log_x_is_offered_only_for_positive_numbers(hp_tab):
     log = frame.locator('.lg-panel-scatter .lg-toggle-btn[data-value="1"]')
     frame.wait_for_selector(".lg-scatter-point")
     assert log.is_disabled() and "not numbers" in log.get_attribute("title")
+
+
+# -- a sweep of 200 runs ----------------------------------------------------------------------------------------
+
+SWEEP_RUNS = 200
+DRAW_BUDGET_MS = 1000
+
+
+def synthetic_logdir():
+    """bench/synthetic_logdir.py, the generator of the benchmarks' logdirs."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "synthetic_logdir.py")
+    spec = importlib.util.spec_from_file_location("synthetic_logdir", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def sweep200(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("sweep200"))
+    grid = synthetic_logdir().write_sweep(d, SWEEP_RUNS, 50, 100)
+    return d, grid
+
+
+@pytest.mark.parametrize("load_fast", ["true", "false"], ids=["load_fast", "python_loader"])
+def test_200_runs_are_drawn_and_sorted_within_a_second(sweep200, load_fast, tmp_path):
+    """From the `sweep` answer in hand to the table and the scatter on screen (the next frame), and a sort."""
+    logdir, grid = sweep200
+    tb, browser = serve(logdir, load_fast, tmp_path, SWEEP_RUNS)
+    try:
+        env = {"tb": tb, "browser": browser}
+        draws = []
+        for _ in range(3):
+            frame = open_runs(env)
+            draws.append(int(frame.locator(".lg-runs").get_attribute("data-draw-ms")))
+        t = read(frame)
+        assert sorted(r["run"] for r in t["rows"]) == sorted(name for name, _ in grid)
+        assert frame.locator(".lg-scatter-point").count() == SWEEP_RUNS
+        sort_ms = frame.evaluate(
+            """async () => {
+              const t = performance.now();
+              document.querySelector('th[data-col="hp:learning_rate"] .lg-sort').click();
+              await new Promise((resolve) => requestAnimationFrame(() => resolve()));
+              return performance.now() - t;
+            }"""
+        )
+        lr = dict(grid)
+        values = [lr[r]["learning_rate"] for r in shown(frame)]
+        assert values == sorted(values)
+        print(f"\n200 runs ({load_fast=}): drawn in {draws} ms, sorted in {sort_ms:.0f} ms")
+        assert max(draws) <= DRAW_BUDGET_MS and sort_ms <= DRAW_BUDGET_MS, (draws, sort_ms)
+        tf_.assert_no_browser_errors(browser)
+    finally:
+        browser.close()
+        tb.stop()
