@@ -719,7 +719,8 @@ class Fault:
         self.page, self.route, self.kind = page, route, kind
         self.failed = 0
         self.failing = True
-        self._match = lambda url: f"/data/plugin/{tf_.PLUGIN}/{route}" in urllib.parse.urlsplit(url).path  # noqa: E731
+        # The route itself, not a static file named alike (`sweep` and `sweep.js`).
+        self._match = lambda url: urllib.parse.urlsplit(url).path.endswith(f"/data/plugin/{tf_.PLUGIN}/{route}")  # noqa: E731
         page.route(self._match, self._handle)
 
     def _handle(self, route):
@@ -775,7 +776,9 @@ def test_runs_route_failing_at_start_shows_a_message_and_recovers(env, kind):
         text = box.text_content()
         assert text.startswith("Could not load the list of runs: ")
         assert_readable(text, fault)
-        assert frame.locator(".lg-tabs").is_visible() and frame.locator(".lg-tab[disabled]").count() == 4  # Runs, Overview, Layer, Compare
+        assert (
+            frame.locator(".lg-tabs").is_visible() and frame.locator(".lg-tab[disabled]").count() == 4
+        )  # Runs, Overview, Layer, Compare
         assert box.is_visible() and box.bounding_box()["height"] > 10
         fault.wait_failed(fault.failed + 1)  # polling goes on; the message stays
         assert frame.locator(".lg-banner .lg-error").text_content() == text
@@ -830,6 +833,7 @@ VIEW_FAULTS = [
         "json500",
         '.lg-compare path.lg-line[data-series="eval"]',
     ),
+    ({"view": "runs"}, "sweep", "html502", '.lg-runs-table tr[data-run="train"]'),
 ]
 
 
