@@ -6,7 +6,7 @@
   another (`mixed`), an HTML value (`<b>tanh</b>`);
 - `tab_fixtures.HOSTILE_RUNS` (names that are HTML, attribute breakouts, a `javascript:` URL), their gradients
   written with the real summary ops, each with `hp.hparams` of hostile names and values: HTML, a 10,000-character
-  string, NaN, and a number in one run where another holds a string.
+  string, NaN, a number in one run where another holds a string, and a number that is 0 in one run (`wd`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import tab_fixtures as tf_
 LONG = "L" * 10_000 + "<script>alert(31)</script>"
 HOSTILE_HP_NAME = "<svg onload=alert(32)>"
 HOSTILE_HPARAMS: Dict[str, dict] = {
-    tf_.HOSTILE_RUN: {"act": "<img src=x onerror=alert(33)>", "lr": 0.1, "long": LONG},
+    tf_.HOSTILE_RUN: {"act": "<img src=x onerror=alert(33)>", "lr": 0.1, "long": LONG, "wd": 0.0},
     tf_.HOSTILE_ATTR_RUN: {"act": '" onmouseover="alert(34)', "lr": math.nan, HOSTILE_HP_NAME: "<i>v</i>"},
-    tf_.HOSTILE_JS_RUN: {"lr": "javascript:alert(35)", "long": 3.0},
+    tf_.HOSTILE_JS_RUN: {"lr": "javascript:alert(35)", "long": 3.0, "wd": 1e-4},
 }
 HOSTILE_STEPS = list(range(6))
 

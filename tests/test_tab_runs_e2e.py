@@ -413,6 +413,14 @@ def test_log_x_is_offered_only_for_positive_numbers(hp_tab):
     log = frame.locator('.lg-panel-scatter .lg-toggle-btn[data-value="1"]')
     frame.wait_for_selector(".lg-scatter-point")
     assert log.is_disabled() and "not numbers" in log.get_attribute("title")
+    # Numbers, one of them 0: a linear axis only, even when the URL asks for log.
+    frame = open_runs(hp_tab, {"sx": "wd", "sy": "layers", "xlog": "1"})
+    log = frame.locator('.lg-panel-scatter .lg-toggle-btn[data-value="1"]')
+    frame.wait_for_selector(".lg-scatter-point")
+    assert log.is_disabled() and "needs values > 0: 'wd' has 0" in log.get_attribute("title")
+    assert frame.locator('.lg-panel-scatter .lg-toggle-btn[data-value="0"]').get_attribute("aria-pressed") == "true"
+    pts = sorted(frame.evaluate(POINTS), key=lambda p: float(p["x"]))
+    assert [float(p["x"]) for p in pts] == [0.0, 1e-4] and pts[0]["cx"] < pts[1]["cx"]
 
 
 # -- a sweep of 200 runs ----------------------------------------------------------------------------------------

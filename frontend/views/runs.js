@@ -147,7 +147,7 @@ export class RunsView {
 
   /** One select per hyperparameter: any value, one of its values, or "(none)" for runs without it. */
   _hparamControls(a, filters) {
-    const sig = JSON.stringify([this.text.length, this.text.slice(0, 64), filters]);
+    const sig = JSON.stringify(filters); // reset by a new answer (`_load`)
     if (this._drawnFilters === sig) return;
     this._drawnFilters = sig;
     const controls = (a.hparams || []).map(({ name }) => {
