@@ -194,3 +194,8 @@ def test_the_read_ahead_computes_the_rows_a_first_request_needs(tmp_path):
     assert body == get_json(InProcess(logdir), "sweep", {})  # and its rows are those a request computes
     other = get_json(tb, "sweep", {"source": "weight"})  # another query: its own rows (none here)
     assert [r["layers"] for r in other["runs"]] == [0, 0]
+
+
+def test_warnings_are_said_on_every_poll(tb):
+    first, again = get_json(tb, "sweep", {}), get_json(tb, "sweep", {})
+    assert first["warnings"] and again["warnings"] == first["warnings"]

@@ -28,7 +28,6 @@ from tb_layergrad.reader import (
     hparams,
     layer_points,
     run_anomalies,
-    run_health,
     series,
 )
 from tb_layergrad.reader.catalog import quote
@@ -52,7 +51,7 @@ def runs_impl(reading: Reading, ctx: object, eid: str, run: Optional[str]) -> di
     body = bodies.runs_body(cat, statistics_read)
     for row in body["runs"]:  # the `sweep` route's row of the run is computed already (read ahead, or asked)
         rc = cat.runs[row["run"]]
-        row["sweep_read"] = reading.health.holds(eid, rc, run_health.row_target(rc, None), metadata.SOURCE_OUTPUT)
+        row["sweep_read"] = reading.health.holds(eid, rc, None, metadata.SOURCE_OUTPUT)
     return body
 
 

@@ -77,13 +77,19 @@ class EndCache:
         self._ends: Dict[Tuple[str, str], Tuple[Version, Optional[float]]] = {}
 
     def read(
-        self, provider: tb_provider.DataProvider, ctx: Any, experiment_id: str, runs: Iterable[str]
+        self,
+        provider: tb_provider.DataProvider,
+        ctx: Any,
+        experiment_id: str,
+        runs: Iterable[str],
+        lister: Any = None,
     ) -> Dict[str, Optional[float]]:
         """`{run: smoothed end or None}` of `runs`; reads the scalars of only the runs whose tags changed.
 
         Args:
           provider, ctx, experiment_id: as for `reader.hparams.sessions`.
           runs: the runs asked (one without the scalars: None).
+          lister: anything with the provider's `list_scalars` (the plugin's, which folds each record once).
 
         Returns:
           One entry per run, in the order given.
@@ -96,7 +102,7 @@ class EndCache:
         """
         runs = list(runs)
         tags = [TRACE_TAG, SIGNAL_TAG]
-        listed = provider.list_scalars(
+        listed = (lister or provider).list_scalars(
             ctx,
             experiment_id=experiment_id,
             plugin_name=SCALARS_PLUGIN,

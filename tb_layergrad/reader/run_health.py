@@ -165,14 +165,9 @@ def _first_nonfinite(result) -> Optional[dict]:
     return {"step": first["step"], "pass": None, "origin": None, "layers": list(first["layers"]), "line": line}
 
 
-def signature(rc: catalog.RunCatalog) -> tuple:
-    """What a run's row depends on: every listed tag of the run with its last step and wall time (a new or
-    rewritten record changes it, as it does the `StatsStore`'s versions)."""
-    return tuple(sorted({(p.tag, p.max_step, p.max_wall_time) for s in rc.series for p in s.parts}))
-
-
 class HealthCache:
-    """Rows by (experiment, run, target, source), kept while the run's `signature` is unchanged; thread-safe.
+    """Rows by (experiment, run, asked target, source), kept while the run's listing is the same
+    (`catalog.listing_signature`); thread-safe. `None` as the asked target: the run's own (`row_target`).
 
     Args:
       max_rows: how many rows to keep (the least recently used are dropped).
@@ -184,25 +179,32 @@ class HealthCache:
         self._lock = threading.Lock()
         self.computed = 0  # rows computed since start: what a test of "nothing recomputed" reads
 
-    def holds(self, experiment_id: str, rc: catalog.RunCatalog, target: str, source: str) -> bool:
-        """Whether `row` would find the run's row kept and current (compute nothing)."""
+    def get(self, experiment_id: str, run: str, target: Optional[str], source: str, signature: tuple) -> Optional[dict]:
+        """The kept row of a run whose listing has this signature, or None."""
         with self._lock:
-            hit = self._rows.get((experiment_id, rc.run, target, source))
-        return hit is not None and hit[0] == signature(rc)
+            hit = self._rows.get((experiment_id, run, target, source))
+            if hit is None or hit[0] != signature:
+                return None
+            self._rows.move_to_end((experiment_id, run, target, source))
+            return hit[1]
 
-    def row(self, src: RunSource, target: str, source: str) -> dict:
-        """`health(src, target, source)`, computed only if the run changed since it was last computed."""
-        key = (src.experiment_id, src.rc.run, target, source)
-        sig = signature(src.rc)
-        with self._lock:
-            hit = self._rows.get(key)
-            if hit is not None and hit[0] == sig:
-                self._rows.move_to_end(key)
-                return hit[1]
-        value = health(src, target, source)
+    def holds(self, experiment_id: str, rc: catalog.RunCatalog, target: Optional[str], source: str) -> bool:
+        """Whether `row` would find the run's row kept and current (compute nothing)."""
+        return self.get(experiment_id, rc.run, target, source, rc.signature) is not None
+
+    def row(self, src: RunSource, target: Optional[str], source: str) -> dict:
+        """The run's row: `{"target": the row's target, **health(...), "warnings": the run's listing's}`,
+        computed only if the run's listing changed since it was last computed."""
+        rc = src.rc
+        hit = self.get(src.experiment_id, rc.run, target, source, rc.signature)
+        if hit is not None:
+            return hit
+        chosen = row_target(rc, target)
+        value = {"target": chosen, **health(src, chosen, source), "warnings": list(rc.warnings)}
         with self._lock:
             self.computed += 1
-            self._rows[key] = (sig, value)
+            key = (src.experiment_id, rc.run, target, source)
+            self._rows[key] = (rc.signature, value)
             self._rows.move_to_end(key)
             while len(self._rows) > self._max_rows:
                 self._rows.popitem(last=False)
