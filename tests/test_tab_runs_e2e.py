@@ -48,8 +48,8 @@ POINTS = """() => Array.from(document.querySelectorAll('.lg-scatter-point')).map
   cy: Number(c.getAttribute('cy')), fill: c.getAttribute('fill')}))"""
 
 
-def serve(logdir: str, load_fast: str, work, wanted: int):
-    """A real TensorBoard on `logdir` whose `sweep` route lists `wanted` runs with health; and a browser."""
+def serve(logdir: str, load_fast: str, work, wanted: int) -> TensorBoardProcess:
+    """A real TensorBoard on `logdir` once its `sweep` route lists `wanted` runs with health."""
     tb = TensorBoardProcess(logdir, str(work / "tensorboard.log"), load_fast=load_fast)
     try:
 
@@ -58,20 +58,27 @@ def serve(logdir: str, load_fast: str, work, wanted: int):
             return len(runs) >= wanted and all(r["layers"] for r in runs)
 
         tb.wait_until(ready, f"{wanted} runs in the sweep route", timeout=120)
-        return tb, tf_.Browser(str(work / "profile"), poll_ms=60_000)
+        return tb
     except BaseException:
         tb.stop()
         raise
 
 
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
+    """One headless Chromium for the module (Playwright's sync API runs one at a time)."""
+    b = tf_.Browser(str(tmp_path_factory.mktemp("runs_profile")), poll_ms=60_000)
+    yield b
+    b.close()
+
+
 @pytest.fixture(scope="module", params=["true", "false"], ids=["load_fast", "python_loader"])
-def demo_tab(request, demo, tmp_path_factory):
+def demo_tab(request, demo, browser, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"runs_demo_{request.param}")
-    tb, browser = serve(demo["logdir"], request.param, work, len({run for run, _ in demo["by_target"]}))
+    tb = serve(demo["logdir"], request.param, work, len({run for run, _ in demo["by_target"]}))
     try:
         yield {"tb": tb, "browser": browser, "demo": demo, "sweep": tb.get_json(PLUGIN_API + "sweep")}
     finally:
-        browser.close()
         tb.stop()
 
 
@@ -83,22 +90,19 @@ def fixtures_logdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module", params=["true", "false"], ids=["load_fast", "python_loader"])
-def hp_tab(request, fixtures_logdir, tmp_path_factory):
+def hp_tab(request, fixtures_logdir, browser, tmp_path_factory):
     work = tmp_path_factory.mktemp(f"runs_hp_{request.param}")
-    tb, browser = serve(fixtures_logdir, request.param, work, 4 + len(tf_.HOSTILE_RUNS))
+    tb = serve(fixtures_logdir, request.param, work, 4 + len(tf_.HOSTILE_RUNS))
     try:
         yield {"tb": tb, "browser": browser, "sweep": tb.get_json(PLUGIN_API + "sweep")}
     finally:
-        browser.close()
         tb.stop()
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(request):
+def no_browser_errors(browser):
     yield
-    for name in ("demo_tab", "hp_tab"):
-        if name in request.fixturenames:
-            tf_.assert_no_browser_errors(request.getfixturevalue(name)["browser"])
+    tf_.assert_no_browser_errors(browser)
 
 
 def open_runs(env, state=None):
@@ -448,10 +452,10 @@ def sweep200(tmp_path_factory):
 
 
 @pytest.mark.parametrize("load_fast", ["true", "false"], ids=["load_fast", "python_loader"])
-def test_200_runs_are_drawn_and_sorted_within_a_second(sweep200, load_fast, tmp_path):
+def test_200_runs_are_drawn_and_sorted_within_a_second(sweep200, load_fast, browser, tmp_path):
     """From the `sweep` answer in hand to the table and the scatter on screen (the next frame), and a sort."""
     logdir, grid = sweep200
-    tb, browser = serve(logdir, load_fast, tmp_path, SWEEP_RUNS)
+    tb = serve(logdir, load_fast, tmp_path, SWEEP_RUNS)
     try:
         env = {"tb": tb, "browser": browser}
         draws = []
@@ -474,7 +478,5 @@ def test_200_runs_are_drawn_and_sorted_within_a_second(sweep200, load_fast, tmp_
         assert values == sorted(values)
         print(f"\n200 runs ({load_fast=}): drawn in {draws} ms, sorted in {sort_ms:.0f} ms")
         assert max(draws) <= DRAW_BUDGET_MS and sort_ms <= DRAW_BUDGET_MS, (draws, sort_ms)
-        tf_.assert_no_browser_errors(browser)
     finally:
-        browser.close()
         tb.stop()
