@@ -114,16 +114,6 @@ export function passesHparams(row, filters) {
   return true;
 }
 
-/** The kind of a hyperparameter over the runs that have it: the route's `kind` when given, else observed. */
-export function hparamKind(answer, name) {
-  const declared = (answer.hparams || []).find((x) => x.name === name);
-  if (declared && declared.kind) return declared.kind;
-  const kinds = new Set(answer.runs.map((r) => hparamOf(r, name)).filter((v) => !isEmpty(v)).map((v) => typeof v));
-  if (kinds.size !== 1) return kinds.size ? "mixed" : "number";
-  const [k] = kinds;
-  return k === "boolean" ? "bool" : k;
-}
-
 /**
  * How the scatter may place hyperparameter `name` on its x axis: numbers on a linear axis, and on a log axis
  * only when every value is a number > 0 (`logReason` says why not); anything else as categories.
