@@ -6,7 +6,7 @@
 export const FLAG = Object.freeze({ NONFINITE: 1, VANISHING: 2, EXPLODING: 4, DEAD: 8 });
 
 // Until a route answer brings the server's thresholds (the answer's `thresholds` replaces these).
-const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99, TIME_DECAY_DECADES: 3 });
+const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99, TIME_DECAY_DECADES: 3, STEP_DECAY_DECADES: 2, TARGET_FALL: 0.5, EDGE_STEPS: 5 });
 
 /** Flag descriptions (most serious first after non-finite), with the rule in words. */
 export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
@@ -28,7 +28,7 @@ export const FLAG_INFO = flagInfo();
 
 // A layer's verdict (the route's `layers[].verdict.state`, decided by tb_layergrad/reader/verdict.py) -> the chip
 // class that colours it. The origin of a NaN keeps the non-finite colour and gets its own mark (`isOrigin`).
-const STATE_CHIP = { nan_origin: "nonfinite", nonfinite: "nonfinite", exploding: "exploding", dead: "dead", vanishing: "vanishing", vanishing_through_time: "vanishing" };
+const STATE_CHIP = { nan_origin: "nonfinite", nonfinite: "nonfinite", exploding: "exploding", dead: "dead", vanishing: "vanishing", vanishing_over_steps: "vanishing", vanishing_through_time: "vanishing" };
 
 /** The chip class of a verdict state, or null for "ok" (no chip). */
 export function stateChip(state) {

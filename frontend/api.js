@@ -104,6 +104,7 @@ export const api = {
   anomalies: (p, o) => getJSON("anomalies", p, o),
   examples: (p, o) => getJSON("examples", p, o),
   noiseScale: (p, o) => getJSON("noise_scale", p, o),
+  hparams: (p = {}, o) => getJSON("hparams", p, o),
   sweep: (p, o) => getJSON("sweep", p, o),
   csvUrl: (p) => routeUrl("csv", p),
 };

@@ -21,6 +21,7 @@ export const DEFAULTS = Object.freeze({
   target: null, // null: the run's own (model.js defaultTarget: "loss", else the run's first target)
   source: "output",
   runs: [], // compare: the chosen runs
+  color: null, // compare: the hyperparameter the runs are coloured by; null: a colour per run
   log: true, // log scale of the line charts
   hist: "offset", // offset | overlay
   series: null, // layer view: "target|source|layer" of the histogram/tensor series
@@ -37,7 +38,7 @@ export const DEFAULTS = Object.freeze({
 
 const TYPES = {
   view: "str", run: "str", layer: "str", step: "int", stat: "str", target: "str",
-  source: "str", runs: "list", log: "bool", hist: "str", series: "str", of: "str", zoom: "range",
+  source: "str", runs: "list", color: "str", log: "bool", hist: "str", series: "str", of: "str", zoom: "range",
   sort: "str", filter: "str", hpf: "str", sx: "str", sy: "str", sc: "str", xlog: "bool",
 };
 

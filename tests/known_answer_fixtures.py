@@ -179,3 +179,79 @@ def write_flipped(logdir: str) -> str:
     logger = tb_layergrad.GradientLogger(run_dir, per_example=True)
     model.fit(x, y, batch_size=FLIP_BATCH_SIZE, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     return run_dir
+
+
+# Vanishing over steps: runs whose gradient falls by decades, with or without their loss.
+# `stall_*`: the fixed model above (no optimizer: the loss stalls) whose loss passes back only COLLAPSES[run] of its
+# gradient from step K on (its value unchanged); `regression`, `classifier`: trained until the loss converges, the
+# gradient falling by decades with it. The truth: a layer vanishes over steps where its gradient fell by
+# STEP_DECAY_DECADES or more and the loss did not follow: every layer of the `stall_*` runs planted at that depth.
+COLLAPSES = {"stall_4": 1e-4, "stall_3": 1e-3, "stall_2.5": 10**-2.5, "stall_1.5": 10**-1.5, "stall_1": 1e-1}
+CONVERGING = ("regression", "classifier")
+
+
+def write_stalled(logdir: str) -> None:
+    """The `stall_*` runs: the loss's value as before, its gradient x COLLAPSES[run] from step K on."""
+    import tensorflow as tf
+
+    import tb_layergrad
+
+    for run, factor in COLLAPSES.items():
+        model = _model([tf.Variable(1.0), tf.Variable(1.0)])
+        writer = tf.summary.create_file_writer(os.path.join(logdir, run))
+        rng = np.random.default_rng(6)
+        with writer.as_default():
+            for step in range(STEPS):
+                f = factor if step >= K else 1.0
+                x = tf.constant(rng.normal(size=(BATCH, 6)).astype(np.float32))
+                y = tf.constant(rng.normal(size=(BATCH, 3)).astype(np.float32))
+                with tf.GradientTape() as tape:
+                    with tb_layergrad.capture(model, tape=tape) as cap:
+                        value = tf.reduce_mean(tf.square(model(x, training=True) - y))
+                        loss = f * value + tf.stop_gradient((1.0 - f) * value)  # same value, gradient x f
+                tb_layergrad.summary.gradients(cap.gradients(tape, loss), step=step)
+        writer.close()
+
+
+CONVERGE_STEPS = 120
+
+
+def write_converging(logdir: str) -> None:
+    """`regression` (a student fitting a linear teacher exactly, mean squared error to ~0) and `classifier` (two
+    separable classes, cross-entropy), trained with Adam; the gradient falls by decades as the loss converges."""
+    import keras
+    import tensorflow as tf
+
+    import tb_layergrad
+
+    rng = np.random.default_rng(7)
+    x = rng.normal(size=(64, 6)).astype(np.float32)
+    teacher = rng.normal(size=(6, 3)).astype(np.float32)
+    margin = x.copy()
+    margin[:, 0] = np.sign(x[:, 0]) * (2.0 + np.abs(x[:, 0]))  # every label easy: the loss can reach ~0
+    data = {
+        "regression": (x, x @ teacher, 3, "mse"),
+        "classifier": (margin, (margin[:, 0] > 0).astype(np.int32), 2, "xent"),
+    }
+    for run, (xs, ys, outputs, kind) in data.items():
+        keras.utils.set_random_seed(12)
+        model = keras.Sequential(
+            [keras.Input((6,)), keras.layers.Dense(16, name="hidden"), keras.layers.Dense(outputs, name="out")],
+            name=MODEL,
+        )
+        optimizer = keras.optimizers.Adam(0.05)
+        lossfn = (
+            keras.losses.MeanSquaredError()
+            if kind == "mse"
+            else keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        )
+        writer = tf.summary.create_file_writer(os.path.join(logdir, run))
+        with writer.as_default():
+            for step in range(CONVERGE_STEPS):
+                with tf.GradientTape(persistent=True) as tape:
+                    with tb_layergrad.capture(model, tape=tape) as cap:
+                        loss = lossfn(ys, model(xs, training=True))
+                tb_layergrad.summary.gradients(cap.gradients(tape, loss), step=step)
+                weights = model.trainable_weights
+                optimizer.apply_gradients(zip(tape.gradient(loss, weights), weights))
+        writer.close()

@@ -39,11 +39,16 @@ class LongRun:
         return series.stat_column(self.tables[layer], stat)
 
 
-def stats_table(i: int, steps: int, n_layers: int, nan: bool, spike: bool) -> np.ndarray:
-    """The stats records of layer i: a norm drifting with the step, noisy, shrinking with depth."""
-    rng = np.random.default_rng(100 + i)
+def stats_table(
+    i: int, steps: int, n_layers: int, nan: bool, spike: bool, seed: int = 0, gain: float = 1.0
+) -> np.ndarray:
+    """The stats records of layer i: a norm drifting with the step, noisy, shrinking with depth (`seed`: another
+    run's noise; `gain`: another run's size)."""
+    rng = np.random.default_rng(100 + i if seed == 0 else [seed, i])
     t = np.arange(steps)
-    scale = 1e-2 * (0.5 ** (n_layers - i)) * (1 + 0.5 * np.sin(t / 3000.0)) * np.exp(0.1 * rng.normal(size=steps))
+    scale = (
+        gain * 1e-2 * (0.5 ** (n_layers - i)) * (1 + 0.5 * np.sin(t / 3000.0)) * np.exp(0.1 * rng.normal(size=steps))
+    )
     table = np.zeros((steps, len(metadata.STAT_FIELDS)))
     table[:, S["elements"]] = ELEMENTS
     table[:, S["std"]] = scale
@@ -69,9 +74,12 @@ def write_run(
     keep: bool = True,
     format_version: int = 2,
     block_steps: Optional[int] = None,
+    seed: int = 0,
+    gain: float = 1.0,
 ) -> Dict[str, np.ndarray]:
     """One run of `stats` records; returns the tables (none with `keep=False`). `block_steps`: a version-2
-    group's blocks as given (a power of two), not as the layer count sets them, for many blocks in few steps."""
+    group's blocks as given (a power of two), not as the layer count sets them, for many blocks in few steps.
+    `seed`, `gain`: another run's values (`stats_table`)."""
     import tensorflow as tf  # its C++ TFRecord writer: event files are TFRecords
 
     os.makedirs(path, exist_ok=True)
@@ -80,7 +88,7 @@ def write_run(
         for i, layer in enumerate(layers)
     ]
     tables = {
-        layer: stats_table(i, steps, len(layers), nan=i == NAN_LAYER, spike=i == SPIKE_LAYER)
+        layer: stats_table(i, steps, len(layers), nan=i == NAN_LAYER, spike=i == SPIKE_LAYER, seed=seed, gain=gain)
         for i, layer in enumerate(layers)
     }
 

@@ -350,3 +350,26 @@ def parent_state(page) -> Dict[str, str]:
             if k.startswith("lg_"):
                 out[k[3:]] = urllib.parse.unquote(v)
     return out
+
+
+# Elements and attributes that only an injected name would create (names are always text in the tab).
+INJECTED_JS = r"""() => {
+  const bad = [];
+  for (const el of document.querySelectorAll('*')) {
+    for (const a of el.attributes) {
+      if (/^on/i.test(a.name) || a.name === 'autofocus') bad.push(`${el.tagName} ${a.name}=${a.value}`);
+      if (['href', 'src', 'action', 'formaction', 'xlink:href'].includes(a.name) && /^\s*javascript:/i.test(a.value)) bad.push(`${el.tagName} ${a.name}=${a.value}`);
+    }
+    if (el.tagName === 'SCRIPT' && /alert\(/.test(el.textContent)) bad.push('script: ' + el.textContent.slice(0, 80));  // the payloads'
+    if (el.tagName === 'IMG' || el.tagName === 'IFRAME' && !el.src.includes('plugin_entry.html')) bad.push(`${el.tagName} ${el.getAttribute('src')}`);
+  }
+  return bad;
+}"""
+
+
+def assert_nothing_injected(b: "Browser", frame) -> None:
+    """No element, handler or script came out of a name, in TensorBoard's page or the tab's frame."""
+    for f in (b.page, frame):
+        assert f.evaluate(INJECTED_JS) == [], f.url
+    assert frame.evaluate("() => window.__cspViolations") == []
+    assert b.dialogs == []

@@ -93,7 +93,7 @@ def test_fail_on_dominated(logdir):
 
 
 DOMINATED_COLUMNS = [f"dominated_{k}" for k in report.DOMINATED_FIELDS]
-VERDICT_COLUMNS = ["verdict", "last_nonfinite"]
+VERDICT_COLUMNS = ["verdict", "last_nonfinite", "step_decay"]
 OLD_COLUMNS = (
     "run",
     "target",

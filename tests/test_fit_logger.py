@@ -12,6 +12,8 @@ Runs under Keras 3 and, with TF_USE_LEGACY_KERAS=1, under tf_keras.
 
 from __future__ import annotations
 
+import os
+import types
 import warnings
 
 import numpy as np
@@ -364,3 +366,63 @@ def test_timesteps_without_rnn_fails_before_training(tmp_path):
     model, _ = mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path), timesteps=True), ValueError, "no RNN layer")
+
+
+# -- the run it writes to -----------------------------------------------------------------------
+def _steps_in(logdir) -> list:
+    return layergrad_steps(read_series(logdir))
+
+
+def test_a_tensorboard_log_dir_is_followed_at_each_fit(tmp_path):
+    """log_dir=<TensorBoard callback>: each fit() writes to the callback's log_dir of that moment (a tuner moves it
+    between trials), in a new event file; nothing is warned, each run holding one training's steps."""
+    x, y = _data(n=16)
+    first, second = os.fspath(tmp_path / "a"), os.fspath(tmp_path / "b")
+    tb = keras.callbacks.TensorBoard(first)
+    logger = tb_layergrad.GradientLogger(tb)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for log in (first, second):
+            tb.log_dir = log
+            model, _ = mlp_sequential()
+            model.compile(optimizer="sgd", loss=_loss())
+            model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[tb, logger])
+            assert logger.log_dir == log and logger.run_dir == os.path.join(log, "train")
+    assert _steps_in(first) == _steps_in(second) == [1, 2]
+    logger.close()
+
+
+def test_a_second_model_in_one_run_is_warned_and_a_later_fit_of_the_same_is_not(tmp_path):
+    x, y = _data(n=16)
+    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
+    first, _ = mlp_sequential()
+    first.compile(optimizer="sgd", loss=_loss())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        first.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+        first.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])  # steps 3, 4
+        resumed = tb_layergrad.GradientLogger(log_dir(tmp_path))  # a new logger: the optimizer's count, steps 5, 6
+        first.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[resumed])
+    second, _ = mlp_sequential()
+    second.compile(optimizer="sgd", loss=_loss())
+    with pytest.warns(UserWarning, match=r"already holds steps up to 6 .* writes from step 1 on") as caught:
+        second.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    assert "Give each training its own log_dir" in str(caught[0].message)
+    assert _steps_in(log_dir(tmp_path)) == [1, 2, 3, 4, 5, 6]
+
+
+@pytest.mark.parametrize(
+    "value, exc, match",
+    [
+        (42, TypeError, "log_dir must be a path, or the keras.callbacks.TensorBoard callback"),
+        ("", ValueError, "got an empty one"),
+        (
+            types.SimpleNamespace(log_dir=None),
+            TypeError,
+            "log_dir follows SimpleNamespace.log_dir, which must be a path",
+        ),
+    ],
+)
+def test_log_dir_is_a_path_or_a_callback_with_one(value, exc, match):
+    with pytest.raises(exc, match=match):
+        tb_layergrad.GradientLogger(value)

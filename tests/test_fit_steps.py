@@ -102,6 +102,25 @@ def test_initial_epoch_gives_the_count_without_an_unlogged_batch(tmp_path):
     assert _all_steps(log_dir(tmp_path)) == [5, 6, 7, 8]
 
 
+def test_a_count_learned_at_the_first_batch_is_checked_against_its_run(tmp_path):
+    """Another GAN's steps 1..8 are in the run; a trained GAN with a new logger learns at its first batch that it
+    writes from step 6: the steps they share are warned about then."""
+    cs.gan().fit(
+        cs.data(64), batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))]
+    )
+    model = cs.gan()
+    model.fit(cs.data(32), batch_size=8, epochs=1, verbose=0)  # 4 batches, no logger
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(
+            cs.data(32), batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))]
+        )
+    messages = [str(w.message) for w in caught]
+    assert any("runs unlogged" in m for m in messages)
+    shared = [m for m in messages if "already holds steps up to 8 " in m]
+    assert len(shared) == 1 and "writes from step 6 on" in shared[0], messages
+
+
 def test_a_count_that_cannot_be_known_raises_at_the_first_batch(tmp_path):
     """Two updates per batch of the only optimizer: its count is not the batch count; the error says what to pass."""
     model = cs.TwiceStep()

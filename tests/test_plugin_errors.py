@@ -163,8 +163,14 @@ def test_valid_but_absent_values_are_not_errors(tb):
 
 
 def test_compare_limits(tb):
+    LIMIT = 200  # docs/HTTP_API.md: a sweep's runs in one request
     check_error(tb.get("compare", {"layer": TENSOR_LAYER}), 400)
-    check_error(tb.get("compare", [("run", f"r{i}") for i in range(51)] + [("layer", TENSOR_LAYER)]), 400)
+    too_many = [("run", f"r{i}") for i in range(LIMIT + 1)]
+    body = check_error(tb.get("compare", too_many + [("layer", TENSOR_LAYER)]), 400)
+    assert f"at most {LIMIT} runs" in body["error"] and f"got {LIMIT + 1}" in body["error"]
+    check_error(tb.get("noise_scale", too_many), 400)
+    # As many as allowed: checked for existence (404), not refused for their number.
+    check_error(tb.get("compare", too_many[:-1] + [("layer", TENSOR_LAYER)]), 404)
     check_error(tb.get("compare", [("run", "train"), ("run", "nope"), ("layer", TENSOR_LAYER)]), 404)
     check_error(tb.get("compare", [("run", "train"), ("run", "eval"), ("layer", "nope")]), 404)
 

@@ -90,7 +90,7 @@ def test_csv_rows(planted, capsys):  # noqa: F811
     assert report.CSV_COLUMNS[at : at + len(report.DOMINATED_FIELDS)] == tuple(
         f"dominated_{k}" for k in report.DOMINATED_FIELDS
     )
-    assert report.CSV_COLUMNS[at + len(report.DOMINATED_FIELDS) :] == ("verdict", "last_nonfinite")
+    assert report.CSV_COLUMNS[at + len(report.DOMINATED_FIELDS) :] == ("verdict", "last_nonfinite", "step_decay")
     assert all(r[f"dominated_{k}"] == "" for r in rows for k in report.DOMINATED_FIELDS)
 
 

@@ -115,7 +115,14 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
             "layers": [rf.NAN_LAYER],
             "line": unknown_line,
         },
-        "latest": {"nonfinite": 0, "vanishing": 1, "exploding": 1, "dead": 1, "vanishing_through_time": 0},
+        "latest": {
+            "nonfinite": 0,
+            "vanishing": 1,
+            "exploding": 1,
+            "dead": 1,
+            "vanishing_over_steps": 0,
+            "vanishing_through_time": 0,
+        },
     }
     assert body["thresholds"] == {
         "VANISH_REL": 1e-3,
@@ -124,6 +131,9 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
         "BASELINE_STEPS": 5,
         "DEAD_ZERO_FRAC": 0.99,
         "TIME_DECAY_DECADES": 3.0,
+        "STEP_DECAY_DECADES": 2.0,
+        "TARGET_FALL": 0.5,
+        "EDGE_STEPS": 5,
     }
 
 

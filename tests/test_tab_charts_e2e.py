@@ -324,8 +324,14 @@ def test_a_zero_on_a_log_axis_is_named_and_marked(env):
         .inner_text()
         .startswith("no value above 0: drawn on a linear scale")
     )
-    chip = frame.locator(f'.lg-run-chip[data-run="{cf.ZERO}"]')
-    assert chip.get_attribute("title") == "the only run chosen: pick another one first"
+    item = frame.locator(f'.lg-run-item[data-run="{cf.ZERO}"]')
+    assert item.locator("input").is_checked() and frame.locator(".lg-run-item.lg-on").count() == 1
+    # Unticking the only run compares none, and says so (no other runs come back by themselves).
+    item.locator("input").uncheck()
+    frame.wait_for_function(
+        "() => document.querySelector('.lg-compare .lg-messages')?.textContent.startsWith('No run chosen')"
+    )
+    assert frame.locator(".lg-run-item.lg-on").count() == 0 and frame.locator(".lg-compare-body").is_hidden()
 
 
 def test_a_toggle_that_can_show_nothing_is_disabled_with_its_reason(env):

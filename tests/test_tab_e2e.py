@@ -31,8 +31,10 @@ from tab_fixtures import (  # noqa: E402
     HOSTILE_RUN,
     HOSTILE_RUNS,
     HOSTILE_TARGET,
+    INJECTED_JS,
     NAN_LAYER,
     NAN_STEP,
+    assert_nothing_injected,
 )
 from tensorboard_process import PLUGIN_API  # noqa: E402
 
@@ -224,7 +226,9 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
         {"run": "train", "view": "compare", "layer": "net/lstm", "runs": json.dumps(["train", "eval"]), "step": 8},
     )
     frame.wait_for_selector('.lg-compare path.lg-line[data-series="eval"]')
-    assert frame.locator(".lg-run-chip.lg-on").all_inner_texts() == ["eval", "train"]  # chips in name order
+    # The run list in name order, the compared runs ticked.
+    assert frame.locator(".lg-run-item.lg-on .lg-run-item-name").all_inner_texts() == ["eval", "train"]
+    assert frame.locator(".lg-run-item.lg-on input").evaluate_all("els => els.every(e => e.checked)")
     legend = frame.locator(".lg-panel-wide .lg-legend-name").all_inner_texts()
     assert legend == ["train", "eval"]
     colours = frame.locator(".lg-panel-wide path.lg-line").evaluate_all("els => els.map(e => e.getAttribute('stroke'))")
@@ -255,8 +259,8 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
         tf_.numpy_stats(zeta)["norm"], rel=0, abs=tf_.shown_atol(zeta, "norm")
     )
     # Picking a run adds it with a new colour; the others keep theirs.
-    frame.locator(".lg-run-chip", has_text=HOSTILE_RUN).click()
-    frame.wait_for_function("() => document.querySelectorAll('.lg-run-chip.lg-on').length === 3")
+    frame.locator(".lg-run-item", has_text=HOSTILE_RUN).locator("input").check()
+    frame.wait_for_function("() => document.querySelectorAll('.lg-run-item.lg-on').length === 3")
     assert json.loads(parent_state(page)["runs"]) == ["train", "eval", HOSTILE_RUN]
     frame.wait_for_selector(".lg-panel-wide .lg-legend-item:nth-child(3)")
     after = frame.locator(".lg-panel-wide .lg-legend-item .lg-swatch").evaluate_all(
@@ -279,7 +283,7 @@ def test_hostile_run_and_layer_names_render_as_text(env):
         "(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=HOSTILE_LAYER
     )
     frame.locator(".lg-tab", has_text="Compare runs").click()
-    frame.wait_for_selector(".lg-run-chip.lg-on")
+    frame.wait_for_selector(".lg-run-item.lg-on")
     time.sleep(0.5)
     for f in (page, frame):
         assert f.evaluate("() => document.querySelectorAll('img').length") == 0
@@ -527,28 +531,8 @@ def test_polls_only_while_the_tab_is_visible(env):
 
 # -- hostile names: attribute breakouts, </script>, javascript:, in every view ---------------
 
+
 # Anything a payload could have turned into if it had been parsed as HTML.
-INJECTED_JS = r"""() => {
-  const bad = [];
-  for (const el of document.querySelectorAll('*')) {
-    for (const a of el.attributes) {
-      if (/^on/i.test(a.name) || a.name === 'autofocus') bad.push(`${el.tagName} ${a.name}=${a.value}`);
-      if (['href', 'src', 'action', 'formaction', 'xlink:href'].includes(a.name) && /^\s*javascript:/i.test(a.value)) bad.push(`${el.tagName} ${a.name}=${a.value}`);
-    }
-    if (el.tagName === 'SCRIPT' && /alert\(/.test(el.textContent)) bad.push('script: ' + el.textContent.slice(0, 80));  // the payloads'
-    if (el.tagName === 'IMG' || el.tagName === 'IFRAME' && !el.src.includes('plugin_entry.html')) bad.push(`${el.tagName} ${el.getAttribute('src')}`);
-  }
-  return bad;
-}"""
-
-
-def assert_nothing_injected(b, frame):
-    for f in (b.page, frame):
-        assert f.evaluate(INJECTED_JS) == [], f.url
-    assert frame.evaluate("() => window.__cspViolations") == []
-    assert b.dialogs == []
-
-
 def texts(frame, selector: str):
     """textContent (not innerText: hidden options count too) of every match."""
     return frame.locator(selector).evaluate_all("els => els.map(e => e.textContent)")
@@ -631,8 +615,8 @@ def test_attribute_breakout_names_render_as_text_in_every_view(env):
         {"run": HOSTILE_ATTR_RUN, "view": "compare", "layer": "net/first", "runs": json.dumps(list(HOSTILE_RUNS))},
     )
     frame.wait_for_selector(".lg-compare path.lg-line")
-    assert texts(frame, ".lg-run-chip-name") == all_runs
-    assert texts(frame, ".lg-run-chip.lg-on .lg-run-chip-name") == sorted(HOSTILE_RUNS)
+    assert texts(frame, ".lg-run-item-name") == all_runs
+    assert texts(frame, ".lg-run-item.lg-on .lg-run-item-name") == sorted(HOSTILE_RUNS)
     assert texts(frame, ".lg-compare .lg-note") == [f"No layer 'first' in: {HOSTILE_ATTR_RUN}."]
     assert set(texts(frame, ".lg-panel-wide .lg-legend-name")) <= set(HOSTILE_RUNS)
     assert HOSTILE_RUN in texts(frame, ".lg-panel-wide .lg-legend-name") and HOSTILE_JS_RUN in texts(

@@ -263,6 +263,21 @@ def test_compare_shows_the_noise_scale_of_the_runs_that_have_it(env):
     assert f"not recorded in {ef.PLAIN}" in frame.locator('.lg-compare [data-panel="noise-scale"]').inner_text()
     frame.wait_for_selector('.lg-compare path.lg-line[data-series="plain"]')  # compared by the norm meanwhile
     # These runs hold no histograms (stats and examples only): compare does not ask for them (no 404s).
+    # Hovering a run's entry in the noise-scale legend highlights it there and in the other charts, the
+    # other run faded; a run the noise-scale chart does not have fades nothing there.
+    noise = '.lg-compare [data-panel="noise-scale"]'
+    frame.locator(f"{noise} .lg-legend-item").filter(has_text=ef.RUN).hover()
+    frame.wait_for_selector(f"{noise} svg.lg-dimmed path.lg-line.lg-hi")
+    overlay = frame.locator(".lg-compare .lg-panel-wide")
+    assert overlay.locator("path.lg-line.lg-hi").evaluate_all("els => els.map(e => e.dataset.key)") == [ef.RUN]
+    plain = overlay.locator(f'path.lg-line[data-key="{ef.PLAIN}"]')
+    assert plain.evaluate("e => getComputedStyle(e).strokeOpacity") == "0.15"
+    frame.locator(".lg-compare .lg-panel-wide .lg-legend-item").filter(has_text=ef.PLAIN).hover()
+    frame.wait_for_function(
+        "(r) => document.querySelector('.lg-panel-wide path.lg-line.lg-hi')?.dataset.key === r", arg=ef.PLAIN
+    )
+    assert frame.locator(f"{noise} svg.lg-dimmed").count() == 0 and frame.locator(f"{noise} .lg-hi").count() == 0
+    env["browser"].page.mouse.move(1, 1)
 
 
 def test_a_run_without_them_shows_none(env):

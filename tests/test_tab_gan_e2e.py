@@ -127,3 +127,34 @@ def test_a_target_the_url_names_is_kept(gan_tab):
     assert texts(frame, f"{TARGET} option:checked") == [demo_gan.G_TARGET]
     assert tf_.parent_state(b.page)["target"] == demo_gan.G_TARGET
     tf_.assert_no_browser_errors(b)
+
+
+def test_the_overview_says_the_generators_gradient_vanished_over_steps(gan_tab, demo):
+    """The generator's target: one banner line (the report's finding, word for word), a `vanishing over steps` chip
+    on each of its rows and the count at the latest step; the discriminator's (its loss converged): none. The layer
+    view of the generator's output shows the same verdict."""
+    b = gan_tab["browser"]
+    report = {t: demo["by_target"][("gan", t)] for t in (demo_gan.D_TARGET, demo_gan.G_TARGET)}
+    (finding,) = report[demo_gan.G_TARGET]["summary"]["findings"]
+    frame = b.open(gan_tab["tb"].base, {"run": "gan", "target": demo_gan.G_TARGET})
+    alert = frame.locator('.lg-summary .lg-alert[data-kind="vanishing_over_steps"]')
+    alert.wait_for(timeout=20_000)
+    assert alert.count() == 1 and alert.inner_text().rstrip(" →").lower() == finding["line"].lower()
+    assert alert.get_attribute("data-layers") == str(len(finding["layers"]))
+    chips = frame.locator('.lg-chip[data-state="vanishing_over_steps"]')
+    want = [e["verdict"]["text"] for e in report[demo_gan.G_TARGET]["layers"]]
+    assert sorted(chips.evaluate_all("els => els.map(e => e.textContent)")) == sorted(want)
+    n = len(gan_tab["layers"][demo_gan.G_TARGET])
+    assert f"{len(want)} vanishing over steps of {n} layers" in frame.locator(".lg-health").inner_text()
+    frame.select_option(TARGET, demo_gan.D_TARGET)
+    rows = len(gan_tab["layers"][demo_gan.D_TARGET])
+    frame.locator(f".lg-overview .lg-heatmap-canvas[data-rows='{rows}']").wait_for()
+    frame.wait_for_function("() => !document.querySelector('.lg-alert[data-kind=\"vanishing_over_steps\"]')")
+    assert frame.locator('.lg-chip[data-state="vanishing_over_steps"]').count() == 0
+    layer = next(e for e in report[demo_gan.G_TARGET]["layers"] if e["layer"] == demo_gan.G_OUTPUT)
+    state = {"run": "gan", "view": "layer", "layer": demo_gan.G_OUTPUT, "target": demo_gan.G_TARGET}
+    frame = b.open(gan_tab["tb"].base, state)
+    chip = frame.locator('.lg-layer-verdict .lg-chip[data-state="vanishing_over_steps"]')
+    chip.wait_for(timeout=20_000)
+    assert chip.inner_text() == f"{demo_gan.G_TARGET} · output: {layer['verdict']['text']}"
+    tf_.assert_no_browser_errors(b)

@@ -10,6 +10,7 @@ from conftest import CLI
 from plugin_fixtures import InProcess, get_json
 
 from tb_layergrad.cli import demo as demo_module
+from tb_layergrad.cli import demo_gan
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +86,26 @@ def _flagged_steps(logdir: str) -> set:
 
     (run,) = report.build(logdir, runs=["mislabelled"]).runs
     return {s for d in run.dominated for s in d.at}
+
+
+def test_the_gan_generator_vanishes_over_steps_and_no_other_run_does(demo):
+    """Precision and recall over every (run, target, layer) of the demo: the truth is the generator's target, every
+    layer of it (its loss saturates as the discriminator wins: docs/ANOMALIES.md, "Vanishing over steps")."""
+    flagged, truth = set(), set()
+    for (run, target), r in demo["by_target"].items():
+        for e in r["layers"]:
+            key = (run, target, e["layer"])
+            if e["verdict"]["state"] == "vanishing_over_steps":
+                flagged.add(key)
+            if (run, target) == ("gan", demo_gan.G_TARGET):
+                truth.add(key)
+    assert flagged == truth and len(truth) >= 3, sorted(flagged ^ truth)  # precision and recall 1.0
+    generator = demo["by_target"][("gan", demo_gan.G_TARGET)]
+    (finding,) = generator["summary"]["findings"]
+    assert finding["kind"] == "vanishing_over_steps" and finding["layers"] == [e["layer"] for e in generator["layers"]]
+    assert all(e["step_decay"] <= -2 for e in generator["layers"])
+    # The discriminator's gradients fell as far, and its loss with them: convergence, not a finding.
+    discriminator = demo["by_target"][("gan", demo_gan.D_TARGET)]
+    assert min(e["step_decay"] for e in discriminator["layers"]) <= -2 and not discriminator["summary"]["findings"]
+    r = subprocess.run([CLI, "report", demo["logdir"], "--run", "gan"], capture_output=True, text=True)
+    assert "vanishing over steps in gan/" in r.stdout and f"vanishing over steps @{finding['step']}" in r.stdout

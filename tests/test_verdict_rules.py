@@ -52,3 +52,58 @@ def test_vanishing_through_time_only_when_nothing_else_holds():
     (finding,) = run.summary_json()["findings"]
     assert finding["layers"] == ["m/a", "m/c"] and "10^5.0 times smaller" in finding["line"]
     assert run.latest["vanishing_through_time"] == 2
+
+
+def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the_cell_states():
+    """Three layers whose gradient falls 10^2.5 from step 60 of 120 (12 logged steps); m/c also vanishes against the
+    others at every step (a cell state: it comes first). With a stalled loss the two others vanish over steps; with a
+    loss that fell to ~0 (convergence) or without the loss's value, none does."""
+    steps = list(range(0, 120, 10))
+    fall = np.where(np.arange(12) >= 6, 10**-2.5, 1.0)
+    rms = np.stack([fall, fall * 0.5, fall * 1e-4])
+    stats = {"rms": rms, "norm": rms * 8.0, "nonfinite": 0 * rms, "zero_frac": 0 * rms}
+    layers = ["m/a", "m/b", "m/c"]
+    stalled = anomalies.evaluate(layers, steps, stats, target_values=np.full(12, 0.7))
+    got = [(v.state, v.step, v.text) for v in stalled.verdicts()]
+    assert got == [
+        ("vanishing_over_steps", 60, "vanishing over steps @60"),
+        ("vanishing_over_steps", 60, "vanishing over steps @60"),
+        ("vanishing", 0, "vanishing"),
+    ]
+    assert [f["kind"] for f in stalled.summary_json()["findings"]] == ["vanishing", "vanishing_over_steps"]
+    assert stalled.latest["vanishing_over_steps"] == 2
+    cells = verdict.cell_states(stalled)
+    assert list(cells[0]) == ["ok"] * 6 + ["vanishing_over_steps"] * 6 and set(cells[2]) == {"vanishing"}
+    converged = anomalies.evaluate(layers, steps, stats, target_values=np.geomspace(0.7, 1e-6, 12))
+    assert [v.state for v in converged.verdicts()] == ["ok", "ok", "vanishing"]
+    assert [v.state for v in anomalies.evaluate(layers, steps, stats).verdicts()] == ["ok", "ok", "vanishing"]
+
+
+def test_the_states_in_their_order():
+    """STATES is the precedence, most serious first (what a reader that counts or sorts verdicts relies on)."""
+    assert verdict.STATES == (
+        "nan_origin",
+        "nonfinite",
+        "exploding",
+        "dead",
+        "vanishing",
+        "vanishing_over_steps",
+        "vanishing_through_time",
+        "ok",
+    )
+
+
+def test_the_two_measures_of_vanishing_over_steps():
+    """step_decay: medians of the first and last EDGE_STEPS usable norms; target_fall: of the target's value."""
+    from tb_layergrad.reader import trends
+
+    norms = np.r_[[2.0, 1.0, 1.0, np.nan, 0.0, 1.0, 1.0], np.full(5, 1e-3), [np.nan]]  # NaN, 0: not usable
+    assert trends.step_decay(norms) == -3.0 and trends.step_decay(norms[:9]) is None  # 9 usable: too few
+    assert trends.step_decay(norms, np.r_[np.zeros(12), 0]) == -3.0
+    assert trends.collapse_step(np.arange(13) * 10, norms) == 70
+    minimax = np.r_[np.full(5, -0.45), np.full(5, -1e-5)]  # minimized, it rose towards 0
+    assert trends.target_fall(trends.target_edges(minimax)) == (-0.45 + 1e-5) / 0.45
+    assert trends.target_fall(trends.target_edges(np.r_[np.full(5, 2.0), np.full(5, 1e-6)])) == (2.0 - 1e-6) / 2.0
+    assert trends.target_fall(trends.target_edges(np.zeros(10))) is None and trends.target_fall(None) is None
+    assert trends.collapsed(-2.0, 0.49) and not trends.collapsed(-1.99, -1.0) and not trends.collapsed(-5.0, 0.5)
+    assert not trends.collapsed(-5.0, None) and not trends.collapsed(None, -1.0)

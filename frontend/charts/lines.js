@@ -1,21 +1,29 @@
 // SVG line charts: statistics over steps, several series, linear or log y axis,
-// a marker at the chosen step, hover read-out, click to pick a step.
+// a marker at the chosen step, hover read-out, click to pick a step. One path per series,
+// so a hundred runs of a thousand steps stay one path each; with `onHover`, the line (or
+// legend entry) under the pointer is reported, and `highlight` brings one series forward.
 
 import { h, s, clear, replace } from "../dom.js";
 import { fmtNum } from "../format.js";
 import { ema } from "../smoothing.js";
 import { COLORS } from "./colors.js";
-import { nonPositive, nonPositiveMarks } from "./log_zeros.js";
+import { bandPaths, isOk } from "./bands.js";
+import { nonPositive, nonPositiveMarks, noteText } from "./log_zeros.js";
 import { extent, linearScale, logScale, logTicks, nearestIndex, niceLogDomain, niceTicks } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
 const M = { top: 8, right: 14, bottom: 26, left: 58 };
+const HOVER_PX = 6; // a line this close to the pointer is the one hovered
+const MANY = 12; // more series than this: a scrolling legend, and the tooltip lists the nearest lines
 const RAW = Symbol("raw values of a smoothed series");
 
 export class LineChart {
   /**
    * @param {HTMLElement} parent
-   * @param {{title?: string, height?: number, onPick?: (x: number) => void, className?: string}} opts
+   * @param {{title?: string, height?: number, onPick?: (x: number) => void, className?: string,
+   *          onHover?: (key: string|null) => void}} opts
+   * `onHover(key)`: the series (its `key`, else its name) whose line or legend entry is under the pointer, null
+   * when none; the owner calls `highlight` (of this chart and others showing the same runs).
    */
   constructor(parent, opts = {}) {
     this.opts = opts;
@@ -27,6 +35,8 @@ export class LineChart {
     this.root = h("div", { class: `lg-chart ${opts.className || ""}` }, this.titleEl, this.svg, this.legend, this.note);
     parent.appendChild(this.root);
     this.data = null;
+    this.highlighted = null;
+    this.hoverKey = null;
     this._resize = new ResizeObserver(() => {
       if (this.data && this.root.clientWidth !== this._width) this.update(this.data);
     });
@@ -44,6 +54,7 @@ export class LineChart {
    *          bands?: {name: string, color: string, xs: number[], lo: (number|null)[], hi: (number|null)[]}[],
    *          yDomain?: [number, number], smoothing?: number, xBands?: {x0: number, x1: number, title: string}[],
    *          nonPositiveWhy?: string}} data
+   * A series' `key` (default: its name) names it for `highlight` and `onHover` (a label may add to the name).
    * `bands`: filled areas between `lo` and `hi` (e.g. a spread over examples), drawn under the lines.
    * `yDomain`: a fixed y range (fractions: [0, 1]). `smoothing`: TensorBoard's EMA weight; each series
    * (unless `smooth: false`) is drawn smoothed, its raw values faint behind. `xBands`: shaded step ranges
@@ -142,6 +153,14 @@ export class LineChart {
     const clipId = `clip${Math.random().toString(36).slice(2)}`;
     svg.appendChild(s("clipPath", { id: clipId }, s("rect", { x: M.left, y: M.top - 2, width: plotW, height: plotH + 4 })));
     const lines = s("g", { "clip-path": `url(#${clipId})` });
+    this.linesG = lines;
+    this.byKey = new Map(); // key -> the series' marks, for highlight()
+    const mark = (q, el) => {
+      const key = keyOf(q);
+      if (!this.byKey.has(key)) this.byKey.set(key, []);
+      this.byKey.get(key).push(el);
+      return el;
+    };
     for (const b of bands) for (const d of bandPaths(b, x, y, log)) lines.appendChild(s("path", { d, class: "lg-band", fill: b.color, "fill-opacity": 0.25, stroke: "none", dataset: { band: b.name } }));
     series.forEach((q, k) => {
       let d = "";
@@ -169,10 +188,10 @@ export class LineChart {
         "stroke-width": q.width || 1.6,
         "stroke-dasharray": q.dash || null,
         fill: "none",
-        dataset: q.faint ? { raw: q.name } : { series: q.name, index: k },
+        dataset: q.faint ? { raw: q.name, key: keyOf(q) } : { series: q.name, index: k, key: keyOf(q) },
       });
-      lines.appendChild(path);
-      for (const [px, py] of dots) lines.appendChild(s("circle", { cx: px, cy: py, r: 2.2, fill: q.color }));
+      lines.appendChild(mark(q, path));
+      for (const [px, py] of dots) lines.appendChild(mark(q, s("circle", { cx: px, cy: py, r: 2.2, fill: q.color, class: "lg-dot" })));
     });
     svg.appendChild(lines);
     const bad = log ? nonPositive(series.filter((q) => !q.faint).map((q) => ({ ...q, ys: q[RAW] || q.ys }))) : [];
@@ -194,6 +213,7 @@ export class LineChart {
     catcher.addEventListener("mouseleave", () => {
       clear(this.hoverG);
       tooltip().hide();
+      this._hoverKey(null);
     });
     this._dragSelect(catcher, plotH);
     catcher.addEventListener("click", (e) => {
@@ -206,6 +226,28 @@ export class LineChart {
     });
     if (this.opts.onPick) catcher.style.cursor = "pointer";
     svg.appendChild(catcher);
+    this.highlight(this.highlighted);
+  }
+
+  /** Bring the series `key` forward and fade the others (null: none); its legend entry too. */
+  highlight(key) {
+    this.highlighted = key ?? null;
+    const marks = this.byKey && key !== null && key !== undefined ? this.byKey.get(key) : null;
+    this.svg.classList.toggle("lg-dimmed", Boolean(marks));
+    this.legend.classList.toggle("lg-dimmed", Boolean(marks));
+    for (const el of this.root.querySelectorAll(".lg-hi")) el.classList.remove("lg-hi");
+    if (!marks) return;
+    for (const el of marks) {
+      el.classList.add("lg-hi");
+      if (!el.classList.contains("lg-line-raw")) this.linesG.appendChild(el); // drawn last: on top
+    }
+    for (const item of this.legend.children) if (item.dataset.key === key) item.classList.add("lg-hi");
+  }
+
+  _hoverKey(key) {
+    if (!this.opts.onHover || key === this.hoverKey) return;
+    this.hoverKey = key;
+    this.opts.onHover(key);
   }
 
   /** With `opts.onSelect(x0, x1)`: a horizontal drag across the plot picks an x range (e.g. to zoom in). */
@@ -267,11 +309,12 @@ export class LineChart {
     replace(
       this.legend,
       series.map((q) =>
-        h("span", { class: "lg-legend-item", dataset: { series: q.name } },
+        h("span", { class: "lg-legend-item", dataset: { series: q.name, key: keyOf(q) }, on: this.opts.onHover ? { mouseenter: () => this._hoverKey(keyOf(q)), mouseleave: () => this._hoverKey(null) } : null },
           h("span", { class: "lg-swatch", style: swatchStyle(q) }),
           h("span", { class: "lg-legend-name", text: q.name })),
       ),
     );
+    this.legend.classList.toggle("lg-legend-many", series.length > MANY);
   }
 
   _xAt(e) {
@@ -289,20 +332,38 @@ export class LineChart {
     clear(this.hoverG);
     const px = x(xv);
     this.hoverG.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: (this.opts.height || 170) - M.bottom, class: "lg-crosshair" }));
-    const rows = [];
+    let rows = [];
     const log = this.scales.y.log;
+    const py = e.clientY - this.svg.getBoundingClientRect().top;
     for (const q of this.series) {
       const n = q.xs.indexOf(xv);
       if (n < 0 || q.faint) continue;
       const v = q.ys[n];
       const raw = q[RAW] ? q[RAW][n] : v;
       const shown = log && typeof raw === "number" && raw <= 0 ? `${fmtNum(raw)} (not drawn on a log scale)` : fmtNum(raw);
-      rows.push([q.name, q[RAW] && v !== raw ? `${fmtNum(v)} (raw ${shown})` : shown]);
-      if (isOk(v, this.scales.y.log)) this.hoverG.appendChild(s("circle", { cx: px, cy: y(v), r: 3.2, fill: q.color, stroke: "#fff" }));
+      const away = isOk(v, log) ? Math.abs(y(v) - py) : Infinity;
+      rows.push({ row: [q.name, q[RAW] && v !== raw ? `${fmtNum(v)} (raw ${shown})` : shown], q, v, away });
+    }
+    // The line under the pointer (within a few pixels) is the one hovered.
+    const near = rows.reduce((a, b) => (b.away < (a ? a.away : HOVER_PX) ? b : a), null);
+    this._hoverKey(near ? keyOf(near.q) : null);
+    let more = "";
+    if (rows.length > MANY) {
+      // Many runs: the lines nearest the pointer, the hovered one first.
+      const total = rows.length;
+      rows = rows.slice().sort((a, b) => a.away - b.away).slice(0, MANY);
+      more = `and ${total - rows.length} more: move closer to a line`;
+    }
+    for (const r of rows) {
+      if (isOk(r.v, log) && (!more || r === near)) this.hoverG.appendChild(s("circle", { cx: px, cy: y(r.v), r: 3.2, fill: r.q.color, stroke: "#fff" }));
     }
     const title = (data.xFormatHover || ((v) => `${data.xLabel || "step"} ${v}`))(xv);
-    tooltip().show(e.clientX, e.clientY, title, rows);
+    tooltip().show(e.clientX, e.clientY, title, rows.map((r) => (r === near ? [...r.row, "lg-tooltip-hi"] : r.row)), more);
   }
+}
+
+function keyOf(q) {
+  return q.key ?? q.name;
 }
 
 /** A legend swatch: a filled square, or for a dashed line a dashed (or dotted) stroke of its colour. */
@@ -318,42 +379,4 @@ function smoothed(series, w) {
   return series.flatMap((q) =>
     q.smooth === false ? [q] : [{ ...q, faint: true, width: 1, dash: null }, { ...q, ys: ema(q.ys, w), [RAW]: q.ys }],
   );
-}
-
-/** "run_b: 0 (not drawn on a log scale) at 3 steps · …" */
-function noteText(bad, why, unit) {
-  const steps = (n) => `${n} ${unit}${n === 1 ? "" : "s"}`;
-  const bits = bad.map((b) => {
-    const parts = [];
-    if (b.zeros.length) parts.push(`0 (not drawn on a log scale) at ${steps(b.zeros.length)}`);
-    if (b.negatives.length) parts.push(`below 0 (not drawn on a log scale) at ${steps(b.negatives.length)}`);
-    return `${b.name}: ${parts.join(", ")}`;
-  });
-  return `▾ under the plot: ${bits.join(" · ")}${why ? ` — ${why}` : ""}`;
-}
-
-/** The closed outlines of a band: one per run of steps where both `lo` and `hi` can be drawn. */
-function bandPaths(b, x, y, log) {
-  const out = [];
-  let run = [];
-  const flush = () => {
-    if (run.length) {
-      const top = run.map((n) => `${x(b.xs[n]).toFixed(1)},${y(b.hi[n]).toFixed(1)}`);
-      const bottom = run.slice().reverse().map((n) => `${x(b.xs[n]).toFixed(1)},${y(b.lo[n]).toFixed(1)}`);
-      // A lone step: widen it a little so that it shows.
-      if (run.length === 1) top.push(`${(x(b.xs[run[0]]) + 2).toFixed(1)},${y(b.hi[run[0]]).toFixed(1)}`);
-      out.push(`M${top.join("L")}L${bottom.join("L")}Z`);
-    }
-    run = [];
-  };
-  for (let n = 0; n < b.xs.length; n++) {
-    if (isOk(b.lo[n], log) && isOk(b.hi[n], log)) run.push(n);
-    else flush();
-  }
-  flush();
-  return out;
-}
-
-function isOk(v, log) {
-  return typeof v === "number" && Number.isFinite(v) && (!log || v > 0);
 }

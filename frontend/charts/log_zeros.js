@@ -33,3 +33,15 @@ export function nonPositiveMarks(bad, x, bottom) {
   }
   return g;
 }
+
+/** "run_b: 0 (not drawn on a log scale) at 3 steps · …" */
+export function noteText(bad, why, unit) {
+  const steps = (n) => `${n} ${unit}${n === 1 ? "" : "s"}`;
+  const bits = bad.map((b) => {
+    const parts = [];
+    if (b.zeros.length) parts.push(`0 (not drawn on a log scale) at ${steps(b.zeros.length)}`);
+    if (b.negatives.length) parts.push(`below 0 (not drawn on a log scale) at ${steps(b.negatives.length)}`);
+    return `${b.name}: ${parts.join(", ")}`;
+  });
+  return `▾ under the plot: ${bits.join(" · ")}${why ? ` — ${why}` : ""}`;
+}

@@ -1,18 +1,23 @@
-// Compare runs: one layer's statistic over steps in several runs (colour per run),
-// their histograms at one step on common bins, and the depth profile (statistic vs
-// layer, model order) of each run at that step.
+// Compare runs: one layer's statistic over steps in several runs (a colour per run, or by a
+// hyperparameter), their histograms at one step on common bins, and the depth profile (statistic vs
+// layer, model order) of each run at that step. Hovering a run's line, legend entry or row in the
+// run list highlights it in every chart and fades the rest.
 
 import { api, isAbort, isTransient } from "../api.js";
-import { paletteColor } from "../charts/colors.js";
 import { HistogramChart } from "../charts/histograms.js";
 import { LineChart } from "../charts/lines.js";
 import { downloadText, h, clear, replace, select, setOptions } from "../dom.js";
 import { csvText, EXAMPLE_STATS, MAGNITUDE_STATS, safeFilename, statLabel } from "../format.js";
 import { anyExamples, findRun, hasActivations, hasKind, layerKey, layersWith, union, valuesOf } from "../model.js";
 import { onSmoothing, smoothing } from "../smoothing.js";
+import { ColorBy } from "./color_by.js";
 import { errorBox, field, note, StepSlider, stepKeys, Toggle } from "./common.js";
 import { NoiseScalePanel } from "./noise_panel.js";
+import { RunPicker } from "./run_picker.js";
 import { SmoothingControl } from "./smoothing_control.js";
+
+/** The most runs compared at once (the `compare` route's limit, docs/HTTP_API.md). */
+const MAX_RUNS = 200;
 
 /** The statistic compared: the overview's colour, unless it is a per-example one (those are not compared). */
 function compared(state) {
@@ -24,7 +29,10 @@ export class CompareView {
     this.app = app;
     this.abort = null;
     this.data = null;
-    this.runPicker = h("div", { class: "lg-run-picker", role: "group", "aria-label": "runs to compare" });
+    this.hovered = null;
+    this.emptied = false; // the user unticked every run: compare none (not the first two)
+    this.picker = new RunPicker((runs) => this._choose(runs), (run) => this._hover(run));
+    this.colorBy = new ColorBy((name) => app.setState({ color: name }));
     this.layerSelect = select([], null, (key) => this._pickLayer(key), { "aria-label": "layer" });
     this.statSelect = select(MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), "norm", (v) => app.setState({ stat: v }), { "aria-label": "statistic" });
     this.logToggle = new Toggle([["1", "log"], ["0", "linear"]], "1", (v) => app.setState({ log: v === "1" }), "y scale");
@@ -37,6 +45,7 @@ export class CompareView {
       field("Layer", this.layerSelect, "lg-field-wide"),
       this.ofField,
       field("Statistic", this.statSelect),
+      this.colorBy.field,
       app.runControls({ run: false }),
       field("Y scale", this.logToggle.el),
       new SmoothingControl("lg-compare-smoothing").el,
@@ -45,12 +54,13 @@ export class CompareView {
     );
     this.slider = new StepSlider((step) => app.setState({ step }));
     this.message = h("div", { class: "lg-messages" });
-    this.overlay = new LineChart(h("div"), { height: 240, onPick: (x) => app.setState({ step: x }), alwaysLegend: true });
+    const onHover = (run) => this._hover(run);
+    this.overlay = new LineChart(h("div"), { height: 240, onPick: (x) => app.setState({ step: x }), alwaysLegend: true, onHover });
     this.hist = new HistogramChart(h("div"), { height: 240 });
     this.histNote = h("div", { class: "lg-muted" });
-    this.depth = new LineChart(h("div"), { height: 240, onPick: (i) => this._depthPick(i), alwaysLegend: true });
+    this.depth = new LineChart(h("div"), { height: 240, onPick: (i) => this._depthPick(i), alwaysLegend: true, onHover });
     // The runs' gradient noise scales side by side, when recorded.
-    this.noise = new NoiseScalePanel();
+    this.noise = new NoiseScalePanel({ onHover, colorOf: (run) => this._color(run) });
     this.body = h(
       "div",
       { class: "lg-compare-body" },
@@ -62,8 +72,9 @@ export class CompareView {
     this.el = h(
       "section",
       { class: "lg-view lg-compare", dataset: { view: "compare" } },
-      h("div", { class: "lg-toolbar lg-toolbar-runs" }, h("span", { class: "lg-field-label", text: "Runs" }), this.runPicker),
+      h("div", { class: "lg-toolbar lg-toolbar-runs" }, h("span", { class: "lg-field-label", text: "Runs" }), this.picker.el),
       this.toolbar,
+      this.colorBy.legend,
       this.slider.el,
       this.message,
       this.body,
@@ -80,20 +91,32 @@ export class CompareView {
     return runs.some((r) => anyExamples(findRun(this.app.runs, r))) ? runs : [];
   }
 
-  /** Runs chosen in the URL that exist, else the first two. */
+  /** Runs chosen in the URL that exist, else the first two (none once the user unticked them all). */
   _runs(state) {
     const all = this.app.runs.runs.map((r) => r.run);
-    const chosen = state.runs.filter((r) => all.includes(r));
-    if (chosen.length) return chosen;
+    const known = new Set(all);
+    const chosen = state.runs.filter((r) => known.has(r));
+    if (chosen.length || (this.emptied && !state.runs.length)) return chosen;
     const first = all.includes(state.run) ? [state.run] : [];
     for (const r of all) if (first.length < 2 && !first.includes(r)) first.push(r);
     return first;
   }
 
-  /** Colours follow the order in which runs were picked, so picking one more keeps the others' colours. */
+  /** Per run, colours follow the order in which runs were picked (picking one more keeps the others'), or
+   * the chosen hyperparameter's scale (`ColorBy`). */
   _color(run) {
-    const k = this._chosen ? this._chosen.indexOf(run) : -1;
-    return k < 0 ? "#dadce0" : paletteColor(k);
+    return this.coloring.colorOf(run);
+  }
+
+  _choose(runs) {
+    this.emptied = !runs.length;
+    this.app.setState({ runs });
+  }
+
+  /** Highlight `run` (null: none) in every chart that shows the runs. */
+  _hover(run) {
+    this.hovered = run;
+    for (const chart of [this.overlay, this.depth, this.noise.chart]) chart.highlight(run);
   }
 
   /** Layer keys (paths without the model name) of the chosen runs, in model order. */
@@ -116,42 +139,9 @@ export class CompareView {
     return hit ? hit.layer : null;
   }
 
-  _pickers(state, runs) {
-    const all = this.app.runs.runs.map((r) => r.run);
-    replace(
-      this.runPicker,
-      all.map((name) => {
-        const on = runs.includes(name);
-        const b = h(
-          "button",
-          {
-            type: "button",
-            class: on ? "lg-run-chip lg-on" : "lg-run-chip",
-            "aria-pressed": on ? "true" : "false",
-            // The last run cannot be removed (nothing would be compared): its tooltip says so.
-            title: on ? (runs.length > 1 ? "click to remove" : "the only run chosen: pick another one first") : "click to compare",
-            dataset: { run: name },
-            on: {
-              click: () => {
-                const next = on ? runs.filter((r) => r !== name) : [...runs, name];
-                if (next.length) this.app.setState({ runs: next });
-              },
-            },
-          },
-          h("span", { class: "lg-swatch", style: { background: this._color(name) } }),
-          h("span", { class: "lg-run-chip-name", text: name }),
-        );
-        return b;
-      }),
-    );
-  }
-
   async show(state) {
     this.state = state;
     const runs = this._runs(state);
-    this._chosen = runs;
-    this._pickers(state, runs);
-    this.noise.show(this._noiseRuns(runs));
     setOptions(this.statSelect, MAGNITUDE_STATS.map((x) => [x, statLabel(x)]), compared(state));
     this.logToggle.set(state.log ? "1" : "0");
     this.ofField.hidden = !this.app.runs.runs.some(hasActivations);
@@ -163,20 +153,39 @@ export class CompareView {
     const options = keys.map((k) => [k, k]);
     if (key && !keys.includes(key)) options.push([key, `${key} (in none of these runs)`]);
     setOptions(this.layerSelect, options, key);
-    if (!runs.length || !key) {
-      replace(this.message, note(state.of === "activation" ? "Nothing to compare: none of these runs recorded activations." : "Nothing to compare: no run has statistics for this target and source."));
+    await this.colorBy.load(this.app.runsSig); // once per change of the runs
+    if (this.state !== state) return; // a newer show() is under way
+    this.coloring = this.colorBy.coloring(runs, state.color);
+    const colorKey = JSON.stringify([state.color, runs, this.colorBy.hp && this.colorBy.hp.sig]);
+    const recolor = colorKey !== this.colorKey;
+    this.colorKey = colorKey;
+    this.picker.update(this.app.runs.runs.map((r) => r.run), runs, (r) => this._color(r));
+    const tooMany = runs.length > MAX_RUNS;
+    this.noise.show(tooMany ? [] : this._noiseRuns(runs));
+    if (!runs.length || !key || tooMany) {
+      const why = !runs.length
+        ? "No run chosen: tick runs in the list above (or All)."
+        : tooMany
+          ? `${runs.length} runs ticked: at most ${MAX_RUNS} can be compared at once. Untick some (the filter and None help).`
+          : state.of === "activation"
+          ? "Nothing to compare: none of these runs recorded activations."
+          : "Nothing to compare: no run has statistics for this target and source.";
+      replace(this.message, note(why));
       this.body.hidden = true;
       return;
     }
     const fetchKey = JSON.stringify([runs, key, state.layer, compared(state), state.target, state.source, state.of]);
     if (!this.data || this.data.fetchKey !== fetchKey) await this._load(state, runs, key, fetchKey, false);
-    else this._apply(state);
+    else this._apply(state, recolor);
   }
 
   async refresh() {
     if (this.abort) return; // a load is under way: it brings the new data too
     this.state = this.app.resolved();
     if (!this.data) return this.show(this.state); // after a failure
+    await this.colorBy.load(this.app.runsSig); // new runs may bring hyperparameters
+    this.coloring = this.colorBy.coloring(this.data.runs, this.state.color);
+    this.picker.update(this.app.runs.runs.map((r) => r.run), this.data.runs, (r) => this._color(r));
     this.noise.show(this._noiseRuns(this.data.runs));
     await this._load(this.state, this.data.runs, this.data.key, this.data.fetchKey, true);
   }
@@ -248,7 +257,7 @@ export class CompareView {
         // Each run's own points joined (a run logged at other steps is null on the common axis).
         series: d.runs.map((r, k) => {
           const keep = d.steps.map((_, j) => j).filter((j) => d.values[k][j] !== null);
-          return { name: r, color: this._color(r), xs: keep.map((j) => d.steps[j]), ys: keep.map((j) => d.values[k][j]) };
+          return { name: r, key: r, color: this._color(r), xs: keep.map((j) => d.steps[j]), ys: keep.map((j) => d.values[k][j]) };
         }),
         log: state.log,
         smoothing: smoothing(),
@@ -290,6 +299,7 @@ export class CompareView {
     this.depth.update({
       series: d.runs.map((r, k) => ({
         name: at.depth[k] && at.depth[k].step !== step && at.depth[k].step !== null ? `${r} (step ${at.depth[k].step})` : r,
+        key: r,
         color: this._color(r),
         xs: keys.map((_, i) => i),
         ys: keys.map((key) => (at.depth[k] ? at.depth[k].byKey.get(key) ?? null : null)),

@@ -16,7 +16,12 @@ const UNDEFINED_WHY = "shaded: the averaged |G|² is ≤ 0 there (the noise outw
 const RAW_WHY = "there the step's |G|² estimate came out below 0";
 
 export class NoiseScalePanel {
-  constructor() {
+  /**
+   * @param {{onHover?: (run: string|null) => void, colorOf?: (run: string, k: number) => string}} opts
+   * `colorOf`: each run's colour (compare's); by default the palette by position. `onHover`: as LineChart's.
+   */
+  constructor({ onHover, colorOf } = {}) {
+    this.colorOf = colorOf || ((run, k) => paletteColor(k));
     this.body = null;
     this.key = null;
     this.abort = null;
@@ -30,7 +35,7 @@ export class NoiseScalePanel {
       this.smoothing.el,
     );
     this.el = h("div", { class: "lg-panel lg-panel-noise", hidden: true, dataset: { panel: "noise-scale", smoothing: String(smoothing()) } }, head, this.info, this.msg);
-    this.chart = new LineChart(this.el, { height: 240, alwaysLegend: true });
+    this.chart = new LineChart(this.el, { height: 240, alwaysLegend: true, onHover });
     onSmoothing((w) => {
       this.el.dataset.smoothing = String(w);
       if (this.el.isConnected) this.draw();
@@ -70,13 +75,13 @@ export class NoiseScalePanel {
     const xBands = [];
     const w = smoothing();
     b.series.forEach((r) => {
-      const color = paletteColor(b.runs.indexOf(r.run));
+      const color = this.colorOf(r.run, b.runs.indexOf(r.run));
       const label = b.runs.length > 1 ? `${r.run} ` : "";
       // The raw ratio where the signal estimate is below 0 too (negative: marked under the log axis, never dropped).
       const raw = r.noise_scale.map((v, k) => (v !== null ? v : r.signal[k] < 0 && typeof r.trace[k] === "number" ? r.trace[k] / r.signal[k] : null));
       if (b.runs.length === 1) series.push({ name: `${label}raw tr(Σ)/|G|²`, color: "#b0b0b0", xs: r.steps, ys: raw, width: 1 });
       const ys = smoothedNoiseScale(r.trace, r.signal, w);
-      series.push({ name: `${label}EMA(tr Σ) / EMA(|G|²)`, color, xs: r.steps, ys, width: 2 });
+      series.push({ name: `${label}EMA(tr Σ) / EMA(|G|²)`, key: r.run, color, xs: r.steps, ys, width: 2 });
       for (const [x0, x1] of undefinedRanges(r.steps, ys)) xBands.push({ x0, x1, title: `${label}steps ${x0}–${x1}: ${UNDEFINED_WHY}` });
     });
     const cover = b.series.map((r) => [r.run, r.coverage.filter((v) => v !== null).slice(-1)[0]]).filter(([, c]) => c !== undefined && c < 1);

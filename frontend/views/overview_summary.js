@@ -45,7 +45,7 @@ export function drawSummary(el, { d, an, state, prefix, activation, openStep }) 
   const lastStep = d.an && d.an.summary && d.an.summary.last_step !== null ? d.an.summary.last_step : (d.bins ? d.bins.last_steps : d.steps)[last];
   // How many layers are flagged at the run's latest step: the route's `summary.latest`, as the report says it.
   const latest = (d.an && d.an.summary && d.an.summary.latest) || {};
-  const counts = { "non-finite": latest.nonfinite || 0, vanishing: latest.vanishing || 0, exploding: latest.exploding || 0, dead: latest.dead || 0, "vanishing through time": latest.vanishing_through_time || 0 };
+  const counts = { "non-finite": latest.nonfinite || 0, vanishing: latest.vanishing || 0, exploding: latest.exploding || 0, dead: latest.dead || 0, "vanishing over steps": latest.vanishing_over_steps || 0, "vanishing through time": latest.vanishing_through_time || 0 };
   const bits = Object.entries(counts).filter(([, c]) => c).map(([k, c]) => `${c} ${k}`);
   const health = h("span", { class: bits.length ? "lg-health lg-health-bad" : "lg-health lg-health-ok" });
   health.textContent = cols

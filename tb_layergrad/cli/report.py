@@ -55,6 +55,7 @@ FAIL_ON = {
     "vanishing": "vanishing",
     "dead": "dead",
     "dominated": "dominated",
+    "vanishing_over_steps": "vanishing_over_steps",
 }
 
 
@@ -91,7 +92,8 @@ def parse_fail_on(text: Optional[str]) -> List[str]:
             continue
         if name not in FAIL_ON:
             raise ValueError(
-                f"unknown --fail-on condition {name!r}; use some of: nan, exploding, vanishing, dead, dominated"
+                f"unknown --fail-on condition {name!r}; use some of: nan, exploding, vanishing, dead, dominated, "
+                "vanishing_over_steps"
             )
         if FAIL_ON[name] not in kinds:
             kinds.append(FAIL_ON[name])
@@ -103,12 +105,16 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
 
     nonfinite: a layer had a NaN/Inf gradient at any logged step. exploding, vanishing,
     dead: a layer is flagged so at its last logged step (a transient flag earlier in
-    training does not fail a build; the counts are in the report).
+    training does not fail a build; the counts are in the report). vanishing_over_steps: a layer's verdict
+    (`reader.verdict`), at the step its collapse was first seen.
     """
     out: List[Dict[str, object]] = []
     for kind in fail_on:
         if kind == "dominated":  # one example carried most of a layer's gradient at some step (its worst named)
             out += [_failure(run, d.layer, kind, d.worst_step) for d in run.dominated or ()]
+            continue
+        if kind == "vanishing_over_steps":
+            out += [_failure(run, l, kind, v.step) for l, v in zip(run.layers, run.verdicts()) if v.state == kind]
             continue
         for s in run.summaries:
             if kind == "nonfinite":
@@ -193,7 +199,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="comma-separated conditions that make the exit status 3: nan (a NaN/Inf gradient at any "
         "step), exploding, vanishing, dead (flagged at a layer's last logged step), dominated "
-        "(one example carried most of a layer's gradient at some step; per-example records)",
+        "(one example carried most of a layer's gradient at some step; per-example records), "
+        "vanishing_over_steps (a layer's gradient fell 100-fold over the run while the loss did not fall by half)",
     )
     parser.add_argument(
         "--target",

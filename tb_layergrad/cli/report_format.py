@@ -15,18 +15,12 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 from tb_layergrad import metadata
 from tb_layergrad.cli.report_sort import order, split_sort  # noqa: F401 - `report` offers split_sort
-from tb_layergrad.reader import anomalies, hparams
+from tb_layergrad.reader import anomalies, hparams, verdict
 
 if TYPE_CHECKING:
     from tb_layergrad.cli.report import Report
 
-LABELS = {
-    "nonfinite": "NaN/Inf",
-    "vanishing": "vanishing",
-    "exploding": "exploding",
-    "dead": "dead",
-    "vanishing_through_time": "vanishing through time",
-}
+LABELS = verdict.LABELS  # the words of each state, as every reader shows them
 WIDTH = 100
 
 
@@ -155,7 +149,8 @@ def format_text(report: Report, width: int = WIDTH) -> str:
         lines.append("")
         if report.failures:
             for f in report.failures:
-                what = "NaN/Inf gradient since step" if f["condition"] == "nan" else f"{f['condition']} at step"
+                since = {"nan": "NaN/Inf gradient since step", "vanishing_over_steps": "collapsed from step"}
+                what = since.get(f["condition"], f"{f['condition']} at step")
                 lines.append(
                     shorten(
                         f"FAIL {f['condition']}: {run_label(f['run'], f['target'])}, layer {f['layer']}: "
@@ -231,6 +226,10 @@ def _run_json(r: anomalies.RunAnomalies, layers: Optional[List[int]] = None) -> 
 # keep their indexes for existing consumers.
 DOMINATED_FIELDS = ("steps", "first_step", "worst_step", "worst_share", "worst_position", "examples")
 
+# Appended after them, so that earlier columns keep their indexes: the layer's state (docs/ANOMALIES.md, "One
+# verdict"), its NaN/Inf count at the last step, how far its gradient fell over the run ("Vanishing over steps").
+AFTER_DOMINATED = ("verdict", "last_nonfinite", "step_decay")
+
 CSV_COLUMNS = (
     "run",
     "target",
@@ -251,8 +250,7 @@ CSV_COLUMNS = (
     "dead_steps",
     "now",
     *(f"dominated_{k}" for k in DOMINATED_FIELDS),
-    "verdict",  # the layer's state (docs/ANOMALIES.md, "One verdict"); appended: earlier columns keep their indexes
-    "last_nonfinite",
+    *AFTER_DOMINATED,
 )
 
 
@@ -303,14 +301,15 @@ def _csv_rows(r: anomalies.RunAnomalies) -> List[list]:
     """One row per layer (model order), its dominance on the same row so that a row stays a layer."""
     by_layer = {d.layer: d for d in r.dominated or ()}
     rows = [
-        _summary_cells(r, s) + _dominated_cells(r, by_layer.pop(s.layer, None)) + [v.state, s.last_nonfinite]
+        _summary_cells(r, s)
+        + _dominated_cells(r, by_layer.pop(s.layer, None))
+        + [v.state, s.last_nonfinite, s.step_decay]
         for s, v in zip(r.summaries, r.verdicts())
     ]
     # Per-example records of a layer without statistics: still a row, as --fail-on dominated names it.
-    blank = [None] * (len(CSV_COLUMNS) - 6 - len(DOMINATED_FIELDS))
-    rows += [
-        [r.run, r.target, r.source, d.layer, *blank, *_dominated_cells(r, d), None, None] for d in by_layer.values()
-    ]
+    blank = [None] * (len(CSV_COLUMNS) - 4 - len(DOMINATED_FIELDS) - len(AFTER_DOMINATED))
+    after = [None] * len(AFTER_DOMINATED)
+    rows += [[r.run, r.target, r.source, d.layer, *blank, *_dominated_cells(r, d), *after] for d in by_layer.values()]
     return rows
 
 

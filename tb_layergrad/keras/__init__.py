@@ -4,6 +4,7 @@ Modules:
   gradient_logger   -- the callback (installs the observing step, writes what leaves it)
   logger_options    -- its arguments and the checks before training; warnings for options without effect
   batch_count       -- the step written at: the count of batches trained, kept by the logger
+  run_files         -- the run it writes to (its event file) and the warning for two trainings in one run
   train_functions   -- the observing step compiled once and kept; the compiled record writer
   fit_step          -- the observing train step and the plan of what it logs
   step_observation  -- what one run of the model's own step shows (its tapes, losses, gradient calls: targets)

@@ -15,6 +15,7 @@ from tb_layergrad.keras import (
     logger_options,
     nonfinite_check,
     replica_payload,
+    run_files,
     train_functions,
 )
 from tb_layergrad.keras import fit_step as _fit_step
@@ -81,8 +82,13 @@ class GradientLogger(_Base):
     ```
 
     Args:
-        log_dir: the directory of the TensorBoard logs; records go to
-            `log_dir/train`.
+        log_dir: the directory of the TensorBoard logs (records go to
+            `log_dir/train`), or a `keras.callbacks.TensorBoard` callback
+            whose `log_dir` to follow, read at each fit(): in a KerasTuner
+            search, each trial then writes to its own run, beside its
+            hyperparameters (docs/FIT.md, "With KerasTuner"). A fit() that
+            would write steps its run already holds (two models, one
+            log_dir) is warned about.
         layers: `None` for every layer that can be captured, or layer names,
             full paths (`"model/block/dense"`), glob patterns or `Layer`
             objects. An unknown name raises before training starts.
@@ -116,6 +122,7 @@ class GradientLogger(_Base):
             step only).
 
     Raises:
+        TypeError: a `log_dir` that is neither a path nor such a callback.
         ValueError: an argument out of its range (before training), or an
             unknown layer, a model without a compiled optimizer, a target that
             does not fit the model's output (at `on_train_begin`).
@@ -139,7 +146,7 @@ class GradientLogger(_Base):
         on_nonfinite: str = "log",
     ):
         super().__init__()
-        self.log_dir = logger_options.log_dir(log_dir)
+        self._log_dir = logger_options.log_dir(log_dir)
         self.layers = layers
         self.update_freq = logger_options.update_freq(update_freq)
         self.weights = bool(weights)
@@ -151,9 +158,9 @@ class GradientLogger(_Base):
         self.on_nonfinite = logger_options.on_nonfinite(on_nonfinite)
         logger_options.warn_without_effect(self.weights, self.per_example)
         self._nonfinite = None  # see the `nonfinite` property
-        self._writer = None
+        self._file = run_files.RunFile()
         self._chief = True
-        self._record_writer: Optional[Callable] = None  # compiled for self._writer, made at the first write
+        self._record_writer: Optional[Callable] = None  # compiled for self._file.writer, made at the first write
         self._fit_step: Optional[_fit_step.FitStep] = None
         self._saved: Optional[Dict[str, Any]] = None
         self._armed = False
@@ -191,15 +198,17 @@ class GradientLogger(_Base):
         return self._nonfinite
 
     @property
+    def log_dir(self) -> str:
+        """The folder of the logs: the path given, or the followed callback's `log_dir` as it is now."""
+        return logger_options.resolve_log_dir(self._log_dir)
+
+    @log_dir.setter
+    def log_dir(self, value: Any) -> None:
+        self._log_dir = logger_options.log_dir(value)
+
+    @property
     def run_dir(self) -> str:
         return os.path.join(self.log_dir, "train")
-
-    def _open_writer(self) -> Any:
-        try:
-            tf.io.gfile.makedirs(self.run_dir)
-            return tf.summary.create_file_writer(self.run_dir)
-        except (tf.errors.OpError, OSError) as e:
-            raise OSError(f"GradientLogger cannot write to log_dir {self.run_dir!r}: {e}") from e
 
     # -- install / restore -------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
@@ -218,10 +227,9 @@ class GradientLogger(_Base):
             )
         strategy = getattr(model, "distribute_strategy", None)
         self._chief = distribute.is_chief(strategy)
-        if self._chief:
-            writer = self._writer if self._writer is not None else self._open_writer()  # one event file per callback
-        else:
-            writer = None  # other workers leave no file behind
+        # Other workers leave no file behind. Does this fit() write steps its run already holds (run_files)?
+        writer = self._file.open(self.run_dir) if self._chief else None
+        self._file.check(self._count)
         xla = bool(getattr(model, "jit_compile", False)) and not bool(getattr(model, "run_eagerly", False))
         config = _fit_step.StepConfig(
             layers=self.layers,
@@ -251,7 +259,7 @@ class GradientLogger(_Base):
             reuse.fit_step if reuse is not None else _fit_step.FitStep(model, kind, config, self._count, writer=writer)
         )
         step_fn = fit_step.train_step
-        self._writer, self._fit_step, self._saved = writer, fit_step, saved
+        self._fit_step, self._saved = fit_step, saved
         try:
             object.__setattr__(model, "train_step", step_fn)
             if reuse is None:
@@ -327,6 +335,7 @@ class GradientLogger(_Base):
         if self._saved is None:
             return
         self._count.epoch_begin(epoch, (self.params or {}).get("steps"))
+        self._file.check(self._count)
         if not self._count.known:
             self._count.warn_unlogged_first_batch()
 
@@ -341,10 +350,10 @@ class GradientLogger(_Base):
         except BaseException:
             self._restore()
             raise
+        self._file.check(self._count)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+        self._file.flush()
 
     def on_train_end(self, logs: Any = None) -> None:
         self._restore()
@@ -356,9 +365,8 @@ class GradientLogger(_Base):
     def close(self) -> None:
         """Close the event file now (also done when the callback is garbage-collected); a later fit() opens a new one."""
         self._restore()
-        if self._writer is not None:
-            self._writer.close()
-        self._writer, self._record_writer = None, None
+        self._file.close()
+        self._record_writer = None
 
     def _restore(self) -> None:
         saved, self._saved = self._saved, None
@@ -372,10 +380,10 @@ class GradientLogger(_Base):
             model.train_function = saved["train_function"]
             if saved["train_tf_function"] is not _MISSING:
                 model.train_tf_function = saved["train_tf_function"]
-        if self._writer is not None:
-            # Flushed, not closed: a later fit() with this callback goes on writing to the
-            # same event file, with its compiled record writer (closed with the callback).
-            self._writer.flush()
+            self._file.end(self._count.count)
+        # Flushed, not closed: a later fit() with this callback into the same run goes on
+        # writing to the same event file, with its compiled record writer (closed with the callback).
+        self._file.flush()
 
     # -- writing -----------------------------------------------------------------
     def _write(self, payload: Dict[str, Any]) -> None:
@@ -384,9 +392,9 @@ class GradientLogger(_Base):
             payload = replica_payload.decode(payload, self._fit_step.layout)
         flags = np.asarray(payload["flags"], dtype=bool).reshape(-1)
         first = bool(flags.any()) and self._nonfinite is None
-        if self._writer is not None and "tensors" in payload and (bool(payload["log"]) or first):
+        if self._file.writer is not None and "tensors" in payload and (bool(payload["log"]) or first):
             if self._record_writer is None:
-                self._record_writer = train_functions.record_writer(self._writer, self._fit_step.plan)
+                self._record_writer = train_functions.record_writer(self._file.writer, self._fit_step.plan)
             step = tf.cast(payload["step"], tf.int64)
             self._record_writer(step, payload["tensors"], tf.constant(True))
         if first:
@@ -395,8 +403,7 @@ class GradientLogger(_Base):
     def _found_nonfinite(self, step: int, flags: np.ndarray) -> None:
         """The first step with a NaN/Inf: say where it was born; stop or raise if asked (that step is written)."""
         self._nonfinite = nonfinite_check.origin(self._fit_step.checked, flags, step, self._fit_step.main_target)
-        if self._writer is not None:
-            self._writer.flush()
+        self._file.flush()
         if self.on_nonfinite == "log" or self._nonfinite is None:
             return
         if self.on_nonfinite == "raise":

@@ -44,13 +44,35 @@ def on_nonfinite(value: Any) -> str:
     return value
 
 
-def log_dir(value: Any) -> str:
+def log_dir(value: Any) -> Any:
+    """A path, or a callback whose `log_dir` the logger follows (Keras' `TensorBoard`), kept as it is.
+
+    Why follow: a tuner that copies the callbacks for each trial and points its
+    `TensorBoard` callback at the trial's own run (KerasTuner) leaves a logger
+    given a path writing every trial to that one path. A logger holding the
+    callback reads its log_dir at each fit() (`resolve_log_dir`), after the
+    tuner has set it.
+    """
+    if not isinstance(value, (str, bytes, os.PathLike)) and hasattr(value, "log_dir"):
+        resolve_log_dir(value)  # a path now, or raise now rather than at fit()
+        return value
+    return _path(value, "log_dir must be a path, or the keras.callbacks.TensorBoard callback whose log_dir to follow")
+
+
+def resolve_log_dir(value: Any) -> str:
+    """The folder `value` (from `log_dir`) stands for now: the path, or the followed callback's log_dir."""
+    if isinstance(value, (str, bytes)):
+        return value
+    return _path(value.log_dir, f"log_dir follows {type(value).__name__}.log_dir, which must be a path")
+
+
+def _path(value: Any, what: str) -> str:
     try:
         path = os.fspath(value)
     except TypeError:
-        raise TypeError(f"log_dir must be a path, got {type(value).__name__}") from None
+        raise TypeError(f"{what}, got {type(value).__name__}") from None
     if not path:
-        raise ValueError("log_dir must be a non-empty path")
+        raise ValueError(f"{what}, got an empty one")
     return path
 
 

@@ -20,7 +20,7 @@ from tb_layergrad.reader.series import ALL_STATS, DEFAULT_STAT
 
 MAX_STEP = 2**63 - 1
 MAX_STEPS_LIMIT = 10**7
-MAX_COMPARE_RUNS = 50
+MAX_COMPARE_RUNS = 200  # a sweep's runs in one request (docs/HTTP_API.md)
 MAX_POINTS = 10**5
 _DIGITS = re.compile(r"[0-9]+")
 
@@ -119,7 +119,7 @@ def points(args: MultiDict) -> Optional[int]:
 
 
 def runs(args: MultiDict) -> List[str]:
-    """The repeated `run` of `compare`: 1..MAX_COMPARE_RUNS distinct names, in order."""
+    """The repeated `run` of `compare` and `noise_scale`: 1..MAX_COMPARE_RUNS distinct names, in order."""
     names: List[str] = []
     for value in args.getlist("run"):
         if value == "":
@@ -129,5 +129,7 @@ def runs(args: MultiDict) -> List[str]:
     if not names:
         raise _bad("parameter 'run' is required (repeat it for each run)")
     if len(names) > MAX_COMPARE_RUNS:
-        raise _bad(f"at most {MAX_COMPARE_RUNS} runs can be compared, got {len(names)}")
+        raise _bad(
+            f"at most {MAX_COMPARE_RUNS} runs can be compared at once, got {len(names)}: ask for fewer runs per request"
+        )
     return names

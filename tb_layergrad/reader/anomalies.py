@@ -27,6 +27,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tb_layergrad.reader import trends
 from tb_layergrad.reader.dominance import (  # noqa: F401 - the rule of one example dominating, part of this module
     DOMINANT_MIN_EXAMPLES,
     DOMINANT_OUTLIER,
@@ -57,9 +58,12 @@ THRESHOLDS = {
     "BASELINE_STEPS": BASELINE_STEPS,
     "DEAD_ZERO_FRAC": DEAD_ZERO_FRAC,
     "TIME_DECAY_DECADES": TIME_DECAY_DECADES,
+    "STEP_DECAY_DECADES": trends.STEP_DECAY_DECADES,  # vanishing over steps (`trends.collapsed`)
+    "TARGET_FALL": trends.TARGET_FALL,
+    "EDGE_STEPS": trends.EDGE_STEPS,
 }
 
-# -- flags: one bit each --------------------------------------------------------------------------
+# -- flags: one bit each -----------------------------------------------------------------------------
 NONFINITE, VANISHING, EXPLODING, DEAD = 1, 2, 4, 8
 FLAG_BITS = {"nonfinite": NONFINITE, "vanishing": VANISHING, "exploding": EXPLODING, "dead": DEAD}
 KINDS = tuple(FLAG_BITS)  # order of seriousness used everywhere (chips, columns)
@@ -200,6 +204,8 @@ class LayerSummary:
     now: int  # flags at last_step
     timestep_decay: Optional[float] = None  # RNN layers with per-timestep records, see `timestep_decay`
     has_timesteps: bool = False
+    step_decay: Optional[float] = None  # decades from the first to the last logged steps, see `trends.step_decay`
+    decay_step: Optional[int] = None  # the first step 10^STEP_DECAY_DECADES below its early level (`collapse_step`)
 
     @property
     def now_names(self) -> List[str]:
@@ -219,6 +225,7 @@ class LayerSummary:
             "first_nonfinite": self.first_nonfinite_step,
             "counts": dict(self.counts),
             "now": self.now_names,
+            "step_decay": self.step_decay,
         }
         if self.has_timesteps:
             out["timestep_decay"] = self.timestep_decay
@@ -245,6 +252,7 @@ class RunAnomalies:
     # the reader (`reader.origin`; any source of the target counts, activations too); None: never, or not asked.
     origin: Optional[Any] = None  # a tb_layergrad.nonfinite_origin.Origin
     vanish_reference: Optional[np.ndarray] = None  # float [steps]: what vanishing compares with (`reference_rms`)
+    target_edges: Optional[Tuple[float, float]] = None  # the target's value early and late (`trends.target_edges`)
 
     @property
     def last_step(self) -> Optional[int]:
@@ -263,7 +271,7 @@ class RunAnomalies:
     @property
     def latest(self) -> Dict[str, int]:
         """How many layers are flagged with each kind at the run's last logged step, and how many vanish
-        through time (`reader.verdict`)."""
+        over steps and through time (`reader.verdict`)."""
         from tb_layergrad.reader import verdict  # decides from this object: imported when asked
 
         counts = {k: 0 for k in KINDS}
@@ -273,7 +281,8 @@ class RunAnomalies:
                 continue
             for k in flag_names(s.now):
                 counts[k] += 1
-        counts[verdict.VANISHING_THROUGH_TIME] = sum(v.state == verdict.VANISHING_THROUGH_TIME for v in self.verdicts())
+        for state in (verdict.VANISHING_OVER_STEPS, verdict.VANISHING_THROUGH_TIME):
+            counts[state] = sum(v.state == state for v in self.verdicts())
         return counts
 
     def verdicts(self) -> list:
@@ -330,6 +339,7 @@ def evaluate(
     indices: Optional[Sequence[int]] = None,
     running_first_steps: Optional[Sequence[Optional[int]]] = None,
     timesteps: Optional[Mapping[str, Sequence[np.ndarray]]] = None,
+    target_values: Optional[np.ndarray] = None,
 ) -> RunAnomalies:
     """Apply the rules to one run and summarise every layer.
 
@@ -342,6 +352,8 @@ def evaluate(
         `first_nonfinite`, docs/FORMAT.md: they survive TensorBoard's sampling), or None. A layer's
         `first_nonfinite_step` is the earlier of that and its first flagged step.
       timesteps: {layer: [per-timestep norm vectors in step order]} for RNN layers.
+      target_values: the target's own value (the loss) at each step, NaN where not recorded; without it no
+        layer vanishes over steps (`trends.collapsed`).
     """
     layers = list(layers)
     steps = np.asarray(list(steps), dtype=np.int64).reshape(-1)
@@ -380,6 +392,11 @@ def evaluate(
                 now=int(row[last]) if last is not None else 0,
                 timestep_decay=timestep_decay(ts) if ts else None,
                 has_timesteps=ts is not None,
+                step_decay=trends.step_decay(m["norm"][i, cols], m["nonfinite"][i, cols]),
+                decay_step=trends.collapse_step(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
             )
         )
-    return RunAnomalies(run, target, source, layers, steps, flags, rec, top, summaries, vanish_reference=reference)
+    edges = trends.target_edges(target_values) if target_values is not None else None
+    return RunAnomalies(
+        run, target, source, layers, steps, flags, rec, top, summaries, vanish_reference=reference, target_edges=edges
+    )

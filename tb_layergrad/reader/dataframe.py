@@ -47,7 +47,8 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     `GradientLogger(per_example=True)`; NaN where not written, and where the
     layer has no exact per-example number), then `state`: the verdict of the
     cell, as the tab and `tb-layergrad report` show it (docs/ANOMALIES.md, "One
-    verdict"): `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` for a
+    verdict"): `ok`, `nonfinite`, `exploding`, `dead`, `vanishing` or
+    `vanishing_over_steps` (from the step a layer's gradient collapsed on) for a
     gradient, `ok` or `nonfinite` for an activation or a target value, and
     `nan_origin` on the one cell where the first NaN/Inf was born. Then one column `hp/<name>` per
     hyperparameter any run was trained with, sorted by name, as logged with TensorBoard's HParams API

@@ -70,9 +70,22 @@ def read_run(
         indices=[rc.layer_index(layer) for layer in layers],
         running_first_steps=named,
         timesteps=timesteps,
+        target_values=_target_values(src, target, steps, start, end),
     )
     result.origin = origin.locate_run(src, origin_target or target, start, end)
     return result
+
+
+def _target_values(
+    src: RunSource, target: str, steps: np.ndarray, start: Optional[int], end: Optional[int]
+) -> Optional[np.ndarray]:
+    """The target's own value (its `target` series' mean: the loss) at each of `steps`, NaN where not recorded;
+    None without a target series (an activation's `forward`, files of older writers)."""
+    found = src.rc.find(target, target, metadata.SOURCE_TARGET, metadata.KIND_STATS)
+    if found is None:
+        return None
+    rows = src.stats([found], start, end)[found.key]
+    return series.align(rows.steps, rows.column("mean"), steps)
 
 
 def read_dominance(

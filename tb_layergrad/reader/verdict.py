@@ -5,12 +5,15 @@ Why one place: the rules (`anomalies`) flag cells and `origin` says where a NaN 
 reader used to pick its own words from them, and they disagreed (the origin of a NaN unmarked while
 the layers it reached were red; a layer tagged two ways). Pure numpy, no TensorFlow.
 
-A layer's state is the first of these that holds (docs/ANOMALIES.md, "One verdict"):
+A layer's state is the first of these that holds; STATES is that order (most serious first), for readers that
+count or sort verdicts (docs/ANOMALIES.md, "One verdict"):
 
     nan_origin              the run's first NaN/Inf was born in this layer (`RunAnomalies.origin`)
     nonfinite               a NaN/Inf reached the layer's gradient at some logged step
     exploding, dead, vanishing   the layer's cell state at its last logged step (`now`); else the most
                             serious one of an earlier step (`now` False), in this order
+    vanishing_over_steps    its gradient fell STEP_DECAY_DECADES over the run while the target's value did not
+                            fall by TARGET_FALL (`trends.collapsed`)
     vanishing_through_time  its per-timestep gradients shrink by at least TIME_DECAY_DECADES
     ok
 
@@ -27,6 +30,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 import numpy as np
 
 from tb_layergrad import nonfinite_origin
+from tb_layergrad.reader import trends
 from tb_layergrad.reader.anomalies import DEAD, EXPLODING, NONFINITE, TIME_DECAY_DECADES, VANISHING
 
 if TYPE_CHECKING:
@@ -34,16 +38,17 @@ if TYPE_CHECKING:
 
 
 NAN_ORIGIN, NONFINITE_STATE, OK = "nan_origin", "nonfinite", "ok"
-VANISHING_THROUGH_TIME = "vanishing_through_time"
+VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME = "vanishing_over_steps", "vanishing_through_time"
 # Cell states after non-finite, most serious first (a cell holds at most one: `anomalies.detect`).
 CELL_STATES = (("exploding", EXPLODING), ("dead", DEAD), ("vanishing", VANISHING))
-STATES = (NAN_ORIGIN, NONFINITE_STATE, *(k for k, _ in CELL_STATES), VANISHING_THROUGH_TIME, OK)
+STATES = (NAN_ORIGIN, NONFINITE_STATE, *(k for k, _ in CELL_STATES), VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME, OK)
 LABELS = {
     NAN_ORIGIN: "NaN/Inf born here",
     NONFINITE_STATE: "NaN/Inf",
     "exploding": "exploding",
     "dead": "dead",
     "vanishing": "vanishing",
+    VANISHING_OVER_STEPS: "vanishing over steps",
     VANISHING_THROUGH_TIME: "vanishing through time",
     OK: "ok",
 }
@@ -135,6 +140,9 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
             if hits.size:
                 found = Verdict(kind, False, int(steps[hits[0]]), f"{kind} {hits.size}/{s.recorded}")
                 break
+        if found is None and trends.collapsed(s.step_decay, trends.target_fall(run.target_edges)):
+            step = s.decay_step if s.decay_step is not None else s.last_step
+            found = Verdict(VANISHING_OVER_STEPS, True, step, f"{LABELS[VANISHING_OVER_STEPS]} @{step}")
         if found is None and s.timestep_decay is not None and s.timestep_decay <= -TIME_DECAY_DECADES:
             found = Verdict(VANISHING_THROUGH_TIME, True, s.last_step, LABELS[VANISHING_THROUGH_TIME])
         out.append(found or Verdict(OK, True, s.last_step, OK))
@@ -199,6 +207,9 @@ def findings(run: RunAnomalies) -> List[dict]:
             names = [run.layers[i] for i in rows]
             line = f"{kind} at the latest step ({run.last_step}): {_names(names)}"
             out.append(_finding(kind, names, names[0], verdicts[rows[0]].step, line))
+    rows = by_state.get(VANISHING_OVER_STEPS, [])
+    if rows:
+        out.append(_over_steps(run, [run.layers[i] for i in rows], [verdicts[i] for i in rows]))
     rows = by_state.get(VANISHING_THROUGH_TIME, [])
     if rows:
         names = [run.layers[i] for i in rows]
@@ -211,6 +222,18 @@ def findings(run: RunAnomalies) -> List[dict]:
     if run.dominated:
         out.append(dominated_finding(run.dominated))
     return out
+
+
+def _over_steps(run: RunAnomalies, names: List[str], found: List[Verdict]) -> dict:
+    """The layers vanishing over steps as one finding: how far the worst fell, and what the target's value did."""
+    worst = min(run.summaries[run.layers.index(n)].step_decay for n in names)
+    early, late = run.target_edges
+    line = (
+        f"vanishing over steps in {_names(names)}: the gradient fell 10^{-worst:.1f} times from the first logged "
+        f"steps to the last (threshold 10^{trends.STEP_DECAY_DECADES:g}) while the value of {run.target} did not fall "
+        f"by {trends.TARGET_FALL:.0%} ({early:.4g} → {late:.4g})"
+    )
+    return _finding(VANISHING_OVER_STEPS, names, names[0], found[0].step, line)
 
 
 def dominated_finding(found: Sequence) -> dict:
@@ -240,9 +263,14 @@ def cell_states(run: RunAnomalies) -> np.ndarray:
 
     Returns:
       str [layers, steps]: `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` (a cell has at most one
-      flag), "" where unrecorded, `nan_origin` at the origin's own cell (`origin_layer`, the origin's step).
+      flag), `vanishing_over_steps` on the cells that would be `ok` from the step a layer in that state
+      collapsed (its verdict's step), "" where unrecorded, `nan_origin` at the origin's own cell
+      (`origin_layer`, the origin's step).
     """
     out = np.full(run.flags.shape, OK, dtype=object)
+    for i, v in enumerate(run.verdicts()):
+        if v.state == VANISHING_OVER_STEPS and v.step is not None:
+            out[i, run.steps >= v.step] = VANISHING_OVER_STEPS
     out[(run.flags & NONFINITE) > 0] = NONFINITE_STATE
     for kind, bit in CELL_STATES:
         out[(run.flags & bit) > 0] = kind

@@ -1,0 +1,317 @@
+"""Compare at a sweep's scale, in headless Chromium against a real `tensorboard --load_fast=true`.
+
+tests/sweep_fixtures.py's 100 runs x 1,000 steps with hyperparameters logged by `hp.hparams`: all 100 compared
+are 100 lines of 1,000 points, drawn within a second of the data's arrival (the figure is printed for
+docs/PERFORMANCE.md); hovering a line or its legend entry highlights that run in the overlay and the depth
+profile and fades the others; colouring by a numeric hyperparameter orders the colours as the values, by a
+categorical one gives one colour per value, runs without it grey and counted in the legend; the run list's
+regular-expression filter, "All" and "None"; hostile names as text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+pytest.importorskip("playwright")
+if not os.path.exists("/usr/bin/chromium"):
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+import charts_fixtures as cf  # noqa: E402
+import sweep_fixtures as sf  # noqa: E402
+import tab_fixtures as tf_  # noqa: E402
+from tensorboard_process import PLUGIN_API  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(400), pytest.mark.browser, pytest.mark.slow]
+
+OVERLAY = ".lg-panel-wide"
+DEPTH = ".lg-layer-row .lg-panel:last-child"
+NO_VALUE = "rgb(189, 189, 189)"  # frontend/charts/run_colors.js NO_VALUE, as the browser computes it
+# In every frame, before its scripts: when the overlay and the depth profile first hold every run's line.
+DRAWN_SCRIPT = """
+window.__lgDrawn = {};
+(function watch() {
+  const charts = {overlay: '%s path.lg-line', depth: '%s path.lg-line'};
+  const tick = () => {
+    for (const [name, sel] of Object.entries(charts)) {
+      if (!window.__lgDrawn[name] && document.querySelectorAll(sel).length >= %d) window.__lgDrawn[name] = performance.now();
+    }
+    if (!window.__lgDrawn.overlay || !window.__lgDrawn.depth) requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+})();
+""" % (OVERLAY, DEPTH, sf.RUNS)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("sweep"))
+    work = tmp_path_factory.mktemp("work")
+    with tf_.served(
+        logdir,
+        work,
+        {name: sf.STEPS - 1 for name in sf.NAMES},
+        lambda: sf.write_sweep_logdir(logdir),
+        write_first=True,
+        timeout=240,
+        load_fast="true",
+        reload_interval=0,
+    ) as (tb, browser, values):
+        logged = sum(1 for v in values.values() if v)
+        tb.wait_until(
+            lambda p: sum(1 for r in p.get_json(PLUGIN_API + "hparams")["runs"] if r["hparams"]) == logged,
+            "every run's hyperparameters",
+        )
+        browser.context.add_init_script(DRAWN_SCRIPT)
+        yield {"tb": tb, "browser": browser, "values": values}
+
+
+@pytest.fixture(autouse=True)
+def no_browser_errors(env):
+    yield
+    tf_.assert_no_browser_errors(env["browser"])
+
+
+def open_sweep(env, runs=None, **state):
+    """The compare view of `runs` (all by default) on net/a, once both line charts hold every run's line."""
+    runs = sf.NAMES if runs is None else runs
+    frame = env["browser"].open(
+        env["tb"].base, {"view": "compare", "layer": "net/a", "runs": json.dumps(runs), **state}
+    )
+    frame.wait_for_function(
+        "([a, b, n]) => document.querySelectorAll(a).length === n && document.querySelectorAll(b).length === n",
+        arg=[f"{OVERLAY} path.lg-line", f"{DEPTH} path.lg-line", len(runs)],
+        timeout=60_000,
+    )
+    return frame
+
+
+def strokes(frame, chart: str):
+    """{run: the computed stroke colour of its line}."""
+    pairs = frame.locator(f"{chart} path.lg-line").evaluate_all(
+        "els => els.map(e => [e.dataset.key, getComputedStyle(e).stroke])"
+    )
+    return dict(pairs)
+
+
+def luminance(css: str) -> float:
+    r, g, b = (int(v) / 255 for v in re.findall(r"\d+", css)[:3])
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in (r, g, b)]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def test_a_hundred_runs_are_a_hundred_lines_drawn_within_a_second(env):
+    frame = open_sweep(env)
+    frame.wait_for_function("() => window.__lgDrawn.overlay && window.__lgDrawn.depth")
+    t = frame.evaluate(
+        """() => {
+          const ends = (route) => performance.getEntriesByType('resource').filter(e => e.name.includes(`/${route}?`)).map(e => e.responseEnd);
+          return {data: Math.max(...ends('compare')), depthData: Math.max(...ends('matrix')), ...window.__lgDrawn};
+        }"""
+    )
+    overlay_ms, depth_ms, depth_own_ms = t["overlay"] - t["data"], t["depth"] - t["data"], t["depth"] - t["depthData"]
+    print(
+        f"\ncompare of {sf.RUNS} runs x {sf.STEPS} steps: overlay drawn {overlay_ms:.0f} ms after its data arrived; "
+        f"depth profile {depth_own_ms:.0f} ms after its data ({depth_ms:.0f} ms after the overlay's: one request per run)"
+    )
+    assert overlay_ms <= 1000
+    lines = frame.locator(f"{OVERLAY} path.lg-line").evaluate_all(
+        "els => els.map(e => [e.dataset.key, e.getAttribute('d')])"
+    )
+    assert sorted(k for k, _ in lines) == sorted(sf.NAMES)
+    assert all(len(cf.path_points(d)) == sf.STEPS for _, d in lines)  # one path per run, every step
+    # The legend: every run by name, as text, scrolling within its own box.
+    legend = frame.locator(f"{OVERLAY} .lg-legend")
+    assert legend.locator(".lg-legend-name").evaluate_all("els => els.map(e => e.textContent)") == sf.NAMES
+    assert legend.evaluate("e => getComputedStyle(e).overflowY === 'auto' && e.scrollHeight > e.clientHeight")
+    assert frame.locator(".lg-run-count").inner_text() == f"{sf.RUNS} of {sf.RUNS} runs compared"
+
+
+def dimmed(frame, chart: str):
+    """{run: its line's computed stroke opacity} and the highlighted runs of a chart."""
+    rows = frame.locator(f"{chart} path.lg-line").evaluate_all(
+        "els => els.map(e => [e.dataset.key, getComputedStyle(e).strokeOpacity, getComputedStyle(e).strokeWidth, e.classList.contains('lg-hi')])"
+    )
+    return {k: (float(o), w) for k, o, w, _ in rows}, [k for k, _, _, hi in rows if hi]
+
+
+def assert_highlighted(frame, run: str) -> None:
+    for chart in (OVERLAY, DEPTH):
+        style, hi = dimmed(frame, chart)
+        assert hi == [run], chart
+        assert style[run] == (1.0, "3px"), chart
+        others = {o for k, (o, _) in style.items() if k != run}
+        assert others == {0.15}, chart
+        # Drawn last: on top of the others.
+        assert frame.locator(f"{chart} path.lg-line").last.get_attribute("data-key") == run
+
+
+def test_hovering_a_line_or_its_legend_entry_highlights_the_run_everywhere(env):
+    page = env["browser"].page
+    frame = open_sweep(env)
+    svg = frame.locator(f"{OVERLAY} svg.lg-lines")
+    svg.scroll_into_view_if_needed()
+    # The top line (the largest gain), at the step where it stands furthest from every other line.
+    run = sf.NAMES[-1]
+    lines = dict(
+        frame.locator(f"{OVERLAY} path.lg-line").evaluate_all(
+            "els => els.map(e => [e.dataset.key, e.getAttribute('d')])"
+        )
+    )
+    points = {k: cf.path_points(d) for k, d in lines.items()}
+    gap = lambda n: min(abs(points[run][n][1] - p[n][1]) for k, p in points.items() if k != run)  # noqa: E731
+    n = max(range(sf.STEPS), key=gap)
+    assert gap(n) > 2.0  # pixels: the pointer cannot be nearer another line
+    box = svg.bounding_box()
+    page.mouse.move(box["x"] + points[run][n][0], box["y"] + points[run][n][1])
+    frame.wait_for_selector(f"{OVERLAY} svg.lg-dimmed")
+    assert_highlighted(frame, run)
+    assert frame.locator(f"{OVERLAY} .lg-legend-item.lg-hi .lg-legend-name").all_text_contents() == [run]
+    # The tooltip: the hovered run first, the lines nearest the pointer, and how many more there are.
+    assert frame.locator(".lg-tooltip tr.lg-tooltip-hi th").all_text_contents() == [run]
+    assert frame.locator(".lg-tooltip tr").count() == 12
+    assert frame.locator(".lg-tooltip-note").inner_text() == f"and {sf.RUNS - 12} more: move closer to a line"
+    page.mouse.move(1, 1)
+    frame.wait_for_function("() => !document.querySelector('.lg-lines.lg-dimmed')")
+    assert dimmed(frame, OVERLAY)[1] == [] and dimmed(frame, DEPTH)[1] == []
+    # A legend entry (scrolled to, as a person would): the same highlight.
+    other = sf.NAMES[37]
+    item = frame.locator(f"{OVERLAY} .lg-legend-item").nth(37)
+    item.hover()
+    frame.wait_for_selector(f"{OVERLAY} svg.lg-dimmed")
+    assert_highlighted(frame, other)
+    # The run's row in the run list too.
+    frame.locator(".lg-run-item").filter(has_text=sf.NAMES[5]).first.hover()
+    frame.wait_for_function(
+        "(r) => document.querySelector('.lg-panel-wide path.lg-line.lg-hi')?.dataset.key === r", arg=sf.NAMES[5]
+    )
+    assert_highlighted(frame, sf.NAMES[5])
+    page.mouse.move(1, 1)
+
+
+def test_colour_by_a_numeric_hyperparameter_orders_the_colours_as_the_values(env):
+    page, values = env["browser"].page, env["values"]
+    frame = open_sweep(env)
+    per_run = strokes(frame, OVERLAY)
+    assert len(set(per_run.values())) > 3  # per run by default
+    frame.select_option('select[aria-label="colour by"]', "learning_rate")
+    frame.wait_for_selector('.lg-color-legend[data-kind="sequential"]')
+    assert tf_.parent_state(page)["color"] == "learning_rate"
+    frame.wait_for_function(
+        "(c) => getComputedStyle(document.querySelector('.lg-panel-wide path.lg-line')).stroke !== c",
+        arg=per_run[sf.NAMES[0]],
+    )
+    for chart in (OVERLAY, DEPTH):
+        got = strokes(frame, chart)
+        order = sf.runs_sorted_by(values, "learning_rate")
+        lum = [luminance(got[r]) for r in order]
+        assert all(a < b for a, b in zip(lum, lum[1:])), chart  # distinct values, in their order
+        without = [r for r, hp in values.items() if "learning_rate" not in hp]
+        assert without and all(got[r] == NO_VALUE for r in without) and NO_VALUE not in {got[r] for r in order}
+    # The legend shows the scale: from the smallest to the largest value, log (three decades), the grey runs.
+    lrs = [values[r]["learning_rate"] for r in order]
+    bar = frame.locator(".lg-color-bar-wrap")
+    assert float(bar.get_attribute("data-lo")) == min(lrs) and float(bar.get_attribute("data-hi")) == max(lrs)
+    assert bar.get_attribute("data-log") == "1" and "log scale" in bar.inner_text()
+    assert frame.locator(".lg-legend-missing").inner_text() == f"grey: {len(without)} of {sf.RUNS} runs without it"
+    # Less than a decade: linear. Equal values, equal colours.
+    frame.select_option('select[aria-label="colour by"]', "units")
+    frame.wait_for_function("() => document.querySelector('.lg-color-bar-wrap')?.dataset.log === '0'")
+    got = strokes(frame, OVERLAY)
+    by_value = {}
+    for r in sf.runs_sorted_by(values, "units"):
+        by_value.setdefault(values[r]["units"], set()).add(got[r])
+    assert all(len(c) == 1 for c in by_value.values())
+    lum = [luminance(next(iter(c))) for _, c in sorted(by_value.items())]
+    assert all(a < b for a, b in zip(lum, lum[1:]))
+    assert "linear scale" in frame.locator(".lg-color-bar-wrap").inner_text()
+
+
+def test_colour_by_a_categorical_hyperparameter_gives_one_colour_per_value(env):
+    values = env["values"]
+    frame = open_sweep(env, color="activation")
+    frame.wait_for_selector('.lg-color-legend[data-kind="categorical"]')
+    items = frame.locator(".lg-color-legend .lg-legend-item[data-value]")
+    names = items.locator(".lg-legend-name").all_text_contents()
+    assert names == sorted(sf.ACTIVATIONS)  # as text: one holds HTML
+    assert frame.locator(".lg-color-legend b").count() == 0
+    swatch = dict(
+        zip(names, items.locator(".lg-swatch").evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)"))
+    )
+    assert len(set(swatch.values())) == len(sf.ACTIVATIONS) and NO_VALUE not in swatch.values()
+    for chart in (OVERLAY, DEPTH):
+        got = strokes(frame, chart)
+        for run, hp in values.items():
+            assert got[run] == (swatch[hp["activation"]] if "activation" in hp else NO_VALUE), (chart, run)
+    without = sum(1 for hp in values.values() if "activation" not in hp)
+    assert frame.locator(".lg-legend-missing").inner_text() == f"grey: {without} of {sf.RUNS} runs without it"
+    # The run list shows each run's colour beside its name.
+    row = frame.locator(".lg-run-item").filter(has_text=sf.NAMES[1]).first
+    assert (
+        row.locator(".lg-swatch").evaluate("e => getComputedStyle(e).backgroundColor")
+        == swatch[values[sf.NAMES[1]]["activation"]]
+    )
+
+
+def test_the_run_filter_and_all_or_none(env):
+    page = env["browser"].page
+    frame = open_sweep(env)
+    listed = lambda: frame.locator(".lg-run-item .lg-run-item-name").all_text_contents()  # noqa: E731
+    box = frame.locator(".lg-run-filter")
+    box.fill("RUN_00[0-4]$")  # a regular expression, case-insensitive
+    frame.wait_for_function("() => document.querySelectorAll('.lg-run-item').length === 5")
+    five = [f"sweep/run_00{k}" for k in range(5)]
+    assert listed() == five
+    assert frame.locator(".lg-run-count").inner_text() == f"{sf.RUNS} of {sf.RUNS} runs compared · 5 listed"
+    frame.get_by_role("button", name="None", exact=True).click()
+    rest = [r for r in sf.NAMES if r not in five]
+    frame.wait_for_function(
+        "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=len(rest)
+    )
+    assert json.loads(tf_.parent_state(page)["runs"]) == rest  # the others untouched, in their order
+    assert frame.locator(".lg-run-item.lg-on").count() == 0 and listed() == five
+    frame.get_by_role("button", name="All", exact=True).click()
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS)
+    assert json.loads(tf_.parent_state(page)["runs"]) == rest + five
+    # An invalid expression says so, and lists nothing to tick.
+    box.fill("run_(")
+    error = frame.locator(".lg-run-filter-error")
+    error.wait_for()
+    assert error.inner_text().startswith("not a regular expression: ")
+    assert box.get_attribute("aria-invalid") == "true" and frame.locator(".lg-run-item").count() == 0
+    assert frame.get_by_role("button", name="All", exact=True).is_disabled()
+    assert frame.get_by_role("button", name="None", exact=True).is_disabled()
+    box.fill("")
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-run-item').length === n", arg=sf.RUNS)
+    assert box.get_attribute("aria-invalid") == "false" and error.inner_text() == ""
+    # Unticking one run drops it (and its line).
+    frame.locator(".lg-run-item").filter(has_text="sweep/run_050").locator("input").uncheck()
+    frame.wait_for_function(
+        "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS - 1
+    )
+    assert "sweep/run_050" not in json.loads(tf_.parent_state(page)["runs"])
+    # The list was updated, not rebuilt: the box keeps the keyboard focus, and Space ticks it again.
+    assert frame.evaluate("() => document.activeElement.closest('.lg-run-item')?.dataset.run") == "sweep/run_050"
+    page.keyboard.press("Space")
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS)
+    assert json.loads(tf_.parent_state(page)["runs"])[-1] == "sweep/run_050"
+
+
+def test_hostile_run_names_are_text_in_the_list_and_the_legends(env):
+    b = env["browser"]
+    hostile = list(sf.HOSTILE.values())
+    frame = open_sweep(env, runs=hostile + ["sweep/run_000"], color="activation")
+    names = frame.locator(".lg-run-item-name").evaluate_all("els => els.map(e => e.textContent)")
+    assert sorted(names) == sorted(sf.NAMES)
+    assert frame.locator(".lg-run-item.lg-on .lg-run-item-name").all_text_contents() == sorted(
+        hostile + ["sweep/run_000"]
+    )
+    for chart in (OVERLAY, DEPTH):
+        assert frame.locator(f"{chart} .lg-legend-name").all_text_contents() == hostile + ["sweep/run_000"]
+    frame.locator(".lg-run-filter").fill("<img")
+    frame.wait_for_function("() => document.querySelectorAll('.lg-run-item').length === 1")
+    assert frame.locator(".lg-run-item-name").all_text_contents() == [sf.HOSTILE[10]]
+    tf_.assert_nothing_injected(b, frame)
