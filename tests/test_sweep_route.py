@@ -199,3 +199,13 @@ def test_the_read_ahead_computes_the_rows_a_first_request_needs(tmp_path):
 def test_warnings_are_said_on_every_poll(tb):
     first, again = get_json(tb, "sweep", {}), get_json(tb, "sweep", {})
     assert first["warnings"] and again["warnings"] == first["warnings"]
+
+
+def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
+    """A state added to the verdicts must rank in the sweep (a row of that run would fail) and be a column."""
+    from tb_layergrad.reader import run_health
+    from tb_layergrad.reader import verdict as verdict_rules
+
+    assert set(verdict_rules.SEVERITY) == set(verdict_rules.STATES)
+    measured = {m.key for m in run_health.MEASURES}
+    assert {f"latest.{s}" for s in verdict_rules.STATES if s not in ("ok", "nan_origin", "nonfinite")} <= measured

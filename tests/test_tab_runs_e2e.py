@@ -271,8 +271,8 @@ def test_the_runs_ticked_are_the_runs_compare_shows(demo_tab):
     button = frame.locator(".lg-runs-compare")
     assert button.inner_text() == "Compare 3 selected"
     button.click()
-    frame.wait_for_selector(".lg-compare .lg-run-chip")
-    on = frame.locator(".lg-compare .lg-run-chip.lg-on").evaluate_all("els => els.map((e) => e.dataset.run)")
+    frame.wait_for_selector(".lg-compare .lg-run-item")
+    on = frame.locator(".lg-compare .lg-run-item.lg-on").evaluate_all("els => els.map((e) => e.dataset.run)")
     assert sorted(on) == sorted(picked)
     for run in picked:  # a series each in the charts (the sweep's layers are not dead_relu's: its line is empty)
         frame.wait_for_selector(f'.lg-compare path.lg-line[data-series="{run}"]', state="attached", timeout=20_000)
@@ -281,7 +281,7 @@ def test_the_runs_ticked_are_the_runs_compare_shows(demo_tab):
     frame.get_by_role("tab", name="Runs", exact=True).click()
     frame.locator('.lg-runs-table tr[data-run="dead_relu"] input[type=checkbox]').uncheck()
     frame.locator(".lg-runs-compare").click()
-    frame.wait_for_function("() => document.querySelectorAll('.lg-compare .lg-run-chip.lg-on').length === 2")
+    frame.wait_for_function("() => document.querySelectorAll('.lg-compare .lg-run-item.lg-on').length === 2")
 
 
 def test_a_run_name_opens_its_overview(demo_tab):

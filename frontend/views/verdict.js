@@ -27,7 +27,12 @@ export function verdictWhy(v, { counts = {}, recorded = 0, thresholds = {}, orig
 }
 
 // A verdict state in words: the chip texts of tb_layergrad/reader/verdict.py's LABELS, without a step.
-const STATE_WORDS = { nan_origin: "NaN/Inf born here", nonfinite: "NaN/Inf", vanishing_through_time: "vanishing through time" };
+const STATE_WORDS = {
+  nan_origin: "NaN/Inf born here",
+  nonfinite: "NaN/Inf",
+  vanishing_over_steps: "vanishing over steps",
+  vanishing_through_time: "vanishing through time",
+};
 
 /** A verdict state ("nan_origin", "dead", ...) in a chip's words, for a verdict the route names by state only. */
 export function verdictWords(state) {
