@@ -21,14 +21,16 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import synthetic_logdir  # noqa: E402
 import tab_latency  # noqa: E402
 
-# The issue's scale and targets (docs/PERFORMANCE.md).
+# The sweep's size (runs, layers, steps) and its targets (docs/PERFORMANCE.md); a size for smoke tests.
 SIZE = (200, 50, 1000)
+SMOKE_SIZE = (4, 3, 20)
+HEADING = "### Sweep:"
 FIRST_TARGET_S = 1.5
 WARM_TARGET_S = 0.5
 LOADER_NAMES = {"true": "Rust", "false": "Python"}
@@ -87,12 +89,18 @@ def sweep_logdir(runs: int, layers: int, steps: int) -> str:
     return logdir
 
 
-def table(size: tuple, results: Dict[str, Dict[str, float]], date: str) -> List[str]:
+def table(
+    size: tuple,
+    results: Dict[str, Dict[str, float]],
+    date: str,
+    command: str = "`python bench/sweep_latency.py`",
+    load: Optional[Tuple[float, float]] = None,
+) -> List[str]:
     """The section of docs/PERFORMANCE.md: per loader, the figures against the targets."""
     runs, layers, steps = size
     lines = [
-        f"### Sweep: the Runs view's `sweep` route, {runs} runs x {layers} layers x {steps} steps "
-        f"(measured {date} with `python bench/run.py --only-sweep`)\n",
+        f"{HEADING} the Runs view's `sweep` route, {runs} runs x {layers} layers x {steps} steps "
+        f"(measured {date} with {command})\n",
         "| loader | loaded after start-up | read ahead after loading | first request, read ahead (target "
         f"<= {FIRST_TARGET_S:g} s) | warm, median (target <= {WARM_TARGET_S:g} s) | first request, nothing read "
         "ahead | TensorBoard RSS |",
@@ -113,10 +121,48 @@ def table(size: tuple, results: Dict[str, Dict[str, float]], date: str) -> List[
         "written as `hp.hparams` writes them, noise-scale scalars, format version 2 with histograms. *Read ahead*: "
         "until the `runs` route says every run's statistics are read and its row computed (`sweep_read`); the first "
         "request then computes nothing. *Nothing read ahead*: a second process with `--layergrad_prefetch=false`, "
-        "whose first request reads every run's statistics.",
+        "whose first request reads every run's statistics."
+        + ("" if load is None else f" Load average (1 min) at the start {load[0]:.1f}, at the end {load[1]:.1f}."),
         "",
     ]
     return lines
+
+
+def section(size: tuple, loaders: List[str], command: str) -> Tuple[Dict[str, Dict[str, float]], List[str]]:
+    """(figures per loader, the section of docs/PERFORMANCE.md) of a sweep of `size` written anew."""
+    runs, layers, steps = size
+    logdir = sweep_logdir(runs, layers, steps)
+    load = os.getloadavg()[0]
+    try:
+        results = {loader: measure(logdir, runs, steps, loader) for loader in loaders}
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    lines = table(size, results, time.strftime("%Y-%m-%d"), command, (load, os.getloadavg()[0]))
+    print("\n".join(lines), flush=True)
+    return results, lines
+
+
+def replace_section(text: str, section_lines: List[str]) -> str:
+    """`text` with its section whose heading starts with HEADING (up to the next `### ` heading) replaced by
+    `section_lines`; without one, they go before "### Reading the figures", or at the end."""
+    lines = text.rstrip("\n").split("\n")
+    start = next((i for i, line in enumerate(lines) if line.startswith(HEADING)), None)
+    if start is None:
+        start = next((i for i, line in enumerate(lines) if line.startswith("### Reading the figures")), len(lines))
+        end = start
+    else:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("### ")), len(lines))
+    return "\n".join(lines[:start] + section_lines + lines[end:]) + "\n"
+
+
+def rewrite(path: str, section_lines: List[str]) -> None:
+    """Replace the sweep's section of the report at `path` ("-": print only), keeping every other figure."""
+    if path == "-":
+        return
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(replace_section(text, section_lines))
 
 
 def main(argv: Optional[List[str]] = None) -> None:

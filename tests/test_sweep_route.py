@@ -11,6 +11,7 @@ from __future__ import annotations
 import examples_fixtures as ef
 import numpy as np
 import pytest
+from origin_fixtures import origin_logdir  # noqa: F401 - a fixture
 from plugin_fixtures import AUX_TARGET, FUTURE_RUN, InProcess, get_json, small_logdir  # noqa: F401 - a fixture
 
 from tb_layergrad.reader import verdict
@@ -45,9 +46,9 @@ def expected_norm_trend(tb, run, target, window=20):
     return float(np.polyfit(x, y, 1)[0] * (x[-1] - x[0]))
 
 
-def expected_row(tb, run, target):
+def expected_row(tb, run, target, source="output"):
     """The health fields of a run's row from its `anomalies` route."""
-    a = get_json(tb, "anomalies", {"run": run, "target": target})
+    a = get_json(tb, "anomalies", {"run": run, "target": target, "source": source})
     s = a["summary"]
     states = [layer["verdict"]["state"] for layer in a["layers"]]
     worst = min(states, key=verdict.STATES.index)
@@ -87,6 +88,8 @@ def test_each_row_is_what_the_anomalies_route_says_of_the_run(tb):
         assert row["noise_scale_end"] is None and row["dominated_steps"] is None and row["hparams"] == {}
     train = by_run["train"]
     assert train["verdict"] == "nonfinite" and train["severity"] == 4 and train["first_nonfinite"]["step"] == 5
+    findings = expected_row(tb, "train", "loss")[1]
+    assert train["first_nonfinite"]["line"] == next(f["line"] for f in findings if f["kind"] == "nonfinite")
 
 
 def test_a_target_asked_is_every_rows(tb):
@@ -199,6 +202,28 @@ def test_the_read_ahead_computes_the_rows_a_first_request_needs(tmp_path):
 def test_warnings_are_said_on_every_poll(tb):
     first, again = get_json(tb, "sweep", {}), get_json(tb, "sweep", {})
     assert first["warnings"] and again["warnings"] == first["warnings"]
+
+
+@pytest.mark.parametrize("source", ["output", "activation"])
+def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source):  # noqa: F811 - a fixture
+    import origin_fixtures as of
+
+    tb = InProcess(origin_logdir.logdir)
+    by_run = {r["run"]: r for r in get_json(tb, "sweep", {"source": source})["runs"]}
+    assert set(by_run) == set(of.RUNS)
+    for run, row in by_run.items():
+        want = of.expected(run)
+        a = get_json(tb, "anomalies", {"run": run, "source": source}, status=200 if row["layers"] else 404)
+        if not row["layers"]:  # a run without activations, asked for them: listed, its health unknown
+            assert source == "activation" and run not in of.WITH_ACTIVATIONS and row["verdict"] is None
+            continue
+        assert health_of(row) == expected_row(tb, run, "loss", source)[0], run
+        assert {k: row["first_nonfinite"][k] for k in ("step", "pass", "origin")} == {
+            k: want[k] for k in ("step", "pass", "origin")
+        }
+        assert row["first_nonfinite"]["line"] == a["summary"]["origin"]["line"]
+        if source == "output" and want["pass"] in ("forward", "backward"):  # born in one of the rows
+            assert row["verdict"] == "nan_origin" and row["severity"] == 4
 
 
 def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():

@@ -143,7 +143,7 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
         "layers": len(result.layers),
         "severity": verdict.SEVERITY[worst.state] if worst is not None else None,
         "verdict": worst.state if worst is not None else None,
-        "first_nonfinite": _first_nonfinite(result),
+        "first_nonfinite": _first_nonfinite(result, found),
         "latest": result.latest,
         "dominated_steps": None if result.dominated is None else len({s for d in result.dominated for s in d.at}),
         "norm_trend": global_norm_trend(src, stats_series),
@@ -153,16 +153,16 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
     }
 
 
-def _first_nonfinite(result) -> Optional[dict]:
+def _first_nonfinite(result, found: List[dict]) -> Optional[dict]:
     """Where the run first went non-finite (its origin: step, pass, layer), else its earliest non-finite
-    gradient (pass and origin null); None if nothing ever was."""
+    gradient (pass and origin null), with the line of its finding (`verdict.findings`); None if nothing ever was."""
+    line = next((f["line"] for f in found if f["kind"] == verdict.NONFINITE_STATE), None)
     o = result.origin
     if o is not None:
-        return {"step": o.step, "pass": o.pass_, "origin": o.origin, "layers": list(o.layers), "line": o.line}
+        return {"step": o.step, "pass": o.pass_, "origin": o.origin, "layers": list(o.layers), "line": line}
     first = result.earliest_nonfinite
     if first is None:
         return None
-    line = f"first non-finite gradient: step {first['step']} in {', '.join(first['layers'])}"
     return {"step": first["step"], "pass": None, "origin": None, "layers": list(first["layers"]), "line": line}
 
 
