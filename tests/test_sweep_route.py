@@ -234,3 +234,25 @@ def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
     assert set(verdict_rules.SEVERITY) == set(verdict_rules.STATES)
     measured = {m.key for m in run_health.MEASURES}
     assert {f"latest.{s}" for s in verdict_rules.STATES if s not in ("ok", "nan_origin", "nonfinite")} <= measured
+
+
+def test_a_run_a_request_read_gets_its_row_at_the_next_pass(tmp_path):
+    import functools
+
+    import long_fixtures as lf
+
+    from tb_layergrad.plugin import prefetch, sweep_impl
+
+    logdir = str(tmp_path)
+    for name in ("a", "b"):
+        lf.write_run(f"{logdir}/{name}", ["m/x", "m/y"], 20, keep=False, format_version=2)
+    tb = InProcess(logdir)
+    reading = tb.plugin._routes.reading  # noqa: SLF001 - the plugin's own caches
+    pre = prefetch.StatsPrefetcher(reading.stats, reading.lister, then=functools.partial(sweep_impl.warm, reading))
+    get_json(tb, "matrix", {"run": "a"})  # the request reads run a, not the read-ahead
+    assert pre.warm_once() == []  # the first pass reads nothing (every tag is new)...
+    runs = {r["run"]: r["sweep_read"] for r in get_json(tb, "runs", {})["runs"]}
+    assert runs == {"a": True, "b": False}  # ...but computes the row of the run held
+    before = reading.health.computed
+    pre.warm_once()
+    assert reading.health.computed == before + 1  # b, once read; a is not computed again
