@@ -122,7 +122,7 @@ def write_diverging_run(logdir: str, steps: int = 60) -> None:
     writer.close()
 
 
-RUNS = ["seed_minimalrnn", "mlp_sigmoid", "mlp_relu_he", "lstm_weights", "mlp_lr_too_high"]
+RUNS = ["seed_minimalrnn", "mlp_sigmoid", "mlp_relu_he", "gan", "lstm_weights", "mlp_lr_too_high"]
 
 
 def make_logdir(logdir: str) -> None:
@@ -145,14 +145,16 @@ def last_steps() -> dict:
     from tb_layergrad.cli import demo
 
     plan = demo.Plan.for_mode(True)
-    steps = {"seed_minimalrnn": plan.seed, "mlp_sigmoid": plan.mlp, "mlp_relu_he": plan.mlp}
+    steps = {"seed_minimalrnn": plan.seed, "mlp_sigmoid": plan.mlp, "mlp_relu_he": plan.mlp, "gan": plan.gan}
     return {r: steps.get(r, 60) - 1 for r in RUNS}
 
 
 # name, state (lg_* keys), selectors that say the view is drawn, mouse position over the heatmap (or None)
 SHOTS = [
+    ("runs.png", {"view": "runs"}, [".lg-runs[data-draw-ms]", ".lg-scatter-point"], None),
     ("overview.png", {"run": "mlp_sigmoid"}, [".lg-overview .lg-heatmap-canvas[data-cols='60']"], (0.3, 2.5 / 9)),
     ("overview-nan.png", {"run": "mlp_lr_too_high"}, [".lg-overview .lg-heatmap-canvas[data-cols='60']"], None),
+    ("overview-gan.png", {"run": "gan", "target": "generator"}, [".lg-overview .lg-heatmap-canvas"], None),
     (
         "layer.png",
         {"run": "lstm_weights", "view": "layer", "layer": "seq_model/lstm", "step": 30},

@@ -54,6 +54,7 @@ USES = {
     "noise_scale": ["run", "start", "end"],
     "hparams": ["run"],
     "sweep": ["target", "source"],
+    "depth": ["run", "stat", "target", "source", "step"],
 }
 # Routes that read per-example records: fuzzed on tests/examples_fixtures.py's logdir, which has them;
 # `anomalies` (its `dominated`) there too, besides the hostile logdir.

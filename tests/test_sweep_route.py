@@ -256,3 +256,39 @@ def test_a_run_a_request_read_gets_its_row_at_the_next_pass(tmp_path):
     before = reading.health.computed
     pre.warm_once()
     assert reading.health.computed == before + 1  # b, once read; a is not computed again
+
+
+def test_a_run_without_loss_is_rowed_on_its_worst_target(tmp_path):
+    """A custom step's run (targets `discriminator`, `generator`, no `loss`): the row is about the target in the
+    worst state, as the anomalies route says of each, so a Runs view never calls a run "ok" whose generator's
+    gradient collapses."""
+    import os
+
+    import known_answer_fixtures as ka
+    import tensorflow as tf
+
+    import tb_layergrad
+
+    model = ka._model([tf.Variable(1.0), tf.Variable(1.0)])
+    writer = tf.summary.create_file_writer(os.path.join(str(tmp_path), "gan_like"))
+    rng = np.random.default_rng(3)
+    with writer.as_default():
+        for step in range(ka.STEPS):
+            f = 1e-4 if step >= ka.K else 1.0  # the generator's gradient collapses from step K, its loss as before
+            x = tf.constant(rng.normal(size=(ka.BATCH, 6)).astype(np.float32))
+            y = tf.constant(rng.normal(size=(ka.BATCH, 3)).astype(np.float32))
+            with tf.GradientTape(persistent=True) as tape:
+                with tb_layergrad.capture(model, tape=tape) as cap:
+                    value = tf.reduce_mean(tf.square(model(x, training=True) - y))
+                    collapsed = f * value + tf.stop_gradient((1.0 - f) * value)
+            tb_layergrad.summary.gradients(cap.gradients(tape, value, name="discriminator"), step=step)
+            tb_layergrad.summary.gradients(cap.gradients(tape, collapsed, name="generator"), step=step)
+            del tape
+    writer.close()
+    tb = InProcess(str(tmp_path))
+    each = {t: get_json(tb, "sweep", {"target": t})["runs"][0] for t in ("discriminator", "generator")}
+    assert each["discriminator"]["verdict"] == verdict.OK
+    assert each["generator"]["verdict"] == verdict.VANISHING_OVER_STEPS
+    row = get_json(tb, "sweep", {})["runs"][0]
+    assert row["target"] == "generator"
+    assert {k: row[k] for k in HEALTH_FIELDS} == {k: each["generator"][k] for k in HEALTH_FIELDS}

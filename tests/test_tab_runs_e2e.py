@@ -292,6 +292,21 @@ def test_a_run_name_opens_its_overview(demo_tab):
     assert (state["view"], state["run"]) == ("overview", "nan_backward")
 
 
+def test_a_run_without_loss_opens_on_the_target_its_row_is_about(demo_tab):
+    """The demo's GAN (no `loss`): its row is its generator's, whose gradient vanishes over steps, and its name
+    opens that target's overview, where the same finding is the banner."""
+    row = next(r for r in demo_tab["sweep"]["runs"] if r["run"] == "gan")
+    assert (row["target"], row["verdict"]) == ("generator", "vanishing_over_steps")
+    frame = open_runs(demo_tab)
+    cell = frame.locator('.lg-runs-table tr[data-run="gan"]')
+    assert "vanishing over steps" in cell.inner_text()
+    cell.locator(".lg-runs-open").click()
+    frame.wait_for_function("() => document.querySelector('.lg-run-name')?.textContent === 'gan'")
+    state = tf_.parent_state(demo_tab["browser"].page)
+    assert (state["view"], state["run"], state["target"]) == ("overview", "gan", "generator")
+    frame.locator('.lg-summary .lg-alert[data-kind="vanishing_over_steps"]').wait_for(timeout=20_000)
+
+
 def test_scatter_places_one_point_per_run_by_its_values(demo_tab):
     frame = open_runs(demo_tab, {"sx": "learning_rate", "sy": "latest.vanishing", "sc": "activation"})
     frame.wait_for_selector(".lg-scatter-point")

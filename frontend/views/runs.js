@@ -52,13 +52,19 @@ export class RunsView {
     );
     this.message = h("div", { class: "lg-messages" });
     this.table = new RunsTable({
-      onOpen: (run) => this.app.setState({ view: "overview", run }),
+      onOpen: (run) => this._open(run),
       onSort: (id) => this._sort(id),
       onSelect: (runs, on) => this._select(runs, on),
     });
-    this.scatter = new ScatterPanel({ app, onOpen: (run) => this.app.setState({ view: "overview", run }) });
+    this.scatter = new ScatterPanel({ app, onOpen: (run) => this._open(run) });
     this.body = h("div", { class: "lg-runs-body" }, h("div", { class: "lg-panel lg-panel-table lg-runs-panel" }, this.table.el), this.scatter.el);
     this.el = h("section", { class: "lg-view lg-runs", dataset: { view: "runs" } }, this.toolbar, this.message, this.body);
+  }
+
+  /** The run's overview on the target its row is about (a GAN's row: the one of its targets in the worst state). */
+  _open(run) {
+    const row = this.answer && this.answer.runs.find((r) => r.run === run);
+    this.app.setState({ view: "overview", run, target: row && row.target ? row.target : null });
   }
 
   _params(state) {

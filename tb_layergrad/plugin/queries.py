@@ -89,7 +89,7 @@ class NoiseScaleQuery:
 
 @dataclasses.dataclass(frozen=True)
 class SweepQuery:
-    """One row per run: `sweep`. `target` None: each run's own (`run_health.row_target`)."""
+    """One row per run: `sweep`. `target` None: the worst of each run's own (`run_health.row_targets`)."""
 
     target: Optional[str]
     source: str

@@ -85,11 +85,20 @@ def default_targets(targets: Sequence[str]) -> List[str]:
     return [metadata.DEFAULT_TARGET] if metadata.DEFAULT_TARGET in targets else list(targets)
 
 
-def row_target(rc: catalog.RunCatalog, asked: Optional[str]) -> str:
-    """The target of a run's row: the one asked, else the first of `default_targets` (`loss` for a run without any)."""
+def row_targets(rc: catalog.RunCatalog, asked: Optional[str]) -> List[str]:
+    """The targets a run's row may be about: the one asked, else `default_targets` (`loss` for a run without any)."""
     if asked is not None:
-        return asked
-    return (default_targets(rc.targets()) or [metadata.DEFAULT_TARGET])[0]
+        return [asked]
+    return default_targets(rc.targets()) or [metadata.DEFAULT_TARGET]
+
+
+def worst_health(src: RunSource, targets: Sequence[str], source: str) -> Tuple[str, dict]:
+    """(target, `health`) of the target in the worst state among `targets` (the first of equals).
+
+    Why the worst: a run without `loss` (a GAN's `discriminator` and `generator`) can go wrong in any of its
+    targets, and one row per run must not say "ok" while its generator's gradients vanish."""
+    rows = [(target, health(src, target, source)) for target in targets]
+    return max(rows, key=lambda row: -1 if row[1]["severity"] is None else row[1]["severity"])  # the first of equals
 
 
 def global_norm_trend(src: RunSource, stats_series: Sequence[catalog.Series]) -> Optional[float]:
@@ -113,7 +122,7 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
 
     Args:
       src: the run to read (`RunSource`: the plugin's, with its store; or the report's).
-      target: the differentiated target the row is about (`row_target`).
+      target: the differentiated target the row is about (`row_targets`).
       source: `output`, `weight` or `activation` (then the series of the forward pass, the origin for `target`).
 
     Returns:
@@ -168,7 +177,7 @@ def _first_nonfinite(result, found: List[dict]) -> Optional[dict]:
 
 class HealthCache:
     """Rows by (experiment, run, asked target, source), kept while the run's listing is the same
-    (`catalog.listing_signature`); thread-safe. `None` as the asked target: the run's own (`row_target`).
+    (`catalog.listing_signature`); thread-safe. `None` as the asked target: the worst of the run's own (`row_targets`, `worst_health`).
 
     Args:
       max_rows: how many rows to keep (the least recently used are dropped).
@@ -200,8 +209,8 @@ class HealthCache:
         hit = self.get(src.experiment_id, rc.run, target, source, rc.signature)
         if hit is not None:
             return hit
-        chosen = row_target(rc, target)
-        value = {"target": chosen, **health(src, chosen, source), "warnings": list(rc.warnings)}
+        chosen, found = worst_health(src, row_targets(rc, target), source)
+        value = {"target": chosen, **found, "warnings": list(rc.warnings)}
         with self._lock:
             self.computed += 1
             key = (src.experiment_id, rc.run, target, source)
