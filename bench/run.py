@@ -12,7 +12,9 @@ Figures:
 - per-example gradient norms (`per_example=True`, bench/per_example.py): MLP / CNN / Transformer block, custom
   loop, every step and every 10th;
 - tab latency on a synthetic logdir (layers x steps x runs), both loaders, and
-  TensorBoard's resident memory, with how they grow with steps and layers.
+  TensorBoard's resident memory, with how they grow with steps and layers;
+- the Runs view's `sweep` route on a synthetic sweep of 200 runs (bench/sweep_latency.py), both loaders.
+  `--only-sweep` measures that alone and rewrites only its section of docs/PERFORMANCE.md.
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
 per batch inside each call, the first batches (tracing) excluded.
 """
@@ -137,6 +139,14 @@ def synthetic(runs: int, layers: int, steps: int, version: int) -> str:
     for r in range(1, runs):
         shutil.copytree(os.path.join(logdir, "run_0"), os.path.join(logdir, f"run_{r}"))
     return logdir
+
+
+def sweep_tables(size: tuple, loaders: List[str], figures: Dict, command: str) -> List[str]:
+    import sweep_latency
+
+    results, lines = sweep_latency.section(size, loaders, command)
+    figures["sweep"] = results
+    return lines
 
 
 def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
@@ -430,6 +440,12 @@ def main() -> None:
         "--skip-per-example", action="store_true", help="skip the per-example norms' cost (bench/per_example.py)"
     )
     parser.add_argument("--skip-format", action="store_true", help="skip format versions 1 vs 2 (bytes, load, memory)")
+    parser.add_argument("--skip-sweep", action="store_true", help="skip the Runs view's sweep route (200 runs)")
+    parser.add_argument(
+        "--only-sweep",
+        action="store_true",
+        help="measure only the sweep route and rewrite only its section of --out (the other figures are kept)",
+    )
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
     parser.add_argument(
         "--rounds",
@@ -450,6 +466,13 @@ def main() -> None:
         sizes = [(3, 50, 1000), (3, 200, 1000)]  # and 3 x 200 x 5000 in both format versions (format_tables)
         loaders = ["true", "false"]
         format_sizes = FORMAT_SIZES
+    import sweep_latency
+
+    sweep_size = sweep_latency.SMOKE_SIZE if args.smoke else sweep_latency.SIZE
+    if args.only_sweep:  # both loaders, then only this section of --out is rewritten
+        command = f"`python bench/run.py --only-sweep{' --smoke' if args.smoke else ''}`"
+        sweep_latency.rewrite(args.out, sweep_latency.section(sweep_size, ["true", "false"], command)[1])
+        return
     if args.models:
         models = args.models.split(",")
     if args.rounds:
@@ -474,6 +497,9 @@ def main() -> None:
         body += tab_tables(sizes, loaders, figures)
     if not args.skip_format:
         body += format_tables(format_sizes, loaders, figures)
+    if not args.skip_sweep:
+        command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
+        body += sweep_tables(sweep_size, loaders, figures, command)
     lines += format_targets(figures, format_sizes) + target_table(figures, format_sizes[1]) + body
     if not args.smoke:
         lines.append(READING)

@@ -37,3 +37,33 @@ def test_bench_run_smoke(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")]
         numbers = cells[2:] if "loader" in text and "load_fast" in row else cells[1:]
         assert numbers and all(any(ch.isdigit() for ch in c) for c in numbers), row
+
+
+@pytest.mark.slow
+def test_sweep_bench_rewrites_only_its_section(tmp_path):
+    """`bench/run.py --only-sweep`: a tiny sweep in real TensorBoards (both loaders), its section replaced in an
+    existing report whose other figures are kept; every cell a number with its unit, each target judged."""
+    out = tmp_path / "PERFORMANCE.md"
+    before = ["# Performance", "", "### Old figures", "", "| a | b |", "", "### Reading the figures", "", "kept"]
+    out.write_text("\n".join(before) + "\n")
+    for _ in range(2):  # the second run replaces the first one's section
+        proc = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--only-sweep", "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = out.read_text().splitlines()
+    assert [line for line in lines if line.startswith("### ")] == [
+        "### Old figures",
+        next(line for line in lines if line.startswith("### Sweep: the Runs view's `sweep` route, 4 runs x 3 layers")),
+        "### Reading the figures",
+    ]
+    assert lines[:6] == before[:6] and lines[-1] == "kept"
+    rows = [line for line in lines if line.startswith("| Rust") or line.startswith("| Python")]
+    assert len(rows) == 2, rows
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        assert len(cells) == 6 and all(any(ch.isdigit() for ch in c) for c in cells), row
+        assert cells[2].endswith("met)") and cells[3].endswith("met)"), row

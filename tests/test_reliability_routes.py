@@ -53,11 +53,12 @@ USES = {
     "examples": ["run", "layer", "target", "source", "start", "end", "points", "step"],
     "noise_scale": ["run", "start", "end"],
     "hparams": ["run"],
+    "sweep": ["target", "source"],
 }
 # Routes that read per-example records: fuzzed on tests/examples_fixtures.py's logdir, which has them;
 # `anomalies` (its `dominated`) there too, besides the hostile logdir.
 ON_EXAMPLES = {"examples", "noise_scale"}
-ALSO_ON_EXAMPLES = {"anomalies"}
+ALSO_ON_EXAMPLES = {"anomalies", "sweep"}
 HOSTILE = [
     "",
     "nope",

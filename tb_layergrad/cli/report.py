@@ -41,6 +41,7 @@ from tb_layergrad.cli.report_format import (  # noqa: F401 - the report's format
     to_json,
 )
 from tb_layergrad.reader import anomalies, event_files, hparams
+from tb_layergrad.reader.run_health import default_targets  # noqa: F401 - the report's choice, under its name
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -126,27 +127,6 @@ def failures_of(run: anomalies.RunAnomalies, fail_on: Sequence[str]) -> List[Dic
 
 def _failure(run: anomalies.RunAnomalies, layer: str, condition: str, step: Optional[int]) -> Dict[str, object]:
     return {"run": run.run, "target": run.target, "layer": layer, "condition": condition, "step": step}
-
-
-def default_targets(targets: Sequence[str]) -> List[str]:
-    """The targets a report covers when none is asked: `loss` if the run has it, else every one of the run's.
-
-    A custom `train_step` names its targets after what each tape trains (a GAN's `discriminator` and
-    `generator`): such a run has no `loss`, and each of its targets may be where it went wrong.
-
-    Args:
-      targets: the run's targets (the catalog's order).
-
-    Returns:
-      `["loss"]`, or `targets` as a list.
-
-    Example:
-      >>> default_targets(["discriminator", "generator"])
-      ['discriminator', 'generator']
-      >>> default_targets(["aux", "loss"])
-      ['loss']
-    """
-    return [metadata.DEFAULT_TARGET] if metadata.DEFAULT_TARGET in targets else list(targets)
 
 
 def build(

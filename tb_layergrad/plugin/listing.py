@@ -164,6 +164,22 @@ class TensorLister:
                     self._run_tags[(experiment_id, run)] = tuple(tags)
         return result
 
+    def list_scalars(
+        self,
+        ctx: Any = None,
+        *,
+        experiment_id: str,
+        plugin_name: str,
+        run_tag_filter: Optional[tb_provider.RunTagFilter] = None,
+    ) -> Dict[str, Dict[str, Any]]:
+        """The data provider's `list_scalars` (`max_step`, `max_wall_time` per series), its records folded once
+        under the Python loader as `list_tensors`' are (each answer a `TensorTimeSeries`)."""
+        if self._mux is None:
+            return self._provider.list_scalars(
+                ctx, experiment_id=experiment_id, plugin_name=plugin_name, run_tag_filter=run_tag_filter
+            )
+        return self._list(plugin_name, run_tag_filter, summary_pb2.DATA_CLASS_SCALAR)
+
     def _list_concurrently(self, ctx: Any, experiment_id: str, plugin_name: str, runs: List[str]) -> Listing:
         """`list_tensors` over `runs` split into up to LISTING_CALLS calls (a few runs each), made
         at once: the same answer as one call. Not one call per run: a logdir of a hundred runs
@@ -190,7 +206,12 @@ class TensorLister:
             result.update(future.result())
         return result
 
-    def _list(self, plugin_name: str, run_tag_filter: Optional[tb_provider.RunTagFilter]) -> Listing:
+    def _list(
+        self,
+        plugin_name: str,
+        run_tag_filter: Optional[tb_provider.RunTagFilter],
+        data_class: int = summary_pb2.DATA_CLASS_TENSOR,
+    ) -> Listing:
         """`MultiplexerDataProvider._index` then `_list`, step by step, with the fold continued."""
         mux = self._mux
         runs = None if run_tag_filter is None else run_tag_filter.runs
@@ -211,7 +232,7 @@ class TensorLister:
             for tag, md in tag_to_metadata.items():
                 if tags is not None and tag not in tags:
                     continue
-                if md.data_class != summary_pb2.DATA_CLASS_TENSOR or md.plugin_data.plugin_name != plugin_name:
+                if md.data_class != data_class or md.plugin_data.plugin_name != plugin_name:
                     continue
                 fold = self._fold(run, tag)
                 md = mux.SummaryMetadata(run, tag)
@@ -222,7 +243,7 @@ class TensorLister:
                     description=md.summary_description,
                     display_name=md.display_name,
                 )
-        if runs is None and tags is None:
+        if runs is None and tags is None and data_class == summary_pb2.DATA_CLASS_TENSOR:
             self._forget_except(all_metadata)
         return result
 

@@ -87,6 +87,18 @@ class NoiseScaleQuery:
     end: Optional[int]
 
 
+@dataclasses.dataclass(frozen=True)
+class SweepQuery:
+    """One row per run: `sweep`. `target` None: each run's own (`run_health.row_target`)."""
+
+    target: Optional[str]
+    source: str
+
+
+def sweep_query(args: MultiDict) -> SweepQuery:
+    return SweepQuery(params.optional_name(args, "target", None), params.source(args))
+
+
 def runs_query(args: MultiDict) -> Optional[str]:
     """`runs`: one run, or None for every run."""
     return params.optional_name(args, "run", None)

@@ -16,7 +16,7 @@ from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import listing
-from tb_layergrad.reader import catalog
+from tb_layergrad.reader import catalog, noise_scale, run_health
 from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.run_source import RunSource
@@ -37,6 +37,8 @@ class Reading:
         self.lister = listing.TensorLister(data_provider, multiplexer)
         self.stats = StatsStore(data_provider)
         self.blocks = BlockCache()
+        self.health = run_health.HealthCache()  # the `sweep` route's rows, per run while it is unchanged
+        self.noise_ends = noise_scale.EndCache()
 
     def catalog(
         self, ctx: object, eid: str, runs: Optional[Sequence[str]] = None, tags: Optional[Sequence[str]] = None

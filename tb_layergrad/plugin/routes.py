@@ -16,7 +16,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import depth_impl, layer_impl, prefetch, queries, run_impl
+from tb_layergrad.plugin import depth_impl, layer_impl, prefetch, queries, run_impl, sweep_impl
 from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import csv_response, json_errors, json_response
 from tb_layergrad.plugin.static import StaticFiles
@@ -40,6 +40,7 @@ JSON_ROUTES: Dict[str, Tuple[Parse, Answer]] = {
     "/examples": (queries.examples_query, layer_impl.examples_impl),
     "/noise_scale": (queries.noise_scale_query, run_impl.noise_scale_impl),
     "/hparams": (queries.runs_query, run_impl.hparams_impl),
+    "/sweep": (queries.sweep_query, sweep_impl.sweep_impl),
 }
 
 
@@ -65,7 +66,8 @@ class Routes:
       data_provider: `TBContext.data_provider`.
       static: the files of the tab (`static.StaticFiles`).
       multiplexer: `TBContext.multiplexer`, for listing without a walk of every record (`listing`).
-      read_ahead: read the runs' statistics in the background (`prefetch.StatsPrefetcher`).
+      read_ahead: read the runs' statistics in the background (`prefetch.StatsPrefetcher`), and compute the
+        `sweep` route's rows of the runs read (`sweep_impl.warm`).
     """
 
     def __init__(
@@ -79,7 +81,9 @@ class Routes:
         self._static = static
         self._prefetch: Optional[prefetch.StatsPrefetcher] = None
         if read_ahead:
-            self._prefetch = prefetch.StatsPrefetcher(self.reading.stats, self.reading.lister)
+            self._prefetch = prefetch.StatsPrefetcher(
+                self.reading.stats, self.reading.lister, then=functools.partial(sweep_impl.warm, self.reading)
+            )
             self._prefetch.start()
 
     def apps(self) -> Dict[str, Callable]:

@@ -21,7 +21,15 @@ from tb_layergrad.plugin.layer_impl import int_list, stat_values
 from tb_layergrad.plugin.queries import CompareQuery, NoiseScaleQuery, RunQuery
 from tb_layergrad.plugin.reading import Reading, missing_series
 from tb_layergrad.plugin.responses import RawJson, csv_number, csv_text, dumps, float_rows_json
-from tb_layergrad.reader import catalog, downsample, examples, hparams, layer_points, run_anomalies, series
+from tb_layergrad.reader import (
+    catalog,
+    downsample,
+    examples,
+    hparams,
+    layer_points,
+    run_anomalies,
+    series,
+)
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.series import align
 
@@ -40,7 +48,11 @@ def runs_impl(reading: Reading, ctx: object, eid: str, run: Optional[str]) -> di
         stats = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
         return bool(stats) and reading.stats.is_current(eid, rc.run, stats)
 
-    return bodies.runs_body(cat, statistics_read)
+    body = bodies.runs_body(cat, statistics_read)
+    for row in body["runs"]:  # the `sweep` route's row of the run is computed already (read ahead, or asked)
+        rc = cat.runs[row["run"]]
+        row["sweep_read"] = reading.health.holds(eid, rc, None, metadata.SOURCE_OUTPUT)
+    return body
 
 
 def _matrix_body(

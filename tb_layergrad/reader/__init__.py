@@ -19,5 +19,7 @@ Modules, one job each:
   run_anomalies  -- what the rules need for one run, read through a data provider, then the rules
   event_files    -- TensorBoard's event-file reader over a logdir, without importing TensorFlow
   hparams        -- each run's hyperparameters as logged with TensorBoard's HParams API (nearest session)
+  run_health     -- one run's gradient health in a row (the `sweep` route), kept while its listing is the same
+  noise_scale    -- the gradient noise scale at the end of a run, smoothed as the tab draws it
   dataframe      -- `tb_layergrad.load(logdir)`: every statistic as a pandas DataFrame
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
@@ -128,8 +128,23 @@ class RunCatalog:
     name them.
     """
 
-    def __init__(self, run: str, series: Iterable[Series]) -> None:
+    def __init__(
+        self,
+        run: str,
+        series: Iterable[Series],
+        signature: Optional[tuple] = None,
+        warnings: Sequence[str] = (),
+    ) -> None:
+        """`signature`: the run's `listing_signature` (default: from its series' parts); `warnings`: what its
+        listing skipped (`from_listing`)."""
         self.run = run
+        self.warnings = list(warnings)
+        series = list(series)
+        self.signature = (
+            signature
+            if signature is not None
+            else tuple(sorted({(p.tag, p.max_step, p.max_wall_time) for s in series for p in s.parts}))
+        )
         self._by_key: Dict[SeriesKey, Series] = {}
         self._layer_index: Dict[str, int] = {}
         for s in series:
@@ -269,6 +284,26 @@ def load(
         plugin_name=metadata.PLUGIN_NAME,
         run_tag_filter=run_filter,
     )
+    return from_listing(listing)
+
+
+def listing_signature(tags: Mapping[str, Any]) -> tuple:
+    """What a run's listing says of its records: each tag with its `max_step` and `max_wall_time`, sorted. A new
+    or rewritten record changes it (as it does the versions `stats_store` keeps), so a result computed from the
+    run's records holds while it is the same.
+
+    Example:
+
+        listing_signature({"t": tb_provider.TensorTimeSeries(max_step=3, max_wall_time=1.5, plugin_content=b"")})
+        # (("t", 3, 1.5),)
+    """
+    return tuple(sorted((tag, ts.max_step, ts.max_wall_time) for tag, ts in tags.items()))
+
+
+def from_listing(listing: Mapping[str, Mapping[str, Any]]) -> Catalog:
+    """The catalog of a `list_tensors(plugin_name="layergrad")` answer (`load` lists, then calls this): each
+    run with its series in model order and its `listing_signature`; series of a newer format or with
+    unreadable metadata skipped, with a warning."""
     catalogs: Dict[str, RunCatalog] = {}
     warnings: List[str] = []
     for run in sorted(listing):
@@ -291,6 +326,7 @@ def load(
                 key = (member.layer, member.target, member.source, member.kind)
                 parts.setdefault(key, []).append((member, part))
         series = [merge(run, found) for found in parts.values()]
+        said = len(warnings)
         for version, count in sorted(newer.items()):
             warnings.append(
                 f"run {run!r}: {count} series were written by a newer tb_layergrad (format version {version}; "
@@ -299,5 +335,5 @@ def load(
         if malformed:
             warnings.append(f"run {run!r}: {malformed} series have unreadable metadata and are skipped")
         if series:
-            catalogs[run] = RunCatalog(run, series)
+            catalogs[run] = RunCatalog(run, series, listing_signature(listing[run]), warnings[said:])
     return Catalog(catalogs, warnings)

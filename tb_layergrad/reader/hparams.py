@@ -189,3 +189,22 @@ def json_values(values: Mapping[str, Value]) -> Dict[str, Optional[Value]]:
 def names(values_by_run: Mapping[str, Mapping[str, Value]]) -> List[str]:
     """Every hyperparameter name of any run, sorted: the order of the `hp/<name>` columns."""
     return sorted({name for values in values_by_run.values() for name in values})
+
+
+KINDS = {str: "string", bool: "bool", float: "number"}
+MIXED = "mixed"
+
+
+def kinds(values_by_run: Mapping[str, Mapping[str, Value]]) -> Dict[str, str]:
+    """`{name: kind}` of every hyperparameter, in `names` order: `number`, `string` or `bool` when every run
+    that has it gives it that kind, `mixed` when runs differ (a number in one run, a string in another).
+
+    Example:
+
+        kinds({"a": {"lr": 0.1, "act": "relu"}, "b": {"lr": "auto"}})  # {"act": "string", "lr": "mixed"}
+    """
+    seen: Dict[str, set] = {}
+    for values in values_by_run.values():
+        for name, value in values.items():
+            seen.setdefault(name, set()).add(KINDS[type(value)])
+    return {name: (seen[name].pop() if len(seen[name]) == 1 else MIXED) for name in names(values_by_run)}

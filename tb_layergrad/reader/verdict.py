@@ -53,6 +53,17 @@ LABELS = {
     OK: "ok",
 }
 MAX_NAMED = 3  # layers a finding names before "and N more"
+# How serious a state is, for ordering runs (the sweep's `severity`): a NaN/Inf first, wherever it was born,
+# then a gradient out of range, one that is gone, one that fades; 0 for a healthy layer.
+SEVERITY = {
+    NAN_ORIGIN: 4,
+    NONFINITE_STATE: 4,
+    "exploding": 3,
+    "dead": 2,
+    "vanishing": 1,
+    VANISHING_THROUGH_TIME: 1,
+    OK: 0,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +147,23 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
             found = Verdict(VANISHING_THROUGH_TIME, True, s.last_step, LABELS[VANISHING_THROUGH_TIME])
         out.append(found or Verdict(OK, True, s.last_step, OK))
     return out
+
+
+def worst(verdicts: Sequence[Verdict]) -> Optional[Verdict]:
+    """The run's worst layer verdict: the first state of STATES any layer holds (None without layers).
+
+    Args:
+      verdicts: the layers' verdicts (`layer_verdicts`).
+
+    Returns:
+      That layer's `Verdict` (the first layer in model order among equals), or None.
+
+    Example:
+
+        worst([Verdict("dead", True, 3, "dead"), Verdict("nonfinite", True, 5, "NaN/Inf @5")]).state  # 'nonfinite'
+    """
+    rank = {state: i for i, state in enumerate(STATES)}
+    return min(verdicts, key=lambda v: rank[v.state], default=None)
 
 
 def _names(layers: Sequence[str]) -> str:

@@ -1,0 +1,95 @@
+"""The `sweep` route in a real `tensorboard` process, both loaders, on fits whose hyperparameters were logged
+with TensorBoard's HParams API (`hp.KerasCallback` and `hp.hparams`, `hparams_fixtures`), and a run whose
+names and values are hostile (HTML, a 10,000-character string, NaN).
+
+Every row is checked against `tb-layergrad report` for the same run (the report reads the event files with
+its own provider), and both loaders must answer the same body.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+from hparams_fixtures import EXPECTED, STEPS, fit_with_logger, write_hparams_logdir
+
+from tb_layergrad.cli import report
+from tb_layergrad.reader import verdict
+
+HOSTILE_RUN = '<img src=x onerror="alert(1)">'
+LONG = "&<script>alert(1)</script>" + "x" * 10_000
+HOSTILE = {"<b>name</b>": LONG, "nan": float("nan"), "learning_rate": "fast", "units": 8}
+
+
+@pytest.fixture(scope="module")
+def logdir(tmp_path_factory):
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hp
+
+    d = str(tmp_path_factory.mktemp("sweep_hparams"))
+    write_hparams_logdir(d)
+    with tf.summary.create_file_writer(os.path.join(d, HOSTILE_RUN)).as_default():
+        hp.hparams(HOSTILE)
+    fit_with_logger(d, HOSTILE_RUN, [], seed=6)
+    return d
+
+
+def expected_rows(logdir):
+    """Each run's health as the report sees it."""
+    out = {}
+    for r in report.build(logdir).runs:
+        first = r.summary_json()["first_nonfinite"]
+        worst = verdict.worst(r.verdicts())
+        out[r.run] = {
+            "target": r.target,
+            "last_step": r.last_step,
+            "layers": len(r.layers),
+            "verdict": worst.state,
+            "severity": verdict.SEVERITY[worst.state],
+            "first_nonfinite": None if first is None else first["step"],
+            "latest": r.latest,
+            "dominated_steps": None,
+        }
+    return out
+
+
+@pytest.mark.slow
+def test_the_sweep_route_under_both_loaders(logdir, tmp_path):
+    from tensorboard_process import PLUGIN_API, tensorboards
+
+    want = expected_rows(logdir)
+    runs = {**{run: STEPS for run in EXPECTED}, f"{HOSTILE_RUN}/train": STEPS}
+    assert set(want) == set(runs)
+    bodies = []
+    with tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
+        for p in procs:
+            p.wait_for_runs(runs)
+            bodies.append(p.get_json(PLUGIN_API + "sweep"))
+            code, text, _ = p.get(PLUGIN_API + "sweep?source=nope")
+            assert code == 400 and b"source" in text
+    assert bodies[0] == bodies[1]  # the Rust data server and the Python multiplexer alike
+    body = bodies[0]
+    kinds = {h["name"]: h["kind"] for h in body["hparams"]}
+    assert kinds == {
+        "<b>name</b>": "string",
+        "activation": "string",
+        "batch_norm": "bool",
+        "dropout": "number",
+        "learning_rate": "mixed",  # numbers in three runs, "fast" in the hostile one
+        "mixed": "mixed",  # 3.5 in one run, "three" in another
+        "nan": "number",
+        "units": "number",
+    }
+    by_run = {r["run"]: r for r in body["runs"]}
+    assert set(by_run) == set(runs)
+    for run, row in by_run.items():
+        got = {k: row[k] for k in want[run] if k != "first_nonfinite"}
+        assert got == {k: v for k, v in want[run].items() if k != "first_nonfinite"}, run
+        assert (row["first_nonfinite"] or {}).get("step") == want[run]["first_nonfinite"]
+        assert row["noise_scale_end"] is None
+        assert row["norm_trend"] is None or math.isfinite(row["norm_trend"])
+    for run, values in EXPECTED.items():
+        assert by_run[run]["hparams"] == values
+    hostile = by_run[f"{HOSTILE_RUN}/train"]["hparams"]
+    assert hostile == {"<b>name</b>": LONG, "nan": None, "learning_rate": "fast", "units": 8.0}
