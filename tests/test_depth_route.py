@@ -3,8 +3,8 @@
 RUNS runs x LAYERS layers (`long_fixtures.write_run`: the records the summary ops write, framed fast), run k
 `k % 7` steps shorter than the longest and every tenth in format version 1 (a tag per layer); one more run
 records another target only. Each run's profile is checked against the records written and against what
-`matrix` answers for that run at that step; a warm request for all of them is timed (printed for
-docs/PERFORMANCE.md).
+`matrix` answers for that run at that step; asked again (warm), the same answer. Its speed is measured in
+bench/tab_sweep.py.
 """
 
 from __future__ import annotations

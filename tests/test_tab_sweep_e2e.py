@@ -1,11 +1,12 @@
 """Compare at a sweep's scale, in headless Chromium against a real `tensorboard --load_fast=true`.
 
 tests/sweep_fixtures.py's 100 runs x 1,000 steps with hyperparameters logged by `hp.hparams`: all 100 compared
-are 100 lines of 1,000 points (how fast they are drawn: bench/tab_sweep.py); hovering a line or its legend entry highlights that run in the overlay and the depth
-profile and fades the others; the depth profile of all 100 comes in one `depth` request, no `matrix` request; their histograms at the step are outlines, with a note, and hovering one highlights that
-run everywhere (and hovering elsewhere highlights it there); colouring by a numeric hyperparameter orders the colours as the values, by a
-categorical one gives one colour per value, runs without it grey and counted in the legend; the run list's
-regular-expression filter, "All" and "None"; hostile names as text.
+are 100 lines of 1,000 points (how fast they are drawn: bench/tab_sweep.py); hovering a line or its legend entry
+highlights that run in the overlay and the depth profile and fades the others; the depth profile of all 100 comes
+in one `depth` request, no `matrix` request; their histograms at the step are outlines, with a note, and hovering
+one highlights that run everywhere (and hovering elsewhere highlights it there); colouring by a numeric
+hyperparameter orders the colours as the values, by a categorical one gives one colour per value, runs without it
+grey and counted in the legend; the run list's regular-expression filter, "All" and "None"; hostile names as text.
 """
 
 from __future__ import annotations
