@@ -106,5 +106,6 @@ export const api = {
   examples: (p, o) => getJSON("examples", p, o),
   noiseScale: (p, o) => getJSON("noise_scale", p, o),
   hparams: (p = {}, o) => getJSON("hparams", p, o),
+  sweep: (p, o) => getJSON("sweep", p, o),
   csvUrl: (p) => routeUrl("csv", p),
 };

@@ -12,12 +12,14 @@ import { errorBox, field } from "./views/common.js";
 import { emptyState } from "./views/empty.js";
 import { LayerView } from "./views/layer.js";
 import { OverviewView } from "./views/overview.js";
+import { RunsView } from "./views/runs.js";
 
 const override = Number(globalThis.__LAYERGRAD_POLL_MS); // tests shorten the interval
 const POLL_MS = override >= 200 ? override : 12_000;
 const EMPTY_POLL_MS = override >= 200 ? override : 4_000;
 
 const VIEWS = [
+  ["runs", "Runs"],
   ["overview", "Overview"],
   ["layer", "Layer"],
   ["compare", "Compare runs"],
@@ -167,6 +169,8 @@ export class App {
   resolved() {
     const s = { ...this.state, runs: [...this.state.runs] };
     const runs = this.runs ? this.runs.runs : [];
+    // No view named: a sweep opens on its runs; one run, or a link naming a run, on that run's overview.
+    if (s.view === null) s.view = runs.length > 1 && !s.run ? "runs" : "overview";
     if (!s.run && runs.length) {
       const withStats = runs.find((r) => layersWith(r, s.target ?? defaultTarget(r), s.source).length);
       s.run = (withStats || runs[0]).run;
@@ -207,8 +211,9 @@ export class App {
   show() {
     tooltip().hide();
     const hasRuns = Boolean(this.runs && this.runs.runs.length);
+    const name = this.resolved().view;
     for (const b of this.tabButtons) {
-      const on = b.dataset.view === this.state.view;
+      const on = b.dataset.view === name;
       b.classList.toggle("lg-on", on);
       b.setAttribute("aria-selected", on ? "true" : "false");
       b.disabled = !hasRuns;
@@ -219,8 +224,7 @@ export class App {
       replace(this.main, emptyState());
       return;
     }
-    const name = this.state.view;
-    if (!this.views[name]) this.views[name] = new { overview: OverviewView, layer: LayerView, compare: CompareView }[name](this);
+    if (!this.views[name]) this.views[name] = new { runs: RunsView, overview: OverviewView, layer: LayerView, compare: CompareView }[name](this);
     const view = this.views[name];
     if (this.current !== name || view.el.parentNode !== this.main) replace(this.main, view.el);
     this.current = name;

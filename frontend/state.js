@@ -13,7 +13,7 @@
 const PREFIX = "lg_";
 
 export const DEFAULTS = Object.freeze({
-  view: "overview", // overview | layer | compare
+  view: null, // runs | overview | layer | compare; null: the Runs view for a logdir of several runs (no run named), else the overview
   run: null,
   layer: null,
   step: null, // null: the latest step
@@ -27,14 +27,22 @@ export const DEFAULTS = Object.freeze({
   series: null, // layer view: "target|source|layer" of the histogram/tensor series
   of: "gradient", // overview and compare: the values shown, "gradient" or "activation" (the forward values)
   zoom: null, // [first, last] step shown by the overview and the layer view's charts; null: the whole run
+  sort: null, // runs view: the column sorted by ("-" first: descending); null: the most severe runs first
+  filter: "", // runs view: a regular expression on run names
+  hpf: null, // runs view: {hyperparameter: the JSON of the value kept} as JSON
+  sx: null, // scatter: the hyperparameter on x (null: the first one)
+  sy: null, // scatter: the health measure on y (null: the first one)
+  sc: null, // scatter: the hyperparameter colouring the points (null: another one than x, if any)
+  xlog: null, // scatter: log x axis (null: log for positive values over two decades or more)
 });
 
 const TYPES = {
   view: "str", run: "str", layer: "str", step: "int", stat: "str", target: "str",
   source: "str", runs: "list", color: "str", log: "bool", hist: "str", series: "str", of: "str", zoom: "range",
+  sort: "str", filter: "str", hpf: "str", sx: "str", sy: "str", sc: "str", xlog: "bool",
 };
 
-const VIEWS = ["overview", "layer", "compare"];
+const VIEWS = ["runs", "overview", "layer", "compare"];
 
 function decode(key, raw) {
   switch (TYPES[key]) {

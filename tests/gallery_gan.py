@@ -29,6 +29,9 @@ from tolerances import assert_same_float32_math
 
 D_LR = 0.05  # SGD: the reproduction replays the critic's updates inside a batch (w - lr g)
 G_LR = 0.02
+# WGAN-GP: the gradient penalty's tapes (w.r.t. the interpolated inputs) are logged under this name when asked for
+# (`targets={PENALTY: "inputs"}`): one target per critic update.
+PENALTY = "critic_penalty"
 
 
 class GAN(keras.Model):
@@ -161,7 +164,10 @@ def _build_wgan() -> WGANGP:
     return model
 
 
-def _critic_tape(model: WGANGP, real, z, alpha, paths) -> Tape:
+def _critic_tape(model: WGANGP, real, z, alpha, paths) -> Tuple[Tape, Tape]:
+    """(the critic's tape, its gradient penalty's tape): the penalty's target is the critic's output on the
+    interpolated samples, summed (what `gp_tape.gradient(pred, ...)` differentiates), its layers numbered by their
+    calls under that tape."""
     with tf.GradientTape() as tape:
         fwd = Forward(tape)
         fake = fwd.sequential(model.generator, z, "wgan/generator")
@@ -169,13 +175,16 @@ def _critic_tape(model: WGANGP, real, z, alpha, paths) -> Tape:
             fwd.sequential(model.critic, real, "wgan/critic")
         )
         interpolated = real + alpha * (fake - real)
+        earlier = set(fwd.outputs)
         with tf.GradientTape() as gp_tape:
             gp_tape.watch(interpolated)
             pred = fwd.sequential(model.critic, interpolated, "wgan/critic")
-        grads = gp_tape.gradient(pred, interpolated)
+        under_gp = {key.split("#")[0]: t for key, t in fwd.outputs.items() if key not in earlier}
+        grads, gp_outputs = gp_tape.gradient(pred, (interpolated, under_gp))
         penalty = tf.reduce_mean((tf.sqrt(tf.reduce_sum(tf.square(grads), axis=1)) - 1.0) ** 2)
         loss = cost + GP_WEIGHT * penalty
-    return differentiate(tape, fwd, loss, model.critic.trainable_variables, paths)
+    gp = Tape(float(tf.reduce_sum(pred)), {k: g.numpy() for k, g in gp_outputs.items()}, {})
+    return differentiate(tape, fwd, loss, model.critic.trainable_variables, paths), gp
 
 
 def _reproduce_wgan(model: WGANGP, before, after, batch) -> List[Tuple[str, Tape]]:
@@ -184,8 +193,8 @@ def _reproduce_wgan(model: WGANGP, before, after, batch) -> List[Tuple[str, Tape
     out = []
     with with_weights(model, before):
         for i in range(CRITIC_STEPS):
-            t = _critic_tape(model, real, z[:, i], alpha[:, i : i + 1], paths)
-            out.append(("critic", t))
+            t, gp = _critic_tape(model, real, z[:, i], alpha[:, i : i + 1], paths)
+            out += [("critic", t), (PENALTY, gp)]
             for v in model.critic.trainable_variables:  # the critic's SGD update, replayed
                 v.assign(v.numpy() - np.float32(D_LR) * t.weights[paths[id(v)]])
         replayed = model.critic.get_weights()
@@ -202,4 +211,6 @@ def _reproduce_wgan(model: WGANGP, before, after, batch) -> List[Tuple[str, Tape
     return out
 
 
-WGAN_CASE = Case("wgan_gp", _build_wgan, _wgan_data, dataset, _reproduce_wgan)
+WGAN_CASE = Case(
+    "wgan_gp", _build_wgan, _wgan_data, dataset, _reproduce_wgan, logger_kwargs={"targets": {PENALTY: "inputs"}}
+)

@@ -71,6 +71,7 @@ class Case:
     reproduce: Callable[..., List[Tuple[str, Tape]]]
     keras3_only: Optional[str] = None  # why the pattern needs Keras 3 (skipped under tf_keras)
     outside: Optional[str] = None  # the sub-model whose outputs the step computes before any of its tapes
+    logger_kwargs: dict = dataclasses.field(default_factory=dict)  # GradientLogger's arguments beyond the gallery's
 
 
 # -- small building blocks ---------------------------------------------------------------------------------
@@ -171,3 +172,20 @@ def mixed(model: keras.Model, before: List[np.ndarray], after: List[np.ndarray],
     batch) after the batch, every other weight before it."""
     late = {id(v) for v in updated.weights}
     return [a if id(v) in late else b for v, b, a in zip(model.weights, before, after)]
+
+
+class Snapshots(keras.callbacks.Callback):
+    """The model's weights before and after each batch, keyed by the count of batches trained (from 1)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.before: Dict[int, List[np.ndarray]] = {}
+        self.after: Dict[int, List[np.ndarray]] = {}
+        self.count = 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.count += 1
+        self.before[self.count] = self.model.get_weights()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.after[self.count] = self.model.get_weights()

@@ -1,4 +1,5 @@
-"""GradientLogger in fit() under MirroredStrategy (2 logical CPUs, in a subprocess) vs one device.
+"""GradientLogger in fit() under MirroredStrategy (2 logical CPUs, in a subprocess) vs one device; a custom step
+with two tapes (the guide's GAN) vs its replicas' tapes reproduced and merged.
 
 Named test_distribute_* (not test_fit_*): it drives Keras 3 through its own
 subprocess; the legacy tf_keras CI run refuses several replicas with a clear error.
@@ -10,7 +11,9 @@ import json
 import os
 
 import distribute_harness as dh
+import numpy as np
 import pytest
+from fit_helpers import assert_close, bounded, one, read_series, stat
 
 from tb_layergrad import metadata
 
@@ -54,3 +57,67 @@ def test_one_event_file_per_run(run):
 
 def test_logger_does_not_change_training_under_the_strategy(run):
     assert dh.assert_weights_unchanged(run[0]) == 4
+
+
+# The GAN (tests/distribute_scripts/fit_gan_mirrored.py): two batches of 8, 4 per replica. A record's reduction
+# path: the discriminator's batch (generated + real, 16) and its loss's 16 terms, each kernel's contraction
+# forward and back (generator 3 -> 5 -> 4, discriminator 4 -> 6 -> 1), the generator's tape through both.
+GAN_STEPS = 2
+GAN_PATH = 16 + 16 + 2 * ((3 + 5) + (5 + 4) + (4 + 6) + (6 + 1))
+
+
+@pytest.fixture(scope="module")
+def gan_run(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("fit_gan_mirrored"))
+    dh.run_script("fit_gan_mirrored.py", [logdir, ",".join(MODES)], timeout=400)
+    return logdir
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_custom_step_every_tape_of_every_replica(gan_run, mode):
+    """Both targets of the guide's GAN, at every step, equal each replica's own tapes merged by
+    `tb_layergrad.distribute.merge` (layer outputs gathered along the batch, weights and losses summed).
+
+    Where the installed Keras leaves the replicas' weights apart after the step's own `apply_gradients` (the
+    script measures it: Keras 3.3 does), no single set of weights is what the later tapes ran on: there only the
+    first tape of the first batch (every replica on the initial weights) is compared value for value, and every
+    record must still cover the global batch."""
+    series = read_series(os.path.join(gan_run, mode))
+    expected = np.load(os.path.join(gan_run, f"expected_{mode}.npz"))
+    with open(os.path.join(gan_run, f"replicas_agree_{mode}.json")) as f:
+        agree = json.load(f)
+    assert {info.target for info, _ in series.values()} == {"discriminator", "generator"}
+    checked, compared = {}, 0
+    for key in expected.files:
+        step, target, source, path = key.split("|")
+        step, want = int(step), expected[key]
+        same_weights = agree or (step == 1 and target == "discriminator")
+        if source == "target":
+            (layer,) = {i.layer for i, _ in series.values() if i.target == target and i.source == "target"}
+            got = stat(one(series, f"{target}/target/{layer}/stats", step), "mean")
+            if same_weights:
+                assert_close(got, want, f"{target} loss at step {step}", GAN_PATH)
+            continue
+        st = one(series, f"{target}/{source}/{path}/stats", step)
+        assert stat(st, "elements") == want.size and stat(st, "no_gradient") == 0, (key, st)
+        checked.setdefault(target, set()).add((source, path))
+        if same_weights:
+            got = one(series, f"{target}/{source}/{path}/tensor", step)
+            assert_close(got, bounded(want, 10_000), f"{target} {source} {path} at step {step}", GAN_PATH)
+            compared += 1
+    assert compared == (17 * GAN_STEPS if agree else 7)  # per step: 7 records of the discriminator, 10 of the generator
+    for target, paths in checked.items():  # nothing logged beyond the reproduced tapes (and each at every step)
+        logged = {(i.source, i.layer) for i, _ in series.values() if i.target == target and i.source != "target"}
+        assert logged == paths, (target, sorted(logged ^ paths))
+    for info, by_step in series.values():
+        assert sorted(by_step) == list(range(1, GAN_STEPS + 1)), info
+    assert set(checked) == {"discriminator", "generator"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_custom_step_training_unchanged_under_the_strategy(gan_run, mode):
+    w = np.load(os.path.join(gan_run, f"weights_{mode}.npz"))
+    n = len(w.files) // 2
+    assert n == 8  # both sub-models' kernels and biases
+    for i in range(n):
+        np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])

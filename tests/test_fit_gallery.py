@@ -22,7 +22,7 @@ from fit_helpers import MAX, TF_KERAS, assert_close, bounded, one, read_series, 
 from gallery_body import BODY_CASES
 from gallery_gan import GAN_CASE, WGAN_CASE
 from gallery_single import SINGLE_CASES
-from gallery_steps import BATCHES, Case, batches, keras, path_length
+from gallery_steps import BATCHES, Case, Snapshots, batches, keras, path_length
 from tolerances import assert_same_float32_math
 
 import tb_layergrad
@@ -32,23 +32,6 @@ CASES = [GAN_CASE, WGAN_CASE, *SINGLE_CASES, *BODY_CASES]
 # one-tape step is the standard step's case (tests/test_fit_neutral.py).
 PARAMS = [(c, m) for c in CASES for m in ("graph", "eager")] + [(GAN_CASE, "xla"), (WGAN_CASE, "xla")]
 pytestmark = pytest.mark.timeout(600)
-
-
-class Snapshots(keras.callbacks.Callback):
-    """The model's weights before and after each batch, keyed by the count of batches trained (from 1)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.before: Dict[int, List[np.ndarray]] = {}
-        self.after: Dict[int, List[np.ndarray]] = {}
-        self.count = 0
-
-    def on_train_batch_begin(self, batch, logs=None):
-        self.count += 1
-        self.before[self.count] = self.model.get_weights()
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.after[self.count] = self.model.get_weights()
 
 
 def target_names(labels: List[str]) -> List[str]:
@@ -70,7 +53,9 @@ def _fit(case: Case, mode: str, log_dir: str, logged: bool):
     snapshots = Snapshots()
     callbacks = [snapshots, keras.callbacks.TensorBoard(log_dir, update_freq=1)]
     if logged:
-        callbacks.append(tb_layergrad.GradientLogger(log_dir, update_freq=1, weights=True, max_elements=MAX))
+        callbacks.append(
+            tb_layergrad.GradientLogger(log_dir, update_freq=1, weights=True, max_elements=MAX, **case.logger_kwargs)
+        )
     arrays = case.data()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

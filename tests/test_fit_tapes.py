@@ -158,3 +158,32 @@ def test_distiller_student_is_the_loss_and_the_frozen_teacher_is_not_warned_abou
     assert _targets(series) == {"loss"}
     layers_logged = {info.layer for info, _ in series.values() if info.source == "output"}
     assert layers_logged == {f"{model.name}/student", f"{model.name}/student/s_out"}
+
+
+def test_wgan_penalty_tapes_logged_when_asked_for(tmp_path):
+    """targets={name: "inputs"}: each gradient penalty's tape is a target of its own (values: tests/test_fit_gallery.py)."""
+    _fit(tmp_path, cs.WGAN, "graph", {"targets": {"penalty": "inputs"}})
+    series = read_series(log_dir(tmp_path))
+    assert _targets(series) == {"discriminator", "discriminator#2", "generator", "penalty", "penalty#2"}
+    layers_logged = {info.layer for info, _ in series.values() if info.target == "penalty" and info.source == "output"}
+    assert layers_logged and all(layer.split("/")[1] == "discriminator" for layer in layers_logged), layers_logged
+
+
+def test_inputs_target_on_a_step_without_such_tape_warns(tmp_path):
+    with pytest.warns(RuntimeWarning, match="differentiated no tape with respect to inputs only"):
+        _fit(tmp_path, cs.GAN, "graph", {"targets": {"penalty": "inputs"}})
+    assert _targets(read_series(log_dir(tmp_path))) == {"discriminator", "generator"}
+
+
+@pytest.mark.parametrize(
+    "targets, error",
+    [
+        ({"penalty": "input"}, "a function of y_pred, or 'inputs'"),
+        ({"a": "inputs", "b": "inputs"}, "give those tapes one name"),
+        ({"loss": "inputs"}, "reserved for the training loss"),
+        ({"a/b": "inputs"}, "without '/'"),
+    ],
+)
+def test_inputs_target_bad_values_raise(tmp_path, targets, error):
+    with pytest.raises(ValueError, match=error):
+        tb_layergrad.GradientLogger(log_dir(tmp_path), targets=targets)

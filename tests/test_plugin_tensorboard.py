@@ -109,11 +109,20 @@ def test_both_loaders_give_the_same_answers(servers):
         "stats?run=long&layer=nope",
         "matrix?run=long&start=x",
     ]
+
+    def same_part(path, body):
+        """The body without what says how far each process's read-ahead has got (its own background work)."""
+        doc = strict_json(body)
+        for run in doc.get("runs", []) if path == "runs" else []:
+            run.pop("statistics_read")
+            run.pop("sweep_read")
+        return doc
+
     for path in paths:
         rust = servers["rust"].get(API + path)
         python = servers["python"].get(API + path)
         assert rust[0] == python[0], path
-        assert strict_json(rust[1]) == strict_json(python[1]), path
+        assert same_part(path, rust[1]) == same_part(path, python[1]), path
     rust_csv, python_csv = servers["rust"].get(API + "csv?run=long"), servers["python"].get(API + "csv?run=long")
     assert rust_csv[0] == 200 and rust_csv[1] == python_csv[1]
     assert rust_csv[1].count(b"\n") == 1 + BIG_STEPS * len(BIG_LAYERS)

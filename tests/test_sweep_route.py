@@ -224,3 +224,35 @@ def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source):  
         assert row["first_nonfinite"]["line"] == a["summary"]["origin"]["line"]
         if source == "output" and want["pass"] in ("forward", "backward"):  # born in one of the rows
             assert row["verdict"] == "nan_origin" and row["severity"] == 4
+
+
+def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
+    """A state added to the verdicts must rank in the sweep (a row of that run would fail) and be a column."""
+    from tb_layergrad.reader import run_health
+    from tb_layergrad.reader import verdict as verdict_rules
+
+    assert set(verdict_rules.SEVERITY) == set(verdict_rules.STATES)
+    measured = {m.key for m in run_health.MEASURES}
+    assert {f"latest.{s}" for s in verdict_rules.STATES if s not in ("ok", "nan_origin", "nonfinite")} <= measured
+
+
+def test_a_run_a_request_read_gets_its_row_at_the_next_pass(tmp_path):
+    import functools
+
+    import long_fixtures as lf
+
+    from tb_layergrad.plugin import prefetch, sweep_impl
+
+    logdir = str(tmp_path)
+    for name in ("a", "b"):
+        lf.write_run(f"{logdir}/{name}", ["m/x", "m/y"], 20, keep=False, format_version=2)
+    tb = InProcess(logdir)
+    reading = tb.plugin._routes.reading  # noqa: SLF001 - the plugin's own caches
+    pre = prefetch.StatsPrefetcher(reading.stats, reading.lister, then=functools.partial(sweep_impl.warm, reading))
+    get_json(tb, "matrix", {"run": "a"})  # the request reads run a, not the read-ahead
+    assert pre.warm_once() == []  # the first pass reads nothing (every tag is new)...
+    runs = {r["run"]: r["sweep_read"] for r in get_json(tb, "runs", {})["runs"]}
+    assert runs == {"a": True, "b": False}  # ...but computes the row of the run held
+    before = reading.health.computed
+    pre.warm_once()
+    assert reading.health.computed == before + 1  # b, once read; a is not computed again

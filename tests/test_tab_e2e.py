@@ -109,9 +109,10 @@ def test_tab_opens_and_overview_shows_every_layer_in_model_order(env):
     page.goto(env["tb"].base + "/")
     page.get_by_role("tab", name=tf_.TAB_NAME).click()
     frame = b.frame()
-    frame.wait_for_selector(".lg-overview .lg-row-label")
-    # The default run is the first in name order: the hostile one. Pick "train".
-    frame.select_option('select[aria-label="run"]', "train")
+    # Several runs: the tab lands on the Runs view, the run with the NaN first; its name opens its overview.
+    frame.wait_for_selector(".lg-runs .lg-runs-table tbody tr")
+    assert frame.locator(".lg-runs-table tbody tr").first.get_attribute("data-run") == "train"
+    frame.locator('.lg-runs-table tr[data-run="train"] .lg-runs-open').click()
     frame.wait_for_function("() => document.querySelector('.lg-run-name')?.textContent === 'train'")
     labels = frame.locator(".lg-row-label")
     assert labels.evaluate_all("els => els.map(e => e.dataset.layer)") == [p for p, _ in tf_.LAYERS]
@@ -702,7 +703,8 @@ class Fault:
         self.page, self.route, self.kind = page, route, kind
         self.failed = 0
         self.failing = True
-        self._match = lambda url: f"/data/plugin/{tf_.PLUGIN}/{route}" in urllib.parse.urlsplit(url).path  # noqa: E731
+        # The route itself, not a static file named alike (`sweep` and `sweep.js`).
+        self._match = lambda url: urllib.parse.urlsplit(url).path.endswith(f"/data/plugin/{tf_.PLUGIN}/{route}")  # noqa: E731
         page.route(self._match, self._handle)
 
     def _handle(self, route):
@@ -758,7 +760,9 @@ def test_runs_route_failing_at_start_shows_a_message_and_recovers(env, kind):
         text = box.text_content()
         assert text.startswith("Could not load the list of runs: ")
         assert_readable(text, fault)
-        assert frame.locator(".lg-tabs").is_visible() and frame.locator(".lg-tab[disabled]").count() == 3
+        assert (
+            frame.locator(".lg-tabs").is_visible() and frame.locator(".lg-tab[disabled]").count() == 4
+        )  # Runs, Overview, Layer, Compare
         assert box.is_visible() and box.bounding_box()["height"] > 10
         fault.wait_failed(fault.failed + 1)  # polling goes on; the message stays
         assert frame.locator(".lg-banner .lg-error").text_content() == text
@@ -813,6 +817,7 @@ VIEW_FAULTS = [
         "json500",
         '.lg-compare path.lg-line[data-series="eval"]',
     ),
+    ({"view": "runs"}, "sweep", "html502", '.lg-runs-table tr[data-run="train"]'),
 ]
 
 

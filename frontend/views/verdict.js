@@ -26,6 +26,19 @@ export function verdictWhy(v, { counts = {}, recorded = 0, thresholds = {}, orig
   return `${v.state} at ${counts[v.state] ?? "?"} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
 }
 
+// A verdict state in words: the chip texts of tb_layergrad/reader/verdict.py's LABELS, without a step.
+const STATE_WORDS = {
+  nan_origin: "NaN/Inf born here",
+  nonfinite: "NaN/Inf",
+  vanishing_over_steps: "vanishing over steps",
+  vanishing_through_time: "vanishing through time",
+};
+
+/** A verdict state ("nan_origin", "dead", ...) in a chip's words, for a verdict the route names by state only. */
+export function verdictWords(state) {
+  return STATE_WORDS[state] || state;
+}
+
 /** Where the first NaN/Inf was born, not merely reached: the non-finite chip's colours inverted. */
 export function markOrigin(chip) {
   Object.assign(chip.style, { background: "#fff", color: COLORS.nonfinite, border: `2px solid ${COLORS.nonfinite}`, fontWeight: "700" });

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 Saved = Tuple[Any, str, bool, Any]  # (object, attribute, had an instance attribute, its previous value)
+Hook = Tuple[Any, str, Any]  # (object, attribute, the hook), as `hook` set it
 
 
 def set_instance_attribute(obj: Any, attr: str, value: Any) -> Saved:
@@ -32,6 +33,42 @@ def restore_instance_attribute(saved: Saved) -> None:
         obj.__dict__.pop(attr, None)
 
 
+class _PerThread:
+    """The hooks of one (object, attribute) pair, per thread: what `LayerHooks` installs as the attribute.
+
+    Why: MirroredStrategy traces its replicas' steps in threads that take turns at
+    each cross-replica call, over the same layer objects. A hook that every thread
+    saw would record another replica's outputs, and hooks set and removed by
+    interleaved threads would restore each other's. So the attribute is one
+    dispatching function, installed while any thread hooks it: a call goes to the
+    calling thread's innermost hook (which calls the attribute it read, this
+    function again, reaching the next one, then the original), or straight to the
+    original on a thread that set none.
+    """
+
+    def __init__(self, obj: Any, attr: str):
+        self.original = getattr(obj, attr)
+        self.stacks: Dict[int, List[Any]] = {}
+        local = threading.local()  # the depth of the hook chain running on this thread
+
+        def dispatch(*args: Any, **kwargs: Any) -> Any:
+            stack = self.stacks.get(threading.get_ident(), [])
+            outer = getattr(local, "depth", None)
+            depth = len(stack) if outer is None else outer
+            local.depth = depth - 1 if depth else None
+            try:
+                return stack[depth - 1](*args, **kwargs) if depth else self.original(*args, **kwargs)
+            finally:
+                local.depth = outer
+
+        dispatch.__wrapped__ = self.original  # keeps inspect.signature() truthful
+        dispatch._layergrad_per_thread = self
+        self.saved = set_instance_attribute(obj, attr, dispatch)
+
+
+_per_thread_lock = threading.Lock()
+
+
 class LayerHooks:
     """The shared life of a set of hooks: one forward pass, tensors of that pass only, extra tapes."""
 
@@ -43,7 +80,7 @@ class LayerHooks:
         self._tapes: List[Any] = [tape] if tape is not None else []
         self._calls: Dict[int, int] = {}  # layer index -> calls in this pass
         self._lock = threading.Lock()
-        self._installed: List[Saved] = []
+        self._installed: List[Hook] = []
         self._active = False
         self._graph: Optional[Any] = None
 
@@ -60,7 +97,7 @@ class LayerHooks:
 
     def __exit__(self, *exc: Any) -> None:
         while self._installed:
-            restore_instance_attribute(self._installed.pop())
+            unhook(self._installed.pop())
         self._active = False
 
     def watch_with(self, tape: Any) -> None:
@@ -78,7 +115,7 @@ class LayerHooks:
         raise NotImplementedError
 
     def _hook(self, obj: Any, attr: str, value: Any) -> None:
-        self._installed.append(set_instance_attribute(obj, attr, value))
+        self._installed.append(hook(obj, attr, value))
 
     def _next_call(self, node: Any) -> int:
         """The number of this call of `node`'s layer in the pass (a shared layer is called more than once)."""
@@ -92,3 +129,29 @@ class LayerHooks:
         if self._graph is None:
             return hasattr(t, "numpy") and tf.executing_eagerly()
         return getattr(t, "graph", None) is self._graph
+
+
+def hook(obj: Any, attr: str, value: Any) -> Hook:
+    """`obj.attr` is `value` for the calling thread (`_PerThread`) until `unhook`; others see what they saw."""
+    with _per_thread_lock:
+        current = obj.__dict__.get(attr)
+        hooks = getattr(current, "_layergrad_per_thread", None) or _PerThread(obj, attr)
+        hooks.stacks.setdefault(threading.get_ident(), []).append(value)
+    return (obj, attr, value)
+
+
+def unhook(installed: Hook) -> None:
+    """Undo one `hook` (on the thread that set it); the attribute is restored when no thread hooks it."""
+    obj, attr, value = installed
+    with _per_thread_lock:
+        hooks = getattr(obj.__dict__.get(attr), "_layergrad_per_thread", None)
+        if hooks is None:
+            return
+        ident = threading.get_ident()
+        stack = [v for v in hooks.stacks.get(ident, []) if v is not value]
+        if stack:
+            hooks.stacks[ident] = stack
+        else:
+            hooks.stacks.pop(ident, None)
+        if not hooks.stacks:
+            restore_instance_attribute(hooks.saved)

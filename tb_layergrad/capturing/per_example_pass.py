@@ -151,6 +151,10 @@ class PerExamplePass:
         if owner.index not in self.rules:
             return f"layer {owner.path} is not captured: include it in layers= for its per-example norms"
         calls = [c for c in self.calls if c.node is owner]
+        # A call the target does not depend on (one outside the tape of this target, in a step with several) adds
+        # nothing to its weight gradient: its δ has no gradient. The norms are of the calls that do.
+        connected = [c for c in calls if c.delta_source is None or deltas.get(id(c)) is not None]
+        calls = connected or calls
         if calls and min(c.seq for c in calls) < boundary:
             return coupled_reason
         rule, reason = self.rules[owner.index]

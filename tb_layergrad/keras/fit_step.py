@@ -68,6 +68,7 @@ class StepConfig:
     activations: bool = False  # also the layer outputs' forward values (source "activation")
     on_nonfinite: str = "log"  # "stop" and "raise" need every step's finiteness flags in Python
     per_example: bool = False  # each example's own gradient norms of the loss (kind `examples`) and the noise scale
+    input_target: Optional[str] = None  # the name of the step's tapes w.r.t. inputs only (None: not logged)
 
 
 class FitStep:
@@ -125,6 +126,12 @@ class FitStep:
                 f"{type(self.model).__name__}.train_step entered no tf.GradientTape: GradientLogger logs the gradients "
                 "a train step computes with one. Capture inside your step with tb_layergrad.capture instead."
             )
+        if cfg.targets and seen.logged and not any(t.values for t in seen.logged):
+            raise RuntimeError(
+                f"GradientLogger(targets=...): {type(self.model).__name__}.train_step did not call the model itself "
+                "(`self(x)`) inside a GradientTape it differentiates weights with, and targets are functions of that "
+                "call's prediction: call the model inside such a tape, or drop targets="
+            )
         step_messages.warn_about(self.model, seen)
         if not seen.logged:
             return logs
@@ -144,9 +151,9 @@ class FitStep:
         """
         return self.config.weights and not self.config.xla and not tf.executing_eagerly()
 
-    def aux_tape(self, first: bool) -> Optional[Any]:
-        """A tape that records a step's tape's forward pass again: for the shadow weights and (first tape) targets."""
-        n = (len(self.config.targets) if first else 0) + (1 if self._shadow_weights() else 0)
+    def aux_tape(self) -> Optional[Any]:
+        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets."""
+        n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
         if not n:
             return None
         tape = tf.GradientTape(persistent=n > 1)
@@ -183,33 +190,50 @@ class FitStep:
         name = first.name
         loss_map = _without_weights(first.gmap) if shadow else first.gmap
         main = self._target_plan(name, loss_map, first.eps_grads, probe, seen.scale, forward=True)
-        # The loss's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
+        # Each tape's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
         # the weights in `auxiliary` when shadowed) writes its `examples` record, the weights' plan the noise scale.
-        per_example = first.gmap.per_example
         ctx = replica_context()
-        if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
-            per_example = merge_per_example(per_example, ctx)
-        examples = per_example_plan.from_norms(per_example, name, first.gmap, seen.scale)
-        main = dataclasses.replace(main, per_example=examples)
+        examples = plans.Plan()
+        for tape, scale in [(first, seen.scale)] + [(o, None) for o in others]:
+            per_example = tape.gmap.per_example
+            if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
+                per_example = merge_per_example(per_example, ctx)
+            examples = examples + plans.Plan(
+                per_example=per_example_plan.from_norms(per_example, tape.name, tape.gmap, scale)
+            )
+        main = dataclasses.replace(main, per_example=examples.per_example)
         for other in others:  # each further tape of the step: its own target (its loss's value, no activations)
             other_map = _without_weights(other.gmap) if shadow else other.gmap
             main = main + self._target_plan(other.name, other_map, {}, None, None, forward=False, with_value=True)
-        if not shadow and not seen.values:
+        for inputs in seen.input_logged:  # tapes w.r.t. inputs only, asked for by targets=: no weights, no scale
+            main = main + self._target_plan(inputs.name, inputs.gmap, {}, None, None, forward=False, with_value=True)
+        with_values = [t for t in seen.logged if t.values]  # the tapes under which the model's own call ran
+        if not shadow and not with_values:
             return main, None
 
         def auxiliary() -> plans.Plan:
-            plan = plans.Plan(per_example=examples)
+            plan = examples
             if shadow:
                 for tape, scale in [(first, seen.scale)] + [(o, None) for o in others]:
                     weights = self._shadow_weight_map(tape)
                     plan = plan + self._target_plan(tape.name, weights, {}, None, scale, forward=False)
-            for target_name, value in seen.values.items():
-                wrapped = TapeWithExtraSources(first.aux, list(eps_sources.values()))
-                tmap = cap.gradients(wrapped, value, name=target_name)
-                teps = dict(zip(eps_sources.keys(), wrapped.extra_gradients))
-                plan = plan + self._target_plan(
-                    target_name, tmap, teps, probe, seen.scale, forward=False, with_value=True
-                )
+            for k, tape in enumerate(with_values, start=1):  # targets=: on each such tape, the k-th as "name#k"
+                is_first = tape is first
+                eps = eps_sources if is_first else {}
+                for target_name, value in tape.values.items():
+                    name = target_name if k == 1 else f"{target_name}#{k}"
+                    wrapped = TapeWithExtraSources(tape.aux, list(eps.values()))
+                    tmap = cap.tape_gradients(wrapped, value, name, watched_on=tape.aux, per_example=False)
+                    teps = dict(zip(eps.keys(), wrapped.extra_gradients))
+                    plan = plan + self._target_plan(
+                        name,
+                        tmap,
+                        teps,
+                        probe if is_first else None,
+                        seen.scale if is_first else None,
+                        forward=False,
+                        with_value=True,
+                    )
             return plan
 
         return main, auxiliary

@@ -9,7 +9,6 @@ import numpy as np
 import tensorflow as tf
 
 from tb_layergrad import distribute
-from tb_layergrad.capturing.targets import validate_targets
 from tb_layergrad.keras import (
     batch_count,
     logger_options,
@@ -51,9 +50,9 @@ class GradientLogger(_Base):
     discriminator, then generator) writes one target per tape, named after the
     sub-model whose weights it differentiates ("discriminator", "generator");
     a loss differentiated again in the same step (a WGAN critic's n updates)
-    is written each time, the k-th as "name#k". A tape that asks for no
-    trainable weight (a gradient penalty's) is not logged. `targets=` adds
-    functions of the model's prediction (docs/FIT.md, "Custom `train_step`").
+    is written each time, the k-th as "name#k". A tape w.r.t. inputs only (a
+    gradient penalty's) is logged when asked for: `targets={"gp": "inputs"}`
+    (docs/FIT.md, "Custom `train_step`").
 
     Every step is checked for a NaN/Inf (the loss, the output gradients and,
     with `activations=True`, the layer outputs): the first step with one is
@@ -104,14 +103,18 @@ class GradientLogger(_Base):
         timesteps: per-timestep gradients of RNN layers: `True` for every RNN
             layer, or names/patterns/layers: per step the L2 norm of the total
             dL/dh_t for every timestep t (kind "timesteps"; docs/FORMAT.md).
-        targets: extra scalars to differentiate, `{name: fn(y_pred)}`: `fn`
-            returns one value per example ([batch] or [batch, 1]) whose SUM
-            over the batch is differentiated, each its own target (one more
-            backward pass at logged steps only).
+        targets: extra targets, `{name: fn(y_pred)}`: `fn` returns one value
+            per example ([batch] or [batch, 1]) whose SUM over the batch is
+            differentiated (one more backward pass at logged steps only; a
+            custom step: on every tape that calls the model itself, the k-th
+            as `name#k`). `{name: "inputs"}` (one name): each tape of a custom
+            step w.r.t. inputs only (a WGAN-GP's gradient penalty) as target
+            `name` (`name#k`), from its own gradient call (docs/FIT.md).
         per_example: also log the distribution over the batch of each
             example's own gradient norm of the loss (kind `examples`) and, with
             `weights=True`, the gradient noise scale (docs/PER_EXAMPLE.md). The
-            loss must be the batch mean (Keras' default reduction).
+            loss must be the batch mean (Keras' default reduction). A custom
+            step: for every tape that trains weights (not those w.r.t. inputs).
         max_elements: when > 0, also log the raw gradients, bounded to this
             many elements each.
         on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go
@@ -123,7 +126,8 @@ class GradientLogger(_Base):
 
     Raises:
         TypeError: a `log_dir` that is neither a path nor such a callback.
-        ValueError: an argument out of its range (before training), or an
+        ValueError: an argument out of its range (a `targets=` value that is
+            neither a function nor "inputs"; before training), or an
             unknown layer, a model without a compiled optimizer, a target that
             does not fit the model's output (at `on_train_begin`).
         RuntimeError: a train step that enters no `tf.GradientTape`; a batch
@@ -140,7 +144,7 @@ class GradientLogger(_Base):
         weights: bool = False,
         activations: bool = False,
         timesteps: Any = False,
-        targets: Optional[Mapping[str, Callable]] = None,
+        targets: Optional[Mapping[str, Union[Callable, str]]] = None,
         per_example: bool = False,
         max_elements: int = 0,
         on_nonfinite: str = "log",
@@ -152,11 +156,11 @@ class GradientLogger(_Base):
         self.weights = bool(weights)
         self.activations = bool(activations)
         self.timesteps = False if timesteps is None else timesteps
-        self.targets = validate_targets(targets)
+        self.targets, self.input_target = logger_options.targets(targets)
         self.per_example = bool(per_example)
         self.max_elements = logger_options.max_elements(max_elements)
         self.on_nonfinite = logger_options.on_nonfinite(on_nonfinite)
-        logger_options.warn_without_effect(self.weights, self.per_example)
+        logger_options.warn_without_effect(self.weights, self.per_example, self.input_target)
         self._nonfinite = None  # see the `nonfinite` property
         self._file = run_files.RunFile()
         self._chief = True
@@ -236,6 +240,7 @@ class GradientLogger(_Base):
             weights=self.weights,
             timesteps=self.timesteps,
             targets=dict(self.targets),
+            input_target=self.input_target,
             max_elements=self.max_elements,
             update_freq=self.update_freq,
             xla=xla,

@@ -9,16 +9,45 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable, Dict, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import tensorflow as tf
 
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
-from tb_layergrad.capturing.targets import check_target_shape
+from tb_layergrad.capturing.targets import check_target_shape, validate_targets
 from tb_layergrad.keras import model_facts, nonfinite_check, train_functions
 
 ON_NONFINITE = (*nonfinite_check.MODES, "ignore")
+#: the `targets=` value that asks for the step's tapes that differentiate inputs only (a gradient penalty's)
+INPUT_TAPES = "inputs"
+
+
+def targets(value: Optional[Mapping[str, Any]]) -> Tuple[Dict[str, Callable], Optional[str]]:
+    """`targets=` split: ({name: fn(y_pred)}, the name given to the tapes w.r.t. inputs, or None).
+
+    A value is a function of the prediction, or the string "inputs" (at most one name).
+    """
+    if not isinstance(value, Mapping):
+        return validate_targets(value), None  # None -> {}, anything else -> its TypeError
+    strings = {name: v for name, v in value.items() if isinstance(v, str)}
+    for name, v in strings.items():
+        if v != INPUT_TAPES:
+            raise ValueError(
+                f"targets={{{name!r}: {v!r}}}: a target is a function of y_pred, or {INPUT_TAPES!r} to log the "
+                "step's tapes that differentiate inputs only (a gradient penalty's)"
+            )
+    if len(strings) > 1:
+        raise ValueError(
+            f"targets: {sorted(strings)} all ask for {INPUT_TAPES!r}; give those tapes one name "
+            f"(e.g. {{'gradient_penalty': {INPUT_TAPES!r}}}): several in one step are numbered name#2, name#3, ..."
+        )
+    functions = validate_targets({n: v for n, v in value.items() if n not in strings})
+    if strings:
+        name = next(iter(strings))
+        validate_targets({name: len})  # the same rules for the name as for any target
+        return functions, name
+    return functions, None
 
 
 def update_freq(value: Any) -> Union[int, str]:
@@ -76,8 +105,16 @@ def _path(value: Any, what: str) -> str:
     return path
 
 
-def warn_without_effect(weights: bool, per_example: bool) -> None:
+def warn_without_effect(weights: bool, per_example: bool, input_target: Optional[str] = None) -> None:
     """One warning per option that changes nothing in this combination."""
+    if per_example and input_target is not None:
+        warnings.warn(
+            f"GradientLogger(per_example=True, targets={{{input_target!r}: 'inputs'}}): per-example norms are of "
+            "a loss that is the mean over the batch; the tapes w.r.t. inputs differentiate a sum of the "
+            f"model's outputs, so {input_target!r} gets none (every tape that trains weights does)",
+            UserWarning,
+            stacklevel=3,
+        )
     if per_example and not weights:
         warnings.warn(
             "GradientLogger(per_example=True, weights=False): the gradient noise scale needs the weight "

@@ -33,6 +33,23 @@ def warn_about(model: Any, seen: Any) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
+    without = [t.name for t in seen.logged if not t.values]
+    if seen.fit_step.config.targets and len(without) < len(seen.logged) and without:
+        warnings.warn(
+            f"GradientLogger(targets=...): {step} did not call the model itself under the tapes of "
+            f"{', '.join(without)}, so the targets (functions of the model's prediction) are not computed for "
+            "them; they are for the tapes under which it did",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    asked = seen.fit_step.config.input_target
+    if asked is not None and seen.logged and not seen.input_logged:
+        warnings.warn(
+            f"GradientLogger(targets={{{asked!r}: 'inputs'}}): {step} differentiated no tape with respect to inputs "
+            "only (such as a gradient penalty's), so nothing is logged as that target",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     if not seen.logged:
         warnings.warn(
             f"GradientLogger: {step} asked its GradientTapes for no gradient of a trainable weight (a model "

@@ -20,9 +20,8 @@ import tensorflow as tf
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
-from tb_layergrad.capturing.layer_hooks import restore_instance_attribute, set_instance_attribute
+from tb_layergrad.capturing.layer_hooks import hook, unhook
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
-from tb_layergrad.distribute.merge import replica_context
 from tb_layergrad.keras import tape_observer
 from tb_layergrad.keras.model_facts import loss_scale
 
@@ -37,6 +36,8 @@ class LoggedTape:
     aux: Optional[Any]  # the tape that recorded its forward pass again (shadow weights, targets), or None
     variables: Dict[str, Any]  # path -> weight, of the weights the step asked gradients for
     eps_grads: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: the `targets=` values (scaled like the loss) from the model's own call under this tape, on `aux`; {} if none
+    values: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class StepObservation(tape_observer.Observation):
@@ -45,11 +46,15 @@ class StepObservation(tape_observer.Observation):
     def __init__(self, fit_step: Any, cap: Capture, probe: Optional[TimestepProbe]):
         super().__init__()
         self.fit_step, self.cap, self.probe = fit_step, cap, probe
-        self.y_pred: Any = None  # the model's output in this pass (targets only, see _keeping_prediction)
+        self.y_pred: Any = None  # the model's first output in this pass (targets only, see _watching_the_model_call)
+        self.y_preds: Dict[int, Any] = {}  # id(step's tape) -> the model's first output while that tape recorded
+        self.recording: List[Any] = []  # the step's tapes that record now (entered, not left)
         self.scale: Optional[tf.Tensor] = None
         self.values: Dict[str, tf.Tensor] = {}
         #: the tapes that differentiated trainable weights, in the order the step asked them
         self.logged: List[LoggedTape] = []
+        #: the tapes that differentiated inputs only (a gradient penalty's), when `targets=` asks for them
+        self.input_logged: List[LoggedTape] = []
         #: tapes that asked for trainable weights inside a tf.cond / tf.while_loop (not logged)
         self.in_control_flow = 0
         self._aux: Dict[int, Any] = {}  # id(step's tape) -> its aux tape while that one records
@@ -57,10 +62,6 @@ class StepObservation(tape_observer.Observation):
         self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         self._trainable = {id(v) for v in fit_step.model.trainable_variables}
         self._owners = cap.tree.variable_paths()
-
-    @property
-    def several_replicas(self) -> bool:
-        return replica_context() is not None
 
     def install_hooks(self) -> None:
         """The layer hooks of Capture (and TimestepProbe) and the model's, for this step's forward passes."""
@@ -72,12 +73,12 @@ class StepObservation(tape_observer.Observation):
         self._hooks = hooks
 
     def remove_hooks(self) -> None:
-        """At the end of the step; with several replicas right after the forward pass.
+        """At the end of the step (also when it raises).
 
-        Why: MirroredStrategy runs the replicas' steps in threads that take turns at
-        each cross-replica call (a metric update, the optimizer's all-reduce); hooks
-        left on the layers past the forward pass would see another replica's outputs.
-        So with several replicas only the first tape's forward pass is observed.
+        Several replicas: MirroredStrategy runs the replicas' steps in threads that take
+        turns at each cross-replica call (a metric update, the optimizer's all-reduce);
+        each replica's hooks are its thread's own (`layer_hooks.hook`), so every tape of
+        every replica is observed, each replica seeing its own outputs only.
         """
         hooks, self._hooks = self._hooks, None
         if hooks is not None:
@@ -85,10 +86,11 @@ class StepObservation(tape_observer.Observation):
 
     def adopt(self, tape: Any) -> None:
         first = tape is self.tape
+        self.recording.append(tape)
         self.cap.watch_with(tape)
         if first and self.probe is not None:
             self.probe.watch_with(tape)
-        aux = self.fit_step.aux_tape(first)
+        aux = self.fit_step.aux_tape()
         if aux is not None:
             # Records from here to the gradient call: the forward pass, the loss and
             # its scaling (tf_keras scales inside minimize(), after the step's `with`).
@@ -101,6 +103,7 @@ class StepObservation(tape_observer.Observation):
     def leave(self, tape: Any) -> None:
         # Its aux tape records on, to the gradient call (tf_keras scales the loss after the step's `with`).
         self.cap.unwatch(tape)
+        self.recording = [t for t in self.recording if t is not tape]
 
     def _stop_aux(self, tape: Any) -> Optional[Any]:
         aux = self._aux.pop(id(tape), None)
@@ -119,33 +122,53 @@ class StepObservation(tape_observer.Observation):
     ) -> Any:
         asked = frozenset(id(s) for s in tf.nest.flatten(sources) if id(s) in self._trainable)
         here = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        if not asked or (self.logged and self.several_replicas):
-            return gradient(tape, target, sources, *args, **kwargs)  # e.g. a gradient penalty's tape
+        wanted = asked or self.fit_step.config.input_target is not None
+        if not wanted:
+            return gradient(tape, target, sources, *args, **kwargs)  # e.g. a gradient penalty's tape, not asked for
         if here is not self._graph:  # inside tf.cond / tf.while_loop: its tensors cannot leave that branch
             self.in_control_flow += 1
             return gradient(tape, target, sources, *args, **kwargs)
+        if not asked:
+            return self._answer_for_inputs(tape, target, sources, args, kwargs, gradient)
         fit_step, first = self.fit_step, not self.logged
         if first:
             self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
-            if fit_step.config.targets:
-                if self.y_pred is None:
-                    raise RuntimeError(
-                        "GradientLogger(targets=...): the model was not called inside its train step's tape"
-                    )
-                self.values = fit_step.target_values(self.y_pred, self.scale)  # still on the aux tape
-        if self.several_replicas:
-            self.remove_hooks()  # a step that never called the model itself (e.g. only its sub-models)
+        values = {}
+        if fit_step.config.targets and id(tape) in self.y_preds:  # still on the aux tape
+            values = fit_step.target_values(self.y_preds[id(tape)], self.scale if first else None)
+            if first:
+                self.values = values
         aux = self._stop_aux(tape)  # before the backward pass: the aux tape must not record it
         eps = list(self.probe.sources.values()) if first and self.probe is not None else []
         combined = _CombinedCall(tape, gradient, sources, eps, args, kwargs)
         name = self._name(asked)
-        gmap = self.cap.tape_gradients(combined, target, name, watched_on=tape, per_example=first)
+        gmap = self.cap.tape_gradients(combined, target, name, watched_on=tape)
         variables = {self._owners[id(s)][0]: s for s in tf.nest.flatten(sources) if id(s) in self._owners}
         gmap = gmap.with_entries(
             {p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT or p in variables}
         )
         eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients)) if eps else {}
-        self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads))
+        self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads, values))
+        return combined.source_gradients
+
+    def _answer_for_inputs(
+        self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: Callable
+    ) -> Any:
+        """A tape that differentiates inputs only (a gradient penalty's), asked for by `targets=`: one target.
+
+        Its one gradient call also gives the layer outputs recorded under it; what
+        is differentiated is the sum of its target (times `output_gradients`, if
+        given), as `tape.gradient` does: that sum is the target's value.
+        """
+        self._stop_aux(tape)  # nothing of it is differentiated again (no weight was asked for)
+        combined = _CombinedCall(tape, gradient, sources, [], args, kwargs, target=target)
+        base = self.fit_step.config.input_target
+        taken = sum(1 for t in self.input_logged if t.name.split("#")[0] == base)
+        name = base if not taken else f"{base}#{taken + 1}"
+        value = _differentiated_sum(target, args, kwargs)
+        gmap = self.cap.tape_gradients(combined, value, name, watched_on=tape, per_example=False)
+        gmap = gmap.with_entries({p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT})
+        self.input_logged.append(LoggedTape(name, gmap, value, None, {}))
         return combined.source_gradients
 
     def _name(self, asked: frozenset) -> str:
@@ -188,10 +211,18 @@ class _CombinedCall:
     _persistent = False
 
     def __init__(
-        self, tape: Any, gradient: Callable, sources: Any, extra: List[Any], args: tuple, kwargs: Dict[str, Any]
+        self,
+        tape: Any,
+        gradient: Callable,
+        sources: Any,
+        extra: List[Any],
+        args: tuple,
+        kwargs: Dict[str, Any],
+        target: Any = None,
     ):
         self._tape, self._gradient, self._sources, self._extra = tape, gradient, sources, extra
         self._args, self._kwargs = args, kwargs
+        self._target = target  # the step's own target, differentiated as given (else the one Capture passes)
         self.source_gradients: Any = None
         self.extra_gradients: List[Any] = []
 
@@ -201,6 +232,7 @@ class _CombinedCall:
     def gradient(self, target: Any, requested: Any) -> Any:
         # (variables, outputs), and with per_example=True a third part: the δ sources of the per-example rules.
         variables, outputs, *deltas = requested
+        target = target if self._target is None else self._target
         got, output_grads, extra, *delta_grads = self._gradient(
             self._tape, target, (self._sources, list(outputs), self._extra, *deltas), *self._args, **self._kwargs
         )
@@ -209,11 +241,20 @@ class _CombinedCall:
         return ([by_id.get(id(v)) for v in variables], output_grads, *delta_grads)
 
 
+def _differentiated_sum(target: Any, args: tuple, kwargs: Dict[str, Any]) -> tf.Tensor:
+    """The scalar `tape.gradient(target, ..., output_gradients=w)` differentiates: sum(target * w), or sum(target)."""
+    weights = kwargs.get("output_gradients", args[0] if args else None)
+    targets = tf.nest.flatten(target)
+    weights = [None] * len(targets) if weights is None else tf.nest.flatten(weights)
+    terms = [tf.reduce_sum(t if w is None else t * tf.cast(w, t.dtype)) for t, w in zip(targets, weights)]
+    return terms[0] if len(terms) == 1 else tf.add_n(terms)
+
+
 @contextlib.contextmanager
 def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None]:
-    """When the model's own call returns: keep its output (targets are functions of it), remove the hooks.
+    """When the model's own call returns: keep its output (targets are functions of it).
 
-    Same hook as `Capture`'s on layers: an instance attribute `call`, removed afterwards.
+    Same hook as `Capture`'s on layers: the calling thread's `call`, removed afterwards.
     """
     original = model.call
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
@@ -224,15 +265,15 @@ def _watching_the_model_call(model: Any, seen: StepObservation) -> Iterator[None
         ours = isinstance(first, tf.Tensor) and (
             hasattr(first, "numpy") if graph is None else getattr(first, "graph", None) is graph
         )
-        if seen.y_pred is None and ours:
-            seen.y_pred = out
-            if seen.several_replicas:
-                seen.remove_hooks()
+        if ours:
+            seen.y_pred = out if seen.y_pred is None else seen.y_pred
+            for tape in seen.recording:
+                seen.y_preds.setdefault(id(tape), out)
         return out
 
     call_and_watch.__wrapped__ = original  # keeps inspect.signature() truthful
-    saved = set_instance_attribute(model, "call", call_and_watch)
+    installed = hook(model, "call", call_and_watch)  # this thread's (replica's) own, as the layers' hooks
     try:
         yield
     finally:
-        restore_instance_attribute(saved)
+        unhook(installed)

@@ -15,8 +15,8 @@ What it costs, and its bounds:
   free (`estimated_bytes`, an upper bound), most recently written runs first.
 - After `idle_after` seconds with no request to the plugin (the tab is closed), it stops re-reading runs
   that keep changing (a training run); a run never read yet is still read once.
-- After a pass that read something, `then(ctx, catalog)` runs (the routes compute the `sweep` route's rows
-  of the runs now held, `sweep_impl.warm`), so that the Runs view's first request finds them too.
+- After each pass, `then(ctx, catalog)` runs (the routes compute the `sweep` route's rows of the runs held
+  and not computed yet, whoever read them, `sweep_impl.warm`), so that the Runs view's first request finds them.
 - `--layergrad_prefetch=false` turns it off (`plugin.loader`).
 """
 
@@ -84,8 +84,8 @@ class StatsPrefetcher:
         then: Optional[Callable[[tb_context.RequestContext, catalog.Catalog], None]] = None,
     ) -> None:
         """`lister`: anything with a data provider's `list_tensors` (the routes' `listing.TensorLister`).
-        `experiment_id`: "" is the logdir TensorBoard was started on. `then`: called after a pass that read
-        something (and after the first), with that pass's catalog."""
+        `experiment_id`: "" is the logdir TensorBoard was started on. `then`: called after each pass, with
+        that pass's catalog."""
         self._store = store
         self._lister = lister
         self._interval = max(float(interval), 0.05)
@@ -99,7 +99,6 @@ class StatsPrefetcher:
         self._listed: Dict[str, Dict[str, _Version]] = {}  # run -> its stats tags' versions at the last pass
         self._last_read: Dict[str, float] = {}  # run -> when a pass last read it (or first saw it changing)
         self._then = then
-        self._passes = 0
 
     def start(self) -> None:
         if self._thread is None:
@@ -145,8 +144,7 @@ class StatsPrefetcher:
             self._last_read[rc.run] = self._clock()
             if self._store.read_ahead(ctx, self._experiment_id, rc.run, stats):
                 read.append(rc.run)
-        self._passes += 1
-        if self._then is not None and (read or self._passes == 1) and not self._stop.is_set():
+        if self._then is not None and not self._stop.is_set():
             self._then(ctx, cat)
         return read
 

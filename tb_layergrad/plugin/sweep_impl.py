@@ -68,10 +68,16 @@ def sweep_impl(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> dict:
 
 def warm(reading: Reading, ctx: object, cat: catalog.Catalog, eid: str = "") -> None:
     """Compute the default rows (each run's own target, `output`) of the runs whose statistics the store holds
-    as listed, and their noise scale: what the read-ahead does after reading (`prefetch`), so that the Runs
-    view's first request finds its rows. A run not held is left to the request (no read here)."""
+    as listed and whose row is not kept, then their noise scale: what the read-ahead does after each pass
+    (`prefetch`), so that the Runs view's first request finds its rows. A run not held is left to the request
+    (no read here); a pass that finds every row kept costs a comparison per run."""
+    computed = False
     for rc in cat.runs.values():
+        if reading.health.holds(eid, rc, None, metadata.SOURCE_OUTPUT):
+            continue
         stats = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
         if stats and reading.stats.is_current(eid, rc.run, stats):
             reading.health.row(reading.source(ctx, eid, rc), None, metadata.SOURCE_OUTPUT)
-    reading.noise_ends.read(reading.provider, ctx, eid, list(cat.runs), reading.lister)
+            computed = True
+    if computed:
+        reading.noise_ends.read(reading.provider, ctx, eid, list(cat.runs), reading.lister)

@@ -41,6 +41,7 @@ MEASURES: Tuple[Measure, ...] = (
     Measure("latest.exploding", "exploding layers at the last step", "count"),
     Measure("latest.dead", "dead layers at the last step", "count"),
     Measure("latest.vanishing", "vanishing layers at the last step", "count"),
+    Measure("latest.vanishing_over_steps", "layers vanishing over steps", "count"),
     Measure("latest.vanishing_through_time", "layers vanishing through time", "count"),
     Measure("dominated_steps", "steps where one example dominates", "count"),
     Measure("noise_scale_end", "noise scale at the end (smoothed)", "value"),

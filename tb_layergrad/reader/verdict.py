@@ -61,6 +61,7 @@ SEVERITY = {
     "exploding": 3,
     "dead": 2,
     "vanishing": 1,
+    VANISHING_OVER_STEPS: 1,
     VANISHING_THROUGH_TIME: 1,
     OK: 0,
 }

@@ -55,4 +55,7 @@ def bounded_tensor(data: tf.Tensor, max_elements: int) -> tf.Tensor:
     x = x[:, ::stride]
     kept_cols = tf.shape(x)[1]
     keep_rows = tf.minimum(rows, tf.maximum(1, max_elements // tf.maximum(kept_cols, 1)))
-    return x[:keep_rows]
+    out = x[:keep_rows]
+    # Always [rows, cols]; said statically, since a tensor all-gathered across replicas may arrive with no known
+    # rank, and a step's payload is decoded by the rank its tensors have when traced.
+    return out if out.shape.rank == 2 else tf.ensure_shape(out, [None, None])

@@ -37,11 +37,11 @@ class RowsAhead:
     table: tf.Tensor  # float64 [members, WIDTH] (zeros where `condition` did not hold)
     condition: tf.Tensor  # the recording condition they were computed under
     final: bool  # it is the write's own condition (else the write may also happen where it did not hold)
+    target: str = metadata.DEFAULT_TARGET  # the per-example target they are of
 
 
-def _chosen(plan: "plans.Plan") -> List[List["plans.Series"]]:
-    """The output/weight groups of the plan's per-example target: those that get an `examples` record."""
-    spec = plan.per_example
+def _chosen(plan: "plans.Plan", spec: Optional[PerExample]) -> List[List["plans.Series"]]:
+    """The output/weight groups of the per-example target `spec`: those that get an `examples` record."""
     if spec is None:
         return []
     return [
@@ -60,17 +60,17 @@ def rows_ahead(plan: "plans.Plan", should: Any, final: bool = True) -> Optional[
     only the layers' inputs and δs: in a condition of their own they are computed beside that op, not after it.
     `final`: `should` is the condition the records are written under (not when a NaN can still force a write).
     """
-    chosen = _chosen(plan)
+    spec = next((spec for spec in plan.examples() if _chosen(plan, spec)), None)  # the first target's only
+    chosen = _chosen(plan, spec)
     if not chosen or isinstance(should, bool) or tf.executing_eagerly():
         return None
-    spec = plan.per_example
     members = [s for group in chosen for s in group]
     table = value_out_of_line(
         should,
         lambda: _rows(members, spec, spec.batch_size()),
         lambda: tf.zeros([len(members), per_example_rows.WIDTH], tf.float64),
     )
-    return RowsAhead(table, should, final)
+    return RowsAhead(table, should, final, spec.target)
 
 
 def write(
@@ -80,7 +80,7 @@ def write(
     fused_stats: Optional[Dict[int, Any]] = None,
     ahead: Optional[RowsAhead] = None,
 ) -> None:
-    """The `examples` record of each output/weight group of `plan.per_example`'s target, then the noise scale.
+    """The `examples` record of each output/weight group of each per-example target of `plan`, then the noise scale.
 
     `fused_stats`: series tag -> the stats [12] the fused write op wrote this step for that series: the
     noise scale takes the batch gradient's norm from them rather than reading the gradient again. `ahead`:
@@ -91,10 +91,23 @@ def write(
     `exact_rows_from_squares` call and their tags' metadata state from one `Pending`: a few ops per step where
     a group each would be a few dozen.
     """
-    chosen = _chosen(plan)
+    for spec in plan.examples():
+        rows_ahead = ahead if ahead is not None and ahead.target == spec.target else None
+        _write_target(plan, spec, step, description, fused_stats, rows_ahead)
+
+
+def _write_target(
+    plan: "plans.Plan",
+    spec: PerExample,
+    step: tf.Tensor,
+    description: str,
+    fused_stats: Optional[Dict[int, Any]],
+    ahead: Optional[RowsAhead],
+) -> None:
+    """`write` for one per-example target."""
+    chosen = _chosen(plan, spec)
     if not chosen:
         return
-    spec = plan.per_example
     batch = spec.batch_size()
     members = [s for group in chosen for s in group]
     if ahead is None:

@@ -85,8 +85,9 @@ class Plan:
     buckets: int = 30
     description: str = ""
     track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md, `nonfinite_tracker`)
-    # Each example's own gradient norms of one target (`per_example_plan.PerExample`): its `examples` records
-    # and, for the loss, the noise scale, written with the groups of that target (`per_example_write`).
+    # Each example's own gradient norms of one target (`per_example_plan.PerExample`), or a tuple of them (one per
+    # target): its `examples` records and, for the loss, the noise scale, written with the groups of that target
+    # (`per_example_write`).
     per_example: Any = None
 
     def __add__(self, other: "Plan") -> "Plan":
@@ -94,8 +95,14 @@ class Plan:
             self,
             series=self.series + other.series,
             timesteps=self.timesteps + other.timesteps,
-            per_example=self.per_example if self.per_example is not None else other.per_example,
+            per_example=_joined(self.examples() + other.examples()),
         )
+
+    def examples(self) -> Tuple[Any, ...]:
+        """The `PerExample` of each target that has some, in order (none: ())."""
+        if self.per_example is None:
+            return ()
+        return tuple(self.per_example) if isinstance(self.per_example, tuple) else (self.per_example,)
 
     # -- a flat dict of tensors and back: how a plan leaves a compiled step --------
     def tensors(self) -> Dict[str, Any]:
@@ -111,8 +118,8 @@ class Plan:
             for part, value in (("gradient", t.gradient), ("norms", t.norms), ("raw", t.raw)):
                 if value is not None:
                     out[f"{t.info.tag}|{part}"] = value
-        if self.per_example is not None:
-            out.update(self.per_example.tensors())
+        for spec in self.examples():
+            out.update(spec.tensors())
         return out
 
     def with_tensors(self, tensors: Dict[str, Any]) -> "Plan":
@@ -134,7 +141,7 @@ class Plan:
             )
             for t in self.timesteps
         ]
-        per_example = self.per_example.with_tensors(tensors) if self.per_example is not None else None
+        per_example = _joined(tuple(spec.with_tensors(tensors) for spec in self.examples()))
         return dataclasses.replace(self, series=tuple(series), timesteps=tuple(steps), per_example=per_example)
 
     def prepared(self) -> "Plan":
@@ -291,3 +298,13 @@ def timesteps(
     if dtype is None:
         dtype = "" if gradient is None else tf.as_dtype(gradient.dtype).name
     return Timesteps(info, gradient, norms, max_elements, dtype=dtype)
+
+
+def _joined(specs: Tuple[Any, ...]) -> Any:
+    """`Plan.per_example` of these specs: the first of each target (a plan and its auxiliary part may both carry
+    it), None, one, or a tuple."""
+    kept: Dict[str, Any] = {}
+    for spec in specs:
+        kept.setdefault(spec.target, spec)
+    values = tuple(kept.values())
+    return None if not values else values[0] if len(values) == 1 else values
