@@ -68,7 +68,8 @@ if (location.href.includes('plugin_entry.html')) {
 }
 """ % json.dumps({"overlay": OVERLAY, "depth": DEPTH, "hist": HIST, "rows": ROWS})
 # The response ends of the frame's requests to a route, and their URLs.
-ENDS = """(route) => performance.getEntriesByType('resource').filter((e) => e.name.includes(`/${route}?`))
+ENDS = """(route) => performance.getEntriesByType('resource')
+  .filter((e) => new URL(e.name).pathname.endsWith(`/${route}`))
   .map((e) => [e.responseEnd, e.name])"""
 # Click a column's sort button; ms until its header says so and the next frame is painted.
 RESORT = """async (col) => {
