@@ -14,7 +14,9 @@ Figures:
 - tab latency on a synthetic logdir (layers x steps x runs), both loaders, and
   TensorBoard's resident memory, with how they grow with steps and layers;
 - the Runs view's `sweep` route on a synthetic sweep of 200 runs (bench/sweep_latency.py), both loaders.
-  `--only-sweep` measures that alone and rewrites only its section of docs/PERFORMANCE.md.
+  `--only-sweep` measures that alone and rewrites only its section of docs/PERFORMANCE.md;
+- the tab at sweep scale in headless Chromium (bench/tab_sweep.py): the Compare view of 100 runs, its `compare`
+  and `depth` routes warm, the Runs view of 200 runs; `--only-tab-sweep` alone, its section only.
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
 per batch inside each call, the first batches (tracing) excluded.
 """
@@ -146,6 +148,17 @@ def sweep_tables(size: tuple, loaders: List[str], figures: Dict, command: str) -
 
     results, lines = sweep_latency.section(size, loaders, command)
     figures["sweep"] = results
+    return lines
+
+
+def tab_sweep_tables(smoke: bool, loaders: List[str], figures: Dict, command: str) -> List[str]:
+    import tab_sweep
+
+    size, compare_runs = (
+        (tab_sweep.SMOKE_SIZE, tab_sweep.SMOKE_COMPARE_RUNS) if smoke else (tab_sweep.SIZE, tab_sweep.COMPARE_RUNS)
+    )
+    results, lines = tab_sweep.section(size, compare_runs, loaders, command)
+    figures["tab_sweep"] = results
     return lines
 
 
@@ -446,6 +459,14 @@ def main() -> None:
         action="store_true",
         help="measure only the sweep route and rewrite only its section of --out (the other figures are kept)",
     )
+    parser.add_argument(
+        "--skip-tab-sweep", action="store_true", help="skip the tab at sweep scale in Chromium (bench/tab_sweep.py)"
+    )
+    parser.add_argument(
+        "--only-tab-sweep",
+        action="store_true",
+        help="measure only the tab at sweep scale and rewrite only its section of --out (the other figures are kept)",
+    )
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
     parser.add_argument(
         "--rounds",
@@ -472,6 +493,13 @@ def main() -> None:
     if args.only_sweep:  # both loaders, then only this section of --out is rewritten
         command = f"`python bench/run.py --only-sweep{' --smoke' if args.smoke else ''}`"
         sweep_latency.rewrite(args.out, sweep_latency.section(sweep_size, ["true", "false"], command)[1])
+        return
+    if args.only_tab_sweep:  # both loaders, then only this section of --out is rewritten
+        import tab_sweep
+
+        command = f"`python bench/run.py --only-tab-sweep{' --smoke' if args.smoke else ''}`"
+        lines = tab_sweep_tables(args.smoke, ["true", "false"], {}, command)
+        sweep_latency.rewrite(args.out, lines, tab_sweep.HEADING)
         return
     if args.models:
         models = args.models.split(",")
@@ -500,6 +528,9 @@ def main() -> None:
     if not args.skip_sweep:
         command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
         body += sweep_tables(sweep_size, loaders, figures, command)
+    if not args.skip_tab_sweep:
+        command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
+        body += tab_sweep_tables(args.smoke, loaders, figures, command)
     lines += format_targets(figures, format_sizes) + target_table(figures, format_sizes[1]) + body
     if not args.smoke:
         lines.append(READING)

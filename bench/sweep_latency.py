@@ -142,11 +142,11 @@ def section(size: tuple, loaders: List[str], command: str) -> Tuple[Dict[str, Di
     return results, lines
 
 
-def replace_section(text: str, section_lines: List[str]) -> str:
-    """`text` with its section whose heading starts with HEADING (up to the next `### ` heading) replaced by
+def replace_section(text: str, section_lines: List[str], heading: str = HEADING) -> str:
+    """`text` with its section whose heading starts with `heading` (up to the next `### ` heading) replaced by
     `section_lines`; without one, they go before "### Reading the figures", or at the end."""
     lines = text.rstrip("\n").split("\n")
-    start = next((i for i, line in enumerate(lines) if line.startswith(HEADING)), None)
+    start = next((i for i, line in enumerate(lines) if line.startswith(heading)), None)
     if start is None:
         start = next((i for i, line in enumerate(lines) if line.startswith("### Reading the figures")), len(lines))
         end = start
@@ -155,14 +155,15 @@ def replace_section(text: str, section_lines: List[str]) -> str:
     return "\n".join(lines[:start] + section_lines + lines[end:]) + "\n"
 
 
-def rewrite(path: str, section_lines: List[str]) -> None:
-    """Replace the sweep's section of the report at `path` ("-": print only), keeping every other figure."""
+def rewrite(path: str, section_lines: List[str], heading: str = HEADING) -> None:
+    """Replace the section under `heading` (the sweep's by default) of the report at `path` ("-": print only),
+    keeping every other figure."""
     if path == "-":
         return
     with open(path, encoding="utf-8") as f:
         text = f.read()
     with open(path, "w", encoding="utf-8") as f:
-        f.write(replace_section(text, section_lines))
+        f.write(replace_section(text, section_lines, heading))
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -67,3 +67,37 @@ def test_sweep_bench_rewrites_only_its_section(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")][1:]
         assert len(cells) == 6 and all(any(ch.isdigit() for ch in c) for c in cells), row
         assert cells[2].endswith("met)") and cells[3].endswith("met)"), row
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_tab_sweep_bench_rewrites_only_its_section(tmp_path):
+    """`bench/run.py --only-tab-sweep`: a tiny sweep in real TensorBoards (both loaders) and headless Chromium,
+    its section replaced in an existing report whose other figures are kept; every cell a figure with its unit."""
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    pytest.importorskip("playwright")
+    out = tmp_path / "PERFORMANCE.md"
+    before = ["# Performance", "", "### Old figures", "", "| a | b |", "", "### Reading the figures", "", "kept"]
+    out.write_text("\n".join(before) + "\n")
+    for _ in range(2):  # the second run replaces the first one's section
+        proc = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--only-tab-sweep", "--out", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = out.read_text().splitlines()
+    headings = [line for line in lines if line.startswith("### ")]
+    assert len(headings) == 3 and headings[0] == "### Old figures" and headings[2] == "### Reading the figures"
+    assert headings[1].startswith("### Tab at sweep scale: the Compare view of 4 runs and the Runs view of 4 runs")
+    assert lines[:6] == before[:6] and lines[-1] == "kept"
+    rows = [line for line in lines if line.startswith("| Rust") or line.startswith("| Python")]
+    assert len(rows) == 4, rows  # the Compare view's table, and the Runs view's
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")][1:]
+        assert cells and all(any(ch.isdigit() for ch in c) for c in cells), row
+        assert all(c.endswith(("s", "MB", ")")) for c in cells), row
+    assert all("(1 `depth` request, 0 `matrix`)" in row for row in rows[:2]), rows
+    assert all(row.endswith("met) |") for row in rows[2:]), rows  # the Runs view's target judged

@@ -2,13 +2,11 @@
 
 A logdir of RUNS runs x STEPS steps of two layers (`long_fixtures.write_run`: the records the summary ops write,
 framed fast), each run its own values. `compare` of all of them answers every run's column exactly as written,
-and a warm request stays under a second (its figure printed for docs/PERFORMANCE.md); 201 runs are refused.
+and asked again (warm) answers the same; 201 runs are refused. Its speed is measured in bench/tab_sweep.py.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 import urllib.parse
 
 import long_fixtures as lf
@@ -41,28 +39,18 @@ def compare_path(runs, **more) -> str:
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
-def test_compare_of_a_hundred_runs_answers_each_run_fast(sweep, loader):
+def test_compare_of_a_hundred_runs_answers_each_run(sweep, loader):
     procs, tables = sweep
     tb = procs[loader]
     runs = [run_name(k) for k in reversed(range(RUNS))]  # the order asked is the order answered
     path = compare_path(runs, layer="net/out", stat="norm")
-    t = time.perf_counter()
     body = tb.get_json(path, timeout=60)
-    first = time.perf_counter() - t
     assert body["runs"] == runs and body["missing"] == []
     assert body["steps"] == list(range(STEPS))
     for name, values in zip(runs, body["values"]):
         want = tables[name]["net/out"][:, lf.S["norm"]]
         np.testing.assert_array_equal(np.array(values, dtype=np.float64), want)  # float64 records, JSON round trip
-    warm = []
-    for _ in range(5):
-        t = time.perf_counter()
-        tb.get_json(path, timeout=60)
-        warm.append(time.perf_counter() - t)
-    print(
-        f"\ncompare, {RUNS} runs x {STEPS} steps: first {first:.3f} s, warm: median {statistics.median(warm):.3f} s, max {max(warm):.3f} s"
-    )
-    assert statistics.median(warm) < 1.0, warm
+    assert tb.get_json(path, timeout=60) == body  # warm: the same answer
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])

@@ -3,14 +3,12 @@
 RUNS runs x LAYERS layers (`long_fixtures.write_run`: the records the summary ops write, framed fast), run k
 `k % 7` steps shorter than the longest and every tenth in format version 1 (a tag per layer); one more run
 records another target only. Each run's profile is checked against the records written and against what
-`matrix` answers for that run at that step; a warm request for all of them is timed (printed for
-docs/PERFORMANCE.md).
+`matrix` answers for that run at that step; asked again (warm), the same answer. Its speed is measured in
+bench/tab_sweep.py.
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 import urllib.parse
 
 import long_fixtures as lf
@@ -74,9 +72,7 @@ def test_depth_of_a_hundred_runs_is_each_runs_column_at_the_step_or_before(sweep
     tb = procs[loader]
     runs = [run_name(k) for k in reversed(range(RUNS))] + [OTHER]  # the order asked is the order answered
     asked = STEPS - 1
-    t = time.perf_counter()
     body = tb.get_json(depth_path(runs, step=asked), timeout=60)
-    first = time.perf_counter() - t
     assert body["runs"] == runs and body["missing"] == [OTHER]
     assert (body["step"], body["stat"], body["target"], body["source"]) == (asked, "norm", "loss", "output")
     assert [p["run"] for p in body["profiles"]] == runs
@@ -88,17 +84,7 @@ def test_depth_of_a_hundred_runs_is_each_runs_column_at_the_step_or_before(sweep
         want = [tables[p["run"]][layer][p["step"], lf.S["norm"]] for layer in LAYERS]
         np.testing.assert_array_equal(np.array(p["values"], dtype=np.float64), want)  # float64 records, JSON
         check_against_matrix(tb, p, "norm")
-    warm = []
-    for _ in range(9):
-        t = time.perf_counter()
-        tb.get_json(depth_path(runs, step=asked), timeout=60)
-        warm.append(time.perf_counter() - t)
-    print(
-        f"\ndepth, {RUNS} runs x {len(LAYERS)} layers: first {first:.3f} s, "
-        f"warm: median {statistics.median(warm):.3f} s, max {max(warm):.3f} s"
-    )
-    # The machine is shared: the best of nine is what the route costs, the median what it costs under load.
-    assert min(warm) < 0.3 and statistics.median(warm) < 1.0, warm
+    assert tb.get_json(depth_path(runs, step=asked), timeout=60) == body  # warm: the same answer
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])

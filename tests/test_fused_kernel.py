@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -150,9 +149,8 @@ def test_a_step_reduces_every_tensor_in_one_op():
 def test_build_is_cached_per_source_and_tensorflow():
     first = fused_kernel.build()
     mtime = first.stat().st_mtime_ns
-    started = time.perf_counter()
     assert fused_kernel.build() == first
-    assert time.perf_counter() - started < 1.0 and first.stat().st_mtime_ns == mtime
+    assert first.stat().st_mtime_ns == mtime  # not rebuilt
     assert tf.__version__ and first.name.startswith("histograms_and_stats-")
 
 

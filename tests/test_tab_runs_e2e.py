@@ -445,7 +445,6 @@ def test_log_x_is_offered_only_for_positive_numbers(hp_tab):
 # -- a sweep of 200 runs ----------------------------------------------------------------------------------------
 
 SWEEP_RUNS = 200
-DRAW_BUDGET_MS = 1000
 
 
 def synthetic_logdir():
@@ -467,31 +466,20 @@ def sweep200(tmp_path_factory):
 
 
 @pytest.mark.parametrize("load_fast", ["true", "false"], ids=["load_fast", "python_loader"])
-def test_200_runs_are_drawn_and_sorted_within_a_second(sweep200, load_fast, browser, tmp_path):
-    """From the `sweep` answer in hand to the table and the scatter on screen (the next frame), and a sort."""
+def test_200_runs_are_drawn_and_sorted(sweep200, load_fast, browser, tmp_path):
+    """Every run of a 200-run sweep in the table and the scatter, and a sort (how fast: bench/tab_sweep.py)."""
     logdir, grid = sweep200
     tb = serve(logdir, load_fast, tmp_path, SWEEP_RUNS)
     try:
         env = {"tb": tb, "browser": browser}
-        draws = []
-        for _ in range(3):
-            frame = open_runs(env)
-            draws.append(int(frame.locator(".lg-runs").get_attribute("data-draw-ms")))
+        frame = open_runs(env)
         t = read(frame)
         assert sorted(r["run"] for r in t["rows"]) == sorted(name for name, _ in grid)
         assert frame.locator(".lg-scatter-point").count() == SWEEP_RUNS
-        sort_ms = frame.evaluate(
-            """async () => {
-              const t = performance.now();
-              document.querySelector('th[data-col="hp:learning_rate"] .lg-sort').click();
-              await new Promise((resolve) => requestAnimationFrame(() => resolve()));
-              return performance.now() - t;
-            }"""
-        )
+        frame.locator('th[data-col="hp:learning_rate"] .lg-sort').click()
+        frame.wait_for_selector('th[data-col="hp:learning_rate"][aria-sort="ascending"]')
         lr = dict(grid)
         values = [lr[r]["learning_rate"] for r in shown(frame)]
         assert values == sorted(values)
-        print(f"\n200 runs ({load_fast=}): drawn in {draws} ms, sorted in {sort_ms:.0f} ms")
-        assert max(draws) <= DRAW_BUDGET_MS and sort_ms <= DRAW_BUDGET_MS, (draws, sort_ms)
     finally:
         tb.stop()

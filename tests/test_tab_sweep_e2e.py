@@ -1,13 +1,12 @@
 """Compare at a sweep's scale, in headless Chromium against a real `tensorboard --load_fast=true`.
 
 tests/sweep_fixtures.py's 100 runs x 1,000 steps with hyperparameters logged by `hp.hparams`: all 100 compared
-are 100 lines of 1,000 points, drawn within a second of the data's arrival (the figure is printed for
-docs/PERFORMANCE.md); hovering a line or its legend entry highlights that run in the overlay and the depth
-profile and fades the others; the depth profile of all 100 comes in one `depth` request and is drawn within a
-second of the overlay; their histograms at the step are outlines, with a note, and hovering one highlights that
-run everywhere (and hovering elsewhere highlights it there); colouring by a numeric hyperparameter orders the colours as the values, by a
-categorical one gives one colour per value, runs without it grey and counted in the legend; the run list's
-regular-expression filter, "All" and "None"; hostile names as text.
+are 100 lines of 1,000 points (how fast they are drawn: bench/tab_sweep.py); hovering a line or its legend entry
+highlights that run in the overlay and the depth profile and fades the others; the depth profile of all 100 comes
+in one `depth` request, no `matrix` request; their histograms at the step are outlines, with a note, and hovering
+one highlights that run everywhere (and hovering elsewhere highlights it there); colouring by a numeric
+hyperparameter orders the colours as the values, by a categorical one gives one colour per value, runs without it
+grey and counted in the legend; the run list's regular-expression filter, "All" and "None"; hostile names as text.
 """
 
 from __future__ import annotations
@@ -33,20 +32,6 @@ OVERLAY = ".lg-panel-wide"
 DEPTH = ".lg-layer-row .lg-panel:last-child"
 HIST = ".lg-layer-row .lg-panel:first-child"
 NO_VALUE = "rgb(189, 189, 189)"  # frontend/charts/run_colors.js NO_VALUE, as the browser computes it
-# In every frame, before its scripts: when the overlay and the depth profile first hold every run's line.
-DRAWN_SCRIPT = """
-window.__lgDrawn = {};
-(function watch() {
-  const charts = {overlay: '%s path.lg-line', depth: '%s path.lg-line', hist: '%s path.lg-aligned'};
-  const tick = () => {
-    for (const [name, sel] of Object.entries(charts)) {
-      if (!window.__lgDrawn[name] && document.querySelectorAll(sel).length >= %d) window.__lgDrawn[name] = performance.now();
-    }
-    if (!window.__lgDrawn.overlay || !window.__lgDrawn.depth || !window.__lgDrawn.hist) requestAnimationFrame(tick);
-  };
-  requestAnimationFrame(tick);
-})();
-""" % (OVERLAY, DEPTH, HIST, sf.RUNS)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +53,6 @@ def env(tmp_path_factory):
             lambda p: sum(1 for r in p.get_json(PLUGIN_API + "hparams")["runs"] if r["hparams"]) == logged,
             "every run's hyperparameters",
         )
-        browser.context.add_init_script(DRAWN_SCRIPT)
         yield {"tb": tb, "browser": browser, "values": values}
 
 
@@ -107,30 +91,13 @@ def luminance(css: str) -> float:
     return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
 
 
-def test_a_hundred_runs_are_a_hundred_lines_drawn_within_a_second(env):
+def test_a_hundred_runs_are_a_hundred_lines_and_one_depth_request(env):
     frame = open_sweep(env)
-    frame.wait_for_function("() => window.__lgDrawn.overlay && window.__lgDrawn.depth && window.__lgDrawn.hist")
-    t = frame.evaluate(
-        """() => {
-          const ends = (route) => performance.getEntriesByType('resource').filter(e => e.name.includes(`/${route}?`)).map(e => e.responseEnd);
-          return {data: Math.max(...ends('compare')), depthData: Math.max(...ends('depth')), depthAsked: ends('depth').length,
-                  matrixAsked: ends('matrix').length, histData: Math.max(...ends('histograms')), ...window.__lgDrawn};
-        }"""
+    asked = frame.evaluate(
+        """() => ['depth', 'matrix'].map(route => performance.getEntriesByType('resource')
+                  .filter(e => e.name.includes(`/${route}?`)).length)"""
     )
-    overlay_ms, depth_after_overlay_ms, hist_after_overlay_ms = (
-        t["overlay"] - t["data"],
-        t["depth"] - t["overlay"],
-        t["hist"] - t["overlay"],
-    )
-    print(
-        f"\ncompare of {sf.RUNS} runs x {sf.STEPS} steps: overlay drawn {overlay_ms:.0f} ms after its data arrived; "
-        f"depth profile (one request, its answer {t['depthData'] - t['data']:+.0f} ms from the overlay's) drawn "
-        f"{depth_after_overlay_ms:.0f} ms after the overlay; histograms (one request per run) "
-        f"{hist_after_overlay_ms:.0f} ms after the overlay"
-    )
-    assert overlay_ms <= 1000
-    assert (t["depthAsked"], t["matrixAsked"]) == (1, 0)  # every run's profile in one request
-    assert depth_after_overlay_ms <= 1000
+    assert asked == [1, 0]  # every run's profile in one request
     lines = frame.locator(f"{OVERLAY} path.lg-line").evaluate_all(
         "els => els.map(e => [e.dataset.key, e.getAttribute('d')])"
     )
