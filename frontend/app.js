@@ -32,6 +32,7 @@ export class App {
     this.state = this.url.read();
     this.runs = null;
     this.runsSig = "";
+    this.earlySweep = null; // see start()
     this.controls = [];
     this.views = {};
     this.current = null;
@@ -66,9 +67,22 @@ export class App {
   }
 
   async start() {
+    // Where the tab may land on the Runs view (a sweep's landing page), its rows are asked beside the list of
+    // runs rather than after it: the two answers then arrive together.
+    if ((!this.state.view || this.state.view === "runs") && (!this.state.source || this.state.source === "output")) {
+      this.earlySweep = api.sweep({});
+      this.earlySweep.catch(() => {}); // a failure is the Runs view's to show, if it is shown
+    }
     await this.loadRuns();
     this.show();
     this.poller = new Poller(() => this.poll(false), this.runs && this.runs.runs.length ? POLL_MS : EMPTY_POLL_MS);
+  }
+
+  /** The rows asked at start (`start`) for the Runs view's default query, once; null after, or for another query. */
+  takeEarlySweep(params) {
+    const early = this.earlySweep;
+    this.earlySweep = null;
+    return early && !Object.keys(params).length ? early : null;
   }
 
   /** A visible message for an unexpected failure: never a blank tab. */

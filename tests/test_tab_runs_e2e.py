@@ -159,6 +159,14 @@ def test_the_tab_lands_on_the_runs_view_with_every_run(demo_tab):
     assert severities == sorted(severities, reverse=True), severities
     assert severities[0] == 4  # the demo's NaN runs lead
     assert frame.locator(".lg-runs-count").inner_text() == f"{len(route)} runs"
+    # Its rows were asked once, beside the list of runs (sent before that answer came), not after it.
+    asked = frame.evaluate(
+        """() => Object.fromEntries(['runs', 'sweep'].map((r) => [r, performance.getEntriesByType('resource')
+             .filter((e) => new URL(e.name).pathname.endsWith('/' + r))
+             .map((e) => ({start: e.startTime, end: e.responseEnd}))]))"""
+    )
+    assert len(asked["sweep"]) == 1 and len(asked["runs"]) >= 1, asked
+    assert asked["sweep"][0]["start"] < asked["runs"][0]["end"], asked
 
 
 def test_each_row_shows_the_routes_and_the_reports_hparams_and_health(demo_tab):

@@ -89,7 +89,8 @@ export class RunsView {
     const abort = (this.abort = new AbortController());
     if (!quiet) this.app.busy(true);
     try {
-      const answer = await api.sweep(this._params(state), { signal: abort.signal });
+      const params = this._params(state);
+      const answer = await (this.app.takeEarlySweep(params) || api.sweep(params, { signal: abort.signal }));
       if (abort.signal.aborted) return;
       const t0 = performance.now();
       const text = JSON.stringify(answer);
