@@ -39,22 +39,28 @@ def test_bench_run_smoke(tmp_path):
         assert numbers and all(any(ch.isdigit() for ch in c) for c in numbers), row
 
 
-@pytest.mark.slow
-def test_sweep_bench_rewrites_only_its_section(tmp_path):
-    """`bench/run.py --only-sweep`: a tiny sweep in real TensorBoards (both loaders), its section replaced in an
-    existing report whose other figures are kept; every cell a number with its unit, each target judged."""
+def rewrite_twice(tmp_path, only: str):
+    """(the report's lines before, after): `bench/run.py --smoke ONLY` run twice on a report with other figures (the
+    second run replaces the first one's section)."""
     out = tmp_path / "PERFORMANCE.md"
     before = ["# Performance", "", "### Old figures", "", "| a | b |", "", "### Reading the figures", "", "kept"]
     out.write_text("\n".join(before) + "\n")
-    for _ in range(2):  # the second run replaces the first one's section
+    for _ in range(2):
         proc = subprocess.run(
-            [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--only-sweep", "--out", str(out)],
+            [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", only, "--out", str(out)],
             capture_output=True,
             text=True,
             timeout=900,
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = out.read_text().splitlines()
+    return before, out.read_text().splitlines()
+
+
+@pytest.mark.slow
+def test_sweep_bench_rewrites_only_its_section(tmp_path):
+    """`bench/run.py --only-sweep`: a tiny sweep in real TensorBoards (both loaders), its section replaced in an
+    existing report whose other figures are kept; every cell a number with its unit, each target judged."""
+    before, lines = rewrite_twice(tmp_path, "--only-sweep")
     assert [line for line in lines if line.startswith("### ")] == [
         "### Old figures",
         next(line for line in lines if line.startswith("### Sweep: the Runs view's `sweep` route, 4 runs x 3 layers")),
@@ -74,21 +80,7 @@ def test_sweep_bench_rewrites_only_its_section(tmp_path):
 def test_tab_sweep_bench_rewrites_only_its_section(tmp_path):
     """`bench/run.py --only-tab-sweep`: a tiny sweep in real TensorBoards (both loaders) and headless Chromium,
     its section replaced in an existing report whose other figures are kept; every cell a figure with its unit."""
-    if not os.path.exists("/usr/bin/chromium"):
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    pytest.importorskip("playwright")
-    out = tmp_path / "PERFORMANCE.md"
-    before = ["# Performance", "", "### Old figures", "", "| a | b |", "", "### Reading the figures", "", "kept"]
-    out.write_text("\n".join(before) + "\n")
-    for _ in range(2):  # the second run replaces the first one's section
-        proc = subprocess.run(
-            [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--only-tab-sweep", "--out", str(out)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = out.read_text().splitlines()
+    before, lines = rewrite_twice(tmp_path, "--only-tab-sweep")
     headings = [line for line in lines if line.startswith("### ")]
     assert len(headings) == 3 and headings[0] == "### Old figures" and headings[2] == "### Reading the figures"
     assert headings[1].startswith("### Tab at sweep scale: the Compare view of 4 runs and the Runs view of 4 runs")
