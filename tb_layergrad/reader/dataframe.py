@@ -14,10 +14,11 @@ kept: no sampling. TensorFlow is not imported.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Iterable, Optional
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.reader import catalog, event_files, hparams, origin, run_anomalies, series
+from tb_layergrad.reader import catalog, damage, event_files, hparams, origin, run_anomalies, series
 from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -75,6 +76,14 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     for a person). The rules: docs/ANOMALIES.md, "Where it broke"; the same answer
     as the tab's banner and `tb-layergrad report`.
 
+    Damaged event files: a record cut in the middle, bytes that are no record, a record failing its
+    checksum, an empty or unreadable event file (`tb_layergrad.reader.damage`) — TensorBoard's loaders read
+    such a file up to the damage and no further, so the frame holds the steps before it. Each is said by a
+    `tb_layergrad.reader.damage.DamageWarning` naming the run, the file and the last step read, and
+    listed in `df.attrs["damage"]`: one dict per damaged file (`run`, `file`, `kind` of "truncated",
+    "corrupt", "empty", "unreadable", `offset` where reading stopped, `size`, `records` and `step` read
+    before it, `line`); `[]` when none (a `gs://` logdir is not checked).
+
     Args:
       logdir: the directory TensorBoard would be given (`tensorboard --logdir`); every run below it is read.
       runs: only these runs (their names relative to `logdir`, as TensorBoard shows them); None for all.
@@ -111,6 +120,7 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
 def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     from tensorboard import context as tb_context
 
+    runs = None if runs is None else list(runs)
     provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "", runs)
@@ -156,6 +166,11 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
     values = hparams.by_run(provider, ctx, "", list(cat.runs))
     for name in hparams.names(values):
         df[hparams.column(name)] = pd.Series([values[run].get(name) for run in df["run"]], index=df.index)
+    said = damage.Scanner(logdir).said(cat.runs, None if runs is None else set(runs))
+    found = [d for run in sorted(said) for d in said[run]]
+    for d in found:
+        warnings.warn(d.line(), damage.DamageWarning, stacklevel=3)
+    df.attrs["damage"] = [d.to_json() for d in found]
     df.attrs["nonfinite_origin"] = {
         run: {t: (o.to_json() if o is not None else None) for t, o in by_target.items()}
         for run, by_target in _origins(provider, ctx, cat).items()
