@@ -17,7 +17,7 @@ import tb_reading
 import tensorflow as tf
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
+from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.statistics import noise_scale
 from tb_layergrad.summary import per_example_write as pw
 

@@ -16,8 +16,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import kernel, metadata
-from tb_layergrad.kernel.ops import Condition, Groups, Running, Written
+from tb_layergrad import metadata
+from tb_layergrad.kernel import fused as kernel
+from tb_layergrad.kernel.fused import Condition, Groups, Running, Written
 from tb_layergrad.statistics import reductions
 from tb_layergrad.summary import nonfinite_tracker, tag_metadata, writer_state
 from tb_layergrad.summary.plan import Plan, Series

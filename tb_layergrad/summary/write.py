@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.kernel.ops import Condition
+from tb_layergrad.kernel.fused import Condition
 from tb_layergrad.statistics import special_records
 from tb_layergrad.summary import backend, nonfinite_tracker, per_example_write, tag_metadata
 from tb_layergrad.summary import plan as plans
