@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import threading
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 from tb_layergrad import metadata
 
@@ -67,13 +68,30 @@ def tensorflow_free(logdir: str = "") -> Iterator[None]:
                 module.tf = original
 
 
-def open_provider(logdir: str) -> Any:
+def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     """A TensorBoard data provider over `logdir` that keeps every layergrad step.
 
+    `runs`: only these runs' folders are read (each with the folders above it, where the HParams API's session
+    of a run may be, `reader.hparams`), not the whole logdir; None: every run.
     Call it inside `tensorflow_free(logdir)` to read without TensorFlow."""
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
-    mux.AddRunsFromDirectory(logdir)
+    if runs is None:
+        mux.AddRunsFromDirectory(logdir)
+    else:
+        folders = set()
+        for run in runs:
+            parts = [] if run == "." else run.split("/")
+            folders.update("/".join(parts[:i]) or "." for i in range(len(parts) + 1))
+        for name in sorted(folders):
+            if name == ".":
+                path = logdir
+            elif is_url(logdir):
+                path = f"{logdir.rstrip('/')}/{name}"
+            else:
+                path = os.path.join(logdir, *name.split("/"))
+            if is_url(logdir) or os.path.isdir(path):
+                mux.AddRun(path, name)
     mux.Reload()
     return data_provider.MultiplexerDataProvider(mux, logdir)
