@@ -185,3 +185,27 @@ def report_args(logdir: str, run: str):
     parser = argparse.ArgumentParser()
     report.add_arguments(parser)
     return parser.parse_args([logdir, "--run", run])
+
+
+def test_the_records_read_are_those_tensorboards_reader_reads(tmp_path):
+    """`read_records` (what report and load() read through) against TensorBoard's own pure-Python reader."""
+    from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
+
+    damaged_logdir(str(tmp_path))
+    compared = 0
+    for folder, _, files in os.walk(str(tmp_path)):
+        for name in files:
+            path = os.path.join(folder, name)
+            if not damage.is_event_file(name) or not os.path.exists(path):
+                continue
+            theirs = []
+            reader = pywrap_tensorflow.PyRecordReader_New(path.encode(), 0, b"", None)
+            while True:
+                try:
+                    reader.GetNext()
+                except (errors.OutOfRangeError, errors.DataLossError):
+                    break
+                theirs.append(reader.record())
+            assert list(damage.read_records(path)) == theirs, path
+            compared += len(theirs)
+    assert compared > 20
