@@ -42,6 +42,12 @@ from tb_layergrad.reader import damage  # noqa: E402
 
 RUN = "long/train"
 TEMPLATE_STEPS = 300
+HEADING = "### Long run:"
+SMOKE = {"steps": 300, "rate": 100, "readers": 2, "live_s": 2.0}
+# The targets of a long run logged every step (docs/PERFORMANCE.md): memory per byte on disk, route latency
+# while written, how soon the newest step is served.
+RSS_PER_BYTE_TARGET = 2.0
+P95_TARGET_S, MAX_TARGET_S, FRESH_TARGET_S = 1.0, 5.0, 5.0
 LOADER_NAMES = {"true": "Rust", "false": "Python"}
 ROUTES = ("runs", "matrix", "stats", "histograms", "anomalies", "sweep", "csv")
 
@@ -298,6 +304,154 @@ def live(
         "fresh_median_s": statistics.median(fresh) if fresh else float("nan"),
         "errors": errors[:10],
     }
+
+
+_READ_SCRIPT = """
+import os, sys, time
+
+
+def vm(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key))
+
+
+logdir, what = sys.argv[1], sys.argv[2]
+if what == "tensorboard":
+    import tensorflow  # noqa: F401 - its record reader, as a tensorboard with TensorFlow installed reads
+    from tensorboard.backend.event_processing import event_file_loader
+elif what == "load":
+    import pandas  # noqa: F401
+    import tb_layergrad
+else:
+    from tb_layergrad.cli import report
+base, t = vm("VmRSS:"), time.perf_counter()
+if what == "tensorboard":
+    n = 0
+    for folder, _, files in os.walk(logdir):
+        for f in files:
+            if "tfevents" in f:
+                n += sum(1 for _ in event_file_loader.EventFileLoader(os.path.join(folder, f)).Load())
+    rows, frame = n, 0
+elif what == "load":
+    df = tb_layergrad.load(logdir)
+    rows, frame = len(df), df.memory_usage(deep=True).sum()
+else:
+    rows, frame = len(report.build(logdir).runs), 0
+print(time.perf_counter() - t, vm("VmHWM:") - base, rows, frame)
+"""
+
+
+def readers(logdir: str) -> Dict[str, Dict[str, float]]:
+    """Seconds and peak memory over what the imports took, each in a process of its own: TensorBoard's own
+    event-file loader (with TensorFlow's record reader: what a `tensorboard` with TensorFlow installed parses
+    with), `load()`, `report`."""
+    import subprocess
+
+    out = {}
+    for what in ("tensorboard", "load", "report"):
+        done = subprocess.run(
+            [sys.executable, "-c", _READ_SCRIPT, logdir, what], capture_output=True, text=True, check=True
+        )
+        seconds, peak, rows, frame = done.stdout.split()[-4:]
+        out[what] = {
+            "s": float(seconds),
+            "peak_mb": int(peak) / 2**20,
+            "rows": int(rows),
+            "frame_mb": int(frame) / 2**20,
+        }
+    return out
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def table(
+    steps: int, results: Dict[str, Dict], read: Optional[Dict], date: str, command: str, load: Tuple[float, float]
+) -> List[str]:
+    """The section of docs/PERFORMANCE.md."""
+    first = next(iter(results.values()))
+    lines = [
+        f"{HEADING} {steps:,} steps of GradientLogger(update_freq=1, weights=True, activations=True), 8-layer MLP, "
+        f"{first['bytes_mb']:.0f} MB of event file (measured {date} with {command})\n",
+        f"| loader | loaded | TensorBoard's memory per byte (target <= {RSS_PER_BYTE_TARGET:g}) | of which the data "
+        "server | of which the Python process (after the tab's reads) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['load_s']:.1f} s | {r['rss_per_byte']:.1f} ({_met(r['rss_per_byte'] <= RSS_PER_BYTE_TARGET)}) "
+            f"| {r['server_mb']:.0f} MB | {r['python_mb']:.0f} MB (once loaded: {r['python_loaded_mb']:.0f} MB) |"
+        )
+    live = {name: r["live"] for name, r in results.items() if "live" in r}
+    if live:
+        spec = next(iter(results.values()))["live_spec"]
+        lines += [
+            "",
+            f"While written: {spec['rate']} steps/s appended for {spec['seconds']:g} s, {spec['readers']} concurrent "
+            f"readers asking the routes in turn (targets: p95 <= {P95_TARGET_S:g} s, max <= {MAX_TARGET_S:g} s, "
+            f"newest step listed <= {FRESH_TARGET_S:g} s after written)\n",
+            "| loader | route | requests | p50 | p95 | max |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for name, lv in live.items():
+            for route, t in lv["routes"].items():
+                lines.append(
+                    f"| {name} | `{route}` | {t['n']} | {t['p50']:.2f} s | {t['p95']:.2f} s "
+                    f"({_met(t['p95'] <= P95_TARGET_S)}) | {t['max']:.2f} s ({_met(t['max'] <= MAX_TARGET_S)}) |"
+                )
+            lines.append(
+                f"| {name} | newest step listed after | | {lv['fresh_median_s']:.2f} s | | {lv['fresh_s']:.2f} s "
+                f"({_met(lv['fresh_s'] <= FRESH_TARGET_S)}) |"
+            )
+    if read:
+        tb, ld, rp = read["tensorboard"], read["load"], read["report"]
+        lines += [
+            "",
+            "| reader | seconds (after its imports) | peak memory over its imports |",
+            "|---|---:|---:|",
+            f"| TensorBoard's event-file loader, TensorFlow's record reader ({tb['rows']:,} events) | {tb['s']:.1f} s "
+            f"| {tb['peak_mb']:.0f} MB |",
+            f"| `tb_layergrad.load()` ({ld['rows']:,} rows, frame {ld['frame_mb']:.0f} MB) | {ld['s']:.1f} s "
+            f"({ld['s'] / tb['s']:.1f}x; target <= 3x) | {ld['peak_mb']:.0f} MB ({ld['peak_mb'] / max(ld['frame_mb'], 1e-9):.1f}x "
+            "the frame; target <= 2x) |",
+            f"| `tb-layergrad report` | {rp['s']:.1f} s | {rp['peak_mb']:.0f} MB |",
+        ]
+    lines += [
+        "",
+        "The run: a real GradientLogger run's records (bench/long_run.py `template`) repeated to every step, each "
+        "record's step, wall time and block tag its own: the bytes the callback writes. Memory: resident memory "
+        "of TensorBoard and its data server once the run is loaded and the plugin has read it, less that of the "
+        "same TensorBoard on an empty logdir, per byte of event file. One shared machine (2 cores, other work on "
+        f"it): load average (1 min) at the start {load[0]:.1f}, at the end {load[1]:.1f}.",
+        "",
+    ]
+    return lines
+
+
+def section(
+    steps: int, loaders: List[str], command: str, rate: int, readers_n: int, live_s: float, template_dir: str
+) -> Tuple[Dict, List[str]]:
+    """(figures, the section of docs/PERFORMANCE.md) of a run of `steps` written anew."""
+    load = os.getloadavg()[0]
+    results: Dict[str, Dict] = {}
+    read = None
+    for lf in loaders:
+        with tempfile.TemporaryDirectory() as d:
+            w = write_logdir(d, steps, template_dir)
+            res: Dict = loaded(d, steps, lf, 3600)
+            if live_s > 0:
+                res["live"] = live(d, w, steps, lf, rate, readers_n, live_s)
+                res["live_spec"] = {"rate": rate, "readers": readers_n, "seconds": live_s}
+            w.close()
+            if read is None:
+                with tempfile.TemporaryDirectory() as again:  # the run as written, without the live steps
+                    write_logdir(again, steps, template_dir).close()
+                    read = readers(again)
+        results[LOADER_NAMES[lf]] = res
+    lines = table(steps, results, read, time.strftime("%Y-%m-%d"), command, (load, os.getloadavg()[0]))
+    print("\n".join(lines), flush=True)
+    return results, lines
 
 
 def main(argv: Optional[List[str]] = None) -> None:
