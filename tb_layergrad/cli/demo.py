@@ -35,7 +35,6 @@ from typing import Any, List, Optional
 
 from tb_layergrad.cli import demo_fit, demo_nan, demo_sweep
 from tb_layergrad.cli.demo_fit import Progress
-from tb_layergrad.cli.demo_nan import NAN_BACKWARD_STEP, NAN_EVERY, NAN_FORWARD_STEP  # noqa: F401 (the plan)
 
 _inputs_with_one_bad_batch = demo_nan.inputs_with_one_bad_batch  # tests plant NaNs the demo's way
 
