@@ -22,7 +22,8 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 | `sweep/lr=..,act=..` | six trials of learning rate x activation, hyperparameters logged with TensorBoard's `hp.KerasCallback`: the sigmoid trials' first layer vanishes whatever the learning rate (`demo_sweep.py`; `report --sort hp/act`) |
 
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
-TensorBoard on the logdir.
+TensorBoard on the logdir. Keras and TensorFlow are imported by the functions that train (here and in
+`demo_nan`, `demo_sweep`, `demo_fit`): the demo's plan and names cost no TensorFlow to import.
 """
 
 from __future__ import annotations

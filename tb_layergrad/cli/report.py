@@ -151,6 +151,8 @@ def build(
 def _build(
     logdir: str, runs: Optional[Sequence[str]], target: Optional[str], source: str, fail_on: Sequence[str]
 ) -> Report:
+    # Imported when a report is built, not with this module: every `tb-layergrad` command (`--version` too)
+    # builds the parser, which imports this module for its arguments.
     from tensorboard import context as tb_context
 
     from tb_layergrad.reader import catalog, run_anomalies

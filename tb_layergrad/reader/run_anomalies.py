@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from tb_layergrad import metadata
+from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import anomalies, catalog, dominance, examples, layer_points, origin, series
 from tb_layergrad.reader.origin import running_first_step
 from tb_layergrad.reader.run_source import RunSource
@@ -119,8 +119,6 @@ def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
     the verdicts of the tab and the report), and of its activations and target values: `nonfinite` or `ok`,
     `nan_origin` on the cell where the first NaN/Inf was born (an activation in the forward pass, the target's
     own value in the loss, a layer's output gradient in the backward pass)."""
-    from tb_layergrad import nonfinite_origin
-
     rc = src.rc
     out: Dict[tuple, Dict[int, str]] = {}
     values = [s for s in rc.series if s.info.kind == metadata.KIND_STATS and s.info.source in _VALUE_SOURCES]
