@@ -81,7 +81,7 @@ def write_small_logdir(logdir: str) -> Written:
 
     from tb_layergrad import summary
     from tb_layergrad.statistics import special_records
-    from tb_layergrad.summary import backend  # what the writer computes the records with
+    from tb_layergrad.summary import write  # what the writer computes the records with
 
     w = Written(logdir, {}, {}, {}, {}, {layer: i for layer, i, _ in LAYERS})
     w.indices[UNUSED_LAYER[0]] = UNUSED_LAYER[1]
@@ -110,7 +110,7 @@ def write_small_logdir(logdir: str) -> Written:
                             max_elements=TENSOR_MAX_ELEMENTS if layer == TENSOR_LAYER else 0,
                         )
                         key = (run, target, source, layer)
-                        ((h, s),) = backend.reduce([tf.constant(x)], BUCKETS)
+                        ((h, s),) = write.reduce([tf.constant(x)], BUCKETS)
                         put(w.inputs, key, step, x)
                         put(w.hist, key, step, h.numpy())
                         put(w.stats, key, step, s.numpy())
