@@ -210,6 +210,23 @@ def test_every_module_the_docs_and_comments_name_exists():
     assert not missing, sorted(missing)
 
 
+def test_every_module_is_named_in_the_rooms_of_the_design():
+    """docs/DESIGN.md, "The modules of each room", is the one written copy of the rooms: a module added, moved
+    or renamed is named there, in its room's line."""
+    design = (PACKAGE.parent / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    section = design.split("### The modules of each room", 1)[1].split("\n### ", 1)[0]
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"^- `(\w+)/`:.*(?:\n  .*)*", section, re.M)}
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        room = path.relative_to(PACKAGE).parts[0]
+        text = lines.get(room, section)  # a top-level module (`nonfinite_origin.py`): anywhere in the section
+        if f"`{path.stem}`" not in text and f"`{path.name}`" not in text:
+            missing.append(str(path.relative_to(PACKAGE)))
+    assert not missing, f"not named in docs/DESIGN.md's rooms: {missing}"
+
+
 TIMING = re.compile(r"\d(\.\d+)?\s?(ms|us|µs|ns)\b|\d\.\d+x\b")
 
 
