@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_reliability_reductions import check_histogram, check_stats
+from reference_checks import check_histogram, check_stats
 from tolerances import TWO_SIDES, blocked_sum_atol, gamma, histogram_edge_atol, sum_atol, sum_rtol, unit_roundoff
 
 from tb_layergrad import metadata
