@@ -18,6 +18,7 @@ import warnings
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
+from tensorboard import context as tb_context
 
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import catalog, damage, event_files, hparams, origin, run_anomalies, series
@@ -144,8 +145,6 @@ def _load(
     steps: Optional[Tuple[Optional[int], Optional[int]]] = None,
     columns: Optional[Iterable[str]] = None,
 ) -> Any:
-    from tensorboard import context as tb_context
-
     runs = None if runs is None else list(runs)
     layers = None if layers is None else set(layers)
     start, end = steps if steps is not None else (None, None)
@@ -272,8 +271,6 @@ def origins(
     The `Origin` of `tb_layergrad.nonfinite_origin` (`.step`, `.pass_`, `.origin`, `.line`,
     `.to_json()`); `load(logdir).attrs["nonfinite_origin"]` holds the same as dicts.
     """
-    from tensorboard import context as tb_context
-
     with event_files.tensorflow_free(logdir):
         provider = event_files.open_provider(logdir)
         ctx = tb_context.RequestContext()

@@ -28,6 +28,8 @@ import threading
 import types
 from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
+from tensorboard import compat
+
 from tb_layergrad import metadata
 from tb_layergrad.reader import damage
 
@@ -96,8 +98,6 @@ def tensorflow_free(logdir: str = "") -> Iterator[None]:
     if is_url(logdir):
         yield
         return
-    from tensorboard import compat
-
     stub = _fast_stub()
     with _lock:
         swapped: List[Tuple[object, object]] = []
@@ -120,6 +120,7 @@ def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     `runs`: only these runs' folders are read (each with the folders above it, where the HParams API's session
     of a run may be, `reader.hparams`), not the whole logdir; None: every run.
     Call it inside `tensorflow_free(logdir)` to read without TensorFlow."""
+    # Imported when asked: the plugin, which imports the reader at TensorBoard's start, never reads this way.
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
