@@ -12,7 +12,7 @@ bytes appended since the last scan, never the whole file again. Payload checksum
 many records at once with numpy (CRC is linear: a byte's contribution depends only on its value and on
 how many bytes follow it, `_CONTRIBUTIONS`), since TensorBoard's own pure-Python CRC would take minutes
 on a large run. Only local paths are checked: a `gs://` logdir is read by TensorBoard through
-TensorFlow's file systems, which the reader does not import (`scan` says so and returns nothing).
+TensorFlow's file systems, which the reader does not import (`Scanner.checked` is False, and `scan` finds nothing).
 
 A partial last record and an empty file are what a writer leaves between two flushes (TensorFlow's
 summary writers flush at least every two minutes), so they are damage only once the file has not changed
@@ -56,7 +56,6 @@ def _crc_table() -> np.ndarray:
 
 
 _TABLE = _crc_table()
-_TABLE_LIST = [int(v) for v in _TABLE]
 # Bytes of a record whose checksums are computed in one pass; longer records take several.
 _CRC_BLOCK = 1024
 # The rows of `_CONTRIBUTIONS`: row k is the register (initial 0) after one byte of each value followed by k
@@ -67,19 +66,6 @@ for _ in range(1, _CRC_BLOCK):
     _CONTRIBUTIONS.append(_TABLE[_CONTRIBUTIONS[-1] & 0xFF] ^ (_CONTRIBUTIONS[-1] >> np.uint32(8)))
 _CONTRIBUTIONS = np.stack(_CONTRIBUTIONS)
 del _
-
-
-def crc32c(data: bytes) -> int:
-    """CRC-32C of `data` (for headers: a few bytes, in Python)."""
-    crc = 0xFFFFFFFF
-    table = _TABLE_LIST
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-
-
-def masked(crc: int) -> int:
-    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def masked_crc32c_many(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
