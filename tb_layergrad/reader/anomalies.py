@@ -282,7 +282,7 @@ class RunAnomalies:
             for k in flag_names(s.now):
                 counts[k] += 1
         for state in (verdict.VANISHING_OVER_STEPS, verdict.VANISHING_THROUGH_TIME):
-            counts[state] = sum(v.state == state for v in self.verdicts())
+            counts[state] = sum(v.state == state or any(a["state"] == state for a in v.also) for v in self.verdicts())
         return counts
 
     def verdicts(self) -> list:
