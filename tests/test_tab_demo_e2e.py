@@ -155,20 +155,6 @@ def test_the_healthy_twins_show_no_finding(demo_tab, run):
     assert not [c for r in o["rows"].values() for c in r["chips"]]
 
 
-def test_gan_opens_on_its_worst_target_from_the_picker_its_own_layers_first_and_its_sentence_true(demo_tab):
-    """No target asked (the run picker, a link): the run opens on `generator`, the target the Runs view and the
-    report call its worst; its own layers are listed first; the banner says the generator's value rose, the arrow
-    between its two numbers held by non-breaking spaces."""
-    frame = demo_tab["browser"].open(demo_tab["tb"].base, {"run": "gan"})
-    frame.wait_for_function("() => document.querySelector('.lg-summary .lg-alert')")
-    rows = frame.eval_on_selector_all(".lg-row-label", "(els) => els.map((e) => e.dataset.layer)")
-    assert rows[0] == "gan/generator" and rows.index("gan/discriminator") > rows.index("gan/generator/g_out")
-    text = frame.text_content(".lg-summary .lg-alert")
-    assert "the value of generator rose (" in text and "\u00a0→\u00a0" in text, text
-    target = frame.eval_on_selector('select[aria-label="target"]', "(e) => e.value")
-    assert target == "generator"
-
-
 def test_an_alert_at_the_latest_step_opens_that_step(demo_tab):
     """mlp_sigmoid: "vanishing at the latest step (S)" opens its first layer at S, not where it began to vanish."""
     frame = demo_tab["browser"].open(demo_tab["tb"].base, {"run": "mlp_sigmoid"})
