@@ -250,7 +250,7 @@ class InProcess:
         from tensorboard.plugins import base_plugin
         from werkzeug import test as wtest
 
-        from tb_layergrad.plugin.plugin import LayerGradPlugin
+        from tb_layergrad.plugin.loader import LayerGradPlugin
 
         self.logdir = logdir
         self.multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: keep})

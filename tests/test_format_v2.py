@@ -19,8 +19,8 @@ from tensorboard.backend.event_processing import event_file_loader
 from tolerances import sum_rtol
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
+from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.summary import backend
 
 # The group kinds every version-2 write has (`examples` only with per_example=True).

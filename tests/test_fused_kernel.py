@@ -18,8 +18,8 @@ import tensorflow as tf
 from test_reliability_reductions import check_histogram, check_stats
 from tolerances import TWO_SIDES, blocked_sum_atol, gamma, histogram_edge_atol, sum_atol, sum_rtol, unit_roundoff
 
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
+from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.statistics import reductions
 from tb_layergrad.summary import backend
 
@@ -165,7 +165,7 @@ def test_without_the_kernel_the_records_are_the_same(tmp_path):
     """A machine without a compiler (or TB_LAYERGRAD_FUSED=0) gets TensorFlow's ops and the same records."""
     code = (
         "import numpy as np, tensorflow as tf\n"
-        "from tb_layergrad import kernel as fused_kernel\nfrom tb_layergrad.statistics import reductions\n"
+        "from tb_layergrad.kernel import fused as fused_kernel\nfrom tb_layergrad.statistics import reductions\n"
         "h, s = reductions.histogram_and_stats(tf.constant([1.0, 2.0, float('nan'), 4.0]), 3)\n"
         "print(fused_kernel.op() is None, '|', fused_kernel.unavailable_reason(), '|', s.numpy()[:5].tolist(), h.numpy()[:, 2].tolist())\n"
     )

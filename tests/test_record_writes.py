@@ -15,9 +15,9 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_file_loader
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
-from tb_layergrad.kernel.ops import Condition, Groups
+from tb_layergrad.kernel import fused as fused_kernel
+from tb_layergrad.kernel.fused import Condition, Groups
 from tb_layergrad.summary import backend, writer_state
 from tb_layergrad.summary.plan import Plan, Series
 from tb_layergrad.summary.write import write_step

@@ -1,5 +1,5 @@
 // A layer's verdict as a chip: the `anomalies` route's `layers[].verdict`, decided once by
-// tb_layergrad/reader/verdict.py. The overview's rows and the layer view show the same state, text and
+// tb_layergrad/reader/anomalies.py. The overview's rows and the layer view show the same state, text and
 // reason, as `tb-layergrad report`'s `verdict` column does; nothing is decided here.
 
 import { flagInfo, stateChip } from "../anomalies.js";
@@ -27,7 +27,7 @@ export function verdictWhy(v, { counts = {}, recorded = 0, thresholds = {}, orig
   return `${v.state} at ${counts[v.state] ?? "?"} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
 }
 
-// A verdict state in words: the chip texts of tb_layergrad/reader/verdict.py's LABELS, without a step.
+// A verdict state in words: the chip texts of tb_layergrad/reader/anomalies.py's LABELS, without a step.
 const STATE_WORDS = {
   nan_origin: "NaN/Inf born here",
   nonfinite: "NaN/Inf",

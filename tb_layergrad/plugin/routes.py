@@ -1,7 +1,7 @@
 """The routes of docs/HTTP_API.md: each parses its request, calls an `*_impl` that returns the body, responds.
 
 A JSON route is one row of `JSON_ROUTES`: the function that validates its query whole (`queries`: 400),
-and the `*_impl` that looks the names up (`reading`: 404) and answers (`layer_impl`, `run_impl`, `depth_impl`). Every
+and the `*_impl` that looks the names up (`lookups`: 404) and answers (`layer_impl`, `run_impl`, `depth_impl`). Every
 route is a WSGI app whose errors are JSON (`responses.json_errors`).
 """
 
@@ -17,7 +17,7 @@ from werkzeug import wrappers
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import depth_impl, layer_impl, prefetch, queries, run_impl, sweep_impl
-from tb_layergrad.plugin.reading import Reading
+from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.responses import csv_response, json_errors, json_response
 from tb_layergrad.plugin.static import StaticFiles
 from tb_layergrad.reader.stats_store import StatsStore

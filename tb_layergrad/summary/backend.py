@@ -16,10 +16,11 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad import kernel, metadata
-from tb_layergrad.kernel.ops import Condition, Groups, Running, Written
+from tb_layergrad import metadata
+from tb_layergrad.kernel import fused as kernel
+from tb_layergrad.kernel.fused import Condition, Groups, Running, Written
 from tb_layergrad.statistics import reductions
-from tb_layergrad.summary import nonfinite_tracker, tag_metadata, writer_state
+from tb_layergrad.summary import writer_state
 from tb_layergrad.summary.plan import Plan, Series
 
 _KINDS = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
@@ -58,12 +59,12 @@ def write_fused(
 ) -> Written:
     """ONE op: when `condition` holds, the histogram, stats and first-non-finite records of `groups` of `plan`.
 
-    The running first steps are the one tracker's (`nonfinite_tracker`), those of `writer` (the writer
+    The running first steps are the one tracker's (`writer_state`), those of `writer` (the writer
     `resource` belongs to; default: the default writer): read before the op, which applies the rule, and
-    stored after it; so is which tags already carry their metadata (`tag_metadata`).
+    stored after it; so is which tags already carry their metadata.
     """
     infos = [metadata.GroupInfo.of(metadata.KIND_STATS, [s.info for s in members]) for members in groups]
-    pending = tag_metadata.Pending([g.with_kind(k) for g in infos for k in _KINDS], condition.step, writer)
+    pending = writer_state.Pending([g.with_kind(k) for g in infos for k in _KINDS], condition.step, writer)
     records = Groups(
         sizes=tuple(len(members) for members in groups),
         block_steps=tuple(g.block_steps for g in infos),
@@ -73,13 +74,13 @@ def write_fused(
     )
     flat = [s for members in groups for s in members]
     if plan.track_nonfinite:
-        variable, slots, firsts = nonfinite_tracker.running([s.info for s in flat], writer)
+        variable, slots, firsts = writer_state.running([s.info for s in flat], writer)
     else:
         firsts = tf.fill([len(flat)], tf.constant(-1, tf.int64))
     running = Running(firsts, pending.needed)
     out = kernel.write_histograms_and_stats(resource, [s.data for s in flat], plan.buckets, records, condition, running)
     if plan.track_nonfinite:
-        nonfinite_tracker.store(variable, slots, out.first_steps)
+        writer_state.store(variable, slots, out.first_steps)
     pending.store(out.metadata_written)
     return out
 

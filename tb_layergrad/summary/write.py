@@ -16,24 +16,24 @@ reads top to bottom (`_write_step`):
 6. one out-of-line condition writes the rest with TensorFlow's ops, the raw
    tensors, the per-timestep norms and the per-example records.
 
-Both paths keep each series' running first NaN/Inf step in the one tracker,
-`nonfinite_tracker`.
+Both paths keep each series' running first NaN/Inf step in the one tracker
+(`writer_state`); the rest writes its `first_nonfinite` records here (`track_nonfinite`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.kernel.ops import Condition
+from tb_layergrad.kernel.fused import Condition
 from tb_layergrad.statistics import special_records
-from tb_layergrad.summary import backend, nonfinite_tracker, per_example_write, tag_metadata
+from tb_layergrad.summary import backend, per_example_write, writer_state
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.graph import cond_out_of_line, write_if
+from tb_layergrad.summary.conditions import cond_out_of_line, recording, when, write_if
 from tb_layergrad.summary.plan import Plan, Series
 
 
@@ -62,36 +62,6 @@ def read_step(step: Any) -> tf.Tensor:
     if getattr(step, "dtype", None) is None:
         return tf.convert_to_tensor(step, tf.int64)
     return tf.cast(step, tf.int64)
-
-
-def recording() -> Optional[Any]:
-    """Are summaries recorded now (a default writer, record_if true)? None if statically not; else a bool or tensor."""
-    should = tf.summary.should_record_summaries()
-    static = should if isinstance(should, bool) else tf.get_static_value(should)
-    if static is not None and not bool(static):
-        return None  # statically off (no writer, e.g. a non-chief worker): nothing to trace
-    return should
-
-
-def when(should: Any, fn: Callable[[], None], out_of_line: bool = True) -> tf.Tensor:
-    """Run `fn` only if `should` holds, with recording statically on inside; True if it ran.
-
-    Why statically on: otherwise every `tf.summary.write` in `fn` would add its
-    own condition on the same predicate. `out_of_line`: the branch as one
-    function call (`cond_out_of_line`); not for a branch that gathers replicas
-    (collectives over PerReplica values must stay inline).
-    """
-
-    def run() -> tf.Tensor:
-        with tf.summary.record_if(True):
-            fn()
-        return tf.constant(True)
-
-    if isinstance(should, bool):
-        return run() if should else tf.constant(False)
-    if not out_of_line and not tf.executing_eagerly():
-        return tf.cond(should, run, lambda: tf.constant(False))
-    return cond_out_of_line(should, run)
 
 
 def write_step(
@@ -208,7 +178,7 @@ def _flags_in_plan_order(
 def series_nonfinite(s: Series) -> tf.Tensor:
     """Does this series hold a NaN/Inf (its data, or its merged stats)?"""
     if s.reduced is not None:
-        return nonfinite_tracker.nonfinite_flags([s.reduced[1]])[0]
+        return writer_state.nonfinite_flags([s.reduced[1]])[0]
     return tf.logical_not(tf.reduce_all(tf.math.is_finite(s.data)))
 
 
@@ -257,16 +227,16 @@ def _unless_nonfinite(records: Sequence[_Record], histograms: Any) -> Any:
     present = [r.stats for r in records if r.series.present]
     if not present:
         return histograms
-    return tf.logical_or(histograms, tf.reduce_any(nonfinite_tracker.nonfinite_flags(present)))
+    return tf.logical_or(histograms, tf.reduce_any(writer_state.nonfinite_flags(present)))
 
 
 def _track(ordered: Sequence[_Record], sizes: Sequence[int], step: tf.Tensor) -> None:
     """The tracker's update for every row written (a "no gradient" one is never non-finite)."""
     flags = tf.logical_and(
-        nonfinite_tracker.nonfinite_flags([r.stats for r in ordered]),
+        writer_state.nonfinite_flags([r.stats for r in ordered]),
         tf.constant([r.series.present for r in ordered]),
     )
-    nonfinite_tracker.track([r.series.info for r in ordered], flags, step, group_sizes=sizes)
+    track_nonfinite([r.series.info for r in ordered], flags, step, group_sizes=sizes)
 
 
 def _write_group(members: Sequence[_Record], step: tf.Tensor, description: str, histograms: Any) -> None:
@@ -275,13 +245,13 @@ def _write_group(members: Sequence[_Record], step: tf.Tensor, description: str, 
     stats_only = members[0].series.stats_only
     kinds = [metadata.KIND_STATS] if stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
     tags = [group.with_kind(k) for k in kinds]
-    pending = tag_metadata.Pending(tags, step)
+    pending = writer_state.Pending(tags, step)
     written = []
     for i, g in enumerate(tags):
-        serialized = tag_metadata.serialized_if(
+        serialized = writer_state.serialized_if(
             pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString()
         )
-        tag = tag_metadata.tag_at(g, pending.firsts[i])
+        tag = writer_state.tag_at(g, pending.firsts[i])
         if g.kind == metadata.KIND_STATS:
             value = tf.stack([tf.cast(r.stats, tf.float64) for r in members])
             tf.summary.write(tag, value, step=step, metadata=serialized)
@@ -343,3 +313,63 @@ def reduced_plan(plan: Plan, xla_safe: bool = False) -> Plan:
     for i, result in zip(todo, records):  # the gradient is not needed any more: only the records leave
         series[i] = dataclasses.replace(series[i], data=None, reduced=result)
     return dataclasses.replace(plan, series=tuple(series))
+
+
+def track_nonfinite(
+    infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any, group_sizes: Sequence[int]
+) -> None:
+    """Update the running first non-finite step of each stats series and write those there are.
+
+    `nonfinite` [T] bool: which series held a NaN/Inf at this step. To be
+    called where the step's records are written (the default writer is the
+    one they go to), eagerly or in a `tf.function`, once per logged step for
+    all series, behind ONE condition. Why: a logged step of a clean run (no
+    NaN/Inf ever) should cost no more than a look at its flags and one
+    variable; a condition (or an assignment) per series costs a call each in a
+    `tf.function` (docs/DESIGN.md, "One first-non-finite tracker").
+    `group_sizes`: `infos` are consecutive groups of these sizes (one target
+    and source each), each written as one int64 [L] record (docs/FORMAT.md).
+    """
+    if not infos:
+        return
+    table, slots = writer_state.running_firsts([info.tag for info in infos])
+    variable = table.variable
+    step = tf.cast(step, tf.int64)
+    nonfinite = tf.convert_to_tensor(nonfinite)
+    # A clean step of a clean run: these few ops, and the condition not taken.
+    needed = tf.logical_or(table.seen.value(), tf.reduce_any(nonfinite))
+
+    def store_and_write() -> tf.Tensor:
+        slots_t = tf.constant(slots, tf.int64)
+        previous = tf.gather(variable.value(), slots_t)
+        first = tf.where((previous < 0) & nonfinite, step, previous)
+        variable.scatter_update(tf.IndexedSlices(first, slots_t))
+        table.seen.assign(tf.logical_or(table.seen.value(), tf.reduce_any(first >= 0)))
+        _write_groups(infos, group_sizes, first, step)
+        return tf.constant(True)
+
+    cond_out_of_line(needed, store_and_write)
+
+
+def _write_groups(
+    infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], first: tf.Tensor, step: tf.Tensor
+) -> None:
+    begin = 0
+    for size in sizes:
+        group = metadata.GroupInfo.of(metadata.KIND_FIRST_NONFINITE, infos[begin : begin + size])
+        values = first[begin : begin + size]
+        begin += size
+
+        def write(group=group, values=values) -> tf.Tensor:
+            pending = writer_state.Pending([group], step)
+            serialized = metadata.create_group_metadata(group).SerializeToString()
+            tf.summary.write(
+                writer_state.tag_at(group, pending.firsts[0]),
+                values,
+                step=step,
+                metadata=writer_state.serialized_if(pending.needed[0], serialized),
+            )
+            pending.store(tf.constant([True]))
+            return tf.constant(True)
+
+        write_if(tf.reduce_any(values >= 0), write)
