@@ -203,6 +203,11 @@ def test_the_readme_table_states_what_the_demo_measures(demo):
     import tb_layergrad
 
     df = tb_layergrad.load(demo["logdir"], runs=["nan_backward", "nan_forward", "nan_log0"])
+    # The README's one column that tells load()'s rows apart: `source` (a target's value, a forward value, gradients).
+    assert set(df.source) == {"output", "activation", "target"}
+    value = df.source == "target"
+    assert ((df.layer == df.target) & (df["index"] == -1) | ~value).all() and set(df[value].layer) == {"loss"}
+    assert ((df.target == "forward") == (df.source == "activation")).all()
     grads = df[df.source == "output"].groupby("run")[["nan", "pos_inf", "neg_inf"]].sum()
     said = {name: ("**Inf**" in rows[name], "a NaN born" in rows[name]) for name in grads.index}
     held = {name: (r.nan == 0 and r.pos_inf + r.neg_inf > 0, r.nan > 0) for name, r in grads.iterrows()}
