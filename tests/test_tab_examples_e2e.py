@@ -172,7 +172,7 @@ def test_overview_names_the_layer_one_example_dominates(env):
     )
     chip = frame.locator(f'.lg-chip-dominated[data-layer="{ef.DOMINATED_LAYER}"]')
     # Its only finding, so the layer's verdict (the route's text: its last step is not dominated); the share in its title.
-    assert chip.count() == 1 and chip.inner_text() == "ok now · one example dominated 1 step"
+    assert chip.count() == 1 and chip.inner_text() == "ok now – one example dominated 1 step"
     assert chip.get_attribute("data-state") == "dominated" and f"{share:.0%} of its gradient" in chip.get_attribute(
         "title"
     )

@@ -153,14 +153,14 @@ def test_mislabelled_is_not_ok_its_only_finding_is_its_verdict(demo, tb):
     words = (
         f"one example dominates: {len(flagged)} steps"
         if last in flagged
-        else f"ok now · one example dominated {len(flagged)} steps"
+        else f"ok now – one example dominated {len(flagged)} steps"
     )
     for e in run["layers"]:
         d = next(x for x in run["dominated"] if x["layer"] == e["layer"])
         assert (e["verdict"]["state"], e["verdict"]["step"]) == ("dominated", d["worst_step"]), e["verdict"]
         n = d["steps"]
         expected = (
-            f"one example dominates: {n} steps" if last in flagged else f"ok now · one example dominated {n} steps"
+            f"one example dominates: {n} steps" if last in flagged else f"ok now – one example dominated {n} steps"
         )
         assert e["verdict"]["text"] == expected
     (row,) = get_json(tb, "sweep", {"run": "mislabelled"})["runs"]

@@ -38,7 +38,7 @@ count or sort verdicts (docs/ANOMALIES.md, "One verdict"):
 
 Findings of the layer below its state are not dropped: they are the verdict's `also` and follow its text
 ("vanishing · one example dominated 3 steps"), and a state that no longer holds at the last step says so
-("ok now · one example dominated 14 steps").
+("ok now – one example dominated 14 steps").
 
     [v.state for v in run.verdicts()], [f["line"] for f in run.summary_json()["findings"]]
 """
@@ -548,7 +548,7 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
             continue
         head, rest = found[0], found[1:]
         also = tuple({"state": v.state, "step": v.step, "text": v.text} for v in rest)
-        text = head.text if head.now else f"{OK} now{SEPARATOR}{head.text}" if head.state == DOMINATED else head.text
+        text = head.text if head.now else f"{OK} now – {head.text}" if head.state == DOMINATED else head.text
         out.append(Verdict(head.state, head.now, head.step, SEPARATOR.join([text, *(v.text for v in rest)]), also))
     return out
 
@@ -579,7 +579,7 @@ def worst(verdicts: Sequence[Verdict]) -> Optional[Verdict]:
 def run_text(run: RunAnomalies) -> Optional[str]:
     """The run's verdict in words: its worst layer's text, then every other kind of finding of the run
     (`findings`), so that one example dominating 14 steps of a run that is otherwise fine reads
-    "ok now · one example dominated 14 steps", not "ok". None without layers.
+    "ok now – one example dominated 14 steps", not "ok". None without layers.
 
     Args:
       run: an evaluated run, its `origin` and `dominated` as the reader set them.
@@ -591,7 +591,7 @@ def run_text(run: RunAnomalies) -> Optional[str]:
     union = sorted({s for d in run.dominated or () for s in d.at})
     dominated = _dominated_text(union, run.last_step) if union else None
     if head.state == DOMINATED:
-        return dominated if run.last_step in union else f"{OK} now{SEPARATOR}{dominated}"
+        return dominated if run.last_step in union else f"{OK} now – {dominated}"
     parts = [head.text.split(SEPARATOR)[0]]
     for f in found:
         kind = f["kind"]
