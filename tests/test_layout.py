@@ -184,7 +184,7 @@ def test_every_module_the_docs_and_comments_name_exists():
     is not a folder must be a module of it, or a name its `__init__` holds."""
     checkout = PACKAGE.parent
     texts = [*checkout.glob("docs/*.md"), checkout / "README.md", *PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.cc")]
-    texts += [*PACKAGE.rglob("*.h")]
+    texts += [*PACKAGE.rglob("*.h"), *_tab_sources()]
     missing = set()
     for text in texts:
         source = text.read_text(encoding="utf-8")
@@ -208,6 +208,45 @@ def test_every_module_the_docs_and_comments_name_exists():
                     missing.add(f"{text.relative_to(checkout)}: {match.group(0)}")
                 break
     assert not missing, sorted(missing)
+
+
+def test_every_module_is_named_in_the_rooms_of_the_design():
+    """docs/DESIGN.md, "The modules of each room", is the one written copy of the rooms: a module added, moved
+    or renamed is named there, in its room's line."""
+    design = (PACKAGE.parent / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    section = design.split("### The modules of each room", 1)[1].split("\n### ", 1)[0]
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"^- `(\w+)/`:.*(?:\n  .*)*", section, re.M)}
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        room = path.relative_to(PACKAGE).parts[0]
+        text = lines.get(room, section)  # a top-level module (`nonfinite_origin.py`): anywhere in the section
+        if f"`{path.stem}`" not in text and f"`{path.name}`" not in text:
+            missing.append(str(path.relative_to(PACKAGE)))
+    assert not missing, f"not named in docs/DESIGN.md's rooms: {missing}"
+
+
+def _tab_sources() -> List[Path]:
+    """The tab's own ES modules (not the vendored libraries)."""
+    frontend = PACKAGE.parent / "frontend"
+    return [p for p in sorted(frontend.rglob("*.js")) if "vendor" not in p.relative_to(frontend).parts]
+
+
+def test_the_tab_holds_no_copy_of_the_rules_numbers():
+    """The anomaly and example thresholds are the server's, sent with the `anomalies` answer (docs/HTTP_API.md):
+    the tab holds no value of its own for one, neither as a key of an object literal nor as a fallback."""
+    from tb_layergrad.reader import anomalies, dominance
+
+    names = [*anomalies.THRESHOLDS, *dominance.EXAMPLE_THRESHOLDS]
+    copy = re.compile(rf"\b({'|'.join(names)})\s*:|\.({'|'.join(names)})\s*(\?\?|\|\|)")
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()[:80]}"
+        for path in _tab_sources()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if copy.search(line)
+    ]
+    assert not found, found
 
 
 TIMING = re.compile(r"\d(\.\d+)?\s?(ms|us|µs|ns)\b|\d\.\d+x\b")

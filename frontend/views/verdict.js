@@ -18,9 +18,9 @@ export function verdictWhy(v, { counts = {}, recorded = 0, thresholds = {}, orig
   if (v.state === "nonfinite") return `non-finite gradient at ${counts.nonfinite ?? "?"} of ${n} steps, first at step ${v.step} (reached from where it was born)`;
   if (v.state === "vanishing_over_steps") {
     const T = thresholds;
-    return `the gradient fell at least 10^${T.STEP_DECAY_DECADES ?? 2} times from its first ${T.EDGE_STEPS ?? 5} logged steps to its last ${T.EDGE_STEPS ?? 5} while the target's value fell by less than ${Math.round(100 * (T.TARGET_FALL ?? 0.5))}% (not convergence); first 10^${T.STEP_DECAY_DECADES ?? 2} below at step ${v.step}`;
+    return `the gradient fell at least 10^${T.STEP_DECAY_DECADES} times from its first ${T.EDGE_STEPS} logged steps to its last ${T.EDGE_STEPS} while the target's value fell by less than ${Math.round(100 * T.TARGET_FALL)}% (not convergence); first 10^${T.STEP_DECAY_DECADES} below at step ${v.step}`;
   }
-  if (v.state === "vanishing_through_time") return `the gradient reaching the first timestep is at least 10^${thresholds.TIME_DECAY_DECADES ?? 3} times smaller than at the last`;
+  if (v.state === "vanishing_through_time") return `the gradient reaching the first timestep is at least 10^${thresholds.TIME_DECAY_DECADES} times smaller than at the last`;
   if (v.state === "dominated") return `one example carried most of the layer's gradient at some steps, the worst at step ${v.step} (docs/ANOMALIES.md, "One example dominates")`;
   if (v.state === "ok") return "none of the rules holds (docs/ANOMALIES.md)";
   const info = flagInfo(thresholds).find((x) => x.key === v.state);

@@ -37,8 +37,6 @@ from typing import Any, List, Optional
 from tb_layergrad.cli import demo_fit, demo_nan, demo_sweep
 from tb_layergrad.cli.demo_fit import Progress
 
-_inputs_with_one_bad_batch = demo_nan.inputs_with_one_bad_batch  # tests plant NaNs the demo's way
-
 DEFAULT_LOGDIR = "layergrad_demo"
 
 

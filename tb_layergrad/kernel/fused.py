@@ -6,7 +6,7 @@ work), not the reading of the tensors. `src/` computes the histograms and
 statistics of all of a step's tensors in one kernel, two reads of each, and
 can write them to the summary writer in that same op (see
 docs/PERFORMANCE.md for the figures). Whether a step uses it is decided in
-one place, `tb_layergrad.summary.backend`.
+one place, `tb_layergrad.summary.write`.
 
 TensorFlow has no stable binary interface for custom ops, so the kernel is
 compiled here, against the installed TensorFlow, with the machine's C++
