@@ -310,6 +310,18 @@ def _common_model_prefix(layers: Sequence[str]) -> str:
     return ""
 
 
+def verdict_cell(text: str, width: int) -> str:
+    """A verdict's text in `width` columns: whole findings (` · `-separated) while they fit, then how many more
+    ("+1": the run's finding lines above name them), cut only when the first alone is too wide."""
+    parts = text.split(anomalies.SEPARATOR)
+    for keep in range(len(parts), 0, -1):
+        more = len(parts) - keep
+        cell = anomalies.SEPARATOR.join(parts[:keep]) + (f" +{more}" if more else "")
+        if len(cell) <= width:
+            return cell
+    return shorten(text, width)
+
+
 def norm_text(s: anomalies.LayerSummary) -> str:
     """The norm at the layer's last step: `nan` when the gradient held a NaN/Inf there (the stored norm
     is that of its finite elements, 0 when there is none: not the gradient's norm)."""
@@ -356,7 +368,8 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             else "no steps logged"
         )
         n = len(result.layers)
-        head = f"{run_label(result.run, result.target)}  ·  {n} layer{'' if n == 1 else 's'}  ·  {span}"
+        rows = f"{n} {'weight' if result.source == 'weight' else 'layer'}{'' if n == 1 else 's'}"  # a kernel, a bias
+        head = f"{run_label(result.run, result.target)}  ·  {rows}  ·  {span}"
         if prefix:
             head += f"  ·  model {prefix[:-1]}"
         lines.append(shorten(head, width))
@@ -370,7 +383,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             lines.append(
                 shorten(
                     f"  at the latest step ({summary['last_step']}): "
-                    + (f"{bits} of {len(result.layers)} layers" if bits else "no flagged layer"),
+                    + (f"{bits} of {rows}" if bits else "no flagged layer"),
                     width,
                 )
             )
@@ -387,7 +400,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
                 "decay": _g(s.timestep_decay, "+.1f"),
             }
             row = "  " + " ".join(f"{shorten(cells[k], w):{a}{w}}" for k, _, w, a in _COLUMNS)
-            lines.append(row + " " + shorten(v.text, flags_w))
+            lines.append(row + " " + verdict_cell(v.text, flags_w))
     for s in report.skipped:
         lines.append("")
         lines.append(shorten(f"run {s['run']}: skipped, {s['reason']}", width))

@@ -55,6 +55,7 @@ EMPTY = {
     "layers": 0,
     "severity": None,
     "verdict": None,
+    "verdict_text": None,
     "first_nonfinite": None,
     "latest": None,
     "dominated_steps": None,
@@ -126,7 +127,8 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
       source: `output`, `weight` or `activation` (then the series of the forward pass, the origin for `target`).
 
     Returns:
-      `last_step`, `layers`, `severity` and `verdict` (the worst layer's, `anomalies.SEVERITY`), `first_nonfinite`
+      `last_step`, `layers`, `severity` and `verdict` (the worst layer's, `anomalies.SEVERITY`), `verdict_text`
+      (that verdict with every other kind of finding of the run, `anomalies.run_text`), `first_nonfinite`
       (`step`, `pass`, `origin`, `line` of where the run first went non-finite, or null), `latest` (layers
       flagged at the last step, `RunAnomalies.latest`), `dominated_steps` (null without per-example records),
       `norm_trend` and `line` (the first finding's sentence); `EMPTY` when the run has no such statistics.
@@ -152,6 +154,7 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
         "layers": len(result.layers),
         "severity": anomalies.SEVERITY[worst.state] if worst is not None else None,
         "verdict": worst.state if worst is not None else None,
+        "verdict_text": anomalies.run_text(result),
         "first_nonfinite": _first_nonfinite(result, found),
         "latest": result.latest,
         "dominated_steps": None if result.dominated is None else len({s for d in result.dominated for s in d.at}),
