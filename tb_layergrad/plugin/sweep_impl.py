@@ -47,7 +47,7 @@ def sweep_impl(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> dict:
     values = hparams.by_run(reading.provider, ctx, eid, names)
     noise = reading.noise_ends.read(reading.provider, ctx, eid, names, reading.lister)
     said = reading.damaged(eid, names)
-    warnings = [d.line() for name in sorted(said) for d in said[name]] + warnings
+    warnings = [d.line() for name in sorted(said) if q.run in (None, name) for d in said[name]] + warnings
     out = []
     for name, row in rows.items():
         trend = row["norm_trend"]

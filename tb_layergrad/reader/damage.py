@@ -406,7 +406,6 @@ class Watch:
         self._started = -float("inf")
         self._thread: Optional[threading.Thread] = None
         self._listed: set = set()
-        self.scans = 0
 
     def said(self, listed: Iterable[str]) -> Dict[str, List[Damage]]:
         """The damage `Scanner.said` found at the last scan (none before the first ends)."""
@@ -421,12 +420,6 @@ class Watch:
                 self._thread.start()
             return self._found
 
-    def wait(self) -> None:
-        """Until the scan under way (if any) ends."""
-        thread = self._thread
-        if thread is not None:
-            thread.join()
-
     def _scan(self) -> None:
         with self._lock:
             listed = set(self._listed)
@@ -437,4 +430,3 @@ class Watch:
             return
         with self._lock:
             self._found = found
-            self.scans += 1
