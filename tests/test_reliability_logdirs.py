@@ -310,6 +310,7 @@ def assert_served(served: Served, allowed_missing: set = frozenset()) -> None:
 # -- in-process: TensorBoard's Python multiplexer -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_damaged_logdir_in_process(tmp_path):
     damaged = Damaged(str(tmp_path / "logdir"))
     tb = InProcess(damaged.logdir)
