@@ -38,6 +38,7 @@ def _truth(run: str) -> bool:
     return run in ka.COLLAPSES and -math.log10(ka.COLLAPSES[run]) >= trends.STEP_DECAY_DECADES
 
 
+@pytest.mark.slow
 def test_precision_and_recall_over_layers(bodies):
     flagged = {(run, e["layer"]) for run, b in bodies.items() for e in b["layers"] if _over(e)}
     truth = {(run, e["layer"]) for run, b in bodies.items() for e in b["layers"] if _truth(run)}

@@ -220,6 +220,7 @@ def _run_property(mode: str) -> None:
         for m in ("eager-kernel", "function-kernel", "eager-fast", "eager-general", "function-fast", "function-general")
     ],
 )
+@pytest.mark.slow
 def test_reductions_property(mode):
     _run_property(mode)
 
@@ -298,6 +299,7 @@ XLA_REGRESSIONS = [
         if not mode.startswith("xla") or case[:2] in XLA_REGRESSIONS
     ],  # an XLA compile takes ~1 s
 )
+@pytest.mark.slow
 def test_found_inputs(mode, dtype, values, buckets):
     x = tf.cast(tf.constant(values, tf.float64 if dtype == "float64" else tf.float32), DTYPES[dtype])
     hist, stats = run(mode, x, buckets)

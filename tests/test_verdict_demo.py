@@ -22,6 +22,7 @@ def _states(layers) -> dict:
     return {e["layer"].split("/", 1)[1]: e["verdict"]["state"] for e in layers}
 
 
+@pytest.mark.slow
 def test_every_reader_gives_the_same_verdicts_and_findings(demo, tb):
     for name, run in demo["runs"].items():
         body = get_json(tb, "anomalies", {"run": name})

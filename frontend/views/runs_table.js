@@ -119,6 +119,8 @@ export class RunsTable {
       const name = nameCell.textContent;
       nameCell.textContent = "";
       nameCell.appendChild(h("button", { type: "button", class: "lg-link lg-runs-open", text: name, title: `open the overview of ${row.run}`, on: { click: () => this.handlers.onOpen(row.run) } }));
+      // A damaged event file: TensorBoard read the run up to the damage only (each file's sentence in the title).
+      if (row.damage && row.damage.length) nameCell.appendChild(h("span", { class: "lg-chip lg-chip-damage", text: "damaged", title: row.damage.map((d) => d.line).join("\n") }));
       const tr = h("tr", { dataset: { run: row.run } }, h("td", { class: "lg-runs-check" }, box), cells);
       this.rows.set(row.run, { row, tr, box });
     }

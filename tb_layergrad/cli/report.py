@@ -74,7 +74,9 @@ class Report:
     skipped: List[Dict[str, str]]  # runs (and targets) without stats for (target, source)
     fail_on: List[str]
     failures: List[Dict[str, object]]
-    warnings: List[str] = dataclasses.field(default_factory=list)  # the catalog's: series skipped (newer format...)
+    # Damaged event files (`reader.damage`: which run, file, up to which step read), then the catalog's (series
+    # skipped: a newer format...).
+    warnings: List[str] = dataclasses.field(default_factory=list)
     hparams: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)  # run -> reader.hparams values
     sort: Optional[str] = None  # a column of `csv_header(report)`, "-" before it for descending
 
@@ -155,14 +157,16 @@ def _build(
     # builds the parser, which imports this module for its arguments.
     from tensorboard import context as tb_context
 
-    from tb_layergrad.reader import catalog, run_anomalies
+    from tb_layergrad.reader import catalog, damage, run_anomalies
     from tb_layergrad.reader.run_source import RunSource
 
     provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "")
+    said = damage.Scanner(logdir).said(cat.runs, runs or None)
+    damaged = [d.line() for run in sorted(said) for d in said[run]]  # files read up to a fault: said first
     if not cat.runs:
-        raise ReportError(f"no tb_layergrad data under {logdir}" + ("".join(f"; {w}" for w in cat.warnings)))
+        raise ReportError(f"no tb_layergrad data under {logdir}" + "".join(f"; {w}" for w in damaged + cat.warnings))
     names = list(cat.runs) if not runs else list(dict.fromkeys(runs))
     unknown = [r for r in names if r not in cat.runs]
     if unknown:
@@ -188,7 +192,7 @@ def _build(
     if not results:
         raise ReportError("; ".join(f"run {s['run']}: {s['reason']}" for s in skipped))
     values = hparams.by_run(provider, ctx, "", [r.run for r in results])
-    return Report(logdir, target, source, results, skipped, list(fail_on), failures, list(cat.warnings), values)
+    return Report(logdir, target, source, results, skipped, list(fail_on), failures, damaged + cat.warnings, values)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -49,9 +49,14 @@ def runs_impl(reading: Reading, ctx: object, eid: str, run: Optional[str]) -> di
         return bool(stats) and reading.stats.is_current(eid, rc.run, stats)
 
     body = bodies.runs_body(cat, statistics_read)
+    said = reading.damaged(eid, list(cat.runs))
     for row in body["runs"]:  # the `sweep` route's row of the run is computed already (read ahead, or asked)
         rc = cat.runs[row["run"]]
         row["sweep_read"] = reading.health.holds(eid, rc, None, metadata.SOURCE_OUTPUT)
+        row["damage"] = [d.to_json() for d in said.get(row["run"], ())]
+    # Said first, on every view: a damaged run shows fewer steps than were written, or none at all.
+    lines = [d.line() for name in sorted(said) if run is None or name == run for d in said[name]]
+    body["warnings"] = lines + list(body["warnings"])
     return body
 
 

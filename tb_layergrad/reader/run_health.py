@@ -190,6 +190,7 @@ class HealthCache:
         self._max_rows = max_rows
         self._rows: "collections.OrderedDict[tuple, Tuple[tuple, dict]]" = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._computing: set = set()  # rows being computed now
         self.computed = 0  # rows computed since start: what a test of "nothing recomputed" reads
 
     def get(self, experiment_id: str, run: str, target: Optional[str], source: str, signature: tuple) -> Optional[dict]:
@@ -212,11 +213,23 @@ class HealthCache:
         hit = self.get(src.experiment_id, rc.run, target, source, rc.signature)
         if hit is not None:
             return hit
-        chosen, found = worst_health(src, row_targets(rc, target), source)
+        key = (src.experiment_id, rc.run, target, source)
+        with self._lock:
+            # A run being written changes at every step: while one request computes its row, the others answer
+            # with the row kept (as of an earlier step) instead of computing the same row again.
+            if key in self._computing and key in self._rows:
+                return self._rows[key][1]
+            mine = key not in self._computing
+            self._computing.add(key)
+        try:
+            chosen, found = worst_health(src, row_targets(rc, target), source)
+        finally:
+            if mine:
+                with self._lock:
+                    self._computing.discard(key)
         value = {"target": chosen, **found, "warnings": list(rc.warnings)}
         with self._lock:
             self.computed += 1
-            key = (src.experiment_id, rc.run, target, source)
             self._rows[key] = (rc.signature, value)
             self._rows.move_to_end(key)
             while len(self._rows) > self._max_rows:
