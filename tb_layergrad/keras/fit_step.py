@@ -151,12 +151,15 @@ class FitStep:
         """
         return self.config.weights and not self.config.xla and not tf.executing_eagerly()
 
-    def aux_tape(self) -> Optional[Any]:
-        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets."""
+    def aux_tape(self, persistent: bool = False) -> Optional[Any]:
+        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets.
+
+        `persistent`: the step's tape is, and each of its gradient calls asks this one again.
+        """
         n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
         if not n:
             return None
-        tape = tf.GradientTape(persistent=n > 1)
+        tape = tf.GradientTape(persistent=persistent or n > 1)
         tape._layergrad_own = True  # not one of the step's tapes (tape_observer)
         return tape
 
