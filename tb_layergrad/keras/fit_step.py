@@ -5,11 +5,11 @@ unmodified: Keras' own (Keras 3 or tf_keras, whatever the version) or the
 model's override. While it runs (traces, in graph mode and XLA), an
 observation is active (`step_observation`): the layer hooks of `Capture` (and
 `TimestepProbe`) are installed, every `tf.GradientTape` the step enters has
-the outputs computed under it watched on it, and the first `tape.gradient(loss,
-weights)` call of each tape that asks for trainable weights is answered by ONE
-call for (weights, layer outputs, probes) whose weight part goes back to the
-step unchanged: one target per such tape (a GAN's discriminator, then
-generator). Watch-style capture adds no op to the forward pass, so training
+the outputs computed under it watched on it, and every `tape.gradient(loss,
+weights)` call that asks for trainable weights is answered by ONE call for
+(weights, layer outputs, probes) whose weight part goes back to the step
+unchanged: one target per such call (a GAN's discriminator, then generator; a
+persistent tape's every call). Watch-style capture adds no op to the forward pass, so training
 stays bitwise what it is without the callback; identity-style capture
 (custom gradients) would not (docs/FIT.md).
 
