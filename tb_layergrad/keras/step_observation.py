@@ -24,7 +24,7 @@ from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.layer_hooks import hook, unhook
-from tb_layergrad.capturing.layer_tree import LayerTree
+from tb_layergrad.capturing.layer_tree import LayerTree, trainable_weights
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.keras import tape_observer
 from tb_layergrad.keras.model_facts import loss_scale
@@ -71,7 +71,7 @@ class StepObservation(tape_observer.Observation):
 
     def _know_weights(self) -> None:
         """(Re)read the model's trainable weights and their owners: those built so far in this step too."""
-        self._trainable = {id(v) for v in self.fit_step.model.trainable_variables}
+        self._trainable = {id(v) for v in trainable_weights(self.fit_step.model)}
         self._owners = self.cap.tree.variable_paths()
 
     def install_hooks(self) -> None:
@@ -202,7 +202,7 @@ class StepObservation(tape_observer.Observation):
         Only of layers that hold trainable weights: a frozen teacher run outside the tape
         (a Distiller) is not something to log.
         """
-        return [r.key for r in self.cap.records_watched_on(None) if r.node.layer.trainable_weights]
+        return [r.key for r in self.cap.records_watched_on(None) if trainable_weights(r.node.layer)]
 
 
 def target_name(tree: LayerTree, owners: Dict[int, tuple], asked: frozenset, trainable: set) -> str:
