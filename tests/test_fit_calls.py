@@ -272,3 +272,40 @@ def test_a_step_that_builds_its_weights_is_logged_from_step_1_without_a_warning(
     for tag, (info, by_step) in series.items():
         if info.kind == "stats" and info.source != "target":
             assert all(stat(v[0], "no_gradient") == 0 for v in by_step.values()), tag
+
+
+class CondStep(keras.Model):
+    """`b`'s call made inside a tf.cond (every other step, as an accumulation step might): not logged, warned."""
+
+    def __init__(self):
+        super().__init__(name="cond")
+        self.a, self.b = _stack("a"), _stack("b")
+
+    def train_step(self, x):
+        with tf.GradientTape(persistent=True) as tape:
+            h = self.a(x)
+            loss_a, loss_b = tf.reduce_mean(tf.square(h)), tf.reduce_mean(tf.square(self.b(h) - x))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss_a, _w(self.a)), _w(self.a)))
+
+        def update_b():
+            for v, g in zip(_w(self.b), tape.gradient(loss_b, _w(self.b))):
+                v.assign_sub(0.05 * g)
+            return tf.constant(True)
+
+        tf.cond(self.optimizer.iterations % 2 == 0, update_b, lambda: tf.constant(False))
+        return {"loss_a": loss_a}
+
+
+def test_a_call_inside_tf_cond_is_warned_about_and_the_others_logged(tmp_path):
+    keras.utils.set_random_seed(7)
+    model = CondStep()
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    x = np.random.default_rng(7).normal(size=(2 * BATCH, 4)).astype(np.float32)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, batch_size=BATCH, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    messages = {str(w.message) for w in caught if "GradientLogger" in str(w.message)}
+    assert len(messages) == 1 and "made 1 gradient() call(s) of trainable weights inside a tf.cond" in messages.pop()
+    series = read_series(log_dir(tmp_path))
+    assert {info.target for info, _ in series.values()} == {"a"}
+    assert layergrad_steps(series, "a") == [1, 2]
