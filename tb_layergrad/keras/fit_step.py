@@ -5,11 +5,11 @@ unmodified: Keras' own (Keras 3 or tf_keras, whatever the version) or the
 model's override. While it runs (traces, in graph mode and XLA), an
 observation is active (`step_observation`): the layer hooks of `Capture` (and
 `TimestepProbe`) are installed, every `tf.GradientTape` the step enters has
-the outputs computed under it watched on it, and the first `tape.gradient(loss,
-weights)` call of each tape that asks for trainable weights is answered by ONE
-call for (weights, layer outputs, probes) whose weight part goes back to the
-step unchanged: one target per such tape (a GAN's discriminator, then
-generator). Watch-style capture adds no op to the forward pass, so training
+the outputs computed under it watched on it, and every `tape.gradient(loss,
+weights)` call that asks for trainable weights is answered by ONE call for
+(weights, layer outputs, probes) whose weight part goes back to the step
+unchanged: one target per such call (a GAN's discriminator, then generator; a
+persistent tape's every call). Watch-style capture adds no op to the forward pass, so training
 stays bitwise what it is without the callback; identity-style capture
 (custom gradients) would not (docs/FIT.md).
 
@@ -152,12 +152,15 @@ class FitStep:
         """
         return self.config.weights and not self.config.xla and not tf.executing_eagerly()
 
-    def aux_tape(self) -> Optional[Any]:
-        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets."""
+    def aux_tape(self, persistent: bool = False) -> Optional[Any]:
+        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets.
+
+        `persistent`: the step's tape is, and each of its gradient calls asks this one again.
+        """
         n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
         if not n:
             return None
-        tape = tf.GradientTape(persistent=n > 1)
+        tape = tf.GradientTape(persistent=persistent or n > 1)
         tape._layergrad_own = True  # not one of the step's tapes (tape_observer)
         return tape
 
