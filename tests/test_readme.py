@@ -75,6 +75,15 @@ def test_ci_runs_the_readmes_test_command_exactly_in_a_fresh_venv_and_sets_no_va
     assert "TF_CPP_MIN_LOG_LEVEL" not in script and "PIP_" not in script
 
 
+def test_every_test_file_ci_names_exists():
+    """.ci/run names test files and globs for its older legs: each names at least one file of the checkout (a
+    moved or renamed test file is renamed there too)."""
+    script = CI_RUN.read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w/])tests/[\w/*.\-]+\.py", script))
+    assert named, "the older legs name their tests"
+    assert not [name for name in sorted(named) if not list(README.parent.glob(name))]
+
+
 def ci_helper(call: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     """Runs one of .ci/run's shell functions (the script, sourced, runs nothing of its own)."""
     return subprocess.run(
