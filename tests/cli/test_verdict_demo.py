@@ -195,7 +195,7 @@ def test_the_readme_table_states_what_the_demo_measures(demo):
     import pathlib
     import re
 
-    readme = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `([a-z_0-9]+)` \| (.*) \|$", readme, re.M)}
     quick = re.search(r"decays ~10\^5\.\d back through time \(10\^([\d.]+) in `--quick`", rows["rnn_simplernn"])
     assert quick, rows["rnn_simplernn"]

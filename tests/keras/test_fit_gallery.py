@@ -29,7 +29,7 @@ import tb_layergrad
 
 CASES = [GAN_CASE, WGAN_CASE, *SINGLE_CASES, *BODY_CASES]
 # Under XLA (its compile time adds ~10 s a case here): the steps with several tapes, the novel part; a
-# one-tape step is the standard step's case (tests/test_fit_neutral.py).
+# one-tape step is the standard step's case (tests/keras/test_fit_neutral.py).
 PARAMS = [(c, m) for c in CASES for m in ("graph", "eager")] + [(GAN_CASE, "xla"), (WGAN_CASE, "xla")]
 pytestmark = pytest.mark.timeout(600)
 

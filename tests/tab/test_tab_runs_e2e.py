@@ -459,7 +459,9 @@ def synthetic_logdir():
     """bench/synthetic_logdir.py, the generator of the benchmarks' logdirs."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench", "synthetic_logdir.py")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench", "synthetic_logdir.py"
+    )
     spec = importlib.util.spec_from_file_location("synthetic_logdir", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

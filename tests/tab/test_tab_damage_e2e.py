@@ -4,7 +4,7 @@ A logdir of an intact run, a run whose last record was cut (a writer killed mid-
 whose only file is random bytes (TensorBoard lists nothing of it). The tab's banner shows the `runs`
 route's sentence for each damaged file (the last step read named), on whatever view; the Runs view marks the
 cut run's row, its sentence in the mark's title, and not the intact one's. The intact run and the cut run's
-whole steps are served as before (tests/test_reliability_logdirs.py checks them value by value).
+whole steps are served as before (tests/reader/test_reliability_logdirs.py checks them value by value).
 """
 
 from __future__ import annotations

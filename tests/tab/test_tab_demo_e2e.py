@@ -3,8 +3,8 @@
 A real `tensorboard` on `tb-layergrad demo --quick`'s logdir (tests/conftest.py), headless Chromium. Each run was
 trained to show one known problem (tb_layergrad/cli/demo.py); the overview must name it in its verdict chips (one
 per layer) and its banner (one line per finding), with the `anomalies` route's own texts, and say nothing about
-the healthy twins (`mlp_relu_he`, `rnn_lstm`, `explode_clipnorm`). tests/test_tab_verdict_e2e.py checks the same
-marks on synthetic runs; tests/test_verdict_demo.py the demo's verdicts through the route, report and load().
+the healthy twins (`mlp_relu_he`, `rnn_lstm`, `explode_clipnorm`). tests/tab/test_tab_verdict_e2e.py checks the same
+marks on synthetic runs; tests/cli/test_verdict_demo.py the demo's verdicts through the route, report and load().
 """
 
 from __future__ import annotations

@@ -122,7 +122,7 @@ def test_the_same_numbers_as_the_version_1_writer_wrote(tmp_path):
 
     from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 
-    data = os.path.join(os.path.dirname(__file__), "data", "format_v1")
+    data = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "format_v1")
     layers = [
         ("model/dense", "output", 1, (4, 3)),
         ("model/dense/kernel", "weight", 1, (2, 3)),

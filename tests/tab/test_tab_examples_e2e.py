@@ -313,7 +313,7 @@ def test_a_run_without_them_shows_none(env):
 @pytest.fixture(scope="module")
 def mislabelled(demo, env, tmp_path_factory):
     """A second `tensorboard`, on the demo's logdir; the module's browser. The planted flips that the classifier
-    has learnt past (from step 16 on, as tests/test_demo.py checks in the records)."""
+    has learnt past (from step 16 on, as tests/cli/test_demo.py checks in the records)."""
     from tensorboard_process import TensorBoardProcess
 
     from tb_layergrad.cli import demo as demo_module

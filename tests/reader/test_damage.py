@@ -1,6 +1,6 @@
 """Damaged event files named (`reader.damage`): which run, which file, up to which step read; by the check
 itself, by `tb-layergrad report` and by `tb_layergrad.load()`. The routes and both real TensorBoards:
-tests/test_reliability_logdirs.py (`damage_named`); the tab: tests/test_tab_damage.py.
+tests/reader/test_reliability_logdirs.py (`damage_named`); the tab: tests/tab/test_tab_damage_e2e.py.
 
 "Up to which step" is checked against TensorBoard's own event-file loader: the last step it reads from each
 damaged file is the step named. Checksums against TensorBoard's own (pure-Python) masked CRC32C.

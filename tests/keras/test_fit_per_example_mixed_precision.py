@@ -117,7 +117,7 @@ SPECS = {
     # 6 other variables (7); LayerNormalization's x - μ, its square, + ε, rsqrt, the product, ·γ, +β, forward
     # and backward (14); the Dense layers' 2 bias additions and tanh, tanh' = 1 - h² and its product (6); the
     # mean's 1/T, forward and backward (2); the output's gradient cast (1); the loss's 2 (2). norm_terms: the
-    # embedding's per-example norm sums T² products ("same id" Gram, tests/test_per_example.py).
+    # embedding's per-example norm sums T² products ("same id" Gram, tests/capturing/test_per_example.py).
     "tokens": Spec(
         _tokens,
         lambda rng: rng.randint(0, 9, size=(B, T)).astype("int32"),

@@ -1,7 +1,7 @@
 """`tb-layergrad report`: the formats, the exit status for CI, and pandas staying optional.
 
 The report reads with TensorBoard's multiplexer (every step) and the plugin's code: its numbers
-must be the `anomalies` route's, which tests/test_report_route.py checks against numpy.
+must be the `anomalies` route's, which tests/plugin/test_report_route.py checks against numpy.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tb_layergrad import cli
 from tb_layergrad.cli import report
 from tb_layergrad.reader import run_health
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_cli(capsys, *argv):

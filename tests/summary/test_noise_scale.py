@@ -2,7 +2,7 @@
 independent per-example gradients (one tape per example, its own loss on a batch of one) and the batch gradient
 of one tape on the whole batch; read back through TensorBoard's scalars data provider.
 
-Tolerance: each per-example norm is held to rtol 1e-4 (tests/test_per_example.py); how that carries into the
+Tolerance: each per-example norm is held to rtol 1e-4 (tests/capturing/test_per_example.py); how that carries into the
 formula's terms is derived in per_example_reference.noise_scale_tolerance.
 """
 

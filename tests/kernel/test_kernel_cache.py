@@ -1,7 +1,7 @@
 """The fused kernel's cache on any OS: no POSIX-only import, failed builds remembered, unsafe libraries refused.
 
 The compilers here are small shell scripts that count their runs in a file, so that no test pays for a
-real build; the real build is tests/test_fused_kernel.py's.
+real build; the real build is tests/kernel/test_fused_kernel.py's.
 """
 
 from __future__ import annotations

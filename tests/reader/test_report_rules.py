@@ -23,7 +23,7 @@ from tolerances import approx_or_none, gamma
 
 from tb_layergrad.reader import anomalies, trends
 
-DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ANOMALIES.md"
+DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ANOMALIES.md"
 
 
 def random_matrices(seed: int = 3, layers: int = 9, steps: int = 40):

@@ -165,7 +165,7 @@ def test_distiller_student_is_the_loss_and_the_frozen_teacher_is_not_warned_abou
 
 
 def test_wgan_penalty_tapes_logged_when_asked_for(tmp_path):
-    """targets={name: "inputs"}: each gradient penalty's tape is a target of its own (values: tests/test_fit_gallery.py)."""
+    """targets={name: "inputs"}: each gradient penalty's tape is a target of its own (values: tests/keras/test_fit_gallery.py)."""
     _fit(tmp_path, cs.WGAN, "graph", {"targets": {"penalty": "inputs"}})
     series = read_series(log_dir(tmp_path))
     assert _targets(series) == {"discriminator", "discriminator#2", "generator", "penalty", "penalty#2"}

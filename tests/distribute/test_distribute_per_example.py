@@ -1,8 +1,8 @@
 """Per-example records under MirroredStrategy (2 logical CPUs, in a subprocess): every replica's examples, in
 global batch order, equal to a single device's on the same global batch and weights.
 
-Tolerance: rtol 1e-4 on each norm (the issue's, tests/test_per_example.py): the replicas compute the same float32
-math on half batches. In fit(), Keras 3.3 does not divide the loss by the replica count (tests/test_distribute_fit.py):
+Tolerance: rtol 1e-4 on each norm (the issue's, tests/capturing/test_per_example.py): the replicas compute the same float32
+math on half batches. In fit(), Keras 3.3 does not divide the loss by the replica count (tests/distribute/test_distribute_fit.py):
 the norms then come out that many times larger, so there the check is scale-free (positions and shares) plus a
 whole factor of 1 or the replica count.
 """

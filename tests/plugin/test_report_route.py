@@ -88,7 +88,9 @@ def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
     unknown_line = (
         f"first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)"
     )
-    findings = body["summary"].pop("findings")  # one line per finding (tests/test_verdict.py says what they hold)
+    findings = body["summary"].pop(
+        "findings"
+    )  # one line per finding (tests/reader/test_verdict_rules.py says what they hold)
     assert [(f["kind"], f["layers"]) for f in findings] == [
         ("nonfinite", [rf.NAN_LAYER]),
         ("exploding", ["net/grow"]),

@@ -2,7 +2,7 @@
 its own loss on a batch of one.
 
 The reference for weights is a plain `tape.gradient(loss_i, model.trainable_variables)`; for layer
-outputs it is `capture().gradients` on the batch of one (per_example off: the path tests/test_capture.py
+outputs it is `capture().gradients` on the batch of one (per_example off: the path tests/capturing/test_capture.py
 checks against by-hand forwards). The batch under test is captured with `per_example=True` in eager
 mode and inside `tf.function`.
 

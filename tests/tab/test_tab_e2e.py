@@ -357,7 +357,7 @@ def test_state_in_the_url_reopens_the_same_view(env):
 
 def test_heatmap_draws_200_layers_by_5000_steps(env):
     """Decoding a 200 x 5000 `anomalies` answer onto the grid and drawing it (the rules themselves run
-    on the server: tests/test_report_rules.py checks them at this size)."""
+    on the server: tests/reader/test_report_rules.py checks them at this size)."""
     b = env["browser"]
     frame = b.open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas")

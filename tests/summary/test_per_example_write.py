@@ -3,7 +3,7 @@ loop, read back through TensorBoard's own data provider: eager and inside `tf.fu
 only, metadata in a tag's first record only, each row equal to the contract's row of independent per-example
 norms (one tape per example, its own loss on a batch of one).
 
-Tolerance: rtol 1e-4 on each norm, as the issue asks of per-example norms (tests/test_per_example.py); a
+Tolerance: rtol 1e-4 on each norm, as the issue asks of per-example norms (tests/capturing/test_per_example.py); a
 squared sum or a share of two is within twice that per factor (per_example_reference.assert_row).
 """
 

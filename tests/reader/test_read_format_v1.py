@@ -18,7 +18,7 @@ from plugin_fixtures import InProcess, as_float, get_json
 import tb_layergrad
 from tb_layergrad import metadata
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "format_v1")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "format_v1")
 RUN = "train"
 NAN_STEP = 3  # model/dense's output gradient holds a NaN and an +Inf at this step
 
