@@ -15,7 +15,6 @@ import textwrap
 
 import pytest
 import report_fixtures as rf
-from report_fixtures import planted  # noqa: F401 (fixture)
 
 import tb_layergrad
 
@@ -36,7 +35,7 @@ def test_tensorflow_is_installed_here():
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "csv"])
-def test_report_writes_nothing_to_stderr_and_imports_no_tensorflow(planted, fmt):  # noqa: F811
+def test_report_writes_nothing_to_stderr_and_imports_no_tensorflow(planted, fmt):
     done = python(f"""
         import sys
         from tb_layergrad import cli
@@ -48,7 +47,7 @@ def test_report_writes_nothing_to_stderr_and_imports_no_tensorflow(planted, fmt)
     assert rf.RUN in done.stdout
 
 
-def test_report_failing_condition_reports_only_its_failures_on_stderr(planted):  # noqa: F811
+def test_report_failing_condition_reports_only_its_failures_on_stderr(planted):
     done = python(f"""
         import sys
         from tb_layergrad import cli
@@ -61,7 +60,7 @@ def test_report_failing_condition_reports_only_its_failures_on_stderr(planted): 
 
 
 @pytest.mark.slow
-def test_load_imports_no_tensorflow_and_tensorflow_summaries_work_after_it(planted, tmp_path):  # noqa: F811
+def test_load_imports_no_tensorflow_and_tensorflow_summaries_work_after_it(planted, tmp_path):
     """The reader's TensorFlow-free file access is scoped to the read: TensorFlow's own summaries (which
     TensorBoard resolves through the same lazy module) still work when TensorFlow is imported later."""
     done = python(f"""
@@ -92,7 +91,7 @@ def test_version_from_the_console_script_and_python_dash_m():
         assert done.stdout.strip() == f"tb-layergrad {tb_layergrad.__version__}", argv
 
 
-def test_python_dash_m_runs_the_report(planted):  # noqa: F811
+def test_python_dash_m_runs_the_report(planted):
     done = subprocess.run(
         [sys.executable, "-m", "tb_layergrad", "report", planted.logdir, "--run", rf.RUN],
         capture_output=True,

@@ -16,7 +16,7 @@ import sys
 import pytest
 import report_fixtures as rf
 from plugin_fixtures import strict_json
-from report_fixtures import in_process, planted  # noqa: F401 (fixture)
+from report_fixtures import in_process
 
 from tb_layergrad import cli
 from tb_layergrad.cli import report
@@ -31,7 +31,7 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
-def test_json_is_the_routes_answer(planted, capsys):  # noqa: F811
+def test_json_is_the_routes_answer(planted, capsys):
     code, out, _ = run_cli(capsys, planted.logdir, "--format", "json")
     assert code == 0
     doc = json.loads(out)
@@ -46,7 +46,7 @@ def test_json_is_the_routes_answer(planted, capsys):  # noqa: F811
     assert doc["thresholds"]["VANISH_REL"] == 1e-3 and doc["failures"] == []
 
 
-def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):  # noqa: F811
+def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):
     code, out, _ = run_cli(capsys, planted.logdir)
     assert code == 0
     lines = out.splitlines()
@@ -74,7 +74,7 @@ def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):  #
     assert len(long_rows) == 2 and long_rows[0].split()[0].endswith("attention_output_projection")
 
 
-def test_csv_rows(planted, capsys):  # noqa: F811
+def test_csv_rows(planted, capsys):
     code, out, _ = run_cli(capsys, planted.logdir, "--format", "csv", "--run", rf.RUN)
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
@@ -109,7 +109,7 @@ def test_csv_rows(planted, capsys):  # noqa: F811
         (["--target", "nope"], 1),
     ],
 )
-def test_exit_status(planted, capsys, argv, code):  # noqa: F811
+def test_exit_status(planted, capsys, argv, code):
     got, out, err = run_cli(capsys, planted.logdir, *argv)
     assert got == code, (out, err)
     if code == 3:
@@ -118,7 +118,7 @@ def test_exit_status(planted, capsys, argv, code):  # noqa: F811
         assert "not found" in err or "no output statistics" in err
 
 
-def test_fail_on_names_each_failing_layer(planted, capsys):  # noqa: F811
+def test_fail_on_names_each_failing_layer(planted, capsys):
     code, out, err = run_cli(
         capsys, planted.logdir, "--format", "json", "--fail-on", "nan,vanishing,dead", "--run", rf.RUN
     )
@@ -139,7 +139,7 @@ def test_missing_logdir(tmp_path, capsys):
     assert code == 1 and "no tb_layergrad data" in err
 
 
-def test_pandas_stays_optional(planted, monkeypatch, capsys):  # noqa: F811
+def test_pandas_stays_optional(planted, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "pandas", None)  # `import pandas` now fails
     import tb_layergrad
 

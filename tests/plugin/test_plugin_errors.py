@@ -10,7 +10,7 @@ import os
 import re
 
 import pytest
-from plugin_fixtures import RNN_LAYER, TENSOR_LAYER, InProcess, small_logdir, strict_json  # noqa: F401
+from plugin_fixtures import RNN_LAYER, TENSOR_LAYER, InProcess, strict_json
 
 ROUTES = {
     "runs": {},
@@ -63,11 +63,6 @@ BAD_INTEGERS = [
     "9" * 5000,
     "9223372036854775808",
 ]
-
-
-@pytest.fixture(scope="module")
-def tb(small_logdir):
-    return InProcess(small_logdir.logdir)
 
 
 def check_error(response, status):

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from plugin_fixtures import (  # noqa: F401  (small_logdir is a fixture)
+from plugin_fixtures import (
     AUX_TARGET,
     EVAL_STEPS,
     FUTURE_RUN,
@@ -29,7 +29,6 @@ from plugin_fixtures import (  # noqa: F401  (small_logdir is a fixture)
     UNUSED_LAYER,
     InProcess,
     as_float,
-    small_logdir,
     strict_json,
 )
 
@@ -38,11 +37,6 @@ from tb_layergrad.reader import series
 
 LOSS, OUT, WEIGHT = metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, metadata.SOURCE_WEIGHT
 TRAIN_OUTPUT_LAYERS = ["model/embedding", "model/dense", "model/rnn", "model/unused", "extra/no_index"]
-
-
-@pytest.fixture(scope="module")
-def tb(small_logdir):
-    return InProcess(small_logdir.logdir)
 
 
 def get_json(tb, route, query=None, status=200):

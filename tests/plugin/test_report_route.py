@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import report_fixtures as rf
 from plugin_fixtures import get_json, strict_json
-from report_fixtures import in_process, planted, reference_summaries, sampled_logdir  # noqa: F401 (fixtures)
+from report_fixtures import in_process, reference_summaries
 from tensorboard_process import tensorboards
 from tolerances import TWO_SIDES, approx_or_none, gamma
 
@@ -31,7 +31,7 @@ OUTPUT_LAYERS.append(rf.SPARSE)  # ...then the low-level op's layer (index 5)
 
 
 @pytest.fixture(scope="module")
-def tb(planted):  # noqa: F811
+def tb(planted):
     return in_process(planted.logdir)
 
 
@@ -54,7 +54,7 @@ def assert_layer_matches(got: dict, want: dict):
     assert ("timestep_decay" in got) == ("timestep_decay" in want)
 
 
-def test_route_equals_independent_numpy_evaluation(tb, planted):  # noqa: F811
+def test_route_equals_independent_numpy_evaluation(tb, planted):
     body = get(tb, "anomalies", {"run": rf.RUN})
     assert body["api_version"] == 1 and (body["run"], body["target"], body["source"]) == (rf.RUN, "loss", "output")
     assert body["steps"] == rf.STEPS
@@ -148,7 +148,7 @@ def test_route_flags_agree_with_the_matrix_route(tb):
         assert [v is not None and v > 0 for v in row] == [c != "." and int(c, 16) & 1 == 1 for c in entry["flags"]]
 
 
-def test_step_range_is_evaluated_on_its_own(tb, planted):  # noqa: F811
+def test_step_range_is_evaluated_on_its_own(tb, planted):
     body = get(tb, "anomalies", {"run": rf.RUN, "start": "10", "end": "25"})
     steps = list(range(10, 26))
     assert body["steps"] == steps
@@ -163,7 +163,7 @@ def test_step_range_is_evaluated_on_its_own(tb, planted):  # noqa: F811
         assert_layer_matches(got, w)
 
 
-def test_weight_source_and_one_layer(tb, planted):  # noqa: F811
+def test_weight_source_and_one_layer(tb, planted):
     body = get(tb, "anomalies", {"run": rf.RUN, "source": "weight"})
     assert [l["layer"] for l in body["layers"]] == ["net/dense/kernel"]
     assert body["layers"][0]["flags"] == "0" * 30  # one layer: never vanishing; steady: never exploding
@@ -191,7 +191,7 @@ def test_errors(tb, query, status):
     assert body["code"] == status and isinstance(body["error"], str)
 
 
-def test_first_nan_step_survives_tensorboards_sampling(sampled_logdir):  # noqa: F811
+def test_first_nan_step_survives_tensorboards_sampling(sampled_logdir):
     """TensorBoard keeps 5 of 60 records: the NaN step's stats are dropped, its step is not."""
     tb = in_process(sampled_logdir, keep=5)
     for run in ("tracked", "plain"):
@@ -217,7 +217,7 @@ def test_first_nan_step_survives_tensorboards_sampling(sampled_logdir):  # noqa:
 
 
 @pytest.mark.slow
-def test_sampling_in_real_tensorboards_both_loaders(sampled_logdir, tmp_path):  # noqa: F811
+def test_sampling_in_real_tensorboards_both_loaders(sampled_logdir, tmp_path):
     """The int64 first_nonfinite records through the Rust data server and the Python loader."""
     configs = [("true", ["--samples_per_plugin", "layergrad=5"]), ("false", ["--samples_per_plugin", "layergrad=5"])]
     with tensorboards(sampled_logdir, configs, str(tmp_path)) as procs:

@@ -11,17 +11,11 @@ from __future__ import annotations
 import examples_fixtures as ef
 import numpy as np
 import pytest
-from origin_fixtures import origin_logdir  # noqa: F401 - a fixture
-from plugin_fixtures import AUX_TARGET, FUTURE_RUN, InProcess, get_json, small_logdir  # noqa: F401 - a fixture
+from plugin_fixtures import AUX_TARGET, FUTURE_RUN, InProcess, get_json
 
 from tb_layergrad.reader import anomalies
 
 HEALTH_FIELDS = ("last_step", "layers", "severity", "verdict", "first_nonfinite", "latest", "dominated_steps")
-
-
-@pytest.fixture(scope="module")
-def tb(small_logdir):
-    return InProcess(small_logdir.logdir)
 
 
 @pytest.fixture(scope="module")
@@ -205,7 +199,7 @@ def test_warnings_are_said_on_every_poll(tb):
 
 
 @pytest.mark.parametrize("source", ["output", "activation"])
-def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source):  # noqa: F811 - a fixture
+def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source):
     import origin_fixtures as of
 
     tb = InProcess(origin_logdir.logdir)

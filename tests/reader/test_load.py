@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
-from plugin_fixtures import InProcess, as_float, small_logdir, strict_json  # noqa: F401 (fixture)
+from plugin_fixtures import InProcess, as_float, strict_json
 
 import tb_layergrad
 from tb_layergrad import metadata
 
 
-def test_load_equals_the_stats_route_for_every_series(small_logdir):  # noqa: F811
+def test_load_equals_the_stats_route_for_every_series(small_logdir):
     df = tb_layergrad.load(small_logdir.logdir)
     tb = InProcess(small_logdir.logdir)
     runs = strict_json(tb.get("runs").data)["runs"]
@@ -39,7 +39,7 @@ def test_load_equals_the_stats_route_for_every_series(small_logdir):  # noqa: F8
     assert compared >= 5
 
 
-def test_load_numbers_are_what_was_written(small_logdir):  # noqa: F811
+def test_load_numbers_are_what_was_written(small_logdir):
     df = tb_layergrad.load(small_logdir.logdir)
     for (run, target, source, layer), by_step in small_logdir.stats.items():
         rows = df[(df.run == run) & (df.layer == layer) & (df.target == target) & (df.source == source)]
@@ -57,7 +57,7 @@ def test_load_of_an_empty_logdir(tmp_path):
     assert len(df) == 0 and "norm" in df.columns
 
 
-def test_load_of_a_part_is_that_part_of_the_whole(small_logdir):  # noqa: F811
+def test_load_of_a_part_is_that_part_of_the_whole(small_logdir):
     import pandas as pd
 
     whole = tb_layergrad.load(small_logdir.logdir)

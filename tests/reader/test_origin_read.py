@@ -13,7 +13,6 @@ import json
 import numpy as np
 import origin_fixtures as of
 import pytest
-from origin_fixtures import origin_logdir  # noqa: F401 (fixture)
 from plugin_fixtures import InProcess, as_float, get_json, strict_json
 
 from tb_layergrad import cli, nonfinite_origin
@@ -24,7 +23,7 @@ def line_of(want: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def tb(origin_logdir):  # noqa: F811
+def tb(origin_logdir):
     return InProcess(origin_logdir.logdir)
 
 
@@ -75,7 +74,7 @@ def test_runs_route_keeps_forward_and_the_loss_out_of_targets_and_layers(tb):
 
 
 @pytest.mark.parametrize("asked_target", [None, "loss", "whatever"])
-def test_activation_stats_and_histograms_whatever_target_the_view_shows(tb, origin_logdir, asked_target):  # noqa: F811
+def test_activation_stats_and_histograms_whatever_target_the_view_shows(tb, origin_logdir, asked_target):
     q = {"run": of.FORWARD, "layer": of.K, "source": "activation"}
     if asked_target:
         q["target"] = asked_target
@@ -95,7 +94,7 @@ def test_activation_stats_and_histograms_whatever_target_the_view_shows(tb, orig
         assert sum(b[2] for b in h) == np.isfinite(x).sum()
 
 
-def test_matrix_colours_by_an_activation_statistic(tb, origin_logdir):  # noqa: F811
+def test_matrix_colours_by_an_activation_statistic(tb, origin_logdir):
     body = get(tb, "matrix", {"run": of.FORWARD, "source": "activation", "stat": "nonfinite"})
     assert (body["target"], body["source"]) == ("forward", "activation")
     assert body["layers"] == [p for p, _ in of.LAYERS] and body["steps"] == of.STEPS
@@ -113,7 +112,7 @@ def test_matrix_colours_by_an_activation_statistic(tb, origin_logdir):  # noqa: 
     assert cmp_["values"] == [[1 if s >= of.NAN_STEP else 0 for s in of.STEPS], [0] * len(of.STEPS)]
 
 
-def test_the_target_series_reads_without_a_histogram(tb, origin_logdir):  # noqa: F811
+def test_the_target_series_reads_without_a_histogram(tb, origin_logdir):
     for run in (of.LOSS, of.FORWARD):  # written with tf.summary.write (no histogram), and with summary.gradient
         body = get(tb, "stats", {"run": run, "layer": "loss", "source": "target"})
         values = [float(origin_logdir.arrays[(run, "loss", "target", "loss")][s][0]) for s in of.STEPS]
@@ -138,7 +137,7 @@ def test_bad_parameters_are_json_errors(tb, route, query, status):
     assert body["code"] == status and isinstance(body["error"], str)
 
 
-def test_report_json_and_text_name_pass_and_origin(origin_logdir, capsys):  # noqa: F811
+def test_report_json_and_text_name_pass_and_origin(origin_logdir, capsys):
     code = cli.main(["report", origin_logdir.logdir, "--format", "json"])
     out, _ = capsys.readouterr()
     assert code == 0
@@ -164,7 +163,7 @@ def test_report_json_and_text_name_pass_and_origin(origin_logdir, capsys):  # no
     assert "  first non-finite value at step 3: forward pass, output of net/log" in lines
 
 
-def test_load_gives_activations_the_loss_and_the_origins(origin_logdir):  # noqa: F811
+def test_load_gives_activations_the_loss_and_the_origins(origin_logdir):
     import tb_layergrad
     from tb_layergrad.reader import dataframe
 
