@@ -21,7 +21,7 @@ CycleGAN's one persistent tape asked for four losses). So, while an
 
 Nothing in the step is replaced: the tape, the loss, the optimizer and the
 update are the step's own, so training is bit for bit what it is without the
-observation (tests/test_fit_neutral.py).
+observation (tests/keras/test_fit_neutral.py).
 
 The class's `__enter__`, `__exit__` and `gradient` are swapped only while some
 thread observes (reference counted, so replicas tracing in threads can
