@@ -16,7 +16,7 @@ import tensorflow as tf
 from numpy_reference import numpy_stats
 from tb_reading import read_all
 from tensorboard.backend.event_processing import event_file_loader
-from tolerances import sum_rtol
+from tolerances import TWO_SIDES, sum_rtol
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -149,7 +149,18 @@ def test_the_same_numbers_as_the_version_1_writer_wrote(tmp_path):
     for r in records:
         (datum,) = [d for d in now[r["tag"]][1] if d.step == r["step"]]
         value = np.asarray([np.nan if v is None else v for v in r["value"]]).reshape(r["shape"])
-        np.testing.assert_array_equal(np.asarray(datum.numpy, np.float64), value, err_msg=f"{r['tag']} {r['step']}")
+        got = np.asarray(datum.numpy, np.float64)
+        if r["tag"].endswith("/stats"):
+            # The moments are sums of float32 gradients, added in an order the CPU picks (AVX2 and AVX-512 differ):
+            # each writer within the any-order bound of its sum, so the two within twice it. Everything else exact.
+            moments = [S[name] for name in ("mean", "std", "norm", "mean_abs")]
+            n = int(value[S["elements"]] - value[S["nan"]] - value[S["pos_inf"]] - value[S["neg_inf"]])
+            for name in ("mean", "std", "norm", "mean_abs"):  # a mean's sum has terms of both signs: scaled by mean |g|
+                scale = max(abs(value[S[name]]), value[S["mean_abs"]] if name == "mean" else 0.0)
+                bound = TWO_SIDES * sum_rtol(np.float32, n) * scale
+                assert abs(got[S[name]] - value[S[name]]) <= bound, f"{r['tag']} {r['step']} {name}"
+            got, value = np.delete(got, moments), np.delete(value, moments)
+        np.testing.assert_array_equal(got, value, err_msg=f"{r['tag']} {r['step']}")
     stored = read_all(str(tmp_path), split_groups=False)["train"]
     assert all(isinstance(info, metadata.GroupInfo) for info, _ in stored.values())
 
