@@ -35,10 +35,8 @@ class LoggedTape:
     """One gradient() call of the step that differentiated trainable weights: one target of the step's records."""
 
     name: str
-    gmap: GradientMap
-    target: Any  # the loss as the step differentiated it (scaled, with loss scaling)
-    aux: Optional[Any]  # the tape that recorded its tape's forward pass again (shadow weights, targets), or None
-    variables: Dict[str, Any]  # path -> weight, of the weights the step asked gradients for
+    gmap: GradientMap  # its weight entries are the tensors the step's gradient call returned
+    aux: Optional[Any]  # the tape that recorded its forward pass again (for `targets=`), or None
     eps_grads: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the `targets=` values (scaled like the loss) from the model's own call under this tape, on `aux`; {} if none
     values: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -169,7 +167,7 @@ class StepObservation(tape_observer.Observation):
             {p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT or p in variables}
         )
         eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients)) if eps else {}
-        self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads, values))
+        self.logged.append(LoggedTape(name, gmap, aux, eps_grads, values))
         return combined.source_gradients
 
     def _answer_for_inputs(
@@ -187,7 +185,7 @@ class StepObservation(tape_observer.Observation):
         value = _differentiated_sum(target, args, kwargs)
         gmap = self.cap.tape_gradients(combined, value, name, watched_on=tape, per_example=False)
         gmap = gmap.with_entries({p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT})
-        self.input_logged.append(LoggedTape(name, gmap, value, None, {}))
+        self.input_logged.append(LoggedTape(name, gmap, None))
         return combined.source_gradients
 
     @staticmethod
