@@ -522,6 +522,7 @@ def main() -> None:
         "report) and rewrite only its section of --out",
     )
     parser.add_argument("--long-run-steps", type=int, default=100_000, help="steps of --only-long-run's run")
+    parser.add_argument(
         "--only-fit-weights",
         action="store_true",
         help="measure only the cost of weights=True in fit() and rewrite only its section of --out",
