@@ -33,16 +33,7 @@ CASES = [GAN_CASE, WGAN_CASE, *SINGLE_CASES, *BODY_CASES, *CALL_CASES]
 # part; a one-tape step is the standard step's case (tests/keras/test_fit_neutral.py).
 XLA_CASES = [GAN_CASE, WGAN_CASE, CYCLEGAN_CASE, SIMCLR_CASE]
 PARAMS = [(c, m) for c in CASES for m in ("graph", "eager")] + [(c, "xla") for c in XLA_CASES]
-# weights=True in graph mode: the weight records' second backward pass changes how grappler rewrites the update of
-# a LayerNormalization + Dense block (its last bits); the step's own gradients, recorded as they are, will not.
-KNOWN = {
-    ("captions", "graph"): pytest.mark.xfail(
-        strict=False,
-        raises=AssertionError,
-        reason="weights=True's second backward pass changes a LayerNormalization step's update in graph mode",
-    )
-}
-PARAMS = [pytest.param(c, m, marks=KNOWN.get((c.name, m), ()), id=f"{c.name}-{m}") for c, m in PARAMS]
+PARAMS = [pytest.param(c, m, id=f"{c.name}-{m}") for c, m in PARAMS]
 pytestmark = pytest.mark.timeout(600)
 
 
