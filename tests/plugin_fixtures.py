@@ -7,6 +7,7 @@ tests can compare every route's numbers with it and recompute them with numpy.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import zlib
@@ -247,11 +248,17 @@ class InProcess:
         `read_ahead`: the plugin reads the statistics in the background (`plugin.prefetch`), as TensorBoard's does."""
         from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
+        from tb_layergrad.reader.record_index import LocalProvider
+
         self.logdir = logdir
+        self._keep = keep
         self.multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: keep})
         self.multiplexer.AddRunsFromDirectory(logdir)
         self.multiplexer.Reload()
-        self.provider = RecordingProvider(data_provider.MultiplexerDataProvider(self.multiplexer, logdir))
+        provider = data_provider.MultiplexerDataProvider(self.multiplexer, logdir)
+        if not keep:  # as the plugin reads a local logdir by default: its own series from the event files
+            provider = LocalProvider(provider, logdir)
+        self.provider = RecordingProvider(provider)
         self.prefix = path_prefix
         self._plugin_options = {"frontend_root": frontend_root, "read_ahead": read_ahead}
         self._serve()
@@ -264,7 +271,10 @@ class InProcess:
 
         from tb_layergrad.plugin.loader import LayerGradPlugin
 
-        context = base_plugin.TBContext(logdir=self.logdir, data_provider=self.provider)
+        # As TensorBoard's flags after the loader's `fix_flags`: a `keep` of the user's; else none (the plugin
+        # reads the local event files, `reader.record_index`).
+        flags = argparse.Namespace(samples_per_plugin={metadata.PLUGIN_NAME: self._keep}) if self._keep else None
+        context = base_plugin.TBContext(logdir=self.logdir, data_provider=self.provider, flags=flags)
         self.plugin = LayerGradPlugin(context, **self._plugin_options)
         self.app = application.TensorBoardWSGI([self.plugin], data_provider=self.provider, path_prefix=self.prefix)
         self.client = wtest.Client(self.app)

@@ -3,11 +3,13 @@
 The loader exists for one reason besides creating the plugin: TensorBoard
 samples third-party tensor series at ingest (10 points per series with the
 Python loader, 100 with the Rust data server), so a user logging 5,000 steps
-would silently see 10, and the step with the NaN could be the one dropped.
-`fix_flags` runs after argument parsing and before data loading starts, so
-setting `samples_per_plugin[layergrad] = 0` ("keep all") there reaches both
-loaders. A value the user gave for `layergrad` is left alone: that is how to
-bound memory on very long runs (`--samples_per_plugin=layergrad=2000`).
+would silently see 10, and the step with the NaN could be the one dropped;
+keeping every record instead costs TensorBoard 2-4 bytes of memory per byte of
+file. `fix_flags` runs after argument parsing and before data loading starts,
+so what it sets reaches both loaders: for a local logdir `layergrad = 1` (each
+series' last record; the plugin reads every step from the event files,
+`reader.record_index`), else `0` ("keep all"). A value the user gave for
+`layergrad` is left alone, and the tab then shows what TensorBoard kept.
 
 TensorBoard imports this module while it starts, and an ImportError here stops TensorBoard: so it imports
 only the standard library, TensorBoard and `metadata`; the routes (numpy, the reader) are imported when the
@@ -33,6 +35,9 @@ ES_MODULE_PATH = "/index.js"
 # 0 means "keep every point" to both the Python multiplexer and (translated to
 # "all" by TensorBoard's server_ingester) the Rust data server.
 KEEP_ALL = 0
+# What TensorBoard keeps of a series when the plugin reads its records from the event files itself (a local
+# logdir): both loaders keep a series' last record, so the tab stays listed; every step is read from the file.
+KEEP_LAST = 1
 # The plugin's own flag: read the runs' statistics ahead of the tab (`prefetch`).
 PREFETCH = "layergrad_prefetch"
 
@@ -46,6 +51,12 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
+def local_logdir(logdir: Optional[str], logdir_spec: Optional[str] = None) -> bool:
+    """Whether the plugin reads its records from the event files itself: a local `--logdir` (not a URL such as
+    `gs://`, read by TensorBoard through TensorFlow's file systems, nor a `--logdir_spec` of several)."""
+    return bool(logdir) and "://" not in logdir and not logdir_spec
+
+
 def _parse_samples(value: str) -> Dict[str, int]:
     """Parse the `name=count,name=count` form, as `--samples_per_plugin` does."""
     result: Dict[str, int] = {}
@@ -55,6 +66,17 @@ def _parse_samples(value: str) -> Dict[str, int]:
             name, _, count = token.partition("=")
             result[name.strip()] = int(count)
     return result
+
+
+def reads_event_files(flags: Any, logdir: str) -> bool:
+    """Whether the plugin reads its series from the event files (`reader.record_index`) rather than from what
+    TensorBoard kept: a local logdir, unless the user chose what TensorBoard keeps of `layergrad`
+    (`--samples_per_plugin=layergrad=N`: the tab shows what TensorBoard kept, as that flag asks)."""
+    if flags is None:
+        return local_logdir(logdir)
+    samples = getattr(flags, "samples_per_plugin", None)
+    kept = samples.get(metadata.PLUGIN_NAME) if isinstance(samples, dict) else None
+    return kept == KEEP_LAST and local_logdir(logdir, getattr(flags, "logdir_spec", None))
 
 
 class LayerGradLoader(base_plugin.TBLoader):
@@ -88,7 +110,8 @@ class LayerGradLoader(base_plugin.TBLoader):
         else:
             samples = dict(samples)
         if metadata.PLUGIN_NAME not in samples:
-            samples[metadata.PLUGIN_NAME] = KEEP_ALL
+            local = local_logdir(getattr(flags, "logdir", None), getattr(flags, "logdir_spec", None))
+            samples[metadata.PLUGIN_NAME] = KEEP_LAST if local else KEEP_ALL
         flags.samples_per_plugin = samples
 
     def load(self, context: base_plugin.TBContext) -> Optional[base_plugin.TBPlugin]:
@@ -114,14 +137,22 @@ class LayerGradPlugin(base_plugin.TBPlugin):
         from tb_layergrad.plugin.routes import Routes
         from tb_layergrad.plugin.static import StaticFiles
 
+        flags = getattr(context, "flags", None)
         if read_ahead is None:
-            read_ahead = bool(getattr(getattr(context, "flags", None), PREFETCH, False))
+            read_ahead = bool(getattr(flags, PREFETCH, False))
+        logdir = getattr(context, "logdir", None) or ""
+        provider, multiplexer = context.data_provider, getattr(context, "multiplexer", None)
+        # A provider that reads the event files already (it has their `index`) is not wrapped again.
+        if provider is not None and getattr(provider, "index", None) is None and reads_event_files(flags, logdir):
+            from tb_layergrad.reader.record_index import LocalProvider
+
+            provider, multiplexer = LocalProvider(provider, logdir), None
         self._routes = Routes(
-            context.data_provider,
+            provider,
             StaticFiles(frontend_root),
-            multiplexer=getattr(context, "multiplexer", None),
+            multiplexer=multiplexer,
             read_ahead=read_ahead,
-            logdir=getattr(context, "logdir", None) or "",
+            logdir=logdir,
         )
 
     def get_plugin_apps(self) -> Dict[str, Callable]:

@@ -147,7 +147,7 @@ class Damage:
 
 
 @dataclasses.dataclass
-class _FileState:
+class FileState:
     """How far one file was verified: every record before `offset` is whole and its checksums match."""
 
     offset: int = 0
@@ -186,7 +186,7 @@ class Scanner:
         self.logdir = logdir
         self.checked = bool(logdir) and "://" not in logdir
         self._settled_s = settled_s
-        self._files: Dict[str, _FileState] = {}
+        self._files: Dict[str, FileState] = {}
         self._lock = threading.RLock()
         self._bytes_read = 0
 
@@ -205,7 +205,7 @@ class Scanner:
                 for name in sorted(files):
                     path = os.path.normpath(os.path.join(folder, name))
                     seen.add(path)
-                    state = self._files.setdefault(path, _FileState())
+                    state = self._files.setdefault(path, FileState())
                     self._bytes_read += _advance(path, state)
                     found = self._damage_of(run, path, state, now)
                     if found is not None:
@@ -250,7 +250,7 @@ class Scanner:
             if names:
                 yield folder, names
 
-    def _damage_of(self, run: str, path: str, state: _FileState, now: float) -> Optional[Damage]:
+    def _damage_of(self, run: str, path: str, state: FileState, now: float) -> Optional[Damage]:
         rel = os.path.relpath(path, self.logdir).replace(os.sep, "/")
         common = dict(run=run, file=rel, size=max(state.size, 0), records=state.records, step=state.step)
         if state.unreadable:
@@ -266,7 +266,7 @@ class Scanner:
         return None
 
 
-def _advance(path: str, state: _FileState) -> int:
+def _advance(path: str, state: FileState) -> int:
     """Verify the records appended to `path` since `state` was taken (a file that shrank: anew); returns the
     bytes read."""
     try:
@@ -296,7 +296,7 @@ def _advance(path: str, state: _FileState) -> int:
     return read
 
 
-def _needed(fh, state: _FileState) -> int:
+def _needed(fh, state: FileState) -> int:
     """The bytes the record at `state.offset` takes, when its header says more than a chunk."""
     head = fh.read(_HEADER)
     fh.seek(state.offset)
@@ -310,21 +310,30 @@ def read_records(path: str) -> Iterator[bytes]:
     """The payload of every whole record of the event file `path` whose checksums match, in order, up to the
     first damage or partial record: the records TensorBoard's loaders read, checked as `Scanner` checks them
     (many at once), for readers that would otherwise check each byte in Python (`event_files`)."""
-    state = _FileState()
+    state = FileState()
+    for _, payload in read_new_records(path, state):
+        yield bytes(payload)
+
+
+def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryview]]:
+    """(offset in the file, payload) of each whole record of `path` after `state.offset` whose checksums match,
+    in order, up to the first damage or partial record; `state` advances past each chunk read, so the next
+    call reads what was appended since (an index kept as a file grows, `record_index`)."""
     with open(path, "rb") as fh:
         state.size = os.fstat(fh.fileno()).st_size
         while state.offset < state.size and state.stopped is None:
             fh.seek(state.offset)
+            start = state.offset
             buf = fh.read(max(CHUNK_BYTES, _needed(fh, state)))
             good: List[Tuple[int, int]] = []
             if not buf or _verify(buf, state, good) == 0:
                 break
             view = memoryview(buf)
-            for start, length in good:
-                yield bytes(view[start : start + length])
+            for at, length in good:
+                yield start + at, view[at : at + length]
 
 
-def _verify(buf: bytes, state: _FileState, good: Optional[List[Tuple[int, int]]] = None) -> int:
+def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] = None) -> int:
     """Verify the whole records at the start of `buf` (read at `state.offset`); returns the bytes accepted.
     `good`: (start, length) in `buf` of each accepted record's payload is appended to it."""
     view = memoryview(buf)

@@ -25,7 +25,7 @@ from tensorboard_process import tensorboards
 from tolerances import gamma
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin.loader import LayerGradLoader
+from tb_layergrad.plugin.loader import KEEP_LAST, LayerGradLoader
 
 USER_SAMPLES = 50
 CONFIGS = {
@@ -165,19 +165,20 @@ def test_real_server_never_serves_outside_the_frontend(servers, raw):
 # -- the loader's flag fix, without starting a server ----------------------------------------------
 
 
-def configured_flags(argv=(), **kwargs):
+def configured_flags(argv=(), logdir=("--logdir", "/nonexistent"), **kwargs):
     from tensorboard import default, program
 
     tb = program.TensorBoard(plugins=default.get_plugins() + [LayerGradLoader()])
-    tb.configure(argv=["", "--logdir", "/nonexistent", *argv], **kwargs)
+    tb.configure(argv=["", *logdir, *argv], **kwargs)
     return tb.flags
 
 
-def test_fix_flags_keeps_everything_unless_the_user_says_otherwise():
-    assert configured_flags().samples_per_plugin == {metadata.PLUGIN_NAME: 0}
+def test_fix_flags_keeps_the_last_record_of_a_local_logdir_every_record_elsewhere_unless_the_user_says():
+    # A local logdir: TensorBoard keeps each series' last record, the plugin reads the event files itself.
+    assert configured_flags().samples_per_plugin == {metadata.PLUGIN_NAME: KEEP_LAST}
     assert configured_flags(["--samples_per_plugin", "images=3"]).samples_per_plugin == {
         "images": 3,
-        metadata.PLUGIN_NAME: 0,
+        metadata.PLUGIN_NAME: KEEP_LAST,
     }
     assert configured_flags(["--samples_per_plugin", "layergrad=7,images=3"]).samples_per_plugin == {
         "images": 3,
@@ -185,8 +186,14 @@ def test_fix_flags_keeps_everything_unless_the_user_says_otherwise():
     }
     assert configured_flags(samples_per_plugin="scalars=9").samples_per_plugin == {
         "scalars": 9,
-        metadata.PLUGIN_NAME: 0,
+        metadata.PLUGIN_NAME: KEEP_LAST,
     }
+    # Read by TensorBoard alone (a URL, several logdirs): every record kept, as the user may still say otherwise.
+    for logdir in (("--logdir", "gs://bucket/logs"), ("--logdir_spec", "a:/tmp/a,b:/tmp/b")):
+        assert configured_flags(logdir=logdir).samples_per_plugin == {metadata.PLUGIN_NAME: 0}
+        assert configured_flags(["--samples_per_plugin", "layergrad=7"], logdir=logdir).samples_per_plugin == {
+            metadata.PLUGIN_NAME: 7
+        }
 
 
 def test_the_entry_point_is_the_loader():
