@@ -226,6 +226,10 @@ def make_spec(index: int, row: Dict) -> StepSpec:
             continue
         ask = opt_ask[opt]
         calls.append(CallSpec(ask, _chain(r, ask, subs), r.choice(("optimizer", "later")), opt))
+    if {i for c in calls for i in range(c.chain[0], c.chain[1] + 1)} != set(range(subs)):
+        # every sub-model runs in the step: one it never runs would stay unbuilt in a lazy model, which changes
+        # what "all of the model's trainable weights" is
+        calls[0] = dataclasses.replace(calls[0], chain=(0, subs - 1))
     loop_at = r.randrange(len(sizes)) if row["loop"] else -1
     penalty_at = r.randrange(len(sizes)) if row["penalty"] else -1
     tapes, start = [], 0
@@ -807,7 +811,9 @@ def test_the_examples_cover_the_space():
 
 def test_a_failure_prints_a_runnable_reproduction(tmp_path):
     """The reproduction a failing example prints runs as it is (here: its model builds, its step traces)."""
-    spec = next(s for s in EXAMPLES if any(t.penalty for t in s.tapes) and any(t.loop > 1 for t in s.tapes))
+    spec = next(
+        s for s in EXAMPLES if any(t.penalty for t in s.tapes) and any(t.loop > 1 for t in s.tapes) and not s.lazy
+    )
     source = reproduction(spec).replace("'logs'", repr(str(tmp_path / "logs")))
     namespace: dict = {}
     exec(source, namespace)  # noqa: S102
