@@ -469,18 +469,25 @@ def weight_table(root) -> Dict[str, object]:
 
 
 class Snapshots(keras.callbacks.Callback):
-    """The weights (by path) before and after each execution, keyed by the count of its first / last batch."""
+    """The weights (by path) before each execution, keyed by the count of its first batch, and after each one, by
+    the count of its last: the weights before the next one (Keras passes the first batch's index at the end of an
+    execution in some versions, its last in others), and at the end of training."""
 
     def __init__(self) -> None:
         super().__init__()
         self.before: Dict[int, Dict[str, np.ndarray]] = {}
         self.after: Dict[int, Dict[str, np.ndarray]] = {}
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self.before[batch + 1] = {k: v.numpy() for k, v in weight_table(self.model).items()}
+    def _weights(self) -> Dict[str, np.ndarray]:
+        return {k: v.numpy() for k, v in weight_table(self.model).items()}
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.after[batch + 1] = {k: v.numpy() for k, v in weight_table(self.model).items()}
+    def on_train_batch_begin(self, batch, logs=None):
+        self.before[batch + 1] = self._weights()
+        if batch > 0:
+            self.after[batch] = self.before[batch + 1]
+
+    def on_train_end(self, logs=None):
+        self.after[BATCHES] = self._weights()
 
 
 def fit(spec: StepSpec, log_dir: str, logged: bool):
@@ -774,14 +781,15 @@ def check(spec: StepSpec, tmp_path) -> List[str]:
                     with findings.check(f"values {name}"):
                         _check_target(series, name, s, call)
         if s in snaps.after:  # the re-run replays the step's updates: it reaches the weights fit() left
-            for key, want in snaps.after[s].items():
-                assert_same_float32_math(
-                    reference.weights()[key],
-                    want,
-                    reference.since_reset * reference.base,
-                    f"re-run: {key} after batch {s}",
-                )
+            with findings.check("re-run"):
+                _check_replay(reference, snaps.after[s], s)
     return findings.report()
+
+
+def _check_replay(reference: Reference, after: Dict[str, np.ndarray], s: int) -> None:
+    for key, want in after.items():
+        got = reference.weights()[key]
+        assert_same_float32_math(got, want, reference.since_reset * reference.base, f"{key} after batch {s}")
 
 
 @pytest.mark.parametrize("spec", EXAMPLES, ids=[s.id for s in EXAMPLES])
