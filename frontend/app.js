@@ -4,7 +4,7 @@
 import { api, isAbort } from "./api.js";
 import { tooltip } from "./charts/tooltip.js";
 import { h, replace, select, setOptions } from "./dom.js";
-import { defaultTarget, findRun, layerKey, layersWith, pickableLayers, signature } from "./model.js";
+import { DEFAULT_TARGET, defaultTarget, findRun, layerKey, layersWith, pickableLayers, signature } from "./model.js";
 import { Poller } from "./poll.js";
 import { UrlState } from "./state.js";
 import { CompareView } from "./views/compare.js";
@@ -14,9 +14,14 @@ import { LayerView } from "./views/layer.js";
 import { OverviewView } from "./views/overview.js";
 import { RunsView } from "./views/runs.js";
 
-const override = Number(globalThis.__LAYERGRAD_POLL_MS); // tests shorten the interval
-const POLL_MS = override >= 200 ? override : 12_000;
-const EMPTY_POLL_MS = override >= 200 ? override : 4_000;
+const POLL_MS = 12_000;
+const EMPTY_POLL_MS = 4_000;
+
+/** The time between refreshes: the URL's `lg_refresh` (seconds, at least 1) if set, else by whether runs exist. */
+function pollMs(state, hasRuns) {
+  if (state.refresh) return Math.max(1, state.refresh) * 1000;
+  return hasRuns ? POLL_MS : EMPTY_POLL_MS;
+}
 
 const VIEWS = [
   ["runs", "Runs"],
@@ -33,6 +38,7 @@ export class App {
     this.runs = null;
     this.runsSig = "";
     this.earlySweep = null; // see start()
+    this.ownTargets = new Map(); // "run|source" -> the target a run opens on when none is asked (`_ownTarget`)
     this.controls = [];
     this.views = {};
     this.current = null;
@@ -75,7 +81,7 @@ export class App {
     }
     await this.loadRuns();
     this.show();
-    this.poller = new Poller(() => this.poll(false), this.runs && this.runs.runs.length ? POLL_MS : EMPTY_POLL_MS);
+    this.poller = new Poller(() => this.poll(false), pollMs(this.state, Boolean(this.runs && this.runs.runs.length)));
   }
 
   /** The rows asked at start (`start`) for the Runs view's default query, once; null after, or for another query. */
@@ -118,7 +124,7 @@ export class App {
     const before = this.runsSig;
     if (!(await this.loadRuns())) return;
     const hasRuns = this.runs.runs.length > 0;
-    if (this.poller) this.poller.setInterval(hasRuns ? POLL_MS : EMPTY_POLL_MS);
+    if (this.poller) this.poller.setInterval(pollMs(this.state, hasRuns));
     if (hasRuns !== hadRuns) {
       this.show();
       return;
@@ -189,7 +195,8 @@ export class App {
       const withStats = runs.find((r) => layersWith(r, s.target ?? defaultTarget(r), s.source).length);
       s.run = (withStats || runs[0]).run;
     }
-    if (s.target === null) s.target = defaultTarget(findRun(this.runs, s.run)); // a target the URL names is kept
+    // A target the URL names is kept; else the run's own: `loss`, or the one of its targets in the worst state.
+    if (s.target === null) s.target = this.ownTargets.get(`${s.run}|${s.source}`) ?? defaultTarget(findRun(this.runs, s.run));
     if (s.view === "layer" && !s.layer) {
       const run = findRun(this.runs, s.run);
       const layers = run ? layersWith(run, s.target, s.source) : [];
@@ -197,6 +204,29 @@ export class App {
       if (first) s.layer = first.layer;
     }
     return s;
+  }
+
+  /**
+   * Whether the run shown needs its own target asked first: a run without `loss` and with several targets (a
+   * GAN's `discriminator` and `generator`) opens on the one in the worst state, the `sweep` route's row for it
+   * (the Runs view's choice, the report's worst), asked once per run and source; then `show` again.
+   */
+  _ownTarget() {
+    const s = this.state;
+    const run = findRun(this.runs, s.run ?? this.resolved().run);
+    if (s.target !== null || !run || run.targets.includes(DEFAULT_TARGET) || run.targets.length < 2) return false;
+    const key = `${run.run}|${s.source}`;
+    if (this.ownTargets.has(key)) return false;
+    this.ownTargets.set(key, defaultTarget(run)); // asked once; the first target until the answer says
+    const source = s.source && s.source !== "output" ? { source: s.source } : {};
+    api.sweep({ run: run.run, ...source })
+      .then((b) => {
+        const row = b.runs.find((r) => r.run === run.run);
+        if (row && row.target && run.targets.includes(row.target)) this.ownTargets.set(key, row.target);
+      })
+      .catch(() => {})
+      .finally(() => this.show());
+    return true;
   }
 
   setState(patch) {
@@ -238,6 +268,7 @@ export class App {
       replace(this.main, emptyState());
       return;
     }
+    if ((name === "overview" || name === "layer") && this._ownTarget()) return; // shown again once the run's own target is known
     if (!this.views[name]) this.views[name] = new { runs: RunsView, overview: OverviewView, layer: LayerView, compare: CompareView }[name](this);
     const view = this.views[name];
     if (this.current !== name || view.el.parentNode !== this.main) replace(this.main, view.el);

@@ -121,3 +121,53 @@ def test_custom_step_training_unchanged_under_the_strategy(gan_run, mode):
     assert n == 8  # both sub-models' kernels and biases
     for i in range(n):
         np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])
+
+
+# keras.io's CycleGAN (tests/distribute_scripts/fit_calls_mirrored.py): one persistent tape asked four times,
+# 4 batches of 8, 4 per replica. A record's reduction path: each loss over its 4 x 4 terms, each sub-model's
+# contractions forward and back (generators 4 -> 5 -> 4, discriminators 4 -> 4 -> 1), a generator's loss through
+# both generators and a discriminator.
+CALLS_PATH = 4 * 4 * 6 + 3 * 2 * ((4 + 5) + (5 + 4) + (4 + 4) + (4 + 1))
+CALLS = ("generator_G", "generator_F", "discriminator_X", "discriminator_Y")
+
+
+@pytest.fixture(scope="module")
+def calls_run(tmp_path_factory):
+    logdir = str(tmp_path_factory.mktemp("fit_calls_mirrored"))
+    dh.run_script("fit_calls_mirrored.py", [logdir, ",".join(MODES)], timeout=600)
+    return logdir
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_call_of_a_persistent_tape_on_every_replica(calls_run, mode):
+    """Each of the four calls is a target at every step; at the first (every replica on the initial weights, every
+    call before any update) equal to each replica's own tapes merged; training unchanged."""
+    series = read_series(os.path.join(calls_run, mode))
+    expected = np.load(os.path.join(calls_run, f"expected_{mode}.npz"))
+    assert {info.target for info, _ in series.values()} == set(CALLS)
+    for info, by_step in series.values():
+        assert sorted(by_step) == [1, 2, 3, 4], info
+    checked = {}
+    for key in expected.files:
+        target, source, path = key.split("|")
+        want = expected[key]
+        if source == "target":
+            (layer,) = {i.layer for i, _ in series.values() if i.target == target and i.source == "target"}
+            assert_close(
+                stat(one(series, f"{target}/target/{layer}/stats", 1), "mean"), want, f"{target} loss", CALLS_PATH
+            )
+            continue
+        checked.setdefault(target, set()).add((source, path))
+        st = one(series, f"{target}/{source}/{path}/stats", 1)
+        assert stat(st, "no_gradient") == (want.ndim == 0), key  # a layer its loss does not depend on
+        if want.ndim:
+            assert stat(st, "elements") == want.size, key
+            got = one(series, f"{target}/{source}/{path}/tensor", 1)
+            assert_close(got, bounded(want, 10_000), f"{target} {source} {path}", CALLS_PATH)
+    for target, paths in checked.items():
+        logged = {(i.source, i.layer) for i, _ in series.values() if i.target == target and i.source != "target"}
+        assert logged == paths, (target, sorted(logged ^ paths))
+    w = np.load(os.path.join(calls_run, f"weights_{mode}.npz"))
+    n = len(w.files) // 2
+    for i in range(n):
+        np.testing.assert_array_equal(w[f"arr_{i}"], w[f"arr_{i + n}"])

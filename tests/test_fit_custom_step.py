@@ -144,8 +144,8 @@ def test_step_without_a_tape_fails_clearly_and_restores(tmp_path):
 
 
 class TwoCallStep(keras.Model):
-    """A persistent tape asked twice (e.g. two objectives on two parts of the model): the first call is logged,
-    as a target named for the layer whose weights it asks for ("d2")."""
+    """A persistent tape asked twice (e.g. two objectives on two parts of the model): each call is a target,
+    named for the top-level layer whose weights it asks for ("d2", then "d1")."""
 
     def train_step(self, data):
         x, y = data
@@ -162,7 +162,7 @@ class TwoCallStep(keras.Model):
         return {"first": first, "second": second}
 
 
-def test_persistent_tape_asked_twice_logs_the_first_call(tmp_path):
+def test_persistent_tape_asked_twice_logs_each_call(tmp_path):
     original = dict(tf.GradientTape.__dict__)
     plain, _ = _train(TwoCallStep, "graph", [])
     saver = WeightsBeforeStep()
@@ -172,21 +172,12 @@ def test_persistent_tape_asked_twice_logs_the_first_call(tmp_path):
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
     series = read_series(log_dir(tmp_path))
-    assert {info.target for info, _ in series.values()} == {"d2"}
-    assert layergrad_steps(series, target="d2") == [1, 2, 3, 4]
+    assert {info.target for info, _ in series.values()} == {"d2", "d1"}
     x, y = _data()
-    check_step(
-        series,
-        3,
-        logged,
-        manual,
-        saver.before[3],
-        x[:8],
-        y[:8],
-        lambda yt, yp: _own_loss(logged, yt, yp),
-        with_weights=False,
-        target="d2",
-    )
+    losses = {"d2": lambda yt, yp: _own_loss(logged, yt, yp), "d1": lambda yt, yp: tf.reduce_mean(tf.abs(yp))}
+    for target, loss in losses.items():
+        assert layergrad_steps(series, target=target) == [1, 2, 3, 4]
+        check_step(series, 3, logged, manual, saver.before[3], x[:8], y[:8], loss, with_weights=False, target=target)
     # The tape class is as it was: the observation swaps its methods only while a step is traced.
     assert tf.GradientTape.__dict__["__enter__"] is original["__enter__"]
     assert tf.GradientTape.__dict__["gradient"] is original["gradient"]

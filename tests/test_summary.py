@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from numpy_reference import numpy_stats
+from reference_checks import check_histogram, check_stats
 from tb_reading import read_all, values_at
-from test_reliability_reductions import check_histogram, check_stats
 from tolerances import histogram_edge_atol
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
+from tb_layergrad.kernel import fused as fused_kernel
 
 S = metadata.STAT_INDEX
 

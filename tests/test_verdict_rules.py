@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tb_layergrad import nonfinite_origin
-from tb_layergrad.reader import anomalies, verdict
+from tb_layergrad.reader import anomalies
 
 STEPS = list(range(0, 80, 10))
 
@@ -36,7 +36,7 @@ def test_the_origin_comes_before_every_other_state_and_the_nan_it_reached_next()
     run.origin = nonfinite_origin.Origin(40, nonfinite_origin.PASS_BACKWARD, "m/b", "loss", ["m/a"])
     states = [(v.state, v.step, v.text) for v in run.verdicts()]
     assert states == [("nonfinite", 40, "NaN/Inf @40"), ("nan_origin", 40, "NaN/Inf born here @40"), ("ok", 70, "ok")]
-    cells = verdict.cell_states(run)
+    cells = anomalies.cell_states(run)
     assert cells[1, 4] == "nan_origin" and cells[1, 3] == "vanishing" and list(cells[0, 4:]) == ["nonfinite"] * 4
     (finding,) = [f for f in run.summary_json()["findings"] if f["kind"] == "nonfinite"]
     assert (finding["layer"], finding["step"], finding["line"]) == ("m/b", 40, run.origin.line)
@@ -54,10 +54,11 @@ def test_vanishing_through_time_only_when_nothing_else_holds():
     assert run.latest["vanishing_through_time"] == 2
 
 
-def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the_cell_states():
+def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_rides_beside_the_cell_states():
     """Three layers whose gradient falls 10^2.5 from step 60 of 120 (12 logged steps); m/c also vanishes against the
-    others at every step (a cell state: it comes first). With a stalled loss the two others vanish over steps; with a
-    loss that fell to ~0 (convergence) or without the loss's value, none does."""
+    others at every step (a cell state: it comes first, and its collapse is carried beside it, not dropped). With a
+    stalled loss all three vanish over steps; with a loss that fell to ~0 (convergence) or without the loss's value,
+    none does."""
     steps = list(range(0, 120, 10))
     fall = np.where(np.arange(12) >= 6, 10**-2.5, 1.0)
     rms = np.stack([fall, fall * 0.5, fall * 1e-4])
@@ -68,11 +69,16 @@ def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the
     assert got == [
         ("vanishing_over_steps", 60, "vanishing over steps @60"),
         ("vanishing_over_steps", 60, "vanishing over steps @60"),
-        ("vanishing", 0, "vanishing"),
+        ("vanishing", 0, "vanishing · vanishing over steps @60"),
     ]
-    assert [f["kind"] for f in stalled.summary_json()["findings"]] == ["vanishing", "vanishing_over_steps"]
-    assert stalled.latest["vanishing_over_steps"] == 2
-    cells = verdict.cell_states(stalled)
+    assert stalled.verdicts()[2].also == (
+        {"state": "vanishing_over_steps", "step": 60, "text": "vanishing over steps @60"},
+    )
+    found = stalled.summary_json()["findings"]
+    assert [f["kind"] for f in found] == ["vanishing", "vanishing_over_steps"] and found[1]["layers"] == layers
+    assert (found[0]["step"], found[1]["step"]) == (110, 60)  # "at the latest step (110)" opens step 110
+    assert stalled.latest["vanishing_over_steps"] == 3
+    cells = anomalies.cell_states(stalled)
     assert list(cells[0]) == ["ok"] * 6 + ["vanishing_over_steps"] * 6 and set(cells[2]) == {"vanishing"}
     converged = anomalies.evaluate(layers, steps, stats, target_values=np.geomspace(0.7, 1e-6, 12))
     assert [v.state for v in converged.verdicts()] == ["ok", "ok", "vanishing"]
@@ -81,7 +87,7 @@ def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the
 
 def test_the_states_in_their_order():
     """STATES is the precedence, most serious first (what a reader that counts or sorts verdicts relies on)."""
-    assert verdict.STATES == (
+    assert anomalies.STATES == (
         "nan_origin",
         "nonfinite",
         "exploding",
@@ -89,6 +95,7 @@ def test_the_states_in_their_order():
         "vanishing",
         "vanishing_over_steps",
         "vanishing_through_time",
+        "dominated",
         "ok",
     )
 

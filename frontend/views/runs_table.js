@@ -70,7 +70,7 @@ function verdictCell(r) {
   const td = h("td", { dataset: { col: "verdict", state: r.verdict ?? "" } });
   const kind = r.verdict ? stateChip(r.verdict) : null;
   if (r.verdict) {
-    const chip = h("span", { class: `lg-chip ${kind ? `lg-chip-${kind}` : "lg-chip-ok"}`, dataset: { state: r.verdict }, text: verdictWords(r.verdict), title: r.line || "" });
+    const chip = h("span", { class: `lg-chip ${kind ? `lg-chip-${kind}` : "lg-chip-ok"}`, dataset: { state: r.verdict }, text: r.verdict_text || verdictWords(r.verdict), title: r.line || "" });
     td.appendChild(r.verdict === "nan_origin" ? markOrigin(chip) : chip);
   }
   return td;

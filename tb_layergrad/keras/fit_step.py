@@ -5,11 +5,11 @@ unmodified: Keras' own (Keras 3 or tf_keras, whatever the version) or the
 model's override. While it runs (traces, in graph mode and XLA), an
 observation is active (`step_observation`): the layer hooks of `Capture` (and
 `TimestepProbe`) are installed, every `tf.GradientTape` the step enters has
-the outputs computed under it watched on it, and the first `tape.gradient(loss,
-weights)` call of each tape that asks for trainable weights is answered by ONE
-call for (weights, layer outputs, probes) whose weight part goes back to the
-step unchanged: one target per such tape (a GAN's discriminator, then
-generator). Watch-style capture adds no op to the forward pass, so training
+the outputs computed under it watched on it, and every `tape.gradient(loss,
+weights)` call that asks for trainable weights is answered by ONE call for
+(weights, layer outputs, probes) whose weight part goes back to the step
+unchanged: one target per such call (a GAN's discriminator, then generator; a
+persistent tape's every call). Watch-style capture adds no op to the forward pass, so training
 stays bitwise what it is without the callback; identity-style capture
 (custom gradients) would not (docs/FIT.md).
 
@@ -42,9 +42,10 @@ from tb_layergrad.keras import nonfinite_check, replica_payload, step_messages, 
 from tb_layergrad.keras.batch_count import BatchCount, advance, logged
 from tb_layergrad.keras.model_facts import model_train_step
 from tb_layergrad.keras.step_observation import StepObservation
-from tb_layergrad.summary import per_example_plan
+from tb_layergrad.summary import per_example_write
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.write import reduced_plan, when, write_step, write_step_checked
+from tb_layergrad.summary.conditions import when
+from tb_layergrad.summary.write import reduced_plan, write_step, write_step_checked
 
 PAYLOAD_KEY = "__tb_layergrad__"
 
@@ -151,12 +152,15 @@ class FitStep:
         """
         return self.config.weights and not self.config.xla and not tf.executing_eagerly()
 
-    def aux_tape(self) -> Optional[Any]:
-        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets."""
+    def aux_tape(self, persistent: bool = False) -> Optional[Any]:
+        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets.
+
+        `persistent`: the step's tape is, and each of its gradient calls asks this one again.
+        """
         n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
         if not n:
             return None
-        tape = tf.GradientTape(persistent=n > 1)
+        tape = tf.GradientTape(persistent=persistent or n > 1)
         tape._layergrad_own = True  # not one of the step's tapes (tape_observer)
         return tape
 
@@ -199,7 +203,7 @@ class FitStep:
             if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
                 per_example = merge_per_example(per_example, ctx)
             examples = examples + plans.Plan(
-                per_example=per_example_plan.from_norms(per_example, tape.name, tape.gmap, scale)
+                per_example=per_example_write.from_norms(per_example, tape.name, tape.gmap, scale)
             )
         main = dataclasses.replace(main, per_example=examples.per_example)
         for other in others:  # each further tape of the step: its own target (its loss's value, no activations)
@@ -349,7 +353,7 @@ class FitStep:
         output stops grappler's remapper from fusing it with its bias add and
         activation, which changes the forward pass's last bits. Inline, the branch's
         ops are the step's own and its dead reads go. The writes stay one call
-        (`summary.graph.cond_out_of_line`), handed the passes' results only.
+        (`summary.conditions.cond_out_of_line`), handed the passes' results only.
         """
 
         def run() -> None:

@@ -18,8 +18,8 @@ from tensorboard.data import provider as tb_provider
 from tb_layergrad import metadata
 from tb_layergrad.plugin import binned, bodies, example_bodies
 from tb_layergrad.plugin.layer_impl import int_list, stat_values
+from tb_layergrad.plugin.lookups import Reading, missing_series
 from tb_layergrad.plugin.queries import CompareQuery, NoiseScaleQuery, RunQuery
-from tb_layergrad.plugin.reading import Reading, missing_series
 from tb_layergrad.plugin.responses import RawJson, csv_number, csv_text, dumps, float_rows_json
 from tb_layergrad.reader import (
     catalog,
@@ -143,7 +143,7 @@ def compare_impl(reading: Reading, ctx: object, eid: str, q: CompareQuery) -> di
 
 
 def csv_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> Tuple[str, str]:
-    """(CSV text, file name) of the stored statistics of one layer, or of every layer, of one run."""
+    """(CSV text, file name) of the stored statistics (as read) of one layer, or of every layer, of one run."""
     if q.layer is not None:
         rc = reading.run_catalog(ctx, eid, q.run)
         chosen, src = [rc.require(q.layer, q.target, q.source, metadata.KIND_STATS)], reading.source(ctx, eid, rc)
@@ -154,8 +154,10 @@ def csv_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> Tuple[str,
     for s in chosen:
         t = tables[s.key]
         names = [q.run, q.target, q.source, s.info.layer, str(src.rc.layer_index(s.info.layer))]
-        for step, wall, record in zip(t.steps, t.wall_times, t.table):
-            stats = [csv_number(v, name in series.COUNT_STATS) for name, v in zip(series.STORED_STATS, record)]
+        # As read (`series.stat_column`): a `norm` without a finite element is nan, like the other moments.
+        columns = [t.column(name) for name in series.STORED_STATS]
+        for j, (step, wall) in enumerate(zip(t.steps, t.wall_times)):
+            stats = [csv_number(col[j], name in series.COUNT_STATS) for name, col in zip(series.STORED_STATS, columns)]
             rows.append([*names, str(int(step)), csv_number(wall), *stats])
     header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
     filename = "layergrad-" + (_UNSAFE_FILENAME.sub("_", q.run).strip("._") or "run") + ".csv"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from tb_layergrad import metadata
+from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.queries import SweepQuery
-from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import finite_or_none
 from tb_layergrad.reader import catalog, hparams, run_health
 
@@ -24,6 +24,8 @@ def _rows(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> Tuple[Dict[
     listing = reading.lister.list_tensors(ctx, experiment_id=eid, plugin_name=metadata.PLUGIN_NAME)
     rows: Dict[str, Optional[dict]] = {}
     for run in sorted(listing):
+        if q.run is not None and run != q.run:
+            continue
         rows[run] = reading.health.get(eid, run, q.target, q.source, catalog.listing_signature(listing[run]))
     unknown = {run: listing[run] for run, row in rows.items() if row is None}
     cat = catalog.from_listing(unknown) if unknown else catalog.Catalog({}, [])

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional
 
+from tensorboard import context as tb_context
+
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import catalog, event_files, hparams, origin, run_anomalies, series
 from tb_layergrad.reader.run_source import RunSource
@@ -41,14 +43,16 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
 
     Columns: run, layer, index (position in the model), target, source, step,
     wall_time, then every stored statistic of docs/FORMAT.md and the derived ones of
-    docs/HTTP_API.md (NaN where undefined), then the per-example columns
+    docs/HTTP_API.md (NaN where undefined: a statistic of the finite elements of a
+    tensor that has none, its `norm` included), then the per-example columns
     `example_norm_min`, `example_norm_median`, `example_norm_max`,
     `example_norm_top_share` (each example's own gradient norm over the batch,
     `GradientLogger(per_example=True)`; NaN where not written, and where the
     layer has no exact per-example number), then `state`: the verdict of the
     cell, as the tab and `tb-layergrad report` show it (docs/ANOMALIES.md, "One
-    verdict"): `ok`, `nonfinite`, `exploding`, `dead`, `vanishing` or
-    `vanishing_over_steps` (from the step a layer's gradient collapsed on) for a
+    verdict"): `ok`, `nonfinite`, `exploding`, `dead`, `vanishing`,
+    `vanishing_over_steps` (from the step a layer's gradient collapsed on) or
+    `dominated` (a step where one example carried most of the layer's gradient) for a
     gradient, `ok` or `nonfinite` for an activation or a target value, and
     `nan_origin` on the one cell where the first NaN/Inf was born. Then one column `hp/<name>` per
     hyperparameter any run was trained with, sorted by name, as logged with TensorBoard's HParams API
@@ -58,7 +62,8 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     `GradientLogger(log_dir)` writes to `log_dir/train`, which gets `hp.KerasCallback(log_dir)`'s. Rows
     are ordered by run, model order, target, source, step; a run's target series come after its layers.
 
-    `source` is "output" (gradient w.r.t. the layer output), "weight" (w.r.t. a
+    `source` tells the four kinds of row apart (filter on it first): "output"
+    (gradient w.r.t. the layer output), "weight" (w.r.t. a
     variable), "activation" (the layer output itself, the forward value: its
     `target` is "forward") or "target" (the differentiated scalar itself, e.g. the
     loss value: `layer` and `target` are both its name, `index` -1). So
@@ -109,8 +114,6 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
 
 
 def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
-    from tensorboard import context as tb_context
-
     provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "", runs)
@@ -201,8 +204,6 @@ def origins(
     The `Origin` of `tb_layergrad.nonfinite_origin` (`.step`, `.pass_`, `.origin`, `.line`,
     `.to_json()`); `load(logdir).attrs["nonfinite_origin"]` holds the same as dicts.
     """
-    from tensorboard import context as tb_context
-
     with event_files.tensorflow_free(logdir):
         provider = event_files.open_provider(logdir)
         ctx = tb_context.RequestContext()
