@@ -309,3 +309,38 @@ def test_a_call_inside_tf_cond_is_warned_about_and_the_others_logged(tmp_path):
     series = read_series(log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"a"}
     assert layergrad_steps(series, "a") == [1, 2]
+
+
+class ListStep(keras.Model):
+    """A call on a list of losses (tf.GradientTape sums them): one target, whose value is their sum."""
+
+    def __init__(self):
+        super().__init__(name="listed")
+        self.net = _stack("net")
+
+    def call(self, x):
+        return self.net(x)
+
+    def train_step(self, x):
+        with tf.GradientTape() as tape:
+            y = self.net(x)
+            losses = [tf.reduce_mean(tf.square(y)), tf.reduce_mean(tf.abs(y - x))]
+        grads = tape.gradient(losses, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"sum": losses[0] + losses[1]}
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_a_list_of_losses_is_one_target_valued_at_their_sum(tmp_path, mode):
+    keras.utils.set_random_seed(8)
+    model = ListStep()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), **compile_kwargs(mode))
+    x = np.random.default_rng(8).normal(size=(BATCH, 4)).astype(np.float32)
+    model(x[:1])
+    y = model.net(x)
+    want = float(tf.reduce_mean(tf.square(y)) + tf.reduce_mean(tf.abs(y - x)))
+    model.fit(x, batch_size=BATCH, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+    series = read_series(log_dir(tmp_path))
+    assert {info.target for info, _ in series.values()} == {"loss"}
+    (layer,) = {i.layer for i, _ in series.values() if i.source == "target"}
+    assert_close(stat(one(series, f"loss/target/{layer}/stats", 1), "mean"), want, "sum of the losses", 4 * BATCH * 4)

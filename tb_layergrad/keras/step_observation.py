@@ -238,8 +238,8 @@ def target_name(tree: LayerTree, owners: Dict[int, tuple], asked: frozenset, tra
 
 
 def _is_scalar(target: Any) -> bool:
-    flat = tf.nest.flatten(target)
-    return len(flat) == 1 and getattr(flat[0], "shape", None) is not None and flat[0].shape.rank == 0
+    """One scalar tensor (not a list of one): what the step differentiates is then the target itself."""
+    return not tf.nest.is_nested(target) and getattr(target, "shape", None) is not None and target.shape.rank == 0
 
 
 def _is_variable(source: Any) -> bool:
