@@ -179,7 +179,8 @@ def anomalies_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict
 
 
 def noise_scale_impl(reading: Reading, ctx: object, eid: str, q: NoiseScaleQuery) -> dict:
-    """The gradient noise scale scalars of one or several runs (plugin `scalars`), raw: the tab smooths."""
+    """The gradient noise scale scalars of one or several runs (plugin `scalars`), and B_simple averaged with the
+    weight asked (`estimate`): computed here only, so that the chart and the `sweep` route's value agree."""
     runs = q.runs
     answer = reading.provider.read_scalars(
         ctx,
@@ -193,9 +194,10 @@ def noise_scale_impl(reading: Reading, ctx: object, eid: str, q: NoiseScaleQuery
     found = [n for n in runs if example_bodies.has_noise_scale(answer.get(n, {}))]
     return {
         "runs": runs,
+        "smoothing": q.smoothing,
         "missing": [n for n in runs if n not in found],
         "tags": dict(example_bodies.NOISE_SCALE_TAGS),
-        "series": [example_bodies.noise_scale_run(n, answer[n], q.start, q.end) for n in found],
+        "series": [example_bodies.noise_scale_run(n, answer[n], q.start, q.end, q.smoothing) for n in found],
     }
 
 
