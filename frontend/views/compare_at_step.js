@@ -2,7 +2,8 @@
 // depth profiles (statistic vs layer, model order). Each chart is drawn as soon as its own data arrive: the
 // depth profiles of every run come in one `depth` request, asked beside the view's `compare` request when the
 // step is known before its answer (a step in the URL, or the last: the default), so that both charts are drawn
-// in one frame; the histograms (one request per run) after it, so that a hundred of them never queue ahead.
+// in one frame; the histograms of every run in one `histograms_at` request, asked after it, so that they never
+// queue ahead of it.
 
 import { api, isAbort } from "../api.js";
 import { HistogramChart } from "../charts/histograms.js";
@@ -105,21 +106,20 @@ export class AtStepPanels {
     return { runs, keys, missing: b.missing };
   }
 
+  /** Every run's histogram at `step` (or its latest before) in one request: [{step, buckets} | null] per run. */
   async _fetchHists(state, d, step, signal) {
-    const one = async (params) => {
-      const b = await api.histograms({ ...params, start: step, end: step }, { signal });
-      return b.steps.length ? b : api.histograms({ ...params, end: step, max_steps: 2 }, { signal });
-    };
     const { target, source } = valuesOf(state);
-    return Promise.all(
-      d.runs.map(async (r, k) => {
-        // A run without histograms for the layer (stats only) is not asked: its answer would be a 404.
-        if (!d.paths[k] || !hasKind(findRun(this.app.runs, r), d.paths[k], target, source, "histogram")) return null;
-        const b = await one({ run: r, layer: d.paths[k], ...valuesOf(state) });
-        const n = b.steps.length - 1;
-        return n < 0 ? null : { step: b.steps[n], buckets: b.histograms[n] };
-      }),
-    );
+    // A run without histograms for the layer (stats only) is not asked: `missing` would name it anyway.
+    const asked = d.runs.map((r, k) => (d.paths[k] && hasKind(findRun(this.app.runs, r), d.paths[k], target, source, "histogram") ? k : -1)).filter((k) => k >= 0);
+    const out = d.runs.map(() => null);
+    if (!asked.length) return out;
+    const layers = asked.map((k) => d.paths[k]);
+    const layer = layers.every((l) => l === layers[0]) ? layers[0] : layers; // once when the runs share it
+    const b = await api.histogramsAt({ run: asked.map((k) => d.runs[k]), layer, step, ...valuesOf(state) }, { signal });
+    b.histograms.forEach((x, i) => {
+      if (x.step !== null && x.buckets.length) out[asked[i]] = { step: x.step, buckets: x.buckets };
+    });
+    return out;
   }
 
   _drawDepth(state, d, step, stat, depth) {

@@ -1,0 +1,67 @@
+"""The answer of `histograms_at`: one layer's histogram in each of several runs at one step.
+
+Why a route of its own: the compare view draws the histograms of every run it compares at the chosen step,
+and one `histograms` request per run put a hundred requests (and their listings) between the overlay and
+these outlines at a sweep's scale. Here the runs are listed in one catalog call, and each run's histogram is
+read at that step only, or, where the run has no record there, at the latest step before it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import numpy as np
+from tensorboard import errors
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin.queries import HistogramsAtQuery
+from tb_layergrad.plugin.reading import Reading
+from tb_layergrad.plugin.responses import float_matrix
+from tb_layergrad.reader import catalog, layer_points, series
+from tb_layergrad.reader.catalog import quote
+
+
+def _buckets(value: object) -> list:
+    arr = np.asarray(value, dtype=np.float64)
+    return float_matrix(arr.reshape(-1, 3)) if arr.size % 3 == 0 and arr.size else []
+
+
+def at_step(reading: Reading, ctx: object, eid: str, rc: catalog.RunCatalog, s: catalog.Series, step: Optional[int]):
+    """(the step read, its buckets) of series `s`: at `step`, else the latest step before it (None: the last);
+    (None, []) when the run has no record that early."""
+    src = reading.source(ctx, eid, rc)
+    points: series.Points = series.EMPTY
+    if step is not None:
+        points = layer_points.read_one(src, s, step, step)
+    if not len(points):
+        points = layer_points.read_one(src, s, None, step, max_steps=2)  # first and last kept: the last is wanted
+    if not len(points):
+        return None, []
+    return int(points.steps[-1]), _buckets(points.values[-1])
+
+
+def histograms_at_impl(reading: Reading, ctx: object, eid: str, q: HistogramsAtQuery) -> dict:
+    """Each run's histogram of its layer at `q.step` (or the latest step before it; None: each run's last); a
+    run without that histogram is named in `missing` (404 when none has it, or a run has no layergrad data)."""
+    cat = reading.catalog(ctx, eid, runs=q.runs)
+    for name in q.runs:
+        if name not in cat.runs:
+            cat.run(name)  # the catalog's own 404, naming the run
+    out: List[dict] = []
+    missing: List[str] = []
+    for name, layer in zip(q.runs, q.layers):
+        rc = cat.runs[name]
+        s = rc.find(layer, q.target, q.source, metadata.KIND_HISTOGRAM)
+        if s is None:
+            missing.append(name)
+            out.append({"run": name, "layer": layer, "step": None, "buckets": []})
+            continue
+        step, buckets = at_step(reading, ctx, eid, rc, s, q.step)
+        out.append({"run": name, "layer": layer, "step": step, "buckets": buckets})
+    if len(missing) == len(q.runs):
+        what = f"layer {quote(q.layers[0])}" if len(set(q.layers)) == 1 else "the layers asked"
+        raise errors.NotFoundError(
+            f"no {q.source!r} histograms of {what} for target {quote(q.target)} in any of the runs"
+        )
+    head = {"target": q.target, "source": q.source, "step": q.step, "runs": q.runs}
+    return {**head, "missing": missing, "histograms": out}
