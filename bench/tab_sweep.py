@@ -111,7 +111,10 @@ def compare_view(browser, tb: tab_latency.TensorBoard, runs: List[str], layer: s
     for _ in range(opens):
         frame = _open(browser, tb, state, len(runs), ["overlay", "depth", "hist"])
         t = frame.evaluate("() => window.__lgDrawn")
-        ends = {route: frame.evaluate(ENDS, route) for route in ("compare", "depth", "matrix", "histograms", "histograms_at")}
+        ends = {
+            route: frame.evaluate(ENDS, route)
+            for route in ("compare", "depth", "matrix", "histograms", "histograms_at")
+        }
         if not ends["compare"] or not ends["depth"]:
             raise RuntimeError(f"the compare view asked no compare or depth request: {ends}")
         overlay.append(t["overlay"] - max(e for e, _ in ends["compare"]))

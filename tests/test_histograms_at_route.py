@@ -43,7 +43,12 @@ def sweep(tmp_path_factory):
     for k in range(RUNS):
         v1 = stats_only(k)
         tables[run_name(k)] = lf.write_run(
-            str(logdir / run_name(k)), LAYERS, last_step(k) + 1, format_version=1 if v1 else 2, seed=k + 1, histograms=not v1
+            str(logdir / run_name(k)),
+            LAYERS,
+            last_step(k) + 1,
+            format_version=1 if v1 else 2,
+            seed=k + 1,
+            histograms=not v1,
         )
     lasts = {run_name(k): last_step(k) for k in range(RUNS)}
     with tensorboards(str(logdir), [("true", []), ("false", [])], str(tmp_path_factory.mktemp("logs"))) as procs:
@@ -83,7 +88,9 @@ def test_each_runs_histogram_at_the_step_or_the_latest_before(sweep, loader):
         assert h["step"] == last_step(k)  # the nearest recorded step at or before the one asked
         np.testing.assert_array_equal(np.array(h["buckets"]), want_buckets(tables, k, LAYER, h["step"]))
         one = tb.get_json(
-            PLUGIN_API + "histograms?" + urllib.parse.urlencode({"run": h["run"], "layer": LAYER, "start": h["step"], "end": h["step"]})
+            PLUGIN_API
+            + "histograms?"
+            + urllib.parse.urlencode({"run": h["run"], "layer": LAYER, "start": h["step"], "end": h["step"]})
         )
         assert one["steps"] == [h["step"]] and one["histograms"] == [h["buckets"]]
     assert tb.get_json(path(runs, step=asked), timeout=60) == body  # warm: the same answer

@@ -179,7 +179,9 @@ def test_compare_limits(tb):
     check_error(tb.get("histograms_at", too_many + [("layer", TENSOR_LAYER)]), 400)
     check_error(tb.get("histograms_at", [("layer", TENSOR_LAYER)]), 400)
     # `layer` once, or once per run: two layers for three runs is a 400 before any name is looked up.
-    body = check_error(tb.get("histograms_at", [("run", "a"), ("run", "b"), ("run", "c"), ("layer", "x"), ("layer", "y")]), 400)
+    body = check_error(
+        tb.get("histograms_at", [("run", "a"), ("run", "b"), ("run", "c"), ("layer", "x"), ("layer", "y")]), 400
+    )
     assert "once per run (3), got 2" in body["error"]
     check_error(tb.get("histograms_at", [("run", "train"), ("run", "nope"), ("layer", TENSOR_LAYER)]), 404)
     check_error(tb.get("histograms_at", [("run", "train"), ("run", "eval"), ("layer", "nope")]), 404)

@@ -163,7 +163,9 @@ def queries(draw, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, 
         "step": _INTS,
         "max_steps": _INTS,
         "points": _INTS,
-        "smoothing": st.one_of(st.sampled_from(["0", "0.6", ".999", "1", "0.9999", "-0", "1e-3", "0.6 ", "nan"]), _INTS),
+        "smoothing": st.one_of(
+            st.sampled_from(["0", "0.6", ".999", "1", "0.9999", "-0", "1e-3", "0.6 ", "nan"]), _INTS
+        ),
     }
     pairs: List[Tuple[str, str]] = []
     if draw(st.integers(0, 3)):  # mostly: a valid run (and layer) to mutate

@@ -88,9 +88,11 @@ export class LineChart {
     const yr = extent(ysAll, log);
     const plotW = width - M.left - M.right;
     const plotH = height - M.top - M.bottom;
+    svg.dataset.empty = !xr || !yr ? "1" : "0";
     if (!xr || !yr) {
       svg.appendChild(s("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "lg-empty-text", text: data.empty || "no finite values" }));
       this.scales = null;
+      replace(this.note);
       return;
     }
     let [y0, y1] = yr;
@@ -342,7 +344,7 @@ export class LineChart {
       const raw = q[RAW] ? q[RAW][n] : v;
       const shown = log && typeof raw === "number" && raw <= 0 ? `${fmtNum(raw)} (not drawn on a log scale)` : fmtNum(raw);
       const away = isOk(v, log) ? Math.abs(y(v) - py) : Infinity;
-      rows.push({ row: [q.name, q[RAW] && v !== raw ? `${fmtNum(v)} (raw ${shown})` : shown], q, v, away });
+      rows.push({ row: [q.name, q[RAW] && v !== raw && v !== null ? `${fmtNum(v)} (raw ${shown})` : shown], q, v, away });
     }
     // The line under the pointer (within a few pixels) is the one hovered.
     const near = rows.reduce((a, b) => (b.away < (a ? a.away : HOVER_PX) ? b : a), null);
