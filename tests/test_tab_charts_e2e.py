@@ -632,3 +632,31 @@ def test_an_axis_has_one_number_format(env):
         ["1e-4", "1e-3", "1e-2"],
         ["0.2", "0.4"],
     ]
+
+
+def test_compare_breaks_a_runs_line_where_it_recorded_no_value_and_joins_steps_it_did_not_record(env):
+    """Compare: `gaps` tells a step recorded without a value (the norm overflowed at BIG_STEP: the line breaks)
+    from one not recorded (steps 20-24: joined, as TensorBoard joins a run logged at other steps)."""
+    frame = env["browser"].open(
+        env["tb"].base, {"view": "compare", "runs": f'["{tr.GAPS}"]', "layer": "net/big", "stat": "norm"}
+    )
+    frame.wait_for_selector(f'.lg-panel-wide path.lg-line[data-series="{tr.GAPS}"]')
+    body = frame.evaluate(
+        """async () => {
+            const e = performance.getEntriesByType('resource').filter((r) => new URL(r.name).pathname.endsWith('/compare'));
+            return (await fetch(e[e.length - 1].name)).json();
+        }"""
+    )
+    assert body["steps"] == tr.GAP_STEPS and body["gaps"] == [[tr.GAP_STEPS.index(tr.BIG_STEP)]]
+    for w in (0.6, 0.0):
+        frame.locator(".lg-compare-smoothing").fill(str(w))
+        frame.wait_for_function(
+            f"() => document.querySelector('.lg-compare-smoothing-value')?.textContent === '{w:.3f}'"
+        )
+        svg = frame.locator(".lg-panel-wide svg.lg-lines")
+        for sel in ("path.lg-line", "path.lg-line-raw") if w else ("path.lg-line",):
+            d = svg.locator(sel).first.get_attribute("d")
+            parts = [cf.path_points("M" + p) for p in d.split("M")[1:]]
+            assert [len(p) for p in parts] == [tr.BIG_STEP, len(tr.GAP_STEPS) - tr.BIG_STEP - 1], (sel, w)
+    assert "no value at 1 step (12)" in frame.locator(".lg-panel-wide .lg-chart-note").inner_text()
+    frame.locator(".lg-compare-smoothing").fill("0.6")
