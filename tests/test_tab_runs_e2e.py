@@ -411,6 +411,7 @@ def test_scatter_places_one_point_per_run_by_its_values(demo_tab):
 
 INSIDE = """() => {
   const f = document.querySelector('.lg-scatter rect.lg-frame');
+  if (!f) return [];  // nothing to plot for this measure
   const [x, y, w, h] = ['x', 'y', 'width', 'height'].map((k) => Number(f.getAttribute(k)));
   return Array.from(document.querySelectorAll('.lg-scatter-point')).map((c) => {
     const [cx, cy, r] = ['cx', 'cy', 'r'].map((k) => Number(c.getAttribute(k)));
@@ -430,6 +431,7 @@ def test_scatter_points_are_whole_inside_the_plot_on_every_axis(demo_tab):
             state = {"view": "runs", "sx": sx, "sy": sy, **({} if xlog is None else {"xlog": "1" if xlog else "0"})}
             frame = demo_tab["browser"].open(demo_tab["tb"].base, state)
             frame.wait_for_selector(".lg-runs[data-draw-ms]", timeout=30_000)
+            frame.wait_for_selector(".lg-scatter rect.lg-frame, .lg-scatter .lg-empty-text", state="attached")
             points = frame.evaluate(INSIDE)
             assert [p for p in points if not p["inside"]] == [], (sx, xlog, sy)
 

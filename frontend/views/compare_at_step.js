@@ -2,8 +2,8 @@
 // depth profiles (statistic vs layer, model order). Each chart is drawn as soon as its own data arrive: the
 // depth profiles of every run come in one `depth` request, asked beside the view's `compare` request when the
 // step is known before its answer (a step in the URL, or the last: the default), so that both charts are drawn
-// in one frame; the histograms of every run in one `histograms_at` request, asked after it, so that they never
-// queue ahead of it.
+// in one frame; the histograms of every run in one `histograms_at` request, asked once the overlay is drawn
+// (never ahead of it), beside the depth profiles.
 
 import { api, isAbort } from "../api.js";
 import { HistogramChart } from "../charts/histograms.js";
@@ -61,20 +61,27 @@ export class AtStepPanels {
     const at = this._cached(d, step, () => ({ depth: early || this._fetchDepth(state, d.runs, step, stat, signal) }));
     this.current = { d, step };
     const live = () => this.current && this.current.d === d && this.current.step === step;
-    try {
-      const depth = await at.depth;
-      at.runs = depth.runs; // for the CSV
-      if (live()) this._drawDepth(state, d, step, stat, depth);
-    } catch (e) {
-      if (!isAbort(e) && live()) replace(this.depthNote, errorBox(e, `the depth profiles at step ${step}`));
-    }
+    // Asked now, after the overlay (drawn before this is called), beside the depth profiles still on their way.
     if (!at.hists) at.hists = this._fetchHists(state, d, step, signal);
-    try {
-      const hists = await at.hists;
-      if (live()) this._drawHists(d, step, hists);
-    } catch (e) {
-      if (!isAbort(e) && live()) replace(this.histNote, errorBox(e, `the histograms at step ${step}`));
-    }
+    // Each chart drawn as soon as its own answer is in.
+    const depth = (async () => {
+      try {
+        const body = await at.depth;
+        at.runs = body.runs; // for the CSV
+        if (live()) this._drawDepth(state, d, step, stat, body);
+      } catch (e) {
+        if (!isAbort(e) && live()) replace(this.depthNote, errorBox(e, `the depth profiles at step ${step}`));
+      }
+    })();
+    const hists = (async () => {
+      try {
+        const body = await at.hists;
+        if (live()) this._drawHists(d, step, body);
+      } catch (e) {
+        if (!isAbort(e) && live()) replace(this.histNote, errorBox(e, `the histograms at step ${step}`));
+      }
+    })();
+    await Promise.all([depth, hists]);
   }
 
   /** The step's entry of `d.atStep`; a failed fetch is dropped from it, to be asked again. */

@@ -8,7 +8,8 @@ read at that step only, or, where the run has no record there, at the latest ste
 
 from __future__ import annotations
 
-from typing import List, Optional
+import dataclasses
+from typing import Dict, List, Optional
 
 import numpy as np
 from tensorboard import errors
@@ -17,7 +18,7 @@ from tb_layergrad import metadata
 from tb_layergrad.plugin.queries import HistogramsAtQuery
 from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import float_matrix
-from tb_layergrad.reader import catalog, layer_points, series
+from tb_layergrad.reader import catalog, layer_points
 from tb_layergrad.reader.catalog import quote
 
 
@@ -26,15 +27,32 @@ def _buckets(value: object) -> list:
     return float_matrix(arr.reshape(-1, 3)) if arr.size % 3 == 0 and arr.size else []
 
 
+def near(s: catalog.Series, step: Optional[int]) -> catalog.Series:
+    """`s` with only the parts that can hold its latest record at or before `step` (None: its last): of each
+    version-2 group, the block of steps reaching `step` and the one before it (a block holds a range of steps,
+    and `max_step` says where it ends); every version-1 part. A run of 1,000 steps reads 2 blocks, not all."""
+    by_group: Dict[str, List[catalog.Part]] = {}
+    keep = [p for p in s.parts if not p.grouped]
+    for p in s.parts:
+        if p.grouped:
+            by_group.setdefault(p.group, []).append(p)
+    for blocks in by_group.values():
+        ends = sorted(blocks, key=lambda p: -1 if p.max_step is None else p.max_step)
+        if step is None:
+            keep.append(ends[-1])
+            continue
+        after = [p for p in ends if p.max_step is not None and p.max_step >= step]
+        before = [p for p in ends if p.max_step is None or p.max_step < step]
+        keep += after[:1] + before[-1:]
+    return dataclasses.replace(s, parts=tuple(p for p in s.parts if p in keep))
+
+
 def at_step(reading: Reading, ctx: object, eid: str, rc: catalog.RunCatalog, s: catalog.Series, step: Optional[int]):
     """(the step read, its buckets) of series `s`: at `step`, else the latest step before it (None: the last);
     (None, []) when the run has no record that early."""
-    src = reading.source(ctx, eid, rc)
-    points: series.Points = series.EMPTY
-    if step is not None:
-        points = layer_points.read_one(src, s, step, step)
-    if not len(points):
-        points = layer_points.read_one(src, s, None, step, max_steps=2)  # first and last kept: the last is wanted
+    points = layer_points.read_one(
+        reading.source(ctx, eid, rc), near(s, step), None, step, max_steps=2
+    )  # the last kept
     if not len(points):
         return None, []
     return int(points.steps[-1]), _buckets(points.values[-1])
@@ -43,10 +61,20 @@ def at_step(reading: Reading, ctx: object, eid: str, rc: catalog.RunCatalog, s: 
 def histograms_at_impl(reading: Reading, ctx: object, eid: str, q: HistogramsAtQuery) -> dict:
     """Each run's histogram of its layer at `q.step` (or the latest step before it; None: each run's last); a
     run without that histogram is named in `missing` (404 when none has it, or a run has no layergrad data)."""
-    cat = reading.catalog(ctx, eid, runs=q.runs)
-    for name in q.runs:
-        if name not in cat.runs:
-            cat.run(name)  # the catalog's own 404, naming the run
+    # Listed by run AND tag (the layer's histogram, and the stats its version-2 edges come from): a run's whole
+    # catalog costs more than reading its histogram.
+    kinds = [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
+    tags = {
+        t
+        for run, layer in zip(q.runs, q.layers)
+        for t in reading.layer_tags(ctx, eid, run, layer, q.target, q.source, kinds)
+    }
+    cat = reading.catalog(ctx, eid, runs=q.runs, tags=sorted(tags))
+    unlisted = [name for name in q.runs if name not in cat.runs]
+    if unlisted:  # no such series, or no such run: the whole catalog of those says which (404 naming the run)
+        full = reading.catalog(ctx, eid, runs=unlisted)
+        for name in unlisted:
+            cat.runs[name] = full.run(name)
     out: List[dict] = []
     missing: List[str] = []
     for name, layer in zip(q.runs, q.layers):
