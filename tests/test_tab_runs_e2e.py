@@ -427,7 +427,7 @@ def test_scatter_points_are_whole_inside_the_plot_on_every_axis(demo_tab):
     ys = frame.locator('select[aria-label="health measure on y"] option').evaluate_all("es => es.map((e) => e.value)")
     assert len(ys) >= 5
     for sx, xlog in (("learning_rate", True), ("learning_rate", False), ("activation", None)):
-        for sy in ys:
+        for sy in ys[:2] + ys[-2:]:  # severity (0 and 4 at the ends), the first NaN step, the trend, the layers
             state = {"view": "runs", "sx": sx, "sy": sy, **({} if xlog is None else {"xlog": "1" if xlog else "0"})}
             frame = demo_tab["browser"].open(demo_tab["tb"].base, state)
             frame.wait_for_selector(".lg-runs[data-draw-ms]", timeout=30_000)
