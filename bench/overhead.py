@@ -22,7 +22,7 @@ import tensorflow as tf
 from models import MODELS
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
+from tb_layergrad.kernel import fused as fused_kernel
 
 Step = Callable[[], object]
 

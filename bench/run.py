@@ -54,7 +54,7 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    from tb_layergrad import kernel as fused_kernel
+    from tb_layergrad.kernel import fused as fused_kernel
 
     kernel = (
         "built and used" if fused_kernel.op() is not None else f"NOT available ({fused_kernel.unavailable_reason()})"

@@ -5,28 +5,29 @@
 
 export const FLAG = Object.freeze({ NONFINITE: 1, VANISHING: 2, EXPLODING: 4, DEAD: 8 });
 
-// Until a route answer brings the server's thresholds (the answer's `thresholds` replaces these).
-const DEFAULT_THRESHOLDS = Object.freeze({ VANISH_REL: 1e-3, EXPLODE_ABS: 1e3, EXPLODE_GROWTH: 1e2, BASELINE_STEPS: 5, DEAD_ZERO_FRAC: 0.99, TIME_DECAY_DECADES: 3, STEP_DECAY_DECADES: 2, TARGET_FALL: 0.5, EDGE_STEPS: 5 });
-
-/** Flag descriptions (most serious first after non-finite), with the rule in words. */
-export function flagInfo(thresholds = DEFAULT_THRESHOLDS) {
-  const T = { ...DEFAULT_THRESHOLDS, ...(thresholds || {}) };
+/**
+ * Flag descriptions (most serious first after non-finite), with the rule in words.
+ * @param {object|null} T the `anomalies` answer's `thresholds` (the server's, the one source); without an
+ *   answer yet, the rules are named without their numbers.
+ */
+export function flagInfo(T) {
+  const rule = (words, withNumbers) => (T ? withNumbers() : words);
   return [
     { flag: FLAG.NONFINITE, key: "nonfinite", label: "non-finite", rule: "NaN or ±Inf in the gradient" },
     {
       flag: FLAG.EXPLODING,
       key: "exploding",
       label: "exploding",
-      rule: `RMS > ${T.EXPLODE_ABS}, or > ${T.EXPLODE_GROWTH}× the layer's first ${T.BASELINE_STEPS} logged steps`,
+      rule: rule("RMS far above a bound, or above the layer's first logged steps", () => `RMS > ${T.EXPLODE_ABS}, or > ${T.EXPLODE_GROWTH}× the layer's first ${T.BASELINE_STEPS} logged steps`),
     },
-    { flag: FLAG.VANISHING, key: "vanishing", label: "vanishing", rule: `RMS < ${T.VANISH_REL}× the largest RMS of the layers not exploding at that step` },
-    { flag: FLAG.DEAD, key: "dead", label: "dead", rule: `gradient all zero (or none), or ≥ ${Math.round(100 * T.DEAD_ZERO_FRAC)}% exact zeros` },
+    { flag: FLAG.VANISHING, key: "vanishing", label: "vanishing", rule: rule("RMS far below the largest RMS of the layers not exploding at that step", () => `RMS < ${T.VANISH_REL}× the largest RMS of the layers not exploding at that step`) },
+    { flag: FLAG.DEAD, key: "dead", label: "dead", rule: rule("gradient all zero (or none), or nearly all exact zeros", () => `gradient all zero (or none), or ≥ ${Math.round(100 * T.DEAD_ZERO_FRAC)}% exact zeros`) },
   ];
 }
 
-export const FLAG_INFO = flagInfo();
+export const FLAG_INFO = flagInfo(null);
 
-// A layer's verdict (the route's `layers[].verdict.state`, decided by tb_layergrad/reader/verdict.py) -> the chip
+// A layer's verdict (the route's `layers[].verdict.state`, decided by tb_layergrad/reader/anomalies.py) -> the chip
 // class that colours it. The origin of a NaN keeps the non-finite colour and gets its own mark (`isOrigin`).
 const STATE_CHIP = { nan_origin: "nonfinite", nonfinite: "nonfinite", exploding: "exploding", dead: "dead", vanishing: "vanishing", vanishing_over_steps: "vanishing", vanishing_through_time: "vanishing" };
 
@@ -74,7 +75,7 @@ export function fromRoute(body, layers, steps) {
   const rowOf = new Map(layers.map((l, i) => [l, i]));
   const empty = () => ({ firstNonfinite: null, firstNonfiniteStep: null, count: { nonfinite: 0, vanishing: 0, exploding: 0, dead: 0 }, latest: 0, latestStep: null, recorded: 0, dominated: null, verdict: null });
   const out = layers.map(empty);
-  const thresholds = (body && body.thresholds) || DEFAULT_THRESHOLDS;
+  const thresholds = (body && body.thresholds) || null;
   if (!body) return { flags, layers: out, maxRms, thresholds, info: flagInfo(thresholds) };
   const at = body.steps.map((s) => (col.has(s) ? col.get(s) : -1));
   body.steps.forEach((s, k) => {
@@ -117,7 +118,8 @@ export function fromRoute(body, layers, steps) {
 
 /** The rule of "one example dominates" in words, with the route's constants (docs/ANOMALIES.md). */
 export function dominatedRule(body) {
-  const T = (body && body.example_thresholds) || { DOMINANT_SHARE: 0.5, DOMINANT_MIN_EXAMPLES: 8 };
+  const T = body && body.example_thresholds; // the route's, with every `dominated` answer
+  if (!T) return "the largest example carries most of the layer's per-example gradient energy";
   return `the largest example carries more than ${Math.round(100 * T.DOMINANT_SHARE)}% of the layer's per-example gradient energy (batches of at least ${T.DOMINANT_MIN_EXAMPLES})`;
 }
 

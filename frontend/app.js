@@ -14,9 +14,14 @@ import { LayerView } from "./views/layer.js";
 import { OverviewView } from "./views/overview.js";
 import { RunsView } from "./views/runs.js";
 
-const override = Number(globalThis.__LAYERGRAD_POLL_MS); // tests shorten the interval
-const POLL_MS = override >= 200 ? override : 12_000;
-const EMPTY_POLL_MS = override >= 200 ? override : 4_000;
+const POLL_MS = 12_000;
+const EMPTY_POLL_MS = 4_000;
+
+/** The time between refreshes: the URL's `lg_refresh` (seconds, at least 1) if set, else by whether runs exist. */
+function pollMs(state, hasRuns) {
+  if (state.refresh) return Math.max(1, state.refresh) * 1000;
+  return hasRuns ? POLL_MS : EMPTY_POLL_MS;
+}
 
 const VIEWS = [
   ["runs", "Runs"],
@@ -75,7 +80,7 @@ export class App {
     }
     await this.loadRuns();
     this.show();
-    this.poller = new Poller(() => this.poll(false), this.runs && this.runs.runs.length ? POLL_MS : EMPTY_POLL_MS);
+    this.poller = new Poller(() => this.poll(false), pollMs(this.state, Boolean(this.runs && this.runs.runs.length)));
   }
 
   /** The rows asked at start (`start`) for the Runs view's default query, once; null after, or for another query. */
@@ -118,7 +123,7 @@ export class App {
     const before = this.runsSig;
     if (!(await this.loadRuns())) return;
     const hasRuns = this.runs.runs.length > 0;
-    if (this.poller) this.poller.setInterval(hasRuns ? POLL_MS : EMPTY_POLL_MS);
+    if (this.poller) this.poller.setInterval(pollMs(this.state, hasRuns));
     if (hasRuns !== hadRuns) {
       this.show();
       return;

@@ -35,12 +35,13 @@ export const DEFAULTS = Object.freeze({
   sy: null, // scatter: the health measure on y (null: the first one)
   sc: null, // scatter: the hyperparameter colouring the points (null: another one than x, if any)
   xlog: null, // scatter: log x axis (null: log for positive values over two decades or more)
+  refresh: null, // seconds between the tab's refreshes while it is shown (null: 12 with runs, 4 while waiting for one)
 });
 
 const TYPES = {
   view: "str", run: "str", layer: "str", step: "int", stat: "str", target: "str",
   source: "str", runs: "list", color: "str", log: "bool", hist: "str", hx: "str", series: "str", of: "str", zoom: "range",
-  sort: "str", filter: "str", hpf: "str", sx: "str", sy: "str", sc: "str", xlog: "bool",
+  sort: "str", filter: "str", hpf: "str", sx: "str", sy: "str", sc: "str", xlog: "bool", refresh: "int",
 };
 
 const VIEWS = ["runs", "overview", "layer", "compare"];

@@ -49,14 +49,15 @@ def _seed():
 
 
 def pytest_collection_modifyitems(config, items):
-    """A test marked `browser` or `kernel` skips, with a one-line reason, where its requirement is missing.
+    """A test marked `browser`, `kernel` or `installed` skips, with a one-line reason, where its requirement is
+    missing.
 
-    The reasons start with `kernel_cache.MISSING`, which .ci/run looks for: CI has every requirement,
-    so such a skip there is a failure.
+    The reasons start with `kernel_cache.MISSING`, which .ci/run looks for: CI has every requirement (and
+    installs the wheel, not an editable checkout), so such a skip there is a failure.
     """
     missing = {}
     for item in items:
-        for marker in ("browser", "kernel"):
+        for marker in ("browser", "kernel", "installed"):
             if item.get_closest_marker(marker) is None:
                 continue
             if marker not in missing:
@@ -69,6 +70,14 @@ def requirement_missing(marker: str):
     """`kernel_cache.MISSING + why` when this machine lacks what tests marked `marker` need, else None."""
     from tb_layergrad.kernel import cache as kernel_cache
 
+    if marker == "installed":
+        import tb_layergrad
+
+        if CHECKOUT in pathlib.Path(tb_layergrad.__file__).resolve().parents:
+            return (
+                f"{kernel_cache.MISSING} a wheel install (tb_layergrad is imported from the checkout: pip install -e)"
+            )
+        return None
     if marker == "browser":
         from tab_fixtures import CHROMIUM
 

@@ -128,7 +128,7 @@ def seed_model() -> Tuple[keras.Model, Callable]:
 
 def sqrt_model() -> keras.Model:
     """Finite forward; at a batch that drives a ReLU feature to 0, sqrt's gradient there is infinite: a
-    non-finite gradient with a finite loss (`tb_layergrad.cli.demo._inputs_with_one_bad_batch` makes one)."""
+    non-finite gradient with a finite loss (`tb_layergrad.cli.demo_nan.inputs_with_one_bad_batch` makes one)."""
     keras.utils.set_random_seed(0)
     return keras.Sequential(
         [

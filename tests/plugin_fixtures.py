@@ -81,7 +81,7 @@ def write_small_logdir(logdir: str) -> Written:
 
     from tb_layergrad import summary
     from tb_layergrad.statistics import special_records
-    from tb_layergrad.summary import backend  # what the writer computes the records with
+    from tb_layergrad.summary import write  # what the writer computes the records with
 
     w = Written(logdir, {}, {}, {}, {}, {layer: i for layer, i, _ in LAYERS})
     w.indices[UNUSED_LAYER[0]] = UNUSED_LAYER[1]
@@ -110,7 +110,7 @@ def write_small_logdir(logdir: str) -> Written:
                             max_elements=TENSOR_MAX_ELEMENTS if layer == TENSOR_LAYER else 0,
                         )
                         key = (run, target, source, layer)
-                        ((h, s),) = backend.reduce([tf.constant(x)], BUCKETS)
+                        ((h, s),) = write.reduce([tf.constant(x)], BUCKETS)
                         put(w.inputs, key, step, x)
                         put(w.hist, key, step, h.numpy())
                         put(w.stats, key, step, s.numpy())
@@ -245,29 +245,34 @@ class InProcess:
     ) -> None:
         """`keep`: records TensorBoard keeps per series (0: all), as `--samples_per_plugin=layergrad=<keep>`.
         `read_ahead`: the plugin reads the statistics in the background (`plugin.prefetch`), as TensorBoard's does."""
-        from tensorboard.backend import application
         from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-        from tensorboard.plugins import base_plugin
-        from werkzeug import test as wtest
-
-        from tb_layergrad.plugin.plugin import LayerGradPlugin
 
         self.logdir = logdir
         self.multiplexer = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: keep})
         self.multiplexer.AddRunsFromDirectory(logdir)
         self.multiplexer.Reload()
         self.provider = RecordingProvider(data_provider.MultiplexerDataProvider(self.multiplexer, logdir))
-        context = base_plugin.TBContext(logdir=logdir, data_provider=self.provider)
-        self.plugin = LayerGradPlugin(context, frontend_root=frontend_root, read_ahead=read_ahead)
-        self.app = application.TensorBoardWSGI([self.plugin], data_provider=self.provider, path_prefix=path_prefix)
-        self.client = wtest.Client(self.app)
         self.prefix = path_prefix
+        self._plugin_options = {"frontend_root": frontend_root, "read_ahead": read_ahead}
+        self._serve()
+
+    def _serve(self) -> None:
+        """A new plugin over the same data provider, served as TensorBoard serves it."""
+        from tensorboard.backend import application
+        from tensorboard.plugins import base_plugin
+        from werkzeug import test as wtest
+
+        from tb_layergrad.plugin.loader import LayerGradPlugin
+
+        context = base_plugin.TBContext(logdir=self.logdir, data_provider=self.provider)
+        self.plugin = LayerGradPlugin(context, **self._plugin_options)
+        self.app = application.TensorBoardWSGI([self.plugin], data_provider=self.provider, path_prefix=self.prefix)
+        self.client = wtest.Client(self.app)
 
     def forget_stats(self) -> None:
-        """Drop the plugin's remembered stats tables (`reader.stats_store`), so the next route reads."""
-        from tb_layergrad.reader.stats_store import StatsStore
-
-        self.plugin._routes._stats = StatsStore(self.provider)  # noqa: SLF001 - test hook
+        """Drop what the plugin remembers (its stats tables, `reader.stats_store`), so the next route reads: a new
+        plugin over the same data, as a restarted TensorBoard has."""
+        self._serve()
 
     def reload(self) -> None:
         self.multiplexer.AddRunsFromDirectory(self.logdir)

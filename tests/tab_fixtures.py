@@ -222,23 +222,25 @@ def append_steps(logdir: str, run: str, steps: List[int]) -> None:
 
 # -- a headless browser -----------------------------------------------------------------------------
 
-# Runs in every frame before its own scripts: records CSP violations, shortens the tab's poll interval.
+# Runs in every frame before its own scripts: records CSP violations.
 INIT_SCRIPT = """
 window.__cspViolations = [];
 document.addEventListener('securitypolicyviolation', (e) => {
   window.__cspViolations.push(e.violatedDirective + ' ' + e.blockedURI);
   console.error('CSP violation: ' + e.violatedDirective + ' ' + e.blockedURI);
 });
-window.__LAYERGRAD_POLL_MS = %d;
 """
 
 
 class Browser:
     """Headless Chromium (Debian's) with one persistent profile; collects problems from every frame."""
 
-    def __init__(self, profile_dir: str, poll_ms: int = 12000, viewport=(1400, 1000)) -> None:
+    def __init__(self, profile_dir: str, poll_ms: Optional[int] = None, viewport=(1400, 1000)) -> None:
+        """`poll_ms`: the tab's refresh interval, as a user sets it (`lg_refresh`, whole seconds) in every URL
+        `open` opens; None: the tab's own."""
         from playwright.sync_api import sync_playwright
 
+        self.refresh = None if poll_ms is None else max(1, round(poll_ms / 1000))
         self._pw = sync_playwright().start()
         self.context = self._pw.chromium.launch_persistent_context(
             profile_dir,
@@ -248,7 +250,7 @@ class Browser:
             viewport={"width": viewport[0], "height": viewport[1]},
             accept_downloads=True,
         )
-        self.context.add_init_script(INIT_SCRIPT % poll_ms)
+        self.context.add_init_script(INIT_SCRIPT)
         self.errors: List[str] = []
         self.dialogs: List[str] = []
         self.page = self.context.pages[0] if self.context.pages else self.context.new_page()
@@ -268,6 +270,8 @@ class Browser:
     def open(self, base: str, state: Optional[Dict[str, str]] = None):
         """Open TensorBoard on the tab (with `lg_*` state in the hash); returns the tab's Frame."""
         hash_ = PLUGIN
+        if self.refresh is not None:
+            state = {**(state or {}), "refresh": self.refresh}
         if state:
             hash_ += "&" + "&".join(f"lg_{k}={urllib.parse.quote(str(v), safe='')}" for k, v in state.items())
         self.page.goto("about:blank")  # a new document, not a same-page hash change
@@ -347,7 +351,7 @@ def parent_state(page) -> Dict[str, str]:
     for part in frag.split("&"):
         if "=" in part:
             k, v = part.split("=", 1)
-            if k.startswith("lg_"):
+            if k.startswith("lg_") and k != "lg_refresh":  # the test's refresh interval (`Browser.open`), not a view's
                 out[k[3:]] = urllib.parse.unquote(v)
     return out
 

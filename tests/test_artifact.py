@@ -38,6 +38,7 @@ def _expected_wheel_files() -> set:
     return expected
 
 
+@pytest.mark.installed
 def test_the_tests_import_the_installed_package_not_the_checkout():
     where = pathlib.Path(tb_layergrad.__file__).resolve()
     installed = {pathlib.Path(sysconfig.get_paths()[k]).resolve() for k in ("purelib", "platlib")}
@@ -48,6 +49,7 @@ def test_the_tests_import_the_installed_package_not_the_checkout():
     assert any(root in where.parents for root in installed), (where, installed)
 
 
+@pytest.mark.installed
 def test_the_installed_package_holds_every_module_the_tab_and_the_kernel_sources():
     installed = {f.as_posix() for f in importlib.metadata.distribution("tb-layergrad").files or []}
     missing = sorted(_expected_wheel_files() - installed)
@@ -118,6 +120,7 @@ def test_the_release_metadata_declares_the_supported_ranges_and_renders(release)
     assert checked.returncode == 0 and checked.stdout.count("PASSED") == 2, checked.stdout + checked.stderr
 
 
+@pytest.mark.installed
 def test_the_tab_is_served_from_the_installed_package():
     """The tab's files come from the installed package on every Python (3.9's importlib.resources cannot open
     the frontend folder, a namespace package), never from the checkout."""

@@ -23,7 +23,7 @@ from console_script import CLI
 
 from tb_layergrad import metadata
 from tb_layergrad.cli import demo as demo_module
-from tb_layergrad.cli import demo_sweep
+from tb_layergrad.cli import demo_nan, demo_sweep
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
@@ -122,15 +122,15 @@ def test_first_nan_step_and_layers_match_the_event_files(demo):
 
 # The run, the step and where it was born, as the demo plants them (tb_layergrad/cli/demo.py).
 PLANTED = {
-    "nan_forward": (demo_module.NAN_FORWARD_STEP, "forward", "nan_forward/log_features"),
-    "nan_backward": (demo_module.NAN_BACKWARD_STEP, "backward", "nan_backward/sqrt_features"),
+    "nan_forward": (demo_nan.NAN_FORWARD_STEP, "forward", "nan_forward/log_features"),
+    "nan_backward": (demo_nan.NAN_BACKWARD_STEP, "backward", "nan_backward/sqrt_features"),
 }
 
 
 @pytest.mark.parametrize("run", sorted(PLANTED))
 def test_the_report_says_where_the_nan_was_born(demo, run):
     step, pass_, origin = PLANTED[run]
-    assert step % demo_module.NAN_EVERY  # not a logged step: written because it is the first non-finite one
+    assert step % demo_nan.NAN_EVERY  # not a logged step: written because it is the first non-finite one
     first = demo["runs"][run]["summary"]["first_nonfinite"]
     assert (first["step"], first["pass"], first["origin"]) == (step, pass_, origin)
     for source in ("output", "activation", "target"):

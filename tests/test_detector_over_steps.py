@@ -14,7 +14,7 @@ import pytest
 from plugin_fixtures import InProcess, get_json
 
 from tb_layergrad.cli import report
-from tb_layergrad.reader import trends, verdict
+from tb_layergrad.reader import anomalies, trends
 
 RUNS = (*ka.COLLAPSES, *ka.CONVERGING)
 
@@ -61,10 +61,10 @@ def test_the_verdict_names_the_step_of_the_collapse_and_one_finding_all_layers(b
     body = bodies["stall_3"]
     assert {e["verdict"]["step"] for e in body["layers"]} == {ka.K}  # planted from step K: 10^3 below at once
     (finding,) = body["summary"]["findings"]
-    assert finding["kind"] == verdict.VANISHING_OVER_STEPS and finding["layers"] == [ka.path(x) for x in ka.LAYERS]
+    assert finding["kind"] == anomalies.VANISHING_OVER_STEPS and finding["layers"] == [ka.path(x) for x in ka.LAYERS]
     worst = min(e["step_decay"] for e in body["layers"])
     assert f"10^{-worst:.1f} times" in finding["line"] and "value of loss did not fall" in finding["line"]
-    assert body["summary"]["latest"][verdict.VANISHING_OVER_STEPS] == len(ka.LAYERS)
+    assert body["summary"]["latest"][anomalies.VANISHING_OVER_STEPS] == len(ka.LAYERS)
 
 
 def test_report_and_load_tell_the_same(logdir, bodies):
@@ -79,13 +79,13 @@ def test_report_and_load_tell_the_same(logdir, bodies):
     df = tb_layergrad.load(logdir, runs=["stall_3", "regression"])
     out = df[df.source == "output"]
     stalled = out[out.run == "stall_3"]
-    assert set(stalled[stalled.step >= ka.K].state) == {verdict.VANISHING_OVER_STEPS}
-    assert set(stalled[stalled.step < ka.K].state) == {verdict.OK}
-    assert set(out[out.run == "regression"].state) == {verdict.OK}
+    assert set(stalled[stalled.step >= ka.K].state) == {anomalies.VANISHING_OVER_STEPS}
+    assert set(stalled[stalled.step < ka.K].state) == {anomalies.OK}
+    assert set(out[out.run == "regression"].state) == {anomalies.OK}
 
 
 def _over(entry: dict) -> bool:
-    return entry["verdict"]["state"] == verdict.VANISHING_OVER_STEPS
+    return entry["verdict"]["state"] == anomalies.VANISHING_OVER_STEPS
 
 
 def test_fail_on_vanishing_over_steps(logdir, capsys):

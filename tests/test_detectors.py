@@ -13,7 +13,7 @@ import pytest
 from plugin_fixtures import InProcess, get_json
 
 from tb_layergrad.cli import report
-from tb_layergrad.reader import anomalies, verdict
+from tb_layergrad.reader import anomalies
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_clean_run_has_no_finding(tb, logdir):
 def test_vanishing_through_time_at_the_documented_threshold(tb):
     body = get_json(tb, "anomalies", {"run": "rnn"})
     got = {e["layer"] for e in body["layers"] if e["verdict"]["state"] == "vanishing_through_time"}
-    truth = {layer for layer, decades in ka.DECAYS.items() if decades >= verdict.TIME_DECAY_DECADES}
+    truth = {layer for layer, decades in ka.DECAYS.items() if decades >= anomalies.TIME_DECAY_DECADES}
     assert got == truth  # precision and recall 1 on decays of 0.5 ... 6 decades, 0.2 from the threshold
     (finding,) = [f for f in body["summary"]["findings"] if f["kind"] == "vanishing_through_time"]
     assert finding["layers"] == [x for x in ka.DECAYS if x in truth]  # one line for every such layer

@@ -15,7 +15,7 @@ import pytest
 
 from tb_layergrad import cli
 from tb_layergrad.cli import report
-from tb_layergrad.reader import anomalies
+from tb_layergrad.reader import anomalies, dominance
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -39,14 +39,14 @@ def test_rule_by_hand():
     status = np.array([0, 0, 0, 0, 2, 0, 0, 0, 0])
     # The usual largest norm: the median of the exact steps in batches >= 8 (not the batch of 7, not status 2): 1.0.
     top = np.array([9.0, 9.0, 9.0, 9.0, 9.0, 1.0, 1.0, 1.0, 1.0])
-    assert anomalies.usual_top_norm(top, count, status) == 1.0
-    assert anomalies.dominated(share, count, status, top).tolist() == [False, True, False, True] + [False] * 5
+    assert dominance.usual_top_norm(top, count, status) == 1.0
+    assert dominance.dominated(share, count, status, top).tolist() == [False, True, False, True] + [False] * 5
     # Half the gradient, but an example no larger than the layer's usual largest one: not dominated.
-    assert not anomalies.dominated(share, count, status, np.full(9, 1.0)).any()
-    d = anomalies.dominance("m/a", [0, 5, 10, 15, 20, 25, 30, 35, 40], share, count, status, list(range(1, 10)), top)
+    assert not dominance.dominated(share, count, status, np.full(9, 1.0)).any()
+    d = dominance.dominance("m/a", [0, 5, 10, 15, 20, 25, 30, 35, 40], share, count, status, list(range(1, 10)), top)
     assert (d.steps, d.first_step, d.worst_step, d.worst_share, d.worst_position, d.examples) == (2, 5, 15, 0.9, 4, 8)
     assert d.at == (5, 15) and "at" not in d.to_json()
-    assert anomalies.dominance("m/a", [0], [0.2], [32], [0], [3], [1.0]) is None
+    assert dominance.dominance("m/a", [0], [0.2], [32], [0], [3], [1.0]) is None
 
 
 def test_report_names_the_dominated_step(logdir):
@@ -173,7 +173,7 @@ def test_csv_names_a_dominated_layer_without_statistics():
     run = anomalies.evaluate(
         ["m/a"], [0, 1], {"rms": ones, "norm": ones, "nonfinite": zeros, "zero_frac": zeros}, run="r"
     )
-    run.dominated = [anomalies.Dominance("m/b", 2, 0, 1, 0.75, 3, 16)]
+    run.dominated = [dominance.Dominance("m/b", 2, 0, 1, 0.75, 3, 16)]
     rep = report.Report("logs", run.target, run.source, [run], [], [], [])
     rows = list(csv.DictReader(io.StringIO(report.format_csv(rep))))
     assert [(r["layer"], r["dominated_steps"]) for r in rows] == [("m/a", "0"), ("m/b", "2")]

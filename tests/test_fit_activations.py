@@ -189,9 +189,9 @@ def test_summary_activations_alone(tmp_path):
 
 # -- where it broke -----------------------------------------------------------------
 def _bad_batch_data(steps: int, bad_step: int, scale: float, seed: int):
-    from tb_layergrad.cli.demo import _inputs_with_one_bad_batch
+    from tb_layergrad.cli.demo_nan import inputs_with_one_bad_batch
 
-    return _inputs_with_one_bad_batch(steps, bad_step, scale, seed)
+    return inputs_with_one_bad_batch(steps, bad_step, scale, seed)
 
 
 def _log_model():

@@ -138,7 +138,7 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
 
 def test_without_the_fused_kernel_the_records_match_too(tmp_path):
     """Where the kernel cannot be built, fit()'s step reduces with TensorFlow's ops, one call per tensor."""
-    from tb_layergrad import kernel as fused_kernel
+    from tb_layergrad.kernel import fused as fused_kernel
 
     keras.utils.set_random_seed(3)
     model, manual = mlp_sequential()

@@ -216,9 +216,9 @@ def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
     computed then: the rows computed ahead under the schedule's condition do not exist for that step (they
     would read as zeros), so the layer whose gradient broke has a non-finite largest norm and the others
     positive ones."""
-    from tb_layergrad.cli.demo import _inputs_with_one_bad_batch
+    from tb_layergrad.cli.demo_nan import inputs_with_one_bad_batch
 
-    x, y = _inputs_with_one_bad_batch(12, 7, -50.0, 6)
+    x, y = inputs_with_one_bad_batch(12, 7, -50.0, 6)
     model = sqrt_model()
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
     logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, update_freq=10)

@@ -19,9 +19,9 @@ from tensorboard.backend.event_processing import event_file_loader
 from tolerances import sum_rtol
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
-from tb_layergrad.summary import backend
+from tb_layergrad.kernel import fused as fused_kernel
+from tb_layergrad.summary import write
 
 # The group kinds every version-2 write has (`examples` only with per_example=True).
 DEFAULT_GROUPED_KINDS = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
@@ -73,7 +73,7 @@ def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fus
     if fused and fused_kernel.write_op() is None:
         pytest.skip(f"no fused kernel here: {fused_kernel.unavailable_reason()}")
     if not fused:
-        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
+        monkeypatch.setattr(write, "fused_writer", lambda writer=None: None)
     grads = _gradients(1)
     writer = tf.summary.create_file_writer(str(tmp_path))
 
@@ -216,7 +216,7 @@ def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, 
     """The steps are cut into blocks of `block_steps`, a tag each (so that no tag outgrows one answer of the data
     provider): crossing a block starts a tag with its own metadata; readers see one series."""
     if not fused:
-        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
+        monkeypatch.setattr(write, "fused_writer", lambda writer=None: None)
     grads = {"m/a": tf.ones([3]), "m/b": tf.constant([1.0, np.nan])}
     group = metadata.GroupInfo.of(
         metadata.KIND_STATS,
@@ -274,7 +274,7 @@ def test_histograms_and_statistics_at_every_logged_step(tmp_path, jit_compile):
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
 def test_summary_gradients_writes_statistics_alone_when_asked(tmp_path, monkeypatch, fused):
     if not fused:
-        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
+        monkeypatch.setattr(write, "fused_writer", lambda writer=None: None)
     writer = tf.summary.create_file_writer(str(tmp_path / "run"))
     log = tf.function(lambda g, s: tb_layergrad.summary.gradients(g, step=s, histograms=tf.equal(s % 2, 0)))
     with writer.as_default():

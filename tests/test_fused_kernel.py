@@ -18,10 +18,10 @@ import tensorflow as tf
 from test_reliability_reductions import check_histogram, check_stats
 from tolerances import TWO_SIDES, blocked_sum_atol, gamma, histogram_edge_atol, sum_atol, sum_rtol, unit_roundoff
 
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
+from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.statistics import reductions
-from tb_layergrad.summary import backend
+from tb_layergrad.summary import write
 
 S = metadata.STAT_INDEX
 KERNEL_BLOCK = 256  # kBlock in tb_layergrad/kernel/src/records.cc: float32 partial sums of x and |x|
@@ -78,9 +78,9 @@ def _cases() -> list:
 def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
     tensors = [tf.constant(a) if isinstance(a, np.ndarray) else a for a in _cases()]
     run = tf.function if graph else (lambda f: f)
-    fused = run(lambda ts: backend.reduce(ts, 30))(tensors)
+    fused = run(lambda ts: write.reduce(ts, 30))(tensors)
     with fused_kernel.disabled():
-        plain = run(lambda ts: backend.reduce(ts, 30))(tensors)
+        plain = run(lambda ts: write.reduce(ts, 30))(tensors)
     for t, (hist, stats), (p_hist, p_stats) in zip(tensors, fused, plain):
         hist, stats = hist.numpy(), stats.numpy()
         check_stats(stats, t, "kernel")
@@ -102,7 +102,7 @@ def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
 
 def test_big_tensor_counts_every_chunk():
     x = _big_with_specials()
-    ((hist, stats),) = backend.reduce([tf.constant(x)], 30)
+    ((hist, stats),) = write.reduce([tf.constant(x)], 30)
     stats = stats.numpy()
     assert (stats[S["nan"]], stats[S["pos_inf"]], stats[S["neg_inf"]]) == (1, 1, 1)
     finite = x[np.isfinite(x)].astype(np.float64)
@@ -134,7 +134,7 @@ def test_big_tensor_counts_every_chunk():
 
 def test_a_step_reduces_every_tensor_in_one_op():
     tensors = [tf.random.normal([128, 256]), tf.random.normal([128, 10]), tf.random.normal([4], dtype=tf.float64)]
-    fn = tf.function(lambda ts: backend.reduce(ts, 30))
+    fn = tf.function(lambda ts: write.reduce(ts, 30))
     graph = fn.get_concrete_function(tensors).graph
     types = [op.type for op in graph.get_operations()]
     assert types.count(fused_kernel.OP_NAME) == 1
@@ -165,7 +165,7 @@ def test_without_the_kernel_the_records_are_the_same(tmp_path):
     """A machine without a compiler (or TB_LAYERGRAD_FUSED=0) gets TensorFlow's ops and the same records."""
     code = (
         "import numpy as np, tensorflow as tf\n"
-        "from tb_layergrad import kernel as fused_kernel\nfrom tb_layergrad.statistics import reductions\n"
+        "from tb_layergrad.kernel import fused as fused_kernel\nfrom tb_layergrad.statistics import reductions\n"
         "h, s = reductions.histogram_and_stats(tf.constant([1.0, 2.0, float('nan'), 4.0]), 3)\n"
         "print(fused_kernel.op() is None, '|', fused_kernel.unavailable_reason(), '|', s.numpy()[:5].tolist(), h.numpy()[:, 2].tolist())\n"
     )

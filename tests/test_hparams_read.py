@@ -173,7 +173,7 @@ def test_report_sort_by_an_unknown_column_says_which_exist(logdir, capsys):
 
 
 def test_sort_rules():
-    from tb_layergrad.cli.report_sort import order
+    from tb_layergrad.cli.report import order
 
     rows = [[2.0], [None], ["b"], [float("nan")], [1.0], [True], ["a"], [2.0]]
     assert order(rows, ["x"], "x") == [4, 5, 0, 7, 6, 2, 1, 3]

@@ -105,7 +105,7 @@ def test_a_failing_compiler_is_tried_once_across_processes(tmp_path):
     env = dict(os.environ, CXX=str(cxx), **{kernel_cache.ENV_CACHE: str(tmp_path / "cache")})
     env.pop("TB_LAYERGRAD_FUSED", None)
     code = (
-        "from tb_layergrad import kernel as fused_kernel\n"
+        "from tb_layergrad.kernel import fused as fused_kernel\n"
         "print(fused_kernel.op() is None)\nprint(fused_kernel.unavailable_reason())\n"
     )
 
@@ -136,7 +136,7 @@ def test_a_failing_compiler_is_tried_once_across_processes(tmp_path):
 
 @LINUX_X86_64
 def test_retry_and_deleting_the_marker_compile_again(tmp_path, monkeypatch):
-    from tb_layergrad import kernel as fused_kernel
+    from tb_layergrad.kernel import fused as fused_kernel
 
     monkeypatch.setenv(kernel_cache.ENV_CACHE, str(tmp_path / "cache"))
     cxx = fake_compiler(tmp_path / "c++", "1.0", succeed=False)
@@ -170,7 +170,7 @@ def test_refusal_names_the_owner_and_writable_modes(tmp_path):
 @LINUX_X86_64
 @pytest.mark.parametrize("mode", [0o775, 0o777], ids=["group-writable", "world-writable"])
 def test_a_cached_library_writable_by_others_is_rebuilt_not_loaded(tmp_path, monkeypatch, caplog, mode):
-    from tb_layergrad import kernel as fused_kernel
+    from tb_layergrad.kernel import fused as fused_kernel
 
     monkeypatch.setenv(kernel_cache.ENV_CACHE, str(tmp_path / "cache"))
     cxx = fake_compiler(tmp_path / "c++", "1.0", succeed=True)

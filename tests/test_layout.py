@@ -1,6 +1,7 @@
-"""The package's rooms (docs/DESIGN.md, "The rooms"): data flows one way, and the code says nothing of timings.
+"""The package's rooms (docs/DESIGN.md, "The rooms"): data flows one way, no two modules import each other, no
+module hands on another's names, every module the docs name exists, and the code says nothing of timings.
 
-Read from the sources (ast), not by importing them: the rule is about what each room imports.
+Read from the sources (ast), not by importing them: the rules are about what each module imports.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import io
 import re
 import tokenize
 from pathlib import Path
-from typing import Dict, Iterator, Set, Tuple
+from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
@@ -78,6 +79,174 @@ def test_a_room_imports_only_the_rooms_before_it(room):
             continue
         wrong = _imported_rooms(path) - ALLOWED[room] - {room}
         assert not wrong, f"{path.relative_to(PACKAGE)} imports {sorted(wrong)}"
+
+
+def _module_name(path: Path) -> str:
+    parts = ("tb_layergrad",) + path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports() -> Dict[str, Set[str]]:
+    """module -> the package's modules it imports, anywhere in it (functions and TYPE_CHECKING blocks too), a
+    package's `__init__` counted only where a name is taken from it."""
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = {name for name, p in paths.items() if p.name != "__init__.py"}
+    out: Dict[str, Set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found: Set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+                for alias in node.names:
+                    found |= {c for c in (f"{base}.{alias.name}", base) if c in modules}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in modules}
+        out[name] = found - {name}
+    return out
+
+
+def _circles(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    circles: List[List[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_modules_import_each_other():
+    """Two modules that import each other, directly or round a loop, are one concept cut in two (or a helper in
+    the wrong module): merge them, or move what both need to where it belongs."""
+    assert not _circles(_imports())
+
+
+def test_no_module_hands_on_another_modules_names():
+    """A name is imported from where it lives: no re-export ("noqa: F401" outside a package's `__init__`) and no
+    module-level `__getattr__` that forwards to other modules (but the top-level package's lazy public API)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        if path.name != "__init__.py" and "noqa: F401" in source:
+            found.append(f"{path.relative_to(PACKAGE)}: noqa: F401")
+        tree = ast.parse(source)
+        if path != PACKAGE / "__init__.py" and any(
+            isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body
+        ):
+            found.append(f"{path.relative_to(PACKAGE)}: module-level __getattr__")
+    assert not found, found
+
+
+def test_every_module_the_docs_and_comments_name_exists():
+    """The docs, the README and the sources' comments name modules by path or dotted name: each must exist (a
+    renamed module leaves no stale copy of its old name behind). Read as text: a dotted name's first part that
+    is not a folder must be a module of it, or a name its `__init__` holds."""
+    checkout = PACKAGE.parent
+    texts = [*checkout.glob("docs/*.md"), checkout / "README.md", *PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.cc")]
+    texts += [*PACKAGE.rglob("*.h"), *_tab_sources()]
+    missing = set()
+    for text in texts:
+        source = text.read_text(encoding="utf-8")
+        for match in re.finditer(r"tb_layergrad/([\w/]+)\.py", source):
+            if not (PACKAGE / f"{match.group(1)}.py").exists():
+                missing.add(f"{text.relative_to(checkout)}: {match.group(0)}")
+        for match in re.finditer(r"\btb_layergrad((?:\.[a-z]\w*)+)", source):
+            folder = PACKAGE
+            for part in match.group(1).strip(".").split("."):
+                if (folder / part).is_dir():
+                    folder = folder / part
+                    continue
+                init = folder / "__init__.py"
+                shipped = folder == PACKAGE and (checkout / part).is_dir()  # `tb_layergrad.frontend` (setup.py)
+                named = (
+                    shipped
+                    or (folder / f"{part}.py").exists()
+                    or (init.exists() and re.search(rf"\b{part}\b", init.read_text(encoding="utf-8")))
+                )
+                if not named:
+                    missing.add(f"{text.relative_to(checkout)}: {match.group(0)}")
+                break
+    assert not missing, sorted(missing)
+
+
+def test_every_module_is_named_in_the_rooms_of_the_design():
+    """docs/DESIGN.md, "The modules of each room", is the one written copy of the rooms: a module added, moved
+    or renamed is named there, in its room's line."""
+    design = (PACKAGE.parent / "docs" / "DESIGN.md").read_text(encoding="utf-8")
+    section = design.split("### The modules of each room", 1)[1].split("\n### ", 1)[0]
+    lines = {m.group(1): m.group(0) for m in re.finditer(r"^- `(\w+)/`:.*(?:\n  .*)*", section, re.M)}
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        room = path.relative_to(PACKAGE).parts[0]
+        text = lines.get(room, section)  # a top-level module (`nonfinite_origin.py`): anywhere in the section
+        if f"`{path.stem}`" not in text and f"`{path.name}`" not in text:
+            missing.append(str(path.relative_to(PACKAGE)))
+    assert not missing, f"not named in docs/DESIGN.md's rooms: {missing}"
+
+
+def _tab_sources() -> List[Path]:
+    """The tab's own ES modules (not the vendored libraries)."""
+    frontend = PACKAGE.parent / "frontend"
+    return [p for p in sorted(frontend.rglob("*.js")) if "vendor" not in p.relative_to(frontend).parts]
+
+
+def test_the_tab_holds_no_copy_of_the_rules_numbers():
+    """The anomaly and example thresholds are the server's, sent with the `anomalies` answer (docs/HTTP_API.md):
+    the tab holds no value of its own for one, neither as a key of an object literal nor as a fallback."""
+    from tb_layergrad.reader import anomalies, dominance
+
+    names = [*anomalies.THRESHOLDS, *dominance.EXAMPLE_THRESHOLDS]
+    copy = re.compile(rf"\b({'|'.join(names)})\s*:|\.({'|'.join(names)})\s*(\?\?|\|\|)")
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()[:80]}"
+        for path in _tab_sources()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if copy.search(line)
+    ]
+    assert not found, found
 
 
 TIMING = re.compile(r"\d(\.\d+)?\s?(ms|us|µs|ns)\b|\d\.\d+x\b")

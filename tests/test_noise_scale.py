@@ -17,8 +17,8 @@ import tb_reading
 import tensorflow as tf
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
-from tb_layergrad.statistics import noise_scale
+from tb_layergrad.kernel import fused as fused_kernel
+from tb_layergrad.statistics import per_example_records
 from tb_layergrad.summary import per_example_write as pw
 
 keras = tf.keras
@@ -147,7 +147,7 @@ def test_only_for_the_target_loss(tmp_path):
 def test_estimate_is_the_formula(b):
     rng = np.random.RandomState(b)
     sum_sq, batch_sq = rng.uniform(1, 2, size=3) * b, rng.uniform(0, 1, size=3)
-    got = noise_scale.estimate(tf.constant(sum_sq), tf.constant(batch_sq), b)
+    got = per_example_records.noise_scale(tf.constant(sum_sq), tf.constant(batch_sq), b)
     s, g2 = sum_sq.sum() / b, batch_sq.sum()
     assert float(got.signal) == pytest.approx((b * g2 - s) / (b - 1), rel=1e-12)
     assert float(got.trace) == pytest.approx((s - g2) * b / (b - 1), rel=1e-12)

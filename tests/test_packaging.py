@@ -78,11 +78,11 @@ def collect(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_markers_are_registered_and_select():
-    """`pytest -m "not browser"` leaves out exactly the browser tests (and --strict-markers knows all three)."""
+    """`pytest -m "not browser"` leaves out exactly the browser tests (and --strict-markers knows all four)."""
     listed = subprocess.run(
         [sys.executable, "-m", "pytest", "--markers"], cwd=ROOT, capture_output=True, text=True, timeout=60
     ).stdout
-    assert all(f"@pytest.mark.{m}:" in listed for m in ("browser", "kernel", "slow"))
+    assert all(f"@pytest.mark.{m}:" in listed for m in ("browser", "kernel", "slow", "installed"))
     browser = collect("-m", "browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
     others = collect("-m", "not browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
     ids = lambda done: [line for line in done.stdout.splitlines() if "::" in line]  # noqa: E731

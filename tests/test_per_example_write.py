@@ -18,7 +18,7 @@ import tensorflow as tf
 import tb_layergrad
 from tb_layergrad import metadata
 from tb_layergrad.capturing import per_example_map
-from tb_layergrad.statistics import per_example_rows
+from tb_layergrad.statistics import per_example_records
 
 keras = tf.keras
 layers = keras.layers
@@ -139,7 +139,7 @@ def test_explicit_mapping_and_unknown_paths(tmp_path):
 @pytest.mark.parametrize("batch", [0, 1, 2, 3, 7])
 def test_small_batches_pad_with_nan_and_minus_one(batch):
     n = np.arange(batch, dtype=np.float32)[::-1].copy()
-    row = per_example_rows.exact_row(tf.constant(n)).numpy()
+    row = per_example_records.exact_row(tf.constant(n)).numpy()
     assert row.shape == (len(metadata.EXAMPLE_FIELDS),)
     assert row[F["examples"]] == batch and row[F["status"]] == 0
     if batch == 0:
@@ -152,7 +152,7 @@ def test_small_batches_pad_with_nan_and_minus_one(batch):
 
 
 def test_top_share_nan_when_every_norm_is_zero():
-    row = per_example_rows.exact_row(tf.zeros([4])).numpy()
+    row = per_example_records.exact_row(tf.zeros([4])).numpy()
     assert row[F["sum_sq"]] == 0 and np.isnan(row[F["top_share"]]) and row[F["max"]] == 0
     assert [row[F[f"top_index_{j}"]] for j in range(1, 5)] == [0, 1, 2, 3]
 

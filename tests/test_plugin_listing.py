@@ -32,7 +32,7 @@ from werkzeug import test as wtest
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import listing
-from tb_layergrad.plugin.plugin import LayerGradPlugin
+from tb_layergrad.plugin.loader import LayerGradPlugin
 
 LAYERS = ["net/a", "net/b", "net/c"]
 API = "/data/plugin/layergrad/"

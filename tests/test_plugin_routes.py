@@ -589,7 +589,7 @@ def test_reader_and_plugin_modules_do_not_import_tensorflow():
         up = [m for m in sys.modules if m.startswith("tb_layergrad.plugin")]
         assert not up, f"the reader imported {up}"
         import tb_layergrad.plugin as plugin
-        import tb_layergrad.plugin.loader, tb_layergrad.plugin.plugin
+        import tb_layergrad.plugin.loader
         for m in pkgutil.iter_modules(plugin.__path__):
             importlib.import_module(f"tb_layergrad.plugin.{m.name}")
         bad = [m for m in ("tensorflow", "keras") if m in sys.modules]

@@ -17,7 +17,8 @@ import pytest
 from plugin_fixtures import InProcess, get_json
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import flags, prefetch
+from tb_layergrad.plugin import prefetch
+from tb_layergrad.plugin.loader import LayerGradLoader
 from tb_layergrad.reader import catalog
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -176,7 +177,7 @@ def test_the_plugin_reads_ahead_in_the_background_when_asked(logdir):
 def test_no_read_ahead_without_flags():
     from tensorboard.plugins import base_plugin
 
-    from tb_layergrad.plugin.plugin import LayerGradPlugin
+    from tb_layergrad.plugin.loader import LayerGradPlugin
 
     plugin = LayerGradPlugin(base_plugin.TBContext(logdir="", data_provider=None))
     assert plugin._routes._prefetch is None  # noqa: SLF001
@@ -186,7 +187,7 @@ def test_the_flag_parses_and_defaults_on():
     import argparse
 
     parser = argparse.ArgumentParser()
-    flags.define(parser)
+    LayerGradLoader().define_flags(parser)
     assert parser.parse_args([]).layergrad_prefetch is True
     assert parser.parse_args(["--layergrad_prefetch=false"]).layergrad_prefetch is False
     assert parser.parse_args(["--layergrad_prefetch", "True"]).layergrad_prefetch is True
@@ -196,8 +197,6 @@ def test_the_flag_parses_and_defaults_on():
 
 def test_tensorboard_takes_the_flag_even_with_the_loader_listed_twice():
     from tensorboard import default, program
-
-    from tb_layergrad.plugin.loader import LayerGradLoader
 
     tb = program.TensorBoard(plugins=default.get_plugins() + [LayerGradLoader()])
     tb.configure(argv=["", "--logdir", "/nonexistent", "--layergrad_prefetch=false"])

@@ -1,4 +1,4 @@
-"""One op computes and writes a step's histogram and stats records (summary.backend, kernel/src/write_records.cc).
+"""One op computes and writes a step's histogram and stats records (summary.write, kernel/src/write_records.cc).
 
 The records must be the very bytes `tf.summary.write` writes (docs/FORMAT.md): compared here event by
 event, read back through TensorBoard's own event-file loader, against the per-record path.
@@ -15,10 +15,10 @@ import tensorflow as tf
 from tensorboard.backend.event_processing import event_file_loader
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
-from tb_layergrad.kernel.ops import Condition, Groups
-from tb_layergrad.summary import backend, writer_state
+from tb_layergrad.kernel import fused as fused_kernel
+from tb_layergrad.kernel.fused import Condition, Groups
+from tb_layergrad.summary import write, writer_state
 from tb_layergrad.summary.plan import Plan, Series
 from tb_layergrad.summary.write import write_step
 
@@ -67,27 +67,27 @@ def _events(logdir: str) -> dict:
 
 
 def _fused(writer, record, step, infos, tensors, track_nonfinite=True, **condition):
-    """`backend.write_fused` of one group (`infos`, one target and source) at `step`, when `record`."""
+    """`write.write_fused` of one group (`infos`, one target and source) at `step`, when `record`."""
     plan = Plan(tuple(Series(i, x) for i, x in zip(infos, tensors)), track_nonfinite=track_nonfinite)
     at = Condition(record=record, step=step, **condition)
-    return backend.write_fused(writer._resource, plan, [plan.series], at, writer)  # noqa: SLF001
+    return write.write_fused(writer._resource, plan, [plan.series], at, writer)  # noqa: SLF001
 
 
 def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> None:
     """Write the records of `tensors` at each step, through the fused op or (`per_record`) tf.summary.write."""
     if per_record:
-        monkeypatch.setattr(backend, "fused_writer", lambda writer=None: None)
+        monkeypatch.setattr(write, "fused_writer", lambda writer=None: None)
     writer = tf.summary.create_file_writer(logdir)
 
     @tf.function
-    def write(xs, at):
+    def write_at(xs, at):
         with tf.summary.record_if(True):
             series = tuple(Series(info, x) for info, x in zip(_series(len(xs)), xs))
             write_step(Plan(series, buckets=30, description="why"), at)
 
     with writer.as_default():
         for step in steps:
-            write(tensors, tf.constant(step, tf.int64))
+            write_at(tensors, tf.constant(step, tf.int64))
     writer.close()
     monkeypatch.undo()
 
@@ -203,7 +203,7 @@ def test_a_write_op_that_cannot_write_here_leaves_it_to_tf_summary_write(tmp_pat
     """The op finds TensorFlow's writer across shared libraries; where a self-test at load fails, nothing breaks."""
     assert fused_kernel._write_op_error(fused_kernel._module()) is None  # noqa: SLF001 - it works on this build
     monkeypatch.setitem(fused_kernel._state, "write_error", "simulated")  # noqa: SLF001
-    assert fused_kernel.write_op() is None and backend.fused_writer() is None
+    assert fused_kernel.write_op() is None and write.fused_writer() is None
     writer = tf.summary.create_file_writer(str(tmp_path))
     with writer.as_default(step=1):
         assert bool(tb_layergrad.summary.gradients({"m/d": tf.ones([3])}))

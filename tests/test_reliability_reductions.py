@@ -43,8 +43,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tolerances import TWO_SIDES, gamma, unit_roundoff
 
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata, summary
+from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.statistics import reductions
 
 S = metadata.STAT_INDEX

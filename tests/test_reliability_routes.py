@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from plugin_fixtures import InProcess, strict_json
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from tb_layergrad.plugin.plugin import LayerGradPlugin
+from tb_layergrad.plugin.loader import LayerGradPlugin
 from tb_layergrad.reader import examples, series
 
 SCALE = int(os.environ.get("RELIABILITY_EXAMPLES_SCALE", "1"))

@@ -20,6 +20,7 @@ from report_fixtures import in_process, planted  # noqa: F401 (fixture)
 
 from tb_layergrad import cli
 from tb_layergrad.cli import report
+from tb_layergrad.reader import run_health
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -211,6 +212,6 @@ def test_an_asked_target_is_the_only_one(named_targets, capsys):
 
 
 def test_default_targets():
-    assert report.default_targets(["critic", "maker"]) == ["critic", "maker"]
-    assert report.default_targets(["aux", "loss"]) == ["loss"]
-    assert report.default_targets([]) == []
+    assert run_health.default_targets(["critic", "maker"]) == ["critic", "maker"]
+    assert run_health.default_targets(["aux", "loss"]) == ["loss"]
+    assert run_health.default_targets([]) == []

@@ -21,7 +21,7 @@ from report_fixtures import (
 )
 from tolerances import approx_or_none, gamma
 
-from tb_layergrad.reader import anomalies
+from tb_layergrad.reader import anomalies, trends
 
 DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "ANOMALIES.md"
 
@@ -117,28 +117,26 @@ def test_trend_is_the_fitted_change_in_decades():
     # 10**e by <= 2 ln 10 u < 5 u) and the pow once: norm_rel <= gamma(6).
     atol = reference_trend_atol(list(steps), norm, np.zeros(50), norm_rel=gamma(6, np.float64))
     # The last 20 logged steps span 38 steps: -0.38 decades.
-    assert anomalies.trend(steps, norm) == pytest.approx(-0.38, rel=0, abs=atol)
-    assert anomalies.trend(steps, norm) == pytest.approx(
-        reference_trend(list(steps), norm, np.zeros(50)), rel=0, abs=atol
-    )
+    assert trends.trend(steps, norm) == pytest.approx(-0.38, rel=0, abs=atol)
+    assert trends.trend(steps, norm) == pytest.approx(reference_trend(list(steps), norm, np.zeros(50)), rel=0, abs=atol)
     noisy = norm * np.exp(np.random.default_rng(0).normal(0, 0.3, norm.shape))
     atol_noisy = reference_trend_atol(list(steps), noisy, np.zeros(50))  # the same inputs: rounding only
-    assert anomalies.trend(steps, noisy) == pytest.approx(
+    assert trends.trend(steps, noisy) == pytest.approx(
         reference_trend(list(steps), noisy, np.zeros(50)), rel=0, abs=atol_noisy
     )
-    assert anomalies.trend([1, 2], [1.0, 2.0]) is None  # fewer than 3 points
+    assert trends.trend([1, 2], [1.0, 2.0]) is None  # fewer than 3 points
     with_nan = norm.copy()
     nonfinite = np.zeros(50)
     nonfinite[-5:] = 3  # non-finite steps are left out of the fit
-    assert anomalies.trend(steps, with_nan, nonfinite) == pytest.approx(-0.38, rel=0, abs=atol)
+    assert trends.trend(steps, with_nan, nonfinite) == pytest.approx(-0.38, rel=0, abs=atol)
 
 
 def test_timestep_decay():
     v = [np.array([1e-4, 1e-2, 1.0]), np.array([0.0, 1.0, 2.0]), np.array([1.0, np.nan, 0.0])]
     # log10 of 1e-4 (a decimal constant, rounded once) and of 1.0: reference_decay_atol covers both.
-    assert anomalies.timestep_decay(v[:1]) == pytest.approx(-4.0, rel=0, abs=reference_decay_atol(v[:1]))
-    assert anomalies.timestep_decay(v) == pytest.approx(reference_decay(v), rel=0, abs=reference_decay_atol(v))
-    assert anomalies.timestep_decay([np.array([1.0])]) is None
+    assert trends.timestep_decay(v[:1]) == pytest.approx(-4.0, rel=0, abs=reference_decay_atol(v[:1]))
+    assert trends.timestep_decay(v) == pytest.approx(reference_decay(v), rel=0, abs=reference_decay_atol(v))
+    assert trends.timestep_decay([np.array([1.0])]) is None
 
 
 def _doc_thresholds():

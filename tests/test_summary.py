@@ -14,8 +14,8 @@ from test_reliability_reductions import check_histogram, check_stats
 from tolerances import histogram_edge_atol
 
 import tb_layergrad
-from tb_layergrad import kernel as fused_kernel
 from tb_layergrad import metadata
+from tb_layergrad.kernel import fused as fused_kernel
 
 S = metadata.STAT_INDEX
 

@@ -14,7 +14,7 @@ import pytest
 from origin_fixtures import origin_logdir  # noqa: F401 - a fixture
 from plugin_fixtures import AUX_TARGET, FUTURE_RUN, InProcess, get_json, small_logdir  # noqa: F401 - a fixture
 
-from tb_layergrad.reader import verdict
+from tb_layergrad.reader import anomalies
 
 HEALTH_FIELDS = ("last_step", "layers", "severity", "verdict", "first_nonfinite", "latest", "dominated_steps")
 
@@ -51,14 +51,14 @@ def expected_row(tb, run, target, source="output"):
     a = get_json(tb, "anomalies", {"run": run, "target": target, "source": source})
     s = a["summary"]
     states = [layer["verdict"]["state"] for layer in a["layers"]]
-    worst = min(states, key=verdict.STATES.index)
+    worst = min(states, key=anomalies.STATES.index)
     where = s["origin"] or s["first_nonfinite"]
     first = None if where is None else {"step": where["step"], "pass": where.get("pass"), "origin": where.get("origin")}
     dominated = a.get("dominated")
     return {
         "last_step": s["last_step"],
         "layers": s["layers"],
-        "severity": verdict.SEVERITY[worst],
+        "severity": anomalies.SEVERITY[worst],
         "verdict": worst,
         "first_nonfinite": first,
         "latest": s["latest"],
@@ -228,8 +228,8 @@ def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source):  
 
 def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
     """A state added to the verdicts must rank in the sweep (a row of that run would fail) and be a column."""
+    from tb_layergrad.reader import anomalies as verdict_rules
     from tb_layergrad.reader import run_health
-    from tb_layergrad.reader import verdict as verdict_rules
 
     assert set(verdict_rules.SEVERITY) == set(verdict_rules.STATES)
     measured = {m.key for m in run_health.MEASURES}
@@ -287,8 +287,8 @@ def test_a_run_without_loss_is_rowed_on_its_worst_target(tmp_path):
     writer.close()
     tb = InProcess(str(tmp_path))
     each = {t: get_json(tb, "sweep", {"target": t})["runs"][0] for t in ("discriminator", "generator")}
-    assert each["discriminator"]["verdict"] == verdict.OK
-    assert each["generator"]["verdict"] == verdict.VANISHING_OVER_STEPS
+    assert each["discriminator"]["verdict"] == anomalies.OK
+    assert each["generator"]["verdict"] == anomalies.VANISHING_OVER_STEPS
     row = get_json(tb, "sweep", {})["runs"][0]
     assert row["target"] == "generator"
     assert {k: row[k] for k in HEALTH_FIELDS} == {k: each["generator"][k] for k in HEALTH_FIELDS}

@@ -15,7 +15,7 @@ import pytest
 from hparams_fixtures import EXPECTED, STEPS, fit_with_logger, write_hparams_logdir
 
 from tb_layergrad.cli import report
-from tb_layergrad.reader import verdict
+from tb_layergrad.reader import anomalies
 
 HOSTILE_RUN = '<img src=x onerror="alert(1)">'
 LONG = "&<script>alert(1)</script>" + "x" * 10_000
@@ -40,13 +40,13 @@ def expected_rows(logdir):
     out = {}
     for r in report.build(logdir).runs:
         first = r.summary_json()["first_nonfinite"]
-        worst = verdict.worst(r.verdicts())
+        worst = anomalies.worst(r.verdicts())
         out[r.run] = {
             "target": r.target,
             "last_step": r.last_step,
             "layers": len(r.layers),
             "verdict": worst.state,
-            "severity": verdict.SEVERITY[worst.state],
+            "severity": anomalies.SEVERITY[worst.state],
             "first_nonfinite": None if first is None else first["step"],
             "latest": r.latest,
             "dominated_steps": None,

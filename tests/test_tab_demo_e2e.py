@@ -22,6 +22,7 @@ import tab_fixtures as tf_  # noqa: E402
 from tensorboard_process import PLUGIN_API, TensorBoardProcess  # noqa: E402
 
 from tb_layergrad.cli import demo as demo_module  # noqa: E402
+from tb_layergrad.cli import demo_nan  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.browser, pytest.mark.slow]
 HEALTHY = ("mlp_relu_he", "rnn_lstm", "explode_clipnorm")
@@ -86,7 +87,7 @@ def overview(demo_tab, run: str) -> dict:
 
 def test_nan_backward_marks_sqrt_features_as_the_origin(demo_tab):
     o = overview(demo_tab, "nan_backward")
-    step = demo_module.NAN_BACKWARD_STEP
+    step = demo_nan.NAN_BACKWARD_STEP
     assert o["states"] == {"dense_0": "nonfinite", "sqrt_features": "nan_origin", "head": "ok"}
     (origin,) = o["rows"]["sqrt_features"]["chips"]
     (reached,) = o["rows"]["dense_0"]["chips"]

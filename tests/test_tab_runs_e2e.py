@@ -26,7 +26,7 @@ import tab_fixtures as tf_  # noqa: E402
 from tensorboard_process import PLUGIN_API, TensorBoardProcess  # noqa: E402
 
 from tb_layergrad.cli import demo_sweep  # noqa: E402
-from tb_layergrad.reader import verdict as verdict_rules  # noqa: E402
+from tb_layergrad.reader import anomalies as verdict_rules  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.browser, pytest.mark.slow]
 

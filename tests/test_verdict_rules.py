@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tb_layergrad import nonfinite_origin
-from tb_layergrad.reader import anomalies, verdict
+from tb_layergrad.reader import anomalies
 
 STEPS = list(range(0, 80, 10))
 
@@ -36,7 +36,7 @@ def test_the_origin_comes_before_every_other_state_and_the_nan_it_reached_next()
     run.origin = nonfinite_origin.Origin(40, nonfinite_origin.PASS_BACKWARD, "m/b", "loss", ["m/a"])
     states = [(v.state, v.step, v.text) for v in run.verdicts()]
     assert states == [("nonfinite", 40, "NaN/Inf @40"), ("nan_origin", 40, "NaN/Inf born here @40"), ("ok", 70, "ok")]
-    cells = verdict.cell_states(run)
+    cells = anomalies.cell_states(run)
     assert cells[1, 4] == "nan_origin" and cells[1, 3] == "vanishing" and list(cells[0, 4:]) == ["nonfinite"] * 4
     (finding,) = [f for f in run.summary_json()["findings"] if f["kind"] == "nonfinite"]
     assert (finding["layer"], finding["step"], finding["line"]) == ("m/b", 40, run.origin.line)
@@ -72,7 +72,7 @@ def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the
     ]
     assert [f["kind"] for f in stalled.summary_json()["findings"]] == ["vanishing", "vanishing_over_steps"]
     assert stalled.latest["vanishing_over_steps"] == 2
-    cells = verdict.cell_states(stalled)
+    cells = anomalies.cell_states(stalled)
     assert list(cells[0]) == ["ok"] * 6 + ["vanishing_over_steps"] * 6 and set(cells[2]) == {"vanishing"}
     converged = anomalies.evaluate(layers, steps, stats, target_values=np.geomspace(0.7, 1e-6, 12))
     assert [v.state for v in converged.verdicts()] == ["ok", "ok", "vanishing"]
@@ -81,7 +81,7 @@ def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the
 
 def test_the_states_in_their_order():
     """STATES is the precedence, most serious first (what a reader that counts or sorts verdicts relies on)."""
-    assert verdict.STATES == (
+    assert anomalies.STATES == (
         "nan_origin",
         "nonfinite",
         "exploding",

@@ -1,5 +1,5 @@
 // The overview's two columns beside the heatmap: each row's layer name, and its verdict chip (the `anomalies`
-// route's `layers[].verdict`, tb_layergrad/reader/verdict.py) with a "dominated" chip for per-example records.
+// route's `layers[].verdict`, tb_layergrad/reader/anomalies.py) with a "dominated" chip for per-example records.
 // Names come from user code: they go in as text only (dom.js).
 
 import { dominatedRule, isOrigin, stateChip } from "../anomalies.js";
@@ -30,7 +30,7 @@ export function drawLabels(column, { layers, names, an, rowH, open }) {
     });
     el.textContent = name;
     if (i % every !== 0) el.hidden = true;
-    // The route's verdict of the layer (tb_layergrad/reader/verdict.py), as the chips, banners and report say.
+    // The route's verdict of the layer (tb_layergrad/reader/anomalies.py), as the chips, banners and report say.
     const v = an.layers[i].verdict;
     const kind = v && (v.now || v.state === "nan_origin") ? stateChip(v.state) : null;
     if (kind) el.classList.add(`lg-flag-${kind}`);

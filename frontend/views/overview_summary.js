@@ -1,5 +1,5 @@
 // The overview's summary above the heatmap: the run and its size, one line per finding of the `anomalies`
-// route (tb_layergrad/reader/verdict.py: the same lines as `tb-layergrad report`; a click opens the layer and
+// route (tb_layergrad/reader/anomalies.py: the same lines as `tb-layergrad report`; a click opens the layer and
 // step it names), and how many layers are flagged at the latest step.
 
 import { dominatedRule, findingsOf } from "../anomalies.js";
@@ -22,7 +22,7 @@ export function drawSummary(el, { d, an, state, prefix, activation, openStep }) 
     h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${d.bins ? `${d.bins.counts.reduce((a, b) => a + b, 0)} steps in ${cols} bins` : `${cols} steps`}` + (cols ? ` (${d.steps[0]}–${(d.bins ? d.bins.last_steps : d.steps)[cols - 1]})` : "") + (prefix ? ` · model ${prefix.slice(0, -1)}` : "") }),
   );
   parts.push(head);
-  // The route's findings (tb_layergrad/reader/verdict.py): one line each however many layers it spans, the
+  // The route's findings (tb_layergrad/reader/anomalies.py): one line each however many layers it spans, the
   // same lines as `tb-layergrad report`; inserted as text (names come from user code). A click opens the
   // layer and step it names.
   const origin = d.an && d.an.summary ? d.an.summary.origin : null;

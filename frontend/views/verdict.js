@@ -1,5 +1,5 @@
 // A layer's verdict as a chip: the `anomalies` route's `layers[].verdict`, decided once by
-// tb_layergrad/reader/verdict.py. The overview's rows and the layer view show the same state, text and
+// tb_layergrad/reader/anomalies.py. The overview's rows and the layer view show the same state, text and
 // reason, as `tb-layergrad report`'s `verdict` column does; nothing is decided here.
 
 import { flagInfo, stateChip } from "../anomalies.js";
@@ -18,15 +18,15 @@ export function verdictWhy(v, { counts = {}, recorded = 0, thresholds = {}, orig
   if (v.state === "nonfinite") return `non-finite gradient at ${counts.nonfinite ?? "?"} of ${n} steps, first at step ${v.step} (reached from where it was born)`;
   if (v.state === "vanishing_over_steps") {
     const T = thresholds;
-    return `the gradient fell at least 10^${T.STEP_DECAY_DECADES ?? 2} times from its first ${T.EDGE_STEPS ?? 5} logged steps to its last ${T.EDGE_STEPS ?? 5} while the target's value fell by less than ${Math.round(100 * (T.TARGET_FALL ?? 0.5))}% (not convergence); first 10^${T.STEP_DECAY_DECADES ?? 2} below at step ${v.step}`;
+    return `the gradient fell at least 10^${T.STEP_DECAY_DECADES} times from its first ${T.EDGE_STEPS} logged steps to its last ${T.EDGE_STEPS} while the target's value fell by less than ${Math.round(100 * T.TARGET_FALL)}% (not convergence); first 10^${T.STEP_DECAY_DECADES} below at step ${v.step}`;
   }
-  if (v.state === "vanishing_through_time") return `the gradient reaching the first timestep is at least 10^${thresholds.TIME_DECAY_DECADES ?? 3} times smaller than at the last`;
+  if (v.state === "vanishing_through_time") return `the gradient reaching the first timestep is at least 10^${thresholds.TIME_DECAY_DECADES} times smaller than at the last`;
   if (v.state === "ok") return "none of the rules holds (docs/ANOMALIES.md)";
   const info = flagInfo(thresholds).find((x) => x.key === v.state);
   return `${v.state} at ${counts[v.state] ?? "?"} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
 }
 
-// A verdict state in words: the chip texts of tb_layergrad/reader/verdict.py's LABELS, without a step.
+// A verdict state in words: the chip texts of tb_layergrad/reader/anomalies.py's LABELS, without a step.
 const STATE_WORDS = {
   nan_origin: "NaN/Inf born here",
   nonfinite: "NaN/Inf",

@@ -2,17 +2,6 @@
 
 `report` and `--version` import no TensorFlow: they start fast and print nothing
 but their own output. Only `demo`, which trains, loads it.
-
-Modules:
-  report       -- `tb-layergrad report LOGDIR` ; reads with `tb_layergrad.reader`
-  report_format -- the report's text, JSON and CSV forms
-  report_sort  -- `report --sort COLUMN`: one order for the CSV's rows, JSON's runs and layers, text's runs
-  demo         -- `tb-layergrad demo`: small trainings that each show one classic behaviour
-  demo_models  -- the demo's models (the README's quickstart model among them)
-  demo_fit     -- what every demo run shares: its progress line, the model.fit() with GradientLogger
-  demo_nan     -- the demo's three NaN runs (born in the loss, the forward pass, the backward pass)
-  demo_gan     -- the demo's GAN run (a custom train_step with two optimizers: two targets)
-  demo_sweep   -- the demo's sweep: learning rate x activation, hyperparameters logged with HParams
 """
 
 from __future__ import annotations

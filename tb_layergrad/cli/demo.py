@@ -22,7 +22,8 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 | `sweep/lr=..,act=..` | six trials of learning rate x activation, hyperparameters logged with TensorBoard's `hp.KerasCallback`: the sigmoid trials' first layer vanishes whatever the learning rate (`demo_sweep.py`; `report --sort hp/act`) |
 
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
-TensorBoard on the logdir.
+TensorBoard on the logdir. Keras and TensorFlow are imported by the functions that train (here and in
+`demo_nan`, `demo_sweep`, `demo_fit`): the demo's plan and names cost no TensorFlow to import.
 """
 
 from __future__ import annotations
@@ -35,9 +36,6 @@ from typing import Any, List, Optional
 
 from tb_layergrad.cli import demo_fit, demo_nan, demo_sweep
 from tb_layergrad.cli.demo_fit import Progress
-from tb_layergrad.cli.demo_nan import NAN_BACKWARD_STEP, NAN_EVERY, NAN_FORWARD_STEP  # noqa: F401 (the plan)
-
-_inputs_with_one_bad_batch = demo_nan.inputs_with_one_bad_batch  # tests plant NaNs the demo's way
 
 DEFAULT_LOGDIR = "layergrad_demo"
 

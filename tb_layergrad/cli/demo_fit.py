@@ -11,6 +11,8 @@ import shutil
 import sys
 import time
 
+import tb_layergrad
+
 
 class Progress:
     """One line per run: a bar, steps, seconds; `\r`-updated on a terminal, printed once when done otherwise."""
@@ -82,8 +84,6 @@ def fit(
     GradientLogger writes to `logdir/<name>/train`; the run is then lifted up to `logdir/<name>`
     (`lift_train_run`), so that each demo run is one run named for what it shows.
     """
-    import tb_layergrad
-
     x, y = data
     model.compile(optimizer=optimizer, loss=loss)
     progress = Progress(name, steps, shows)

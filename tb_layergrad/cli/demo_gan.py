@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 from keras import layers
 
+import tb_layergrad
 from tb_layergrad.cli.demo_fit import Progress, lift_train_run, progress_callback
 
 GAN_LATENT = 4
@@ -79,8 +80,6 @@ def gan_model() -> SaturatingGAN:
 
 def gan_run(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
     """Train the GAN in fit() with GradientLogger on 2-D samples around (2, 2) into `logdir/gan`."""
-    import tb_layergrad
-
     rng = np.random.default_rng(9)
     real = (rng.normal(size=(steps * GAN_BATCH, 2)) * 0.5 + 2.0).astype(np.float32)
     keras.utils.set_random_seed(0)

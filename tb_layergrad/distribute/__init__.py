@@ -1,9 +1,4 @@
-"""Gradients of the GLOBAL batch under `tf.distribute`, and who writes them (docs/DISTRIBUTED.md).
-
-Modules:
-  merge    -- the replicas' gradients merged into the global batch's (`merge`, `merge_in_replica`)
-  workers  -- only the chief writes (`is_chief`, `create_file_writer`, `NonChiefWriter`)
-"""
+"""Gradients of the GLOBAL batch under `tf.distribute`, and who writes them (docs/DISTRIBUTED.md)."""
 
 from tb_layergrad.distribute.merge import merge
 from tb_layergrad.distribute.workers import create_file_writer, is_chief

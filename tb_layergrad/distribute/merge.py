@@ -88,8 +88,6 @@ def holds_distributed_values(grads: Any) -> bool:
 def _as_map(grads: Any) -> GradientMap:
     if isinstance(grads, GradientMap):
         return grads
-    from tb_layergrad.capturing.gradient_map import Entry
-
     entries = {p: Entry(g, metadata.SOURCE_OUTPUT, i) for i, (p, g) in enumerate(dict(grads).items())}
     return GradientMap(entries, metadata.DEFAULT_TARGET)
 

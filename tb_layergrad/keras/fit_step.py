@@ -42,9 +42,10 @@ from tb_layergrad.keras import nonfinite_check, replica_payload, step_messages, 
 from tb_layergrad.keras.batch_count import BatchCount, advance, logged
 from tb_layergrad.keras.model_facts import model_train_step
 from tb_layergrad.keras.step_observation import StepObservation
-from tb_layergrad.summary import per_example_plan
+from tb_layergrad.summary import per_example_write
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.write import reduced_plan, when, write_step, write_step_checked
+from tb_layergrad.summary.conditions import when
+from tb_layergrad.summary.write import reduced_plan, write_step, write_step_checked
 
 PAYLOAD_KEY = "__tb_layergrad__"
 
@@ -199,7 +200,7 @@ class FitStep:
             if ctx is not None:  # several replicas: every replica's norms, in global batch order, at every step
                 per_example = merge_per_example(per_example, ctx)
             examples = examples + plans.Plan(
-                per_example=per_example_plan.from_norms(per_example, tape.name, tape.gmap, scale)
+                per_example=per_example_write.from_norms(per_example, tape.name, tape.gmap, scale)
             )
         main = dataclasses.replace(main, per_example=examples.per_example)
         for other in others:  # each further tape of the step: its own target (its loss's value, no activations)
@@ -349,7 +350,7 @@ class FitStep:
         output stops grappler's remapper from fusing it with its bias add and
         activation, which changes the forward pass's last bits. Inline, the branch's
         ops are the step's own and its dead reads go. The writes stay one call
-        (`summary.graph.cond_out_of_line`), handed the passes' results only.
+        (`summary.conditions.cond_out_of_line`), handed the passes' results only.
         """
 
         def run() -> None:

@@ -17,8 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.summary import nonfinite_tracker
-from tb_layergrad.summary.graph import cond_out_of_line
+from tb_layergrad.summary import writer_state
+from tb_layergrad.summary.conditions import cond_out_of_line
 from tb_layergrad.summary.plan import Plan
 from tb_layergrad.summary.write import series_nonfinite
 
@@ -86,10 +86,10 @@ class FirstNonfinite:
 
     def __init__(self) -> None:
         with tf.init_scope():
-            self.step = nonfinite_tracker.local_variable(
+            self.step = writer_state.local_variable(
                 tf.constant(-1, tf.int64), tf.TensorShape([]), "layergrad_first_nonfinite_step"
             )
-            self.flags = nonfinite_tracker.local_variable(
+            self.flags = writer_state.local_variable(
                 tf.zeros([0], tf.bool), tf.TensorShape([None]), "layergrad_first_nonfinite_flags"
             )
 

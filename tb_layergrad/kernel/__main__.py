@@ -1,5 +1,5 @@
 """`python -m tb_layergrad.kernel`: build the fused kernel now (e.g. in a Docker image) and print where."""
 
-from tb_layergrad.kernel.loader import main
+from tb_layergrad.kernel.fused import main
 
 main()

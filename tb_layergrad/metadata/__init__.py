@@ -1,15 +1,8 @@
-"""The on-disk contract: plugin name, tags, versioned metadata, tensor layouts.
+"""The on-disk contract (docs/FORMAT.md): plugin name, tags, versioned metadata, tensor layouts.
 
-This module must stay free of TensorFlow: the TensorBoard plugin imports it and
-TensorBoard may run without TensorFlow installed. `docs/FORMAT.md` is the prose
-version of what is encoded here; change both together and bump FORMAT_VERSION
-when a reader written for the old version would misread the new files. Only the
-newest version is written; `parse_plugin_content` reads every older one.
-
-Modules: `records` (names, kinds, sources, the statistics' order, per-layer
-`SeriesInfo`), `groups` (format version 2: `GroupInfo`, one record per step
-for all layers of one target and source), `parse` (reading any version).
-Every name is read as `tb_layergrad.metadata.<name>`.
+Free of TensorFlow (the TensorBoard plugin imports it); every name is read as `tb_layergrad.metadata.<name>`.
+Change it and docs/FORMAT.md together, and bump FORMAT_VERSION when a reader of the old version would misread
+the new files. Only the newest version is written; `parse_plugin_content` reads every older one.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from tb_layergrad.metadata.parse import (
     parse_plugin_content,
     try_parse_plugin_content,
 )
-from tb_layergrad.metadata.records import (
+from tb_layergrad.metadata.series_info import (
     ACTIVATION_TARGET,
     DEFAULT_TARGET,
     EXAMPLE_COUPLED,

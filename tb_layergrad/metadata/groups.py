@@ -10,7 +10,7 @@ from typing import Any, Dict, Sequence, Tuple
 
 from tensorboard.compat.proto import summary_pb2
 
-from tb_layergrad.metadata.records import (
+from tb_layergrad.metadata.series_info import (
     EXAMPLE_FIELDS,
     KIND_EXAMPLES,
     KIND_FIRST_NONFINITE,

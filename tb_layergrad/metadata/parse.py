@@ -7,7 +7,7 @@ import json
 from typing import Any, Dict, Optional, Union
 
 from tb_layergrad.metadata.groups import GROUPED_KINDS, GroupInfo
-from tb_layergrad.metadata.records import FORMAT_VERSION, SERIES_INFO_FIELDS, SeriesInfo
+from tb_layergrad.metadata.series_info import FORMAT_VERSION, SERIES_INFO_FIELDS, SeriesInfo
 
 
 class UnsupportedFormatError(ValueError):

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin.responses import finite_or_none, float_list
-from tb_layergrad.reader import anomalies, catalog, series
+from tb_layergrad.reader import anomalies, catalog, dominance, series, trends
 
 
 def runs_body(cat: catalog.Catalog, statistics_read: Callable[[catalog.RunCatalog], bool]) -> dict:
@@ -108,7 +108,7 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
     for i, s in enumerate(result.summaries):
         if only_layer is not None and s.layer != only_layer:
             continue
-        entry = result.layer_json(i)  # with its `verdict` (reader.verdict)
+        entry = result.layer_json(i)  # with its `verdict` (`anomalies.layer_verdicts`)
         entry["flags"] = flags[i]
         layers.append(entry)
     body = {
@@ -116,7 +116,7 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
         "target": result.target,
         "source": result.source,
         "thresholds": dict(anomalies.THRESHOLDS),
-        "trend_window": anomalies.TREND_WINDOW,
+        "trend_window": trends.TREND_WINDOW,
         "flag_bits": dict(anomalies.FLAG_BITS),
         "steps": [int(x) for x in result.steps],
         "max_rms": float_list(result.max_rms),
@@ -126,11 +126,11 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
     }
     if result.dominated is not None:
         body["dominated"] = [dominance_json(d) for d in result.dominated if only_layer in (None, d.layer)]
-        body["example_thresholds"] = dict(anomalies.EXAMPLE_THRESHOLDS)
+        body["example_thresholds"] = dict(dominance.EXAMPLE_THRESHOLDS)
     return body
 
 
-def dominance_json(d: anomalies.Dominance) -> dict:
+def dominance_json(d: dominance.Dominance) -> dict:
     """One dominated layer as `tb-layergrad report --format json` gives it, with the report's sentence (`line`):
     the tab inserts it as text, so that both say the same."""
     return {**d.to_json(), "worst_share": finite_or_none(d.worst_share), "line": d.line}

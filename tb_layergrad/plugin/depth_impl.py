@@ -14,8 +14,8 @@ from tensorboard import errors
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin.layer_impl import stat_values
+from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.queries import DepthQuery
-from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.reader import series
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.stats_store import StatsRows

@@ -12,8 +12,8 @@ from tensorboard import errors
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import binned, example_bodies
+from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.queries import LayerQuery
-from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import count_list, finite_or_none, float_list, float_matrix
 from tb_layergrad.reader import downsample, examples, layer_points, series
 from tb_layergrad.reader.catalog import quote

@@ -17,7 +17,7 @@ What it costs, and its bounds:
   that keep changing (a training run); a run never read yet is still read once.
 - After each pass, `then(ctx, catalog)` runs (the routes compute the `sweep` route's rows of the runs held
   and not computed yet, whoever read them, `sweep_impl.warm`), so that the Runs view's first request finds them.
-- `--layergrad_prefetch=false` turns it off (`plugin.loader`).
+- `--layergrad_prefetch=false` turns it off (`loader.PREFETCH`).
 """
 
 from __future__ import annotations

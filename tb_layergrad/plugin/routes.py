@@ -1,7 +1,7 @@
 """The routes of docs/HTTP_API.md: each parses its request, calls an `*_impl` that returns the body, responds.
 
 A JSON route is one row of `JSON_ROUTES`: the function that validates its query whole (`queries`: 400),
-and the `*_impl` that looks the names up (`reading`: 404) and answers (`layer_impl`, `run_impl`, `depth_impl`,
+and the `*_impl` that looks the names up (`lookups`: 404) and answers (`layer_impl`, `run_impl`, `depth_impl`,
 `hists_at_impl`). Every
 route is a WSGI app whose errors are JSON (`responses.json_errors`).
 """
@@ -18,10 +18,9 @@ from werkzeug import wrappers
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import depth_impl, hists_at_impl, layer_impl, prefetch, queries, run_impl, sweep_impl
-from tb_layergrad.plugin.reading import Reading
+from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.responses import csv_response, json_errors, json_response
 from tb_layergrad.plugin.static import StaticFiles
-from tb_layergrad.reader.stats_store import StatsStore
 
 PLUGIN_PREFIX = f"/data/plugin/{metadata.PLUGIN_NAME}/"
 
@@ -92,15 +91,6 @@ class Routes:
         """{route: WSGI app} of every route but the static files'."""
         apps: Dict[str, Callable] = {route: JsonRoute(self, *how) for route, how in JSON_ROUTES.items()}
         return {**apps, "/csv": self.csv}
-
-    @property
-    def _stats(self) -> StatsStore:
-        """The store the routes read `stats` through; tests replace it to drop what it keeps."""
-        return self.reading.stats
-
-    @_stats.setter
-    def _stats(self, store: StatsStore) -> None:
-        self.reading.stats = store
 
     def where(self, request: wrappers.Request) -> Tuple[object, str]:
         """(the request's context, its experiment id); tells the prefetcher that the tab is open."""

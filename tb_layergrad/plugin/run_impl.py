@@ -18,8 +18,8 @@ from tensorboard.data import provider as tb_provider
 from tb_layergrad import metadata
 from tb_layergrad.plugin import binned, bodies, example_bodies
 from tb_layergrad.plugin.layer_impl import int_list, stat_values
+from tb_layergrad.plugin.lookups import Reading, missing_series
 from tb_layergrad.plugin.queries import CompareQuery, NoiseScaleQuery, RunQuery
-from tb_layergrad.plugin.reading import Reading, missing_series
 from tb_layergrad.plugin.responses import RawJson, csv_number, csv_text, dumps, float_rows_json
 from tb_layergrad.reader import (
     catalog,

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 from tb_layergrad import metadata
+from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.queries import SweepQuery
-from tb_layergrad.plugin.reading import Reading
 from tb_layergrad.plugin.responses import finite_or_none
 from tb_layergrad.reader import catalog, hparams, run_health
 

@@ -1,4 +1,4 @@
-"""The anomaly rules of docs/ANOMALIES.md: the one implementation.
+"""The anomaly rules of docs/ANOMALIES.md and the one verdict per layer they give: the one implementation.
 
 Pure numpy (no TensorFlow, no TensorBoard): the plugin's `anomalies` route
 (what the tab's overview draws), `tb-layergrad report` and notebooks all call
@@ -17,6 +17,25 @@ cell (docs/HTTP_API.md), NaN where a layer has no record at a step:
     flags = anomalies.detect(rms, norm, nonfinite, zero_frac)   # uint8 [layers, steps]
     run = anomalies.evaluate(layers, steps, {"rms": rms, "norm": norm, ...})
     run.summaries[0].first_nonfinite_step, run.summaries[0].now, run.summary_json()
+
+One verdict per layer and one line per finding: what the overview, its banners, the layer view,
+`tb-layergrad report` and `tb_layergrad.load()` all show. Why one place: the rules flag cells and `origin`
+says where a NaN was born, but each reader used to pick its own words from them, and they disagreed (the
+origin of a NaN unmarked while the layers it reached were red; a layer tagged two ways).
+
+A layer's state is the first of these that holds; STATES is that order (most serious first), for readers that
+count or sort verdicts (docs/ANOMALIES.md, "One verdict"):
+
+    nan_origin              the run's first NaN/Inf was born in this layer (`RunAnomalies.origin`)
+    nonfinite               a NaN/Inf reached the layer's gradient at some logged step
+    exploding, dead, vanishing   the layer's cell state at its last logged step (`now`); else the most
+                            serious one of an earlier step (`now` False), in this order
+    vanishing_over_steps    its gradient fell STEP_DECAY_DECADES over the run while the target's value did not
+                            fall by TARGET_FALL (`trends.collapsed`)
+    vanishing_through_time  its per-timestep gradients shrink by at least TIME_DECAY_DECADES
+    ok
+
+    [v.state for v in run.verdicts()], [f["line"] for f in run.summary_json()["findings"]]
 """
 
 from __future__ import annotations
@@ -27,18 +46,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from tb_layergrad import nonfinite_origin
 from tb_layergrad.reader import trends
-from tb_layergrad.reader.dominance import (  # noqa: F401 - the rule of one example dominating, part of this module
-    DOMINANT_MIN_EXAMPLES,
-    DOMINANT_OUTLIER,
-    DOMINANT_SHARE,
-    EXAMPLE_THRESHOLDS,
-    Dominance,
-    dominance,
-    dominated,
-    usual_top_norm,
-)
-from tb_layergrad.reader.trends import TINY, TREND_WINDOW, timestep_decay, trend  # noqa: F401 - summaries, part of this module
+from tb_layergrad.reader.dominance import Dominance
 
 # -- thresholds (docs/ANOMALIES.md, "Thresholds") ------------------------------------------------
 VANISH_REL = 1e-3  # vanishing: rms < VANISH_REL x (largest rms of any layer at that step)
@@ -46,7 +56,7 @@ EXPLODE_ABS = 1e3  # exploding: rms > EXPLODE_ABS ...
 EXPLODE_GROWTH = 1e2  # ... or rms > EXPLODE_GROWTH x the layer's baseline, after the baseline
 BASELINE_STEPS = 5  # baseline: median of the layer's first BASELINE_STEPS rms values > 0
 DEAD_ZERO_FRAC = 0.99  # dead: norm == 0, or zero_frac >= DEAD_ZERO_FRAC
-# Vanishing through time (`reader.verdict`): dL/dh at the first timestep 1000x below the last one, the same three
+# Vanishing through time (`layer_verdicts`): dL/dh at the first timestep 1000x below the last one, the same three
 # orders of magnitude that make a layer vanishing against the others (VANISH_REL), through time instead of depth.
 TIME_DECAY_DECADES = 3.0
 
@@ -198,7 +208,7 @@ class LayerSummary:
     last_rms: Optional[float]
     last_zero_frac: Optional[float]
     last_nonfinite: Optional[float]  # NaN/Inf elements at last_step: the norm of a gradient holding one is NaN
-    trend: Optional[float]  # decades over the last TREND_WINDOW logged steps, see `trend`
+    trend: Optional[float]  # decades over the last TREND_WINDOW logged steps, see `trends.trend`
     first_nonfinite_step: Optional[int]  # the layer's first step with a NaN/Inf (sent as `first_nonfinite`)
     counts: Dict[str, int]  # logged steps flagged with each kind
     now: int  # flags at last_step
@@ -247,7 +257,7 @@ class RunAnomalies:
     summaries: List[LayerSummary]
     # Per layer, the steps where one example dominated it (`dominance`); None: the run has no per-example
     # records for this (target, source), set by the reader.
-    dominated: Optional[List["Dominance"]] = None
+    dominated: Optional[List[Dominance]] = None
     # Where the run first went non-finite for its target (docs/ANOMALIES.md, "Where it broke"), set by
     # the reader (`reader.origin`; any source of the target counts, activations too); None: never, or not asked.
     origin: Optional[Any] = None  # a tb_layergrad.nonfinite_origin.Origin
@@ -271,9 +281,7 @@ class RunAnomalies:
     @property
     def latest(self) -> Dict[str, int]:
         """How many layers are flagged with each kind at the run's last logged step, and how many vanish
-        over steps and through time (`reader.verdict`)."""
-        from tb_layergrad.reader import verdict  # decides from this object: imported when asked
-
+        over steps and through time (`layer_verdicts`)."""
         counts = {k: 0 for k in KINDS}
         last = self.last_step
         for s in self.summaries:
@@ -281,17 +289,15 @@ class RunAnomalies:
                 continue
             for k in flag_names(s.now):
                 counts[k] += 1
-        for state in (verdict.VANISHING_OVER_STEPS, verdict.VANISHING_THROUGH_TIME):
+        for state in (VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME):
             counts[state] = sum(v.state == state for v in self.verdicts())
         return counts
 
     def verdicts(self) -> list:
-        """Each layer's `reader.verdict.Verdict`, in model order: the one state every reader shows."""
-        from tb_layergrad.reader import verdict
-
+        """Each layer's `Verdict`, in model order: the one state every reader shows."""
         key = (id(self.origin), id(self.dominated))  # the reader sets both after `evaluate`
         if getattr(self, "_verdicts", (None,))[0] != key:
-            self._verdicts = (key, verdict.layer_verdicts(self))
+            self._verdicts = (key, layer_verdicts(self))
         return self._verdicts[1]
 
     def layer_json(self, i: int) -> dict:
@@ -304,9 +310,7 @@ class RunAnomalies:
     def summary_json(self) -> dict:
         """The run's summary. Its `first_nonfinite` is `earliest_nonfinite`, to which an `origin` adds its
         `pass`, `origin` and `line` (those of `origin.step`, which may be earlier); `origin` is the whole origin;
-        `findings` the banner lines (`reader.verdict.findings`)."""
-        from tb_layergrad.reader import verdict
-
+        `findings` the banner lines (`findings`)."""
         first = self.earliest_nonfinite
         where = self.origin.to_json() if self.origin is not None else None
         if first is not None and where is not None:
@@ -319,7 +323,7 @@ class RunAnomalies:
             "first_nonfinite": first,
             "origin": where,
             "latest": self.latest,
-            "findings": verdict.findings(self),
+            "findings": findings(self),
         }
 
 
@@ -386,11 +390,11 @@ def evaluate(
                 last_rms=_num(m["rms"][i, last]) if last is not None else None,
                 last_zero_frac=_num(m["zero_frac"][i, last]) if last is not None else None,
                 last_nonfinite=_num(m["nonfinite"][i, last]) if last is not None else None,
-                trend=trend(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
+                trend=trends.trend(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
                 first_nonfinite_step=first,
                 counts={k: int(((row[cols] & bit) > 0).sum()) for k, bit in FLAG_BITS.items()},
                 now=int(row[last]) if last is not None else 0,
-                timestep_decay=timestep_decay(ts) if ts else None,
+                timestep_decay=trends.timestep_decay(ts) if ts else None,
                 has_timesteps=ts is not None,
                 step_decay=trends.step_decay(m["norm"][i, cols], m["nonfinite"][i, cols]),
                 decay_step=trends.collapse_step(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
@@ -400,3 +404,251 @@ def evaluate(
     return RunAnomalies(
         run, target, source, layers, steps, flags, rec, top, summaries, vanish_reference=reference, target_edges=edges
     )
+
+
+# -- one verdict per layer, one line per finding (docs/ANOMALIES.md, "One verdict") ----------------
+NAN_ORIGIN, NONFINITE_STATE, OK = "nan_origin", "nonfinite", "ok"
+VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME = "vanishing_over_steps", "vanishing_through_time"
+# Cell states after non-finite, most serious first (a cell holds at most one: `anomalies.detect`).
+CELL_STATES = (("exploding", EXPLODING), ("dead", DEAD), ("vanishing", VANISHING))
+STATES = (NAN_ORIGIN, NONFINITE_STATE, *(k for k, _ in CELL_STATES), VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME, OK)
+LABELS = {
+    NAN_ORIGIN: "NaN/Inf born here",
+    NONFINITE_STATE: "NaN/Inf",
+    "exploding": "exploding",
+    "dead": "dead",
+    "vanishing": "vanishing",
+    VANISHING_OVER_STEPS: "vanishing over steps",
+    VANISHING_THROUGH_TIME: "vanishing through time",
+    OK: "ok",
+}
+MAX_NAMED = 3  # layers a finding names before "and N more"
+# How serious a state is, for ordering runs (the sweep's `severity`): a NaN/Inf first, wherever it was born,
+# then a gradient out of range, one that is gone, one that fades; 0 for a healthy layer.
+SEVERITY = {
+    NAN_ORIGIN: 4,
+    NONFINITE_STATE: 4,
+    "exploding": 3,
+    "dead": 2,
+    "vanishing": 1,
+    VANISHING_OVER_STEPS: 1,
+    VANISHING_THROUGH_TIME: 1,
+    OK: 0,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One layer's state.
+
+    `now`: it holds at the layer's last logged step (the NaN states: from their step on). `step`: where to
+    look (the origin's step, the first non-finite step, the first step flagged so, or the last step).
+    `text`: the words of the overview's chip and the report's `verdict` column.
+    """
+
+    state: str
+    now: bool
+    step: Optional[int]
+    text: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def origin_layer(run: RunAnomalies) -> Optional[str]:
+    """The row where the run's first NaN/Inf was born.
+
+    Args:
+      run: an evaluated run whose `origin` the reader set (`run_anomalies.read_run`).
+
+    Returns:
+      The layer path, or None: nothing broke, the pass was the loss or cannot be told, or the layer is not
+      one of the run's rows (e.g. asked for weights).
+    """
+    o = run.origin
+    if o is None or o.pass_ not in (nonfinite_origin.PASS_FORWARD, nonfinite_origin.PASS_BACKWARD):
+        return None
+    return o.origin if o.origin in run.layers else None
+
+
+def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
+    """Each layer's state, decided once (the precedence of the module docstring).
+
+    Args:
+      run: an evaluated run (`anomalies.evaluate`), its `origin` set by the reader when known.
+
+    Returns:
+      A `Verdict` per layer, in model order (`run.layers`).
+
+    Example:
+
+        import numpy as np
+        from tb_layergrad.reader import anomalies
+        one = np.ones((2, 6))
+        run = anomalies.evaluate(["m/a", "m/b"], range(6), {"rms": one * [[1e-6], [1.0]], "norm": one,
+                                 "nonfinite": 0 * one, "zero_frac": 0 * one})
+        [v.state for v in layer_verdicts(run)]  # ['vanishing', 'ok']
+    """
+    born = origin_layer(run)
+    out = []
+    for i, s in enumerate(run.summaries):
+        row = run.flags[i][run.recorded[i]]
+        steps = run.steps[run.recorded[i]]
+        if s.layer == born:
+            out.append(Verdict(NAN_ORIGIN, True, run.origin.step, f"{LABELS[NAN_ORIGIN]} @{run.origin.step}"))
+            continue
+        if s.first_nonfinite_step is not None:
+            step = s.first_nonfinite_step
+            out.append(Verdict(NONFINITE_STATE, True, step, f"{LABELS[NONFINITE_STATE]} @{step}"))
+            continue
+        found = None
+        for kind, bit in CELL_STATES:
+            if s.now & bit:
+                found = Verdict(kind, True, int(steps[np.flatnonzero(row & bit)[0]]), kind)
+                break
+        for kind, bit in CELL_STATES if found is None else ():
+            hits = np.flatnonzero(row & bit)
+            if hits.size:
+                found = Verdict(kind, False, int(steps[hits[0]]), f"{kind} {hits.size}/{s.recorded}")
+                break
+        if found is None and trends.collapsed(s.step_decay, trends.target_fall(run.target_edges)):
+            step = s.decay_step if s.decay_step is not None else s.last_step
+            found = Verdict(VANISHING_OVER_STEPS, True, step, f"{LABELS[VANISHING_OVER_STEPS]} @{step}")
+        if found is None and s.timestep_decay is not None and s.timestep_decay <= -TIME_DECAY_DECADES:
+            found = Verdict(VANISHING_THROUGH_TIME, True, s.last_step, LABELS[VANISHING_THROUGH_TIME])
+        out.append(found or Verdict(OK, True, s.last_step, OK))
+    return out
+
+
+def worst(verdicts: Sequence[Verdict]) -> Optional[Verdict]:
+    """The run's worst layer verdict: the first state of STATES any layer holds (None without layers).
+
+    Args:
+      verdicts: the layers' verdicts (`layer_verdicts`).
+
+    Returns:
+      That layer's `Verdict` (the first layer in model order among equals), or None.
+
+    Example:
+
+        worst([Verdict("dead", True, 3, "dead"), Verdict("nonfinite", True, 5, "NaN/Inf @5")]).state  # 'nonfinite'
+    """
+    rank = {state: i for i, state in enumerate(STATES)}
+    return min(verdicts, key=lambda v: rank[v.state], default=None)
+
+
+def _names(layers: Sequence[str]) -> str:
+    shown = ", ".join(layers[:MAX_NAMED])
+    more = len(layers) - MAX_NAMED
+    return shown + (f" and {more} more layer{'s' if more > 1 else ''}" if more > 0 else "")
+
+
+def _finding(kind: str, layers: Sequence[str], layer: Optional[str], step: Optional[int], line: str) -> dict:
+    return {"kind": kind, "layers": list(layers), "layer": layer, "step": step, "line": line}
+
+
+def findings(run: RunAnomalies) -> List[dict]:
+    """One line per finding, however many layers it spans (the overview's banners, the report's lines).
+
+    Args:
+      run: an evaluated run; its `origin` and `dominated` as the reader set them.
+
+    Returns:
+      A list of dicts: `kind` (a state, or `dominated`), `layers` (model order), `layer` and `step` (where
+      to look first) and `line`, in the order of STATES, `dominated` last; empty for a healthy run.
+    """
+    verdicts = run.verdicts()
+    out: List[dict] = []
+    first = run.earliest_nonfinite
+    if run.origin is not None:
+        o = run.origin
+        layers = [o.origin] if origin_layer(run) else list(first["layers"] if first else o.layers)
+        out.append(_finding(NONFINITE_STATE, layers, layers[0] if layers else None, o.step, o.line))
+    elif first is not None:
+        layers = first["layers"]
+        line = f"first non-finite gradient: step {first['step']} in {_names(layers)}"
+        out.append(_finding(NONFINITE_STATE, layers, layers[0], first["step"], line))
+    by_state: Dict[str, List[int]] = {}
+    for i, v in enumerate(verdicts):
+        if v.now:
+            by_state.setdefault(v.state, []).append(i)
+    for kind, _ in CELL_STATES:
+        rows = by_state.get(kind, [])
+        if rows:
+            names = [run.layers[i] for i in rows]
+            line = f"{kind} at the latest step ({run.last_step}): {_names(names)}"
+            out.append(_finding(kind, names, names[0], verdicts[rows[0]].step, line))
+    rows = by_state.get(VANISHING_OVER_STEPS, [])
+    if rows:
+        out.append(_over_steps(run, [run.layers[i] for i in rows], [verdicts[i] for i in rows]))
+    rows = by_state.get(VANISHING_THROUGH_TIME, [])
+    if rows:
+        names = [run.layers[i] for i in rows]
+        worst = min(run.summaries[i].timestep_decay for i in rows)
+        line = (
+            f"vanishing through time in {_names(names)}: the gradient reaching the first timestep is "
+            f"10^{-worst:.1f} times smaller than at the last (threshold 10^{TIME_DECAY_DECADES:g})"
+        )
+        out.append(_finding(VANISHING_THROUGH_TIME, names, names[0], run.last_step, line))
+    if run.dominated:
+        out.append(dominated_finding(run.dominated))
+    return out
+
+
+def _over_steps(run: RunAnomalies, names: List[str], found: List[Verdict]) -> dict:
+    """The layers vanishing over steps as one finding: how far the worst fell, and what the target's value did."""
+    worst = min(run.summaries[run.layers.index(n)].step_decay for n in names)
+    early, late = run.target_edges
+    line = (
+        f"vanishing over steps in {_names(names)}: the gradient fell 10^{-worst:.1f} times from the first logged "
+        f"steps to the last (threshold 10^{trends.STEP_DECAY_DECADES:g}) while the value of {run.target} did not fall "
+        f"by {trends.TARGET_FALL:.0%} ({early:.4g} → {late:.4g})"
+    )
+    return _finding(VANISHING_OVER_STEPS, names, names[0], found[0].step, line)
+
+
+def dominated_finding(found: Sequence) -> dict:
+    """The layers where one example dominates (`dominance.Dominance`, model order) as one finding: a
+    layer's own sentence when it is alone, else the union of their steps and the worst of them."""
+    names = [d.layer for d in found]
+    worst = max(found, key=lambda d: d.worst_share)
+    if len(found) == 1:
+        line = worst.line
+    else:
+        steps = sorted({s for d in found for s in d.at})
+        n = len(steps)
+        where = f" from batch position {worst.worst_position}" if worst.worst_position is not None else ""
+        batch = f" of {worst.examples}" if worst.examples is not None else ""
+        line = (
+            f"one example dominates {_names(names)} at {n} step{'' if n == 1 else 's'}: first step {steps[0]}; "
+            f"worst step {worst.worst_step} in {worst.layer}, {worst.worst_share:.0%} of its gradient{where}{batch}"
+        )
+    return _finding("dominated", names, worst.layer, worst.worst_step, line)
+
+
+def cell_states(run: RunAnomalies) -> np.ndarray:
+    """Each cell's state, for `tb_layergrad.load()`'s `state` column.
+
+    Args:
+      run: an evaluated run, its `origin` set by the reader when known.
+
+    Returns:
+      str [layers, steps]: `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` (a cell has at most one
+      flag), `vanishing_over_steps` on the cells that would be `ok` from the step a layer in that state
+      collapsed (its verdict's step), "" where unrecorded, `nan_origin` at the origin's own cell
+      (`origin_layer`, the origin's step).
+    """
+    out = np.full(run.flags.shape, OK, dtype=object)
+    for i, v in enumerate(run.verdicts()):
+        if v.state == VANISHING_OVER_STEPS and v.step is not None:
+            out[i, run.steps >= v.step] = VANISHING_OVER_STEPS
+    out[(run.flags & NONFINITE) > 0] = NONFINITE_STATE
+    for kind, bit in CELL_STATES:
+        out[(run.flags & bit) > 0] = kind
+    out[~run.recorded] = ""
+    born = origin_layer(run)
+    if born is not None:
+        col = np.flatnonzero(run.steps == run.origin.step)
+        if col.size:
+            out[run.layers.index(born), col[0]] = NAN_ORIGIN
+    return out

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, Optional
 
+from tensorboard import context as tb_context
+
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.reader import catalog, event_files, hparams, origin, run_anomalies, series
 from tb_layergrad.reader.run_source import RunSource
@@ -109,8 +111,6 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
 
 
 def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
-    from tensorboard import context as tb_context
-
     provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "", runs)
@@ -201,8 +201,6 @@ def origins(
     The `Origin` of `tb_layergrad.nonfinite_origin` (`.step`, `.pass_`, `.origin`, `.line`,
     `.to_json()`); `load(logdir).attrs["nonfinite_origin"]` holds the same as dicts.
     """
-    from tensorboard import context as tb_context
-
     with event_files.tensorflow_free(logdir):
         provider = event_files.open_provider(logdir)
         ctx = tb_context.RequestContext()

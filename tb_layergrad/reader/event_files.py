@@ -26,6 +26,8 @@ import importlib
 import threading
 from typing import Any, Iterator, List, Tuple
 
+from tensorboard import compat
+
 from tb_layergrad import metadata
 
 # The modules of the multiplexer's reading path that bind `tensorboard.compat.tf` as `tf`.
@@ -49,8 +51,6 @@ def tensorflow_free(logdir: str = "") -> Iterator[None]:
     if is_url(logdir):
         yield
         return
-    from tensorboard import compat
-
     stub = importlib.import_module("tensorboard.compat.tensorflow_stub")
     with _lock:
         swapped: List[Tuple[object, object]] = []
@@ -71,6 +71,7 @@ def open_provider(logdir: str) -> Any:
     """A TensorBoard data provider over `logdir` that keeps every layergrad step.
 
     Call it inside `tensorflow_free(logdir)` to read without TensorFlow."""
+    # Imported when asked: the plugin, which imports the reader at TensorBoard's start, never reads this way.
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})

@@ -61,6 +61,7 @@ def parse_session_start(content: bytes) -> Optional[Values]:
         summary = summary_v2.hparams_pb({"lr": 0.1, "act": "relu"})
         parse_session_start(summary.value[0].metadata.plugin_data.content)  # {"act": "relu", "lr": 0.1}
     """
+    # Imported when a run has hyperparameters: the reader's modules load with the plugin, at TensorBoard's start.
     from google.protobuf.message import DecodeError
     from tensorboard.plugins.hparams import plugin_data_pb2
 

@@ -12,8 +12,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from tb_layergrad import metadata
-from tb_layergrad.reader import anomalies, catalog, examples, layer_points, origin, series
+from tb_layergrad import metadata, nonfinite_origin
+from tb_layergrad.reader import anomalies, catalog, dominance, examples, layer_points, origin, series
 from tb_layergrad.reader.origin import running_first_step
 from tb_layergrad.reader.run_source import RunSource
 
@@ -90,7 +90,7 @@ def _target_values(
 
 def read_dominance(
     src: RunSource, target: str, source: str, start: Optional[int] = None, end: Optional[int] = None
-) -> Optional[List[anomalies.Dominance]]:
+) -> Optional[List[dominance.Dominance]]:
     """The layers of run `src.rc` where one example dominated a step (docs/ANOMALIES.md), in model order;
     None when the run has no per-example records for (target, source) (nothing could be said)."""
     chosen = src.rc.with_kind(target, source, metadata.KIND_EXAMPLES)
@@ -100,7 +100,7 @@ def read_dominance(
     out = []
     for s in chosen:
         r = rows[s.key]
-        found = anomalies.dominance(
+        found = dominance.dominance(
             s.info.layer,
             r.steps,
             r.column("top_share"),
@@ -115,13 +115,10 @@ def read_dominance(
 
 
 def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
-    """{(layer, target, source): {step: state}} of every gradient series of run `src.rc` (`verdict.cell_states`,
+    """{(layer, target, source): {step: state}} of every gradient series of run `src.rc` (`anomalies.cell_states`,
     the verdicts of the tab and the report), and of its activations and target values: `nonfinite` or `ok`,
     `nan_origin` on the cell where the first NaN/Inf was born (an activation in the forward pass, the target's
     own value in the loss, a layer's output gradient in the backward pass)."""
-    from tb_layergrad import nonfinite_origin
-    from tb_layergrad.reader import verdict
-
     rc = src.rc
     out: Dict[tuple, Dict[int, str]] = {}
     values = [s for s in rc.series if s.info.kind == metadata.KIND_STATS and s.info.source in _VALUE_SOURCES]
@@ -130,14 +127,14 @@ def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
         rows = tables[s.key]
         bad = rows.column("nonfinite") > 0
         out[(s.info.layer, s.info.target, s.info.source)] = {
-            int(step): verdict.NONFINITE_STATE if b else verdict.OK for step, b in zip(rows.steps, bad)
+            int(step): anomalies.NONFINITE_STATE if b else anomalies.OK for step, b in zip(rows.steps, bad)
         }
     for target in rc.targets():
         for source in (metadata.SOURCE_OUTPUT, metadata.SOURCE_WEIGHT):
             result = read_run(src, target, source)
             if result is None:
                 continue
-            cells = verdict.cell_states(result)
+            cells = anomalies.cell_states(result)
             for i, layer in enumerate(result.layers):
                 out[(layer, target, source)] = {int(st): c for st, c in zip(result.steps, cells[i]) if c}
             o = result.origin
@@ -150,7 +147,7 @@ def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
             else:
                 continue
             if o.step in out.get(key, {}):
-                out[key][o.step] = verdict.NAN_ORIGIN
+                out[key][o.step] = anomalies.NAN_ORIGIN
     return out
 
 

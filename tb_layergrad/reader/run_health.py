@@ -18,7 +18,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import catalog, run_anomalies, series, trends, verdict
+from tb_layergrad.reader import anomalies, catalog, run_anomalies, series, trends
 from tb_layergrad.reader.run_source import RunSource
 
 
@@ -126,7 +126,7 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
       source: `output`, `weight` or `activation` (then the series of the forward pass, the origin for `target`).
 
     Returns:
-      `last_step`, `layers`, `severity` and `verdict` (the worst layer's, `verdict.SEVERITY`), `first_nonfinite`
+      `last_step`, `layers`, `severity` and `verdict` (the worst layer's, `anomalies.SEVERITY`), `first_nonfinite`
       (`step`, `pass`, `origin`, `line` of where the run first went non-finite, or null), `latest` (layers
       flagged at the last step, `RunAnomalies.latest`), `dominated_steps` (null without per-example records),
       `norm_trend` and `line` (the first finding's sentence); `EMPTY` when the run has no such statistics.
@@ -144,13 +144,13 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
     if result is None:
         return dict(EMPTY)
     result.dominated = run_anomalies.read_dominance(src, read_target, source)
-    worst = verdict.worst(result.verdicts())
-    found = verdict.findings(result)
+    worst = anomalies.worst(result.verdicts())
+    found = anomalies.findings(result)
     stats_series = src.rc.with_kind(read_target, source, metadata.KIND_STATS)
     return {
         "last_step": result.last_step,
         "layers": len(result.layers),
-        "severity": verdict.SEVERITY[worst.state] if worst is not None else None,
+        "severity": anomalies.SEVERITY[worst.state] if worst is not None else None,
         "verdict": worst.state if worst is not None else None,
         "first_nonfinite": _first_nonfinite(result, found),
         "latest": result.latest,
@@ -164,8 +164,8 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
 
 def _first_nonfinite(result, found: List[dict]) -> Optional[dict]:
     """Where the run first went non-finite (its origin: step, pass, layer), else its earliest non-finite
-    gradient (pass and origin null), with the line of its finding (`verdict.findings`); None if nothing ever was."""
-    line = next((f["line"] for f in found if f["kind"] == verdict.NONFINITE_STATE), None)
+    gradient (pass and origin null), with the line of its finding (`anomalies.findings`); None if nothing ever was."""
+    line = next((f["line"] for f in found if f["kind"] == anomalies.NONFINITE_STATE), None)
     o = result.origin
     if o is not None:
         return {"step": o.step, "pass": o.pass_, "origin": o.origin, "layers": list(o.layers), "line": line}

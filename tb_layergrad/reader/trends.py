@@ -1,7 +1,7 @@
 """How a layer's gradient moves: over the last logged steps (`trend`), over the whole run (`step_decay`, against
 the target's own value: `target_fall`) and back through time (`timestep_decay`).
 
-Summaries, not flags: `anomalies.evaluate` puts them in each layer's summary, and `reader.verdict` calls a
+Summaries, not flags: `anomalies.evaluate` puts them in each layer's summary, and `anomalies.layer_verdicts` calls a
 layer "vanishing over steps" from the first two (`collapsed`) and "vanishing through time" from the last.
 `anomalies` offers these names too.
 """

@@ -6,7 +6,7 @@ XLA (`jit_compile=True`). The histogram is O(N) (`histogram_fixed_width`, or
 one bucket index per element and a segment sum), instead of the O(N*k)
 one-hot matrix `tf.summary.histogram` builds. These are the reference the
 fused C++ kernel (`tb_layergrad.kernel`) is tested against; which of the two
-computes a step's records is decided in one place, `tb_layergrad.summary.backend`.
+computes a step's records is decided in one place, `tb_layergrad.summary.write`.
 
 Numerical rules (see docs/FORMAT.md):
 - non-finite elements are counted (NaN, +Inf, -Inf) and excluded from buckets

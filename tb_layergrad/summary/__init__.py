@@ -17,12 +17,6 @@ are gathered on recorded steps only.
 With a `tf.function` train step, enter the writer around the Python loop (or call
 `writer.set_as_default(step=...)` once), not inside the step: leaving a `with writer.as_default():`
 block inside a `tf.function` flushes the event file at every call, logged or not.
-
-Modules (the write pipeline, in the order data passes): `ops` (what the public ops do, with the
-parameters a user does not choose), `plan` (what a step writes), `write` (`write_step`: the one way
-records are written), `backend` (fused kernel or TensorFlow's ops, decided once),
-`nonfinite_tracker` (each series' running first NaN/Inf step), `tag_metadata`, `per_example_write`,
-`writer_state`, `graph`.
 """
 
 from __future__ import annotations

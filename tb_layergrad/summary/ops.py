@@ -21,9 +21,10 @@ from tb_layergrad import distribute, metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
 from tb_layergrad.distribute.merge import holds_distributed_values, merge_in_replica, per_replica_map, replica_context
-from tb_layergrad.summary import per_example_plan
+from tb_layergrad.summary import per_example_write
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.write import read_step, recording, resolve_step, when, write_step
+from tb_layergrad.summary.conditions import recording, when
+from tb_layergrad.summary.write import read_step, resolve_step, write_step
 
 _NO_REPLICAS = (
     "per-example records of gradients returned from strategy.run are not written: write "
@@ -114,7 +115,7 @@ def write_gradient_map(
 ) -> tf.Tensor:
     """`summary.gradients` once its arguments are checked: in replica context, on one device, or on what
     `strategy.run` returned (cross-replica context)."""
-    examples = per_example_plan.from_norms(grads.per_example, target, grads)
+    examples = per_example_write.from_norms(grads.per_example, target, grads)
     _warn_without_effect(grads, examples, strategy)
     ctx = replica_context()
     if examples is not None and ctx is None and holds_distributed_values(grads):
@@ -122,7 +123,7 @@ def write_gradient_map(
     if ctx is not None:  # the collectives run here, unconditionally: the global batch's plan
         merged = merge_in_replica(grads, ctx).gradients
         plan = plans.from_gradients(merged, target, max_elements, buckets)
-        examples = per_example_plan.from_norms(merged.per_example, target, merged)
+        examples = per_example_write.from_norms(merged.per_example, target, merged)
         return write_step(dataclasses.replace(plan, per_example=examples), step, histograms=histograms)
     if not holds_distributed_values(grads):
         plan = plans.from_gradients(grads, target, max_elements, buckets)
@@ -143,7 +144,7 @@ def write_gradient_map(
     return when(should, gather_and_write, out_of_line=False)
 
 
-def _warn_without_effect(grads: GradientMap, examples: Optional[per_example_plan.PerExample], strategy: Any) -> None:
+def _warn_without_effect(grads: GradientMap, examples: Optional[per_example_write.PerExample], strategy: Any) -> None:
     if strategy is not None and not holds_distributed_values(grads):
         warn_once(
             "strategy",

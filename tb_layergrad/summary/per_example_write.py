@@ -1,27 +1,32 @@
-"""Write a step's per-example records (kind `examples`) and, for the loss, the gradient noise scale scalars.
+"""A step's per-example records (kind `examples`) and, for the loss, the gradient noise scale scalars.
 
-Called by `write.write_step` inside the recorded branch, with the default
+What a plan carries of them is a `PerExample` beside its series (`from_norms`, from a `PerExampleNorms`, the
+capture's, or a plain mapping path -> [B] norms): only each path's [B] norms, or why it has none. Why beside
+the series, not as series: an `examples` record is one per (target, source) group of `stats`, with the very
+same layer list, so the rows are laid out at write time from the groups the step writes.
+
+`write` is called by `write.write_step` inside the recorded branch, with the default
 writer entered: the records exist exactly at the steps the `stats` of the same
-groups are written (docs/FORMAT.md, "Per-example records"). The rows come from
-`statistics.per_example_rows`, the noise scale from `statistics.noise_scale`;
-this module only lays them out per group and writes them.
+groups are written (docs/FORMAT.md, "Per-example records"). The rows and the noise scale
+come from `statistics.per_example_records`; this module only lays them out per group and writes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import tensorflow as tf
 from tensorboard.plugins.scalar import metadata as scalar_metadata
 
 from tb_layergrad import metadata
 from tb_layergrad.capturing import per_example_map
-from tb_layergrad.statistics import noise_scale, per_example_rows
+from tb_layergrad.capturing.gradient_map import GradientMap
+from tb_layergrad.capturing.per_example_map import PerExampleNorms
+from tb_layergrad.statistics import per_example_records
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary import tag_metadata
-from tb_layergrad.summary.graph import value_out_of_line, write_one_of
-from tb_layergrad.summary.per_example_plan import PerExample
+from tb_layergrad.summary import writer_state
+from tb_layergrad.summary.conditions import value_out_of_line, write_one_of
 
 # The scalars' tags (docs/FORMAT.md): the Scalars dashboard shows them too.
 NOISE_SCALE_TAG = metadata.NOISE_SCALE_TAGS["noise_scale"]
@@ -30,6 +35,104 @@ SIGNAL_TAG = metadata.NOISE_SCALE_TAGS["signal"]
 COVERAGE_TAG = metadata.NOISE_SCALE_TAGS["coverage"]
 
 
+# -- what a plan carries ----------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class PerExample:
+    """One target's per-example norms for one step, as a plan carries them."""
+
+    target: str
+    norms: Tuple[Tuple[str, Any], ...]  # (path, [B] float tensor or a `Deferred`) for every path with numbers
+    status: Tuple[Tuple[str, int], ...]  # (path, EXAMPLE_UNSUPPORTED or EXAMPLE_COUPLED) for paths without
+    elements: Tuple[Tuple[str, int], ...] = ()  # (weight path, parameter count): the noise scale's coverage
+    parameters: int = 0  # trainable parameters the target depends on (coverage's denominator); 0: the weights'
+
+    def norm_of(self, path: str) -> Any:
+        """The path's norms as held (a tensor or a `Deferred`: `per_example_map.squared` reads either), or None."""
+        return dict(self.norms).get(path)
+
+    def status_of(self, path: str) -> Optional[int]:
+        return dict(self.status).get(path)
+
+    def batch_size(self) -> Optional[tf.Tensor]:
+        """The number of examples (int32 scalar), from the first path with numbers; None when none has."""
+        for _, norm in self.norms:
+            return per_example_map.batch_of(norm)
+        return None
+
+    # -- a flat dict of tensors and back: how it leaves a compiled step (with `Plan.tensors`) --------
+    def tensors(self) -> Dict[str, Any]:
+        """Every path's norms built now (they leave the step as they are)."""
+        return {f"{self.target}|examples|{path}": per_example_map.materialized(norm) for path, norm in self.norms}
+
+    def with_tensors(self, tensors: Mapping[str, Any]) -> "PerExample":
+        norms = tuple((path, tensors.get(f"{self.target}|examples|{path}")) for path, _ in self.norms)
+        return dataclasses.replace(self, norms=norms)
+
+
+def from_norms(
+    per_example: Any,
+    target: str,
+    gmap: Optional[GradientMap] = None,
+    scale: Any = None,
+    parameters: Optional[int] = None,
+) -> Optional[PerExample]:
+    """The plan's view of `per_example` (a `PerExampleNorms` or a mapping path -> [B] norms), or None.
+
+    `gmap`: the gradients of the same pass, for the weights' parameter counts
+    and the trainable parameters (`parameters`, when not given: the sizes of
+    its `variable_gradients` that are not None). `scale`: a loss scale to
+    divide the norms by (mixed precision: they carry it, as the gradients do).
+    """
+    if per_example is None or per_example is False:
+        return None
+    if not isinstance(per_example, PerExampleNorms):
+        per_example = PerExampleNorms(dict(per_example))
+    norms = []
+    inverse = None if scale is None else 1.0 / tf.cast(scale, tf.float32)
+    for path, entry in per_example.entries().items():  # deferred ones stay so: built where they are written
+        if entry is None:
+            continue
+        norms.append((path, entry if inverse is None else per_example_map.scaled(entry, inverse)))
+    status = tuple(
+        (path, metadata.EXAMPLE_COUPLED if per_example.is_coupled(path) else metadata.EXAMPLE_UNSUPPORTED)
+        for path in per_example.unsupported
+    )
+    elements: Tuple[Tuple[str, int], ...] = ()
+    if gmap is not None:
+        elements = tuple(
+            (p, int(gmap.entry(p).elements))
+            for p in gmap
+            if gmap.entry(p).source == metadata.SOURCE_WEIGHT and gmap.entry(p).elements >= 0
+        )
+        if parameters is None:
+            parameters = trainable_parameters(gmap)
+    return PerExample(target, tuple(norms), status, elements, int(parameters or 0))
+
+
+def trainable_parameters(gmap: GradientMap) -> int:
+    """The parameters of the trainable variables the target depends on (0 when the map does not carry them)."""
+    total = 0
+    for g in gmap.variable_gradients:
+        if g is None:
+            continue
+        shape = (
+            g.dense_shape
+            if isinstance(g, tf.IndexedSlices)
+            else tf.shape(g)
+            if g.shape.num_elements() is None
+            else None
+        )
+        if shape is None:
+            total += int(g.shape.num_elements())
+        else:
+            try:
+                total += int(tf.get_static_value(tf.reduce_prod(shape)))
+            except TypeError:  # not known while tracing: the coverage falls back to the weight entries' total
+                return 0
+    return total
+
+
+# -- how it is written ------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class RowsAhead:
     """The `examples` rows of a step, computed in a recording condition of their own (`rows_ahead`)."""
@@ -68,7 +171,7 @@ def rows_ahead(plan: "plans.Plan", should: Any, final: bool = True) -> Optional[
     table = value_out_of_line(
         should,
         lambda: _rows(members, spec, spec.batch_size()),
-        lambda: tf.zeros([len(members), per_example_rows.WIDTH], tf.float64),
+        lambda: tf.zeros([len(members), per_example_records.WIDTH], tf.float64),
     )
     return RowsAhead(table, should, final, spec.target)
 
@@ -117,14 +220,14 @@ def _write_target(
     else:
         table = tf.cond(ahead.condition, lambda: ahead.table, lambda: _rows(members, spec, batch))
     infos = [metadata.GroupInfo.of(metadata.KIND_EXAMPLES, [s.info for s in group]) for group in chosen]
-    pending = tag_metadata.Pending(infos, step)
+    pending = writer_state.Pending(infos, step)
     begin = 0
     for i, (group, info) in enumerate(zip(chosen, infos)):
         rows = table[begin : begin + len(group)]
-        serialized = tag_metadata.serialized_if(
+        serialized = writer_state.serialized_if(
             pending.needed[i], metadata.create_group_metadata(info, description).SerializeToString()
         )
-        tf.summary.write(tag_metadata.tag_at(info, pending.firsts[i]), rows, step=step, metadata=serialized)
+        tf.summary.write(writer_state.tag_at(info, pending.firsts[i]), rows, step=step, metadata=serialized)
         if group[0].info.source == metadata.SOURCE_WEIGHT and spec.target == metadata.DEFAULT_TARGET:
             _write_noise_scale(group, rows, spec, batch, step, fused_stats or {})
         begin += len(group)
@@ -151,7 +254,7 @@ def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[t
             examples = float("nan") if batch is None else tf.cast(batch, tf.float64)
             order.append(("status", len(status_rows)))
             status_rows.append(
-                per_example_rows.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status)
+                per_example_records.status_row(examples, metadata.EXAMPLE_UNSUPPORTED if status is None else status)
             )
     parts = []
     if exact:
@@ -159,7 +262,7 @@ def _rows(members: Sequence["plans.Series"], spec: PerExample, batch: Optional[t
         widest = tf.float64 if any(sq.dtype == tf.float64 for sq, _ in exact) else tf.float32
         squares = tf.cast(tf.stack([tf.reshape(tf.cast(sq, widest), [-1]) for sq, _ in exact]), tf.float64)
         scales = tf.cast(tf.stack([tf.cast(c, widest) for _, c in exact]), tf.float64)
-        parts.append(per_example_rows.exact_rows_from_squares(squares * tf.square(scales)[:, None]))
+        parts.append(per_example_records.exact_rows_from_squares(squares * tf.square(scales)[:, None]))
     if status_rows:
         parts.append(tf.stack(status_rows))
     table = tf.concat(parts, 0) if len(parts) > 1 else parts[0]
@@ -229,7 +332,7 @@ def _write_noise_scale(
     if not covered or batch is None:
         return
     sum_sq = tf.gather(rows[:, metadata.EXAMPLE_INDEX["sum_sq"]], at)
-    estimate = noise_scale.estimate(sum_sq, _batch_squares(covered, fused_stats), batch)
+    estimate = per_example_records.noise_scale(sum_sq, _batch_squares(covered, fused_stats), batch)
     # Finite together (the same S, |G_B|^2 and B); B_simple only with them (its finiteness implies theirs), never
     # where a weight is coupled: 0 writes nothing, 1 trace and signal, 2 also B_simple. One switch for all three.
     both = tf.logical_and(tf.math.is_finite(estimate.trace), tf.math.is_finite(estimate.signal))

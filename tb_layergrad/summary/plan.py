@@ -84,8 +84,8 @@ class Plan:
     timesteps: Tuple[Timesteps, ...] = ()
     buckets: int = 30
     description: str = ""
-    track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md, `nonfinite_tracker`)
-    # Each example's own gradient norms of one target (`per_example_plan.PerExample`), or a tuple of them (one per
+    track_nonfinite: bool = True  # keep the `first_nonfinite` records (docs/FORMAT.md, `writer_state`)
+    # Each example's own gradient norms of one target (`per_example_write.PerExample`), or a tuple of them (one per
     # target): its `examples` records and, for the loss, the noise scale, written with the groups of that target
     # (`per_example_write`).
     per_example: Any = None

@@ -6,7 +6,7 @@ reads top to bottom (`_write_step`):
 
 1. is the step recorded (`recording()`, or the caller's condition)?
 2. which (target, source) groups the fused write op takes, decided once
-   (`backend.fused_groups`); the other series are "the rest";
+   (`fused_groups`); the other series are "the rest";
 3. with a finiteness check (`write_step_checked`), the small rest is looked
    at first: a NaN/Inf there makes the fused op write too (a step so written
    is written in full);
@@ -16,25 +16,122 @@ reads top to bottom (`_write_step`):
 6. one out-of-line condition writes the rest with TensorFlow's ops, the raw
    tensors, the per-timestep norms and the per-example records.
 
-Both paths keep each series' running first NaN/Inf step in the one tracker,
-`nonfinite_tracker`.
+Which computes the records, the fused kernel or TensorFlow's ops, is decided here, and only here
+(`fused_writer`, `fused_groups`, `reduce`). The records are the same either way (docs/FORMAT.md; the kernel
+is tested against `statistics.reductions`); only the cost differs. The fused kernel (`kernel.fused`) reads
+16/32-bit floats on the CPU and is used where it was built; its write op also writes the records to a plain
+TensorFlow summary writer itself, taking the recording condition as an input, so that a logged step needs no
+condition around its records (docs/DESIGN.md, "One write step"). Everything else (float64 and integer data,
+XLA, a writer the op cannot write to) takes `statistics.reductions` and `tf.summary.write`.
+
+Both paths keep each series' running first NaN/Inf step in the one tracker
+(`writer_state`); the rest writes its `first_nonfinite` records here (`track_nonfinite`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
 from tb_layergrad import metadata
-from tb_layergrad.kernel.ops import Condition
-from tb_layergrad.statistics import special_records
-from tb_layergrad.summary import backend, nonfinite_tracker, per_example_write, tag_metadata
+from tb_layergrad.kernel import fused as kernel
+from tb_layergrad.kernel.fused import Condition, Groups, Running, Written
+from tb_layergrad.statistics import reductions, special_records
+from tb_layergrad.summary import per_example_write, writer_state
 from tb_layergrad.summary import plan as plans
-from tb_layergrad.summary.graph import cond_out_of_line, write_if
+from tb_layergrad.summary.conditions import cond_out_of_line, recording, when, write_if
 from tb_layergrad.summary.plan import Plan, Series
+
+_KINDS = (metadata.KIND_HISTOGRAM, metadata.KIND_STATS, metadata.KIND_FIRST_NONFINITE)
+
+
+def _fusable(tensor: Any) -> bool:
+    """Can the kernel read this tensor (a 16- or 32-bit float tensor or array)?"""
+    dtype = getattr(tensor, "dtype", None)  # a Python list has none: TensorFlow's path converts it
+    return dtype is not None and tf.as_dtype(dtype) in kernel.DTYPES
+
+
+def fused_writer(writer: Any = None) -> Optional[tf.Tensor]:
+    """The resource the fused write op writes to (`writer`, default: the default writer), or None.
+
+    None where the op is not available here or the writer is not a plain
+    TensorFlow summary writer (`writer_state.writer_resource`).
+    """
+    if kernel.write_op() is None:
+        return None
+    return writer_state.writer_resource(writer_state.default_writer() if writer is None else writer)
+
+
+def fused_groups(groups: Sequence[Tuple[Series, ...]], resource: Optional[tf.Tensor]) -> List[bool]:
+    """Which of these (target, source) groups the fused write op writes, given `fused_writer()`'s answer.
+
+    A whole group or none of it, so that a group is one record whichever path writes it: every series
+    unreduced, 16/32-bit float data, more than one value (a target's value is written as stats alone).
+    """
+    if resource is None:
+        return [False] * len(groups)
+    return [all(s.reduced is None and not s.stats_only and _fusable(s.data) for s in g) for g in groups]
+
+
+def write_fused(
+    resource: tf.Tensor, plan: Plan, groups: Sequence[Tuple[Series, ...]], condition: Condition, writer: Any = None
+) -> Written:
+    """ONE op: when `condition` holds, the histogram, stats and first-non-finite records of `groups` of `plan`.
+
+    The running first steps are the one tracker's (`writer_state`), those of `writer` (the writer
+    `resource` belongs to; default: the default writer): read before the op, which applies the rule, and
+    stored after it; so is which tags already carry their metadata.
+    """
+    infos = [metadata.GroupInfo.of(metadata.KIND_STATS, [s.info for s in members]) for members in groups]
+    pending = writer_state.Pending([g.with_kind(k) for g in infos for k in _KINDS], condition.step, writer)
+    records = Groups(
+        sizes=tuple(len(members) for members in groups),
+        block_steps=tuple(g.block_steps for g in infos),
+        histogram=_series(infos, metadata.KIND_HISTOGRAM, plan.description),
+        stats=_series(infos, metadata.KIND_STATS, plan.description),
+        first_nonfinite=_series(infos, metadata.KIND_FIRST_NONFINITE, "") if plan.track_nonfinite else (),
+    )
+    flat = [s for members in groups for s in members]
+    if plan.track_nonfinite:
+        variable, slots, firsts = writer_state.running([s.info for s in flat], writer)
+    else:
+        firsts = tf.fill([len(flat)], tf.constant(-1, tf.int64))
+    running = Running(firsts, pending.needed)
+    out = kernel.write_histograms_and_stats(resource, [s.data for s in flat], plan.buckets, records, condition, running)
+    if plan.track_nonfinite:
+        writer_state.store(variable, slots, out.first_steps)
+    pending.store(out.metadata_written)
+    return out
+
+
+def _series(groups: Sequence[metadata.GroupInfo], kind: str, description: str) -> Tuple[Tuple[str, bytes], ...]:
+    """(tag, serialized metadata) of each group's records of `kind` (the first_nonfinite ones: no description)."""
+    return tuple(
+        (g.with_kind(kind).tag, metadata.create_group_metadata(g.with_kind(kind), description).SerializeToString())
+        for g in groups
+    )
+
+
+def reduce(tensors: Sequence[Any], buckets: int, xla_safe: bool = False) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """(histogram [buckets, 3], stats) of each tensor: the kernel's op for those it reads, TensorFlow's otherwise.
+
+    `xla_safe`: inside an XLA-compiled function, where the kernel cannot run.
+    """
+    given = [tf.convert_to_tensor(t) for t in tensors]
+    out: List[Optional[Tuple[tf.Tensor, tf.Tensor]]] = [None] * len(given)
+    fused = [] if xla_safe or kernel.op() is None else [i for i, x in enumerate(given) if _fusable(x)]
+    if fused:
+        hist, stats = kernel.histograms_and_stats([given[i] for i in fused], buckets)
+        for i, h, s in zip(fused, tf.unstack(hist, len(fused)), tf.unstack(stats, len(fused))):
+            out[i] = (h, s)
+    rest = [i for i, result in enumerate(out) if result is None]
+    if rest:
+        for i, result in zip(rest, reductions.histograms_and_stats([given[i] for i in rest], buckets, xla_safe)):
+            out[i] = result
+    return out  # type: ignore[return-value]
 
 
 def resolve_step(step: Any) -> Any:
@@ -62,36 +159,6 @@ def read_step(step: Any) -> tf.Tensor:
     if getattr(step, "dtype", None) is None:
         return tf.convert_to_tensor(step, tf.int64)
     return tf.cast(step, tf.int64)
-
-
-def recording() -> Optional[Any]:
-    """Are summaries recorded now (a default writer, record_if true)? None if statically not; else a bool or tensor."""
-    should = tf.summary.should_record_summaries()
-    static = should if isinstance(should, bool) else tf.get_static_value(should)
-    if static is not None and not bool(static):
-        return None  # statically off (no writer, e.g. a non-chief worker): nothing to trace
-    return should
-
-
-def when(should: Any, fn: Callable[[], None], out_of_line: bool = True) -> tf.Tensor:
-    """Run `fn` only if `should` holds, with recording statically on inside; True if it ran.
-
-    Why statically on: otherwise every `tf.summary.write` in `fn` would add its
-    own condition on the same predicate. `out_of_line`: the branch as one
-    function call (`cond_out_of_line`); not for a branch that gathers replicas
-    (collectives over PerReplica values must stay inline).
-    """
-
-    def run() -> tf.Tensor:
-        with tf.summary.record_if(True):
-            fn()
-        return tf.constant(True)
-
-    if isinstance(should, bool):
-        return run() if should else tf.constant(False)
-    if not out_of_line and not tf.executing_eagerly():
-        return tf.cond(should, run, lambda: tf.constant(False))
-    return cond_out_of_line(should, run)
 
 
 def write_step(
@@ -143,7 +210,7 @@ def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tenso
     should = recording() if condition.record is None else condition.record
     if should is None:
         return tf.constant(False), tf.zeros([len(present)], tf.bool)
-    resource = backend.fused_writer(writer)
+    resource = fused_writer(writer)
     split = _split(plan, resource)
     checking = condition.record_if_nonfinite is not None
     rest_flags = [series_nonfinite(s) for s in split.rest if s.present] if checking else []
@@ -154,7 +221,7 @@ def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tenso
     if split.fused:
         record = tf.constant(should) if isinstance(should, bool) else should
         at = dataclasses.replace(condition, record=record, step=read_step(condition.step))
-        out = backend.write_fused(resource, plan, split.fused, at, writer)
+        out = write_fused(resource, plan, split.fused, at, writer)
         written.append(out.written)
         fused_flags = out.nonfinite
         if plan.per_example is not None:  # the noise scale reads the batch gradients' norms from them
@@ -175,7 +242,7 @@ def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tenso
 
 def _split(plan: Plan, resource: Any) -> _Split:
     groups = plans.groups(plan.series)
-    fused = tuple(g for g, chosen in zip(groups, backend.fused_groups(groups, resource)) if chosen)
+    fused = tuple(g for g, chosen in zip(groups, fused_groups(groups, resource)) if chosen)
     taken = set(_tags(fused))
     return _Split(fused, tuple(s for s in plan.series if s.info.tag not in taken))
 
@@ -208,7 +275,7 @@ def _flags_in_plan_order(
 def series_nonfinite(s: Series) -> tf.Tensor:
     """Does this series hold a NaN/Inf (its data, or its merged stats)?"""
     if s.reduced is not None:
-        return nonfinite_tracker.nonfinite_flags([s.reduced[1]])[0]
+        return writer_state.nonfinite_flags([s.reduced[1]])[0]
     return tf.logical_not(tf.reduce_all(tf.math.is_finite(s.data)))
 
 
@@ -257,16 +324,16 @@ def _unless_nonfinite(records: Sequence[_Record], histograms: Any) -> Any:
     present = [r.stats for r in records if r.series.present]
     if not present:
         return histograms
-    return tf.logical_or(histograms, tf.reduce_any(nonfinite_tracker.nonfinite_flags(present)))
+    return tf.logical_or(histograms, tf.reduce_any(writer_state.nonfinite_flags(present)))
 
 
 def _track(ordered: Sequence[_Record], sizes: Sequence[int], step: tf.Tensor) -> None:
     """The tracker's update for every row written (a "no gradient" one is never non-finite)."""
     flags = tf.logical_and(
-        nonfinite_tracker.nonfinite_flags([r.stats for r in ordered]),
+        writer_state.nonfinite_flags([r.stats for r in ordered]),
         tf.constant([r.series.present for r in ordered]),
     )
-    nonfinite_tracker.track([r.series.info for r in ordered], flags, step, group_sizes=sizes)
+    track_nonfinite([r.series.info for r in ordered], flags, step, group_sizes=sizes)
 
 
 def _write_group(members: Sequence[_Record], step: tf.Tensor, description: str, histograms: Any) -> None:
@@ -275,13 +342,13 @@ def _write_group(members: Sequence[_Record], step: tf.Tensor, description: str, 
     stats_only = members[0].series.stats_only
     kinds = [metadata.KIND_STATS] if stats_only else [metadata.KIND_HISTOGRAM, metadata.KIND_STATS]
     tags = [group.with_kind(k) for k in kinds]
-    pending = tag_metadata.Pending(tags, step)
+    pending = writer_state.Pending(tags, step)
     written = []
     for i, g in enumerate(tags):
-        serialized = tag_metadata.serialized_if(
+        serialized = writer_state.serialized_if(
             pending.needed[i], metadata.create_group_metadata(g, description).SerializeToString()
         )
-        tag = tag_metadata.tag_at(g, pending.firsts[i])
+        tag = writer_state.tag_at(g, pending.firsts[i])
         if g.kind == metadata.KIND_STATS:
             value = tf.stack([tf.cast(r.stats, tf.float64) for r in members])
             tf.summary.write(tag, value, step=step, metadata=serialized)
@@ -338,8 +405,68 @@ def reduced_plan(plan: Plan, xla_safe: bool = False) -> Plan:
     todo = [i for i, s in enumerate(plan.series) if s.data is not None and s.reduced is None]
     if not todo:
         return plan
-    records = backend.reduce([plan.series[i].data for i in todo], plan.buckets, xla_safe)
+    records = reduce([plan.series[i].data for i in todo], plan.buckets, xla_safe)
     series = list(plan.series)
     for i, result in zip(todo, records):  # the gradient is not needed any more: only the records leave
         series[i] = dataclasses.replace(series[i], data=None, reduced=result)
     return dataclasses.replace(plan, series=tuple(series))
+
+
+def track_nonfinite(
+    infos: Sequence[metadata.SeriesInfo], nonfinite: tf.Tensor, step: Any, group_sizes: Sequence[int]
+) -> None:
+    """Update the running first non-finite step of each stats series and write those there are.
+
+    `nonfinite` [T] bool: which series held a NaN/Inf at this step. To be
+    called where the step's records are written (the default writer is the
+    one they go to), eagerly or in a `tf.function`, once per logged step for
+    all series, behind ONE condition. Why: a logged step of a clean run (no
+    NaN/Inf ever) should cost no more than a look at its flags and one
+    variable; a condition (or an assignment) per series costs a call each in a
+    `tf.function` (docs/DESIGN.md, "One first-non-finite tracker").
+    `group_sizes`: `infos` are consecutive groups of these sizes (one target
+    and source each), each written as one int64 [L] record (docs/FORMAT.md).
+    """
+    if not infos:
+        return
+    table, slots = writer_state.running_firsts([info.tag for info in infos])
+    variable = table.variable
+    step = tf.cast(step, tf.int64)
+    nonfinite = tf.convert_to_tensor(nonfinite)
+    # A clean step of a clean run: these few ops, and the condition not taken.
+    needed = tf.logical_or(table.seen.value(), tf.reduce_any(nonfinite))
+
+    def store_and_write() -> tf.Tensor:
+        slots_t = tf.constant(slots, tf.int64)
+        previous = tf.gather(variable.value(), slots_t)
+        first = tf.where((previous < 0) & nonfinite, step, previous)
+        variable.scatter_update(tf.IndexedSlices(first, slots_t))
+        table.seen.assign(tf.logical_or(table.seen.value(), tf.reduce_any(first >= 0)))
+        _write_groups(infos, group_sizes, first, step)
+        return tf.constant(True)
+
+    cond_out_of_line(needed, store_and_write)
+
+
+def _write_groups(
+    infos: Sequence[metadata.SeriesInfo], sizes: Sequence[int], first: tf.Tensor, step: tf.Tensor
+) -> None:
+    begin = 0
+    for size in sizes:
+        group = metadata.GroupInfo.of(metadata.KIND_FIRST_NONFINITE, infos[begin : begin + size])
+        values = first[begin : begin + size]
+        begin += size
+
+        def write(group=group, values=values) -> tf.Tensor:
+            pending = writer_state.Pending([group], step)
+            serialized = metadata.create_group_metadata(group).SerializeToString()
+            tf.summary.write(
+                writer_state.tag_at(group, pending.firsts[0]),
+                values,
+                step=step,
+                metadata=writer_state.serialized_if(pending.needed[0], serialized),
+            )
+            pending.store(tf.constant([True]))
+            return tf.constant(True)
+
+        write_if(tf.reduce_any(values >= 0), write)

@@ -9,7 +9,7 @@
 // instead (docs/DESIGN.md, "One write step"). For the same reason it applies the
 // first-non-finite rule (docs/FORMAT.md, kind `first_nonfinite`) itself, to the running
 // first steps it is given; the state stays where the TensorFlow-ops path keeps it too, in
-// the one tracker's variable (tb_layergrad.summary.first_nonfinite).
+// the one tracker's variable (tb_layergrad/summary/writer_state.py).
 // The records are the same bytes as through `tf.summary.write` (docs/FORMAT.md).
 //
 // With `check`, a step that is not recorded still looks at every element once, for a NaN/Inf

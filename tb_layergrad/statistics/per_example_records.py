@@ -1,14 +1,27 @@
-"""One row of an `examples` record (docs/FORMAT.md, "Per-example records"): a layer's per-example norms, summarised.
+"""The numbers of the per-example records (docs/FORMAT.md, "Per-example records"): the one place they are computed.
 
-Why here and nowhere else: the custom loop, the `fit()` step and the tests'
-expectations all need the same columns in the same order, with the same
-undefined values (NaN, positions -1); `metadata.EXAMPLE_FIELDS` names them and
-this module is the one place that fills them. Pure TensorFlow, eager or traced.
+A row of an `examples` record: a layer's per-example norms, summarised. The custom loop, the `fit()` step and
+the tests' expectations all need the same columns in the same order, with the same undefined values (NaN,
+positions -1); `metadata.EXAMPLE_FIELDS` names them and this module fills them.
+
+The gradient noise scale (McCandlish et al. 2018) from per-example and batch gradient norms: with B examples,
+S = mean_i Σ_v ‖g_{i,v}‖² over the covered trainable variables v (those with an exact per-example rule) and
+|G_B|² the batch gradient's squared norm over the same variables:
+
+    signal |G|² ≈ (B |G_B|² − S) / (B − 1)
+    trace tr(Σ) ≈ (S − |G_B|²) · B / (B − 1)
+    B_simple    = tr(Σ) / |G|²
+
+Both estimates are unbiased for a batch-mean loss whose examples are drawn independently; B_simple is only
+meaningful where the signal estimate is positive (the writer writes nothing otherwise). float64 throughout: S
+and B·|G_B|² are close when the noise dominates, and their difference is the point.
+
+Pure TensorFlow, eager or traced.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -98,3 +111,20 @@ def status_row(examples: Any, status: int) -> tf.Tensor:
 
 
 __all__ = ["WIDTH", "exact_row", "exact_rows", "exact_rows_from_squares", "status_row"]
+
+
+# -- the gradient noise scale ------------------------------------------------------------------------
+class NoiseScale(NamedTuple):
+    trace: tf.Tensor  # tr(Σ) estimate, float64 scalar
+    signal: tf.Tensor  # |G|² estimate, float64 scalar
+    b_simple: tf.Tensor  # trace / signal (any value; the writer checks signal > 0 and finiteness)
+
+
+def noise_scale(per_example_sum_sq: Any, batch_sq: Any, examples: Any) -> NoiseScale:
+    """The noise scale's estimates from Σ_i ‖g_{i,v}‖² per variable ([k]), ‖G_B,v‖² per variable ([k]) and B (a scalar)."""
+    b = tf.cast(examples, tf.float64)
+    s = tf.reduce_sum(tf.cast(per_example_sum_sq, tf.float64)) / b
+    g2 = tf.reduce_sum(tf.cast(batch_sq, tf.float64))
+    signal = (b * g2 - s) / (b - 1.0)
+    trace = (s - g2) * b / (b - 1.0)
+    return NoiseScale(trace, signal, trace / signal)

@@ -1,10 +1,41 @@
-"""A condition whose untaken branch costs nothing: how a step's records are kept off unlogged steps."""
+"""When a step's records are written: whether summaries are recorded now, and conditions whose untaken branch
+costs nothing, which keep a step's records off unlogged steps."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
+
+
+def recording() -> Optional[Any]:
+    """Are summaries recorded now (a default writer, record_if true)? None if statically not; else a bool or tensor."""
+    should = tf.summary.should_record_summaries()
+    static = should if isinstance(should, bool) else tf.get_static_value(should)
+    if static is not None and not bool(static):
+        return None  # statically off (no writer, e.g. a non-chief worker): nothing to trace
+    return should
+
+
+def when(should: Any, fn: Callable[[], None], out_of_line: bool = True) -> tf.Tensor:
+    """Run `fn` only if `should` holds, with recording statically on inside; True if it ran.
+
+    Why statically on: otherwise every `tf.summary.write` in `fn` would add its
+    own condition on the same predicate. `out_of_line`: the branch as one
+    function call (`cond_out_of_line`); not for a branch that gathers replicas
+    (collectives over PerReplica values must stay inline).
+    """
+
+    def run() -> tf.Tensor:
+        with tf.summary.record_if(True):
+            fn()
+        return tf.constant(True)
+
+    if isinstance(should, bool):
+        return run() if should else tf.constant(False)
+    if not out_of_line and not tf.executing_eagerly():
+        return tf.cond(should, run, lambda: tf.constant(False))
+    return cond_out_of_line(should, run)
 
 
 def cond_out_of_line(pred: tf.Tensor, true_fn: Callable[[], tf.Tensor]) -> tf.Tensor:
