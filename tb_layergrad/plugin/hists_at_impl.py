@@ -15,8 +15,8 @@ import numpy as np
 from tensorboard import errors
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin.queries import HistogramsAtQuery
 from tb_layergrad.plugin.lookups import Reading
+from tb_layergrad.plugin.queries import HistogramsAtQuery
 from tb_layergrad.plugin.responses import float_matrix
 from tb_layergrad.reader import catalog, layer_points
 from tb_layergrad.reader.catalog import quote
