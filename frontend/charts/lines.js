@@ -205,7 +205,8 @@ export class LineChart {
     svg.appendChild(nonPositiveMarks(bad, x, M.top + plotH));
     const unit = ["step", "layer"].includes(data.xLabel) ? data.xLabel : "point";
     const linearWhy = data.log && !log ? "no value above 0: drawn on a linear scale (a log scale could show none)" : "";
-    const gaps = gapText(series.filter((q) => !q.faint).map((q) => ({ ...q, ys: q[RAW] || q.ys })), data.gapWhy, unit);
+    const named = data.xFormatHover || ((v) => String(v)); // a layer by its name, a step by its number
+    const gaps = gapText(series.filter((q) => !q.faint).map((q) => ({ ...q, ys: q[RAW] || q.ys })), data.gapWhy, unit, named);
     const notes = [bad.length ? noteText(bad, data.nonPositiveWhy, unit) : linearWhy, gaps].filter(Boolean);
     replace(this.note, notes.map((n) => h("div", { text: n, class: n === gaps ? "lg-gap-note" : null })));
 
@@ -390,8 +391,8 @@ function smoothed(series, w, log) {
   });
 }
 
-/** Runs of consecutive x among `xs` as "a–b" (at most `max`, then "…"). */
-function spans(xs, all, max = 3) {
+/** Runs of consecutive x among `xs` as "a–b" (at most `max`, then "…"), each x as `fmt` names it. */
+function spans(xs, all, fmt, max = 3) {
   const pos = new Map(all.map((x, n) => [x, n]));
   const out = [];
   let start = null;
@@ -401,21 +402,21 @@ function spans(xs, all, max = 3) {
       prev = x;
       continue;
     }
-    if (start !== null) out.push(start === prev ? `${start}` : `${start}–${prev}`);
+    if (start !== null) out.push(start === prev ? fmt(start) : `${fmt(start)}–${fmt(prev)}`);
     start = prev = x;
   }
-  if (start !== null) out.push(start === prev ? `${start}` : `${start}–${prev}`);
+  if (start !== null) out.push(start === prev ? fmt(start) : `${fmt(start)}–${fmt(prev)}`);
   return out.length > max ? `${out.slice(0, max).join(", ")}, …` : out.join(", ");
 }
 
 /** "L2 norm: no value at 84 steps (17–100) — why": the recorded steps of each series without a value. */
-function gapText(series, why, unit) {
+function gapText(series, why, unit, fmt) {
   const bits = [];
   for (const q of series) {
     const missing = q.xs.filter((_, n) => !(typeof q.ys[n] === "number" && Number.isFinite(q.ys[n])));
     if (!missing.length) continue;
     const n = missing.length;
-    const where = n === q.xs.length ? `any of its ${n} ${unit}${n === 1 ? "" : "s"}` : `${n} ${unit}${n === 1 ? "" : "s"} (${spans(missing, q.xs)})`;
+    const where = n === q.xs.length ? `any of its ${n} ${unit}${n === 1 ? "" : "s"}` : `${n} ${unit}${n === 1 ? "" : "s"} (${spans(missing, q.xs, fmt)})`;
     bits.push(`${q.name}: no value at ${where}`);
   }
   return bits.length ? `not drawn: ${bits.join(" · ")}${why ? ` — ${why}` : ""}` : "";
