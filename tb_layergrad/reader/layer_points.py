@@ -122,14 +122,18 @@ def latest(src: RunSource, s: catalog.Series, step: Optional[int]) -> series.Poi
             k = len(pts) - 1
             one = series.Points(pts.steps[k:], pts.wall_times[k:], pts.values[k:])
             found.append((int(pts.steps[k]), float(pts.wall_times[k]), p, one))
+    # A tag ending at or before `step` (as its listing says): its latest record is the one wanted, read alone.
+    tail = [p for p in unread if step is None or (p.max_step is not None and p.max_step <= step)]
+    whole = [p for p in unread if p not in tail]
     data = series.read(
         src.provider,
         src.ctx,
         src.experiment_id,
         src.rc.run,
-        [p.tag for p in unread],
-        alone=[p.tag for p in unread if p.grouped],
+        [p.tag for p in whole],
+        alone=[p.tag for p in whole if p.grouped],
     )
+    data.update(series.read_last(src.provider, src.ctx, src.experiment_id, src.rc.run, [p.tag for p in tail]))
     for p in unread:
         records = [d for d in data.get(p.tag, ()) if step is None or d.step <= step]
         if not records:
