@@ -16,7 +16,9 @@ Figures:
 - the Runs view's `sweep` route on a synthetic sweep of 200 runs (bench/sweep_latency.py), both loaders.
   `--only-sweep` measures that alone and rewrites only its section of docs/PERFORMANCE.md;
 - the tab at sweep scale in headless Chromium (bench/tab_sweep.py): the Compare view of 100 runs, its `compare`
-  `depth` and `histograms_at` routes warm, the Runs view of 200 runs; `--only-tab-sweep` alone, its section only.
+  `depth` and `histograms_at` routes warm, the Runs view of 200 runs; `--only-tab-sweep` alone, its section only;
+- a long run logged every step (bench/long_run.py, `--only-long-run`, its section only): TensorBoard's memory
+  per byte on disk, route latency while the run is written, `load()` and `report` against TensorBoard's parser.
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
 per batch inside each call, the first batches (tracing) excluded.
 """
@@ -467,6 +469,13 @@ def main() -> None:
         action="store_true",
         help="measure only the tab at sweep scale and rewrite only its section of --out (the other figures are kept)",
     )
+    parser.add_argument(
+        "--only-long-run",
+        action="store_true",
+        help="measure only a long run logged every step (bench/long_run.py: memory, live latency, load() and "
+        "report) and rewrite only its section of --out",
+    )
+    parser.add_argument("--long-run-steps", type=int, default=100_000, help="steps of --only-long-run's run")
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
     parser.add_argument(
         "--rounds",
@@ -500,6 +509,18 @@ def main() -> None:
         command = f"`python bench/run.py --only-tab-sweep{' --smoke' if args.smoke else ''}`"
         lines = tab_sweep_tables(args.smoke, ["true", "false"], {}, command)
         sweep_latency.rewrite(args.out, lines, tab_sweep.HEADING)
+        return
+    if args.only_long_run:  # both loaders, then only this section of --out is rewritten
+        import long_run
+
+        steps = long_run.SMOKE["steps"] if args.smoke else args.long_run_steps
+        command = f"`python bench/run.py --only-long-run{' --smoke' if args.smoke else f' --long-run-steps {steps}'}`"
+        live = long_run.SMOKE if args.smoke else {"rate": 500, "readers": 16, "live_s": 60.0}
+        template_dir = os.path.join(tempfile.gettempdir(), "tb_layergrad_long_template")
+        _, lines = long_run.section(
+            steps, ["true", "false"], command, live["rate"], live["readers"], live["live_s"], template_dir
+        )
+        sweep_latency.rewrite(args.out, lines, long_run.HEADING)
         return
     if args.models:
         models = args.models.split(",")

@@ -29,7 +29,7 @@ export const FLAG_INFO = flagInfo(null);
 
 // A layer's verdict (the route's `layers[].verdict.state`, decided by tb_layergrad/reader/anomalies.py) -> the chip
 // class that colours it. The origin of a NaN keeps the non-finite colour and gets its own mark (`isOrigin`).
-const STATE_CHIP = { nan_origin: "nonfinite", nonfinite: "nonfinite", exploding: "exploding", dead: "dead", vanishing: "vanishing", vanishing_over_steps: "vanishing", vanishing_through_time: "vanishing" };
+const STATE_CHIP = { nan_origin: "nonfinite", nonfinite: "nonfinite", exploding: "exploding", dead: "dead", vanishing: "vanishing", vanishing_over_steps: "vanishing", vanishing_through_time: "vanishing", dominated: "dominated" };
 
 /** The chip class of a verdict state, or null for "ok" (no chip). */
 export function stateChip(state) {

@@ -4,7 +4,7 @@
 import { api, isAbort } from "./api.js";
 import { tooltip } from "./charts/tooltip.js";
 import { h, replace, select, setOptions } from "./dom.js";
-import { defaultTarget, findRun, layerKey, layersWith, pickableLayers, signature } from "./model.js";
+import { DEFAULT_TARGET, defaultTarget, findRun, layerKey, layersWith, pickableLayers, signature } from "./model.js";
 import { Poller } from "./poll.js";
 import { UrlState } from "./state.js";
 import { CompareView } from "./views/compare.js";
@@ -38,6 +38,7 @@ export class App {
     this.runs = null;
     this.runsSig = "";
     this.earlySweep = null; // see start()
+    this.ownTargets = new Map(); // "run|source" -> the target a run opens on when none is asked (`_ownTarget`)
     this.controls = [];
     this.views = {};
     this.current = null;
@@ -194,7 +195,8 @@ export class App {
       const withStats = runs.find((r) => layersWith(r, s.target ?? defaultTarget(r), s.source).length);
       s.run = (withStats || runs[0]).run;
     }
-    if (s.target === null) s.target = defaultTarget(findRun(this.runs, s.run)); // a target the URL names is kept
+    // A target the URL names is kept; else the run's own: `loss`, or the one of its targets in the worst state.
+    if (s.target === null) s.target = this.ownTargets.get(`${s.run}|${s.source}`) ?? defaultTarget(findRun(this.runs, s.run));
     if (s.view === "layer" && !s.layer) {
       const run = findRun(this.runs, s.run);
       const layers = run ? layersWith(run, s.target, s.source) : [];
@@ -202,6 +204,29 @@ export class App {
       if (first) s.layer = first.layer;
     }
     return s;
+  }
+
+  /**
+   * Whether the run shown needs its own target asked first: a run without `loss` and with several targets (a
+   * GAN's `discriminator` and `generator`) opens on the one in the worst state, the `sweep` route's row for it
+   * (the Runs view's choice, the report's worst), asked once per run and source; then `show` again.
+   */
+  _ownTarget() {
+    const s = this.state;
+    const run = findRun(this.runs, s.run ?? this.resolved().run);
+    if (s.target !== null || !run || run.targets.includes(DEFAULT_TARGET) || run.targets.length < 2) return false;
+    const key = `${run.run}|${s.source}`;
+    if (this.ownTargets.has(key)) return false;
+    this.ownTargets.set(key, defaultTarget(run)); // asked once; the first target until the answer says
+    const source = s.source && s.source !== "output" ? { source: s.source } : {};
+    api.sweep({ run: run.run, ...source })
+      .then((b) => {
+        const row = b.runs.find((r) => r.run === run.run);
+        if (row && row.target && run.targets.includes(row.target)) this.ownTargets.set(key, row.target);
+      })
+      .catch(() => {})
+      .finally(() => this.show());
+    return true;
   }
 
   setState(patch) {
@@ -243,6 +268,7 @@ export class App {
       replace(this.main, emptyState());
       return;
     }
+    if ((name === "overview" || name === "layer") && this._ownTarget()) return; // shown again once the run's own target is known
     if (!this.views[name]) this.views[name] = new { runs: RunsView, overview: OverviewView, layer: LayerView, compare: CompareView }[name](this);
     const view = this.views[name];
     if (this.current !== name || view.el.parentNode !== this.main) replace(this.main, view.el);

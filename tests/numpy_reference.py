@@ -5,7 +5,7 @@ One reference for the summary, plugin and tab tests. Every value is a Python flo
 defines them). Moments are over the finite elements and NaN when there is none; `norm` is then 0.
 
 Plain numpy sums (pairwise, float64), not an overflow-safe or exactly rounded sum: the tab's and the
-summary tests' tolerances are stated against this. `test_reliability_reductions.reference` is the
+summary tests' tolerances are stated against this. `reference_checks.reference` is the
 overflow-safe one, for inputs near the float range's ends.
 """
 

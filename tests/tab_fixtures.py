@@ -118,7 +118,7 @@ def shown_atol(x: np.ndarray, stat: str, digits: Optional[int] = None) -> float:
 
     The written value: sums of the n finite elements in float32 at worst (TensorFlow's path), any
     order, within tol = gamma(n + 1) of the sum of |terms| (tests/tolerances.py; the model of
-    test_reliability_reductions.check_stats), the float64 reference within 2 u64. Shown with
+    reference_checks.check_stats), the float64 reference within 2 u64. Shown with
     `digits` significant digits: half a unit in the last digit more.
     """
     from tolerances import gamma, unit_roundoff

@@ -94,3 +94,32 @@ def test_tab_sweep_bench_rewrites_only_its_section(tmp_path):
     assert all("(1 `depth` request, 0 `matrix`)" in row for row in rows[:2]), rows
     assert all("; 1 `histograms_at` request, 0 `histograms`)" in row for row in rows[:2]), rows
     assert all(row.endswith("met) |") for row in rows[2:]), rows  # the Runs view's target judged
+
+
+@pytest.mark.slow
+def test_long_run_writer_writes_what_the_callback_writes(tmp_path):
+    """bench/long_run.py's synthetic run: the records of a real GradientLogger run (its template) at every step,
+    each tensor as the callback wrote it, readable by TensorBoard, no damage; metadata on each tag's first record."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import long_run
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.compat.proto import event_pb2
+
+    from tb_layergrad.reader import damage
+
+    template = long_run.template(str(tmp_path / "template"), steps=6)
+    real = [event_pb2.Event.FromString(r) for r in long_run._records(template)][1:]
+    written_by_callback = {}  # tag without its block -> the tensors' bytes it wrote
+    for e in real:
+        for v in e.summary.value:
+            written_by_callback.setdefault(v.tag.rsplit("/", 1)[0], set()).add(v.tensor.tensor_content)
+    per_step = len(real) // len({e.step for e in real})
+    w = long_run.write_logdir(str(tmp_path / "long"), 40, str(tmp_path / "template"))
+    w.close()
+    events = [event_pb2.Event.FromString(r) for r in damage.read_records(w.path)][1:]
+    assert len(list(event_file_loader.EventFileLoader(w.path).Load())) == 1 + len(events) == 1 + 40 * per_step
+    assert sorted({e.step for e in events}) == list(range(40))
+    values = [v for e in events for v in e.summary.value]
+    assert all(v.tensor.tensor_content in written_by_callback[v.tag.rsplit("/", 1)[0]] for v in values)
+    assert sorted(v.tag for v in values if v.HasField("metadata")) == sorted({v.tag for v in values})
+    assert damage.Scanner(str(tmp_path / "long")).scan() == {}

@@ -42,6 +42,7 @@ def _reference(manual, model, x, y, target_fn=None):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", list(model_zoo.ALL))
+@pytest.mark.slow
 def test_output_gradients_match_independent_computation(kind, mode):
     model, x, y, manual = model_zoo.ALL[kind]()
     grads = _captured(model, x, y, mode)
@@ -58,6 +59,7 @@ def test_output_gradients_match_independent_computation(kind, mode):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", ["seed_subclassed_rnn", "sequential"])
+@pytest.mark.slow
 def test_non_loss_target_one_output_unit(kind, mode):
     model, x, y, manual = model_zoo.ALL[kind]()
 
@@ -103,6 +105,7 @@ def test_get_layer_output_fails_but_capture_works():
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_capture_is_bitwise_neutral(mode):
     """Loss and weight gradients identical, bit for bit, to a run without capture (eager, tf.function);
     under jit_compile=True within the bound of the same float32 math in another order (README)."""

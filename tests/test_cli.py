@@ -60,6 +60,7 @@ def test_report_failing_condition_reports_only_its_failures_on_stderr(planted): 
     assert done.stderr.splitlines() and all(line.startswith("FAIL nan: ") for line in done.stderr.splitlines())
 
 
+@pytest.mark.slow
 def test_load_imports_no_tensorflow_and_tensorflow_summaries_work_after_it(planted, tmp_path):  # noqa: F811
     """The reader's TensorFlow-free file access is scoped to the read: TensorFlow's own summaries (which
     TensorBoard resolves through the same lazy module) still work when TensorFlow is imported later."""

@@ -39,6 +39,7 @@ def compare_path(runs, **more) -> str:
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
+@pytest.mark.slow
 def test_compare_of_a_hundred_runs_answers_each_run(sweep, loader):
     procs, tables = sweep
     tb = procs[loader]

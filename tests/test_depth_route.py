@@ -67,6 +67,7 @@ def check_against_matrix(tb, profile: dict, stat: str) -> None:
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
+@pytest.mark.slow
 def test_depth_of_a_hundred_runs_is_each_runs_column_at_the_step_or_before(sweep, loader):
     procs, tables = sweep
     tb = procs[loader]

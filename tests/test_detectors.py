@@ -39,6 +39,7 @@ def _flags(body, kind: str) -> np.ndarray:
 
 @pytest.mark.parametrize("run", ["vanish", "explode", "dead", "clean"])
 @pytest.mark.parametrize("kind", ["vanishing", "exploding", "dead"])
+@pytest.mark.slow
 def test_cell_detectors_find_exactly_the_planted_cells(tb, run, kind):
     """A 1e-5, 1e4 or 0 factor on the gradient from step K on: flagged cells == planted cells, in every run
     (so no other kind fires either: the layers after the gate are neither vanishing nor exploding)."""

@@ -101,6 +101,7 @@ MODELS = {
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.slow
 def test_fit_activations_equal_an_independent_forward_pass(tmp_path, kind, mode):
     build, loss_fn, data = MODELS[kind]
     keras.utils.set_random_seed(11)
@@ -136,6 +137,7 @@ def test_fit_activations_equal_an_independent_forward_pass(tmp_path, kind, mode)
 
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("kind", sorted(MODELS))
+@pytest.mark.slow
 def test_custom_loop_activations_and_target(tmp_path, kind, compiled):
     build, make_loss, data = MODELS[kind]
     keras.utils.set_random_seed(4)
@@ -222,6 +224,7 @@ def _nonfinite(series, tag, step) -> bool:
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, mode):
     x, y = _bad_batch_data(12, 7, -50.0, seed=6)
     logger, series = _fit(tmp_path, sqrt_model(), x, y, mode, update_freq=10, activations=True)
@@ -235,6 +238,7 @@ def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
+@pytest.mark.slow
 def test_forward_nan_is_placed_in_its_layer(tmp_path, mode):
     x, y = _bad_batch_data(12, 5, 50.0, seed=5)
     logger, series = _fit(tmp_path, _log_model(), x, y, mode, update_freq=10, activations=True)
@@ -304,6 +308,7 @@ def test_custom_loop_says_where_it_broke(tmp_path):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_a_nan_only_in_the_loss_value_writes_the_step_in_full(tmp_path, mode):
     """The loss is NaN, its gradients are not (a term under stop_gradient): still the first non-finite step,
     written in full (the fused op writes because the loss series, written by TensorFlow's ops, says so)."""

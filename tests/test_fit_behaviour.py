@@ -8,6 +8,7 @@ matrix); the ReLU/He twin keeps them of the same order.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from fit_helpers import keras, layers, log_dir, one, read_series, stat
 
 import tb_layergrad
@@ -40,6 +41,7 @@ def _ratios(tmp_path, activation, initializer):
     return norms[:-1] / norms[1:]  # layer i relative to layer i+1 (one step closer to the output)
 
 
+@pytest.mark.slow
 def test_sigmoid_shrinks_geometrically_relu_does_not(tmp_path):
     sigmoid = _ratios(tmp_path, "sigmoid", "glorot_uniform")
     relu = _ratios(tmp_path, "relu", "he_normal")

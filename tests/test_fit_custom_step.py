@@ -94,6 +94,7 @@ def _train(cls, mode, callbacks, epochs=2):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_own_train_step_gradients_are_logged(tmp_path, mode):
     saver = WeightsBeforeStep()
     logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=1, weights=True, max_elements=10_000)
@@ -108,6 +109,7 @@ def test_own_train_step_gradients_are_logged(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_own_train_step_trains_bitwise_as_without_the_callback(tmp_path, mode):
     plain, _ = _train(OwnStep, mode, [])
     logger = tb_layergrad.GradientLogger(
@@ -162,6 +164,7 @@ class TwoCallStep(keras.Model):
         return {"first": first, "second": second}
 
 
+@pytest.mark.slow
 def test_persistent_tape_asked_twice_logs_the_first_call(tmp_path):
     original = dict(tf.GradientTape.__dict__)
     plain, _ = _train(TwoCallStep, "graph", [])

@@ -95,6 +95,7 @@ def _check_tape(series, target: str, step: int, tape, length: int) -> None:
 
 
 @pytest.mark.parametrize("case, mode", PARAMS, ids=[f"{c.name}-{m}" for c, m in PARAMS])
+@pytest.mark.slow
 def test_gallery_step(tmp_path, case: Case, mode: str):
     if TF_KERAS and case.keras3_only:
         pytest.skip(case.keras3_only)

@@ -47,6 +47,7 @@ def _loss():
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
     """Functional model with BatchNorm (batch statistics) and a residual Add; validation adds nothing."""
     keras.utils.set_random_seed(7)
@@ -81,6 +82,7 @@ def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
+@pytest.mark.slow
 def test_sequential_matches_reproduction(tmp_path, mode):
     keras.utils.set_random_seed(3)
     model, manual = mlp_sequential()
@@ -106,6 +108,7 @@ def test_sequential_matches_reproduction(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.slow
 def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
     """The seed question: the gradient w.r.t. the subclassed model's RNN output, inside fit()."""
     keras.utils.set_random_seed(5)
@@ -136,6 +139,7 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
         )
 
 
+@pytest.mark.slow
 def test_without_the_fused_kernel_the_records_match_too(tmp_path):
     """Where the kernel cannot be built, fit()'s step reduces with TensorFlow's ops, one call per tensor."""
     from tb_layergrad.kernel import fused as fused_kernel
@@ -392,6 +396,7 @@ def test_a_tensorboard_log_dir_is_followed_at_each_fit(tmp_path):
     logger.close()
 
 
+@pytest.mark.slow
 def test_a_second_model_in_one_run_is_warned_and_a_later_fit_of_the_same_is_not(tmp_path):
     x, y = _data(n=16)
     logger = tb_layergrad.GradientLogger(log_dir(tmp_path))

@@ -70,6 +70,7 @@ def _float32_reference(weights, x, y):
 
 
 @pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+@pytest.mark.slow
 def test_records_are_unscaled(tmp_path, mixed_float16, mode):
     keras.utils.set_random_seed(2)
     model = _mlp()

@@ -77,6 +77,7 @@ def _data(model):
         ("cnn", "graph", None),
     ],
 )
+@pytest.mark.slow
 def test_weights_bitwise_equal(tmp_path, model, mode, chosen):
     build, x, y = _data(model)
     _, plain = _run(build, x, y, mode, [])
@@ -109,6 +110,7 @@ def _affine_mlp():
     )
 
 
+@pytest.mark.slow
 def test_bitwise_with_a_batch_of_unknown_size(tmp_path):
     # A dataset's batches have no static size: the gradient of `+` reads each MatMul output's shape at run time.
     # The second backward pass (weights=True) and the target's must leave that MatMul one reader, as the real one
@@ -130,6 +132,7 @@ def test_bitwise_with_a_batch_of_unknown_size(tmp_path):
 
 
 @pytest.mark.parametrize("model,chosen", [("mlp", ["b"]), ("cnn", ["bn2", "add"])])
+@pytest.mark.slow
 def test_under_xla_the_same_math(tmp_path, model, chosen):
     build, x, y = _data(model)
     # One update: w1 = w0 - lr * g (momentum's first step), BatchNorm's moving statistics one step on.

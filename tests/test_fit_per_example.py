@@ -92,6 +92,7 @@ def _fit(model, x, y, logdir, mode, batch_size, update_freq=1, epochs=1, per_exa
 
 @pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
 @pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.slow
 def test_norms_and_noise_scale_equal_one_tape_per_example(tmp_path, kind, mode):
     """Dense, Embedding, LayerNormalization and Conv2D: each has an exact rule (coverage 1) in Keras 3 and tf_keras."""
     model, x, y = MODELS[kind]()
@@ -117,6 +118,7 @@ def test_norms_and_noise_scale_equal_one_tape_per_example(tmp_path, kind, mode):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_nothing_written_on_unlogged_steps(tmp_path, mode):
     model = _mlp()
     x, y = _data(n=16)
@@ -128,6 +130,7 @@ def test_nothing_written_on_unlogged_steps(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_training_unchanged_bitwise(tmp_path, mode):
     x, y = _data(n=16)
     plain, logged = _mlp(), _mlp()
@@ -137,6 +140,7 @@ def test_training_unchanged_bitwise(tmp_path, mode):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_batch_normalization_is_flagged_and_gets_no_noise_scale(tmp_path):
     keras.utils.set_random_seed(4)
     model = keras.Sequential(
@@ -155,6 +159,7 @@ def test_batch_normalization_is_flagged_and_gets_no_noise_scale(tmp_path):
     assert pw.NOISE_SCALE_TAG not in scalars and scalars[pw.COVERAGE_TAG][1] < 1
 
 
+@pytest.mark.slow
 def test_load_has_the_per_example_columns(tmp_path):
     pytest.importorskip("pandas")
     model = _mlp()
@@ -183,6 +188,7 @@ def test_per_example_without_weights_warns_that_no_noise_scale_is_written():
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
+@pytest.mark.slow
 def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
     """An extra target (its own backward pass) leaves the loss's per-example records as they are: only the loss's
     are written (kind `examples` for target "loss" only)."""
@@ -210,6 +216,7 @@ def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
     """Every 10th step logged; step 7's batch makes a gradient non-finite while the loss stays finite, so the
     logger writes step 7 in full after all (the first non-finite step of a run). Its `examples` rows are

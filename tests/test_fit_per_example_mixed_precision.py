@@ -211,6 +211,7 @@ def _rtol(spec: Spec, twin: keras.Model, x: np.ndarray) -> float:
 
 @pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
 @pytest.mark.parametrize("kind", list(SPECS))
+@pytest.mark.slow
 def test_norms_and_noise_scale_are_unscaled_and_equal_float32_tapes(tmp_path, mixed_float16, kind, mode):
     step = _logged_step(str(tmp_path), SPECS[kind], mode, above=0.2)
     assert step.rtol < 0.2, step.rtol  # float16's bound on these short paths; 2**15 (a forgotten scale) is far beyond
@@ -228,6 +229,7 @@ def test_norms_and_noise_scale_are_unscaled_and_equal_float32_tapes(tmp_path, mi
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_an_overflowing_step_keeps_its_rows_and_writes_no_noise_scale(tmp_path, mixed_float16, mode):
     """The batch sum of a scaled gradient overflows float16 where no example's part does: Keras skips the update;
     each example's norm (taken in float32 from its own float16 δ) is finite and right; |G_B|² is not finite, so

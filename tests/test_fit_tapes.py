@@ -82,6 +82,7 @@ def _reproduce_gan(model, weights, real):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_gan_two_targets_equal_an_independent_tape(tmp_path, mode):
     with pytest.warns(RuntimeWarning, match="outside its GradientTapes"):
         model, snaps, x = _fit(tmp_path, cs.GAN, mode, {"max_elements": 10_000})
@@ -102,6 +103,7 @@ def test_gan_two_targets_equal_an_independent_tape(tmp_path, mode):
 
 @pytest.mark.parametrize("cls", [cs.GAN, cs.WGAN], ids=["gan", "wgan_gp"])
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_training_is_bitwise_unchanged(tmp_path, mode, cls):
     """Also with the gradient penalty's nested tape (second-order: the outputs it watches are watched by the
     critic's tape too)."""
@@ -112,6 +114,7 @@ def test_training_is_bitwise_unchanged(tmp_path, mode, cls):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager", "xla"])
+@pytest.mark.slow
 def test_weights_true_logs_the_weights_each_tape_asked_for(tmp_path, mode):
     """The same in graph, eager and XLA: the discriminator's target holds its weights only, the generator's its own."""
     model, _, _ = _fit(tmp_path, cs.GAN, mode, {"weights": True})
@@ -127,6 +130,7 @@ def test_weights_true_logs_the_weights_each_tape_asked_for(tmp_path, mode):
             assert all(stat(v[0], "no_gradient") == 0 for v in by_step.values())
 
 
+@pytest.mark.slow
 def test_wgan_each_critic_update_its_own_target_penalty_not_logged(tmp_path):
     model, _, _ = _fit(tmp_path, cs.WGAN, "graph", {"weights": True})
     series = read_series(log_dir(tmp_path))

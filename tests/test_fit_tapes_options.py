@@ -66,6 +66,7 @@ def _per_example_weight_norms(model, weights, real):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_per_example_on_every_tape(tmp_path, mode):
     model, snaps, x = _gan_fit(tmp_path, mode, per_example=True)
     found = tb_reading.examples(log_dir(tmp_path))["train"]
@@ -118,6 +119,7 @@ def _unit_target(model, weights, x):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
+@pytest.mark.slow
 def test_targets_on_every_tape_that_calls_the_model(tmp_path, mode):
     keras.utils.set_random_seed(3)
     model = CalledTwice()

@@ -30,6 +30,7 @@ TARGETS = {
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
+@pytest.mark.slow
 def test_target_gradients_match_reproduction(tmp_path, mode):
     keras.utils.set_random_seed(8)
     model, manual = bn_residual_mlp()

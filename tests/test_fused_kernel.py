@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_reliability_reductions import check_histogram, check_stats
+from reference_checks import check_histogram, check_stats
 from tolerances import TWO_SIDES, blocked_sum_atol, gamma, histogram_edge_atol, sum_atol, sum_rtol, unit_roundoff
 
 from tb_layergrad import metadata
@@ -75,6 +75,7 @@ def _cases() -> list:
 
 
 @pytest.mark.parametrize("graph", [False, True])
+@pytest.mark.slow
 def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
     tensors = [tf.constant(a) if isinstance(a, np.ndarray) else a for a in _cases()]
     run = tf.function if graph else (lambda f: f)
@@ -161,6 +162,7 @@ def test_a_broken_compiler_is_reported_not_raised(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("*.so"))  # nothing half-written is left to be loaded
 
 
+@pytest.mark.slow
 def test_without_the_kernel_the_records_are_the_same(tmp_path):
     """A machine without a compiler (or TB_LAYERGRAD_FUSED=0) gets TensorFlow's ops and the same records."""
     code = (

@@ -66,6 +66,7 @@ def _provider(which, logdir, request):
 
 
 @pytest.mark.parametrize("which", ["python", "rust"])
+@pytest.mark.slow
 def test_each_run_gets_its_nearest_session(logdir, request, which):
     provider = _provider(which, logdir, request)
     with event_files.tensorflow_free(logdir):

@@ -51,6 +51,7 @@ def runs_of(compiler: Path) -> int:
     return len(runs.read_text().splitlines()) if runs.exists() else 0
 
 
+@pytest.mark.slow
 def test_imports_and_writes_summaries_where_fcntl_does_not_exist(tmp_path):
     """As on Windows: `import fcntl` fails. Every module imports, the build lock works, summaries are written."""
     code = textwrap.dedent(f"""

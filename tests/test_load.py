@@ -55,3 +55,20 @@ def test_load_numbers_are_what_was_written(small_logdir):  # noqa: F811
 def test_load_of_an_empty_logdir(tmp_path):
     df = tb_layergrad.load(str(tmp_path))
     assert len(df) == 0 and "norm" in df.columns
+
+
+def test_load_of_a_part_is_that_part_of_the_whole(small_logdir):  # noqa: F811
+    import pandas as pd
+
+    whole = tb_layergrad.load(small_logdir.logdir)
+    run = sorted(set(whole.run))[0]
+    layer = next(l for l in whole[whole.run == run].layer if l != metadata.DEFAULT_TARGET)
+    steps = sorted(set(whole[whole.run == run].step))
+    start, end = steps[1], steps[-2]
+    part = tb_layergrad.load(
+        small_logdir.logdir, runs=[run], layers=[layer], steps=(start, end), columns=["norm", "state"]
+    )
+    assert list(part.columns) == ["run", "layer", "target", "source", "step", "norm", "state"]
+    want = whole[(whole.run == run) & (whole.layer == layer) & (whole.step >= start) & (whole.step <= end)]
+    pd.testing.assert_frame_equal(part.reset_index(drop=True), want[list(part.columns)].reset_index(drop=True))
+    assert part.attrs["damage"] == []

@@ -154,6 +154,7 @@ def test_estimate_is_the_formula(b):
     assert float(got.b_simple) == pytest.approx(float(got.trace) / float(got.signal), rel=1e-12)
 
 
+@pytest.mark.slow
 def test_embedding_in_a_tf_function(tmp_path):
     """An Embedding's batch gradient is an IndexedSlices (repeated ids add up) and its parameter count is read
     from its dense shape while tracing."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import setuptools
 
 import tb_layergrad
@@ -77,6 +78,7 @@ def collect(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_markers_are_registered_and_select():
     """`pytest -m "not browser"` leaves out exactly the browser tests (and --strict-markers knows all four)."""
     listed = subprocess.run(

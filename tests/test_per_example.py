@@ -199,6 +199,7 @@ MODELS = {
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", list(MODELS))
+@pytest.mark.slow
 def test_norms_equal_one_tape_per_example(kind, mode):
     model, x, y = MODELS[kind]()
     got = _per_example(model, x, y, mode)
@@ -213,6 +214,7 @@ def test_norms_equal_one_tape_per_example(kind, mode):
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])  # XLA: see test_capture.py's neutrality test
+@pytest.mark.slow
 def test_model_outputs_and_weight_gradients_unchanged_bitwise(mode):
     """The pre-activation observer and the extra δ sources leave the forward and backward bits alone."""
     for kind in ("mlp", "sequence", "cnn1d", "cnn2d", "embedding", "layer_norm"):

@@ -87,9 +87,9 @@ def assert_same(actual, expected, rtol=0.0, atol=0.0):
 
 def check_against_reference(stats, x, where: str) -> None:
     """The stats of float32 input x against the independent float64 reference, within the bounds
-    derived from the reduction length (test_reliability_reductions.check_stats, tests/tolerances.py)."""
+    derived from the reduction length (reference_checks.check_stats, tests/tolerances.py)."""
     import tensorflow as tf  # only here: the rest of this file reads what was written
-    from test_reliability_reductions import check_stats
+    from reference_checks import check_stats
 
     check_stats(np.asarray(stats, np.float64), tf.constant(x), where)
 

@@ -25,7 +25,7 @@ SIGNATURES = {
         "per_example=False, max_elements=0, on_nonfinite='log')"
     ),
     "NonFiniteError": "(origin)",
-    "load": "(logdir, runs=None)",
+    "load": "(logdir, runs=None, *, layers=None, steps=None, columns=None)",
     "distribute.merge": "(grads, strategy=None)",
     "distribute.create_file_writer": "(logdir, strategy=None, **kwargs)",
     "distribute.is_chief": "(strategy=None)",

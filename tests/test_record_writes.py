@@ -92,6 +92,7 @@ def _write(logdir: str, tensors: list, steps, per_record: bool, monkeypatch) -> 
     monkeypatch.undo()
 
 
+@pytest.mark.slow
 def test_one_op_writes_the_bytes_tf_summary_write_writes(tmp_path, monkeypatch):
     """One record per kind for the group, the same bytes through the op as through tf.summary.write, the
     metadata in each tag's first record only, the counts in the narrowest type."""

@@ -48,6 +48,7 @@ from plugin_fixtures import InProcess, strict_json
 from tensorboard_process import TensorBoardProcess
 
 from tb_layergrad import metadata
+from tb_layergrad.reader import damage
 
 LAYERS = ["net/a", "net/b"]
 MANY_LAYERS = [f"big/block_{i // 100}/layer_{i % 100}" for i in range(5000)]
@@ -143,6 +144,22 @@ class Damaged:
             fh.write(bytes([byte[0] ^ 0xFF]))
         self._observe("corrupt_middle", LAYERS, [s for s in range(10) if s != 4])
 
+        # What the damage check names (`reader.damage`): run -> [(kind, last step read)], in file order. Not
+        # `garbage_proto`: its records are whole, their checksums match. A partial record or an empty file is
+        # named once unchanged for `SETTLED_S` (a writer between two flushes): these files are made older.
+        self.damage = {
+            "truncated": [(damage.TRUNCATED, 8)],
+            "garbage_random": [(damage.CORRUPT, 9)],
+            "garbage_length": [(damage.TRUNCATED, 9)],
+            "only_empty": [(damage.EMPTY, None)],
+            "with_empty": [(damage.EMPTY, None), (damage.EMPTY, None)],
+            "corrupt_middle": [(damage.CORRUPT, 3)],
+        }
+        old = time.time() - 2 * damage.SETTLED_S
+        for run in ("truncated", "garbage_length", "only_empty", "with_empty"):
+            for name in os.listdir(self._dir(run)):
+                os.utime(os.path.join(self._dir(run), name), (old, old))
+
     def _dir(self, run: str) -> str:
         return os.path.join(self.logdir, run)
 
@@ -159,6 +176,7 @@ class Damaged:
         f, tail = self._truncated
         f.append_raw(tail)
         self._intact("truncated", LAYERS, [9])
+        del self.damage["truncated"]  # completed
         for step in range(5, 10):
             self._live[0].write(step, LAYERS[:1])
             self._live[1].write(step, LAYERS[1:], first_index=1)
@@ -179,6 +197,33 @@ class Served:
     observed_missing: Dict[str, int] = dataclasses.field(default_factory=dict)  # run -> `observed` records not served
     observed_extra: int = 0  # records served that were damaged (the corrupt one)
     requests: int = 0
+
+
+def damage_said(get: Get) -> Tuple[Dict[str, list], List[str]]:
+    """({run: [(kind, step)] of its row's `damage`}, the listing's warnings) of the `runs` route."""
+    code, body = get("runs", None)
+    listing = strict_json(body) if code == 200 else {"runs": [], "warnings": []}
+    rows = {r["run"]: [(d["kind"], d["step"]) for d in r["damage"]] for r in listing["runs"]}
+    return {run: d for run, d in rows.items() if d}, listing["warnings"]
+
+
+def damage_named(get: Get, damaged: "Damaged", gone: frozenset = frozenset()) -> bool:
+    """Whether the `runs` route names exactly the damage `damaged.damage` says: in the rows of the runs listed
+    (the intact ones with none), in a warning for a run not listed (nothing of it could be read)."""
+    rows, warnings = damage_said(get)
+    listed = {r: d for r, d in damaged.damage.items() if r not in damaged.absent and r not in gone}
+    unlisted = [r for r in damaged.damage if r in damaged.absent]
+    named = all(any(w.startswith(f"run {r!r}: event file") for w in warnings) for r in unlisted)
+    return rows == listed and named and len(warnings) == sum(len(d) for d in damaged.damage.values())
+
+
+def wait_named(get: Get, damaged: "Damaged") -> None:
+    """Polls the `runs` route until the check in the background names `damaged.damage` (asserted)."""
+    for _ in range(300):
+        if damage_named(get, damaged):
+            return
+        time.sleep(0.1)
+    assert damage_said(get) == damaged.damage
 
 
 def _json(get: Get, route: str, query: Optional[dict], served: Served, status: int = 200) -> Optional[dict]:
@@ -265,6 +310,7 @@ def assert_served(served: Served, allowed_missing: set = frozenset()) -> None:
 # -- in-process: TensorBoard's Python multiplexer -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_damaged_logdir_in_process(tmp_path):
     damaged = Damaged(str(tmp_path / "logdir"))
     tb = InProcess(damaged.logdir)
@@ -276,6 +322,7 @@ def test_damaged_logdir_in_process(tmp_path):
     start = time.perf_counter()
     many = strict_json(tb.get("runs", {"run": "many"}).get_data())["runs"][0]["layers"]
     listing_seconds = time.perf_counter() - start  # was ~9 s (O(layers x tags)) before catalog.by_layer
+    wait_named(get, damaged)
     assert [entry["layer"] for entry in many] == MANY_LAYERS  # model order (index), not name order
     assert all(entry["series"][0]["kinds"] == [metadata.KIND_HISTOGRAM, metadata.KIND_STATS] for entry in many)
     before = check_served(get, damaged)
@@ -291,6 +338,7 @@ def test_damaged_logdir_in_process(tmp_path):
     assert all(code < 500 for code in racing), racing
     gone = _gone(get, damaged)
     after = check_served(get, damaged, gone=gone)
+    wait_named(get, damaged)  # the completed record is no longer named
     assert gone == {"deleted"}  # the Python multiplexer drops a run whose folder is gone, keeps an emptied one
     assert_served(after, allowed_missing=damaged.python_loader_misses())
     rf.record(
@@ -345,6 +393,8 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
     try:
         for name, p in procs.items():
             p.wait_until(lambda p: _runs_ready(p, damaged[name]), "every run loaded", timeout=120)
+        for name, p in procs.items():
+            wait_named(_http_get(p), damaged[name])
         for name, p in procs.items():
             before[name] = check_served(_http_get(p), damaged[name])
             assert_served(before[name])

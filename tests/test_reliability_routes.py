@@ -342,6 +342,7 @@ _SETTINGS = dict(
     [(r, "examples" if r in ON_EXAMPLES else "hostile") for r in USES]
     + [(r, "examples") for r in sorted(ALSO_ON_EXAMPLES)],
 )
+@pytest.mark.slow
 def test_generated_queries(hostile, with_examples, errors_logged, route, logdir):
     tb, written = with_examples if logdir == "examples" else hostile
     tally = Tally()

@@ -214,6 +214,7 @@ def test_first_nan_step_survives_tensorboards_sampling(sampled_logdir):  # noqa:
     assert full["summary"]["first_nonfinite"] == {"step": rf.SAMPLED_NAN_STEP, "layers": ["m/a"], **unknown}
 
 
+@pytest.mark.slow
 def test_sampling_in_real_tensorboards_both_loaders(sampled_logdir, tmp_path):  # noqa: F811
     """The int64 first_nonfinite records through the Rust data server and the Python loader."""
     configs = [("true", ["--samples_per_plugin", "layergrad=5"]), ("false", ["--samples_per_plugin", "layergrad=5"])]

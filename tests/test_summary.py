@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from numpy_reference import numpy_stats
+from reference_checks import check_histogram, check_stats
 from tb_reading import read_all, values_at
-from test_reliability_reductions import check_histogram, check_stats
 from tolerances import histogram_edge_atol
 
 import tb_layergrad
@@ -185,6 +185,7 @@ def test_target_name_is_its_own_series(tmp_path):
     assert recs["class_3/output/a/stats"][0].target == "class_3"
 
 
+@pytest.mark.slow
 def test_reductions_compile_under_xla():
     from tb_layergrad.statistics import reductions
 
@@ -200,6 +201,7 @@ def test_reductions_compile_under_xla():
 
 @pytest.mark.parametrize("shift", [0.0, 1e4])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16])
+@pytest.mark.slow
 def test_fast_path_equals_general_path(shift, dtype):
     """The all-finite fast path and the masked general path agree."""
     from tb_layergrad.statistics import reductions
@@ -236,6 +238,7 @@ def _mixed_tensors():
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("with_nan", [False, True])
+@pytest.mark.slow
 def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
     """histograms_and_stats (one path choice for all, scalar work batched) gives each tensor's own numbers."""
     from tb_layergrad.statistics import reductions
@@ -267,6 +270,7 @@ def write_path(request):
         yield request.param
 
 
+@pytest.mark.slow
 def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path, write_path):
     """Series added later (another function, the same writer) get their own running value; a function
     traced before they were added keeps its own; another writer keeps separate values."""

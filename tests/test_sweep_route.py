@@ -233,7 +233,8 @@ def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
 
     assert set(verdict_rules.SEVERITY) == set(verdict_rules.STATES)
     measured = {m.key for m in run_health.MEASURES}
-    assert {f"latest.{s}" for s in verdict_rules.STATES if s not in ("ok", "nan_origin", "nonfinite")} <= measured
+    counted = {s for s in verdict_rules.STATES if s not in ("ok", "nan_origin", "nonfinite", "dominated")}
+    assert {f"latest.{s}" for s in counted} <= measured and "dominated_steps" in measured  # steps, not layers
 
 
 def test_a_run_a_request_read_gets_its_row_at_the_next_pass(tmp_path):

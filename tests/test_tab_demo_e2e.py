@@ -113,12 +113,21 @@ def test_rnn_simplernn_vanishes_through_time(demo_tab):
     assert banner["kind"] == "vanishing_through_time" and "rnn_simplernn/rnn" in banner["text"]
 
 
-def test_mislabelled_is_one_banner_line(demo_tab):
+def test_mislabelled_is_one_banner_line_and_no_layer_reads_ok(demo_tab):
+    """Its only finding is one example dominating: each layer's one chip says so in the verdict's words (not "ok"),
+    and the Runs view's row too (the sweep route's `verdict_text`)."""
     o = overview(demo_tab, "mislabelled")
     (banner,) = o["banners"]
     assert banner["kind"] == "dominated" and banner["layers"] == str(len(o["rows"]))
-    assert set(o["states"].values()) == {"ok"}  # no gradient is wrong: one example is
-    assert all([c["cls"] for c in r["chips"]] == ["lg-chip lg-chip-dominated lg-chip-link"] for r in o["rows"].values())
+    assert set(o["states"].values()) == {"dominated"}  # no gradient is wrong: one example is
+    for r in o["rows"].values():
+        (chip,) = r["chips"]
+        assert chip["cls"] == "lg-chip lg-chip-dominated lg-chip-link" and chip["text"].startswith("one example domin")
+    frame = demo_tab["browser"].open(demo_tab["tb"].base, {"view": "runs"})
+    cell = frame.wait_for_selector('tr:has(td[data-col="run"][title="mislabelled"]) td[data-col="verdict"] .lg-chip')
+    (row,) = demo_tab["tb"].get_json(PLUGIN_API + "sweep?run=mislabelled")["runs"]
+    assert (cell.get_attribute("data-state"), cell.text_content()) == ("dominated", row["verdict_text"])
+    assert row["verdict_text"].startswith("one example domin")
 
 
 def test_dead_relu_names_the_dead_layer(demo_tab):
@@ -145,3 +154,29 @@ def test_the_healthy_twins_show_no_finding(demo_tab, run):
     o = overview(demo_tab, run)
     assert set(o["states"].values()) == {"ok"} and o["banners"] == []
     assert not [c for r in o["rows"].values() for c in r["chips"]]
+
+
+def test_an_alert_at_the_latest_step_opens_that_step(demo_tab):
+    """mlp_sigmoid: "vanishing at the latest step (S)" opens its first layer at S, not where it began to vanish."""
+    frame = demo_tab["browser"].open(demo_tab["tb"].base, {"run": "mlp_sigmoid"})
+    alert = frame.wait_for_selector('.lg-summary .lg-alert[data-kind="vanishing"]')
+    step = alert.text_content().split("latest step (")[1].split(")")[0]
+    alert.click()
+    frame.wait_for_selector(f'.lg-stats-table[data-step="{step}"]')
+    assert tf_.parent_state(demo_tab["browser"].page)["step"] == step
+
+
+def test_the_layer_table_says_no_finite_value_where_every_element_is_inf(demo_tab):
+    """nan_backward/dense_0 at the last step: every element ±Inf; the statistics of its finite elements have no
+    value (the route's null), said in words, not 0 nor a dash; its counts are numbers."""
+    frame = demo_tab["browser"].open(
+        demo_tab["tb"].base, {"view": "layer", "run": "nan_backward", "layer": "nan_backward/dense_0", "step": 40}
+    )
+    frame.wait_for_selector('.lg-stats-table[data-step="40"]')
+    cells = frame.eval_on_selector_all(
+        ".lg-stats-table tbody tr", "(rows) => rows.map((r) => [r.dataset.stat, r.querySelector('td').textContent])"
+    )
+    shown = dict(cells)
+    for stat in ("norm", "rms", "mean_abs", "min", "max", "mean", "std"):
+        assert shown[stat] == "no finite value", (stat, shown)
+    assert int(shown["pos_inf"]) + int(shown["neg_inf"]) == int(shown["elements"]) == 1024 and shown["nan"] == "0"

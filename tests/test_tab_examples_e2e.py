@@ -169,7 +169,11 @@ def test_overview_names_the_layer_one_example_dominates(env):
         f"{ef.DOMINATED_POSITION} of {ef.BATCH} →"
     )
     chip = frame.locator(f'.lg-chip-dominated[data-layer="{ef.DOMINATED_LAYER}"]')
-    assert chip.count() == 1 and chip.inner_text() == f"1 example {round(100 * share)}% @{ef.DOMINATED_STEP}"
+    # Its only finding, so the layer's verdict (the route's text: its last step is not dominated); the share in its title.
+    assert chip.count() == 1 and chip.inner_text() == "ok now – one example dominated 1 step"
+    assert chip.get_attribute("data-state") == "dominated" and f"{share:.0%} of its gradient" in chip.get_attribute(
+        "title"
+    )
     row = frame.locator(".lg-row-chip").nth(list(ef.LAYERS).index(ef.DOMINATED_LAYER))
     assert row.locator(".lg-chip-dominated").count() == 1  # on its own row
     alerts.first.click()

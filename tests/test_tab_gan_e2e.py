@@ -101,19 +101,27 @@ def test_the_generators_layer_view_charts_its_vanishing_gradient(gan_tab, demo):
     tf_.assert_no_browser_errors(b)
 
 
-def test_a_run_without_a_loss_target_opens_on_one_of_its_targets(gan_tab):
-    """No target in the URL: the run's first target (the `runs` route's order), its rows drawn, nothing asked of
-    a target `loss` (no 404 in the console); the URL stays without one, so a copied link opens the same."""
+def test_a_run_without_a_loss_target_opens_on_its_worst_target(gan_tab):
+    """No target in the URL (the run picker, a link): the target the Runs view opens it on and the report calls its
+    worst (the `sweep` route's row: `generator`), its own layers first, its rows drawn, nothing asked of a target
+    `loss` (no 404 in the console); the URL stays without one, so a copied link opens the same. Its banner says what
+    the generator's value did, the arrow between the two numbers held by non-breaking spaces."""
     b = gan_tab["browser"]
-    first = sorted([demo_gan.D_TARGET, demo_gan.G_TARGET])[0]
+    (row,) = gan_tab["tb"].get_json("/data/plugin/layergrad/sweep?run=gan")["runs"]
+    assert row["target"] == demo_gan.G_TARGET
     frame = b.open(gan_tab["tb"].base, {"run": "gan"})
     frame.wait_for_function("() => document.querySelector('.lg-run-name')?.textContent === 'gan'")
-    layers = gan_tab["layers"][first]
+    layers = gan_tab["layers"][row["target"]]
     canvas = frame.locator(f".lg-overview .lg-heatmap-canvas[data-rows='{len(layers)}']")
     canvas.wait_for(timeout=10_000)
     assert canvas.get_attribute("data-cols") == str(gan_tab["steps"])
-    assert texts(frame, f"{TARGET} option:checked") == [first]
-    assert set(frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.dataset.layer)")) == layers
+    assert texts(frame, f"{TARGET} option:checked") == [row["target"]]
+    shown = frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.dataset.layer)")
+    assert set(shown) == layers
+    own = [x for x in shown if "generator" in x.split("/")]
+    assert shown[: len(own)] == own and shown[0] == demo_gan.G_OUTPUT, shown  # its own layers first
+    text = frame.locator(".lg-summary .lg-alert").first.inner_text()
+    assert "the value of generator rose (" in text and "\u00a0→\u00a0" in text, text
     assert frame.locator(".lg-error").count() == 0
     assert "target" not in tf_.parent_state(b.page)
     tf_.assert_no_browser_errors(b)

@@ -96,6 +96,7 @@ def _probe_step(model, x, y):
 
 @pytest.mark.parametrize("return_sequences", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.slow
 def test_probe_equals_unrolled_ground_truth(kind, return_sequences):
     keras.utils.set_random_seed(11)
     model = _model(kind, return_sequences)
@@ -143,6 +144,7 @@ def test_total_differs_from_direct_path():
         ("gru", False, "graph"),
     ],
 )
+@pytest.mark.slow
 def test_fit_timesteps_equal_ground_truth(tmp_path, kind, return_sequences, mode):
     keras.utils.set_random_seed(4)
     model = _model(kind, return_sequences)
@@ -177,6 +179,7 @@ def test_fit_timesteps_equal_ground_truth(tmp_path, kind, return_sequences, mode
         )
 
 
+@pytest.mark.slow
 def test_timesteps_keep_training_unchanged(tmp_path):
     """The zero probe does not move training (LSTM, graph mode)."""
     x, y = _data(3)

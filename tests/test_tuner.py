@@ -119,6 +119,7 @@ def _record(logdir: str, trial_id: str) -> dict:
     return _PerTrial.records[os.path.join(logdir, trial_id, "execution0")]
 
 
+@pytest.mark.slow
 def test_each_trial_writes_its_own_steps_to_its_own_run(searched):
     trials, logdir = searched
     df = tb_layergrad.load(logdir)
@@ -189,6 +190,7 @@ def test_the_hparams_route_names_each_trials_run(searched, tmp_path):
 
 
 @pytest.mark.parametrize("form", ["path, no TensorBoard", "path beside TensorBoard", "TensorBoard not in the list"])
+@pytest.mark.slow
 def test_a_logger_that_cannot_follow_the_trials_says_what_to_pass(tmp_path, form):
     """Every trial would write to one run: the second trial warns, naming the form that works."""
     logdir = os.fspath(tmp_path / "logs")

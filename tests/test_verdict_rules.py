@@ -54,10 +54,11 @@ def test_vanishing_through_time_only_when_nothing_else_holds():
     assert run.latest["vanishing_through_time"] == 2
 
 
-def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the_cell_states():
+def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_rides_beside_the_cell_states():
     """Three layers whose gradient falls 10^2.5 from step 60 of 120 (12 logged steps); m/c also vanishes against the
-    others at every step (a cell state: it comes first). With a stalled loss the two others vanish over steps; with a
-    loss that fell to ~0 (convergence) or without the loss's value, none does."""
+    others at every step (a cell state: it comes first, and its collapse is carried beside it, not dropped). With a
+    stalled loss all three vanish over steps; with a loss that fell to ~0 (convergence) or without the loss's value,
+    none does."""
     steps = list(range(0, 120, 10))
     fall = np.where(np.arange(12) >= 6, 10**-2.5, 1.0)
     rms = np.stack([fall, fall * 0.5, fall * 1e-4])
@@ -68,10 +69,15 @@ def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_yields_to_the
     assert got == [
         ("vanishing_over_steps", 60, "vanishing over steps @60"),
         ("vanishing_over_steps", 60, "vanishing over steps @60"),
-        ("vanishing", 0, "vanishing"),
+        ("vanishing", 0, "vanishing · vanishing over steps @60"),
     ]
-    assert [f["kind"] for f in stalled.summary_json()["findings"]] == ["vanishing", "vanishing_over_steps"]
-    assert stalled.latest["vanishing_over_steps"] == 2
+    assert stalled.verdicts()[2].also == (
+        {"state": "vanishing_over_steps", "step": 60, "text": "vanishing over steps @60"},
+    )
+    found = stalled.summary_json()["findings"]
+    assert [f["kind"] for f in found] == ["vanishing", "vanishing_over_steps"] and found[1]["layers"] == layers
+    assert (found[0]["step"], found[1]["step"]) == (110, 60)  # "at the latest step (110)" opens step 110
+    assert stalled.latest["vanishing_over_steps"] == 3
     cells = anomalies.cell_states(stalled)
     assert list(cells[0]) == ["ok"] * 6 + ["vanishing_over_steps"] * 6 and set(cells[2]) == {"vanishing"}
     converged = anomalies.evaluate(layers, steps, stats, target_values=np.geomspace(0.7, 1e-6, 12))
@@ -89,6 +95,7 @@ def test_the_states_in_their_order():
         "vanishing",
         "vanishing_over_steps",
         "vanishing_through_time",
+        "dominated",
         "ok",
     )
 

@@ -18,6 +18,8 @@ import { LayerHistograms } from "./layer_hists.js";
 import { TensorPanel } from "./tensor_panel.js";
 import { verdictLine, verdictWhy } from "./verdict.js";
 
+// The statistics of the finite elements only (docs/FORMAT.md): none where every element is NaN/Inf.
+const FINITE_STATS = new Set(["min", "max", "mean", "std", "norm", "rms", "mean_abs"]);
 const TABLE_STATS = ["elements", "nan", "pos_inf", "neg_inf", "zeros", "zero_frac", "no_gradient", "min", "max", "mean", "std", "norm", "rms", "mean_abs"];
 
 export class LayerView {
@@ -286,12 +288,24 @@ export class LayerView {
       for (const x of cols) {
         const v = step === null ? undefined : this._valueAt(L.stats[x.key], stat, step);
         const bad = (["nan", "pos_inf", "neg_inf"].includes(stat) && v > 0) || (stat === "no_gradient" && v === 1);
-        tr.appendChild(h("td", { class: bad ? "lg-bad" : null, dataset: { series: x.key, stat }, title: v === undefined ? "no record at this step" : null, text: v === undefined ? "·" : fmtNum(v), "data-value": v === undefined ? null : String(v) }));
+        // A statistic of the finite elements of a tensor that has none (every element NaN/Inf): no value, said so.
+        const none = v === null && FINITE_STATS.has(stat) && this._noFinite(L.stats[x.key], step);
+        const title = v === undefined ? "no record at this step" : none ? "every element is NaN or ±Inf at this step: a statistic of its finite elements has no value" : null;
+        const text = v === undefined ? "·" : none ? "no finite value" : fmtNum(v);
+        tr.appendChild(h("td", { class: bad || none ? "lg-bad" : null, dataset: { series: x.key, stat, ...(none ? { none: "1" } : {}) }, title, text, "data-value": v === undefined ? null : String(v) }));
       }
       tbody.appendChild(tr);
     }
     table.appendChild(tbody);
     replace(this.table, table);
+  }
+
+  /** Whether the series' record at `step` has elements and none of them finite (docs/FORMAT.md, read side). */
+  _noFinite(body, step) {
+    const n = this._valueAt(body, "elements", step);
+    const bad = this._valueAt(body, "nonfinite", step);
+    const none = this._valueAt(body, "no_gradient", step);
+    return typeof n === "number" && n > 0 && typeof bad === "number" && bad >= n && none !== 1;
   }
 
   /** A series' colour: its column's in the table and its line's in the charts. */

@@ -21,6 +21,7 @@ import { drawChips, drawLabels } from "./overview_rows.js";
 import { drawSummary } from "./overview_summary.js";
 
 const CHIP_W = 168;
+const CHIP_MAX_W = 300; // a longer verdict is cut, its whole text in the chip's title
 // Loaded with the colour statistic: the tooltip shows them, `nonfinite` paints cells red.
 // The anomaly flags come from the `anomalies` route (the rules are tb_layergrad/reader/anomalies.py).
 const HOVER_STATS = ["norm", "rms", "nonfinite", "zero_frac"];
@@ -252,7 +253,9 @@ export class OverviewView {
     const labelW = Math.max(90, Math.min(280, 24 + 7.2 * Math.max(...names.map((n) => n.length))));
     const avail = this.el.clientWidth || 900;
     const anyChip = an.layers.some((l) => (l.verdict && stateChip(l.verdict.state)) || l.dominated);
-    const chipW = anyChip ? CHIP_W : 12;
+    // Wide enough for the longest verdict in words (a verdict carrying its other findings), within bounds.
+    const longest = Math.max(0, ...an.layers.map((l) => (l.verdict && stateChip(l.verdict.state) ? l.verdict.text.length : 0)));
+    const chipW = anyChip ? Math.min(CHIP_MAX_W, Math.max(CHIP_W, 24 + Math.ceil(6 * longest))) : 12;
     const width = Math.max(120, avail - labelW - chipW - 24);
     this._lastPlotWidth = width;
     replace(this.zoomBox, zoomBar(state.zoom, d.bins ? `${cols} bins of ${d.bins.counts.reduce((a, b) => a + b, 0)} steps (one per pixel: each bin's largest value, red if any step in it is non-finite)` : "", () => this.app.setState({ zoom: null, step: null })));

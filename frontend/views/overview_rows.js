@@ -62,12 +62,14 @@ export function drawChips(column, { layers, an, route, rowH, openStep }) {
     // One chip for the layer's verdict (the route decides it; its text is the report's `verdict` column).
     const v = f.verdict;
     const kind = v ? stateChip(v.state) : null;
-    if (kind) {
+    if (kind && v.state !== "dominated") {
       const why = verdictWhy(v, { counts: f.count, recorded: n, thresholds: an.thresholds, originLine: (route.summary.origin || {}).line });
       chips.push([kind, v.text, why, null, v.state]);
     }
     const dom = f.dominated;
-    if (dom) chips.push(["dominated", `1 example ${Math.round(100 * dom.worst_share)}% @${dom.worst_step}`, `${dom.line}: ${dominatedRule(route)} — click: this layer at step ${dom.worst_step}`, dom]);
+    // One example dominating is the verdict itself when nothing else holds: one chip, the verdict's words.
+    const domText = v && v.state === "dominated" ? v.text : `1 example ${Math.round(100 * dom?.worst_share)}% @${dom?.worst_step}`;
+    if (dom) chips.push(["dominated", domText, `${dom.line}: ${dominatedRule(route)} — click: this layer at step ${dom.worst_step}`, dom, v && v.state === "dominated" ? "dominated" : undefined]);
     if (dense) {
       // One thin bar per flagged row, in the colour of its most serious flag.
       if (chips.length) {
@@ -85,7 +87,7 @@ export function drawChips(column, { layers, an, route, rowH, openStep }) {
     const shown = chips.length > 2 && chips[chips.length - 1][0] === "dominated" ? [chips[0], chips[chips.length - 1]] : chips.slice(0, 2);
     for (const [kind, text, title, dom, state] of shown) {
       const open = dom ? { click: () => openStep(dom.layer, dom.worst_step) } : null;
-      const chip = h("span", { class: `lg-chip lg-chip-${kind}${dom ? " lg-chip-link" : ""}`, text, title, dataset: dom ? { layer: dom.layer, step: dom.worst_step } : { state }, on: open });
+      const chip = h("span", { class: `lg-chip lg-chip-${kind}${dom ? " lg-chip-link" : ""}`, text, title, dataset: { ...(dom ? { layer: dom.layer, step: dom.worst_step } : {}), ...(state ? { state } : {}) }, on: open });
       if (state === "nan_origin") markOrigin(chip); // born here, not merely reached
       row.appendChild(chip);
     }

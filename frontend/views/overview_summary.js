@@ -15,11 +15,13 @@ import { capitalize } from "../format.js";
 export function drawSummary(el, { d, an, state, prefix, activation, openStep }) {
   const cols = d.steps.length;
   const parts = [];
+  // The rows are weights (a layer's kernel and bias are two) when the gradients are the weights'.
+  const rows = `${d.layers.length} ${state.source === "weight" ? (d.layers.length === 1 ? "weight" : "weights") : d.layers.length === 1 ? "layer" : "layers"}`;
   const head = h(
     "div",
     { class: "lg-summary-head" },
     h("span", { class: "lg-run-name", text: state.run }),
-    h("span", { class: "lg-muted", text: ` · ${d.layers.length} layers × ${d.bins ? `${d.bins.counts.reduce((a, b) => a + b, 0)} steps in ${cols} bins` : `${cols} steps`}` + (cols ? ` (${d.steps[0]}–${(d.bins ? d.bins.last_steps : d.steps)[cols - 1]})` : "") + (prefix ? ` · model ${prefix.slice(0, -1)}` : "") }),
+    h("span", { class: "lg-muted", text: ` · ${rows} × ${d.bins ? `${d.bins.counts.reduce((a, b) => a + b, 0)} steps in ${cols} bins` : `${cols} steps`}` + (cols ? ` (${d.steps[0]}–${(d.bins ? d.bins.last_steps : d.steps)[cols - 1]})` : "") + (prefix ? ` · model ${prefix.slice(0, -1)}` : "") }),
   );
   parts.push(head);
   // The route's findings (tb_layergrad/reader/anomalies.py): one line each however many layers it spans, the
@@ -50,7 +52,7 @@ export function drawSummary(el, { d, an, state, prefix, activation, openStep }) 
   const health = h("span", { class: bits.length ? "lg-health lg-health-bad" : "lg-health lg-health-ok" });
   health.textContent = cols
     ? bits.length
-      ? `At the latest step (${lastStep}): ${bits.join(", ")} of ${d.layers.length} layers.`
+      ? `At the latest step (${lastStep}): ${bits.join(", ")} of ${rows}.`
       : `At the latest step (${lastStep}): no non-finite, vanishing, exploding or dead layer.`
     : "No steps logged yet.";
   health.title = an.info.map((x) => `${x.label}: ${x.rule}`).join("\n");

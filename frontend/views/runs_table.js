@@ -101,7 +101,7 @@ function verdictCell(r) {
   const td = h("td", { dataset: { col: "verdict", state: r.verdict ?? "" } });
   const kind = r.verdict ? stateChip(r.verdict) : null;
   if (r.verdict) {
-    const chip = h("span", { class: `lg-chip ${kind ? `lg-chip-${kind}` : "lg-chip-ok"}`, dataset: { state: r.verdict }, text: verdictWords(r.verdict), title: r.line || "" });
+    const chip = h("span", { class: `lg-chip ${kind ? `lg-chip-${kind}` : "lg-chip-ok"}`, dataset: { state: r.verdict }, text: r.verdict_text || verdictWords(r.verdict), title: r.line || "" });
     td.appendChild(r.verdict === "nan_origin" ? markOrigin(chip) : chip);
   }
   return td;
@@ -166,6 +166,8 @@ export class RunsTable {
       const name = nameCell.textContent;
       nameCell.textContent = "";
       nameCell.appendChild(h("button", { type: "button", class: "lg-link lg-runs-open", text: name, title: `open the overview of ${row.run}`, on: { click: () => this.handlers.onOpen(row.run) } }));
+      // A damaged event file: TensorBoard read the run up to the damage only (each file's sentence in the title).
+      if (row.damage && row.damage.length) nameCell.appendChild(h("span", { class: "lg-chip lg-chip-damage", text: "damaged", title: row.damage.map((d) => d.line).join("\n") }));
       const tr = h("tr", { dataset: { run: row.run } }, h("td", { class: "lg-runs-check" }, box), cells);
       this.rows.set(row.run, { row, tr, box });
     }

@@ -21,6 +21,7 @@ export function verdictWhy(v, { counts = {}, recorded = 0, thresholds = {}, orig
     return `the gradient fell at least 10^${T.STEP_DECAY_DECADES} times from its first ${T.EDGE_STEPS} logged steps to its last ${T.EDGE_STEPS} while the target's value fell by less than ${Math.round(100 * T.TARGET_FALL)}% (not convergence); first 10^${T.STEP_DECAY_DECADES} below at step ${v.step}`;
   }
   if (v.state === "vanishing_through_time") return `the gradient reaching the first timestep is at least 10^${thresholds.TIME_DECAY_DECADES} times smaller than at the last`;
+  if (v.state === "dominated") return `one example carried most of the layer's gradient at some steps, the worst at step ${v.step} (docs/ANOMALIES.md, "One example dominates")`;
   if (v.state === "ok") return "none of the rules holds (docs/ANOMALIES.md)";
   const info = flagInfo(thresholds).find((x) => x.key === v.state);
   return `${v.state} at ${counts[v.state] ?? "?"} of ${n} steps${v.now ? ", including the latest" : ""}: ${info ? info.rule : ""}`;
@@ -32,6 +33,7 @@ const STATE_WORDS = {
   nonfinite: "NaN/Inf",
   vanishing_over_steps: "vanishing over steps",
   vanishing_through_time: "vanishing through time",
+  dominated: "one example dominates",
 };
 
 /** A verdict state ("nan_origin", "dead", ...) in a chip's words, for a verdict the route names by state only. */

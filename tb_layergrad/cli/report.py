@@ -74,7 +74,9 @@ class Report:
     skipped: List[Dict[str, str]]  # runs (and targets) without stats for (target, source)
     fail_on: List[str]
     failures: List[Dict[str, object]]
-    warnings: List[str] = dataclasses.field(default_factory=list)  # the catalog's: series skipped (newer format...)
+    # Damaged event files (`reader.damage`: which run, file, up to which step read), then the catalog's (series
+    # skipped: a newer format...).
+    warnings: List[str] = dataclasses.field(default_factory=list)
     hparams: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)  # run -> reader.hparams values
     sort: Optional[str] = None  # a column of `csv_header(report)`, "-" before it for descending
 
@@ -155,14 +157,16 @@ def _build(
     # builds the parser, which imports this module for its arguments.
     from tensorboard import context as tb_context
 
-    from tb_layergrad.reader import catalog, run_anomalies
+    from tb_layergrad.reader import catalog, damage, run_anomalies
     from tb_layergrad.reader.run_source import RunSource
 
     provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "")
+    said = damage.Scanner(logdir).said(cat.runs, runs or None)
+    damaged = [d.line() for run in sorted(said) for d in said[run]]  # files read up to a fault: said first
     if not cat.runs:
-        raise ReportError(f"no tb_layergrad data under {logdir}" + ("".join(f"; {w}" for w in cat.warnings)))
+        raise ReportError(f"no tb_layergrad data under {logdir}" + "".join(f"; {w}" for w in damaged + cat.warnings))
     names = list(cat.runs) if not runs else list(dict.fromkeys(runs))
     unknown = [r for r in names if r not in cat.runs]
     if unknown:
@@ -188,7 +192,7 @@ def _build(
     if not results:
         raise ReportError("; ".join(f"run {s['run']}: {s['reason']}" for s in skipped))
     values = hparams.by_run(provider, ctx, "", [r.run for r in results])
-    return Report(logdir, target, source, results, skipped, list(fail_on), failures, list(cat.warnings), values)
+    return Report(logdir, target, source, results, skipped, list(fail_on), failures, damaged + cat.warnings, values)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -306,6 +310,18 @@ def _common_model_prefix(layers: Sequence[str]) -> str:
     return ""
 
 
+def verdict_cell(text: str, width: int) -> str:
+    """A verdict's text in `width` columns: whole findings (` · `-separated) while they fit, then how many more
+    ("+1": the run's finding lines above name them), cut only when the first alone is too wide."""
+    parts = text.split(anomalies.SEPARATOR)
+    for keep in range(len(parts), 0, -1):
+        more = len(parts) - keep
+        cell = anomalies.SEPARATOR.join(parts[:keep]) + (f" +{more}" if more else "")
+        if len(cell) <= width:
+            return cell
+    return shorten(text, width)
+
+
 def norm_text(s: anomalies.LayerSummary) -> str:
     """The norm at the layer's last step: `nan` when the gradient held a NaN/Inf there (the stored norm
     is that of its finite elements, 0 when there is none: not the gradient's norm)."""
@@ -352,7 +368,8 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             else "no steps logged"
         )
         n = len(result.layers)
-        head = f"{run_label(result.run, result.target)}  ·  {n} layer{'' if n == 1 else 's'}  ·  {span}"
+        rows = f"{n} {'weight' if result.source == 'weight' else 'layer'}{'' if n == 1 else 's'}"  # a kernel, a bias
+        head = f"{run_label(result.run, result.target)}  ·  {rows}  ·  {span}"
         if prefix:
             head += f"  ·  model {prefix[:-1]}"
         lines.append(shorten(head, width))
@@ -366,7 +383,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
             lines.append(
                 shorten(
                     f"  at the latest step ({summary['last_step']}): "
-                    + (f"{bits} of {len(result.layers)} layers" if bits else "no flagged layer"),
+                    + (f"{bits} of {rows}" if bits else "no flagged layer"),
                     width,
                 )
             )
@@ -383,7 +400,7 @@ def format_text(report: Report, width: int = WIDTH) -> str:
                 "decay": _g(s.timestep_decay, "+.1f"),
             }
             row = "  " + " ".join(f"{shorten(cells[k], w):{a}{w}}" for k, _, w, a in _COLUMNS)
-            lines.append(row + " " + shorten(v.text, flags_w))
+            lines.append(row + " " + verdict_cell(v.text, flags_w))
     for s in report.skipped:
         lines.append("")
         lines.append(shorten(f"run {s['run']}: skipped, {s['reason']}", width))

@@ -121,6 +121,7 @@ class LayerGradPlugin(base_plugin.TBPlugin):
             StaticFiles(frontend_root),
             multiplexer=getattr(context, "multiplexer", None),
             read_ahead=read_ahead,
+            logdir=getattr(context, "logdir", None) or "",
         )
 
     def get_plugin_apps(self) -> Dict[str, Callable]:

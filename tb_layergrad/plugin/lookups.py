@@ -9,14 +9,14 @@ written shows its new steps on the next call; its `stats` are kept as tables in 
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import listing
-from tb_layergrad.reader import catalog, noise_scale, run_health
+from tb_layergrad.reader import catalog, damage, noise_scale, run_health
 from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.run_source import RunSource
@@ -30,15 +30,22 @@ class Reading:
       data_provider: `TBContext.data_provider`.
       multiplexer: `TBContext.multiplexer` (None under the Rust loader), for listing without a walk of
         every record (`listing.TensorLister`).
+      logdir: `TBContext.logdir`, whose event files are checked for damage (`reader.damage`); "" for none.
     """
 
-    def __init__(self, data_provider: tb_provider.DataProvider, multiplexer: object = None) -> None:
+    def __init__(self, data_provider: tb_provider.DataProvider, multiplexer: object = None, logdir: str = "") -> None:
         self.provider = data_provider
         self.lister = listing.TensorLister(data_provider, multiplexer)
         self.stats = StatsStore(data_provider)
         self.blocks = BlockCache()
         self.health = run_health.HealthCache()  # the `sweep` route's rows, per run while it is unchanged
         self.noise_ends = noise_scale.EndCache()
+        self.damage = damage.Watch(logdir or "")
+
+    def damaged(self, eid: str, listed: Sequence[str]) -> Dict[str, List[damage.Damage]]:
+        """{run: its damaged event files} as the last check in the background found them (`damage.Watch`);
+        `listed`: the runs with layergrad series. Only the logdir TensorBoard was started on is checked."""
+        return self.damage.said(listed) if eid == "" else {}
 
     def catalog(
         self, ctx: object, eid: str, runs: Optional[Sequence[str]] = None, tags: Optional[Sequence[str]] = None

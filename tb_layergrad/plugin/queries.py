@@ -101,14 +101,18 @@ class HistogramsAtQuery:
 
 @dataclasses.dataclass(frozen=True)
 class SweepQuery:
-    """One row per run: `sweep`. `target` None: the worst of each run's own (`run_health.row_targets`)."""
+    """One row per run: `sweep`. `target` None: the worst of each run's own (`run_health.row_targets`). `run`:
+    that run's row only (the target the tab opens a run on), None for every run."""
 
     target: Optional[str]
     source: str
+    run: Optional[str] = None
 
 
 def sweep_query(args: MultiDict) -> SweepQuery:
-    return SweepQuery(params.optional_name(args, "target", None), params.source(args))
+    return SweepQuery(
+        params.optional_name(args, "target", None), params.source(args), params.optional_name(args, "run", None)
+    )
 
 
 def runs_query(args: MultiDict) -> Optional[str]:

@@ -67,6 +67,7 @@ class Routes:
       data_provider: `TBContext.data_provider`.
       static: the files of the tab (`static.StaticFiles`).
       multiplexer: `TBContext.multiplexer`, for listing without a walk of every record (`listing`).
+      logdir: `TBContext.logdir`: its event files are checked for damage (`reading.Reading`).
       read_ahead: read the runs' statistics in the background (`prefetch.StatsPrefetcher`), and compute the
         `sweep` route's rows of the runs read (`sweep_impl.warm`).
     """
@@ -77,8 +78,9 @@ class Routes:
         static: StaticFiles,
         multiplexer: object = None,
         read_ahead: bool = False,
+        logdir: str = "",
     ) -> None:
-        self.reading = Reading(data_provider, multiplexer)
+        self.reading = Reading(data_provider, multiplexer, logdir)
         self._static = static
         self._prefetch: Optional[prefetch.StatsPrefetcher] = None
         if read_ahead:

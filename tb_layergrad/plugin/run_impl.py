@@ -49,9 +49,14 @@ def runs_impl(reading: Reading, ctx: object, eid: str, run: Optional[str]) -> di
         return bool(stats) and reading.stats.is_current(eid, rc.run, stats)
 
     body = bodies.runs_body(cat, statistics_read)
+    said = reading.damaged(eid, list(cat.runs))
     for row in body["runs"]:  # the `sweep` route's row of the run is computed already (read ahead, or asked)
         rc = cat.runs[row["run"]]
         row["sweep_read"] = reading.health.holds(eid, rc, None, metadata.SOURCE_OUTPUT)
+        row["damage"] = [d.to_json() for d in said.get(row["run"], ())]
+    # Said first, on every view: a damaged run shows fewer steps than were written, or none at all.
+    lines = [d.line() for name in sorted(said) if run is None or name == run for d in said[name]]
+    body["warnings"] = lines + list(body["warnings"])
     return body
 
 
@@ -149,7 +154,7 @@ def compare_impl(reading: Reading, ctx: object, eid: str, q: CompareQuery) -> di
 
 
 def csv_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> Tuple[str, str]:
-    """(CSV text, file name) of the stored statistics of one layer, or of every layer, of one run."""
+    """(CSV text, file name) of the stored statistics (as read) of one layer, or of every layer, of one run."""
     if q.layer is not None:
         rc = reading.run_catalog(ctx, eid, q.run)
         chosen, src = [rc.require(q.layer, q.target, q.source, metadata.KIND_STATS)], reading.source(ctx, eid, rc)
@@ -160,8 +165,10 @@ def csv_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> Tuple[str,
     for s in chosen:
         t = tables[s.key]
         names = [q.run, q.target, q.source, s.info.layer, str(src.rc.layer_index(s.info.layer))]
-        for step, wall, record in zip(t.steps, t.wall_times, t.table):
-            stats = [csv_number(v, name in series.COUNT_STATS) for name, v in zip(series.STORED_STATS, record)]
+        # As read (`series.stat_column`): a `norm` without a finite element is nan, like the other moments.
+        columns = [t.column(name) for name in series.STORED_STATS]
+        for j, (step, wall) in enumerate(zip(t.steps, t.wall_times)):
+            stats = [csv_number(col[j], name in series.COUNT_STATS) for name, col in zip(series.STORED_STATS, columns)]
             rows.append([*names, str(int(step)), csv_number(wall), *stats])
     header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
     filename = "layergrad-" + (_UNSAFE_FILENAME.sub("_", q.run).strip("._") or "run") + ".csv"

@@ -24,6 +24,8 @@ def _rows(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> Tuple[Dict[
     listing = reading.lister.list_tensors(ctx, experiment_id=eid, plugin_name=metadata.PLUGIN_NAME)
     rows: Dict[str, Optional[dict]] = {}
     for run in sorted(listing):
+        if q.run is not None and run != q.run:
+            continue
         rows[run] = reading.health.get(eid, run, q.target, q.source, catalog.listing_signature(listing[run]))
     unknown = {run: listing[run] for run, row in rows.items() if row is None}
     cat = catalog.from_listing(unknown) if unknown else catalog.Catalog({}, [])
@@ -44,6 +46,8 @@ def sweep_impl(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> dict:
     names = list(rows)
     values = hparams.by_run(reading.provider, ctx, eid, names)
     noise = reading.noise_ends.read(reading.provider, ctx, eid, names, reading.lister)
+    said = reading.damaged(eid, names)
+    warnings = [d.line() for name in sorted(said) if q.run in (None, name) for d in said[name]] + warnings
     out = []
     for name, row in rows.items():
         trend = row["norm_trend"]
@@ -54,6 +58,7 @@ def sweep_impl(reading: Reading, ctx: object, eid: str, q: SweepQuery) -> dict:
                 "norm_trend": None if trend is None else finite_or_none(trend),
                 "noise_scale_end": None if noise[name] is None else finite_or_none(noise[name]),
                 "hparams": hparams.json_values(values[name]),
+                "damage": [d.to_json() for d in said.get(name, ())],
             }
         )
     return {

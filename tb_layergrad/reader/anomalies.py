@@ -33,7 +33,12 @@ count or sort verdicts (docs/ANOMALIES.md, "One verdict"):
     vanishing_over_steps    its gradient fell STEP_DECAY_DECADES over the run while the target's value did not
                             fall by TARGET_FALL (`trends.collapsed`)
     vanishing_through_time  its per-timestep gradients shrink by at least TIME_DECAY_DECADES
+    dominated               one example dominated the layer's gradient at some steps (`dominance.Dominance`)
     ok
+
+Findings of the layer below its state are not dropped: they are the verdict's `also` and follow its text
+("vanishing · one example dominated 3 steps"), and a state that no longer holds at the last step says so
+("ok now – one example dominated 14 steps").
 
     [v.state for v in run.verdicts()], [f["line"] for f in run.summary_json()["findings"]]
 """
@@ -290,7 +295,7 @@ class RunAnomalies:
             for k in flag_names(s.now):
                 counts[k] += 1
         for state in (VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME):
-            counts[state] = sum(v.state == state for v in self.verdicts())
+            counts[state] = sum(v.state == state or any(a["state"] == state for a in v.also) for v in self.verdicts())
         return counts
 
     def verdicts(self) -> list:
@@ -409,9 +414,18 @@ def evaluate(
 # -- one verdict per layer, one line per finding (docs/ANOMALIES.md, "One verdict") ----------------
 NAN_ORIGIN, NONFINITE_STATE, OK = "nan_origin", "nonfinite", "ok"
 VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME = "vanishing_over_steps", "vanishing_through_time"
-# Cell states after non-finite, most serious first (a cell holds at most one: `anomalies.detect`).
+DOMINATED = "dominated"
+# Cell states after non-finite, most serious first (a cell holds at most one: `detect`).
 CELL_STATES = (("exploding", EXPLODING), ("dead", DEAD), ("vanishing", VANISHING))
-STATES = (NAN_ORIGIN, NONFINITE_STATE, *(k for k, _ in CELL_STATES), VANISHING_OVER_STEPS, VANISHING_THROUGH_TIME, OK)
+STATES = (
+    NAN_ORIGIN,
+    NONFINITE_STATE,
+    *(k for k, _ in CELL_STATES),
+    VANISHING_OVER_STEPS,
+    VANISHING_THROUGH_TIME,
+    DOMINATED,
+    OK,
+)
 LABELS = {
     NAN_ORIGIN: "NaN/Inf born here",
     NONFINITE_STATE: "NaN/Inf",
@@ -420,8 +434,10 @@ LABELS = {
     "vanishing": "vanishing",
     VANISHING_OVER_STEPS: "vanishing over steps",
     VANISHING_THROUGH_TIME: "vanishing through time",
+    DOMINATED: "one example dominates",
     OK: "ok",
 }
+SEPARATOR = " · "  # between a verdict's text and the findings it also carries
 MAX_NAMED = 3  # layers a finding names before "and N more"
 # How serious a state is, for ordering runs (the sweep's `severity`): a NaN/Inf first, wherever it was born,
 # then a gradient out of range, one that is gone, one that fades; 0 for a healthy layer.
@@ -433,6 +449,7 @@ SEVERITY = {
     "vanishing": 1,
     VANISHING_OVER_STEPS: 1,
     VANISHING_THROUGH_TIME: 1,
+    DOMINATED: 1,
     OK: 0,
 }
 
@@ -442,17 +459,20 @@ class Verdict:
     """One layer's state.
 
     `now`: it holds at the layer's last logged step (the NaN states: from their step on). `step`: where to
-    look (the origin's step, the first non-finite step, the first step flagged so, or the last step).
-    `text`: the words of the overview's chip and the report's `verdict` column.
+    look (the origin's step, the first non-finite step, the first step flagged so, the worst dominated step, or
+    the last step). `text`: the words of the overview's chip and the report's `verdict` column, the findings of
+    `also` included. `also`: the layer's other findings, states below `state` that hold too (`state`, `step`,
+    `text` each), in the order of STATES.
     """
 
     state: str
     now: bool
     step: Optional[int]
     text: str
+    also: Tuple[dict, ...] = ()
 
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "also": [dict(a) for a in self.also]}
 
 
 def origin_layer(run: RunAnomalies) -> Optional[str]:
@@ -490,34 +510,53 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
         [v.state for v in layer_verdicts(run)]  # ['vanishing', 'ok']
     """
     born = origin_layer(run)
+    fall = trends.target_fall(run.target_edges)
+    by_layer = {d.layer: d for d in run.dominated or ()}
     out = []
     for i, s in enumerate(run.summaries):
         row = run.flags[i][run.recorded[i]]
         steps = run.steps[run.recorded[i]]
+        found: List[Verdict] = []  # every state of the layer, most serious first
         if s.layer == born:
-            out.append(Verdict(NAN_ORIGIN, True, run.origin.step, f"{LABELS[NAN_ORIGIN]} @{run.origin.step}"))
-            continue
-        if s.first_nonfinite_step is not None:
+            found.append(Verdict(NAN_ORIGIN, True, run.origin.step, f"{LABELS[NAN_ORIGIN]} @{run.origin.step}"))
+        elif s.first_nonfinite_step is not None:
             step = s.first_nonfinite_step
-            out.append(Verdict(NONFINITE_STATE, True, step, f"{LABELS[NONFINITE_STATE]} @{step}"))
-            continue
-        found = None
-        for kind, bit in CELL_STATES:
-            if s.now & bit:
-                found = Verdict(kind, True, int(steps[np.flatnonzero(row & bit)[0]]), kind)
-                break
-        for kind, bit in CELL_STATES if found is None else ():
-            hits = np.flatnonzero(row & bit)
-            if hits.size:
-                found = Verdict(kind, False, int(steps[hits[0]]), f"{kind} {hits.size}/{s.recorded}")
-                break
-        if found is None and trends.collapsed(s.step_decay, trends.target_fall(run.target_edges)):
+            found.append(Verdict(NONFINITE_STATE, True, step, f"{LABELS[NONFINITE_STATE]} @{step}"))
+        else:
+            cell = None
+            for kind, bit in CELL_STATES:
+                if s.now & bit:
+                    cell = Verdict(kind, True, int(steps[np.flatnonzero(row & bit)[0]]), kind)
+                    break
+            for kind, bit in CELL_STATES if cell is None else ():
+                hits = np.flatnonzero(row & bit)
+                if hits.size:
+                    cell = Verdict(kind, False, int(steps[hits[0]]), f"{kind} {hits.size}/{s.recorded}")
+                    break
+            if cell is not None:
+                found.append(cell)
+        if trends.collapsed(s.step_decay, fall):
             step = s.decay_step if s.decay_step is not None else s.last_step
-            found = Verdict(VANISHING_OVER_STEPS, True, step, f"{LABELS[VANISHING_OVER_STEPS]} @{step}")
-        if found is None and s.timestep_decay is not None and s.timestep_decay <= -TIME_DECAY_DECADES:
-            found = Verdict(VANISHING_THROUGH_TIME, True, s.last_step, LABELS[VANISHING_THROUGH_TIME])
-        out.append(found or Verdict(OK, True, s.last_step, OK))
+            found.append(Verdict(VANISHING_OVER_STEPS, True, step, f"{LABELS[VANISHING_OVER_STEPS]} @{step}"))
+        if s.timestep_decay is not None and s.timestep_decay <= -TIME_DECAY_DECADES:
+            found.append(Verdict(VANISHING_THROUGH_TIME, True, s.last_step, LABELS[VANISHING_THROUGH_TIME]))
+        d = by_layer.get(s.layer)
+        if d is not None:
+            found.append(_dominated_verdict(d, s.last_step))
+        if not found:
+            out.append(Verdict(OK, True, s.last_step, OK))
+            continue
+        head, rest = found[0], found[1:]
+        also = tuple({"state": v.state, "step": v.step, "text": v.text} for v in rest)
+        text = head.text if head.now else f"{OK} now – {head.text}" if head.state == DOMINATED else head.text
+        out.append(Verdict(head.state, head.now, head.step, SEPARATOR.join([text, *(v.text for v in rest)]), also))
     return out
+
+
+def _dominated_verdict(d, last_step: Optional[int]) -> Verdict:
+    """A layer's dominated steps as a verdict: "now" when its last logged step is one of them."""
+    now = last_step is not None and last_step in d.at
+    return Verdict(DOMINATED, now, d.worst_step, _dominated_text(d.at, last_step))
 
 
 def worst(verdicts: Sequence[Verdict]) -> Optional[Verdict]:
@@ -537,10 +576,44 @@ def worst(verdicts: Sequence[Verdict]) -> Optional[Verdict]:
     return min(verdicts, key=lambda v: rank[v.state], default=None)
 
 
-def _names(layers: Sequence[str]) -> str:
+def run_text(run: RunAnomalies) -> Optional[str]:
+    """The run's verdict in words: its worst layer's text, then every other kind of finding of the run
+    (`findings`), so that one example dominating 14 steps of a run that is otherwise fine reads
+    "ok now – one example dominated 14 steps", not "ok". None without layers.
+
+    Args:
+      run: an evaluated run, its `origin` and `dominated` as the reader set them.
+    """
+    head = worst(run.verdicts())
+    if head is None:
+        return None
+    found = findings(run)
+    union = sorted({s for d in run.dominated or () for s in d.at})
+    dominated = _dominated_text(union, run.last_step) if union else None
+    if head.state == DOMINATED:
+        return dominated if run.last_step in union else f"{OK} now – {dominated}"
+    parts = [head.text.split(SEPARATOR)[0]]
+    for f in found:
+        kind = f["kind"]
+        if kind == head.state or (kind == NONFINITE_STATE and head.state == NAN_ORIGIN):
+            continue
+        parts.append(dominated if kind == DOMINATED else LABELS.get(kind, kind))
+    return SEPARATOR.join(dict.fromkeys(parts))
+
+
+def _dominated_text(steps: Sequence[int], last_step: Optional[int]) -> str:
+    """ "one example dominates: 14 steps" when the last step is one of them, else "... dominated 14 steps"."""
+    n = len(steps)
+    many = f"{n} step{'' if n == 1 else 's'}"
+    return f"one example dominates: {many}" if last_step in steps else f"one example dominated {many}"
+
+
+def _names(layers: Sequence[str], source: str = "output") -> str:
+    """At most MAX_NAMED names, then "and N more layers" ("weights" when the rows are weights: a kernel, a bias)."""
     shown = ", ".join(layers[:MAX_NAMED])
     more = len(layers) - MAX_NAMED
-    return shown + (f" and {more} more layer{'s' if more > 1 else ''}" if more > 0 else "")
+    noun = "weight" if source == "weight" else "layer"
+    return shown + (f" and {more} more {noun}{'s' if more > 1 else ''}" if more > 0 else "")
 
 
 def _finding(kind: str, layers: Sequence[str], layer: Optional[str], step: Optional[int], line: str) -> dict:
@@ -566,27 +639,29 @@ def findings(run: RunAnomalies) -> List[dict]:
         out.append(_finding(NONFINITE_STATE, layers, layers[0] if layers else None, o.step, o.line))
     elif first is not None:
         layers = first["layers"]
-        line = f"first non-finite gradient: step {first['step']} in {_names(layers)}"
+        line = f"first non-finite gradient: step {first['step']} in {_names(layers, run.source)}"
         out.append(_finding(NONFINITE_STATE, layers, layers[0], first["step"], line))
     by_state: Dict[str, List[int]] = {}
     for i, v in enumerate(verdicts):
-        if v.now:
-            by_state.setdefault(v.state, []).append(i)
+        for state, now in ((v.state, v.now), *((a["state"], True) for a in v.also)):
+            if now and state != DOMINATED:  # one example dominating: its own finding below, from `run.dominated`
+                by_state.setdefault(state, []).append(i)
     for kind, _ in CELL_STATES:
         rows = by_state.get(kind, [])
         if rows:
             names = [run.layers[i] for i in rows]
-            line = f"{kind} at the latest step ({run.last_step}): {_names(names)}"
-            out.append(_finding(kind, names, names[0], verdicts[rows[0]].step, line))
+            line = f"{kind} at the latest step ({run.last_step}): {_names(names, run.source)}"
+            # Opens the first layer at the step the line names (its last logged step), not where it began.
+            out.append(_finding(kind, names, names[0], run.summaries[rows[0]].last_step, line))
     rows = by_state.get(VANISHING_OVER_STEPS, [])
     if rows:
-        out.append(_over_steps(run, [run.layers[i] for i in rows], [verdicts[i] for i in rows]))
+        out.append(_over_steps(run, rows))
     rows = by_state.get(VANISHING_THROUGH_TIME, [])
     if rows:
         names = [run.layers[i] for i in rows]
         worst = min(run.summaries[i].timestep_decay for i in rows)
         line = (
-            f"vanishing through time in {_names(names)}: the gradient reaching the first timestep is "
+            f"vanishing through time in {_names(names, run.source)}: the gradient reaching the first timestep is "
             f"10^{-worst:.1f} times smaller than at the last (threshold 10^{TIME_DECAY_DECADES:g})"
         )
         out.append(_finding(VANISHING_THROUGH_TIME, names, names[0], run.last_step, line))
@@ -595,16 +670,50 @@ def findings(run: RunAnomalies) -> List[dict]:
     return out
 
 
-def _over_steps(run: RunAnomalies, names: List[str], found: List[Verdict]) -> dict:
+def _over_steps(run: RunAnomalies, rows: List[int]) -> dict:
     """The layers vanishing over steps as one finding: how far the worst fell, and what the target's value did."""
-    worst = min(run.summaries[run.layers.index(n)].step_decay for n in names)
-    early, late = run.target_edges
+    names = [run.layers[i] for i in rows]
+    first = run.summaries[rows[0]]
+    worst = min(run.summaries[i].step_decay for i in rows)
     line = (
-        f"vanishing over steps in {_names(names)}: the gradient fell 10^{-worst:.1f} times from the first logged "
-        f"steps to the last (threshold 10^{trends.STEP_DECAY_DECADES:g}) while the value of {run.target} did not fall "
-        f"by {trends.TARGET_FALL:.0%} ({early:.4g} → {late:.4g})"
+        f"vanishing over steps in {_names(names, run.source)}: the gradient fell 10^{-worst:.1f} times from the first logged "
+        f"steps to the last (threshold 10^{trends.STEP_DECAY_DECADES:g}) while {target_moved(run.target, run.target_edges)}"
     )
-    return _finding(VANISHING_OVER_STEPS, names, names[0], found[0].step, line)
+    return _finding(
+        VANISHING_OVER_STEPS,
+        names,
+        names[0],
+        first.decay_step if first.decay_step is not None else first.last_step,
+        line,
+    )
+
+
+ARROW = "\u00a0→\u00a0"  # between two values: non-breaking spaces, so that a wrapped line never splits the pair
+
+
+def target_moved(target: str, edges: Tuple[float, float]) -> str:
+    """What the target's value did over the run, in words that match its numbers (`trends.target_fall`).
+
+    The target is what training minimizes: "fell" is a decrease of the signed value, measured against its early
+    size. A value that went up, however close to 0 it ends (a minimax generator's loss, -0.45 to -3e-6: its size
+    shrank 10^5-fold, the value rose), rose; a fall by less than TARGET_FALL is said with its share.
+
+    Example:
+
+        target_moved("g", (-0.4504, -3.026e-06))  # 'the value of g rose (-0.4504 → -3.026e-06), where a converging run's falls by 50% or more'
+    """
+    early, late = edges
+    fall = trends.target_fall(edges)
+    if fall is None or fall == 0:
+        moved = "did not move"
+    elif fall < 0:
+        moved = "rose"
+    else:
+        moved = f"fell by only {fall:.0%}"
+    return (
+        f"the value of {target} {moved} ({early:.4g}{ARROW}{late:.4g}), where a converging run's falls by "
+        f"{trends.TARGET_FALL:.0%} or more"
+    )
 
 
 def dominated_finding(found: Sequence) -> dict:
@@ -634,14 +743,19 @@ def cell_states(run: RunAnomalies) -> np.ndarray:
 
     Returns:
       str [layers, steps]: `ok`, `nonfinite`, `exploding`, `dead` or `vanishing` (a cell has at most one
-      flag), `vanishing_over_steps` on the cells that would be `ok` from the step a layer in that state
-      collapsed (its verdict's step), "" where unrecorded, `nan_origin` at the origin's own cell
-      (`origin_layer`, the origin's step).
+      flag), `vanishing_over_steps` on the cells that would be `ok` from the step a layer vanishing over steps
+      collapsed, `dominated` on the cells that would be `ok` at the steps where one example dominated the layer
+      (`run.dominated`), "" where unrecorded, `nan_origin` at the origin's own cell (`origin_layer`, the
+      origin's step).
     """
     out = np.full(run.flags.shape, OK, dtype=object)
+    for d in run.dominated or ():
+        out[run.layers.index(d.layer), np.isin(run.steps, d.at)] = DOMINATED
     for i, v in enumerate(run.verdicts()):
-        if v.state == VANISHING_OVER_STEPS and v.step is not None:
-            out[i, run.steps >= v.step] = VANISHING_OVER_STEPS
+        also = (a["step"] for a in v.also if a["state"] == VANISHING_OVER_STEPS)
+        step = v.step if v.state == VANISHING_OVER_STEPS else next(also, None)
+        if step is not None:
+            out[i, run.steps >= step] = VANISHING_OVER_STEPS
     out[(run.flags & NONFINITE) > 0] = NONFINITE_STATE
     for kind, bit in CELL_STATES:
         out[(run.flags & bit) > 0] = kind

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from tb_layergrad.reader import catalog, series
 
@@ -38,6 +38,28 @@ class BlockCache:
         self._lock = threading.Lock()
         self._blocks: "collections.OrderedDict[_Key, Tuple[_Version, series.Points, int]]" = collections.OrderedDict()
         self._bytes = 0
+        self._reading: Dict[_Key, int] = {}  # blocks being read now -> the reading thread
+
+    def claim(self, experiment_id: str, run: str, part: catalog.Part) -> Optional[series.Points]:
+        """After a `get` that missed: the block as kept at an earlier version while another thread reads it now
+        (a block being written changes at every step: one thread reads it, the others answer with what is kept);
+        else None, and this thread is the block's reader until its `put` or `release`."""
+        key = (experiment_id, run, part.tag)
+        with self._lock:
+            if key in self._reading and self._reading[key] != threading.get_ident():
+                hit = self._blocks.get(key)
+                if hit is not None:
+                    return hit[1]
+                return None  # nothing kept: read it too
+            self._reading[key] = threading.get_ident()
+            return None
+
+    def release(self, experiment_id: str, run: str, part: catalog.Part) -> None:
+        """This thread no longer reads the block (`claim`), read or not."""
+        key = (experiment_id, run, part.tag)
+        with self._lock:
+            if self._reading.get(key) == threading.get_ident():
+                del self._reading[key]
 
     def get(self, experiment_id: str, run: str, part: catalog.Part) -> Optional[series.Points]:
         key = (experiment_id, run, part.tag)

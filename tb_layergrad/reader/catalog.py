@@ -113,6 +113,14 @@ def _layer_order(index: int, layer: str) -> Tuple[bool, int, str]:
     return (index < 0, index, layer)
 
 
+def owned_by(layer: str, target: str) -> bool:
+    """Whether `layer` belongs to the sub-model a target is named after: a custom `train_step`'s tape is named after
+    the sub-model whose weights it trains (a GAN's `generator`, the k-th repeat `generator#k`), so its own layers are
+    those with a path segment of that name (`gan/generator/g_out`)."""
+    name = target.split("#", 1)[0]
+    return name in layer.split("/")
+
+
 def series_target(target: str, source: str) -> str:
     """The `target` field of the series a (target, source) query names: activations are one forward pass,
     stored under `metadata.ACTIVATION_TARGET` whatever target a view shows (docs/FORMAT.md)."""
@@ -206,9 +214,15 @@ class RunCatalog:
         return list(self._by_layer.get(layer, ()))
 
     def with_kind(self, target: str, source: str, kind: str) -> List[Series]:
-        """Series of one kind for (target, source), in model order of their layers."""
+        """Series of one kind for (target, source), in model order of their layers, the target's own layers first
+        (`owned_by`: a GAN's `generator` target lists the generator's layers before the discriminator's)."""
         found = [s for (layer, t, src, k), s in self._by_key.items() if (t, src, k) == (target, source, kind)]
-        return sorted(found, key=lambda s: _layer_order(self.layer_index(s.info.layer), s.info.layer))
+        own = {s.info.layer for s in found if owned_by(s.info.layer, target)}
+        if len(own) == len(found):
+            own = set()  # every layer is the target's: model order alone
+        return sorted(
+            found, key=lambda s: (s.info.layer not in own, *_layer_order(self.layer_index(s.info.layer), s.info.layer))
+        )
 
     def has_layer(self, layer: str) -> bool:
         return layer in self._layer_index

@@ -14,12 +14,14 @@ kept: no sampling. TensorFlow is not imported.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, Optional
+import warnings
+from typing import Any, Dict, Iterable, Optional, Tuple
 
+import numpy as np
 from tensorboard import context as tb_context
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.reader import catalog, event_files, hparams, origin, run_anomalies, series
+from tb_layergrad.reader import catalog, damage, event_files, hparams, origin, run_anomalies, series
 from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -38,19 +40,28 @@ COLUMNS = (
 )
 
 
-def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
+def load(
+    logdir: str,
+    runs: Optional[Iterable[str]] = None,
+    *,
+    layers: Optional[Iterable[str]] = None,
+    steps: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    columns: Optional[Iterable[str]] = None,
+) -> Any:
     """Returns a DataFrame: one row per (run, layer, target, source, step).
 
     Columns: run, layer, index (position in the model), target, source, step,
     wall_time, then every stored statistic of docs/FORMAT.md and the derived ones of
-    docs/HTTP_API.md (NaN where undefined), then the per-example columns
+    docs/HTTP_API.md (NaN where undefined: a statistic of the finite elements of a
+    tensor that has none, its `norm` included), then the per-example columns
     `example_norm_min`, `example_norm_median`, `example_norm_max`,
     `example_norm_top_share` (each example's own gradient norm over the batch,
     `GradientLogger(per_example=True)`; NaN where not written, and where the
     layer has no exact per-example number), then `state`: the verdict of the
     cell, as the tab and `tb-layergrad report` show it (docs/ANOMALIES.md, "One
-    verdict"): `ok`, `nonfinite`, `exploding`, `dead`, `vanishing` or
-    `vanishing_over_steps` (from the step a layer's gradient collapsed on) for a
+    verdict"): `ok`, `nonfinite`, `exploding`, `dead`, `vanishing`,
+    `vanishing_over_steps` (from the step a layer's gradient collapsed on) or
+    `dominated` (a step where one example carried most of the layer's gradient) for a
     gradient, `ok` or `nonfinite` for an activation or a target value, and
     `nan_origin` on the one cell where the first NaN/Inf was born. Then one column `hp/<name>` per
     hyperparameter any run was trained with, sorted by name, as logged with TensorBoard's HParams API
@@ -60,7 +71,8 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     `GradientLogger(log_dir)` writes to `log_dir/train`, which gets `hp.KerasCallback(log_dir)`'s. Rows
     are ordered by run, model order, target, source, step; a run's target series come after its layers.
 
-    `source` is "output" (gradient w.r.t. the layer output), "weight" (w.r.t. a
+    `source` tells the four kinds of row apart (filter on it first): "output"
+    (gradient w.r.t. the layer output), "weight" (w.r.t. a
     variable), "activation" (the layer output itself, the forward value: its
     `target` is "forward") or "target" (the differentiated scalar itself, e.g. the
     loss value: `layer` and `target` are both its name, `index` -1). So
@@ -77,9 +89,24 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     for a person). The rules: docs/ANOMALIES.md, "Where it broke"; the same answer
     as the tab's banner and `tb-layergrad report`.
 
+    Damaged event files: a record cut in the middle, bytes that are no record, a record failing its
+    checksum, an empty or unreadable event file (`tb_layergrad.reader.damage`) — TensorBoard's loaders read
+    such a file up to the damage and no further, so the frame holds the steps before it. Each is said by a
+    `tb_layergrad.reader.damage.DamageWarning` naming the run, the file and the last step read, and
+    listed in `df.attrs["damage"]`: one dict per damaged file (`run`, `file`, `kind` of "truncated",
+    "corrupt", "empty", "unreadable", `offset` where reading stopped, `size`, `records` and `step` read
+    before it, `line`); `[]` when none (a `gs://` logdir is not checked).
+
     Args:
       logdir: the directory TensorBoard would be given (`tensorboard --logdir`); every run below it is read.
-      runs: only these runs (their names relative to `logdir`, as TensorBoard shows them); None for all.
+      runs: only these runs (their names relative to `logdir`, as TensorBoard shows them); None for all. Only
+        their folders' event files are read (and those of the folders above them, for the hyperparameters).
+      layers: only the rows of these layers (a target's value: its name, e.g. "loss"); None for all.
+      steps: `(start, end)`, only the rows of steps start <= step <= end (None: unbounded). The verdicts
+        (`state`) are still those of the whole run, as the tab shows them.
+      columns: only these columns, after `run`, `layer`, `target`, `source` and `step`, which are always there;
+        what no asked column needs is not computed (`state`: the rules over the run; `example_norm_*`: the
+        per-example records; `hp/<name>`: the hyperparameters). None for all.
 
     Returns:
       A pandas DataFrame as above, empty (with its columns) when nothing tb_layergrad wrote is found.
@@ -107,20 +134,39 @@ def load(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
             "`tb-layergrad report LOGDIR --format csv|json` gives the per-layer verdicts."
         ) from e
     with event_files.tensorflow_free(logdir):
-        return _load(pd, logdir, runs)
+        return _load(pd, logdir, runs, layers, steps, columns)
 
 
-def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
-    provider = event_files.open_provider(logdir)
+KEY_COLUMNS = ("run", "layer", "target", "source", "step")
+
+
+def _load(
+    pd: Any,
+    logdir: str,
+    runs: Optional[Iterable[str]],
+    layers: Optional[Iterable[str]] = None,
+    steps: Optional[Tuple[Optional[int], Optional[int]]] = None,
+    columns: Optional[Iterable[str]] = None,
+) -> Any:
+    runs = None if runs is None else list(runs)
+    layers = None if layers is None else set(layers)
+    start, end = steps if steps is not None else (None, None)
+    asked = None if columns is None else set(columns)
+    out_columns = [c for c in COLUMNS if asked is None or c in KEY_COLUMNS or c in asked]
+    want_state = "state" in out_columns
+    want_examples = any(c in out_columns for c in EXAMPLE_COLUMNS.values())
+    provider = event_files.open_provider(logdir, runs)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "", runs)
     frames = []
     for run_name, rc in cat.runs.items():
         stats_series = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
         store = StatsStore(provider)
+        # The whole run's tables: the verdicts read them, and they are kept by the store for that read.
         tables = store.read(ctx, "", run_name, stats_series)
-        states = run_anomalies.read_states(RunSource(provider, ctx, "", rc, store=store))
-        examples = _examples(provider, ctx, run_name, [s for s in rc.series if s.info.kind == metadata.KIND_EXAMPLES])
+        states = run_anomalies.read_states(RunSource(provider, ctx, "", rc, store=store)) if want_state else {}
+        example_series = [s for s in rc.series if s.info.kind == metadata.KIND_EXAMPLES]
+        examples = _examples(provider, ctx, run_name, example_series) if want_examples else {}
         order = {layer: i for i, layer in enumerate(rc.layers())}
 
         def rank(s: catalog.Series) -> tuple:
@@ -134,7 +180,9 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
             )
 
         for s in sorted(stats_series, key=rank):
-            rows = tables[s.key]
+            if layers is not None and s.info.layer not in layers:
+                continue
+            rows = tables[s.key].between(start, end)
             frame = {
                 "run": run_name,
                 "layer": s.info.layer,
@@ -145,22 +193,47 @@ def _load(pd: Any, logdir: str, runs: Optional[Iterable[str]]) -> Any:
                 "wall_time": rows.wall_times,
             }
             for name in series.ALL_STATS:
-                frame[name] = rows.column(name)
-            written = examples.get((s.info.layer, s.info.target, s.info.source), {})
-            for field, column in EXAMPLE_COLUMNS.items():
-                frame[column] = [written.get(int(step), {}).get(field, float("nan")) for step in rows.steps]
-            cells = states.get((s.info.layer, s.info.target, s.info.source), {})
-            frame["state"] = [cells.get(int(step), "ok") for step in rows.steps]
-            frames.append(pd.DataFrame(frame, columns=list(COLUMNS)))
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLUMNS))
+                if name in out_columns:
+                    frame[name] = rows.column(name)
+            key = (s.info.layer, s.info.target, s.info.source)
+            if want_examples:
+                written = examples.get(key, {})
+                for field, column in EXAMPLE_COLUMNS.items():
+                    frame[column] = _at_steps(rows.steps, {st: v.get(field) for st, v in written.items()}, np.nan)
+            if want_state:
+                frame["state"] = _at_steps(rows.steps, states.get(key, {}), "ok")
+            frames.append(pd.DataFrame({c: frame[c] for c in out_columns}, columns=out_columns))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=out_columns)
     values = hparams.by_run(provider, ctx, "", list(cat.runs))
     for name in hparams.names(values):
-        df[hparams.column(name)] = pd.Series([values[run].get(name) for run in df["run"]], index=df.index)
+        if asked is None or hparams.column(name) in asked:
+            df[hparams.column(name)] = pd.Series([values[run].get(name) for run in df["run"]], index=df.index)
+    said = damage.Scanner(logdir).said(cat.runs, None if runs is None else set(runs))
+    found = [d for run in sorted(said) for d in said[run]]
+    for d in found:
+        warnings.warn(d.line(), damage.DamageWarning, stacklevel=3)
+    df.attrs["damage"] = [d.to_json() for d in found]
     df.attrs["nonfinite_origin"] = {
         run: {t: (o.to_json() if o is not None else None) for t, o in by_target.items()}
         for run, by_target in _origins(provider, ctx, cat).items()
     }
     return df
+
+
+def _at_steps(steps: Any, by_step: Dict[int, Any], missing: Any) -> Any:
+    """The values of `by_step` at each of `steps` (ascending int64), `missing` where a step has none: one
+    vectorized lookup (a long run is millions of rows, a few of them in `by_step`)."""
+    dtype = np.float64 if isinstance(missing, float) else object
+    out = np.full(steps.shape, missing, dtype=dtype)
+    if by_step and steps.size:
+        keys = np.fromiter(by_step, np.int64, len(by_step))
+        at = np.searchsorted(steps, keys)
+        hit = (at < steps.size) & (steps[np.minimum(at, steps.size - 1)] == keys)
+        vals = list(by_step.values())
+        for i in np.flatnonzero(hit):
+            v = vals[i]
+            out[at[i]] = missing if v is None else v
+    return out
 
 
 def _examples(

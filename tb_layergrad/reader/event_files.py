@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import threading
-from typing import Any, Iterator, List, Tuple
+import types
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 from tensorboard import compat
 
 from tb_layergrad import metadata
+from tb_layergrad.reader import damage
 
 # The modules of the multiplexer's reading path that bind `tensorboard.compat.tf` as `tf`.
 _READING_MODULES = (
@@ -45,13 +48,57 @@ def is_url(logdir: str) -> bool:
     return "://" in logdir
 
 
+class _Module(types.ModuleType):
+    """A module that is `base` but for the attributes given."""
+
+    def __init__(self, name: str, base: Any, **overrides: Any) -> None:
+        super().__init__(name)
+        self._base = base
+        self.__dict__.update(overrides)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+class _RecordReader:
+    """The stand-in's record reader (`PyRecordReader_New`: `GetNext`, `record`), its records checked many at
+    once (`damage.read_records`): the stand-in checks each byte's checksum in Python, which made reading
+    most of `report`'s and `load()`'s time."""
+
+    def __init__(self, filename: Any, start_offset: int = 0, compression_type: Any = None, status: Any = None):
+        stub = importlib.import_module("tensorboard.compat.tensorflow_stub")
+        if start_offset or compression_type:
+            raise stub.errors.UnimplementedError(None, None, "start offset and compression not supported")
+        path = filename.decode() if isinstance(filename, bytes) else filename
+        if not os.path.exists(path):
+            raise stub.errors.NotFoundError(None, None, f"{path} does not point to valid Events file")
+        self._errors = stub.errors
+        self._records = damage.read_records(path)
+        self._current: Optional[bytes] = None
+
+    def GetNext(self) -> None:  # noqa: N802 - the stand-in's name
+        self._current = next(self._records, None)
+        if self._current is None:
+            raise self._errors.OutOfRangeError(None, None, "No more events to read")
+
+    def record(self) -> Optional[bytes]:
+        return self._current
+
+
+def _fast_stub() -> Any:
+    stub = importlib.import_module("tensorboard.compat.tensorflow_stub")
+    pywrap = _Module("tb_layergrad_pywrap", stub.pywrap_tensorflow, PyRecordReader_New=_RecordReader)
+    return _Module("tb_layergrad_tensorflow_stub", stub, pywrap_tensorflow=pywrap)
+
+
 @contextlib.contextmanager
 def tensorflow_free(logdir: str = "") -> Iterator[None]:
-    """While inside, TensorBoard's readers use its pure-Python file access (local paths only)."""
+    """While inside, TensorBoard's readers use its pure-Python file access (local paths only), reading records
+    through `_RecordReader`."""
     if is_url(logdir):
         yield
         return
-    stub = importlib.import_module("tensorboard.compat.tensorflow_stub")
+    stub = _fast_stub()
     with _lock:
         swapped: List[Tuple[object, object]] = []
         for name in _READING_MODULES:
@@ -67,14 +114,31 @@ def tensorflow_free(logdir: str = "") -> Iterator[None]:
                 module.tf = original
 
 
-def open_provider(logdir: str) -> Any:
+def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     """A TensorBoard data provider over `logdir` that keeps every layergrad step.
 
+    `runs`: only these runs' folders are read (each with the folders above it, where the HParams API's session
+    of a run may be, `reader.hparams`), not the whole logdir; None: every run.
     Call it inside `tensorflow_free(logdir)` to read without TensorFlow."""
     # Imported when asked: the plugin, which imports the reader at TensorBoard's start, never reads this way.
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
-    mux.AddRunsFromDirectory(logdir)
+    if runs is None:
+        mux.AddRunsFromDirectory(logdir)
+    else:
+        folders = set()
+        for run in runs:
+            parts = [] if run == "." else run.split("/")
+            folders.update("/".join(parts[:i]) or "." for i in range(len(parts) + 1))
+        for name in sorted(folders):
+            if name == ".":
+                path = logdir
+            elif is_url(logdir):
+                path = f"{logdir.rstrip('/')}/{name}"
+            else:
+                path = os.path.join(logdir, *name.split("/"))
+            if is_url(logdir) or os.path.isdir(path):
+                mux.AddRun(path, name)
     mux.Reload()
     return data_provider.MultiplexerDataProvider(mux, logdir)

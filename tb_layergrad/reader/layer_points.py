@@ -50,11 +50,36 @@ def read_points(
     if not others:
         return out
     kept = {}  # a group block's fitting records, whole: from the cache, or read below
+    claimed = []  # blocks this thread reads (`BlockCache.claim`)
     for s in others:
         for p in s.parts:
             if p.grouped and p.tag not in kept and blocks is not None:
                 kept[p.tag] = blocks.get(experiment_id, rc.run, p)
+                if kept[p.tag] is None:
+                    kept[p.tag] = blocks.claim(experiment_id, rc.run, p)
+                    if kept[p.tag] is None:
+                        claimed.append(p)
     kept = {t: v for t, v in kept.items() if v is not None}
+    try:
+        _read_others(src, others, kept, out, start, end, max_steps)
+    finally:
+        for p in claimed:
+            blocks.release(experiment_id, rc.run, p)
+    return out
+
+
+def _read_others(
+    src: RunSource,
+    others: Sequence[catalog.Series],
+    kept: Dict[str, series.Points],
+    out: Dict[catalog.SeriesKey, series.Points],
+    start: Optional[int],
+    end: Optional[int],
+    max_steps: Optional[int],
+) -> None:
+    """`read_points` of the series other than `stats`: the group blocks not `kept` are read, then every series
+    selected and laid out into `out`."""
+    rc, experiment_id, blocks = src.rc, src.experiment_id, src.blocks
     data = series.read(
         src.provider,
         src.ctx,
@@ -77,7 +102,6 @@ def read_points(
             selected.append(groups[p.tag] if p.grouped else series.select(data.get(p.tag, ()), start, end))
         selected = _thinned_together(selected, max_steps)
         out[s.key] = united([_part_points(s.info.kind, p, pts, edges.get(s.key)) for p, pts in zip(s.parts, selected)])
-    return out
 
 
 def _thinned_together(parts: List[series.Points], max_steps: Optional[int]) -> List[series.Points]:

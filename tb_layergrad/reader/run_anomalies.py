@@ -116,7 +116,7 @@ def read_dominance(
 
 def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
     """{(layer, target, source): {step: state}} of every gradient series of run `src.rc` (`anomalies.cell_states`,
-    the verdicts of the tab and the report), and of its activations and target values: `nonfinite` or `ok`,
+    the verdicts of the tab and the report, one example dominating included), and of its activations and target values: `nonfinite` or `ok`,
     `nan_origin` on the cell where the first NaN/Inf was born (an activation in the forward pass, the target's
     own value in the loss, a layer's output gradient in the backward pass)."""
     rc = src.rc
@@ -134,6 +134,7 @@ def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
             result = read_run(src, target, source)
             if result is None:
                 continue
+            result.dominated = read_dominance(src, target, source)
             cells = anomalies.cell_states(result)
             for i, layer in enumerate(result.layers):
                 out[(layer, target, source)] = {int(st): c for st, c in zip(result.steps, cells[i]) if c}

@@ -55,6 +55,7 @@ EMPTY = {
     "layers": 0,
     "severity": None,
     "verdict": None,
+    "verdict_text": None,
     "first_nonfinite": None,
     "latest": None,
     "dominated_steps": None,
@@ -126,7 +127,8 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
       source: `output`, `weight` or `activation` (then the series of the forward pass, the origin for `target`).
 
     Returns:
-      `last_step`, `layers`, `severity` and `verdict` (the worst layer's, `anomalies.SEVERITY`), `first_nonfinite`
+      `last_step`, `layers`, `severity` and `verdict` (the worst layer's, `anomalies.SEVERITY`), `verdict_text`
+      (that verdict with every other kind of finding of the run, `anomalies.run_text`), `first_nonfinite`
       (`step`, `pass`, `origin`, `line` of where the run first went non-finite, or null), `latest` (layers
       flagged at the last step, `RunAnomalies.latest`), `dominated_steps` (null without per-example records),
       `norm_trend` and `line` (the first finding's sentence); `EMPTY` when the run has no such statistics.
@@ -152,6 +154,7 @@ def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) ->
         "layers": len(result.layers),
         "severity": anomalies.SEVERITY[worst.state] if worst is not None else None,
         "verdict": worst.state if worst is not None else None,
+        "verdict_text": anomalies.run_text(result),
         "first_nonfinite": _first_nonfinite(result, found),
         "latest": result.latest,
         "dominated_steps": None if result.dominated is None else len({s for d in result.dominated for s in d.at}),
@@ -187,6 +190,7 @@ class HealthCache:
         self._max_rows = max_rows
         self._rows: "collections.OrderedDict[tuple, Tuple[tuple, dict]]" = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._computing: set = set()  # rows being computed now
         self.computed = 0  # rows computed since start: what a test of "nothing recomputed" reads
 
     def get(self, experiment_id: str, run: str, target: Optional[str], source: str, signature: tuple) -> Optional[dict]:
@@ -209,11 +213,23 @@ class HealthCache:
         hit = self.get(src.experiment_id, rc.run, target, source, rc.signature)
         if hit is not None:
             return hit
-        chosen, found = worst_health(src, row_targets(rc, target), source)
+        key = (src.experiment_id, rc.run, target, source)
+        with self._lock:
+            # A run being written changes at every step: while one request computes its row, the others answer
+            # with the row kept (as of an earlier step) instead of computing the same row again.
+            if key in self._computing and key in self._rows:
+                return self._rows[key][1]
+            mine = key not in self._computing
+            self._computing.add(key)
+        try:
+            chosen, found = worst_health(src, row_targets(rc, target), source)
+        finally:
+            if mine:
+                with self._lock:
+                    self._computing.discard(key)
         value = {"target": chosen, **found, "warnings": list(rc.warnings)}
         with self._lock:
             self.computed += 1
-            key = (src.experiment_id, rc.run, target, source)
             self._rows[key] = (rc.signature, value)
             self._rows.move_to_end(key)
             while len(self._rows) > self._max_rows:

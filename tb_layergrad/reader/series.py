@@ -217,9 +217,26 @@ def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
-def stat_column(table: np.ndarray, name: str) -> np.ndarray:
-    """One statistic (stored or derived) for every row of a stats table."""
+def no_finite_element(table: np.ndarray) -> np.ndarray:
+    """bool per row: the tensor had elements and none of them was finite (all NaN/Inf), and it is not a
+    "no gradient" record.
+
+    Why: the writer stores `norm` = 0 there (the square root of an empty sum), which reads as a gradient of
+    exactly 0 (a "dead" layer, a point at 0 on a chart) where there is no value at all. The on-disk format
+    is kept (docs/FORMAT.md); every reader takes `norm` through `stat_column`, which says NaN there.
+    """
     col = {field: table[:, i] for i, field in enumerate(STORED_STATS)}
+    nonfinite = col["nan"] + col["pos_inf"] + col["neg_inf"]
+    with np.errstate(invalid="ignore"):
+        return (col["elements"] > 0) & (nonfinite >= col["elements"]) & ~(col["no_gradient"] > 0)
+
+
+def stat_column(table: np.ndarray, name: str) -> np.ndarray:
+    """One statistic (stored or derived) for every row of a stats table: NaN where it has no value (the
+    statistics of the finite elements of a tensor without any, `no_finite_element`)."""
+    col = {field: table[:, i] for i, field in enumerate(STORED_STATS)}
+    if name == "norm":
+        return np.where(no_finite_element(table), np.nan, col["norm"])
     if name in col:
         return col[name]
     nonfinite = col["nan"] + col["pos_inf"] + col["neg_inf"]

@@ -289,9 +289,49 @@ class StatsStore:
         start: Optional[int] = None,
         end: Optional[int] = None,
     ) -> Dict[catalog.SeriesKey, StatsRows]:
-        """`{series key: StatsRows}` of the given stats series of one run, within [start, end]."""
-        with self._run_lock(experiment_id, run):
+        """`{series key: StatsRows}` of the given stats series of one run, within [start, end].
+
+        While another request (or the read-ahead) reads the run, the tables kept of every series asked are
+        answered at once (a run being written: as of that read's start) instead of waiting for the read and
+        then reading the run's new records again: a run appended at every step is then read by one request at
+        a time, however many ask, and none waits longer than one read. With nothing kept, it waits for that
+        read, and answers what it kept if it read what is asked."""
+        lock = self._run_lock(experiment_id, run)
+        if not lock.acquire(blocking=False):
+            kept = self._kept(experiment_id, run, stats_series, start, end)
+            if kept is not None:
+                return kept
+            lock.acquire()
+            try:  # the read waited for may have kept what is asked (as of its start): not read a second time
+                kept = self._kept(experiment_id, run, stats_series, start, end)
+                return kept if kept is not None else self._read(ctx, experiment_id, run, stats_series, start, end)
+            finally:
+                lock.release()
+        try:
             return self._read(ctx, experiment_id, run, stats_series, start, end)
+        finally:
+            lock.release()
+
+    def _kept(
+        self,
+        experiment_id: str,
+        run: str,
+        stats_series: Sequence[catalog.Series],
+        start: Optional[int],
+        end: Optional[int],
+    ) -> Optional[Dict[catalog.SeriesKey, StatsRows]]:
+        """The series as the tables kept hold them, whatever their version; None if one has no table kept."""
+        out = {}
+        with self._lock:
+            for s in stats_series:
+                rows = []
+                for key, row in dict.fromkeys((p.group, p.row) if p.grouped else (p.tag, None) for p in s.parts):
+                    hit = self._tables.get((experiment_id, run, key))
+                    if hit is None:
+                        return None
+                    rows.append(hit[1].rows.layer(row) if row is not None else hit[1])
+                out[s.key] = union(rows).between(start, end)
+        return out
 
     def _read(
         self,

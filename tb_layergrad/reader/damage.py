@@ -1,0 +1,432 @@
+"""Damage in a logdir's event files: what TensorBoard's loaders skip without saying, named.
+
+Why our own check: a record cut in the middle, bytes appended after the last record, a record whose
+checksum does not match, an empty or unreadable event file: both TensorBoard loaders stop reading that
+file there (the Rust one logs it on its own stderr), and a run whose only file is damaged from its start
+is not listed at all. Neither loader tells a plugin. So the reader checks the files itself, as the
+loaders read them: TFRecord framing (length, its masked CRC32C, payload, its masked CRC32C), file by
+file, and says for each damaged one which run, which file, and up to which step it was read.
+
+The check is incremental: each file keeps how far it was verified, so a run being written costs the
+bytes appended since the last scan, never the whole file again. Payload checksums are computed for
+many records at once with numpy (CRC is linear: a byte's contribution depends only on its value and on
+how many bytes follow it, `_CONTRIBUTIONS`), since TensorBoard's own pure-Python CRC would take minutes
+on a large run. Only local paths are checked: a `gs://` logdir is read by TensorBoard through
+TensorFlow's file systems, which the reader does not import (`Scanner.checked` is False, and `scan` finds nothing).
+
+A partial last record and an empty file are what a writer leaves between two flushes (TensorFlow's
+summary writers flush at least every two minutes), so they are damage only once the file has not changed
+for `SETTLED_S`. A checksum that does not match or an unreadable file is damage at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import struct
+import threading
+import time
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+
+# How long a partial last record or an empty file must stay unchanged to be named (TensorFlow's summary writers
+# flush every two minutes by default, `flush_millis=120000`, and a flush may leave a record half written
+# until the next one).
+SETTLED_S = 180.0
+# How much of a file one read takes: bounds the memory of a scan, whatever the file's size.
+CHUNK_BYTES = 16 << 20
+_HEADER = 12  # uint64 length + uint32 masked CRC of it
+_FOOTER = 4  # uint32 masked CRC of the payload
+_MASK_DELTA = 0xA282EAD8
+
+TRUNCATED = "truncated"
+CORRUPT = "corrupt"
+EMPTY = "empty"
+UNREADABLE = "unreadable"
+
+
+def _crc_table() -> np.ndarray:
+    poly = 0x82F63B78  # CRC-32C (Castagnoli), reflected
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(poly), table >> 1).astype(np.uint32)
+    return table
+
+
+_TABLE = _crc_table()
+# Bytes of a record whose checksums are computed in one pass; longer records take several.
+_CRC_BLOCK = 1024
+# The rows of `_CONTRIBUTIONS`: row k is the register (initial 0) after one byte of each value followed by k
+# zero bytes. A CRC without its initial and final XOR is linear over GF(2), so the register after a block is the
+# XOR of its bytes' rows, each picked by the byte's value and by how many bytes follow it in the block.
+_CONTRIBUTIONS = [_TABLE.copy()]
+for _ in range(1, _CRC_BLOCK):
+    _CONTRIBUTIONS.append(_TABLE[_CONTRIBUTIONS[-1] & 0xFF] ^ (_CONTRIBUTIONS[-1] >> np.uint32(8)))
+_CONTRIBUTIONS = np.stack(_CONTRIBUTIONS)
+del _
+
+
+def masked_crc32c_many(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """The masked CRC-32C of `data[s : s + length]` for each `s` of `starts` (uint8 `data`), all at once.
+
+    Block by block: a register `r` followed by a block of `m` bytes is the register 0 followed by the block
+    with `r`'s bytes XOR-ed into its first four (what the initial 0xFFFFFFFF is too), plus what of `r` has not
+    shifted out when `m < 4`."""
+    n = starts.shape[0]
+    reg = np.full([n], 0xFFFFFFFF, np.uint32)
+    rows_at_once = max(1, (4 << 20) // _CRC_BLOCK)
+    for a in range(0, length, _CRC_BLOCK):
+        m = min(_CRC_BLOCK, length - a)
+        table = _CONTRIBUTIONS[m - 1 :: -1].reshape(-1) if m > 1 else _CONTRIBUTIONS[:1].reshape(-1)
+        cols = np.arange(m, dtype=np.int64)
+        offsets = (cols * 256).astype(np.int32)
+        out = np.zeros([n], np.uint32)
+        for lo in range(0, n, rows_at_once):
+            block = data[starts[lo : lo + rows_at_once, None] + a + cols[None, :]].astype(np.int32)
+            r = reg[lo : lo + rows_at_once]
+            for j in range(min(4, m)):
+                block[:, j] ^= ((r >> np.uint32(8 * j)) & np.uint32(0xFF)).astype(np.int32)
+            block += offsets
+            out[lo : lo + rows_at_once] = np.bitwise_xor.reduce(np.take(table, block), axis=1)
+        reg = out ^ (reg >> np.uint32(8 * m)) if m < 4 else out
+    crc = reg ^ np.uint32(0xFFFFFFFF)
+    return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
+
+
+def _steps(payloads: List[memoryview]) -> np.ndarray:
+    """The `step` of each Event record (field 2, a varint; 0 when absent), read from its first bytes only."""
+    out = np.zeros([len(payloads)], np.int64)
+    for i, p in enumerate(payloads):
+        pos = 9 if len(p) >= 9 and p[0] == 0x09 else 0  # wall_time: field 1, a double
+        if pos < len(p) and p[pos] == 0x10:
+            value, shift, pos = 0, 0, pos + 1
+            while pos < len(p) and shift < 64:
+                b = p[pos]
+                value |= (b & 0x7F) << shift
+                pos += 1
+                shift += 7
+                if not b & 0x80:
+                    break
+            out[i] = value - (1 << 64) if value >= 1 << 63 else value
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Damage:
+    """One damaged event file: where reading it stopped and what was read before."""
+
+    run: str  # as TensorBoard names it: the folder relative to the logdir, "." for the logdir itself
+    file: str  # relative to the logdir
+    kind: str  # TRUNCATED, CORRUPT, EMPTY or UNREADABLE
+    offset: int  # the byte where reading stopped
+    size: int  # the file's size
+    records: int  # complete records read before it
+    step: Optional[int]  # the last step read before it; None when no record with a step was read
+    detail: str = ""
+
+    def line(self) -> str:
+        where = {
+            TRUNCATED: f"ends inside a record (cut at byte {self.size:,}; the record began at byte {self.offset:,})",
+            CORRUPT: f"has a record that fails its checksum at byte {self.offset:,} of {self.size:,} ({self.detail}); "
+            "TensorBoard reads no further in this file",
+            EMPTY: "is empty",
+            UNREADABLE: f"cannot be read ({self.detail})",
+        }[self.kind]
+        if self.kind in (EMPTY, UNREADABLE) or not self.records:
+            read = "nothing was read from it"
+        elif self.step is None:
+            read = f"{self.records:,} records read before it"
+        else:
+            read = f"read up to step {self.step:,}"
+        return f"run {self.run!r}: event file {self.file!r} {where}: {read}"
+
+    def to_json(self) -> dict:
+        return {**dataclasses.asdict(self), "line": self.line()}
+
+
+@dataclasses.dataclass
+class _FileState:
+    """How far one file was verified: every record before `offset` is whole and its checksums match."""
+
+    offset: int = 0
+    records: int = 0
+    step: Optional[int] = None  # the largest step read
+    size: int = -1
+    mtime: float = 0.0
+    stopped: Optional[Tuple[str, int, str]] = None  # (kind, offset, detail): a fault no later bytes can mend
+    partial: bool = False  # bytes after `offset` that are not yet a whole record
+    unreadable: str = ""
+
+
+class DamageWarning(UserWarning):
+    """`tb_layergrad.load()` read a logdir with a damaged event file (`Damage.line()` says which)."""
+
+
+def is_event_file(name: str) -> bool:
+    """TensorBoard's rule (both loaders): a file whose name contains `tfevents`."""
+    return "tfevents" in name
+
+
+def _run_name(logdir: str, folder: str) -> str:
+    rel = os.path.relpath(folder, logdir)
+    return "." if rel == "." else rel.replace(os.sep, "/")
+
+
+class Scanner:
+    """The damage of one logdir's event files, checked incrementally; thread-safe.
+
+    Args:
+      logdir: a local folder (TensorBoard's `--logdir`); a URL is not checked (`checked` is False).
+      settled_s: how long a partial last record or an empty file must stay unchanged to be damage.
+    """
+
+    def __init__(self, logdir: str, settled_s: float = SETTLED_S) -> None:
+        self.logdir = logdir
+        self.checked = bool(logdir) and "://" not in logdir
+        self._settled_s = settled_s
+        self._files: Dict[str, _FileState] = {}
+        self._lock = threading.RLock()
+        self._bytes_read = 0
+
+    def scan(self, runs: Optional[Iterable[str]] = None) -> Dict[str, List[Damage]]:
+        """{run: its damaged files} after reading what was appended to each event file since the last scan
+        (of `runs` only, when given); runs without damage are absent."""
+        if not self.checked:
+            return {}
+        wanted = None if runs is None else set(runs)
+        with self._lock:
+            now = time.time()
+            seen = set()
+            out: Dict[str, List[Damage]] = {}
+            for folder, files in self._event_files(wanted):
+                run = _run_name(self.logdir, folder)
+                for name in sorted(files):
+                    path = os.path.normpath(os.path.join(folder, name))
+                    seen.add(path)
+                    state = self._files.setdefault(path, _FileState())
+                    self._bytes_read += _advance(path, state)
+                    found = self._damage_of(run, path, state, now)
+                    if found is not None:
+                        out.setdefault(run, []).append(found)
+            if wanted is None:
+                for gone in set(self._files) - seen:
+                    del self._files[gone]
+            return out
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of event files read by every scan so far (each appended byte is read once)."""
+        return self._bytes_read
+
+    def said(self, listed: Iterable[str], runs: Optional[Iterable[str]] = None) -> Dict[str, List[Damage]]:
+        """`scan(runs)`, kept to the damage a reader of tb_layergrad should be told of: that of the runs
+        `listed` (those with tb_layergrad series), and that of runs nothing could be read from (no file
+        with a record past the first, the file version every writer starts with), which TensorBoard does
+        not list at all. A damaged run of other summaries only (a `validation` folder of scalars) is not ours."""
+        found = self.scan(runs)
+        listed = set(listed)
+        return {run: d for run, d in found.items() if run in listed or self._records(run) <= 1}
+
+    def _records(self, run: str) -> int:
+        folder = os.path.normpath(os.path.join(self.logdir, *([] if run == "." else run.split("/"))))
+        with self._lock:
+            return max((s.records for p, s in self._files.items() if os.path.dirname(p) == folder), default=0)
+
+    def _event_files(self, wanted: Optional[set]) -> Iterable[Tuple[str, List[str]]]:
+        if wanted is not None:  # only the folders of these runs, not a walk of the logdir
+            for run in sorted(wanted):
+                folder = os.path.join(self.logdir, *([] if run == "." else run.split("/")))
+                try:
+                    names = [n for n in os.listdir(folder) if is_event_file(n)]
+                except OSError:
+                    continue
+                yield folder, [n for n in names if not os.path.isdir(os.path.join(folder, n))]
+            return
+        for folder, dirs, files in os.walk(self.logdir):
+            dirs.sort()
+            names = [n for n in files if is_event_file(n)]
+            if names:
+                yield folder, names
+
+    def _damage_of(self, run: str, path: str, state: _FileState, now: float) -> Optional[Damage]:
+        rel = os.path.relpath(path, self.logdir).replace(os.sep, "/")
+        common = dict(run=run, file=rel, size=max(state.size, 0), records=state.records, step=state.step)
+        if state.unreadable:
+            return Damage(kind=UNREADABLE, offset=state.offset, detail=state.unreadable, **common)
+        if state.stopped is not None:
+            kind, offset, detail = state.stopped
+            return Damage(kind=kind, offset=offset, detail=detail, **common)
+        settled = now - state.mtime >= self._settled_s
+        if state.size == 0 and settled:
+            return Damage(kind=EMPTY, offset=0, **common)
+        if state.partial and settled:
+            return Damage(kind=TRUNCATED, offset=state.offset, **common)
+        return None
+
+
+def _advance(path: str, state: _FileState) -> int:
+    """Verify the records appended to `path` since `state` was taken (a file that shrank: anew); returns the
+    bytes read."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        state.unreadable = e.strerror or type(e).__name__
+        return 0
+    if st.st_size < state.size or (st.st_size == state.size and st.st_mtime != state.mtime and state.stopped):
+        state.__init__()  # rewritten: start over
+    changed = st.st_size != state.size or state.unreadable
+    state.size, state.mtime = st.st_size, st.st_mtime
+    if not changed or state.stopped is not None:
+        return 0  # nothing new; or a fault the loaders read no further than, nor do we
+    read = 0
+    try:
+        with open(path, "rb") as fh:
+            state.unreadable = ""
+            while state.offset < state.size:
+                fh.seek(state.offset)
+                buf = fh.read(max(CHUNK_BYTES, _needed(fh, state)))
+                read += len(buf)
+                used = _verify(buf, state) if buf else 0
+                if used == 0 or state.stopped is not None or fh.tell() >= state.size:
+                    break  # a fault, or the end: what is left is a partial record, read again when it grows
+    except OSError as e:
+        state.unreadable = e.strerror or type(e).__name__
+    return read
+
+
+def _needed(fh, state: _FileState) -> int:
+    """The bytes the record at `state.offset` takes, when its header says more than a chunk."""
+    head = fh.read(_HEADER)
+    fh.seek(state.offset)
+    if len(head) < 8:
+        return 0
+    (length,) = struct.unpack_from("<Q", head)
+    return min(_HEADER + length + _FOOTER, max(state.size - state.offset, 0))
+
+
+def read_records(path: str) -> Iterator[bytes]:
+    """The payload of every whole record of the event file `path` whose checksums match, in order, up to the
+    first damage or partial record: the records TensorBoard's loaders read, checked as `Scanner` checks them
+    (many at once), for readers that would otherwise check each byte in Python (`event_files`)."""
+    state = _FileState()
+    with open(path, "rb") as fh:
+        state.size = os.fstat(fh.fileno()).st_size
+        while state.offset < state.size and state.stopped is None:
+            fh.seek(state.offset)
+            buf = fh.read(max(CHUNK_BYTES, _needed(fh, state)))
+            good: List[Tuple[int, int]] = []
+            if not buf or _verify(buf, state, good) == 0:
+                break
+            view = memoryview(buf)
+            for start, length in good:
+                yield bytes(view[start : start + length])
+
+
+def _verify(buf: bytes, state: _FileState, good: Optional[List[Tuple[int, int]]] = None) -> int:
+    """Verify the whole records at the start of `buf` (read at `state.offset`); returns the bytes accepted.
+    `good`: (start, length) in `buf` of each accepted record's payload is appended to it."""
+    view = memoryview(buf)
+    starts: List[int] = []
+    lengths: List[int] = []
+    pos = 0
+    state.partial = False
+    end = len(buf)
+    last_header = -1  # a whole header after the last whole record (its record is not whole)
+    while pos < end:
+        if end - pos < _HEADER:
+            state.partial = True
+            break
+        (length,) = struct.unpack_from("<Q", buf, pos)
+        if end - pos < _HEADER + length + _FOOTER:
+            state.partial = True
+            last_header = pos
+            break
+        starts.append(pos + _HEADER)
+        lengths.append(length)
+        pos += _HEADER + length + _FOOTER
+    # The lengths' checksums, all at once: the first that does not match is where the file's records end (the
+    # lengths after it, read from bytes that are no header, were followed no further than the buffer).
+    heads = [s - _HEADER for s in starts] + ([last_header] if last_header >= 0 else [])
+    if heads:
+        data = np.frombuffer(buf, np.uint8)
+        at = np.asarray(heads, np.int64)
+        want = data[(at + 8)[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
+        bad = np.flatnonzero(masked_crc32c_many(data, at, 8) != want)
+        if bad.size:
+            first = int(bad[0])
+            state.stopped = (CORRUPT, state.offset + heads[first], "its length's checksum does not match")
+            state.partial = False
+            del starts[first:], lengths[first:]
+    keep = good
+    good = _payloads_good(buf, starts, lengths)
+    if good < len(starts):
+        state.stopped = (CORRUPT, state.offset + starts[good] - _HEADER, "its payload's checksum does not match")
+        state.partial = False
+    accepted = starts[good - 1] + lengths[good - 1] + _FOOTER if good else 0
+    if good and keep is not None:
+        keep.extend(zip(starts[:good], lengths[:good]))
+    if good:
+        steps = _steps([view[s : s + n] for s, n in zip(starts[:good], lengths[:good])])
+        top = int(steps.max())
+        state.step = top if state.step is None else max(state.step, top)
+        state.records += good
+    state.offset += accepted
+    return accepted
+
+
+def _payloads_good(buf: bytes, starts: List[int], lengths: List[int]) -> int:
+    """How many of the records, in order, have a payload whose checksum matches (stops at the first that does not)."""
+    if not starts:
+        return 0
+    data = np.frombuffer(buf, np.uint8)
+    starts_a = np.asarray(starts, np.int64)
+    lengths_a = np.asarray(lengths, np.int64)
+    ok = np.ones([len(starts)], bool)
+    for length in np.unique(lengths_a):
+        idx = np.flatnonzero(lengths_a == length)
+        s = starts_a[idx]
+        want = data[(s + int(length))[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
+        ok[idx] = masked_crc32c_many(data, s, int(length)) == want
+    bad = np.flatnonzero(~ok)
+    return int(bad[0]) if bad.size else len(starts)
+
+
+class Watch:
+    """A `Scanner` kept current in the background for a server: `said` answers at once with the last scan's
+    damage and starts the next scan, on a thread of its own, when the last one is `interval_s` old. So no
+    request waits for a file to be read, and the bytes a run appends are read once, however many ask."""
+
+    def __init__(self, logdir: str, interval_s: float = 2.0) -> None:
+        self.scanner = Scanner(logdir)
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._found: Dict[str, List[Damage]] = {}
+        self._started = -float("inf")
+        self._thread: Optional[threading.Thread] = None
+        self._listed: set = set()
+
+    def said(self, listed: Iterable[str]) -> Dict[str, List[Damage]]:
+        """The damage `Scanner.said` found at the last scan (none before the first ends)."""
+        if not self.scanner.checked:
+            return {}
+        with self._lock:
+            self._listed |= set(listed)
+            idle = self._thread is None or not self._thread.is_alive()
+            if idle and time.monotonic() - self._started >= self._interval_s:
+                self._started = time.monotonic()
+                self._thread = threading.Thread(target=self._scan, name="layergrad-damage", daemon=True)
+                self._thread.start()
+            return self._found
+
+    def _scan(self) -> None:
+        with self._lock:
+            listed = set(self._listed)
+        try:
+            found = self.scanner.said(listed)
+        except Exception:  # noqa: BLE001 - a failing check must not stop serving; the next poll tries again
+            logging.getLogger(__name__).exception("layergrad: checking the event files failed")
+            return
+        with self._lock:
+            self._found = found
