@@ -16,6 +16,7 @@ import numpy as np
 from tensorboard import errors
 
 from tb_layergrad import metadata
+from tb_layergrad.plugin import listing
 from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.queries import HistogramsAtQuery
 from tb_layergrad.plugin.responses import float_matrix
@@ -53,7 +54,7 @@ def near(s: catalog.Series, step: Optional[int]) -> catalog.Series:
 def at_step(reading: Reading, ctx: object, eid: str, rc: catalog.RunCatalog, s: catalog.Series, step: Optional[int]):
     """(the step read, its buckets) of series `s`: at `step`, else the latest step before it (None: the last);
     (None, []) when the run has no record that early."""
-    points = layer_points.latest(reading.source(ctx, eid, rc), near(s, step), step)
+    points = layer_points.latest(reading.source(ctx, eid, rc), near(s, step), step, reading.lister.latest_records)
     if not len(points):
         return None, []
     return int(points.steps[-1]), _buckets(points.values[-1])
@@ -85,11 +86,14 @@ def histograms_at_impl(reading: Reading, ctx: object, eid: str, q: HistogramsAtQ
     def one(name: str):
         return at_step(reading, ctx, eid, cat.runs[name], found[name], q.step)
 
-    # The runs read side by side: under the Rust loader each is a call to its data server.
-    with futures.ThreadPoolExecutor(max_workers=READERS) as pool:
-        read = dict(
-            zip([n for n in q.runs if n not in missing], pool.map(one, [n for n in q.runs if n not in missing]))
-        )
+    # The runs read side by side where each read is a call to another process (the Rust data server); under the
+    # Python loader the reads hold the GIL, and threads would only add their start and their contention.
+    asked = [n for n in q.runs if n not in missing]
+    if listing.folds_outside_python(reading.provider) and len(asked) > 1:
+        with futures.ThreadPoolExecutor(max_workers=READERS) as pool:
+            read = dict(zip(asked, pool.map(one, asked)))
+    else:
+        read = {n: one(n) for n in asked}
     out = []
     for name, layer in zip(q.runs, q.layers):
         step, buckets = read.get(name, (None, []))

@@ -16,7 +16,7 @@ group record holds one int64 per layer, read as a version-1 record of one elemen
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
@@ -130,10 +130,12 @@ def read_one(
     return series.thin(read_points(src, [s], start, end, max_steps)[s.key], max_steps)
 
 
-def latest(src: RunSource, s: catalog.Series, step: Optional[int]) -> series.Points:
+def latest(src: RunSource, s: catalog.Series, step: Optional[int], last_records: Any = None) -> series.Points:
     """The record of series `s` (not `stats`) at the latest step at or before `step` (None: its last), in the
     version-1 layout: of the records read, only that one is decoded, and a group block is read whole only from
-    `src.blocks` (a sweep's blocks, one per run, would not fit it: asking for one step must not evict them)."""
+    `src.blocks` (a sweep's blocks, one per run, would not fit it: asking for one step must not evict them).
+    `last_records(run, tags, step)`: each tag's latest record at or before `step` where the caller reads it more
+    cheaply than the provider (`listing.TensorLister.latest_records`); None from it: the provider's sample of one."""
     found: List[Tuple[int, float, catalog.Part, series.Points]] = []  # (step, wall time, part, its one point)
     unread = []
     for p in s.parts:
@@ -157,7 +159,11 @@ def latest(src: RunSource, s: catalog.Series, step: Optional[int]) -> series.Poi
         [p.tag for p in whole],
         alone=[p.tag for p in whole if p.grouped],
     )
-    data.update(series.read_last(src.provider, src.ctx, src.experiment_id, src.rc.run, [p.tag for p in tail]))
+    tail_tags = [p.tag for p in tail]
+    found_last = last_records(src.rc.run, tail_tags, step) if last_records is not None and tail_tags else None
+    if found_last is None:
+        found_last = series.read_last(src.provider, src.ctx, src.experiment_id, src.rc.run, tail_tags)
+    data.update(found_last)
     for p in unread:
         records = [d for d in data.get(p.tag, ()) if step is None or d.step <= step]
         if not records:
