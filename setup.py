@@ -39,7 +39,7 @@ TEST_REQUIRES = [
     "hypothesis>=6",
     "playwright>=1.40",
     "pandas>=1.5",
-    # tests/test_tuner.py: a KerasTuner search with GradientLogger (1.4: its first release for Keras 3).
+    # tests/keras/test_tuner.py: a KerasTuner search with GradientLogger (1.4: its first release for Keras 3).
     "keras-tuner>=1.4,<2",
     # The artifact tests build the sdist and the wheel as a release would: in build's isolated environment, with
     # pyproject.toml's build requirements (not here: a newer setuptools in the test venv has no pkg_resources,

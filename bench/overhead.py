@@ -245,20 +245,7 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
     Keras TensorBoard(histogram_freq=1). Each call returns its mean seconds per batch,
     tracing excluded (the first batches of every call are skipped). Each variant keeps
     one callback over all its calls, as a user calling fit() repeatedly would."""
-    model, x, y = MODELS[name]()
-    n = int(x.shape[0])
-    xs = tf.tile(x, [steps] + [1] * (len(x.shape) - 1))
-    ys = tf.tile(y, [steps])
-    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=_loss())
-
-    def fit(callbacks: List) -> Step:
-        def run():
-            timer = BatchTimer()
-            model.fit(xs, ys, batch_size=n, epochs=1, verbose=0, shuffle=False, callbacks=callbacks + [timer])
-            return timer.seconds_per_batch
-
-        return run
-
+    fit = _fit_runner(name, steps)
     return {
         "plain": fit([]),
         "ours_every_1": fit([tb_layergrad.GradientLogger(os.path.join(logdir, f"fit_{name}_1"), update_freq=1)]),
@@ -280,6 +267,38 @@ def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
             [keras.callbacks.TensorBoard(os.path.join(logdir, f"fit_{name}_keras"), histogram_freq=1)]
         ),
     }
+
+
+def weights_fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
+    """fit() logging every layer every step with `weights=False` (first: the baseline of the ratio asked for), the
+    same with `weights=True`, and fit() without callbacks; as `fit_variants`."""
+    fit = _fit_runner(name, steps)
+    logger = tb_layergrad.GradientLogger
+    return {
+        "weights=False": fit([logger(os.path.join(logdir, f"fit_{name}_w0"), update_freq=1)]),
+        "weights=True": fit([logger(os.path.join(logdir, f"fit_{name}_w1"), update_freq=1, weights=True)]),
+        "plain": fit([]),
+    }
+
+
+def _fit_runner(name: str, steps: int) -> Callable[[List], Step]:
+    """`fit(callbacks)`: a call of one fit() epoch of `steps` batches of `name`'s model (one model for all variants,
+    compiled once), returning its mean seconds per batch, tracing excluded (`BatchTimer`)."""
+    model, x, y = MODELS[name]()
+    n = int(x.shape[0])
+    xs = tf.tile(x, [steps] + [1] * (len(x.shape) - 1))
+    ys = tf.tile(y, [steps])
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss=_loss())
+
+    def fit(callbacks: List) -> Step:
+        def run():
+            timer = BatchTimer()
+            model.fit(xs, ys, batch_size=n, epochs=1, verbose=0, shuffle=False, callbacks=callbacks + [timer])
+            return timer.seconds_per_batch
+
+        return run
+
+    return fit
 
 
 def interleaved_results(variants: Dict[str, Step], rounds: int) -> Tuple[float, Dict[str, float]]:

@@ -19,6 +19,8 @@ Figures:
   `depth` and `histograms_at` routes warm, the Runs view of 200 runs; `--only-tab-sweep` alone, its section only;
 - a long run logged every step (bench/long_run.py, `--only-long-run`, its section only): TensorBoard's memory
   per byte on disk, route latency while the run is written, `load()` and `report` against TensorBoard's parser.
+- the cost of `weights=True` in fit() (MLP, every layer every step) against `weights=False`; `--only-fit-weights`
+  alone, its section only.
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
 per batch inside each call, the first batches (tracing) excluded.
 """
@@ -34,6 +36,8 @@ import sys
 import tempfile
 from typing import Dict, List, Optional
 
+import numpy as np
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -43,6 +47,9 @@ SHORT_STEP_ROUNDS = 4
 # fit() runs this many times the rounds, of epochs of ~0.5 s or 14 batches (docs/DESIGN.md, "Benchmark notes");
 # a model whose plain step is under 10 ms (the MLP) SHORT_STEP_ROUNDS times more again (180).
 FIT_ROUNDS = 3
+# The section of the cost of weights=True in fit(), and its target (issue: within 1.02x of weights=False).
+WEIGHTS_HEADING = "### fit() with weights=True"
+WEIGHTS_TARGET = 1.02
 
 
 def machine() -> str:
@@ -120,6 +127,45 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         lines.append(f"| {name} | {layers} | {b:.0f} |")
     lines.append("")
     return lines
+
+
+def weights_tables(rounds: int, block_seconds: float, fit_steps: int, figures: Dict, command: str) -> List[str]:
+    """The section of the cost of `weights=True` in fit(): the MLP (the shortest step, where a fixed cost shows
+    most), every layer every step, against the same logger with `weights=False`, interleaved in one process."""
+    import overhead
+
+    logdir = overhead.new_logdir()
+    try:
+        probe = overhead.weights_fit_variants("mlp", logdir, overhead.fit_epoch_steps(fit_steps))["plain"]
+        probe()  # traced: the next call times a warm step
+        base = probe()
+        steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))
+        fit_rounds = rounds * FIT_ROUNDS * (SHORT_STEP_ROUNDS if base < overhead.SHORT_STEP_S else 1)
+        step, ratios = overhead.interleaved_results(overhead.weights_fit_variants("mlp", logdir, steps), fit_rounds)
+    finally:
+        shutil.rmtree(logdir, ignore_errors=True)
+    ratio = ratios["weights=True"]
+    figures["fit_weights"] = ratio
+    from models import MODELS
+
+    model, x, _ = MODELS["mlp"]()
+    params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
+    outputs = int(x.shape[0]) * sum(int(layer.units) for layer in model.layers)
+    met = "met" if ratio <= WEIGHTS_TARGET else "NOT met"
+    return [
+        f"{WEIGHTS_HEADING}: mlp, all layers every step, ratio to `weights=False` "
+        f"(measured {datetime.date.today().isoformat()} with {command})\n",
+        f"| model | step, weights=False | weights=True (target <= {WEIGHTS_TARGET:.2f}x) | weights=False / plain fit() |",
+        "|---|---|---|---|",
+        f"| mlp | {step * 1e3:.2f} ms | {ratio:.3f}x ({met}) | {1 / ratios['plain']:.2f}x |",
+        "",
+        f"Medians over {fit_rounds} interleaved rounds of within-round ratios, epochs of {steps} batches "
+        "(the first batches, tracing, not timed). `weights=True` records the gradients the step's own gradient call "
+        "returned: what it adds is the weights' records (their reductions and writes), no backward pass. The MLP's "
+        f"weight gradients hold {params:,} elements, its layer-output gradients {outputs:,} (batch {int(x.shape[0])}): "
+        f"`weights=True` reduces {(params + outputs) / outputs:.1f}x the elements `weights=False` does, every step.",
+        "",
+    ]
 
 
 def per_example_tables(models: List[str], rounds: int, block_seconds: float, figures: Dict) -> List[str]:
@@ -476,6 +522,11 @@ def main() -> None:
         "report) and rewrite only its section of --out",
     )
     parser.add_argument("--long-run-steps", type=int, default=100_000, help="steps of --only-long-run's run")
+    parser.add_argument(
+        "--only-fit-weights",
+        action="store_true",
+        help="measure only the cost of weights=True in fit() and rewrite only its section of --out",
+    )
     parser.add_argument("--models", help="comma-separated subset of mlp,cnn,lstm (default: all)")
     parser.add_argument(
         "--rounds",
@@ -522,6 +573,12 @@ def main() -> None:
         )
         sweep_latency.rewrite(args.out, lines, long_run.HEADING)
         return
+    if args.only_fit_weights:  # only this section of --out is rewritten
+        command = f"`python bench/run.py --only-fit-weights{' --smoke' if args.smoke else ''}`"
+        lines = weights_tables(args.rounds or rounds, block_seconds, fit_steps, {}, command)
+        print("\n".join(lines), flush=True)
+        sweep_latency.rewrite(args.out, lines, WEIGHTS_HEADING)
+        return
     if args.models:
         models = args.models.split(",")
     if args.rounds:
@@ -538,6 +595,8 @@ def main() -> None:
     body: List[str] = []
     if not args.skip_overhead:
         body += overhead_tables(models, rounds, block_seconds, fit_steps, figures)
+        command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
+        body += weights_tables(rounds, block_seconds, fit_steps, figures, command)
     if not args.skip_per_example:
         body += per_example_tables(
             ["mlp"] if args.smoke else ["mlp", "cnn", "transformer"], rounds, block_seconds, figures

@@ -1,4 +1,4 @@
-"""The logdir of the tab's chart tests (tests/test_tab_charts_e2e.py), written with the real summary ops.
+"""The logdir of the tab's chart tests (tests/tab/test_tab_charts_e2e.py), written with the real summary ops.
 
 Runs (steps 0 … STEPS-1, layers LAYERS):
 - `steady`: gradients of two layers whose norms stay within 20% (a narrow colour bar), a quarter of

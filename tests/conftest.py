@@ -27,6 +27,9 @@ sys.path[:] = [entry for entry in sys.path if not _is_checkout(entry)]
 
 from console_script import CLI  # noqa: E402 - after the path above is set
 
+# The session fixtures every room shares (logdirs written once): found by pytest, not imported by each test.
+pytest_plugins = ["plugin_fixtures", "report_fixtures", "origin_fixtures"]
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _outside_the_checkout(tmp_path_factory):

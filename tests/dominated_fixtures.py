@@ -20,7 +20,7 @@ RUN = "mlp_ex"
 STEPS, BATCH = 6, 16
 DOMINATED_STEP, DOMINATED_POSITION = 3, 5
 OUT, KERNEL, BIAS, HIDDEN_KERNEL = "mlp/out", "mlp/out/kernel", "mlp/out/bias", "mlp/h/kernel"
-RTOL = 1e-4  # per-example norms, as tests/test_per_example_write.py; a share of squares within 4x that
+RTOL = 1e-4  # per-example norms, as tests/summary/test_per_example_write.py; a share of squares within 4x that
 
 
 @dataclasses.dataclass

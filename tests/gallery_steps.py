@@ -185,7 +185,10 @@ class Snapshots(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self.count += 1
-        self.before[self.count] = self.model.get_weights()
+        try:
+            self.before[self.count] = self.model.get_weights()
+        except ValueError:  # tf_keras: a sub-model that the first step builds has no weights to read yet
+            self.before[self.count] = []
 
     def on_train_batch_end(self, batch, logs=None):
         self.after[self.count] = self.model.get_weights()

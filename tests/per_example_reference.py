@@ -37,7 +37,7 @@ def per_example_gradients(model, loss_fn: Callable, x, y) -> Dict[str, List[np.n
 
 def output_norms(model, loss_fn: Callable, x, y) -> Dict[str, np.ndarray]:
     """layer path -> [B] ‖∇_{y_i} ℓ_i‖ of each captured layer output, from `capture()` on a batch of one
-    (per_example off: the path tests/test_capture.py checks against by-hand forwards)."""
+    (per_example off: the path tests/capturing/test_capture.py checks against by-hand forwards)."""
     import tb_layergrad
 
     out: Dict[str, List[float]] = {}

@@ -1,4 +1,4 @@
-"""A sweep of RUNS runs for the compare view at scale (tests/test_tab_sweep_e2e.py, scripts, bench).
+"""A sweep of RUNS runs for the compare view at scale (tests/tab/test_tab_sweep_e2e.py, scripts, bench).
 
 Each run: STEPS steps of LAYERS' `stats` and `histogram` records (`long_fixtures.write_run`: framed as the summary ops write
 them, fast), its own noise and size (`gain`: the runs' norms are spread over two decades, so that each line can

@@ -28,11 +28,12 @@ def test_bench_run_smoke(tmp_path):
         "bytes per layer",
         "Tab latency",
         "Per-example gradient norms",
+        "fit() with weights=True",
     ):
         assert heading in text, heading
     # Every measured cell is a number with a unit, not a placeholder.
     rows = [line for line in text.splitlines() if line.startswith("| mlp |") or line.startswith("| 3 x 4 x 20 |")]
-    assert len(rows) == 5, rows  # loop, fit(), bytes, per-example, tab
+    assert len(rows) == 6, rows  # loop, fit(), fit() with weights=True, bytes, per-example, tab
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         numbers = cells[2:] if "loader" in text and "load_fast" in row else cells[1:]
@@ -73,6 +74,20 @@ def test_sweep_bench_rewrites_only_its_section(tmp_path):
         cells = [c.strip() for c in row.strip("|").split("|")][1:]
         assert len(cells) == 6 and all(any(ch.isdigit() for ch in c) for c in cells), row
         assert cells[2].endswith("met)") and cells[3].endswith("met)"), row
+
+
+@pytest.mark.slow
+def test_fit_weights_bench_rewrites_only_its_section(tmp_path):
+    """`bench/run.py --only-fit-weights`: fit() with weights=True against weights=False, its section replaced in an
+    existing report whose other figures are kept; a step time, the ratio judged against its target."""
+    before, lines = rewrite_twice(tmp_path, "--only-fit-weights")
+    headings = [line for line in lines if line.startswith("### ")]
+    assert len(headings) == 3 and headings[0] == "### Old figures" and headings[2] == "### Reading the figures"
+    assert headings[1].startswith("### fit() with weights=True: mlp, all layers every step")
+    assert lines[:6] == before[:6] and lines[-1] == "kept"
+    (row,) = [line for line in lines if line.startswith("| mlp |")]
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    assert cells[0].endswith(" ms") and cells[1].endswith(("x (met)", "x (NOT met)")) and cells[2].endswith("x"), row
 
 
 @pytest.mark.slow

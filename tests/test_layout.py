@@ -179,8 +179,8 @@ def test_no_module_hands_on_another_modules_names():
 
 
 def test_every_module_the_docs_and_comments_name_exists():
-    """The docs, the README and the sources' comments name modules by path or dotted name: each must exist (a
-    renamed module leaves no stale copy of its old name behind). Read as text: a dotted name's first part that
+    """The docs, the README and the sources' comments name modules (and test files) by path or dotted name: each
+    must exist (a renamed module leaves no stale copy of its old name behind). Read as text: a dotted name's first part that
     is not a folder must be a module of it, or a name its `__init__` holds."""
     checkout = PACKAGE.parent
     texts = [*checkout.glob("docs/*.md"), checkout / "README.md", *PACKAGE.rglob("*.py"), *PACKAGE.rglob("*.cc")]
@@ -190,6 +190,9 @@ def test_every_module_the_docs_and_comments_name_exists():
         source = text.read_text(encoding="utf-8")
         for match in re.finditer(r"tb_layergrad/([\w/]+)\.py", source):
             if not (PACKAGE / f"{match.group(1)}.py").exists():
+                missing.add(f"{text.relative_to(checkout)}: {match.group(0)}")
+        for match in re.finditer(r"(?<![\w/.])tests/[\w/]+\.py", source):  # a test file, by its path
+            if not (checkout / match.group(0)).exists():
                 missing.add(f"{text.relative_to(checkout)}: {match.group(0)}")
         for match in re.finditer(r"\btb_layergrad((?:\.[a-z]\w*)+)", source):
             folder = PACKAGE

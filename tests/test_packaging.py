@@ -85,11 +85,11 @@ def test_markers_are_registered_and_select():
         [sys.executable, "-m", "pytest", "--markers"], cwd=ROOT, capture_output=True, text=True, timeout=60
     ).stdout
     assert all(f"@pytest.mark.{m}:" in listed for m in ("browser", "kernel", "slow", "installed"))
-    browser = collect("-m", "browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
-    others = collect("-m", "not browser", "tests/test_tab_e2e.py", "tests/test_packaging.py")
+    browser = collect("-m", "browser", "tests/tab/test_tab_e2e.py", "tests/test_packaging.py")
+    others = collect("-m", "not browser", "tests/tab/test_tab_e2e.py", "tests/test_packaging.py")
     ids = lambda done: [line for line in done.stdout.splitlines() if "::" in line]  # noqa: E731
-    assert ids(browser) and all(i.startswith("tests/test_tab_e2e.py::") for i in ids(browser))
-    assert ids(others) and not any(i.startswith("tests/test_tab_e2e.py::") for i in ids(others))
+    assert ids(browser) and all(i.startswith("tests/tab/test_tab_e2e.py::") for i in ids(browser))
+    assert ids(others) and not any(i.startswith("tests/tab/test_tab_e2e.py::") for i in ids(others))
 
 
 def test_the_reading_side_needs_no_tensorflow():

@@ -12,7 +12,7 @@ import pytest
 import tb_layergrad
 
 # Every public name (README, "What it writes, the API, the docs") -> its signature without annotations. The
-# summary ops' signatures are pinned beside their behaviour in tests/test_summary_api.py.
+# summary ops' signatures are pinned beside their behaviour in tests/summary/test_summary_api.py.
 SIGNATURES = {
     "capture": "(model, layers=None, weights=False, *, tape=None, activations=False, per_example=False)",
     "Capture": "(model, layers=None, weights=False, tape=None, activations=False, per_example=False)",

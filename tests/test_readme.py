@@ -75,6 +75,15 @@ def test_ci_runs_the_readmes_test_command_exactly_in_a_fresh_venv_and_sets_no_va
     assert "TF_CPP_MIN_LOG_LEVEL" not in script and "PIP_" not in script
 
 
+def test_every_test_file_ci_names_exists():
+    """.ci/run names test files and globs for its older legs: each names at least one file of the checkout (a
+    moved or renamed test file is renamed there too)."""
+    script = CI_RUN.read_text(encoding="utf-8")
+    named = set(re.findall(r"(?<![\w/])tests/[\w/*.\-]+\.py", script))
+    assert named, "the older legs name their tests"
+    assert not [name for name in sorted(named) if not list(README.parent.glob(name))]
+
+
 def ci_helper(call: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
     """Runs one of .ci/run's shell functions (the script, sourced, runs nothing of its own)."""
     return subprocess.run(
@@ -84,7 +93,7 @@ def ci_helper(call: str, cwd: pathlib.Path) -> subprocess.CompletedProcess:
 
 def pytest_output(tmp_path: pathlib.Path, env: dict) -> pathlib.Path:
     """The real output of one test marked `kernel`, run as CI runs the suite (pytest.ini's options)."""
-    node = "tests/test_fused_kernel.py::test_build_is_cached_per_source_and_tensorflow"
+    node = "tests/kernel/test_fused_kernel.py::test_build_is_cached_per_source_and_tensorflow"
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", node],
         cwd=README.parent,
@@ -104,7 +113,7 @@ def test_ci_fails_when_a_test_skipped_for_a_missing_compiler(tmp_path):
     no_compiler["PATH"] = str(tmp_path / "empty")  # no c++, g++ or clang++
     skipped = pytest_output(tmp_path, no_compiler)
     text = skipped.read_text()
-    assert re.search(r"^SKIPPED \[1\] tests/test_fused_kernel\.py(:\d+)?: missing here: ", text, re.M), text
+    assert re.search(r"^SKIPPED \[1\] tests/kernel/test_fused_kernel\.py(:\d+)?: missing here: ", text, re.M), text
     done = ci_helper(f'check_pytest 0 "{skipped}"', tmp_path)
     assert done.returncode == 1 and "skipped for a missing requirement" in done.stderr
 

@@ -36,7 +36,7 @@ import tensorflow as tf
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
 from tb_layergrad.capturing.layer_hooks import LayerHooks
-from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree
+from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree, trainable_weights
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
 from tb_layergrad.capturing.per_example_pass import PerExamplePass
 from tb_layergrad.capturing.records import (
@@ -267,7 +267,7 @@ class Capture(LayerHooks):
                 "GradientTape computes one set of gradients. Use tf.GradientTape(persistent=True) "
                 "for several targets."
             )
-        variables = list(self.model.trainable_variables)
+        variables = trainable_weights(self.model)  # the model's trainable_variables, where they can be read
         differentiable = [r for r in records if is_differentiable(r.tensor)]
         sources: tuple = (variables, [r.tensor for r in differentiable])
         if per_example_pass is not None:  # the δ sources ride along in the same single tape call

@@ -36,7 +36,8 @@ class LayerNode:
 
 def is_layer(obj: Any) -> bool:
     """Duck-typed: Keras 3 and tf_keras layers both have these."""
-    return hasattr(obj, "call") and hasattr(obj, "trainable_weights") and hasattr(obj, "name")
+    # `trainable_weights` looked up on the class: tf_keras raises reading it on a model with a part not built yet
+    return hasattr(obj, "call") and hasattr(type(obj), "trainable_weights") and hasattr(obj, "name")
 
 
 def _is_rnn(layer: Any) -> bool:
@@ -46,6 +47,20 @@ def _is_rnn(layer: Any) -> bool:
 def _is_input_layer(layer: Any) -> bool:
     """Input placeholders are never called in a forward pass: nothing to capture."""
     return type(layer).__name__ == "InputLayer"
+
+
+def trainable_weights(layer: Any) -> List[Any]:
+    """`layer.trainable_weights`; where tf_keras refuses to read them (a `Sequential` without `Input` that its
+    first call has not built yet, or a model holding one), those of its parts that exist so far."""
+    try:
+        return list(layer.trainable_weights)
+    except ValueError:
+        found: Dict[int, Any] = {}
+        for child in direct_children(layer):
+            for var in trainable_weights(child):
+                found.setdefault(id(var), var)
+        own = [v for v in getattr(layer, "_trainable_weights", []) if id(v) not in found]
+        return own + list(found.values())
 
 
 def direct_children(layer: Any) -> List[Any]:
@@ -142,7 +157,7 @@ class LayerTree:
         owner: Dict[int, tuple] = {}
         for node in sorted(self.nodes, key=lambda n: -n.depth):
             taken: Dict[str, int] = {}
-            for var in node.layer.trainable_weights:
+            for var in trainable_weights(node.layer):
                 if id(var) in owner:
                     continue
                 short = _short_variable_name(var)

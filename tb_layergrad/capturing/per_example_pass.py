@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import tensorflow as tf
 
 from tb_layergrad.capturing import ghost_norm
+from tb_layergrad.capturing.layer_tree import trainable_weights
 from tb_layergrad.capturing.per_example import Rule, Unsupported, couples_examples, rule_for, short_name
 from tb_layergrad.capturing.per_example_map import COUPLED_REASON, Deferred, PerExampleNorms, PerGraph
 from tb_layergrad.capturing.preactivation import PreactivationObserver
@@ -52,7 +53,7 @@ class PerExamplePass:
         self.rules: Dict[int, Tuple[Optional[Rule], Optional[str]]] = {}
         if weights:
             for node in nodes:
-                if node.layer.trainable_weights:
+                if trainable_weights(node.layer):
                     self.rules[node.index] = rule_for(node.layer)
         self.calls: List[Observed] = []
         self.coupled: List[Tuple[int, str]] = []  # (records existing when the call returned, path)

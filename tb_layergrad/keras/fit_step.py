@@ -5,11 +5,11 @@ unmodified: Keras' own (Keras 3 or tf_keras, whatever the version) or the
 model's override. While it runs (traces, in graph mode and XLA), an
 observation is active (`step_observation`): the layer hooks of `Capture` (and
 `TimestepProbe`) are installed, every `tf.GradientTape` the step enters has
-the outputs computed under it watched on it, and the first `tape.gradient(loss,
-weights)` call of each tape that asks for trainable weights is answered by ONE
-call for (weights, layer outputs, probes) whose weight part goes back to the
-step unchanged: one target per such tape (a GAN's discriminator, then
-generator). Watch-style capture adds no op to the forward pass, so training
+the outputs computed under it watched on it, and every `tape.gradient(loss,
+weights)` call that asks for trainable weights is answered by ONE call for
+(weights, layer outputs, probes) whose weight part goes back to the step
+unchanged: one target per such call (a GAN's discriminator, then generator; a
+persistent tape's every call). Watch-style capture adds no op to the forward pass, so training
 stays bitwise what it is without the callback; identity-style capture
 (custom gradients) would not (docs/FIT.md).
 
@@ -41,6 +41,7 @@ from tb_layergrad.distribute.merge import merge_in_replica, merge_per_example, r
 from tb_layergrad.keras import nonfinite_check, replica_payload, step_messages, tape_observer
 from tb_layergrad.keras.batch_count import BatchCount, advance, logged
 from tb_layergrad.keras.model_facts import model_train_step
+from tb_layergrad.keras.neutral_read import neutral_read
 from tb_layergrad.keras.step_observation import StepObservation
 from tb_layergrad.summary import per_example_write
 from tb_layergrad.summary import plan as plans
@@ -137,27 +138,19 @@ class FitStep:
         if not seen.logged:
             return logs
         self.main_target = seen.logged[0].name
-        main, auxiliary = self._plan(cap, probe, seen)
+        main, auxiliary = self._plan(cap, probe, seen, step)
         return self._with_records(logs, step, log, main, auxiliary)
 
     # -- auxiliary backward passes (logged steps only) --------------------------
-    def _shadow_weights(self) -> bool:
-        """Graph mode (no XLA): weight gradients for the records come from a second backward pass.
+    def aux_tape(self, persistent: bool = False) -> Optional[Any]:
+        """A tape that records a step's tape's forward pass again, for the targets' backward passes.
 
-        Grappler's arithmetic optimizer folds the optimizer's learning-rate multiply into
-        the last multiply of a weight gradient ONLY when nothing else reads that gradient
-        (MinimizeBroadcasts). Reading the applied tensor would change which rewrite happens,
-        and the update in the last bits. So in graph mode the weight records are computed
-        from an identical, separate backward pass, on logged steps only.
+        `persistent`: the step's tape is, and each of its gradient calls asks this one again.
         """
-        return self.config.weights and not self.config.xla and not tf.executing_eagerly()
-
-    def aux_tape(self) -> Optional[Any]:
-        """A tape that records a step's tape's forward pass again: for the shadow weights and the targets."""
-        n = len(self.config.targets) + (1 if self._shadow_weights() else 0)
+        n = len(self.config.targets)
         if not n:
             return None
-        tape = tf.GradientTape(persistent=n > 1)
+        tape = tf.GradientTape(persistent=persistent or n > 1)
         tape._layergrad_own = True  # not one of the step's tapes (tape_observer)
         return tape
 
@@ -173,26 +166,25 @@ class FitStep:
 
     # -- the records ------------------------------------------------------------
     def _plan(
-        self, cap: Capture, probe: Optional[TimestepProbe], seen: StepObservation
+        self, cap: Capture, probe: Optional[TimestepProbe], seen: StepObservation, step: tf.Tensor
     ) -> Tuple[plans.Plan, Optional[Callable[[], plans.Plan]]]:
         """(what every step computes, what only a written step computes) of this step's records.
 
-        The first part is the loss's: its output gradients, activations, value
-        and per-timestep norms, unscaled, replicas merged: what the finiteness
-        check of every step looks at. The second (None when empty) holds the
-        auxiliary backward passes: each extra target's gradients and, in graph
-        mode, the loss's weight gradients (`_shadow_weights`); a function, so
-        that where the step writes itself it runs inside the recording
-        condition, on written steps only.
+        The first part holds each logged tape's gradients as the step's own
+        gradient call returned them (`_own_weights`), the loss's with its
+        activations, value and per-timestep norms, unscaled, replicas merged:
+        the loss's part is what the finiteness check of every step looks at.
+        The second (None when empty) holds the auxiliary backward passes, each
+        extra target's; a function, so that where the step writes itself it
+        runs inside the recording condition, on written steps only.
         """
         eps_sources = dict(probe.sources) if probe is not None else {}
-        shadow = self._shadow_weights()
         first, *others = seen.logged
         name = first.name
-        loss_map = _without_weights(first.gmap) if shadow else first.gmap
+        loss_map = self._own_weights(first.gmap, step)
         main = self._target_plan(name, loss_map, first.eps_grads, probe, seen.scale, forward=True)
-        # Each tape's per-example norms, unscaled as its gradients are; the plan that holds a group (outputs here,
-        # the weights in `auxiliary` when shadowed) writes its `examples` record, the weights' plan the noise scale.
+        # Each tape's per-example norms, unscaled as its gradients are; the plan that holds a group writes its
+        # `examples` record, the weights' plan the noise scale.
         ctx = replica_context()
         examples = plans.Plan()
         for tape, scale in [(first, seen.scale)] + [(o, None) for o in others]:
@@ -204,20 +196,16 @@ class FitStep:
             )
         main = dataclasses.replace(main, per_example=examples.per_example)
         for other in others:  # each further tape of the step: its own target (its loss's value, no activations)
-            other_map = _without_weights(other.gmap) if shadow else other.gmap
+            other_map = self._own_weights(other.gmap, step)
             main = main + self._target_plan(other.name, other_map, {}, None, None, forward=False, with_value=True)
         for inputs in seen.input_logged:  # tapes w.r.t. inputs only, asked for by targets=: no weights, no scale
             main = main + self._target_plan(inputs.name, inputs.gmap, {}, None, None, forward=False, with_value=True)
         with_values = [t for t in seen.logged if t.values]  # the tapes under which the model's own call ran
-        if not shadow and not with_values:
+        if not with_values:
             return main, None
 
         def auxiliary() -> plans.Plan:
             plan = examples
-            if shadow:
-                for tape, scale in [(first, seen.scale)] + [(o, None) for o in others]:
-                    weights = self._shadow_weight_map(tape)
-                    plan = plan + self._target_plan(tape.name, weights, {}, None, scale, forward=False)
             for k, tape in enumerate(with_values, start=1):  # targets=: on each such tape, the k-th as "name#k"
                 is_first = tape is first
                 eps = eps_sources if is_first else {}
@@ -238,6 +226,22 @@ class FitStep:
             return plan
 
         return main, auxiliary
+
+    def _own_weights(self, gmap: GradientMap, marker: tf.Tensor) -> GradientMap:
+        """`gmap` with each weight's gradient as the step's gradient call returned it, read neutrally.
+
+        The records read the very tensors the optimizer applies (no second
+        backward pass: one would read forward tensors from the recording
+        condition, which changes what grappler merges in the forward pass); in a
+        graph each through `neutral_read`, so that reading it changes no rewrite
+        of the update. Under XLA the tensors leave the compiled step as they are
+        (docs/DESIGN.md, "XLA neutrality").
+        """
+        if self.config.xla:
+            return gmap
+        weights = {p: gmap.entry(p) for p in gmap if gmap.entry(p).source == metadata.SOURCE_WEIGHT}
+        read = {p: dataclasses.replace(e, value=neutral_read(e.value, marker)) for p, e in weights.items()}
+        return gmap.with_entries({p: read.get(p, gmap.entry(p)) for p in gmap})
 
     def _target_plan(
         self,
@@ -358,20 +362,3 @@ class FitStep:
             when(record, lambda: write_step(plan, step, record=True, writer=self.writer, flush=True))
 
         return run
-
-    @staticmethod
-    def _shadow_weight_map(logged: Any) -> GradientMap:
-        """The weight entries of one logged tape, recomputed by its aux tape (see _shadow_weights).
-
-        Only the weights the step asked that tape for are there: no pass runs for the others.
-        """
-        gmap = logged.gmap
-        paths = [p for p in gmap if gmap.entry(p).source == metadata.SOURCE_WEIGHT and p in logged.variables]
-        grads = logged.aux.gradient(logged.target, [logged.variables[p] for p in paths]) if paths else []
-        entries = {p: dataclasses.replace(gmap.entry(p), value=g) for p, g in zip(paths, grads)}
-        return GradientMap(entries, gmap.target, [])
-
-
-def _without_weights(gmap: GradientMap) -> GradientMap:
-    """`gmap` without its weight entries (they come from the aux pass, see FitStep._shadow_weights)."""
-    return gmap.with_entries({p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT})

@@ -31,14 +31,14 @@ class GradientLogger(_Base):
     batch fit() trains on, the weights before that batch's update, the loss
     exactly as the step computes it. The model's own `train_step` runs
     unmodified (Keras' own, or an override) and is only observed: every
-    `tf.GradientTape` it enters that it asks for gradients of trainable
-    weights is one target of that step, answered by ONE backward pass for the
-    weights and the layer outputs together, whose weight part goes back to the
-    step as it is. Training is bit for bit unchanged in eager and graph mode
-    (under XLA the same math: docs/FIT.md). Records go to `log_dir/train`, the
-    run Keras' `TensorBoard(log_dir)` callback writes its training scalars to,
-    in the `tb_layergrad.summary` format (the "layergrad" tab, `tb-layergrad
-    report`, `tb_layergrad.load`).
+    `gradient()` call it makes on a `tf.GradientTape` that differentiates
+    trainable weights is one target of that step, answered by ONE backward
+    pass for the weights and the layer outputs together, whose weight part goes
+    back to the step as it is. Training is bit for bit unchanged in eager and
+    graph mode (under XLA the same math: docs/FIT.md). Records go to
+    `log_dir/train`, the run Keras' `TensorBoard(log_dir)` callback writes its
+    training scalars to, in the `tb_layergrad.summary` format (the "layergrad"
+    tab, `tb-layergrad report`, `tb_layergrad.load`).
 
     The step of a record is the count of batches trained, from 1, continuing
     across fit() calls: where Keras' `TensorBoard(update_freq=1)` writes that
@@ -46,11 +46,12 @@ class GradientLogger(_Base):
     the step applies (docs/FIT.md, "The step").
 
     Targets: a standard step differentiates one loss w.r.t. all trainable
-    weights: target "loss". A custom step with several tapes (a GAN's
-    discriminator, then generator) writes one target per tape, named after the
-    sub-model whose weights it differentiates ("discriminator", "generator");
-    a loss differentiated again in the same step (a WGAN critic's n updates)
-    is written each time, the k-th as "name#k". A tape w.r.t. inputs only (a
+    weights: target "loss". A custom step writes one target per such call
+    (a GAN's discriminator, then generator tape; a CycleGAN's persistent tape
+    asked for four losses), named after the sub-model or group whose weights
+    it asks for ("discriminator", "generator_G", "encoder+projection_head");
+    a name taken again in the same step (a WGAN critic's n updates) is
+    written each time, the k-th as "name#k". A call w.r.t. inputs only (a
     gradient penalty's) is logged when asked for: `targets={"gp": "inputs"}`
     (docs/FIT.md, "Custom `train_step`").
 
@@ -165,6 +166,7 @@ class GradientLogger(_Base):
         self._file = run_files.RunFile()
         self._chief = True
         self._record_writer: Optional[Callable] = None  # compiled for self._file.writer, made at the first write
+        self._writer_keys: frozenset = frozenset()  # the tensors of the plan it writes
         self._fit_step: Optional[_fit_step.FitStep] = None
         self._saved: Optional[Dict[str, Any]] = None
         self._armed = False
@@ -398,8 +400,10 @@ class GradientLogger(_Base):
         flags = np.asarray(payload["flags"], dtype=bool).reshape(-1)
         first = bool(flags.any()) and self._nonfinite is None
         if self._file.writer is not None and "tensors" in payload and (bool(payload["log"]) or first):
-            if self._record_writer is None:
+            keys = frozenset(payload["tensors"])
+            if self._record_writer is None or keys != self._writer_keys:  # a step whose series differ (eager)
                 self._record_writer = train_functions.record_writer(self._file.writer, self._fit_step.plan)
+                self._writer_keys = keys
             step = tf.cast(payload["step"], tf.int64)
             self._record_writer(step, payload["tensors"], tf.constant(True))
         if first:

@@ -27,9 +27,9 @@ def warn_about(model: Any, seen: Any) -> None:
         )
     if seen.in_control_flow:
         warnings.warn(
-            f"GradientLogger: {step} asked {seen.in_control_flow} GradientTape(s) for gradients inside a tf.cond or "
-            "tf.while_loop (e.g. a loop over tf.range): their gradients cannot leave that branch and are not logged. "
-            "A Python loop (`for _ in range(n)`) is unrolled and each of its tapes is logged.",
+            f"GradientLogger: {step} made {seen.in_control_flow} gradient() call(s) of trainable weights inside a "
+            "tf.cond or tf.while_loop (e.g. a loop over tf.range): their gradients cannot leave that branch and are "
+            "not logged. A Python loop (`for _ in range(n)`) is unrolled and each of its calls is logged.",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -50,7 +50,7 @@ def warn_about(model: Any, seen: Any) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
-    if not seen.logged:
+    if not seen.logged and not seen.in_control_flow:
         warnings.warn(
             f"GradientLogger: {step} asked its GradientTapes for no gradient of a trainable weight (a model "
             "without trainable weights?); nothing is logged for this step",

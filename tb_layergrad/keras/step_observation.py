@@ -1,18 +1,21 @@
-"""What one run of the model's own train step shows GradientLogger: its tape, its loss, its gradient call.
+"""What one run of the model's own train step shows GradientLogger: its tapes, their gradient calls, their losses.
 
 `StepObservation` is the `tape_observer.Observation` of one step: the layer
 hooks are on for the step; every tape the step enters is adopted (the layer
-outputs computed while it records are watched on it); the first `gradient()`
-call of a tape that asks for trainable weights is answered by ONE real call
-for the step's sources, the layer outputs watched on that tape and (first
-tape) the RNN probes (`_CombinedCall`), and becomes one target (`LoggedTape`).
+outputs computed while it records are watched on it); every `gradient()` call
+on such a tape that asks for at least one trainable weight of the model is
+answered by ONE real call for the step's sources, the layer outputs watched on
+that tape and (first target) the RNN probes (`_CombinedCall`), and becomes one
+target (`LoggedTape`), named after what it differentiates (`target_name`).
+Which weights are the model's is read when a call is answered, not before the
+step: a model built by its first step (a `Sequential` without `Input`, a
+subclassed model) has its weights by then.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import tensorflow as tf
@@ -21,6 +24,7 @@ from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import GradientMap
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.layer_hooks import hook, unhook
+from tb_layergrad.capturing.layer_tree import LayerTree, trainable_weights
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.keras import tape_observer
 from tb_layergrad.keras.model_facts import loss_scale
@@ -28,13 +32,11 @@ from tb_layergrad.keras.model_facts import loss_scale
 
 @dataclasses.dataclass
 class LoggedTape:
-    """One tape of the step that differentiated trainable weights: one target of the step's records."""
+    """One gradient() call of the step that differentiated trainable weights: one target of the step's records."""
 
     name: str
-    gmap: GradientMap
-    target: Any  # the loss as the step differentiated it (scaled, with loss scaling)
-    aux: Optional[Any]  # the tape that recorded its forward pass again (shadow weights, targets), or None
-    variables: Dict[str, Any]  # path -> weight, of the weights the step asked gradients for
+    gmap: GradientMap  # its weight entries are the tensors the step's gradient call returned
+    aux: Optional[Any]  # the tape that recorded its forward pass again (for `targets=`), or None
     eps_grads: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the `targets=` values (scaled like the loss) from the model's own call under this tape, on `aux`; {} if none
     values: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -51,17 +53,24 @@ class StepObservation(tape_observer.Observation):
         self.recording: List[Any] = []  # the step's tapes that record now (entered, not left)
         self.scale: Optional[tf.Tensor] = None
         self.values: Dict[str, tf.Tensor] = {}
-        #: the tapes that differentiated trainable weights, in the order the step asked them
+        #: the gradient() calls that differentiated trainable weights, in the order the step made them
         self.logged: List[LoggedTape] = []
-        #: the tapes that differentiated inputs only (a gradient penalty's), when `targets=` asks for them
+        #: the calls that differentiated inputs only (a gradient penalty's), when `targets=` asks for them
         self.input_logged: List[LoggedTape] = []
-        #: tapes that asked for trainable weights inside a tf.cond / tf.while_loop (not logged)
+        #: calls that asked for trainable weights inside a tf.cond / tf.while_loop (not logged)
         self.in_control_flow = 0
         self._aux: Dict[int, Any] = {}  # id(step's tape) -> its aux tape while that one records
+        self._aux_done: Dict[int, Any] = {}  # id(step's tape) -> its aux tape, stopped at its tape's first call
         self._hooks: Optional[contextlib.ExitStack] = None
         self._graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
-        self._trainable = {id(v) for v in fit_step.model.trainable_variables}
-        self._owners = cap.tree.variable_paths()
+        self._trainable: set = set()
+        self._owners: Dict[int, tuple] = {}
+        self._know_weights()
+
+    def _know_weights(self) -> None:
+        """(Re)read the model's trainable weights and their owners: those built so far in this step too."""
+        self._trainable = {id(v) for v in trainable_weights(self.fit_step.model)}
+        self._owners = self.cap.tree.variable_paths()
 
     def install_hooks(self) -> None:
         """The layer hooks of Capture (and TimestepProbe) and the model's, for this step's forward passes."""
@@ -90,7 +99,7 @@ class StepObservation(tape_observer.Observation):
         self.cap.watch_with(tape)
         if first and self.probe is not None:
             self.probe.watch_with(tape)
-        aux = self.fit_step.aux_tape()
+        aux = self.fit_step.aux_tape(persistent=getattr(tape, "_persistent", False))
         if aux is not None:
             # Records from here to the gradient call: the forward pass, the loss and
             # its scaling (tf_keras scales inside minimize(), after the step's `with`).
@@ -106,11 +115,14 @@ class StepObservation(tape_observer.Observation):
         self.recording = [t for t in self.recording if t is not tape]
 
     def _stop_aux(self, tape: Any) -> Optional[Any]:
+        """Stop `tape`'s aux tape (at its first gradient call); later calls of a persistent tape get the same one."""
         aux = self._aux.pop(id(tape), None)
         if aux is not None:
             aux.__exit__(None, None, None)
             self.cap.unwatch(aux)
-        return aux
+            self._aux_done[id(tape)] = aux
+            return aux
+        return self._aux_done.get(id(tape))
 
     def stop_aux(self) -> None:
         for aux in list(self._aux.values()):
@@ -120,7 +132,10 @@ class StepObservation(tape_observer.Observation):
     def answer(
         self, tape: Any, target: Any, sources: Any, args: tuple, kwargs: Dict[str, Any], gradient: Callable
     ) -> Any:
-        asked = frozenset(id(s) for s in tf.nest.flatten(sources) if id(s) in self._trainable)
+        flat = tf.nest.flatten(sources)
+        if any(id(s) not in self._trainable and _is_variable(s) for s in flat):
+            self._know_weights()  # weights built by the forward pass of this step (its first run or trace)
+        asked = frozenset(id(s) for s in flat if id(s) in self._trainable)
         here = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
         wanted = asked or self.fit_step.config.input_target is not None
         if not wanted:
@@ -134,21 +149,25 @@ class StepObservation(tape_observer.Observation):
         if first:
             self.scale = loss_scale(fit_step.kind, fit_step.model.optimizer)  # read before the update
         values = {}
-        if fit_step.config.targets and id(tape) in self.y_preds:  # still on the aux tape
+        if fit_step.config.targets and id(tape) in self.y_preds and id(tape) in self._aux:  # still on the aux tape
             values = fit_step.target_values(self.y_preds[id(tape)], self.scale if first else None)
             if first:
                 self.values = values
         aux = self._stop_aux(tape)  # before the backward pass: the aux tape must not record it
         eps = list(self.probe.sources.values()) if first and self.probe is not None else []
-        combined = _CombinedCall(tape, gradient, sources, eps, args, kwargs)
-        name = self._name(asked)
-        gmap = self.cap.tape_gradients(combined, target, name, watched_on=tape)
-        variables = {self._owners[id(s)][0]: s for s in tf.nest.flatten(sources) if id(s) in self._owners}
+        # Its value: what the call differentiates. A loss per example (keras.io's SimCLR) or a list of losses
+        # is summed by tape.gradient, weighted by `output_gradients` if given; a scalar loss is itself.
+        weighted = args or kwargs.get("output_gradients") is not None
+        value = target if _is_scalar(target) and not weighted else _differentiated_sum(target, args, kwargs)
+        combined = _CombinedCall(tape, gradient, sources, eps, args, kwargs, target=None if value is target else target)
+        name = self._numbered(target_name(self.cap.tree, self._owners, asked, self._trainable), self.logged)
+        gmap = self.cap.tape_gradients(combined, value, name, watched_on=tape)
+        variables = {self._owners[id(s)][0]: s for s in flat if id(s) in self._owners}
         gmap = gmap.with_entries(
             {p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT or p in variables}
         )
         eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients)) if eps else {}
-        self.logged.append(LoggedTape(name, gmap, target, aux, variables, eps_grads, values))
+        self.logged.append(LoggedTape(name, gmap, aux, eps_grads, values))
         return combined.source_gradients
 
     def _answer_for_inputs(
@@ -162,31 +181,17 @@ class StepObservation(tape_observer.Observation):
         """
         self._stop_aux(tape)  # nothing of it is differentiated again (no weight was asked for)
         combined = _CombinedCall(tape, gradient, sources, [], args, kwargs, target=target)
-        base = self.fit_step.config.input_target
-        taken = sum(1 for t in self.input_logged if t.name.split("#")[0] == base)
-        name = base if not taken else f"{base}#{taken + 1}"
+        name = self._numbered(self.fit_step.config.input_target, self.input_logged)
         value = _differentiated_sum(target, args, kwargs)
         gmap = self.cap.tape_gradients(combined, value, name, watched_on=tape, per_example=False)
         gmap = gmap.with_entries({p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT})
-        self.input_logged.append(LoggedTape(name, gmap, value, None, {}))
+        self.input_logged.append(LoggedTape(name, gmap, None))
         return combined.source_gradients
 
-    def _name(self, asked: frozenset) -> str:
-        """The target's name: "loss" for all trainable weights, else the layer that owns the ones asked for.
-
-        The deepest layer (sub-model) whose weights include all those asked for, by its
-        name ("discriminator"); a loss differentiated again in this step gets "#2", "#3".
-        """
-        if asked >= self._trainable:
-            base = metadata.DEFAULT_TARGET
-        else:
-            paths = sorted(self._owners[i][0].split("/")[:-1] for i in asked if i in self._owners)
-            common = os.path.commonprefix(paths) if paths else []  # element-wise on lists of path parts
-            if len(common) > 1:
-                base = common[-1]
-            else:  # several top-level sub-models: their names joined
-                base = "+".join(dict.fromkeys(p[1] for p in paths if len(p) > 1)) or metadata.DEFAULT_TARGET
-        taken = sum(1 for t in self.logged if t.name.split("#")[0] == base)
+    @staticmethod
+    def _numbered(base: str, before: List[LoggedTape]) -> str:
+        """`base`, or `base#k` for the k-th call of this step that gets it."""
+        taken = sum(1 for t in before if t.name.split("#")[0] == base)
         return base if not taken else f"{base}#{taken + 1}"
 
     def outside_tapes(self) -> List[str]:
@@ -195,7 +200,49 @@ class StepObservation(tape_observer.Observation):
         Only of layers that hold trainable weights: a frozen teacher run outside the tape
         (a Distiller) is not something to log.
         """
-        return [r.key for r in self.cap.records_watched_on(None) if r.node.layer.trainable_weights]
+        return [r.key for r in self.cap.records_watched_on(None) if trainable_weights(r.node.layer)]
+
+
+def target_name(tree: LayerTree, owners: Dict[int, tuple], asked: frozenset, trainable: set) -> str:
+    """What a gradient call differentiates, as a target's name (docs/FIT.md, "Custom `train_step`").
+
+    "loss" when it asks for every trainable weight of the model. Otherwise the
+    deepest sub-model or composite layer (one with layers of its own) that owns
+    all the weights it asks for: a leaf layer's weights name the group it is in,
+    never the layer (an encoder of one Dense is "encoder", not its Dense). Where
+    that is the model itself, the top-level layers or sub-models that own them,
+    in model order, joined by "+" (the model's own name for its own weights).
+    From the layer tree alone: the same in graph, eager and XLA, run after run.
+    """
+    if asked >= trainable:
+        return metadata.DEFAULT_TARGET
+    nodes = [owners[i][1] for i in asked if i in owners]
+    if not nodes:
+        return metadata.DEFAULT_TARGET
+    parts = [n.path.split("/") for n in nodes]
+    common = parts[0]
+    for p in parts[1:]:
+        common = common[: next((k for k, (a, b) in enumerate(zip(common, p)) if a != b), min(len(common), len(p)))]
+    by_path = {n.path: n for n in tree.nodes}
+    while len(common) > 1 and not by_path["/".join(common)].children:
+        common = common[:-1]  # a leaf layer: the group it is in
+    if len(common) > 1:
+        return common[-1]
+    groups = {}
+    for node, p in zip(nodes, parts):
+        top = by_path["/".join(p[:2])] if len(p) > 1 else node  # the root's own weight: the root
+        groups[top.index] = top.name
+    return "+".join(groups[i] for i in sorted(groups))
+
+
+def _is_scalar(target: Any) -> bool:
+    """One scalar tensor (not a list of one): what the step differentiates is then the target itself."""
+    return not tf.nest.is_nested(target) and getattr(target, "shape", None) is not None and target.shape.rank == 0
+
+
+def _is_variable(source: Any) -> bool:
+    """A variable (tf or Keras), not a tensor: only variables can be weights of the model."""
+    return isinstance(source, tf.Variable) or hasattr(source, "assign_sub") and not isinstance(source, tf.Tensor)
 
 
 class _CombinedCall:

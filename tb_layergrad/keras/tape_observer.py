@@ -5,21 +5,23 @@ unmodified `train_step`, or a model's override of it, whatever the Keras
 version. Every such step opens a `tf.GradientTape`, runs (part of) the model
 under it, and asks that tape for the gradient of a loss w.r.t. weights (Keras
 3 directly, tf_keras through `optimizer.minimize(..., tape=tape)`); a custom
-step may do so several times (a GAN's discriminator, then generator tape). So,
-while an `Observation` is active on a thread:
+step may do so several times (a GAN's discriminator, then generator tape; a
+CycleGAN's one persistent tape asked for four losses). So, while an
+`Observation` is active on a thread:
 
 - every `tf.GradientTape` entered on that thread is handed to
   `Observation.adopt` (the layer hooks then watch their outputs on it), and
   to `Observation.leave` when the step exits it;
-- the first `gradient()` call made on each adopted tape is handed to
-  `Observation.answer`, which either passes it through (a tape that asks for
-  no trainable weight, e.g. a gradient penalty's) or makes ONE call of the
-  real method for the sources the step asked for *and* its own (layer
-  outputs, timestep probes) and returns the step's part unchanged.
+- every `gradient()` call made on an adopted tape (each call of a persistent
+  one) is handed to `Observation.answer`, which either passes it through (a
+  call that asks for no trainable weight, e.g. a gradient penalty's) or makes
+  ONE call of the real method for the sources the step asked for *and* its
+  own (layer outputs, timestep probes) and returns the step's part unchanged.
+  The observation's own calls go to the real method directly.
 
 Nothing in the step is replaced: the tape, the loss, the optimizer and the
 update are the step's own, so training is bit for bit what it is without the
-observation (tests/test_fit_neutral.py).
+observation (tests/keras/test_fit_neutral.py).
 
 The class's `__enter__`, `__exit__` and `gradient` are swapped only while some
 thread observes (reference counted, so replicas tracing in threads can
@@ -45,8 +47,6 @@ class Observation:
     def __init__(self) -> None:
         #: the first tape the step entered, None until then.
         self.tape: Optional[Any] = None
-        #: ids of the adopted tapes whose first gradient() call was handed to `answer`
-        self._answered: set = set()
         self._adopted: Dict[int, Any] = {}
 
     def adopt(self, tape: Any) -> None:
@@ -93,9 +93,8 @@ def _exit(tape: Any, *exc: Any) -> Any:
 def _gradient(tape: Any, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
     real = _originals["gradient"]
     observation = _current()
-    if observation is None or observation._adopted.get(id(tape)) is not tape or id(tape) in observation._answered:
+    if observation is None or observation._adopted.get(id(tape)) is not tape:
         return real(tape, target, sources, *args, **kwargs)
-    observation._answered.add(id(tape))
     return observation.answer(tape, target, sources, args, kwargs, real)
 
 

@@ -13,7 +13,7 @@
 namespace tb_layergrad {
 
 // The positions in a `stats` record: tb_layergrad.metadata.STAT_FIELDS, in that order
-// (tests/test_fused_kernel.py pins these names and values to it).
+// (tests/kernel/test_fused_kernel.py pins these names and values to it).
 enum Stat : int { kElements, kNan, kPosInf, kNegInf, kZeros, kMin, kMax, kMean, kStd, kNorm, kMeanAbs, kNoGradient, kNumStats };
 
 // Fills `hist` [T, k, 3] (left edge, right edge, count) and `stats` [T, kNumStats],
