@@ -1,4 +1,4 @@
-"""Generated series for the "only what is in the data is drawn" browser tests (tests/test_tab_charts_e2e.py).
+"""Generated series for the "only what is in the data is drawn" browser tests (tests/tab/test_tab_charts_e2e.py).
 
 The `stats` records are framed as the summary ops write them (format version 1: a record per layer and step,
 `long_fixtures`' framing), from tables made here, so every case is exact:
