@@ -16,7 +16,7 @@ Figures:
 - the Runs view's `sweep` route on a synthetic sweep of 200 runs (bench/sweep_latency.py), both loaders.
   `--only-sweep` measures that alone and rewrites only its section of docs/PERFORMANCE.md;
 - the tab at sweep scale in headless Chromium (bench/tab_sweep.py): the Compare view of 100 runs, its `compare`
-  and `depth` routes warm, the Runs view of 200 runs; `--only-tab-sweep` alone, its section only;
+  `depth` and `histograms_at` routes warm, the Runs view of 200 runs; `--only-tab-sweep` alone, its section only;
 - a long run logged every step (bench/long_run.py, `--only-long-run`, its section only): TensorBoard's memory
   per byte on disk, route latency while the run is written, `load()` and `report` against TensorBoard's parser.
 - the cost of `weights=True` in fit() (MLP, every layer every step) against `weights=False`; `--only-fit-weights`

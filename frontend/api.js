@@ -102,6 +102,7 @@ export const api = {
   timesteps: (p, o) => getJSON("timesteps", p, o),
   compare: (p, o) => getJSON("compare", p, o),
   depth: (p, o) => getJSON("depth", p, o),
+  histogramsAt: (p, o) => getJSON("histograms_at", p, o),
   anomalies: (p, o) => getJSON("anomalies", p, o),
   examples: (p, o) => getJSON("examples", p, o),
   noiseScale: (p, o) => getJSON("noise_scale", p, o),

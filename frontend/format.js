@@ -52,6 +52,16 @@ export function fmtNum(v) {
   return String(Number(v.toPrecision(DIGITS)));
 }
 
+/**
+ * The format of one axis' ticks: `fmtNum`, unless a tick of the axis needs the exponent form, then every tick
+ * in exponent form, so that one axis never reads "100000" beside "1e6". 0 stays "0".
+ */
+export function axisFormat(ticks) {
+  const exp = ticks.some((t) => t !== 0 && Number.isFinite(t) && /e/.test(fmtNum(t)));
+  if (!exp) return fmtNum;
+  return (v) => (v === 0 || !Number.isFinite(v) ? fmtNum(v) : trimExp(v.toExponential(DIGITS - 1)));
+}
+
 /** A fraction as a percentage, with the same significant digits. */
 export function fmtPercent(f) {
   if (f === null || f === undefined || Number.isNaN(f)) return "—";

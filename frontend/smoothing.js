@@ -1,5 +1,7 @@
 // The smoothing weight of every time chart of the tab (TensorBoard's Scalars slider): one value, so that
 // the noise-scale chart and the charts over steps are smoothed alike, whichever view's slider moved it.
+// `ema` is the one implementation of the smoothing of a drawn line (charts/lines.js); the noise scale's
+// averages are the plugin's (reader/noise_scale.py), asked for with this weight.
 
 /** TensorBoard's Scalars dashboard's default. */
 export const DEFAULT_SMOOTHING = 0.6;

@@ -24,6 +24,7 @@ export const DEFAULTS = Object.freeze({
   color: null, // compare: the hyperparameter the runs are coloured by; null: a colour per run
   log: true, // log scale of the line charts
   hist: "offset", // offset | overlay
+  hx: null, // layer view's offset histograms: "shared" x axis or one "step" range per ridge; null: per step when the ridges' ranges differ over 100-fold
   series: null, // layer view: "target|source|layer" of the histogram/tensor series
   of: "gradient", // overview and compare: the values shown, "gradient" or "activation" (the forward values)
   zoom: null, // [first, last] step shown by the overview and the layer view's charts; null: the whole run
@@ -39,7 +40,7 @@ export const DEFAULTS = Object.freeze({
 
 const TYPES = {
   view: "str", run: "str", layer: "str", step: "int", stat: "str", target: "str",
-  source: "str", runs: "list", color: "str", log: "bool", hist: "str", series: "str", of: "str", zoom: "range",
+  source: "str", runs: "list", color: "str", log: "bool", hist: "str", hx: "str", series: "str", of: "str", zoom: "range",
   sort: "str", filter: "str", hpf: "str", sx: "str", sy: "str", sc: "str", xlog: "bool", refresh: "int",
 };
 
@@ -121,6 +122,7 @@ export function stateFromHash(hash) {
   }
   if (!VIEWS.includes(state.view)) state.view = DEFAULTS.view;
   if (!["offset", "overlay"].includes(state.hist)) state.hist = DEFAULTS.hist;
+  if (!["shared", "step"].includes(state.hx)) state.hx = DEFAULTS.hx;
   if (!["gradient", "activation"].includes(state.of)) state.of = DEFAULTS.of;
   return state;
 }

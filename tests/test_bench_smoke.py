@@ -107,6 +107,7 @@ def test_tab_sweep_bench_rewrites_only_its_section(tmp_path):
         assert cells and all(any(ch.isdigit() for ch in c) for c in cells), row
         assert all(c.endswith(("s", "MB", ")")) for c in cells), row
     assert all("(1 `depth` request, 0 `matrix`)" in row for row in rows[:2]), rows
+    assert all("; 1 `histograms_at` request, 0 `histograms`)" in row for row in rows[:2]), rows
     assert all(row.endswith("met) |") for row in rows[2:]), rows  # the Runs view's target judged
 
 

@@ -5,13 +5,44 @@
 // forward; beyond MANY runs each is an outline and the tooltip lists the runs nearest the pointer.
 
 import { h, s, clear, replace } from "../dom.js";
-import { fmtNum, fmtPercent } from "../format.js";
+import { axisFormat, fmtNum, fmtPercent } from "../format.js";
 import { COLORS } from "./colors.js";
 import { markHighlighted } from "./highlight.js";
 import { linearScale, niceDomain } from "./scale.js";
 import { tooltip } from "./tooltip.js";
 
 const M = { top: 10, right: 56, bottom: 26, left: 16 };
+const RIGHT_PER_STEP = 116; // the labels say each ridge's own range too
+const LABEL_PX = 12; // ridge labels closer than this would overlap
+
+/** The range a ridge is drawn on when each has its own: symmetric about 0 when it holds both signs. */
+export function ownRange(buckets) {
+  const r = valueRange([buckets]);
+  if (!r) return null;
+  const [lo, hi] = r;
+  if (lo >= 0) return [0, hi];
+  if (hi <= 0) return [lo, 0];
+  const m = Math.max(-lo, hi);
+  return [-m, m];
+}
+
+/** How many times wider the widest ridge's range is than the narrowest's (1: one ridge, or none). */
+export function rangeSpread(bucketLists) {
+  const widths = bucketLists.map(ownRange).filter(Boolean).map(([a, b]) => b - a).filter((w) => w > 0);
+  return widths.length ? Math.max(...widths) / Math.min(...widths) : 1;
+}
+
+/** The ridges worth a label, newest and chosen first, none within LABEL_PX of another. */
+export function labelledRidges(bases, currentK) {
+  const order = [...(currentK >= 0 ? [currentK] : []), bases.length - 1];
+  for (let k = bases.length - 2; k >= 0; k--) order.push(k);
+  const placed = [];
+  for (const k of order) {
+    if (k < 0 || placed.includes(k)) continue;
+    if (placed.every((j) => Math.abs(bases[j] - bases[k]) >= LABEL_PX)) placed.push(k);
+  }
+  return new Set(placed);
+}
 const HOVER_PX = 6; // an outline this close to the pointer is the one hovered
 const MANY = 12;
 
@@ -94,11 +125,12 @@ export class HistogramChart {
 
   /**
    * @param {{items: {key: any, label: string, color?: string, buckets: number[][]}[], mode: "offset"|"overlay"|"aligned",
-   *          current?: any, bins?: number, empty?: string, color?: string}} data
+   *          current?: any, bins?: number, empty?: string, color?: string, perStep?: boolean}} data
    *   `color`: the series' colour (offset/overlay), so that a colour means one series across the view;
    *   the chosen step is drawn in COLORS.selected.
    *   offset/overlay: one item per step (ascending). aligned: one item per run, re-binned onto common bins
-   *   and shown as fractions of each run's finite elements.
+   *   and shown as fractions of each run's finite elements. `perStep` (offset): each ridge on its own range
+   *   (`ownRange`, said in its label), for a gradient whose size changes by decades between steps.
    */
   update(data) {
     this.data = data;
@@ -115,8 +147,11 @@ export class HistogramChart {
     const items = (data.items || []).filter((it) => it.buckets && it.buckets.length);
     this._legend(data.mode === "aligned" ? items : []);
     const range = valueRange(items.map((it) => it.buckets));
-    const plotW = width - M.left - M.right;
+    const perStep = Boolean(data.perStep) && data.mode === "offset";
+    const right = perStep ? RIGHT_PER_STEP : M.right;
+    const plotW = width - M.left - right;
     const plotH = height - M.top - M.bottom;
+    svg.dataset.perStep = perStep ? "1" : "0";
     if (!range) {
       svg.appendChild(s("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "lg-empty-text", text: data.empty || "no finite values to bucket" }));
       this.layout = null;
@@ -125,10 +160,21 @@ export class HistogramChart {
     const [d0, d1, ticks] = niceDomain(range[0], range[1], { max: Math.min(6, Math.max(3, Math.floor(plotW / 70))) });
     const x = linearScale(d0, d1, M.left, M.left + plotW);
     const axis = s("g", { class: "lg-grid" });
-    for (const t of ticks) {
-      const px = x(t);
-      axis.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: M.top + plotH, class: t === 0 ? "lg-zero" : null }));
-      axis.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick lg-xtick", text: fmtNum(t) }));
+    if (perStep) {
+      // No common value axis: the ends are each ridge's own (its label), 0 where the ranges hold it.
+      const ends = [["−max", 0], ["0", 0.5], ["+max", 1]];
+      for (const [text, f] of ends) {
+        const px = M.left + f * plotW;
+        axis.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: M.top + plotH, class: f === 0.5 ? "lg-zero" : null }));
+        axis.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": f === 0 ? "start" : f === 1 ? "end" : "middle", class: "lg-tick lg-xtick lg-xtick-own", text }));
+      }
+    } else {
+      const fmt = axisFormat(ticks);
+      for (const t of ticks) {
+        const px = x(t);
+        axis.appendChild(s("line", { x1: px, x2: px, y1: M.top, y2: M.top + plotH, class: t === 0 ? "lg-zero" : null }));
+        axis.appendChild(s("text", { x: px, y: M.top + plotH + 16, "text-anchor": "middle", class: "lg-tick lg-xtick", text: fmt(t) }));
+      }
     }
     svg.appendChild(axis);
     const g = s("g");
@@ -137,7 +183,7 @@ export class HistogramChart {
 
     if (data.mode === "aligned") this._aligned(g, data, items, range, x, plotH);
     else if (data.mode === "overlay") this._overlay(g, data, items, x, plotH);
-    else this._offset(g, data, items, x, plotH, plotW);
+    else this._offset(g, data, items, x, plotH, plotW, perStep);
 
     const catcher = s("rect", { x: M.left, y: M.top, width: plotW, height: plotH, class: "lg-catcher" });
     catcher.addEventListener("mousemove", (e) => this._hover(e));
@@ -201,7 +247,7 @@ export class HistogramChart {
     return { d, spike: false };
   }
 
-  _offset(g, data, items, x, plotH, plotW) {
+  _offset(g, data, items, x0, plotH, plotW, perStep) {
     const n = items.length;
     const color = data.color || COLORS.selected;
     const ridgeH = n > 1 ? Math.min(plotH * 0.45, Math.max(24, plotH * 0.3)) : plotH;
@@ -209,13 +255,17 @@ export class HistogramChart {
     let maxC = 0;
     for (const it of items) for (const b of it.buckets) maxC = Math.max(maxC, b[2]);
     const scaleY = (c) => (maxC ? (c / maxC) * ridgeH : 0);
-    this.layout.bases = [];
-    const labelEvery = Math.max(1, Math.ceil(14 / Math.max(spacing, 1e-9)));
+    const bases = items.map((_, k) => M.top + ridgeH + k * spacing);
+    this.layout.bases = bases;
     const currentK = items.findIndex((it) => data.current !== undefined && it.key === data.current);
+    const labelled = labelledRidges(bases, currentK);
+    // Each ridge's own x scale (per step), else the common one.
+    const own = items.map((it) => (perStep ? ownRange(it.buckets) : null));
+    this.layout.xs = items.map((_, k) => (own[k] && own[k][1] > own[k][0] ? linearScale(own[k][0], own[k][1], M.left, M.left + plotW) : x0));
     let currentPath = null;
     items.forEach((it, k) => {
-      const base = M.top + ridgeH + k * spacing;
-      this.layout.bases.push(base);
+      const base = bases[k];
+      const x = this.layout.xs[k];
       const t = n > 1 ? k / (n - 1) : 1;
       const isCurrent = data.current !== undefined && it.key === data.current;
       const { d } = this._ridgePath(it.buckets, x, base, scaleY);
@@ -231,14 +281,15 @@ export class HistogramChart {
         }),
       );
       if (isCurrent) currentPath = d;
-      const nearCurrent = currentK >= 0 && !isCurrent && Math.abs(k - currentK) * spacing < 12;
-      if (isCurrent || (!nearCurrent && (k % labelEvery === 0 || k === n - 1))) {
+      if (labelled.has(k)) {
+        const span = own[k] ? (own[k][0] === -own[k][1] ? `±${fmtNum(own[k][1])}` : `${fmtNum(own[k][0])}…${fmtNum(own[k][1])}`) : "";
         g.appendChild(
           s("text", {
             x: M.left + plotW + 6,
             y: base + 3,
-            class: isCurrent ? "lg-tick lg-current-label" : "lg-tick",
-            text: it.label,
+            class: isCurrent ? "lg-tick lg-ridge-label lg-current-label" : "lg-tick lg-ridge-label",
+            text: span ? `${it.label} ${span}` : it.label,
+            dataset: { step: it.key },
           }),
         );
       }
@@ -317,13 +368,14 @@ export class HistogramChart {
     const L = this.layout;
     if (!L) return;
     const r = this.svg.getBoundingClientRect();
-    const xv = L.x.invert(e.clientX - r.left);
     if (L.mode === "aligned") {
-      this._hoverAligned(e, xv, e.clientY - r.top);
+      this._hoverAligned(e, L.x.invert(e.clientX - r.left), e.clientY - r.top);
       return;
     }
     const it = this._itemAt(e);
     if (!it) return;
+    const k = L.items.indexOf(it);
+    const xv = (L.xs && L.xs[k] ? L.xs[k] : L.x).invert(e.clientX - r.left); // the ridge's own scale, per step
     const bucket = it.buckets.find((b, k) => (xv >= b[0] && xv < b[1]) || (k === it.buckets.length - 1 && xv >= b[0] && xv <= b[1]));
     const rows = [["elements", fmtNum(total(it.buckets))]];
     if (bucket) rows.push([`[${fmtNum(bucket[0])}, ${fmtNum(bucket[1])})`, fmtNum(bucket[2])]);

@@ -4,7 +4,7 @@
 // legend entry) under the pointer is reported, and `highlight` brings one series forward.
 
 import { h, s, clear, replace } from "../dom.js";
-import { fmtNum } from "../format.js";
+import { axisFormat, fmtNum } from "../format.js";
 import { ema } from "../smoothing.js";
 import { COLORS } from "./colors.js";
 import { bandPaths, isOk } from "./bands.js";
@@ -60,7 +60,9 @@ export class LineChart {
    * `yDomain`: a fixed y range (fractions: [0, 1]). `smoothing`: TensorBoard's EMA weight; each series
    * (unless `smooth: false`) is drawn smoothed, its raw values faint behind. `xBands`: shaded step ranges
    * (e.g. where a value is not defined), with their reason as a tooltip. On a log axis, values <= 0 are
-   * marked under the plot and named in a note (with `nonPositiveWhy`): never dropped silently.
+   * marked under the plot and named in a note (with `nonPositiveWhy`): never dropped silently. A recorded step
+   * without a value (null, NaN, ±Inf) is not drawn, and the steps are named in the note (with `gapWhy`); a
+   * smoothed line is drawn only where its raw values are (TensorBoard's Scalars do the same).
    */
   update(data) {
     this.data = data;
@@ -73,24 +75,24 @@ export class LineChart {
     svg.setAttribute("height", height);
     svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
     svg.setAttribute("aria-label", this.titleEl.textContent || "line chart");
-    const series = smoothed(data.series || [], data.smoothing || 0);
+    const bands = data.bands || [];
+    const rawAll = [...(data.series || []).map((x) => x.ys), ...bands.flatMap((b) => [b.lo, b.hi])];
+    let log = Boolean(data.log);
+    if (log && !extent(rawAll, true) && extent(rawAll)) log = false; // nothing positive: a log axis could show nothing
+    // Smoothed on the axis chosen: a smoothed value only where the raw one is drawn.
+    const series = smoothed(data.series || [], data.smoothing || 0, log);
     this.series = series;
     this._legend(series);
-
-    const bands = data.bands || [];
     const ysAll = [...series.map((x) => x.ys), ...bands.flatMap((b) => [b.lo, b.hi])];
     const xr = extent([...series.map((x) => x.xs), ...bands.map((b) => b.xs)]);
-    let log = Boolean(data.log);
-    let yr = extent(ysAll, log);
-    if (log && !yr) {
-      yr = extent(ysAll);
-      if (yr) log = false; // nothing positive: a log axis could show nothing
-    }
+    const yr = extent(ysAll, log);
     const plotW = width - M.left - M.right;
     const plotH = height - M.top - M.bottom;
+    svg.dataset.empty = !xr || !yr ? "1" : "0";
     if (!xr || !yr) {
       svg.appendChild(s("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "lg-empty-text", text: data.empty || "no finite values" }));
       this.scales = null;
+      replace(this.note);
       return;
     }
     let [y0, y1] = yr;
@@ -108,21 +110,25 @@ export class LineChart {
     if (log && !data.yDomain) [y0, y1, logTickValues] = niceLogDomain(y0, y1);
     const x = linearScale(xr[0], xr[1], M.left, M.left + plotW);
     const y = (log ? logScale : linearScale)(y0, y1, M.top + plotH, M.top);
-    svg.dataset.y0 = String(y.domain[0]); // the axis' range, for tests and for reading
+    svg.dataset.y0 = String(y.domain[0]); // the axes' ranges, for tests and for reading
     svg.dataset.y1 = String(y.domain[1]);
+    svg.dataset.x0 = String(x.domain[0]);
+    svg.dataset.x1 = String(x.domain[1]);
+    svg.dataset.log = log ? "1" : "0";
     this.scales = { x, y, xs: [...new Set(series.flatMap((q) => q.xs))].sort((a, b) => a - b) };
 
     // Axes and grid.
     const grid = s("g", { class: "lg-grid" });
     const yTicks = log ? logTickValues || logTicks(y.domain[0], y.domain[1]) : niceTicks(y.domain[0], y.domain[1]);
+    const yFormat = axisFormat(yTicks.filter((t) => y(t) >= M.top - 0.5 && y(t) <= M.top + plotH + 0.5));
     for (const t of yTicks) {
       const py = y(t);
       if (!(py >= M.top - 0.5 && py <= M.top + plotH + 0.5)) continue;
       grid.appendChild(s("line", { x1: M.left, x2: M.left + plotW, y1: py, y2: py }));
-      grid.appendChild(s("text", { x: M.left - 6, y: py + 3.5, "text-anchor": "end", class: "lg-tick lg-ytick", text: fmtNum(t) }));
+      grid.appendChild(s("text", { x: M.left - 6, y: py + 3.5, "text-anchor": "end", class: "lg-tick lg-ytick", text: yFormat(t) }));
     }
     const xTicks = niceTicks(xr[0], xr[1], { integer: data.integerX !== false, max: Math.min(6, Math.max(2, Math.floor(plotW / 60))) });
-    const xFormat = data.xFormat || fmtNum;
+    const xFormat = data.xFormat || axisFormat(xTicks);
     for (const t of xTicks) {
       const px = x(t);
       grid.appendChild(s("line", { x1: px, x2: px, y1: M.top + plotH, y2: M.top + plotH + 4, class: "lg-tickmark" }));
@@ -199,7 +205,10 @@ export class LineChart {
     svg.appendChild(nonPositiveMarks(bad, x, M.top + plotH));
     const unit = ["step", "layer"].includes(data.xLabel) ? data.xLabel : "point";
     const linearWhy = data.log && !log ? "no value above 0: drawn on a linear scale (a log scale could show none)" : "";
-    replace(this.note, bad.length ? noteText(bad, data.nonPositiveWhy, unit) : linearWhy);
+    const named = data.xFormatHover || ((v) => String(v)); // a layer by its name, a step by its number
+    const gaps = gapText(series.filter((q) => !q.faint).map((q) => ({ ...q, ys: q[RAW] || q.ys })), data.gapWhy, unit, named);
+    const notes = [bad.length ? noteText(bad, data.nonPositiveWhy, unit) : linearWhy, gaps].filter(Boolean);
+    replace(this.note, notes.map((n) => h("div", { text: n, class: n === gaps ? "lg-gap-note" : null })));
 
     // The chosen step.
     this.markerEl = s("line", { x1: 0, x2: 0, y1: M.top, y2: M.top + plotH, class: "lg-marker", stroke: COLORS.selected });
@@ -336,7 +345,7 @@ export class LineChart {
       const raw = q[RAW] ? q[RAW][n] : v;
       const shown = log && typeof raw === "number" && raw <= 0 ? `${fmtNum(raw)} (not drawn on a log scale)` : fmtNum(raw);
       const away = isOk(v, log) ? Math.abs(y(v) - py) : Infinity;
-      rows.push({ row: [q.name, q[RAW] && v !== raw ? `${fmtNum(v)} (raw ${shown})` : shown], q, v, away });
+      rows.push({ row: [q.name, q[RAW] && v !== raw && v !== null ? `${fmtNum(v)} (raw ${shown})` : shown], q, v, away });
     }
     // The line under the pointer (within a few pixels) is the one hovered.
     const near = rows.reduce((a, b) => (b.away < (a ? a.away : HOVER_PX) ? b : a), null);
@@ -367,10 +376,48 @@ function swatchStyle(q) {
   return { background: "none", "border-top": `2px ${dotted ? "dotted" : "dashed"} ${q.color}`, height: "0", "margin-top": "4px" };
 }
 
-/** With a smoothing weight: each series smoothed (its raw values kept under RAW), after a faint copy of the raw. */
-function smoothed(series, w) {
+/**
+ * With a smoothing weight: each series smoothed (its raw values kept under RAW), after a faint copy of the raw.
+ * The smoothed line has a point only where the raw value can be drawn on the axis (`log`): the average
+ * runs on over a step without a value, as TensorBoard's, but is never drawn there, so no line crosses a
+ * stretch the data leave empty.
+ */
+function smoothed(series, w, log) {
   if (!(w > 0)) return series;
-  return series.flatMap((q) =>
-    q.smooth === false ? [q] : [{ ...q, faint: true, width: 1, dash: null }, { ...q, ys: ema(q.ys, w), [RAW]: q.ys }],
-  );
+  return series.flatMap((q) => {
+    if (q.smooth === false) return [q];
+    const ys = ema(q.ys, w).map((v, n) => (isOk(q.ys[n], log) ? v : null));
+    return [{ ...q, faint: true, width: 1, dash: null }, { ...q, ys, [RAW]: q.ys }];
+  });
+}
+
+/** Runs of consecutive x among `xs` as "a–b" (at most `max`, then "…"), each x as `fmt` names it. */
+function spans(xs, all, fmt, max = 3) {
+  const pos = new Map(all.map((x, n) => [x, n]));
+  const out = [];
+  let start = null;
+  let prev = null;
+  for (const x of xs) {
+    if (start !== null && pos.get(x) === pos.get(prev) + 1) {
+      prev = x;
+      continue;
+    }
+    if (start !== null) out.push(start === prev ? fmt(start) : `${fmt(start)}–${fmt(prev)}`);
+    start = prev = x;
+  }
+  if (start !== null) out.push(start === prev ? fmt(start) : `${fmt(start)}–${fmt(prev)}`);
+  return out.length > max ? `${out.slice(0, max).join(", ")}, …` : out.join(", ");
+}
+
+/** "L2 norm: no value at 84 steps (17–100) — why": the recorded steps of each series without a value. */
+function gapText(series, why, unit, fmt) {
+  const bits = [];
+  for (const q of series) {
+    const missing = q.xs.filter((_, n) => !(typeof q.ys[n] === "number" && Number.isFinite(q.ys[n])));
+    if (!missing.length) continue;
+    const n = missing.length;
+    const where = n === q.xs.length ? `any of its ${n} ${unit}${n === 1 ? "" : "s"}` : `${n} ${unit}${n === 1 ? "" : "s"} (${spans(missing, q.xs, fmt)})`;
+    bits.push(`${q.name}: no value at ${where}`);
+  }
+  return bits.length ? `not drawn: ${bits.join(" · ")}${why ? ` — ${why}` : ""}` : "";
 }

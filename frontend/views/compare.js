@@ -198,6 +198,7 @@ export class CompareView {
       const common = { stat: compared(state), ...valuesOf(state) };
       let steps;
       let values;
+      let gaps = runs.map(() => []); // per run: indices into `steps` recorded without a value
       const same = present.length && present.every((r) => paths[runs.indexOf(r)] === paths[runs.indexOf(present[0])]);
       const early = this.atStep.early(state, runs, compared(state), signal); // beside the overlay's request
       if (!present.length) {
@@ -209,6 +210,7 @@ export class CompareView {
         const b = await api.compare({ run: present, layer: paths[runs.indexOf(present[0])], ...common }, { signal });
         steps = b.steps;
         values = runs.map((r) => (b.runs.includes(r) ? b.values[b.runs.indexOf(r)] : steps.map(() => null)));
+        gaps = runs.map((r) => (b.runs.includes(r) && b.gaps ? b.gaps[b.runs.indexOf(r)] : []));
       } else {
         // Layer paths differ between runs (models with other names): one stats call per run.
         const bodies = await Promise.all(
@@ -221,9 +223,13 @@ export class CompareView {
           const pos = new Map(bodies[k].steps.map((x, n) => [x, n]));
           return steps.map((x) => (pos.has(x) ? bodies[k].stats[compared(state)][pos.get(x)] : null));
         });
+        gaps = values.map((v, k) => {
+          const own = present.indexOf(runs[k]) >= 0 ? new Set(bodies[present.indexOf(runs[k])].steps) : new Set();
+          return steps.map((x, j) => j).filter((j) => v[j] === null && own.has(steps[j]));
+        });
       }
       if (signal.aborted) return;
-      this.data = { fetchKey, runs, key, paths, steps, values, atStep: new Map(), early };
+      this.data = { fetchKey, runs, key, paths, steps, values, gaps, atStep: new Map(), early };
       this.retryOnPoll = false;
       clear(this.message);
       const missing = runs.filter((_, k) => !paths[k]);
@@ -252,9 +258,11 @@ export class CompareView {
       d.drawnLog = state.log; // the y scale toggle redraws (the data stay)
       this.overlay.setTitle(`${statLabel(compared(state))} of ${d.key} — ${state.of === "activation" ? "activation (forward value)" : `${state.target} / ${state.source}`}`);
       this.overlay.update({
-        // Each run's own points joined (a run logged at other steps is null on the common axis).
+        // Each run's own points joined (a run logged at other steps is null on the common axis); a step it
+        // recorded without a value (`gaps`) stays, null, so that its line breaks there.
         series: d.runs.map((r, k) => {
-          const keep = d.steps.map((_, j) => j).filter((j) => d.values[k][j] !== null);
+          const gap = new Set(d.gaps[k] || []);
+          const keep = d.steps.map((_, j) => j).filter((j) => d.values[k][j] !== null || gap.has(j));
           return { name: r, key: r, color: this._color(r), xs: keep.map((j) => d.steps[j]), ys: keep.map((j) => d.values[k][j]) };
         }),
         log: state.log,

@@ -2,7 +2,8 @@
 // depth profiles (statistic vs layer, model order). Each chart is drawn as soon as its own data arrive: the
 // depth profiles of every run come in one `depth` request, asked beside the view's `compare` request when the
 // step is known before its answer (a step in the URL, or the last: the default), so that both charts are drawn
-// in one frame; the histograms (one request per run) after it, so that a hundred of them never queue ahead.
+// in one frame; the histograms of every run in one `histograms_at` request, asked once the overlay is drawn
+// (never ahead of it), beside the depth profiles.
 
 import { api, isAbort } from "../api.js";
 import { HistogramChart } from "../charts/histograms.js";
@@ -60,20 +61,27 @@ export class AtStepPanels {
     const at = this._cached(d, step, () => ({ depth: early || this._fetchDepth(state, d.runs, step, stat, signal) }));
     this.current = { d, step };
     const live = () => this.current && this.current.d === d && this.current.step === step;
-    try {
-      const depth = await at.depth;
-      at.runs = depth.runs; // for the CSV
-      if (live()) this._drawDepth(state, d, step, stat, depth);
-    } catch (e) {
-      if (!isAbort(e) && live()) replace(this.depthNote, errorBox(e, `the depth profiles at step ${step}`));
-    }
+    // Asked now, after the overlay (drawn before this is called), beside the depth profiles still on their way.
     if (!at.hists) at.hists = this._fetchHists(state, d, step, signal);
-    try {
-      const hists = await at.hists;
-      if (live()) this._drawHists(d, step, hists);
-    } catch (e) {
-      if (!isAbort(e) && live()) replace(this.histNote, errorBox(e, `the histograms at step ${step}`));
-    }
+    // Each chart drawn as soon as its own answer is in.
+    const depth = (async () => {
+      try {
+        const body = await at.depth;
+        at.runs = body.runs; // for the CSV
+        if (live()) this._drawDepth(state, d, step, stat, body);
+      } catch (e) {
+        if (!isAbort(e) && live()) replace(this.depthNote, errorBox(e, `the depth profiles at step ${step}`));
+      }
+    })();
+    const hists = (async () => {
+      try {
+        const body = await at.hists;
+        if (live()) this._drawHists(d, step, body);
+      } catch (e) {
+        if (!isAbort(e) && live()) replace(this.histNote, errorBox(e, `the histograms at step ${step}`));
+      }
+    })();
+    await Promise.all([depth, hists]);
   }
 
   /** The step's entry of `d.atStep`; a failed fetch is dropped from it, to be asked again. */
@@ -105,21 +113,20 @@ export class AtStepPanels {
     return { runs, keys, missing: b.missing };
   }
 
+  /** Every run's histogram at `step` (or its latest before) in one request: [{step, buckets} | null] per run. */
   async _fetchHists(state, d, step, signal) {
-    const one = async (params) => {
-      const b = await api.histograms({ ...params, start: step, end: step }, { signal });
-      return b.steps.length ? b : api.histograms({ ...params, end: step, max_steps: 2 }, { signal });
-    };
     const { target, source } = valuesOf(state);
-    return Promise.all(
-      d.runs.map(async (r, k) => {
-        // A run without histograms for the layer (stats only) is not asked: its answer would be a 404.
-        if (!d.paths[k] || !hasKind(findRun(this.app.runs, r), d.paths[k], target, source, "histogram")) return null;
-        const b = await one({ run: r, layer: d.paths[k], ...valuesOf(state) });
-        const n = b.steps.length - 1;
-        return n < 0 ? null : { step: b.steps[n], buckets: b.histograms[n] };
-      }),
-    );
+    // A run without histograms for the layer (stats only) is not asked: `missing` would name it anyway.
+    const asked = d.runs.map((r, k) => (d.paths[k] && hasKind(findRun(this.app.runs, r), d.paths[k], target, source, "histogram") ? k : -1)).filter((k) => k >= 0);
+    const out = d.runs.map(() => null);
+    if (!asked.length) return out;
+    const layers = asked.map((k) => d.paths[k]);
+    const layer = layers.every((l) => l === layers[0]) ? layers[0] : layers; // once when the runs share it
+    const b = await api.histogramsAt({ run: asked.map((k) => d.runs[k]), layer, step, ...valuesOf(state) }, { signal });
+    b.histograms.forEach((x, i) => {
+      if (x.step !== null && x.buckets.length) out[asked[i]] = { step: x.step, buckets: x.buckets };
+    });
+    return out;
   }
 
   _drawDepth(state, d, step, stat, depth) {

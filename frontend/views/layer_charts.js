@@ -20,6 +20,8 @@ const CHARTS = [
   { stat: "nonfinite_frac", fraction: true, smooth: false },
 ];
 const HEIGHT = 230;
+// A statistic over a tensor's finite elements has no value where it has none (all NaN/±Inf).
+const GAP_WHY = "no finite element there (▲ on the step axis: NaN/Inf)";
 
 export class LayerCharts {
   /** `onStep(step)`: a click on a chart; `onZoom([first, last] | null)`: a drag across one, or "Reset zoom". */
@@ -74,6 +76,7 @@ export class LayerCharts {
         marker: step,
         xMarks,
         xLabel: "step",
+        gapWhy: GAP_WHY,
       });
     }
     // The chosen series' colour, told apart by the dash: max dashed, mean solid, min dotted.
@@ -91,6 +94,7 @@ export class LayerCharts {
       marker: step,
       xMarks,
       xLabel: "step",
+      gapWhy: GAP_WHY,
     });
   }
 

@@ -4,12 +4,16 @@
 
 import { api, isAbort } from "../api.js";
 import { rangeOf } from "../bins.js";
-import { HistogramChart } from "../charts/histograms.js";
+import { HistogramChart, rangeSpread } from "../charts/histograms.js";
 import { h, clear, replace, select, setOptions } from "../dom.js";
+import { fmtNum } from "../format.js";
 import { errorBox, field, Toggle } from "./common.js";
 
 // Ridges of the offset histograms: as many as stay apart at the panel's height (TensorBoard's look).
 const HIST_STEPS = 20;
+// Ridges whose ranges differ more than this many times: each on its own range by default (on one axis the
+// narrow ones would be spikes at 0).
+const SPREAD_PER_STEP = 100;
 
 export class LayerHistograms {
   /** `colorOf(series)`: the series' colour in the view (its table column's, its lines'). */
@@ -19,9 +23,11 @@ export class LayerHistograms {
     this.L = null;
     this.histSelect = select([], null, (v) => app.setState({ series: v }), { "aria-label": "histogram series" });
     this.histMode = new Toggle([["offset", "offset"], ["overlay", "overlay"]], "offset", (v) => app.setState({ hist: v }), "histogram mode");
+    this.histX = new Toggle([["shared", "one axis"], ["step", "axis per step"]], "shared", (v) => app.setState({ hx: v }), "histogram x axis");
     this.histMsg = h("div");
-    const head = h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Histograms" }), field("Series", this.histSelect), this.histMode.el);
-    this.panel = h("div", { class: "lg-panel lg-panel-hist" }, head, this.histMsg);
+    this.spreadNote = h("div", { class: "lg-muted lg-hist-spread" });
+    const head = h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Histograms" }), field("Series", this.histSelect), this.histMode.el, this.histX.el);
+    this.panel = h("div", { class: "lg-panel lg-panel-hist" }, head, this.histMsg, this.spreadNote);
     this.hist = new HistogramChart(this.panel, { height: 300, onPick: (step) => app.setState({ step }) });
     this.actMsg = h("div");
     this.actPanel = h("div", { class: "lg-panel lg-panel-act-hist", hidden: true }, h("div", { class: "lg-panel-head" }, h("h3", { class: "lg-panel-title", text: "Activation histograms (forward values)" })), this.actMsg);
@@ -104,7 +110,23 @@ export class LayerHistograms {
     if (!A || sameAsMain) return;
     const items = A.steps.map((x, k) => ({ key: x, label: `step ${x}`, buckets: A.hists[k] }));
     this.actHist.setTitle(histTitle(A, L.stats[A.series.key], step, state.zoom));
-    this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this.colorOf(A.series) });
+    const perStep = state.hist !== "overlay" && (state.hx ? state.hx === "step" : rangeSpread(items.map((it) => it.buckets)) > SPREAD_PER_STEP);
+    this.actHist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this.colorOf(A.series), perStep });
+  }
+
+  /** Each ridge on its own range: as the state says, else when the ranges differ more than SPREAD_PER_STEP-fold. */
+  _perStep(state, items) {
+    const spread = rangeSpread(items.map((it) => it.buckets));
+    const auto = spread > SPREAD_PER_STEP;
+    const perStep = state.hist !== "overlay" && (state.hx ? state.hx === "step" : auto);
+    this.histX.set(perStep ? "step" : "shared");
+    this.histX.el.hidden = state.hist === "overlay";
+    const decades = Math.log10(spread);
+    this.spreadNote.textContent =
+      decades >= 1
+        ? `The ridges' ranges differ ${decades >= 2 ? `${fmtNum(Math.round(decades * 10) / 10)} decades` : `${fmtNum(Math.round(spread))}-fold`}: ${perStep ? "each ridge is drawn on its own range (its label says it)" : "on one axis the narrow ones are spikes at 0; “axis per step” draws each on its own range"}.`
+        : "";
+    return perStep;
   }
 
   _histSeriesFor(state) {
@@ -139,7 +161,8 @@ export class LayerHistograms {
       items.sort((a, b) => a.key - b.key);
     }
     this.hist.setTitle(histTitle(H, L.stats[H.series.key], step, state.zoom));
-    this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this.colorOf(H.series) });
+    const perStep = this._perStep(state, items);
+    this.hist.update({ items, mode: state.hist === "overlay" ? "overlay" : "offset", current: step, color: this.colorOf(H.series), perStep });
   }
 }
 

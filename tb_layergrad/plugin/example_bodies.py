@@ -12,7 +12,7 @@ import numpy as np
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin.responses import count_list, float_list
-from tb_layergrad.reader import examples
+from tb_layergrad.reader import examples, noise_scale
 
 # The noise-scale scalars (docs/FORMAT.md), by the name each has in the `noise_scale` route.
 NOISE_SCALE_TAGS = metadata.NOISE_SCALE_TAGS
@@ -53,9 +53,12 @@ def binned_body(rows: examples.ExampleRows, points: int, start: Optional[int], e
     }
 
 
-def noise_scale_run(run: str, answer: Dict[str, Sequence], start: Optional[int], end: Optional[int]) -> dict:
+def noise_scale_run(
+    run: str, answer: Dict[str, Sequence], start: Optional[int], end: Optional[int], smoothing: float
+) -> dict:
     """One run's noise-scale scalars on the union of their steps (null where a scalar has no value there:
-    the writer leaves `noise_scale` out at a step whose signal estimate is <= 0)."""
+    the writer leaves `noise_scale` out at a step whose signal estimate is <= 0), and `estimate`, B_simple
+    averaged with weight `smoothing` over the steps answered (`reader.noise_scale.estimate`)."""
     by_name = {}
     for name, tag in NOISE_SCALE_TAGS.items():
         data = [d for d in answer.get(tag, ()) if (start is None or d.step >= start) and (end is None or d.step <= end)]
@@ -70,6 +73,8 @@ def noise_scale_run(run: str, answer: Dict[str, Sequence], start: Optional[int],
     out = {"run": run, "steps": steps, "wall_times": float_list(walls)}
     for name, values in by_name.items():
         out[name] = float_list([values[s][1] if s in values else np.nan for s in steps])
+    trace, signal = ([by_name[n][s][1] if s in by_name[n] else None for s in steps] for n in ("trace", "signal"))
+    out["estimate"] = float_list([np.nan if v is None else v for v in noise_scale.estimate(trace, signal, smoothing)])
     return out
 
 

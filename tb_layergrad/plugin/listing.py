@@ -164,6 +164,30 @@ class TensorLister:
                     self._run_tags[(experiment_id, run)] = tuple(tags)
         return result
 
+    def latest_records(self, run: str, tags: Sequence[str], step: Optional[int]) -> Optional[Dict[str, List[Any]]]:
+        """Under the Python loader: `{tag: [TensorDatum]}`, each tag's latest record at or before `step` (None: its
+        last), converted alone: the provider's `read_tensors` converts every record of a tag before it samples,
+        a thousand for a run's one histogram. None without the multiplexer (ask the provider then)."""
+        if self._mux is None:
+            return None
+        from tensorboard.util import tensor_util  # only under the Python loader
+
+        out: Dict[str, List[Any]] = {}
+        for tag in tags:
+            try:
+                records = self._mux.Tensors(run, tag)
+            except KeyError:
+                continue
+            kept = [r for r in records if step is None or r.step <= step]
+            if kept:
+                last = max(kept, key=lambda r: r.step)  # a repeated step: the later record (max keeps the first)
+                last = [r for r in kept if r.step == last.step][-1]
+                datum = tb_provider.TensorDatum(
+                    step=last.step, wall_time=last.wall_time, numpy=tensor_util.make_ndarray(last.tensor_proto)
+                )
+                out[tag] = [datum]
+        return out
+
     def list_scalars(
         self,
         ctx: Any = None,

@@ -23,6 +23,8 @@ MAX_STEPS_LIMIT = 10**7
 MAX_COMPARE_RUNS = 200  # a sweep's runs in one request (docs/HTTP_API.md)
 MAX_POINTS = 10**5
 _DIGITS = re.compile(r"[0-9]+")
+_WEIGHT = re.compile(r"0|0?\.[0-9]{1,6}")
+MAX_SMOOTHING = 0.999  # the tab's slider's (TensorBoard's) largest weight
 
 
 def _bad(message: str) -> errors.InvalidArgumentError:
@@ -116,6 +118,28 @@ def max_steps(args: MultiDict) -> Optional[int]:
 def points(args: MultiDict) -> Optional[int]:
     """`points`: the pixels a chart has for the range; more steps than this are binned (plugin/binned.py)."""
     return integer(args, "points", 1, MAX_POINTS)
+
+
+def smoothing(args: MultiDict, default: float) -> float:
+    """`smoothing`: an averaging weight in [0, 0.999], written `0`, `0.6` or `.6` (at most 6 decimals)."""
+    value = single(args, "smoothing")
+    if value is None:
+        return default
+    if not _WEIGHT.fullmatch(value) or float(value) > MAX_SMOOTHING:
+        raise _bad(f"parameter 'smoothing' must be a decimal in [0, {MAX_SMOOTHING}], got {quote(value)}")
+    return float(value)
+
+
+def layers(args: MultiDict, runs: List[str]) -> List[str]:
+    """The `layer` of each of `runs`: one name for all, or one per run in their order (repeated)."""
+    names = args.getlist("layer")
+    if any(n == "" for n in names):
+        raise _bad("parameter 'layer' must not be empty")
+    if len(names) == 1:
+        return names * len(runs)
+    if len(names) != len(runs):
+        raise _bad(f"parameter 'layer' must be given once, or once per run ({len(runs)}), got {len(names)}")
+    return names
 
 
 def runs(args: MultiDict) -> List[str]:

@@ -14,7 +14,7 @@ from werkzeug.datastructures import MultiDict
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin import params
-from tb_layergrad.reader import catalog, examples
+from tb_layergrad.reader import catalog, examples, noise_scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +85,18 @@ class NoiseScaleQuery:
     runs: List[str]
     start: Optional[int]
     end: Optional[int]
+    smoothing: float = noise_scale.DEFAULT_SMOOTHING  # the averaging weight of B_simple (`estimate`)
+
+
+@dataclasses.dataclass(frozen=True)
+class HistogramsAtQuery:
+    """One layer's histogram in several runs at one step: `histograms_at`."""
+
+    runs: List[str]
+    layers: List[str]  # one per run
+    target: str
+    source: str
+    step: Optional[int]  # None: each run's last
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +121,9 @@ def runs_query(args: MultiDict) -> Optional[str]:
 
 
 def noise_scale_query(args: MultiDict) -> NoiseScaleQuery:
-    return NoiseScaleQuery(params.runs(args), *params.step_range(args))
+    runs = params.runs(args)
+    start, end = params.step_range(args)
+    return NoiseScaleQuery(runs, start, end, params.smoothing(args, noise_scale.DEFAULT_SMOOTHING))
 
 
 def _run_query(args: MultiDict, run: str, **more) -> RunQuery:
@@ -175,3 +189,10 @@ def depth_query(args: MultiDict) -> DepthQuery:
     stat = params.stat(args)
     asked, source = params.target(args), params.source(args)
     return DepthQuery(runs, stat, catalog.series_target(asked, source), source, params.step(args))
+
+
+def histograms_at_query(args: MultiDict) -> HistogramsAtQuery:
+    runs = params.runs(args)
+    layers = params.layers(args, runs)
+    asked, source = params.target(args), params.source(args)
+    return HistogramsAtQuery(runs, layers, catalog.series_target(asked, source), source, params.step(args))

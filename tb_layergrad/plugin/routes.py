@@ -1,7 +1,8 @@
 """The routes of docs/HTTP_API.md: each parses its request, calls an `*_impl` that returns the body, responds.
 
 A JSON route is one row of `JSON_ROUTES`: the function that validates its query whole (`queries`: 400),
-and the `*_impl` that looks the names up (`lookups`: 404) and answers (`layer_impl`, `run_impl`, `depth_impl`). Every
+and the `*_impl` that looks the names up (`lookups`: 404) and answers (`layer_impl`, `run_impl`, `depth_impl`,
+`hists_at_impl`). Every
 route is a WSGI app whose errors are JSON (`responses.json_errors`).
 """
 
@@ -16,7 +17,7 @@ from tensorboard.data import provider as tb_provider
 from werkzeug import wrappers
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import depth_impl, layer_impl, prefetch, queries, run_impl, sweep_impl
+from tb_layergrad.plugin import depth_impl, hists_at_impl, layer_impl, prefetch, queries, run_impl, sweep_impl
 from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.responses import csv_response, json_errors, json_response
 from tb_layergrad.plugin.static import StaticFiles
@@ -35,6 +36,7 @@ JSON_ROUTES: Dict[str, Tuple[Parse, Answer]] = {
     "/timesteps": (functools.partial(queries.layer_query, kind=metadata.KIND_TIMESTEPS), layer_impl.timesteps_impl),
     "/compare": (queries.compare_query, run_impl.compare_impl),
     "/depth": (queries.depth_query, depth_impl.depth_impl),
+    "/histograms_at": (queries.histograms_at_query, hists_at_impl.histograms_at_impl),
     "/anomalies": (queries.anomalies_query, run_impl.anomalies_impl),
     "/examples": (queries.examples_query, layer_impl.examples_impl),
     "/noise_scale": (queries.noise_scale_query, run_impl.noise_scale_impl),

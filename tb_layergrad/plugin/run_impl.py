@@ -143,8 +143,14 @@ def compare_impl(reading: Reading, ctx: object, eid: str, q: CompareQuery) -> di
         flags = binned.nonfinite_flags([tables.get(name, no_table) for name in q.runs], steps)
         return {**head, **binned.columns_body(per_run, steps, q.stat, q.points, q.start, q.end, flags)}
     steps = steps[series.pick_evenly(steps.size, None if q.points else q.max_steps)]
-    values = [stat_values(align(pts, col, steps), q.stat) for pts, col in per_run]
-    return {**head, **({"binned": False} if q.points else {}), "steps": int_list(steps), "values": values}
+    aligned = [align(pts, col, steps) for pts, col in per_run]
+    values = [stat_values(v, q.stat) for v in aligned]
+    # A null is either no record at that step or a record without a value; a chart must break its line only at
+    # the second (a run logged at other steps is joined across the others' steps).
+    recorded = [~np.isnan(align(pts, np.ones(pts.size), steps)) for pts, _ in per_run]
+    gaps = [int_list(np.flatnonzero(r & ~np.isfinite(v))) for r, v in zip(recorded, aligned)]
+    body = {"steps": int_list(steps), "values": values, "gaps": gaps}
+    return {**head, **({"binned": False} if q.points else {}), **body}
 
 
 def csv_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> Tuple[str, str]:
@@ -186,7 +192,8 @@ def anomalies_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict
 
 
 def noise_scale_impl(reading: Reading, ctx: object, eid: str, q: NoiseScaleQuery) -> dict:
-    """The gradient noise scale scalars of one or several runs (plugin `scalars`), raw: the tab smooths."""
+    """The gradient noise scale scalars of one or several runs (plugin `scalars`), and B_simple averaged with the
+    weight asked (`estimate`): computed here only, so that the chart and the `sweep` route's value agree."""
     runs = q.runs
     answer = reading.provider.read_scalars(
         ctx,
@@ -200,9 +207,10 @@ def noise_scale_impl(reading: Reading, ctx: object, eid: str, q: NoiseScaleQuery
     found = [n for n in runs if example_bodies.has_noise_scale(answer.get(n, {}))]
     return {
         "runs": runs,
+        "smoothing": q.smoothing,
         "missing": [n for n in runs if n not in found],
         "tags": dict(example_bodies.NOISE_SCALE_TAGS),
-        "series": [example_bodies.noise_scale_run(n, answer[n], q.start, q.end) for n in found],
+        "series": [example_bodies.noise_scale_run(n, answer[n], q.start, q.end, q.smoothing) for n in found],
     }
 
 

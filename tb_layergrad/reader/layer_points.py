@@ -16,7 +16,7 @@ group record holds one int64 per layer, read as a version-1 record of one elemen
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
@@ -128,6 +128,55 @@ def read_one(
 ) -> series.Points:
     """`read_points` of one series, at most `max_steps` of its steps (evenly spread; None: all)."""
     return series.thin(read_points(src, [s], start, end, max_steps)[s.key], max_steps)
+
+
+def latest(src: RunSource, s: catalog.Series, step: Optional[int], last_records: Any = None) -> series.Points:
+    """The record of series `s` (not `stats`) at the latest step at or before `step` (None: its last), in the
+    version-1 layout: of the records read, only that one is decoded, and a group block is read whole only from
+    `src.blocks` (a sweep's blocks, one per run, would not fit it: asking for one step must not evict them).
+    `last_records(run, tags, step)`: each tag's latest record at or before `step` where the caller reads it more
+    cheaply than the provider (`listing.TensorLister.latest_records`); None from it: the provider's sample of one."""
+    found: List[Tuple[int, float, catalog.Part, series.Points]] = []  # (step, wall time, part, its one point)
+    unread = []
+    for p in s.parts:
+        cached = src.blocks.get(src.experiment_id, src.rc.run, p) if p.grouped and src.blocks is not None else None
+        if cached is None:
+            unread.append(p)
+            continue
+        pts = _between(cached, None, step)
+        if len(pts):
+            k = len(pts) - 1
+            one = series.Points(pts.steps[k:], pts.wall_times[k:], pts.values[k:])
+            found.append((int(pts.steps[k]), float(pts.wall_times[k]), p, one))
+    # A tag ending at or before `step` (as its listing says): its latest record is the one wanted, read alone.
+    tail = [p for p in unread if step is None or (p.max_step is not None and p.max_step <= step)]
+    whole = [p for p in unread if p not in tail]
+    data = series.read(
+        src.provider,
+        src.ctx,
+        src.experiment_id,
+        src.rc.run,
+        [p.tag for p in whole],
+        alone=[p.tag for p in whole if p.grouped],
+    )
+    tail_tags = [p.tag for p in tail]
+    found_last = last_records(src.rc.run, tail_tags, step) if last_records is not None and tail_tags else None
+    if found_last is None:
+        found_last = series.read_last(src.provider, src.ctx, src.experiment_id, src.rc.run, tail_tags)
+    data.update(found_last)
+    for p in unread:
+        records = [d for d in data.get(p.tag, ()) if step is None or d.step <= step]
+        if not records:
+            continue
+        last = max(int(d.step) for d in records)
+        at = [d for d in records if int(d.step) == last]  # a repeated step: the later record wins (`select`)
+        one = _group_points(s.info.kind, p, at, src.rc.run) if p.grouped else series.select(at)
+        if len(one):
+            found.append((int(one.steps[-1]), float(one.wall_times[-1]), p, one))
+    if not found:
+        return series.EMPTY
+    _, _, p, one = max(found, key=lambda f: (f[0], f[1]))
+    return _part_points(s.info.kind, p, one, _edge_rows(src, [s]).get(s.key))
 
 
 def united(parts: Sequence[series.Points]) -> series.Points:

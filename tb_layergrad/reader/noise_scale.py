@@ -1,23 +1,25 @@
-"""The gradient noise scale at the end of a run, smoothed as the tab draws it.
+"""The gradient noise scale B_simple as the tab draws it, and its value at the end of a run.
 
 The writer logs two unbiased but noisy estimates per step, the trace tr(Σ) and the signal |G|², as
-TensorBoard scalars (docs/FORMAT.md); the tab's noise-scale chart draws EMA(trace) / EMA(signal), each a
-debiased EMA as TensorBoard's Scalars dashboard smooths, at TensorBoard's default weight (frontend/noise.js).
-A run's "noise scale at the end" is the last value of that line, so that a sweep's column is the number
-the chart ends on. No TensorFlow.
+TensorBoard scalars (docs/FORMAT.md). B_simple is EMA(trace) / EMA(signal), each a debiased EMA as
+TensorBoard's Scalars dashboard smooths: the ratio of two averages, not an average of per-step ratios (a
+step's signal estimate is often <= 0, and the ratio of two noisy numbers is biased). This module is the one
+place that computes it: the `noise_scale` route sends it for the weight the tab's slider asks
+(`estimate`), and a run's "noise scale at the end" (the `sweep` route) is the last value of that line, so a
+sweep's column is the number the chart ends on. No TensorFlow.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import series
 
-# TensorBoard's Scalars dashboard's default smoothing, the tab's too (frontend/smoothing.js).
+# TensorBoard's Scalars dashboard's default smoothing, the tab's slider's default (frontend/smoothing.js).
 DEFAULT_SMOOTHING = 0.6
 SCALARS_PLUGIN = "scalars"
 TRACE_TAG = metadata.NOISE_SCALE_TAGS["trace"]
@@ -44,6 +46,25 @@ def ema(values: Sequence[Optional[float]], weight: float = DEFAULT_SMOOTHING) ->
     return out
 
 
+def estimate(
+    trace: Sequence[Optional[float]], signal: Sequence[Optional[float]], weight: float = DEFAULT_SMOOTHING
+) -> List[Optional[float]]:
+    """EMA(trace) / EMA(signal) at each step; None where either has no value at that step, or the averaged
+    signal is <= 0 (B_simple has no positive value there).
+
+    Example:
+
+        estimate([4.0, 4.0], [2.0, 1.0], 0.0)  # [2.0, 4.0]
+    """
+    t = ema(trace, weight)
+    g = ema(signal, weight)
+    out: List[Optional[float]] = []
+    for a, b in zip(t, g):
+        value = a / b if a is not None and b is not None and b > 0 else None
+        out.append(value if value is not None and math.isfinite(value) else None)
+    return out
+
+
 def smoothed_end(
     trace: Dict[int, float], signal: Dict[int, float], weight: float = DEFAULT_SMOOTHING
 ) -> Optional[float]:
@@ -61,13 +82,8 @@ def smoothed_end(
         smoothed_end({0: 4.0, 1: 4.0}, {0: 2.0, 1: 1.0}, 0.0)  # 4.0
     """
     steps = sorted(set(trace) | set(signal))
-    t = ema([trace.get(s) for s in steps], weight)
-    g = ema([signal.get(s) for s in steps], weight)
-    for a, b in zip(reversed(t), reversed(g)):
-        if a is not None and b is not None and b > 0:
-            value = a / b
-            return value if math.isfinite(value) else None
-    return None
+    line = estimate([trace.get(s) for s in steps], [signal.get(s) for s in steps], weight)
+    return next((v for v in reversed(line) if v is not None), None)
 
 
 class EndCache:

@@ -72,6 +72,25 @@ def read(
     return out
 
 
+def read_last(
+    data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, run: str, tags: Iterable[str]
+) -> Dict[str, Sequence[tb_provider.TensorDatum]]:
+    """`{tag: [TensorDatum...]}` holding each tag's latest record, in one call: a sample of one, which by the
+    `DataProvider` contract always holds the latest datum (a provider may add the first: callers pick by step).
+    Why: the latest histogram of a run's block of 1,000 steps is one record to send and convert, not 1,000."""
+    tags = sorted(set(tags))
+    if not tags:
+        return {}
+    result = data_provider.read_tensors(
+        ctx,
+        experiment_id=experiment_id,
+        plugin_name=metadata.PLUGIN_NAME,
+        downsample=1,
+        run_tag_filter=tb_provider.RunTagFilter(runs=[run], tags=tags),
+    )
+    return result.get(run, {})
+
+
 def _read_split(
     data_provider: tb_provider.DataProvider, ctx: object, experiment_id: str, run: str, tags: List[str]
 ) -> Dict[str, Sequence[tb_provider.TensorDatum]]:

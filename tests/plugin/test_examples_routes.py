@@ -3,6 +3,7 @@ handlers, against numpy applied to the per-example norms the fixture made up (te
 
 from __future__ import annotations
 
+import charts_fixtures as cf
 import examples_fixtures as ef
 import numpy as np
 import pytest
@@ -126,6 +127,16 @@ def test_noise_scale(env):
     assert none["series"] == [] and none["missing"] == [ef.PLAIN]
     ranged = get_json(tb, "noise_scale", {"run": ef.RUN, "start": 10, "end": 12})
     assert ranged["series"][0]["steps"] == [10, 11, 12]
+    # B_simple, EMA(trace) / EMA(signal) for the weight asked (TensorBoard's 0.6 by default), numpy's here.
+    trace, signal = (x.astype(np.float32).astype(np.float64) for x in (written.trace, written.signal))
+    for w, asked in ((0.6, None), (0.95, ".95"), (0.0, "0")):
+        got = get_json(tb, "noise_scale", {"run": ef.RUN, **({"smoothing": asked} if asked else {})})
+        assert got["smoothing"] == w
+        t, g = cf.ema(trace, w), cf.ema(signal, w)
+        want = np.where(g > 0, t / np.where(g > 0, g, 1), np.nan)
+        np.testing.assert_allclose(as_float(got["series"][0]["estimate"]), want, rtol=1e-9)
+    for bad in ("1", "0.9999", "-0.5", "1e-3", "nan", " 0.6", "0.1234567", ""):
+        get_json(tb, "noise_scale", {"run": ef.RUN, "smoothing": bad}, status=400)
 
 
 def test_runs_without_examples_read_as_before(env):

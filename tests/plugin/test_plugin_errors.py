@@ -21,17 +21,18 @@ ROUTES = {
     "timesteps": {"run": "train", "layer": RNN_LAYER},
     "compare": {"run": "train", "layer": TENSOR_LAYER},
     "depth": {"run": "train", "step": "3"},
+    "histograms_at": {"run": "train", "layer": TENSOR_LAYER, "step": "3"},
     "csv": {"run": "train"},
     "anomalies": {"run": "train"},
 }
 USES = {
-    "layer": {"stats", "histograms", "tensor", "timesteps", "compare"},
+    "layer": {"stats", "histograms", "tensor", "timesteps", "compare", "histograms_at"},
     "target": set(ROUTES) - {"runs"},
-    "source": {"matrix", "stats", "histograms", "tensor", "compare", "depth", "csv", "anomalies"},
+    "source": {"matrix", "stats", "histograms", "tensor", "compare", "depth", "histograms_at", "csv", "anomalies"},
     "stat": {"matrix", "compare", "depth"},
     "start": {"matrix", "stats", "histograms", "timesteps", "compare", "csv", "anomalies"},  # and "end"
     "max_steps": {"matrix", "stats", "histograms", "timesteps", "compare"},
-    "step": {"tensor", "depth"},
+    "step": {"tensor", "depth", "histograms_at"},
 }
 HOSTILE_NAMES = [
     "nope",
@@ -113,7 +114,7 @@ def test_missing_empty_and_repeated_names_are_400(tb, route):
         if param not in ROUTES[route]:
             pairs.append((param, value))
         check_error(tb.get(route, pairs), 400)
-    if route not in ("compare", "depth"):  # these take several runs on purpose
+    if route not in ("compare", "depth", "histograms_at"):  # these take several runs on purpose
         pairs = list(query(route).items()) + [("run", "train"), ("run", "eval")]
         check_error(tb.get(route, pairs), 400)
 
@@ -170,6 +171,15 @@ def test_compare_limits(tb):
     check_error(tb.get("depth", {}), 400)
     check_error(tb.get("depth", too_many[:-1]), 404)
     check_error(tb.get("depth", [("run", "train"), ("run", "nope")]), 404)
+    check_error(tb.get("histograms_at", too_many + [("layer", TENSOR_LAYER)]), 400)
+    check_error(tb.get("histograms_at", [("layer", TENSOR_LAYER)]), 400)
+    # `layer` once, or once per run: two layers for three runs is a 400 before any name is looked up.
+    body = check_error(
+        tb.get("histograms_at", [("run", "a"), ("run", "b"), ("run", "c"), ("layer", "x"), ("layer", "y")]), 400
+    )
+    assert "once per run (3), got 2" in body["error"]
+    check_error(tb.get("histograms_at", [("run", "train"), ("run", "nope"), ("layer", TENSOR_LAYER)]), 404)
+    check_error(tb.get("histograms_at", [("run", "train"), ("run", "eval"), ("layer", "nope")]), 404)
     # As many as allowed: checked for existence (404), not refused for their number.
     check_error(tb.get("compare", too_many[:-1] + [("layer", TENSOR_LAYER)]), 404)
     check_error(tb.get("compare", [("run", "train"), ("run", "nope"), ("layer", TENSOR_LAYER)]), 404)

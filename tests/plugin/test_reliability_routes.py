@@ -51,10 +51,11 @@ USES = {
     "csv": ["run", "layer", "target", "source", "start", "end"],
     "anomalies": ["run", "layer", "target", "source", "start", "end"],
     "examples": ["run", "layer", "target", "source", "start", "end", "points", "step"],
-    "noise_scale": ["run", "start", "end"],
+    "noise_scale": ["run", "start", "end", "smoothing"],
     "hparams": ["run"],
     "sweep": ["target", "source"],
     "depth": ["run", "stat", "target", "source", "step"],
+    "histograms_at": ["run", "layer", "target", "source", "step"],
 }
 # Routes that read per-example records: fuzzed on tests/examples_fixtures.py's logdir, which has them;
 # `anomalies` (its `dominated`) there too, besides the hostile logdir.
@@ -162,6 +163,9 @@ def queries(draw, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, 
         "step": _INTS,
         "max_steps": _INTS,
         "points": _INTS,
+        "smoothing": st.one_of(
+            st.sampled_from(["0", "0.6", ".999", "1", "0.9999", "-0", "1e-3", "0.6 ", "nan"]), _INTS
+        ),
     }
     pairs: List[Tuple[str, str]] = []
     if draw(st.integers(0, 3)):  # mostly: a valid run (and layer) to mutate

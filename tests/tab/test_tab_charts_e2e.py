@@ -22,6 +22,7 @@ if not os.path.exists("/usr/bin/chromium"):
 import charts_fixtures as cf  # noqa: E402
 import examples_fixtures as ef  # noqa: E402
 import tab_fixtures as tf_  # noqa: E402
+import truth_fixtures as tr  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
 
@@ -36,9 +37,13 @@ def env(tmp_path_factory):
     logdir = str(tmp_path_factory.mktemp("charts"))
     work = tmp_path_factory.mktemp("work")
     last = {cf.STEADY: cf.STEPS - 1, cf.ZERO: cf.STEPS - 1, cf.ACT: cf.STEPS - 1, cf.NOISY: ef.STEPS - 1}
-    write = lambda: cf.write_charts_logdir(logdir)  # noqa: E731
+    last.update(tr.LAST_STEPS)
+
+    def write():
+        return cf.write_charts_logdir(logdir), tr.write_truth_runs(logdir)
+
     with tf_.served(logdir, work, last, write, write_first=True, reload_interval=0) as (tb, browser, written):
-        yield {"tb": tb, "browser": browser, "written": written}
+        yield {"tb": tb, "browser": browser, "written": written[0], "truth": written[1]}
 
 
 @pytest.fixture(autouse=True)
@@ -409,3 +414,252 @@ def test_every_axis_gets_4_to_6_ticks_inside_its_range(env):
         assert d0 <= lo * (1 + 1e-12) and d1 >= hi * (1 - 1e-12)  # the domain holds the range
         assert d0 * (1 - 1e-9) <= ticks[0] and ticks[-1] <= d1 * (1 + 1e-9) and ticks == sorted(ticks)
         assert d1 / d0 <= max(hi / lo, 1) * 100  # grown by at most a decade at each end
+
+
+# -- only what is in the data is drawn (generated series: tests/truth_fixtures.py) ----------------------------
+
+# Each line chart of the layer view: its title, frame, axes' ranges, note, and the points of every line and dot.
+READ_LINES = r"""() => Array.from(document.querySelectorAll('.lg-panel-charts .lg-chart')).map((c) => {
+  const svg = c.querySelector('svg.lg-lines');
+  const f = svg.querySelector('rect.lg-frame');
+  const points = (d) => (d && d !== 'M0,0' ? d.match(/[ML][^ML]+/g).map((p) => p.slice(1).split(',').map(Number)) : []);
+  const num = (k) => Number(svg.dataset[k]);
+  return {
+    title: c.querySelector('.lg-chart-title').textContent, note: c.querySelector('.lg-chart-note').innerText,
+    empty: svg.dataset.empty === '1', x0: num('x0'), x1: num('x1'), y0: num('y0'), y1: num('y1'), log: svg.dataset.log === '1',
+    frame: f && ['x', 'y', 'width', 'height'].map((k) => Number(f.getAttribute(k))),
+    lines: Array.from(svg.querySelectorAll('path.lg-line, path.lg-line-raw')).map((p) => ({
+      raw: p.classList.contains('lg-line-raw'), name: p.dataset.series ?? p.dataset.raw, points: points(p.getAttribute('d'))})),
+    dots: Array.from(svg.querySelectorAll('circle.lg-dot')).map((e) => [Number(e.getAttribute('cx')), Number(e.getAttribute('cy'))]),
+  };
+})"""
+# The `stats` answer the page drew from (asked again: the same URL, warm).
+PAGE_STATS = """async () => {
+  const e = performance.getEntriesByType('resource').filter((r) => new URL(r.name).pathname.endsWith('/stats'))
+    .filter((r) => !new URL(r.name).searchParams.has('start') || new URL(r.name).searchParams.has('points'));
+  return (await fetch(e[e.length - 1].name)).json();
+}"""
+CHART_STATS = {
+    "L2 norm": "norm",
+    "mean |g|": "mean_abs",
+    "std": "std",
+    "zero fraction": "zero_frac",
+    "non-finite fraction": "nonfinite_frac",
+}
+PX = 0.051  # the path's one decimal
+
+
+def chart_series(chart: dict, body: dict) -> dict:
+    """{line name: (steps, values)} of what `chart` draws from the `stats` answer `body` (frontend/views/layer_charts.js)."""
+    title = chart["title"]
+    if title.startswith("min · mean · max"):
+        if body.get("binned"):
+            return {
+                "max": (body["steps"], body["max"]["max"]),
+                "mean (bin's largest)": (body["steps"], body["max"]["mean"]),
+                "min": (body["steps"], body["min"]["min"]),
+            }
+        return {k: (body["steps"], body["stats"][k]) for k in ("max", "mean", "min")}
+    stat = next(v for k, v in CHART_STATS.items() if title.startswith(k))
+    if body.get("binned"):
+        return {"output": (body["steps"], body["max"][stat]), "output (bin min)": (body["steps"], body["min"][stat])}
+    return {"output": (body["steps"], body["stats"][stat])}
+
+
+def to_pixels(chart: dict, steps, values) -> list:
+    """The pixel of each value the chart's axes can draw (finite; above 0 on a log axis), in step order."""
+    fx, fy, fw, fh = chart["frame"]
+    out = []
+    for s, v in zip(steps, values):
+        if v is None or not np.isfinite(v) or (chart["log"] and v <= 0):
+            continue
+        px = fx + (s - chart["x0"]) / (chart["x1"] - chart["x0"]) * fw if chart["x1"] > chart["x0"] else fx
+        if chart["log"]:
+            f = (np.log10(v) - np.log10(chart["y0"])) / (np.log10(chart["y1"]) - np.log10(chart["y0"]))
+        else:
+            f = (v - chart["y0"]) / (chart["y1"] - chart["y0"])
+        out.append((s, v, px, fy + fh - f * fh))
+    return out
+
+
+def tb_ema(values, w: float) -> list:
+    """TensorBoard's smoothing: a debiased EMA over the finite values, None elsewhere."""
+    out, last, n = [], 0.0, 0
+    for v in values:
+        if v is None or not np.isfinite(v):
+            out.append(None)
+            continue
+        last, n = last * w + (1 - w) * v, n + 1
+        out.append(last / (1 - w**n))
+    return out
+
+
+def assert_only_data_drawn(charts: list, body: dict, w: float) -> int:
+    """Every point drawn is a data point of its series (raw: exactly the drawable ones, in order); a smoothed line
+    has a point at exactly the raw line's steps, at numpy's EMA. Returns how many points were checked."""
+    checked = 0
+    for chart in charts:
+        if chart["empty"]:
+            assert chart["lines"] == [] or all(not line["points"] for line in chart["lines"]), chart["title"]
+            continue
+        data = chart_series(chart, body)
+        smooth = w > 0 and not chart["title"].startswith("non-finite fraction")
+        drawn = {}
+        for line in chart["lines"]:
+            drawn.setdefault(line["name"], {})["raw" if line["raw"] or not smooth else "smooth"] = line["points"]
+        assert set(drawn) == set(data), (chart["title"], set(drawn), set(data))
+        for name, (steps, values) in data.items():
+            want = to_pixels(chart, steps, values)
+            got = drawn[name]["raw"]
+            assert len(got) == len(want), (chart["title"], name, len(got), len(want))
+            for (s, v, px, py), (gx, gy) in zip(want, got):
+                assert abs(gx - px) <= PX and abs(gy - py) <= PX, (chart["title"], name, s, v, (gx, gy), (px, py))
+            checked += len(got)
+            if smooth:
+                ema = tb_ema(values, w)
+                drawable = {s for s, *_ in want}
+                sm = to_pixels(chart, steps, [e if s in drawable else None for s, e in zip(steps, ema)])
+                got = drawn[name]["smooth"]
+                assert [s for s, *_ in sm] == [s for s, *_ in want], (chart["title"], name)  # only where the raw is
+                assert len(got) == len(sm), (chart["title"], name)
+                for (s, v, px, py), (gx, gy) in zip(sm, got):
+                    assert abs(gx - px) <= PX and abs(gy - py) <= PX, (chart["title"], name, s, v, (gx, gy), (px, py))
+                checked += len(got)
+        for cx, cy in chart["dots"]:  # a lone point's dot sits on a point of a line
+            assert any(abs(cx - x) <= PX and abs(cy - y) <= PX for line in chart["lines"] for x, y in line["points"]), (
+                chart["title"]
+            )
+    return checked
+
+
+@pytest.mark.parametrize(
+    "run,layer",
+    [
+        (tr.GAPS, "net/nan"),
+        (tr.GAPS, "net/zero"),
+        (tr.GAPS, "net/big"),
+        (tr.GAPS, "net/allinf"),
+        (tr.ONE, "net/nan"),
+        (tr.LONG, "net/nan"),
+    ],
+)
+def test_every_point_drawn_is_a_data_point_of_its_series(env, run, layer):
+    frame = env["browser"].open(env["tb"].base, {"run": run, "view": "layer", "layer": layer})
+    frame.wait_for_selector(f'.lg-stats-table[data-layer="{layer}"]')
+    frame.wait_for_function("() => document.querySelectorAll('.lg-panel-charts svg.lg-lines[data-empty]').length === 6")
+    body = frame.evaluate(PAGE_STATS)
+    steps = tr.steps_of(run)
+    if run == tr.LONG:
+        assert body["binned"]  # 100,000 steps: each drawn value is a bin's largest or smallest, a recorded value
+        whole = frame.evaluate(f"async () => (await fetch('./stats?run={run}&layer={layer}')).json()")
+        assert whole["steps"] == steps
+        norm = np.array([np.nan if v is None else v for v in whole["stats"]["norm"]])
+        for j, (a, z) in enumerate(zip(body["steps"], body["last_steps"])):
+            assert body["max"]["norm"][j] == np.nanmax(norm[a : z + 1]) and body["min"]["norm"][j] == np.nanmin(
+                norm[a : z + 1]
+            )
+    else:
+        assert body["steps"] == steps
+    for w in (0.0, 0.6):
+        frame.locator(".lg-layer-smoothing").fill(str(w))
+        frame.wait_for_function(f"() => document.querySelector('.lg-layer-smoothing-value')?.textContent === '{w:.3f}'")
+        charts = frame.evaluate(READ_LINES)
+        assert len(charts) == 6
+        assert assert_only_data_drawn(charts, body, w) > 0 or layer == "net/allinf"
+    by_title = {c["title"].split(" (")[0]: c for c in charts}
+    if layer == "net/nan" and run == tr.GAPS:
+        # No finite element over steps 40-59: nothing drawn there, smoothed or not, and the chart says so.
+        note = by_title["mean |g|"]["note"]
+        assert "not drawn: output: no value at 20 steps (40–59) — no finite element there" in note, note
+        fx, _, fw, _ = by_title["L2 norm"]["frame"]
+        at40 = fx + (40 - by_title["L2 norm"]["x0"]) / (by_title["L2 norm"]["x1"] - by_title["L2 norm"]["x0"]) * fw
+        assert all(x < at40 - 1 for line in by_title["L2 norm"]["lines"] for x, _ in line["points"])
+    if layer == "net/zero":
+        # Zeros on a log axis: marked under the plot and named; the smoothed line not drawn over them either.
+        assert "output: 0 (not drawn on a log scale) at 5 steps" in by_title["L2 norm"]["note"]
+    if layer == "net/big":
+        assert "no value at 1 step (12)" in by_title["L2 norm"]["note"]
+    if layer == "net/allinf":
+        assert by_title["mean |g|"]["empty"]
+    frame.locator(".lg-layer-smoothing").fill("0.6")
+
+
+def test_histogram_ridges_across_decades_get_an_axis_each_and_labels_apart(env):
+    """A gradient growing 10x every 10 steps: by default each ridge on its own range (its label says it), a click
+    puts them on one axis; ridge labels never overlap either way."""
+    frame = layer_view(env, cf.STEADY, "net/a")
+    panel = frame.locator(".lg-panel-hist")
+    svg = panel.locator("svg.lg-hist")
+    assert svg.get_attribute("data-per-step") == "0"  # within 20%: one axis
+    assert panel.locator(".lg-hist-spread").inner_text() == ""
+    labels = [b for b in (t.bounding_box() for t in panel.locator("text.lg-ridge-label").all())]
+    assert len(labels) >= 4 and not any(cf.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
+    # The tab's own chart, on buckets whose range grows 1000-fold over the steps.
+    got = frame.evaluate(
+        """async () => {
+            const m = await import('./charts/histograms.js');
+            const lists = Array.from({length: 20}, (_, k) => { const r = 10 ** (k / 6.3) * 1e-4; return [[-r, 0, 3], [0, r, 5]]; });
+            return {spread: m.rangeSpread(lists), own: m.ownRange([[-1, 0, 1], [0, 3, 2]]), pos: m.ownRange([[1, 2, 1]]),
+                    labels: [...m.labelledRidges([10, 25, 40, 55, 62, 70], 3)].sort((a, b) => a - b)};
+        }"""
+    )
+    assert got["spread"] == pytest.approx(10 ** (19 / 6.3)) and got["own"] == [-3, 3] and got["pos"] == [0, 2]
+    assert got["labels"] == [0, 1, 2, 3, 5]  # 62 is within 12 px of the chosen (55)
+    frame.locator('.lg-toggle[aria-label="histogram x axis"] .lg-toggle-btn', has_text="axis per step").click()
+    frame.wait_for_selector('.lg-panel-hist svg.lg-hist[data-per-step="1"]')
+    assert tf_.parent_state(env["browser"].page)["hx"] == "step"
+    texts = cf.texts(panel.locator("text.lg-ridge-label"))
+    assert all(re.fullmatch(r"step \d+ ±[\d.e-]+", t) for t in texts), texts
+    assert cf.texts(panel.locator("text.lg-xtick")) == ["−max", "0", "+max"]
+    labels = [t.bounding_box() for t in panel.locator("text.lg-ridge-label").all()]
+    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
+    frame.locator('.lg-toggle[aria-label="histogram x axis"] .lg-toggle-btn', has_text="one axis").click()
+    frame.wait_for_selector('.lg-panel-hist svg.lg-hist[data-per-step="0"]')
+
+
+def test_an_axis_has_one_number_format(env):
+    """The tab's axis format: every tick in exponent form as soon as one needs it (a log axis 1e4…1e6)."""
+    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    frame.wait_for_selector(".lg-overview")
+    got = frame.evaluate(
+        """async () => {
+            const m = await import('./format.js');
+            const f = (ts) => { const g = m.axisFormat(ts); return ts.map(g); };
+            return [f([1e4, 1e5, 1e6]), f([10, 100, 1000]), f([0, 5e5, 1e6, 1.5e6]), f([1e-4, 1e-3, 1e-2]), f([0.2, 0.4])];
+        }"""
+    )
+    assert got == [
+        ["1e4", "1e5", "1e6"],
+        ["10", "100", "1000"],
+        ["0", "5e5", "1e6", "1.5e6"],
+        ["1e-4", "1e-3", "1e-2"],
+        ["0.2", "0.4"],
+    ]
+
+
+def test_compare_breaks_a_runs_line_where_it_recorded_no_value_and_joins_steps_it_did_not_record(env):
+    """Compare: `gaps` tells a step recorded without a value (the norm overflowed at BIG_STEP: the line breaks)
+    from one not recorded (steps 20-24: joined, as TensorBoard joins a run logged at other steps)."""
+    frame = env["browser"].open(
+        env["tb"].base, {"view": "compare", "runs": f'["{tr.GAPS}"]', "layer": "net/big", "stat": "norm"}
+    )
+    frame.wait_for_selector(f'.lg-panel-wide path.lg-line[data-series="{tr.GAPS}"]')
+    body = frame.evaluate(
+        """async () => {
+            const e = performance.getEntriesByType('resource').filter((r) => new URL(r.name).pathname.endsWith('/compare'));
+            return (await fetch(e[e.length - 1].name)).json();
+        }"""
+    )
+    assert body["steps"] == tr.GAP_STEPS and body["gaps"] == [[tr.GAP_STEPS.index(tr.BIG_STEP)]]
+    for w in (0.6, 0.0):
+        frame.locator(".lg-compare-smoothing").fill(str(w))
+        frame.wait_for_function(
+            f"() => document.querySelector('.lg-compare-smoothing-value')?.textContent === '{w:.3f}'"
+        )
+        svg = frame.locator(".lg-panel-wide svg.lg-lines")
+        for sel in ("path.lg-line", "path.lg-line-raw") if w else ("path.lg-line",):
+            d = svg.locator(sel).first.get_attribute("d")
+            parts = [cf.path_points("M" + p) for p in d.split("M")[1:]]
+            assert [len(p) for p in parts] == [tr.BIG_STEP, len(tr.GAP_STEPS) - tr.BIG_STEP - 1], (sel, w)
+    assert "no value at 1 step (12)" in frame.locator(".lg-panel-wide .lg-chart-note").inner_text()
+    frame.locator(".lg-compare-smoothing").fill("0.6")

@@ -133,10 +133,8 @@ def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
     for w in (0.6, 0.95, 0.0):
         got = frame.evaluate(
             """async ([w]) => {
-                const m = await import('./noise.js');
-                const b = await (await fetch('./noise_scale?run=ex')).json();
-                const r = b.series[0];
-                return m.smoothedNoiseScale(r.trace, r.signal, w);
+                const b = await (await fetch('./noise_scale?run=ex&smoothing=' + w)).json();
+                return b.series[0].estimate;
             }""",
             [w],
         )

@@ -175,7 +175,8 @@ def test_each_row_shows_the_routes_and_the_reports_hparams_and_health(demo_tab):
     heads = [h["col"] for h in t["heads"]]
     names = [h["name"] for h in demo_tab["sweep"]["hparams"]]
     assert names == ["activation", "learning_rate"]
-    assert heads[: 1 + len(names)] == ["run", *(f"hp:{n}" for n in names)]
+    # The run, its verdict and worst finding (seen without scrolling sideways), then the hyperparameters.
+    assert heads[: 3 + len(names)] == ["run", "verdict", "finding", *(f"hp:{n}" for n in names)]
     report = demo_tab["demo"]["by_target"]
     route = {r["run"]: r for r in demo_tab["sweep"]["runs"]}
     for row in t["rows"]:
@@ -195,7 +196,8 @@ def test_each_row_shows_the_routes_and_the_reports_hparams_and_health(demo_tab):
                 assert_number(c[f"hp:{n}"]["text"], v)
         # Health: the worst of the report's layer verdicts, its latest counts, its first NaN/Inf and origin.
         assert c["verdict"]["state"] == r["verdict"] == worst_state(rep["layers"]), row["run"]
-        assert c["verdict"]["title"] == r["line"]
+        assert c["verdict"]["title"] == r["line"] == c["finding"]["title"]
+        assert c["finding"]["text"] == (r["line"] if len(r["line"]) <= CELL_CHARS else r["line"][:CELL_CHARS] + "…")
         for k, v in rep["summary"]["latest"].items():
             assert_number(c[f"m:latest.{k}"]["text"], v)
         first = rep["summary"]["first_nonfinite"]
@@ -211,6 +213,61 @@ def test_each_row_shows_the_routes_and_the_reports_hparams_and_health(demo_tab):
     for row in sweep:
         sigmoid = row["cells"]["hp:activation"]["text"] == "sigmoid"
         assert (row["cells"]["verdict"]["state"] == "vanishing") == sigmoid, row["run"]
+
+
+# The Runs view in a window: the panel's and the table's widths, each row's run name, verdict and finding boxes.
+FIT = """() => {
+  const panel = document.querySelector('.lg-runs-panel');
+  const box = (e) => { const r = e.getBoundingClientRect(); return {left: r.left, right: r.right}; };
+  return {
+    width: document.documentElement.clientWidth, panel: panel.clientWidth, scroll: panel.scrollWidth,
+    panelBox: box(panel),
+    rows: Array.from(document.querySelectorAll('.lg-runs-table tbody tr:not([hidden])')).map((tr) => ({
+      run: tr.dataset.run, name: box(tr.querySelector('td[data-col="run"]')),
+      verdict: box(tr.querySelector('td[data-col="verdict"]')), finding: box(tr.querySelector('td[data-col="finding"]')),
+      summary: tr.querySelector('td[data-col="summary"]').textContent})),
+  };
+}"""
+
+
+def test_the_runs_view_fits_a_1280_px_window_with_the_run_column_put(demo_tab):
+    """At 1280 x 800 every run's name, verdict and worst finding are in the window without scrolling sideways; the
+    measures fold into one column (each run's counts that are not 0); unfolded, the run's name stays put."""
+    page = demo_tab["browser"].page
+    page.set_viewport_size({"width": 1280, "height": 800})
+    try:
+        frame = open_runs(demo_tab)
+        fit = frame.evaluate(FIT)
+        assert fit["scroll"] <= fit["panel"], fit  # nothing to scroll sideways
+        assert fit["panelBox"]["right"] <= fit["width"]
+        route = {r["run"]: r for r in demo_tab["sweep"]["runs"]}
+        assert {r["run"] for r in fit["rows"]} == set(route)
+        for r in fit["rows"]:
+            for cell in ("name", "verdict", "finding"):
+                assert 0 <= r[cell]["left"] and r[cell]["right"] <= fit["panelBox"]["right"] + 0.5, (r, cell)
+            row = route[r["run"]]
+            counts = [m for m in demo_tab["sweep"]["measures"] if m["kind"] == "count" and m["key"] != "layers"]
+            for m in counts:  # each count that is not 0 is in the summary, with its label
+                v = row
+                for part in m["key"].split("."):
+                    v = v.get(part) if isinstance(v, dict) else None
+                assert (f"{m['label']} {v}" in r["summary"]) == bool(v), (r["run"], m["key"], v, r["summary"])
+        assert frame.locator('th[data-col="m:last_step"]').is_hidden()
+        # Unfolded: every measure column, the table wider than the window, the run's name stays put.
+        frame.locator(".lg-runs-fold").click()
+        frame.wait_for_selector('th[data-col="m:last_step"]', state="visible")
+        assert frame.locator('th[data-col="summary"]').is_hidden()
+        fit = frame.evaluate(FIT)
+        assert fit["scroll"] > fit["panel"], fit
+        before = fit["rows"][0]
+        frame.evaluate("() => { const p = document.querySelector('.lg-runs-panel'); p.scrollLeft = p.scrollWidth; }")
+        frame.wait_for_function("() => document.querySelector('.lg-runs-panel').scrollLeft > 0")
+        after = frame.evaluate(FIT)["rows"][0]
+        assert after["name"] == before["name"] and after["verdict"]["left"] < before["verdict"]["left"]
+        frame.locator(".lg-runs-fold").click()
+        frame.wait_for_selector('th[data-col="m:last_step"]', state="hidden")
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
 
 
 def test_a_header_sorts_ascending_then_descending_empty_cells_last(demo_tab):
@@ -350,6 +407,33 @@ def test_scatter_places_one_point_per_run_by_its_values(demo_tab):
     assert_number(tip.locator("tr", has_text="learning_rate").locator("td").inner_text(), float(target["x"]))
     dot.click()
     frame.wait_for_function("(n) => document.querySelector('.lg-run-name')?.textContent === n", arg=target["run"])
+
+
+INSIDE = """() => {
+  const f = document.querySelector('.lg-scatter rect.lg-frame');
+  if (!f) return [];  // nothing to plot for this measure
+  const [x, y, w, h] = ['x', 'y', 'width', 'height'].map((k) => Number(f.getAttribute(k)));
+  return Array.from(document.querySelectorAll('.lg-scatter-point')).map((c) => {
+    const [cx, cy, r] = ['cx', 'cy', 'r'].map((k) => Number(c.getAttribute(k)));
+    return {run: c.dataset.key, inside: cx - r >= x - 0.01 && cx + r <= x + w + 0.01 && cy - r >= y - 0.01 && cy + r <= y + h + 0.01};
+  });
+}"""
+
+
+def test_scatter_points_are_whole_inside_the_plot_on_every_axis(demo_tab):
+    """Every point's disc inside the plot's frame, for each measure on y and each hyperparameter on x (log, linear,
+    categories): a point at an end of an axis is not half clipped."""
+    frame = open_runs(demo_tab)
+    ys = frame.locator('select[aria-label="health measure on y"] option').evaluate_all("es => es.map((e) => e.value)")
+    assert len(ys) >= 5
+    for sx, xlog in (("learning_rate", True), ("learning_rate", False), ("activation", None)):
+        for sy in ys[:2] + ys[-2:]:  # severity (0 and 4 at the ends), the first NaN step, the trend, the layers
+            state = {"view": "runs", "sx": sx, "sy": sy, **({} if xlog is None else {"xlog": "1" if xlog else "0"})}
+            frame = demo_tab["browser"].open(demo_tab["tb"].base, state)
+            frame.wait_for_selector(".lg-runs[data-draw-ms]", timeout=30_000)
+            frame.wait_for_selector(".lg-scatter rect.lg-frame, .lg-scatter .lg-empty-text", state="attached")
+            points = frame.evaluate(INSIDE)
+            assert [p for p in points if not p["inside"]] == [], (sx, xlog, sy)
 
 
 def test_scatter_of_a_string_hparam_is_categorical_and_log_says_why_not(demo_tab):

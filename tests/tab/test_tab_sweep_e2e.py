@@ -3,8 +3,9 @@
 tests/sweep_fixtures.py's 100 runs x 1,000 steps with hyperparameters logged by `hp.hparams`: all 100 compared
 are 100 lines of 1,000 points (how fast they are drawn: bench/tab_sweep.py); hovering a line or its legend entry
 highlights that run in the overlay and the depth profile and fades the others; the depth profile of all 100 comes
-in one `depth` request, no `matrix` request; their histograms at the step are outlines, with a note, and hovering
-one highlights that run everywhere (and hovering elsewhere highlights it there); colouring by a numeric
+in one `depth` request, no `matrix` request; their histograms at the step (one `histograms_at` request) are
+outlines, with a note, and hovering one highlights that run everywhere (and hovering elsewhere highlights it
+there); colouring by a numeric
 hyperparameter orders the colours as the values, by a categorical one gives one colour per value, runs without it
 grey and counted in the legend; the run list's regular-expression filter, "All" and "None"; hostile names as text.
 """
@@ -94,10 +95,10 @@ def luminance(css: str) -> float:
 def test_a_hundred_runs_are_a_hundred_lines_and_one_depth_request(env):
     frame = open_sweep(env)
     asked = frame.evaluate(
-        """() => ['depth', 'matrix'].map(route => performance.getEntriesByType('resource')
+        """() => ['depth', 'matrix', 'histograms_at', 'histograms'].map(route => performance.getEntriesByType('resource')
                   .filter(e => e.name.includes(`/${route}?`)).length)"""
     )
-    assert asked == [1, 0]  # every run's profile in one request
+    assert asked == [1, 0, 1, 0]  # every run's profile in one request, every run's histogram in one
     lines = frame.locator(f"{OVERLAY} path.lg-line").evaluate_all(
         "els => els.map(e => [e.dataset.key, e.getAttribute('d')])"
     )

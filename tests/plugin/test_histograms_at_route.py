@@ -1,0 +1,124 @@
+"""`histograms_at`: one layer's histogram in many runs at one step, through a real `tensorboard` under both loaders.
+
+RUNS runs x LAYERS layers with histograms (`long_fixtures.write_run`: the records the summary ops write, framed
+fast), run k `k % 5` steps shorter than the longest; every tenth in format version 1 without histograms (stats
+only: `missing`). Each run's histogram is checked against the records written (counts, and edges from the same
+step's min and max, docs/FORMAT.md) and against what `histograms` answers for that run at that step. Its speed
+(the compare view's histograms of 100 runs) is measured in bench/tab_sweep.py.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+
+import long_fixtures as lf
+import numpy as np
+import pytest
+from tensorboard_process import PLUGIN_API, tensorboards
+
+from tb_layergrad import metadata
+
+RUNS = 30
+LAYERS = [f"net/l{i}" for i in range(4)]
+STEPS = 24
+LAYER = LAYERS[2]
+
+
+def run_name(k: int) -> str:
+    return f"sweep/run_{k:03d}"
+
+
+def last_step(k: int) -> int:
+    return STEPS - 1 - k % 5
+
+
+def stats_only(k: int) -> bool:
+    return k % 10 == 3
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    logdir = tmp_path_factory.mktemp("hists_at")
+    tables = {}
+    for k in range(RUNS):
+        v1 = stats_only(k)
+        tables[run_name(k)] = lf.write_run(
+            str(logdir / run_name(k)),
+            LAYERS,
+            last_step(k) + 1,
+            format_version=1 if v1 else 2,
+            seed=k + 1,
+            histograms=not v1,
+        )
+    lasts = {run_name(k): last_step(k) for k in range(RUNS)}
+    with tensorboards(str(logdir), [("true", []), ("false", [])], str(tmp_path_factory.mktemp("logs"))) as procs:
+        for p in procs:
+            p.wait_for_runs(lasts, timeout=300)
+        yield procs, tables
+
+
+def path(runs, layers=(LAYER,), **more) -> str:
+    pairs = [("run", r) for r in runs] + [("layer", x) for x in layers] + list(more.items())
+    return PLUGIN_API + "histograms_at?" + urllib.parse.urlencode(pairs)
+
+
+def want_buckets(tables, k: int, layer: str, step: int) -> np.ndarray:
+    """[HIST_BUCKETS, 3]: the counts written, on edges from that step's stats min and max."""
+    counts = lf.histogram_counts(len(LAYERS), seed=k + 1)[LAYERS.index(layer)]
+    row = tables[run_name(k)][layer][step]
+    left, right = metadata.histogram_edges(float(row[lf.S["min"]]), float(row[lf.S["max"]]), counts.size)
+    return np.stack([left, right, counts.astype(np.float64)], axis=1)
+
+
+@pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
+def test_each_runs_histogram_at_the_step_or_the_latest_before(sweep, loader):
+    procs, tables = sweep
+    tb = procs[loader]
+    runs = [run_name(k) for k in reversed(range(RUNS))]  # the order asked is the order answered
+    asked = STEPS - 1
+    body = tb.get_json(path(runs, step=asked), timeout=60)
+    assert body["runs"] == runs and (body["step"], body["target"], body["source"]) == (asked, "loss", "output")
+    assert body["missing"] == [r for r in runs if stats_only(int(r[-3:]))]
+    assert [h["run"] for h in body["histograms"]] == runs and {h["layer"] for h in body["histograms"]} == {LAYER}
+    for h in body["histograms"]:
+        k = int(h["run"][-3:])
+        if stats_only(k):
+            assert (h["step"], h["buckets"]) == (None, [])
+            continue
+        assert h["step"] == last_step(k)  # the nearest recorded step at or before the one asked
+        np.testing.assert_array_equal(np.array(h["buckets"]), want_buckets(tables, k, LAYER, h["step"]))
+        one = tb.get_json(
+            PLUGIN_API
+            + "histograms?"
+            + urllib.parse.urlencode({"run": h["run"], "layer": LAYER, "start": h["step"], "end": h["step"]})
+        )
+        assert one["steps"] == [h["step"]] and one["histograms"] == [h["buckets"]]
+    assert tb.get_json(path(runs, step=asked), timeout=60) == body  # warm: the same answer
+
+
+@pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
+def test_a_layer_per_run_an_earlier_step_and_no_step(sweep, loader):
+    procs, tables = sweep
+    tb = procs[loader]
+    ks = [k for k in range(RUNS) if not stats_only(k)][:8]
+    runs = [run_name(k) for k in ks]
+    layers = [LAYERS[k % len(LAYERS)] for k in ks]
+    body = tb.get_json(path(runs, layers, step=5))
+    assert body["missing"] == [] and [h["layer"] for h in body["histograms"]] == layers
+    for k, layer, h in zip(ks, layers, body["histograms"]):
+        assert h["step"] == 5
+        np.testing.assert_array_equal(np.array(h["buckets"]), want_buckets(tables, k, layer, 5))
+    body = tb.get_json(path(runs))  # no step: each run's last
+    assert body["step"] is None and [h["step"] for h in body["histograms"]] == [last_step(k) for k in ks]
+
+
+def test_histograms_at_names_what_is_missing_or_unknown(sweep):
+    tb = sweep[0][0]
+    status, body, _ = tb.get(path([run_name(3), run_name(13)]), timeout=30)
+    assert status == 404 and b"no 'output' histograms of layer 'net/l2' for target 'loss' in any of the runs" in body
+    status, body, _ = tb.get(path([run_name(0), "sweep/nope"]), timeout=30)
+    assert status == 404 and b"sweep/nope" in body
+    status, body, _ = tb.get(path([run_name(0), run_name(1)], ["net/l0", "net/l1", "net/l2"]), timeout=30)
+    assert status == 400 and b"once per run (2), got 3" in body
+    body = tb.get_json(path([run_name(0), run_name(1)], ["net/nope", LAYER]))
+    assert body["missing"] == [run_name(0)]
