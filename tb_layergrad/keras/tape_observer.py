@@ -17,7 +17,9 @@ CycleGAN's one persistent tape asked for four losses). So, while an
   call that asks for no trainable weight, e.g. a gradient penalty's) or makes
   ONE call of the real method for the sources the step asked for *and* its
   own (layer outputs, timestep probes) and returns the step's part unchanged.
-  The observation's own calls go to the real method directly.
+  The observation's own calls go to the real method directly, and a tape
+  entered while a gradient() call runs (TensorFlow's own, inside a backward
+  pass) is not the step's: it is not adopted.
 
 Nothing in the step is replaced: the tape, the loss, the optimizer and the
 update are the step's own, so training is bit for bit what it is without the
@@ -72,10 +74,22 @@ def _current() -> Optional[Observation]:
     return getattr(_local, "observation", None)
 
 
+def _differentiating() -> int:
+    """How many gradient() calls run on this thread now (a backward pass in progress)."""
+    return getattr(_local, "differentiating", 0)
+
+
 def _enter(tape: Any) -> Any:
     result = _originals["__enter__"](tape)
     observation = _current()
-    if observation is not None and id(tape) not in observation._adopted and not getattr(tape, "_layergrad_own", False):
+    # A tape entered while a gradient() call runs is TensorFlow's own (the gradient of a fused batch norm's
+    # gradient opens one, as does tf.recompute_grad), not one of the step's: not adopted, its calls pass through.
+    if (
+        observation is not None
+        and not _differentiating()
+        and id(tape) not in observation._adopted
+        and not getattr(tape, "_layergrad_own", False)
+    ):
         observation._adopted[id(tape)] = tape
         if observation.tape is None:
             observation.tape = tape
@@ -93,9 +107,15 @@ def _exit(tape: Any, *exc: Any) -> Any:
 def _gradient(tape: Any, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
     real = _originals["gradient"]
     observation = _current()
-    if observation is None or observation._adopted.get(id(tape)) is not tape:
+    if observation is None:
         return real(tape, target, sources, *args, **kwargs)
-    return observation.answer(tape, target, sources, args, kwargs, real)
+    _local.differentiating = _differentiating() + 1
+    try:
+        if observation._adopted.get(id(tape)) is not tape:
+            return real(tape, target, sources, *args, **kwargs)
+        return observation.answer(tape, target, sources, args, kwargs, real)
+    finally:
+        _local.differentiating -= 1
 
 
 def _install() -> None:

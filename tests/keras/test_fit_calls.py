@@ -22,6 +22,8 @@ import tb_layergrad
 from tb_layergrad.capturing.layer_tree import LayerTree
 from tb_layergrad.keras.step_observation import target_name
 
+pytestmark = pytest.mark.slow  # trains: left to CI by the quick loop
+
 tf = pytest.importorskip("tensorflow")
 
 

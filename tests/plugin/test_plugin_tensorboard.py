@@ -80,7 +80,9 @@ def test_all_steps_without_any_flag(servers, name):
     for i, row in enumerate(body["values"]):
         want = [big_expected_norm(i, s) for s in range(BIG_STEPS)]
         if i == 0:
-            want[BIG_NAN_STEP] = None  # an all-NaN tensor: no finite element, no value (docs/FORMAT.md, "Reading stats")
+            want[BIG_NAN_STEP] = (
+                None  # an all-NaN tensor: no finite element, no value (docs/FORMAT.md, "Reading stats")
+            )
         # 12 equal float32 values: squares and a 12-term sum in float32 at worst (TensorFlow's path),
         # a sqrt halving that and rounding once; the reference's sqrt(12) * v rounds twice in float64.
         if i == 0:

@@ -24,7 +24,8 @@ with `update_freq=2` (there Keras hands out the last step of each execution only
 
 **The checks,** for each example, from two fit()s of the same seeded model, one with GradientLogger(update_freq,
 weights=True) beside Keras' `TensorBoard(update_freq=1)`:
-(a) training bitwise unchanged (XLA: the first update within the derived bound, bitwise on where it was);
+(a) training bitwise unchanged (XLA: bitwise up to the first execution that differs, which is within the derived
+    bound of the same math from equal weights; the runs are not compared after it);
 (b) the records at the steps `s % update_freq == 0`, which are Keras' TensorBoard batch steps
     (`steps_per_execution=1`; both read back through TensorBoard's readers), nothing the plain fit lacks warned;
 (c) the targets of each logged step are exactly the names the rule gives, computed here from the StepSpec: one
@@ -59,7 +60,7 @@ from tolerances import TWO_SIDES, assert_same_float32_math, chain_rtol, reductio
 import tb_layergrad
 
 tf = pytest.importorskip("tensorflow")
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # trains: left to CI by the quick loop
 
 SEED = 12
 ROOT = "gen"
@@ -714,21 +715,24 @@ def check(spec: StepSpec, tmp_path) -> List[str]:
     expected = expected_targets(spec)
     step_length = reference.base * sum(1 for _, weights in expected if weights)
 
-    # (a) training unchanged: bitwise, batch by batch; under XLA the first execution within the same math's bound
-    # where it differs (another fusion), and then nothing more to compare (docs/FIT.md)
+    # (a) training unchanged: bitwise, batch by batch. Under XLA (docs/DESIGN.md, "XLA neutrality") the first
+    # execution that differs started from equal weights, so it is within the same math's any-order bound; after it
+    # the two trainings are two runs, with nothing more to compare. A bitwise first execution does not make the
+    # later ones so: LayerNormalization's first update multiplies by gamma = 1 and adds beta = 0, exact in any order.
     with findings.check("training"):
         assert sorted(snaps.after) == sorted(plain_snaps.after), (sorted(snaps.after), sorted(plain_snaps.after))
-        first = sorted(snaps.after)[0]
-        bitwise = all(np.array_equal(plain_snaps.after[first][k], v) for k, v in snaps.after[first].items())
+        before = 0  # the batch count at the last snapshot where both trainings were bitwise equal
         for s in sorted(snaps.after):
+            equal = all(np.array_equal(plain_snaps.after[s][k], v) for k, v in snaps.after[s].items())
+            if spec.mode == "xla" and not equal:
+                for key, want in plain_snaps.after[s].items():
+                    assert_same_float32_math(
+                        snaps.after[s][key], want, step_length * (s - before), f"{key} after {s} (XLA)"
+                    )
+                break
             for key, want in plain_snaps.after[s].items():
-                if spec.mode == "xla" and not bitwise:
-                    if s == first:
-                        assert_same_float32_math(
-                            snaps.after[s][key], want, step_length * first, f"{key} after {s} (XLA)"
-                        )
-                else:
-                    np.testing.assert_array_equal(snaps.after[s][key], want, err_msg=f"{key} after batch {s}")
+                np.testing.assert_array_equal(snaps.after[s][key], want, err_msg=f"{key} after batch {s}")
+            before = s
 
     # (b) the steps: the schedule, which are Keras' TensorBoard's batch steps
     logged_steps = [s for s in range(1, BATCHES + 1) if s % spec.update_freq == 0]
