@@ -194,20 +194,26 @@ def _fast_path_applies(m: _Moments) -> tf.Tensor:
     overflowing sum of squares also lands here; the general path handles it
     exactly). An empty tensor has lo=+max, hi=-max. Tiny magnitudes (see
     _FAST_MIN_MAGNITUDE) and a one-pass variance that would lose digits
-    (|mean| >> std) also take the general path.
+    (|mean| >> std) also take the general path; one unique value does not
+    (its mean is min, its std 0: nothing to lose), so that a step's scalar
+    target value, batched with its gradients, does not send all of them
+    down the per-tensor path.
     """
     dt = m.lo.dtype
     top = tf.maximum(tf.abs(m.lo), tf.abs(m.hi))
     big_enough = (top >= tf.constant(_FAST_MIN_MAGNITUDE[dt], dt)) | tf.equal(top, tf.zeros([], dt))
     mean, var = _one_pass_moments(m)
-    exact_enough = mean * mean <= 1e3 * var
+    exact_enough = (mean * mean <= 1e3 * var) | tf.equal(m.lo, m.hi)
     finite = tf.reduce_all(tf.math.is_finite(tf.stack([m.total, m.sumsq, m.lo, m.hi])), axis=0)
     return finite & (m.n > 0) & big_enough & exact_enough
 
 
 def _one_pass_moments(m: _Moments) -> Tuple[tf.Tensor, tf.Tensor]:
+    """(mean, variance) from the sums; one unique value (min == max) is its own mean, with variance 0."""
     mean = m.total / tf.maximum(m.n, 1)
-    return mean, tf.maximum(m.sumsq / tf.maximum(m.n, 1) - mean * mean, 0)
+    var = tf.maximum(m.sumsq / tf.maximum(m.n, 1) - mean * mean, 0)
+    unique = tf.equal(m.lo, m.hi)
+    return tf.where(unique, m.lo, mean), tf.where(unique, tf.zeros_like(var), var)
 
 
 def _fast(xs: List[tf.Tensor], m: _Moments, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
@@ -299,6 +305,10 @@ def _general(x: tf.Tensor, buckets: int) -> Tuple[tf.Tensor, tf.Tensor]:
     mean = tf.reduce_sum(xs) / n_div
     centered = tf.where(finite, xs - mean, tf.zeros_like(x))
     var = tf.reduce_sum(centered * centered) / n_div
+    # One unique finite value is its own mean, with variance 0 (as on the fast path), not a rounded sum's.
+    unique = tf.equal(lo, hi)
+    mean = tf.where(unique, lo / scale, mean)
+    var = tf.where(unique, tf.zeros([], dt), var)
     norm = tf.cast(tf.sqrt(tf.reduce_sum(xs * xs)), tf.float64) * scale64
     mean_abs = tf.reduce_sum(tf.abs(xs)) / n_div
 

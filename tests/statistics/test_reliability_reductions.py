@@ -316,3 +316,17 @@ def test_counts_stay_exact_past_float32_integers():
     assert hist.numpy()[:, 2].sum() == n
     hist, stats = reductions.histogram_and_stats(tf.zeros([n], tf.float16), 4)  # one unique value
     assert stats.numpy()[S["elements"]] == n and hist.numpy()[-1, 2] == n
+
+
+@pytest.mark.parametrize("mode", ["eager-fast", "function-fast", "eager-general", "function-general"])
+@pytest.mark.parametrize("value", [0.1, 1 / 3, -3.7, 2.5e-30])
+def test_one_unique_value_is_its_own_mean_with_std_zero(mode, value):
+    """A tensor of one unique value (a step's scalar target value is one) has that value as its mean and std 0,
+    exactly: not a rounded sum's, and without leaving the fast path (the one path of a batch)."""
+    for shape in ([], [7], [3, 5]):
+        x = tf.fill(shape, tf.constant(value, tf.float32))
+        hist, stats = run(mode, x, 30)
+        stats = stats.numpy()
+        assert stats[S["mean"]] == np.float32(value) and stats[S["std"]] == 0.0, (mode, shape, stats)
+        assert stats[S["min"]] == stats[S["max"]] == np.float32(value)
+        assert hist.numpy()[-1, 2] == max(1, int(np.prod(shape))) and hist.numpy()[:-1, 2].sum() == 0
