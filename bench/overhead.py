@@ -177,6 +177,7 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
         "ours_every_1": ours(1),
         "ours_every_10": ours(10),
         "ours_every_1, TensorFlow ops (no fused kernel)": logged(1, "nokernel", without_kernel),
+        "ours_every_10, TensorFlow ops (no fused kernel)": logged(10, "nokernel", without_kernel),
         "tf.summary.histogram_every_1": tb_histogram(1),
         "tf.summary.histogram_every_10": tb_histogram(10),
     }

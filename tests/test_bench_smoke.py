@@ -91,6 +91,21 @@ def test_fit_weights_bench_rewrites_only_its_section(tmp_path):
 
 
 @pytest.mark.slow
+def test_no_kernel_bench_rewrites_only_its_section(tmp_path):
+    """`bench/run.py --only-no-kernel`: the custom loop through TensorFlow's ops and through the fused kernel against
+    the plain step, its section replaced in an existing report whose other figures are kept; each target judged."""
+    before, lines = rewrite_twice(tmp_path, "--only-no-kernel")
+    headings = [line for line in lines if line.startswith("### ")]
+    assert len(headings) == 3 and headings[0] == "### Old figures" and headings[2] == "### Reading the figures"
+    assert headings[1].startswith("### Without the fused kernel (TensorFlow's ops")
+    assert lines[:6] == before[:6] and lines[-1] == "kept"
+    (row,) = [line for line in lines if line.startswith("| mlp |")]
+    cells = [c.strip() for c in row.strip("|").split("|")][1:]
+    assert cells[0].endswith(" ms") and all(c.endswith(("met)")) for c in cells[1:3]), row
+    assert cells[3].endswith("x") and cells[4].endswith("x") and cells[5].endswith(("yes)", "no)")), row
+
+
+@pytest.mark.slow
 @pytest.mark.browser
 def test_tab_sweep_bench_rewrites_only_its_section(tmp_path):
     """`bench/run.py --only-tab-sweep`: a tiny sweep in real TensorBoards (both loaders) and headless Chromium,
