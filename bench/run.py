@@ -556,7 +556,9 @@ READING = """### Reading the figures
   record holds (sum, sum of squares, min, max, sum of |x|, non-zero count): the records with nothing but
   the kernels they need, no path choice, no NaN/Inf handling, no edges. Ours minus this floor is what the
   exact, NaN-safe epilogue costs; this floor minus the first is what the statistics cost.
-- *TensorFlow ops (no fused kernel)*: ours where the fused kernel cannot be built.
+- *TensorFlow ops (no fused kernel)*: ours where the fused kernel cannot be built. *Without the fused
+  kernel* sets that path against its targets, with the kernel beside it: the fused kernel is kept where
+  TensorFlow's ops take more than 3% longer than it every step.
 - fit(): *ours_every_N* is the default, which also checks every step for a NaN/Inf (the observing step
   runs at every step); *on_nonfinite="ignore"* runs Keras' own step on the steps that log nothing;
   *+activations* also logs the layer outputs.
