@@ -287,8 +287,8 @@ TESTS = PACKAGE.parent / "tests"
 
 
 def _helpers_imported_by_name(path: Path) -> Set[str]:
-    """The tests/ helper modules (tests/*.py but test files and conftest.py) that `path` imports by name."""
-    helpers = {p.stem for p in TESTS.glob("*.py") if not p.name.startswith("test_") and p.name != "conftest.py"}
+    """The modules of tests/ (helpers, conftest.py, other test files) that `path` imports by name."""
+    helpers = {p.stem for p in TESTS.rglob("*.py")}
     found = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -303,10 +303,7 @@ def _helpers_imported_by_name(path: Path) -> Set[str]:
 NOT_YET_ON_FIXTURES: Set[str] = {
     "capturing/test_capture.py",
     "capturing/test_timesteps.py",
-    "cli/test_cli.py",
-    "cli/test_demo.py",
     "cli/test_report_cli.py",
-    "cli/test_verdict_demo.py",
     "distribute/test_distribute_custom_loop.py",
     "distribute/test_distribute_fit.py",
     "distribute/test_distribute_multiworker.py",
@@ -377,9 +374,9 @@ NOT_YET_ON_FIXTURES: Set[str] = {
 
 
 def test_no_test_file_imports_a_helper_module_by_name():
-    """A test takes the shared helpers as fixtures (tests/conftest.py, its room's conftest.py), never by `import`:
-    its signature says what it uses, `pytest --fixtures` lists them, and no test depends on tests/ being on
-    sys.path. conftest.py files and the helper modules themselves may import helper modules."""
+    """A test takes the shared helpers as fixtures (tests/conftest.py, its room's conftest.py), never by `import`
+    (nor a conftest.py or another test file): its signature says what it uses, `pytest --fixtures` lists them, and
+    no test depends on what was collected before it. conftest.py files and the helpers may import helpers."""
     importing = {
         str(path.relative_to(TESTS)) for path in sorted(TESTS.rglob("test_*.py")) if _helpers_imported_by_name(path)
     }
