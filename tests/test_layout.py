@@ -324,8 +324,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_fit_tapes_options.py",
     "keras/test_fit_targets.py",
     "keras/test_tuner.py",
-    "kernel/test_fused_kernel.py",
-    "kernel/test_kernel_cache.py",
     "plugin/test_binned_routes.py",
     "plugin/test_compare_scale.py",
     "plugin/test_depth_route.py",
