@@ -353,7 +353,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "reader/test_record_index.py",
     "reader/test_reliability_logdirs.py",
     "reader/test_report_rules.py",
-    "statistics/test_reliability_reductions.py",
     "tab/test_tab_charts_e2e.py",
     "tab/test_tab_compare_limit_e2e.py",
     "tab/test_tab_damage_e2e.py",
