@@ -302,7 +302,6 @@ def _helpers_imported_by_name(path: Path) -> Set[str]:
 # shrinks (the test below fails on a file that has left it as on one that joins it).
 NOT_YET_ON_FIXTURES: Set[str] = {
     "capturing/test_capture.py",
-    "capturing/test_timesteps.py",
     "cli/test_report_cli.py",
     "distribute/test_distribute_custom_loop.py",
     "distribute/test_distribute_fit.py",
