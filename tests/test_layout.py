@@ -351,8 +351,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "tab/test_tab_sweep_e2e.py",
     "tab/test_tab_verdict_e2e.py",
     "tab/test_tab_zoom_e2e.py",
-    "test_readme.py",
-    "test_tolerances.py",
 }
 
 
