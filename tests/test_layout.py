@@ -331,16 +331,9 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "reader/test_read_v2.py",
     "reader/test_reliability_logdirs.py",
     "tab/test_tab_charts_e2e.py",
-    "tab/test_tab_compare_limit_e2e.py",
-    "tab/test_tab_demo_e2e.py",
     "tab/test_tab_e2e.py",
-    "tab/test_tab_examples_e2e.py",
-    "tab/test_tab_gan_e2e.py",
     "tab/test_tab_origin_e2e.py",
     "tab/test_tab_runs_e2e.py",
-    "tab/test_tab_sweep_e2e.py",
-    "tab/test_tab_verdict_e2e.py",
-    "tab/test_tab_zoom_e2e.py",
 }
 
 
