@@ -324,7 +324,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "plugin/test_plugin_routes.py",
     "plugin/test_report_route.py",
     "reader/test_origin_read.py",
-    "reader/test_read_format_v1.py",
     "reader/test_read_v2.py",
     "reader/test_reliability_logdirs.py",
     "tab/test_tab_charts_e2e.py",
