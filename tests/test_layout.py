@@ -302,10 +302,6 @@ def _helpers_imported_by_name(path: Path) -> Set[str]:
 # shrinks (the test below fails on a file that has left it as on one that joins it).
 NOT_YET_ON_FIXTURES: Set[str] = {
     "cli/test_report_cli.py",
-    "distribute/test_distribute_custom_loop.py",
-    "distribute/test_distribute_fit.py",
-    "distribute/test_distribute_multiworker.py",
-    "distribute/test_distribute_per_example.py",
     "keras/test_fit_activations.py",
     "keras/test_fit_calls.py",
     "keras/test_fit_custom_step.py",
