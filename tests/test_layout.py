@@ -316,7 +316,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_tuner.py",
     "plugin/test_dominated_route.py",
     "plugin/test_examples_routes.py",
-    "plugin/test_plugin_errors.py",
     "plugin/test_plugin_routes.py",
     "plugin/test_report_route.py",
     "reader/test_origin_read.py",
