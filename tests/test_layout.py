@@ -310,7 +310,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_fit_logger.py",
     "keras/test_fit_neutral.py",
     "keras/test_fit_per_example.py",
-    "keras/test_fit_per_example_mixed_precision.py",
     "keras/test_fit_tapes.py",
     "keras/test_fit_tapes_options.py",
     "keras/test_tuner.py",
