@@ -303,7 +303,6 @@ def _helpers_imported_by_name(path: Path) -> Set[str]:
 NOT_YET_ON_FIXTURES: Set[str] = {
     "cli/test_report_cli.py",
     "keras/test_fit_activations.py",
-    "keras/test_fit_calls.py",
     "keras/test_fit_custom_step.py",
     "keras/test_fit_gallery.py",
     "keras/test_fit_generated_steps.py",
