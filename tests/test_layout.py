@@ -307,7 +307,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_fit_gallery.py",
     "keras/test_fit_generated_steps.py",
     "keras/test_fit_logger.py",
-    "keras/test_fit_neutral.py",
     "keras/test_fit_per_example.py",
     "keras/test_fit_tapes.py",
     "keras/test_fit_tapes_options.py",
