@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import urllib.parse
 
-import long_fixtures as lf
 import numpy as np
 import pytest
-from tensorboard_process import PLUGIN_API, tensorboards
 
 from tb_layergrad import metadata
 
@@ -37,12 +35,12 @@ def stats_only(k: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, long_fixtures, tensorboard_process):
     logdir = tmp_path_factory.mktemp("hists_at")
     tables = {}
     for k in range(RUNS):
         v1 = stats_only(k)
-        tables[run_name(k)] = lf.write_run(
+        tables[run_name(k)] = long_fixtures.write_run(
             str(logdir / run_name(k)),
             LAYERS,
             last_step(k) + 1,
@@ -51,32 +49,36 @@ def sweep(tmp_path_factory):
             histograms=not v1,
         )
     lasts = {run_name(k): last_step(k) for k in range(RUNS)}
-    with tensorboards(str(logdir), [("true", []), ("false", [])], str(tmp_path_factory.mktemp("logs"))) as procs:
+    with tensorboard_process.tensorboards(
+        str(logdir), [("true", []), ("false", [])], str(tmp_path_factory.mktemp("logs"))
+    ) as procs:
         for p in procs:
             p.wait_for_runs(lasts, timeout=300)
         yield procs, tables
 
 
-def path(runs, layers=(LAYER,), **more) -> str:
+def path(tensorboard_process, runs, layers=(LAYER,), **more) -> str:
     pairs = [("run", r) for r in runs] + [("layer", x) for x in layers] + list(more.items())
-    return PLUGIN_API + "histograms_at?" + urllib.parse.urlencode(pairs)
+    return tensorboard_process.PLUGIN_API + "histograms_at?" + urllib.parse.urlencode(pairs)
 
 
-def want_buckets(tables, k: int, layer: str, step: int) -> np.ndarray:
+def want_buckets(long_fixtures, tables, k: int, layer: str, step: int) -> np.ndarray:
     """[HIST_BUCKETS, 3]: the counts written, on edges from that step's stats min and max."""
-    counts = lf.histogram_counts(len(LAYERS), seed=k + 1)[LAYERS.index(layer)]
+    counts = long_fixtures.histogram_counts(len(LAYERS), seed=k + 1)[LAYERS.index(layer)]
     row = tables[run_name(k)][layer][step]
-    left, right = metadata.histogram_edges(float(row[lf.S["min"]]), float(row[lf.S["max"]]), counts.size)
+    left, right = metadata.histogram_edges(
+        float(row[long_fixtures.S["min"]]), float(row[long_fixtures.S["max"]]), counts.size
+    )
     return np.stack([left, right, counts.astype(np.float64)], axis=1)
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
-def test_each_runs_histogram_at_the_step_or_the_latest_before(sweep, loader):
+def test_each_runs_histogram_at_the_step_or_the_latest_before(sweep, loader, long_fixtures, tensorboard_process):
     procs, tables = sweep
     tb = procs[loader]
     runs = [run_name(k) for k in reversed(range(RUNS))]  # the order asked is the order answered
     asked = STEPS - 1
-    body = tb.get_json(path(runs, step=asked), timeout=60)
+    body = tb.get_json(path(tensorboard_process, runs, step=asked), timeout=60)
     assert body["runs"] == runs and (body["step"], body["target"], body["source"]) == (asked, "loss", "output")
     assert body["missing"] == [r for r in runs if stats_only(int(r[-3:]))]
     assert [h["run"] for h in body["histograms"]] == runs and {h["layer"] for h in body["histograms"]} == {LAYER}
@@ -86,39 +88,41 @@ def test_each_runs_histogram_at_the_step_or_the_latest_before(sweep, loader):
             assert (h["step"], h["buckets"]) == (None, [])
             continue
         assert h["step"] == last_step(k)  # the nearest recorded step at or before the one asked
-        np.testing.assert_array_equal(np.array(h["buckets"]), want_buckets(tables, k, LAYER, h["step"]))
+        np.testing.assert_array_equal(np.array(h["buckets"]), want_buckets(long_fixtures, tables, k, LAYER, h["step"]))
         one = tb.get_json(
-            PLUGIN_API
+            tensorboard_process.PLUGIN_API
             + "histograms?"
             + urllib.parse.urlencode({"run": h["run"], "layer": LAYER, "start": h["step"], "end": h["step"]})
         )
         assert one["steps"] == [h["step"]] and one["histograms"] == [h["buckets"]]
-    assert tb.get_json(path(runs, step=asked), timeout=60) == body  # warm: the same answer
+    assert tb.get_json(path(tensorboard_process, runs, step=asked), timeout=60) == body  # warm: the same answer
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
-def test_a_layer_per_run_an_earlier_step_and_no_step(sweep, loader):
+def test_a_layer_per_run_an_earlier_step_and_no_step(sweep, loader, long_fixtures, tensorboard_process):
     procs, tables = sweep
     tb = procs[loader]
     ks = [k for k in range(RUNS) if not stats_only(k)][:8]
     runs = [run_name(k) for k in ks]
     layers = [LAYERS[k % len(LAYERS)] for k in ks]
-    body = tb.get_json(path(runs, layers, step=5))
+    body = tb.get_json(path(tensorboard_process, runs, layers, step=5))
     assert body["missing"] == [] and [h["layer"] for h in body["histograms"]] == layers
     for k, layer, h in zip(ks, layers, body["histograms"]):
         assert h["step"] == 5
-        np.testing.assert_array_equal(np.array(h["buckets"]), want_buckets(tables, k, layer, 5))
-    body = tb.get_json(path(runs))  # no step: each run's last
+        np.testing.assert_array_equal(np.array(h["buckets"]), want_buckets(long_fixtures, tables, k, layer, 5))
+    body = tb.get_json(path(tensorboard_process, runs))  # no step: each run's last
     assert body["step"] is None and [h["step"] for h in body["histograms"]] == [last_step(k) for k in ks]
 
 
-def test_histograms_at_names_what_is_missing_or_unknown(sweep):
+def test_histograms_at_names_what_is_missing_or_unknown(sweep, tensorboard_process):
     tb = sweep[0][0]
-    status, body, _ = tb.get(path([run_name(3), run_name(13)]), timeout=30)
+    status, body, _ = tb.get(path(tensorboard_process, [run_name(3), run_name(13)]), timeout=30)
     assert status == 404 and b"no 'output' histograms of layer 'net/l2' for target 'loss' in any of the runs" in body
-    status, body, _ = tb.get(path([run_name(0), "sweep/nope"]), timeout=30)
+    status, body, _ = tb.get(path(tensorboard_process, [run_name(0), "sweep/nope"]), timeout=30)
     assert status == 404 and b"sweep/nope" in body
-    status, body, _ = tb.get(path([run_name(0), run_name(1)], ["net/l0", "net/l1", "net/l2"]), timeout=30)
+    status, body, _ = tb.get(
+        path(tensorboard_process, [run_name(0), run_name(1)], ["net/l0", "net/l1", "net/l2"]), timeout=30
+    )
     assert status == 400 and b"once per run (2), got 3" in body
-    body = tb.get_json(path([run_name(0), run_name(1)], ["net/nope", LAYER]))
+    body = tb.get_json(path(tensorboard_process, [run_name(0), run_name(1)], ["net/nope", LAYER]))
     assert body["missing"] == [run_name(0)]
