@@ -3,7 +3,8 @@
 Why a route of its own: the compare view draws the histograms of every run it compares at the chosen step,
 and one `histograms` request per run put a hundred requests (and their listings) between the overlay and
 these outlines at a sweep's scale. Here the runs are listed in one catalog call, and each run's histogram is
-read at that step only, or, where the run has no record there, at the latest step before it.
+read at that step only, or, where the run has no record there, at the latest step before it: one record per run,
+found in the record index of a local logdir (`Reading.latest_records`), else read through TensorBoard's provider.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def near(s: catalog.Series, step: Optional[int]) -> catalog.Series:
 def at_step(reading: Reading, ctx: object, eid: str, rc: catalog.RunCatalog, s: catalog.Series, step: Optional[int]):
     """(the step read, its buckets) of series `s`: at `step`, else the latest step before it (None: the last);
     (None, []) when the run has no record that early."""
-    points = layer_points.latest(reading.source(ctx, eid, rc), near(s, step), step, reading.lister.latest_records)
+    points = layer_points.latest(reading.source(ctx, eid, rc), near(s, step), step, reading.latest_records)
     if not len(points):
         return None, []
     return int(points.steps[-1]), _buckets(points.values[-1])
