@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from concurrent import futures
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 from tensorboard import errors
@@ -72,7 +72,10 @@ def histograms_at_impl(reading: Reading, ctx: object, eid: str, q: HistogramsAtQ
         for run, layer in zip(q.runs, q.layers)
         for t in reading.layer_tags(ctx, eid, run, layer, q.target, q.source, kinds)
     }
-    cat = reading.catalog(ctx, eid, runs=q.runs, tags=sorted(tags))
+    wanted: Dict[str, Set[str]] = {}  # each run's layers asked: of its group tags' rows, only theirs are built
+    for run, layer in zip(q.runs, q.layers):
+        wanted.setdefault(run, set()).add(layer)
+    cat = reading.catalog(ctx, eid, runs=q.runs, tags=sorted(tags), layers=wanted)
     unlisted = [name for name in q.runs if name not in cat.runs]
     if unlisted:  # no such series, or no such run: the whole catalog of those says which (404 naming the run)
         full = reading.catalog(ctx, eid, runs=unlisted)

@@ -9,7 +9,7 @@ written shows its new steps on the next call; its `stats` are kept as tables in 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
@@ -48,9 +48,14 @@ class Reading:
         return self.damage.said(listed) if eid == "" else {}
 
     def catalog(
-        self, ctx: object, eid: str, runs: Optional[Sequence[str]] = None, tags: Optional[Sequence[str]] = None
+        self,
+        ctx: object,
+        eid: str,
+        runs: Optional[Sequence[str]] = None,
+        tags: Optional[Sequence[str]] = None,
+        layers: Optional[Dict[str, Set[str]]] = None,
     ) -> catalog.Catalog:
-        return catalog.load(self.lister, ctx, eid, runs=runs, tags=tags)
+        return catalog.load(self.lister, ctx, eid, runs=runs, tags=tags, layers=layers)
 
     def run_catalog(self, ctx: object, eid: str, run: str) -> catalog.RunCatalog:
         """The whole catalog of `run`; 404 if it has no layergrad series."""
