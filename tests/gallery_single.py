@@ -7,12 +7,8 @@ from typing import List, Tuple
 import numpy as np
 import tensorflow as tf
 from gallery_steps import (
-    ACCUMULATE,
-    ACTIVITY,
     ALPHA,
-    CLASS_WEIGHT,
     FEATURES,
-    L2,
     LATENT,
     TEMPERATURE,
     Case,

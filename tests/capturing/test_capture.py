@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import model_zoo
 import numpy as np
 import pytest
 import tensorflow as tf
-from tolerances import assert_same_float32_math, reduction_path_length
 
 import tb_layergrad
 from tb_layergrad.capturing.layer_tree import LayerTree
@@ -20,7 +18,7 @@ def _compile(fn, mode):
     return tf.function(fn, jit_compile=(mode == "xla"))
 
 
-def _captured(model, x, y, mode, target_fn=None, name="loss", **kw):
+def _captured(model_zoo, model, x, y, mode, target_fn=None, name="loss", **kw):
     def step(x, y):
         with tf.GradientTape() as tape:
             with tb_layergrad.capture(model, tape=tape, **kw) as cap:
@@ -31,7 +29,7 @@ def _captured(model, x, y, mode, target_fn=None, name="loss", **kw):
     return _compile(step, mode)(x, y)
 
 
-def _reference(manual, model, x, y, target_fn=None):
+def _reference(model_zoo, manual, model, x, y, target_fn=None):
     with tf.GradientTape() as tape:
         pred, exposed = manual(x, tape)
         target = model_zoo.mse(y, pred) if target_fn is None else target_fn(pred)
@@ -41,37 +39,36 @@ def _reference(manual, model, x, y, target_fn=None):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("kind", list(model_zoo.ALL))
 @pytest.mark.slow
-def test_output_gradients_match_independent_computation(kind, mode):
-    model, x, y, manual = model_zoo.ALL[kind]()
-    grads = _captured(model, x, y, mode)
-    expected, expected_vars = _reference(manual, model, x, y)
-    length = reduction_path_length(model, x, target_terms=int(np.prod(y.shape)))  # mse: a mean over y
+def test_output_gradients_match_independent_computation(zoo_kind, mode, model_zoo, tolerances):
+    model, x, y, manual = model_zoo.ALL[zoo_kind]()
+    grads = _captured(model_zoo, model, x, y, mode)
+    expected, expected_vars = _reference(model_zoo, manual, model, x, y)
+    length = tolerances.reduction_path_length(model, x, target_terms=int(np.prod(y.shape)))  # mse: a mean over y
     assert set(grads.outputs) == set(expected), (sorted(grads.outputs), sorted(expected))
     for path, want in expected.items():
         got = grads[path]
         assert got is not None, path
-        assert_same_float32_math(got.numpy(), want.numpy(), length, err_msg=path)
+        tolerances.assert_same_float32_math(got.numpy(), want.numpy(), length, err_msg=path)
     for got, want in zip(grads.variable_gradients, expected_vars):
-        assert_same_float32_math(got.numpy(), want.numpy(), length)
+        tolerances.assert_same_float32_math(got.numpy(), want.numpy(), length)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("kind", ["seed_subclassed_rnn", "sequential"])
 @pytest.mark.slow
-def test_non_loss_target_one_output_unit(kind, mode):
+def test_non_loss_target_one_output_unit(kind, mode, model_zoo, tolerances):
     model, x, y, manual = model_zoo.ALL[kind]()
 
     def unit(pred):
         return tf.reduce_sum(pred[:, 1])
 
-    grads = _captured(model, x, y, mode, target_fn=unit, name="unit_1", weights=True)
-    expected, expected_vars = _reference(manual, model, x, y, target_fn=unit)
-    length = reduction_path_length(model, x, target_terms=int(x.shape[0]))  # unit 1 summed over the batch
+    grads = _captured(model_zoo, model, x, y, mode, target_fn=unit, name="unit_1", weights=True)
+    expected, expected_vars = _reference(model_zoo, manual, model, x, y, target_fn=unit)
+    length = tolerances.reduction_path_length(model, x, target_terms=int(x.shape[0]))  # unit 1 summed over the batch
     assert grads.target == "unit_1"
     for path, want in expected.items():
-        assert_same_float32_math(grads[path].numpy(), want.numpy(), length, err_msg=path)
+        tolerances.assert_same_float32_math(grads[path].numpy(), want.numpy(), length, err_msg=path)
     # Weight gradients of the output (the second seed question) under their paths.
     weights = grads.weights
     assert len(weights) == len(model.trainable_variables)
@@ -79,12 +76,12 @@ def test_non_loss_target_one_output_unit(kind, mode):
     owners = LayerTree(model).variable_paths()
     for var in model.trainable_variables:
         path = owners[id(var)][0]
-        assert_same_float32_math(weights[path].numpy(), by_id[id(var)].numpy(), length, err_msg=path)
+        tolerances.assert_same_float32_math(weights[path].numpy(), by_id[id(var)].numpy(), length, err_msg=path)
 
 
-def test_seed_model_paths_and_weight_paths():
+def test_seed_model_paths_and_weight_paths(model_zoo):
     model, x, y, _ = model_zoo.seed_model()
-    grads = _captured(model, x, y, "eager", weights=True)
+    grads = _captured(model_zoo, model, x, y, "eager", weights=True)
     assert list(grads.outputs) == ["my_model/minimalrnn", "my_model/out"]
     cell = model.minimalrnn.cell.name  # Keras numbers auto-named layers per process
     assert set(grads.weights) == {
@@ -95,18 +92,18 @@ def test_seed_model_paths_and_weight_paths():
     }
 
 
-def test_get_layer_output_fails_but_capture_works():
+def test_get_layer_output_fails_but_capture_works(model_zoo):
     """The seed question's failure, and that capture does not need it."""
     model, x, y, _ = model_zoo.seed_model()
     with pytest.raises((AttributeError, ValueError)):
         _ = model.get_layer("minimalrnn").output
-    grads = _captured(model, x, y, "eager")
+    grads = _captured(model_zoo, model, x, y, "eager")
     assert grads["my_model/minimalrnn"].shape == (2, 2)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.slow
-def test_capture_is_bitwise_neutral(mode):
+def test_capture_is_bitwise_neutral(mode, model_zoo, tolerances):
     """Loss and weight gradients identical, bit for bit, to a run without capture (eager, tf.function);
     under jit_compile=True within the bound of the same float32 math in another order (README)."""
     import keras
@@ -153,8 +150,8 @@ def test_capture_is_bitwise_neutral(mode):
     # reduction's order changes with it (bitwise on AVX2, not on an AVX-512 EPYC). The same float32
     # math in another order: conv/dense contractions, BatchNorm's batch moments and their backprop
     # sums over the 4 x 8 x 8 positions, the pooling's 64-term mean.
-    length = reduction_path_length(model, x, target_terms=int(np.prod(y.shape)), other=2 * 4 * 8 * 8 + 8 * 8)
-    assert_same_float32_math(loss1.numpy(), loss0.numpy(), length)
+    length = tolerances.reduction_path_length(model, x, target_terms=int(np.prod(y.shape)), other=2 * 4 * 8 * 8 + 8 * 8)
+    tolerances.assert_same_float32_math(loss1.numpy(), loss0.numpy(), length)
     # conv's bias gradient is 0 in exact arithmetic (batch normalization follows: it removes the
     # mean over the 4 x 8 x 8 positions that the bias shifts), so it holds only the rounding of that
     # sum; its bound is relative to the sum |terms|: the L1 norm of d loss / d conv's output, per channel.
@@ -162,7 +159,7 @@ def test_capture_is_bitwise_neutral(mode):
     bias_terms = np.sum(np.abs(gmap["resbn/conv"].numpy()), axis=(0, 1, 2))
     for v, a, b in zip(model.trainable_variables, grads1, grads0):
         magnitude = bias_terms if v is conv_bias else None
-        assert_same_float32_math(a.numpy(), b.numpy(), length, magnitude=magnitude)
+        tolerances.assert_same_float32_math(a.numpy(), b.numpy(), length, magnitude=magnitude)
     # Watching alone adds no op: XLA compiles the very same program, so the same bits on any CPU.
     loss2, grads2 = _compile(watched_only, mode)(x, y)
     assert loss0.numpy().tobytes() == loss2.numpy().tobytes()
@@ -170,7 +167,7 @@ def test_capture_is_bitwise_neutral(mode):
         assert a.numpy().tobytes() == b.numpy().tobytes()
 
 
-def test_leaving_the_context_restores_the_model():
+def test_leaving_the_context_restores_the_model(model_zoo):
     model, x, y, _ = model_zoo.nested_model()
     before = model(x).numpy()
     with tf.GradientTape() as tape:
@@ -181,7 +178,7 @@ def test_leaving_the_context_restores_the_model():
     np.testing.assert_array_equal(model(x).numpy(), before)
 
 
-def test_restores_even_when_the_forward_pass_raises():
+def test_restores_even_when_the_forward_pass_raises(model_zoo):
     model, x, y, _ = model_zoo.sequential_mlp()
     with pytest.raises(ValueError):
         with tb_layergrad.capture(model):
@@ -189,7 +186,7 @@ def test_restores_even_when_the_forward_pass_raises():
     assert not any("call" in layer.__dict__ for layer in model.layers)
 
 
-def test_layer_selection_by_name_glob_and_object():
+def test_layer_selection_by_name_glob_and_object(model_zoo):
     model, x, y, _ = model_zoo.nested_model()
     paths = lambda spec: [n.path for n in tb_layergrad.capture(model, layers=spec).nodes]  # noqa: E731
     assert paths("head") == ["nested/head"]
@@ -198,14 +195,14 @@ def test_layer_selection_by_name_glob_and_object():
     assert paths([model.shared, "proj"]) == ["nested/block/proj", "nested/shared"]
 
 
-def test_only_chosen_layers_are_reported():
+def test_only_chosen_layers_are_reported(model_zoo):
     model, x, y, _ = model_zoo.sequential_mlp()
-    grads = _captured(model, x, y, "eager", layers=["d1", "head"], weights=True)
+    grads = _captured(model_zoo, model, x, y, "eager", layers=["d1", "head"], weights=True)
     assert list(grads.outputs) == ["mlp/d1", "mlp/head"]
     assert sorted(grads.weights) == ["mlp/d1/bias", "mlp/d1/kernel", "mlp/head/bias", "mlp/head/kernel"]
 
 
-def test_unused_output_reports_no_gradient():
+def test_unused_output_reports_no_gradient(model_zoo):
     model, x, y, _ = model_zoo.multi_output_model()
 
     with tf.GradientTape() as tape:
@@ -252,7 +249,7 @@ def test_integer_outputs_are_reported_without_gradient():
 # -- bad input -------------------------------------------------------------------------
 
 
-def test_unknown_layer_lists_close_matches_first():
+def test_unknown_layer_lists_close_matches_first(model_zoo):
     model, *_ = model_zoo.seed_model()
     with pytest.raises(ValueError) as e:
         tb_layergrad.capture(model, layers=["minimal_rnn"])
@@ -261,13 +258,13 @@ def test_unknown_layer_lists_close_matches_first():
     assert msg.index("my_model/minimalrnn") < msg.index("my_model/out")
 
 
-def test_rnn_cell_cannot_be_chosen_directly():
+def test_rnn_cell_cannot_be_chosen_directly(model_zoo):
     model, *_ = model_zoo.seed_model()
     with pytest.raises(ValueError, match="inside an RNN's loop"):
         tb_layergrad.capture(model, layers=[model.minimalrnn.cell])
 
 
-def test_non_scalar_target_is_refused():
+def test_non_scalar_target_is_refused(model_zoo):
     model, x, y, _ = model_zoo.seed_model()
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model, tape=tape) as cap:
@@ -276,7 +273,7 @@ def test_non_scalar_target_is_refused():
         cap.gradients(tape, pred)
 
 
-def test_gradients_twice_on_one_tape():
+def test_gradients_twice_on_one_tape(model_zoo):
     model, x, y, _ = model_zoo.seed_model()
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model, tape=tape) as cap:
@@ -298,7 +295,7 @@ class _OneShotView:
         return self._tape.gradient(target, sources, **kwargs)
 
 
-def test_a_fresh_wrapper_is_not_taken_for_a_used_one_whose_id_it_reuses():
+def test_a_fresh_wrapper_is_not_taken_for_a_used_one_whose_id_it_reuses(model_zoo):
     """Used tapes were remembered by id(): a freed wrapper's id, reused by the next one (CPython
     usually hands the same address to the next object of that size), read as "already called"."""
     model, x, y, _ = model_zoo.seed_model()
@@ -316,7 +313,7 @@ def test_a_fresh_wrapper_is_not_taken_for_a_used_one_whose_id_it_reuses():
             np.testing.assert_array_equal(got[path].numpy(), want[path].numpy())
 
 
-def test_persistent_tape_allows_several_targets():
+def test_persistent_tape_allows_several_targets(model_zoo, tolerances):
     model, x, y, manual = model_zoo.seed_model()
     with tf.GradientTape(persistent=True) as tape:
         with tb_layergrad.capture(model, tape=tape) as cap:
@@ -325,14 +322,18 @@ def test_persistent_tape_allows_several_targets():
             unit = tf.reduce_sum(pred[:, 3])
     g_loss = cap.gradients(tape, loss)
     g_unit = cap.gradients(tape, unit, name="unit_3")
-    expected, _ = _reference(manual, model, x, y, target_fn=lambda p: tf.reduce_sum(p[:, 3]))
-    length = reduction_path_length(model, x, target_terms=int(x.shape[0]))
-    assert_same_float32_math(g_unit["my_model/minimalrnn"].numpy(), expected["my_model/minimalrnn"].numpy(), length)
+    expected, _ = _reference(model_zoo, manual, model, x, y, target_fn=lambda p: tf.reduce_sum(p[:, 3]))
+    length = tolerances.reduction_path_length(model, x, target_terms=int(x.shape[0]))
+    tolerances.assert_same_float32_math(
+        g_unit["my_model/minimalrnn"].numpy(), expected["my_model/minimalrnn"].numpy(), length
+    )
     with pytest.raises(AssertionError):  # the loss's gradient is another one, not a rounding of it
-        assert_same_float32_math(g_loss["my_model/minimalrnn"].numpy(), g_unit["my_model/minimalrnn"].numpy(), length)
+        tolerances.assert_same_float32_math(
+            g_loss["my_model/minimalrnn"].numpy(), g_unit["my_model/minimalrnn"].numpy(), length
+        )
 
 
-def test_model_not_called_inside_the_context():
+def test_model_not_called_inside_the_context(model_zoo):
     model, x, y, _ = model_zoo.seed_model()
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model, tape=tape) as cap:
@@ -342,7 +343,7 @@ def test_model_not_called_inside_the_context():
         cap.gradients(tape, loss)
 
 
-def test_never_built_model_gives_clear_error():
+def test_never_built_model_gives_clear_error(model_zoo):
     model = model_zoo.SeedModel(2)  # never called: no weights yet
     x, y = model_zoo.seed_data()
     with tf.GradientTape() as tape:
@@ -354,19 +355,19 @@ def test_never_built_model_gives_clear_error():
         tb_layergrad.capture(object())
 
 
-def test_without_tape_argument_weight_fed_outputs_still_match():
+def test_without_tape_argument_weight_fed_outputs_still_match(model_zoo, tolerances):
     model, x, y, manual = model_zoo.nested_model()
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model) as cap:
             loss = model_zoo.mse(y, model(x))
     grads = cap.gradients(tape, loss)
-    expected, _ = _reference(manual, model, x, y)
-    length = reduction_path_length(model, x, target_terms=int(np.prod(y.shape)))
+    expected, _ = _reference(model_zoo, manual, model, x, y)
+    length = tolerances.reduction_path_length(model, x, target_terms=int(np.prod(y.shape)))
     for path, want in expected.items():
-        assert_same_float32_math(grads[path].numpy(), want.numpy(), length, err_msg=path)
+        tolerances.assert_same_float32_math(grads[path].numpy(), want.numpy(), length, err_msg=path)
 
 
-def test_without_tape_argument_unrecorded_outputs_warn():
+def test_without_tape_argument_unrecorded_outputs_warn(model_zoo):
     model, x, y, _ = model_zoo.weightless_front()
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model) as cap:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 
-import distribute_harness as dh
 import pytest
 
 from tb_layergrad import metadata
@@ -23,21 +22,21 @@ pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, distribute_harness):
     logdir = str(tmp_path_factory.mktemp("custom_loop"))
-    dh.run_script("custom_loop.py", [logdir], timeout=300)
-    return logdir, dh.read(logdir)
+    distribute_harness.run_script("custom_loop.py", [logdir], timeout=300)
+    return logdir, distribute_harness.read(logdir)
 
 
 @pytest.mark.parametrize("mode", ["gather", "cross"])
-def test_equals_single_device_on_the_global_batch(run, mode):
+def test_equals_single_device_on_the_global_batch(run, mode, distribute_harness):
     _, records = run
     assert (
-        dh.assert_same_records(records[mode], records["single"]) == 17 * STEPS
+        distribute_harness.assert_same_records(records[mode], records["single"]) == 17 * STEPS
     )  # 12 records of gradients, 4 of activations, the loss value (source "target")
 
 
-def test_low_level_op_writes_the_global_batch(run):
+def test_low_level_op_writes_the_global_batch(run, distribute_harness):
     _, records = run
     wanted = [
         metadata.make_tag("loss", s, p, k)
@@ -45,7 +44,7 @@ def test_low_level_op_writes_the_global_batch(run):
         for k in ("histogram", "stats")
     ]
     expected = {tag: records["single"][tag] for tag in wanted}
-    assert dh.assert_same_records(records["low"], expected) == 4 * STEPS
+    assert distribute_harness.assert_same_records(records["low"], expected) == 4 * STEPS
 
 
 def test_counts_cover_the_global_batch_once_per_step(run):
@@ -60,12 +59,12 @@ def test_counts_cover_the_global_batch_once_per_step(run):
             assert all(d.numpy[:, 2].sum() == GLOBAL_BATCH * units for d in hist)
 
 
-def test_one_event_file_per_run(run):
-    dh.assert_one_event_file(run[0], ("gather", "cross", "low", "single"))
+def test_one_event_file_per_run(run, distribute_harness):
+    distribute_harness.assert_one_event_file(run[0], ("gather", "cross", "low", "single"))
 
 
-def test_logging_does_not_change_training(run):
-    assert dh.assert_weights_unchanged(run[0]) > 0  # bitwise: with the three writers vs without
+def test_logging_does_not_change_training(run, distribute_harness):
+    assert distribute_harness.assert_weights_unchanged(run[0]) > 0  # bitwise: with the three writers vs without
 
 
 def test_bad_usage_fails_clearly(run):

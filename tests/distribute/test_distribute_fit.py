@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-import distribute_harness as dh
 import numpy as np
 import pytest
-from fit_helpers import assert_close, bounded, one, read_series, stat
 
 from tb_layergrad import metadata
 
@@ -25,14 +23,14 @@ pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, distribute_harness):
     logdir = str(tmp_path_factory.mktemp("fit_mirrored"))
-    dh.run_script("fit_mirrored.py", [logdir, ",".join(MODES)], timeout=300)
-    return logdir, dh.read(logdir)
+    distribute_harness.run_script("fit_mirrored.py", [logdir, ",".join(MODES)], timeout=300)
+    return logdir, distribute_harness.read(logdir)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_fit_records_equal_single_device(run, mode):
+def test_fit_records_equal_single_device(run, mode, distribute_harness):
     """Where Keras' own step under the strategy is the single-device step (the script measures it), so are the
     records, value for value; where it is not (Keras 3.3 does not divide the loss by the replica count), there is
     nothing to compare the values with, and the records must still cover the global batch at every step."""
@@ -42,7 +40,7 @@ def test_fit_records_equal_single_device(run, mode):
         factor = json.load(f)["factor"]
     if factor is not None:
         assert (
-            dh.assert_same_records(got, records[f"single_{mode}/train"]) == 17 * STEPS
+            distribute_harness.assert_same_records(got, records[f"single_{mode}/train"]) == 17 * STEPS
         )  # 12 of gradients, 4 of activations, the loss value (source "target")
     for layer, units in (("tiny/hidden", 16), ("tiny/out", 4)):
         _, datums = got[metadata.make_tag("loss", "output", layer, "stats")]
@@ -50,13 +48,13 @@ def test_fit_records_equal_single_device(run, mode):
         assert all(d.numpy[metadata.STAT_INDEX["elements"]] == GLOBAL_BATCH * units for d in datums)
 
 
-def test_one_event_file_per_run(run):
+def test_one_event_file_per_run(run, distribute_harness):
     logdir, records = run
-    dh.assert_one_event_file(logdir, list(records))
+    distribute_harness.assert_one_event_file(logdir, list(records))
 
 
-def test_logger_does_not_change_training_under_the_strategy(run):
-    assert dh.assert_weights_unchanged(run[0]) == 4
+def test_logger_does_not_change_training_under_the_strategy(run, distribute_harness):
+    assert distribute_harness.assert_weights_unchanged(run[0]) == 4
 
 
 # The GAN (tests/distribute_scripts/fit_gan_mirrored.py): two batches of 8, 4 per replica. A record's reduction
@@ -67,14 +65,14 @@ GAN_PATH = 16 + 16 + 2 * ((3 + 5) + (5 + 4) + (4 + 6) + (6 + 1))
 
 
 @pytest.fixture(scope="module")
-def gan_run(tmp_path_factory):
+def gan_run(tmp_path_factory, distribute_harness):
     logdir = str(tmp_path_factory.mktemp("fit_gan_mirrored"))
-    dh.run_script("fit_gan_mirrored.py", [logdir, ",".join(MODES)], timeout=400)
+    distribute_harness.run_script("fit_gan_mirrored.py", [logdir, ",".join(MODES)], timeout=400)
     return logdir
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_custom_step_every_tape_of_every_replica(gan_run, mode):
+def test_custom_step_every_tape_of_every_replica(gan_run, mode, fit_helpers):
     """Both targets of the guide's GAN, at every step, equal each replica's own tapes merged by
     `tb_layergrad.distribute.merge` (layer outputs gathered along the batch, weights and losses summed).
 
@@ -82,7 +80,7 @@ def test_custom_step_every_tape_of_every_replica(gan_run, mode):
     script measures it: Keras 3.3 does), no single set of weights is what the later tapes ran on: there only the
     first tape of the first batch (every replica on the initial weights) is compared value for value, and every
     record must still cover the global batch."""
-    series = read_series(os.path.join(gan_run, mode))
+    series = fit_helpers.read_series(os.path.join(gan_run, mode))
     expected = np.load(os.path.join(gan_run, f"expected_{mode}.npz"))
     with open(os.path.join(gan_run, f"replicas_agree_{mode}.json")) as f:
         agree = json.load(f)
@@ -94,16 +92,18 @@ def test_custom_step_every_tape_of_every_replica(gan_run, mode):
         same_weights = agree or (step == 1 and target == "discriminator")
         if source == "target":
             (layer,) = {i.layer for i, _ in series.values() if i.target == target and i.source == "target"}
-            got = stat(one(series, f"{target}/target/{layer}/stats", step), "mean")
+            got = fit_helpers.stat(fit_helpers.one(series, f"{target}/target/{layer}/stats", step), "mean")
             if same_weights:
-                assert_close(got, want, f"{target} loss at step {step}", GAN_PATH)
+                fit_helpers.assert_close(got, want, f"{target} loss at step {step}", GAN_PATH)
             continue
-        st = one(series, f"{target}/{source}/{path}/stats", step)
-        assert stat(st, "elements") == want.size and stat(st, "no_gradient") == 0, (key, st)
+        st = fit_helpers.one(series, f"{target}/{source}/{path}/stats", step)
+        assert fit_helpers.stat(st, "elements") == want.size and fit_helpers.stat(st, "no_gradient") == 0, (key, st)
         checked.setdefault(target, set()).add((source, path))
         if same_weights:
-            got = one(series, f"{target}/{source}/{path}/tensor", step)
-            assert_close(got, bounded(want, 10_000), f"{target} {source} {path} at step {step}", GAN_PATH)
+            got = fit_helpers.one(series, f"{target}/{source}/{path}/tensor", step)
+            fit_helpers.assert_close(
+                got, fit_helpers.bounded(want, 10_000), f"{target} {source} {path} at step {step}", GAN_PATH
+            )
             compared += 1
     assert compared == (17 * GAN_STEPS if agree else 7)  # per step: 7 records of the discriminator, 10 of the generator
     for target, paths in checked.items():  # nothing logged beyond the reproduced tapes (and each at every step)
@@ -132,17 +132,17 @@ CALLS = ("generator_G", "generator_F", "discriminator_X", "discriminator_Y")
 
 
 @pytest.fixture(scope="module")
-def calls_run(tmp_path_factory):
+def calls_run(tmp_path_factory, distribute_harness):
     logdir = str(tmp_path_factory.mktemp("fit_calls_mirrored"))
-    dh.run_script("fit_calls_mirrored.py", [logdir, ",".join(MODES)], timeout=600)
+    distribute_harness.run_script("fit_calls_mirrored.py", [logdir, ",".join(MODES)], timeout=600)
     return logdir
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_every_call_of_a_persistent_tape_on_every_replica(calls_run, mode):
+def test_every_call_of_a_persistent_tape_on_every_replica(calls_run, mode, fit_helpers):
     """Each of the four calls is a target at every step; at the first (every replica on the initial weights, every
     call before any update) equal to each replica's own tapes merged; training unchanged."""
-    series = read_series(os.path.join(calls_run, mode))
+    series = fit_helpers.read_series(os.path.join(calls_run, mode))
     expected = np.load(os.path.join(calls_run, f"expected_{mode}.npz"))
     assert {info.target for info, _ in series.values()} == set(CALLS)
     for info, by_step in series.values():
@@ -153,17 +153,20 @@ def test_every_call_of_a_persistent_tape_on_every_replica(calls_run, mode):
         want = expected[key]
         if source == "target":
             (layer,) = {i.layer for i, _ in series.values() if i.target == target and i.source == "target"}
-            assert_close(
-                stat(one(series, f"{target}/target/{layer}/stats", 1), "mean"), want, f"{target} loss", CALLS_PATH
+            fit_helpers.assert_close(
+                fit_helpers.stat(fit_helpers.one(series, f"{target}/target/{layer}/stats", 1), "mean"),
+                want,
+                f"{target} loss",
+                CALLS_PATH,
             )
             continue
         checked.setdefault(target, set()).add((source, path))
-        st = one(series, f"{target}/{source}/{path}/stats", 1)
-        assert stat(st, "no_gradient") == (want.ndim == 0), key  # a layer its loss does not depend on
+        st = fit_helpers.one(series, f"{target}/{source}/{path}/stats", 1)
+        assert fit_helpers.stat(st, "no_gradient") == (want.ndim == 0), key  # a layer its loss does not depend on
         if want.ndim:
-            assert stat(st, "elements") == want.size, key
-            got = one(series, f"{target}/{source}/{path}/tensor", 1)
-            assert_close(got, bounded(want, 10_000), f"{target} {source} {path}", CALLS_PATH)
+            assert fit_helpers.stat(st, "elements") == want.size, key
+            got = fit_helpers.one(series, f"{target}/{source}/{path}/tensor", 1)
+            fit_helpers.assert_close(got, fit_helpers.bounded(want, 10_000), f"{target} {source} {path}", CALLS_PATH)
     for target, paths in checked.items():
         logged = {(i.source, i.layer) for i, _ in series.values() if i.target == target and i.source != "target"}
         assert logged == paths, (target, sorted(logged ^ paths))

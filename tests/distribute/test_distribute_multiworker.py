@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 
-import distribute_harness as dh
 import pytest
 
 from tb_layergrad import metadata
@@ -22,22 +21,22 @@ pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, distribute_harness):
     logdir = str(tmp_path_factory.mktemp("mwms"))
-    ports = dh.free_ports(WORKERS)
+    ports = distribute_harness.free_ports(WORKERS)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     procs = [
-        dh.start_script(
+        distribute_harness.start_script(
             "mwms_worker.py",
             [logdir],
             env={"TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})},
         )
         for i in range(WORKERS)
     ]
-    results = dh.wait_all(procs, timeout=240)
+    results = distribute_harness.wait_all(procs, timeout=240)
     for i, (rc, out, err) in enumerate(results):
         assert rc == 0, f"worker {i} failed ({rc}):\n{out[-2000:]}\n{err[-6000:]}"
-    return logdir, [out for _, out, _ in results], dh.read(logdir)
+    return logdir, [out for _, out, _ in results], distribute_harness.read(logdir)
 
 
 def test_only_the_chief_writes(run):
@@ -60,8 +59,8 @@ def test_counts_cover_the_global_batch_once_per_step(run):
             assert d.numpy[:, 2].sum() == GLOBAL_BATCH * units
 
 
-def test_equals_one_device_on_the_global_batch(run):
+def test_equals_one_device_on_the_global_batch(run, distribute_harness):
     _, _, records = run
     assert (
-        dh.assert_same_records(records["gather"], records["single"]) == 13 * STEPS
+        distribute_harness.assert_same_records(records["gather"], records["single"]) == 13 * STEPS
     )  # 12 records of gradients, and the loss value (source "target")

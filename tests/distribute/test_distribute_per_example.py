@@ -9,10 +9,8 @@ whole factor of 1 or the replica count.
 
 from __future__ import annotations
 
-import distribute_harness as dh
 import numpy as np
 import pytest
-import tb_reading
 
 from tb_layergrad import metadata
 
@@ -25,9 +23,9 @@ POSITIONS = [F["examples"], F["status"]] + [F[f"top_index_{j}"] for j in range(1
 
 
 @pytest.fixture(scope="module")
-def found(tmp_path_factory):
+def found(tmp_path_factory, distribute_harness, tb_reading):
     logdir = str(tmp_path_factory.mktemp("per_example_mirrored"))
-    dh.run_script("per_example_mirrored.py", [logdir], timeout=300)
+    distribute_harness.run_script("per_example_mirrored.py", [logdir], timeout=300)
     return tb_reading.examples(logdir), tb_reading.scalars(logdir)
 
 

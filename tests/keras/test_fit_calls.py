@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import warnings
 
-import gallery_calls as gc
 import numpy as np
 import pytest
-from fit_helpers import assert_close, compile_kwargs, keras, layergrad_steps, layers, log_dir, one, read_series, stat
-from gallery_steps import BATCH, Snapshots, dataset
+import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad.capturing.layer_tree import LayerTree
 from tb_layergrad.keras.step_observation import target_name
+
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise: the tests run on both
+layers = keras.layers
 
 pytestmark = pytest.mark.slow  # trains: left to CI by the quick loop
 
@@ -117,33 +118,37 @@ def _w(model):
     return model.trainable_variables
 
 
-def _four_ways(tmp_path, mode, logger_kwargs):
+def _four_ways(fit_helpers, gallery_steps, tmp_path, mode, logger_kwargs):
     keras.utils.set_random_seed(5)
     model = FourWays()
-    model.compile(optimizer=keras.optimizers.SGD(0.05), **compile_kwargs(mode))
-    x = np.random.default_rng(5).normal(size=(2 * BATCH, 4)).astype(np.float32)
-    snaps = Snapshots()
+    model.compile(optimizer=keras.optimizers.SGD(0.05), **fit_helpers.compile_kwargs(mode))
+    x = np.random.default_rng(5).normal(size=(2 * gallery_steps.BATCH, 4)).astype(np.float32)
+    snaps = gallery_steps.Snapshots()
     callbacks = [snaps]
     if logger_kwargs is not None:
-        callbacks.append(tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=10_000, **logger_kwargs))
+        callbacks.append(
+            tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), max_elements=10_000, **logger_kwargs)
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model.fit(x, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        model.fit(x, batch_size=gallery_steps.BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     return model, snaps.before, x, [str(w.message) for w in caught if "GradientLogger" in str(w.message)]
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager", "xla"])
-def test_each_call_of_a_persistent_tape_whatever_applies_it(tmp_path, mode):
-    plain, _, _, _ = _four_ways(tmp_path / "plain", mode, None)
-    model, before, x, messages = _four_ways(tmp_path, mode, {"weights": True, "targets": {"penalty": "inputs"}})
+def test_each_call_of_a_persistent_tape_whatever_applies_it(tmp_path, mode, fit_helpers, gallery_steps):
+    plain, _, _, _ = _four_ways(fit_helpers, gallery_steps, tmp_path / "plain", mode, None)
+    model, before, x, messages = _four_ways(
+        fit_helpers, gallery_steps, tmp_path, mode, {"weights": True, "targets": {"penalty": "inputs"}}
+    )
     if mode != "xla":  # under XLA: the same math (docs/FIT.md), checked on the gallery's steps
         for a, b in zip(plain.get_weights(), model.get_weights()):
             np.testing.assert_array_equal(a, b)
     assert messages == []
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"a", "b", "a#2", "penalty"}
     for target in ("a", "b", "a#2", "penalty"):
-        assert layergrad_steps(series, target) == [1, 2]
+        assert fit_helpers.layergrad_steps(series, target) == [1, 2]
     weights = {info.target: {info.layer.split("/")[1]} for info, _ in series.values() if info.source == "weight"}
     assert weights == {"a": {"a"}, "b": {"b"}, "a#2": {"a"}}
     # each call against the test's own tape on the weights before the batch (every call sees the forward pass
@@ -151,7 +156,7 @@ def test_each_call_of_a_persistent_tape_whatever_applies_it(tmp_path, mode):
     for step in (1, 2):
         saved = model.get_weights()
         model.set_weights(before[step])
-        xb = tf.constant(x[(step - 1) * BATCH : step * BATCH])
+        xb = tf.constant(x[(step - 1) * gallery_steps.BATCH : step * gallery_steps.BATCH])
         with tf.GradientTape(persistent=True) as tape:
             tape.watch(xb)
             h0 = model.a.layers[0](xb)
@@ -167,13 +172,20 @@ def test_each_call_of_a_persistent_tape_whatever_applies_it(tmp_path, mode):
         for target, loss in (("a", loss_a), ("a#2", loss_a), ("b", loss_b)):
             grads = tape.gradient(loss, outputs)
             for path, want in grads.items():
-                st = one(series, f"{target}/output/{path}/stats", step)
-                assert stat(st, "no_gradient") == (want is None), (target, path)  # "a"'s loss ignores b
+                st = fit_helpers.one(series, f"{target}/output/{path}/stats", step)
+                assert fit_helpers.stat(st, "no_gradient") == (want is None), (target, path)  # "a"'s loss ignores b
                 if want is not None:
-                    got = one(series, f"{target}/output/{path}/tensor", step)
-                    assert_close(got, want.numpy(), f"{target} {path} at step {step}", 4 * (BATCH * 4 + 60))
+                    got = fit_helpers.one(series, f"{target}/output/{path}/tensor", step)
+                    fit_helpers.assert_close(
+                        got, want.numpy(), f"{target} {path} at step {step}", 4 * (gallery_steps.BATCH * 4 + 60)
+                    )
             (layer,) = {i.layer for i, _ in series.values() if i.target == target and i.source == "target"}
-            assert_close(stat(one(series, f"{target}/target/{layer}/stats", step), "mean"), float(loss), "loss", 600)
+            fit_helpers.assert_close(
+                fit_helpers.stat(fit_helpers.one(series, f"{target}/target/{layer}/stats", step), "mean"),
+                float(loss),
+                "loss",
+                600,
+            )
         del tape, penalty_target
         model.set_weights(saved)
 
@@ -206,27 +218,31 @@ class MetaStep(keras.Model):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
-def test_nested_tapes_each_call_a_target(tmp_path, mode):
+def test_nested_tapes_each_call_a_target(tmp_path, mode, fit_helpers, gallery_steps):
     def fit(logged):
         keras.utils.set_random_seed(6)
         model = MetaStep()
-        model.compile(optimizer=keras.optimizers.SGD(0.05), **compile_kwargs(mode))
-        cbs = [tb_layergrad.GradientLogger(log_dir(tmp_path), weights=True, max_elements=10_000)] if logged else []
-        x = np.random.default_rng(6).normal(size=(2 * BATCH, 4)).astype(np.float32)
-        model.fit(x, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), **fit_helpers.compile_kwargs(mode))
+        cbs = (
+            [tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), weights=True, max_elements=10_000)]
+            if logged
+            else []
+        )
+        x = np.random.default_rng(6).normal(size=(2 * gallery_steps.BATCH, 4)).astype(np.float32)
+        model.fit(x, batch_size=gallery_steps.BATCH, epochs=1, shuffle=False, verbose=0, callbacks=cbs)
         return model, x
 
     plain, _ = fit(False)
     model, x = fit(True)
     for a, b in zip(plain.get_weights(), model.get_weights()):
         np.testing.assert_array_equal(a, b)
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"loss", "loss#2"}
     # step 1, on the initial weights: the outer call's weight gradients are the meta-gradient
     keras.utils.set_random_seed(6)
     fresh = MetaStep()
     fresh(x[:1])
-    xb = tf.constant(x[:BATCH])
+    xb = tf.constant(x[: gallery_steps.BATCH])
     variables = fresh.trainable_variables
     with tf.GradientTape() as outer:
         with tf.GradientTape() as inner:
@@ -238,29 +254,33 @@ def test_nested_tapes_each_call_a_target(tmp_path, mode):
     paths = [f"meta/net/{layer.name}/{w}" for layer in fresh.net.layers for w in ("kernel", "bias")]
     for target, want in (("loss", grads), ("loss#2", meta)):
         for path, g in zip(paths, want):
-            got = one(series, f"{target}/weight/{path}/tensor", 1)
-            assert_close(got, np.reshape(g.numpy(), got.shape), f"{target} {path}", 4 * (BATCH * 4 + 60))
+            got = fit_helpers.one(series, f"{target}/weight/{path}/tensor", 1)
+            fit_helpers.assert_close(
+                got, np.reshape(g.numpy(), got.shape), f"{target} {path}", 4 * (gallery_steps.BATCH * 4 + 60)
+            )
 
 
 # -- what a step that builds its weights is told ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
-def test_a_step_that_builds_its_weights_is_logged_from_step_1_without_a_warning(tmp_path, mode):
+def test_a_step_that_builds_its_weights_is_logged_from_step_1_without_a_warning(
+    tmp_path, mode, fit_helpers, gallery_calls, gallery_steps
+):
     """keras.io's image captioning: its encoder and decoder create their weights in the first step, under a tape
     per caption; every step is logged, with their weights' real names, and nothing says otherwise."""
-    model = gc.CAPTION_CASE.build()
-    model.compile(optimizer=keras.optimizers.SGD(gc.CAPTION_LR), **compile_kwargs(mode))
-    arrays = tuple(a[: 2 * BATCH] for a in gc.CAPTION_CASE.data())
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), weights=True)
+    model = gallery_calls.CAPTION_CASE.build()
+    model.compile(optimizer=keras.optimizers.SGD(gallery_calls.CAPTION_LR), **fit_helpers.compile_kwargs(mode))
+    arrays = tuple(a[: 2 * gallery_steps.BATCH] for a in gallery_calls.CAPTION_CASE.data())
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), weights=True)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model.fit(**dataset(arrays), epochs=1, verbose=0, callbacks=[logger])
+        model.fit(**gallery_steps.dataset(arrays), epochs=1, verbose=0, callbacks=[logger])
     assert [str(w.message) for w in caught if "GradientLogger" in str(w.message)] == []
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"loss", "loss#2"}
     for target in ("loss", "loss#2"):
-        assert layergrad_steps(series, target) == [1, 2]
+        assert fit_helpers.layergrad_steps(series, target) == [1, 2]
     weights = {info.layer for info, _ in series.values() if info.source == "weight" and info.target == "loss"}
     assert weights == {
         "captioner/encoder/layernorm_1/gamma",
@@ -273,7 +293,7 @@ def test_a_step_that_builds_its_weights_is_logged_from_step_1_without_a_warning(
     }
     for tag, (info, by_step) in series.items():
         if info.kind == "stats" and info.source != "target":
-            assert all(stat(v[0], "no_gradient") == 0 for v in by_step.values()), tag
+            assert all(fit_helpers.stat(v[0], "no_gradient") == 0 for v in by_step.values()), tag
 
 
 class CondStep(keras.Model):
@@ -298,19 +318,24 @@ class CondStep(keras.Model):
         return {"loss_a": loss_a}
 
 
-def test_a_call_inside_tf_cond_is_warned_about_and_the_others_logged(tmp_path):
+def test_a_call_inside_tf_cond_is_warned_about_and_the_others_logged(tmp_path, fit_helpers, gallery_steps):
     keras.utils.set_random_seed(7)
     model = CondStep()
     model.compile(optimizer=keras.optimizers.SGD(0.05))
-    x = np.random.default_rng(7).normal(size=(2 * BATCH, 4)).astype(np.float32)
+    x = np.random.default_rng(7).normal(size=(2 * gallery_steps.BATCH, 4)).astype(np.float32)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model.fit(x, batch_size=BATCH, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+        model.fit(
+            x,
+            batch_size=gallery_steps.BATCH,
+            verbose=0,
+            callbacks=[tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))],
+        )
     messages = {str(w.message) for w in caught if "GradientLogger" in str(w.message)}
     assert len(messages) == 1 and "made 1 gradient() call(s) of trainable weights inside a tf.cond" in messages.pop()
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"a"}
-    assert layergrad_steps(series, "a") == [1, 2]
+    assert fit_helpers.layergrad_steps(series, "a") == [1, 2]
 
 
 class ListStep(keras.Model):
@@ -333,16 +358,26 @@ class ListStep(keras.Model):
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
-def test_a_list_of_losses_is_one_target_valued_at_their_sum(tmp_path, mode):
+def test_a_list_of_losses_is_one_target_valued_at_their_sum(tmp_path, mode, fit_helpers, gallery_steps):
     keras.utils.set_random_seed(8)
     model = ListStep()
-    model.compile(optimizer=keras.optimizers.SGD(0.05), **compile_kwargs(mode))
-    x = np.random.default_rng(8).normal(size=(BATCH, 4)).astype(np.float32)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), **fit_helpers.compile_kwargs(mode))
+    x = np.random.default_rng(8).normal(size=(gallery_steps.BATCH, 4)).astype(np.float32)
     model(x[:1])
     y = model.net(x)
     want = float(tf.reduce_mean(tf.square(y)) + tf.reduce_mean(tf.abs(y - x)))
-    model.fit(x, batch_size=BATCH, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
-    series = read_series(log_dir(tmp_path))
+    model.fit(
+        x,
+        batch_size=gallery_steps.BATCH,
+        verbose=0,
+        callbacks=[tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))],
+    )
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"loss"}
     (layer,) = {i.layer for i, _ in series.values() if i.source == "target"}
-    assert_close(stat(one(series, f"loss/target/{layer}/stats", 1), "mean"), want, "sum of the losses", 4 * BATCH * 4)
+    fit_helpers.assert_close(
+        fit_helpers.stat(fit_helpers.one(series, f"loss/target/{layer}/stats", 1), "mean"),
+        want,
+        "sum of the losses",
+        4 * gallery_steps.BATCH * 4,
+    )

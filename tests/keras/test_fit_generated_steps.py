@@ -49,12 +49,12 @@ import random
 import textwrap
 import traceback
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
 import tb_reading
-from fit_helpers import MAX, TF_KERAS, assert_close, bounded, keras, layers, one, read_series, stat
+from fit_helpers import MAX, assert_close, bounded, keras, layers, one, read_series, stat
 from tolerances import TWO_SIDES, assert_same_float32_math, chain_rtol, reduction_path_length
 
 import tb_layergrad

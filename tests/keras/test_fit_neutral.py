@@ -18,24 +18,14 @@ way of sourcing the weight records (docs/DESIGN.md#neutrality), and a GAN's two 
 
 from __future__ import annotations
 
-import custom_steps
 import numpy as np
 import pytest
 import tensorflow as tf
-from fit_helpers import (
-    MAX,
-    compile_kwargs,
-    keras,
-    layergrad_steps,
-    layers,
-    log_dir,
-    one,
-    read_series,
-    tiny_conv_bn_residual,
-)
-from tolerances import assert_same_float32_math, gamma, reduction_path_length
 
 import tb_layergrad
+
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise: the tests run on both
+layers = keras.layers
 
 
 def _mlp():
@@ -50,22 +40,22 @@ def _mlp():
     )
 
 
-def _run(build, x, y, mode, callbacks, epochs=2):
+def _run(fit_helpers, build, x, y, mode, callbacks, epochs=2):
     keras.utils.set_random_seed(21)
     model = build()
     model.compile(
         optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
         loss="sparse_categorical_crossentropy",
-        **compile_kwargs(mode),
+        **fit_helpers.compile_kwargs(mode),
     )
     if epochs:  # epochs=0: the initial weights (tf_keras refuses fit(epochs=0))
         model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     return model, model.get_weights()  # includes BatchNorm's moving statistics
 
 
-def _logger(tmp_path, layers, update_freq=2):
+def _logger(fit_helpers, tmp_path, layers, update_freq=2):
     return tb_layergrad.GradientLogger(
-        log_dir(tmp_path),
+        fit_helpers.log_dir(tmp_path),
         layers=layers,
         update_freq=update_freq,
         weights=True,
@@ -74,12 +64,12 @@ def _logger(tmp_path, layers, update_freq=2):
     )
 
 
-def _data(model):
+def _data(fit_helpers, model):
     rng = np.random.default_rng(0)
     if model == "mlp":
         build, x = _mlp, rng.normal(size=(24, 10)).astype("float32")
     else:
-        build, x = tiny_conv_bn_residual, rng.normal(size=(24, 8, 8, 3)).astype("float32")
+        build, x = fit_helpers.tiny_conv_bn_residual, rng.normal(size=(24, 8, 8, 3)).astype("float32")
     return build, x, rng.integers(0, 4, size=(24,)).astype("int32")
 
 
@@ -93,14 +83,18 @@ def _data(model):
     ],
 )
 @pytest.mark.slow
-def test_weights_bitwise_equal(tmp_path, model, mode, chosen):
-    build, x, y = _data(model)
-    _, plain = _run(build, x, y, mode, [])
-    _, logged = _run(build, x, y, mode, [_logger(tmp_path, chosen)])
+def test_weights_bitwise_equal(tmp_path, model, mode, chosen, fit_helpers):
+    build, x, y = _data(fit_helpers, model)
+    _, plain = _run(fit_helpers, build, x, y, mode, [])
+    _, logged = _run(fit_helpers, build, x, y, mode, [_logger(fit_helpers, tmp_path, chosen)])
     assert len(plain) == len(logged)
     for a, b in zip(plain, logged):
         np.testing.assert_array_equal(a, b)
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == [2, 4, 6]  # it did log
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path))) == [
+        2,
+        4,
+        6,
+    ]  # it did log
 
 
 class _Affine(layers.Layer):
@@ -126,53 +120,63 @@ def _affine_mlp():
 
 
 @pytest.mark.slow
-def test_bitwise_with_a_batch_of_unknown_size(tmp_path):
+def test_bitwise_with_a_batch_of_unknown_size(tmp_path, fit_helpers):
     # A dataset's batches have no static size: the gradient of `+` reads each MatMul output's shape at run time.
     # The second backward pass (weights=True) and the target's must leave that MatMul one reader, as the real one
     # does, or grappler stops fusing it with its bias and tanh and the forward pass changes in its last bits.
-    _, x, y = _data("mlp")
+    _, x, y = _data(fit_helpers, "mlp")
     data = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
     runs = []
-    for callbacks in ([], [_logger(tmp_path, None)]):
+    for callbacks in ([], [_logger(fit_helpers, tmp_path, None)]):
         keras.utils.set_random_seed(21)
         model = _affine_mlp()
         model.compile(
-            optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy", **compile_kwargs("graph")
+            optimizer=keras.optimizers.Adam(0.01),
+            loss="sparse_categorical_crossentropy",
+            **fit_helpers.compile_kwargs("graph"),
         )
         model.fit(data, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
         runs.append(model.get_weights())
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == [2, 4, 6]
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path))) == [2, 4, 6]
 
 
 @pytest.mark.parametrize("model,chosen", [("mlp", ["b"]), ("cnn", ["bn2", "add"])])
 @pytest.mark.slow
-def test_under_xla_the_same_math(tmp_path, model, chosen):
-    build, x, y = _data(model)
+def test_under_xla_the_same_math(tmp_path, model, chosen, fit_helpers, tolerances):
+    build, x, y = _data(fit_helpers, model)
     # One update: w1 = w0 - lr * g (momentum's first step), BatchNorm's moving statistics one step on.
-    start_model, start = _run(build, x[:8], y[:8], "xla", [], epochs=0)
-    _, plain = _run(build, x[:8], y[:8], "xla", [], epochs=1)
-    _, logged = _run(build, x[:8], y[:8], "xla", [_logger(tmp_path / "one", chosen, update_freq=1)], epochs=1)
-    assert layergrad_steps(read_series(log_dir(tmp_path / "one"))) == [1]
+    start_model, start = _run(fit_helpers, build, x[:8], y[:8], "xla", [], epochs=0)
+    _, plain = _run(fit_helpers, build, x[:8], y[:8], "xla", [], epochs=1)
+    _, logged = _run(
+        fit_helpers,
+        build,
+        x[:8],
+        y[:8],
+        "xla",
+        [_logger(fit_helpers, tmp_path / "one", chosen, update_freq=1)],
+        epochs=1,
+    )
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path / "one"))) == [1]
     # The gradient (and a batch statistic) of one step: float32 math along a path of at most `length`
     # reductions (contractions forward and back, the batch's moments and the pooling's mean for the CNN,
     # the softmax's 4 terms), in another order; the update adds one rounding of w on each side.
     other = 2 * (8 * 8 * 8) + 8 * 8 if model == "cnn" else 0
-    length = reduction_path_length(start_model, x[:8], target_terms=4, other=other)
+    length = tolerances.reduction_path_length(start_model, x[:8], target_terms=4, other=other)
     for w0, a, b in zip(start, plain, logged):
-        slack = 2 * gamma(1, np.float32) * float(np.max(np.abs(w0), initial=0.0))
-        assert_same_float32_math(b - w0, a - w0, length, err_msg=f"update of a weight of shape {w0.shape}")
+        slack = 2 * tolerances.gamma(1, np.float32) * float(np.max(np.abs(w0), initial=0.0))
+        tolerances.assert_same_float32_math(b - w0, a - w0, length, err_msg=f"update of a weight of shape {w0.shape}")
         np.testing.assert_allclose(
-            b, a, rtol=0, atol=slack + np.max(np.abs(a - w0), initial=0.0) * 2 * gamma(length, np.float32)
+            b, a, rtol=0, atol=slack + np.max(np.abs(a - w0), initial=0.0) * 2 * tolerances.gamma(length, np.float32)
         )
     if all(np.array_equal(a, b) for a, b in zip(plain, logged)):
         # Where the first update is bitwise, XLA fused the same way: so must the whole run be.
-        _, plain = _run(build, x, y, "xla", [])
-        _, logged = _run(build, x, y, "xla", [_logger(tmp_path / "all", chosen)])
+        _, plain = _run(fit_helpers, build, x, y, "xla", [])
+        _, logged = _run(fit_helpers, build, x, y, "xla", [_logger(fit_helpers, tmp_path / "all", chosen)])
         for a, b in zip(plain, logged):
             np.testing.assert_array_equal(a, b)
-        assert layergrad_steps(read_series(log_dir(tmp_path / "all"))) == [2, 4, 6]
+        assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path / "all"))) == [2, 4, 6]
 
 
 # -- the weight records are the step's own gradients: training bitwise, whatever feeds the step -----------------
@@ -217,7 +221,7 @@ class _DecayedStep(keras.Model):
         return {"loss": loss}
 
 
-def _battery_model(kind: str):
+def _battery_model(fit_helpers, kind: str):
     if kind == "layernorm":  # the tf.data case a second backward pass changed: LayerNormalization's adds
         return keras.Sequential(
             [keras.Input((6, 8)), layers.LayerNormalization(), layers.Dense(5, activation="softmax")]
@@ -227,7 +231,7 @@ def _battery_model(kind: str):
     if kind == "rnn":
         return keras.Sequential([keras.Input((5, 3)), layers.LSTM(6), layers.Dense(4, activation="softmax")])
     if kind == "cnn":
-        return tiny_conv_bn_residual()
+        return fit_helpers.tiny_conv_bn_residual()
     if kind == "decayed":
         return _DecayedStep(name="decayed")
     return _mlp()
@@ -262,13 +266,15 @@ def _fed(feed: str, x, y) -> dict:
     return {"x": batches(), "steps_per_epoch": 4}
 
 
-def _trained(kind, optimizer, feed, callbacks, policy="float32"):
+def _trained(fit_helpers, kind, optimizer, feed, callbacks, policy="float32"):
     keras.mixed_precision.set_global_policy(policy)
     try:
         keras.utils.set_random_seed(21)
-        model = _battery_model(kind)
+        model = _battery_model(fit_helpers, kind)
         model.compile(
-            optimizer=_OPTIMIZERS[optimizer](), loss="sparse_categorical_crossentropy", **compile_kwargs("graph")
+            optimizer=_OPTIMIZERS[optimizer](),
+            loss="sparse_categorical_crossentropy",
+            **fit_helpers.compile_kwargs("graph"),
         )
         model(_battery_data(kind)[0][:1])  # built: the subclassed step's weights exist before fit (get_weights below)
         initial = model.get_weights()
@@ -304,18 +310,22 @@ def _trained(kind, optimizer, feed, callbacks, policy="float32"):
         ),
     ],
 )
-def test_weights_true_trains_bitwise_whatever_feeds_the_step(tmp_path, kind, optimizer, feed, update_freq, policy):
+def test_weights_true_trains_bitwise_whatever_feeds_the_step(
+    tmp_path, kind, optimizer, feed, update_freq, policy, fit_helpers, tolerances
+):
     # weights=True records the tensors the step's own gradient call returned: no second backward pass. Each case
     # broke one way of getting them: a second pass reads forward tensors (LayerNormalization's and BatchNorm's adds,
     # with batches of unknown size); reading the step's tensor as it is stops a rewrite of the update (equalized:
     # MinimizeBroadcasts; decayed: AddOpsRewrite).
-    _, _, plain = _trained(kind, optimizer, feed, [], policy)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=update_freq, weights=True, max_elements=MAX)
-    model, initial, logged = _trained(kind, optimizer, feed, [logger], policy)
+    _, _, plain = _trained(fit_helpers, kind, optimizer, feed, [], policy)
+    logger = tb_layergrad.GradientLogger(
+        fit_helpers.log_dir(tmp_path), update_freq=update_freq, weights=True, max_elements=fit_helpers.MAX
+    )
+    model, initial, logged = _trained(fit_helpers, kind, optimizer, feed, [logger], policy)
     for a, b in zip(plain, logged):
         np.testing.assert_array_equal(a, b)
-    series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [s for s in (1, 2, 3, 4) if s % update_freq == 0]
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert fit_helpers.layergrad_steps(series) == [s for s in (1, 2, 3, 4) if s % update_freq == 0]
     weight_tags = [t for t, (info, _) in series.items() if info.source == "weight"]
     assert bool(weight_tags) == (update_freq < 100)
     if kind == "equalized" and update_freq == 1 and policy == "float32":
@@ -329,7 +339,7 @@ def test_weights_true_trains_bitwise_whatever_feeds_the_step(tmp_path, kind, opt
             (getattr(v, "path", None) or v.name).split(":")[0]: g.numpy()
             for v, g in zip(model.trainable_variables, grads)
         }
-        length = reduction_path_length(model, x[:4], target_terms=4)
+        length = tolerances.reduction_path_length(model, x[:4], target_terms=4)
         tensors = {
             info.layer: tag for tag, (info, _) in series.items() if info.source == "weight" and info.kind == "tensor"
         }
@@ -337,21 +347,23 @@ def test_weights_true_trains_bitwise_whatever_feeds_the_step(tmp_path, kind, opt
         for path, tag in tensors.items():
             tail = path.split("/", 1)[1]  # "sequential/eq/kernel" -> "eq/kernel"
             g = next(g for name, g in by_name.items() if name == tail or name.endswith("/" + tail))
-            assert_same_float32_math(one(series, tag, 1), g.reshape(one(series, tag, 1).shape), length, tag)
+            tolerances.assert_same_float32_math(
+                fit_helpers.one(series, tag, 1), g.reshape(fit_helpers.one(series, tag, 1).shape), length, tag
+            )
 
 
-def test_gan_two_tapes_bitwise_with_weights(tmp_path):
+def test_gan_two_tapes_bitwise_with_weights(tmp_path, custom_steps, fit_helpers):
     # A custom step with two tapes and two optimizers (Keras' guide's GAN), fed by tf.data: each tape's weight
     # records are its own gradient call's tensors; both updates bitwise as without the logger.
     runs = []
-    for callbacks in ([], [tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=1, weights=True)]):
-        model = custom_steps.gan(**compile_kwargs("graph"))
+    for callbacks in ([], [tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), update_freq=1, weights=True)]):
+        model = custom_steps.gan(**fit_helpers.compile_kwargs("graph"))
         model.fit(
             tf.data.Dataset.from_tensor_slices(custom_steps.data(16)).batch(4), epochs=1, verbose=0, callbacks=callbacks
         )
         runs.append(model.get_weights())
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values() if info.source == "weight"} == {"discriminator", "generator"}
-    assert layergrad_steps(series, "generator") == [1, 2, 3, 4]
+    assert fit_helpers.layergrad_steps(series, "generator") == [1, 2, 3, 4]

@@ -37,14 +37,14 @@ from __future__ import annotations
 from typing import Callable, Dict, Iterator, List, NamedTuple, Tuple
 
 import numpy as np
-import per_example_reference as ref
 import pytest
-import tb_reading
-from fit_helpers import compile_kwargs, keras, layers, path_length
-from tolerances import chain_rtol
+import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad.summary import per_example_write as pw
+
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise: the tests run on both
+layers = keras.layers
 
 
 @pytest.fixture
@@ -161,15 +161,17 @@ class Step(NamedTuple):
     after: List[np.ndarray]
 
 
-def _logged_step(logdir: str, spec: Spec, mode: str, above: float) -> Step:
+def _logged_step(
+    fit_helpers, per_example_reference, tb_reading, tolerances, logdir: str, spec: Spec, mode: str, above: float
+) -> Step:
     keras.utils.set_random_seed(7)
     model = spec.build()
     twin = _float32_twin(spec, model)  # the weights the first (and only) step sees
     x, y = _data(spec, twin, above)
     assert np.all(twin(x).numpy() < y), "the loss's δ must have one sign (see the module docstring)"
-    weights = ref.per_example_gradients(twin, _loss, x, y)
-    noise = ref.noise_scale(weights, ref.batch_gradients(twin, _loss, x, y))
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
+    weights = per_example_reference.per_example_gradients(twin, _loss, x, y)
+    noise = per_example_reference.noise_scale(weights, per_example_reference.batch_gradients(twin, _loss, x, y))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **fit_helpers.compile_kwargs(mode))
     assert "LossScaleOptimizer" in type(model.optimizer).__name__
     before = model.get_weights()
     model.fit(
@@ -184,40 +186,46 @@ def _logged_step(logdir: str, spec: Spec, mode: str, above: float) -> Step:
     return Step(
         tb_reading.examples(logdir)["train"],
         tb_reading.scalars(logdir)["train"],
-        ref.output_norms(twin, _loss, x, y),
+        per_example_reference.output_norms(twin, _loss, x, y),
         weights,
         noise,
-        _rtol(spec, twin, x),
+        _rtol(fit_helpers, tolerances, spec, twin, x),
         before,
         model.get_weights(),
     )
 
 
-def _assert_rows(step: Step, label: str) -> None:
+def _assert_rows(per_example_reference, step: Step, label: str) -> None:
     assert set(step.found) == {("loss", "output"), ("loss", "weight")}
     for (_, source), by_step in step.found.items():
         assert sorted(by_step) == [1]
-        want = step.outputs if source == "output" else ref.norms(step.weights)
+        want = step.outputs if source == "output" else per_example_reference.norms(step.weights)
         assert set(by_step[1]) == set(want)
         for layer, row in by_step[1].items():
-            ref.assert_row(row, want[layer], step.rtol, f"{label} {layer}")
+            per_example_reference.assert_row(row, want[layer], step.rtol, f"{label} {layer}")
 
 
-def _rtol(spec: Spec, twin: keras.Model, x: np.ndarray) -> float:
-    length = path_length(twin, x, target_terms=B * 3) + spec.other
+def _rtol(fit_helpers, tolerances, spec: Spec, twin: keras.Model, x: np.ndarray) -> float:
+    length = fit_helpers.path_length(twin, x, target_terms=B * 3) + spec.other
     terms = max(int(np.prod(v.shape)) for v in twin.trainable_variables) + spec.norm_terms
-    return chain_rtol(np.float16, [length + spec.elementwise]) + chain_rtol(np.float32, [length + terms])
+    return tolerances.chain_rtol(np.float16, [length + spec.elementwise]) + tolerances.chain_rtol(
+        np.float32, [length + terms]
+    )
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
 @pytest.mark.parametrize("kind", list(SPECS))
 @pytest.mark.slow
-def test_norms_and_noise_scale_are_unscaled_and_equal_float32_tapes(tmp_path, mixed_float16, kind, mode):
-    step = _logged_step(str(tmp_path), SPECS[kind], mode, above=0.2)
+def test_norms_and_noise_scale_are_unscaled_and_equal_float32_tapes(
+    tmp_path, mixed_float16, kind, mode, fit_helpers, per_example_reference, tb_reading, tolerances
+):
+    step = _logged_step(
+        fit_helpers, per_example_reference, tb_reading, tolerances, str(tmp_path), SPECS[kind], mode, above=0.2
+    )
     assert step.rtol < 0.2, step.rtol  # float16's bound on these short paths; 2**15 (a forgotten scale) is far beyond
     assert not all(np.array_equal(a, b) for a, b in zip(step.before, step.after))  # Keras applied the step
-    _assert_rows(step, mode)
-    tol = ref.noise_scale_tolerance(step.noise, step.rtol)
+    _assert_rows(per_example_reference, step, mode)
+    tol = per_example_reference.noise_scale_tolerance(step.noise, step.rtol)
     # B_simple's relative tolerance sums trace's and signal's: about 0.3 (MLP) and 0.8 (tokens); below 1 the check
     # still tells its order of magnitude (a loss scale left in the norms but not in G_B would be 2**30 off).
     assert step.noise["signal"] > 0 and tol["b_simple"] < 1, tol
@@ -230,12 +238,16 @@ def test_norms_and_noise_scale_are_unscaled_and_equal_float32_tapes(tmp_path, mi
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_an_overflowing_step_keeps_its_rows_and_writes_no_noise_scale(tmp_path, mixed_float16, mode):
+def test_an_overflowing_step_keeps_its_rows_and_writes_no_noise_scale(
+    tmp_path, mixed_float16, mode, fit_helpers, per_example_reference, tb_reading, tolerances
+):
     """The batch sum of a scaled gradient overflows float16 where no example's part does: Keras skips the update;
     each example's norm (taken in float32 from its own float16 δ) is finite and right; |G_B|² is not finite, so
     no trace, signal or B_simple is written, only the coverage."""
-    step = _logged_step(str(tmp_path), SPECS["mlp"], mode, above=4.0)
+    step = _logged_step(
+        fit_helpers, per_example_reference, tb_reading, tolerances, str(tmp_path), SPECS["mlp"], mode, above=4.0
+    )
     for a, b in zip(step.before, step.after):
         np.testing.assert_array_equal(a, b)  # the step overflowed: Keras did not apply it
-    _assert_rows(step, mode)
+    _assert_rows(per_example_reference, step, mode)
     assert set(step.scalars) == {pw.COVERAGE_TAG} and step.scalars[pw.COVERAGE_TAG][1] == 1.0

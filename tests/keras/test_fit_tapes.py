@@ -14,7 +14,7 @@ import warnings
 import custom_steps as cs
 import numpy as np
 import pytest
-from fit_helpers import TF_KERAS, assert_close, compile_kwargs, log_dir, one, read_series, stat
+from fit_helpers import assert_close, compile_kwargs, log_dir, one, read_series, stat
 
 import tb_layergrad
 

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import custom_steps as cs
-import numpy as np
 import per_example_reference as ref
 import pytest
 import tb_reading

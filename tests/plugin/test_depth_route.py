@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import urllib.parse
 
-import long_fixtures as lf
 import numpy as np
 import pytest
-from tensorboard_process import PLUGIN_API, tensorboards
 
 from tb_layergrad.reader import series
 
@@ -33,31 +31,37 @@ def last_step(k: int) -> int:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, long_fixtures, tensorboard_process):
     logdir = tmp_path_factory.mktemp("depth")
     tables = {
-        run_name(k): lf.write_run(
+        run_name(k): long_fixtures.write_run(
             str(logdir / run_name(k)), LAYERS, last_step(k) + 1, format_version=1 if k % 10 == 3 else 2, seed=k + 1
         )
         for k in range(RUNS)
     }
-    lf.write_run(str(logdir / OTHER), LAYERS[:3], STEPS, target="aux")
+    long_fixtures.write_run(str(logdir / OTHER), LAYERS[:3], STEPS, target="aux")
     lasts = {run_name(k): last_step(k) for k in range(RUNS)}
-    with tensorboards(str(logdir), [("true", []), ("false", [])], str(tmp_path_factory.mktemp("logs"))) as procs:
+    with tensorboard_process.tensorboards(
+        str(logdir), [("true", []), ("false", [])], str(tmp_path_factory.mktemp("logs"))
+    ) as procs:
         for p in procs:
             p.wait_for_runs({**lasts, OTHER: STEPS - 1}, timeout=300)
         yield procs, tables
 
 
-def depth_path(runs, **more) -> str:
-    return PLUGIN_API + "depth?" + urllib.parse.urlencode([("run", r) for r in runs] + list(more.items()))
+def depth_path(tensorboard_process, runs, **more) -> str:
+    return (
+        tensorboard_process.PLUGIN_API
+        + "depth?"
+        + urllib.parse.urlencode([("run", r) for r in runs] + list(more.items()))
+    )
 
 
-def check_against_matrix(tb, profile: dict, stat: str) -> None:
+def check_against_matrix(tensorboard_process, tb, profile: dict, stat: str) -> None:
     """The profile is the column `matrix` answers for that run at that step."""
     step = profile["step"]
     m = tb.get_json(
-        PLUGIN_API
+        tensorboard_process.PLUGIN_API
         + "matrix?"
         + urllib.parse.urlencode({"run": profile["run"], "stat": stat, "start": step, "end": step})
     )
@@ -68,12 +72,14 @@ def check_against_matrix(tb, profile: dict, stat: str) -> None:
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
 @pytest.mark.slow
-def test_depth_of_a_hundred_runs_is_each_runs_column_at_the_step_or_before(sweep, loader):
+def test_depth_of_a_hundred_runs_is_each_runs_column_at_the_step_or_before(
+    sweep, loader, long_fixtures, tensorboard_process
+):
     procs, tables = sweep
     tb = procs[loader]
     runs = [run_name(k) for k in reversed(range(RUNS))] + [OTHER]  # the order asked is the order answered
     asked = STEPS - 1
-    body = tb.get_json(depth_path(runs, step=asked), timeout=60)
+    body = tb.get_json(depth_path(tensorboard_process, runs, step=asked), timeout=60)
     assert body["runs"] == runs and body["missing"] == [OTHER]
     assert (body["step"], body["stat"], body["target"], body["source"]) == (asked, "norm", "loss", "output")
     assert [p["run"] for p in body["profiles"]] == runs
@@ -82,19 +88,19 @@ def test_depth_of_a_hundred_runs_is_each_runs_column_at_the_step_or_before(sweep
         k = int(p["run"][-3:])
         assert p["step"] == last_step(k)  # the nearest recorded step at or before the one asked
         assert p["layers"] == LAYERS  # model order
-        want = [tables[p["run"]][layer][p["step"], lf.S["norm"]] for layer in LAYERS]
+        want = [tables[p["run"]][layer][p["step"], long_fixtures.S["norm"]] for layer in LAYERS]
         np.testing.assert_array_equal(np.array(p["values"], dtype=np.float64), want)  # float64 records, JSON
-        check_against_matrix(tb, p, "norm")
-    assert tb.get_json(depth_path(runs, step=asked), timeout=60) == body  # warm: the same answer
+        check_against_matrix(tensorboard_process, tb, p, "norm")
+    assert tb.get_json(depth_path(tensorboard_process, runs, step=asked), timeout=60) == body  # warm: the same answer
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
-def test_depth_at_an_earlier_step_a_derived_statistic_and_without_a_step(sweep, loader):
+def test_depth_at_an_earlier_step_a_derived_statistic_and_without_a_step(sweep, loader, tensorboard_process):
     procs, tables = sweep
     tb = procs[loader]
     runs = [run_name(k) for k in range(0, RUNS, 9)]
     for stat in ("rms", "elements"):
-        body = tb.get_json(depth_path(runs, step=17, stat=stat), timeout=60)
+        body = tb.get_json(depth_path(tensorboard_process, runs, step=17, stat=stat), timeout=60)
         assert body["missing"] == [] and body["stat"] == stat
         for p in body["profiles"]:
             assert p["step"] == 17
@@ -103,18 +109,18 @@ def test_depth_at_an_earlier_step_a_derived_statistic_and_without_a_step(sweep, 
                 assert p["values"] == [int(w) for w in want]  # a count: a JSON integer
             else:
                 np.testing.assert_allclose(p["values"], want, rtol=4 * np.finfo(np.float64).eps)
-            check_against_matrix(tb, p, stat)
+            check_against_matrix(tensorboard_process, tb, p, stat)
     # No step: each run's last.
-    body = tb.get_json(depth_path(runs), timeout=60)
+    body = tb.get_json(depth_path(tensorboard_process, runs), timeout=60)
     assert body["step"] is None
     assert [p["step"] for p in body["profiles"]] == [last_step(int(r[-3:])) for r in runs]
 
 
-def test_depth_names_what_is_missing_or_unknown(sweep):
+def test_depth_names_what_is_missing_or_unknown(sweep, tensorboard_process):
     tb = sweep[0][0]
-    status, body, _ = tb.get(depth_path([OTHER]), timeout=30)
+    status, body, _ = tb.get(depth_path(tensorboard_process, [OTHER]), timeout=30)
     assert status == 404 and b"no 'output' stats for target 'loss' in any of the runs" in body
-    status, body, _ = tb.get(depth_path([run_name(0), "sweep/nope"]), timeout=30)
+    status, body, _ = tb.get(depth_path(tensorboard_process, [run_name(0), "sweep/nope"]), timeout=30)
     assert status == 404 and b"sweep/nope" in body
-    body = tb.get_json(depth_path([OTHER, run_name(1)], target="aux"))
+    body = tb.get_json(depth_path(tensorboard_process, [OTHER, run_name(1)], target="aux"))
     assert body["missing"] == [run_name(1)] and body["profiles"][0]["layers"] == LAYERS[:3]

@@ -10,24 +10,44 @@ import os
 import re
 
 import pytest
-from plugin_fixtures import RNN_LAYER, TENSOR_LAYER, InProcess, strict_json
 
-ROUTES = {
-    "runs": {},
-    "matrix": {"run": "train"},
-    "stats": {"run": "train", "layer": TENSOR_LAYER},
-    "histograms": {"run": "train", "layer": TENSOR_LAYER},
-    "tensor": {"run": "train", "layer": TENSOR_LAYER},
-    "timesteps": {"run": "train", "layer": RNN_LAYER},
-    "compare": {"run": "train", "layer": TENSOR_LAYER},
-    "depth": {"run": "train", "step": "3"},
-    "histograms_at": {"run": "train", "layer": TENSOR_LAYER, "step": "3"},
-    "csv": {"run": "train"},
-    "anomalies": {"run": "train"},
-}
+# Every route, in the order their tests run; `routes` gives each one's base query (a valid one).
+ROUTE_NAMES = (
+    "runs",
+    "matrix",
+    "stats",
+    "histograms",
+    "tensor",
+    "timesteps",
+    "compare",
+    "depth",
+    "histograms_at",
+    "csv",
+    "anomalies",
+)
+
+
+@pytest.fixture(scope="module")
+def routes(plugin_fixtures):
+    """route -> its base query on the small logdir: each answers 200 (test_the_base_queries_are_valid)."""
+    return {
+        "runs": {},
+        "matrix": {"run": "train"},
+        "stats": {"run": "train", "layer": plugin_fixtures.TENSOR_LAYER},
+        "histograms": {"run": "train", "layer": plugin_fixtures.TENSOR_LAYER},
+        "tensor": {"run": "train", "layer": plugin_fixtures.TENSOR_LAYER},
+        "timesteps": {"run": "train", "layer": plugin_fixtures.RNN_LAYER},
+        "compare": {"run": "train", "layer": plugin_fixtures.TENSOR_LAYER},
+        "depth": {"run": "train", "step": "3"},
+        "histograms_at": {"run": "train", "layer": plugin_fixtures.TENSOR_LAYER, "step": "3"},
+        "csv": {"run": "train"},
+        "anomalies": {"run": "train"},
+    }
+
+
 USES = {
     "layer": {"stats", "histograms", "tensor", "timesteps", "compare", "histograms_at"},
-    "target": set(ROUTES) - {"runs"},
+    "target": set(ROUTE_NAMES) - {"runs"},
     "source": {"matrix", "stats", "histograms", "tensor", "compare", "depth", "histograms_at", "csv", "anomalies"},
     "stat": {"matrix", "compare", "depth"},
     "start": {"matrix", "stats", "histograms", "timesteps", "compare", "csv", "anomalies"},  # and "end"
@@ -66,20 +86,20 @@ BAD_INTEGERS = [
 ]
 
 
-def check_error(response, status):
+def check_error(plugin_fixtures, response, status):
     text = response.get_data(as_text=True)
     assert response.status_code == status, text[:300]
     assert response.headers["Content-Type"].startswith("application/json"), text[:300]
     assert response.headers["X-Content-Type-Options"] == "nosniff"
-    body = strict_json(response.get_data())
+    body = plugin_fixtures.strict_json(response.get_data())
     assert body["api_version"] == 1 and body["code"] == status
     assert isinstance(body["error"], str) and body["error"]
     assert "Traceback" not in text
     return body
 
 
-def query(route, **changes):
-    q = dict(ROUTES[route])
+def query(routes, route, **changes):
+    q = dict(routes[route])
     for k, v in changes.items():
         if v is None:
             q.pop(k, None)
@@ -88,54 +108,57 @@ def query(route, **changes):
     return q
 
 
-def test_the_base_queries_are_valid(tb):
-    for route, q in ROUTES.items():
+def test_the_base_queries_are_valid(tb, routes):
+    assert tuple(routes) == ROUTE_NAMES  # every route tested below has its base query
+    for route, q in routes.items():
         assert tb.get(route, q).status_code == 200, route
 
 
-@pytest.mark.parametrize("route", list(ROUTES))
-def test_unknown_and_hostile_names_are_404_json(tb, route):
+@pytest.mark.parametrize("route", ROUTE_NAMES)
+def test_unknown_and_hostile_names_are_404_json(tb, route, routes, plugin_fixtures):
     params = ["run"] + [p for p in ("layer", "target") if route in USES[p]]
     for param in params:
         for name in HOSTILE_NAMES:
-            check_error(tb.get(route, query(route, **{param: name})), 404)
+            check_error(plugin_fixtures, tb.get(route, query(routes, route, **{param: name})), 404)
 
 
-@pytest.mark.parametrize("route", list(ROUTES))
-def test_missing_empty_and_repeated_names_are_400(tb, route):
-    required = [p for p in ("run", "layer") if p in ROUTES[route]]
+@pytest.mark.parametrize("route", ROUTE_NAMES)
+def test_missing_empty_and_repeated_names_are_400(tb, route, routes, plugin_fixtures):
+    required = [p for p in ("run", "layer") if p in routes[route]]
     for param in required:
-        check_error(tb.get(route, query(route, **{param: None})), 400)
+        check_error(plugin_fixtures, tb.get(route, query(routes, route, **{param: None})), 400)
     for param in required + [p for p in ("target",) if route in USES[p]] + (["run"] if route == "runs" else []):
-        check_error(tb.get(route, query(route, **{param: ""})), 400)
+        check_error(plugin_fixtures, tb.get(route, query(routes, route, **{param: ""})), 400)
     for param in [p for p in ("layer", "target", "source", "stat") if route in USES.get(p, ())]:
-        value = ROUTES[route].get(param, {"target": "loss", "source": "output", "stat": "norm"}.get(param))
-        pairs = list(query(route).items()) + [(param, value)]
-        if param not in ROUTES[route]:
+        value = routes[route].get(param, {"target": "loss", "source": "output", "stat": "norm"}.get(param))
+        pairs = list(query(routes, route).items()) + [(param, value)]
+        if param not in routes[route]:
             pairs.append((param, value))
-        check_error(tb.get(route, pairs), 400)
+        check_error(plugin_fixtures, tb.get(route, pairs), 400)
     if route not in ("compare", "depth", "histograms_at"):  # these take several runs on purpose
-        pairs = list(query(route).items()) + [("run", "train"), ("run", "eval")]
-        check_error(tb.get(route, pairs), 400)
+        pairs = list(query(routes, route).items()) + [("run", "train"), ("run", "eval")]
+        check_error(plugin_fixtures, tb.get(route, pairs), 400)
 
 
-@pytest.mark.parametrize("route", list(ROUTES))
-def test_malformed_numbers_are_400(tb, route):
+@pytest.mark.parametrize("route", ROUTE_NAMES)
+def test_malformed_numbers_are_400(tb, route, routes, plugin_fixtures):
     for param in ("start", "end", "max_steps", "step"):
         if route not in USES["start" if param == "end" else param]:
             continue
         for bad in BAD_INTEGERS:
-            check_error(tb.get(route, query(route, **{param: bad})), 400)
-        check_error(tb.get(route, list(query(route, **{param: "1"}).items()) + [(param, "2")]), 400)
+            check_error(plugin_fixtures, tb.get(route, query(routes, route, **{param: bad})), 400)
+        check_error(
+            plugin_fixtures, tb.get(route, list(query(routes, route, **{param: "1"}).items()) + [(param, "2")]), 400
+        )
     if route in USES["start"]:
-        check_error(tb.get(route, query(route, start="7", end="3")), 400)
+        check_error(plugin_fixtures, tb.get(route, query(routes, route, start="7", end="3")), 400)
     if route in USES["max_steps"]:
-        check_error(tb.get(route, query(route, max_steps="0")), 400)
-        check_error(tb.get(route, query(route, max_steps=str(10**7 + 1))), 400)
+        check_error(plugin_fixtures, tb.get(route, query(routes, route, max_steps="0")), 400)
+        check_error(plugin_fixtures, tb.get(route, query(routes, route, max_steps=str(10**7 + 1))), 400)
 
 
-@pytest.mark.parametrize("route", list(ROUTES))
-def test_bad_enums_are_400(tb, route):
+@pytest.mark.parametrize("route", ROUTE_NAMES)
+def test_bad_enums_are_400(tb, route, routes, plugin_fixtures):
     for param, bad in [
         ("source", "bogus"),
         ("source", "OUTPUT"),
@@ -145,68 +168,84 @@ def test_bad_enums_are_400(tb, route):
         ("source", "../weight"),
     ]:
         if route in USES[param]:
-            body = check_error(tb.get(route, query(route, **{param: bad})), 400)
+            body = check_error(plugin_fixtures, tb.get(route, query(routes, route, **{param: bad})), 400)
             assert param in body["error"]
 
 
-def test_valid_but_absent_values_are_not_errors(tb):
+def test_valid_but_absent_values_are_not_errors(tb, plugin_fixtures):
     # A step range with no data is an empty answer; the largest int64 is a valid step.
-    body = strict_json(tb.get("matrix", {"run": "train", "start": "9223372036854775807"}).get_data())
+    body = plugin_fixtures.strict_json(tb.get("matrix", {"run": "train", "start": "9223372036854775807"}).get_data())
     assert body["steps"] == [] and all(row == [] for row in body["values"])
-    check_error(tb.get("tensor", {"run": "train", "layer": TENSOR_LAYER, "step": "9223372036854775807"}), 404)
-    check_error(tb.get("tensor", {"run": "train", "layer": TENSOR_LAYER, "step": "1000"}), 404)
+    check_error(
+        plugin_fixtures,
+        tb.get("tensor", {"run": "train", "layer": plugin_fixtures.TENSOR_LAYER, "step": "9223372036854775807"}),
+        404,
+    )
+    check_error(
+        plugin_fixtures, tb.get("tensor", {"run": "train", "layer": plugin_fixtures.TENSOR_LAYER, "step": "1000"}), 404
+    )
     # unknown parameters are ignored (cache busters)
     assert tb.get("runs", {"_": "123", "foo": "<x>"}).status_code == 200
 
 
-def test_compare_limits(tb):
+def test_compare_limits(tb, plugin_fixtures):
     LIMIT = 200  # docs/HTTP_API.md: a sweep's runs in one request
-    check_error(tb.get("compare", {"layer": TENSOR_LAYER}), 400)
+    check_error(plugin_fixtures, tb.get("compare", {"layer": plugin_fixtures.TENSOR_LAYER}), 400)
     too_many = [("run", f"r{i}") for i in range(LIMIT + 1)]
-    body = check_error(tb.get("compare", too_many + [("layer", TENSOR_LAYER)]), 400)
+    body = check_error(plugin_fixtures, tb.get("compare", too_many + [("layer", plugin_fixtures.TENSOR_LAYER)]), 400)
     assert f"at most {LIMIT} runs" in body["error"] and f"got {LIMIT + 1}" in body["error"]
-    check_error(tb.get("noise_scale", too_many), 400)
-    body = check_error(tb.get("depth", too_many), 400)
+    check_error(plugin_fixtures, tb.get("noise_scale", too_many), 400)
+    body = check_error(plugin_fixtures, tb.get("depth", too_many), 400)
     assert f"at most {LIMIT} runs" in body["error"]
-    check_error(tb.get("depth", {}), 400)
-    check_error(tb.get("depth", too_many[:-1]), 404)
-    check_error(tb.get("depth", [("run", "train"), ("run", "nope")]), 404)
-    check_error(tb.get("histograms_at", too_many + [("layer", TENSOR_LAYER)]), 400)
-    check_error(tb.get("histograms_at", [("layer", TENSOR_LAYER)]), 400)
+    check_error(plugin_fixtures, tb.get("depth", {}), 400)
+    check_error(plugin_fixtures, tb.get("depth", too_many[:-1]), 404)
+    check_error(plugin_fixtures, tb.get("depth", [("run", "train"), ("run", "nope")]), 404)
+    check_error(plugin_fixtures, tb.get("histograms_at", too_many + [("layer", plugin_fixtures.TENSOR_LAYER)]), 400)
+    check_error(plugin_fixtures, tb.get("histograms_at", [("layer", plugin_fixtures.TENSOR_LAYER)]), 400)
     # `layer` once, or once per run: two layers for three runs is a 400 before any name is looked up.
     body = check_error(
-        tb.get("histograms_at", [("run", "a"), ("run", "b"), ("run", "c"), ("layer", "x"), ("layer", "y")]), 400
+        plugin_fixtures,
+        tb.get("histograms_at", [("run", "a"), ("run", "b"), ("run", "c"), ("layer", "x"), ("layer", "y")]),
+        400,
     )
     assert "once per run (3), got 2" in body["error"]
-    check_error(tb.get("histograms_at", [("run", "train"), ("run", "nope"), ("layer", TENSOR_LAYER)]), 404)
-    check_error(tb.get("histograms_at", [("run", "train"), ("run", "eval"), ("layer", "nope")]), 404)
+    check_error(
+        plugin_fixtures,
+        tb.get("histograms_at", [("run", "train"), ("run", "nope"), ("layer", plugin_fixtures.TENSOR_LAYER)]),
+        404,
+    )
+    check_error(plugin_fixtures, tb.get("histograms_at", [("run", "train"), ("run", "eval"), ("layer", "nope")]), 404)
     # As many as allowed: checked for existence (404), not refused for their number.
-    check_error(tb.get("compare", too_many[:-1] + [("layer", TENSOR_LAYER)]), 404)
-    check_error(tb.get("compare", [("run", "train"), ("run", "nope"), ("layer", TENSOR_LAYER)]), 404)
-    check_error(tb.get("compare", [("run", "train"), ("run", "eval"), ("layer", "nope")]), 404)
+    check_error(plugin_fixtures, tb.get("compare", too_many[:-1] + [("layer", plugin_fixtures.TENSOR_LAYER)]), 404)
+    check_error(
+        plugin_fixtures,
+        tb.get("compare", [("run", "train"), ("run", "nope"), ("layer", plugin_fixtures.TENSOR_LAYER)]),
+        404,
+    )
+    check_error(plugin_fixtures, tb.get("compare", [("run", "train"), ("run", "eval"), ("layer", "nope")]), 404)
 
 
-def test_undecodable_query_bytes(tb):
-    check_error(tb.get("stats", "run=%ff%fe&layer=%c0%af"), 404)
-    check_error(tb.get("matrix", "run=train&start=%ff"), 400)
-    check_error(tb.get("matrix", "run=train&stat=%00"), 400)
+def test_undecodable_query_bytes(tb, plugin_fixtures):
+    check_error(plugin_fixtures, tb.get("stats", "run=%ff%fe&layer=%c0%af"), 404)
+    check_error(plugin_fixtures, tb.get("matrix", "run=train&start=%ff"), 400)
+    check_error(plugin_fixtures, tb.get("matrix", "run=train&stat=%00"), 400)
 
 
-def test_html_in_names_is_only_json_data(tb):
+def test_html_in_names_is_only_json_data(tb, plugin_fixtures):
     r = tb.get("stats", {"run": "<img src=x onerror=alert(1)>", "layer": "x"})
-    body = check_error(r, 404)
+    body = check_error(plugin_fixtures, r, 404)
     assert "<img" in body["error"]  # quoted back as data, in a JSON (not HTML) response
 
 
-@pytest.mark.parametrize("route", list(ROUTES) + ["index.js"])
-def test_other_methods_are_405_json(tb, route):
-    r = tb.client.post("/data/plugin/layergrad/" + route, query_string=ROUTES.get(route, {}), data="x")
-    check_error(r, 405)
+@pytest.mark.parametrize("route", [*ROUTE_NAMES, "index.js"])
+def test_other_methods_are_405_json(tb, route, routes, plugin_fixtures):
+    r = tb.client.post("/data/plugin/layergrad/" + route, query_string=routes.get(route, {}), data="x")
+    check_error(plugin_fixtures, r, 405)
 
 
-def test_unknown_route_is_404_json(tb):
-    check_error(tb.get("nope"), 404)
-    check_error(tb.get("runs/extra"), 404)
+def test_unknown_route_is_404_json(tb, plugin_fixtures):
+    check_error(plugin_fixtures, tb.get("nope"), 404)
+    check_error(plugin_fixtures, tb.get("runs/extra"), 404)
 
 
 # -- static files ---------------------------------------------------------------------------------
@@ -248,8 +287,8 @@ def frontend_dir(tmp_path_factory, small_logdir):
 
 
 @pytest.fixture(scope="module")
-def tb_static(small_logdir, frontend_dir):
-    return InProcess(small_logdir.logdir, frontend_root=frontend_dir)
+def tb_static(small_logdir, frontend_dir, plugin_fixtures):
+    return plugin_fixtures.InProcess(small_logdir.logdir, frontend_root=frontend_dir)
 
 
 def test_static_content_types(tb_static, frontend_dir):
@@ -311,12 +350,12 @@ TRAVERSALS = [
 
 
 @pytest.mark.parametrize("path", TRAVERSALS)
-def test_static_traversal_is_404(tb_static, path):
+def test_static_traversal_is_404(tb_static, path, plugin_fixtures):
     r = tb_static.client.get("/data/plugin/layergrad/" + path)
     if path.startswith("index.js?"):  # the query string is not part of the path: index.js itself
         assert r.status_code == 200
         return
-    check_error(r, 404)
+    check_error(plugin_fixtures, r, 404)
     assert b"OUTSIDE" not in r.get_data() and b"SECRET" not in r.get_data()
 
 

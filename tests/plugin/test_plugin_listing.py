@@ -20,8 +20,6 @@ import time
 from typing import Callable, Dict, List
 
 import pytest
-import reliability_fixtures as rf
-from plugin_fixtures import RecordingProvider, strict_json
 from tensorboard import context as tb_context
 from tensorboard.backend import application
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
@@ -39,67 +37,69 @@ API = "/data/plugin/layergrad/"
 ctx = tb_context.RequestContext()
 
 
-def put(f: rf.EventFile, step: int, layers: List[str], wall: float) -> None:
+def put(reliability_fixtures, f, step: int, layers: List[str], wall: float) -> None:
     """One event of every layer's records at `step`, with wall time `wall`."""
     event = event_pb2.Event.FromString(f.event(step, layers))
     event.wall_time = wall
-    f.append_raw(rf.frame(event.SerializeToString()))
+    f.append_raw(reliability_fixtures.frame(event.SerializeToString()))
 
 
-def session_start(f: rf.EventFile, step: int, wall: float) -> None:
+def session_start(reliability_fixtures, f, step: int, wall: float) -> None:
     """A `SessionLog.START`: the second one in a run makes TensorBoard purge every record at >= `step`."""
     event = event_pb2.Event(
         step=step, wall_time=wall, session_log=event_pb2.SessionLog(status=event_pb2.SessionLog.START)
     )
-    f.append_raw(rf.frame(event.SerializeToString()))
+    f.append_raw(reliability_fixtures.frame(event.SerializeToString()))
 
 
-def old_format_file(run_dir: str) -> rf.EventFile:
+def old_format_file(reliability_fixtures, run_dir: str):
     """An event file of format version 1: TensorBoard purges a tag's records on an out-of-order step."""
-    f = rf.EventFile(run_dir)
+    f = reliability_fixtures.EventFile(run_dir)
     with open(f.path, "wb"):
         pass
     f.offsets.clear()
-    f.append_raw(rf.frame(event_pb2.Event(wall_time=1.0, file_version="brain.Event:1").SerializeToString()))
+    f.append_raw(
+        reliability_fixtures.frame(event_pb2.Event(wall_time=1.0, file_version="brain.Event:1").SerializeToString())
+    )
     return f
 
 
-def phases(logdir: str) -> List[Callable[[], None]]:
+def phases(reliability_fixtures, logdir: str) -> List[Callable[[], None]]:
     """Writers of the logdir's three states; each is loaded and listed before the next one runs."""
     d = lambda run: os.path.join(logdir, run)  # noqa: E731
-    files: Dict[str, rf.EventFile] = {}
+    files: Dict[str, reliability_fixtures.EventFile] = {}
 
     def first() -> None:
-        rf.write_run(d("train"), LAYERS, range(10))
-        rf.write_run(d("eval"), LAYERS[:1], range(0, 20, 2), target="aux")
-        files["live"] = rf.write_run(d("live"), LAYERS, range(3))
-        files["restarted"] = f = rf.EventFile(d("restarted"))
+        reliability_fixtures.write_run(d("train"), LAYERS, range(10))
+        reliability_fixtures.write_run(d("eval"), LAYERS[:1], range(0, 20, 2), target="aux")
+        files["live"] = reliability_fixtures.write_run(d("live"), LAYERS, range(3))
+        files["restarted"] = f = reliability_fixtures.EventFile(d("restarted"))
         for step in range(10):
-            put(f, step, LAYERS, wall=1000.0 + step)
-        files["purged"] = f = rf.EventFile(d("purged"))
-        session_start(f, 0, wall=1.0)
+            put(reliability_fixtures, f, step, LAYERS, wall=1000.0 + step)
+        files["purged"] = f = reliability_fixtures.EventFile(d("purged"))
+        session_start(reliability_fixtures, f, 0, wall=1.0)
         for step in range(10):
-            put(f, step, LAYERS, wall=100.0 + step)
-        files["purged_v1"] = f = old_format_file(d("purged_v1"))
+            put(reliability_fixtures, f, step, LAYERS, wall=100.0 + step)
+        files["purged_v1"] = f = old_format_file(reliability_fixtures, d("purged_v1"))
         for step in range(10):
-            put(f, step, LAYERS[:2], wall=100.0 + step)
+            put(reliability_fixtures, f, step, LAYERS[:2], wall=100.0 + step)
 
     def second() -> None:
         for step in range(3, 8):  # the same file grows
             files["live"].write(step, LAYERS)
-        f = rf.EventFile(d("restarted"))  # restarted from step 4, on a machine whose clock is behind
+        f = reliability_fixtures.EventFile(d("restarted"))  # restarted from step 4, on a machine whose clock is behind
         for step in range(4, 7):
-            put(f, step, LAYERS, wall=500.0 + step)
+            put(reliability_fixtures, f, step, LAYERS, wall=500.0 + step)
         f = files["purged"]  # restarted from step 5: TensorBoard drops steps 5..9, then 5..20 come
-        session_start(f, 5, wall=200.0)
+        session_start(reliability_fixtures, f, 5, wall=200.0)
         for step in range(5, 21):
-            put(f, step, LAYERS, wall=200.0 + step)
+            put(reliability_fixtures, f, step, LAYERS, wall=200.0 + step)
         f = files["purged_v1"]  # out-of-order step 3 in an old file: steps >= 3 of its tags dropped
         for step in range(3, 6):
-            put(f, step, LAYERS[:1], wall=300.0 + step)
+            put(reliability_fixtures, f, step, LAYERS[:1], wall=300.0 + step)
 
     def third() -> None:
-        rf.write_run(d("live"), LAYERS[1:], range(8, 12))  # a new file of the run, fewer layers
+        reliability_fixtures.write_run(d("live"), LAYERS[1:], range(8, 12))  # a new file of the run, fewer layers
 
     return [first, second, third]
 
@@ -146,19 +146,19 @@ FILTERS = [
 ]
 
 
-def get(client: wtest.Client, route: str, query=None):
+def get(plugin_fixtures, client: wtest.Client, route: str, query=None):
     r = client.get(API + route, query_string=query)
     assert r.status_code == 200, r.get_data(as_text=True)
-    return strict_json(r.get_data())
+    return plugin_fixtures.strict_json(r.get_data())
 
 
 @pytest.mark.parametrize("keep", [0, 4], ids=["keep_all", "sampled"])
-def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep):
+def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep, plugin_fixtures, reliability_fixtures):
     logdir = str(tmp_path)
     server = Server(logdir, keep)
     assert server.lister.incremental
     seen_max = {}
-    for phase in phases(logdir):
+    for phase in phases(reliability_fixtures, logdir):
         phase()
         server.reload()
         for _ in range(2):  # the second time from the kept maxima
@@ -173,13 +173,15 @@ def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep):
         full = server.provider.list_tensors(ctx, experiment_id="", plugin_name=metadata.PLUGIN_NAME)
         seen_max.update({run: max(ts.max_step for ts in tags.values()) for run, tags in full.items()})
         before = server.provider_lists
-        python_runs = get(server.python, "runs")
+        python_runs = get(plugin_fixtures, server.python, "runs")
         assert server.provider_lists == before  # the Python-loader plugin listed from the multiplexer
-        assert python_runs == get(server.rust_like, "runs")
+        assert python_runs == get(plugin_fixtures, server.rust_like, "runs")
         for run in full:
             for target in {metadata.parse_plugin_content(ts.plugin_content).target for ts in full[run].values()}:
                 q = {"run": run, "target": target, "stat": "max"}
-                assert get(server.python, "matrix", q) == get(server.rust_like, "matrix", q)
+                assert get(plugin_fixtures, server.python, "matrix", q) == get(
+                    plugin_fixtures, server.rust_like, "matrix", q
+                )
     if keep:
         return
     # The cases are what they claim: the restart is not purged and its last record is not the maximum,
@@ -192,9 +194,9 @@ def test_listing_equals_list_tensors_while_the_logdir_changes(tmp_path, keep):
     assert v1["purged_v1"]["loss/output/net/a/stats"].max_step == 5
 
 
-def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch):
+def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch, reliability_fixtures):
     logdir = str(tmp_path)
-    f = rf.write_run(os.path.join(logdir, "long"), LAYERS, range(500))
+    f = reliability_fixtures.write_run(os.path.join(logdir, "long"), LAYERS, range(500))
     server = Server(logdir, keep=0)
     server.reload()
     folded: List[int] = []
@@ -222,13 +224,15 @@ def test_an_unchanged_series_is_not_walked_again(tmp_path, monkeypatch):
     assert listed() == ([3], series)  # three new records each
 
 
-def test_other_providers_are_listed_by_list_tensors(tmp_path):
+def test_other_providers_are_listed_by_list_tensors(tmp_path, plugin_fixtures):
     mux = plugin_event_multiplexer.EventMultiplexer()
     provider = data_provider.MultiplexerDataProvider(mux, str(tmp_path))
     assert listing.TensorLister(provider, mux).incremental
     assert not listing.TensorLister(provider, None).incremental  # the Rust loader: no multiplexer
     assert not listing.TensorLister(provider, plugin_event_multiplexer.EventMultiplexer()).incremental
-    assert not listing.TensorLister(RecordingProvider(provider), mux).incremental  # a wrapper may change answers
+    assert not listing.TensorLister(
+        plugin_fixtures.RecordingProvider(provider), mux
+    ).incremental  # a wrapper may change answers
 
 
 class Delegating:
@@ -243,13 +247,15 @@ class Delegating:
 
 
 @pytest.mark.parametrize("keep", [0, 4], ids=["keep_all", "sampled"])
-def test_a_provider_of_another_shape_is_listed_the_public_way_with_the_same_answer(tmp_path, keep):
+def test_a_provider_of_another_shape_is_listed_the_public_way_with_the_same_answer(
+    tmp_path, keep, reliability_fixtures
+):
     logdir = str(tmp_path)
     server = Server(logdir, keep)
     other = data_provider.MultiplexerDataProvider(Delegating(server.mux), logdir)
     public = listing.TensorLister(other, server.mux)
     assert server.lister.incremental and not public.incremental  # the one private read: it finds another object
-    for phase in phases(logdir):
+    for phase in phases(reliability_fixtures, logdir):
         phase()
         server.reload()
         for f in FILTERS:
@@ -261,7 +267,7 @@ def test_a_provider_of_another_shape_is_listed_the_public_way_with_the_same_answ
 
 
 @pytest.fixture(scope="module")
-def rust_server(tmp_path_factory):
+def rust_server(tmp_path_factory, reliability_fixtures):
     """TensorBoard's Rust data server on three layergrad runs and one run of plain scalars."""
     import tensorflow as tf
     from tensorboard.data import server_ingester
@@ -269,7 +275,7 @@ def rust_server(tmp_path_factory):
 
     logdir = str(tmp_path_factory.mktemp("rust_listing"))
     for i, run in enumerate(["a", "b", "c"]):
-        rf.write_run(os.path.join(logdir, run), LAYERS[: i + 1], range(40 + 10 * i))
+        reliability_fixtures.write_run(os.path.join(logdir, run), LAYERS[: i + 1], range(40 + 10 * i))
     with tf.summary.create_file_writer(os.path.join(logdir, "scalars_only")).as_default():
         tf.summary.scalar("loss", 1.0, step=0)
     ingester = server_ingester.SubprocessServerDataIngester(

@@ -13,16 +13,6 @@ import json
 
 import numpy as np
 import pytest
-from plugin_fixtures import (
-    BIG_LAYERS,
-    BIG_NAN_STEP,
-    BIG_STEPS,
-    big_expected_norm,
-    strict_json,
-    write_big_logdir,
-)
-from tensorboard_process import tensorboards
-from tolerances import gamma
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin.loader import KEEP_LAST, LayerGradLoader
@@ -45,12 +35,12 @@ pytestmark = pytest.mark.slow  # real processes: several workers, or TensorBoard
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
+def servers(tmp_path_factory, plugin_fixtures, tensorboard_process):
     logdir = tmp_path_factory.mktemp("layergrad_big")
-    write_big_logdir(str(logdir))
+    plugin_fixtures.write_big_logdir(str(logdir))
     logs = tmp_path_factory.mktemp("tensorboard_logs")
     names = list(CONFIGS)
-    with tensorboards(str(logdir), [CONFIGS[n] for n in names], str(logs)) as procs:
+    with tensorboard_process.tensorboards(str(logdir), [CONFIGS[n] for n in names], str(logs)) as procs:
         by_name = dict(zip(names, procs))
 
         def fully_loaded(p):
@@ -58,66 +48,74 @@ def servers(tmp_path_factory):
             # once it is visible, the whole file has been read.
             status, body, _ = p.get(API + "runs")
             runs = json.loads(body)["runs"] if status == 200 else []
-            return bool(runs) and runs[0]["max_step"] == BIG_STEPS - 1
+            return bool(runs) and runs[0]["max_step"] == plugin_fixtures.BIG_STEPS - 1
 
         for p in procs:
             p.wait_until(fully_loaded, "the last step", timeout=120)
         yield by_name
 
 
-def get_json(p, path, status=200):
+def get_json(plugin_fixtures, p, path, status=200):
     code, body, ctype = p.get(path)
     assert code == status, body[:300]
     assert ctype.startswith("application/json")
-    return strict_json(body)
+    return plugin_fixtures.strict_json(body)
 
 
 @pytest.mark.parametrize("name", ["rust", "python"])
-def test_all_steps_without_any_flag(servers, name):
-    body = get_json(servers[name], API + "matrix?run=long&stat=norm")
-    assert body["layers"] == list(BIG_LAYERS)
-    assert body["steps"] == list(range(BIG_STEPS))
+def test_all_steps_without_any_flag(servers, name, plugin_fixtures, tolerances):
+    body = get_json(plugin_fixtures, servers[name], API + "matrix?run=long&stat=norm")
+    assert body["layers"] == list(plugin_fixtures.BIG_LAYERS)
+    assert body["steps"] == list(range(plugin_fixtures.BIG_STEPS))
     for i, row in enumerate(body["values"]):
-        want = [big_expected_norm(i, s) for s in range(BIG_STEPS)]
+        want = [plugin_fixtures.big_expected_norm(i, s) for s in range(plugin_fixtures.BIG_STEPS)]
         if i == 0:
-            want[BIG_NAN_STEP] = (
+            want[plugin_fixtures.BIG_NAN_STEP] = (
                 None  # an all-NaN tensor: no finite element, no value (docs/FORMAT.md, "Reading stats")
             )
         # 12 equal float32 values: squares and a 12-term sum in float32 at worst (TensorFlow's path),
         # a sqrt halving that and rounding once; the reference's sqrt(12) * v rounds twice in float64.
         if i == 0:
-            assert row[BIG_NAN_STEP] is None
-            row, want = row[:BIG_NAN_STEP] + row[BIG_NAN_STEP + 1 :], want[:BIG_NAN_STEP] + want[BIG_NAN_STEP + 1 :]
-        assert row == pytest.approx(want, rel=gamma(12, np.float32) / 2 + gamma(1, np.float32) + gamma(2, np.float64))
-    nonfinite = get_json(servers[name], API + "matrix?run=long&stat=nonfinite")
-    assert [s for s, v in zip(nonfinite["steps"], nonfinite["values"][0]) if v] == [BIG_NAN_STEP]
-    assert nonfinite["values"][0][BIG_NAN_STEP] == 12
-    hist = get_json(servers[name], API + f"histograms?run=long&layer={BIG_LAYERS[1]}")
-    assert hist["steps"] == list(range(BIG_STEPS))
+            assert row[plugin_fixtures.BIG_NAN_STEP] is None
+            row, want = (
+                row[: plugin_fixtures.BIG_NAN_STEP] + row[plugin_fixtures.BIG_NAN_STEP + 1 :],
+                want[: plugin_fixtures.BIG_NAN_STEP] + want[plugin_fixtures.BIG_NAN_STEP + 1 :],
+            )
+        assert row == pytest.approx(
+            want,
+            rel=tolerances.gamma(12, np.float32) / 2
+            + tolerances.gamma(1, np.float32)
+            + tolerances.gamma(2, np.float64),
+        )
+    nonfinite = get_json(plugin_fixtures, servers[name], API + "matrix?run=long&stat=nonfinite")
+    assert [s for s, v in zip(nonfinite["steps"], nonfinite["values"][0]) if v] == [plugin_fixtures.BIG_NAN_STEP]
+    assert nonfinite["values"][0][plugin_fixtures.BIG_NAN_STEP] == 12
+    hist = get_json(plugin_fixtures, servers[name], API + f"histograms?run=long&layer={plugin_fixtures.BIG_LAYERS[1]}")
+    assert hist["steps"] == list(range(plugin_fixtures.BIG_STEPS))
 
 
 @pytest.mark.parametrize("name", ["rust_user", "python_user"])
-def test_a_user_sampling_flag_is_respected(servers, name):
-    steps = get_json(servers[name], API + "matrix?run=long")["steps"]
+def test_a_user_sampling_flag_is_respected(servers, name, plugin_fixtures):
+    steps = get_json(plugin_fixtures, servers[name], API + "matrix?run=long")["steps"]
     assert len(steps) == USER_SAMPLES
-    assert steps[-1] == BIG_STEPS - 1
+    assert steps[-1] == plugin_fixtures.BIG_STEPS - 1
 
 
-def test_both_loaders_give_the_same_answers(servers):
+def test_both_loaders_give_the_same_answers(servers, plugin_fixtures):
     paths = [
         "runs",
         "matrix?run=long&stat=mean",
         "matrix?run=long&stat=nonfinite&start=700&end=800&max_steps=17",
-        f"stats?run=long&layer={BIG_LAYERS[0]}",
-        f"histograms?run=long&layer={BIG_LAYERS[0]}&start=770&end=780",
-        f"compare?run=long&layer={BIG_LAYERS[1]}&stat=max",
+        f"stats?run=long&layer={plugin_fixtures.BIG_LAYERS[0]}",
+        f"histograms?run=long&layer={plugin_fixtures.BIG_LAYERS[0]}&start=770&end=780",
+        f"compare?run=long&layer={plugin_fixtures.BIG_LAYERS[1]}&stat=max",
         "stats?run=long&layer=nope",
         "matrix?run=long&start=x",
     ]
 
     def same_part(path, body):
         """The body without what says how far each process's read-ahead has got (its own background work)."""
-        doc = strict_json(body)
+        doc = plugin_fixtures.strict_json(body)
         for run in doc.get("runs", []) if path == "runs" else []:
             run.pop("statistics_read")
             run.pop("sweep_read")
@@ -130,20 +128,20 @@ def test_both_loaders_give_the_same_answers(servers):
         assert same_part(path, rust[1]) == same_part(path, python[1]), path
     rust_csv, python_csv = servers["rust"].get(API + "csv?run=long"), servers["python"].get(API + "csv?run=long")
     assert rust_csv[0] == 200 and rust_csv[1] == python_csv[1]
-    assert rust_csv[1].count(b"\n") == 1 + BIG_STEPS * len(BIG_LAYERS)
+    assert rust_csv[1].count(b"\n") == 1 + plugin_fixtures.BIG_STEPS * len(plugin_fixtures.BIG_LAYERS)
 
 
 @pytest.mark.parametrize("name", ["rust", "python"])
-def test_tab_enabled_and_served(servers, name):
+def test_tab_enabled_and_served(servers, name, plugin_fixtures):
     p = servers[name]
-    listing = get_json(p, "/data/plugins_listing")["layergrad"]
+    listing = get_json(plugin_fixtures, p, "/data/plugins_listing")["layergrad"]
     assert listing["enabled"] is True
     assert listing["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/layergrad/index.js"}
     code, body, ctype = p.get(API + "index.js")
     assert code == 200 and ctype.split(";")[0] == "text/javascript"
     assert b"function render(" in body and b"export" in body
-    assert get_json(p, API + "runs?run=%3Cb%3E", status=404)["error"]
-    assert get_json(p, API + "tensor?run=long&layer=net/first&step=-1", status=400)["error"]
+    assert get_json(plugin_fixtures, p, API + "runs?run=%3Cb%3E", status=404)["error"]
+    assert get_json(plugin_fixtures, p, API + "tensor?run=long&layer=net/first&step=-1", status=400)["error"]
 
 
 @pytest.mark.parametrize(

@@ -23,12 +23,9 @@ import os
 import re
 from typing import Dict, List, Tuple
 
-import examples_fixtures as ef
 import pytest
-import reliability_fixtures as rf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from plugin_fixtures import InProcess, strict_json
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from tb_layergrad.plugin.loader import LayerGradPlugin
@@ -119,17 +116,25 @@ def test_every_route_is_fuzzed():
 
 
 @pytest.fixture(scope="module")
-def with_examples(tmp_path_factory):
+def with_examples(tmp_path_factory, examples_fixtures, plugin_fixtures):
     logdir = str(tmp_path_factory.mktemp("with_examples"))
-    ef.write_examples_logdir(logdir)
-    return InProcess(logdir), {run: list(ef.LAYERS) for run in (ef.RUN, ef.RENAMED, ef.PLAIN, ef.PLAIN_V1)}
+    examples_fixtures.write_examples_logdir(logdir)
+    return plugin_fixtures.InProcess(logdir), {
+        run: list(examples_fixtures.LAYERS)
+        for run in (
+            examples_fixtures.RUN,
+            examples_fixtures.RENAMED,
+            examples_fixtures.PLAIN,
+            examples_fixtures.PLAIN_V1,
+        )
+    }
 
 
 @pytest.fixture(scope="module")
-def hostile(tmp_path_factory):
+def hostile(tmp_path_factory, plugin_fixtures, reliability_fixtures):
     logdir = str(tmp_path_factory.mktemp("hostile"))
-    written = rf.write_hostile_logdir(logdir)
-    return InProcess(logdir), written
+    written = reliability_fixtures.write_hostile_logdir(logdir)
+    return plugin_fixtures.InProcess(logdir), written
 
 
 # -- strategies -----------------------------------------------------------------------------------
@@ -150,12 +155,12 @@ _INTS = st.one_of(
 
 
 @st.composite
-def queries(draw, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, str]]:
+def queries(draw, reliability_fixtures, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, str]]:
     names = _names(written)
     values = {
         "run": names,
         "layer": names,
-        "target": st.one_of(st.sampled_from(["loss", rf.HOSTILE_TARGET]), names),
+        "target": st.one_of(st.sampled_from(["loss", reliability_fixtures.HOSTILE_TARGET]), names),
         "source": st.one_of(st.sampled_from(["output", "weight"]), names),
         "stat": st.one_of(st.sampled_from(series.ALL_STATS + tuple(examples.MATRIX_STATS)), names),
         "start": _INTS,
@@ -228,7 +233,7 @@ def _ints(pairs, key):
     return None
 
 
-def check_ok_json(route: str, pairs, body: dict) -> None:
+def check_ok_json(reliability_fixtures, route: str, pairs, body: dict) -> None:
     """A 200 is consistent with itself, with the query and with what the logdir holds."""
     steps = body.get("steps")
     if steps is not None:
@@ -246,10 +251,10 @@ def check_ok_json(route: str, pairs, body: dict) -> None:
     elif route == "stats":
         assert set(body["stats"]) == set(series.ALL_STATS)
         assert all(len(col) == len(steps) for col in body["stats"].values()) and len(body["wall_times"]) == len(steps)
-        assert body["stats"]["norm"] == [rf.norm(body["index"], s) for s in steps]
+        assert body["stats"]["norm"] == [reliability_fixtures.norm(body["index"], s) for s in steps]
     elif route == "histograms":
         assert len(body["histograms"]) == len(steps)
-        assert all(h == rf.histogram(s).tolist() for h, s in zip(body["histograms"], steps))
+        assert all(h == reliability_fixtures.histogram(s).tolist() for h, s in zip(body["histograms"], steps))
     elif route == "tensor":
         assert body["step"] in steps and len(body["values"]) == body["shape"][0]
         assert body["nonfinite"] == [[0, 1, "nan"], [0, 2, "+inf"], [1, 0, "-inf"]]
@@ -285,7 +290,17 @@ def check_ok_json(route: str, pairs, body: dict) -> None:
             )
 
 
-def check_response(route: str, pairs, method: str, response, errors_logged, tally: Tally, written) -> None:
+def check_response(
+    plugin_fixtures,
+    reliability_fixtures,
+    route: str,
+    pairs,
+    method: str,
+    response,
+    errors_logged,
+    tally: Tally,
+    written,
+) -> None:
     tally.requests += 1
     code = response.status_code
     tally.status[f"{code // 100}xx"] += 1
@@ -309,12 +324,12 @@ def check_response(route: str, pairs, method: str, response, errors_logged, tall
         assert all(row[0] == run and row[3] in written.get(run, ()) for row in rows[1:]), where
         return
     assert ctype.startswith("application/json"), where
-    body = strict_json(response.get_data())
+    body = plugin_fixtures.strict_json(response.get_data())
     assert body["api_version"] == 1, where
     if code >= 400:
         assert body["code"] == code and isinstance(body["error"], str) and body["error"], where
     else:
-        check_ok_json(route, pairs, body)
+        check_ok_json(reliability_fixtures, route, pairs, body)
 
 
 @pytest.fixture
@@ -343,23 +358,25 @@ _SETTINGS = dict(
     + [(r, "examples") for r in sorted(ALSO_ON_EXAMPLES)],
 )
 @pytest.mark.slow
-def test_generated_queries(hostile, with_examples, errors_logged, route, logdir):
+def test_generated_queries(hostile, with_examples, errors_logged, route, logdir, plugin_fixtures, reliability_fixtures):
     tb, written = with_examples if logdir == "examples" else hostile
     tally = Tally()
 
     @settings(max_examples=QUERY_EXAMPLES, **_SETTINGS)
-    @given(pairs=queries(route, written), head=st.integers(0, 9))
+    @given(pairs=queries(reliability_fixtures, route, written), head=st.integers(0, 9))
     def prop(pairs, head):
         method = "HEAD" if head == 0 else "GET"
         response = tb.client.open(API + route, method=method, query_string=pairs)
-        check_response(route, pairs, method, response, errors_logged, tally, written)
+        check_response(
+            plugin_fixtures, reliability_fixtures, route, pairs, method, response, errors_logged, tally, written
+        )
 
     prop()
-    rf.record("routes", f"generated queries: {route}", tally.requests, **tally.status)
+    reliability_fixtures.record("routes", f"generated queries: {route}", tally.requests, **tally.status)
     assert tally.status["2xx"] > 0 and tally.status["4xx"] > 0, tally.status  # both sides were reached
 
 
-def test_raw_query_strings(hostile, errors_logged):
+def test_raw_query_strings(hostile, errors_logged, plugin_fixtures, reliability_fixtures):
     """Undecodable percent-escapes, stray `%`, `;` and `&&`: sent as the raw QUERY_STRING."""
     tb, _ = hostile
     tally = Tally()
@@ -378,12 +395,12 @@ def test_raw_query_strings(hostile, errors_logged):
         assert 200 <= code < 300 or 400 <= code < 500, where
         assert not errors_logged() and b"Traceback" not in body, where
         if dict(headers)["Content-Type"].startswith("application/json"):
-            assert strict_json(body)["api_version"] == 1, where
+            assert plugin_fixtures.strict_json(body)["api_version"] == 1, where
         else:
             assert route == "csv" and code == 200, where
 
     prop()
-    rf.record("routes", "raw query strings", tally.requests, **tally.status)
+    reliability_fixtures.record("routes", "raw query strings", tally.requests, **tally.status)
 
 
 # -- static files ---------------------------------------------------------------------------------
@@ -449,7 +466,7 @@ SEGMENTS = [
 
 
 @pytest.fixture(scope="module")
-def frontend(tmp_path_factory, hostile):
+def frontend(tmp_path_factory, hostile, plugin_fixtures):
     """A frontend folder with files, a secret outside it, symlinks out of it."""
     base = tmp_path_factory.mktemp("static_fuzz")
     root = base / "frontend"
@@ -469,10 +486,10 @@ def frontend(tmp_path_factory, hostile):
     os.symlink(base / "outside.js", root / "link.js")
     os.symlink(base, root / "up")
     servable = {data for name, data in files.items() if name.endswith((".js", ".css")) and not name.startswith(".")}
-    return InProcess(hostile[0].logdir, frontend_root=root), servable
+    return plugin_fixtures.InProcess(hostile[0].logdir, frontend_root=root), servable
 
 
-def test_generated_static_paths(frontend, errors_logged):
+def test_generated_static_paths(frontend, errors_logged, plugin_fixtures, reliability_fixtures):
     tb, servable = frontend
     tally = Tally()
 
@@ -491,18 +508,20 @@ def test_generated_static_paths(frontend, errors_logged):
         assert not errors_logged(), where
         assert b"OUTSIDE" not in body and b"SECRET" not in body and b"HIDDEN" not in body, where
         if code == 200:
-            assert body in servable or strict_json(body)["api_version"] == 1, where  # a file, or an API route
+            assert body in servable or plugin_fixtures.strict_json(body)["api_version"] == 1, (
+                where
+            )  # a file, or an API route
         elif not reaches_plugin(env):
             assert code == 404 and body == b"Not found", where  # TensorBoard's own answer
         else:
-            assert 400 <= code < 500 and strict_json(body)["code"] == code, where
+            assert 400 <= code < 500 and plugin_fixtures.strict_json(body)["code"] == code, where
 
     prop()
-    rf.record("routes", "generated static paths", tally.requests, **tally.status)
+    reliability_fixtures.record("routes", "generated static paths", tally.requests, **tally.status)
     assert tally.status["2xx"] > 0, tally.status
 
 
-def test_real_frontend_serves_only_its_files(hostile, errors_logged):
+def test_real_frontend_serves_only_its_files(hostile, errors_logged, plugin_fixtures, reliability_fixtures):
     """The installed frontend: whatever path, a 200 is the content of a file under frontend/."""
     from tb_layergrad.plugin import static
 
@@ -531,7 +550,9 @@ def test_real_frontend_serves_only_its_files(hostile, errors_logged):
         tally.requests += 1
         tally.status[f"{code // 100}xx"] += 1
         assert not errors_logged()
-        assert code == 404 or (code == 200 and (body in inside or strict_json(body)["api_version"] == 1)), raw
+        assert code == 404 or (
+            code == 200 and (body in inside or plugin_fixtures.strict_json(body)["api_version"] == 1)
+        ), raw
 
     prop()
-    rf.record("routes", "generated paths, real frontend", tally.requests, **tally.status)
+    reliability_fixtures.record("routes", "generated paths, real frontend", tally.requests, **tally.status)

@@ -8,10 +8,8 @@ and the smoothed noise scale are recomputed here with numpy from what those rout
 
 from __future__ import annotations
 
-import examples_fixtures as ef
 import numpy as np
 import pytest
-from plugin_fixtures import AUX_TARGET, FUTURE_RUN, InProcess, get_json
 
 from tb_layergrad.reader import anomalies
 
@@ -19,16 +17,16 @@ HEALTH_FIELDS = ("last_step", "layers", "severity", "verdict", "first_nonfinite"
 
 
 @pytest.fixture(scope="module")
-def ex(tmp_path_factory):
-    written = ef.write_examples_logdir(str(tmp_path_factory.mktemp("sweep_examples")))
-    return written, InProcess(written.logdir)
+def ex(tmp_path_factory, examples_fixtures, plugin_fixtures):
+    written = examples_fixtures.write_examples_logdir(str(tmp_path_factory.mktemp("sweep_examples")))
+    return written, plugin_fixtures.InProcess(written.logdir)
 
 
-def expected_norm_trend(tb, run, target, window=20):
+def expected_norm_trend(plugin_fixtures, tb, run, target, window=20):
     """log10 of the global norm (every layer recorded and finite at the step), fitted over the last `window`
     such steps, times their span: from the `matrix` route's norms and NaN counts."""
-    norm = get_json(tb, "matrix", {"run": run, "stat": "norm", "target": target})
-    bad = get_json(tb, "matrix", {"run": run, "stat": "nonfinite", "target": target})
+    norm = plugin_fixtures.get_json(tb, "matrix", {"run": run, "stat": "norm", "target": target})
+    bad = plugin_fixtures.get_json(tb, "matrix", {"run": run, "stat": "nonfinite", "target": target})
     n = np.array([[np.nan if v is None else v for v in row] for row in norm["values"]], dtype=np.float64)
     b = np.array([[np.nan if v is None else v for v in row] for row in bad["values"]], dtype=np.float64)
     steps = np.asarray(norm["steps"], np.float64)
@@ -40,9 +38,9 @@ def expected_norm_trend(tb, run, target, window=20):
     return float(np.polyfit(x, y, 1)[0] * (x[-1] - x[0]))
 
 
-def expected_row(tb, run, target, source="output"):
+def expected_row(plugin_fixtures, tb, run, target, source="output"):
     """The health fields of a run's row from its `anomalies` route."""
-    a = get_json(tb, "anomalies", {"run": run, "target": target, "source": source})
+    a = plugin_fixtures.get_json(tb, "anomalies", {"run": run, "target": target, "source": source})
     s = a["summary"]
     states = [layer["verdict"]["state"] for layer in a["layers"]]
     worst = min(states, key=anomalies.STATES.index)
@@ -67,39 +65,41 @@ def health_of(row):
     return out
 
 
-def test_each_row_is_what_the_anomalies_route_says_of_the_run(tb):
-    body = get_json(tb, "sweep", {})
+def test_each_row_is_what_the_anomalies_route_says_of_the_run(tb, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "sweep", {})
     assert body["source"] == "output" and body["target"] is None
     by_run = {r["run"]: r for r in body["runs"]}
     assert set(by_run) == {"train", "eval"}  # the run of a newer format is skipped, as by every route
-    assert any(FUTURE_RUN in w for w in body["warnings"])
+    assert any(plugin_fixtures.FUTURE_RUN in w for w in body["warnings"])
     for run, row in by_run.items():
         assert row["target"] == "loss"
-        want, findings = expected_row(tb, run, "loss")
+        want, findings = expected_row(plugin_fixtures, tb, run, "loss")
         assert health_of(row) == want
         assert row["line"] == findings[0]["line"] if findings else row["line"].startswith("no finding")
-        assert row["norm_trend"] == pytest.approx(expected_norm_trend(tb, run, "loss"), rel=1e-9, abs=1e-12)
+        assert row["norm_trend"] == pytest.approx(
+            expected_norm_trend(plugin_fixtures, tb, run, "loss"), rel=1e-9, abs=1e-12
+        )
         assert row["noise_scale_end"] is None and row["dominated_steps"] is None and row["hparams"] == {}
     train = by_run["train"]
     assert train["verdict"] == "nonfinite" and train["severity"] == 4 and train["first_nonfinite"]["step"] == 5
-    findings = expected_row(tb, "train", "loss")[1]
+    findings = expected_row(plugin_fixtures, tb, "train", "loss")[1]
     assert train["first_nonfinite"]["line"] == next(f["line"] for f in findings if f["kind"] == "nonfinite")
 
 
-def test_a_target_asked_is_every_rows(tb):
-    body = get_json(tb, "sweep", {"target": AUX_TARGET})
+def test_a_target_asked_is_every_rows(tb, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "sweep", {"target": plugin_fixtures.AUX_TARGET})
     by_run = {r["run"]: r for r in body["runs"]}
     for run, row in by_run.items():
-        assert row["target"] == AUX_TARGET
-        runs = get_json(tb, "runs", {"run": run})["runs"][0]
-        if AUX_TARGET in runs["targets"]:
-            assert health_of(row) == expected_row(tb, run, AUX_TARGET)[0]
+        assert row["target"] == plugin_fixtures.AUX_TARGET
+        runs = plugin_fixtures.get_json(tb, "runs", {"run": run})["runs"][0]
+        if plugin_fixtures.AUX_TARGET in runs["targets"]:
+            assert health_of(row) == expected_row(plugin_fixtures, tb, run, plugin_fixtures.AUX_TARGET)[0]
         else:  # still listed, health unknown
             assert row["verdict"] is None and row["severity"] is None and row["layers"] == 0
 
 
-def test_measures_name_numeric_fields_of_every_row(tb):
-    body = get_json(tb, "sweep", {})
+def test_measures_name_numeric_fields_of_every_row(tb, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "sweep", {})
     keys = [m["key"] for m in body["measures"]]
     assert len(keys) == len(set(keys))
     for m in body["measures"]:
@@ -111,13 +111,16 @@ def test_measures_name_numeric_fields_of_every_row(tb):
             assert value is None or isinstance(value, (int, float)) and not isinstance(value, bool), m["key"]
 
 
-def test_dominance_and_noise_scale_against_their_routes(ex):
+def test_dominance_and_noise_scale_against_their_routes(ex, examples_fixtures, plugin_fixtures):
     written, tb = ex
-    by_run = {r["run"]: r for r in get_json(tb, "sweep", {})["runs"]}
+    by_run = {r["run"]: r for r in plugin_fixtures.get_json(tb, "sweep", {})["runs"]}
     for run, row in by_run.items():
-        assert health_of(row) == expected_row(tb, run, "loss")[0]
-    assert by_run[ef.RUN]["dominated_steps"] >= 1 and by_run[ef.PLAIN]["dominated_steps"] is None
-    noise = get_json(tb, "noise_scale", {"run": ef.RUN})["series"][0]
+        assert health_of(row) == expected_row(plugin_fixtures, tb, run, "loss")[0]
+    assert (
+        by_run[examples_fixtures.RUN]["dominated_steps"] >= 1
+        and by_run[examples_fixtures.PLAIN]["dominated_steps"] is None
+    )
+    noise = plugin_fixtures.get_json(tb, "noise_scale", {"run": examples_fixtures.RUN})["series"][0]
     w = 0.6  # TensorBoard's default smoothing, the tab's
 
     def ema(ys):
@@ -132,26 +135,25 @@ def test_dominance_and_noise_scale_against_their_routes(ex):
 
     t, g = ema(noise["trace"]), ema(noise["signal"])
     ends = [a / b for a, b in zip(t, g) if a is not None and b is not None and b > 0]
-    assert by_run[ef.RUN]["noise_scale_end"] == pytest.approx(ends[-1], rel=1e-12)
-    assert by_run[ef.PLAIN]["noise_scale_end"] is None
+    assert by_run[examples_fixtures.RUN]["noise_scale_end"] == pytest.approx(ends[-1], rel=1e-12)
+    assert by_run[examples_fixtures.PLAIN]["noise_scale_end"] is None
 
 
-def test_an_unchanged_sweep_recomputes_nothing(tmp_path):
-    import long_fixtures as lf
+def test_an_unchanged_sweep_recomputes_nothing(tmp_path, plugin_fixtures, long_fixtures):
 
     logdir = str(tmp_path)
     for name in ("a", "b"):  # two runs of steps 0..5
-        lf.write_run(f"{logdir}/{name}", ["m/x", "m/y"], 6, keep=False, format_version=2)
-    tb = InProcess(logdir)
+        long_fixtures.write_run(f"{logdir}/{name}", ["m/x", "m/y"], 6, keep=False, format_version=2)
+    tb = plugin_fixtures.InProcess(logdir)
     health = tb.plugin._routes.reading.health  # noqa: SLF001 - what was computed
-    first = get_json(tb, "sweep", {})
+    first = plugin_fixtures.get_json(tb, "sweep", {})
     assert health.computed == 2
-    assert get_json(tb, "sweep", {}) == first and health.computed == 2
+    assert plugin_fixtures.get_json(tb, "sweep", {}) == first and health.computed == 2
     longer = tmp_path / "longer"
-    lf.write_run(str(longer), ["m/x", "m/y"], 9, keep=False, format_version=2)
+    long_fixtures.write_run(str(longer), ["m/x", "m/y"], 9, keep=False, format_version=2)
     (longer / "events.out.tfevents.1.long.v2").rename(tmp_path / "b" / "events.out.tfevents.2.long.v2")
     tb.multiplexer.Reload()
-    again = {r["run"]: r for r in get_json(tb, "sweep", {})["runs"]}
+    again = {r["run"]: r for r in plugin_fixtures.get_json(tb, "sweep", {})["runs"]}
     assert again["b"]["last_step"] == 8 and again["a"]["last_step"] == 5
     assert health.computed == 3  # b again, not a
 
@@ -160,58 +162,59 @@ def test_an_unchanged_sweep_recomputes_nothing(tmp_path):
     "query, message",
     [({"source": "gradient"}, "source"), ({"target": ""}, "target"), ({"target": ["a", "b"]}, "target")],
 )
-def test_bad_queries_are_400(tb, query, message):
-    body = get_json(tb, "sweep", query, status=400)
+def test_bad_queries_are_400(tb, query, message, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "sweep", query, status=400)
     assert message in body["error"]
 
 
-def test_the_read_ahead_computes_the_rows_a_first_request_needs(tmp_path):
+def test_the_read_ahead_computes_the_rows_a_first_request_needs(tmp_path, plugin_fixtures, long_fixtures):
     import functools
-
-    import long_fixtures as lf
 
     from tb_layergrad.plugin import prefetch, sweep_impl
 
     logdir = str(tmp_path)
     for name in ("a", "b"):
-        lf.write_run(f"{logdir}/{name}", ["m/x", "m/y", "m/z"], 30, keep=False, format_version=2)
-    tb = InProcess(logdir)
+        long_fixtures.write_run(f"{logdir}/{name}", ["m/x", "m/y", "m/z"], 30, keep=False, format_version=2)
+    tb = plugin_fixtures.InProcess(logdir)
     reading = tb.plugin._routes.reading  # noqa: SLF001 - the plugin's own caches
     pre = prefetch.StatsPrefetcher(reading.stats, reading.lister, then=functools.partial(sweep_impl.warm, reading))
 
     def sweep_read():
-        return {r["run"]: r["sweep_read"] for r in get_json(tb, "runs", {})["runs"]}
+        return {r["run"]: r["sweep_read"] for r in plugin_fixtures.get_json(tb, "runs", {})["runs"]}
 
     assert sweep_read() == {"a": False, "b": False}
     pre.warm_once()  # sees the runs; their last blocks may still be being written
     pre.warm_once()  # reads them, then computes their rows
     assert sweep_read() == {"a": True, "b": True} and reading.health.computed == 2
-    body = get_json(tb, "sweep", {})
+    body = plugin_fixtures.get_json(tb, "sweep", {})
     assert reading.health.computed == 2  # the first request computed nothing
-    assert body == get_json(InProcess(logdir), "sweep", {})  # and its rows are those a request computes
-    other = get_json(tb, "sweep", {"source": "weight"})  # another query: its own rows (none here)
+    assert body == plugin_fixtures.get_json(
+        plugin_fixtures.InProcess(logdir), "sweep", {}
+    )  # and its rows are those a request computes
+    other = plugin_fixtures.get_json(tb, "sweep", {"source": "weight"})  # another query: its own rows (none here)
     assert [r["layers"] for r in other["runs"]] == [0, 0]
 
 
-def test_warnings_are_said_on_every_poll(tb):
-    first, again = get_json(tb, "sweep", {}), get_json(tb, "sweep", {})
+def test_warnings_are_said_on_every_poll(tb, plugin_fixtures):
+    first, again = plugin_fixtures.get_json(tb, "sweep", {}), plugin_fixtures.get_json(tb, "sweep", {})
     assert first["warnings"] and again["warnings"] == first["warnings"]
 
 
 @pytest.mark.parametrize("source", ["output", "activation"])
-def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source):
-    import origin_fixtures as of
+def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source, plugin_fixtures, origin_fixtures):
 
-    tb = InProcess(origin_logdir.logdir)
-    by_run = {r["run"]: r for r in get_json(tb, "sweep", {"source": source})["runs"]}
-    assert set(by_run) == set(of.RUNS)
+    tb = plugin_fixtures.InProcess(origin_logdir.logdir)
+    by_run = {r["run"]: r for r in plugin_fixtures.get_json(tb, "sweep", {"source": source})["runs"]}
+    assert set(by_run) == set(origin_fixtures.RUNS)
     for run, row in by_run.items():
-        want = of.expected(run)
-        a = get_json(tb, "anomalies", {"run": run, "source": source}, status=200 if row["layers"] else 404)
+        want = origin_fixtures.expected(run)
+        a = plugin_fixtures.get_json(
+            tb, "anomalies", {"run": run, "source": source}, status=200 if row["layers"] else 404
+        )
         if not row["layers"]:  # a run without activations, asked for them: listed, its health unknown
-            assert source == "activation" and run not in of.WITH_ACTIVATIONS and row["verdict"] is None
+            assert source == "activation" and run not in origin_fixtures.WITH_ACTIVATIONS and row["verdict"] is None
             continue
-        assert health_of(row) == expected_row(tb, run, "loss", source)[0], run
+        assert health_of(row) == expected_row(plugin_fixtures, tb, run, "loss", source)[0], run
         assert {k: row["first_nonfinite"][k] for k in ("step", "pass", "origin")} == {
             k: want[k] for k in ("step", "pass", "origin")
         }
@@ -231,47 +234,46 @@ def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
     assert {f"latest.{s}" for s in counted} <= measured and "dominated_steps" in measured  # steps, not layers
 
 
-def test_a_run_a_request_read_gets_its_row_at_the_next_pass(tmp_path):
+def test_a_run_a_request_read_gets_its_row_at_the_next_pass(tmp_path, plugin_fixtures, long_fixtures):
     import functools
-
-    import long_fixtures as lf
 
     from tb_layergrad.plugin import prefetch, sweep_impl
 
     logdir = str(tmp_path)
     for name in ("a", "b"):
-        lf.write_run(f"{logdir}/{name}", ["m/x", "m/y"], 20, keep=False, format_version=2)
-    tb = InProcess(logdir)
+        long_fixtures.write_run(f"{logdir}/{name}", ["m/x", "m/y"], 20, keep=False, format_version=2)
+    tb = plugin_fixtures.InProcess(logdir)
     reading = tb.plugin._routes.reading  # noqa: SLF001 - the plugin's own caches
     pre = prefetch.StatsPrefetcher(reading.stats, reading.lister, then=functools.partial(sweep_impl.warm, reading))
-    get_json(tb, "matrix", {"run": "a"})  # the request reads run a, not the read-ahead
+    plugin_fixtures.get_json(tb, "matrix", {"run": "a"})  # the request reads run a, not the read-ahead
     assert pre.warm_once() == []  # the first pass reads nothing (every tag is new)...
-    runs = {r["run"]: r["sweep_read"] for r in get_json(tb, "runs", {})["runs"]}
+    runs = {r["run"]: r["sweep_read"] for r in plugin_fixtures.get_json(tb, "runs", {})["runs"]}
     assert runs == {"a": True, "b": False}  # ...but computes the row of the run held
     before = reading.health.computed
     pre.warm_once()
     assert reading.health.computed == before + 1  # b, once read; a is not computed again
 
 
-def test_a_run_without_loss_is_rowed_on_its_worst_target(tmp_path):
+def test_a_run_without_loss_is_rowed_on_its_worst_target(tmp_path, plugin_fixtures, known_answer_fixtures):
     """A custom step's run (targets `discriminator`, `generator`, no `loss`): the row is about the target in the
     worst state, as the anomalies route says of each, so a Runs view never calls a run "ok" whose generator's
     gradient collapses."""
     import os
 
-    import known_answer_fixtures as ka
     import tensorflow as tf
 
     import tb_layergrad
 
-    model = ka._model([tf.Variable(1.0), tf.Variable(1.0)])
+    model = known_answer_fixtures._model([tf.Variable(1.0), tf.Variable(1.0)])
     writer = tf.summary.create_file_writer(os.path.join(str(tmp_path), "gan_like"))
     rng = np.random.default_rng(3)
     with writer.as_default():
-        for step in range(ka.STEPS):
-            f = 1e-4 if step >= ka.K else 1.0  # the generator's gradient collapses from step K, its loss as before
-            x = tf.constant(rng.normal(size=(ka.BATCH, 6)).astype(np.float32))
-            y = tf.constant(rng.normal(size=(ka.BATCH, 3)).astype(np.float32))
+        for step in range(known_answer_fixtures.STEPS):
+            f = (
+                1e-4 if step >= known_answer_fixtures.K else 1.0
+            )  # the generator's gradient collapses from step K, its loss as before
+            x = tf.constant(rng.normal(size=(known_answer_fixtures.BATCH, 6)).astype(np.float32))
+            y = tf.constant(rng.normal(size=(known_answer_fixtures.BATCH, 3)).astype(np.float32))
             with tf.GradientTape(persistent=True) as tape:
                 with tb_layergrad.capture(model, tape=tape) as cap:
                     value = tf.reduce_mean(tf.square(model(x, training=True) - y))
@@ -280,10 +282,10 @@ def test_a_run_without_loss_is_rowed_on_its_worst_target(tmp_path):
             tb_layergrad.summary.gradients(cap.gradients(tape, collapsed, name="generator"), step=step)
             del tape
     writer.close()
-    tb = InProcess(str(tmp_path))
-    each = {t: get_json(tb, "sweep", {"target": t})["runs"][0] for t in ("discriminator", "generator")}
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    each = {t: plugin_fixtures.get_json(tb, "sweep", {"target": t})["runs"][0] for t in ("discriminator", "generator")}
     assert each["discriminator"]["verdict"] == anomalies.OK
     assert each["generator"]["verdict"] == anomalies.VANISHING_OVER_STEPS
-    row = get_json(tb, "sweep", {})["runs"][0]
+    row = plugin_fixtures.get_json(tb, "sweep", {})["runs"][0]
     assert row["target"] == "generator"
     assert {k: row[k] for k in HEALTH_FIELDS} == {k: each["generator"][k] for k in HEALTH_FIELDS}

@@ -12,7 +12,6 @@ import math
 import os
 
 import pytest
-from hparams_fixtures import EXPECTED, STEPS, fit_with_logger, write_hparams_logdir
 
 from tb_layergrad.cli import report
 from tb_layergrad.reader import anomalies
@@ -23,15 +22,15 @@ HOSTILE = {"<b>name</b>": LONG, "nan": float("nan"), "learning_rate": "fast", "u
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
+def logdir(tmp_path_factory, hparams_fixtures):
     import tensorflow as tf
     from tensorboard.plugins.hparams import api as hp
 
     d = str(tmp_path_factory.mktemp("sweep_hparams"))
-    write_hparams_logdir(d)
+    hparams_fixtures.write_hparams_logdir(d)
     with tf.summary.create_file_writer(os.path.join(d, HOSTILE_RUN)).as_default():
         hp.hparams(HOSTILE)
-    fit_with_logger(d, HOSTILE_RUN, [], seed=6)
+    hparams_fixtures.fit_with_logger(d, HOSTILE_RUN, [], seed=6)
     return d
 
 
@@ -55,18 +54,20 @@ def expected_rows(logdir):
 
 
 @pytest.mark.slow
-def test_the_sweep_route_under_both_loaders(logdir, tmp_path):
-    from tensorboard_process import PLUGIN_API, tensorboards
+def test_the_sweep_route_under_both_loaders(logdir, tmp_path, hparams_fixtures, tensorboard_process):
 
     want = expected_rows(logdir)
-    runs = {**{run: STEPS for run in EXPECTED}, f"{HOSTILE_RUN}/train": STEPS}
+    runs = {
+        **{run: hparams_fixtures.STEPS for run in hparams_fixtures.EXPECTED},
+        f"{HOSTILE_RUN}/train": hparams_fixtures.STEPS,
+    }
     assert set(want) == set(runs)
     bodies = []
-    with tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
+    with tensorboard_process.tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
         for p in procs:
             p.wait_for_runs(runs)
-            bodies.append(p.get_json(PLUGIN_API + "sweep"))
-            code, text, _ = p.get(PLUGIN_API + "sweep?source=nope")
+            bodies.append(p.get_json(tensorboard_process.PLUGIN_API + "sweep"))
+            code, text, _ = p.get(tensorboard_process.PLUGIN_API + "sweep?source=nope")
             assert code == 400 and b"source" in text
     assert bodies[0] == bodies[1]  # the Rust data server and the Python multiplexer alike
     body = bodies[0]
@@ -89,7 +90,7 @@ def test_the_sweep_route_under_both_loaders(logdir, tmp_path):
         assert (row["first_nonfinite"] or {}).get("step") == want[run]["first_nonfinite"]
         assert row["noise_scale_end"] is None
         assert row["norm_trend"] is None or math.isfinite(row["norm_trend"])
-    for run, values in EXPECTED.items():
+    for run, values in hparams_fixtures.EXPECTED.items():
         assert by_run[run]["hparams"] == values
     hostile = by_run[f"{HOSTILE_RUN}/train"]["hparams"]
     assert hostile == {"<b>name</b>": LONG, "nan": None, "learning_rate": "fast", "units": 8.0}

@@ -9,70 +9,78 @@ from __future__ import annotations
 import json
 import math
 
-import known_answer_fixtures as ka
 import pytest
-from plugin_fixtures import InProcess, get_json
 
 from tb_layergrad.cli import report
 from tb_layergrad.reader import anomalies, trends
 
-RUNS = (*ka.COLLAPSES, *ka.CONVERGING)
-
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
+def logdir(tmp_path_factory, known_answer_fixtures):
     d = str(tmp_path_factory.mktemp("over_steps"))
-    ka.write_stalled(d)
-    ka.write_converging(d)
+    known_answer_fixtures.write_stalled(d)
+    known_answer_fixtures.write_converging(d)
     return d
 
 
 @pytest.fixture(scope="module")
-def bodies(logdir):
-    tb = InProcess(logdir)
-    return {run: get_json(tb, "anomalies", {"run": run}) for run in RUNS}
+def bodies(logdir, known_answer_fixtures, plugin_fixtures):
+    tb = plugin_fixtures.InProcess(logdir)
+    return {
+        run: plugin_fixtures.get_json(tb, "anomalies", {"run": run})
+        for run in (*known_answer_fixtures.COLLAPSES, *known_answer_fixtures.CONVERGING)
+    }
 
 
-def _truth(run: str) -> bool:
+def _truth(known_answer_fixtures, run: str) -> bool:
     """Planted: the `stall_*` runs whose gradient was cut by STEP_DECAY_DECADES or more; never a converging run."""
-    return run in ka.COLLAPSES and -math.log10(ka.COLLAPSES[run]) >= trends.STEP_DECAY_DECADES
+    return (
+        run in known_answer_fixtures.COLLAPSES
+        and -math.log10(known_answer_fixtures.COLLAPSES[run]) >= trends.STEP_DECAY_DECADES
+    )
 
 
 @pytest.mark.slow
-def test_precision_and_recall_over_layers(bodies):
+def test_precision_and_recall_over_layers(bodies, known_answer_fixtures):
     flagged = {(run, e["layer"]) for run, b in bodies.items() for e in b["layers"] if _over(e)}
-    truth = {(run, e["layer"]) for run, b in bodies.items() for e in b["layers"] if _truth(run)}
+    truth = {(run, e["layer"]) for run, b in bodies.items() for e in b["layers"] if _truth(known_answer_fixtures, run)}
     tp = len(flagged & truth)
     assert (tp / len(flagged), tp / len(truth)) == (1.0, 1.0), (sorted(flagged ^ truth), len(truth))
-    assert len(truth) == 3 * len(ka.LAYERS)
+    assert len(truth) == 3 * len(known_answer_fixtures.LAYERS)
 
 
-def test_the_converging_runs_are_the_false_positive_a_gradient_alone_would_make(bodies):
+def test_the_converging_runs_are_the_false_positive_a_gradient_alone_would_make(bodies, known_answer_fixtures):
     """Their gradient fell as far as a collapse's (>= STEP_DECAY_DECADES) but their loss fell with it."""
-    for run in ka.CONVERGING:
+    for run in known_answer_fixtures.CONVERGING:
         decays = [e["step_decay"] for e in bodies[run]["layers"]]
         assert max(decays) <= -trends.STEP_DECAY_DECADES, (run, decays)
         assert bodies[run]["summary"]["findings"] == [] and not any(_over(e) for e in bodies[run]["layers"])
-    for run in ka.COLLAPSES:  # their decay is the planted one (the loss's value unchanged, batches aside)
+    for (
+        run
+    ) in known_answer_fixtures.COLLAPSES:  # their decay is the planted one (the loss's value unchanged, batches aside)
         for e in bodies[run]["layers"]:
-            assert e["step_decay"] == pytest.approx(math.log10(ka.COLLAPSES[run]), abs=0.1), (run, e)
+            assert e["step_decay"] == pytest.approx(math.log10(known_answer_fixtures.COLLAPSES[run]), abs=0.1), (run, e)
 
 
-def test_the_verdict_names_the_step_of_the_collapse_and_one_finding_all_layers(bodies):
+def test_the_verdict_names_the_step_of_the_collapse_and_one_finding_all_layers(bodies, known_answer_fixtures):
     body = bodies["stall_3"]
-    assert {e["verdict"]["step"] for e in body["layers"]} == {ka.K}  # planted from step K: 10^3 below at once
+    assert {e["verdict"]["step"] for e in body["layers"]} == {
+        known_answer_fixtures.K
+    }  # planted from step K: 10^3 below at once
     (finding,) = body["summary"]["findings"]
-    assert finding["kind"] == anomalies.VANISHING_OVER_STEPS and finding["layers"] == [ka.path(x) for x in ka.LAYERS]
+    assert finding["kind"] == anomalies.VANISHING_OVER_STEPS and finding["layers"] == [
+        known_answer_fixtures.path(x) for x in known_answer_fixtures.LAYERS
+    ]
     worst = min(e["step_decay"] for e in body["layers"])
     assert (
         f"10^{-worst:.1f} times" in finding["line"]
         and "value of loss " in finding["line"]
         and "falls by 50% or more" in finding["line"]
     )
-    assert body["summary"]["latest"][anomalies.VANISHING_OVER_STEPS] == len(ka.LAYERS)
+    assert body["summary"]["latest"][anomalies.VANISHING_OVER_STEPS] == len(known_answer_fixtures.LAYERS)
 
 
-def test_report_and_load_tell_the_same(logdir, bodies):
+def test_report_and_load_tell_the_same(logdir, bodies, known_answer_fixtures):
     doc = report.to_json(report.build(logdir, runs=["stall_3", "regression"]))
     for r in doc["runs"]:
         route = bodies[r["run"]]
@@ -84,8 +92,8 @@ def test_report_and_load_tell_the_same(logdir, bodies):
     df = tb_layergrad.load(logdir, runs=["stall_3", "regression"])
     out = df[df.source == "output"]
     stalled = out[out.run == "stall_3"]
-    assert set(stalled[stalled.step >= ka.K].state) == {anomalies.VANISHING_OVER_STEPS}
-    assert set(stalled[stalled.step < ka.K].state) == {anomalies.OK}
+    assert set(stalled[stalled.step >= known_answer_fixtures.K].state) == {anomalies.VANISHING_OVER_STEPS}
+    assert set(stalled[stalled.step < known_answer_fixtures.K].state) == {anomalies.OK}
     assert set(out[out.run == "regression"].state) == {anomalies.OK}
 
 
@@ -93,7 +101,7 @@ def _over(entry: dict) -> bool:
     return entry["verdict"]["state"] == anomalies.VANISHING_OVER_STEPS
 
 
-def test_fail_on_vanishing_over_steps(logdir, capsys):
+def test_fail_on_vanishing_over_steps(logdir, capsys, known_answer_fixtures):
     from tb_layergrad import cli
 
     assert cli.main(["report", logdir, "--run", "regression", "--fail-on", "vanishing_over_steps"]) == 0
@@ -103,5 +111,6 @@ def test_fail_on_vanishing_over_steps(logdir, capsys):
     )
     doc = json.loads(capsys.readouterr().out)
     assert [(f["layer"], f["condition"], f["step"]) for f in doc["failures"]] == [
-        (ka.path(x), "vanishing_over_steps", ka.K) for x in ka.LAYERS
+        (known_answer_fixtures.path(x), "vanishing_over_steps", known_answer_fixtures.K)
+        for x in known_answer_fixtures.LAYERS
     ]

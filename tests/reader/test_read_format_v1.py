@@ -13,7 +13,6 @@ import shutil
 
 import numpy as np
 import pytest
-from plugin_fixtures import InProcess, as_float, get_json
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -30,7 +29,7 @@ def _expected():
     for r in records:
         info = r["info"]
         assert info["version"] == 1  # every record of the data is a version-1 record
-        value = as_float(r["value"]).reshape(r["shape"])
+        value = np.asarray(r["value"], dtype=np.float64).reshape(r["shape"])  # a JSON null reads as NaN
         for text in r["nonfinite"]:  # a non-finite value of a record was stored as null: put it back
             value.reshape(-1)[np.flatnonzero(np.isnan(value.reshape(-1)))[0]] = float(text)
         out.setdefault((info["source"], info["layer"], info["kind"]), {})[r["step"]] = value
@@ -50,8 +49,8 @@ def logdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tb(logdir):
-    return InProcess(logdir)
+def tb(logdir, plugin_fixtures):
+    return plugin_fixtures.InProcess(logdir)
 
 
 def test_the_data_is_what_its_readme_says():
@@ -68,26 +67,28 @@ def test_the_data_is_what_its_readme_says():
     assert {s: int(v[0]) for s, v in firsts.items()} == {3: 3, 4: 3, 5: 3}
 
 
-def test_runs_route_lists_the_version_1_run(tb):
-    (run,) = get_json(tb, "runs", {})["runs"]
+def test_runs_route_lists_the_version_1_run(tb, plugin_fixtures):
+    (run,) = plugin_fixtures.get_json(tb, "runs", {})["runs"]
     assert run["run"] == RUN and run["format_versions"] == [1]
     assert [x["layer"] for x in run["layers"]] == ["model/dense", "model/dense/kernel", "model/dense_1"]
     assert run["target_series"] == ["loss"]
 
 
 @pytest.mark.parametrize("source, layer", sorted(STATS))
-def test_stats_route_gives_the_written_numbers(tb, source, layer):
+def test_stats_route_gives_the_written_numbers(tb, source, layer, plugin_fixtures):
     target = layer if source == metadata.SOURCE_TARGET else metadata.DEFAULT_TARGET
-    body = get_json(tb, "stats", {"run": RUN, "layer": layer, "target": target, "source": source})
+    body = plugin_fixtures.get_json(tb, "stats", {"run": RUN, "layer": layer, "target": target, "source": source})
     written = STATS[(source, layer)]
     assert body["steps"] == sorted(written)
     for i, name in enumerate(metadata.STAT_FIELDS):
-        np.testing.assert_array_equal(as_float(body["stats"][name]), [written[s][i] for s in body["steps"]], name)
+        np.testing.assert_array_equal(
+            plugin_fixtures.as_float(body["stats"][name]), [written[s][i] for s in body["steps"]], name
+        )
 
 
 @pytest.mark.parametrize("source, layer", [k for k in sorted(STATS) if k[0] != metadata.SOURCE_TARGET])
-def test_histograms_route_gives_the_written_buckets(tb, source, layer):
-    body = get_json(tb, "histograms", {"run": RUN, "layer": layer, "source": source})
+def test_histograms_route_gives_the_written_buckets(tb, source, layer, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "histograms", {"run": RUN, "layer": layer, "source": source})
     written = EXPECTED[(source, layer, metadata.KIND_HISTOGRAM)]
     assert body["steps"] == sorted(written)
     for step, hist in zip(body["steps"], body["histograms"]):
@@ -97,8 +98,8 @@ def test_histograms_route_gives_the_written_buckets(tb, source, layer):
         )
 
 
-def test_anomalies_route_finds_the_nan_step_and_where_it_was_born(tb):
-    body = get_json(tb, "anomalies", {"run": RUN})
+def test_anomalies_route_finds_the_nan_step_and_where_it_was_born(tb, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "anomalies", {"run": RUN})
     first = body["summary"]["first_nonfinite"]
     assert first["step"] == NAN_STEP and first["layers"] == ["model/dense"]
     assert (first["pass"], first["origin"]) == ("backward", "model/dense_1")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import math
 import os
 import zlib
 from typing import Dict

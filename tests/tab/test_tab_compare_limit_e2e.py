@@ -12,21 +12,19 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import long_fixtures as lf  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
 LIMIT = 200  # runs compared at once (docs/HTTP_API.md, `compare`)
 
 
-def test_more_runs_than_compare_takes_says_so_before_asking(tmp_path):
+def test_more_runs_than_compare_takes_says_so_before_asking(tmp_path, long_fixtures, tab_fixtures):
     """201 tiny runs, all ticked: the view says how many it can compare instead of sending a request the route
     refuses; "None" then compares nothing, and says that."""
     names = [f"many/run_{k:03d}" for k in range(LIMIT + 1)]
     for k, name in enumerate(names):
-        lf.write_run(str(tmp_path / "logs" / name), ["net/a"], 2, keep=False, seed=k + 1)
-    with tf_.served(
+        long_fixtures.write_run(str(tmp_path / "logs" / name), ["net/a"], 2, keep=False, seed=k + 1)
+    with tab_fixtures.served(
         str(tmp_path / "logs"), tmp_path, {n: 1 for n in names}, lambda: None, write_first=True, reload_interval=0
     ) as (tb, browser, _):
         asked = []
@@ -46,5 +44,5 @@ def test_more_runs_than_compare_takes_says_so_before_asking(tmp_path):
         frame.wait_for_function(
             "() => document.querySelector('.lg-compare .lg-messages').textContent.startsWith('No run')"
         )
-        assert json.loads(tf_.parent_state(browser.page).get("runs", "[]")) == []
-        tf_.assert_no_browser_errors(browser)
+        assert json.loads(tab_fixtures.parent_state(browser.page).get("runs", "[]")) == []
+        tab_fixtures.assert_no_browser_errors(browser)

@@ -18,10 +18,7 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import tab_fixtures as tf_  # noqa: E402
-from tensorboard_process import PLUGIN_API, TensorBoardProcess  # noqa: E402
 
-from tb_layergrad.cli import demo as demo_module  # noqa: E402
 from tb_layergrad.cli import demo_nan  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.browser, pytest.mark.slow]
@@ -42,13 +39,13 @@ READ = """() => ({
 
 
 @pytest.fixture(scope="module")
-def demo_tab(demo, tmp_path_factory):
+def demo_tab(demo, tmp_path_factory, tab_fixtures, tensorboard_process):
     work = tmp_path_factory.mktemp("demo_overview")
-    tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
+    tb = tensorboard_process.TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
     browser = None
     try:
         tb.wait_for_runs({name: run["summary"]["last_step"] for name, run in demo["runs"].items()})
-        browser = tf_.Browser(str(work / "profile"), poll_ms=60_000)
+        browser = tab_fixtures.Browser(str(work / "profile"), poll_ms=60_000)
         yield {"tb": tb, "browser": browser}
     finally:
         if browser is not None:
@@ -57,19 +54,19 @@ def demo_tab(demo, tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(demo_tab):
+def no_browser_errors(demo_tab, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(demo_tab["browser"])
+    tab_fixtures.assert_no_browser_errors(demo_tab["browser"])
 
 
-def overview(demo_tab, run: str) -> dict:
+def overview(tensorboard_process, demo_tab, run: str) -> dict:
     """The overview of `run` as shown, checked against the route: each row's state and chip text are the
     route's verdict, each banner line a finding of the route's (same kind, same line, same order)."""
     frame = demo_tab["browser"].open(demo_tab["tb"].base, {"run": run})
     frame.wait_for_function("(name) => document.querySelector('.lg-run-name')?.textContent === name", arg=run)
     frame.wait_for_selector(".lg-row-label[data-state]")
     shown = frame.evaluate(READ)
-    body = demo_tab["tb"].get_json(PLUGIN_API + "anomalies?run=" + urllib.parse.quote(run))
+    body = demo_tab["tb"].get_json(tensorboard_process.PLUGIN_API + "anomalies?run=" + urllib.parse.quote(run))
     verdicts = {e["layer"]: e["verdict"] for e in body["layers"]}
     assert [r["layer"] for r in shown["rows"]] == list(verdicts)
     for row in shown["rows"]:
@@ -85,8 +82,8 @@ def overview(demo_tab, run: str) -> dict:
     return {"rows": rows, "states": {k: r["state"] for k, r in rows.items()}, "banners": shown["banners"]}
 
 
-def test_nan_backward_marks_sqrt_features_as_the_origin(demo_tab):
-    o = overview(demo_tab, "nan_backward")
+def test_nan_backward_marks_sqrt_features_as_the_origin(demo_tab, tensorboard_process):
+    o = overview(tensorboard_process, demo_tab, "nan_backward")
     step = demo_nan.NAN_BACKWARD_STEP
     assert o["states"] == {"dense_0": "nonfinite", "sqrt_features": "nan_origin", "head": "ok"}
     (origin,) = o["rows"]["sqrt_features"]["chips"]
@@ -98,25 +95,25 @@ def test_nan_backward_marks_sqrt_features_as_the_origin(demo_tab):
     assert f"step {step}" in banner["text"] and "sqrt_features" in banner["text"]
 
 
-def test_explode_noclip_head_is_exploding_not_vanishing(demo_tab):
-    o = overview(demo_tab, "explode_noclip")
+def test_explode_noclip_head_is_exploding_not_vanishing(demo_tab, tensorboard_process):
+    o = overview(tensorboard_process, demo_tab, "explode_noclip")
     assert o["states"] == {"features": "exploding", "head": "exploding"}
     assert [c["text"] for c in o["rows"]["head"]["chips"]] == ["exploding"]
     assert not [c for r in o["rows"].values() for c in r["chips"] if "vanishing" in c["cls"]]
     assert [b["kind"] for b in o["banners"]] == ["exploding"]
 
 
-def test_rnn_simplernn_vanishes_through_time(demo_tab):
-    o = overview(demo_tab, "rnn_simplernn")
+def test_rnn_simplernn_vanishes_through_time(demo_tab, tensorboard_process):
+    o = overview(tensorboard_process, demo_tab, "rnn_simplernn")
     assert o["states"] == {"rnn": "vanishing_through_time", "out": "ok"}
     (banner,) = o["banners"]
     assert banner["kind"] == "vanishing_through_time" and "rnn_simplernn/rnn" in banner["text"]
 
 
-def test_mislabelled_is_one_banner_line_and_no_layer_reads_ok(demo_tab):
+def test_mislabelled_is_one_banner_line_and_no_layer_reads_ok(demo_tab, tensorboard_process):
     """Its only finding is one example dominating: each layer's one chip says so in the verdict's words (not "ok"),
     and the Runs view's row too (the sweep route's `verdict_text`)."""
-    o = overview(demo_tab, "mislabelled")
+    o = overview(tensorboard_process, demo_tab, "mislabelled")
     (banner,) = o["banners"]
     assert banner["kind"] == "dominated" and banner["layers"] == str(len(o["rows"]))
     assert set(o["states"].values()) == {"dominated"}  # no gradient is wrong: one example is
@@ -125,22 +122,22 @@ def test_mislabelled_is_one_banner_line_and_no_layer_reads_ok(demo_tab):
         assert chip["cls"] == "lg-chip lg-chip-dominated lg-chip-link" and chip["text"].startswith("one example domin")
     frame = demo_tab["browser"].open(demo_tab["tb"].base, {"view": "runs"})
     cell = frame.wait_for_selector('tr:has(td[data-col="run"][title="mislabelled"]) td[data-col="verdict"] .lg-chip')
-    (row,) = demo_tab["tb"].get_json(PLUGIN_API + "sweep?run=mislabelled")["runs"]
+    (row,) = demo_tab["tb"].get_json(tensorboard_process.PLUGIN_API + "sweep?run=mislabelled")["runs"]
     assert (cell.get_attribute("data-state"), cell.text_content()) == ("dominated", row["verdict_text"])
     assert row["verdict_text"].startswith("one example domin")
 
 
-def test_dead_relu_names_the_dead_layer(demo_tab):
-    o = overview(demo_tab, "dead_relu")
+def test_dead_relu_names_the_dead_layer(demo_tab, tensorboard_process):
+    o = overview(tensorboard_process, demo_tab, "dead_relu")
     assert o["states"] == {"dense_0": "dead", "relu_0": "ok", "dense_1": "ok", "logits": "ok"}
     assert [c["text"] for c in o["rows"]["dense_0"]["chips"]] == ["dead"]
     (banner,) = o["banners"]
     assert (banner["kind"], banner["layer"]) == ("dead", "dead_relu/dense_0")
 
 
-def test_mlp_sigmoid_vanishes_from_the_input_side(demo_tab):
+def test_mlp_sigmoid_vanishes_from_the_input_side(demo_tab, tensorboard_process):
     """The layers nearest the input vanish, the ones nearest the loss do not: a prefix of the model's layers."""
-    o = overview(demo_tab, "mlp_sigmoid")
+    o = overview(tensorboard_process, demo_tab, "mlp_sigmoid")
     states = list(o["states"].values())
     k = states.count("vanishing")
     assert k >= 2 and states == ["vanishing"] * k + ["ok"] * (len(states) - k), o["states"]
@@ -150,20 +147,20 @@ def test_mlp_sigmoid_vanishes_from_the_input_side(demo_tab):
 
 
 @pytest.mark.parametrize("run", HEALTHY)
-def test_the_healthy_twins_show_no_finding(demo_tab, run):
-    o = overview(demo_tab, run)
+def test_the_healthy_twins_show_no_finding(demo_tab, run, tensorboard_process):
+    o = overview(tensorboard_process, demo_tab, run)
     assert set(o["states"].values()) == {"ok"} and o["banners"] == []
     assert not [c for r in o["rows"].values() for c in r["chips"]]
 
 
-def test_an_alert_at_the_latest_step_opens_that_step(demo_tab):
+def test_an_alert_at_the_latest_step_opens_that_step(demo_tab, tab_fixtures):
     """mlp_sigmoid: "vanishing at the latest step (S)" opens its first layer at S, not where it began to vanish."""
     frame = demo_tab["browser"].open(demo_tab["tb"].base, {"run": "mlp_sigmoid"})
     alert = frame.wait_for_selector('.lg-summary .lg-alert[data-kind="vanishing"]')
     step = alert.text_content().split("latest step (")[1].split(")")[0]
     alert.click()
     frame.wait_for_selector(f'.lg-stats-table[data-step="{step}"]')
-    assert tf_.parent_state(demo_tab["browser"].page)["step"] == step
+    assert tab_fixtures.parent_state(demo_tab["browser"].page)["step"] == step
 
 
 def test_the_layer_table_says_no_finite_value_where_every_element_is_inf(demo_tab):

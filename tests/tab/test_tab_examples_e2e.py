@@ -18,9 +18,6 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import dominated_fixtures as df  # noqa: E402
-import examples_fixtures as ef  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
@@ -28,15 +25,19 @@ SMOOTHED = "EMA(tr Σ) / EMA(|G|²)"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, dominated_fixtures, examples_fixtures, tab_fixtures):
     logdir = str(tmp_path_factory.mktemp("examples_tab"))
     work = tmp_path_factory.mktemp("work")
-    last = {ef.RUN: ef.STEPS - 1, ef.PLAIN: ef.STEPS - 1, df.RUN: df.STEPS - 1}
+    last = {
+        examples_fixtures.RUN: examples_fixtures.STEPS - 1,
+        examples_fixtures.PLAIN: examples_fixtures.STEPS - 1,
+        dominated_fixtures.RUN: dominated_fixtures.STEPS - 1,
+    }
 
     def write():
-        return ef.write_examples_logdir(logdir), df.write_logdir(logdir)
+        return examples_fixtures.write_examples_logdir(logdir), dominated_fixtures.write_logdir(logdir)
 
-    with tf_.served(logdir, work, last, write, write_first=True, load_fast="true", reload_interval=0) as (
+    with tab_fixtures.served(logdir, work, last, write, write_first=True, load_fast="true", reload_interval=0) as (
         tb,
         browser,
         (written, weights),
@@ -45,9 +46,9 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(env):
+def no_browser_errors(env, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(env["browser"])
+    tab_fixtures.assert_no_browser_errors(env["browser"])
 
 
 def test_the_served_tab_is_this_worktrees(env):
@@ -69,10 +70,16 @@ def reference_smoothed(trace: np.ndarray, signal: np.ndarray, w: float) -> np.nd
     return np.where(g > 0, t / np.where(g > 0, g, 1), np.nan)
 
 
-def test_layer_view_shows_the_band_and_the_dominating_position(env):
+def test_layer_view_shows_the_band_and_the_dominating_position(env, examples_fixtures):
     b = env["browser"]
     frame = b.open(
-        env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": ef.DOMINATED_STEP}
+        env["tb"].base,
+        {
+            "run": examples_fixtures.RUN,
+            "view": "layer",
+            "layer": examples_fixtures.DOMINATED_LAYER,
+            "step": examples_fixtures.DOMINATED_STEP,
+        },
     )
     panel = frame.locator('[data-panel="examples"]')
     frame.wait_for_selector('[data-panel="examples"] path.lg-band')
@@ -80,29 +87,36 @@ def test_layer_view_shows_the_band_and_the_dominating_position(env):
     assert frame.locator('[data-panel="examples"] path.lg-band').count() == 1  # every step has numbers: one outline
     lines = frame.locator('[data-panel="examples"] path.lg-line').evaluate_all("els => els.map(e => e.dataset.series)")
     assert lines == ["max", "median", "min"]
-    frame.wait_for_selector(f'.lg-example-table[data-step="{ef.DOMINATED_STEP}"]')
+    frame.wait_for_selector(f'.lg-example-table[data-step="{examples_fixtures.DOMINATED_STEP}"]')
     positions = frame.locator(".lg-example-table tbody tr").evaluate_all(
         "els => els.map(e => Number(e.dataset.position))"
     )
-    norms = env["written"].norms[ef.DOMINATED_LAYER][ef.DOMINATED_STEP]
-    assert positions == np.argsort(-norms, kind="stable")[:5].tolist() and positions[0] == ef.DOMINATED_POSITION
+    norms = env["written"].norms[examples_fixtures.DOMINATED_LAYER][examples_fixtures.DOMINATED_STEP]
+    assert (
+        positions == np.argsort(-norms, kind="stable")[:5].tolist()
+        and positions[0] == examples_fixtures.DOMINATED_POSITION
+    )
     head = frame.locator(".lg-example-head").inner_text()
     share = norms.max() ** 2 / np.sum(norms**2)
-    assert f"of {ef.BATCH} examples carries {100 * share:.1f}%" in head
+    assert f"of {examples_fixtures.BATCH} examples carries {100 * share:.1f}%" in head
     # Another step: its own positions.
     frame.locator('.lg-layer button[aria-label="next step"]').click()
-    step = ef.DOMINATED_STEP + 1
+    step = examples_fixtures.DOMINATED_STEP + 1
     frame.wait_for_function(f"() => document.querySelector('.lg-step-value')?.textContent.includes('{step}')")
     frame.wait_for_selector(f'.lg-example-table[data-step="{step}"]')
     positions = frame.locator(".lg-example-table tbody tr").evaluate_all(
         "els => els.map(e => Number(e.dataset.position))"
     )
-    assert positions == np.argsort(-env["written"].norms[ef.DOMINATED_LAYER][step], kind="stable")[:5].tolist()
+    assert (
+        positions
+        == np.argsort(-env["written"].norms[examples_fixtures.DOMINATED_LAYER][step], kind="stable")[:5].tolist()
+    )
 
 
-def test_unsupported_layer_says_why(env):
+def test_unsupported_layer_says_why(env, examples_fixtures):
     frame = env["browser"].open(
-        env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.UNSUPPORTED_LAYER, "step": 3}
+        env["tb"].base,
+        {"run": examples_fixtures.RUN, "view": "layer", "layer": examples_fixtures.UNSUPPORTED_LAYER, "step": 3},
     )
     frame.wait_for_function(
         "() => document.querySelector('.lg-example-top')?.textContent.includes('no exact per-example rule')"
@@ -110,9 +124,9 @@ def test_unsupported_layer_says_why(env):
     assert frame.locator('[data-panel="examples"] path.lg-band').count() == 0
 
 
-def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
+def test_overview_colours_by_top_share_and_shows_the_noise_scale(env, examples_fixtures, tab_fixtures):
     b = env["browser"]
-    frame = b.open(env["tb"].base, {"run": ef.RUN})
+    frame = b.open(env["tb"].base, {"run": examples_fixtures.RUN})
     frame.wait_for_selector(
         '.lg-overview select[aria-label="statistic"] option[value="example_norm_top_share"]', state="attached"
     )
@@ -124,7 +138,7 @@ def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
     frame.wait_for_function(
         "() => document.querySelector('.lg-heat-legend')?.textContent.includes(\"largest example's share\")"
     )
-    assert tf_.parent_state(b.page)["stat"] == "example_norm_top_share"
+    assert tab_fixtures.parent_state(b.page)["stat"] == "example_norm_top_share"
     # The noise-scale chart: smoothed at TensorBoard's default 0.6, the numbers those of numpy's EMA ratio.
     noise = frame.locator('[data-panel="noise-scale"]')
     frame.wait_for_selector(f'[data-panel="noise-scale"] path.lg-line[data-series="{SMOOTHED}"]')
@@ -151,143 +165,170 @@ def test_overview_colours_by_top_share_and_shows_the_noise_scale(env):
     assert "covers 75% of the trainable parameters" in noise.inner_text()
 
 
-def test_overview_names_the_layer_one_example_dominates(env):
+def test_overview_names_the_layer_one_example_dominates(env, examples_fixtures, tab_fixtures):
     """The `anomalies` route's `dominated`, as text above the matrix and a chip on the row; a click opens the
     layer at its worst step, where the table names the dominating batch position."""
     b = env["browser"]
-    frame = b.open(env["tb"].base, {"run": ef.RUN})
+    frame = b.open(env["tb"].base, {"run": examples_fixtures.RUN})
     frame.wait_for_selector(".lg-alert-dominated")
     alerts = frame.locator(".lg-alert-dominated")
     assert alerts.count() == 1  # net/in is never dominated; net/out has no numbers
-    assert alerts.first.get_attribute("data-layer") == ef.DOMINATED_LAYER
-    assert alerts.first.get_attribute("data-step") == str(ef.DOMINATED_STEP)
-    norms = env["written"].norms[ef.DOMINATED_LAYER][ef.DOMINATED_STEP]
+    assert alerts.first.get_attribute("data-layer") == examples_fixtures.DOMINATED_LAYER
+    assert alerts.first.get_attribute("data-step") == str(examples_fixtures.DOMINATED_STEP)
+    norms = env["written"].norms[examples_fixtures.DOMINATED_LAYER][examples_fixtures.DOMINATED_STEP]
     share = norms.max() ** 2 / np.sum(norms**2)
     assert alerts.first.inner_text() == (
-        f"One example dominates {ef.DOMINATED_LAYER} at 1 step: first step {ef.DOMINATED_STEP}; "
-        f"worst step {ef.DOMINATED_STEP}, {share:.0%} of its gradient from batch position "
-        f"{ef.DOMINATED_POSITION} of {ef.BATCH} →"
+        f"One example dominates {examples_fixtures.DOMINATED_LAYER} at 1 step: first step {examples_fixtures.DOMINATED_STEP}; "
+        f"worst step {examples_fixtures.DOMINATED_STEP}, {share:.0%} of its gradient from batch position "
+        f"{examples_fixtures.DOMINATED_POSITION} of {examples_fixtures.BATCH} →"
     )
-    chip = frame.locator(f'.lg-chip-dominated[data-layer="{ef.DOMINATED_LAYER}"]')
+    chip = frame.locator(f'.lg-chip-dominated[data-layer="{examples_fixtures.DOMINATED_LAYER}"]')
     # Its only finding, so the layer's verdict (the route's text: its last step is not dominated); the share in its title.
     assert chip.count() == 1 and chip.inner_text() == "ok now – one example dominated 1 step"
     assert chip.get_attribute("data-state") == "dominated" and f"{share:.0%} of its gradient" in chip.get_attribute(
         "title"
     )
-    row = frame.locator(".lg-row-chip").nth(list(ef.LAYERS).index(ef.DOMINATED_LAYER))
+    row = frame.locator(".lg-row-chip").nth(list(examples_fixtures.LAYERS).index(examples_fixtures.DOMINATED_LAYER))
     assert row.locator(".lg-chip-dominated").count() == 1  # on its own row
     alerts.first.click()
-    frame.wait_for_selector(f'.lg-example-table[data-step="{ef.DOMINATED_STEP}"]')
-    state = tf_.parent_state(b.page)
-    assert (state["view"], state["layer"], state["step"]) == ("layer", ef.DOMINATED_LAYER, str(ef.DOMINATED_STEP))
+    frame.wait_for_selector(f'.lg-example-table[data-step="{examples_fixtures.DOMINATED_STEP}"]')
+    state = tab_fixtures.parent_state(b.page)
+    assert (state["view"], state["layer"], state["step"]) == (
+        "layer",
+        examples_fixtures.DOMINATED_LAYER,
+        str(examples_fixtures.DOMINATED_STEP),
+    )
     first = frame.locator(".lg-example-table tbody tr").first.get_attribute("data-position")
-    assert first == str(ef.DOMINATED_POSITION)
+    assert first == str(examples_fixtures.DOMINATED_POSITION)
 
 
-def test_overview_of_weights_names_each_dominated_variable(env):
+def test_overview_of_weights_names_each_dominated_variable(env, dominated_fixtures):
     """The weight gradients' overview: every variable is dominated at the planted step; one line names three
     and counts the rest (one finding, however many layers), and a chip marks each variable's row."""
     b = env["browser"]
-    frame = b.open(env["tb"].base, {"run": df.RUN, "source": "weight"})
+    frame = b.open(env["tb"].base, {"run": dominated_fixtures.RUN, "source": "weight"})
     frame.wait_for_selector(".lg-alert-dominated")
     alerts = frame.locator(".lg-alert-dominated")
     variables = sorted(env["weights"].weights[0])
     assert alerts.count() == 1 and alerts.first.get_attribute("data-layers") == str(len(variables))
-    assert alerts.first.get_attribute("data-step") == str(df.DOMINATED_STEP)
+    assert alerts.first.get_attribute("data-step") == str(dominated_fixtures.DOMINATED_STEP)
     assert alerts.first.get_attribute("data-layer") in variables
     text = alerts.first.inner_text()
     assert text.startswith("One example dominates ") and f"and {len(variables) - 3} more layer" in text
-    assert f"from batch position {df.DOMINATED_POSITION} of {df.BATCH}" in text
+    assert f"from batch position {dominated_fixtures.DOMINATED_POSITION} of {dominated_fixtures.BATCH}" in text
     chips = frame.locator(".lg-chip-dominated").evaluate_all("els => els.map(e => e.dataset.layer)")
     assert sorted(chips) == variables
 
 
-def test_layer_view_shows_the_examples_of_each_weight_it_owns(env):
+def test_layer_view_shows_the_examples_of_each_weight_it_owns(env, dominated_fixtures):
     """`mlp/out` owns `mlp/out/kernel` and `mlp/out/bias`: the panel's selector offers its output and both, and the
     kernel's band and largest positions are the kernel's own (numpy on independent per-example gradients)."""
     b = env["browser"]
     weights = env["weights"]
-    frame = b.open(env["tb"].base, {"run": df.RUN, "view": "layer", "layer": df.OUT, "step": df.DOMINATED_STEP})
-    frame.wait_for_selector(f'.lg-example-table[data-step="{df.DOMINATED_STEP}"]')
+    frame = b.open(
+        env["tb"].base,
+        {
+            "run": dominated_fixtures.RUN,
+            "view": "layer",
+            "layer": dominated_fixtures.OUT,
+            "step": dominated_fixtures.DOMINATED_STEP,
+        },
+    )
+    frame.wait_for_selector(f'.lg-example-table[data-step="{dominated_fixtures.DOMINATED_STEP}"]')
     picker = frame.locator('[data-panel="examples"] select[aria-label="per-example series"]')
     assert picker.is_visible()
     options = picker.locator("option").evaluate_all("els => els.map(e => [e.value, e.textContent])")
-    kernel_key, bias_key, out_key = f"loss|weight|{df.KERNEL}", f"loss|weight|{df.BIAS}", f"loss|output|{df.OUT}"
+    kernel_key, bias_key, out_key = (
+        f"loss|weight|{dominated_fixtures.KERNEL}",
+        f"loss|weight|{dominated_fixtures.BIAS}",
+        f"loss|output|{dominated_fixtures.OUT}",
+    )
     assert options[0] == [out_key, "output"]  # the layer's own output first, as before
     assert sorted(options[1:]) == [[bias_key, "bias (weight)"], [kernel_key, "kernel (weight)"]]
 
     def positions(key):
-        sel = f'.lg-example-table[data-series="{key}"][data-step="{df.DOMINATED_STEP}"]'
+        sel = f'.lg-example-table[data-series="{key}"][data-step="{dominated_fixtures.DOMINATED_STEP}"]'
         frame.wait_for_selector(sel)
         return frame.locator(f"{sel} tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
 
     def order(source, path):
-        return np.argsort(-weights.norms(source, path)[df.DOMINATED_STEP], kind="stable")[:5].tolist()
+        return np.argsort(-weights.norms(source, path)[dominated_fixtures.DOMINATED_STEP], kind="stable")[:5].tolist()
 
-    assert positions(out_key) == order("output", df.OUT)
+    assert positions(out_key) == order("output", dominated_fixtures.OUT)
     picker.select_option(kernel_key)
-    assert positions(kernel_key) == order("weight", df.KERNEL)
-    assert positions(kernel_key)[0] == df.DOMINATED_POSITION
-    norms = weights.norms("weight", df.KERNEL)[df.DOMINATED_STEP]
+    assert positions(kernel_key) == order("weight", dominated_fixtures.KERNEL)
+    assert positions(kernel_key)[0] == dominated_fixtures.DOMINATED_POSITION
+    norms = weights.norms("weight", dominated_fixtures.KERNEL)[dominated_fixtures.DOMINATED_STEP]
     head = frame.locator(".lg-example-head").inner_text()
-    assert f"of {df.BATCH} examples carries {100 * norms.max() ** 2 / np.sum(norms**2):.1f}%" in head
-    assert f"weight {df.KERNEL}" in frame.locator('[data-panel="examples"] .lg-muted').first.inner_text()
+    assert f"of {dominated_fixtures.BATCH} examples carries {100 * norms.max() ** 2 / np.sum(norms**2):.1f}%" in head
+    assert (
+        f"weight {dominated_fixtures.KERNEL}" in frame.locator('[data-panel="examples"] .lg-muted').first.inner_text()
+    )
     assert frame.locator('[data-panel="examples"] path.lg-band').count() == 1
     # Another step keeps the kernel: its own positions there.
     frame.locator('.lg-layer button[aria-label="next step"]').click()
-    step = df.DOMINATED_STEP + 1
+    step = dominated_fixtures.DOMINATED_STEP + 1
     sel = f'.lg-example-table[data-series="{kernel_key}"][data-step="{step}"]'
     frame.wait_for_selector(sel)
     got = frame.locator(f"{sel} tbody tr").evaluate_all("els => els.map(e => Number(e.dataset.position))")
-    assert got == np.argsort(-weights.norms("weight", df.KERNEL)[step], kind="stable")[:5].tolist()
+    assert got == np.argsort(-weights.norms("weight", dominated_fixtures.KERNEL)[step], kind="stable")[:5].tolist()
 
 
-def test_a_layer_without_weight_examples_shows_no_picker(env):
+def test_a_layer_without_weight_examples_shows_no_picker(env, examples_fixtures):
     frame = env["browser"].open(
-        env["tb"].base, {"run": ef.RUN, "view": "layer", "layer": ef.DOMINATED_LAYER, "step": 3}
+        env["tb"].base,
+        {"run": examples_fixtures.RUN, "view": "layer", "layer": examples_fixtures.DOMINATED_LAYER, "step": 3},
     )
     frame.wait_for_selector('.lg-example-table[data-step="3"]')
     assert frame.locator('[data-panel="examples"] select[aria-label="per-example series"]').is_hidden()
 
 
-def test_compare_shows_the_noise_scale_of_the_runs_that_have_it(env):
+def test_compare_shows_the_noise_scale_of_the_runs_that_have_it(env, examples_fixtures):
     frame = env["browser"].open(
         env["tb"].base,
         {
-            "run": ef.RUN,
+            "run": examples_fixtures.RUN,
             "view": "compare",
             "layer": "net/mid",
-            "runs": json.dumps([ef.RUN, ef.PLAIN]),
+            "runs": json.dumps([examples_fixtures.RUN, examples_fixtures.PLAIN]),
             "stat": "example_norm_top_share",
         },
     )
-    frame.wait_for_selector(f'.lg-compare [data-panel="noise-scale"] path.lg-line[data-series="{ef.RUN} {SMOOTHED}"]')
-    assert f"not recorded in {ef.PLAIN}" in frame.locator('.lg-compare [data-panel="noise-scale"]').inner_text()
+    frame.wait_for_selector(
+        f'.lg-compare [data-panel="noise-scale"] path.lg-line[data-series="{examples_fixtures.RUN} {SMOOTHED}"]'
+    )
+    assert (
+        f"not recorded in {examples_fixtures.PLAIN}"
+        in frame.locator('.lg-compare [data-panel="noise-scale"]').inner_text()
+    )
     frame.wait_for_selector('.lg-compare path.lg-line[data-series="plain"]')  # compared by the norm meanwhile
     # These runs hold no histograms (stats and examples only): compare does not ask for them (no 404s).
     # Hovering a run's entry in the noise-scale legend highlights it there and in the other charts, the
     # other run faded; a run the noise-scale chart does not have fades nothing there.
     noise = '.lg-compare [data-panel="noise-scale"]'
-    frame.locator(f"{noise} .lg-legend-item").filter(has_text=ef.RUN).hover()
+    frame.locator(f"{noise} .lg-legend-item").filter(has_text=examples_fixtures.RUN).hover()
     frame.wait_for_selector(f"{noise} svg.lg-dimmed path.lg-line.lg-hi")
     overlay = frame.locator(".lg-compare .lg-panel-wide")
-    assert overlay.locator("path.lg-line.lg-hi").evaluate_all("els => els.map(e => e.dataset.key)") == [ef.RUN]
-    plain = overlay.locator(f'path.lg-line[data-key="{ef.PLAIN}"]')
+    assert overlay.locator("path.lg-line.lg-hi").evaluate_all("els => els.map(e => e.dataset.key)") == [
+        examples_fixtures.RUN
+    ]
+    plain = overlay.locator(f'path.lg-line[data-key="{examples_fixtures.PLAIN}"]')
     assert plain.evaluate("e => getComputedStyle(e).strokeOpacity") == "0.15"
-    frame.locator(".lg-compare .lg-panel-wide .lg-legend-item").filter(has_text=ef.PLAIN).hover()
+    frame.locator(".lg-compare .lg-panel-wide .lg-legend-item").filter(has_text=examples_fixtures.PLAIN).hover()
     frame.wait_for_function(
-        "(r) => document.querySelector('.lg-panel-wide path.lg-line.lg-hi')?.dataset.key === r", arg=ef.PLAIN
+        "(r) => document.querySelector('.lg-panel-wide path.lg-line.lg-hi')?.dataset.key === r",
+        arg=examples_fixtures.PLAIN,
     )
     assert frame.locator(f"{noise} svg.lg-dimmed").count() == 0 and frame.locator(f"{noise} .lg-hi").count() == 0
     env["browser"].page.mouse.move(1, 1)
 
 
-def test_a_run_without_them_shows_none(env):
+def test_a_run_without_them_shows_none(env, examples_fixtures):
     b = env["browser"]
     asked = []
     record = lambda r: asked.append(r.url)  # noqa: E731
     b.page.on("request", record)
-    frame = b.open(env["tb"].base, {"run": ef.PLAIN, "stat": "example_norm_top_share"})
+    frame = b.open(env["tb"].base, {"run": examples_fixtures.PLAIN, "stat": "example_norm_top_share"})
     frame.wait_for_selector(".lg-heat-legend .lg-legend-title")
     options = frame.locator('.lg-overview select[aria-label="statistic"] option').evaluate_all(
         "els => els.map(e => e.value)"
@@ -295,7 +336,9 @@ def test_a_run_without_them_shows_none(env):
     assert not any(o.startswith("example_") for o in options)
     assert "L2 norm" in frame.locator(".lg-heat-legend").inner_text()
     assert frame.locator('[data-panel="noise-scale"]').is_hidden()
-    frame = env["browser"].open(env["tb"].base, {"run": ef.PLAIN, "view": "layer", "layer": "net/mid", "step": 3})
+    frame = env["browser"].open(
+        env["tb"].base, {"run": examples_fixtures.PLAIN, "view": "layer", "layer": "net/mid", "step": 3}
+    )
     frame.wait_for_selector(".lg-stats-table")
     assert frame.locator('[data-panel="examples"]').is_hidden()
     b.page.remove_listener("request", record)
@@ -309,15 +352,14 @@ def test_a_run_without_them_shows_none(env):
 
 
 @pytest.fixture(scope="module")
-def mislabelled(demo, env, tmp_path_factory):
+def mislabelled(demo, env, tmp_path_factory, tensorboard_process):
     """A second `tensorboard`, on the demo's logdir; the module's browser. The planted flips that the classifier
     has learnt past (from step 16 on, as tests/cli/test_demo.py checks in the records)."""
-    from tensorboard_process import TensorBoardProcess
 
     from tb_layergrad.cli import demo as demo_module
 
     work = tmp_path_factory.mktemp("mislabelled_tab")
-    tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
+    tb = tensorboard_process.TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
     try:
         last = demo["runs"]["mislabelled"]["summary"]["last_step"]
         tb.wait_for_runs({"mislabelled": last})

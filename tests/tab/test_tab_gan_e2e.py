@@ -16,8 +16,6 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import tab_fixtures as tf_  # noqa: E402
-from tensorboard_process import TensorBoardProcess  # noqa: E402
 
 from tb_layergrad.cli import demo as demo_module  # noqa: E402
 from tb_layergrad.cli import demo_gan  # noqa: E402
@@ -29,7 +27,7 @@ PAINTED = """c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.h
 
 
 @pytest.fixture(scope="module")
-def gan_tab(demo, tmp_path_factory):
+def gan_tab(demo, tmp_path_factory, tab_fixtures, tensorboard_process):
     """A `tensorboard` on the demo's logdir and a browser; the layers of each target of the `gan` run, as written."""
     import tb_layergrad
 
@@ -38,11 +36,11 @@ def gan_tab(demo, tmp_path_factory):
     gan = df[(df.run == "gan") & (df.source == "output")]
     layers = {t: set(gan[gan.target == t].layer) for t in gan.target.unique()}
     steps = demo_module.Plan.for_mode(quick=True).gan
-    tb = TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
+    tb = tensorboard_process.TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
     browser = None
     try:
         tb.wait_for_runs({"gan": steps})
-        browser = tf_.Browser(str(work / "profile"), poll_ms=60_000)
+        browser = tab_fixtures.Browser(str(work / "profile"), poll_ms=60_000)
         yield {"tb": tb, "browser": browser, "layers": layers, "steps": steps}
     finally:
         if browser is not None:
@@ -54,7 +52,7 @@ def texts(frame, selector: str):
     return frame.locator(selector).evaluate_all("els => els.map(e => e.textContent)")
 
 
-def test_the_tab_offers_both_targets_of_the_gan_and_draws_each(gan_tab):
+def test_the_tab_offers_both_targets_of_the_gan_and_draws_each(gan_tab, tab_fixtures):
     b, targets = gan_tab["browser"], sorted([demo_gan.D_TARGET, demo_gan.G_TARGET])
     assert sorted(gan_tab["layers"]) == targets
     frame = b.open(gan_tab["tb"].base, {"run": "gan", "target": demo_gan.D_TARGET})
@@ -72,12 +70,12 @@ def test_the_tab_offers_both_targets_of_the_gan_and_draws_each(gan_tab):
         labels = frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.dataset.layer)")
         assert set(labels) == layers, target
         assert canvas.evaluate(PAINTED) > 0, f"{target}: the heatmap is blank"
-        assert tf_.parent_state(b.page)["target"] == target
+        assert tab_fixtures.parent_state(b.page)["target"] == target
     assert frame.locator(".lg-error").count() == 0
-    tf_.assert_no_browser_errors(b)
+    tab_fixtures.assert_no_browser_errors(b)
 
 
-def test_the_generators_layer_view_charts_its_vanishing_gradient(gan_tab, demo):
+def test_the_generators_layer_view_charts_its_vanishing_gradient(gan_tab, demo, tab_fixtures):
     """The generator's output under its own target: the charts over steps, and at the last step the table's
     L2 norm is the record's (5 significant digits), < 1/GAN_VANISH of its largest over the first 10 steps."""
     import tb_layergrad
@@ -98,10 +96,10 @@ def test_the_generators_layer_view_charts_its_vanishing_gradient(gan_tab, demo):
     norm = float(next(cells[1] for cells in shown if cells and cells[0] == "L2 norm"))
     assert norm == pytest.approx(norms[steps], rel=1e-4)
     assert norm < norms.loc[1:10].max() / demo_gan.GAN_VANISH
-    tf_.assert_no_browser_errors(b)
+    tab_fixtures.assert_no_browser_errors(b)
 
 
-def test_a_run_without_a_loss_target_opens_on_its_worst_target(gan_tab):
+def test_a_run_without_a_loss_target_opens_on_its_worst_target(gan_tab, tab_fixtures):
     """No target in the URL (the run picker, a link): the target the Runs view opens it on and the report calls its
     worst (the `sweep` route's row: `generator`), its own layers first, its rows drawn, nothing asked of a target
     `loss` (no 404 in the console); the URL stays without one, so a copied link opens the same. Its banner says what
@@ -123,21 +121,21 @@ def test_a_run_without_a_loss_target_opens_on_its_worst_target(gan_tab):
     text = frame.locator(".lg-summary .lg-alert").first.inner_text()
     assert "the value of generator rose (" in text and "\u00a0→\u00a0" in text, text
     assert frame.locator(".lg-error").count() == 0
-    assert "target" not in tf_.parent_state(b.page)
-    tf_.assert_no_browser_errors(b)
+    assert "target" not in tab_fixtures.parent_state(b.page)
+    tab_fixtures.assert_no_browser_errors(b)
 
 
-def test_a_target_the_url_names_is_kept(gan_tab):
+def test_a_target_the_url_names_is_kept(gan_tab, tab_fixtures):
     b = gan_tab["browser"]
     frame = b.open(gan_tab["tb"].base, {"run": "gan", "target": demo_gan.G_TARGET})
     layers = gan_tab["layers"][demo_gan.G_TARGET]
     frame.locator(f".lg-overview .lg-heatmap-canvas[data-rows='{len(layers)}']").wait_for(timeout=10_000)
     assert texts(frame, f"{TARGET} option:checked") == [demo_gan.G_TARGET]
-    assert tf_.parent_state(b.page)["target"] == demo_gan.G_TARGET
-    tf_.assert_no_browser_errors(b)
+    assert tab_fixtures.parent_state(b.page)["target"] == demo_gan.G_TARGET
+    tab_fixtures.assert_no_browser_errors(b)
 
 
-def test_the_overview_says_the_generators_gradient_vanished_over_steps(gan_tab, demo):
+def test_the_overview_says_the_generators_gradient_vanished_over_steps(gan_tab, demo, tab_fixtures):
     """The generator's target: one banner line (the report's finding, word for word), a `vanishing over steps` chip
     on each of its rows and the count at the latest step; the discriminator's (its loss converged): none. The layer
     view of the generator's output shows the same verdict."""
@@ -165,4 +163,4 @@ def test_the_overview_says_the_generators_gradient_vanished_over_steps(gan_tab, 
     chip = frame.locator('.lg-layer-verdict .lg-chip[data-state="vanishing_over_steps"]')
     chip.wait_for(timeout=20_000)
     assert chip.inner_text() == f"{demo_gan.G_TARGET} · output: {layer['verdict']['text']}"
-    tf_.assert_no_browser_errors(b)
+    tab_fixtures.assert_no_browser_errors(b)

@@ -223,7 +223,6 @@ DEMO_NAN_RUNS = {  # run: (pass, origin), as tb_layergrad/cli/demo.py plants the
 @pytest.fixture(scope="module")
 def demo_tab(demo, env, tmp_path_factory):
     """A second `tensorboard`, on the demo's logdir; the module's browser (one Playwright per thread)."""
-    from tb_layergrad.cli import demo as demo_module
     from tb_layergrad.cli import demo_nan
 
     work = tmp_path_factory.mktemp("demo_tab")

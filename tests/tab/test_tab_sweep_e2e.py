@@ -22,10 +22,6 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import charts_fixtures as cf  # noqa: E402
-import sweep_fixtures as sf  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
-from tensorboard_process import PLUGIN_API  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(400), pytest.mark.browser, pytest.mark.slow]
 
@@ -36,14 +32,14 @@ NO_VALUE = "rgb(189, 189, 189)"  # frontend/charts/run_colors.js NO_VALUE, as th
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, sweep_fixtures, tab_fixtures, tensorboard_process):
     logdir = str(tmp_path_factory.mktemp("sweep"))
     work = tmp_path_factory.mktemp("work")
-    with tf_.served(
+    with tab_fixtures.served(
         logdir,
         work,
-        {name: sf.STEPS - 1 for name in sf.NAMES},
-        lambda: sf.write_sweep_logdir(logdir),
+        {name: sweep_fixtures.STEPS - 1 for name in sweep_fixtures.NAMES},
+        lambda: sweep_fixtures.write_sweep_logdir(logdir),
         write_first=True,
         timeout=240,
         load_fast="true",
@@ -51,22 +47,24 @@ def env(tmp_path_factory):
     ) as (tb, browser, values):
         logged = sum(1 for v in values.values() if v)
         tb.wait_until(
-            lambda p: sum(1 for r in p.get_json(PLUGIN_API + "hparams")["runs"] if r["hparams"]) == logged,
+            lambda p: (
+                sum(1 for r in p.get_json(tensorboard_process.PLUGIN_API + "hparams")["runs"] if r["hparams"]) == logged
+            ),
             "every run's hyperparameters",
         )
         yield {"tb": tb, "browser": browser, "values": values}
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(env):
+def no_browser_errors(env, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(env["browser"])
+    tab_fixtures.assert_no_browser_errors(env["browser"])
 
 
-def open_sweep(env, runs=None, **state):
+def open_sweep(sweep_fixtures, env, runs=None, **state):
     """The compare view of `runs` (all by default) on net/a, once both line charts hold every run's line and the
     histograms every run's outline."""
-    runs = sf.NAMES if runs is None else runs
+    runs = sweep_fixtures.NAMES if runs is None else runs
     frame = env["browser"].open(
         env["tb"].base, {"view": "compare", "layer": "net/a", "runs": json.dumps(runs), **state}
     )
@@ -92,8 +90,8 @@ def luminance(css: str) -> float:
     return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
 
 
-def test_a_hundred_runs_are_a_hundred_lines_and_one_depth_request(env):
-    frame = open_sweep(env)
+def test_a_hundred_runs_are_a_hundred_lines_and_one_depth_request(env, charts_fixtures, sweep_fixtures):
+    frame = open_sweep(sweep_fixtures, env)
     asked = frame.evaluate(
         """() => ['depth', 'matrix', 'histograms_at', 'histograms'].map(route => performance.getEntriesByType('resource')
                   .filter(e => e.name.includes(`/${route}?`)).length)"""
@@ -102,13 +100,17 @@ def test_a_hundred_runs_are_a_hundred_lines_and_one_depth_request(env):
     lines = frame.locator(f"{OVERLAY} path.lg-line").evaluate_all(
         "els => els.map(e => [e.dataset.key, e.getAttribute('d')])"
     )
-    assert sorted(k for k, _ in lines) == sorted(sf.NAMES)
-    assert all(len(cf.path_points(d)) == sf.STEPS for _, d in lines)  # one path per run, every step
+    assert sorted(k for k, _ in lines) == sorted(sweep_fixtures.NAMES)
+    assert all(
+        len(charts_fixtures.path_points(d)) == sweep_fixtures.STEPS for _, d in lines
+    )  # one path per run, every step
     # The legend: every run by name, as text, scrolling within its own box.
     legend = frame.locator(f"{OVERLAY} .lg-legend")
-    assert legend.locator(".lg-legend-name").evaluate_all("els => els.map(e => e.textContent)") == sf.NAMES
+    assert legend.locator(".lg-legend-name").evaluate_all("els => els.map(e => e.textContent)") == sweep_fixtures.NAMES
     assert legend.evaluate("e => getComputedStyle(e).overflowY === 'auto' && e.scrollHeight > e.clientHeight")
-    assert frame.locator(".lg-run-count").inner_text() == f"{sf.RUNS} of {sf.RUNS} runs compared"
+    assert (
+        frame.locator(".lg-run-count").inner_text() == f"{sweep_fixtures.RUNS} of {sweep_fixtures.RUNS} runs compared"
+    )
 
 
 def dimmed(frame, chart: str):
@@ -137,21 +139,21 @@ def assert_highlighted(frame, run: str) -> None:
         assert frame.locator(f"{chart} path.lg-line").last.get_attribute("data-key") == run
 
 
-def test_hovering_a_line_or_its_legend_entry_highlights_the_run_everywhere(env):
+def test_hovering_a_line_or_its_legend_entry_highlights_the_run_everywhere(env, charts_fixtures, sweep_fixtures):
     page = env["browser"].page
-    frame = open_sweep(env)
+    frame = open_sweep(sweep_fixtures, env)
     svg = frame.locator(f"{OVERLAY} svg.lg-lines")
     svg.scroll_into_view_if_needed()
     # The top line (the largest gain), at the step where it stands furthest from every other line.
-    run = sf.NAMES[-1]
+    run = sweep_fixtures.NAMES[-1]
     lines = dict(
         frame.locator(f"{OVERLAY} path.lg-line").evaluate_all(
             "els => els.map(e => [e.dataset.key, e.getAttribute('d')])"
         )
     )
-    points = {k: cf.path_points(d) for k, d in lines.items()}
+    points = {k: charts_fixtures.path_points(d) for k, d in lines.items()}
     gap = lambda n: min(abs(points[run][n][1] - p[n][1]) for k, p in points.items() if k != run)  # noqa: E731
-    n = max(range(sf.STEPS), key=gap)
+    n = max(range(sweep_fixtures.STEPS), key=gap)
     assert gap(n) > 2.0  # pixels: the pointer cannot be nearer another line
     box = svg.bounding_box()
     page.mouse.move(box["x"] + points[run][n][0], box["y"] + points[run][n][1])
@@ -161,31 +163,36 @@ def test_hovering_a_line_or_its_legend_entry_highlights_the_run_everywhere(env):
     # The tooltip: the hovered run first, the lines nearest the pointer, and how many more there are.
     assert frame.locator(".lg-tooltip tr.lg-tooltip-hi th").all_text_contents() == [run]
     assert frame.locator(".lg-tooltip tr").count() == 12
-    assert frame.locator(".lg-tooltip-note").inner_text() == f"and {sf.RUNS - 12} more: move closer to a line"
+    assert (
+        frame.locator(".lg-tooltip-note").inner_text() == f"and {sweep_fixtures.RUNS - 12} more: move closer to a line"
+    )
     page.mouse.move(1, 1)
     frame.wait_for_function("() => !document.querySelector('.lg-lines.lg-dimmed')")
     assert dimmed(frame, OVERLAY)[1] == [] and dimmed(frame, DEPTH)[1] == []
     assert frame.locator(f"{HIST} .lg-hi").count() == 0
     # A legend entry (scrolled to, as a person would): the same highlight.
-    other = sf.NAMES[37]
+    other = sweep_fixtures.NAMES[37]
     item = frame.locator(f"{OVERLAY} .lg-legend-item").nth(37)
     item.hover()
     frame.wait_for_selector(f"{OVERLAY} svg.lg-dimmed")
     assert_highlighted(frame, other)
     # The run's row in the run list too.
-    frame.locator(".lg-run-item").filter(has_text=sf.NAMES[5]).first.hover()
+    frame.locator(".lg-run-item").filter(has_text=sweep_fixtures.NAMES[5]).first.hover()
     frame.wait_for_function(
-        "(r) => document.querySelector('.lg-panel-wide path.lg-line.lg-hi')?.dataset.key === r", arg=sf.NAMES[5]
+        "(r) => document.querySelector('.lg-panel-wide path.lg-line.lg-hi')?.dataset.key === r",
+        arg=sweep_fixtures.NAMES[5],
     )
-    assert_highlighted(frame, sf.NAMES[5])
+    assert_highlighted(frame, sweep_fixtures.NAMES[5])
     page.mouse.move(1, 1)
 
 
-def test_the_histograms_of_a_hundred_runs_are_outlines_and_hovering_one_highlights_it_everywhere(env):
+def test_the_histograms_of_a_hundred_runs_are_outlines_and_hovering_one_highlights_it_everywhere(
+    env, charts_fixtures, sweep_fixtures
+):
     page = env["browser"].page
-    frame = open_sweep(env)
+    frame = open_sweep(sweep_fixtures, env)
     note = frame.locator(f"{HIST} .lg-hist-note").inner_text()
-    assert note.startswith(f"{sf.RUNS} runs: each an outline; hover one")
+    assert note.startswith(f"{sweep_fixtures.RUNS} runs: each an outline; hover one")
     svg = frame.locator(f"{HIST} svg.lg-hist")
     assert "lg-many" in svg.get_attribute("class")
     assert {
@@ -198,7 +205,7 @@ def test_the_histograms_of_a_hundred_runs_are_outlines_and_hovering_one_highligh
     outlines = dict(
         svg.locator("path.lg-aligned").evaluate_all("els => els.map(e => [e.dataset.key, e.getAttribute('d')])")
     )
-    points = {k: cf.path_points(d) for k, d in outlines.items()}
+    points = {k: charts_fixtures.path_points(d) for k, d in outlines.items()}
     bins = (len(next(iter(points.values()))) - 2) // 2
     level = lambda k, b: points[k][1 + 2 * b][1]  # noqa: E731 - the y of run k's bin b
     gap = lambda k, b: min(abs(level(k, b) - level(o, b)) for o in points if o != k)  # noqa: E731
@@ -215,31 +222,34 @@ def test_the_histograms_of_a_hundred_runs_are_outlines_and_hovering_one_highligh
     # The tooltip: the runs nearest the pointer, the hovered one first, and how many more there are.
     assert frame.locator(".lg-tooltip tr.lg-tooltip-hi th").all_text_contents() == [run]
     assert frame.locator(".lg-tooltip tr").count() == 12
-    assert frame.locator(".lg-tooltip-note").inner_text() == f"and {sf.RUNS - 12} more: move closer to an outline"
+    assert (
+        frame.locator(".lg-tooltip-note").inner_text()
+        == f"and {sweep_fixtures.RUNS - 12} more: move closer to an outline"
+    )
     page.mouse.move(1, 1)
     frame.wait_for_function("() => !document.querySelector('.lg-hist.lg-dimmed, .lg-lines.lg-dimmed')")
     # Its legend entry, scrolled to: the same.
     frame.locator(f"{HIST} .lg-legend-item").nth(63).hover()
     frame.wait_for_selector(f"{DEPTH} svg.lg-dimmed")
-    assert_highlighted(frame, sf.NAMES[63])
+    assert_highlighted(frame, sweep_fixtures.NAMES[63])
     page.mouse.move(1, 1)
 
 
-def test_colour_by_a_numeric_hyperparameter_orders_the_colours_as_the_values(env):
+def test_colour_by_a_numeric_hyperparameter_orders_the_colours_as_the_values(env, sweep_fixtures, tab_fixtures):
     page, values = env["browser"].page, env["values"]
-    frame = open_sweep(env)
+    frame = open_sweep(sweep_fixtures, env)
     per_run = strokes(frame, OVERLAY)
     assert len(set(per_run.values())) > 3  # per run by default
     frame.select_option('select[aria-label="colour by"]', "learning_rate")
     frame.wait_for_selector('.lg-color-legend[data-kind="sequential"]')
-    assert tf_.parent_state(page)["color"] == "learning_rate"
+    assert tab_fixtures.parent_state(page)["color"] == "learning_rate"
     frame.wait_for_function(
         "(c) => getComputedStyle(document.querySelector('.lg-panel-wide path.lg-line')).stroke !== c",
-        arg=per_run[sf.NAMES[0]],
+        arg=per_run[sweep_fixtures.NAMES[0]],
     )
     for chart in (OVERLAY, DEPTH):
         got = strokes(frame, chart)
-        order = sf.runs_sorted_by(values, "learning_rate")
+        order = sweep_fixtures.runs_sorted_by(values, "learning_rate")
         lum = [luminance(got[r]) for r in order]
         assert all(a < b for a, b in zip(lum, lum[1:])), chart  # distinct values, in their order
         without = [r for r, hp in values.items() if "learning_rate" not in hp]
@@ -249,13 +259,16 @@ def test_colour_by_a_numeric_hyperparameter_orders_the_colours_as_the_values(env
     bar = frame.locator(".lg-color-bar-wrap")
     assert float(bar.get_attribute("data-lo")) == min(lrs) and float(bar.get_attribute("data-hi")) == max(lrs)
     assert bar.get_attribute("data-log") == "1" and "log scale" in bar.inner_text()
-    assert frame.locator(".lg-legend-missing").inner_text() == f"grey: {len(without)} of {sf.RUNS} runs without it"
+    assert (
+        frame.locator(".lg-legend-missing").inner_text()
+        == f"grey: {len(without)} of {sweep_fixtures.RUNS} runs without it"
+    )
     # Less than a decade: linear. Equal values, equal colours.
     frame.select_option('select[aria-label="colour by"]', "units")
     frame.wait_for_function("() => document.querySelector('.lg-color-bar-wrap')?.dataset.log === '0'")
     got = strokes(frame, OVERLAY)
     by_value = {}
-    for r in sf.runs_sorted_by(values, "units"):
+    for r in sweep_fixtures.runs_sorted_by(values, "units"):
         by_value.setdefault(values[r]["units"], set()).add(got[r])
     assert all(len(c) == 1 for c in by_value.values())
     lum = [luminance(next(iter(c))) for _, c in sorted(by_value.items())]
@@ -263,52 +276,59 @@ def test_colour_by_a_numeric_hyperparameter_orders_the_colours_as_the_values(env
     assert "linear scale" in frame.locator(".lg-color-bar-wrap").inner_text()
 
 
-def test_colour_by_a_categorical_hyperparameter_gives_one_colour_per_value(env):
+def test_colour_by_a_categorical_hyperparameter_gives_one_colour_per_value(env, sweep_fixtures):
     values = env["values"]
-    frame = open_sweep(env, color="activation")
+    frame = open_sweep(sweep_fixtures, env, color="activation")
     frame.wait_for_selector('.lg-color-legend[data-kind="categorical"]')
     items = frame.locator(".lg-color-legend .lg-legend-item[data-value]")
     names = items.locator(".lg-legend-name").all_text_contents()
-    assert names == sorted(sf.ACTIVATIONS)  # as text: one holds HTML
+    assert names == sorted(sweep_fixtures.ACTIVATIONS)  # as text: one holds HTML
     assert frame.locator(".lg-color-legend b").count() == 0
     swatch = dict(
         zip(names, items.locator(".lg-swatch").evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)"))
     )
-    assert len(set(swatch.values())) == len(sf.ACTIVATIONS) and NO_VALUE not in swatch.values()
+    assert len(set(swatch.values())) == len(sweep_fixtures.ACTIVATIONS) and NO_VALUE not in swatch.values()
     for chart in (OVERLAY, DEPTH):
         got = strokes(frame, chart)
         for run, hp in values.items():
             assert got[run] == (swatch[hp["activation"]] if "activation" in hp else NO_VALUE), (chart, run)
     without = sum(1 for hp in values.values() if "activation" not in hp)
-    assert frame.locator(".lg-legend-missing").inner_text() == f"grey: {without} of {sf.RUNS} runs without it"
+    assert (
+        frame.locator(".lg-legend-missing").inner_text() == f"grey: {without} of {sweep_fixtures.RUNS} runs without it"
+    )
     # The run list shows each run's colour beside its name.
-    row = frame.locator(".lg-run-item").filter(has_text=sf.NAMES[1]).first
+    row = frame.locator(".lg-run-item").filter(has_text=sweep_fixtures.NAMES[1]).first
     assert (
         row.locator(".lg-swatch").evaluate("e => getComputedStyle(e).backgroundColor")
-        == swatch[values[sf.NAMES[1]]["activation"]]
+        == swatch[values[sweep_fixtures.NAMES[1]]["activation"]]
     )
 
 
-def test_the_run_filter_and_all_or_none(env):
+def test_the_run_filter_and_all_or_none(env, sweep_fixtures, tab_fixtures):
     page = env["browser"].page
-    frame = open_sweep(env)
+    frame = open_sweep(sweep_fixtures, env)
     listed = lambda: frame.locator(".lg-run-item .lg-run-item-name").all_text_contents()  # noqa: E731
     box = frame.locator(".lg-run-filter")
     box.fill("RUN_00[0-4]$")  # a regular expression, case-insensitive
     frame.wait_for_function("() => document.querySelectorAll('.lg-run-item').length === 5")
     five = [f"sweep/run_00{k}" for k in range(5)]
     assert listed() == five
-    assert frame.locator(".lg-run-count").inner_text() == f"{sf.RUNS} of {sf.RUNS} runs compared · 5 listed"
+    assert (
+        frame.locator(".lg-run-count").inner_text()
+        == f"{sweep_fixtures.RUNS} of {sweep_fixtures.RUNS} runs compared · 5 listed"
+    )
     frame.get_by_role("button", name="None", exact=True).click()
-    rest = [r for r in sf.NAMES if r not in five]
+    rest = [r for r in sweep_fixtures.NAMES if r not in five]
     frame.wait_for_function(
         "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=len(rest)
     )
-    assert json.loads(tf_.parent_state(page)["runs"]) == rest  # the others untouched, in their order
+    assert json.loads(tab_fixtures.parent_state(page)["runs"]) == rest  # the others untouched, in their order
     assert frame.locator(".lg-run-item.lg-on").count() == 0 and listed() == five
     frame.get_by_role("button", name="All", exact=True).click()
-    frame.wait_for_function("(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS)
-    assert json.loads(tf_.parent_state(page)["runs"]) == rest + five
+    frame.wait_for_function(
+        "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sweep_fixtures.RUNS
+    )
+    assert json.loads(tab_fixtures.parent_state(page)["runs"]) == rest + five
     # An invalid expression says so, and lists nothing to tick.
     box.fill("run_(")
     error = frame.locator(".lg-run-filter-error")
@@ -318,27 +338,29 @@ def test_the_run_filter_and_all_or_none(env):
     assert frame.get_by_role("button", name="All", exact=True).is_disabled()
     assert frame.get_by_role("button", name="None", exact=True).is_disabled()
     box.fill("")
-    frame.wait_for_function("(n) => document.querySelectorAll('.lg-run-item').length === n", arg=sf.RUNS)
+    frame.wait_for_function("(n) => document.querySelectorAll('.lg-run-item').length === n", arg=sweep_fixtures.RUNS)
     assert box.get_attribute("aria-invalid") == "false" and error.inner_text() == ""
     # Unticking one run drops it (and its line).
     frame.locator(".lg-run-item").filter(has_text="sweep/run_050").locator("input").uncheck()
     frame.wait_for_function(
-        "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS - 1
+        "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sweep_fixtures.RUNS - 1
     )
-    assert "sweep/run_050" not in json.loads(tf_.parent_state(page)["runs"])
+    assert "sweep/run_050" not in json.loads(tab_fixtures.parent_state(page)["runs"])
     # The list was updated, not rebuilt: the box keeps the keyboard focus, and Space ticks it again.
     assert frame.evaluate("() => document.activeElement.closest('.lg-run-item')?.dataset.run") == "sweep/run_050"
     page.keyboard.press("Space")
-    frame.wait_for_function("(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sf.RUNS)
-    assert json.loads(tf_.parent_state(page)["runs"])[-1] == "sweep/run_050"
+    frame.wait_for_function(
+        "(n) => document.querySelectorAll('.lg-panel-wide path.lg-line').length === n", arg=sweep_fixtures.RUNS
+    )
+    assert json.loads(tab_fixtures.parent_state(page)["runs"])[-1] == "sweep/run_050"
 
 
-def test_hostile_run_names_are_text_in_the_list_and_the_legends(env):
+def test_hostile_run_names_are_text_in_the_list_and_the_legends(env, sweep_fixtures, tab_fixtures):
     b = env["browser"]
-    hostile = list(sf.HOSTILE.values())
-    frame = open_sweep(env, runs=hostile + ["sweep/run_000"], color="activation")
+    hostile = list(sweep_fixtures.HOSTILE.values())
+    frame = open_sweep(sweep_fixtures, env, runs=hostile + ["sweep/run_000"], color="activation")
     names = frame.locator(".lg-run-item-name").evaluate_all("els => els.map(e => e.textContent)")
-    assert sorted(names) == sorted(sf.NAMES)
+    assert sorted(names) == sorted(sweep_fixtures.NAMES)
     assert frame.locator(".lg-run-item.lg-on .lg-run-item-name").all_text_contents() == sorted(
         hostile + ["sweep/run_000"]
     )
@@ -346,5 +368,5 @@ def test_hostile_run_names_are_text_in_the_list_and_the_legends(env):
         assert frame.locator(f"{chart} .lg-legend-name").all_text_contents() == hostile + ["sweep/run_000"]
     frame.locator(".lg-run-filter").fill("<img")
     frame.wait_for_function("() => document.querySelectorAll('.lg-run-item').length === 1")
-    assert frame.locator(".lg-run-item-name").all_text_contents() == [sf.HOSTILE[10]]
-    tf_.assert_nothing_injected(b, frame)
+    assert frame.locator(".lg-run-item-name").all_text_contents() == [sweep_fixtures.HOSTILE[10]]
+    tab_fixtures.assert_nothing_injected(b, frame)

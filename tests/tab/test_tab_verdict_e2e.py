@@ -13,33 +13,34 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import known_answer_fixtures as ka  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
-from tensorboard_process import PLUGIN_API  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 RUNS = ("nan_backward", "explode", "rnn", "flipped/train")
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, known_answer_fixtures, tab_fixtures):
     logdir = str(tmp_path_factory.mktemp("verdict_logs"))
     work = tmp_path_factory.mktemp("verdict_work")
-    last = {**{run: ka.STEPS - 1 for run in ka.PLANTS}, "rnn": ka.TIME_STEPS - 1, "flipped/train": ka.FLIP_BATCHES - 1}
+    last = {
+        **{run: known_answer_fixtures.STEPS - 1 for run in known_answer_fixtures.PLANTS},
+        "rnn": known_answer_fixtures.TIME_STEPS - 1,
+        "flipped/train": known_answer_fixtures.FLIP_BATCHES - 1,
+    }
 
     def write():
-        ka.write_planted(logdir)
-        ka.write_timesteps(logdir)
-        ka.write_flipped(logdir)
+        known_answer_fixtures.write_planted(logdir)
+        known_answer_fixtures.write_timesteps(logdir)
+        known_answer_fixtures.write_flipped(logdir)
 
-    with tf_.served(logdir, work, last, write, poll_ms=60_000) as (tb, browser, _):
+    with tab_fixtures.served(logdir, work, last, write, poll_ms=60_000) as (tb, browser, _):
         yield {"tb": tb, "browser": browser}
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(env):
+def no_browser_errors(env, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(env["browser"])
+    tab_fixtures.assert_no_browser_errors(env["browser"])
 
 
 def _overview(env, run: str):
@@ -49,23 +50,33 @@ def _overview(env, run: str):
     return frame
 
 
-def _route(env, run: str) -> dict:
-    return env["tb"].get_json(PLUGIN_API + "anomalies?run=" + urllib.parse.quote(run))
+def _route(tensorboard_process, env, run: str) -> dict:
+    return env["tb"].get_json(tensorboard_process.PLUGIN_API + "anomalies?run=" + urllib.parse.quote(run))
 
 
-def test_origin_row_is_marked_apart_from_the_rows_it_reached(env):
+def test_origin_row_is_marked_apart_from_the_rows_it_reached(env, known_answer_fixtures, tab_fixtures):
     frame = _overview(env, "nan_backward")
     states = frame.locator(".lg-row-label").evaluate_all("els => els.map(e => [e.dataset.layer, e.dataset.state])")
-    want = {ka.path(x): "nan_origin" if x == "gate" else "nonfinite" if x in ka.BEFORE else "ok" for x in ka.LAYERS}
+    want = {
+        known_answer_fixtures.path(x): "nan_origin"
+        if x == "gate"
+        else "nonfinite"
+        if x in known_answer_fixtures.BEFORE
+        else "ok"
+        for x in known_answer_fixtures.LAYERS
+    }
     assert dict(states) == want
-    gate = ka.LAYERS.index("gate")
+    gate = known_answer_fixtures.LAYERS.index("gate")
     origin_chip = frame.locator(f'.lg-row-chip[data-row="{gate}"] .lg-chip')
-    assert origin_chip.inner_text() == f"NaN/Inf born here @{ka.K}" and origin_chip.get_attribute("data-state") == (
-        "nan_origin"
-    )
-    for x in ka.BEFORE:
-        chip = frame.locator(f'.lg-row-chip[data-row="{ka.LAYERS.index(x)}"] .lg-chip')
-        assert chip.inner_text() == f"NaN/Inf @{ka.K}" and chip.get_attribute("data-state") == "nonfinite"
+    assert origin_chip.inner_text() == f"NaN/Inf born here @{known_answer_fixtures.K}" and origin_chip.get_attribute(
+        "data-state"
+    ) == ("nan_origin")
+    for x in known_answer_fixtures.BEFORE:
+        chip = frame.locator(f'.lg-row-chip[data-row="{known_answer_fixtures.LAYERS.index(x)}"] .lg-chip')
+        assert (
+            chip.inner_text() == f"NaN/Inf @{known_answer_fixtures.K}"
+            and chip.get_attribute("data-state") == "nonfinite"
+        )
     # The two marks look different: the origin's chip is the non-finite colour inverted.
     bg = [
         frame.locator(f'.lg-row-chip[data-row="{i}"] .lg-chip').evaluate("e => getComputedStyle(e).backgroundColor")
@@ -73,16 +84,20 @@ def test_origin_row_is_marked_apart_from_the_rows_it_reached(env):
     ]
     assert bg[0] != bg[1]
     banner = frame.locator(".lg-summary .lg-origin")
-    assert banner.count() == 1 and banner.get_attribute("data-layer") == ka.path("gate")
+    assert banner.count() == 1 and banner.get_attribute("data-layer") == known_answer_fixtures.path("gate")
     banner.click()
-    state = tf_.parent_state(env["browser"].page)
-    assert (state["view"], state["layer"], state["step"]) == ("layer", ka.path("gate"), str(ka.K))
+    state = tab_fixtures.parent_state(env["browser"].page)
+    assert (state["view"], state["layer"], state["step"]) == (
+        "layer",
+        known_answer_fixtures.path("gate"),
+        str(known_answer_fixtures.K),
+    )
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_one_banner_line_per_finding(env, run):
+def test_one_banner_line_per_finding(env, run, tensorboard_process):
     frame = _overview(env, run)
-    findings = _route(env, run)["summary"]["findings"]
+    findings = _route(tensorboard_process, env, run)["summary"]["findings"]
     alerts = frame.locator(".lg-summary .lg-alert")
     shown = alerts.evaluate_all("els => els.map(e => [e.dataset.kind, e.textContent])")
     assert [k for k, _ in shown] == [f["kind"] for f in findings]
@@ -92,11 +107,11 @@ def test_one_banner_line_per_finding(env, run):
     assert [k for k, _ in shown] == kinds.get(run, ["dominated"])
 
 
-def test_explode_marks_no_layer_vanishing(env):
+def test_explode_marks_no_layer_vanishing(env, known_answer_fixtures):
     frame = _overview(env, "explode")
     assert frame.locator(".lg-chip-vanishing").count() == 0
     chips = frame.locator(".lg-chip-exploding").evaluate_all("els => els.map(e => e.textContent)")
-    assert chips == ["exploding"] * len(ka.BEFORE)
+    assert chips == ["exploding"] * len(known_answer_fixtures.BEFORE)
 
 
 def test_dominated_is_one_line_for_three_layers(env):
@@ -106,9 +121,9 @@ def test_dominated_is_one_line_for_three_layers(env):
     assert frame.locator(".lg-chip-dominated").count() == 3  # still a chip on each row
 
 
-def test_vanishing_through_time_is_a_finding_of_the_overview(env):
+def test_vanishing_through_time_is_a_finding_of_the_overview(env, known_answer_fixtures):
     frame = _overview(env, "rnn")
-    truth = [x for x, d in ka.DECAYS.items() if d >= 3]
+    truth = [x for x, d in known_answer_fixtures.DECAYS.items() if d >= 3]
     chips = frame.locator('.lg-chip[data-state="vanishing_through_time"]')
     assert chips.count() == len(truth)
     assert f"{len(truth)} vanishing through time" in frame.locator(".lg-health").inner_text()

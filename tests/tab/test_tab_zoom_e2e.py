@@ -16,8 +16,6 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import long_fixtures as lf  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
 
@@ -25,14 +23,14 @@ MID = "loss|output|net/mid"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, long_fixtures, tab_fixtures):
     logdir = str(tmp_path_factory.mktemp("long"))
     work = tmp_path_factory.mktemp("work")
-    with tf_.served(
+    with tab_fixtures.served(
         logdir,
         work,
-        {lf.RUN: lf.STEPS - 1},
-        lambda: lf.write_long_logdir(logdir),
+        {long_fixtures.RUN: long_fixtures.STEPS - 1},
+        lambda: long_fixtures.write_long_logdir(logdir),
         write_first=True,
         timeout=120,
         load_fast="true",
@@ -42,9 +40,9 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(env):
+def no_browser_errors(env, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(env["browser"])
+    tab_fixtures.assert_no_browser_errors(env["browser"])
 
 
 def heatmap_cols(frame) -> int:
@@ -67,14 +65,17 @@ def red_columns(frame, row: int):
     )
 
 
-def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env):
+def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env, long_fixtures, tab_fixtures):
     b, page = env["browser"], env["browser"].page
-    frame = b.open(env["tb"].base, {"run": lf.RUN})
+    frame = b.open(env["tb"].base, {"run": long_fixtures.RUN})
     frame.wait_for_function("() => document.querySelector('.lg-zoom-bar')?.textContent.includes('bins')")
     cols = heatmap_cols(frame)
     assert 100 <= cols < 2000  # one bin per pixel, not 100,000 columns
-    assert frame.locator('.lg-row-chip[data-row="1"] .lg-chip-nonfinite').inner_text() == f"NaN/Inf @{lf.NAN_STEP}"
-    nan_bin = lf.NAN_STEP * cols // lf.STEPS  # bins of equal step ranges over [0, 99999]
+    assert (
+        frame.locator('.lg-row-chip[data-row="1"] .lg-chip-nonfinite').inner_text()
+        == f"NaN/Inf @{long_fixtures.NAN_STEP}"
+    )
+    nan_bin = long_fixtures.NAN_STEP * cols // long_fixtures.STEPS  # bins of equal step ranges over [0, 99999]
     width = frame.locator(".lg-overview .lg-heatmap-canvas").evaluate("c => c.width")
     reds = red_columns(frame, 1)
     assert reds and all(abs(x * cols / width - (nan_bin + 0.5)) <= 2 for x in reds), (reds, nan_bin)
@@ -89,25 +90,30 @@ def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env):
     ):
         canvas.hover(position=at)
         frame.wait_for_function("() => document.querySelector('.lg-tooltip-note')?.textContent.startsWith('click')")
-        if str(lf.NAN_STEP) in note.inner_text():
+        if str(long_fixtures.NAN_STEP) in note.inner_text():
             break
-    assert note.inner_text() == f"click: this layer at step {lf.NAN_STEP} (the bin's first non-finite step)"
+    assert note.inner_text() == f"click: this layer at step {long_fixtures.NAN_STEP} (the bin's first non-finite step)"
     canvas.click(position=at)
-    frame.wait_for_selector(f'.lg-stats-table[data-step="{lf.NAN_STEP}"][data-layer="net/mid"]', timeout=20_000)
-    assert tf_.parent_state(page)["step"] == str(lf.NAN_STEP)
+    frame.wait_for_selector(
+        f'.lg-stats-table[data-step="{long_fixtures.NAN_STEP}"][data-layer="net/mid"]', timeout=20_000
+    )
+    assert tab_fixtures.parent_state(page)["step"] == str(long_fixtures.NAN_STEP)
     frame.wait_for_function(
         f"() => document.querySelector('td[data-series=\"{MID}\"][data-stat=\"nan\"]')?.textContent === '3'"
     )
-    want_norm = env["written"].column("net/mid", "norm")[lf.NAN_STEP]
+    want_norm = env["written"].column("net/mid", "norm")[long_fixtures.NAN_STEP]
     shown = float(frame.locator(f'td[data-series="{MID}"][data-stat="norm"]').get_attribute("data-value"))
     assert shown == pytest.approx(want_norm, rel=1e-15)
     # The layer view's charts are binned too, and mark the NaN step exactly.
     frame.wait_for_selector(
-        f'.lg-panel-charts .lg-xmark title:text-is("non-finite values at step {lf.NAN_STEP}")', state="attached"
+        f'.lg-panel-charts .lg-xmark title:text-is("non-finite values at step {long_fixtures.NAN_STEP}")',
+        state="attached",
     )
     # A step between kept ones (the slider's neighbour) shows exact numbers, fetched for that step.
     b.page.keyboard.press("ArrowRight")
-    frame.wait_for_function(f"() => Number(document.querySelector('.lg-step-value').textContent) > {lf.NAN_STEP}")
+    frame.wait_for_function(
+        f"() => Number(document.querySelector('.lg-step-value').textContent) > {long_fixtures.NAN_STEP}"
+    )
     step = int(frame.locator(".lg-step-value").inner_text())
     frame.wait_for_selector(f'.lg-stats-table[data-step="{step}"]')
     frame.wait_for_function(
@@ -117,10 +123,10 @@ def test_a_long_run_is_binned_shows_its_nan_and_opens_it_exactly(env):
     assert shown == pytest.approx(env["written"].column("net/mid", "norm")[step], rel=1e-15)
 
 
-def test_zoom_from_the_url_is_full_resolution(env):
+def test_zoom_from_the_url_is_full_resolution(env, long_fixtures, tab_fixtures):
     b, page = env["browser"], env["browser"].page
-    start, end = lf.NAN_STEP - 150, lf.NAN_STEP + 150
-    frame = b.open(env["tb"].base, {"run": lf.RUN, "zoom": f"{start}-{end}"})
+    start, end = long_fixtures.NAN_STEP - 150, long_fixtures.NAN_STEP + 150
+    frame = b.open(env["tb"].base, {"run": long_fixtures.RUN, "zoom": f"{start}-{end}"})
     frame.wait_for_selector(f'.lg-zoom-bar[data-zoom="{start}-{end}"]')
     frame.wait_for_function(
         f"() => document.querySelector('.lg-overview .lg-heatmap-canvas')?.dataset.cols === '{end - start + 1}'"
@@ -129,15 +135,15 @@ def test_zoom_from_the_url_is_full_resolution(env):
     cols = end - start + 1
     width = frame.locator(".lg-overview .lg-heatmap-canvas").evaluate("c => c.width")
     reds = red_columns(frame, 1)
-    assert reds and all(abs(x * cols / width - (lf.NAN_STEP - start)) <= 1 for x in reds)
+    assert reds and all(abs(x * cols / width - (long_fixtures.NAN_STEP - start)) <= 1 for x in reds)
     frame.locator(".lg-overview .lg-zoom-reset").click()
     frame.wait_for_function("() => document.querySelector('.lg-zoom-bar')?.textContent.includes('bins')")
-    assert "zoom" not in tf_.parent_state(page)
+    assert "zoom" not in tab_fixtures.parent_state(page)
 
 
-def test_drag_across_the_heatmap_zooms_in_to_full_resolution(env):
+def test_drag_across_the_heatmap_zooms_in_to_full_resolution(env, long_fixtures, tab_fixtures):
     b, page = env["browser"], env["browser"].page
-    frame = b.open(env["tb"].base, {"run": lf.RUN})
+    frame = b.open(env["tb"].base, {"run": long_fixtures.RUN})
     frame.wait_for_function("() => document.querySelector('.lg-zoom-bar')?.textContent.includes('bins')")
     cols = heatmap_cols(frame)
     canvas = frame.locator(".lg-overview .lg-heatmap-canvas")
@@ -149,9 +155,9 @@ def test_drag_across_the_heatmap_zooms_in_to_full_resolution(env):
     page.mouse.move(x0 + 8 * box["width"] / cols, y, steps=4)
     page.mouse.up()
     frame.wait_for_selector(".lg-overview .lg-zoom-reset")
-    zoom = tf_.parent_state(page)["zoom"]
+    zoom = tab_fixtures.parent_state(page)["zoom"]
     a, z = (int(v) for v in zoom.split("-"))
-    assert a < z and z - a + 1 <= 10 * lf.STEPS / cols  # about nine bins' worth of steps
+    assert a < z and z - a + 1 <= 10 * long_fixtures.STEPS / cols  # about nine bins' worth of steps
     frame.wait_for_function(
         f"() => document.querySelector('.lg-overview .lg-heatmap-canvas')?.dataset.cols === '{z - a + 1}'"
     )
