@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
@@ -93,11 +93,13 @@ def write_run(
     gain: float = 1.0,
     target: str = metadata.DEFAULT_TARGET,
     histograms: bool = False,
+    only: Optional[Sequence[int]] = None,
 ) -> Dict[str, np.ndarray]:
     """One run of `stats` records; returns the tables (none with `keep=False`). `block_steps`: a version-2
     group's blocks as given (a power of two), not as the layer count sets them, for many blocks in few steps.
     `seed`, `gain`: another run's values (`stats_table`); `target`: the differentiated scalar named; `histograms`: a version-2 `histogram` record beside each `stats`
-    one (`histogram_counts`)."""
+    one (`histogram_counts`); `only`: the steps written, ascending (default: every step below `steps`; the
+    tables hold every step)."""
     import tensorflow as tf  # its C++ TFRecord writer: event files are TFRecords
 
     os.makedirs(path, exist_ok=True)
@@ -123,7 +125,7 @@ def write_run(
         if format_version == 1:
             for info in infos:
                 meta = metadata.create_summary_metadata(info)
-                for step in range(steps):
+                for step in range(steps) if only is None else only:
                     writer.write(event(step, info.tag, meta, tables[info.layer][step]))
         else:
             group = metadata.GroupInfo.of(metadata.KIND_STATS, infos)
@@ -136,8 +138,11 @@ def write_run(
             )
             hmeta, counts = metadata.create_group_metadata(hgroup), histogram_counts(len(infos), seed)
             rows = np.stack([tables[info.layer] for info in infos], axis=1)  # [steps, layers, fields]
-            for step in range(steps):
-                first = metadata.block_start(step, group.block_steps) == step or step == 0
+            begun = set()  # the blocks written to: a tag's first record carries its metadata
+            for step in range(steps) if only is None else only:
+                block = metadata.block_start(step, group.block_steps)
+                first = block not in begun
+                begun.add(block)
                 writer.write(event(step, group.tag_at(step), meta if first else None, rows[step]))
                 if histograms:
                     writer.write(event(step, hgroup.tag_at(step), hmeta if first else None, counts))

@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import json
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from tensorboard.compat.proto import summary_pb2
 
@@ -132,19 +132,19 @@ class GroupInfo:
     def with_kind(self, kind: str) -> "GroupInfo":
         return dataclasses.replace(self, kind=kind, fields=FIELDS_OF_KIND.get(kind, ()))
 
-    def members(self) -> Tuple[SeriesInfo, ...]:
-        """One `SeriesInfo` per row (version 2), as a reader lists layers."""
+    def members(self, rows: Optional[Sequence[int]] = None) -> Tuple[SeriesInfo, ...]:
+        """One `SeriesInfo` per row (version 2), as a reader lists layers; `rows`: only those rows, in that order."""
         return tuple(
             SeriesInfo(
-                layer=layer,
+                layer=self.layers[i],
                 kind=self.kind,
                 target=self.target,
                 source=self.source,
-                index=index,
-                dtype=dtype,
+                index=self.indexes[i],
+                dtype=self.dtypes[i],
                 version=self.version,
             )
-            for layer, index, dtype in zip(self.layers, self.indexes, self.dtypes)
+            for i in (range(len(self.layers)) if rows is None else rows)
         )
 
     def to_content(self) -> bytes:

@@ -3,14 +3,15 @@
 Why a route of its own: the compare view draws the histograms of every run it compares at the chosen step,
 and one `histograms` request per run put a hundred requests (and their listings) between the overlay and
 these outlines at a sweep's scale. Here the runs are listed in one catalog call, and each run's histogram is
-read at that step only, or, where the run has no record there, at the latest step before it.
+read at that step only, or, where the run has no record there, at the latest step before it: one record per run,
+found in the record index of a local logdir (`Reading.latest_records`), else read through TensorBoard's provider.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from concurrent import futures
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 from tensorboard import errors
@@ -54,7 +55,7 @@ def near(s: catalog.Series, step: Optional[int]) -> catalog.Series:
 def at_step(reading: Reading, ctx: object, eid: str, rc: catalog.RunCatalog, s: catalog.Series, step: Optional[int]):
     """(the step read, its buckets) of series `s`: at `step`, else the latest step before it (None: the last);
     (None, []) when the run has no record that early."""
-    points = layer_points.latest(reading.source(ctx, eid, rc), near(s, step), step, reading.lister.latest_records)
+    points = layer_points.latest(reading.source(ctx, eid, rc), near(s, step), step, reading.latest_records)
     if not len(points):
         return None, []
     return int(points.steps[-1]), _buckets(points.values[-1])
@@ -71,7 +72,10 @@ def histograms_at_impl(reading: Reading, ctx: object, eid: str, q: HistogramsAtQ
         for run, layer in zip(q.runs, q.layers)
         for t in reading.layer_tags(ctx, eid, run, layer, q.target, q.source, kinds)
     }
-    cat = reading.catalog(ctx, eid, runs=q.runs, tags=sorted(tags))
+    wanted: Dict[str, Set[str]] = {}  # each run's layers asked: of its group tags' rows, only theirs are built
+    for run, layer in zip(q.runs, q.layers):
+        wanted.setdefault(run, set()).add(layer)
+    cat = reading.catalog(ctx, eid, runs=q.runs, tags=sorted(tags), layers=wanted)
     unlisted = [name for name in q.runs if name not in cat.runs]
     if unlisted:  # no such series, or no such run: the whole catalog of those says which (404 naming the run)
         full = reading.catalog(ctx, eid, runs=unlisted)

@@ -9,7 +9,7 @@ written shows its new steps on the next call; its `stats` are kept as tables in 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
@@ -48,9 +48,14 @@ class Reading:
         return self.damage.said(listed) if eid == "" else {}
 
     def catalog(
-        self, ctx: object, eid: str, runs: Optional[Sequence[str]] = None, tags: Optional[Sequence[str]] = None
+        self,
+        ctx: object,
+        eid: str,
+        runs: Optional[Sequence[str]] = None,
+        tags: Optional[Sequence[str]] = None,
+        layers: Optional[Dict[str, Set[str]]] = None,
     ) -> catalog.Catalog:
-        return catalog.load(self.lister, ctx, eid, runs=runs, tags=tags)
+        return catalog.load(self.lister, ctx, eid, runs=runs, tags=tags, layers=layers)
 
     def run_catalog(self, ctx: object, eid: str, run: str) -> catalog.RunCatalog:
         """The whole catalog of `run`; 404 if it has no layergrad series."""
@@ -58,6 +63,17 @@ class Reading:
 
     def source(self, ctx: object, eid: str, rc: catalog.RunCatalog) -> RunSource:
         return RunSource(self.provider, ctx, eid, rc, self.stats, self.blocks)
+
+    def latest_records(self, run: str, tags: Sequence[str], step: Optional[int]) -> Optional[Dict[str, list]]:
+        """`{tag: [TensorDatum...]}`: each tag's records at its latest step at or before `step` (None: its last), found
+        without reading the tag whole: in the record index of a local logdir (`record_index.LocalProvider`), else in
+        the Python loader's multiplexer; None where neither is read (the provider is asked then, `layer_points`).
+        Why not through the provider: a tag's one record is all that is wanted, and each call to the provider
+        lists TensorBoard's runs (a round trip to the Rust data server) before the index answers."""
+        index = getattr(self.provider, "index", None)
+        if index is not None:
+            return index.latest(run, tags, step)
+        return self.lister.latest_records(run, tags, step)
 
     def layer_tags(
         self, ctx: object, eid: str, run: str, layer: str, target: str, source: str, kinds: Sequence[str]

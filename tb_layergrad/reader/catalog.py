@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
@@ -97,14 +97,23 @@ def merge(run: str, infos_parts: Sequence[Tuple[metadata.SeriesInfo, Part]]) -> 
 
 
 def members(
-    tag: str, info: metadata.Info, max_step: Optional[int], max_wall: Optional[float]
+    tag: str,
+    info: metadata.Info,
+    max_step: Optional[int],
+    max_wall: Optional[float],
+    layers: Optional[Collection[str]] = None,
 ) -> List[Tuple[metadata.SeriesInfo, Part]]:
-    """The per-layer series one listed tag holds: itself (version 1) or one per row (version 2)."""
+    """The per-layer series one listed tag holds: itself (version 1) or one per row (version 2); `layers`: only
+    those layers' (None: all)."""
     if isinstance(info, metadata.GroupInfo):
+        rows = range(len(info.layers)) if layers is None else [i for i, x in enumerate(info.layers) if x in layers]
+        group = info.tag
         return [
-            (m, Part(tag, i, max_step, max_wall, len(info.layers), info.fields, info.tag))
-            for i, m in enumerate(info.members())
+            (m, Part(tag, i, max_step, max_wall, len(info.layers), info.fields, group))
+            for i, m in zip(rows, info.members(rows))
         ]
+    if layers is not None and info.layer not in layers:
+        return []
     return [(info, Part(tag, None, max_step, max_wall))]
 
 
@@ -279,8 +288,10 @@ def load(
     experiment_id: str,
     runs: Optional[Iterable[str]] = None,
     tags: Optional[Iterable[str]] = None,
+    layers: Optional[Mapping[str, Collection[str]]] = None,
 ) -> Catalog:
-    """List the plugin's series, optionally only of some runs and tags (metadata only).
+    """List the plugin's series, optionally only of some runs and tags (metadata only); `layers`: of each run, only
+    the series of these layers (`from_listing`).
 
     `data_provider`: a TensorBoard data provider, or anything with its `list_tensors`
     (the plugin passes one that walks only new records). Filter by tag whenever the
@@ -298,7 +309,7 @@ def load(
         plugin_name=metadata.PLUGIN_NAME,
         run_tag_filter=run_filter,
     )
-    return from_listing(listing)
+    return from_listing(listing, layers)
 
 
 def listing_signature(tags: Mapping[str, Any]) -> tuple:
@@ -314,10 +325,14 @@ def listing_signature(tags: Mapping[str, Any]) -> tuple:
     return tuple(sorted((tag, ts.max_step, ts.max_wall_time) for tag, ts in tags.items()))
 
 
-def from_listing(listing: Mapping[str, Mapping[str, Any]]) -> Catalog:
+def from_listing(
+    listing: Mapping[str, Mapping[str, Any]], layers: Optional[Mapping[str, Collection[str]]] = None
+) -> Catalog:
     """The catalog of a `list_tensors(plugin_name="layergrad")` answer (`load` lists, then calls this): each
     run with its series in model order and its `listing_signature`; series of a newer format or with
-    unreadable metadata skipped, with a warning."""
+    unreadable metadata skipped, with a warning. `layers`: `{run: layers}`, only the series of those layers of
+    each run (a run's group tag holds every layer's row: a route about one layer of many runs builds the rest for
+    nothing); a run not named there keeps every layer."""
     catalogs: Dict[str, RunCatalog] = {}
     warnings: List[str] = []
     for run in sorted(listing):
@@ -336,7 +351,7 @@ def from_listing(listing: Mapping[str, Mapping[str, Any]]) -> Catalog:
                 continue
             max_step = None if ts.max_step is None else int(ts.max_step)
             max_wall = None if ts.max_wall_time is None else float(ts.max_wall_time)
-            for member, part in members(tag, info, max_step, max_wall):
+            for member, part in members(tag, info, max_step, max_wall, None if layers is None else layers.get(run)):
                 key = (member.layer, member.target, member.source, member.kind)
                 parts.setdefault(key, []).append((member, part))
         series = [merge(run, found) for found in parts.values()]

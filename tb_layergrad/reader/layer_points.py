@@ -134,8 +134,10 @@ def latest(src: RunSource, s: catalog.Series, step: Optional[int], last_records:
     """The record of series `s` (not `stats`) at the latest step at or before `step` (None: its last), in the
     version-1 layout: of the records read, only that one is decoded, and a group block is read whole only from
     `src.blocks` (a sweep's blocks, one per run, would not fit it: asking for one step must not evict them).
-    `last_records(run, tags, step)`: each tag's latest record at or before `step` where the caller reads it more
-    cheaply than the provider (`listing.TensorLister.latest_records`); None from it: the provider's sample of one."""
+    `last_records(run, tags, step)`: each tag's records at its latest step at or before `step`, where the caller
+    finds them without the provider reading a tag whole (`lookups.Reading.latest_records`: the record index of a
+    local logdir, the multiplexer of the Python loader); None from it: the provider's sample of one for a tag ending
+    at or before `step`, each other tag read whole."""
     found: List[Tuple[int, float, catalog.Part, series.Points]] = []  # (step, wall time, part, its one point)
     unread = []
     for p in s.parts:
@@ -148,22 +150,10 @@ def latest(src: RunSource, s: catalog.Series, step: Optional[int], last_records:
             k = len(pts) - 1
             one = series.Points(pts.steps[k:], pts.wall_times[k:], pts.values[k:])
             found.append((int(pts.steps[k]), float(pts.wall_times[k]), p, one))
-    # A tag ending at or before `step` (as its listing says): its latest record is the one wanted, read alone.
-    tail = [p for p in unread if step is None or (p.max_step is not None and p.max_step <= step)]
-    whole = [p for p in unread if p not in tail]
-    data = series.read(
-        src.provider,
-        src.ctx,
-        src.experiment_id,
-        src.rc.run,
-        [p.tag for p in whole],
-        alone=[p.tag for p in whole if p.grouped],
-    )
-    tail_tags = [p.tag for p in tail]
-    found_last = last_records(src.rc.run, tail_tags, step) if last_records is not None and tail_tags else None
-    if found_last is None:
-        found_last = series.read_last(src.provider, src.ctx, src.experiment_id, src.rc.run, tail_tags)
-    data.update(found_last)
+    tags = [p.tag for p in unread]
+    data = last_records(src.rc.run, tags, step) if last_records is not None and tags else None
+    if data is None:
+        data = _latest_from_provider(src, unread, step)
     for p in unread:
         records = [d for d in data.get(p.tag, ()) if step is None or d.step <= step]
         if not records:
@@ -177,6 +167,25 @@ def latest(src: RunSource, s: catalog.Series, step: Optional[int], last_records:
         return series.EMPTY
     _, _, p, one = max(found, key=lambda f: (f[0], f[1]))
     return _part_points(s.info.kind, p, one, _edge_rows(src, [s]).get(s.key))
+
+
+def _latest_from_provider(src: RunSource, parts: Sequence[catalog.Part], step: Optional[int]) -> Dict[str, Sequence]:
+    """`{tag: records}` holding each part's latest record at or before `step`, from the provider: a tag ending at
+    or before `step` (as its listing says) by its sample of one, any other tag whole."""
+    tail = [p for p in parts if step is None or (p.max_step is not None and p.max_step <= step)]
+    whole = [p for p in parts if p not in tail]
+    data = dict(
+        series.read(
+            src.provider,
+            src.ctx,
+            src.experiment_id,
+            src.rc.run,
+            [p.tag for p in whole],
+            alone=[p.tag for p in whole if p.grouped],
+        )
+    )
+    data.update(series.read_last(src.provider, src.ctx, src.experiment_id, src.rc.run, [p.tag for p in tail]))
+    return data
 
 
 def united(parts: Sequence[series.Points]) -> series.Points:

@@ -45,7 +45,26 @@ def _same(tb, ours, ctx) -> int:
                     assert a.numpy.dtype == b.numpy.dtype
                     np.testing.assert_array_equal(a.numpy, b.numpy)
                     compared += 1
-    return compared
+    return compared + _same_latest(tb, ours, ctx)
+
+
+def _same_latest(tb, ours, ctx) -> int:
+    """Asserts that `RecordIndex.latest` finds, for every tag and step (each recorded step, the one before each, and
+    None), the records TensorBoard's full read holds at the latest step at or before it; returns the steps asked."""
+    kw = dict(experiment_id=EID, plugin_name=metadata.PLUGIN_NAME, downsample=series.READ_ALL)
+    asked = 0
+    for run, tags in tb.read_tensors(ctx, **kw).items():
+        for tag, data in tags.items():
+            steps = {int(d.step) for d in data}
+            for step in sorted(steps | {s - 1 for s in steps}) + [None]:
+                within = [d for d in data if step is None or d.step <= step]
+                want = [d for d in within if d.step == max(x.step for x in within)] if within else []
+                got = ours.index.latest(run, [tag], step).get(tag, [])
+                assert [(d.step, d.wall_time) for d in got] == [(d.step, d.wall_time) for d in want], (run, tag, step)
+                for a, b in zip(got, want):
+                    np.testing.assert_array_equal(a.numpy, b.numpy)
+                asked += 1
+    return asked
 
 
 def test_a_damaged_logdir_reads_as_tensorboard_reads_it(tmp_path, reliability_fixtures):
@@ -84,6 +103,8 @@ def test_a_run_being_written_is_read_from_where_the_last_read_stopped(tmp_path, 
     reliability_fixtures.write_run(
         run, reliability_fixtures.DAMAGE_LAYERS, range(9, 12), suffix="b"
     )  # a second file of the run
+    # Steps written again (a restart): the later record wins.
+    reliability_fixtures.write_run(run, reliability_fixtures.DAMAGE_LAYERS, [10, 11], suffix="c")
     tb = _tensorboard(str(tmp_path))
     assert _same(tb, ours, ctx) > 0
     listed = ours.list_tensors(ctx, experiment_id=EID, plugin_name=metadata.PLUGIN_NAME)
