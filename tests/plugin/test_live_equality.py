@@ -24,6 +24,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2
 
 from tb_layergrad import metadata
 from tb_layergrad.plugin.lookups import AnswerCache
+from tb_layergrad.reader import record_index
 
 RUN = "live"
 LAYERS = ("net/in", "net/mid", "net/out")
@@ -172,3 +173,28 @@ def test_an_answer_is_computed_once_per_change_of_the_run():
     other.join()
     assert got == ["as of step 3"] and len(calls) == 2
     assert cache.answer("q", (4,), compute) == 3  # asked after: the newest steps
+
+
+def test_each_new_record_is_read_once_whoever_asks(tmp_path, monkeypatch):
+    """Work once per new step: after an append, every route asked (twice) reads the new records of each block,
+    not the blocks whole; asked again with nothing new, they read nothing."""
+    logdir = str(tmp_path)
+    w = _Writer(logdir)
+    w.write(range(100))
+    live = InProcess(logdir)
+    _bodies(live)
+    decoded = []
+    real = record_index._datum
+
+    def counted(event, value_index):
+        decoded.append((int(event.step), event.summary.value[value_index].tag))
+        return real(event, value_index)
+
+    monkeypatch.setattr(record_index, "_datum", counted)
+    w.write(range(100, 110))
+    _bodies(live)
+    _bodies(live)
+    assert sorted(decoded) == sorted((s, g.tag_at(s)) for s in range(100, 110) for g in (w.group, w.hgroup))
+    decoded.clear()
+    _bodies(live)
+    assert decoded == []
