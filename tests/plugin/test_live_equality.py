@@ -15,11 +15,8 @@ import json
 import os
 import threading
 
-import long_fixtures
 import numpy as np
 import pytest
-import reliability_fixtures as rf
-from plugin_fixtures import InProcess
 from tensorboard.compat.proto import event_pb2, summary_pb2
 
 from tb_layergrad import metadata
@@ -56,7 +53,8 @@ def _stats(step: int, wall_shift: float = 0.0) -> np.ndarray:
 class _Writer:
     """Version-2 group records (stats and histograms of every layer, one event per step), appended as asked."""
 
-    def __init__(self, logdir: str) -> None:
+    def __init__(self, logdir: str, lf, rf) -> None:
+        self._lf, self._rf = lf, rf
         infos = [
             metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
             for i, layer in enumerate(LAYERS)
@@ -73,7 +71,7 @@ class _Writer:
             (self.group, _stats(step, wall_shift)),
             (self.hgroup, (np.arange(8) + np.arange(len(LAYERS))[:, None] + step % 5).astype(np.uint16) * 32),
         ):
-            value = summary_pb2.Summary.Value(tag=group.tag_at(step), tensor=long_fixtures._tensor(array))  # noqa: SLF001 - the same framing
+            value = summary_pb2.Summary.Value(tag=group.tag_at(step), tensor=self._lf._tensor(array))  # noqa: SLF001 - the same framing
             if value.tag not in self._tagged:
                 self._tagged.add(value.tag)
                 value.metadata.CopyFrom(metadata.create_group_metadata(group))
@@ -83,10 +81,10 @@ class _Writer:
         ).SerializeToString()
 
     def write(self, steps) -> None:
-        self.file.append_raw(b"".join(rf.frame(self.event(s)) for s in steps))
+        self.file.append_raw(b"".join(self._rf.frame(self.event(s)) for s in steps))
 
 
-def _bodies(tb: InProcess) -> dict:
+def _bodies(tb) -> dict:
     runs = json.loads(tb.get("runs").data)
     layer = LAYERS[1]
     q = {"run": RUN}
@@ -114,9 +112,12 @@ def _bodies(tb: InProcess) -> dict:
 
 
 @pytest.mark.slow  # ~10 s: seven fresh plugins read the run
-def test_a_run_read_while_written_answers_as_a_fresh_read(tmp_path):
+def test_a_run_read_while_written_answers_as_a_fresh_read(
+    tmp_path, plugin_fixtures, long_fixtures, reliability_fixtures
+):
+    rf, InProcess = reliability_fixtures, plugin_fixtures.InProcess  # noqa: N806 - the class, by its name
     logdir = str(tmp_path)
-    w = _Writer(logdir)
+    w = _Writer(logdir, long_fixtures, rf)
     w.write(range(100))
     live = InProcess(logdir)
     compared = 0
@@ -175,13 +176,15 @@ def test_an_answer_is_computed_once_per_change_of_the_run():
     assert cache.answer("q", (4,), compute) == 3  # asked after: the newest steps
 
 
-def test_each_new_record_is_read_once_whoever_asks(tmp_path, monkeypatch):
+def test_each_new_record_is_read_once_whoever_asks(
+    tmp_path, monkeypatch, plugin_fixtures, long_fixtures, reliability_fixtures
+):
     """Work once per new step: after an append, every route asked (twice) reads the new records of each block,
     not the blocks whole; asked again with nothing new, they read nothing."""
     logdir = str(tmp_path)
-    w = _Writer(logdir)
+    w = _Writer(logdir, long_fixtures, reliability_fixtures)
     w.write(range(100))
-    live = InProcess(logdir)
+    live = plugin_fixtures.InProcess(logdir)
     _bodies(live)
     decoded = []
     real = record_index._datum
