@@ -12,8 +12,8 @@ Measured, for each loader (`--load_fast=true`: Rust data server; `false`: Python
   has read the run's statistics (`statistics_read`), per byte of the event file (`rss_per_byte`), and
   the same with nothing of ours asked yet (`rss_loaded_mb`: TensorBoard's own reservoirs);
 - `load_s`: seconds from start until the `runs` route lists the last step;
-- live: a writer appends `--rate` steps a second while `--readers` threads ask the tab's routes in turn;
-  p50/p95/max per route, and `fresh_s`: how long after a step is written the `runs` route lists it
+- live: once the run's statistics are read (the tab open on it), a writer appends `--rate` steps a second while
+  `--readers` threads ask the tab's routes in turn; p50/p95/max per route, and `fresh_s`: how long after a step is written the `runs` route lists it
   (the largest of the samples taken).
 
     python bench/long_run.py --steps 100000 [--loaders true,false] [--rate 500 --readers 16 --live-s 60]
@@ -248,6 +248,9 @@ def live(
     errors: List[str] = []
     try:
         tb.wait_loaded(1, start - 1, 600)
+        # The tab open on the run before training goes on: its first read of the run is `read_s` (`loaded`); what is
+        # measured here is the run while written, each new step read once.
+        tb.wait_statistics_read(600)
         layer = json.loads(tb.get("runs")[1])["runs"][0]["layers"][0]["layer"]
         queries = _queries(RUN, layer)
 

@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
+from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
 
@@ -235,7 +236,16 @@ class RecordingProvider:
         )
 
     def __getattr__(self, name):
-        return getattr(self.inner, name)
+        found = getattr(self.inner, name)
+        if name != "read_tensors_since":
+            return found
+
+        def read_since(ctx, experiment_id, run, since):
+            """The plugin's own reading of new records (`record_index.LocalProvider`): a read of those tags."""
+            self._record("read_tensors", experiment_id, tb_provider.RunTagFilter(runs=[run], tags=list(since)))
+            return found(ctx, experiment_id, run, since)
+
+        return read_since
 
 
 class InProcess:

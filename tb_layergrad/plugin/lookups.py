@@ -9,7 +9,9 @@ written shows its new steps on the next call; its `stats` are kept as tables in 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+import collections
+import threading
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
@@ -39,6 +41,7 @@ class Reading:
         self.stats = StatsStore(data_provider)
         self.blocks = BlockCache()
         self.health = run_health.HealthCache()  # the `sweep` route's rows, per run while it is unchanged
+        self.answers = AnswerCache()  # the `anomalies` and `matrix` routes' bodies, per run while it is unchanged
         self.noise_ends = noise_scale.EndCache()
         self.damage = damage.Watch(logdir or "")
 
@@ -122,6 +125,48 @@ class Reading:
                 f"run {quote(run)} has no per-example records ({source!r}, target {quote(target)})"
             )
         return chosen, self.source(ctx, eid, rc)
+
+
+class AnswerCache:
+    """A route's answers by (experiment, query), kept while the run's listing is the same (`RunCatalog.signature`);
+    thread-safe.
+
+    Why: the anomaly rules (and the binned matrix) take every step of the run, and 16 readers of a run being
+    written would each compute them again on the same cores, for the same new steps. So an answer is computed once per change of
+    the run, and a request that finds it being computed answers the one kept, as of an earlier step (as
+    `HealthCache.row` does); requests one after another still see every new step.
+
+    Args:
+      max_answers: how many to keep (the least recently used are dropped).
+    """
+
+    def __init__(self, max_answers: int = 64) -> None:
+        self._max = max_answers
+        self._kept: "collections.OrderedDict[Hashable, Tuple[tuple, Any]]" = collections.OrderedDict()
+        self._computing: set = set()
+        self._lock = threading.Lock()
+
+    def answer(self, key: Hashable, signature: tuple, compute: Callable[[], Any]) -> Any:
+        """The kept answer for `key` if computed at `signature` (or being computed again now), else `compute()`."""
+        with self._lock:
+            hit = self._kept.get(key)
+            if hit is not None and (hit[0] == signature or key in self._computing):
+                self._kept.move_to_end(key)
+                return hit[1]
+            mine = key not in self._computing
+            self._computing.add(key)
+        try:
+            value = compute()
+        finally:
+            if mine:
+                with self._lock:
+                    self._computing.discard(key)
+        with self._lock:
+            self._kept[key] = (signature, value)
+            self._kept.move_to_end(key)
+            while len(self._kept) > self._max:
+                self._kept.popitem(last=False)
+        return value
 
 
 def missing_series(rc: catalog.RunCatalog, target: str, source: str, kind: str) -> errors.NotFoundError:

@@ -96,6 +96,7 @@ class StatsPrefetcher:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._listing_seconds = 0.0
+        self._last_listing = 0.0
         self._listed: Dict[str, Dict[str, _Version]] = {}  # run -> its stats tags' versions at the last pass
         self._last_read: Dict[str, float] = {}  # run -> when a pass last read it (or first saw it changing)
         self._then = then
@@ -119,7 +120,11 @@ class StatsPrefetcher:
         ctx = tb_context.RequestContext()
         started = self._clock()
         cat = catalog.load(self._lister, ctx, self._experiment_id)
-        self._listing_seconds = self._clock() - started
+        # What a listing costs is the lesser of the last two: a listing that first indexed a run's event files
+        # (`record_index`: a 500 MB run read once) is not what the next one costs, and waiting ten times as long
+        # after it left a run just loaded unread for minutes.
+        took = self._clock() - started
+        self._listing_seconds, self._last_listing = min(took, self._last_listing), took
         idle = self._clock() - self._last_request > self._idle_after
         newest_first = sorted(cat.runs.values(), key=lambda rc: -_latest_wall_time(rc))
         read = []

@@ -87,18 +87,22 @@ def matrix_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict:
     chosen, src = reading.every_layer(ctx, eid, q.run, q.target, q.source, kind)
     head = {"run": q.run, "target": q.target, "source": q.source, "stat": q.stat}
     head["layers"] = [s.info.layer for s in chosen]
-    if per_example:
-        rows = examples.read(src, chosen, q.start, q.end)
-        field = examples.MATRIX_STATS[q.stat]
-        return _matrix_body(head, [(rows[s.key].steps, rows[s.key].column(field)) for s in chosen], q.stat, q)
-    tables = src.stats(chosen, q.start, q.end)
 
-    def flags_of_bins(steps: np.ndarray) -> np.ndarray:
-        whole = tables if q.start is None and q.end is None else src.stats(chosen)  # the rules see the whole run
-        return downsample.run_flags([(whole[s.key].steps, whole[s.key].table) for s in chosen], steps)[0]
+    def compute() -> dict:
+        if per_example:
+            rows = examples.read(src, chosen, q.start, q.end)
+            field = examples.MATRIX_STATS[q.stat]
+            return _matrix_body(head, [(rows[s.key].steps, rows[s.key].column(field)) for s in chosen], q.stat, q)
+        tables = src.stats(chosen, q.start, q.end)
 
-    columns = [(tables[s.key].steps, tables[s.key].column(q.stat)) for s in chosen]
-    return _matrix_body(head, columns, q.stat, q, flags_of_bins)
+        def flags_of_bins(steps: np.ndarray) -> np.ndarray:
+            whole = tables if q.start is None and q.end is None else src.stats(chosen)  # the rules see the whole run
+            return downsample.run_flags([(whole[s.key].steps, whole[s.key].table) for s in chosen], steps)[0]
+
+        columns = [(tables[s.key].steps, tables[s.key].column(q.stat)) for s in chosen]
+        return _matrix_body(head, columns, q.stat, q, flags_of_bins)
+
+    return reading.answers.answer((eid, "matrix", q), src.rc.signature, compute)
 
 
 def _compared(reading: Reading, ctx: object, eid: str, q: CompareQuery) -> Dict[str, catalog.Series]:
@@ -181,14 +185,18 @@ def anomalies_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict
     if q.layer is not None:
         rc.require(q.layer, q.target, q.source, metadata.KIND_STATS)  # 404 naming what is unknown
     src = reading.source(ctx, eid, rc)
-    # Where it broke is a question about a differentiated target: for activations, the one asked for.
-    origin_target = metadata.DEFAULT_TARGET if q.asked_target == metadata.ACTIVATION_TARGET else q.asked_target
-    result = run_anomalies.read_run(src, q.target, q.source, q.start, q.end, origin_target=origin_target)
-    if result is None:
-        raise missing_series(rc, q.target, q.source, "stats")
-    # One example dominating a layer (docs/ANOMALIES.md): the report's reader, None without per-example records.
-    result.dominated = run_anomalies.read_dominance(src, q.target, q.source, q.start, q.end)
-    return bodies.anomalies_body(result, q.layer)
+
+    def compute() -> dict:
+        # Where it broke is a question about a differentiated target: for activations, the one asked for.
+        origin_target = metadata.DEFAULT_TARGET if q.asked_target == metadata.ACTIVATION_TARGET else q.asked_target
+        result = run_anomalies.read_run(src, q.target, q.source, q.start, q.end, origin_target=origin_target)
+        if result is None:
+            raise missing_series(rc, q.target, q.source, "stats")
+        # One example dominating a layer (docs/ANOMALIES.md): the report's reader, None without per-example records.
+        result.dominated = run_anomalies.read_dominance(src, q.target, q.source, q.start, q.end)
+        return bodies.anomalies_body(result, q.layer)
+
+    return reading.answers.answer((eid, "anomalies", q), rc.signature, compute)
 
 
 def noise_scale_impl(reading: Reading, ctx: object, eid: str, q: NoiseScaleQuery) -> dict:

@@ -37,6 +37,7 @@ class BlockCache:
         self._max_bytes = max_bytes
         self._lock = threading.Lock()
         self._blocks: "collections.OrderedDict[_Key, Tuple[_Version, series.Points, int]]" = collections.OrderedDict()
+        self._positions: Dict[_Key, tuple] = {}  # where the read of a kept block stopped (`series.read_since`)
         self._bytes = 0
         self._reading: Dict[_Key, int] = {}  # blocks being read now -> the reading thread
 
@@ -70,17 +71,32 @@ class BlockCache:
             self._blocks.move_to_end(key)
             return hit[1]
 
-    def put(self, experiment_id: str, run: str, part: catalog.Part, points: series.Points) -> None:
+    def kept(self, experiment_id: str, run: str, part: catalog.Part) -> Optional[Tuple[series.Points, tuple]]:
+        """The block as kept, whatever its version, and where its read stopped; None if not kept or the position
+        is not known: what a read of the block's new records only (`series.read_since`) continues."""
+        key = (experiment_id, run, part.tag)
+        with self._lock:
+            hit = self._blocks.get(key)
+            position = self._positions.get(key)
+            return None if hit is None or position is None else (hit[1], position)
+
+    def put(
+        self, experiment_id: str, run: str, part: catalog.Part, points: series.Points, position: Optional[tuple] = None
+    ) -> None:
         key = (experiment_id, run, part.tag)
         size = _nbytes(points)
         with self._lock:
             old = self._blocks.pop(key, None)
+            self._positions.pop(key, None)
             if old is not None:
                 self._bytes -= old[2]
             if size > self._max_bytes:
                 return
             self._blocks[key] = (version(part), points, size)
+            if position is not None:
+                self._positions[key] = position
             self._bytes += size
             while self._bytes > self._max_bytes:
-                _, (_, _, dropped) = self._blocks.popitem(last=False)
+                dropped_key, (_, _, dropped) = self._blocks.popitem(last=False)
+                self._positions.pop(dropped_key, None)
                 self._bytes -= dropped

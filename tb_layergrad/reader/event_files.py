@@ -31,7 +31,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 from tensorboard import compat
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import damage
+from tb_layergrad.reader import damage, record_index
 
 # The modules of the multiplexer's reading path that bind `tensorboard.compat.tf` as `tf`.
 _READING_MODULES = (
@@ -119,11 +119,16 @@ def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
 
     `runs`: only these runs' folders are read (each with the folders above it, where the HParams API's session
     of a run may be, `reader.hparams`), not the whole logdir; None: every run.
-    Call it inside `tensorflow_free(logdir)` to read without TensorFlow."""
+    Call it inside `tensorflow_free(logdir)` to read without TensorFlow.
+
+    A local logdir's layergrad series are read as the plugin reads them (`record_index.LocalProvider`: each
+    record from its file when asked, the same answers), TensorBoard's multiplexer keeping one record of each:
+    its copy of every record (a parsed proto each, then converted) was most of `load()`'s time and memory."""
     # Imported when asked: the plugin, which imports the reader at TensorBoard's start, never reads this way.
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
-    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
+    local = not is_url(logdir)
+    mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 1 if local else 0})
     if runs is None:
         mux.AddRunsFromDirectory(logdir)
     else:
@@ -141,4 +146,5 @@ def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
             if is_url(logdir) or os.path.isdir(path):
                 mux.AddRun(path, name)
     mux.Reload()
-    return data_provider.MultiplexerDataProvider(mux, logdir)
+    provider = data_provider.MultiplexerDataProvider(mux, logdir)
+    return record_index.LocalProvider(provider, logdir) if local else provider

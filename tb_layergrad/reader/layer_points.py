@@ -80,6 +80,8 @@ def _read_others(
     """`read_points` of the series other than `stats`: the group blocks not `kept` are read, then every series
     selected and laid out into `out`."""
     rc, experiment_id, blocks = src.rc, src.experiment_id, src.blocks
+    parts = {p.tag: (s.info.kind, p) for s in others for p in s.parts if p.grouped and p.tag not in kept}
+    positions = _grown(src, parts, kept)
     data = series.read(
         src.provider,
         src.ctx,
@@ -98,10 +100,49 @@ def _read_others(
                     kept[p.tag] = _group_points(s.info.kind, p, data.get(p.tag, ()), rc.run)
                     if blocks is not None:
                         blocks.put(experiment_id, rc.run, p, kept[p.tag])
+                elif p.tag in positions and blocks is not None:
+                    blocks.put(experiment_id, rc.run, p, kept[p.tag], positions[p.tag])
                 groups[p.tag] = _between(kept[p.tag], start, end)
             selected.append(groups[p.tag] if p.grouped else series.select(data.get(p.tag, ()), start, end))
         selected = _thinned_together(selected, max_steps)
         out[s.key] = united([_part_points(s.info.kind, p, pts, edges.get(s.key)) for p, pts in zip(s.parts, selected)])
+
+
+def _grown(
+    src: RunSource, parts: Dict[str, Tuple[str, catalog.Part]], kept: Dict[str, series.Points]
+) -> Dict[str, tuple]:
+    """Group blocks changed since `src.blocks` kept them, continued from where their read stopped when the provider
+    can (`series.read_since`): the block as kept with its new records after it, into `kept`; the positions the
+    reads stopped at (a block read whole that way too). Why: the last block of a run being written grows at every
+    step, and reading it whole at each change is work in proportion to the run. The same points as a whole read:
+    new records are appended only when all their steps follow the kept ones, else the block is read whole."""
+    blocks, run = src.blocks, src.rc.run
+    if blocks is None or not parts:
+        return {}
+    before = {t: blocks.kept(src.experiment_id, run, p) for t, (_, p) in parts.items()}
+    read = series.read_since(
+        src.provider, src.ctx, src.experiment_id, run, {t: (b[1] if b else None) for t, b in before.items()}
+    )
+    if read is None:
+        return {}
+    out = {}
+    for t, (kind, p) in parts.items():
+        position, whole, records = read.get(t, (None, True, ()))
+        new = _group_points(kind, p, records, run)
+        if whole:
+            kept[t] = new
+        else:
+            old = before[t][0]
+            if len(new) and len(old) and int(new.steps[0]) <= int(old.steps[-1]):
+                continue  # a step written again (a restarted run): read whole below
+            kept[t] = series.Points(
+                np.concatenate([old.steps, new.steps]),
+                np.concatenate([old.wall_times, new.wall_times]),
+                [*old.values, *new.values],
+            )
+        if position is not None:
+            out[t] = position
+    return out
 
 
 def _thinned_together(parts: List[series.Points], max_steps: Optional[int]) -> List[series.Points]:

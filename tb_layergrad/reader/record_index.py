@@ -26,6 +26,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.compat.tensorflow_stub import dtypes
 from tensorboard.data import provider as tb_provider
 from tensorboard.util import tensor_util
 
@@ -52,10 +53,16 @@ class _Series:
 class _Run:
     """One run's files (in the order TensorBoard reads them) and the series found in them."""
 
+    epoch: int = 0  # which reading of the run this is: a run read anew starts a new one (`Position`)
     files: List[str] = dataclasses.field(default_factory=list)
     states: Dict[str, damage.FileState] = dataclasses.field(default_factory=dict)
     meta: Dict[str, summary_pb2.SummaryMetadata] = dataclasses.field(default_factory=dict)  # every tag's first
     series: Dict[str, _Series] = dataclasses.field(default_factory=dict)  # the layergrad tensor tags
+
+
+# Where a reader of a series stopped: (the run's reading, records read). The records past it are the same as
+# the end of a whole read of the series as long as the run was not read anew (a file removed or shrunk).
+Position = Tuple[int, int]
 
 
 def downsample(n: int, k: int) -> List[int]:
@@ -81,6 +88,11 @@ class RecordIndex:
         self.logdir = logdir
         self._runs: Dict[str, _Run] = {}
         self._lock = threading.RLock()
+        self._epochs = 0
+
+    def _new_run(self) -> _Run:
+        self._epochs += 1
+        return _Run(epoch=self._epochs)
 
     def _folder(self, run: str) -> str:
         return os.path.join(self.logdir, *([] if run == "." else run.split("/")))
@@ -98,9 +110,9 @@ class RecordIndex:
                     self._runs.pop(run, None)
                     continue
                 paths = [p for p in (os.path.join(folder, n) for n in names) if not os.path.isdir(p)]
-                state = self._runs.setdefault(run, _Run())
+                state = self._runs.get(run) or self._runs.setdefault(run, self._new_run())
                 if any(p not in paths or _size(p) < state.states[p].offset for p in state.files):
-                    state = self._runs[run] = _Run()
+                    state = self._runs[run] = self._new_run()
                 for path in paths:
                     if path not in state.states:
                         state.states[path] = damage.FileState()
@@ -200,6 +212,37 @@ class RecordIndex:
                 n = len(s.steps)
                 picks = [(s.files[i], s.offsets[i], s.lengths[i], s.values[i]) for i in downsample(n, downsample_to)]
                 plans.append((run, tag, list(r.files), picks))
+        return self._read_plans(plans)
+
+    def read_since(
+        self, run: str, since: Dict[str, Optional[Position]]
+    ) -> Dict[str, Tuple[Position, bool, List[tb_provider.TensorDatum]]]:
+        """The records of `run`'s tags past where a reader stopped: `{tag: (position now, whole, records)}`.
+
+        `since[tag]`: the `Position` the reader's last read of the tag returned, or None. Why: a block of a
+        run being written grows at every step; reading it whole at every change is work in proportion to
+        the run, per request. `whole` is False when `records` are those past `since[tag]` (the tail of what
+        `read_tensors` would answer, in its order), True when they are every record of the tag (nothing
+        was given, or the run was read anew since). Tags the run does not have are absent."""
+        f = tb_provider.RunTagFilter(runs=[run], tags=list(since))
+        plans, where = [], {}
+        for _, r, chosen in self._selected([run], f):
+            for tag, s in chosen:
+                n = len(s.steps)
+                pos = since.get(tag)
+                whole = pos is None or pos[0] != r.epoch or pos[1] > n
+                first = 0 if whole else pos[1]
+                picks = [(s.files[i], s.offsets[i], s.lengths[i], s.values[i]) for i in range(first, n)]
+                plans.append((run, tag, list(r.files), picks))
+                where[tag] = ((r.epoch, n), whole)
+        read = self._read_plans(plans).get(run)
+        if read is None:
+            return {}
+        return {tag: (where[tag][0], where[tag][1], data) for tag, data in read.items()}
+
+    def _read_plans(
+        self, plans: List[Tuple[str, str, List[str], List[Tuple[int, int, int, int]]]]
+    ) -> Dict[str, Dict[str, List[tb_provider.TensorDatum]]]:
         out: Dict[str, Dict[str, List[tb_provider.TensorDatum]]] = {}
         # Per run: an event holding many series (every layer's record of a step) is read and parsed once.
         by_run: Dict[str, List[Tuple[str, List[str], list]]] = {}
@@ -276,9 +319,21 @@ def _events(files: List[str], places: Iterable[Tuple[int, int, int]]) -> Dict[Tu
 
 def _datum(event: event_pb2.Event, value_index: int) -> tb_provider.TensorDatum:
     value = event.summary.value[value_index]
-    return tb_provider.TensorDatum(
-        step=event.step, wall_time=event.wall_time, numpy=tensor_util.make_ndarray(value.tensor)
-    )
+    return tb_provider.TensorDatum(step=event.step, wall_time=event.wall_time, numpy=_ndarray(value.tensor))
+
+
+_NUMPY_DTYPES: Dict[int, object] = {}  # TensorProto dtype -> the numpy dtype `make_ndarray` gives it
+
+
+def _ndarray(tensor) -> np.ndarray:
+    """`tensor_util.make_ndarray`'s array, the same way for a tensor's packed bytes (what the writer writes)
+    without its per-call dtype lookup and element count, which were most of reading a record."""
+    if not tensor.tensor_content:
+        return tensor_util.make_ndarray(tensor)
+    dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    if dtype is None:
+        dtype = _NUMPY_DTYPES[tensor.dtype] = dtypes.as_dtype(tensor.dtype).as_numpy_dtype
+    return np.frombuffer(tensor.tensor_content, dtype=dtype).copy().reshape([d.size for d in tensor.tensor_shape.dim])
 
 
 def _size(path: str) -> int:
@@ -321,3 +376,11 @@ class LocalProvider:
                 run_tag_filter=run_tag_filter,
             )
         return self.index.read_tensors(self._runs(ctx, experiment_id), run_tag_filter, downsample)
+
+    def read_tensors_since(
+        self, ctx: object, experiment_id: str, run: str, since: Dict[str, Optional[Position]]
+    ) -> Dict[str, Tuple[Position, bool, List[tb_provider.TensorDatum]]]:
+        """`RecordIndex.read_since` of a run TensorBoard lists (else nothing)."""
+        if run not in self._runs(ctx, experiment_id):
+            return {}
+        return self.index.read_since(run, since)

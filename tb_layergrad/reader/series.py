@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
@@ -70,6 +70,22 @@ def read(
     for chunk in ([together] if together else []) + [[t] for t in sorted(set(alone))]:
         out.update(_read_split(data_provider, ctx, experiment_id, run, chunk))
     return out
+
+
+def read_since(
+    data_provider: tb_provider.DataProvider,
+    ctx: object,
+    experiment_id: str,
+    run: str,
+    since: Dict[str, Optional[tuple]],
+) -> Optional[Dict[str, Tuple[tuple, bool, Sequence[tb_provider.TensorDatum]]]]:
+    """`{tag: (position, whole, records)}`: each tag's records past where the last read stopped (`since[tag]`, a
+    position this returned before, or None), when the provider can say so (the plugin's own reading of a local
+    logdir, `record_index.LocalProvider`); None when it cannot (TensorBoard's providers: read every record)."""
+    method = getattr(data_provider, "read_tensors_since", None)
+    if method is None or not since:
+        return None
+    return method(ctx, experiment_id, run, since)
 
 
 def read_last(

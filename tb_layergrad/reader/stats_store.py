@@ -128,6 +128,18 @@ def group_rows(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run:
     return GroupRows(points.steps, points.wall_times, table)
 
 
+class _Room:
+    """A united table's memory with room for steps to come: the table is a view of its first `used` steps.
+
+    Why: a run being written grows its last block at every step; copying the whole group into a new table
+    at every change is work in proportion to the run, per request. With room, the new steps are written
+    after the others, where no view handed out looks, and the table is rebuilt only when the room is full."""
+
+    def __init__(self, steps: int, rows: int) -> None:
+        self.table = column_major(steps, rows)
+        self.used = 0
+
+
 @dataclasses.dataclass(frozen=True)
 class UnitedGroup:
     """The blocks of one version-2 group (a tag each, docs/FORMAT.md) as one table, and where each block is in it.
@@ -135,21 +147,43 @@ class UnitedGroup:
     Why: a long run's group is many blocks, and its layers are read as whole columns; slicing each
     layer out of each block and joining them again cost as much as reading. Kept united, a layer is a
     view; when TensorBoard reports one block changed (the last, while training goes on) only that
-    block is read again and the table rebuilt around the others.
+    block is read again and the table rebuilt around the others; read through the plugin's own index
+    (`series.read_since`), only the block's new records are read, and written after the others (`_Room`).
     """
 
     versions: Dict[str, "_Version"]  # block tag -> (max_step, max_wall_time)
     spans: Dict[str, Tuple[int, int]]  # block tag -> its rows [a, b) in `rows`
     rows: GroupRows
+    positions: Dict[str, tuple] = dataclasses.field(default_factory=dict)  # block tag -> where its read stopped
+    room: Optional[_Room] = None
 
     @property
     def nbytes(self) -> int:
-        return self.rows.nbytes
+        return self.rows.nbytes if self.room is None else int(self.room.table.nbytes + 2 * self.rows.steps.nbytes)
 
     def block(self, tag: str) -> GroupRows:
         a, b = self.spans[tag]
         r = self.rows
         return GroupRows(r.steps[a:b], r.wall_times[a:b], r.table[a:b])
+
+    def appended(
+        self, tag: str, new: GroupRows, versions: Dict[str, "_Version"], positions: Dict[str, tuple]
+    ) -> Optional["UnitedGroup"]:
+        """This group with `new` rows after the last of block `tag`, written in its room; None when that cannot
+        be done in place (not the last block, no room left, or another table grew from this one already)."""
+        a, b = self.spans.get(tag, (-1, -1))
+        n, k = len(self.rows.steps), len(new.steps)
+        room = self.room
+        if b != n or room is None or room.used != n or n + k > room.table.shape[0]:
+            return None
+        room.table[n : n + k] = new.table
+        room.used = n + k
+        rows = GroupRows(
+            np.concatenate([self.rows.steps, new.steps]),
+            np.concatenate([self.rows.wall_times, new.wall_times]),
+            room.table[: n + k],
+        )
+        return UnitedGroup(dict(versions), {**self.spans, tag: (a, n + k)}, rows, dict(positions), room)
 
 
 def column_major(steps: int, rows: int) -> np.ndarray:
@@ -163,10 +197,15 @@ def column_major(steps: int, rows: int) -> np.ndarray:
 
 
 def unite(
-    blocks: Dict[str, Union[GroupRows, series.Points]], versions: Dict[str, "_Version"], rows: int
+    blocks: Dict[str, Union[GroupRows, series.Points]],
+    versions: Dict[str, "_Version"],
+    rows: int,
+    positions: Optional[Dict[str, tuple]] = None,
+    growing: bool = False,
 ) -> UnitedGroup:
     """Blocks of one group, ordered by their first step (their step ranges are disjoint), copied once into
-    one table: a block read now (`series.Points` of [layers, STAT_FIELDS] records) or one kept (`GroupRows`)."""
+    one table: a block read now (`series.Points` of [layers, STAT_FIELDS] records) or one kept (`GroupRows`).
+    `growing`: the group is being written, so the table gets room for an eighth more steps (`_Room`)."""
     order = sorted((t for t in blocks if len(blocks[t].steps)), key=lambda t: int(blocks[t].steps[0]))
     spans, at = {}, 0
     for t in order:
@@ -174,7 +213,10 @@ def unite(
         at = spans[t][1]
     for t in blocks:
         spans.setdefault(t, (at, at))  # an empty block: no rows
-    table = column_major(at, rows)
+    room = _Room(at + at // 8 + 256, rows) if growing else None
+    table = room.table[:at] if room is not None else column_major(at, rows)
+    if room is not None:
+        room.used = at
     for t in order:
         a, b = spans[t]
         block = blocks[t]
@@ -184,7 +226,17 @@ def unite(
             np.stack(block.values, out=table[a:b])
     steps = np.concatenate([blocks[t].steps for t in order]) if order else np.zeros([0], np.int64)
     walls = np.concatenate([blocks[t].wall_times for t in order]) if order else np.zeros([0], np.float64)
-    return UnitedGroup(dict(versions), spans, GroupRows(steps, walls, table))
+    return UnitedGroup(dict(versions), spans, GroupRows(steps, walls, table), dict(positions or {}), room)
+
+
+def as_group_rows(block: Union[GroupRows, series.Points], rows: int) -> GroupRows:
+    """`block_points`' answer as a `GroupRows` table."""
+    if isinstance(block, GroupRows):
+        return block
+    table = np.zeros([len(block.steps), rows, len(series.STORED_STATS)])
+    if len(block.steps):
+        np.stack(block.values, out=table)
+    return GroupRows(block.steps, block.wall_times, table)
 
 
 def block_points(
@@ -372,16 +424,29 @@ class StatsStore:
                     if old is None or old.versions.get(t) != want[t]:
                         missing[t] = p
         # A stale group may lack nothing: it holds a block no longer listed (a reload dropped it); rebuilt all the same.
+        # A block kept and grown since is read from where its last read stopped, when the provider can say so.
+        tails = series.read_since(
+            self._provider,
+            ctx,
+            experiment_id,
+            run,
+            {
+                t: (stale[p.group].positions.get(t) if stale.get(p.group) is not None else None)
+                for t, p in missing.items()
+                if p.grouped
+            },
+        )
+        whole = [t for t, p in missing.items() if not (p.grouped and tails is not None)]
         data = (
             series.read(
                 self._provider,
                 ctx,
                 experiment_id,
                 run,
-                list(missing),
-                alone=[t for t, p in missing.items() if p.grouped],
+                whole,
+                alone=[t for t in whole if missing[t].grouped],
             )
-            if missing
+            if whole
             else {}
         )
         if missing or stale:
@@ -390,13 +455,10 @@ class StatsStore:
                     if not p.grouped:
                         found[tag] = StatsRows.of(series.select(data.get(tag, ())))
                         self._put((experiment_id, run, tag), _version(p), found[tag])
-                for group, old in stale.items():
-                    blocks = {
-                        t: (block_points(data.get(t, ()), p, run) if t in missing else old.block(t))
-                        for t, p in groups[group].items()
-                    }
-                    rows = next(iter(groups[group].values())).rows
-                    united[group] = unite(blocks, {t: _version(p) for t, p in groups[group].items()}, rows)
+            for group, old in stale.items():
+                united[group] = self._rebuilt(ctx, experiment_id, run, groups[group], old, missing, data, tails)
+            with self._lock:
+                for group in stale:
                     self._put((experiment_id, run, group), None, united[group])
         out = {}
         for s in stats_series:
@@ -405,6 +467,75 @@ class StatsStore:
             rows = [united[k].rows.layer(row) if row is not None else found[k] for k, row in where]
             out[s.key] = union(rows).between(start, end)
         return out
+
+    def _rebuilt(
+        self,
+        ctx: object,
+        experiment_id: str,
+        run: str,
+        parts: Dict[str, catalog.Part],
+        old: Optional[UnitedGroup],
+        missing: Dict[str, catalog.Part],
+        data: Dict[str, Sequence[tb_provider.TensorDatum]],
+        tails: Optional[Dict[str, tuple]],
+    ) -> UnitedGroup:
+        """A stale group's table as listed now: its unchanged blocks kept, the others read whole (`data`) or
+        their new records (`tails`) after the kept ones. The same table as a read of every block: new records
+        are appended only when all their steps follow the block's kept ones (else the block is read whole)."""
+        some = next(iter(parts.values()))
+        versions = {t: _version(p) for t, p in parts.items()}
+        blocks: Dict[str, Union[GroupRows, series.Points]] = {}
+        positions: Dict[str, tuple] = {}
+        grown: Dict[str, GroupRows] = {}
+        again = []
+        for t, p in parts.items():
+            if t not in missing:
+                blocks[t] = old.block(t)
+                if t in old.positions:
+                    positions[t] = old.positions[t]
+                continue
+            if tails is None:
+                blocks[t] = block_points(data.get(t, ()), p, run)
+                continue
+            pos, is_whole, records = tails.get(t, (None, True, ()))
+            if pos is not None:
+                positions[t] = pos
+            if is_whole:
+                blocks[t] = block_points(records, p, run)
+                continue
+            kept = old.block(t)
+            new = as_group_rows(block_points(records, p, run), p.rows)
+            if not len(new.steps):
+                blocks[t] = kept
+            elif not len(kept.steps) or int(new.steps[0]) > int(kept.steps[-1]):
+                grown[t] = new
+            else:
+                again.append(t)  # a step written again (a restarted run): the block is read whole
+        if again:
+            read = series.read_since(self._provider, ctx, experiment_id, run, {t: None for t in again}) or {}
+            for t in again:
+                pos, _, records = read.get(t, (None, True, ()))
+                positions.pop(t, None)
+                if pos is not None:
+                    positions[t] = pos
+                blocks[t] = block_points(records, parts[t], run)
+        if (
+            len(grown) == 1
+            and len(blocks) == len(parts) - 1
+            and all(isinstance(b, GroupRows) and t not in missing for t, b in blocks.items())
+        ):
+            ((t, new),) = grown.items()
+            done = old.appended(t, new, versions, positions)
+            if done is not None:
+                return done
+        for t, new in grown.items():
+            kept = old.block(t)
+            blocks[t] = GroupRows(
+                np.concatenate([kept.steps, new.steps]),
+                np.concatenate([kept.wall_times, new.wall_times]),
+                np.concatenate([kept.table, new.table]),
+            )
+        return unite(blocks, versions, some.rows, positions, growing=old is not None)
 
     def _get(self, key: "_Key", version: "_Version") -> Optional[StatsRows]:
         hit = self._tables.get(key)

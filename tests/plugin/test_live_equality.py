@@ -1,0 +1,203 @@
+"""A run read while it is written answers as a fresh read of the same bytes.
+
+Why: a run being written is read from where the last read stopped (`series.read_since`: only a block's new
+records, appended to the tables kept), never whole at every step. The reference is a new plugin over the same
+logdir, which reads every record: after each append (NaN/Inf steps, an exploding and a dead episode, a new
+block begun, half a record, a step written again as a restarted run writes it), every route answers the same
+body, the anomaly findings and verdicts included. The anomaly rules are applied once per change of the run,
+whoever asks (`lookups.AnswerCache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+from tensorboard.compat.proto import event_pb2, summary_pb2
+
+from tb_layergrad import metadata
+from tb_layergrad.plugin.lookups import AnswerCache
+from tb_layergrad.reader import record_index
+
+RUN = "live"
+LAYERS = ("net/in", "net/mid", "net/out")
+BLOCK = 64  # steps per block: appends cross blocks within a few hundred steps
+S = metadata.STAT_INDEX
+
+
+def _stats(step: int, wall_shift: float = 0.0) -> np.ndarray:
+    """[layers, fields] at `step`: a norm shrinking with depth; episodes: NaN and Inf, exploding, dead."""
+    rows = np.zeros((len(LAYERS), len(metadata.STAT_FIELDS)))
+    for i in range(len(LAYERS)):
+        scale = 1e-2 * 0.5**i * (1 + 0.3 * np.sin(step / 7.0 + i)) * (1 + wall_shift)
+        rows[i, S["elements"]] = 256
+        rows[i, S["std"]] = scale
+        rows[i, S["min"]], rows[i, S["max"]] = -3 * scale, 3 * scale
+        rows[i, S["mean_abs"]] = 0.8 * scale
+        rows[i, S["norm"]] = scale * 16
+    if 150 <= step < 160:  # net/in explodes for a while
+        rows[0, [S["std"], S["norm"], S["max"]]] *= 1e6
+    if 200 <= step < 205:  # net/out is dead for a while
+        rows[2, [S["std"], S["norm"], S["mean_abs"], S["min"], S["max"]]] = 0
+        rows[2, S["zeros"]] = 256
+    if step in (230, 231):  # a NaN, then an Inf in net/mid
+        rows[1, S["nan"] if step == 230 else S["pos_inf"]] = 2
+        rows[1, S["norm"]] = np.nan
+    return rows
+
+
+class _Writer:
+    """Version-2 group records (stats and histograms of every layer, one event per step), appended as asked."""
+
+    def __init__(self, logdir: str, lf, rf) -> None:
+        self._lf, self._rf = lf, rf
+        infos = [
+            metadata.SeriesInfo(layer=layer, kind=metadata.KIND_STATS, index=i + 1, dtype="float32")
+            for i, layer in enumerate(LAYERS)
+        ]
+        self.group = dataclasses.replace(metadata.GroupInfo.of(metadata.KIND_STATS, infos), block_steps=BLOCK)
+        hists = [dataclasses.replace(info, kind=metadata.KIND_HISTOGRAM) for info in infos]
+        self.hgroup = dataclasses.replace(metadata.GroupInfo.of(metadata.KIND_HISTOGRAM, hists), block_steps=BLOCK)
+        self.file = rf.EventFile(os.path.join(logdir, RUN))
+        self._tagged: set = set()
+
+    def event(self, step: int, wall_shift: float = 0.0) -> bytes:
+        values = []
+        for group, array in (
+            (self.group, _stats(step, wall_shift)),
+            (self.hgroup, (np.arange(8) + np.arange(len(LAYERS))[:, None] + step % 5).astype(np.uint16) * 32),
+        ):
+            value = summary_pb2.Summary.Value(tag=group.tag_at(step), tensor=self._lf._tensor(array))  # noqa: SLF001 - the same framing
+            if value.tag not in self._tagged:
+                self._tagged.add(value.tag)
+                value.metadata.CopyFrom(metadata.create_group_metadata(group))
+            values.append(value)
+        return event_pb2.Event(
+            step=step, wall_time=1.7e9 + step + wall_shift, summary=summary_pb2.Summary(value=values)
+        ).SerializeToString()
+
+    def write(self, steps) -> None:
+        self.file.append_raw(b"".join(self._rf.frame(self.event(s)) for s in steps))
+
+
+def _bodies(tb) -> dict:
+    runs = json.loads(tb.get("runs").data)
+    layer = LAYERS[1]
+    q = {"run": RUN}
+    asked = {
+        "runs": {},
+        "matrix": {**q, "stat": "rms"},
+        "matrix_binned": {**q, "stat": "norm", "points": 50},
+        "stats": {**q, "layer": layer},
+        "histograms": {**q, "layer": layer},
+        "anomalies": q,
+        "sweep": {},
+        "csv": q,
+    }
+    out = {"runs": runs}
+    for name, query in asked.items():
+        if name == "runs":
+            continue
+        got = tb.get(name.split("_")[0], query)
+        assert got.status_code == 200, (name, got.data[:300])
+        out[name] = got.data if name == "csv" else json.loads(got.data)
+    for row in out["runs"]["runs"]:  # what the plugin has read so far, not what the run holds
+        row.pop("sweep_read", None)
+        row.pop("statistics_read", None)
+    return out
+
+
+@pytest.mark.slow  # ~10 s: seven fresh plugins read the run
+def test_a_run_read_while_written_answers_as_a_fresh_read(
+    tmp_path, plugin_fixtures, long_fixtures, reliability_fixtures
+):
+    rf, InProcess = reliability_fixtures, plugin_fixtures.InProcess  # noqa: N806 - the class, by its name
+    logdir = str(tmp_path)
+    w = _Writer(logdir, long_fixtures, rf)
+    w.write(range(100))
+    live = InProcess(logdir)
+    compared = 0
+
+    def same() -> None:
+        nonlocal compared
+        got, want = _bodies(live), _bodies(InProcess(logdir))
+        for name in want:
+            assert got[name] == want[name], name
+        compared += 1
+
+    same()
+    w.write(range(100, 140))  # within the second block
+    same()
+    w.write(range(140, 240))  # the exploding and dead episodes, NaN and Inf, two new blocks
+    body = json.loads(live.get("anomalies", {"run": RUN}).data)
+    assert [f["kind"] for f in body["summary"]["findings"]] == ["nonfinite"]
+    assert [v["verdict"]["text"] for v in body["layers"]] == ["exploding 10/240", "NaN/Inf @230", "dead 5/240"]
+    same()
+    whole = rf.frame(w.event(240))
+    w.file.append_raw(whole[:10])  # half a record: not read yet
+    same()
+    w.file.append_raw(whole[10:])
+    same()
+    w.file.append_raw(rf.frame(w.event(238, wall_shift=0.5)))  # a step written again: its later record wins
+    w.write(range(241, 250))
+    same()
+    assert compared == 6
+
+
+def test_an_answer_is_computed_once_per_change_of_the_run():
+    cache = AnswerCache()
+    calls = []
+
+    def compute() -> int:
+        calls.append(1)
+        return len(calls)
+
+    assert cache.answer("q", (1,), compute) == 1
+    assert cache.answer("q", (1,), compute) == 1  # the run unchanged: nothing computed
+    assert cache.answer("q", (2,), compute) == 2
+    started, release, got = threading.Event(), threading.Event(), []
+
+    def slow() -> str:
+        started.set()
+        release.wait()
+        return "as of step 3"
+
+    other = threading.Thread(target=lambda: got.append(cache.answer("q", (3,), slow)))
+    other.start()
+    started.wait()
+    assert cache.answer("q", (4,), compute) == 2  # being computed: the kept answer, not a second computation
+    release.set()
+    other.join()
+    assert got == ["as of step 3"] and len(calls) == 2
+    assert cache.answer("q", (4,), compute) == 3  # asked after: the newest steps
+
+
+def test_each_new_record_is_read_once_whoever_asks(
+    tmp_path, monkeypatch, plugin_fixtures, long_fixtures, reliability_fixtures
+):
+    """Work once per new step: after an append, every route asked (twice) reads the new records of each block,
+    not the blocks whole; asked again with nothing new, they read nothing."""
+    logdir = str(tmp_path)
+    w = _Writer(logdir, long_fixtures, reliability_fixtures)
+    w.write(range(100))
+    live = plugin_fixtures.InProcess(logdir)
+    _bodies(live)
+    decoded = []
+    real = record_index._datum
+
+    def counted(event, value_index):
+        decoded.append((int(event.step), event.summary.value[value_index].tag))
+        return real(event, value_index)
+
+    monkeypatch.setattr(record_index, "_datum", counted)
+    w.write(range(100, 110))
+    _bodies(live)
+    _bodies(live)
+    assert sorted(decoded) == sorted((s, g.tag_at(s)) for s in range(100, 110) for g in (w.group, w.hgroup))
+    decoded.clear()
+    _bodies(live)
+    assert decoded == []
