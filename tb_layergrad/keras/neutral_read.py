@@ -39,7 +39,7 @@ docs/DESIGN.md#neutrality.
 
 from __future__ import annotations
 
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, TypeVar
 
 import tensorflow as tf
 
@@ -68,6 +68,38 @@ def neutral_read(tensor: Any, marker: tf.Tensor) -> Any:
         return tensor
     with tf.name_scope("layergrad_read"):
         return _rebuilt(tensor, marker, {})
+
+
+T = TypeVar("T")
+
+_CONDS = frozenset({"If", "StatelessIf"})
+
+
+def neutral_inputs(build: Callable[[], T], marker: tf.Tensor) -> T:
+    """`build()`, a `tf.cond` whose branch reads tensors of the step, each of those read through `neutral_read`.
+
+    Why: a condition reads the outer tensors its branch uses through its own
+    inputs (lowered, a `Switch` each), and a `Switch` is a reader that is not a
+    shape read. A backward pass in the branch reads forward tensors the step
+    itself reads for their shape only (an add's operands, with batches of
+    unknown size); read by the condition too, a BatchNorm's `x * scale +
+    offset` is no longer merged with a residual add that follows it
+    (AddOpsRewrite), and the forward pass changes in its last bits.
+    Which tensors a branch reads is known once it is built: its condition's
+    inputs are then replaced, each by `neutral_read` of itself.
+    """
+    if tf.executing_eagerly():
+        return build()
+    graph = tf.compat.v1.get_default_graph()
+    known = {op.name for op in graph.get_operations()}
+    out = build()
+    for op in graph.get_operations():
+        if op.type in _CONDS and op.name not in known:
+            for i, x in enumerate(list(op.inputs)[1:], start=1):  # input 0: the predicate
+                read = neutral_read(x, marker)
+                if read is not x:
+                    op._update_input(i, read)  # noqa: SLF001 - the one way to re-point a built op's input
+    return out
 
 
 def _kind(op_type: str) -> Optional[FrozenSet[str]]:

@@ -366,3 +366,33 @@ def test_gan_two_tapes_bitwise_with_weights(tmp_path):
     series = read_series(log_dir(tmp_path))
     assert {info.target for info, _ in series.values() if info.source == "weight"} == {"discriminator", "generator"}
     assert layergrad_steps(series, "generator") == [1, 2, 3, 4]
+
+
+# -- the targets' backward passes: training bitwise, whatever feeds the step ----------------------------------------
+def _class_1(y_pred):
+    """The first output position's class-1 probability: one value per example, also of a per-position output."""
+    return tf.reshape(y_pred[..., 1], (tf.shape(y_pred)[0], -1))[:, 0]
+
+
+@pytest.mark.parametrize(
+    "kind,feed,update_freq,weights",
+    [
+        ("cnn", "tf.data", 1, False),
+        ("cnn", "tf.data", 3, True),
+        ("cnn", "numpy", 1, False),
+    ],
+)
+@pytest.mark.slow
+def test_targets_train_bitwise_whatever_feeds_the_step(tmp_path, kind, feed, update_freq, weights):
+    # A target's backward pass runs in the recording condition and reads forward tensors the step reads for their
+    # shape only (batches of unknown size: tf.data); read by the condition, BatchNorm's `x * scale + offset` was no
+    # longer merged with the residual add (AddOpsRewrite) and the forward pass moved in its last bits.
+    _, _, plain = _trained(kind, "momentum", feed, [])
+    logger = tb_layergrad.GradientLogger(
+        log_dir(tmp_path), update_freq=update_freq, weights=weights, targets={"class_1": _class_1}, max_elements=MAX
+    )
+    _, _, logged = _trained(kind, "momentum", feed, [logger])
+    for a, b in zip(plain, logged):
+        np.testing.assert_array_equal(a, b)
+    series = read_series(log_dir(tmp_path))
+    assert layergrad_steps(series, "class_1") == [s for s in (1, 2, 3, 4) if s % update_freq == 0]
