@@ -155,3 +155,42 @@ def unhook(installed: Hook) -> None:
             hooks.stacks.pop(ident, None)
         if not hooks.stacks:
             restore_instance_attribute(hooks.saved)
+
+
+def layer_base_class(model: Any) -> Optional[type]:
+    """The Keras `Layer` class whose `__call__` every layer of `model`'s Keras runs (Keras 3's or tf_keras')."""
+    for cls in type(model).__mro__:
+        if cls.__name__ == "Layer" and "__call__" in cls.__dict__:
+            return cls
+    return None
+
+
+class ClassCallHook:
+    """`cls.__call__` sees every call of any of its instances, made on the installing thread, first.
+
+    Why: a layer constructed while the model runs (in its parent's `build` or
+    `call`) is not in the tree the hooks were installed from, and is called
+    before any hook of its own could be set; eagerly, where the step runs once
+    as Python, its first calls are seen only here. `before(layer)` runs before
+    each such call; other threads see the original.
+    """
+
+    def __init__(self, cls: type, before: Any):
+        self.cls = cls
+        self.original = cls.__dict__["__call__"]
+        owner = threading.get_ident()
+        original = self.original
+
+        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - it is the class's __call__
+            if threading.get_ident() == owner:
+                before(layer)
+            return original(layer, *args, **kwargs)
+
+        __call__.__wrapped__ = original
+        self.installed = __call__
+        type.__setattr__(cls, "__call__", __call__)
+
+    def remove(self) -> None:
+        """Restore the class's `__call__` (hooks removed in the reverse order of their installation)."""
+        if self.cls.__dict__.get("__call__") is self.installed:
+            type.__setattr__(self.cls, "__call__", self.original)
