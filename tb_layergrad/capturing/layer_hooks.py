@@ -172,25 +172,38 @@ class ClassCallHook:
     `call`) is not in the tree the hooks were installed from, and is called
     before any hook of its own could be set; eagerly, where the step runs once
     as Python, its first calls are seen only here. `before(layer)` runs before
-    each such call; other threads see the original.
+    each such call. As `_PerThread` for instances: one dispatching `__call__`
+    on the class while any thread hooks it, each thread's hooks its own, the
+    original restored when the last is removed, in whatever order.
     """
 
+    _dispatchers: Dict[type, Tuple[Any, Dict[int, List[Any]]]] = {}  # cls -> (its __call__, hooks by thread)
+
     def __init__(self, cls: type, before: Any):
-        self.cls = cls
-        self.original = cls.__dict__["__call__"]
-        owner = threading.get_ident()
-        original = self.original
+        self.cls, self.before, self.thread = cls, before, threading.get_ident()
+        with _per_thread_lock:
+            if cls not in self._dispatchers:
+                original = cls.__dict__["__call__"]
+                stacks: Dict[int, List[Any]] = {}
 
-        def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - it is the class's __call__
-            if threading.get_ident() == owner:
-                before(layer)
-            return original(layer, *args, **kwargs)
+                def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - the class's __call__
+                    for before in stacks.get(threading.get_ident(), ()):
+                        before(layer)
+                    return original(layer, *args, **kwargs)
 
-        __call__.__wrapped__ = original
-        self.installed = __call__
-        type.__setattr__(cls, "__call__", __call__)
+                __call__.__wrapped__ = original
+                self._dispatchers[cls] = (original, stacks)
+                type.__setattr__(cls, "__call__", __call__)
+            self._dispatchers[cls][1].setdefault(self.thread, []).append(before)
 
     def remove(self) -> None:
-        """Restore the class's `__call__` (hooks removed in the reverse order of their installation)."""
-        if self.cls.__dict__.get("__call__") is self.installed:
-            type.__setattr__(self.cls, "__call__", self.original)
+        with _per_thread_lock:
+            original, stacks = self._dispatchers.get(self.cls, (None, {}))
+            mine = [b for b in stacks.get(self.thread, []) if b is not self.before]
+            if mine:
+                stacks[self.thread] = mine
+            else:
+                stacks.pop(self.thread, None)
+            if not stacks and original is not None:
+                type.__setattr__(self.cls, "__call__", original)
+                del self._dispatchers[self.cls]
