@@ -13,7 +13,8 @@ that math, and several epochs for equal bits only where the first update was.
 
 With `weights=True` (graph mode) a battery of models, optimizers and inputs
 (numpy, tf.data, a generator; update_freq 1, 3, 100), each a case that broke one
-way of sourcing the weight records (docs/DESIGN.md#neutrality), and a GAN's two tapes.
+way of sourcing the weight records (docs/DESIGN.md#neutrality), and a GAN's two tapes. With `targets=` (their
+backward passes in the recording condition) the BatchNorm + residual CNN on numpy and tf.data, update_freq 1 and 3.
 """
 
 from __future__ import annotations
