@@ -141,6 +141,8 @@ class Capture(LayerHooks):
 
         Its path, its outputs and its weights' paths are then those it has at every later step.
         """
+        if not self._active or not tf.executing_eagerly():  # a tf.function traced inside the step: not the pass
+            return
         if self.tree.node_of(layer) is not None or layer is self.model or self._foreign.get(id(layer)) is layer:
             return
         tree = LayerTree(self.model)

@@ -186,6 +186,9 @@ class ClassCallHook:
                 original = cls.__dict__["__call__"]
                 stacks: Dict[int, List[Any]] = {}
 
+                # Not converted by AutoGraph: a thread tracing a tf.function meanwhile calls layers through it, and
+                # AutoGraph would convert Keras' own __call__ beneath it.
+                @tf.autograph.experimental.do_not_convert
                 def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - the class's __call__
                     for before in stacks.get(threading.get_ident(), ()):
                         before(layer)
