@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from tb_layergrad import metadata
 from tb_layergrad.capturing.gradient_map import Entry, GradientMap
-from tb_layergrad.capturing.layer_hooks import LayerHooks
+from tb_layergrad.capturing.layer_hooks import ClassCallHook, LayerHooks, layer_base_class
 from tb_layergrad.capturing.layer_tree import LayerNode, LayerTree, trainable_weights
 from tb_layergrad.capturing.per_example_map import PerExampleNorms
 from tb_layergrad.capturing.per_example_pass import PerExamplePass
@@ -93,7 +93,12 @@ class Capture(LayerHooks):
         per_example: bool = False,
     ):
         self.tree = LayerTree(model)
+        self._layer_spec = layers
         super().__init__(model, self.tree.select(layers), tape)
+        self._late_layers: Optional[ClassCallHook] = None
+        self._foreign: Dict[
+            int, Any
+        ] = {}  # layers called in this pass that are not the model's (held: ids stay theirs)
         self.weights = bool(weights)
         #: Per-example bookkeeping (`per_example=True`), else None: then nothing of it runs.
         self._per_example: Optional[PerExamplePass] = PerExamplePass(self.nodes, self.weights) if per_example else None
@@ -114,12 +119,47 @@ class Capture(LayerHooks):
 
     def __enter__(self) -> "Capture":
         super().__enter__()
+        base = layer_base_class(self.model) if tf.executing_eagerly() else None
+        if base is not None:  # in a graph, Keras traces the step again once its variables exist: no late layers
+            self._late_layers = ClassCallHook(base, self._adopt_if_new)
         if self._per_example is not None:  # a BatchNormalization not chosen in layers= still couples the examples
             chosen = {n.index for n in self.nodes}
             for node in self.tree.layers:
                 if node.index not in chosen and not node.in_loop and "BatchNormalization" in type(node.layer).__name__:
                     self._install_coupling_watch(node)
         return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._late_layers is not None:
+            self._late_layers.remove()
+            self._late_layers = None
+        self._foreign.clear()
+        super().__exit__(*exc)
+
+    def _adopt_if_new(self, layer: Any) -> None:
+        """Before a layer's call: a layer of the model constructed while it runs joins the tree, hooked if chosen.
+
+        Its path, its outputs and its weights' paths are then those it has at every later step.
+        """
+        if not self._active or not tf.executing_eagerly():  # a tf.function traced inside the step: not the pass
+            return
+        if self.tree.node_of(layer) is not None or layer is self.model or self._foreign.get(id(layer)) is layer:
+            return
+        tree = LayerTree(self.model)
+        if tree.node_of(layer) is None:  # not part of the model: a layer of another model, a scratch one
+            self._foreign[id(layer)] = layer
+            return
+        hooked = {id(node.layer) for node in self.nodes}
+        moved = {node.index: tree.node_of(node.layer) for node in self.tree.nodes}
+        self.tree = tree
+        self.nodes = tree.select(self._layer_spec)
+        with self._lock:
+            for r in self._records:
+                r.node = moved[r.node.index]
+            self._calls = {moved[i].index: n for i, n in self._calls.items()}
+        for node in self.nodes:
+            if id(node.layer) not in hooked and self._per_example is None:  # per-example rules: chosen up front
+                self._install(node)
 
     def _install(self, node: LayerNode) -> None:
         layer = node.layer

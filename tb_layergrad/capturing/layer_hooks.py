@@ -155,3 +155,58 @@ def unhook(installed: Hook) -> None:
             hooks.stacks.pop(ident, None)
         if not hooks.stacks:
             restore_instance_attribute(hooks.saved)
+
+
+def layer_base_class(model: Any) -> Optional[type]:
+    """The Keras `Layer` class whose `__call__` every layer of `model`'s Keras runs (Keras 3's or tf_keras')."""
+    for cls in type(model).__mro__:
+        if cls.__name__ == "Layer" and "__call__" in cls.__dict__:
+            return cls
+    return None
+
+
+class ClassCallHook:
+    """`cls.__call__` sees every call of any of its instances, made on the installing thread, first.
+
+    Why: a layer constructed while the model runs (in its parent's `build` or
+    `call`) is not in the tree the hooks were installed from, and is called
+    before any hook of its own could be set; eagerly, where the step runs once
+    as Python, its first calls are seen only here. `before(layer)` runs before
+    each such call. As `_PerThread` for instances: one dispatching `__call__`
+    on the class while any thread hooks it, each thread's hooks its own, the
+    original restored when the last is removed, in whatever order.
+    """
+
+    _dispatchers: Dict[type, Tuple[Any, Dict[int, List[Any]]]] = {}  # cls -> (its __call__, hooks by thread)
+
+    def __init__(self, cls: type, before: Any):
+        self.cls, self.before, self.thread = cls, before, threading.get_ident()
+        with _per_thread_lock:
+            if cls not in self._dispatchers:
+                original = cls.__dict__["__call__"]
+                stacks: Dict[int, List[Any]] = {}
+
+                # Not converted by AutoGraph: a thread tracing a tf.function meanwhile calls layers through it, and
+                # AutoGraph would convert Keras' own __call__ beneath it.
+                @tf.autograph.experimental.do_not_convert
+                def __call__(layer: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N807 - the class's __call__
+                    for before in stacks.get(threading.get_ident(), ()):
+                        before(layer)
+                    return original(layer, *args, **kwargs)
+
+                __call__.__wrapped__ = original
+                self._dispatchers[cls] = (original, stacks)
+                type.__setattr__(cls, "__call__", __call__)
+            self._dispatchers[cls][1].setdefault(self.thread, []).append(before)
+
+    def remove(self) -> None:
+        with _per_thread_lock:
+            original, stacks = self._dispatchers.get(self.cls, (None, {}))
+            mine = [b for b in stacks.get(self.thread, []) if b is not self.before]
+            if mine:
+                stacks[self.thread] = mine
+            else:
+                stacks.pop(self.thread, None)
+            if not stacks and original is not None:
+                type.__setattr__(self.cls, "__call__", original)
+                del self._dispatchers[self.cls]

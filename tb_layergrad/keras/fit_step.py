@@ -41,7 +41,7 @@ from tb_layergrad.distribute.merge import merge_in_replica, merge_per_example, r
 from tb_layergrad.keras import nonfinite_check, replica_payload, step_messages, tape_observer
 from tb_layergrad.keras.batch_count import BatchCount, advance, logged
 from tb_layergrad.keras.model_facts import model_train_step
-from tb_layergrad.keras.neutral_read import neutral_read
+from tb_layergrad.keras.neutral_read import neutral_inputs, neutral_read
 from tb_layergrad.keras.step_observation import StepObservation
 from tb_layergrad.summary import per_example_write
 from tb_layergrad.summary import plan as plans
@@ -323,7 +323,8 @@ class FitStep:
                 record, flags = write_step_checked(main, step, log, state.none_yet(), writer=self.writer, flush=True)
                 written = [record]
                 if auxiliary is not None:
-                    written.append(when(record, self._written_auxiliary(auxiliary, record, step), out_of_line=False))
+                    branch = self._written_auxiliary(auxiliary, record, step)
+                    written.append(neutral_inputs(lambda: when(record, branch, out_of_line=False), step))
                 with tf.control_dependencies(written):
                     state.remember(step, flags)
             if self.config.on_nonfinite != "log":  # the callback acts at once: it needs the flags of every step

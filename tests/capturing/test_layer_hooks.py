@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import tensorflow as tf
 
-from tb_layergrad.capturing.layer_hooks import hook, unhook
+from tb_layergrad.capturing.layer_hooks import ClassCallHook, hook, layer_base_class, unhook
 
 
 def test_two_threads_each_see_their_own_hook_and_the_layer_is_restored_whatever_the_order():
@@ -74,3 +74,25 @@ def test_hooks_of_one_thread_nest():
     unhook(outer)
     unhook(inner)
     assert "call" not in layer.__dict__
+
+
+def test_class_call_hooks_are_per_thread_and_the_class_is_restored_whatever_the_order():
+    # Eagerly, Capture hooks Keras' Layer.__call__ (layers the step constructs): one thread's hook never sees
+    # another's calls, and the class gets its own __call__ back when the last hook goes, in whatever order.
+    layer = tf.keras.layers.Dense(2)
+    base = layer_base_class(layer)
+    original = base.__dict__["__call__"]
+    seen = {"main": []}
+    first = ClassCallHook(base, lambda called: seen["main"].append(called))
+    second = ClassCallHook(base, lambda called: seen["main"].append(called))
+    worker = threading.Thread(target=lambda: layer(tf.ones([1, 3])))
+    worker.start()
+    worker.join()
+    assert seen["main"] == []  # the other thread's call
+    layer(tf.ones([1, 3]))
+    assert seen["main"] == [layer, layer]  # each hook of this thread, once
+    first.remove()
+    layer(tf.ones([1, 3]))
+    assert seen["main"] == [layer] * 3
+    second.remove()
+    assert base.__dict__["__call__"] is original

@@ -296,6 +296,86 @@ def test_a_step_that_builds_its_weights_is_logged_from_step_1_without_a_warning(
             assert all(fit_helpers.stat(v[0], "no_gradient") == 0 for v in by_step.values()), tag
 
 
+class _Made(layers.Layer):
+    """A layer that constructs its own layer in `build` (run inside the first step's forward pass)."""
+
+    def build(self, input_shape):
+        self.inner = layers.Dense(5, activation="tanh", name="inner")
+        self.inner.build(input_shape)
+
+    def call(self, x):
+        return self.inner(x)
+
+
+class _MadeInStep(keras.Model):
+    """One layer constructed in another's `build`, fit_helpers.one in the model's `call`: neither exists before step 1."""
+
+    def __init__(self):
+        super().__init__(name="made")
+        self.block = _Made(name="block")
+        self.head = None
+
+    def call(self, x):
+        if self.head is None:
+            self.head = layers.Dense(3, activation="softmax", name="head")
+        return self.head(self.block(x))
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_a_layer_constructed_in_the_step_is_logged_under_its_path_from_step_1(
+    tmp_path, mode, fit_helpers, gallery_steps
+):
+    """Eagerly the step runs once as Python: the layers it constructs are called before any hook of their own;
+    their outputs and weights are still logged at step 1, under their own paths, with step 1's gradients."""
+    x = np.random.default_rng(0).normal(size=(3 * gallery_steps.BATCH, 4)).astype("float32")
+    y = (np.arange(3 * gallery_steps.BATCH) % 3).astype("int32")
+
+    def fitted(callbacks):
+        keras.utils.set_random_seed(5)
+        model = _MadeInStep()
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1),
+            loss="sparse_categorical_crossentropy",
+            **fit_helpers.compile_kwargs(mode),
+        )
+        model.fit(x, y, batch_size=gallery_steps.BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        return model
+
+    logger = tb_layergrad.GradientLogger(
+        fit_helpers.log_dir(tmp_path), update_freq=1, weights=True, max_elements=fit_helpers.MAX
+    )
+    fitted([logger])
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    paths = {"made/block", "made/block/inner", "made/head"}
+    weights = {f"{p}/{w}" for p in ("made/block/inner", "made/head") for w in ("kernel", "bias")}
+    for step in (1, 2, 3):
+        logged = {info.layer for info, by_step in series.values() if step in by_step and info.target == "loss"}
+        assert logged == paths | weights | {"loss"}, step
+    # Step 1's gradients, from a tape of the test's own on the same initial weights.
+    keras.utils.set_random_seed(5)
+    fresh = _MadeInStep()
+    fresh(x[:1])
+    with tf.GradientTape() as tape:
+        loss = keras.losses.SparseCategoricalCrossentropy()(
+            y[: gallery_steps.BATCH], fresh(x[: gallery_steps.BATCH], training=True)
+        )
+    grads = tape.gradient(loss, fresh.trainable_variables)
+    assert len(grads) == 4
+    tensors = {
+        info.layer: tag for tag, (info, _) in series.items() if info.source == "weight" and info.kind == "tensor"
+    }
+    for v, g in zip(fresh.trainable_variables, grads):
+        owner = "made/head" if v.shape[-1] == 3 else "made/block/inner"
+        path = f"{owner}/{'kernel' if len(v.shape) == 2 else 'bias'}"
+        logged = fit_helpers.one(series, tensors[path], 1).reshape(g.shape)
+        fit_helpers.assert_close(
+            logged,
+            g.numpy(),
+            path,
+            length=fit_helpers.path_length(fresh, x[: gallery_steps.BATCH], target_terms=gallery_steps.BATCH),
+        )
+
+
 class CondStep(keras.Model):
     """`b`'s call made inside a tf.cond (every other step, as an accumulation step might): not logged, warned."""
 
