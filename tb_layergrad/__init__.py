@@ -28,7 +28,7 @@ _LAZY = {
     "Capture": ("tb_layergrad.capturing.layer_capture", "Capture"),
     "GradientMap": ("tb_layergrad.capturing.gradient_map", "GradientMap"),
     "timestep_probe": ("tb_layergrad.capturing.rnn_probe", "timestep_probe"),
-    "NonFiniteError": ("tb_layergrad.keras.nonfinite_check", "NonFiniteError"),
+    "NonFiniteError": ("tb_layergrad.nonfinite_origin", "NonFiniteError"),
     "load": ("tb_layergrad.reader.dataframe", "load"),
 }
 # Public submodules: the summary ops, and the writer helpers for distributed custom loops.

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from tb_layergrad import metadata
+from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.capturing.layer_tree import LayerTree
 from tb_layergrad.jax import step_records
 from tb_layergrad.jax.layer_outputs import LayerOutputs
@@ -23,7 +23,7 @@ from tb_layergrad.jax.step_trace import StepTrace
 from tb_layergrad.writer.event_writer import EventWriter
 from tb_layergrad.writer.step_records import GroupStep
 
-ON_NONFINITE = ("log", "ignore")
+ON_NONFINITE = ("log", "stop", "raise", "ignore")
 #: The arguments of TensorFlow's `GradientLogger` that the JAX one does not implement yet, and their defaults.
 NOT_YET_ON_JAX = {
     "timesteps": False,
@@ -41,11 +41,11 @@ class GradientLogger(keras.callbacks.Callback):
     d(loss)/d(layer output) and, with `weights=True`, d(loss)/d(weight) of the step fit() runs, the loss
     itself, and with `activations=True` the layer outputs, to `log_dir/train`. The step of a record is the
     count of batches the optimizer applied, from 1, continuing across fit() calls. Training is bitwise
-    unchanged. Every step is checked for a NaN/Inf (loss, output gradients, activations when recorded) and
-    the first step with one is written in full (`on_nonfinite="log"`; `"ignore"`: no check).
+    unchanged. Every step is checked for a NaN/Inf (loss, output gradients, activations when recorded): the
+    first step with one is written in full, and where it was born is `self.nonfinite`.
 
     Not yet on JAX (refused before training, docs/FIT.md "On JAX"): `timesteps`, `targets`, `per_example`,
-    `max_elements`, `on_nonfinite="stop"`/`"raise"`, `update_freq="epoch"`, loss scaling (mixed float16).
+    `max_elements`, `update_freq="epoch"`, loss scaling (mixed float16).
 
     Example:
 
@@ -67,12 +67,16 @@ class GradientLogger(keras.callbacks.Callback):
         weights: also log d(loss)/d(weight) for the weights of the chosen layers.
         activations: also log the layer outputs themselves (source "activation").
         timesteps, targets, per_example, max_elements: not yet on JAX; only their defaults are accepted.
-        on_nonfinite: "log" (the first step with a NaN/Inf is written in full) or "ignore".
+        on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go on), "stop" (write it, print
+            where it was born, end fit() after that step), "raise" (write it, raise
+            `tb_layergrad.NonFiniteError`), or "ignore" (no check at every step). "stop" and "raise" wait
+            for each step's records at its end.
 
     Raises:
         NotImplementedError: an argument that works on TensorFlow only, so far (before training).
         ValueError: an argument out of its range; an unknown layer or a model without an optimizer (at
             `on_train_begin`).
+        tb_layergrad.NonFiniteError: with `on_nonfinite="raise"`.
     """
 
     def __init__(
@@ -91,15 +95,13 @@ class GradientLogger(keras.callbacks.Callback):
         super().__init__()
         given = {"timesteps": timesteps, "targets": targets, "per_example": per_example, "max_elements": max_elements}
         refused = [f"{name}={value!r}" for name, value in given.items() if value not in (NOT_YET_ON_JAX[name], None)]
-        if on_nonfinite in ("stop", "raise"):
-            refused.append(f"on_nonfinite={on_nonfinite!r}")
         if update_freq == "epoch":
             refused.append("update_freq='epoch'")
         if refused:
             raise NotImplementedError(
                 f"GradientLogger on JAX does not support {', '.join(refused)} yet (they work with "
-                "KERAS_BACKEND=tensorflow). On JAX: layers, update_freq=N, weights, activations, "
-                "on_nonfinite='log' or 'ignore' (docs/FIT.md, \"On JAX\")."
+                "KERAS_BACKEND=tensorflow). On JAX: layers, update_freq=N, weights, activations, on_nonfinite "
+                '(docs/FIT.md, "On JAX").'
             )
         if on_nonfinite not in ON_NONFINITE:
             raise ValueError(f"on_nonfinite must be one of 'log', 'stop', 'raise', 'ignore', got {on_nonfinite!r}")
@@ -118,7 +120,8 @@ class GradientLogger(keras.callbacks.Callback):
         self._writer: Optional[EventWriter] = None
         self._trace: Optional[StepTrace] = None
         self._installed: Optional[Dict[str, Any]] = None
-        self._first_nonfinite: Optional[int] = None
+        self._nonfinite: Optional[nonfinite_origin.Origin] = None
+        self._acted = False  # has "stop" or "raise" acted on the first NaN/Inf?
 
     @property
     def log_dir(self) -> str:
@@ -130,9 +133,12 @@ class GradientLogger(keras.callbacks.Callback):
         return os.path.join(self.log_dir, "train")
 
     @property
-    def first_nonfinite_step(self) -> Optional[int]:
-        """The first step at which the loss, an output gradient or a recorded activation held a NaN/Inf."""
-        return self._first_nonfinite
+    def nonfinite(self) -> Optional[nonfinite_origin.Origin]:
+        """Where the first NaN/Inf of this callback's training was born (`nonfinite_origin.Origin`), or None.
+
+        Known once that step's callback has run (at the latest when fit() returns).
+        """
+        return self._nonfinite
 
     # -- install / restore -------------------------------------------------------
     def on_train_begin(self, logs: Any = None) -> None:
@@ -256,12 +262,26 @@ class GradientLogger(keras.callbacks.Callback):
         """A written step arrives (on JAX's callback thread): queue it for the writer's thread."""
         logged = step % self.update_freq == 0
         bad = any(r.group.source != metadata.SOURCE_WEIGHT and r.stats[:, 1:4].sum() > 0 for r in records)
-        if bad and self._first_nonfinite is None:
-            self._first_nonfinite = step
+        if bad and self._nonfinite is None:
+            self._nonfinite = _origin(step, records, self.activations)
         elif not logged:
             return  # a later non-finite step off the schedule: only the first is written
         if self._writer is not None and not self._writer.closed:
             self._writer.write(step, records)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        """ "stop" and "raise" act after the step with the first NaN/Inf: its callback must have run by now."""
+        if self.on_nonfinite not in ("stop", "raise") or self._installed is None or self._acted:
+            return
+        jax.effects_barrier()
+        if self._nonfinite is None:
+            return
+        self._acted = True
+        if self.on_nonfinite == "raise":
+            self._restore()
+            raise nonfinite_origin.NonFiniteError(self._nonfinite)
+        print(f"GradientLogger: {self._nonfinite.line}; stopping training (on_nonfinite='stop')", flush=True)
+        self._installed["model"].stop_training = True
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._writer is not None:
@@ -296,3 +316,24 @@ class GradientLogger(keras.callbacks.Callback):
         model.make_train_function(force=True)
         if self._writer is not None:
             self._writer.flush()
+
+
+def _origin(step: int, records: List[GroupStep], activations: bool) -> Optional[nonfinite_origin.Origin]:
+    """Where the NaN/Inf of this step was born, by the rules the tab applies to the written records."""
+    columns = [metadata.STAT_INDEX[name] for name in ("nan", "pos_inf", "neg_inf")]
+    seen: Dict[str, List[nonfinite_origin.Seen]] = {}
+    for r in records:
+        bad = r.stats[:, columns].sum(axis=1) > 0
+        seen[r.group.source] = [
+            nonfinite_origin.Seen(layer, index, bool(b))
+            for layer, index, b in zip(r.group.layers, r.group.indexes, bad)
+        ]
+    target = seen.get(metadata.SOURCE_TARGET)
+    return nonfinite_origin.locate(
+        step,
+        target=metadata.DEFAULT_TARGET,
+        target_nonfinite=target[0].nonfinite if target else None,
+        activations=seen.get(metadata.SOURCE_ACTIVATION) if activations else None,
+        outputs=seen.get(metadata.SOURCE_OUTPUT, []),
+        weights=seen.get(metadata.SOURCE_WEIGHT, []),
+    )

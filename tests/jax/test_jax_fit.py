@@ -132,22 +132,42 @@ def test_the_step_is_the_batch_count_across_fits_and_the_model_is_restored(logdi
     assert "tb_layergrad.keras.gradient_logger" not in sys.modules and "tb_layergrad.summary" not in sys.modules
 
 
-def test_the_first_nonfinite_step_is_written_off_schedule(logdir):
+def _nan_at_batch_3():
     x, y = _data()
-    x[2 * BATCH + 1, 0] = np.nan  # batch 3
-    model = _model()
-    logger = tb_layergrad.GradientLogger(logdir, update_freq=100)
-    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
-    assert logger.first_nonfinite_step == 3
+    x[2 * BATCH + 1, 0] = np.nan
+    return x, y
+
+
+@pytest.mark.parametrize("activations, born", [(False, "forward_or_loss"), (True, "forward")])
+def test_the_first_nonfinite_step_is_written_off_schedule_and_located(logdir, activations, born):
+    x, y = _nan_at_batch_3()
+    logger = tb_layergrad.GradientLogger(logdir, update_freq=100, activations=activations)
+    _model().fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    assert (logger.nonfinite.step, logger.nonfinite.pass_) == (3, born)
+    if activations:
+        assert logger.nonfinite.origin == "mlp/h1"
     rows = _rows(logdir)
     assert sorted({k[2] for k in rows}) == [3]
     assert rows[("output", "mlp/out", 3)].nan > 0
 
 
+def test_raise_and_stop_act_after_the_first_nonfinite_step(logdir):
+    x, y = _nan_at_batch_3()
+    model = _model()
+    with pytest.raises(tb_layergrad.NonFiniteError, match="step 3") as raised:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[tb_layergrad.GradientLogger(logdir, on_nonfinite="raise")])  # fmt: skip
+    assert raised.value.origin.step == 3 and "train_step" not in model.__dict__
+    model = _model()
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(logdir + "_stop", on_nonfinite="stop")])  # fmt: skip
+    assert int(model.optimizer.iterations.numpy()) == 3
+
+
 @pytest.mark.parametrize(
     "kwargs",
-    [{"timesteps": True}, {"per_example": True}, {"max_elements": 10}, {"on_nonfinite": "raise"},
-     {"update_freq": "epoch"}, {"targets": {"t": lambda y: y[:, 0]}}],
+    [{"timesteps": True}, {"per_example": True}, {"max_elements": 10}, {"update_freq": "epoch"},
+     {"targets": {"t": lambda y: y[:, 0]}}],
 )  # fmt: skip
 def test_what_is_not_yet_on_jax_is_refused_before_training(logdir, kwargs):
     with pytest.raises(NotImplementedError, match="does not support .* yet .*KERAS_BACKEND=tensorflow"):
