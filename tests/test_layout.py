@@ -32,7 +32,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "plugin": {"metadata", "nonfinite_origin", "reader"},
     "backend": set(),  # names each backend's room as a string: imported when `GradientLogger` is first read
     "writer": {"metadata"},
-    "jax": {"metadata", "capturing", "writer"},
+    "jax": {"metadata", "nonfinite_origin", "capturing", "writer"},
     "cli": {
         "__init__",
         "metadata",
