@@ -4,6 +4,7 @@ TensorFlow's log level is left as the user has it: the tests' subprocesses then 
 (tb-layergrad's commands must be quiet without TF_CPP_MIN_LOG_LEVEL).
 """
 
+import importlib
 import json
 import os
 import pathlib
@@ -29,6 +30,9 @@ from console_script import CLI  # noqa: E402 - after the path above is set
 
 # The session fixtures every room shares (logdirs written once): found by pytest, not imported by each test.
 pytest_plugins = ["plugin_fixtures", "report_fixtures", "origin_fixtures"]
+
+# The shared helper modules reach the tests as fixtures (below; a room's own in its conftest.py), never by `import`:
+# a test names what it uses in its signature, `pytest --fixtures` lists them, and tests/test_layout.py keeps it so.
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -115,3 +119,137 @@ def demo(tmp_path_factory):
         "by_target": by_target,
         "layers": layers,
     }
+
+
+# --- the helper modules every room may use, one namespace fixture each ---
+
+
+@pytest.fixture(scope="session")
+def charts_fixtures():
+    """tests/charts_fixtures.py, as a namespace: the logdir of the tab's chart tests
+    (tests/tab/test_tab_charts_e2e.py), written with the real summary ops."""
+    return importlib.import_module("charts_fixtures")
+
+
+@pytest.fixture(scope="session")
+def console_script():
+    """tests/console_script.py, as a namespace: the installed `tb-layergrad` console script, found beside this
+    interpreter."""
+    return importlib.import_module("console_script")
+
+
+@pytest.fixture(scope="session")
+def dominated_fixtures():
+    """tests/dominated_fixtures.py, as a namespace: a run written by the real capture and summary ops with per-
+    example records of the outputs AND the weights, one example planted to dominate one step (docs/ANOMALIES.md,
+    "One example dominates"), and what the routes must say about it, computed independently
+    (tests/per_example_reference.py: one tape per example, its own loss on a batch of one) and reduced with numpy."""
+    return importlib.import_module("dominated_fixtures")
+
+
+@pytest.fixture(scope="session")
+def examples_fixtures():
+    """tests/examples_fixtures.py, as a namespace: runs with per-example records (kind `examples`, docs/FORMAT.md)
+    and noise-scale scalars, written by hand."""
+    return importlib.import_module("examples_fixtures")
+
+
+@pytest.fixture(scope="session")
+def fit_helpers():
+    """tests/fit_helpers.py, as a namespace: helpers for the fit()/GradientLogger tests (tests/test_fit_*.py,
+    tests/test_timesteps*.py)."""
+    return importlib.import_module("fit_helpers")
+
+
+@pytest.fixture(scope="session")
+def hparams_fixtures():
+    """tests/hparams_fixtures.py, as a namespace: a logdir of small fits whose hyperparameters were logged with
+    TensorBoard's HParams API."""
+    return importlib.import_module("hparams_fixtures")
+
+
+@pytest.fixture(scope="session")
+def known_answer_fixtures():
+    """tests/known_answer_fixtures.py, as a namespace: runs whose answer is set by construction, written by the real
+    capture and summary ops, to measure the detectors (docs/ANOMALIES.md, "How well the rules find what they look
+    for")."""
+    return importlib.import_module("known_answer_fixtures")
+
+
+@pytest.fixture(scope="session")
+def long_fixtures():
+    """tests/long_fixtures.py, as a namespace: a long run (100,000 steps) for the binned routes and the tab's zoom,
+    written fast."""
+    return importlib.import_module("long_fixtures")
+
+
+@pytest.fixture(scope="session")
+def model_zoo():
+    """tests/model_zoo.py, as a namespace: small models of every kind the capture must handle, each with a by-hand
+    forward."""
+    return importlib.import_module("model_zoo")
+
+
+@pytest.fixture(scope="session")
+def origin_fixtures():
+    """tests/origin_fixtures.py, as a namespace: a logdir where a NaN is born in each pass, written with the real
+    summary ops (docs/ANOMALIES.md, "Where it broke")."""
+    return importlib.import_module("origin_fixtures")
+
+
+@pytest.fixture(scope="session")
+def per_example_reference():
+    """tests/per_example_reference.py, as a namespace: independent per-example gradients for the per-example write
+    tests: one tape per example, its own loss on a batch of one (no capture, no rule), and the numbers the
+    `examples` records and the noise scale must hold, computed in numpy from docs/FORMAT.md ("Per-example records")
+    as written there."""
+    return importlib.import_module("per_example_reference")
+
+
+@pytest.fixture(scope="session")
+def plugin_fixtures():
+    """tests/plugin_fixtures.py, as a namespace: test logdirs for the plugin tests, written with the real summary
+    ops, and helpers."""
+    return importlib.import_module("plugin_fixtures")
+
+
+@pytest.fixture(scope="session")
+def reference_checks():
+    """tests/reference_checks.py, as a namespace: the reductions' numbers checked against an exact reference:
+    float64, overflow-safe (scaled by a power of two) and exactly rounded sums (`math.fsum`), with bounds derived
+    from the dtype and the reduction length (tests/tolerances.py)."""
+    return importlib.import_module("reference_checks")
+
+
+@pytest.fixture(scope="session")
+def reliability_fixtures():
+    """tests/reliability_fixtures.py, as a namespace: helpers of the reliability tests (test_reliability_*.py): fast
+    event writing, hostile names, counts."""
+    return importlib.import_module("reliability_fixtures")
+
+
+@pytest.fixture(scope="session")
+def report_fixtures():
+    """tests/report_fixtures.py, as a namespace: planted logdirs for the anomaly route and report tests, and an
+    independent numpy evaluation."""
+    return importlib.import_module("report_fixtures")
+
+
+@pytest.fixture(scope="session")
+def tb_reading():
+    """tests/tb_reading.py, as a namespace: read layergrad records back through TensorBoard's own data provider."""
+    return importlib.import_module("tb_reading")
+
+
+@pytest.fixture(scope="session")
+def tensorboard_process():
+    """tests/tensorboard_process.py, as a namespace: a real `tensorboard` process for the tests, the tab's browser
+    tests, scripts/screenshots.py and bench/."""
+    return importlib.import_module("tensorboard_process")
+
+
+@pytest.fixture(scope="session")
+def tolerances():
+    """tests/tolerances.py, as a namespace: test tolerances derived from the dtype and the reduction length
+    (docs/DESIGN.md, "Tolerances")."""
+    return importlib.import_module("tolerances")

@@ -23,6 +23,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
 
 from tb_layergrad import metadata
+from tb_layergrad.reader import damage
 
 HOSTILE_RUNS = ["<img src=x onerror=alert(1)>", "ünï cødé 🚀", 'comma,quote"run', "..%2f..%2fetc", "space run"]
 HOSTILE_LAYERS = [
@@ -199,3 +200,63 @@ if __name__ == "__main__":  # python tests/reliability_fixtures.py report.jsonl
     import sys
 
     print(summarize(sys.argv[1]))
+
+
+# The damaged logdir of the damage tests (tests/reader/test_damage.py, test_record_index.py, the tab's):
+# one run per kind of damage, each named by `reader.damage` as TensorBoard's own loader reads it.
+DAMAGE_LAYERS = ["net/a", "net/b"]
+
+
+def age(*paths: str) -> None:
+    """Makes `paths` older than the damage check's settling time (a file still being written is not damaged)."""
+    old = time.time() - 2 * damage.SETTLED_S
+    for p in paths:
+        os.utime(p, (old, old))
+
+
+def cut(f) -> int:
+    """Cuts the last record of `f` in the middle of its payload; returns the size left."""
+    size = os.path.getsize(f.path)
+    left = f.offsets[-1] + 12 + (size - f.offsets[-1] - 12) // 2
+    with open(f.path, "r+b") as fh:
+        fh.truncate(left)
+    return left
+
+
+def flip(f, record: int) -> None:
+    """Flips one byte in the payload of record `record` of `f` (its checksum then fails)."""
+    with open(f.path, "r+b") as fh:
+        fh.seek(f.offsets[record] + 12 + 40)
+        byte = fh.read(1)
+        fh.seek(-1, os.SEEK_CUR)
+        fh.write(bytes([byte[0] ^ 0xFF]))
+
+
+def damaged_logdir(root: str) -> dict:
+    """One run per damage (and an intact one); returns {run: (kind, offset, step, records)} expected."""
+    expect = {}
+    write_run(os.path.join(root, "intact"), DAMAGE_LAYERS, range(6))
+    f = write_run(os.path.join(root, "truncated"), DAMAGE_LAYERS, range(6))
+    cut(f)
+    age(f.path)
+    expect["truncated"] = (damage.TRUNCATED, f.offsets[-1], 4, 6)  # file version + steps 0..4
+    f = write_run(os.path.join(root, "garbage"), DAMAGE_LAYERS, range(6))
+    end = os.path.getsize(f.path)
+    f.append_raw(np.random.default_rng(3).bytes(300))
+    expect["garbage"] = (damage.CORRUPT, end, 5, 7)
+    f = write_run(os.path.join(root, "flipped"), DAMAGE_LAYERS, range(6))
+    flip(f, 1 + 3)  # step 3's record
+    expect["flipped"] = (damage.CORRUPT, f.offsets[4], 2, 4)
+    f = EventFile(os.path.join(root, "noise"))
+    with open(f.path, "wb") as fh:  # random bytes only: TensorBoard lists no run
+        fh.write(np.random.default_rng(4).bytes(500))
+    expect["noise"] = (damage.CORRUPT, 0, None, 0)
+    os.makedirs(os.path.join(root, "empty"))
+    empty = os.path.join(root, "empty", "events.out.tfevents.1.empty")
+    open(empty, "wb").close()
+    age(empty)
+    expect["empty"] = (damage.EMPTY, 0, None, 0)
+    os.makedirs(os.path.join(root, "unreadable"))
+    os.symlink(os.path.join(root, "nowhere"), os.path.join(root, "unreadable", "events.out.tfevents.1.gone"))
+    expect["unreadable"] = (damage.UNREADABLE, 0, None, 0)
+    return expect

@@ -13,18 +13,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from fit_helpers import (
-    MinimalRNNCell,
-    WeightsBeforeStep,
-    assert_close,
-    compile_kwargs,
-    keras,
-    layers,
-    log_dir,
-    one,
-    path_length,
-    read_series,
-)
 
 import tb_layergrad
 from tb_layergrad.capturing import rnn_probe
@@ -33,20 +21,20 @@ KINDS = ("minimal", "simple", "lstm", "gru")
 T, UNITS, FEATURES, BATCH = 5, 3, 2, 4
 
 
-def _rnn(kind: str, return_sequences: bool):
+def _rnn(fit_helpers, kind: str, return_sequences: bool):
     if kind == "minimal":
-        return layers.RNN(MinimalRNNCell(UNITS), return_sequences=return_sequences, name="rnn")
-    cls = {"simple": layers.SimpleRNN, "lstm": layers.LSTM, "gru": layers.GRU}[kind]
+        return fit_helpers.layers.RNN(fit_helpers.MinimalRNNCell(UNITS), return_sequences=return_sequences, name="rnn")
+    cls = {"simple": fit_helpers.layers.SimpleRNN, "lstm": fit_helpers.layers.LSTM, "gru": fit_helpers.layers.GRU}[kind]
     return cls(UNITS, return_sequences=return_sequences, name="rnn")
 
 
-def _model(kind: str, return_sequences: bool):
-    inp = keras.Input((T, FEATURES))
-    h = _rnn(kind, return_sequences)(inp)
+def _model(fit_helpers, kind: str, return_sequences: bool):
+    inp = fit_helpers.keras.Input((T, FEATURES))
+    h = _rnn(fit_helpers, kind, return_sequences)(inp)
     if return_sequences:
-        h = layers.Flatten(name="flat")(h)
-    out = layers.Dense(4, name="out")(h)
-    return keras.Model(inp, out, name="net")
+        h = fit_helpers.layers.Flatten(name="flat")(h)
+    out = fit_helpers.layers.Dense(4, name="out")(h)
+    return fit_helpers.keras.Model(inp, out, name="net")
 
 
 def _data(seed=0):
@@ -57,10 +45,10 @@ def _data(seed=0):
     )
 
 
-def _length(model, x, y) -> int:
+def _length(fit_helpers, model, x, y) -> int:
     """The reduction path of one step (fit_helpers.path_length), the loss a mean over every element of y;
     LSTM/GRU cells contract their kernels once per gate, which `reduction_path_length` counts by shape."""
-    return path_length(model, x, target_terms=int(np.prod(np.shape(y))))
+    return fit_helpers.path_length(model, x, target_terms=int(np.prod(np.shape(y))))
 
 
 def _mse(y, p):
@@ -97,9 +85,9 @@ def _probe_step(model, x, y):
 @pytest.mark.parametrize("return_sequences", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.slow
-def test_probe_equals_unrolled_ground_truth(kind, return_sequences):
-    keras.utils.set_random_seed(11)
-    model = _model(kind, return_sequences)
+def test_probe_equals_unrolled_ground_truth(kind, return_sequences, fit_helpers):
+    fit_helpers.keras.utils.set_random_seed(11)
+    model = _model(fit_helpers, kind, return_sequences)
     x, y = _data()
     truth = ground_truth(model, x, y)
     assert np.all(np.linalg.norm(truth, axis=(0, 2)) > 0)
@@ -108,16 +96,18 @@ def test_probe_equals_unrolled_ground_truth(kind, return_sequences):
         fn = _probe_step if mode == "eager" else tf.function(_probe_step, jit_compile=(mode == "xla"))
         got = fn(model, xt, yt)
         assert got.shape == (BATCH, T, UNITS)
-        assert_close(got.numpy(), truth, f"{kind} return_sequences={return_sequences} {mode}", _length(model, x, y))
+        fit_helpers.assert_close(
+            got.numpy(), truth, f"{kind} return_sequences={return_sequences} {mode}", _length(fit_helpers, model, x, y)
+        )
     # The probe leaves no trace on the layers.
     assert "call" not in model.get_layer("rnn").cell.__dict__
     assert "inner_loop" not in model.get_layer("rnn").__dict__ and "call" not in model.get_layer("rnn").__dict__
 
 
-def test_total_differs_from_direct_path():
+def test_total_differs_from_direct_path(fit_helpers):
     """With return_sequences=True, d loss / d(output sequence) is the direct path only; h_t's total is larger."""
-    keras.utils.set_random_seed(2)
-    model = _model("simple", True)
+    fit_helpers.keras.utils.set_random_seed(2)
+    model = _model(fit_helpers, "simple", True)
     x, y = _data()
     with tf.GradientTape() as tape:
         with (
@@ -128,7 +118,9 @@ def test_total_differs_from_direct_path():
     grads, per_step = probe.gradients(tape, loss, capture=cap)
     direct = grads["net/rnn"].numpy()
     total = per_step["net/rnn"].numpy()
-    assert_close(total[:, -1], direct[:, -1], "last step: no recurrence left", _length(model, x, y))
+    fit_helpers.assert_close(
+        total[:, -1], direct[:, -1], "last step: no recurrence left", _length(fit_helpers, model, x, y)
+    )
     assert not np.allclose(total[:, 0], direct[:, 0])
     assert grads.variable_gradients and all(g is not None for g in grads.variable_gradients)
 
@@ -145,17 +137,19 @@ def test_total_differs_from_direct_path():
     ],
 )
 @pytest.mark.slow
-def test_fit_timesteps_equal_ground_truth(tmp_path, kind, return_sequences, mode):
-    keras.utils.set_random_seed(4)
-    model = _model(kind, return_sequences)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", **compile_kwargs(mode))
+def test_fit_timesteps_equal_ground_truth(tmp_path, kind, return_sequences, mode, fit_helpers):
+    fit_helpers.keras.utils.set_random_seed(4)
+    model = _model(fit_helpers, kind, return_sequences)
+    model.compile(optimizer=fit_helpers.keras.optimizers.SGD(0.1), loss="mse", **fit_helpers.compile_kwargs(mode))
     x1, y1 = _data(1)
     x2, y2 = _data(2)
     x, y = np.concatenate([x1, x2]), np.concatenate([y1, y2])
-    saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["rnn"], timesteps=True, max_elements=1000)
+    saver = fit_helpers.WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(
+        fit_helpers.log_dir(tmp_path), layers=["rnn"], timesteps=True, max_elements=1000
+    )
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[saver, logger])
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     info, _ = series["loss/output/net/rnn/timesteps"]
     assert (info.kind, info.dtype, info.layer) == ("timesteps", "float64", "net/rnn")
     for step, (xb, yb) in ((1, (x1, y1)), (2, (x2, y2))):
@@ -163,31 +157,34 @@ def test_fit_timesteps_equal_ground_truth(tmp_path, kind, return_sequences, mode
         model.set_weights(saver.before[step])
         truth = ground_truth(model, xb, yb)
         model.set_weights(saved)
-        norms = one(series, "loss/output/net/rnn/timesteps", step)
+        norms = fit_helpers.one(series, "loss/output/net/rnn/timesteps", step)
         assert norms.dtype == np.float64 and norms.shape == (T,)
-        length = _length(model, xb, yb)
+        length = _length(fit_helpers, model, xb, yb)
         # a norm over batch x units is one more reduction, of BATCH * UNITS squares
-        assert_close(
+        fit_helpers.assert_close(
             norms,
             np.linalg.norm(truth.astype(np.float64), axis=(0, 2)),
             f"{kind} norms at step {step}",
             length + BATCH * UNITS,
         )
         # Example 0's [T, units] gradient, the optional bounded tensor.
-        assert_close(
-            one(series, "loss/output/net/rnn[h_t]/tensor", step), truth[0], f"{kind} [T, units] at step {step}", length
+        fit_helpers.assert_close(
+            fit_helpers.one(series, "loss/output/net/rnn[h_t]/tensor", step),
+            truth[0],
+            f"{kind} [T, units] at step {step}",
+            length,
         )
 
 
 @pytest.mark.slow
-def test_timesteps_keep_training_unchanged(tmp_path):
+def test_timesteps_keep_training_unchanged(tmp_path, fit_helpers):
     """The zero probe does not move training (LSTM, graph mode)."""
     x, y = _data(3)
 
     def run(callbacks):
-        keras.utils.set_random_seed(9)
-        model = _model("lstm", True)
-        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        fit_helpers.keras.utils.set_random_seed(9)
+        model = _model(fit_helpers, "lstm", True)
+        model.compile(optimizer=fit_helpers.keras.optimizers.SGD(0.1), loss="mse")
         model.fit(
             np.concatenate([x, x]),
             np.concatenate([y, y]),
@@ -200,6 +197,6 @@ def test_timesteps_keep_training_unchanged(tmp_path):
         return model.get_weights()
 
     plain = run([])
-    probed = run([tb_layergrad.GradientLogger(log_dir(tmp_path), timesteps=True)])
+    probed = run([tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), timesteps=True)])
     for a, b in zip(plain, probed):
         np.testing.assert_array_equal(a, b)

@@ -14,7 +14,6 @@ import sysconfig
 import textwrap
 
 import pytest
-import report_fixtures as rf
 
 import tb_layergrad
 
@@ -35,7 +34,7 @@ def test_tensorflow_is_installed_here():
 
 
 @pytest.mark.parametrize("fmt", ["text", "json", "csv"])
-def test_report_writes_nothing_to_stderr_and_imports_no_tensorflow(planted, fmt):
+def test_report_writes_nothing_to_stderr_and_imports_no_tensorflow(planted, fmt, report_fixtures):
     done = python(f"""
         import sys
         from tb_layergrad import cli
@@ -44,14 +43,14 @@ def test_report_writes_nothing_to_stderr_and_imports_no_tensorflow(planted, fmt)
         sys.exit(status)
     """)
     assert (done.returncode, done.stderr) == (0, "")
-    assert rf.RUN in done.stdout
+    assert report_fixtures.RUN in done.stdout
 
 
-def test_report_failing_condition_reports_only_its_failures_on_stderr(planted):
+def test_report_failing_condition_reports_only_its_failures_on_stderr(planted, report_fixtures):
     done = python(f"""
         import sys
         from tb_layergrad import cli
-        status = cli.main(["report", {planted.logdir!r}, "--run", {rf.RUN!r}, "--format", "json", "--fail-on", "nan"])
+        status = cli.main(["report", {planted.logdir!r}, "--run", {report_fixtures.RUN!r}, "--format", "json", "--fail-on", "nan"])
         assert "tensorflow" not in sys.modules
         sys.exit(status)
     """)
@@ -60,7 +59,7 @@ def test_report_failing_condition_reports_only_its_failures_on_stderr(planted):
 
 
 @pytest.mark.slow
-def test_load_imports_no_tensorflow_and_tensorflow_summaries_work_after_it(planted, tmp_path):
+def test_load_imports_no_tensorflow_and_tensorflow_summaries_work_after_it(planted, tmp_path, report_fixtures):
     """The reader's TensorFlow-free file access is scoped to the read: TensorFlow's own summaries (which
     TensorBoard resolves through the same lazy module) still work when TensorFlow is imported later."""
     done = python(f"""
@@ -75,7 +74,7 @@ def test_load_imports_no_tensorflow_and_tensorflow_summaries_work_after_it(plant
             assert tf.summary.histogram("h", [1.0, 2.0]) and tf.summary.scalar("s", 1.0)
     """)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"'{rf.RUN}'" in done.stdout
+    assert f"'{report_fixtures.RUN}'" in done.stdout
 
 
 def scripts_command() -> str:
@@ -91,9 +90,9 @@ def test_version_from_the_console_script_and_python_dash_m():
         assert done.stdout.strip() == f"tb-layergrad {tb_layergrad.__version__}", argv
 
 
-def test_python_dash_m_runs_the_report(planted):
+def test_python_dash_m_runs_the_report(planted, report_fixtures):
     done = subprocess.run(
-        [sys.executable, "-m", "tb_layergrad", "report", planted.logdir, "--run", rf.RUN],
+        [sys.executable, "-m", "tb_layergrad", "report", planted.logdir, "--run", report_fixtures.RUN],
         capture_output=True,
         text=True,
         timeout=120,

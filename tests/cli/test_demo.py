@@ -19,7 +19,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-from console_script import CLI
 
 from tb_layergrad import metadata
 from tb_layergrad.cli import demo as demo_module
@@ -128,7 +127,7 @@ PLANTED = {
 
 
 @pytest.mark.parametrize("run", sorted(PLANTED))
-def test_the_report_says_where_the_nan_was_born(demo, run):
+def test_the_report_says_where_the_nan_was_born(demo, run, console_script):
     step, pass_, origin = PLANTED[run]
     assert step % demo_nan.NAN_EVERY  # not a logged step: written because it is the first non-finite one
     first = demo["runs"][run]["summary"]["first_nonfinite"]
@@ -138,7 +137,7 @@ def test_the_report_says_where_the_nan_was_born(demo, run):
         stats = [by_step for (_, kind, _), by_step in records.items() if kind == "stats"]
         assert stats and all(step in by_step for by_step in stats)  # written in full at that step
     text = subprocess.run(
-        [CLI, "report", demo["logdir"], "--run", run], capture_output=True, text=True, timeout=120
+        [console_script.CLI, "report", demo["logdir"], "--run", run], capture_output=True, text=True, timeout=120
     ).stdout
     assert f"step {step}" in text and pass_ in text and origin in text
 
@@ -151,9 +150,11 @@ def test_exploding_without_clipping_and_not_with_it(demo):
     assert clip["head"]["last_norm"] < 1e-3 * noclip["head"]["last_norm"]
 
 
-def test_fail_on_nan_exit_status(demo):
+def test_fail_on_nan_exit_status(demo, console_script):
     def report(*argv):
-        return subprocess.run([CLI, "report", demo["logdir"], *argv], capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [console_script.CLI, "report", demo["logdir"], *argv], capture_output=True, text=True, timeout=120
+        )
 
     bad = report("--run", "nan_log0", "--fail-on", "nan")  # the installed command, as CI calls it
     assert bad.returncode == 3, bad.stderr
@@ -235,10 +236,9 @@ def test_serve_prints_the_tabs_url(demo):
         proc.wait(timeout=20)
 
 
-def test_the_flipped_labels_carry_their_steps_gradient(demo):
+def test_the_flipped_labels_carry_their_steps_gradient(demo, tb_reading):
     """`mislabelled`: once the classifier has learnt (from step 16 on), each batch holding a flipped label shows
     it as the largest per-example norm of every weight, with most of the gradient energy (docs/FORMAT.md)."""
-    import tb_reading
 
     found = tb_reading.examples(demo["logdir"])["mislabelled"][("loss", "weight")]
     F = metadata.EXAMPLE_INDEX
@@ -274,7 +274,7 @@ def test_the_gan_discriminator_wins_and_the_generators_gradient_vanishes(demo):
         assert norm[steps] < norm.loc[1:10].max() / demo_gan.GAN_VANISH, (layer, norm.to_dict())
 
 
-def test_the_sweep_logs_its_hyperparameters_and_the_activation_explains_the_vanishing(demo):
+def test_the_sweep_logs_its_hyperparameters_and_the_activation_explains_the_vanishing(demo, console_script):
     sweep = {name: demo["runs"][name] for name in demo_sweep.RUN_NAMES}
     assert len(sweep) == len(demo_sweep.LEARNING_RATES) * len(demo_sweep.ACTIVATIONS) == 6
     for activation, lr in demo_sweep.TRIALS:
@@ -289,7 +289,7 @@ def test_the_sweep_logs_its_hyperparameters_and_the_activation_explains_the_vani
     # Sorted by the first layer's norm, the sweep's sigmoid runs come first whatever their learning rate.
     r = subprocess.run(
         [
-            CLI,
+            console_script.CLI,
             "report",
             demo["logdir"],
             *sum((["--run", n] for n in demo_sweep.RUN_NAMES), []),
@@ -308,10 +308,10 @@ def test_the_sweep_logs_its_hyperparameters_and_the_activation_explains_the_vani
     assert sorted(float(row["hp/learning_rate"]) for row in rows[:3]) == list(demo_sweep.LEARNING_RATES)
 
 
-def test_sorting_keeps_each_run_and_target_whole(demo):
+def test_sorting_keeps_each_run_and_target_whole(demo, console_script):
     # The GAN is reported once per target: --sort orders (run, target) results, each with all its layers.
     r = subprocess.run(
-        [CLI, "report", demo["logdir"], "--format", "json", "--sort=-last_norm"],
+        [console_script.CLI, "report", demo["logdir"], "--format", "json", "--sort=-last_norm"],
         capture_output=True,
         text=True,
         timeout=120,

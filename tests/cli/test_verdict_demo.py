@@ -6,16 +6,14 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import CLI
-from plugin_fixtures import InProcess, get_json
 
 from tb_layergrad.cli import demo as demo_module
 from tb_layergrad.cli import demo_gan
 
 
 @pytest.fixture(scope="module")
-def tb(demo):
-    return InProcess(demo["logdir"])
+def tb(demo, plugin_fixtures):
+    return plugin_fixtures.InProcess(demo["logdir"])
 
 
 def _states(layers) -> dict:
@@ -23,23 +21,25 @@ def _states(layers) -> dict:
 
 
 @pytest.mark.slow
-def test_every_reader_gives_the_same_verdicts_and_findings(demo, tb):
+def test_every_reader_gives_the_same_verdicts_and_findings(demo, tb, plugin_fixtures):
     for name, run in demo["runs"].items():
-        body = get_json(tb, "anomalies", {"run": name})
+        body = plugin_fixtures.get_json(tb, "anomalies", {"run": name})
         assert [e["verdict"] for e in body["layers"]] == [e["verdict"] for e in run["layers"]], name
         assert body["summary"]["findings"] == run["summary"]["findings"], name
 
 
-def test_nan_backward_marks_where_it_was_born_apart_from_where_it_reached(demo, tb):
-    body = get_json(tb, "anomalies", {"run": "nan_backward"})
+def test_nan_backward_marks_where_it_was_born_apart_from_where_it_reached(demo, tb, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "anomalies", {"run": "nan_backward"})
     assert _states(body["layers"]) == {"dense_0": "nonfinite", "sqrt_features": "nan_origin", "head": "ok"}
     origin = body["summary"]["origin"]
     (finding,) = body["summary"]["findings"]
     assert (finding["kind"], finding["layer"], finding["step"]) == ("nonfinite", origin["origin"], origin["step"])
 
 
-def test_report_prints_nan_for_a_nan_norm_and_the_verdict_column(demo):
-    r = subprocess.run([CLI, "report", demo["logdir"], "--run", "nan_backward"], capture_output=True, text=True)
+def test_report_prints_nan_for_a_nan_norm_and_the_verdict_column(demo, console_script):
+    r = subprocess.run(
+        [console_script.CLI, "report", demo["logdir"], "--run", "nan_backward"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ") and line.split()}
     step = demo["runs"]["nan_backward"]["summary"]["origin"]["step"]
@@ -53,13 +53,15 @@ def test_explode_noclip_has_one_state_per_layer(demo):
     assert layers["head"]["counts"]["vanishing"] == 0  # not vanishing because the layer before it exploded
 
 
-def test_rnn_simplernn_vanishes_through_time(demo):
+def test_rnn_simplernn_vanishes_through_time(demo, console_script):
     rnn = demo["layers"]["rnn_simplernn"]["rnn"]
     assert rnn["timestep_decay"] <= -3 and rnn["verdict"]["state"] == "vanishing_through_time"
     assert demo["layers"]["rnn_lstm"]["rnn"]["verdict"]["state"] == "ok"  # the LSTM carries it back
     kinds = [f["kind"] for f in demo["runs"]["rnn_simplernn"]["summary"]["findings"]]
     assert kinds == ["vanishing_through_time"]
-    r = subprocess.run([CLI, "report", demo["logdir"], "--run", "rnn_simplernn"], capture_output=True, text=True)
+    r = subprocess.run(
+        [console_script.CLI, "report", demo["logdir"], "--run", "rnn_simplernn"], capture_output=True, text=True
+    )
     assert "vanishing through time in rnn_simplernn/rnn" in r.stdout
 
 
@@ -89,7 +91,7 @@ def _flagged_steps(logdir: str) -> set:
     return {s for d in run.dominated for s in d.at}
 
 
-def test_the_gan_generator_vanishes_over_steps_and_no_other_run_does(demo):
+def test_the_gan_generator_vanishes_over_steps_and_no_other_run_does(demo, console_script):
     """Precision and recall over every (run, target, layer) of the demo: the truth is the generator's target, every
     layer of it (its loss saturates as the discriminator wins: docs/ANOMALIES.md, "Vanishing over steps")."""
     flagged, truth = set(), set()
@@ -108,15 +110,15 @@ def test_the_gan_generator_vanishes_over_steps_and_no_other_run_does(demo):
     # The discriminator's gradients fell as far, and its loss with them: convergence, not a finding.
     discriminator = demo["by_target"][("gan", demo_gan.D_TARGET)]
     assert min(e["step_decay"] for e in discriminator["layers"]) <= -2 and not discriminator["summary"]["findings"]
-    r = subprocess.run([CLI, "report", demo["logdir"], "--run", "gan"], capture_output=True, text=True)
+    r = subprocess.run([console_script.CLI, "report", demo["logdir"], "--run", "gan"], capture_output=True, text=True)
     assert "vanishing over steps in gan/" in r.stdout and f"vanishing over steps @{finding['step']}" in r.stdout
 
 
-def test_a_statistic_of_no_finite_element_has_no_value_in_every_reader(demo, tb):
+def test_a_statistic_of_no_finite_element_has_no_value_in_every_reader(demo, tb, plugin_fixtures, console_script):
     """nan_backward/dense_0 is all ±Inf from some step on: its stored `norm` there is 0 (the root of an empty sum), and
     every reader says "no value" instead: the `stats` route null, the `csv` route nan, load() NaN, the report's JSON
     null and its CSV an empty cell (docs/FORMAT.md, "Reading `stats`")."""
-    body = get_json(tb, "stats", {"run": "nan_backward", "layer": "nan_backward/dense_0"})
+    body = plugin_fixtures.get_json(tb, "stats", {"run": "nan_backward", "layer": "nan_backward/dense_0"})
     st = body["stats"]
     none = [j for j, n in enumerate(st["elements"]) if n > 0 and st["nonfinite"][j] == n]
     assert none and st["nan"][none[0]] == 0 and st["pos_inf"][none[0]] > 0  # ±Inf, no NaN: what the README says
@@ -138,14 +140,16 @@ def test_a_statistic_of_no_finite_element_has_no_value_in_every_reader(demo, tb)
     (layer,) = [e for e in demo["runs"]["nan_backward"]["layers"] if e["layer"].endswith("/dense_0")]
     assert layer["last_norm"] is None and layer["last_step"] in steps
     r = subprocess.run(
-        [CLI, "report", demo["logdir"], "--run", "nan_backward", "--format", "csv"], capture_output=True, text=True
+        [console_script.CLI, "report", demo["logdir"], "--run", "nan_backward", "--format", "csv"],
+        capture_output=True,
+        text=True,
     )
     head, *lines = [line.split(",") for line in r.stdout.splitlines()]
     (row,) = [x for x in lines if x[head.index("layer")] == "nan_backward/dense_0"]
     assert row[head.index("last_norm")] == "" and row[head.index("last_nonfinite")] == "1024.0"
 
 
-def test_mislabelled_is_not_ok_its_only_finding_is_its_verdict(demo, tb):
+def test_mislabelled_is_not_ok_its_only_finding_is_its_verdict(demo, tb, plugin_fixtures):
     """One example dominating 14 steps is the layers' verdict (`dominated`), the run's (the sweep row), each
     dominated cell's `state` in load(), and the report's `verdict` column: no reader says "ok"."""
     run = demo["runs"]["mislabelled"]
@@ -164,7 +168,7 @@ def test_mislabelled_is_not_ok_its_only_finding_is_its_verdict(demo, tb):
             f"one example dominates: {n} steps" if last in flagged else f"ok now – one example dominated {n} steps"
         )
         assert e["verdict"]["text"] == expected
-    (row,) = get_json(tb, "sweep", {"run": "mislabelled"})["runs"]
+    (row,) = plugin_fixtures.get_json(tb, "sweep", {"run": "mislabelled"})["runs"]
     assert (row["verdict"], row["verdict_text"], row["severity"]) == ("dominated", words, 1)
     assert row["dominated_steps"] == len(flagged)
     pytest.importorskip("pandas")

@@ -4,39 +4,27 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fit_helpers import (
-    WeightsBeforeStep,
-    compile_kwargs,
-    keras,
-    layers,
-    log_dir,
-    path_length,
-    read_series,
-    stat,
-    update_count,
-)
-from tolerances import chain_rtol
 
 import tb_layergrad
 from tb_layergrad import metadata
 
 
 @pytest.fixture
-def mixed_float16():
-    keras.mixed_precision.set_global_policy("mixed_float16")
+def mixed_float16(fit_helpers):
+    fit_helpers.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
         yield
     finally:
-        keras.mixed_precision.set_global_policy("float32")
+        fit_helpers.keras.mixed_precision.set_global_policy("float32")
 
 
-def _mlp(name="mp"):
-    return keras.Sequential(
+def _mlp(fit_helpers, name="mp"):
+    return fit_helpers.keras.Sequential(
         [
-            keras.Input((6,)),
-            layers.Dense(16, activation="relu", name="h"),
-            layers.Dense(3, name="logits"),
-            layers.Activation("linear", dtype="float32", name="f32"),
+            fit_helpers.keras.Input((6,)),
+            fit_helpers.layers.Dense(16, activation="relu", name="h"),
+            fit_helpers.layers.Dense(3, name="logits"),
+            fit_helpers.layers.Activation("linear", dtype="float32", name="f32"),
         ],
         name=name,
     )
@@ -47,18 +35,18 @@ def _data():
     return rng.normal(size=(16, 6)).astype("float32"), rng.integers(0, 3, size=(16,)).astype("int32")
 
 
-def _float32_reference(weights, x, y):
+def _float32_reference(fit_helpers, weights, x, y):
     """The same step in float32: what the unscaled float16 records must approximate."""
     import tensorflow as tf
 
-    policy = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("float32")
+    policy = fit_helpers.keras.mixed_precision.global_policy()
+    fit_helpers.keras.mixed_precision.set_global_policy("float32")
     try:
-        model = _mlp("ref")
+        model = _mlp(fit_helpers, "ref")
     finally:
-        keras.mixed_precision.set_global_policy(policy)
+        fit_helpers.keras.mixed_precision.set_global_policy(policy)
     model.set_weights(weights)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss_fn = fit_helpers.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     with tf.GradientTape() as tape:
         h = model.get_layer("h")(tf.constant(x))
         tape.watch(h)
@@ -71,17 +59,17 @@ def _float32_reference(weights, x, y):
 
 @pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
 @pytest.mark.slow
-def test_records_are_unscaled(tmp_path, mixed_float16, mode):
-    keras.utils.set_random_seed(2)
-    model = _mlp()
+def test_records_are_unscaled(tmp_path, mixed_float16, mode, fit_helpers, tolerances):
+    fit_helpers.keras.utils.set_random_seed(2)
+    model = _mlp(fit_helpers)
     model.compile(
-        optimizer=keras.optimizers.SGD(0.1),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        **compile_kwargs(mode),
+        optimizer=fit_helpers.keras.optimizers.SGD(0.1),
+        loss=fit_helpers.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        **fit_helpers.compile_kwargs(mode),
     )
     assert "LossScaleOptimizer" in type(model.optimizer).__name__
     x, y = _data()
-    saver = WeightsBeforeStep()
+    saver = fit_helpers.WeightsBeforeStep()
     model.fit(
         x,
         y,
@@ -89,14 +77,14 @@ def test_records_are_unscaled(tmp_path, mixed_float16, mode):
         epochs=1,
         shuffle=False,
         verbose=0,
-        callbacks=[saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=1000)],
+        callbacks=[saver, tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), max_elements=1000)],
     )
-    series = read_series(log_dir(tmp_path))
-    reference, ref = _float32_reference(saver.before[1], x[:8], y[:8])
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    reference, ref = _float32_reference(fit_helpers, saver.before[1], x[:8], y[:8])
     # The logged step runs the forward and backward pass in float16 (any order of its sums on any CPU), the
     # reference in float32: the float16 chain's bound dominates. A forgotten loss scale would be off by 2**15.
-    length = path_length(reference, x[:8], target_terms=8 * 3)
-    rtol = chain_rtol(np.float16, [length]) + chain_rtol(np.float32, [length])
+    length = fit_helpers.path_length(reference, x[:8], target_terms=8 * 3)
+    rtol = tolerances.chain_rtol(np.float16, [length]) + tolerances.chain_rtol(np.float32, [length])
     for name, g in ref.items():
         info, by_step = series[f"loss/output/mp/{name}/tensor"]
         assert info.dtype == "float16"
@@ -104,15 +92,17 @@ def test_records_are_unscaled(tmp_path, mixed_float16, mode):
         got = by_step[1][0]
         np.testing.assert_allclose(got, g, rtol=rtol, atol=rtol * np.abs(g).max())
         st = series[f"loss/output/mp/{name}/stats"][1][1][0]
-        np.testing.assert_allclose(stat(st, "norm"), np.linalg.norm(g), rtol=rtol)
+        np.testing.assert_allclose(fit_helpers.stat(st, "norm"), np.linalg.norm(g), rtol=rtol)
 
 
-def test_overflow_steps_are_counted_not_bucketed(tmp_path, mixed_float16):
+def test_overflow_steps_are_counted_not_bucketed(tmp_path, mixed_float16, fit_helpers):
     """A huge loss scale makes every float16 gradient overflow: Keras skips the updates; we count inf/nan."""
-    keras.utils.set_random_seed(2)
-    model = _mlp()
-    optimizer = keras.mixed_precision.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=2.0**100)
-    model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    fit_helpers.keras.utils.set_random_seed(2)
+    model = _mlp(fit_helpers)
+    optimizer = fit_helpers.keras.mixed_precision.LossScaleOptimizer(
+        fit_helpers.keras.optimizers.SGD(0.1), initial_scale=2.0**100
+    )
+    model.compile(optimizer=optimizer, loss=fit_helpers.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = _data()
     before = model.get_weights()
     model.fit(
@@ -122,12 +112,12 @@ def test_overflow_steps_are_counted_not_bucketed(tmp_path, mixed_float16):
         epochs=1,
         shuffle=False,
         verbose=0,
-        callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))],
+        callbacks=[tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))],
     )
     for a, b in zip(before, model.get_weights()):
         np.testing.assert_array_equal(a, b)  # both steps overflowed: no update
-    iterations = int(update_count(model.optimizer).numpy())
-    series = read_series(log_dir(tmp_path))
+    iterations = int(fit_helpers.update_count(model.optimizer).numpy())
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     info, by_step = series["loss/output/mp/logits/stats"]
     # Keras 3 does not count a skipped update (tf_keras does); the step is the batch count either way.
     assert iterations in (0, 2)
@@ -136,9 +126,9 @@ def test_overflow_steps_are_counted_not_bucketed(tmp_path, mixed_float16):
     hists_by_step = series["loss/output/mp/logits/histogram"][1]
     hists = [v for step in sorted(hists_by_step) for v in hists_by_step[step]]
     for st, hist in zip(stats, hists):
-        non_finite = stat(st, "nan") + stat(st, "pos_inf") + stat(st, "neg_inf")
+        non_finite = fit_helpers.stat(st, "nan") + fit_helpers.stat(st, "pos_inf") + fit_helpers.stat(st, "neg_inf")
         assert non_finite > 0
-        assert hist[:, 2].sum() == stat(st, "elements") - non_finite  # never bucketed
+        assert hist[:, 2].sum() == fit_helpers.stat(st, "elements") - non_finite  # never bucketed
         assert np.all(np.isfinite(hist))
     assert metadata.STAT_FIELDS[1:4] == ("nan", "pos_inf", "neg_inf")
     first_info, first = series["loss/output/mp/logits/first_nonfinite"]

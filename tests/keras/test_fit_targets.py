@@ -5,20 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from fit_helpers import (
-    WeightsBeforeStep,
-    assert_close,
-    bn_residual_mlp,
-    bounded,
-    compile_kwargs,
-    keras,
-    layergrad_steps,
-    log_dir,
-    one,
-    path_length,
-    read_series,
-    reproduce,
-)
 
 import tb_layergrad
 from tb_layergrad.capturing import targets as lg_targets
@@ -31,36 +17,36 @@ TARGETS = {
 
 @pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
 @pytest.mark.slow
-def test_target_gradients_match_reproduction(tmp_path, mode):
-    keras.utils.set_random_seed(8)
-    model, manual = bn_residual_mlp()
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, **compile_kwargs(mode))
+def test_target_gradients_match_reproduction(tmp_path, mode, fit_helpers):
+    fit_helpers.keras.utils.set_random_seed(8)
+    model, manual = fit_helpers.bn_residual_mlp()
+    loss = fit_helpers.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer=fit_helpers.keras.optimizers.SGD(0.1), loss=loss, **fit_helpers.compile_kwargs(mode))
     rng = np.random.default_rng(1)
     x = rng.normal(size=(16, 6)).astype("float32")
     y = rng.integers(0, 3, size=(16,)).astype("int32")
-    saver = WeightsBeforeStep()
+    saver = fit_helpers.WeightsBeforeStep()
     chosen = ["d2", "out"] if mode == "xla" else None  # XLA compiles every captured tensor: keep it short
     logger = tb_layergrad.GradientLogger(
-        log_dir(tmp_path), layers=chosen, update_freq=2, weights=True, targets=TARGETS, max_elements=10_000
+        fit_helpers.log_dir(tmp_path), layers=chosen, update_freq=2, weights=True, targets=TARGETS, max_elements=10_000
     )
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     for name in ("loss", *TARGETS):
-        assert layergrad_steps(series, target=name) == [2, 4]  # computed and written on logged steps only
+        assert fit_helpers.layergrad_steps(series, target=name) == [2, 4]  # computed and written on logged steps only
     for tag, (info, _) in series.items():
         assert tag.startswith(info.target + "/")
     for step in (2, 4):
         xb, yb = x[8:], y[8:]  # step 2 and 4 train on the second batch
         for name, fn in TARGETS.items():
-            g_out, g_var = reproduce(model, manual, saver.before[step], xb, yb, loss, target=fn)
-            length = path_length(model, xb, target_terms=int(np.prod(g_out["bnres/out"].shape)))
+            g_out, g_var = fit_helpers.reproduce(model, manual, saver.before[step], xb, yb, loss, target=fn)
+            length = fit_helpers.path_length(model, xb, target_terms=int(np.prod(g_out["bnres/out"].shape)))
             for path, g in g_out.items():
                 if chosen and path.split("/")[-1] not in chosen:
                     continue
-                assert_close(
-                    one(series, f"{name}/output/{path}/tensor", step),
-                    bounded(g, 10_000),
+                fit_helpers.assert_close(
+                    fit_helpers.one(series, f"{name}/output/{path}/tensor", step),
+                    fit_helpers.bounded(g, 10_000),
                     f"{name} {path} step {step}",
                     length,
                 )
@@ -68,13 +54,18 @@ def test_target_gradients_match_reproduction(tmp_path, mode):
                 if chosen and key.split("/")[-2] not in chosen:
                     continue
                 tag = f"{name}/weight/bnres/{key.split('/')[-2]}/{key.split('/')[-1]}/tensor"
-                assert_close(one(series, tag, step), bounded(g, 10_000), f"{name} {key} step {step}", length)
+                fit_helpers.assert_close(
+                    fit_helpers.one(series, tag, step),
+                    fit_helpers.bounded(g, 10_000),
+                    f"{name} {key} step {step}",
+                    length,
+                )
 
 
-def test_custom_loop_helpers():
+def test_custom_loop_helpers(fit_helpers):
     """target_values + target_gradients: one persistent tape, one backward pass per target."""
-    keras.utils.set_random_seed(3)
-    model, manual = bn_residual_mlp()
+    fit_helpers.keras.utils.set_random_seed(3)
+    model, manual = fit_helpers.bn_residual_mlp()
     x = tf.constant(np.random.default_rng(0).normal(size=(5, 6)).astype("float32"))
     with tf.GradientTape(persistent=True) as tape:
         with tb_layergrad.capture(model, tape=tape, weights=True) as cap:
@@ -87,10 +78,10 @@ def test_custom_loop_helpers():
     assert grads.target == "loss" and set(per_target) == set(TARGETS)
     for name, fn in TARGETS.items():
         assert per_target[name].target == name
-        g_out, _ = reproduce(model, manual, model.get_weights(), x.numpy(), None, None, target=fn)
-        length = path_length(model, x.numpy(), target_terms=int(np.prod(g_out["bnres/out"].shape)))
+        g_out, _ = fit_helpers.reproduce(model, manual, model.get_weights(), x.numpy(), None, None, target=fn)
+        length = fit_helpers.path_length(model, x.numpy(), target_terms=int(np.prod(g_out["bnres/out"].shape)))
         for path, g in g_out.items():
-            assert_close(per_target[name][path].numpy(), g, f"{name} {path}", length)
+            fit_helpers.assert_close(per_target[name][path].numpy(), g, f"{name} {path}", length)
 
 
 @pytest.mark.parametrize("bad", [lambda p: p, lambda p: p[:, :2], lambda p: tf.zeros([3, 2, 1])])

@@ -15,8 +15,6 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from reference_checks import check_histogram, check_stats
-from tolerances import TWO_SIDES, blocked_sum_atol, gamma, histogram_edge_atol, sum_atol, sum_rtol, unit_roundoff
 
 from tb_layergrad import metadata
 from tb_layergrad.kernel import fused as fused_kernel
@@ -76,7 +74,7 @@ def _cases() -> list:
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.slow
-def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
+def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph, reference_checks, tolerances):
     tensors = [tf.constant(a) if isinstance(a, np.ndarray) else a for a in _cases()]
     run = tf.function if graph else (lambda f: f)
     fused = run(lambda ts: write.reduce(ts, 30))(tensors)
@@ -84,24 +82,24 @@ def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph):
         plain = run(lambda ts: write.reduce(ts, 30))(tensors)
     for t, (hist, stats), (p_hist, p_stats) in zip(tensors, fused, plain):
         hist, stats = hist.numpy(), stats.numpy()
-        check_stats(stats, t, "kernel")
-        check_histogram(hist, t, 30, "kernel")
+        reference_checks.check_stats(stats, t, "kernel")
+        reference_checks.check_histogram(hist, t, 30, "kernel")
         where = f"{t.dtype.name} {t.shape}"
         counts = ("elements", "nan", "pos_inf", "neg_inf", "zeros")
         np.testing.assert_array_equal([stats[S[c]] for c in counts], [p_stats.numpy()[S[c]] for c in counts], where)
         # The same float64 edges (TensorFlow's batched path may round them apart) ...
-        atol = histogram_edge_atol(np.max(np.abs(hist[:, :2]), initial=0.0))
+        atol = tolerances.histogram_edge_atol(np.max(np.abs(hist[:, :2]), initial=0.0))
         np.testing.assert_allclose(hist[:, :2], p_hist.numpy()[:, :2], rtol=0, atol=atol, err_msg=where)
         if hist[:, 2].sum() and stats[S["max"]] > stats[S["min"]] and np.isfinite(stats[S["max"]] - stats[S["min"]]):
             lo, hi = stats[S["min"]], stats[S["max"]]  # ... exactly lo + i * (hi - lo) / k
             np.testing.assert_array_equal(hist[:, 0], [lo] + [lo + i * ((hi - lo) / 30) for i in range(1, 30)], where)
         # Moments: float64 sums here, float32 there, in orders that differ by CPU: each within its
         # derived bound of the independent reference (check_stats), hence within their sum of each other.
-        check_stats(p_stats.numpy(), t, "tensorflow path")
+        reference_checks.check_stats(p_stats.numpy(), t, "tensorflow path")
         assert hist[:, 2].sum() == p_hist.numpy()[:, 2].sum(), where
 
 
-def test_big_tensor_counts_every_chunk():
+def test_big_tensor_counts_every_chunk(tolerances):
     x = _big_with_specials()
     ((hist, stats),) = write.reduce([tf.constant(x)], 30)
     stats = stats.numpy()
@@ -110,25 +108,29 @@ def test_big_tensor_counts_every_chunk():
     finite[np.abs(finite) < np.finfo(np.float32).tiny] = 0.0
     assert stats[S["zeros"]] == np.sum(finite == 0)
     assert stats[S["max"]] == 50.0 and stats[S["min"]] == finite.min()
-    n, f64, u64 = finite.size, np.float64, unit_roundoff(np.float64)
+    n, f64, u64 = finite.size, np.float64, tolerances.unit_roundoff(np.float64)
     mean, std, abs_sum = finite.mean(), finite.std(), np.abs(finite).sum()
     # The kernel's sum of x (records.cc): float32 within blocks of KERNEL_BLOCK (clean chunks; the
     # lane count of `omp simd` follows -march=native: 8 on AVX2, 16 on AVX-512, so the order differs
     # by CPU), float64 across blocks and chunks and, element by element, in chunks holding NaN, Inf or
     # subnormals. Any order: blocked_sum_atol, at most n float64 additions. numpy's float64 sum, any
     # order: sum_atol. Each side's division by n rounds once more.
-    sum_err = blocked_sum_atol(abs_sum, n, KERNEL_BLOCK, np.float32, f64, outer_terms=n) + sum_atol(f64, n, abs_sum)
-    mean_atol = sum_err / n + TWO_SIDES * u64 * abs(mean)
+    sum_err = tolerances.blocked_sum_atol(
+        abs_sum, n, KERNEL_BLOCK, np.float32, f64, outer_terms=n
+    ) + tolerances.sum_atol(f64, n, abs_sum)
+    mean_atol = sum_err / n + tolerances.TWO_SIDES * u64 * abs(mean)
     np.testing.assert_allclose(stats[S["mean"]], mean, rtol=0, atol=mean_atol)
     # The centred sum of squares, float64 on both sides, about means up to mean_atol apart: the
     # shift adds (mean error)^2 to the variance exactly; the n-term float64 sum of positive terms
     # (and the subtraction and the square) rounds within gamma(n + 2) of it; sqrt halves that.
-    var_atol = mean_atol**2 + TWO_SIDES * gamma(n + 2, f64) * (std**2 + mean_atol**2)
-    np.testing.assert_allclose(stats[S["std"]], std, rtol=0, atol=var_atol / std + TWO_SIDES * u64 * std)
+    var_atol = mean_atol**2 + tolerances.TWO_SIDES * tolerances.gamma(n + 2, f64) * (std**2 + mean_atol**2)
+    np.testing.assert_allclose(stats[S["std"]], std, rtol=0, atol=var_atol / std + tolerances.TWO_SIDES * u64 * std)
     # Squares of float32 numbers are exact in float64; their n-term float64 sum (positive terms) is
     # within gamma(n - 1) on each side; sqrt halves that and rounds once.
     np.testing.assert_allclose(
-        stats[S["norm"]], np.sqrt(np.sum(finite**2)), rtol=TWO_SIDES * (sum_rtol(f64, n) / 2 + u64)
+        stats[S["norm"]],
+        np.sqrt(np.sum(finite**2)),
+        rtol=tolerances.TWO_SIDES * (tolerances.sum_rtol(f64, n) / 2 + u64),
     )
     assert hist.numpy()[:, 2].sum() == finite.size
 

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tb_reading import read_all
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -52,7 +51,7 @@ def runs_of(compiler: Path) -> int:
 
 
 @pytest.mark.slow
-def test_imports_and_writes_summaries_where_fcntl_does_not_exist(tmp_path):
+def test_imports_and_writes_summaries_where_fcntl_does_not_exist(tmp_path, tb_reading):
     """As on Windows: `import fcntl` fails. Every module imports, the build lock works, summaries are written."""
     code = textwrap.dedent(f"""
         import sys
@@ -75,7 +74,7 @@ def test_imports_and_writes_summaries_where_fcntl_does_not_exist(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "imported" in done.stdout
-    records = read_all(str(tmp_path / "logs"))["run"]
+    records = tb_reading.read_all(str(tmp_path / "logs"))["run"]
     info, datums = records["loss/output/net/dense/stats"]
     assert info.layer == "net/dense" and [d.step for d in datums] == [3]
     stats = datums[0].numpy

@@ -7,9 +7,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import plugin_fixtures as pf
 import pytest
-from plugin_fixtures import InProcess, get_json
 
 from tb_layergrad.reader import series
 from tb_layergrad.reader.block_cache import BlockCache
@@ -18,42 +16,44 @@ LAYER = "model/dense"
 
 
 @pytest.fixture(scope="module")
-def tb(tmp_path_factory):
+def tb(tmp_path_factory, plugin_fixtures):
     src = str(tmp_path_factory.mktemp("v1"))
-    pf.write_small_logdir(src)
-    records = pf.read_run_records(os.path.join(src, "train"))
-    records = sorted(records + pf.first_nonfinite_records(records), key=lambda r: r[0])
+    plugin_fixtures.write_small_logdir(src)
+    records = plugin_fixtures.read_run_records(os.path.join(src, "train"))
+    records = sorted(records + plugin_fixtures.first_nonfinite_records(records), key=lambda r: r[0])
     logdir = str(tmp_path_factory.mktemp("blocks"))
-    pf.write_records(os.path.join(logdir, "blocks"), pf.grouped_records(records, block_steps=4))  # steps 0-3, 4-7, 8-9
-    return InProcess(logdir)
+    plugin_fixtures.write_records(
+        os.path.join(logdir, "blocks"), plugin_fixtures.grouped_records(records, block_steps=4)
+    )  # steps 0-3, 4-7, 8-9
+    return plugin_fixtures.InProcess(logdir)
 
 
 def histogram_reads(tb):
     return [c for c in tb.provider.calls if c[0] == "read_tensors" and c[3] and any("/histogram/" in t for t in c[3])]
 
 
-def test_the_blocks_are_three_tags(tb):
-    body = get_json(tb, "histograms", {"run": "blocks", "layer": LAYER})
-    assert body["steps"] == pf.TRAIN_STEPS
+def test_the_blocks_are_three_tags(tb, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "histograms", {"run": "blocks", "layer": LAYER})
+    assert body["steps"] == plugin_fixtures.TRAIN_STEPS
     tags = {t for c in histogram_reads(tb) for t in c[3]}
     assert sorted(int(t.rsplit("/", 1)[1]) for t in tags) == [0, 4, 8]
 
 
 @pytest.mark.parametrize("max_steps", [1, 3, 4, 7])
-def test_thinned_before_laid_out_is_thinning_after(tb, max_steps):
-    whole = get_json(tb, "histograms", {"run": "blocks", "layer": LAYER})
-    thinned = get_json(tb, "histograms", {"run": "blocks", "layer": LAYER, "max_steps": max_steps})
+def test_thinned_before_laid_out_is_thinning_after(tb, max_steps, plugin_fixtures):
+    whole = plugin_fixtures.get_json(tb, "histograms", {"run": "blocks", "layer": LAYER})
+    thinned = plugin_fixtures.get_json(tb, "histograms", {"run": "blocks", "layer": LAYER, "max_steps": max_steps})
     keep = series.pick_evenly(len(whole["steps"]), max_steps)
     assert thinned["steps"] == [whole["steps"][i] for i in keep]
     assert thinned["histograms"] == [whole["histograms"][i] for i in keep]
     assert thinned["wall_times"] == [whole["wall_times"][i] for i in keep]
 
 
-def test_a_second_layer_reads_no_block_again(tb):
-    get_json(tb, "histograms", {"run": "blocks", "layer": LAYER})
+def test_a_second_layer_reads_no_block_again(tb, plugin_fixtures):
+    plugin_fixtures.get_json(tb, "histograms", {"run": "blocks", "layer": LAYER})
     before = len(histogram_reads(tb))
     for layer in ("model/embedding", "model/rnn", LAYER):
-        body = get_json(tb, "histograms", {"run": "blocks", "layer": layer, "max_steps": 5})
+        body = plugin_fixtures.get_json(tb, "histograms", {"run": "blocks", "layer": layer, "max_steps": 5})
         assert len(body["steps"]) == 5
     assert len(histogram_reads(tb)) == before
 

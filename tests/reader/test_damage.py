@@ -11,69 +11,12 @@ from __future__ import annotations
 import io
 import json
 import os
-import time
 import warnings
 
 import numpy as np
 import pytest
-import reliability_fixtures as rf
 
 from tb_layergrad.reader import damage, event_files
-
-LAYERS = ["net/a", "net/b"]
-
-
-def _age(*paths: str) -> None:
-    old = time.time() - 2 * damage.SETTLED_S
-    for p in paths:
-        os.utime(p, (old, old))
-
-
-def _cut(f: rf.EventFile) -> int:
-    """Cuts the last record of `f` in the middle of its payload; returns the size left."""
-    size = os.path.getsize(f.path)
-    cut = f.offsets[-1] + 12 + (size - f.offsets[-1] - 12) // 2
-    with open(f.path, "r+b") as fh:
-        fh.truncate(cut)
-    return cut
-
-
-def _flip(f: rf.EventFile, record: int) -> None:
-    with open(f.path, "r+b") as fh:
-        fh.seek(f.offsets[record] + 12 + 40)
-        byte = fh.read(1)
-        fh.seek(-1, os.SEEK_CUR)
-        fh.write(bytes([byte[0] ^ 0xFF]))
-
-
-def damaged_logdir(root: str) -> dict:
-    """One run per damage (and an intact one); returns {run: (kind, offset, step, records)} expected."""
-    expect = {}
-    rf.write_run(os.path.join(root, "intact"), LAYERS, range(6))
-    f = rf.write_run(os.path.join(root, "truncated"), LAYERS, range(6))
-    _cut(f)
-    _age(f.path)
-    expect["truncated"] = (damage.TRUNCATED, f.offsets[-1], 4, 6)  # file version + steps 0..4
-    f = rf.write_run(os.path.join(root, "garbage"), LAYERS, range(6))
-    end = os.path.getsize(f.path)
-    f.append_raw(np.random.default_rng(3).bytes(300))
-    expect["garbage"] = (damage.CORRUPT, end, 5, 7)
-    f = rf.write_run(os.path.join(root, "flipped"), LAYERS, range(6))
-    _flip(f, 1 + 3)  # step 3's record
-    expect["flipped"] = (damage.CORRUPT, f.offsets[4], 2, 4)
-    f = rf.EventFile(os.path.join(root, "noise"))
-    with open(f.path, "wb") as fh:  # random bytes only: TensorBoard lists no run
-        fh.write(np.random.default_rng(4).bytes(500))
-    expect["noise"] = (damage.CORRUPT, 0, None, 0)
-    os.makedirs(os.path.join(root, "empty"))
-    empty = os.path.join(root, "empty", "events.out.tfevents.1.empty")
-    open(empty, "wb").close()
-    _age(empty)
-    expect["empty"] = (damage.EMPTY, 0, None, 0)
-    os.makedirs(os.path.join(root, "unreadable"))
-    os.symlink(os.path.join(root, "nowhere"), os.path.join(root, "unreadable", "events.out.tfevents.1.gone"))
-    expect["unreadable"] = (damage.UNREADABLE, 0, None, 0)
-    return expect
 
 
 def _tensorboard_last_step(path: str):
@@ -90,8 +33,8 @@ def _tensorboard_last_step(path: str):
     return max(steps[1:]) if len(steps) > 1 else None
 
 
-def test_each_damage_is_named_with_the_step_tensorboard_read_up_to(tmp_path):
-    expect = damaged_logdir(str(tmp_path))
+def test_each_damage_is_named_with_the_step_tensorboard_read_up_to(tmp_path, reliability_fixtures):
+    expect = reliability_fixtures.damaged_logdir(str(tmp_path))
     found = damage.Scanner(str(tmp_path)).scan()
     got = {run: [(d.kind, d.offset, d.step, d.records) for d in ds] for run, ds in found.items()}
     assert got == {run: [e] for run, e in expect.items()}
@@ -103,26 +46,26 @@ def test_each_damage_is_named_with_the_step_tensorboard_read_up_to(tmp_path):
             assert f"read up to step {d.step}" in d.line()
 
 
-def test_a_partial_record_or_an_empty_file_is_named_only_once_settled(tmp_path):
+def test_a_partial_record_or_an_empty_file_is_named_only_once_settled(tmp_path, reliability_fixtures):
     run = str(tmp_path / "live")
-    f = rf.write_run(run, LAYERS, range(3))
-    _cut(f)
+    f = reliability_fixtures.write_run(run, reliability_fixtures.DAMAGE_LAYERS, range(3))
+    reliability_fixtures.cut(f)
     open(os.path.join(run, "events.out.tfevents.2.next"), "wb").close()
     assert damage.Scanner(str(tmp_path)).scan() == {}  # a writer between two flushes
     named = damage.Scanner(str(tmp_path), settled_s=0).scan()["live"]
     assert [d.kind for d in named] == [damage.TRUNCATED, damage.EMPTY]
 
 
-def test_the_check_reads_each_appended_byte_once(tmp_path):
+def test_the_check_reads_each_appended_byte_once(tmp_path, reliability_fixtures):
     run = str(tmp_path / "growing")
-    f = rf.write_run(run, LAYERS, range(5))
+    f = reliability_fixtures.write_run(run, reliability_fixtures.DAMAGE_LAYERS, range(5))
     scanner = damage.Scanner(str(tmp_path))
     assert scanner.scan() == {}
     first = scanner.bytes_read
     assert first == os.path.getsize(f.path)
     assert scanner.scan() == {} and scanner.bytes_read == first  # nothing new: nothing read
     size = os.path.getsize(f.path)
-    f.write(5, LAYERS)
+    f.write(5, reliability_fixtures.DAMAGE_LAYERS)
     record = os.path.getsize(f.path) - size
     f.append_raw(b"\x07" * 5)  # the start of the next record, not yet whole
     assert scanner.scan() == {}
@@ -147,12 +90,12 @@ def test_checksums_are_tensorboards(tmp_path):
         assert [int(c) for c in got] == [masked_crc32c(data[s : s + length].tobytes()) for s in starts]
 
 
-def test_report_and_load_name_the_damage_and_serve_the_rest(tmp_path):
+def test_report_and_load_name_the_damage_and_serve_the_rest(tmp_path, reliability_fixtures):
     pytest.importorskip("pandas")
     import tb_layergrad
     from tb_layergrad.cli import report
 
-    expect = damaged_logdir(str(tmp_path))
+    expect = reliability_fixtures.damaged_logdir(str(tmp_path))
     rep = report.build(str(tmp_path))
     lines = [w for w in rep.warnings if w.startswith("run ")]
     assert sorted(line.split(":")[0] for line in lines) == sorted(f"run {r!r}" for r in expect)
@@ -187,11 +130,11 @@ def report_args(logdir: str, run: str):
     return parser.parse_args([logdir, "--run", run])
 
 
-def test_the_records_read_are_those_tensorboards_reader_reads(tmp_path):
+def test_the_records_read_are_those_tensorboards_reader_reads(tmp_path, reliability_fixtures):
     """`read_records` (what report and load() read through) against TensorBoard's own pure-Python reader."""
     from tensorboard.compat.tensorflow_stub import errors, pywrap_tensorflow
 
-    damaged_logdir(str(tmp_path))
+    reliability_fixtures.damaged_logdir(str(tmp_path))
     compared = 0
     for folder, _, files in os.walk(str(tmp_path)):
         for name in files:

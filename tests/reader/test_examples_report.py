@@ -9,7 +9,6 @@ import io
 import json
 import pathlib
 
-import examples_fixtures as ef
 import numpy as np
 import pytest
 
@@ -21,8 +20,8 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
-    return ef.write_examples_logdir(str(tmp_path_factory.mktemp("examples_report"))).logdir
+def logdir(tmp_path_factory, examples_fixtures):
+    return examples_fixtures.write_examples_logdir(str(tmp_path_factory.mktemp("examples_report"))).logdir
 
 
 def _run(logdir, *extra):
@@ -49,15 +48,15 @@ def test_rule_by_hand():
     assert dominance.dominance("m/a", [0], [0.2], [32], [0], [3], [1.0]) is None
 
 
-def test_report_names_the_dominated_step(logdir):
+def test_report_names_the_dominated_step(logdir, examples_fixtures):
     code, out, _ = _run(logdir, "--format", "json")
     assert code == 0
     runs = {r["run"]: r for r in json.loads(out)["runs"]}
-    norms = ef.make_norms()
-    for name in (ef.RUN, ef.RENAMED):
+    norms = examples_fixtures.make_norms()
+    for name in (examples_fixtures.RUN, examples_fixtures.RENAMED):
         want = []
-        for layer in ef.LAYERS:  # numpy on the raw norms: the steps where the largest carries > half
-            if layer == ef.UNSUPPORTED_LAYER:
+        for layer in examples_fixtures.LAYERS:  # numpy on the raw norms: the steps where the largest carries > half
+            if layer == examples_fixtures.UNSUPPORTED_LAYER:
                 continue
             sq = norms[layer] ** 2
             share = sq.max(1) / sq.sum(1)
@@ -72,23 +71,32 @@ def test_report_names_the_dominated_step(logdir):
                         "worst_step": worst,
                         "worst_share": pytest.approx(float(share[worst]), rel=1e-12),
                         "worst_position": int(np.argmax(norms[layer][worst])),
-                        "examples": ef.BATCH,
+                        "examples": examples_fixtures.BATCH,
                     }
                 )
         assert runs[name]["dominated"] == want
-        assert want[0]["layer"] == ef.DOMINATED_LAYER and want[0]["worst_step"] == ef.DOMINATED_STEP
-        assert want[0]["worst_position"] == ef.DOMINATED_POSITION
-    assert "dominated" not in runs[ef.PLAIN]  # no per-example records: nothing said, the JSON as before
-    code, text, _ = _run(logdir, "--run", ef.RUN)
+        assert (
+            want[0]["layer"] == examples_fixtures.DOMINATED_LAYER
+            and want[0]["worst_step"] == examples_fixtures.DOMINATED_STEP
+        )
+        assert want[0]["worst_position"] == examples_fixtures.DOMINATED_POSITION
+    assert "dominated" not in runs[examples_fixtures.PLAIN]  # no per-example records: nothing said, the JSON as before
+    code, text, _ = _run(logdir, "--run", examples_fixtures.RUN)
     text = " ".join(text.split())  # the line is wrapped at the terminal width
-    assert f"one example dominates {ef.DOMINATED_LAYER} at 1 step: first step {ef.DOMINATED_STEP}" in text
-    assert f"from batch position {ef.DOMINATED_POSITION} of {ef.BATCH}" in text
+    assert (
+        f"one example dominates {examples_fixtures.DOMINATED_LAYER} at 1 step: first step {examples_fixtures.DOMINATED_STEP}"
+        in text
+    )
+    assert f"from batch position {examples_fixtures.DOMINATED_POSITION} of {examples_fixtures.BATCH}" in text
 
 
-def test_fail_on_dominated(logdir):
+def test_fail_on_dominated(logdir, examples_fixtures):
     code, _, err = _run(logdir, "--format", "json", "--fail-on", "dominated")
-    assert code == report.EXIT_FAILED and f"layer {ef.DOMINATED_LAYER}, step {ef.DOMINATED_STEP}" in err
-    code, out, _ = _run(logdir, "--run", ef.PLAIN, "--fail-on", "dominated")
+    assert (
+        code == report.EXIT_FAILED
+        and f"layer {examples_fixtures.DOMINATED_LAYER}, step {examples_fixtures.DOMINATED_STEP}" in err
+    )
+    code, out, _ = _run(logdir, "--run", examples_fixtures.PLAIN, "--fail-on", "dominated")
     assert code == 0 and "OK: none of dominated holds" in out
 
 
@@ -127,7 +135,7 @@ def _number(cell: str):
     return float(cell) if "." in cell else int(cell)
 
 
-def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys):
+def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys, examples_fixtures):
     doc = json.loads(_cli(capsys, logdir, "--format", "json"))
     text = _cli(capsys, logdir, "--format", "csv")
     header = next(csv.reader(io.StringIO(text)))
@@ -147,22 +155,25 @@ def test_csv_carries_what_the_json_says_of_dominated_layers(logdir, capsys):
             else:  # the JSON's numbers exactly (repr of the same floats)
                 assert [_number(c) for c in cells] == [said[r["layer"]][k] for k in report.DOMINATED_FIELDS]
     by = {(r["run"], r["layer"]): r for r in rows}
-    sq = ef.make_norms()[ef.DOMINATED_LAYER] ** 2
-    for name in (ef.RUN, ef.RENAMED):  # the planted example, against numpy on the norms written
-        row = by[(name, ef.DOMINATED_LAYER)]
+    sq = examples_fixtures.make_norms()[examples_fixtures.DOMINATED_LAYER] ** 2
+    for name in (
+        examples_fixtures.RUN,
+        examples_fixtures.RENAMED,
+    ):  # the planted example, against numpy on the norms written
+        row = by[(name, examples_fixtures.DOMINATED_LAYER)]
         assert (row["dominated_steps"], row["dominated_first_step"], row["dominated_worst_step"]) == (
             "1",
-            str(ef.DOMINATED_STEP),
-            str(ef.DOMINATED_STEP),
+            str(examples_fixtures.DOMINATED_STEP),
+            str(examples_fixtures.DOMINATED_STEP),
         )
         assert (row["dominated_worst_position"], row["dominated_examples"]) == (
-            str(ef.DOMINATED_POSITION),
-            str(ef.BATCH),
+            str(examples_fixtures.DOMINATED_POSITION),
+            str(examples_fixtures.BATCH),
         )
-        share = sq[ef.DOMINATED_STEP].max() / sq[ef.DOMINATED_STEP].sum()
+        share = sq[examples_fixtures.DOMINATED_STEP].max() / sq[examples_fixtures.DOMINATED_STEP].sum()
         assert float(row["dominated_worst_share"]) == pytest.approx(share, rel=1e-12) and share > 0.5
-        assert by[(name, ef.UNSUPPORTED_LAYER)]["dominated_steps"] == "0"  # status 1: never dominated
-    for name in (ef.PLAIN, ef.PLAIN_V1):
+        assert by[(name, examples_fixtures.UNSUPPORTED_LAYER)]["dominated_steps"] == "0"  # status 1: never dominated
+    for name in (examples_fixtures.PLAIN, examples_fixtures.PLAIN_V1):
         assert any(r["run"] == name for r in rows)
         assert all(r[c] == "" for r in rows if r["run"] == name for c in DOMINATED_COLUMNS)
 

@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import pytest
-from hparams_fixtures import EXPECTED, NAMES, write_hparams_logdir
 from tensorboard import context
 
 import tb_layergrad
@@ -27,9 +26,9 @@ ctx = context.RequestContext()
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
+def logdir(tmp_path_factory, hparams_fixtures):
     d = str(tmp_path_factory.mktemp("hparams_logdir"))
-    write_hparams_logdir(d)
+    hparams_fixtures.write_hparams_logdir(d)
     return d
 
 
@@ -67,14 +66,14 @@ def _provider(which, logdir, request):
 
 @pytest.mark.parametrize("which", ["python", "rust"])
 @pytest.mark.slow
-def test_each_run_gets_its_nearest_session(logdir, request, which):
+def test_each_run_gets_its_nearest_session(logdir, request, which, hparams_fixtures):
     provider = _provider(which, logdir, request)
     with event_files.tensorflow_free(logdir):
         found = hparams.sessions(provider, ctx, "")
-        got = hparams.by_run(provider, ctx, "", list(EXPECTED) + ["top/deep", "nowhere/below"])
+        got = hparams.by_run(provider, ctx, "", list(hparams_fixtures.EXPECTED) + ["top/deep", "nowhere/below"])
     assert sorted(found) == ["kc", "top", "top/deep"]
-    assert {run: got[run] for run in EXPECTED} == EXPECTED
-    assert got["top/deep"] == EXPECTED["top/deep/train"] and got["nowhere/below"] == {}
+    assert {run: got[run] for run in hparams_fixtures.EXPECTED} == hparams_fixtures.EXPECTED
+    assert got["top/deep"] == hparams_fixtures.EXPECTED["top/deep/train"] and got["nowhere/below"] == {}
     kinds = {k: type(v) for k, v in got["kc/train"].items()}
     assert kinds == {"learning_rate": float, "activation": str, "batch_norm": bool, "units": float, "mixed": float}
 
@@ -86,16 +85,16 @@ def test_a_session_at_the_logdir_applies_to_every_run():
     assert hparams.session_of(".", ["."]) == "."
 
 
-def test_load_has_one_column_per_hyperparameter(logdir):
+def test_load_has_one_column_per_hyperparameter(logdir, hparams_fixtures):
     df = tb_layergrad.load(logdir)
-    assert sorted(set(df.run)) == sorted(EXPECTED)
+    assert sorted(set(df.run)) == sorted(hparams_fixtures.EXPECTED)
     hp_columns = [c for c in df.columns if c.startswith("hp/")]
-    assert hp_columns == [f"hp/{n}" for n in NAMES]
+    assert hp_columns == [f"hp/{n}" for n in hparams_fixtures.NAMES]
     assert list(df.columns[: -len(hp_columns)]) == list(tb_layergrad.reader.dataframe.COLUMNS)
-    for run, values in EXPECTED.items():
+    for run, values in hparams_fixtures.EXPECTED.items():
         rows = df[df.run == run]
         assert len(rows) > 0
-        for name in NAMES:
+        for name in hparams_fixtures.NAMES:
             column = rows[f"hp/{name}"].tolist()
             if name in values:
                 assert column == [values[name]] * len(rows), (run, name)
@@ -113,23 +112,23 @@ def _report(argv, capsys):
     return code, out, err
 
 
-def test_report_json_has_each_runs_hyperparameters(logdir, capsys):
+def test_report_json_has_each_runs_hyperparameters(logdir, capsys, hparams_fixtures):
     code, out, _ = _report([logdir, "--format", "json"], capsys)
     assert code == 0
     body = json.loads(out)
-    assert {r["run"]: r["hparams"] for r in body["runs"]} == EXPECTED
+    assert {r["run"]: r["hparams"] for r in body["runs"]} == hparams_fixtures.EXPECTED
     assert body["sort"] is None
 
 
-def test_report_csv_appends_sorted_hp_columns(logdir, capsys):
+def test_report_csv_appends_sorted_hp_columns(logdir, capsys, hparams_fixtures):
     code, out, _ = _report([logdir, "--format", "csv"], capsys)
     assert code == 0
     rows = list(csv.reader(io.StringIO(out)))
-    assert rows[0] == list(CSV_COLUMNS) + [f"hp/{n}" for n in NAMES]
-    assert len(rows) - 1 == 2 * len(EXPECTED)  # two layers a run
+    assert rows[0] == list(CSV_COLUMNS) + [f"hp/{n}" for n in hparams_fixtures.NAMES]
+    assert len(rows) - 1 == 2 * len(hparams_fixtures.EXPECTED)  # two layers a run
     for row in rows[1:]:
-        values = EXPECTED[row[0]]
-        for j, name in enumerate(NAMES):
+        values = hparams_fixtures.EXPECTED[row[0]]
+        for j, name in enumerate(hparams_fixtures.NAMES):
             cell = row[len(CSV_COLUMNS) + j]
             v = values.get(name)
             assert cell == ("" if v is None else repr(v) if isinstance(v, float) else str(v)), (row[0], name)
@@ -184,31 +183,30 @@ def test_sort_rules():
 
 
 @pytest.mark.slow
-def test_the_hparams_route_under_both_loaders(logdir, tmp_path):
-    from hparams_fixtures import STEPS
-    from tensorboard_process import PLUGIN_API, tensorboards
+def test_the_hparams_route_under_both_loaders(logdir, tmp_path, hparams_fixtures, tensorboard_process):
 
-    with tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
+    with tensorboard_process.tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
         for p in procs:
-            p.wait_for_runs({run: STEPS for run in EXPECTED})
-            body = p.get_json(PLUGIN_API + "hparams")
-            assert body["names"] == NAMES
-            assert {r["run"]: r["hparams"] for r in body["runs"]} == EXPECTED
-            one = p.get_json(PLUGIN_API + "hparams?run=top/deep/train")
-            assert one["runs"] == [{"run": "top/deep/train", "hparams": EXPECTED["top/deep/train"]}]
-            code, body, _ = p.get(PLUGIN_API + "hparams?run=top")  # a session's own folder holds no gradients
+            p.wait_for_runs({run: hparams_fixtures.STEPS for run in hparams_fixtures.EXPECTED})
+            body = p.get_json(tensorboard_process.PLUGIN_API + "hparams")
+            assert body["names"] == hparams_fixtures.NAMES
+            assert {r["run"]: r["hparams"] for r in body["runs"]} == hparams_fixtures.EXPECTED
+            one = p.get_json(tensorboard_process.PLUGIN_API + "hparams?run=top/deep/train")
+            assert one["runs"] == [{"run": "top/deep/train", "hparams": hparams_fixtures.EXPECTED["top/deep/train"]}]
+            code, body, _ = p.get(
+                tensorboard_process.PLUGIN_API + "hparams?run=top"
+            )  # a session's own folder holds no gradients
             assert code == 404 and b"top" in body
 
 
-def test_a_session_in_the_logdir_itself_reaches_every_run(tmp_path):
+def test_a_session_in_the_logdir_itself_reaches_every_run(tmp_path, hparams_fixtures):
     import tensorflow as tf
-    from hparams_fixtures import fit_with_logger
     from tensorboard.plugins.hparams import api as hp
 
     logdir = str(tmp_path)
     with tf.summary.create_file_writer(logdir).as_default():
         hp.hparams({"seed": 7, "optimizer": "sgd"})
-    fit_with_logger(logdir, "x/y", [], seed=5)
+    hparams_fixtures.fit_with_logger(logdir, "x/y", [], seed=5)
     df = tb_layergrad.load(logdir)
     assert set(df.run) == {"x/y/train"}
     assert set(df["hp/seed"]) == {7.0} and set(df["hp/optimizer"]) == {"sgd"}

@@ -12,7 +12,6 @@ import threading
 import types
 
 import numpy as np
-import reliability_fixtures as rf
 from tensorboard import context
 
 from tb_layergrad import metadata
@@ -37,8 +36,8 @@ def _stats(provider, run: str):
     return [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
 
 
-def test_statistics_read_meanwhile_are_those_kept(tmp_path):
-    f = rf.write_run(str(tmp_path / "live"), LAYERS, range(10))
+def test_statistics_read_meanwhile_are_those_kept(tmp_path, reliability_fixtures):
+    f = reliability_fixtures.write_run(str(tmp_path / "live"), LAYERS, range(10))
     mux, provider = _provider(str(tmp_path))
     store = StatsStore(provider)
     ctx = context.RequestContext()
@@ -55,12 +54,12 @@ def test_statistics_read_meanwhile_are_those_kept(tmp_path):
     after = store.read(ctx, "", "live", grown)
     assert all(list(rows.steps) == list(range(15)) for rows in after.values())
     for s in grown:
-        want = np.asarray([rf.stats_vector(LAYERS.index(s.info.layer), step) for step in range(15)])
+        want = np.asarray([reliability_fixtures.stats_vector(LAYERS.index(s.info.layer), step) for step in range(15)])
         np.testing.assert_array_equal(after[s.key].table, want)
 
 
-def test_a_series_never_read_waits_for_the_read_in_progress(tmp_path):
-    rf.write_run(str(tmp_path / "live"), LAYERS, range(5))
+def test_a_series_never_read_waits_for_the_read_in_progress(tmp_path, reliability_fixtures):
+    reliability_fixtures.write_run(str(tmp_path / "live"), LAYERS, range(5))
     _, provider = _provider(str(tmp_path))
     store = StatsStore(provider)
     lock = store._run_lock("", "live")  # noqa: SLF001 - a read of the run in progress

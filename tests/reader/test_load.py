@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
-from plugin_fixtures import InProcess, as_float, strict_json
 
 import tb_layergrad
 from tb_layergrad import metadata
 
 
-def test_load_equals_the_stats_route_for_every_series(small_logdir):
+def test_load_equals_the_stats_route_for_every_series(small_logdir, plugin_fixtures):
     df = tb_layergrad.load(small_logdir.logdir)
-    tb = InProcess(small_logdir.logdir)
-    runs = strict_json(tb.get("runs").data)["runs"]
+    tb = plugin_fixtures.InProcess(small_logdir.logdir)
+    runs = plugin_fixtures.strict_json(tb.get("runs").data)["runs"]
     compared = 0
     for run in runs:
         layers = run["layers"]
@@ -23,7 +22,7 @@ def test_load_equals_the_stats_route_for_every_series(small_logdir):
                 if "stats" not in s["kinds"]:
                     continue
                 q = {"run": run["run"], "layer": layer["layer"], "target": s["target"], "source": s["source"]}
-                route = strict_json(tb.get("stats", q).data)
+                route = plugin_fixtures.strict_json(tb.get("stats", q).data)
                 rows = df[
                     (df.run == run["run"])
                     & (df.layer == layer["layer"])
@@ -33,7 +32,7 @@ def test_load_equals_the_stats_route_for_every_series(small_logdir):
                 assert list(rows.step) == route["steps"]
                 for stat, values in route["stats"].items():
                     np.testing.assert_array_equal(
-                        rows[stat].to_numpy(dtype=float), as_float(values), err_msg=f"{q} {stat}"
+                        rows[stat].to_numpy(dtype=float), plugin_fixtures.as_float(values), err_msg=f"{q} {stat}"
                     )
                 compared += 1
     assert compared >= 5

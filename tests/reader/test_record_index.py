@@ -10,10 +10,8 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import reliability_fixtures as rf
 from tensorboard import context
 from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
-from test_damage import LAYERS, damaged_logdir
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import record_index, series
@@ -50,14 +48,16 @@ def _same(tb, ours, ctx) -> int:
     return compared
 
 
-def test_a_damaged_logdir_reads_as_tensorboard_reads_it(tmp_path):
-    damaged_logdir(str(tmp_path))
+def test_a_damaged_logdir_reads_as_tensorboard_reads_it(tmp_path, reliability_fixtures):
+    reliability_fixtures.damaged_logdir(str(tmp_path))
     ctx = context.RequestContext()
     tb = _tensorboard(str(tmp_path))
     ours = record_index.LocalProvider(tb, str(tmp_path))
     assert _same(tb, ours, ctx) > 0
     # A filter by run and tag answers as TensorBoard's does.
-    tag = metadata.make_tag(metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, LAYERS[0], metadata.KIND_STATS)
+    tag = metadata.make_tag(
+        metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, reliability_fixtures.DAMAGE_LAYERS[0], metadata.KIND_STATS
+    )
     f = record_index.tb_provider.RunTagFilter(runs=["flipped", "intact"], tags=[tag])
     kw = dict(experiment_id=EID, plugin_name=metadata.PLUGIN_NAME, run_tag_filter=f)
     assert ours.list_tensors(ctx, **kw) == tb.list_tensors(ctx, **kw)
@@ -67,21 +67,23 @@ def test_a_damaged_logdir_reads_as_tensorboard_reads_it(tmp_path):
     }
 
 
-def test_a_run_being_written_is_read_from_where_the_last_read_stopped(tmp_path):
+def test_a_run_being_written_is_read_from_where_the_last_read_stopped(tmp_path, reliability_fixtures):
     run = str(tmp_path / "live")
-    f = rf.write_run(run, LAYERS, range(4))
+    f = reliability_fixtures.write_run(run, reliability_fixtures.DAMAGE_LAYERS, range(4))
     ctx = context.RequestContext()
     ours = record_index.LocalProvider(_tensorboard(str(tmp_path)), str(tmp_path))
     _same(_tensorboard(str(tmp_path)), ours, ctx)
-    whole = f.event(4, LAYERS)
-    framed = rf.frame(whole)
+    whole = f.event(4, reliability_fixtures.DAMAGE_LAYERS)
+    framed = reliability_fixtures.frame(whole)
     f.append_raw(framed[: len(framed) // 2])  # half a record: not read yet
     assert _same(_tensorboard(str(tmp_path)), ours, ctx) > 0
     with open(f.path, "ab") as fh:
         fh.write(framed[len(framed) // 2 :])
     for step in range(5, 9):
-        f.write(step, LAYERS)
-    rf.write_run(run, LAYERS, range(9, 12), suffix="b")  # a second file of the run
+        f.write(step, reliability_fixtures.DAMAGE_LAYERS)
+    reliability_fixtures.write_run(
+        run, reliability_fixtures.DAMAGE_LAYERS, range(9, 12), suffix="b"
+    )  # a second file of the run
     tb = _tensorboard(str(tmp_path))
     assert _same(tb, ours, ctx) > 0
     listed = ours.list_tensors(ctx, experiment_id=EID, plugin_name=metadata.PLUGIN_NAME)

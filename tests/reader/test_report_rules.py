@@ -11,15 +11,6 @@ import sys
 
 import numpy as np
 import pytest
-from report_fixtures import (
-    reference_decay,
-    reference_decay_atol,
-    reference_detect,
-    reference_summaries,
-    reference_trend,
-    reference_trend_atol,
-)
-from tolerances import approx_or_none, gamma
 
 from tb_layergrad.reader import anomalies, trends
 
@@ -48,22 +39,22 @@ def random_matrices(seed: int = 3, layers: int = 9, steps: int = 40):
 
 
 @pytest.mark.parametrize("seed", [3, 4, 5, 6])
-def test_detect_equals_the_independent_cell_by_cell_evaluation(seed):
+def test_detect_equals_the_independent_cell_by_cell_evaluation(seed, report_fixtures):
     m = random_matrices(seed)
-    expected = reference_detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
+    expected = report_fixtures.reference_detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
     got = anomalies.detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
     assert got.dtype == np.uint8
     assert {int(f) for f in np.unique(expected)} >= {0, 1, 2, 4, 8}  # every kind of flag occurs
     np.testing.assert_array_equal(got, expected)
 
 
-def test_evaluate_summaries_equal_the_independent_ones():
+def test_evaluate_summaries_equal_the_independent_ones(report_fixtures, tolerances):
     m = random_matrices(7)
     steps = list(range(0, 400, 10))
     layers = [f"m/l{i}" for i in range(m["rms"].shape[0])]
     ts = {"m/l3": [10.0 ** (np.arange(6) - 5 + 0.01 * k) for k in range(30)]}
     run = anomalies.evaluate(layers, steps, m, run="r", timesteps=ts)
-    want = reference_summaries(layers, steps, m, timesteps=ts)
+    want = report_fixtures.reference_summaries(layers, steps, m, timesteps=ts)
     flags = run.flag_strings()
     for i, (s, w) in enumerate(zip(run.summaries, want)):
         got = s.to_json()
@@ -73,15 +64,17 @@ def test_evaluate_summaries_equal_the_independent_ones():
         for key in ("last_norm", "last_rms", "last_zero_frac"):  # read from the same matrix: copies, exact
             assert got[key] == w[key], (s.layer, key)
         # A least-squares slope over <= 20 points in float64, two formulas: report_fixtures.reference_trend_atol.
-        assert got["trend"] == approx_or_none(w["trend"], rel=0, abs=w["atol"]["trend"]), (s.layer, "trend")
+        assert got["trend"] == tolerances.approx_or_none(w["trend"], rel=0, abs=w["atol"]["trend"]), (s.layer, "trend")
         assert ("timestep_decay" in got) == ("timestep_decay" in w)
         if "timestep_decay" in w:  # log10 of two float64 numbers, a difference, a median: reference_decay_atol
-            assert got["timestep_decay"] == approx_or_none(w["timestep_decay"], rel=0, abs=w["atol"]["timestep_decay"])
+            assert got["timestep_decay"] == tolerances.approx_or_none(
+                w["timestep_decay"], rel=0, abs=w["atol"]["timestep_decay"]
+            )
     # Planted 10**(j - 5 + c): -5 + c rounds once (<= 5 u off -5), each pow once (moves its log10 by
     # <= u / ln 10 < u); then the two evaluations' own rounding (reference_decay_atol).
-    u = gamma(1, np.float64)
+    u = tolerances.gamma(1, np.float64)
     assert run.summaries[3].timestep_decay == pytest.approx(
-        -5.0, rel=0, abs=reference_decay_atol(ts["m/l3"]) + 5 * u + 2 * u
+        -5.0, rel=0, abs=report_fixtures.reference_decay_atol(ts["m/l3"]) + 5 * u + 2 * u
     )
     np.testing.assert_array_equal(
         run.max_rms, np.nanmax(np.where(m["rms"] > 0, m["rms"], np.nan), axis=0)
@@ -109,20 +102,26 @@ def test_the_step_running_records_name_wins_only_when_earlier():
     assert later.summaries[0].first_nonfinite_step == 20 and later.summaries[1].first_nonfinite_step == 3
 
 
-def test_trend_is_the_fitted_change_in_decades():
+def test_trend_is_the_fitted_change_in_decades(report_fixtures, tolerances):
     steps = np.arange(0, 100, 2)
     norm = 10.0 ** (-0.01 * steps)  # -0.01 decade per step
     # Two float64 least-squares evaluations (report_fixtures.reference_trend_atol); against the exact
     # -0.38 also the planted norms' rounding: -0.01 and -0.01 * step round (2 u of |e| <= 1, moving
     # 10**e by <= 2 ln 10 u < 5 u) and the pow once: norm_rel <= gamma(6).
-    atol = reference_trend_atol(list(steps), norm, np.zeros(50), norm_rel=gamma(6, np.float64))
+    atol = report_fixtures.reference_trend_atol(
+        list(steps), norm, np.zeros(50), norm_rel=tolerances.gamma(6, np.float64)
+    )
     # The last 20 logged steps span 38 steps: -0.38 decades.
     assert trends.trend(steps, norm) == pytest.approx(-0.38, rel=0, abs=atol)
-    assert trends.trend(steps, norm) == pytest.approx(reference_trend(list(steps), norm, np.zeros(50)), rel=0, abs=atol)
+    assert trends.trend(steps, norm) == pytest.approx(
+        report_fixtures.reference_trend(list(steps), norm, np.zeros(50)), rel=0, abs=atol
+    )
     noisy = norm * np.exp(np.random.default_rng(0).normal(0, 0.3, norm.shape))
-    atol_noisy = reference_trend_atol(list(steps), noisy, np.zeros(50))  # the same inputs: rounding only
+    atol_noisy = report_fixtures.reference_trend_atol(
+        list(steps), noisy, np.zeros(50)
+    )  # the same inputs: rounding only
     assert trends.trend(steps, noisy) == pytest.approx(
-        reference_trend(list(steps), noisy, np.zeros(50)), rel=0, abs=atol_noisy
+        report_fixtures.reference_trend(list(steps), noisy, np.zeros(50)), rel=0, abs=atol_noisy
     )
     assert trends.trend([1, 2], [1.0, 2.0]) is None  # fewer than 3 points
     with_nan = norm.copy()
@@ -131,11 +130,13 @@ def test_trend_is_the_fitted_change_in_decades():
     assert trends.trend(steps, with_nan, nonfinite) == pytest.approx(-0.38, rel=0, abs=atol)
 
 
-def test_timestep_decay():
+def test_timestep_decay(report_fixtures):
     v = [np.array([1e-4, 1e-2, 1.0]), np.array([0.0, 1.0, 2.0]), np.array([1.0, np.nan, 0.0])]
     # log10 of 1e-4 (a decimal constant, rounded once) and of 1.0: reference_decay_atol covers both.
-    assert trends.timestep_decay(v[:1]) == pytest.approx(-4.0, rel=0, abs=reference_decay_atol(v[:1]))
-    assert trends.timestep_decay(v) == pytest.approx(reference_decay(v), rel=0, abs=reference_decay_atol(v))
+    assert trends.timestep_decay(v[:1]) == pytest.approx(-4.0, rel=0, abs=report_fixtures.reference_decay_atol(v[:1]))
+    assert trends.timestep_decay(v) == pytest.approx(
+        report_fixtures.reference_decay(v), rel=0, abs=report_fixtures.reference_decay_atol(v)
+    )
     assert trends.timestep_decay([np.array([1.0])]) is None
 
 

@@ -36,13 +36,10 @@ from typing import Dict
 
 import numpy as np
 import pytest
-import reliability_fixtures as rf
 import tensorflow as tf
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-from reference_checks import check_histogram, check_stats
-from tolerances import TWO_SIDES, gamma, unit_roundoff
 
 from tb_layergrad import metadata, summary
 from tb_layergrad.kernel import fused as fused_kernel
@@ -170,7 +167,7 @@ def run(mode: str, x: tf.Tensor, buckets: int):
         return _FUNCTIONS[key](x)  # traced on the first call: inside the `disabled()` above
 
 
-def _property(mode: str, tally: collections.Counter):
+def _property(reference_checks, mode: str, tally: collections.Counter):
     @seed(zlib.crc32(mode.encode()))  # reproducible, and different inputs in each mode
     @settings(
         max_examples=EXAMPLES[mode],
@@ -193,8 +190,8 @@ def _property(mode: str, tally: collections.Counter):
                     file=f,
                 )
         hist, stats = run(mode, x, buckets)
-        check_stats(stats.numpy(), x, mode)
-        check_histogram(hist.numpy(), x, buckets, mode)
+        reference_checks.check_stats(stats.numpy(), x, mode)
+        reference_checks.check_histogram(hist.numpy(), x, buckets, mode)
 
     return prop
 
@@ -207,10 +204,10 @@ def _count(tally: collections.Counter, x: tf.Tensor) -> None:
     tally["with_nan_or_inf"] += bool((~np.isfinite(v)).any())
 
 
-def _run_property(mode: str) -> None:
+def _run_property(reference_checks, reliability_fixtures, mode: str) -> None:
     tally: collections.Counter = collections.Counter()
-    _property(mode, tally)()
-    rf.record("reductions", f"generated tensors: {mode}", tally.pop("cases"), **tally)
+    _property(reference_checks, mode, tally)()
+    reliability_fixtures.record("reductions", f"generated tensors: {mode}", tally.pop("cases"), **tally)
 
 
 @pytest.mark.parametrize(
@@ -221,18 +218,17 @@ def _run_property(mode: str) -> None:
     ],
 )
 @pytest.mark.slow
-def test_reductions_property(mode):
-    _run_property(mode)
+def test_reductions_property(mode, reference_checks, reliability_fixtures):
+    _run_property(reference_checks, reliability_fixtures, mode)
 
 
 @pytest.mark.slow
-def test_reductions_property_under_xla():
-    _run_property("xla-general")
+def test_reductions_property_under_xla(reference_checks, reliability_fixtures):
+    _run_property(reference_checks, reliability_fixtures, "xla-general")
 
 
-def test_summary_op_property(tmp_path_factory):
+def test_summary_op_property(tmp_path_factory, reference_checks, reliability_fixtures, tb_reading):
     """`summary.gradient` writes exactly what the reductions compute, with the right metadata."""
-    from tb_reading import read_all
 
     @settings(
         max_examples=EXAMPLES["summary-op"],
@@ -250,20 +246,22 @@ def test_summary_op_property(tmp_path_factory):
         with writer.as_default():
             assert bool(summary.histogram_and_stats("m/<b>ä</b>", x, step=step, buckets=buckets, max_elements=16))
         writer.close()
-        recs = read_all(str(logdir))["run"]
+        recs = tb_reading.read_all(str(logdir))["run"]
         kinds = {info.kind: (info, datums) for info, datums in recs.values()}
         assert {"histogram", "stats", "tensor"} <= set(kinds)
         for info, datums in kinds.values():
             assert info.layer == "m/<b>ä</b>" and info.dtype == name
             assert [d.step for d in datums] == [step]
-        check_stats(kinds["stats"][1][0].numpy, x, "summary")
-        check_histogram(kinds["histogram"][1][0].numpy, x, buckets, "summary")
+        reference_checks.check_stats(kinds["stats"][1][0].numpy, x, "summary")
+        reference_checks.check_histogram(kinds["histogram"][1][0].numpy, x, buckets, "summary")
         raw = kinds["tensor"][1][0].numpy
         assert raw.dtype == np.float32 and 0 < raw.size <= 16 or x.shape.num_elements() == 0
 
     tally: collections.Counter = collections.Counter()
     prop()
-    rf.record("reductions", "generated tensors: summary op, written and read back", tally.pop("cases"), **tally)
+    reliability_fixtures.record(
+        "reductions", "generated tensors: summary op, written and read back", tally.pop("cases"), **tally
+    )
 
 
 # Inputs the properties above found failing before the fixes (kept as fixed examples).
@@ -300,11 +298,11 @@ XLA_REGRESSIONS = [
     ],  # an XLA compile takes ~1 s
 )
 @pytest.mark.slow
-def test_found_inputs(mode, dtype, values, buckets):
+def test_found_inputs(mode, dtype, values, buckets, reference_checks):
     x = tf.cast(tf.constant(values, tf.float64 if dtype == "float64" else tf.float32), DTYPES[dtype])
     hist, stats = run(mode, x, buckets)
-    check_stats(stats.numpy(), x, mode)
-    check_histogram(hist.numpy(), x, buckets, mode)
+    reference_checks.check_stats(stats.numpy(), x, mode)
+    reference_checks.check_histogram(hist.numpy(), x, buckets, mode)
 
 
 def test_counts_stay_exact_past_float32_integers():

@@ -13,10 +13,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
-from numpy_reference import numpy_stats
-from tb_reading import read_all
 from tensorboard.backend.event_processing import event_file_loader
-from tolerances import TWO_SIDES, sum_rtol
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -69,7 +66,7 @@ def _bucket_counts(x: np.ndarray, buckets: int) -> np.ndarray:
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
-def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fused, graph):
+def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fused, graph, numpy_reference, tolerances):
     if fused and fused_kernel.write_op() is None:
         pytest.skip(f"no fused kernel here: {fused_kernel.unavailable_reason()}")
     if not fused:
@@ -105,17 +102,17 @@ def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fus
     assert tf.make_ndarray(by[(5, tags["first_nonfinite"])].tensor).tolist() == [-1, 4, -1, -1, -1]
     for row, g in enumerate(grads.values()):
         x = tf.cast(g, tf.float64).numpy().ravel()
-        want = numpy_stats(x)
+        want = numpy_reference.numpy_stats(x)
         for name in ("elements", "nan", "pos_inf", "neg_inf", "zeros", "min", "max", "no_gradient"):
             assert stats[row, S[name]] == pytest.approx(want[name], nan_ok=True, rel=0, abs=0), name
         n = int(np.isfinite(x).sum())
         for name in ("mean", "std", "norm", "mean_abs"):  # float32 moments of n terms against float64 ones
             scale = max(abs(want[name]), want["mean_abs"] if name == "mean" else 0.0)
-            assert abs(stats[row, S[name]] - want[name]) <= sum_rtol(np.float32, n) * scale + 1e-300, name
+            assert abs(stats[row, S[name]] - want[name]) <= tolerances.sum_rtol(np.float32, n) * scale + 1e-300, name
         np.testing.assert_array_equal(counts[row].astype(np.int64), _bucket_counts(x, 30))
 
 
-def test_the_same_numbers_as_the_version_1_writer_wrote(tmp_path):
+def test_the_same_numbers_as_the_version_1_writer_wrote(tmp_path, tb_reading, tolerances):
     """tests/data/format_v1 again, written now: the same gradients (its README says how they were drawn) give
     every histogram, stats and first_nonfinite value the version-1 writer wrote, as version 2."""
     import json
@@ -144,7 +141,7 @@ def test_the_same_numbers_as_the_version_1_writer_wrote(tmp_path):
     writer.close()
     with open(os.path.join(data, "expected.json")) as f:
         records = json.load(f)["records"]
-    now = read_all(str(tmp_path))["train"]
+    now = tb_reading.read_all(str(tmp_path))["train"]
     assert sorted(now) == sorted({r["tag"] for r in records})
     for r in records:
         (datum,) = [d for d in now[r["tag"]][1] if d.step == r["step"]]
@@ -157,15 +154,15 @@ def test_the_same_numbers_as_the_version_1_writer_wrote(tmp_path):
             n = int(value[S["elements"]] - value[S["nan"]] - value[S["pos_inf"]] - value[S["neg_inf"]])
             for name in ("mean", "std", "norm", "mean_abs"):  # a mean's sum has terms of both signs: scaled by mean |g|
                 scale = max(abs(value[S[name]]), value[S["mean_abs"]] if name == "mean" else 0.0)
-                bound = TWO_SIDES * sum_rtol(np.float32, n) * scale
+                bound = tolerances.TWO_SIDES * tolerances.sum_rtol(np.float32, n) * scale
                 assert abs(got[S[name]] - value[S[name]]) <= bound, f"{r['tag']} {r['step']} {name}"
             got, value = np.delete(got, moments), np.delete(value, moments)
         np.testing.assert_array_equal(got, value, err_msg=f"{r['tag']} {r['step']}")
-    stored = read_all(str(tmp_path), split_groups=False)["train"]
+    stored = tb_reading.read_all(str(tmp_path), split_groups=False)["train"]
     assert all(isinstance(info, metadata.GroupInfo) for info, _ in stored.values())
 
 
-def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(tmp_path):
+def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(tmp_path, tb_reading):
     """Metadata is per writer (a new file must carry it); a layer list that changes writes other tags, the
     earlier ones are left as they are."""
     first = tf.summary.create_file_writer(str(tmp_path / "run"))
@@ -199,12 +196,12 @@ def test_a_new_writer_writes_the_metadata_again_and_a_new_layer_list_a_new_tag(t
         + [(3, three.with_kind(k).tag_at(0)) for k in kinds]
         + [(4, two.with_kind(k).tag_at(0)) for k in kinds]
     )
-    series = read_all(str(tmp_path))["run"]
+    series = tb_reading.read_all(str(tmp_path))["run"]
     assert [d.step for d in series["loss/output/m/a/stats"][1]] == [1, 2, 3, 4]  # one layer, across the tags
     assert [d.step for d in series["loss/output/m/c/stats"][1]] == [3]
 
 
-def test_gradient_logger_writes_version_2(tmp_path):
+def test_gradient_logger_writes_version_2(tmp_path, tb_reading):
     import keras
 
     x = np.random.default_rng(0).normal(size=(16, 4)).astype(np.float32)
@@ -215,15 +212,15 @@ def test_gradient_logger_writes_version_2(tmp_path):
     model.compile(optimizer="sgd", loss="mse")
     logdir = str(tmp_path / "logs")
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir)])
-    stored = read_all(logdir, split_groups=False)["train"]
+    stored = tb_reading.read_all(logdir, split_groups=False)["train"]
     assert {type(info) for info, _ in stored.values()} == {metadata.GroupInfo}
-    assert {d.step for d in read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
+    assert {d.step for d in tb_reading.read_all(logdir)["train"]["loss/output/mlp/h/stats"][1]} == {1, 2}
     with pytest.raises(TypeError, match="format_version"):
         tb_layergrad.GradientLogger(str(tmp_path / "bad"), format_version=1)
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
-def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, fused):
+def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, fused, tb_reading):
     """The steps are cut into blocks of `block_steps`, a tag each (so that no tag outgrows one answer of the data
     provider): crossing a block starts a tag with its own metadata; readers see one series."""
     if not fused:
@@ -247,13 +244,13 @@ def test_a_block_of_steps_per_tag_each_with_its_metadata(tmp_path, monkeypatch, 
         [(b - 1, group.with_kind(k).tag_at(0)) for k in kinds] + [(b, group.with_kind(k).tag_at(b)) for k in kinds]
     )
     assert group.with_kind("stats").tag_at(b) == f"loss/output/layers-{group.digest}/stats/{b}"
-    series = read_all(str(tmp_path))["run"]
+    series = tb_reading.read_all(str(tmp_path))["run"]
     assert [d.step for d in series["loss/output/m/a/stats"][1]] == [b - 1, b, b + 1]
     assert [int(d.numpy[0]) for d in series["loss/output/m/b/first_nonfinite"][1]] == [b - 1] * 3
 
 
 @pytest.mark.parametrize("jit_compile", [False, True], ids=["in-step", "handed out (XLA)"])
-def test_histograms_and_statistics_at_every_logged_step(tmp_path, jit_compile):
+def test_histograms_and_statistics_at_every_logged_step(tmp_path, jit_compile, tb_reading):
     """GradientLogger(update_freq=3): statistics and histograms at every third step, and the first step with a
     NaN/Inf written in full whatever its schedule."""
     import keras
@@ -275,7 +272,7 @@ def test_histograms_and_statistics_at_every_logged_step(tmp_path, jit_compile):
         verbose=0,
         callbacks=[tb_layergrad.GradientLogger(str(tmp_path), update_freq=3)],
     )
-    series = read_all(str(tmp_path))["train"]
+    series = tb_reading.read_all(str(tmp_path))["train"]
     assert sorted(d.step for d in series["loss/output/mlp/h/stats"][1]) == [3, 6, 8, 9]  # 8: the first NaN
     assert sorted(d.step for d in series["loss/output/mlp/h/histogram"][1]) == [3, 6, 8, 9]
     with pytest.raises(TypeError, match="histogram_every_n_steps"):
@@ -283,7 +280,7 @@ def test_histograms_and_statistics_at_every_logged_step(tmp_path, jit_compile):
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
-def test_summary_gradients_writes_statistics_alone_when_asked(tmp_path, monkeypatch, fused):
+def test_summary_gradients_writes_statistics_alone_when_asked(tmp_path, monkeypatch, fused, tb_reading):
     if not fused:
         monkeypatch.setattr(write, "fused_writer", lambda writer=None: None)
     writer = tf.summary.create_file_writer(str(tmp_path / "run"))
@@ -293,6 +290,6 @@ def test_summary_gradients_writes_statistics_alone_when_asked(tmp_path, monkeypa
             bad = np.nan if step == 3 else 1.0
             log({"m/a": tf.constant([1.0, bad]), "m/b": tf.ones([3])}, tf.constant(step, tf.int64))
     writer.close()
-    series = read_all(str(tmp_path))["run"]
+    series = tb_reading.read_all(str(tmp_path))["run"]
     assert [d.step for d in series["loss/output/m/a/stats"][1]] == [0, 1, 2, 3]
     assert [d.step for d in series["loss/output/m/b/histogram"][1]] == [0, 2, 3]  # 3: a NaN, written in full

@@ -10,9 +10,7 @@ squared sum or a share of two is within twice that per factor (per_example_refer
 from __future__ import annotations
 
 import numpy as np
-import per_example_reference as ref
 import pytest
-import tb_reading
 import tensorflow as tf
 
 import tb_layergrad
@@ -47,7 +45,9 @@ def _step(model, x, y):
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-def test_rows_equal_independent_per_example_norms_at_logged_steps_only(tmp_path, mode):
+def test_rows_equal_independent_per_example_norms_at_logged_steps_only(
+    tmp_path, mode, per_example_reference, tb_reading
+):
     model, x, y = _mlp()
     writer = tf.summary.create_file_writer(str(tmp_path))
 
@@ -63,15 +63,15 @@ def test_rows_equal_independent_per_example_norms_at_logged_steps_only(tmp_path,
     writer.flush()
     found = tb_reading.examples(str(tmp_path))["."]
     assert set(found) == {("loss", "output"), ("loss", "weight")}
-    weights = ref.norms(ref.per_example_gradients(model, _loss, x, y))
-    outputs = ref.output_norms(model, _loss, x, y)
+    weights = per_example_reference.norms(per_example_reference.per_example_gradients(model, _loss, x, y))
+    outputs = per_example_reference.output_norms(model, _loss, x, y)
     for (_target, source), by_step in found.items():
         assert sorted(by_step) == [2, 4], "written at the logged steps only"
         want = outputs if source == "output" else weights
         for step, rows in by_step.items():
             assert set(rows) == set(want), (sorted(rows), sorted(want))
             for layer, row in rows.items():
-                ref.assert_row(row, want[layer], RTOL, f"step {step} {layer}")
+                per_example_reference.assert_row(row, want[layer], RTOL, f"step {step} {layer}")
 
 
 def test_metadata_only_in_a_tags_first_record(tmp_path):
@@ -92,7 +92,7 @@ def test_metadata_only_in_a_tags_first_record(tmp_path):
     assert with_metadata and all(flags == [True, False, False] for flags in with_metadata.values()), with_metadata
 
 
-def test_same_layer_list_digest_and_block_as_the_stats(tmp_path):
+def test_same_layer_list_digest_and_block_as_the_stats(tmp_path, tb_reading):
     model, x, y = _mlp()
     with tf.summary.create_file_writer(str(tmp_path)).as_default():
         tb_layergrad.summary.gradients(_step(model, x, y), step=5)
@@ -114,7 +114,7 @@ def test_no_writer_writes_and_computes_nothing(tmp_path):
     assert not bool(tb_layergrad.summary.gradients(_step(model, x, y), step=0))
 
 
-def test_explicit_mapping_and_unknown_paths(tmp_path):
+def test_explicit_mapping_and_unknown_paths(tmp_path, tb_reading):
     """A plain mapping path -> norms is written as given; a captured path missing from it is 'unsupported'."""
     model, x, y = _mlp()
     grads = _step(model, x, y)
@@ -137,7 +137,7 @@ def test_explicit_mapping_and_unknown_paths(tmp_path):
 
 
 @pytest.mark.parametrize("batch", [0, 1, 2, 3, 7])
-def test_small_batches_pad_with_nan_and_minus_one(batch):
+def test_small_batches_pad_with_nan_and_minus_one(batch, per_example_reference):
     n = np.arange(batch, dtype=np.float32)[::-1].copy()
     row = per_example_records.exact_row(tf.constant(n)).numpy()
     assert row.shape == (len(metadata.EXAMPLE_FIELDS),)
@@ -145,7 +145,7 @@ def test_small_batches_pad_with_nan_and_minus_one(batch):
     if batch == 0:
         assert np.isnan(row[[F["min"], F["median"], F["max"], F["top_share"]]]).all() and row[F["sum_sq"]] == 0
     else:
-        ref.assert_row(row, n, 0.0)
+        per_example_reference.assert_row(row, n, 0.0)
     k = min(batch, metadata.EXAMPLE_TOP_K)
     assert (row[[F[f"top_index_{j}"] for j in range(k + 1, 6)]] == -1).all()
     assert np.isnan(row[[F[f"top_norm_{j}"] for j in range(k + 1, 6)]]).all()
@@ -157,7 +157,7 @@ def test_top_share_nan_when_every_norm_is_zero():
     assert [row[F[f"top_index_{j}"]] for j in range(1, 5)] == [0, 1, 2, 3]
 
 
-def test_batch_normalization_in_training_gets_status_coupled(tmp_path):
+def test_batch_normalization_in_training_gets_status_coupled(tmp_path, tb_reading):
     tf.random.set_seed(2)
     model = keras.Sequential(
         [keras.Input((4,)), layers.Dense(6, name="a"), layers.BatchNormalization(name="bn"), layers.Dense(2, name="b")],
@@ -183,7 +183,7 @@ def _top_level_ops(fn, *args) -> dict:
     return counts
 
 
-def test_norms_are_built_on_logged_steps_only(tmp_path):
+def test_norms_are_built_on_logged_steps_only(tmp_path, per_example_reference):
     """The capture defers its norms (`per_example_map.Deferred`): inside a tf.function step they are built in
     the recording condition's branch, so an unlogged step computes none of them. The step's own graph holds no
     more squares, roots or rankings than the same step without per_example; the written rows are right
@@ -215,7 +215,10 @@ def test_norms_are_built_on_logged_steps_only(tmp_path):
         for p in per_example
         if per_example.entry(p) is not None
     )
-    want = {**ref.norms(ref.per_example_gradients(model, _loss, x, y)), **ref.output_norms(model, _loss, x, y)}
+    want = {
+        **per_example_reference.norms(per_example_reference.per_example_gradients(model, _loss, x, y)),
+        **per_example_reference.output_norms(model, _loss, x, y),
+    }
     assert set(want) == {p for p in per_example if per_example.entry(p) is not None}
     for path, norms in want.items():
         np.testing.assert_allclose(per_example[path].numpy(), norms, rtol=RTOL)

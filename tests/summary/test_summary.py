@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import contextlib
 
-import model_zoo
 import numpy as np
 import pytest
 import tensorflow as tf
-from numpy_reference import numpy_stats
-from reference_checks import check_histogram, check_stats
-from tb_reading import read_all, values_at
-from tolerances import histogram_edge_atol
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -20,13 +15,13 @@ from tb_layergrad.kernel import fused as fused_kernel
 S = metadata.STAT_INDEX
 
 
-def assert_stats(got: np.ndarray, t, where: str = "") -> None:
+def assert_stats(reference_checks, got: np.ndarray, t, where: str = "") -> None:
     """Against the independent float64 reference, with bounds derived from the reduction length (check_stats)."""
-    check_stats(got, t if isinstance(t, tf.Tensor) else tf.constant(t), where)
+    reference_checks.check_stats(got, t if isinstance(t, tf.Tensor) else tf.constant(t), where)
 
 
-def edge_atol(hist: np.ndarray) -> float:
-    return histogram_edge_atol(float(np.max(np.abs(hist[:, :2]), initial=0.0)))
+def edge_atol(tolerances, hist: np.ndarray) -> float:
+    return tolerances.histogram_edge_atol(float(np.max(np.abs(hist[:, :2]), initial=0.0)))
 
 
 def write(logdir, fn, run="run"):
@@ -36,7 +31,7 @@ def write(logdir, fn, run="run"):
     writer.close()
 
 
-def test_planted_nan_inf_stats_and_histogram(tmp_path):
+def test_planted_nan_inf_stats_and_histogram(tmp_path, reference_checks, tb_reading):
     rng = np.random.default_rng(0)
     a = rng.normal(size=(64, 10)).astype(np.float32)
     a[0, 0] = np.nan
@@ -45,13 +40,13 @@ def test_planted_nan_inf_stats_and_histogram(tmp_path):
     a[3, 3:6] = 0.0
     a[5, 5] = np.nan
     write(tmp_path, lambda: tb_layergrad.summary.histogram_and_stats("model/dense", tf.constant(a), step=7, buckets=20))
-    recs = read_all(str(tmp_path))["run"]
-    hist = values_at(recs, "loss/output/model/dense/histogram", 7)
-    stats = values_at(recs, "loss/output/model/dense/stats", 7)
+    recs = tb_reading.read_all(str(tmp_path))["run"]
+    hist = tb_reading.values_at(recs, "loss/output/model/dense/histogram", 7)
+    stats = tb_reading.values_at(recs, "loss/output/model/dense/stats", 7)
     assert stats[S["nan"]] == 2 and stats[S["pos_inf"]] == 1 and stats[S["neg_inf"]] == 1
     assert stats[S["zeros"]] == 3
-    assert_stats(stats, a, "planted")
-    check_histogram(hist, tf.constant(a), 20, "planted")
+    assert_stats(reference_checks, stats, a, "planted")
+    reference_checks.check_histogram(hist, tf.constant(a), 20, "planted")
     info = recs["loss/output/model/dense/stats"][0]
     assert (info.layer, info.kind, info.target, info.source, info.version) == (
         "model/dense",
@@ -63,18 +58,20 @@ def test_planted_nan_inf_stats_and_histogram(tmp_path):
 
 
 @pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64])
-def test_float_dtypes(tmp_path, dtype):
+def test_float_dtypes(tmp_path, dtype, reference_checks, tb_reading):
     rng = np.random.default_rng(1)
     a = rng.normal(size=(300,)) * 3
     t = tf.cast(tf.constant(a), dtype)
     write(tmp_path, lambda: tb_layergrad.summary.histogram_and_stats("g", t, step=1))
-    recs = read_all(str(tmp_path))["run"]
-    assert_stats(values_at(recs, "loss/output/g/stats", 1), t, dtype.name)  # bounds in the compute dtype
-    check_histogram(values_at(recs, "loss/output/g/histogram", 1), t, 30, dtype.name)
+    recs = tb_reading.read_all(str(tmp_path))["run"]
+    assert_stats(
+        reference_checks, tb_reading.values_at(recs, "loss/output/g/stats", 1), t, dtype.name
+    )  # bounds in the compute dtype
+    reference_checks.check_histogram(tb_reading.values_at(recs, "loss/output/g/histogram", 1), t, 30, dtype.name)
     assert recs["loss/output/g/stats"][0].dtype == dtype.name
 
 
-def test_empty_single_value_integer_and_no_gradient(tmp_path):
+def test_empty_single_value_integer_and_no_gradient(tmp_path, reference_checks, tb_reading):
     def fn():
         tb_layergrad.summary.histogram_and_stats("empty", tf.zeros([0, 4]), step=0)
         tb_layergrad.summary.histogram_and_stats("single", tf.fill([5, 5], 0.25), step=0)
@@ -83,37 +80,42 @@ def test_empty_single_value_integer_and_no_gradient(tmp_path):
         tb_layergrad.summary.histogram_and_stats("allnan", tf.constant([np.nan, np.inf]), step=0)
 
     write(tmp_path, fn)
-    recs = read_all(str(tmp_path))["run"]
-    empty_h = values_at(recs, "loss/output/empty/histogram", 0)
+    recs = tb_reading.read_all(str(tmp_path))["run"]
+    empty_h = tb_reading.values_at(recs, "loss/output/empty/histogram", 0)
     assert empty_h.shape == (30, 3) and not empty_h.any()
-    assert values_at(recs, "loss/output/empty/stats", 0)[S["elements"]] == 0
-    single = values_at(recs, "loss/output/single/histogram", 0)
+    assert tb_reading.values_at(recs, "loss/output/empty/stats", 0)[S["elements"]] == 0
+    single = tb_reading.values_at(recs, "loss/output/single/histogram", 0)
     assert np.all(single[:, :2] == 0.25) and single[-1, 2] == 25 and single[:-1, 2].sum() == 0
-    assert_stats(values_at(recs, "loss/output/ints/stats", 0), tf.constant([1, 2, 2, 3], tf.int32), "ints")
-    none = values_at(recs, "loss/output/none/stats", 0)
+    assert_stats(
+        reference_checks,
+        tb_reading.values_at(recs, "loss/output/ints/stats", 0),
+        tf.constant([1, 2, 2, 3], tf.int32),
+        "ints",
+    )
+    none = tb_reading.values_at(recs, "loss/output/none/stats", 0)
     assert none[S["no_gradient"]] == 1 and none[S["elements"]] == 12 and np.isnan(none[S["mean"]])
-    assert not values_at(recs, "loss/output/none/histogram", 0).any()
-    allnan = values_at(recs, "loss/output/allnan/stats", 0)
+    assert not tb_reading.values_at(recs, "loss/output/none/histogram", 0).any()
+    allnan = tb_reading.values_at(recs, "loss/output/allnan/stats", 0)
     assert allnan[S["nan"]] == 1 and allnan[S["pos_inf"]] == 1 and np.isnan(allnan[S["min"]])
-    assert values_at(recs, "loss/output/allnan/histogram", 0)[:, 2].sum() == 0
+    assert tb_reading.values_at(recs, "loss/output/allnan/histogram", 0)[:, 2].sum() == 0
 
 
-def test_bounded_raw_tensor(tmp_path):
+def test_bounded_raw_tensor(tmp_path, tb_reading):
     a = np.arange(6 * 50, dtype=np.float32).reshape(6, 5, 10)
     write(tmp_path, lambda: tb_layergrad.summary.histogram_and_stats("t", tf.constant(a), step=2, max_elements=120))
-    recs = read_all(str(tmp_path))["run"]
-    raw = values_at(recs, "loss/output/t/tensor", 2)
+    recs = tb_reading.read_all(str(tmp_path))["run"]
+    raw = tb_reading.values_at(recs, "loss/output/t/tensor", 2)
     np.testing.assert_array_equal(raw, a.reshape(6, 50)[:2])  # whole rows while they fit
     write(
         tmp_path,
         lambda: tb_layergrad.summary.histogram_and_stats("wide", tf.constant(a), step=2, max_elements=20),
         run="wide",
     )
-    wide = values_at(read_all(str(tmp_path))["wide"], "loss/output/wide/tensor", 2)
+    wide = tb_reading.values_at(tb_reading.read_all(str(tmp_path))["wide"], "loss/output/wide/tensor", 2)
     np.testing.assert_array_equal(wide, a.reshape(6, 50)[:1, ::3])  # one row, strided columns
 
 
-def test_gradients_writes_a_capture_result_in_graph_mode(tmp_path):
+def test_gradients_writes_a_capture_result_in_graph_mode(tmp_path, model_zoo, reference_checks, tb_reading):
     model, x, y, _ = model_zoo.seed_model()
     writer = tf.summary.create_file_writer(str(tmp_path / "run"))
     step_var = tf.Variable(0, dtype=tf.int64)
@@ -131,25 +133,25 @@ def test_gradients_writes_a_capture_result_in_graph_mode(tmp_path):
 
     kept = [step(x, y) for _ in range(3)]
     writer.close()
-    recs = read_all(str(tmp_path))["run"]
+    recs = tb_reading.read_all(str(tmp_path))["run"]
     cell = model.minimalrnn.cell.name
     for s, grads in enumerate(kept):
         for path, g in grads.items():
             source = "weight" if path in grads.weights else "output"
-            assert_stats(values_at(recs, f"loss/{source}/{path}/stats", s), g, path)
+            assert_stats(reference_checks, tb_reading.values_at(recs, f"loss/{source}/{path}/stats", s), g, path)
     infos = {tag: info for tag, (info, _) in recs.items()}
     assert infos["loss/output/my_model/minimalrnn/stats"].index < infos["loss/output/my_model/out/stats"].index
     assert infos[f"loss/weight/my_model/minimalrnn/{cell}/kernel/histogram"].source == "weight"
 
 
-def test_record_if_false_writes_nothing(tmp_path):
+def test_record_if_false_writes_nothing(tmp_path, tb_reading):
     def fn():
         with tf.summary.record_if(False):
             tb_layergrad.summary.histogram_and_stats("g", tf.ones([3]), step=1)
         tb_layergrad.summary.histogram_and_stats("h", tf.ones([3]), step=1)
 
     write(tmp_path, fn)
-    recs = read_all(str(tmp_path))["run"]
+    recs = tb_reading.read_all(str(tmp_path))["run"]
     assert not any(tag.startswith("loss/output/g/") for tag in recs)
     assert "loss/output/h/stats" in recs
 
@@ -160,7 +162,7 @@ def test_step_is_required():
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
-def test_any_integer_step_is_taken(tmp_path, graph):
+def test_any_integer_step_is_taken(tmp_path, graph, tb_reading):
     """int32 tensors and variables (tf.constant(3) is int32) and numpy ints name the step; a float step is refused."""
     steps = [tf.constant(3, tf.int32), tf.Variable(4, dtype=tf.int32), np.int64(5), 6]
 
@@ -171,22 +173,22 @@ def test_any_integer_step_is_taken(tmp_path, graph):
             tb_layergrad.summary.timesteps("rnn", tf.ones([3]), step=s)
 
     write(tmp_path, fn)
-    recs = read_all(str(tmp_path))["run"]
+    recs = tb_reading.read_all(str(tmp_path))["run"]
     for s in (3, 4, 5, 6):
-        assert values_at(recs, "loss/output/a/stats", s)[metadata.STAT_INDEX["mean"]] == s
-        assert values_at(recs, "loss/output/rnn/timesteps", s).tolist() == [1.0, 1.0, 1.0]
+        assert tb_reading.values_at(recs, "loss/output/a/stats", s)[metadata.STAT_INDEX["mean"]] == s
+        assert tb_reading.values_at(recs, "loss/output/rnn/timesteps", s).tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(TypeError, match="step must be an integer, got dtype float32"):
         tb_layergrad.summary.gradients({"a": tf.ones([2])}, step=tf.constant(1.0))
 
 
-def test_target_name_is_its_own_series(tmp_path):
+def test_target_name_is_its_own_series(tmp_path, tb_reading):
     write(tmp_path, lambda: (tb_layergrad.summary.gradients({"a": tf.ones([2])}, step=1, target="class_3"), None))
-    recs = read_all(str(tmp_path))["run"]
+    recs = tb_reading.read_all(str(tmp_path))["run"]
     assert recs["class_3/output/a/stats"][0].target == "class_3"
 
 
 @pytest.mark.slow
-def test_reductions_compile_under_xla():
+def test_reductions_compile_under_xla(reference_checks, tolerances):
     from tb_layergrad.statistics import reductions
 
     a = tf.random.normal([1000])
@@ -194,15 +196,17 @@ def test_reductions_compile_under_xla():
     xla = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True), jit_compile=True)(a)
     # Each against the independent reference (its sums in another order under XLA).
     for name, (hist, stats) in (("eager", eager), ("xla", xla)):
-        check_stats(stats.numpy(), a, name)
-        check_histogram(hist.numpy(), a, 30, name)
-    np.testing.assert_allclose(xla[0].numpy()[:, :2], eager[0].numpy()[:, :2], rtol=0, atol=edge_atol(eager[0].numpy()))
+        reference_checks.check_stats(stats.numpy(), a, name)
+        reference_checks.check_histogram(hist.numpy(), a, 30, name)
+    np.testing.assert_allclose(
+        xla[0].numpy()[:, :2], eager[0].numpy()[:, :2], rtol=0, atol=edge_atol(tolerances, eager[0].numpy())
+    )
 
 
 @pytest.mark.parametrize("shift", [0.0, 1e4])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16])
 @pytest.mark.slow
-def test_fast_path_equals_general_path(shift, dtype):
+def test_fast_path_equals_general_path(shift, dtype, reference_checks, tolerances):
     """The all-finite fast path and the masked general path agree."""
     from tb_layergrad.statistics import reductions
 
@@ -211,8 +215,10 @@ def test_fast_path_equals_general_path(shift, dtype):
     fast_h, fast_s = tf.function(lambda t: reductions.histogram_and_stats(t, 30))(a)
     gen_h, gen_s = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True))(a)
     for name, stats in (("fast", fast_s), ("general", gen_s)):
-        check_stats(stats.numpy(), a, name)  # float32 sums in different orders: each within its bound
-    np.testing.assert_allclose(fast_h.numpy()[:, :2], gen_h.numpy()[:, :2], rtol=0, atol=edge_atol(gen_h.numpy()))
+        reference_checks.check_stats(stats.numpy(), a, name)  # float32 sums in different orders: each within its bound
+    np.testing.assert_allclose(
+        fast_h.numpy()[:, :2], gen_h.numpy()[:, :2], rtol=0, atol=edge_atol(tolerances, gen_h.numpy())
+    )
     edges = np.append(fast_h.numpy()[:, 0], fast_h.numpy()[-1, 1])
     want, _ = np.histogram(tf.cast(a, tf.float64).numpy(), bins=edges)
     np.testing.assert_array_equal(gen_h.numpy()[:, 2], want)  # exact against the float64 edges
@@ -239,7 +245,7 @@ def _mixed_tensors():
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.parametrize("with_nan", [False, True])
 @pytest.mark.slow
-def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
+def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan, numpy_reference, tolerances):
     """histograms_and_stats (one path choice for all, scalar work batched) gives each tensor's own numbers."""
     from tb_layergrad.statistics import reductions
 
@@ -254,10 +260,10 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan):
         one_h, one_s = run(lambda x: reductions.histogram_and_stats(x, 7))(t)
         np.testing.assert_array_equal(hist.numpy()[:, 2], one_h.numpy()[:, 2])
         np.testing.assert_allclose(
-            hist.numpy()[:, :2], one_h.numpy()[:, :2], rtol=0, atol=edge_atol(one_h.numpy())
+            hist.numpy()[:, :2], one_h.numpy()[:, :2], rtol=0, atol=edge_atol(tolerances, one_h.numpy())
         )  # graph rewrites
         np.testing.assert_array_equal(stats.numpy(), one_s.numpy())
-        want = numpy_stats(a)
+        want = numpy_reference.numpy_stats(a)
         for name in ("elements", "nan", "pos_inf", "neg_inf", "zeros"):
             assert stats.numpy()[S[name]] == want[name], (a.dtype, a.shape, name)
         assert hist.numpy()[:, 2].sum() == want["elements"] - want["nan"] - want["pos_inf"] - want["neg_inf"]
@@ -271,7 +277,7 @@ def write_path(request):
 
 
 @pytest.mark.slow
-def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path, write_path):
+def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path, write_path, tb_reading):
     """Series added later (another function, the same writer) get their own running value; a function
     traced before they were added keeps its own; another writer keeps separate values."""
     writer, other = (tf.summary.create_file_writer(str(tmp_path / r)) for r in ("run", "other"))
@@ -291,7 +297,7 @@ def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path, w
         tf.function(lambda a, s: tb_layergrad.summary.gradients({"a": a}, step=s))(ok(), step(6))
     writer.close()
     other.close()
-    recs = read_all(str(tmp_path))
+    recs = tb_reading.read_all(str(tmp_path))
 
     def firsts(run, layer):
         tag = f"loss/output/{layer}/first_nonfinite"
@@ -303,7 +309,7 @@ def test_first_nonfinite_is_kept_per_writer_and_tag_across_functions(tmp_path, w
     assert firsts("other", "a") == {}
 
 
-def test_first_nonfinite_records_from_a_tf_function(tmp_path, write_path):
+def test_first_nonfinite_records_from_a_tf_function(tmp_path, write_path, tb_reading):
     """The running first NaN/Inf step per series, kept in graph mode with record_if every 2 steps.
 
     Layer "a" holds a NaN at step 4 only, "b" an Inf from step 7 on, "c" is always finite:
@@ -328,7 +334,7 @@ def test_first_nonfinite_records_from_a_tf_function(tmp_path, write_path):
             b[0] = np.inf
         log(tf.constant(a), tf.constant(b), tf.constant(np.ones([3], np.float32)))
     writer.close()
-    recs = read_all(str(tmp_path))["run"]
+    recs = tb_reading.read_all(str(tmp_path))["run"]
 
     def firsts(layer):
         tag = f"loss/output/{layer}/first_nonfinite"
@@ -338,4 +344,4 @@ def test_first_nonfinite_records_from_a_tf_function(tmp_path, write_path):
     assert firsts("m/b") == {8: 8, 10: 8}  # step 7 is not logged: the first LOGGED non-finite step
     assert firsts("m/c") == {}
     assert [d.step for d in recs["loss/output/m/c/stats"][1]] == [0, 2, 4, 6, 8, 10]
-    assert values_at(recs, "loss/output/m/a/stats", 4)[S["nan"]] == 1
+    assert tb_reading.values_at(recs, "loss/output/m/a/stats", 4)[S["nan"]] == 1

@@ -9,7 +9,6 @@ import warnings
 import numpy as np
 import pytest
 import tensorflow as tf
-from tb_reading import read_all, scalars
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -44,13 +43,13 @@ def test_the_public_ops_and_their_parameters():
             assert section in doc, (name, section)
 
 
-def test_each_docstring_example_runs(tmp_path, monkeypatch):
+def test_each_docstring_example_runs(tmp_path, monkeypatch, tb_reading):
     """The one example of each op, run as written (its logdir moved into tmp_path)."""
     for name in PUBLIC:
         doc = inspect.getdoc(getattr(tb_layergrad.summary, name))
         code = doc.split("```python\n", 1)[1].split("```", 1)[0].replace("/tmp/layergrad_example", str(tmp_path))
         exec(compile(code, f"summary.{name} example", "exec"), {})  # noqa: S102 - our own docstring
-    written = read_all(str(tmp_path))["."]
+    written = tb_reading.read_all(str(tmp_path))["."]
     assert {info.layer for info, _ in written.values()} >= {"model/dense", "model/lstm"}
 
 
@@ -84,7 +83,7 @@ def _per_example_step(weights: bool):
     return cap.gradients(tape, loss)
 
 
-def test_per_example_without_weights_warns_once_that_no_noise_scale_is_written(tmp_path, monkeypatch):
+def test_per_example_without_weights_warns_once_that_no_noise_scale_is_written(tmp_path, monkeypatch, tb_reading):
     monkeypatch.setattr(ops, "_WARNED", set())
     grads = _per_example_step(weights=False)
     writer = tf.summary.create_file_writer(str(tmp_path / "run"))
@@ -95,8 +94,8 @@ def test_per_example_without_weights_warns_once_that_no_noise_scale_is_written(t
     writer.close()
     said = [w for w in caught if "noise scale" in str(w.message)]
     assert len(said) == 1 and "weights=True" in str(said[0].message)
-    assert not scalars(str(tmp_path)).get("run")  # indeed none written
-    kinds = {info.kind for info, _ in read_all(str(tmp_path), split_groups=False)["run"].values()}
+    assert not tb_reading.scalars(str(tmp_path)).get("run")  # indeed none written
+    kinds = {info.kind for info, _ in tb_reading.read_all(str(tmp_path), split_groups=False)["run"].values()}
     assert metadata.KIND_EXAMPLES in kinds  # the per-example records themselves are written
 
 

@@ -18,10 +18,6 @@ if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
 import numpy as np  # noqa: E402
-import reliability_fixtures as rf  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
-from tensorboard_process import PLUGIN_API, TensorBoardProcess  # noqa: E402
-from test_damage import LAYERS, _age, _cut  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.browser, pytest.mark.slow]
 
@@ -33,31 +29,31 @@ READ = """() => ({
 
 
 @pytest.fixture(scope="module")
-def logdir(tmp_path_factory):
+def logdir(tmp_path_factory, reliability_fixtures):
     d = str(tmp_path_factory.mktemp("damage_logdir"))
-    rf.write_run(os.path.join(d, "intact"), LAYERS, range(8))
-    f = rf.write_run(os.path.join(d, "cut"), LAYERS, range(8))
-    _cut(f)
-    _age(f.path)
-    noise = rf.EventFile(os.path.join(d, "noise"))
+    reliability_fixtures.write_run(os.path.join(d, "intact"), reliability_fixtures.DAMAGE_LAYERS, range(8))
+    f = reliability_fixtures.write_run(os.path.join(d, "cut"), reliability_fixtures.DAMAGE_LAYERS, range(8))
+    reliability_fixtures.cut(f)
+    reliability_fixtures.age(f.path)
+    noise = reliability_fixtures.EventFile(os.path.join(d, "noise"))
     with open(noise.path, "wb") as fh:
         fh.write(np.random.default_rng(7).bytes(400))
     return d
 
 
 @pytest.mark.parametrize("load_fast", ["true", "false"])
-def test_the_tab_says_which_file_and_step(logdir, load_fast, tmp_path):
-    tb = TensorBoardProcess(logdir, str(tmp_path / "tensorboard.log"), load_fast=load_fast)
+def test_the_tab_says_which_file_and_step(logdir, load_fast, tmp_path, tab_fixtures, tensorboard_process):
+    tb = tensorboard_process.TensorBoardProcess(logdir, str(tmp_path / "tensorboard.log"), load_fast=load_fast)
     browser = None
     try:
         tb.wait_for_runs({"intact": 7, "cut": 6})
 
         def named(p) -> bool:
-            body = p.get_json(PLUGIN_API + "runs")
+            body = p.get_json(tensorboard_process.PLUGIN_API + "runs")
             return len(body["warnings"]) == 2
 
         tb.wait_until(named, "the damage named", timeout=60)
-        runs = tb.get_json(PLUGIN_API + "runs")
+        runs = tb.get_json(tensorboard_process.PLUGIN_API + "runs")
         lines = runs["warnings"]
         cut = [r for r in runs["runs"] if r["run"] == "cut"][0]["damage"]
         assert [(d["kind"], d["step"]) for d in cut] == [("truncated", 6)]
@@ -65,7 +61,7 @@ def test_the_tab_says_which_file_and_step(logdir, load_fast, tmp_path):
         assert "read up to step 6" in lines[0]
         assert lines[1].startswith("run 'noise': event file") and "nothing was read" in lines[1]
 
-        browser = tf_.Browser(str(tmp_path / "profile"), poll_ms=60_000)
+        browser = tab_fixtures.Browser(str(tmp_path / "profile"), poll_ms=60_000)
         frame = browser.open(tb.base, {"view": "runs"})
         frame.wait_for_selector(".lg-runs-table tbody tr[data-run=intact]", timeout=30_000)
         shown = frame.evaluate(READ)
@@ -74,7 +70,7 @@ def test_the_tab_says_which_file_and_step(logdir, load_fast, tmp_path):
         frame = browser.open(tb.base, {"view": "overview", "run": "intact"})  # every view: the banner
         frame.wait_for_selector(".lg-banner .lg-warning", timeout=30_000)
         assert frame.evaluate(READ)["banner"] == lines
-        tf_.assert_no_browser_errors(browser)
+        tab_fixtures.assert_no_browser_errors(browser)
     finally:
         if browser is not None:
             browser.close()
