@@ -4,6 +4,7 @@ process, so a TensorFlow run of the suite cannot run them."""
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import pytest
@@ -32,3 +33,15 @@ def pytest_report_header(config) -> str:
 @pytest.fixture
 def logdir(tmp_path) -> str:
     return os.fspath(tmp_path / "logs")
+
+
+@pytest.fixture(scope="session")
+def numpy_reference():
+    """tests/numpy_reference.py, as a namespace: the statistics recomputed with plain numpy in float64."""
+    return importlib.import_module("numpy_reference")
+
+
+@pytest.fixture(scope="session")
+def jax_vs_tf_case():
+    """tests/jax_vs_tf_case.py, as a namespace: the model, data and options of the stored TensorFlow run."""
+    return importlib.import_module("jax_vs_tf_case")

@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 import pytest
-from tolerances import TWO_SIDES, chain_rtol
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -71,7 +70,7 @@ def _rows(logdir):
     return {(r.source, r.layer, int(r.step)): r for r in frame.itertuples()}
 
 
-def test_every_value_is_the_pure_jax_reference(logdir):
+def test_every_value_is_the_pure_jax_reference(logdir, tolerances):
     x, y = _data()
     model = _model()
     before = _weights(model)
@@ -81,7 +80,9 @@ def test_every_value_is_the_pure_jax_reference(logdir):
     loss, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
     # The longest chain of reductions to a gradient: the forward pass (FEATURES, HIDDEN, HIDDEN), the loss's
     # mean (BATCH * 2), back through HIDDEN, HIDDEN, and a weight gradient's sum over the batch.
-    rtol = TWO_SIDES * chain_rtol(np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
     for source, want in (("output", outputs), ("weight", weights)):
         for layer, g in want.items():
             g = np.asarray(g, np.float64)

@@ -7,8 +7,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from numpy_reference import numpy_stats
-from tolerances import TWO_SIDES, sum_rtol
 
 from tb_layergrad import metadata
 from tb_layergrad.jax import reductions
@@ -46,12 +44,12 @@ def _cases():
 
 
 @pytest.mark.parametrize("name", sorted(_cases()))
-def test_statistics_and_histogram_match_numpy(name):
+def test_statistics_and_histogram_match_numpy(name, numpy_reference, tolerances):
     x = _cases()[name]
     stats, counts = jax.jit(lambda a: reductions.records([a], K))(jnp.asarray(x))
     stats, counts = np.asarray(stats)[0], np.asarray(counts)[0]
     assert stats.dtype == np.float64
-    want = numpy_stats(x)
+    want = numpy_reference.numpy_stats(x)
     for field in ("elements", "nan", "pos_inf", "neg_inf", "zeros", "no_gradient"):
         assert stats[metadata.STAT_INDEX[field]] == want[field], field
     np.testing.assert_array_equal(counts, _edge_counts(x))
@@ -66,7 +64,7 @@ def test_statistics_and_histogram_match_numpy(name):
     big = float(np.abs(fin).max())
     # Sums carried in float32 (the compute dtype of 16- and 32-bit data), in any order: gamma(n - 1) of the
     # magnitudes; the numpy reference rounds in float64 (negligible beside it), std takes two such sums.
-    rtol = TWO_SIDES * sum_rtol(np.float32, n)
+    rtol = tolerances.TWO_SIDES * tolerances.sum_rtol(np.float32, n)
     assert abs(stats[metadata.STAT_INDEX["norm"]] - want["norm"]) <= rtol * want["norm"]
     assert abs(stats[metadata.STAT_INDEX["mean_abs"]] - want["mean_abs"]) <= rtol * want["mean_abs"]
     assert abs(stats[metadata.STAT_INDEX["mean"]] - want["mean"]) <= rtol * want["mean_abs"]

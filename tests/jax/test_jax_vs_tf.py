@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from jax_vs_tf_case import BATCH, EPOCHS, FEATURES, HIDDEN, LOGGER_OPTIONS, data, model
-from tolerances import TWO_SIDES, chain_rtol, sum_rtol
 
 import tb_layergrad
 
@@ -21,21 +19,23 @@ def _rows(logdir):
     return {(r.source, r.layer, int(r.step)): r for r in frame.itertuples()}
 
 
-def test_the_same_rows_as_tensorflow_within_the_bound(logdir):
+def test_the_same_rows_as_tensorflow_within_the_bound(logdir, jax_vs_tf_case, tolerances):
+    case, tol = jax_vs_tf_case, tolerances
     with np.load(os.path.join(STORED, "start.npz")) as start:
         weights = [start[f"arr_{i}"] for i in range(len(start.files))]
-    net = model(weights)
-    x, y = data()
-    logger = tb_layergrad.GradientLogger(logdir, **LOGGER_OPTIONS)
-    net.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[logger])
+    net = case.model(weights)
+    x, y = case.data()
+    logger = tb_layergrad.GradientLogger(logdir, **case.LOGGER_OPTIONS)
+    net.fit(x, y, batch_size=case.BATCH, epochs=case.EPOCHS, shuffle=False, verbose=0, callbacks=[logger])
     logger.close()
     tf_rows, jax_rows = _rows(os.path.join(STORED, "logs")), _rows(logdir)
     assert sorted(jax_rows) == sorted(tf_rows)
     # Each backend's step is a chain of reductions: forward (FEATURES, HIDDEN, HIDDEN), the loss's mean over the
     # batch and outputs, back (HIDDEN, HIDDEN), a weight gradient's sum over the batch; three SGD steps of it
     # feed the last step's weights. Then the statistics' own sums (of the largest tensor's elements).
-    chain = 3 * chain_rtol(np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 3, HIDDEN, HIDDEN, BATCH])
-    rtol = TWO_SIDES * (chain + sum_rtol(np.float32, HIDDEN * HIDDEN))
+    h, b = case.HIDDEN, case.BATCH
+    chain = 3 * tol.chain_rtol(np.float32, [case.FEATURES, h, h, b * 3, h, h, b])
+    rtol = tol.TWO_SIDES * (chain + tol.sum_rtol(np.float32, h * h))
     for key, want in tf_rows.items():
         got = jax_rows[key]
         for field in COUNTS:

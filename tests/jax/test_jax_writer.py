@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-import tb_reading
 from tensorboard.backend.event_processing import event_file_loader
 
 import tb_layergrad
@@ -47,7 +46,7 @@ def _write(run_dir: str, steps) -> None:
 STEPS = [(1, (1.0, 2.0), (0, 0)), (2, (3.0, 4.0), (0, 1)), (3, (5.0, 6.0), (0, 0))]
 
 
-def test_tensorboard_reads_every_step_and_layer(logdir):
+def test_tensorboard_reads_every_step_and_layer(logdir, tb_reading):
     _write(os.path.join(logdir, "train"), STEPS)
     series = tb_reading.read_all(logdir)["train"]
     for row, layer in enumerate(LAYERS):
