@@ -182,3 +182,48 @@ def test_another_backend_is_refused_saying_what_works():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert "'numpy'" in out and "KERAS_BACKEND=jax" in out and "KERAS_BACKEND=tensorflow" in out
     assert "tb-layergrad report" in out
+
+
+class _GuideStep(keras.Sequential):
+    """The Keras guide's JAX `train_step(self, state, data)`: its own loss function, `jax.value_and_grad`,
+    `self.optimizer.stateless_apply`."""
+
+    def compute_loss_and_updates(self, trainable_variables, non_trainable_variables, x, y):
+        y_pred, non_trainable_variables = self.stateless_call(trainable_variables, non_trainable_variables, x)
+        return self.compute_loss(x, y, y_pred), (y_pred, non_trainable_variables)
+
+    def train_step(self, state, data):
+        trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
+        x, y = data
+        grad_fn = jax.value_and_grad(self.compute_loss_and_updates, has_aux=True)
+        (loss, (y_pred, non_trainable_variables)), grads = grad_fn(trainable_variables, non_trainable_variables, x, y)
+        trainable_variables, optimizer_variables = self.optimizer.stateless_apply(
+            optimizer_variables, grads, trainable_variables
+        )
+        return {"loss": loss}, (trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables)
+
+
+def test_a_users_jax_train_step_is_observed_too(logdir, tolerances):
+    x, y = _data()
+    keras.utils.set_random_seed(11)
+    model = _GuideStep(
+        [keras.Input((FEATURES,)), keras.layers.Dense(HIDDEN, activation="tanh", name="h1"),
+         keras.layers.Dense(HIDDEN, activation="relu", name="h2"), keras.layers.Dense(2, name="out")],
+        name="mlp",
+    )  # fmt: skip
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    before = _weights(model)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(logdir, weights=True)])  # fmt: skip
+    rows = _rows(logdir)
+    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            assert abs(rows[(source, layer, 1)].norm - np.sqrt((g * g).sum())) <= rtol * np.abs(g).max() * np.sqrt(
+                g.size
+            ), (source, layer)
+    assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]
