@@ -9,6 +9,7 @@ step's records are reduced and handed out (`step_records`), once the backward pa
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import jax
@@ -186,7 +187,15 @@ class GradientLogger(keras.callbacks.Callback):
 
         def stateless_apply(optimizer_variables: Any, grads: Any, trainable_variables: Any) -> Any:
             trace = self._trace
+            if trace is not None and trace.applied:
+                warnings.warn(
+                    "GradientLogger on JAX: this train step applies gradients more than once (a GAN's?); only the "
+                    "first application is logged, and its layer gradients may hold a later differentiation's",
+                    stacklevel=2,
+                )
+                trace = None
             if trace is not None and iterations:
+                trace.applied = True
                 step = jnp.asarray(optimizer_variables[iterations[0]]).astype(jnp.int32) + 1
                 self._emit(trace, step, list(grads), weights if len(grads) == trainable else {})
             return apply_fn(optimizer_variables, grads, trainable_variables)
