@@ -31,6 +31,8 @@ def package_version() -> str:
 # work, while capping at a minor would hold back every user's TensorFlow on the day it is released.
 TENSORFLOW = ">=2.16,<3"
 KERAS = "keras>=3.3,<4"
+# GradientLogger on JAX writes with TensorBoard's TensorFlow-free writer: this extra installs no TensorFlow.
+JAX = "jax>=0.10"  # the oldest tested: CI's JAX leg runs the newest release
 
 TEST_REQUIRES = [
     "pytest>=7",
@@ -72,6 +74,7 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu{TENSORFLOW}", KERAS],
         "tf": [f"tensorflow{TENSORFLOW}", KERAS],
+        "jax": [JAX, KERAS],
         "pandas": ["pandas>=1.5"],
         "test": TEST_REQUIRES,
     },

@@ -28,20 +28,28 @@ _LAZY = {
     "Capture": ("tb_layergrad.capturing.layer_capture", "Capture"),
     "GradientMap": ("tb_layergrad.capturing.gradient_map", "GradientMap"),
     "timestep_probe": ("tb_layergrad.capturing.rnn_probe", "timestep_probe"),
-    "GradientLogger": ("tb_layergrad.keras.gradient_logger", "GradientLogger"),
-    "NonFiniteError": ("tb_layergrad.keras.nonfinite_check", "NonFiniteError"),
+    "NonFiniteError": ("tb_layergrad.nonfinite_origin", "NonFiniteError"),
     "load": ("tb_layergrad.reader.dataframe", "load"),
 }
 # Public submodules: the summary ops, and the writer helpers for distributed custom loops.
 _SUBMODULES = {"summary": "tb_layergrad.summary", "distribute": "tb_layergrad.distribute"}
 
-__all__ = ["__version__", *_LAZY, *_SUBMODULES]
+# Resolved by the backend Keras runs on (`tb_layergrad.backend`): TensorFlow's room or JAX's.
+_BY_BACKEND = ("GradientLogger",)
+
+__all__ = ["__version__", *_LAZY, *_BY_BACKEND, *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    if name in _BY_BACKEND:
+        from tb_layergrad import backend
+
+        value = backend.logger_class()
         globals()[name] = value
         return value
     if name in _SUBMODULES:

@@ -64,6 +64,8 @@ def test_test_extra_brings_no_tensorflow_the_cpu_and_tf_extras_do():
         "keras",
         "tensorflow",
     ]
+    # The JAX extra: Keras and JAX, and no TensorFlow (GradientLogger on JAX writes without it).
+    assert sorted(requirements("jax")) == ["jax", "keras"]
     assert {"pytest", "pytest-timeout", "playwright"} <= set(requirements("test"))
     assert {"filelock", "platformdirs", "tensorboard"} <= set(requirements(""))
 

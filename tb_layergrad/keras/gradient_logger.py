@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-from tb_layergrad import distribute
+from tb_layergrad import distribute, nonfinite_origin
 from tb_layergrad.keras import (
     batch_count,
     logger_options,
@@ -416,6 +416,6 @@ class GradientLogger(_Base):
         if self.on_nonfinite == "log" or self._nonfinite is None:
             return
         if self.on_nonfinite == "raise":
-            raise nonfinite_check.NonFiniteError(self.nonfinite)
+            raise nonfinite_origin.NonFiniteError(self.nonfinite)
         print(f"GradientLogger: {self.nonfinite.line}; stopping training (on_nonfinite='stop')", flush=True)
         self.model.stop_training = True

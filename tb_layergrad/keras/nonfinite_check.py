@@ -25,38 +25,6 @@ from tb_layergrad.summary.write import series_nonfinite
 MODES = ("log", "stop", "raise")
 
 
-class NonFiniteError(FloatingPointError):
-    """Raised by `GradientLogger(on_nonfinite="raise")` after the step at which a NaN/Inf first appeared.
-
-    A `FloatingPointError` whose message is one line saying where the NaN/Inf was born (forward pass, loss or
-    backward pass, and the layer); that step's records are written before it is raised, and the model is
-    restored.
-
-    Args:
-      origin: where it was born (`.step`, `.pass_`, `.origin`, `.layers`, `.line`), kept as `self.origin`.
-
-    Example:
-
-    ```python
-    import numpy as np, keras, tb_layergrad
-
-    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
-    x, y = np.ones((8, 2), "float32"), np.ones((8, 1), "float32")
-    x[5] = np.nan  # the second batch of 4 holds a NaN
-    try:
-        model.fit(x, y, batch_size=4, shuffle=False, verbose=0,
-                  callbacks=[tb_layergrad.GradientLogger("/tmp/layergrad_example/nan", on_nonfinite="raise")])
-    except tb_layergrad.NonFiniteError as e:
-        print(e.origin.step, e.origin.pass_)  # 2 forward_or_loss (with activations=True: forward)
-    ```
-    """
-
-    def __init__(self, origin: nonfinite_origin.Origin):
-        super().__init__(origin.line)
-        self.origin = origin
-
-
 def check_mode(mode: Any) -> str:
     if mode not in MODES:
         raise ValueError(f"on_nonfinite must be one of {MODES}, got {mode!r}")

@@ -1,0 +1,110 @@
+"""The cost of GradientLogger in Keras' fit() on JAX: each variant's step time over the plain step's.
+
+Run as a JAX user runs it: `KERAS_BACKEND=jax python bench/jax_fit.py` (no TensorFlow needed). Variants take
+turns in a shuffled order each round (docs/DESIGN.md, "Benchmark notes"); a variant's time is that of the
+steps after the first of each fit() (which compiles the step), to the end of the epoch with every callback's
+records handed out and written. The figure is the median over rounds of the within-round ratio to the plain step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+
+import jax
+import keras
+import numpy as np
+
+import tb_layergrad
+
+
+class _StepTimer(keras.callbacks.Callback):
+    """Seconds per step from the end of the first batch (compiled, finished) to the epoch's end."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 0:
+            jax.block_until_ready(logs)
+            self.start = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        jax.effects_barrier()
+        self.seconds = time.perf_counter() - self.start
+
+
+def _mlp(width: int):
+    model = keras.Sequential(
+        [keras.Input((784,)), keras.layers.Dense(width, activation="relu"),
+         keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)],
+    )  # fmt: skip
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _cnn(width: int):
+    model = keras.Sequential(
+        [keras.Input((32, 32, 3)), keras.layers.Conv2D(width, 3, activation="relu"),
+         keras.layers.Conv2D(width, 3, activation="relu"), keras.layers.GlobalAveragePooling2D(),
+         keras.layers.Dense(10)],
+    )  # fmt: skip
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir: str) -> dict:
+    rng = np.random.RandomState(0)
+    x = rng.rand(batch * steps, *shape).astype(np.float32)
+    y = rng.randint(0, 10, batch * steps)
+    variants = {
+        "plain": (build(), []),
+        "every step": (build(), [tb_layergrad.GradientLogger(os.path.join(logdir, name, "1"), weights=True)]),
+        "every 10th step": (
+            build(),
+            [tb_layergrad.GradientLogger(os.path.join(logdir, name, "10"), weights=True, update_freq=10)],
+        ),
+    }
+    ratios = {v: [] for v in variants if v != "plain"}
+    plain_steps = []
+    for _ in range(rounds + 1):  # the first round compiles
+        order = list(variants)
+        random.shuffle(order)
+        seconds = {}
+        for variant in order:
+            model, callbacks = variants[variant]
+            timer = _StepTimer()
+            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, timer])
+            seconds[variant] = timer.seconds / (steps - 1)
+        for variant in ratios:
+            ratios[variant].append(seconds[variant] / seconds["plain"])
+        plain_steps.append(seconds["plain"])
+    out = {v: statistics.median(r[1:]) for v, r in ratios.items()}
+    out["plain step (ms)"] = 1e3 * statistics.median(plain_steps[1:])
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: that it runs")
+    args = parser.parse_args()
+    small = args.smoke
+    with tempfile.TemporaryDirectory() as logdir:
+        cases = [
+            ("mlp", lambda: _mlp(64 if small else 1024), (784,), 32 if small else 256),
+            ("cnn", lambda: _cnn(4 if small else 32), (32, 32, 3), 8 if small else 64),
+        ]
+        print(f"jax {jax.__version__}, keras {keras.__version__}, {jax.devices()[0].platform}")
+        print("| model | plain step (ms) | every step | every 10th step |")
+        print("|---|---|---|---|")
+        for name, build, shape, batch in cases:
+            steps, rounds = (5, 1) if small else (args.steps, args.rounds)
+            r = measure(name, build, shape, batch, steps, rounds, logdir)
+            print(f"| {name} | {r['plain step (ms)']:.1f} | {r['every step']:.2f}x | {r['every 10th step']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

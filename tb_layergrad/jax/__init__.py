@@ -1,0 +1,1 @@
+"""JAX: `GradientLogger` for Keras 3's fit() on JAX, observed through the layers' outputs and the optimizer."""

@@ -1,0 +1,348 @@
+"""`GradientLogger` on JAX: the gradients of Keras' own fit() step, written without TensorFlow.
+
+The step is observed, never copied: the chosen layers' outputs pass through an identity whose backward rule
+keeps dL/d(output) (`layer_outputs`, `step_trace`), the loss through one that keeps its value, and the
+optimizer's `stateless_apply`, which receives exactly the weight gradients the step computed, is where the
+step's records are reduced and handed out (`step_records`), once the backward pass is complete.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import keras
+
+from tb_layergrad import metadata, nonfinite_origin
+from tb_layergrad.capturing.layer_tree import LayerTree
+from tb_layergrad.jax import step_records
+from tb_layergrad.jax.layer_outputs import LayerOutputs
+from tb_layergrad.jax.step_trace import StepTrace
+from tb_layergrad.writer.event_writer import EventWriter
+from tb_layergrad.writer.step_records import GroupStep
+
+ON_NONFINITE = ("log", "stop", "raise", "ignore")
+#: The arguments of TensorFlow's `GradientLogger` that the JAX one does not implement yet, and their defaults.
+NOT_YET_ON_JAX = {
+    "timesteps": False,
+    "targets": None,
+    "per_example": False,
+    "max_elements": 0,
+}
+_MISSING = object()
+
+
+class GradientLogger(keras.callbacks.Callback):
+    """Log the gradients Keras computes inside `model.fit()` on JAX, per layer output, to TensorBoard.
+
+    The same callback, arguments and records as on TensorFlow (docs/FIT.md), written without TensorFlow:
+    d(loss)/d(layer output) and, with `weights=True`, d(loss)/d(weight) of the step fit() runs, the loss
+    itself, and with `activations=True` the layer outputs, to `log_dir/train`. The step of a record is the
+    count of batches the optimizer applied, from 1, continuing across fit() calls. Training is bitwise
+    unchanged. Every step is checked for a NaN/Inf (loss, output gradients, activations when recorded): the
+    first step with one is written in full, and where it was born is `self.nonfinite`.
+
+    Not yet on JAX (refused before training, docs/FIT.md "On JAX"): `timesteps`, `targets`, `per_example`,
+    `max_elements`, `update_freq="epoch"`, loss scaling (mixed float16).
+
+    Example:
+
+    ```python
+    import numpy as np, keras, tb_layergrad
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.random.rand(64, 4), np.random.rand(64, 1)
+    model.fit(x, y, batch_size=16, epochs=2,
+              callbacks=[tb_layergrad.GradientLogger("/tmp/logs/run1", update_freq=2, weights=True)])
+    ```
+
+    Args:
+        log_dir: the directory of the TensorBoard logs (records go to `log_dir/train`), or a
+            `keras.callbacks.TensorBoard` callback whose `log_dir` to follow.
+        layers: `None` for every layer, or layer names, full paths, glob patterns or `Layer` objects.
+        update_freq: `"batch"` or an integer N: log every N-th batch trained (step % N == 0).
+        weights: also log d(loss)/d(weight) for the weights of the chosen layers.
+        activations: also log the layer outputs themselves (source "activation").
+        timesteps, targets, per_example, max_elements: not yet on JAX; only their defaults are accepted.
+        on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go on), "stop" (write it, print
+            where it was born, end fit() after that step), "raise" (write it, raise
+            `tb_layergrad.NonFiniteError`), or "ignore" (no check at every step). "stop" and "raise" wait
+            for each step's records at its end.
+
+    Raises:
+        NotImplementedError: an argument that works on TensorFlow only, so far (before training).
+        ValueError: an argument out of its range; an unknown layer or a model without an optimizer (at
+            `on_train_begin`).
+        tb_layergrad.NonFiniteError: with `on_nonfinite="raise"`.
+    """
+
+    def __init__(
+        self,
+        log_dir: Any,
+        layers: Any = None,
+        update_freq: Union[int, str] = 1,
+        weights: bool = False,
+        activations: bool = False,
+        timesteps: Any = False,
+        targets: Optional[Mapping[str, Union[Callable, str]]] = None,
+        per_example: bool = False,
+        max_elements: int = 0,
+        on_nonfinite: str = "log",
+    ):
+        super().__init__()
+        given = {"timesteps": timesteps, "targets": targets, "per_example": per_example, "max_elements": max_elements}
+        refused = [f"{name}={value!r}" for name, value in given.items() if value not in (NOT_YET_ON_JAX[name], None)]
+        if update_freq == "epoch":
+            refused.append("update_freq='epoch'")
+        if refused:
+            raise NotImplementedError(
+                f"GradientLogger on JAX does not support {', '.join(refused)} yet (they work with "
+                "KERAS_BACKEND=tensorflow). On JAX: layers, update_freq=N, weights, activations, on_nonfinite "
+                '(docs/FIT.md, "On JAX").'
+            )
+        if on_nonfinite not in ON_NONFINITE:
+            raise ValueError(f"on_nonfinite must be one of 'log', 'stop', 'raise', 'ignore', got {on_nonfinite!r}")
+        if update_freq == "batch":
+            update_freq = 1
+        if isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1:
+            raise ValueError(f'update_freq must be an integer >= 1 or "batch", got {update_freq!r}')
+        if not (isinstance(log_dir, (str, os.PathLike)) or isinstance(getattr(log_dir, "log_dir", None), str)):
+            raise TypeError(f"log_dir must be a path or a keras.callbacks.TensorBoard, got {type(log_dir).__name__}")
+        self._log_dir = log_dir
+        self.layers = layers
+        self.update_freq = update_freq
+        self.weights = bool(weights)
+        self.activations = bool(activations)
+        self.on_nonfinite = on_nonfinite
+        self._writer: Optional[EventWriter] = None
+        self._trace: Optional[StepTrace] = None
+        self._installed: Optional[Dict[str, Any]] = None
+        self._nonfinite: Optional[nonfinite_origin.Origin] = None
+        self._acted = False  # has "stop" or "raise" acted on the first NaN/Inf?
+
+    @property
+    def log_dir(self) -> str:
+        given = self._log_dir
+        return os.fspath(given) if isinstance(given, (str, os.PathLike)) else given.log_dir
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.log_dir, "train")
+
+    @property
+    def nonfinite(self) -> Optional[nonfinite_origin.Origin]:
+        """Where the first NaN/Inf of this callback's training was born (`nonfinite_origin.Origin`), or None.
+
+        Known once that step's callback has run (at the latest when fit() returns).
+        """
+        return self._nonfinite
+
+    # -- install / restore -------------------------------------------------------
+    def on_train_begin(self, logs: Any = None) -> None:
+        model = self.model
+        self._restore()
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is None:
+            raise ValueError("GradientLogger needs a compiled model (model.compile(optimizer=..., loss=...))")
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+            raise NotImplementedError(
+                "GradientLogger on JAX does not support loss scaling (a LossScaleOptimizer, mixed_float16) yet: "
+                "it works with KERAS_BACKEND=tensorflow"
+            )
+        tree = LayerTree(model)
+        nodes = tree.select(self.layers)
+        if self._writer is None or self._writer.closed or self._writer.run_dir != self.run_dir:
+            self._writer = EventWriter(self.run_dir)
+        iterations = [i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations]
+        weights = self._weight_rows(tree, nodes, model.trainable_variables) if self.weights else {}
+        trainable = len(model.trainable_variables)
+        saved = {
+            "train_step": model.__dict__.get("train_step", _MISSING),
+            "stateless_apply": optimizer.__dict__.get("stateless_apply", _MISSING),
+            "stateless_compute_loss": model.__dict__.get("stateless_compute_loss", _MISSING),
+        }
+        outputs = LayerOutputs(nodes, lambda: self._trace)
+        self._installed = {"saved": saved, "outputs": outputs, "optimizer": optimizer, "model": model}
+        step_fn = model.train_step
+        apply_fn = optimizer.stateless_apply
+        loss_fn = model.stateless_compute_loss
+
+        def train_step(state: Any, data: Any) -> Any:
+            trace, self._trace = StepTrace(), None
+            self._trace = trace
+            try:
+                return step_fn(state, data)
+            finally:
+                self._trace = None
+
+        def stateless_compute_loss(*args: Any, **kwargs: Any) -> Any:
+            loss, variables = loss_fn(*args, **kwargs)
+            if self._trace is not None and kwargs.get("training", True):
+                loss = self._trace.observe_target(metadata.DEFAULT_TARGET, loss)
+            return loss, variables
+
+        def stateless_apply(optimizer_variables: Any, grads: Any, trainable_variables: Any) -> Any:
+            trace = self._trace
+            if trace is not None and trace.applied:
+                warnings.warn(
+                    "GradientLogger on JAX: this train step applies gradients more than once (a GAN's?); only the "
+                    "first application is logged, and its layer gradients may hold a later differentiation's",
+                    stacklevel=2,
+                )
+                trace = None
+            if trace is not None and iterations:
+                trace.applied = True
+                step = jnp.asarray(optimizer_variables[iterations[0]]).astype(jnp.int32) + 1
+                self._emit(trace, step, list(grads), weights if len(grads) == trainable else {})
+            return apply_fn(optimizer_variables, grads, trainable_variables)
+
+        try:
+            object.__setattr__(model, "train_step", train_step)
+            object.__setattr__(model, "stateless_compute_loss", stateless_compute_loss)
+            object.__setattr__(optimizer, "stateless_apply", stateless_apply)
+            model.make_train_function(force=True)
+        except BaseException:
+            self._restore()
+            raise
+
+    @staticmethod
+    def _weight_rows(tree: LayerTree, nodes: List[Any], variables: List[Any]) -> Dict[int, tuple]:
+        """Position in `model.trainable_variables` -> (variable path, owner's position), for the chosen layers.
+
+        Read before training: inside the step, `self.model` would make Keras write the state of the batch
+        before back into the variables (a callback's `model` syncs JAX state), which the epoch's end then
+        keeps instead of the last batch's.
+        """
+        owners = tree.variable_paths()
+        chosen = {n.index for n in nodes}
+        rows = {}
+        for i, var in enumerate(variables):
+            path, owner = owners.get(id(var), (getattr(var, "path", var.name), tree.root))
+            if owner.index in chosen or any(path.startswith(n.path + "/") for n in nodes):
+                rows[i] = (path, owner.index)
+        return rows
+
+    def _emit(self, trace: StepTrace, step: jax.Array, grads: List[Any], weights: Dict[int, tuple]) -> None:
+        outputs = [s for s in trace.outputs() if s.cotangent is not None]
+        groups = [
+            step_records.Group(
+                metadata.DEFAULT_TARGET,
+                metadata.SOURCE_OUTPUT,
+                [s.key for s in outputs],
+                [s.index for s in outputs],
+                [s.cotangent for s in outputs],
+            )
+        ]
+        if trace.target is not None and trace.target.value is not None:
+            t = trace.target
+            groups.append(step_records.Group(t.key, metadata.SOURCE_TARGET, [t.key], [-1], [t.value], histogram=False))
+        if self.activations:
+            seen = [s for s in trace.outputs() if s.value is not None]
+            groups.append(
+                step_records.Group(
+                    metadata.ACTIVATION_TARGET,
+                    metadata.SOURCE_ACTIVATION,
+                    [s.key for s in seen],
+                    [s.index for s in seen],
+                    [s.value for s in seen],
+                )
+            )
+        if weights:
+            rows = [(i, path, owner) for i, (path, owner) in sorted(weights.items()) if grads[i] is not None]
+            groups.append(
+                step_records.Group(
+                    metadata.DEFAULT_TARGET,
+                    metadata.SOURCE_WEIGHT,
+                    [path for _, path, _ in rows],
+                    [owner for _, _, owner in rows],
+                    [grads[i] for i, _, _ in rows],
+                )
+            )
+        write = step % self.update_freq == 0
+        if self.on_nonfinite != "ignore":
+            write = write | step_records.nonfinite(groups)
+        step_records.emit(step, write, groups, self._on_host)
+
+    def _on_host(self, step: int, records: List[GroupStep]) -> None:
+        """A written step arrives (on JAX's callback thread): queue it for the writer's thread."""
+        logged = step % self.update_freq == 0
+        bad = any(r.group.source != metadata.SOURCE_WEIGHT and r.stats[:, 1:4].sum() > 0 for r in records)
+        if bad and self._nonfinite is None:
+            self._nonfinite = _origin(step, records, self.activations)
+        elif not logged:
+            return  # a later non-finite step off the schedule: only the first is written
+        if self._writer is not None and not self._writer.closed:
+            self._writer.write(step, records)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        """ "stop" and "raise" act after the step with the first NaN/Inf: its callback must have run by now."""
+        if self.on_nonfinite not in ("stop", "raise") or self._installed is None or self._acted:
+            return
+        jax.effects_barrier()
+        if self._nonfinite is None:
+            return
+        self._acted = True
+        if self.on_nonfinite == "raise":
+            self._restore()
+            raise nonfinite_origin.NonFiniteError(self._nonfinite)
+        print(f"GradientLogger: {self._nonfinite.line}; stopping training (on_nonfinite='stop')", flush=True)
+        self._installed["model"].stop_training = True
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self._writer is not None:
+            jax.effects_barrier()
+            self._writer.flush()
+
+    def on_train_end(self, logs: Any = None) -> None:
+        self._restore()
+
+    def restore(self) -> None:
+        """Put the model back as it was before fit() (done automatically when training ends)."""
+        self._restore()
+
+    def close(self) -> None:
+        """Close the event file now; a later fit() opens a new one."""
+        self._restore()
+        if self._writer is not None:
+            self._writer.close()
+
+    def _restore(self) -> None:
+        installed, self._installed = self._installed, None
+        if installed is None:
+            return
+        jax.effects_barrier()  # every step's callback has run: nothing arrives after the flush
+        model, optimizer, saved = installed["model"], installed["optimizer"], installed["saved"]
+        installed["outputs"].restore()
+        for owner, name in ((model, "train_step"), (model, "stateless_compute_loss"), (optimizer, "stateless_apply")):
+            if saved[name] is _MISSING:
+                owner.__dict__.pop(name, None)
+            else:
+                object.__setattr__(owner, name, saved[name])
+        model.make_train_function(force=True)
+        if self._writer is not None:
+            self._writer.flush()
+
+
+def _origin(step: int, records: List[GroupStep], activations: bool) -> Optional[nonfinite_origin.Origin]:
+    """Where the NaN/Inf of this step was born, by the rules the tab applies to the written records."""
+    columns = [metadata.STAT_INDEX[name] for name in ("nan", "pos_inf", "neg_inf")]
+    seen: Dict[str, List[nonfinite_origin.Seen]] = {}
+    for r in records:
+        bad = r.stats[:, columns].sum(axis=1) > 0
+        seen[r.group.source] = [
+            nonfinite_origin.Seen(layer, index, bool(b))
+            for layer, index, b in zip(r.group.layers, r.group.indexes, bad)
+        ]
+    target = seen.get(metadata.SOURCE_TARGET)
+    return nonfinite_origin.locate(
+        step,
+        target=metadata.DEFAULT_TARGET,
+        target_nonfinite=target[0].nonfinite if target else None,
+        activations=seen.get(metadata.SOURCE_ACTIVATION) if activations else None,
+        outputs=seen.get(metadata.SOURCE_OUTPUT, []),
+        weights=seen.get(metadata.SOURCE_WEIGHT, []),
+    )

@@ -1,0 +1,79 @@
+"""The chosen layers' `call`, observed: a per-instance subclass whose `call` passes each output through the trace.
+
+Why a subclass of the instance's own class and not an attribute on the instance: Keras' JAX layers may run
+their call under `jax.checkpoint` (rematerialisation), where a bound function stored on the instance keeps
+values of the inner trace alive past it; a class attribute is looked up afresh. Only while a `StepTrace` is
+open (the train step being traced) is anything observed: evaluation and prediction call the real `call`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, List, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from tb_layergrad.capturing.layer_tree import LayerNode
+from tb_layergrad.jax.step_trace import StepTrace
+
+
+class LayerOutputs:
+    """Installs the observing subclass on each chosen layer; `restore` puts every class back."""
+
+    def __init__(self, nodes: Sequence[LayerNode], current: Callable[[], Optional[StepTrace]]):
+        self._restores: List[Callable[[], None]] = []
+        for node in nodes:
+            self._install(node, current)
+
+    def _install(self, node: LayerNode, current: Callable[[], Optional[StepTrace]]) -> None:
+        layer = node.layer
+        cls = type(layer)
+        original = cls.call
+
+        @functools.wraps(original)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(self, *args, **kwargs)
+            trace = current()
+            if trace is None:
+                return out
+            number = trace.call_number(node.path)
+            base = node.path if number == 1 else f"{node.path}#{number}"
+            leaves, treedef = jax.tree_util.tree_flatten_with_path(out)
+            single = len(leaves) == 1 and not leaves[0][0]
+            observed = []
+            for path, leaf in leaves:
+                if not _differentiable(leaf):
+                    observed.append(leaf)
+                    continue
+                key = base if single else f"{base}[{_sub_key(path)}]"
+                observed.append(trace.observe(key, node.index, leaf))
+            return jax.tree_util.tree_unflatten(treedef, observed)
+
+        layer.__class__ = type(cls.__name__, (cls,), {"call": call, "__module__": cls.__module__})
+
+        def restore() -> None:
+            layer.__class__ = cls
+
+        self._restores.append(restore)
+
+    def restore(self) -> None:
+        restores, self._restores = self._restores, []
+        for restore in reversed(restores):
+            restore()
+
+
+def _differentiable(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _sub_key(path: Sequence[Any]) -> str:
+    """`0`, `state][0`: the sub-keys of a structured output, as TensorFlow's capture names them."""
+    parts = []
+    for entry in path:
+        for attr in ("idx", "key", "name"):
+            if hasattr(entry, attr):
+                parts.append(str(getattr(entry, attr)))
+                break
+    return "][".join(parts)

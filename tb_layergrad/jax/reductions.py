@@ -1,0 +1,134 @@
+"""The histogram and statistics of a tensor in JAX, on its device: the definitions of `statistics/reductions.py`.
+
+Why a second implementation: the records must be reduced where the gradients are (handing a step's tensors
+to the host costs a copy of each), and TensorFlow is not there. It is the general (masked) path of the
+TensorFlow reference, operation for operation: counts exact, non-finite elements counted and never bucketed,
+moments of x / 2**e (no overflow or underflow), subnormals counted as zero, buckets settled against the
+float64 edges every writer computes (`metadata.histogram_edges`), so the counts are the reference's. Float64
+is switched on for these operations only (`jax.enable_x64`), never for the model's.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tb_layergrad import metadata
+
+NUM_STATS = len(metadata.STAT_FIELDS)
+_SMALLEST_NORMAL = {np.dtype(np.float32): 2.0**-126, np.dtype(np.float64): 2.0**-1022}
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """float32 for 16- and 32-bit floats, float64 for float64 and integers (as TensorFlow's reference)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float64 or np.issubdtype(dtype, np.integer) or dtype == np.bool_:
+        return np.dtype(np.float64)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return np.dtype(np.float32)
+    raise TypeError(f"cannot summarize a tensor of dtype {dtype.name}")
+
+
+def records(tensors: Sequence[jax.Array], buckets: int = 30) -> Tuple[jax.Array, jax.Array]:
+    """(stats float64 [T, NUM_STATS], histogram counts int32 [T, buckets]) of each tensor, traced in float64.
+
+    Call it inside `jax.enable_x64(True)` when its results are used further (a host callback): outside it,
+    JAX would hand the float64 results on as float32.
+    """
+    if buckets < 1:
+        raise ValueError(f"buckets must be >= 1, got {buckets}")
+    with jax.enable_x64(True):
+        each = [_one(jnp.asarray(x), buckets) for x in tensors]
+        return jnp.stack([s for s, _ in each]), jnp.stack([c for _, c in each])
+
+
+def _count(mask: jax.Array) -> jax.Array:
+    acc = jnp.int32 if mask.size < 2**31 else jnp.int64
+    return jnp.sum(mask, dtype=acc).astype(jnp.float64)
+
+
+def _one(x: jax.Array, k: int) -> Tuple[jax.Array, jax.Array]:
+    dt = compute_dtype(x.dtype)
+    x = x.astype(dt).reshape(-1)
+    tiny = jnp.asarray(_SMALLEST_NORMAL[dt], dt)
+    finite = jnp.isfinite(x)
+    zero = jnp.abs(x) < tiny
+    n_finite = _count(finite)
+    lo = jnp.min(jnp.where(finite, x, jnp.asarray(jnp.inf, dt)), initial=jnp.asarray(jnp.inf, dt))
+    hi = jnp.max(jnp.where(finite, x, jnp.asarray(-jnp.inf, dt)), initial=jnp.asarray(-jnp.inf, dt))
+    has_finite = n_finite > 0
+    lo = _flush(jnp.where(has_finite, lo, jnp.zeros([], dt)), tiny)
+    hi = _flush(jnp.where(has_finite, hi, jnp.zeros([], dt)), tiny)
+    scale = _pow2_scale(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
+    scale64 = scale.astype(jnp.float64)
+    xs = jnp.where(finite & ~zero, x / scale, jnp.zeros([], dt))
+    n_div = jnp.maximum(n_finite.astype(dt), jnp.ones([], dt))
+    mean = jnp.sum(xs) / n_div
+    centered = jnp.where(finite, xs - mean, jnp.zeros([], dt))
+    var = jnp.sum(centered * centered) / n_div
+    norm = jnp.sqrt(jnp.sum(xs * xs)).astype(jnp.float64) * scale64
+    mean_abs = jnp.sum(jnp.abs(xs)) / n_div
+
+    def defined(v: jax.Array, scaled: bool = False) -> jax.Array:
+        v = v.astype(jnp.float64) * scale64 if scaled else v.astype(jnp.float64)
+        return jnp.where(has_finite, v, jnp.nan)
+
+    stats = jnp.stack(
+        metadata.stat_values(
+            elements=jnp.asarray(float(x.size), jnp.float64),
+            nan=_count(jnp.isnan(x)),
+            pos_inf=_count(x == jnp.inf),
+            neg_inf=_count(x == -jnp.inf),
+            zeros=_count(zero),
+            min=defined(lo),
+            max=defined(hi),
+            mean=defined(mean, scaled=True),
+            std=defined(jnp.sqrt(var), scaled=True),
+            norm=norm,
+            mean_abs=defined(mean_abs, scaled=True),
+            no_gradient=jnp.zeros([], jnp.float64),
+        )
+    )
+    return stats, _histogram(x, xs, finite, lo, hi, scale, k)
+
+
+def _flush(v: jax.Array, tiny: jax.Array) -> jax.Array:
+    return jnp.where(jnp.abs(v) < tiny, jnp.zeros_like(v), v)
+
+
+def _pow2_scale(top: jax.Array) -> jax.Array:
+    """The largest power of two <= `top` (finite, >= 0), read off its exponent bits; 1 if none."""
+    bits, mask = (jnp.int64, 0x7FF0000000000000) if top.dtype == jnp.float64 else (jnp.int32, 0x7F800000)
+    exponent = jax.lax.bitcast_convert_type(top, bits) & jnp.asarray(mask, bits)
+    scale = jax.lax.bitcast_convert_type(exponent, top.dtype)
+    return jnp.where(scale > 0, scale, jnp.ones([], top.dtype))
+
+
+def left_edges(lo: jax.Array, hi: jax.Array, k: int, scale: jax.Array) -> jax.Array:
+    """float64 [k]: lo + i * (hi - lo) / k on lo / scale and hi / scale, scaled back (as the reference)."""
+    s = scale.astype(jnp.float64)
+    lo64, hi64 = lo.astype(jnp.float64), hi.astype(jnp.float64)
+    i = jnp.arange(k, dtype=jnp.float64)
+    left = (lo64 / s + i * ((hi64 / s - lo64 / s) / k)) * s
+    return jnp.where(i > 0, left, lo64)
+
+
+def _histogram(x, xs, finite, lo, hi, scale, k: int) -> jax.Array:
+    """int32 [k]: buckets of the finite elements, each settled against the float64 edges that are written."""
+    dt = x.dtype
+    lo_s = lo / scale
+    span = hi / scale - lo_s
+    width = span / k
+    scaled = jnp.where(span > 0, (xs - lo_s) / jnp.where(span > 0, width, jnp.ones([], dt)), jnp.asarray(k - 1, dt))
+    scaled = jnp.where(finite, scaled, jnp.zeros([], dt))
+    index = jnp.clip(jnp.floor(scaled).astype(jnp.int32), 0, k - 1)
+    left = left_edges(lo, hi, k, scale)
+    xd = jnp.where(finite, x, jnp.zeros([], dt)).astype(jnp.float64)
+    below = (index > 0) & (xd < left[index])
+    above = (index < k - 1) & (xd >= left[jnp.minimum(index + 1, k - 1)])
+    index = index - below.astype(jnp.int32) + above.astype(jnp.int32)
+    index = jnp.where(finite, index, k)  # bucket k is discarded
+    return jnp.bincount(index, length=k + 1)[:k].astype(jnp.int32)

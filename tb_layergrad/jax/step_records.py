@@ -1,0 +1,84 @@
+"""What a logged step hands out: each group's records reduced on the device, in ONE ordered host callback.
+
+Why one callback per step: each host callback has a fixed cost of the order of a millisecond, which a callback
+per tensor or per layer pays many times over (docs/PERFORMANCE.md); all groups' arrays travel together, and
+`ordered=True` keeps the steps in order. Why behind a `lax.cond`: a step that is not written reduces nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, List, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tb_layergrad import metadata
+from tb_layergrad.jax import reductions
+from tb_layergrad.writer.step_records import GroupStep
+
+BUCKETS = 30
+# Compiled once per list of shapes: an eager step (jit_compile=False) would otherwise dispatch each operation.
+_records = jax.jit(lambda tensors: reductions.records(tensors, BUCKETS))
+
+
+@dataclasses.dataclass
+class Group:
+    """One (target, source) of the step: its rows (layer keys, positions) and the tensors traced for them."""
+
+    target: str
+    source: str
+    keys: List[str]
+    indexes: List[int]
+    tensors: List[Any]
+    histogram: bool = True
+
+    def info(self) -> metadata.GroupInfo:
+        return metadata.GroupInfo(
+            kind=metadata.KIND_STATS,
+            target=self.target,
+            source=self.source,
+            layers=tuple(self.keys),
+            indexes=tuple(self.indexes),
+            dtypes=tuple(str(np.dtype(t.dtype)) for t in self.tensors),
+        )
+
+    @property
+    def checked(self) -> bool:
+        """Is this group's finiteness checked at every step (the loss, output gradients, activations)?"""
+        return self.source != metadata.SOURCE_WEIGHT
+
+
+def nonfinite(groups: Sequence[Group]) -> jax.Array:
+    """Does any checked tensor of the step hold a NaN/Inf? (a reduction per tensor, on every step)."""
+    flags = [~jnp.all(jnp.isfinite(t)) for g in groups if g.checked for t in g.tensors]
+    return jnp.any(jnp.stack(flags)) if flags else jnp.asarray(False)
+
+
+def emit(step: jax.Array, write: jax.Array, groups: Sequence[Group], host: Callable[..., None]) -> None:
+    """When `write` holds, reduce every group and call `host(step, [GroupStep...])` once, in step order."""
+    groups = [g for g in groups if g.tensors]
+    infos = [g.info() for g in groups]
+
+    def on_host(step_value: Any, *arrays: Any) -> None:
+        records = [
+            GroupStep(info, np.asarray(arrays[2 * i]), np.asarray(arrays[2 * i + 1]) if g.histogram else None)
+            for i, (info, g) in enumerate(zip(infos, groups))
+        ]
+        host(int(np.asarray(step_value)), records)
+
+    def reduce_and_send() -> None:
+        with jax.enable_x64(True):
+            arrays: List[Any] = []
+            for g in groups:
+                stats, counts = _records(g.tensors)
+                arrays += [stats, counts]
+            jax.debug.callback(on_host, step, *arrays, ordered=True)
+
+    if not groups:
+        return
+    if isinstance(write, jax.core.Tracer):
+        jax.lax.cond(write, reduce_and_send, lambda: None)
+    elif bool(write):  # an eager step (jit_compile=False): a cond here would be compiled anew at every step
+        reduce_and_send()

@@ -1,0 +1,78 @@
+"""One step's records as `Summary.Value`s, from numbers already reduced (numpy): the format-v2 group records.
+
+Why on the host and in numpy: a backend other than TensorFlow reduces on its device and hands out only the
+numbers (`stats` float64 [L, 12], histogram counts [L, k]); what remains is the on-disk contract
+(docs/FORMAT.md), the same bytes TensorFlow's path writes: counts in the narrowest unsigned type, metadata in a
+tag's first record of a file, a `first_nonfinite` row per layer from the group's first non-finite step on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List, Sequence
+
+import numpy as np
+from tensorboard.compat.proto import summary_pb2
+from tensorboard.util import tensor_util
+
+from tb_layergrad import metadata
+
+_NONFINITE_COLUMNS = [metadata.STAT_INDEX[name] for name in ("nan", "pos_inf", "neg_inf")]
+
+
+@dataclasses.dataclass
+class GroupStep:
+    """One (target, source) group at one step: its layers' stats rows and histogram counts (None: no histogram)."""
+
+    group: metadata.GroupInfo  # of kind `stats`; the other kinds are derived from it
+    stats: np.ndarray  # float64 [L, len(STAT_FIELDS)]
+    counts: "np.ndarray | None"  # [L, k], any integer or float dtype holding whole numbers
+
+
+class StepRecords:
+    """Turns each step's `GroupStep`s into values, keeping what a file's records depend on across steps.
+
+    Kept per writer (one event file): which tags already carried their metadata, and each layer's first
+    non-finite step (by layer, so that a changed layer list keeps it, as `summary/writer_state.py` does).
+    """
+
+    def __init__(self) -> None:
+        self._described: set = set()
+        self._first_nonfinite: Dict[tuple, Dict[str, int]] = {}
+
+    def values(self, step: int, groups: Sequence[GroupStep]) -> List[summary_pb2.Summary.Value]:
+        out: List[summary_pb2.Summary.Value] = []
+        for g in groups:
+            stats = np.asarray(g.stats, dtype=np.float64)
+            out.append(self._value(g.group, step, stats))
+            if g.counts is not None:
+                counts = np.asarray(g.counts)
+                top = int(counts.max()) if counts.size else 0
+                out.append(
+                    self._value(
+                        g.group.with_kind(metadata.KIND_HISTOGRAM), step, counts.astype(metadata.count_dtype(top))
+                    )
+                )
+            rows = self._nonfinite_rows(g.group, step, stats)
+            if rows is not None:
+                out.append(self._value(g.group.with_kind(metadata.KIND_FIRST_NONFINITE), step, rows))
+        return out
+
+    def _nonfinite_rows(self, group: metadata.GroupInfo, step: int, stats: np.ndarray) -> "np.ndarray | None":
+        """int64 [L]: each layer's first non-finite step (-1: none yet); None before the group's first one."""
+        seen = self._first_nonfinite.setdefault((group.target, group.source), {})
+        bad = stats[:, _NONFINITE_COLUMNS].sum(axis=1) > 0
+        for layer, is_bad in zip(group.layers, bad):
+            if is_bad and layer not in seen:
+                seen[layer] = step
+        if not any(layer in seen for layer in group.layers):
+            return None
+        return np.array([seen.get(layer, -1) for layer in group.layers], dtype=np.int64)
+
+    def _value(self, info: metadata.GroupInfo, step: int, array: np.ndarray) -> summary_pb2.Summary.Value:
+        tag = info.tag_at(step)
+        value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(array))
+        if tag not in self._described:
+            self._described.add(tag)
+            value.metadata.CopyFrom(metadata.create_group_metadata(info))
+        return value

@@ -1,0 +1,229 @@
+"""`GradientLogger` in Keras' own fit() on JAX: every value equal to a pure-JAX reference, training bitwise
+unchanged, the step the count of batches across fit() calls, and what is not yet on JAX refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+import pytest
+
+import tb_layergrad
+from tb_layergrad import metadata
+
+BATCH, FEATURES, HIDDEN = 8, 5, 16
+
+
+def _data(n: int = 4 * BATCH):
+    rng = np.random.RandomState(3)
+    return rng.randn(n, FEATURES).astype(np.float32), rng.randn(n, 2).astype(np.float32)
+
+
+def _model(jit_compile=True, steps_per_execution=1, seed=11):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(HIDDEN, activation="tanh", name="h1"),
+            keras.layers.Dense(HIDDEN, activation="relu", name="h2"),
+            keras.layers.Dense(2, name="out"),
+        ],
+        name="mlp",
+    )
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile,
+        steps_per_execution=steps_per_execution,
+    )  # fmt: skip
+    return model
+
+
+def _weights(model):
+    return [np.asarray(w) for w in model.get_weights()]
+
+
+def _reference(weights, x, y):
+    """dL/d(each layer output) and dL/d(each weight) of the MLP written out in JAX: a zero added to each
+    output is differentiated (the total derivative through everything after it)."""
+    w1, b1, w2, b2, w3, b3 = [jnp.asarray(w) for w in weights]
+
+    def loss(params, eps):
+        w1, b1, w2, b2, w3, b3 = params
+        h1 = jnp.tanh(x @ w1 + b1) + eps[0]
+        h2 = jax.nn.relu(h1 @ w2 + b2) + eps[1]
+        out = h2 @ w3 + b3 + eps[2]
+        return jnp.mean(jnp.mean((out - y) ** 2, axis=-1))
+
+    eps = [jnp.zeros((len(x), HIDDEN)), jnp.zeros((len(x), HIDDEN)), jnp.zeros((len(x), 2))]
+    value, (g_params, g_eps) = jax.value_and_grad(loss, argnums=(0, 1))((w1, b1, w2, b2, w3, b3), eps)
+    outputs = dict(zip(["mlp/h1", "mlp/h2", "mlp/out"], g_eps))
+    names = ["h1/kernel", "h1/bias", "h2/kernel", "h2/bias", "out/kernel", "out/bias"]
+    return float(value), outputs, {f"mlp/{n}": g for n, g in zip(names, g_params)}
+
+
+def _rows(logdir):
+    frame = tb_layergrad.load(logdir)
+    return {(r.source, r.layer, int(r.step)): r for r in frame.itertuples()}
+
+
+def test_every_value_is_the_pure_jax_reference(logdir, tolerances):
+    x, y = _data()
+    model = _model()
+    before = _weights(model)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(logdir, weights=True, activations=True)])  # fmt: skip
+    rows = _rows(logdir)
+    loss, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    # The longest chain of reductions to a gradient: the forward pass (FEATURES, HIDDEN, HIDDEN), the loss's
+    # mean (BATCH * 2), back through HIDDEN, HIDDEN, and a weight gradient's sum over the batch.
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            got = rows[(source, layer, 1)]
+            scale = float(np.abs(g).max())
+            assert got.elements == g.size and got.nan == 0 and got.no_gradient == 0
+            for field, value in (("min", g.min()), ("max", g.max()), ("mean", g.mean())):
+                assert abs(getattr(got, field) - value) <= rtol * scale, (source, layer, field)
+            assert abs(got.norm - np.sqrt((g * g).sum())) <= rtol * scale * np.sqrt(g.size), (source, layer)
+    target = rows[("target", "loss", 1)]
+    assert abs(target.mean - loss) <= rtol * abs(loss)
+    act = rows[("activation", "mlp/h1", 1)]
+    h1 = np.tanh(x[:BATCH].astype(np.float64) @ before[0] + before[1])
+    assert abs(act.max - h1.max()) <= rtol and act.elements == h1.size
+    assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("jit_compile, steps_per_execution", [(True, 1), (False, 1), (True, 3)])
+def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution):
+    x, y = _data(6 * BATCH)
+    trained = []
+    for callbacks in ([], [tb_layergrad.GradientLogger(logdir, weights=True, activations=True, update_freq=2)]):
+        model = _model(jit_compile, steps_per_execution)
+        history = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0, callbacks=callbacks)
+        trained.append((_weights(model), history.history["loss"]))
+    for a, b in zip(trained[0][0], trained[1][0]):
+        np.testing.assert_array_equal(a, b)
+    assert trained[0][1] == trained[1][1]
+    assert sorted({k[2] for k in _rows(logdir)}) == [2, 4, 6, 8, 10, 12]
+
+
+def test_the_step_is_the_batch_count_across_fits_and_the_model_is_restored(logdir):
+    x, y = _data()
+    model = _model()
+    logger = tb_layergrad.GradientLogger(logdir, update_freq=3)
+    model.fit(x, y, batch_size=BATCH, epochs=2, verbose=0, callbacks=[logger])  # 8 batches
+    assert type(model.layers[0]) is keras.layers.Dense and "train_step" not in model.__dict__
+    assert "stateless_apply" not in model.optimizer.__dict__
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[logger])  # batches 9 to 12
+    logger.close()
+    steps = sorted({k[2] for k in _rows(logdir) if k[0] == "output"})
+    assert steps == [3, 6, 9, 12]
+    model.evaluate(x, y, verbose=0)  # untouched by the logger
+    # No module of ours that ran holds TensorFlow (Keras' set_random_seed imports it where it is installed).
+    loaded = [m for name, m in list(sys.modules.items()) if name.startswith("tb_layergrad")]
+    assert "tb_layergrad.jax.gradient_logger" in sys.modules
+    assert not [m.__name__ for m in loaded if any(getattr(v, "__name__", "") == "tensorflow" for v in vars(m).values())]
+    assert "tb_layergrad.keras.gradient_logger" not in sys.modules and "tb_layergrad.summary" not in sys.modules
+
+
+def _nan_at_batch_3():
+    x, y = _data()
+    x[2 * BATCH + 1, 0] = np.nan
+    return x, y
+
+
+@pytest.mark.parametrize("activations, born", [(False, "forward_or_loss"), (True, "forward")])
+def test_the_first_nonfinite_step_is_written_off_schedule_and_located(logdir, activations, born):
+    x, y = _nan_at_batch_3()
+    logger = tb_layergrad.GradientLogger(logdir, update_freq=100, activations=activations)
+    _model().fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    assert (logger.nonfinite.step, logger.nonfinite.pass_) == (3, born)
+    if activations:
+        assert logger.nonfinite.origin == "mlp/h1"
+    rows = _rows(logdir)
+    assert sorted({k[2] for k in rows}) == [3]
+    assert rows[("output", "mlp/out", 3)].nan > 0
+
+
+def test_raise_and_stop_act_after_the_first_nonfinite_step(logdir):
+    x, y = _nan_at_batch_3()
+    model = _model()
+    with pytest.raises(tb_layergrad.NonFiniteError, match="step 3") as raised:
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                  callbacks=[tb_layergrad.GradientLogger(logdir, on_nonfinite="raise")])  # fmt: skip
+    assert raised.value.origin.step == 3 and "train_step" not in model.__dict__
+    model = _model()
+    model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(logdir + "_stop", on_nonfinite="stop")])  # fmt: skip
+    assert int(model.optimizer.iterations.numpy()) == 3
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"timesteps": True}, {"per_example": True}, {"max_elements": 10}, {"update_freq": "epoch"},
+     {"targets": {"t": lambda y: y[:, 0]}}],
+)  # fmt: skip
+def test_what_is_not_yet_on_jax_is_refused_before_training(logdir, kwargs):
+    with pytest.raises(NotImplementedError, match="does not support .* yet .*KERAS_BACKEND=tensorflow"):
+        tb_layergrad.GradientLogger(logdir, **kwargs)
+
+
+def test_another_backend_is_refused_saying_what_works():
+    """Keras' numpy backend stands for any backend without an observer (torch alike): refused before training."""
+    code = "import tb_layergrad\ntry:\n    tb_layergrad.GradientLogger\nexcept RuntimeError as e:\n    print(e)\n"
+    env = dict(os.environ, KERAS_BACKEND="numpy")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "'numpy'" in out and "KERAS_BACKEND=jax" in out and "KERAS_BACKEND=tensorflow" in out
+    assert "tb-layergrad report" in out
+
+
+class _GuideStep(keras.Sequential):
+    """The Keras guide's JAX `train_step(self, state, data)`: its own loss function, `jax.value_and_grad`,
+    `self.optimizer.stateless_apply`."""
+
+    def compute_loss_and_updates(self, trainable_variables, non_trainable_variables, x, y):
+        y_pred, non_trainable_variables = self.stateless_call(trainable_variables, non_trainable_variables, x)
+        return self.compute_loss(x, y, y_pred), (y_pred, non_trainable_variables)
+
+    def train_step(self, state, data):
+        trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables = state
+        x, y = data
+        grad_fn = jax.value_and_grad(self.compute_loss_and_updates, has_aux=True)
+        (loss, (y_pred, non_trainable_variables)), grads = grad_fn(trainable_variables, non_trainable_variables, x, y)
+        trainable_variables, optimizer_variables = self.optimizer.stateless_apply(
+            optimizer_variables, grads, trainable_variables
+        )
+        return {"loss": loss}, (trainable_variables, non_trainable_variables, optimizer_variables, metrics_variables)
+
+
+def test_a_users_jax_train_step_is_observed_too(logdir, tolerances):
+    x, y = _data()
+    keras.utils.set_random_seed(11)
+    model = _GuideStep(
+        [keras.Input((FEATURES,)), keras.layers.Dense(HIDDEN, activation="tanh", name="h1"),
+         keras.layers.Dense(HIDDEN, activation="relu", name="h2"), keras.layers.Dense(2, name="out")],
+        name="mlp",
+    )  # fmt: skip
+    model.compile(optimizer=keras.optimizers.Adam(1e-2), loss="mse")
+    before = _weights(model)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(logdir, weights=True)])  # fmt: skip
+    rows = _rows(logdir)
+    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            assert abs(rows[(source, layer, 1)].norm - np.sqrt((g * g).sum())) <= rtol * np.abs(g).max() * np.sqrt(
+                g.size
+            ), (source, layer)
+    assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]

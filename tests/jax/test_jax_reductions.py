@@ -1,0 +1,89 @@
+"""The JAX reductions against plain numpy in float64: the statistics within derived bounds, the histogram's
+counts exactly those of the float64 edges every writer computes (`metadata.histogram_edges`)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tb_layergrad import metadata
+from tb_layergrad.jax import reductions
+
+K = 30
+
+
+def _edge_counts(x: np.ndarray, k: int = K) -> np.ndarray:
+    """Counts of the finite elements against the written edges: [left_i, left_i+1), the last closed."""
+    flat = np.asarray(x, np.float64).reshape(-1)
+    fin = flat[np.isfinite(flat)]
+    if not fin.size:
+        return np.zeros(k, np.int64)
+    left, _ = metadata.histogram_edges(float(fin.min()), float(fin.max()), k)
+    index = np.searchsorted(np.asarray(left), fin, side="right") - 1
+    return np.bincount(np.clip(index, 0, k - 1), minlength=k)
+
+
+def _cases():
+    rng = np.random.RandomState(7)
+    with_nonfinite = rng.randn(4, 250).astype(np.float32)
+    with_nonfinite[0, 3], with_nonfinite[1, 4], with_nonfinite[2, 5] = np.nan, np.inf, -np.inf
+    near_max = (rng.rand(300).astype(np.float32) * 2 - 1) * np.float32(3e38)
+    return {
+        "normal": rng.randn(3, 7, 11).astype(np.float32),
+        "nonfinite": with_nonfinite,
+        "one_value": np.full((5, 3), 0.25, np.float32),
+        "all_nan": np.full(6, np.nan, np.float32),
+        "empty": np.zeros((0, 4), np.float32),
+        "near_float32_max": near_max,
+        "tiny": (rng.randn(200) * 1e-30).astype(np.float32),
+        "float16": (rng.randn(500) * 10).astype(np.float16),
+        "with_zeros": np.maximum(rng.randn(400), 0).astype(np.float32),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_statistics_and_histogram_match_numpy(name, numpy_reference, tolerances):
+    x = _cases()[name]
+    stats, counts = jax.jit(lambda a: reductions.records([a], K))(jnp.asarray(x))
+    stats, counts = np.asarray(stats)[0], np.asarray(counts)[0]
+    assert stats.dtype == np.float64
+    want = numpy_reference.numpy_stats(x)
+    for field in ("elements", "nan", "pos_inf", "neg_inf", "zeros", "no_gradient"):
+        assert stats[metadata.STAT_INDEX[field]] == want[field], field
+    np.testing.assert_array_equal(counts, _edge_counts(x))
+    fin = np.asarray(x, np.float64).reshape(-1)
+    fin = fin[np.isfinite(fin)]
+    if not fin.size:
+        assert np.isnan(stats[[metadata.STAT_INDEX[f] for f in ("min", "max", "mean", "std", "mean_abs")]]).all()
+        assert stats[metadata.STAT_INDEX["norm"]] == 0
+        return
+    assert stats[metadata.STAT_INDEX["min"]] == want["min"] and stats[metadata.STAT_INDEX["max"]] == want["max"]
+    n = fin.size
+    big = float(np.abs(fin).max())
+    # Sums carried in float32 (the compute dtype of 16- and 32-bit data), in any order: gamma(n - 1) of the
+    # magnitudes; the numpy reference rounds in float64 (negligible beside it), std takes two such sums.
+    rtol = tolerances.TWO_SIDES * tolerances.sum_rtol(np.float32, n)
+    assert abs(stats[metadata.STAT_INDEX["norm"]] - want["norm"]) <= rtol * want["norm"]
+    assert abs(stats[metadata.STAT_INDEX["mean_abs"]] - want["mean_abs"]) <= rtol * want["mean_abs"]
+    assert abs(stats[metadata.STAT_INDEX["mean"]] - want["mean"]) <= rtol * want["mean_abs"]
+    assert abs(stats[metadata.STAT_INDEX["std"]] - want["std"]) <= 2 * rtol * big
+
+
+def test_several_tensors_are_reduced_each_on_its_own():
+    a, b = np.arange(12, dtype=np.float32), -np.ones(3, np.float32)
+    stats, counts = reductions.records([jnp.asarray(a), jnp.asarray(b)], K)
+    assert stats.shape == (2, len(metadata.STAT_FIELDS)) and counts.shape == (2, K)
+    np.testing.assert_array_equal(np.asarray(counts), [_edge_counts(a), _edge_counts(b)])
+    assert np.asarray(stats)[1, metadata.STAT_INDEX["mean"]] == -1
+
+
+def test_the_model_stays_in_32_bits():
+    """Float64 is on for the reductions only: a value computed after them is JAX's default float32."""
+
+    def step(x):
+        reductions.records([x], K)
+        return x * 2.0
+
+    assert jax.jit(step)(jnp.ones(3)).dtype == jnp.float32
