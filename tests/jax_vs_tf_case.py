@@ -1,4 +1,4 @@
-"""The case a JAX run is compared to a TensorFlow run on (tests/jax/test_jax_vs_tf.py): one model, data and
+"""The case a JAX run is compared to a TensorFlow run on (tests/jax_backend/test_jax_vs_tf.py): one model, data and
 logger options for both backends; the TensorFlow run is stored in tests/data/jax_vs_tf (its `make_tf_run.py`)."""
 
 from __future__ import annotations

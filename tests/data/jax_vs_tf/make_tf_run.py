@@ -1,4 +1,4 @@
-"""Writes `logs/` and `start.npz` here: the TensorFlow run that tests/jax/test_jax_vs_tf.py compares a JAX run to.
+"""Writes `logs/` and `start.npz` here: the TensorFlow run that tests/jax_backend/test_jax_vs_tf.py compares a JAX run to.
 
 Run with TensorFlow and Keras 3 (`KERAS_BACKEND=tensorflow python tests/data/jax_vs_tf/make_tf_run.py`). The
 model, data and options are `tests/jax_vs_tf_case.py`'s, the starting weights saved beside the logs so that

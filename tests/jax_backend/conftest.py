@@ -27,7 +27,7 @@ if WHY_NOT:
 
 
 def pytest_report_header(config) -> str:
-    return f"tests/jax: not run: {WHY_NOT}" if WHY_NOT else "tests/jax: Keras on JAX"
+    return f"tests/jax_backend: not run: {WHY_NOT}" if WHY_NOT else "tests/jax_backend: Keras on JAX"
 
 
 @pytest.fixture

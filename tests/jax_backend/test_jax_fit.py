@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import tb_layergrad
-from tb_layergrad import metadata
 
 BATCH, FEATURES, HIDDEN = 8, 5, 16
 
