@@ -233,6 +233,23 @@ def test_every_module_is_named_in_the_rooms_of_the_design():
     assert not missing, f"not named in docs/DESIGN.md's rooms: {missing}"
 
 
+# One name shared on purpose: the same concept in each backend's room (TensorFlow's `keras/` and `statistics/`,
+# JAX's `jax/`), and Python's own package files.
+SAME_CONCEPT_PER_BACKEND = {"__init__.py", "__main__.py", "gradient_logger.py", "reductions.py"}
+
+
+def test_one_file_name_one_meaning():
+    """A module's file name says its concept: two modules of one name are one concept (a backend's copy of it) or
+    a name to change."""
+    rooms_of: Dict[str, List[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rooms_of.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    shared = {name: paths for name, paths in rooms_of.items() if len(paths) > 1}
+    assert set(shared) <= SAME_CONCEPT_PER_BACKEND, {
+        n: p for n, p in shared.items() if n not in SAME_CONCEPT_PER_BACKEND
+    }
+
+
 def _tab_sources() -> List[Path]:
     """The tab's own ES modules (not the vendored libraries)."""
     frontend = PACKAGE.parent / "frontend"

@@ -3,7 +3,7 @@
 The step is observed, never copied: the chosen layers' outputs pass through an identity whose backward rule
 keeps dL/d(output) (`layer_outputs`, `step_trace`), the loss through one that keeps its value, and the
 optimizer's `stateless_apply`, which receives exactly the weight gradients the step computed, is where the
-step's records are reduced and handed out (`step_records`), once the backward pass is complete.
+step's records are reduced and handed out (`step_callback`), once the backward pass is complete.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import keras
 
 from tb_layergrad import metadata, nonfinite_origin
 from tb_layergrad.capturing.layer_tree import LayerTree
-from tb_layergrad.jax import step_records
+from tb_layergrad.jax import step_callback
 from tb_layergrad.jax.layer_outputs import LayerOutputs
 from tb_layergrad.jax.step_trace import StepTrace
 from tb_layergrad.writer.event_writer import EventWriter
@@ -229,7 +229,7 @@ class GradientLogger(keras.callbacks.Callback):
     def _emit(self, trace: StepTrace, step: jax.Array, grads: List[Any], weights: Dict[int, tuple]) -> None:
         outputs = [s for s in trace.outputs() if s.cotangent is not None]
         groups = [
-            step_records.Group(
+            step_callback.Group(
                 metadata.DEFAULT_TARGET,
                 metadata.SOURCE_OUTPUT,
                 [s.key for s in outputs],
@@ -239,11 +239,11 @@ class GradientLogger(keras.callbacks.Callback):
         ]
         if trace.target is not None and trace.target.value is not None:
             t = trace.target
-            groups.append(step_records.Group(t.key, metadata.SOURCE_TARGET, [t.key], [-1], [t.value], histogram=False))
+            groups.append(step_callback.Group(t.key, metadata.SOURCE_TARGET, [t.key], [-1], [t.value], histogram=False))
         if self.activations:
             seen = [s for s in trace.outputs() if s.value is not None]
             groups.append(
-                step_records.Group(
+                step_callback.Group(
                     metadata.ACTIVATION_TARGET,
                     metadata.SOURCE_ACTIVATION,
                     [s.key for s in seen],
@@ -254,7 +254,7 @@ class GradientLogger(keras.callbacks.Callback):
         if weights:
             rows = [(i, path, owner) for i, (path, owner) in sorted(weights.items()) if grads[i] is not None]
             groups.append(
-                step_records.Group(
+                step_callback.Group(
                     metadata.DEFAULT_TARGET,
                     metadata.SOURCE_WEIGHT,
                     [path for _, path, _ in rows],
@@ -264,8 +264,8 @@ class GradientLogger(keras.callbacks.Callback):
             )
         write = step % self.update_freq == 0
         if self.on_nonfinite != "ignore":
-            write = write | step_records.nonfinite(groups)
-        step_records.emit(step, write, groups, self._on_host)
+            write = write | step_callback.nonfinite(groups)
+        step_callback.emit(step, write, groups, self._on_host)
 
     def _on_host(self, step: int, records: List[GroupStep]) -> None:
         """A written step arrives (on JAX's callback thread): queue it for the writer's thread."""
