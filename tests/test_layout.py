@@ -330,7 +330,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_fit_tapes.py",
     "keras/test_fit_tapes_options.py",
     "keras/test_tuner.py",
-    "plugin/test_examples_routes.py",
     "plugin/test_plugin_routes.py",
     "plugin/test_report_route.py",
     "reader/test_origin_read.py",
