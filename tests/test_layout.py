@@ -330,7 +330,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_fit_tapes.py",
     "keras/test_fit_tapes_options.py",
     "keras/test_tuner.py",
-    "reader/test_reliability_logdirs.py",
     "tab/test_tab_charts_e2e.py",
     "tab/test_tab_e2e.py",
     "tab/test_tab_origin_e2e.py",
