@@ -321,7 +321,6 @@ def _helpers_imported_by_name(path: Path) -> Set[str]:
 # The test files that still import a helper module by name, until each is moved onto the fixtures: this set only
 # shrinks (the test below fails on a file that has left it as on one that joins it).
 NOT_YET_ON_FIXTURES: Set[str] = {
-    "keras/test_fit_activations.py",
     "keras/test_fit_gallery.py",
     "keras/test_fit_generated_steps.py",
     "tab/test_tab_charts_e2e.py",
