@@ -322,7 +322,6 @@ def _helpers_imported_by_name(path: Path) -> Set[str]:
 # shrinks (the test below fails on a file that has left it as on one that joins it).
 NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_fit_gallery.py",
-    "keras/test_fit_generated_steps.py",
     "tab/test_tab_charts_e2e.py",
     "tab/test_tab_e2e.py",
     "tab/test_tab_origin_e2e.py",
