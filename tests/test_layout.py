@@ -324,7 +324,6 @@ NOT_YET_ON_FIXTURES: Set[str] = {
     "keras/test_fit_gallery.py",
     "tab/test_tab_charts_e2e.py",
     "tab/test_tab_e2e.py",
-    "tab/test_tab_origin_e2e.py",
     "tab/test_tab_runs_e2e.py",
 }
 
