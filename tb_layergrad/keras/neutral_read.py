@@ -94,11 +94,14 @@ def neutral_inputs(build: Callable[[], T], marker: tf.Tensor) -> T:
     known = {op.name for op in graph.get_operations()}
     out = build()
     for op in graph.get_operations():
-        if op.type in _CONDS and op.name not in known:
+        # Re-pointing a built op's input has no public API; a TensorFlow without this one keeps the branch as
+        # built: it records the same values, the step then merely not guaranteed bitwise (docs/DESIGN.md).
+        update_input = getattr(op, "_update_input", None)
+        if op.type in _CONDS and op.name not in known and update_input is not None:
             for i, x in enumerate(list(op.inputs)[1:], start=1):  # input 0: the predicate
                 read = neutral_read(x, marker)
                 if read is not x:
-                    op._update_input(i, read)  # noqa: SLF001 - the one way to re-point a built op's input
+                    update_input(i, read)
     return out
 
 
