@@ -10,7 +10,6 @@ report and `load()` must give the same answer for both, except run names and wal
 from __future__ import annotations
 
 import glob
-import io
 import json
 import logging
 import os
@@ -222,11 +221,13 @@ def test_csv_is_the_same(tb, run):
     assert one == two and len(one) > 1
 
 
-def test_report_is_the_same(twins, plugin_fixtures):
-    from tb_layergrad.cli import report
+def test_report_is_the_same(twins, plugin_fixtures, capsys):
+    """`tb-layergrad report --format json` (the command's entry point, in process)."""
+    from tb_layergrad import cli
 
     logdir, _ = twins
-    body = report.to_json(report.build(logdir))
+    assert cli.main(["report", logdir, "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
     by_run = {r["run"]: r for r in body["runs"]}
     for run in SMALL_RUNS:
         assert without_run_and_wall(by_run[run]) == without_run_and_wall(by_run[f"{run}_v2"])
@@ -355,7 +356,7 @@ def test_a_truncated_last_record_is_skipped(tmp_path, twins, plugin_fixtures):
     )
 
 
-def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path, plugin_fixtures):
+def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path, plugin_fixtures, capsys):
     import tensorflow as tf
     from tensorboard.compat.proto import summary_pb2
 
@@ -388,20 +389,15 @@ def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path, plugin_fixtur
     assert plugin_fixtures.get_json(tb, "stats", {"run": "ok", "layer": "m/a"})["steps"] == [0]
     assert plugin_fixtures.get_json(tb, "matrix", {"run": "ok"})["steps"] == [0]
 
-    from tb_layergrad.cli import report
+    # `tb-layergrad report` says it too, in each format (CSV: on stderr)
+    from tb_layergrad import cli
 
-    rep = report.build(str(tmp_path))
-    assert rep.warnings == [warning]
-    assert "upgrade tb_layergrad" in report.format_text(rep)
-    assert report.to_json(rep)["warnings"] == [warning]
-    err = io.StringIO()
-    args = type(
-        "A",
-        (),
-        {"logdir": str(tmp_path), "run": None, "target": "loss", "source": "output", "fail_on": None, "format": "csv"},
-    )()
-    assert report.main(args, out=io.StringIO(), err=err) == 0
-    assert "format version 3" in err.getvalue()
+    assert cli.main(["report", str(tmp_path)]) == 0
+    assert "upgrade tb_layergrad" in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == [warning]
+    assert cli.main(["report", str(tmp_path), "--format", "csv"]) == 0
+    assert "format version 3" in capsys.readouterr().err
 
 
 def test_a_record_whose_rows_disagree_with_its_layers_is_skipped(tmp_path, caplog, plugin_fixtures):
