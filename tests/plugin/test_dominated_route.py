@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from tb_layergrad import cli
-from tb_layergrad.cli import report
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -104,10 +103,12 @@ def test_one_layer_and_a_step_range(env, dominated_fixtures, plugin_fixtures, sh
     assert [d["worst_step"] for d in upto["dominated"]] == [dominated_fixtures.DOMINATED_STEP] * 2
 
 
-def test_the_route_and_the_report_say_the_same(env, dominated_fixtures, plugin_fixtures):
+def test_the_route_and_the_report_say_the_same(env, capsys, dominated_fixtures, plugin_fixtures):
+    """`tb-layergrad report --format json` (the command's entry point, in process) and the route."""
     _, tb, logdir = env
     for source in ("output", "weight"):
-        rep = report.to_json(report.build(logdir, source=source))
+        assert cli.main(["report", logdir, "--format", "json", "--source", source]) == 0
+        rep = json.loads(capsys.readouterr().out)
         (run,) = rep["runs"]
         route = plugin_fixtures.get_json(tb, "anomalies", {"run": dominated_fixtures.RUN, "source": source})[
             "dominated"
