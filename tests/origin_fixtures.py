@@ -235,3 +235,9 @@ def write_origin_logdir(logdir: str, runs=RUNS) -> Written:
 @pytest.fixture(scope="session")
 def origin_logdir(tmp_path_factory) -> Written:
     return write_origin_logdir(str(tmp_path_factory.mktemp("layergrad_origin")))
+
+
+@pytest.fixture(params=RUNS)
+def origin_run(request) -> str:
+    """Each run of the origin logdir (`RUNS`: how its first NaN was born), one test per run."""
+    return request.param

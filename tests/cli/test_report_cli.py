@@ -14,9 +14,6 @@ import re
 import sys
 
 import pytest
-import report_fixtures as rf
-from plugin_fixtures import strict_json
-from report_fixtures import in_process
 
 from tb_layergrad import cli
 from tb_layergrad.cli import report
@@ -31,14 +28,14 @@ def run_cli(capsys, *argv):
     return code, out, err
 
 
-def test_json_is_the_routes_answer(planted, capsys):
+def test_json_is_the_routes_answer(planted, capsys, plugin_fixtures, report_fixtures):
     code, out, _ = run_cli(capsys, planted.logdir, "--format", "json")
     assert code == 0
     doc = json.loads(out)
-    assert [r["run"] for r in doc["runs"]] == [rf.LONG_RUN, rf.RUN]
-    tb = in_process(planted.logdir)
+    assert [r["run"] for r in doc["runs"]] == [report_fixtures.LONG_RUN, report_fixtures.RUN]
+    tb = report_fixtures.in_process(planted.logdir)
     for r in doc["runs"]:
-        route = strict_json(tb.get("anomalies", {"run": r["run"]}).data)
+        route = plugin_fixtures.strict_json(tb.get("anomalies", {"run": r["run"]}).data)
         for got, want in zip(r["layers"], route["layers"]):
             want = {k: v for k, v in want.items() if k != "flags"}
             assert got == want  # the very same numbers
@@ -46,14 +43,14 @@ def test_json_is_the_routes_answer(planted, capsys):
     assert doc["thresholds"]["VANISH_REL"] == 1e-3 and doc["failures"] == []
 
 
-def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):
+def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys, report_fixtures):
     code, out, _ = run_cli(capsys, planted.logdir)
     assert code == 0
     lines = out.splitlines()
     assert max(len(line) for line in lines) <= 100
     # Where it broke: no target series in this logdir, so the pass is unknown (docs/ANOMALIES.md).
     assert (
-        f"  first non-finite gradient at step {rf.NAN_STEPS[0]}: {rf.NAN_LAYER} (the loss was not recorded: pass unknown)"
+        f"  first non-finite gradient at step {report_fixtures.NAN_STEPS[0]}: {report_fixtures.NAN_LAYER} (the loss was not recorded: pass unknown)"
         in lines
     )
     rows = {
@@ -65,26 +62,33 @@ def test_text_fits_100_columns_and_names_the_planted_layers(planted, capsys):
     }
     assert rows["embed"].endswith("vanishing") and rows["dead"].endswith("dead")
     assert rows["grow"].rstrip().endswith("exploding")
-    assert re.search(rf"\s{rf.NAN_STEPS[0]}\s+-6\.\d", rows["dense"])  # first NaN step, then the timestep decay
+    assert re.search(
+        rf"\s{report_fixtures.NAN_STEPS[0]}\s+-6\.\d", rows["dense"]
+    )  # first NaN step, then the timestep decay
     # Its verdict: a NaN reached it (not born there: the pass is unknown), from its first non-finite step on.
     # Its timestep decay (-6) is a finding too, carried beside it (`+1` where the column has no room for its words).
-    assert re.search(rf"NaN/Inf @{rf.NAN_STEPS[0]}( · vanishing through time| \+1)$", rows["dense"].rstrip())
+    assert re.search(
+        rf"NaN/Inf @{report_fixtures.NAN_STEPS[0]}( · vanishing through time| \+1)$", rows["dense"].rstrip()
+    )
     # Long paths: cut in the middle, the start and the leaf kept, every line within 100 columns.
     long_rows = [line for line in lines if "…" in line]
     assert len(long_rows) == 2 and long_rows[0].split()[0].endswith("attention_output_projection")
 
 
-def test_csv_rows(planted, capsys):
-    code, out, _ = run_cli(capsys, planted.logdir, "--format", "csv", "--run", rf.RUN)
+def test_csv_rows(planted, capsys, report_fixtures):
+    code, out, _ = run_cli(capsys, planted.logdir, "--format", "csv", "--run", report_fixtures.RUN)
     assert code == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert tuple(rows[0]) == report.CSV_COLUMNS
     by = {r["layer"]: r for r in rows}
-    assert list(by) == rf.LAYERS + [rf.SPARSE]
-    assert by[rf.NAN_LAYER]["first_nonfinite"] == str(rf.NAN_STEPS[0]) and by[rf.NAN_LAYER]["nonfinite_steps"] == "3"
+    assert list(by) == report_fixtures.LAYERS + [report_fixtures.SPARSE]
+    assert (
+        by[report_fixtures.NAN_LAYER]["first_nonfinite"] == str(report_fixtures.NAN_STEPS[0])
+        and by[report_fixtures.NAN_LAYER]["nonfinite_steps"] == "3"
+    )
     assert by["net/embed"]["now"] == "vanishing" and by["net/head"]["first_nonfinite"] == ""
-    assert float(by[rf.RNN_LAYER]["timestep_decay"]) == pytest.approx(
-        -(rf.TIMESTEPS - 1), abs=rf.DECAY_SPREAD
+    assert float(by[report_fixtures.RNN_LAYER]["timestep_decay"]) == pytest.approx(
+        -(report_fixtures.TIMESTEPS - 1), abs=report_fixtures.DECAY_SPREAD
     )  # the planted noise; repr(): exact
     assert by["net/dead"]["last_norm"] == "0.0" and by["net/dead"]["last_zero_frac"] == "1.0"
     # No per-example records in this run: the `dominated_*` columns (appended after `now`) say nothing.
@@ -96,20 +100,22 @@ def test_csv_rows(planted, capsys):
     assert all(r[f"dominated_{k}"] == "" for r in rows for k in report.DOMINATED_FIELDS)
 
 
+# `{LONG_RUN}`: report_fixtures.LONG_RUN, filled in by the test (a fixture, not known at collection)
 @pytest.mark.parametrize(
     "argv,code",
     [
         (["--fail-on", "nan"], 3),
-        (["--fail-on", "nan", "--run", rf.LONG_RUN], 0),
+        (["--fail-on", "nan", "--run", "{LONG_RUN}"], 0),
         (["--fail-on", "exploding"], 3),
-        (["--fail-on", "dead,vanishing", "--run", rf.LONG_RUN], 0),
+        (["--fail-on", "dead,vanishing", "--run", "{LONG_RUN}"], 0),
         (["--fail-on", "dead", "--source", "weight"], 0),
         (["--fail-on", "bogus"], 2),
         (["--run", "nope"], 1),
         (["--target", "nope"], 1),
     ],
 )
-def test_exit_status(planted, capsys, argv, code):
+def test_exit_status(planted, capsys, argv, code, report_fixtures):
+    argv = [a.format(LONG_RUN=report_fixtures.LONG_RUN) for a in argv]
     got, out, err = run_cli(capsys, planted.logdir, *argv)
     assert got == code, (out, err)
     if code == 3:
@@ -118,14 +124,14 @@ def test_exit_status(planted, capsys, argv, code):
         assert "not found" in err or "no output statistics" in err
 
 
-def test_fail_on_names_each_failing_layer(planted, capsys):
+def test_fail_on_names_each_failing_layer(planted, capsys, report_fixtures):
     code, out, err = run_cli(
-        capsys, planted.logdir, "--format", "json", "--fail-on", "nan,vanishing,dead", "--run", rf.RUN
+        capsys, planted.logdir, "--format", "json", "--fail-on", "nan,vanishing,dead", "--run", report_fixtures.RUN
     )
     assert code == 3
     failures = json.loads(out)["failures"]
     assert {(f["layer"], f["condition"], f["step"]) for f in failures} == {
-        (rf.NAN_LAYER, "nan", rf.NAN_STEPS[0]),
+        (report_fixtures.NAN_LAYER, "nan", report_fixtures.NAN_STEPS[0]),
         ("net/embed", "vanishing", 29),
         ("net/dead", "dead", 29),
     }
@@ -179,15 +185,15 @@ def named_targets(tmp_path_factory) -> str:
     return logdir
 
 
-def test_a_run_without_loss_is_reported_on_each_of_its_targets(named_targets, capsys):
+def test_a_run_without_loss_is_reported_on_each_of_its_targets(named_targets, capsys, plugin_fixtures, report_fixtures):
     code, out, _ = run_cli(capsys, named_targets, "--format", "json")
     assert code == 0
     doc = json.loads(out)
     assert doc["target"] is None and doc["skipped"] == []
     assert [(r["run"], r["target"]) for r in doc["runs"]] == [("gan", "critic"), ("gan", "maker"), ("plain", "loss")]
-    tb = in_process(named_targets)
+    tb = report_fixtures.in_process(named_targets)
     for r in doc["runs"]:  # each target's verdicts are the route's for that target
-        route = strict_json(tb.get("anomalies", {"run": r["run"], "target": r["target"]}).data)
+        route = plugin_fixtures.strict_json(tb.get("anomalies", {"run": r["run"], "target": r["target"]}).data)
         assert [x["verdict"] for x in r["layers"]] == [x["verdict"] for x in route["layers"]]
         assert r["summary"] == route["summary"]
     states = {(r["target"], x["layer"]): x["verdict"]["state"] for r in doc["runs"] for x in r["layers"]}

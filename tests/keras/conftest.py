@@ -1,8 +1,17 @@
-"""The keras room's helpers: the gallery of custom train steps and the guide's steps, as fixtures."""
+"""The keras room's helpers: the gallery of custom train steps and the guide's steps, as fixtures; the ways fit()
+runs a step, one test each."""
 
 import importlib
 
+import fit_helpers
 import pytest
+
+
+@pytest.fixture(params=fit_helpers.MODES)
+def fit_mode(request) -> str:
+    """Each way fit() runs a train step (`fit_helpers.MODES`: eager, graph, XLA; `fit_helpers.compile_kwargs`),
+    one test per mode."""
+    return request.param
 
 
 @pytest.fixture(scope="session")

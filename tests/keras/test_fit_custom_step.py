@@ -14,20 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tensorflow as tf
-from fit_helpers import (
-    MODES,
-    WeightsBeforeStep,
-    check_step,
-    compile_kwargs,
-    keras,
-    layergrad_steps,
-    layers,
-    log_dir,
-    read_series,
-)
 
 import tb_layergrad
 
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise, as in fit_helpers
+layers = keras.layers
 PENALTY = 0.01
 
 
@@ -84,60 +75,69 @@ def _data(n=16):
     return rng.normal(size=(n, 6)).astype("float32"), rng.normal(size=(n, 3)).astype("float32")
 
 
-def _train(cls, mode, callbacks, epochs=2):
+def _train(fit_helpers, cls, mode, callbacks, epochs=2):
     keras.utils.set_random_seed(11)
     model, manual = _build(cls)
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", **compile_kwargs(mode))
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse", **fit_helpers.compile_kwargs(mode))
     x, y = _data()
     model.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     return model, manual
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.slow
-def test_own_train_step_gradients_are_logged(tmp_path, mode):
-    saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=1, weights=True, max_elements=10_000)
-    model, manual = _train(OwnStep, mode, [saver, logger])
-    series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [1, 2, 3, 4]
+def test_own_train_step_gradients_are_logged(tmp_path, fit_mode, fit_helpers):
+    saver = fit_helpers.WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(
+        fit_helpers.log_dir(tmp_path), update_freq=1, weights=True, max_elements=10_000
+    )
+    model, manual = _train(fit_helpers, OwnStep, fit_mode, [saver, logger])
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert fit_helpers.layergrad_steps(series) == [1, 2, 3, 4]
     x, y = _data()
     for step in (1, 4):
         batch = (step - 1) % 2
         xb, yb = x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8]
-        check_step(series, step, model, manual, saver.before[step], xb, yb, lambda yt, yp: _own_loss(model, yt, yp))
+        fit_helpers.check_step(
+            series, step, model, manual, saver.before[step], xb, yb, lambda yt, yp: _own_loss(model, yt, yp)
+        )
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.slow
-def test_own_train_step_trains_bitwise_as_without_the_callback(tmp_path, mode):
-    plain, _ = _train(OwnStep, mode, [])
+def test_own_train_step_trains_bitwise_as_without_the_callback(tmp_path, fit_mode, fit_helpers):
+    plain, _ = _train(fit_helpers, OwnStep, fit_mode, [])
     logger = tb_layergrad.GradientLogger(
-        log_dir(tmp_path), update_freq=2, weights=True, targets={"unit_0": lambda p: p[:, 0]}
+        fit_helpers.log_dir(tmp_path), update_freq=2, weights=True, targets={"unit_0": lambda p: p[:, 0]}
     )
-    logged, _ = _train(OwnStep, mode, [logger])
+    logged, _ = _train(fit_helpers, OwnStep, fit_mode, [logger])
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
-    series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [2, 4]
-    assert layergrad_steps(series, target="unit_0") == [2, 4]
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert fit_helpers.layergrad_steps(series) == [2, 4]
+    assert fit_helpers.layergrad_steps(series, target="unit_0") == [2, 4]
 
 
-def test_override_calling_keras_own_step(tmp_path):
-    plain, _ = _train(SuperStep, "graph", [])
-    logged, _ = _train(SuperStep, "graph", [tb_layergrad.GradientLogger(log_dir(tmp_path))])
+def test_override_calling_keras_own_step(tmp_path, fit_helpers):
+    plain, _ = _train(fit_helpers, SuperStep, "graph", [])
+    logged, _ = _train(fit_helpers, SuperStep, "graph", [tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))])
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == [1, 2, 3, 4]
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path))) == [1, 2, 3, 4]
 
 
-def test_step_without_a_tape_fails_clearly_and_restores(tmp_path):
+def test_step_without_a_tape_fails_clearly_and_restores(tmp_path, fit_helpers):
     original = dict(tf.GradientTape.__dict__)
     model, _ = _build(NoTapeStep)
     model.compile(optimizer="sgd", loss="mse")
     x, y = _data()
     with pytest.raises(RuntimeError, match="entered no tf.GradientTape"):
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(log_dir(tmp_path))])
+        model.fit(
+            x,
+            y,
+            batch_size=8,
+            epochs=1,
+            verbose=0,
+            callbacks=[tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))],
+        )
     assert "train_step" not in model.__dict__
     assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
     assert "call" not in model.__dict__
@@ -165,22 +165,27 @@ class TwoCallStep(keras.Model):
 
 
 @pytest.mark.slow
-def test_persistent_tape_asked_twice_logs_each_call(tmp_path):
+def test_persistent_tape_asked_twice_logs_each_call(tmp_path, fit_helpers):
     original = dict(tf.GradientTape.__dict__)
-    plain, _ = _train(TwoCallStep, "graph", [])
-    saver = WeightsBeforeStep()
+    plain, _ = _train(fit_helpers, TwoCallStep, "graph", [])
+    saver = fit_helpers.WeightsBeforeStep()
     logged, manual = _train(
-        TwoCallStep, "graph", [saver, tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=10_000)]
+        fit_helpers,
+        TwoCallStep,
+        "graph",
+        [saver, tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), max_elements=10_000)],
     )
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"d2", "d1"}
     x, y = _data()
     losses = {"d2": lambda yt, yp: _own_loss(logged, yt, yp), "d1": lambda yt, yp: tf.reduce_mean(tf.abs(yp))}
     for target, loss in losses.items():
-        assert layergrad_steps(series, target=target) == [1, 2, 3, 4]
-        check_step(series, 3, logged, manual, saver.before[3], x[:8], y[:8], loss, with_weights=False, target=target)
+        assert fit_helpers.layergrad_steps(series, target=target) == [1, 2, 3, 4]
+        fit_helpers.check_step(
+            series, 3, logged, manual, saver.before[3], x[:8], y[:8], loss, with_weights=False, target=target
+        )
     # The tape class is as it was: the observation swaps its methods only while a step is traced.
     assert tf.GradientTape.__dict__["__enter__"] is original["__enter__"]
     assert tf.GradientTape.__dict__["gradient"] is original["gradient"]

@@ -53,13 +53,12 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
-import tb_reading
-from fit_helpers import MAX, assert_close, bounded, keras, layers, one, read_series, stat
-from tolerances import TWO_SIDES, assert_same_float32_math, chain_rtol, reduction_path_length
 
 import tb_layergrad
 
 tf = pytest.importorskip("tensorflow")
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise, as in fit_helpers
+layers = keras.layers
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]  # trains: left to CI by the quick loop
 
 SEED = 12
@@ -491,7 +490,7 @@ class Snapshots(keras.callbacks.Callback):
         self.after[BATCHES] = self._weights()
 
 
-def fit(spec: StepSpec, log_dir: str, logged: bool):
+def fit(fit_helpers, spec: StepSpec, log_dir: str, logged: bool):
     keras.utils.set_random_seed(SEED)
     model = build(spec)
     snapshots = Snapshots()
@@ -499,7 +498,7 @@ def fit(spec: StepSpec, log_dir: str, logged: bool):
     if logged:
         callbacks.append(
             tb_layergrad.GradientLogger(
-                log_dir, update_freq=spec.update_freq, weights=True, max_elements=MAX, **logger_kwargs(spec)
+                log_dir, update_freq=spec.update_freq, weights=True, max_elements=fit_helpers.MAX, **logger_kwargs(spec)
             )
         )
     x, y = data()
@@ -530,7 +529,7 @@ class Call:
 class Reference:
     """The step re-run eagerly: the same generated source, its `tf.GradientTape` the test's own subclass."""
 
-    def __init__(self, spec: StepSpec, x_batch: np.ndarray) -> None:
+    def __init__(self, tolerances, spec: StepSpec, x_batch: np.ndarray) -> None:
         namespace = _namespace(tf)
         exec(model_source(spec), namespace)  # noqa: S102
         self.model = namespace["Step"]()
@@ -542,7 +541,9 @@ class Reference:
         self.since_reset = 0
         owner = self
         norms = 2 * x_batch.shape[0] * HIDDEN * spec.subs if spec.layer_norm else 0  # LayerNorm's moments
-        base = PASSES * reduction_path_length(self.model, x_batch, target_terms=2 * x_batch.size, other=norms)
+        base = PASSES * tolerances.reduction_path_length(
+            self.model, x_batch, target_terms=2 * x_batch.size, other=norms
+        )
         self.base = base
 
         class RecordingTape(tf.GradientTape):
@@ -626,37 +627,52 @@ class Reference:
 # -- the checks ---------------------------------------------------------------------------------------------------
 
 
-def _check_target(series, name: str, step: int, call: Call) -> None:
+def _check_target(fit_helpers, series, name: str, step: int, call: Call) -> None:
     infos = {(info.source, info.layer): info for info, _ in series.values() if info.target == name}
     loss = [layer for source, layer in infos if source == "target"]
     assert len(loss) == 1, f"{name}: target records {loss}"
-    assert_close(
-        stat(one(series, f"{name}/target/{loss[0]}/stats", step), "mean"), call.value, f"{name}'s value", call.length
+    fit_helpers.assert_close(
+        fit_helpers.stat(fit_helpers.one(series, f"{name}/target/{loss[0]}/stats", step), "mean"),
+        call.value,
+        f"{name}'s value",
+        call.length,
     )
     logged = {layer for source, layer in infos if source == "output"}
     assert logged == set(call.outputs), (
         f"{name} at step {step}: outputs logged {sorted(logged)}, re-run {sorted(call.outputs)}"
     )
     for path in sorted(logged):
-        no_gradient = stat(one(series, f"{name}/output/{path}/stats", step), "no_gradient")
+        no_gradient = fit_helpers.stat(fit_helpers.one(series, f"{name}/output/{path}/stats", step), "no_gradient")
         assert no_gradient == (call.outputs[path] is None), f"{name} {path} at step {step}: no_gradient {no_gradient}"
         if call.outputs[path] is not None:
-            got = one(series, f"{name}/output/{path}/tensor", step)
-            assert_close(got, bounded(call.outputs[path], MAX), f"{name} {path} at step {step}", call.length)
+            got = fit_helpers.one(series, f"{name}/output/{path}/tensor", step)
+            fit_helpers.assert_close(
+                got,
+                fit_helpers.bounded(call.outputs[path], fit_helpers.MAX),
+                f"{name} {path} at step {step}",
+                call.length,
+            )
     weights = {layer for source, layer in infos if source == "weight"}
     assert weights == set(call.weights), (
         f"{name} at step {step}: weights logged {sorted(weights)}, asked {sorted(call.weights)}"
     )
     for path in sorted(weights):
-        got = one(series, f"{name}/weight/{path}/tensor", step)
-        assert_close(got, bounded(call.weights[path], MAX), f"{name} weight {path} at step {step}", call.length)
+        got = fit_helpers.one(series, f"{name}/weight/{path}/tensor", step)
+        fit_helpers.assert_close(
+            got,
+            fit_helpers.bounded(call.weights[path], fit_helpers.MAX),
+            f"{name} weight {path} at step {step}",
+            call.length,
+        )
 
 
-def _same_calls(series, step: int, matched: List[Tuple[str, Call]], findings: "Findings") -> Dict[str, Call]:
+def _same_calls(
+    fit_helpers, tolerances, series, step: int, matched: List[Tuple[str, Call]], findings: "Findings"
+) -> Dict[str, Call]:
     """Where the names differ from the rule's: which of the rule's calls each logged target is (by its loss value,
     each call's its own), noted as a finding; the logged targets that are the rule's call of the same name."""
     values = {
-        info.target: stat(by_step[step][0], "mean")
+        info.target: fit_helpers.stat(by_step[step][0], "mean")
         for info, by_step in series.values()
         if info.source == "target" and info.kind == "stats" and step in by_step
     }
@@ -665,7 +681,8 @@ def _same_calls(series, step: int, matched: List[Tuple[str, Call]], findings: "F
         hits = [
             name
             for name, call in matched
-            if abs(value - call.value) <= TWO_SIDES * chain_rtol(np.float32, [call.length]) * abs(call.value)
+            if abs(value - call.value)
+            <= tolerances.TWO_SIDES * tolerances.chain_rtol(np.float32, [call.length]) * abs(call.value)
         ]
         seen += hits
         if hits == [logged]:
@@ -704,14 +721,14 @@ class Findings:
         return [line + (f" (and {count[w] - 1} more)" if count[w] > 1 else "") for w, line in first.items()]
 
 
-def check(spec: StepSpec, tmp_path) -> List[str]:
+def check(fit_helpers, tb_reading, tolerances, spec: StepSpec, tmp_path) -> List[str]:
     """The example's failed checks (none: it passes)."""
     findings = Findings()
-    _, plain_snaps, plain_warnings = fit(spec, str(tmp_path / "plain"), logged=False)
-    _, snaps, logged_warnings = fit(spec, str(tmp_path / "logged"), logged=True)
+    _, plain_snaps, plain_warnings = fit(fit_helpers, spec, str(tmp_path / "plain"), logged=False)
+    _, snaps, logged_warnings = fit(fit_helpers, spec, str(tmp_path / "logged"), logged=True)
     x, y = data()
     batches = [(x[i * BATCH : (i + 1) * BATCH], y[i * BATCH : (i + 1) * BATCH]) for i in range(BATCHES)]
-    reference = Reference(spec, batches[0][0])
+    reference = Reference(tolerances, spec, batches[0][0])
     expected = expected_targets(spec)
     step_length = reference.base * sum(1 for _, weights in expected if weights)
 
@@ -726,7 +743,7 @@ def check(spec: StepSpec, tmp_path) -> List[str]:
             equal = all(np.array_equal(plain_snaps.after[s][k], v) for k, v in snaps.after[s].items())
             if spec.mode == "xla" and not equal:
                 for key, want in plain_snaps.after[s].items():
-                    assert_same_float32_math(
+                    tolerances.assert_same_float32_math(
                         snaps.after[s][key], want, step_length * (s - before), f"{key} after {s} (XLA)"
                     )
                 break
@@ -736,7 +753,7 @@ def check(spec: StepSpec, tmp_path) -> List[str]:
 
     # (b) the steps: the schedule, which are Keras' TensorBoard's batch steps
     logged_steps = [s for s in range(1, BATCHES + 1) if s % spec.update_freq == 0]
-    series = read_series(str(tmp_path / "logged"))
+    series = fit_helpers.read_series(str(tmp_path / "logged"))
     with findings.check("steps"):
         assert series, "nothing logged"
         wrong = {
@@ -779,27 +796,27 @@ def check(spec: StepSpec, tmp_path) -> List[str]:
         if s in logged_steps:
             same = dict(matched)
             if not names_right:  # the values of the targets that are the rule's call of that name only
-                same = _same_calls(series, s, matched, findings)
+                same = _same_calls(fit_helpers, tolerances, series, s, matched, findings)
             for name, call in matched:
                 if name in same:
                     with findings.check(f"values {name}"):
-                        _check_target(series, name, s, call)
+                        _check_target(fit_helpers, series, name, s, call)
         if s in snaps.after:  # the re-run replays the step's updates: it reaches the weights fit() left
             with findings.check("re-run"):
-                _check_replay(reference, snaps.after[s], s)
+                _check_replay(tolerances, reference, snaps.after[s], s)
     return findings.report()
 
 
-def _check_replay(reference: Reference, after: Dict[str, np.ndarray], s: int) -> None:
+def _check_replay(tolerances, reference: Reference, after: Dict[str, np.ndarray], s: int) -> None:
     for key, want in after.items():
         got = reference.weights()[key]
-        assert_same_float32_math(got, want, reference.since_reset * reference.base, f"{key} after batch {s}")
+        tolerances.assert_same_float32_math(got, want, reference.since_reset * reference.base, f"{key} after batch {s}")
 
 
 @pytest.mark.parametrize("spec", EXAMPLES, ids=[s.id for s in EXAMPLES])
-def test_generated_step(tmp_path, spec: StepSpec):
+def test_generated_step(tmp_path, spec: StepSpec, fit_helpers, tb_reading, tolerances):
     try:
-        failed = check(spec, tmp_path)
+        failed = check(fit_helpers, tb_reading, tolerances, spec, tmp_path)
     except Exception:
         failed = [f"[raised] {traceback.format_exc(limit=-4)}"]
     if failed:

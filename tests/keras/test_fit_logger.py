@@ -18,23 +18,12 @@ import warnings
 
 import numpy as np
 import pytest
-from fit_helpers import (
-    MAX,
-    MODES,
-    WeightsBeforeStep,
-    bn_residual_mlp,
-    check_step,
-    compile_kwargs,
-    keras,
-    layergrad_steps,
-    log_dir,
-    mlp_sequential,
-    read_series,
-    seed_model,
-)
+import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad import metadata
+
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise, as in fit_helpers
 
 
 def _data(n=24, features=6, classes=3, seed=0):
@@ -46,16 +35,17 @@ def _loss():
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.slow
-def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
+def test_functional_bn_residual_matches_reproduction(tmp_path, fit_mode, fit_helpers):
     """Functional model with BatchNorm (batch statistics) and a residual Add; validation adds nothing."""
     keras.utils.set_random_seed(7)
-    model, manual = bn_residual_mlp()
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss(), **compile_kwargs(mode))
+    model, manual = fit_helpers.bn_residual_mlp()
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss=_loss(), **fit_helpers.compile_kwargs(fit_mode))
     x, y = _data()
-    saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=2, weights=True, max_elements=MAX)
+    saver = fit_helpers.WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(
+        fit_helpers.log_dir(tmp_path), update_freq=2, weights=True, max_elements=fit_helpers.MAX
+    )
     model.fit(
         x,
         y,
@@ -67,14 +57,14 @@ def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
         callbacks=[saver, logger],
     )
 
-    series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [2, 4, 6]  # every 2nd of 6 updates; evaluation wrote nothing
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert fit_helpers.layergrad_steps(series) == [2, 4, 6]  # every 2nd of 6 updates; evaluation wrote nothing
     infos = {info.layer for info, _ in series.values() if info.source == "output"}
     assert infos == {f"bnres/{n}" for n in ("d1", "bn", "d2", "add", "out")}
     for step in (2, 4, 6):
         batch = (step - 1) % 3
         xb, yb = x[batch * 8 : (batch + 1) * 8], y[batch * 8 : (batch + 1) * 8]
-        check_step(series, step, model, manual, saver.before[step], xb, yb, _loss())
+        fit_helpers.check_step(series, step, model, manual, saver.before[step], xb, yb, _loss())
     # The metadata of a record says what it is.
     info, _ = series["loss/output/bnres/d1/stats"]
     assert (info.kind, info.target, info.source, info.dtype) == ("stats", "loss", "output", "float32")
@@ -83,19 +73,19 @@ def test_functional_bn_residual_matches_reproduction(tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
 @pytest.mark.slow
-def test_sequential_matches_reproduction(tmp_path, mode):
+def test_sequential_matches_reproduction(tmp_path, mode, fit_helpers):
     keras.utils.set_random_seed(3)
-    model, manual = mlp_sequential()
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(), **compile_kwargs(mode))
+    model, manual = fit_helpers.mlp_sequential()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(), **fit_helpers.compile_kwargs(mode))
     x, y = _data(n=16)
-    saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=MAX, weights=True)
+    saver = fit_helpers.WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), max_elements=fit_helpers.MAX, weights=True)
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[saver, logger])
-    series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [1, 2, 3, 4]
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert fit_helpers.layergrad_steps(series) == [1, 2, 3, 4]
     for step in (1, 4):
         batch = (step - 1) % 2
-        check_step(
+        fit_helpers.check_step(
             series,
             step,
             model,
@@ -107,26 +97,27 @@ def test_sequential_matches_reproduction(tmp_path, mode):
         )
 
 
-@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.slow
-def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
+def test_subclassed_seed_model_matches_reproduction(tmp_path, fit_mode, fit_helpers):
     """The seed question: the gradient w.r.t. the subclassed model's RNN output, inside fit()."""
     keras.utils.set_random_seed(5)
-    model, manual = seed_model()
-    model.compile(optimizer="sgd", loss="mse", **compile_kwargs(mode))
+    model, manual = fit_helpers.seed_model()
+    model.compile(optimizer="sgd", loss="mse", **fit_helpers.compile_kwargs(fit_mode))
     x = (
         np.array([[[3.0], [0.0], [1.0], [2.0], [3.0]]] * 4, np.float32)
         + np.arange(4, dtype=np.float32)[:, None, None] * 0.1
     )
     y = np.array([[0.0, 1.0, 2.0, 3.0]] * 4, np.float32)
-    saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["minimalrnn", "out"], max_elements=MAX)
+    saver = fit_helpers.WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(
+        fit_helpers.log_dir(tmp_path), layers=["minimalrnn", "out"], max_elements=fit_helpers.MAX
+    )
     model.fit(x, y, epochs=3, batch_size=2, shuffle=False, verbose=0, callbacks=[saver, logger])
-    series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [1, 2, 3, 4, 5, 6]
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert fit_helpers.layergrad_steps(series) == [1, 2, 3, 4, 5, 6]
     for step in (1, 6):
         batch = (step - 1) % 2
-        check_step(
+        fit_helpers.check_step(
             series,
             step,
             model,
@@ -140,22 +131,22 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, mode):
 
 
 @pytest.mark.slow
-def test_without_the_fused_kernel_the_records_match_too(tmp_path):
+def test_without_the_fused_kernel_the_records_match_too(tmp_path, fit_helpers):
     """Where the kernel cannot be built, fit()'s step reduces with TensorFlow's ops, one call per tensor."""
     from tb_layergrad.kernel import fused as fused_kernel
 
     keras.utils.set_random_seed(3)
-    model, manual = mlp_sequential()
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(), **compile_kwargs("graph"))
+    model, manual = fit_helpers.mlp_sequential()
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(), **fit_helpers.compile_kwargs("graph"))
     x, y = _data(n=16)
-    saver = WeightsBeforeStep()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), max_elements=MAX, weights=True)
+    saver = fit_helpers.WeightsBeforeStep()
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), max_elements=fit_helpers.MAX, weights=True)
     with fused_kernel.disabled():  # read while fit() traces its step
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[saver, logger])
-    series = read_series(log_dir(tmp_path))
-    assert layergrad_steps(series) == [1, 2]
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert fit_helpers.layergrad_steps(series) == [1, 2]
     for step in (1, 2):
-        check_step(
+        fit_helpers.check_step(
             series,
             step,
             model,
@@ -167,28 +158,28 @@ def test_without_the_fused_kernel_the_records_match_too(tmp_path):
         )
 
 
-def test_steps_continue_across_fits_with_a_new_logger(tmp_path):
+def test_steps_continue_across_fits_with_a_new_logger(tmp_path, fit_helpers):
     """A new logger on a model trained by Keras' own step starts from its optimizer's update count:
     the steps continue across fit() calls, and no batch runs unlogged for it."""
-    model, _ = mlp_sequential()
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     x, y = _data(n=16)
     for _ in range(2):  # 2 x (2 epochs x 2 batches) = 8 updates
-        logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=3)
+        logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), update_freq=3)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
         assert not any("runs unlogged" in str(w.message) for w in caught)
     assert int(model.optimizer.iterations.numpy()) == 8
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6]
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path))) == [3, 6]
 
 
-def test_a_second_fit_reuses_the_compiled_step(tmp_path):
+def test_a_second_fit_reuses_the_compiled_step(tmp_path, fit_helpers):
     """One callback over several fit() calls compiles its capturing step once, until compile() resets the model."""
-    model, _ = mlp_sequential()
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     x, y = _data(n=16)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=3)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), update_freq=3)
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
     built = logger._built
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[logger])
@@ -197,50 +188,56 @@ def test_a_second_fit_reuses_the_compiled_step(tmp_path):
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     assert logger._built is not built
     # 8 batches, then 2 more: the logger's count goes on (9, 10) where the new optimizer's restarted.
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == [3, 6, 9]
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path))) == [3, 6, 9]
 
 
-def test_steps_per_execution_logs_the_last_step_of_an_execution(tmp_path):
+def test_steps_per_execution_logs_the_last_step_of_an_execution(tmp_path, fit_helpers):
     """With steps_per_execution=2 Keras returns the last step of each execution: update_freq=4 logs 4 and 8."""
-    model, _ = mlp_sequential()
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss(), steps_per_execution=2)
     x, y = _data(n=16)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=4)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), update_freq=4)
     model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     assert int(model.optimizer.iterations.numpy()) == 8
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == [4, 8]
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path))) == [4, 8]
 
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
-def test_steps_per_execution_not_a_multiple(tmp_path, mode):
+def test_steps_per_execution_not_a_multiple(tmp_path, mode, fit_helpers):
     """update_freq=3, steps_per_execution=2: a step that writes itself (graph) logs 3 and 6, silently;
     under XLA only the last step of an execution comes back (6), and the callback warns before training."""
-    model, _ = mlp_sequential()
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss(), steps_per_execution=2, jit_compile=(mode == "xla"))
     x, y = _data(n=16)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=3)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), update_freq=3)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     warned = [w for w in caught if "steps_per_execution=2" in str(w.message)]
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == ([3, 6] if mode == "graph" else [6])
+    assert fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path))) == (
+        [3, 6] if mode == "graph" else [6]
+    )
     assert len(warned) == (0 if mode == "graph" else 1)
 
 
-def test_model_is_restored_after_fit(tmp_path):
-    model, _ = mlp_sequential()
+def test_model_is_restored_after_fit(tmp_path, fit_helpers):
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     x, y = _data(n=16)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0)
     keras_function = model.train_function
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     assert "train_step" not in model.__dict__
     assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
     # A later fit() without the callback writes nothing more.
-    before = read_series(log_dir(tmp_path))
+    before = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == layergrad_steps(before) == [3, 4]
+    assert (
+        fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path)))
+        == fit_helpers.layergrad_steps(before)
+        == [3, 4]
+    )
     del keras_function
 
 
@@ -250,29 +247,33 @@ class _Boom(keras.callbacks.Callback):
             raise RuntimeError("boom")
 
 
-def test_interrupted_fit_leaves_no_stale_train_function(tmp_path):
+def test_interrupted_fit_leaves_no_stale_train_function(tmp_path, fit_helpers):
     """An exception outside the step (another callback) skips on_train_end: the next fit() heals."""
-    model, _ = mlp_sequential()
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     x, y = _data(n=32)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))
     with pytest.raises(RuntimeError, match="boom"):
         model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger, _Boom()])
-    steps_after_crash = layergrad_steps(read_series(log_dir(tmp_path)))
+    steps_after_crash = fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path)))
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)  # no callback: must not log
     assert "train_step" not in model.__dict__
     assert not getattr(model.train_function, "_tb_layergrad_wrapper", False)
-    assert layergrad_steps(read_series(log_dir(tmp_path))) == steps_after_crash == [1, 2]
+    assert (
+        fit_helpers.layergrad_steps(fit_helpers.read_series(fit_helpers.log_dir(tmp_path)))
+        == steps_after_crash
+        == [1, 2]
+    )
 
 
-def test_error_inside_the_step_restores_the_model(tmp_path):
+def test_error_inside_the_step_restores_the_model(tmp_path, fit_helpers):
     """A target that is not one value per example fails when the step is traced: nothing trained, model restored."""
-    model, _ = seed_model()  # subclassed: y_pred's shape is only known when the step runs
+    model, _ = fit_helpers.seed_model()  # subclassed: y_pred's shape is only known when the step runs
     model.compile(optimizer="sgd", loss="mse")
     x = np.ones((4, 5, 1), np.float32)
     y = np.ones((4, 4), np.float32)
     before = model.get_weights()
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"all": lambda p: p})
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), targets={"all": lambda p: p})
     with pytest.raises(ValueError, match="one value per example"):
         model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[logger])
     assert "train_step" not in model.__dict__
@@ -282,19 +283,19 @@ def test_error_inside_the_step_restores_the_model(tmp_path):
     model.fit(x, y, batch_size=2, epochs=1, verbose=0)  # trains normally afterwards
 
 
-def test_next_to_keras_tensorboard(tmp_path):
+def test_next_to_keras_tensorboard(tmp_path, fit_helpers):
     """Keras' TensorBoard and GradientLogger share log_dir: run 'train' holds both, at the same steps."""
-    model, _ = mlp_sequential()
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     x, y = _data(n=16)
-    tb = keras.callbacks.TensorBoard(log_dir(tmp_path), update_freq=1)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
+    tb = keras.callbacks.TensorBoard(fit_helpers.log_dir(tmp_path), update_freq=1)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, validation_data=(x, y), callbacks=[tb, logger])
 
     from tensorboard.backend.event_processing import plugin_event_multiplexer
 
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 0})
-    mux.AddRunsFromDirectory(log_dir(tmp_path))
+    mux.AddRunsFromDirectory(fit_helpers.log_dir(tmp_path))
     mux.Reload()
     runs = mux.Runs()
     assert {"train", "validation"} <= set(runs)
@@ -315,9 +316,9 @@ def test_next_to_keras_tensorboard(tmp_path):
 
 # -- bad input: clear errors before training starts ------------------------------------------
 @pytest.mark.parametrize("n", [0, -1, 1.5, True, "2"])
-def test_update_freq_must_be_a_positive_int_batch_or_epoch(tmp_path, n):
+def test_update_freq_must_be_a_positive_int_batch_or_epoch(tmp_path, n, fit_helpers):
     with pytest.raises(ValueError, match="update_freq"):
-        tb_layergrad.GradientLogger(log_dir(tmp_path), update_freq=n)
+        tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), update_freq=n)
 
 
 def _fit_must_fail(model, logger, exc, match):
@@ -331,53 +332,55 @@ def _fit_must_fail(model, logger, exc, match):
     assert int(model.optimizer.iterations.numpy()) == 0
 
 
-def test_unknown_layer_fails_before_training(tmp_path):
-    model, _ = mlp_sequential()
+def test_unknown_layer_fails_before_training(tmp_path, fit_helpers):
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     _fit_must_fail(
         model,
-        tb_layergrad.GradientLogger(log_dir(tmp_path), layers=["h1", "nope"]),
+        tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), layers=["h1", "nope"]),
         ValueError,
         "no layer matches 'nope'",
     )
 
 
-def test_target_not_scalar_per_example_fails_before_training(tmp_path):
-    model, _ = mlp_sequential()
+def test_target_not_scalar_per_example_fails_before_training(tmp_path, fit_helpers):
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"two": lambda p: p[:, :2]})
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), targets={"two": lambda p: p[:, :2]})
     _fit_must_fail(model, logger, ValueError, "one value per example")
 
 
-def test_bad_target_spec_fails_in_constructor(tmp_path):
+def test_bad_target_spec_fails_in_constructor(tmp_path, fit_helpers):
     with pytest.raises(TypeError):
-        tb_layergrad.GradientLogger(log_dir(tmp_path), targets=[lambda p: p])
+        tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), targets=[lambda p: p])
     with pytest.raises(ValueError, match="reserved"):
-        tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"loss": lambda p: p[:, 0]})
+        tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), targets={"loss": lambda p: p[:, 0]})
     with pytest.raises(TypeError, match="function"):
-        tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"a": 3})
+        tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), targets={"a": 3})
 
 
-def test_unwritable_log_dir_fails_before_training(tmp_path):
+def test_unwritable_log_dir_fails_before_training(tmp_path, fit_helpers):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    model, _ = mlp_sequential()
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
     _fit_must_fail(model, tb_layergrad.GradientLogger(str(blocker / "logs")), OSError, "cannot write to log_dir")
 
 
-def test_timesteps_without_rnn_fails_before_training(tmp_path):
-    model, _ = mlp_sequential()
+def test_timesteps_without_rnn_fails_before_training(tmp_path, fit_helpers):
+    model, _ = fit_helpers.mlp_sequential()
     model.compile(optimizer="sgd", loss=_loss())
-    _fit_must_fail(model, tb_layergrad.GradientLogger(log_dir(tmp_path), timesteps=True), ValueError, "no RNN layer")
+    _fit_must_fail(
+        model, tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), timesteps=True), ValueError, "no RNN layer"
+    )
 
 
 # -- the run it writes to -----------------------------------------------------------------------
-def _steps_in(logdir) -> list:
-    return layergrad_steps(read_series(logdir))
+def _steps_in(fit_helpers, logdir) -> list:
+    return fit_helpers.layergrad_steps(fit_helpers.read_series(logdir))
 
 
-def test_a_tensorboard_log_dir_is_followed_at_each_fit(tmp_path):
+def test_a_tensorboard_log_dir_is_followed_at_each_fit(tmp_path, fit_helpers):
     """log_dir=<TensorBoard callback>: each fit() writes to the callback's log_dir of that moment (a tuner moves it
     between trials), in a new event file; nothing is warned, each run holding one training's steps."""
     x, y = _data(n=16)
@@ -388,32 +391,34 @@ def test_a_tensorboard_log_dir_is_followed_at_each_fit(tmp_path):
         warnings.simplefilter("error", UserWarning)
         for log in (first, second):
             tb.log_dir = log
-            model, _ = mlp_sequential()
+            model, _ = fit_helpers.mlp_sequential()
             model.compile(optimizer="sgd", loss=_loss())
             model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[tb, logger])
             assert logger.log_dir == log and logger.run_dir == os.path.join(log, "train")
-    assert _steps_in(first) == _steps_in(second) == [1, 2]
+    assert _steps_in(fit_helpers, first) == _steps_in(fit_helpers, second) == [1, 2]
     logger.close()
 
 
 @pytest.mark.slow
-def test_a_second_model_in_one_run_is_warned_and_a_later_fit_of_the_same_is_not(tmp_path):
+def test_a_second_model_in_one_run_is_warned_and_a_later_fit_of_the_same_is_not(tmp_path, fit_helpers):
     x, y = _data(n=16)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path))
-    first, _ = mlp_sequential()
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path))
+    first, _ = fit_helpers.mlp_sequential()
     first.compile(optimizer="sgd", loss=_loss())
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         first.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
         first.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])  # steps 3, 4
-        resumed = tb_layergrad.GradientLogger(log_dir(tmp_path))  # a new logger: the optimizer's count, steps 5, 6
+        resumed = tb_layergrad.GradientLogger(
+            fit_helpers.log_dir(tmp_path)
+        )  # a new logger: the optimizer's count, steps 5, 6
         first.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[resumed])
-    second, _ = mlp_sequential()
+    second, _ = fit_helpers.mlp_sequential()
     second.compile(optimizer="sgd", loss=_loss())
     with pytest.warns(UserWarning, match=r"already holds steps up to 6 .* writes from step 1 on") as caught:
         second.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     assert "Give each training its own log_dir" in str(caught[0].message)
-    assert _steps_in(log_dir(tmp_path)) == [1, 2, 3, 4, 5, 6]
+    assert _steps_in(fit_helpers, fit_helpers.log_dir(tmp_path)) == [1, 2, 3, 4, 5, 6]
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,8 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import per_example_reference as ref
 import pytest
-import tb_reading
-from fit_helpers import compile_kwargs, keras, layers, sqrt_model
+import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad import metadata
@@ -21,11 +19,11 @@ from tb_layergrad.summary import per_example_write as pw
 
 RTOL = 1e-4
 F = metadata.EXAMPLE_INDEX
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise, as in fit_helpers
+layers = keras.layers
 
 
 def _loss(y, pred):
-    import tensorflow as tf
-
     return tf.reduce_mean(tf.square(pred - y))  # = Keras' "mse" with its batch mean: per example, the feature mean
 
 
@@ -80,8 +78,8 @@ def _cnn(seed=13):
 MODELS = {"mlp": lambda: (_mlp(), *_data()), "tokens": _tokens, "cnn": _cnn}
 
 
-def _fit(model, x, y, logdir, mode, batch_size, update_freq=1, epochs=1, per_example=True):
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
+def _fit(fit_helpers, model, x, y, logdir, mode, batch_size, update_freq=1, epochs=1, per_example=True):
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **fit_helpers.compile_kwargs(mode))
     callbacks = (
         []
         if logdir is None
@@ -93,23 +91,26 @@ def _fit(model, x, y, logdir, mode, batch_size, update_freq=1, epochs=1, per_exa
 @pytest.mark.parametrize("mode", ["graph", "xla", "eager"])
 @pytest.mark.parametrize("kind", list(MODELS))
 @pytest.mark.slow
-def test_norms_and_noise_scale_equal_one_tape_per_example(tmp_path, kind, mode):
+def test_norms_and_noise_scale_equal_one_tape_per_example(
+    tmp_path, kind, mode, per_example_reference, tb_reading, fit_helpers
+):
     """Dense, Embedding, LayerNormalization and Conv2D: each has an exact rule (coverage 1) in Keras 3 and tf_keras."""
     model, x, y = MODELS[kind]()
-    weights = ref.per_example_gradients(model, _loss, x, y)  # at the weights the first (and only) step sees
-    outputs = ref.output_norms(model, _loss, x, y)
-    noise = ref.noise_scale(weights, ref.batch_gradients(model, _loss, x, y))
-    _fit(model, x, y, str(tmp_path), mode, batch_size=len(x))
+    # at the weights the first (and only) step sees
+    weights = per_example_reference.per_example_gradients(model, _loss, x, y)
+    outputs = per_example_reference.output_norms(model, _loss, x, y)
+    noise = per_example_reference.noise_scale(weights, per_example_reference.batch_gradients(model, _loss, x, y))
+    _fit(fit_helpers, model, x, y, str(tmp_path), mode, batch_size=len(x))
     found = tb_reading.examples(str(tmp_path))["train"]
     assert set(found) == {("loss", "output"), ("loss", "weight")}
     for (_, source), by_step in found.items():
         assert sorted(by_step) == [1]
-        want = outputs if source == "output" else ref.norms(weights)
+        want = outputs if source == "output" else per_example_reference.norms(weights)
         assert set(by_step[1]) == set(want)
         for layer, row in by_step[1].items():
-            ref.assert_row(row, want[layer], RTOL, f"{mode} {layer}")
+            per_example_reference.assert_row(row, want[layer], RTOL, f"{mode} {layer}")
     scalars = tb_reading.scalars(str(tmp_path))["train"]
-    tol = ref.noise_scale_tolerance(noise, RTOL)
+    tol = per_example_reference.noise_scale_tolerance(noise, RTOL)
     np.testing.assert_allclose(scalars[pw.TRACE_TAG][1], noise["trace"], rtol=0, atol=tol["trace"])
     np.testing.assert_allclose(scalars[pw.SIGNAL_TAG][1], noise["signal"], rtol=0, atol=tol["signal"])
     assert noise["signal"] > 0
@@ -119,10 +120,10 @@ def test_norms_and_noise_scale_equal_one_tape_per_example(tmp_path, kind, mode):
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_nothing_written_on_unlogged_steps(tmp_path, mode):
+def test_nothing_written_on_unlogged_steps(tmp_path, mode, tb_reading, fit_helpers):
     model = _mlp()
     x, y = _data(n=16)
-    _fit(model, x, y, str(tmp_path), mode, batch_size=4, update_freq=2)
+    _fit(fit_helpers, model, x, y, str(tmp_path), mode, batch_size=4, update_freq=2)
     found = tb_reading.examples(str(tmp_path))["train"]
     assert {k: sorted(v) for k, v in found.items()} == {("loss", "output"): [2, 4], ("loss", "weight"): [2, 4]}
     scalars = tb_reading.scalars(str(tmp_path))["train"]
@@ -131,24 +132,24 @@ def test_nothing_written_on_unlogged_steps(tmp_path, mode):
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_training_unchanged_bitwise(tmp_path, mode):
+def test_training_unchanged_bitwise(tmp_path, mode, fit_helpers):
     x, y = _data(n=16)
     plain, logged = _mlp(), _mlp()
-    _fit(plain, x, y, None, mode, batch_size=4, epochs=2)
-    _fit(logged, x, y, str(tmp_path), mode, batch_size=4, update_freq=2, epochs=2)
+    _fit(fit_helpers, plain, x, y, None, mode, batch_size=4, epochs=2)
+    _fit(fit_helpers, logged, x, y, str(tmp_path), mode, batch_size=4, update_freq=2, epochs=2)
     for a, b in zip(plain.get_weights(), logged.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.slow
-def test_batch_normalization_is_flagged_and_gets_no_noise_scale(tmp_path):
+def test_batch_normalization_is_flagged_and_gets_no_noise_scale(tmp_path, tb_reading, fit_helpers):
     keras.utils.set_random_seed(4)
     model = keras.Sequential(
         [keras.Input((6,)), layers.Dense(5, name="a"), layers.BatchNormalization(name="bn"), layers.Dense(3, name="b")],
         name="fitbn",
     )
     x, y = _data()
-    _fit(model, x, y, str(tmp_path), "graph", batch_size=len(x))
+    _fit(fit_helpers, model, x, y, str(tmp_path), "graph", batch_size=len(x))
     found = tb_reading.examples(str(tmp_path))["train"]
     weight = found[("loss", "weight")][1]
     assert weight["fitbn/a/kernel"][F["status"]] == metadata.EXAMPLE_COUPLED
@@ -160,11 +161,11 @@ def test_batch_normalization_is_flagged_and_gets_no_noise_scale(tmp_path):
 
 
 @pytest.mark.slow
-def test_load_has_the_per_example_columns(tmp_path):
+def test_load_has_the_per_example_columns(tmp_path, tb_reading, fit_helpers):
     pytest.importorskip("pandas")
     model = _mlp()
     x, y = _data(n=8)
-    _fit(model, x, y, str(tmp_path), "graph", batch_size=4, update_freq=2)
+    _fit(fit_helpers, model, x, y, str(tmp_path), "graph", batch_size=4, update_freq=2)
     df = tb_layergrad.load(str(tmp_path))
     rows = df[(df.source == "output") & (df.layer == "fitmlp/h")]
     assert list(rows.step) == [2] and (rows.example_norm_max >= rows.example_norm_median).all()
@@ -189,13 +190,15 @@ def test_per_example_without_weights_warns_that_no_noise_scale_is_written():
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
 @pytest.mark.slow
-def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
+def test_with_an_extra_target_the_loss_records_are_unchanged(
+    tmp_path, mode, fit_helpers, per_example_reference, tb_reading
+):
     """An extra target (its own backward pass) leaves the loss's per-example records as they are: only the loss's
     are written (kind `examples` for target "loss" only)."""
     model = _mlp()
     x, y = _data()
-    weights = ref.norms(ref.per_example_gradients(model, _loss, x, y))
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
+    weights = per_example_reference.norms(per_example_reference.per_example_gradients(model, _loss, x, y))
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **fit_helpers.compile_kwargs(mode))
     model.fit(
         x,
         y,
@@ -212,12 +215,12 @@ def test_with_an_extra_target_the_loss_records_are_unchanged(tmp_path, mode):
     found = tb_reading.examples(str(tmp_path))["train"]
     assert set(found) == {("loss", "output"), ("loss", "weight")}
     for layer, row in found[("loss", "weight")][1].items():
-        ref.assert_row(row, weights[layer], RTOL, layer)
+        per_example_reference.assert_row(row, weights[layer], RTOL, layer)
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
+def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode, fit_helpers, tb_reading):
     """Every 10th step logged; step 7's batch makes a gradient non-finite while the loss stays finite, so the
     logger writes step 7 in full after all (the first non-finite step of a run). Its `examples` rows are
     computed then: the rows computed ahead under the schedule's condition do not exist for that step (they
@@ -226,8 +229,8 @@ def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode):
     from tb_layergrad.cli.demo_nan import inputs_with_one_bad_batch
 
     x, y = inputs_with_one_bad_batch(12, 7, -50.0, 6)
-    model = sqrt_model()
-    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **compile_kwargs(mode))
+    model = fit_helpers.sqrt_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **fit_helpers.compile_kwargs(mode))
     logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, update_freq=10)
     model.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     rows = tb_reading.examples(str(tmp_path))["train"][("loss", "output")]

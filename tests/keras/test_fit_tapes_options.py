@@ -10,31 +10,27 @@
 
 from __future__ import annotations
 
-import custom_steps as cs
-import per_example_reference as ref
 import pytest
-import tb_reading
-from fit_helpers import assert_close, compile_kwargs, log_dir, one, read_series, stat
 
 import tb_layergrad
 
 tf = pytest.importorskip("tensorflow")
-keras = cs.keras
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise, as in fit_helpers
 LR = 0.05
 RTOL = 1e-4
 
 
-def _gan_fit(tmp_path, mode, **logger_kwargs):
-    model = cs.gan(cs.GAN, LR, **compile_kwargs(mode))
-    snaps = cs.Snapshots()
-    x = cs.data(8)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), weights=True, **logger_kwargs)
+def _gan_fit(tmp_path, mode, custom_steps, fit_helpers, **logger_kwargs):
+    model = custom_steps.gan(custom_steps.GAN, LR, **fit_helpers.compile_kwargs(mode))
+    snaps = custom_steps.Snapshots()
+    x = custom_steps.data(8)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), weights=True, **logger_kwargs)
     with pytest.warns(RuntimeWarning, match="outside its GradientTapes"):
         model.fit(x, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[snaps, logger])
     return model, snaps, x
 
 
-def _per_example_weight_norms(model, weights, real):
+def _per_example_weight_norms(model, weights, real, custom_steps, per_example_reference):
     """{variable path: [B] norms} of each example's own loss, for the discriminator's tape (its weights as the
     batch started) and the generator's (the discriminator after its SGD update, replayed)."""
     d, g = model.discriminator, model.generator
@@ -43,9 +39,11 @@ def _per_example_weight_norms(model, weights, real):
     try:
         real = tf.convert_to_tensor(real)
         n = real.shape[0]
-        combined = tf.concat([g(cs.latent(real)), real], axis=0)
+        combined = tf.concat([g(custom_steps.latent(real)), real], axis=0)
         labels = tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], axis=0)
-        d_norms = ref.norms(ref.per_example_gradients(d, model.loss_fn, combined, labels))
+        d_norms = per_example_reference.norms(
+            per_example_reference.per_example_gradients(d, model.loss_fn, combined, labels)
+        )
         with tf.GradientTape() as tape:
             d_loss = model.loss_fn(labels, d(combined))
         for w, grad in zip(d.trainable_weights, tape.gradient(d_loss, d.trainable_weights)):
@@ -54,7 +52,9 @@ def _per_example_weight_norms(model, weights, real):
         def g_loss(y, fake):  # the generator's tape: its loss through the discriminator
             return model.loss_fn(y, d(fake))
 
-        g_norms = ref.norms(ref.per_example_gradients(g, g_loss, cs.latent(real), tf.zeros((n, 1))))
+        g_norms = per_example_reference.norms(
+            per_example_reference.per_example_gradients(g, g_loss, custom_steps.latent(real), tf.zeros((n, 1)))
+        )
     finally:
         model.set_weights(saved)
     prefix = f"{model.name}/"
@@ -66,30 +66,32 @@ def _per_example_weight_norms(model, weights, real):
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_per_example_on_every_tape(tmp_path, mode):
-    model, snaps, x = _gan_fit(tmp_path, mode, per_example=True)
-    found = tb_reading.examples(log_dir(tmp_path))["train"]
+def test_per_example_on_every_tape(tmp_path, mode, custom_steps, fit_helpers, per_example_reference, tb_reading):
+    model, snaps, x = _gan_fit(tmp_path, mode, custom_steps, fit_helpers, per_example=True)
+    found = tb_reading.examples(fit_helpers.log_dir(tmp_path))["train"]
     assert set(found) == {(t, s) for t in ("discriminator", "generator") for s in ("output", "weight")}
-    want = _per_example_weight_norms(model, snaps.before[1], x)
+    want = _per_example_weight_norms(model, snaps.before[1], x, custom_steps, per_example_reference)
     for target in ("discriminator", "generator"):
         rows = found[(target, "weight")][1]
         assert set(rows) == set(want[target]), (target, sorted(rows), sorted(want[target]))
         for path, row in rows.items():
-            ref.assert_row(row, want[target][path], RTOL, f"{mode} {target} {path}")
+            per_example_reference.assert_row(row, want[target][path], RTOL, f"{mode} {target} {path}")
         assert int(found[(target, "output")][1][next(iter(found[(target, "output")][1]))][0]) > 0
 
 
-def test_per_example_with_input_tapes_warns_they_get_none(tmp_path):
+def test_per_example_with_input_tapes_warns_they_get_none(tmp_path, fit_helpers):
     with pytest.warns(UserWarning, match="'penalty' gets none"):
-        tb_layergrad.GradientLogger(log_dir(tmp_path), per_example=True, weights=True, targets={"penalty": "inputs"})
+        tb_layergrad.GradientLogger(
+            fit_helpers.log_dir(tmp_path), per_example=True, weights=True, targets={"penalty": "inputs"}
+        )
 
 
 class CalledTwice(keras.Model):
     """Two updates per batch, each tape calling the model itself: a target is computed on both."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, net: keras.Model, **kwargs):
         super().__init__(name="twice", **kwargs)
-        self.net = cs.discriminator()
+        self.net = net  # the guide's discriminator (custom_steps.discriminator)
 
     def call(self, x):
         return self.net(x)
@@ -119,15 +121,17 @@ def _unit_target(model, weights, x):
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_targets_on_every_tape_that_calls_the_model(tmp_path, mode):
+def test_targets_on_every_tape_that_calls_the_model(tmp_path, mode, custom_steps, fit_helpers):
     keras.utils.set_random_seed(3)
-    model = CalledTwice()
-    model.compile(optimizer=keras.optimizers.SGD(LR), **compile_kwargs(mode))
-    snaps = cs.Snapshots()
-    x = cs.data(8)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"unit": lambda y: y[:, 0]}, max_elements=10_000)
+    model = CalledTwice(custom_steps.discriminator())
+    model.compile(optimizer=keras.optimizers.SGD(LR), **fit_helpers.compile_kwargs(mode))
+    snaps = custom_steps.Snapshots()
+    x = custom_steps.data(8)
+    logger = tb_layergrad.GradientLogger(
+        fit_helpers.log_dir(tmp_path), targets={"unit": lambda y: y[:, 0]}, max_elements=10_000
+    )
     model.fit(x, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[snaps, logger])
-    series = read_series(log_dir(tmp_path))
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert {info.target for info, _ in series.values()} == {"loss", "loss#2", "unit", "unit#2"}
     before = snaps.before[1]
     saved = model.get_weights()  # the weights after the first update: replayed with SGD on the first tape's loss
@@ -142,12 +146,19 @@ def test_targets_on_every_tape_that_calls_the_model(tmp_path, mode):
     for name, weights in (("unit", before), ("unit#2", middle)):
         value, grad = _unit_target(model, weights, tf.constant(x))
         (layer,) = {i.layer for i, _ in series.values() if i.target == name and i.source == "target"}
-        assert_close(stat(one(series, f"{name}/target/{layer}/stats", 1), "mean"), value, f"{name} value", 64)
-        assert_close(one(series, f"{name}/output/{hidden}/tensor", 1), grad, f"{name} {hidden}", 64)
+        fit_helpers.assert_close(
+            fit_helpers.stat(fit_helpers.one(series, f"{name}/target/{layer}/stats", 1), "mean"),
+            value,
+            f"{name} value",
+            64,
+        )
+        fit_helpers.assert_close(
+            fit_helpers.one(series, f"{name}/output/{hidden}/tensor", 1), grad, f"{name} {hidden}", 64
+        )
 
 
-def test_targets_on_a_step_that_never_calls_the_model_fail_clearly(tmp_path):
-    model = cs.gan(cs.GAN, LR)
-    logger = tb_layergrad.GradientLogger(log_dir(tmp_path), targets={"unit": lambda y: y[:, 0]})
+def test_targets_on_a_step_that_never_calls_the_model_fail_clearly(tmp_path, custom_steps, fit_helpers):
+    model = custom_steps.gan(custom_steps.GAN, LR)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), targets={"unit": lambda y: y[:, 0]})
     with pytest.raises(RuntimeError, match="did not call the model itself"):
-        model.fit(cs.data(8), batch_size=8, epochs=1, verbose=0, callbacks=[logger])
+        model.fit(custom_steps.data(8), batch_size=8, epochs=1, verbose=0, callbacks=[logger])

@@ -15,7 +15,7 @@ from typing import Dict
 
 import numpy as np
 import pytest
-from fit_helpers import MAX, TF_KERAS, check_step, keras, one, read_series
+import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad.kernel.cache import MISSING
@@ -24,7 +24,8 @@ try:
     import keras_tuner
 except ImportError:  # CI installs it (the `test` extra): a skip there fails the run (.ci/run)
     pytest.skip(f"{MISSING} keras-tuner (pip install keras-tuner; in the `test` extra)", allow_module_level=True)
-if TF_KERAS:
+keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise, as in fit_helpers
+if keras.Model.__module__.startswith("tf_keras"):  # fit_helpers.TF_KERAS
     pytest.skip("KerasTuner builds Keras 3 models while Keras 3 is installed, not tf_keras'", allow_module_level=True)
 
 TRIALS = 3
@@ -100,12 +101,12 @@ def _search(directory: str, callbacks, trials: int = TRIALS, epochs: int = EPOCH
 
 
 @pytest.fixture(scope="module")
-def searched(tmp_path_factory):
+def searched(tmp_path_factory, fit_helpers):
     """({trial_id: its hyperparameters}, logdir): GradientLogger(tb) beside tb in the search's callbacks."""
     root = tmp_path_factory.mktemp("tuner")
     logdir = os.fspath(root / "logs")
     tb = keras.callbacks.TensorBoard(logdir)
-    logger = tb_layergrad.GradientLogger(tb, weights=True, max_elements=MAX)
+    logger = tb_layergrad.GradientLogger(tb, weights=True, max_elements=fit_helpers.MAX)
     trials = _search(os.fspath(root / "kt"), [tb, logger, _PerTrial(tb)], validation=True)
     assert len(trials) == TRIALS and len({tuple(sorted(v.items())) for v in trials.values()}) == TRIALS
     return trials, logdir
@@ -120,7 +121,7 @@ def _record(logdir: str, trial_id: str) -> dict:
 
 
 @pytest.mark.slow
-def test_each_trial_writes_its_own_steps_to_its_own_run(searched):
+def test_each_trial_writes_its_own_steps_to_its_own_run(searched, fit_helpers):
     trials, logdir = searched
     df = tb_layergrad.load(logdir)
     assert sorted(set(df.run)) == sorted(f"{_run(t)}/train" for t in trials)
@@ -129,16 +130,16 @@ def test_each_trial_writes_its_own_steps_to_its_own_run(searched):
     for trial_id in trials:
         run = f"{_run(trial_id)}/train"
         assert sorted(set(df[df.run == run].step)) == list(range(1, STEPS + 1))
-        series = read_series(logdir, run)
+        series = fit_helpers.read_series(logdir, run)
         record = _record(logdir, trial_id)
         model = record["model"]
         assert sorted(record["before"]) == list(range(1, STEPS + 1))
         for step, weights in record["before"].items():
             batch = slice(((step - 1) % BATCHES) * BATCH, ((step - 1) % BATCHES + 1) * BATCH)
-            check_step(
+            fit_helpers.check_step(
                 series, step, model, _manual(model), weights, x[batch], y[batch], keras.losses.MeanSquaredError()
             )
-        last_out[trial_id] = one(series, "loss/output/net/out/tensor", STEPS)
+        last_out[trial_id] = fit_helpers.one(series, "loss/output/net/out/tensor", STEPS)
     # Three trainings, three different gradients: no run holds another trial's steps.
     ids = list(trials)
     for i, a in enumerate(ids):
@@ -157,10 +158,8 @@ def test_each_run_has_its_trials_hyperparameters(searched):
             assert rows[f"hp/{name}"].tolist() == [value] * len(rows), (trial_id, name)
 
 
-def test_keras_tensorboard_keeps_its_own_runs(searched):
+def test_keras_tensorboard_keeps_its_own_runs(searched, tb_reading):
     """Keras' callback writes each trial's epoch scalars to its train and validation runs, as without us."""
-    import tb_reading
-
     trials, logdir = searched
     scalars = tb_reading.scalars(logdir)
     assert sorted(run for run, tags in scalars.items() if "epoch_loss" in tags) == sorted(
@@ -176,15 +175,13 @@ def test_keras_tensorboard_keeps_its_own_runs(searched):
 
 
 @pytest.mark.slow
-def test_the_hparams_route_names_each_trials_run(searched, tmp_path):
-    from tensorboard_process import PLUGIN_API, tensorboards
-
+def test_the_hparams_route_names_each_trials_run(searched, tmp_path, tensorboard_process):
     trials, logdir = searched
     expected = {f"{_run(t)}/train": values for t, values in trials.items()}
-    with tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
+    with tensorboard_process.tensorboards(logdir, [("true", []), ("false", [])], str(tmp_path)) as procs:
         for p in procs:
             p.wait_for_runs({run: STEPS for run in expected})
-            body = p.get_json(PLUGIN_API + "hparams")
+            body = p.get_json(tensorboard_process.PLUGIN_API + "hparams")
             assert body["names"] == sorted({n for v in trials.values() for n in v})
             assert {r["run"]: r["hparams"] for r in body["runs"]} == expected
 

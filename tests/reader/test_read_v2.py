@@ -10,44 +10,43 @@ report and `load()` must give the same answer for both, except run names and wal
 from __future__ import annotations
 
 import glob
-import io
 import json
 import logging
 import os
 
 import numpy as np
-import origin_fixtures as of
-import plugin_fixtures as pf
 import pytest
-from plugin_fixtures import InProcess, as_float, get_json, strict_json
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import series
 
 SMALL_RUNS = ("train", "eval")
-ORIGIN_RUNS = (of.FORWARD, of.LOSS)
+ORIGIN_RUNS = ("forward_nan", "loss_nan")  # origin_fixtures' FORWARD and LOSS (checked by twins)
 RUNS = SMALL_RUNS + ORIGIN_RUNS
 REORDER_AT = 5  # train_v2's model is "rebuilt" here: its layer list (so its tags) changes
 DROPPED = ("model/rnn", 4)  # run dropped_v2: this layer joins the layer list at this step
 
 
 @pytest.fixture(scope="module")
-def twins(tmp_path_factory):
+def twins(tmp_path_factory, origin_fixtures, plugin_fixtures):
     """(logdir, what the small logdir wrote)."""
+    assert ORIGIN_RUNS == (origin_fixtures.FORWARD, origin_fixtures.LOSS)
     src = str(tmp_path_factory.mktemp("v1_source"))
-    written = pf.write_small_logdir(src)
-    of.write_origin_logdir(src, runs=ORIGIN_RUNS)
+    written = plugin_fixtures.write_small_logdir(src)
+    origin_fixtures.write_origin_logdir(src, runs=ORIGIN_RUNS)
     logdir = str(tmp_path_factory.mktemp("v1_v2"))
     for run in RUNS:
-        pf.write_twin_runs(os.path.join(src, run), logdir, run, REORDER_AT if run == "train" else None)
-    records = pf.read_run_records(os.path.join(src, "train"))
-    pf.write_records(os.path.join(logdir, "dropped_v2"), pf.grouped_records(records, drop=DROPPED))
+        plugin_fixtures.write_twin_runs(os.path.join(src, run), logdir, run, REORDER_AT if run == "train" else None)
+    records = plugin_fixtures.read_run_records(os.path.join(src, "train"))
+    plugin_fixtures.write_records(
+        os.path.join(logdir, "dropped_v2"), plugin_fixtures.grouped_records(records, drop=DROPPED)
+    )
     return logdir, written
 
 
 @pytest.fixture(scope="module")
-def tb(twins):
-    return InProcess(twins[0])
+def tb(twins, plugin_fixtures):
+    return plugin_fixtures.InProcess(twins[0])
 
 
 def without_run_and_wall(doc):
@@ -64,14 +63,14 @@ def without_run_and_wall(doc):
     return doc
 
 
-def runs_by_name(tb):
-    return {r["run"]: r for r in get_json(tb, "runs", {})["runs"]}
+def runs_by_name(plugin_fixtures, tb):
+    return {r["run"]: r for r in plugin_fixtures.get_json(tb, "runs", {})["runs"]}
 
 
-def layer_queries(tb, run):
+def layer_queries(plugin_fixtures, tb, run):
     """(layer, target, source) of every stats series of a run, from the `runs` route."""
     out = []
-    for entry in runs_by_name(tb)[run]["layers"]:
+    for entry in runs_by_name(plugin_fixtures, tb)[run]["layers"]:
         for s in entry["series"]:
             if "stats" in s["kinds"]:
                 out.append((entry["layer"], s["target"], s["source"], "histogram" in s["kinds"]))
@@ -81,10 +80,10 @@ def layer_queries(tb, run):
 # -- the same answers --------------------------------------------------------------------------------------
 
 
-def test_runs_route_lists_the_same_layers_and_names_the_versions(tb):
-    body = get_json(tb, "runs", {})
+def test_runs_route_lists_the_same_layers_and_names_the_versions(tb, origin_fixtures, plugin_fixtures):
+    body = plugin_fixtures.get_json(tb, "runs", {})
     assert body["format_version"] == metadata.FORMAT_VERSION == 2
-    by_name = runs_by_name(tb)
+    by_name = runs_by_name(plugin_fixtures, tb)
     for run in RUNS:
         assert by_name[run]["format_versions"] == [1]
         assert by_name[f"{run}_v2"]["format_versions"] == [2]
@@ -98,78 +97,79 @@ def test_runs_route_lists_the_same_layers_and_names_the_versions(tb):
         "model/unused",
         "extra/no_index",
     ]
-    assert by_name[f"{of.FORWARD}_v2"]["activations"] and by_name[f"{of.FORWARD}_v2"]["target_series"] == ["loss"]
+    forward_v2 = by_name[f"{origin_fixtures.FORWARD}_v2"]
+    assert forward_v2["activations"] and forward_v2["target_series"] == ["loss"]
 
 
-def test_both_kinds_of_record_in_one_run_list_both_versions(tmp_path):
+def test_both_kinds_of_record_in_one_run_list_both_versions(tmp_path, plugin_fixtures):
     layer = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0, dtype="float32")
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [dataclass_replace(layer, layer="m/b", index=1)])
-    pf.write_records(
+    plugin_fixtures.write_records(
         str(tmp_path / "mixed"),
         [(0, layer.tag, layer, stats_row(1.0)), (0, group.tag_at(0), group, stats_row(2.0)[None])],
     )
-    body = get_json(InProcess(str(tmp_path)), "runs", {})
+    body = plugin_fixtures.get_json(plugin_fixtures.InProcess(str(tmp_path)), "runs", {})
     (run,) = body["runs"]
     assert run["format_versions"] == [1, 2]
     assert [x["layer"] for x in run["layers"]] == ["m/a", "m/b"]
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_matrix_is_the_same_for_every_statistic(tb, run):
-    sources = {(t, s) for _, t, s, _ in layer_queries(tb, run) if s != metadata.SOURCE_TARGET}
+def test_matrix_is_the_same_for_every_statistic(tb, run, plugin_fixtures):
+    sources = {(t, s) for _, t, s, _ in layer_queries(plugin_fixtures, tb, run) if s != metadata.SOURCE_TARGET}
     assert sources
     for target, source in sorted(sources):
         for stat in series.ALL_STATS:
             q = {"target": target, "source": source, "stat": stat}
-            one = get_json(tb, "matrix", {"run": run, **q})
-            two = get_json(tb, "matrix", {"run": f"{run}_v2", **q})
+            one = plugin_fixtures.get_json(tb, "matrix", {"run": run, **q})
+            two = plugin_fixtures.get_json(tb, "matrix", {"run": f"{run}_v2", **q})
             assert without_run_and_wall(one) == without_run_and_wall(two), (target, source, stat)
 
 
-def test_matrix_numbers_are_the_written_ones(tb, twins):
+def test_matrix_numbers_are_the_written_ones(tb, twins, plugin_fixtures):
     _, written = twins
-    body = get_json(tb, "matrix", {"run": "train_v2", "stat": "norm"})
-    assert body["steps"] == pf.TRAIN_STEPS
-    row = as_float(body["values"][body["layers"].index("model/rnn")])
+    body = plugin_fixtures.get_json(tb, "matrix", {"run": "train_v2", "stat": "norm"})
+    assert body["steps"] == plugin_fixtures.TRAIN_STEPS
+    row = plugin_fixtures.as_float(body["values"][body["layers"].index("model/rnn")])
     want = [
         np.linalg.norm(written.inputs[("train", "loss", "output", "model/rnn")][s].astype(np.float64))
-        for s in pf.TRAIN_STEPS
+        for s in plugin_fixtures.TRAIN_STEPS
     ]
     np.testing.assert_allclose(row, want, rtol=1e-5)
-    nonfinite = get_json(tb, "matrix", {"run": "train_v2", "stat": "nonfinite"})
+    nonfinite = plugin_fixtures.get_json(tb, "matrix", {"run": "train_v2", "stat": "nonfinite"})
     dense = nonfinite["values"][nonfinite["layers"].index("model/dense")]
-    assert dense[pf.NAN_STEP] == 4 and sum(dense) == 4
+    assert dense[plugin_fixtures.NAN_STEP] == 4 and sum(dense) == 4
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_stats_and_histograms_are_the_same_per_layer(tb, run):
-    for layer, target, source, has_hist in layer_queries(tb, run):
+def test_stats_and_histograms_are_the_same_per_layer(tb, run, plugin_fixtures):
+    for layer, target, source, has_hist in layer_queries(plugin_fixtures, tb, run):
         q = {"layer": layer, "target": target, "source": source}
-        one = get_json(tb, "stats", {"run": run, **q})
-        two = get_json(tb, "stats", {"run": f"{run}_v2", **q})
+        one = plugin_fixtures.get_json(tb, "stats", {"run": run, **q})
+        two = plugin_fixtures.get_json(tb, "stats", {"run": f"{run}_v2", **q})
         assert without_run_and_wall(one) == without_run_and_wall(two), q
         if has_hist:
-            one = get_json(tb, "histograms", {"run": run, **q})
-            two = get_json(tb, "histograms", {"run": f"{run}_v2", **q})
+            one = plugin_fixtures.get_json(tb, "histograms", {"run": run, **q})
+            two = plugin_fixtures.get_json(tb, "histograms", {"run": f"{run}_v2", **q})
             assert without_run_and_wall(one) == without_run_and_wall(two), q
 
 
-def test_histograms_are_rebuilt_from_counts_and_stats(tb, twins):
+def test_histograms_are_rebuilt_from_counts_and_stats(tb, twins, plugin_fixtures):
     _, written = twins
     key = ("train", "loss", "output", "model/embedding")
-    body = get_json(tb, "histograms", {"run": "train_v2", "layer": "model/embedding"})
-    assert body["steps"] == pf.TRAIN_STEPS
+    body = plugin_fixtures.get_json(tb, "histograms", {"run": "train_v2", "layer": "model/embedding"})
+    assert body["steps"] == plugin_fixtures.TRAIN_STEPS
     for step, hist in zip(body["steps"], body["histograms"]):
         h = np.asarray(hist, dtype=np.float64)
         want = written.hist[key][step]
-        assert h.shape == (pf.BUCKETS, 3)
+        assert h.shape == (plugin_fixtures.BUCKETS, 3)
         np.testing.assert_array_equal(h[:, 2], want[:, 2])
         np.testing.assert_array_equal(h[:, :2], want[:, :2])
         x = written.inputs[key][step]
         assert h[0, 0] == x.min() and h[-1, 1] == x.max() and h[:, 2].sum() == x.size
 
 
-def test_a_histogram_step_without_stats_is_skipped(tmp_path):
+def test_a_histogram_step_without_stats_is_skipped(tmp_path, plugin_fixtures):
     info = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
     stats = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
     hist = stats.with_kind(metadata.KIND_HISTOGRAM)
@@ -179,30 +179,32 @@ def test_a_histogram_step_without_stats_is_skipped(tmp_path):
         (0, hist.tag_at(0), hist, counts),
         (1, hist.tag_at(1), hist, counts),
     ]
-    pf.write_records(str(tmp_path / "r"), records)
-    body = get_json(InProcess(str(tmp_path)), "histograms", {"run": "r", "layer": "m/a"})
+    plugin_fixtures.write_records(str(tmp_path / "r"), records)
+    body = plugin_fixtures.get_json(
+        plugin_fixtures.InProcess(str(tmp_path)), "histograms", {"run": "r", "layer": "m/a"}
+    )
     assert body["steps"] == [0]
     assert body["histograms"] == [[[-1.0, 0.0, 1.0], [0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]]
 
 
 @pytest.mark.parametrize("run", RUNS)
-def test_anomalies_are_the_same(tb, run):
-    targets = {(t, s) for _, t, s, _ in layer_queries(tb, run) if s != metadata.SOURCE_TARGET}
+def test_anomalies_are_the_same(tb, run, plugin_fixtures):
+    targets = {(t, s) for _, t, s, _ in layer_queries(plugin_fixtures, tb, run) if s != metadata.SOURCE_TARGET}
     for target, source in sorted(targets):
         q = {"target": "loss" if source == metadata.SOURCE_ACTIVATION else target, "source": source}
-        one = get_json(tb, "anomalies", {"run": run, **q})
-        two = get_json(tb, "anomalies", {"run": f"{run}_v2", **q})
+        one = plugin_fixtures.get_json(tb, "anomalies", {"run": run, **q})
+        two = plugin_fixtures.get_json(tb, "anomalies", {"run": f"{run}_v2", **q})
         assert without_run_and_wall(one) == without_run_and_wall(two), q
 
 
-def test_first_nonfinite_records_are_read_from_groups(tb):
+def test_first_nonfinite_records_are_read_from_groups(tb, origin_fixtures, plugin_fixtures):
     """The records name a step before the stats do (a dropped stats record): the earlier one wins."""
-    body = get_json(tb, "anomalies", {"run": "train_v2"})
+    body = plugin_fixtures.get_json(tb, "anomalies", {"run": "train_v2"})
     dense = next(x for x in body["layers"] if x["layer"] == "model/dense")
-    assert dense["first_nonfinite"] == pf.NAN_STEP - 1
-    assert body["summary"]["first_nonfinite"]["step"] == pf.NAN_STEP - 1
-    origin = get_json(tb, "anomalies", {"run": f"{of.FORWARD}_v2"})["summary"]["origin"]
-    assert origin["step"] == of.NAN_STEP - 1 and origin["pass"] == "forward"
+    assert dense["first_nonfinite"] == plugin_fixtures.NAN_STEP - 1
+    assert body["summary"]["first_nonfinite"]["step"] == plugin_fixtures.NAN_STEP - 1
+    origin = plugin_fixtures.get_json(tb, "anomalies", {"run": f"{origin_fixtures.FORWARD}_v2"})["summary"]["origin"]
+    assert origin["step"] == origin_fixtures.NAN_STEP - 1 and origin["pass"] == "forward"
 
 
 @pytest.mark.parametrize("run", RUNS)
@@ -219,19 +221,21 @@ def test_csv_is_the_same(tb, run):
     assert one == two and len(one) > 1
 
 
-def test_report_is_the_same(twins):
-    from tb_layergrad.cli import report
+def test_report_is_the_same(twins, plugin_fixtures, capsys):
+    """`tb-layergrad report --format json` (the command's entry point, in process)."""
+    from tb_layergrad import cli
 
     logdir, _ = twins
-    body = report.to_json(report.build(logdir))
+    assert cli.main(["report", logdir, "--format", "json"]) == 0
+    body = json.loads(capsys.readouterr().out)
     by_run = {r["run"]: r for r in body["runs"]}
     for run in SMALL_RUNS:
         assert without_run_and_wall(by_run[run]) == without_run_and_wall(by_run[f"{run}_v2"])
-    assert by_run["train_v2"]["summary"]["first_nonfinite"]["step"] == pf.NAN_STEP - 1
+    assert by_run["train_v2"]["summary"]["first_nonfinite"]["step"] == plugin_fixtures.NAN_STEP - 1
     assert body["warnings"] == []
 
 
-def test_load_dataframe_is_the_same(twins):
+def test_load_dataframe_is_the_same(twins, plugin_fixtures):
     import tb_layergrad
 
     logdir, written = twins
@@ -242,7 +246,7 @@ def test_load_dataframe_is_the_same(twins):
         assert len(one) > 0
         assert one.equals(two), run
     rnn = df[(df.run == "train_v2") & (df.layer == "model/rnn") & (df.source == "output")]
-    assert list(rnn.step) == pf.TRAIN_STEPS
+    assert list(rnn.step) == plugin_fixtures.TRAIN_STEPS
     want = np.linalg.norm(written.inputs[("train", "loss", "output", "model/rnn")][3].astype(np.float64))
     assert rnn.norm.iloc[3] == pytest.approx(want, rel=1e-5)
     for run in ORIGIN_RUNS:
@@ -252,7 +256,7 @@ def test_load_dataframe_is_the_same(twins):
 # -- a layer list that changes mid-run ---------------------------------------------------------------------
 
 
-def test_a_rebuilt_model_writes_new_tags_and_its_layers_continue(tb):
+def test_a_rebuilt_model_writes_new_tags_and_its_layers_continue(tb, plugin_fixtures):
     from tensorboard import context
 
     tags = tb.provider.list_tensors(context.RequestContext(), experiment_id="", plugin_name=metadata.PLUGIN_NAME)[
@@ -260,21 +264,21 @@ def test_a_rebuilt_model_writes_new_tags_and_its_layers_continue(tb):
     ]
     stats_groups = [t for t in tags if t.startswith("loss/output/layers-") and "/stats/" in t]
     assert len(stats_groups) == 2
-    body = get_json(tb, "stats", {"run": "train_v2", "layer": "model/embedding"})
-    assert body["steps"] == pf.TRAIN_STEPS
+    body = plugin_fixtures.get_json(tb, "stats", {"run": "train_v2", "layer": "model/embedding"})
+    assert body["steps"] == plugin_fixtures.TRAIN_STEPS
 
 
-def test_a_layer_that_joins_the_list_has_its_steps_from_then_on(tb):
-    rnn = get_json(tb, "stats", {"run": "dropped_v2", "layer": DROPPED[0]})
-    assert rnn["steps"] == [s for s in pf.TRAIN_STEPS if s >= DROPPED[1]]
-    dense = get_json(tb, "stats", {"run": "dropped_v2", "layer": "model/dense"})
-    assert dense["steps"] == pf.TRAIN_STEPS
-    matrix = get_json(tb, "matrix", {"run": "dropped_v2", "stat": "norm"})
+def test_a_layer_that_joins_the_list_has_its_steps_from_then_on(tb, plugin_fixtures):
+    rnn = plugin_fixtures.get_json(tb, "stats", {"run": "dropped_v2", "layer": DROPPED[0]})
+    assert rnn["steps"] == [s for s in plugin_fixtures.TRAIN_STEPS if s >= DROPPED[1]]
+    dense = plugin_fixtures.get_json(tb, "stats", {"run": "dropped_v2", "layer": "model/dense"})
+    assert dense["steps"] == plugin_fixtures.TRAIN_STEPS
+    matrix = plugin_fixtures.get_json(tb, "matrix", {"run": "dropped_v2", "stat": "norm"})
     row = matrix["values"][matrix["layers"].index(DROPPED[0])]
-    assert [v is None for v in row] == [s < DROPPED[1] for s in pf.TRAIN_STEPS]
+    assert [v is None for v in row] == [s < DROPPED[1] for s in plugin_fixtures.TRAIN_STEPS]
 
 
-def test_the_blocks_of_a_group_are_one_series(tmp_path):
+def test_the_blocks_of_a_group_are_one_series(tmp_path, plugin_fixtures):
     """A group's steps are cut into blocks, a tag each (docs/FORMAT.md): the routes read them as one series, its
     histograms drawn with the stats of the same step in the same block."""
     info = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
@@ -283,7 +287,7 @@ def test_the_blocks_of_a_group_are_one_series(tmp_path):
     b = stats.block_steps
     steps = [b - 2, b - 1, b, b + 1]
     counts = np.asarray([[1, 2, 3]], np.uint8)
-    pf.write_records(
+    plugin_fixtures.write_records(
         str(tmp_path / "r"),
         [
             r
@@ -294,37 +298,39 @@ def test_the_blocks_of_a_group_are_one_series(tmp_path):
             )
         ],
     )
-    tb = InProcess(str(tmp_path))
-    body = get_json(tb, "stats", {"run": "r", "layer": "m/a"})
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    body = plugin_fixtures.get_json(tb, "stats", {"run": "r", "layer": "m/a"})
     assert body["steps"] == steps and body["stats"]["norm"] == [float(s) for s in steps]
-    hists = get_json(tb, "histograms", {"run": "r", "layer": "m/a"})
+    hists = plugin_fixtures.get_json(tb, "histograms", {"run": "r", "layer": "m/a"})
     assert hists["steps"] == steps
     assert hists["histograms"][-1] == [[-1.0, 0.0, 1.0], [0.0, 1.0, 2.0], [1.0, 2.0, 3.0]]
-    assert get_json(tb, "matrix", {"run": "r"})["steps"] == steps
+    assert plugin_fixtures.get_json(tb, "matrix", {"run": "r"})["steps"] == steps
 
 
-def test_at_a_repeated_step_the_later_record_wins_across_tags(tmp_path):
+def test_at_a_repeated_step_the_later_record_wins_across_tags(tmp_path, plugin_fixtures):
     info = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
     group = metadata.GroupInfo.of(metadata.KIND_STATS, [info])
     other = metadata.GroupInfo.of(metadata.KIND_STATS, [dataclass_replace(info, index=5)])  # another digest
-    pf.write_records(str(tmp_path / "r"), [(0, info.tag, info, stats_row(1.0)), (1, info.tag, info, stats_row(1.0))])
-    pf.write_records(
+    plugin_fixtures.write_records(
+        str(tmp_path / "r"), [(0, info.tag, info, stats_row(1.0)), (1, info.tag, info, stats_row(1.0))]
+    )
+    plugin_fixtures.write_records(
         str(tmp_path / "r"),
         [(1, group.tag_at(1), group, stats_row(2.0)[None]), (2, group.tag_at(2), group, stats_row(2.0)[None])],
     )
-    pf.write_records(str(tmp_path / "r"), [(2, other.tag_at(2), other, stats_row(3.0)[None])])
-    tb = InProcess(str(tmp_path))
-    body = get_json(tb, "stats", {"run": "r", "layer": "m/a"})
+    plugin_fixtures.write_records(str(tmp_path / "r"), [(2, other.tag_at(2), other, stats_row(3.0)[None])])
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    body = plugin_fixtures.get_json(tb, "stats", {"run": "r", "layer": "m/a"})
     assert body["steps"] == [0, 1, 2]
     assert body["stats"]["norm"] == [1.0, 2.0, 3.0]
-    assert get_json(tb, "matrix", {"run": "r"})["values"] == [[1.0, 2.0, 3.0]]
-    assert get_json(tb, "runs", {})["runs"][0]["layers"][0]["index"] == 5  # the latest layer list's
+    assert plugin_fixtures.get_json(tb, "matrix", {"run": "r"})["values"] == [[1.0, 2.0, 3.0]]
+    assert plugin_fixtures.get_json(tb, "runs", {})["runs"][0]["layers"][0]["index"] == 5  # the latest layer list's
 
 
 # -- bad input ---------------------------------------------------------------------------------------------
 
 
-def test_a_truncated_last_record_is_skipped(tmp_path, twins):
+def test_a_truncated_last_record_is_skipped(tmp_path, twins, plugin_fixtures):
     import shutil
 
     logdir, _ = twins
@@ -333,21 +339,29 @@ def test_a_truncated_last_record_is_skipped(tmp_path, twins):
     size = os.path.getsize(path)
     with open(path, "r+b") as f:
         f.truncate(size - 7)
-    tb = InProcess(str(tmp_path))
-    body = get_json(tb, "matrix", {"run": "cut", "stat": "norm"})
-    assert body["steps"] == pf.TRAIN_STEPS  # the last record is a step-9 record, other step-9 records remain
-    stats = get_json(tb, "stats", {"run": "cut", "layer": "model/dense"})
-    assert stats["steps"] == pf.TRAIN_STEPS
-    assert get_json(tb, "anomalies", {"run": "cut"})["summary"]["last_step"] == pf.TRAIN_STEPS[-1]
-    assert get_json(tb, "histograms", {"run": "cut", "layer": "model/dense"})["steps"][:-1] == pf.TRAIN_STEPS[:-1]
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    body = plugin_fixtures.get_json(tb, "matrix", {"run": "cut", "stat": "norm"})
+    assert (
+        body["steps"] == plugin_fixtures.TRAIN_STEPS
+    )  # the last record is a step-9 record, other step-9 records remain
+    stats = plugin_fixtures.get_json(tb, "stats", {"run": "cut", "layer": "model/dense"})
+    assert stats["steps"] == plugin_fixtures.TRAIN_STEPS
+    assert (
+        plugin_fixtures.get_json(tb, "anomalies", {"run": "cut"})["summary"]["last_step"]
+        == plugin_fixtures.TRAIN_STEPS[-1]
+    )
+    assert (
+        plugin_fixtures.get_json(tb, "histograms", {"run": "cut", "layer": "model/dense"})["steps"][:-1]
+        == plugin_fixtures.TRAIN_STEPS[:-1]
+    )
 
 
-def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path):
+def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path, plugin_fixtures, capsys):
     import tensorflow as tf
     from tensorboard.compat.proto import summary_pb2
 
     info = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
-    pf.write_records(str(tmp_path / "ok"), [(0, info.tag, info, stats_row(1.0))])
+    plugin_fixtures.write_records(str(tmp_path / "ok"), [(0, info.tag, info, stats_row(1.0))])
     content = json.dumps(
         {
             "version": 3,
@@ -368,30 +382,25 @@ def test_a_newer_group_content_is_skipped_with_a_warning(tmp_path):
     with writer.as_default():
         tf.summary.write("loss/output/layers-abc/stats", tf.constant(stats_row(2.0)[None]), step=1, metadata=md)
     writer.close()
-    tb = InProcess(str(tmp_path))
-    body = get_json(tb, "runs", {})
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    body = plugin_fixtures.get_json(tb, "runs", {})
     (warning,) = body["warnings"]
     assert "format version 3" in warning and "upgrade tb_layergrad" in warning and "'ok'" in warning
-    assert get_json(tb, "stats", {"run": "ok", "layer": "m/a"})["steps"] == [0]
-    assert get_json(tb, "matrix", {"run": "ok"})["steps"] == [0]
+    assert plugin_fixtures.get_json(tb, "stats", {"run": "ok", "layer": "m/a"})["steps"] == [0]
+    assert plugin_fixtures.get_json(tb, "matrix", {"run": "ok"})["steps"] == [0]
 
-    from tb_layergrad.cli import report
+    # `tb-layergrad report` says it too, in each format (CSV: on stderr)
+    from tb_layergrad import cli
 
-    rep = report.build(str(tmp_path))
-    assert rep.warnings == [warning]
-    assert "upgrade tb_layergrad" in report.format_text(rep)
-    assert report.to_json(rep)["warnings"] == [warning]
-    err = io.StringIO()
-    args = type(
-        "A",
-        (),
-        {"logdir": str(tmp_path), "run": None, "target": "loss", "source": "output", "fail_on": None, "format": "csv"},
-    )()
-    assert report.main(args, out=io.StringIO(), err=err) == 0
-    assert "format version 3" in err.getvalue()
+    assert cli.main(["report", str(tmp_path)]) == 0
+    assert "upgrade tb_layergrad" in capsys.readouterr().out
+    assert cli.main(["report", str(tmp_path), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == [warning]
+    assert cli.main(["report", str(tmp_path), "--format", "csv"]) == 0
+    assert "format version 3" in capsys.readouterr().err
 
 
-def test_a_record_whose_rows_disagree_with_its_layers_is_skipped(tmp_path, caplog):
+def test_a_record_whose_rows_disagree_with_its_layers_is_skipped(tmp_path, caplog, plugin_fixtures):
     a = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
     b = dataclass_replace(a, layer="m/b", index=1)
     stats = metadata.GroupInfo.of(metadata.KIND_STATS, [a, b])
@@ -410,13 +419,13 @@ def test_a_record_whose_rows_disagree_with_its_layers_is_skipped(tmp_path, caplo
         (3, stats.tag_at(3), stats, good),
         (3, hist.tag_at(3), hist, np.ones([2, 4], np.uint8)),
     ]
-    pf.write_records(str(tmp_path / "r"), records)
-    tb = InProcess(str(tmp_path))
+    plugin_fixtures.write_records(str(tmp_path / "r"), records)
+    tb = plugin_fixtures.InProcess(str(tmp_path))
     with caplog.at_level(logging.WARNING):
-        assert get_json(tb, "stats", {"run": "r", "layer": "m/b"})["steps"] == [0, 3]
-        assert get_json(tb, "matrix", {"run": "r"})["steps"] == [0, 3]
-        assert get_json(tb, "histograms", {"run": "r", "layer": "m/b"})["steps"] == [0, 3]
-        body = get_json(tb, "anomalies", {"run": "r"})
+        assert plugin_fixtures.get_json(tb, "stats", {"run": "r", "layer": "m/b"})["steps"] == [0, 3]
+        assert plugin_fixtures.get_json(tb, "matrix", {"run": "r"})["steps"] == [0, 3]
+        assert plugin_fixtures.get_json(tb, "histograms", {"run": "r", "layer": "m/b"})["steps"] == [0, 3]
+        body = plugin_fixtures.get_json(tb, "anomalies", {"run": "r"})
     assert body["steps"] == [0, 3] and all(x["first_nonfinite"] is None for x in body["layers"])
     assert any("expected [2, 12]" in r.getMessage() for r in caplog.records)
     assert any("expected [2, *]" in r.getMessage() for r in caplog.records)
@@ -456,30 +465,31 @@ def stats_row(norm: float, lo: float = 0.0, hi: float = 1.0) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def servers(twins, tmp_path_factory):
-    from tensorboard_process import tensorboards
+def servers(twins, tmp_path_factory, tensorboard_process):
 
     logdir, _ = twins
     logs = str(tmp_path_factory.mktemp("tensorboard_logs_v2"))
-    with tensorboards(logdir, [("true", []), ("false", [])], logs) as procs:
+    with tensorboard_process.tensorboards(logdir, [("true", []), ("false", [])], logs) as procs:
         for p in procs:
             p.wait_for_runs({run: 9 if run.startswith("train") else 0 for run in ("train", "train_v2")}, timeout=120)
         yield dict(zip(("rust", "python"), procs))
 
 
-def served(p, route, **query):
+def served(plugin_fixtures, p, route, **query):
     import urllib.parse
 
     status, body, _ = p.get("/data/plugin/layergrad/" + route + "?" + urllib.parse.urlencode(query, doseq=True))
     assert status == 200, body[:300]
-    return strict_json(body)
+    return plugin_fixtures.strict_json(body)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rust", "python"])
-def test_both_loaders_list_and_read_group_tags_whose_metadata_is_in_the_first_record(servers, tb, name):
+def test_both_loaders_list_and_read_group_tags_whose_metadata_is_in_the_first_record(
+    servers, tb, name, plugin_fixtures
+):
     p = servers[name]
-    runs = {r["run"]: r for r in served(p, "runs")["runs"]}
+    runs = {r["run"]: r for r in served(plugin_fixtures, p, "runs")["runs"]}
     assert runs["train_v2"]["format_versions"] == [2] and runs["train"]["format_versions"] == [1]
     assert without_run_and_wall(runs["train"]) == without_run_and_wall(runs["train_v2"])
     for route, query in (
@@ -491,20 +501,22 @@ def test_both_loaders_list_and_read_group_tags_whose_metadata_is_in_the_first_re
         ("compare", {"layer": "model/dense", "run": ["train", "train_v2"]}),
     ):
         if route == "compare":
-            body = served(p, route, **query)
+            body = served(plugin_fixtures, p, route, **query)
             assert body["values"][0] == body["values"][1] and body["missing"] == []
             continue
-        one = served(p, route, run="train", **query)
-        two = served(p, route, run="train_v2", **query)
+        one = served(plugin_fixtures, p, route, run="train", **query)
+        two = served(plugin_fixtures, p, route, run="train_v2", **query)
         assert without_run_and_wall(one) == without_run_and_wall(two), (route, query)
         # and the in-process answer (the Python loader through the plugin's own test harness)
-        assert without_run_and_wall(two) == without_run_and_wall(get_json(tb, route, {"run": "train_v2", **query}))
+        assert without_run_and_wall(two) == without_run_and_wall(
+            plugin_fixtures.get_json(tb, route, {"run": "train_v2", **query})
+        )
 
 
 # -- cost: one table per group tag, one-layer routes list by tag -------------------------------------------
 
 
-def test_a_group_tag_is_cached_once_and_its_layers_are_views(tb):
+def test_a_group_tag_is_cached_once_and_its_layers_are_views(tb, plugin_fixtures):
     from tensorboard import context
 
     from tb_layergrad.reader import catalog as cat_mod
@@ -518,7 +530,7 @@ def test_a_group_tag_is_cached_once_and_its_layers_are_views(tb):
     rows = store.read(ctx, "", "eval_v2", chosen)
     (united,) = [v for _, v in store._tables.values()]  # noqa: SLF001 - the cache itself is what is tested
     cached = united.rows
-    steps = len(pf.EVAL_STEPS)
+    steps = len(plugin_fixtures.EVAL_STEPS)
     assert cached.table.shape == (steps, 4, len(metadata.STAT_FIELDS))
     assert store._bytes == cached.nbytes == steps * (8 + 8 + 4 * 12 * 8)  # noqa: SLF001
     assert all(np.shares_memory(rows[s.key].table, cached.table) for s in chosen)
@@ -529,11 +541,11 @@ def test_a_group_tag_is_cached_once_and_its_layers_are_views(tb):
 
 
 @pytest.mark.parametrize("run, layer", [("eval", "model/dense"), ("eval_v2", "model/dense")])
-def test_one_layer_routes_list_by_tag_once_the_run_was_listed(tb, run, layer):
-    get_json(tb, "runs", {})
+def test_one_layer_routes_list_by_tag_once_the_run_was_listed(tb, run, layer, plugin_fixtures):
+    plugin_fixtures.get_json(tb, "runs", {})
     for route in ("stats", "histograms"):
         before = len(tb.provider.calls)
-        get_json(tb, route, {"run": run, "layer": layer})
+        plugin_fixtures.get_json(tb, route, {"run": run, "layer": layer})
         lists = [c for c in tb.provider.calls[before:] if c[0] == "list_tensors"]
         assert lists and all(c[3] is not None for c in lists), lists  # never a listing of the whole run
         if run == "eval":  # version 1: the layer's own tag, as before
@@ -543,23 +555,33 @@ def test_one_layer_routes_list_by_tag_once_the_run_was_listed(tb, run, layer):
 
 
 @pytest.mark.slow
-def test_a_truncated_last_record_is_skipped_by_the_rust_loader_too(tmp_path, twins):
+def test_a_truncated_last_record_is_skipped_by_the_rust_loader_too(
+    tmp_path, twins, plugin_fixtures, tensorboard_process
+):
     """The same cut file as above, served by a real TensorBoard with its Rust data server."""
     import shutil
-
-    from tensorboard_process import TensorBoardProcess
 
     logdir, _ = twins
     shutil.copytree(os.path.join(logdir, "train_v2"), str(tmp_path / "logs" / "cut"))
     (path,) = glob.glob(str(tmp_path / "logs" / "cut" / "events.out.tfevents.*"))
     with open(path, "r+b") as f:
         f.truncate(os.path.getsize(path) - 7)
-    p = TensorBoardProcess(str(tmp_path / "logs"), str(tmp_path / "tensorboard.log"), load_fast="true")
+    p = tensorboard_process.TensorBoardProcess(
+        str(tmp_path / "logs"), str(tmp_path / "tensorboard.log"), load_fast="true"
+    )
     try:
-        p.wait_for_runs({"cut": pf.TRAIN_STEPS[-1]}, timeout=120)
-        assert served(p, "matrix", run="cut", stat="norm")["steps"] == pf.TRAIN_STEPS
-        assert served(p, "stats", run="cut", layer="model/dense")["steps"] == pf.TRAIN_STEPS
-        assert served(p, "anomalies", run="cut")["summary"]["last_step"] == pf.TRAIN_STEPS[-1]
-        assert served(p, "histograms", run="cut", layer="model/dense")["steps"][:-1] == pf.TRAIN_STEPS[:-1]
+        p.wait_for_runs({"cut": plugin_fixtures.TRAIN_STEPS[-1]}, timeout=120)
+        assert served(plugin_fixtures, p, "matrix", run="cut", stat="norm")["steps"] == plugin_fixtures.TRAIN_STEPS
+        assert (
+            served(plugin_fixtures, p, "stats", run="cut", layer="model/dense")["steps"] == plugin_fixtures.TRAIN_STEPS
+        )
+        assert (
+            served(plugin_fixtures, p, "anomalies", run="cut")["summary"]["last_step"]
+            == plugin_fixtures.TRAIN_STEPS[-1]
+        )
+        assert (
+            served(plugin_fixtures, p, "histograms", run="cut", layer="model/dense")["steps"][:-1]
+            == plugin_fixtures.TRAIN_STEPS[:-1]
+        )
     finally:
         p.stop()

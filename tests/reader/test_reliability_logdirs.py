@@ -42,10 +42,7 @@ from urllib.parse import urlencode
 
 import numpy as np
 import pytest
-import reliability_fixtures as rf
 from google.protobuf.message import DecodeError
-from plugin_fixtures import InProcess, strict_json
-from tensorboard_process import TensorBoardProcess
 
 from tb_layergrad import metadata
 from tb_layergrad.reader import damage
@@ -60,26 +57,27 @@ Expect = Dict[str, Dict[str, Dict[int, float]]]  # run -> layer -> step -> norm
 Get = Callable[[str, Optional[dict]], Tuple[int, bytes]]
 
 
-NOT_AN_EVENT = rf.frame(b"\xff\xfe this is not an Event proto")  # well framed, valid CRCs
+NOT_AN_EVENT = b"\xff\xfe this is not an Event proto"  # framed by reliability_fixtures.frame: valid CRCs
 
 
-def record_header(length: int) -> bytes:
+def record_header(reliability_fixtures, length: int) -> bytes:
     """The start of a record claiming `length` bytes, with a valid header CRC (so readers believe it)."""
     header = struct.pack("<Q", length)
-    return header + struct.pack("<I", rf.masked_crc32c(header)) + b"partial"
+    return header + struct.pack("<I", reliability_fixtures.masked_crc32c(header)) + b"partial"
 
 
 class Damaged:
     """Builds the damaged logdir; `expect` is what must be served, updated by `go_live`."""
 
-    def __init__(self, logdir: str, rust: bool = False) -> None:
+    def __init__(self, reliability_fixtures, logdir: str, rust: bool = False) -> None:
+        self.reliability_fixtures = reliability_fixtures  # the runs' writers, for the methods
         self.logdir = logdir
         self.expect: Expect = {}
         self.absent = {"only_empty"}
         self.observed: Expect = {}  # intact records after damage that a loader is known to drop
         self._removed: List[str] = []
 
-        f = rf.write_run(self._dir("truncated"), LAYERS, range(10))
+        f = reliability_fixtures.write_run(self._dir("truncated"), LAYERS, range(10))
         with open(f.path, "rb") as fh:
             data = fh.read()
         last = f.offsets[-1]
@@ -89,16 +87,16 @@ class Damaged:
         self._truncated = (f, data[cut:])
         self._intact("truncated", LAYERS, range(9))
 
-        f = rf.write_run(self._dir("garbage_random"), LAYERS, range(10))
+        f = reliability_fixtures.write_run(self._dir("garbage_random"), LAYERS, range(10))
         f.append_raw(np.random.default_rng(9).bytes(300))
         self._intact("garbage_random", LAYERS, range(10))
 
-        f = rf.write_run(self._dir("garbage_length"), LAYERS, range(10))
-        f.append_raw(record_header(2**26))  # the reader waits for 64 MiB that never come
+        f = reliability_fixtures.write_run(self._dir("garbage_length"), LAYERS, range(10))
+        f.append_raw(record_header(reliability_fixtures, 2**26))  # the reader waits for 64 MiB that never come
         self._intact("garbage_length", LAYERS, range(10))
         if rust:  # stops TensorBoard's Python loader as a whole (test_python_loader_stops_at_a_non_event)
-            f = rf.write_run(self._dir("garbage_proto"), LAYERS, range(5))
-            f.append_raw(NOT_AN_EVENT)
+            f = reliability_fixtures.write_run(self._dir("garbage_proto"), LAYERS, range(5))
+            f.append_raw(reliability_fixtures.frame(NOT_AN_EVENT))
             for step in range(5, 10):
                 f.write(step, LAYERS)
             self._intact("garbage_proto", LAYERS, range(5))
@@ -108,35 +106,41 @@ class Damaged:
         open(os.path.join(self._dir("only_empty"), "events.out.tfevents.1600000000.reliability"), "wb").close()
         os.makedirs(self._dir("with_empty"))
         open(os.path.join(self._dir("with_empty"), "events.out.tfevents.1600000000.reliability"), "wb").close()
-        rf.write_run(self._dir("with_empty"), LAYERS, range(5))
+        reliability_fixtures.write_run(self._dir("with_empty"), LAYERS, range(5))
         open(os.path.join(self._dir("with_empty"), "events.out.tfevents.1900000000.reliability"), "wb").close()
         self._intact("with_empty", LAYERS, range(5))
 
-        a, b = rf.EventFile(self._dir("two_writers"), ".host1"), rf.EventFile(self._dir("two_writers"), ".host2")
+        a, b = (
+            reliability_fixtures.EventFile(self._dir("two_writers"), ".host1"),
+            reliability_fixtures.EventFile(self._dir("two_writers"), ".host2"),
+        )
         for step in range(10):
             a.write(step, LAYERS[:1])
             b.write(step, LAYERS[1:], first_index=1)
         self._intact("two_writers", LAYERS, range(10))
 
-        rf.write_run(self._dir("restart"), LAYERS, range(10))
-        rf.write_run(self._dir("restart"), LAYERS, range(5, 15), shift=0.5)
+        reliability_fixtures.write_run(self._dir("restart"), LAYERS, range(10))
+        reliability_fixtures.write_run(self._dir("restart"), LAYERS, range(5, 15), shift=0.5)
         self._intact("restart", LAYERS, range(5))
         self._intact("restart", LAYERS, range(5, 15), shift=0.5)
 
-        rf.write_run(self._dir("many"), MANY_LAYERS, MANY_STEPS)
+        reliability_fixtures.write_run(self._dir("many"), MANY_LAYERS, MANY_STEPS)
         self._intact("many", MANY_LAYERS, MANY_STEPS)
 
-        self._live = (rf.EventFile(self._dir("live_two"), ".host1"), rf.EventFile(self._dir("live_two"), ".host2"))
+        self._live = (
+            reliability_fixtures.EventFile(self._dir("live_two"), ".host1"),
+            reliability_fixtures.EventFile(self._dir("live_two"), ".host2"),
+        )
         for step in range(5):
             self._live[0].write(step, LAYERS[:1])
             self._live[1].write(step, LAYERS[1:], first_index=1)
         self._intact("live_two", LAYERS, range(5))
 
         for run in REMOVED:
-            self._removed.append(rf.write_run(self._dir(run), LAYERS, range(5)).path)
+            self._removed.append(reliability_fixtures.write_run(self._dir(run), LAYERS, range(5)).path)
             self._intact(run, LAYERS, range(5))
 
-        f = rf.write_run(self._dir("corrupt_middle"), LAYERS, range(10))
+        f = reliability_fixtures.write_run(self._dir("corrupt_middle"), LAYERS, range(10))
         with open(f.path, "r+b") as fh:  # a byte inside the tensor bytes of step 4's record
             fh.seek(f.offsets[1 + 4] + 12 + 60)
             byte = fh.read(1)
@@ -165,11 +169,15 @@ class Damaged:
 
     def _observe(self, run, layers, steps) -> None:
         for i, layer in enumerate(layers):
-            self.observed.setdefault(run, {}).setdefault(layer, {}).update({s: rf.norm(i, s) for s in steps})
+            self.observed.setdefault(run, {}).setdefault(layer, {}).update(
+                {s: self.reliability_fixtures.norm(i, s) for s in steps}
+            )
 
     def _intact(self, run, layers, steps, shift: float = 0.0) -> None:
         for i, layer in enumerate(layers):
-            self.expect.setdefault(run, {}).setdefault(layer, {}).update({s: rf.norm(i, s, shift) for s in steps})
+            self.expect.setdefault(run, {}).setdefault(layer, {}).update(
+                {s: self.reliability_fixtures.norm(i, s, shift) for s in steps}
+            )
 
     def go_live(self) -> None:
         """What happens while TensorBoard serves: a record completed, two writers go on, a run deleted."""
@@ -199,46 +207,48 @@ class Served:
     requests: int = 0
 
 
-def damage_said(get: Get) -> Tuple[Dict[str, list], List[str]]:
+def damage_said(plugin_fixtures, get: Get) -> Tuple[Dict[str, list], List[str]]:
     """({run: [(kind, step)] of its row's `damage`}, the listing's warnings) of the `runs` route."""
     code, body = get("runs", None)
-    listing = strict_json(body) if code == 200 else {"runs": [], "warnings": []}
+    listing = plugin_fixtures.strict_json(body) if code == 200 else {"runs": [], "warnings": []}
     rows = {r["run"]: [(d["kind"], d["step"]) for d in r["damage"]] for r in listing["runs"]}
     return {run: d for run, d in rows.items() if d}, listing["warnings"]
 
 
-def damage_named(get: Get, damaged: "Damaged", gone: frozenset = frozenset()) -> bool:
+def damage_named(plugin_fixtures, get: Get, damaged: "Damaged", gone: frozenset = frozenset()) -> bool:
     """Whether the `runs` route names exactly the damage `damaged.damage` says: in the rows of the runs listed
     (the intact ones with none), in a warning for a run not listed (nothing of it could be read)."""
-    rows, warnings = damage_said(get)
+    rows, warnings = damage_said(plugin_fixtures, get)
     listed = {r: d for r, d in damaged.damage.items() if r not in damaged.absent and r not in gone}
     unlisted = [r for r in damaged.damage if r in damaged.absent]
     named = all(any(w.startswith(f"run {r!r}: event file") for w in warnings) for r in unlisted)
     return rows == listed and named and len(warnings) == sum(len(d) for d in damaged.damage.values())
 
 
-def wait_named(get: Get, damaged: "Damaged") -> None:
+def wait_named(plugin_fixtures, get: Get, damaged: "Damaged") -> None:
     """Polls the `runs` route until the check in the background names `damaged.damage` (asserted)."""
     for _ in range(300):
-        if damage_named(get, damaged):
+        if damage_named(plugin_fixtures, get, damaged):
             return
         time.sleep(0.1)
-    assert damage_said(get) == damaged.damage
+    assert damage_said(plugin_fixtures, get) == damaged.damage
 
 
-def _json(get: Get, route: str, query: Optional[dict], served: Served, status: int = 200) -> Optional[dict]:
+def _json(
+    plugin_fixtures, get: Get, route: str, query: Optional[dict], served: Served, status: int = 200
+) -> Optional[dict]:
     code, body = get(route, query)
     served.requests += 1
     if code >= 500 or code != status:
         served.problems.append(f"{route} {query}: {code} {body[:200]!r}")
         return None
-    return strict_json(body)
+    return plugin_fixtures.strict_json(body)
 
 
-def check_served(get: Get, damaged: Damaged, gone: frozenset = frozenset()) -> Served:
+def check_served(plugin_fixtures, get: Get, damaged: Damaged, gone: frozenset = frozenset()) -> Served:
     """Everything `damaged.expect` says (but the runs `gone`), through the matrix, histograms and csv routes."""
     served = Served()
-    listing = _json(get, "runs", None, served)
+    listing = _json(plugin_fixtures, get, "runs", None, served)
     runs = {r["run"]: r for r in listing["runs"]} if listing else {}
     for run in damaged.absent | gone:
         if run in runs:
@@ -248,7 +258,7 @@ def check_served(get: Get, damaged: Damaged, gone: frozenset = frozenset()) -> S
         required, optional = expect.get(run, {}), damaged.observed.get(run, {})
         want = {(layer, s) for layer, steps in required.items() for s in steps}
         maybe = {(layer, s) for layer, steps in optional.items() for s in steps}
-        got = _matrix(get, run, served, allow_404=not want)
+        got = _matrix(plugin_fixtures, get, run, served, allow_404=not want)
         served.checked += len(want)
         served.missing |= {(run, layer, s) for layer, s in want if (layer, s) not in got}
         if maybe:
@@ -264,10 +274,10 @@ def check_served(get: Get, damaged: Damaged, gone: frozenset = frozenset()) -> S
         if optional or not want <= set(got) or run == "many":
             continue
         first = next(iter(required))
-        hist = _json(get, "histograms", {"run": run, "layer": first}, served)
+        hist = _json(plugin_fixtures, get, "histograms", {"run": run, "layer": first}, served)
         if hist and (
             hist["steps"] != sorted(required[first])
-            or hist["histograms"] != [rf.histogram(s).tolist() for s in hist["steps"]]
+            or hist["histograms"] != [damaged.reliability_fixtures.histogram(s).tolist() for s in hist["steps"]]
         ):
             served.problems.append(f"{run}: histograms of {first} are not the intact steps")
         code, body = get("csv", {"run": run})
@@ -278,7 +288,7 @@ def check_served(get: Get, damaged: Damaged, gone: frozenset = frozenset()) -> S
     return served
 
 
-def _matrix(get: Get, run: str, served: Served, allow_404: bool) -> Dict[Tuple[str, int], float]:
+def _matrix(plugin_fixtures, get: Get, run: str, served: Served, allow_404: bool) -> Dict[Tuple[str, int], float]:
     """{(layer, step): value} of the `matrix` route (a 404 is fine for a run with nothing required)."""
     code, raw = get("matrix", {"run": run})
     served.requests += 1
@@ -287,7 +297,7 @@ def _matrix(get: Get, run: str, served: Served, allow_404: bool) -> Dict[Tuple[s
     if code != 200:
         served.problems.append(f"matrix {run!r}: {code} {raw[:200]!r}")
         return {}
-    body = strict_json(raw)
+    body = plugin_fixtures.strict_json(raw)
     return {
         (layer, s): v
         for layer, row in zip(body["layers"], body["values"])
@@ -296,9 +306,9 @@ def _matrix(get: Get, run: str, served: Served, allow_404: bool) -> Dict[Tuple[s
     }
 
 
-def _gone(get: Get, damaged: Damaged) -> frozenset:
+def _gone(plugin_fixtures, get: Get, damaged: Damaged) -> frozenset:
     """The removed runs no longer listed (a removed run may also stay, with all it had)."""
-    listed = {r["run"] for r in _json(get, "runs", None, Served())["runs"]}
+    listed = {r["run"] for r in _json(plugin_fixtures, get, "runs", None, Served())["runs"]}
     return frozenset(run for run in REMOVED if run not in listed)
 
 
@@ -311,21 +321,21 @@ def assert_served(served: Served, allowed_missing: set = frozenset()) -> None:
 
 
 @pytest.mark.slow
-def test_damaged_logdir_in_process(tmp_path):
-    damaged = Damaged(str(tmp_path / "logdir"))
-    tb = InProcess(damaged.logdir)
+def test_damaged_logdir_in_process(tmp_path, plugin_fixtures, reliability_fixtures):
+    damaged = Damaged(reliability_fixtures, str(tmp_path / "logdir"))
+    tb = plugin_fixtures.InProcess(damaged.logdir)
 
     def get(route, query):
         r = tb.get(route, query)
         return r.status_code, r.get_data()
 
     start = time.perf_counter()
-    many = strict_json(tb.get("runs", {"run": "many"}).get_data())["runs"][0]["layers"]
+    many = plugin_fixtures.strict_json(tb.get("runs", {"run": "many"}).get_data())["runs"][0]["layers"]
     listing_seconds = time.perf_counter() - start  # was ~9 s (O(layers x tags)) before catalog.by_layer
-    wait_named(get, damaged)
+    wait_named(plugin_fixtures, get, damaged)
     assert [entry["layer"] for entry in many] == MANY_LAYERS  # model order (index), not name order
     assert all(entry["series"][0]["kinds"] == [metadata.KIND_HISTOGRAM, metadata.KIND_STATS] for entry in many)
-    before = check_served(get, damaged)
+    before = check_served(plugin_fixtures, get, damaged)
     assert_served(before)
     assert before.observed_missing == {"corrupt_middle": 10}  # steps 5..9 x 2 layers: reading stops at the bad record
 
@@ -336,13 +346,13 @@ def test_damaged_logdir_in_process(tmp_path):
         get(route, {"run": "deleted", "layer": "net/a"})[0] for route in ("matrix", "stats", "histograms", "csv")
     ]
     assert all(code < 500 for code in racing), racing
-    gone = _gone(get, damaged)
-    after = check_served(get, damaged, gone=gone)
-    wait_named(get, damaged)  # the completed record is no longer named
+    gone = _gone(plugin_fixtures, get, damaged)
+    after = check_served(plugin_fixtures, get, damaged, gone=gone)
+    wait_named(plugin_fixtures, get, damaged)  # the completed record is no longer named
     # The plugin reads a local logdir's event files itself: a run whose folder or file is gone has nothing left.
     assert gone == {"deleted", "emptied"}
     assert_served(after, allowed_missing=damaged.python_loader_misses())
-    rf.record(
+    reliability_fixtures.record(
         "logdirs",
         "in-process: intact records checked",
         before.checked + after.checked,
@@ -365,11 +375,11 @@ def _http_get(p) -> Get:
     return get
 
 
-def _runs_ready(p, damaged: Damaged, live: bool = False) -> bool:
+def _runs_ready(plugin_fixtures, p, damaged: Damaged, live: bool = False) -> bool:
     code, body, _ = p.get(API + "runs", timeout=60)
     if code != 200:
         return False
-    runs = {r["run"]: r for r in strict_json(body)["runs"]}
+    runs = {r["run"]: r for r in plugin_fixtures.strict_json(body)["runs"]}
     want = {r: max(s for steps in layers.values() for s in steps) for r, layers in damaged.expect.items()}
     if live:
         for run in REMOVED:
@@ -380,24 +390,29 @@ def _runs_ready(p, damaged: Damaged, live: bool = False) -> bool:
 
 
 @pytest.mark.slow
-def test_damaged_logdir_in_real_tensorboards(tmp_path):
+def test_damaged_logdir_in_real_tensorboards(tmp_path, plugin_fixtures, reliability_fixtures, tensorboard_process):
     # The Rust loader also gets the two damages that break TensorBoard's Python loader as a whole.
-    damaged = {"rust": Damaged(str(tmp_path / "rust"), rust=True), "python": Damaged(str(tmp_path / "python"))}
+    damaged = {
+        "rust": Damaged(reliability_fixtures, str(tmp_path / "rust"), rust=True),
+        "python": Damaged(reliability_fixtures, str(tmp_path / "python")),
+    }
     logs = tmp_path / "tensorboard_logs"
     logs.mkdir()
     procs = {
-        name: TensorBoardProcess(d.logdir, str(logs / f"{name}.log"), load_fast="true" if name == "rust" else "false")
+        name: tensorboard_process.TensorBoardProcess(
+            d.logdir, str(logs / f"{name}.log"), load_fast="true" if name == "rust" else "false"
+        )
         for name, d in damaged.items()
     }
     codes: List[int] = []
     before, after, gone = {}, {}, {}
     try:
         for name, p in procs.items():
-            p.wait_until(lambda p: _runs_ready(p, damaged[name]), "every run loaded", timeout=120)
+            p.wait_until(lambda p: _runs_ready(plugin_fixtures, p, damaged[name]), "every run loaded", timeout=120)
         for name, p in procs.items():
-            wait_named(_http_get(p), damaged[name])
+            wait_named(plugin_fixtures, _http_get(p), damaged[name])
         for name, p in procs.items():
-            before[name] = check_served(_http_get(p), damaged[name])
+            before[name] = check_served(plugin_fixtures, _http_get(p), damaged[name])
             assert_served(before[name])
         # Both loaders stop reading a file at a corrupt record (steps 5..9 x 2 layers after it).
         assert before["python"].observed_missing == {"corrupt_middle": 10}
@@ -417,9 +432,11 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
         try:
             for d in damaged.values():
                 d.go_live()
-            procs["rust"].wait_until(lambda p: _runs_ready(p, damaged["rust"], live=True), "the changes", timeout=60)
+            procs["rust"].wait_until(
+                lambda p: _runs_ready(plugin_fixtures, p, damaged["rust"], live=True), "the changes", timeout=60
+            )
             # The Python loader never reads live_two's older file again: wait for the rest.
-            procs["python"].wait_until(_python_live_ready, "the changes", timeout=60)
+            procs["python"].wait_until(lambda p: _python_live_ready(plugin_fixtures, p), "the changes", timeout=60)
             time.sleep(1.5)  # one more reload interval for the deletion to be seen
         finally:
             stop.set()
@@ -428,8 +445,8 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
 
         for name, p in procs.items():
             get = _http_get(p)
-            gone[name] = _gone(get, damaged[name])
-            after[name] = check_served(get, damaged[name], gone=gone[name])
+            gone[name] = _gone(plugin_fixtures, get, damaged[name])
+            after[name] = check_served(plugin_fixtures, get, damaged[name], gone=gone[name])
         assert_served(after["rust"])
         assert_served(after["python"], allowed_missing=damaged["python"].python_loader_misses())
     finally:
@@ -439,7 +456,7 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
             p.stop()
     for name in procs:
         limitation = damaged[name].python_loader_misses() if name == "python" else set()
-        rf.record(
+        reliability_fixtures.record(
             "logdirs",
             f"real tensorboard ({name}): intact records checked",
             before[name].checked + after[name].checked,
@@ -450,17 +467,19 @@ def test_damaged_logdir_in_real_tensorboards(tmp_path):
             removed_runs_gone=sorted(gone[name]),
             requests=before[name].requests + after[name].requests,
         )
-    rf.record("logdirs", "requests racing with a run deletion", len(codes))
+    reliability_fixtures.record("logdirs", "requests racing with a run deletion", len(codes))
 
 
-def _python_live_ready(p) -> bool:
+def _python_live_ready(plugin_fixtures, p) -> bool:
     code, body, _ = p.get(API + "matrix?" + urlencode({"run": "truncated"}), timeout=60)
     code2, body2, _ = p.get(API + "matrix?" + urlencode({"run": "live_two"}), timeout=60)
     if code != 200 or code2 != 200:
         return False
-    live = strict_json(body2)
+    live = plugin_fixtures.strict_json(body2)
     b = live["values"][live["layers"].index("net/b")]
-    return 9 in strict_json(body)["steps"] and 9 in live["steps"] and b[live["steps"].index(9)] is not None
+    return (
+        9 in plugin_fixtures.strict_json(body)["steps"] and 9 in live["steps"] and b[live["steps"].index(9)] is not None
+    )
 
 
 @pytest.mark.xfail(
@@ -469,9 +488,11 @@ def _python_live_ready(p) -> bool:
     reason="TensorBoard's Python loader: a well-framed record that is not an Event raises out of "
     "Reload; in a tensorboard process the reload thread dies and no run loads or updates again",
 )
-def test_python_loader_stops_at_a_non_event(tmp_path):
+def test_python_loader_stops_at_a_non_event(tmp_path, plugin_fixtures, reliability_fixtures):
     """Upstream (TensorBoard 2.21) behaviour, kept visible: XPASS once TensorBoard skips such a record."""
-    rf.write_run(str(tmp_path / "good"), LAYERS, range(3))
-    rf.write_run(str(tmp_path / "bad"), LAYERS, range(3)).append_raw(NOT_AN_EVENT)
-    tb = InProcess(str(tmp_path))
-    assert [r["run"] for r in strict_json(tb.get("runs").get_data())["runs"]] == ["bad", "good"]
+    reliability_fixtures.write_run(str(tmp_path / "good"), LAYERS, range(3))
+    reliability_fixtures.write_run(str(tmp_path / "bad"), LAYERS, range(3)).append_raw(
+        reliability_fixtures.frame(NOT_AN_EVENT)
+    )
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    assert [r["run"] for r in plugin_fixtures.strict_json(tb.get("runs").get_data())["runs"]] == ["bad", "good"]
