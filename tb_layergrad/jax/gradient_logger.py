@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import keras
 
-from tb_layergrad import metadata, nonfinite_origin
+from tb_layergrad import logger_arguments, metadata, nonfinite_origin
 from tb_layergrad.capturing.layer_tree import LayerTree
 from tb_layergrad.jax import step_callback
 from tb_layergrad.jax.layer_outputs import LayerOutputs
@@ -24,7 +24,6 @@ from tb_layergrad.jax.step_trace import StepTrace
 from tb_layergrad.writer.event_writer import EventWriter
 from tb_layergrad.writer.step_records import GroupStep
 
-ON_NONFINITE = ("log", "stop", "raise", "ignore")
 #: The arguments of TensorFlow's `GradientLogger` that the JAX one does not implement yet, and their defaults.
 NOT_YET_ON_JAX = {
     "timesteps": False,
@@ -104,20 +103,13 @@ class GradientLogger(keras.callbacks.Callback):
                 "KERAS_BACKEND=tensorflow). On JAX: layers, update_freq=N, weights, activations, on_nonfinite "
                 '(docs/FIT.md, "On JAX").'
             )
-        if on_nonfinite not in ON_NONFINITE:
-            raise ValueError(f"on_nonfinite must be one of 'log', 'stop', 'raise', 'ignore', got {on_nonfinite!r}")
-        if update_freq == "batch":
-            update_freq = 1
-        if isinstance(update_freq, bool) or not isinstance(update_freq, int) or update_freq < 1:
-            raise ValueError(f'update_freq must be an integer >= 1 or "batch", got {update_freq!r}')
-        if not (isinstance(log_dir, (str, os.PathLike)) or isinstance(getattr(log_dir, "log_dir", None), str)):
-            raise TypeError(f"log_dir must be a path or a keras.callbacks.TensorBoard, got {type(log_dir).__name__}")
-        self._log_dir = log_dir
+        self.on_nonfinite = logger_arguments.on_nonfinite(on_nonfinite)
+        update_freq = logger_arguments.update_freq(update_freq)
+        self._log_dir = logger_arguments.log_dir(log_dir)
         self.layers = layers
         self.update_freq = update_freq
         self.weights = bool(weights)
         self.activations = bool(activations)
-        self.on_nonfinite = on_nonfinite
         self._writer: Optional[EventWriter] = None
         self._trace: Optional[StepTrace] = None
         self._installed: Optional[Dict[str, Any]] = None
@@ -126,8 +118,7 @@ class GradientLogger(keras.callbacks.Callback):
 
     @property
     def log_dir(self) -> str:
-        given = self._log_dir
-        return os.fspath(given) if isinstance(given, (str, os.PathLike)) else given.log_dir
+        return logger_arguments.resolve_log_dir(self._log_dir)
 
     @property
     def run_dir(self) -> str:

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Union
 import numpy as np
 import tensorflow as tf
 
-from tb_layergrad import distribute, nonfinite_origin
+from tb_layergrad import distribute, logger_arguments, nonfinite_origin
 from tb_layergrad.keras import (
     batch_count,
     logger_options,
@@ -151,16 +151,16 @@ class GradientLogger(_Base):
         on_nonfinite: str = "log",
     ):
         super().__init__()
-        self._log_dir = logger_options.log_dir(log_dir)
+        self._log_dir = logger_arguments.log_dir(log_dir)
         self.layers = layers
-        self.update_freq = logger_options.update_freq(update_freq)
+        self.update_freq = logger_arguments.update_freq(update_freq)
         self.weights = bool(weights)
         self.activations = bool(activations)
         self.timesteps = False if timesteps is None else timesteps
         self.targets, self.input_target = logger_options.targets(targets)
         self.per_example = bool(per_example)
-        self.max_elements = logger_options.max_elements(max_elements)
-        self.on_nonfinite = logger_options.on_nonfinite(on_nonfinite)
+        self.max_elements = logger_arguments.max_elements(max_elements)
+        self.on_nonfinite = logger_arguments.on_nonfinite(on_nonfinite)
         logger_options.warn_without_effect(self.weights, self.per_example, self.input_target)
         self._nonfinite = None  # see the `nonfinite` property
         self._file = run_files.RunFile()
@@ -206,11 +206,11 @@ class GradientLogger(_Base):
     @property
     def log_dir(self) -> str:
         """The folder of the logs: the path given, or the followed callback's `log_dir` as it is now."""
-        return logger_options.resolve_log_dir(self._log_dir)
+        return logger_arguments.resolve_log_dir(self._log_dir)
 
     @log_dir.setter
     def log_dir(self, value: Any) -> None:
-        self._log_dir = logger_options.log_dir(value)
+        self._log_dir = logger_arguments.log_dir(value)
 
     @property
     def run_dir(self) -> str:
