@@ -146,8 +146,10 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
 
 def weights_tables(rounds: int, block_seconds: float, fit_steps: int, figures: Dict, command: str) -> List[str]:
     """The section of the cost of `weights=True` in fit(): the MLP (the shortest step, where a fixed cost shows
-    most), every layer every step, against the same logger with `weights=False`, interleaved in one process."""
+    most), every layer every step, against the same logger with `weights=False`, interleaved in one process; the
+    CPU time beside it, and the fused kernel's reduction of the weight gradients alone (what the added time is)."""
     import overhead
+    import tensorflow as tf
 
     logdir = overhead.new_logdir()
     try:
@@ -155,8 +157,14 @@ def weights_tables(rounds: int, block_seconds: float, fit_steps: int, figures: D
         probe()  # traced: the next call times a warm step
         base = probe()
         steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))
-        fit_rounds = rounds * FIT_ROUNDS * (SHORT_STEP_ROUNDS if base < overhead.SHORT_STEP_S else 1)
-        step, ratios = overhead.interleaved_results(overhead.weights_fit_variants("mlp", logdir, steps), fit_rounds)
+        # The MLP's step is a short one (SHORT_STEP_ROUNDS more rounds) even where a loaded machine makes the probe
+        # read more than SHORT_STEP_S: under load a ratio needs more rounds, not fewer.
+        fit_rounds = rounds * FIT_ROUNDS * SHORT_STEP_ROUNDS
+        start_load = os.getloadavg()[0]
+        variants = overhead.weights_fit_variants("mlp", logdir, steps)
+        step, ratios = overhead.interleaved_results(variants, fit_rounds)
+        cpu_ratios = overhead.paired_cpu(variants)
+        step_cpu = float(np.median(variants["weights=False"].cpu))
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     ratio = ratios["weights=True"]
@@ -166,19 +174,46 @@ def weights_tables(rounds: int, block_seconds: float, fit_steps: int, figures: D
     model, x, _ = MODELS["mlp"]()
     params = sum(int(np.prod(v.shape)) for v in model.trainable_variables)
     outputs = int(x.shape[0]) * sum(int(layer.units) for layer in model.layers)
-    met = "met" if ratio <= WEIGHTS_TARGET else "NOT met"
+    # The kernel's reduction of tensors of the weight gradients' and the layer outputs' shapes, alone (its time
+    # does not depend on the values of clean data).
+    weight_grads = [tf.random.normal(v.shape) * 0.01 for v in model.trainable_variables]
+    output_grads = [tf.random.normal([int(x.shape[0]), int(layer.units)]) * 0.01 for layer in model.layers]
+    weights_alone = overhead.reduction_cpu_seconds(weight_grads)
+    outputs_alone = overhead.reduction_cpu_seconds(output_grads)
+    extra_cpu = (cpu_ratios["weights=True"] - 1) * step_cpu
+    cpu_ratio = cpu_ratios["weights=True"]
+    # The target is on the step's time; on a shared machine that also holds the waits for a core, which can hide
+    # the work added: met only where the CPU time says so too.
+    if ratio <= WEIGHTS_TARGET and cpu_ratio <= WEIGHTS_TARGET:
+        met = "met"
+    elif ratio <= WEIGHTS_TARGET:
+        met = "NOT met in CPU time: re-measure on a quiet machine"
+    else:
+        met = "NOT met"
     return [
         f"{WEIGHTS_HEADING}: mlp, all layers every step, ratio to `weights=False` "
         f"(measured {datetime.date.today().isoformat()} with {command})\n",
-        f"| model | step, weights=False | weights=True (target <= {WEIGHTS_TARGET:.2f}x) | weights=False / plain fit() |",
-        "|---|---|---|---|",
-        f"| mlp | {step * 1e3:.2f} ms | {ratio:.3f}x ({met}) | {1 / ratios['plain']:.2f}x |",
+        f"| model | step, weights=False | weights=True (target <= {WEIGHTS_TARGET:.2f}x) | CPU time, weights=True "
+        "| weights=False / plain fit() |",
+        "|---|---|---|---|---|",
+        f"| mlp | {step * 1e3:.2f} ms | {ratio:.3f}x ({met}) | {cpu_ratio:.3f}x | {1 / ratios['plain']:.2f}x |",
         "",
         f"Medians over {fit_rounds} interleaved rounds of within-round ratios, epochs of {steps} batches "
-        "(the first batches, tracing, not timed). `weights=True` records the gradients the step's own gradient call "
-        "returned: what it adds is the weights' records (their reductions and writes), no backward pass. The MLP's "
+        "(the first batches, tracing, not timed); CPU time: the process's (all threads), per batch, the same rounds. "
+        "`weights=True` records the gradients the step's own gradient call returned: what it adds is the weights' "
+        "records (their reductions and writes), no backward pass. The MLP's "
         f"weight gradients hold {params:,} elements, its layer-output gradients {outputs:,} (batch {int(x.shape[0])}): "
         f"`weights=True` reduces {(params + outputs) / outputs:.1f}x the elements `weights=False` does, every step.",
+        "",
+        f"What the added CPU time is made of: {extra_cpu * 1e6:.0f} us per step "
+        f"(weights=False: {step_cpu * 1e3:.2f} ms CPU per step), of which the fused kernel's reduction of the "
+        f"weight gradients alone takes {weights_alone * 1e6:.0f} us "
+        f"({weights_alone / step_cpu * 100:.1f}% of the step; {weights_alone / params * 1e9:.2f} ns per element, "
+        f"two reads, one thread; the layer outputs' {outputs_alone * 1e6:.0f} us), the rest "
+        f"({(extra_cpu - weights_alone) * 1e6:.0f} us) the weights' group of records (its writes, its "
+        "first-non-finite and metadata bookkeeping) and the noise of a shared machine. "
+        f"Load average (1 min) at the start {start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: the machine may "
+        'be shared. Why the target is not met, and what was tried: docs/DESIGN.md, "The cost of weights=True".',
         "",
     ]
 
