@@ -233,7 +233,10 @@ def no_kernel_section(
         f"Medians of within-round ratios over {', '.join(f'{n}: {d}' for n, _, _, d in rows)} interleaved rounds, in "
         "one process per model; the TensorFlow-ops variants are traced with the kernel disabled, which is what "
         "`TB_LAYERGRAD_FUSED=0`, a GPU, macOS, Windows or ARM get. Load average (1 min) at the start "
-        f"{start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: the machine may be shared.",
+        f"{start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: the machine may be shared. The kernel is kept where "
+        "it wins by more than 3%; why TensorFlow's ops do not reach these targets on a CPU (one kernel per figure and "
+        "per tensor already costs about what the fused kernel does on the MLP, more on the CNN): docs/DESIGN.md, "
+        '"Reductions".',
         "",
     ]
     return lines
