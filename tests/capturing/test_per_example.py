@@ -532,25 +532,28 @@ CONVOLUTIONS = [
 ]
 
 
-@pytest.mark.parametrize("channels", [1, 12])  # patches by convolution; by kernel offset
 @pytest.mark.parametrize("case", range(len(CONVOLUTIONS)))
-def test_convolution_rule_equals_the_layers_own_gradient_per_example(case, channels):
+@pytest.mark.slow
+def test_convolution_rule_equals_the_layers_own_gradient_per_example(case):
     """The kernel rule's norms against the gradient of Keras' own convolution, one example at a time:
-    `tape.gradient(Σ conv(a_i) ⊙ δ_i, kernel)` is example i's kernel gradient for that δ."""
+    `tape.gradient(Σ conv(a_i) ⊙ δ_i, kernel)` is example i's kernel gradient for that δ. One input channel: the
+    patches by convolution; twelve: by kernel offset, also with spatial sizes unknown while tracing."""
     make, spatial = CONVOLUTIONS[case]
-    layer = make(channels)
-    a = tf.random.normal([3, *spatial, channels])
-    d = tf.random.normal(layer.compute_output_shape((3, *spatial, channels)))
-    length = int(np.prod(layer.kernel_size)) * channels
-    assert (length <= PATCHES_BY_CONVOLUTION) == (channels == 1)
-    want = []
-    for i in range(3):
-        with tf.GradientTape() as tape:
-            product = tf.reduce_sum(layer(a[i : i + 1]) * d[i : i + 1])
-        want.append(float(tf.norm(tape.gradient(product, layer.kernel))))
-    factors = per_example._conv(layer, a, d)
-    np.testing.assert_allclose(ghost_norm.norm([factors["kernel"]]).numpy(), want, rtol=RTOL)
-    # Unknown spatial sizes while tracing: the same numbers.
-    spec = [tf.TensorSpec([None] * (len(spatial) + 1) + [channels]), tf.TensorSpec([None] * (len(spatial) + 1) + [3])]
-    traced = tf.function(lambda a, d: ghost_norm.norm([per_example._conv(layer, a, d)["kernel"]]), input_signature=spec)
+    for channels in (1, 12):
+        layer = make(channels)
+        a = tf.random.normal([3, *spatial, channels])
+        d = tf.random.normal(layer.compute_output_shape((3, *spatial, channels)))
+        length = int(np.prod(layer.kernel_size)) * channels
+        assert (length <= PATCHES_BY_CONVOLUTION) == (channels == 1)
+        want = []
+        for i in range(3):
+            with tf.GradientTape() as tape:
+                product = tf.reduce_sum(layer(a[i : i + 1]) * d[i : i + 1])
+            want.append(float(tf.norm(tape.gradient(product, layer.kernel))))
+        factors = per_example._conv(layer, a, d)
+        np.testing.assert_allclose(ghost_norm.norm([factors["kernel"]]).numpy(), want, rtol=RTOL)
+    unknown = [tf.TensorSpec([None] * (len(spatial) + 1) + [n]) for n in (channels, 3)]
+    traced = tf.function(
+        lambda a, d: ghost_norm.norm([per_example._conv(layer, a, d)["kernel"]]), input_signature=unknown
+    )
     np.testing.assert_allclose(traced(a, d).numpy(), want, rtol=RTOL)
