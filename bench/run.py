@@ -608,22 +608,6 @@ measurements: [docs/DESIGN.md](DESIGN.md), "Benchmark notes" and "Reading side".
 """
 
 
-def kept_gpu_section(path: str, text: str) -> str:
-    """`text` with the GPU section of the report at `path` kept: bench/gpu.py writes it, on a machine with a GPU."""
-    import gpu
-    import sweep_latency
-
-    if not os.path.exists(path):
-        return text
-    with open(path, encoding="utf-8") as f:
-        old = f.read().split("\n")
-    start = next((i for i, line in enumerate(old) if line.startswith(gpu.HEADING)), None)
-    if start is None:
-        return text
-    end = next((i for i in range(start + 1, len(old)) if old[i].startswith("### ")), len(old))
-    return sweep_latency.replace_section(text, old[start:end], gpu.HEADING).rstrip("\n")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one round: only checks the scripts run")
@@ -779,7 +763,6 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out != "-":
-        text = kept_gpu_section(args.out, text)
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text + "\n")
 
