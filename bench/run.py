@@ -23,6 +23,7 @@ Figures:
   alone, its section only.
 - the path without the fused kernel (TensorFlow's ops: every GPU, macOS, Windows, ARM, `TB_LAYERGRAD_FUSED=0`)
   against its targets, and the kernel beside it (where it still wins); `--only-no-kernel` alone, its section only.
+- on a GPU: `bench/gpu.py` writes its own section (a full run here keeps it).
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
 per batch inside each call, the first batches (tracing) excluded. A full run rewrites --out, keeping the sections
 it does not measure (the JAX fit written by bench/jax_fit.py, the long run's, dated earlier records).

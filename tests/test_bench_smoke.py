@@ -161,3 +161,32 @@ def test_long_run_writer_writes_what_the_callback_writes(tmp_path):
     assert all(v.tensor.tensor_content in written_by_callback[v.tag.rsplit("/", 1)[0]] for v in values)
     assert sorted(v.tag for v in values if v.HasField("metadata")) == sorted({v.tag for v in values})
     assert damage.Scanner(str(tmp_path / "long")).scan() == {}
+
+
+@pytest.mark.slow
+def test_gpu_bench_smoke(tmp_path):
+    """`bench/gpu.py --smoke` (on the CPU, tiny batch, the MLP): every figure present, the records equal the CPU's
+    (here: the CPU's own, so within the bound), training bitwise unchanged under op determinism, its section
+    written into an existing report whose other figures are kept."""
+    out, figures_path = tmp_path / "PERFORMANCE.md", tmp_path / "gpu.json"
+    out.write_text("# Performance\n\n### Old figures\n\nkept\n")
+    command = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--smoke", "--models", "mlp"]
+    proc = subprocess.run(
+        command + ["--out", str(out), "--json", str(figures_path)], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    figures = json.loads(figures_path.read_text())
+    assert figures["device"] and figures["smoke"] is True
+    mlp = figures["models"]["mlp"]
+    variants = {"every step", "every 10th", "per_example, every step"}
+    assert set(mlp["loop"]) >= variants and set(mlp["fit"]) >= variants
+    assert all(mlp[kind][k] > 0 for kind in ("loop", "fit") for k in variants)
+    assert mlp["values"]["within"] and mlp["values"]["records"] > 0
+    assert set(mlp["values"]["worst_over_bound"]) >= {"min", "max", "norm", "example_norm_max"}
+    assert mlp["determinism"] == {"logger_runs_equal": True, "equal_without_logger": True}
+    lines = out.read_text().splitlines()
+    assert "### Old figures" in lines and "kept" in lines
+    (row,) = [line for line in lines if line.startswith("| mlp |")]
+    assert "(within)" in row and "runs equal, equal without" in row
