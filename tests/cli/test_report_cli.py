@@ -17,7 +17,6 @@ import pytest
 
 from tb_layergrad import cli
 from tb_layergrad.cli import report
-from tb_layergrad.reader import run_health
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -216,9 +215,3 @@ def test_an_asked_target_is_the_only_one(named_targets, capsys):
     doc = json.loads(out)
     assert doc["target"] == "maker" and [(r["run"], r["target"]) for r in doc["runs"]] == [("gan", "maker")]
     assert [s["run"] for s in doc["skipped"]] == ["plain"]
-
-
-def test_default_targets():
-    assert run_health.default_targets(["critic", "maker"]) == ["critic", "maker"]
-    assert run_health.default_targets(["aux", "loss"]) == ["loss"]
-    assert run_health.default_targets([]) == []

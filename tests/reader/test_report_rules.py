@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tb_layergrad.reader import anomalies, trends
+from tb_layergrad.reader import anomalies, run_health, trends
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ANOMALIES.md"
 
@@ -200,3 +200,9 @@ def test_any_numbers_give_strict_json():
             named = [int(x) if x >= 0 else None for x in rng.integers(-3, 10**6, size=L)]
             run = anomalies.evaluate([f"l{i}" for i in range(L)], steps, m, timesteps=ts, running_first_steps=named)
             json.dumps(anomalies_body(run), allow_nan=False)
+
+
+def test_default_targets():
+    assert run_health.default_targets(["critic", "maker"]) == ["critic", "maker"]
+    assert run_health.default_targets(["aux", "loss"]) == ["loss"]
+    assert run_health.default_targets([]) == []
