@@ -191,6 +191,13 @@ def model_zoo():
 
 
 @pytest.fixture(scope="session")
+def numpy_reference():
+    """tests/numpy_reference.py, as a namespace: the statistics of docs/FORMAT.md recomputed with plain numpy in
+    float64, independently of the reductions."""
+    return importlib.import_module("numpy_reference")
+
+
+@pytest.fixture(scope="session")
 def origin_fixtures():
     """tests/origin_fixtures.py, as a namespace: a logdir where a NaN is born in each pass, written with the real
     summary ops (docs/ANOMALIES.md, "Where it broke")."""

@@ -412,15 +412,10 @@ CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
     "keras/test_tuner.py: tb_layergrad.kernel.cache",
     "kernel/test_fused_kernel.py: tb_layergrad.statistics.reductions",
     "kernel/test_fused_kernel.py: tb_layergrad.summary.write",
-    "plugin/test_depth_route.py: tb_layergrad.reader.series",
     "plugin/test_live_equality.py: tb_layergrad.reader.record_index",
-    "plugin/test_plugin_routes.py: tb_layergrad.reader.series",
     "plugin/test_prefetch.py: tb_layergrad.reader.catalog",
     "plugin/test_prefetch.py: tb_layergrad.reader.stats_store",
-    "plugin/test_reliability_routes.py: tb_layergrad.reader.examples",
-    "plugin/test_reliability_routes.py: tb_layergrad.reader.series",
     "plugin/test_sweep_route.py: tb_layergrad.reader.anomalies",
-    "plugin/test_sweep_route.py: tb_layergrad.reader.run_health",
     "plugin/test_sweep_tensorboard.py: tb_layergrad.cli.report",
     "plugin/test_sweep_tensorboard.py: tb_layergrad.reader.anomalies",
     "reader/test_examples_report.py: tb_layergrad.cli.report",
@@ -432,12 +427,9 @@ CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
     "summary/test_format_v2.py: tb_layergrad.capturing.gradient_map",
     "summary/test_format_v2.py: tb_layergrad.kernel.fused",
     "summary/test_noise_scale.py: tb_layergrad.kernel.fused",
-    "summary/test_noise_scale.py: tb_layergrad.statistics.per_example_records",
     "summary/test_per_example_write.py: tb_layergrad.capturing.per_example_map",
-    "summary/test_per_example_write.py: tb_layergrad.statistics.per_example_records",
     "summary/test_record_writes.py: tb_layergrad.kernel.fused",
     "summary/test_summary.py: tb_layergrad.kernel.fused",
-    "summary/test_summary.py: tb_layergrad.statistics.reductions",
 }
 
 

@@ -206,3 +206,11 @@ def test_default_targets():
     assert run_health.default_targets(["critic", "maker"]) == ["critic", "maker"]
     assert run_health.default_targets(["aux", "loss"]) == ["loss"]
     assert run_health.default_targets([]) == []
+
+
+def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
+    """A state added to the verdicts must rank in the sweep (a row of that run would fail) and be a column."""
+    assert set(anomalies.SEVERITY) == set(anomalies.STATES)
+    measured = {m.key for m in run_health.MEASURES}
+    counted = {s for s in anomalies.STATES if s not in ("ok", "nan_origin", "nonfinite", "dominated")}
+    assert {f"latest.{s}" for s in counted} <= measured and "dominated_steps" in measured  # steps, not layers
