@@ -416,7 +416,6 @@ CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
     "plugin/test_prefetch.py: tb_layergrad.reader.catalog",
     "plugin/test_prefetch.py: tb_layergrad.reader.stats_store",
     "plugin/test_sweep_route.py: tb_layergrad.reader.anomalies",
-    "plugin/test_sweep_tensorboard.py: tb_layergrad.cli.report",
     "plugin/test_sweep_tensorboard.py: tb_layergrad.reader.anomalies",
     "reader/test_examples_report.py: tb_layergrad.cli.report",
     "reader/test_hparams_read.py: tb_layergrad.cli.report",
