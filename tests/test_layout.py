@@ -418,7 +418,6 @@ CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
     "plugin/test_sweep_route.py: tb_layergrad.reader.anomalies",
     "plugin/test_sweep_tensorboard.py: tb_layergrad.reader.anomalies",
     "reader/test_examples_report.py: tb_layergrad.cli.report",
-    "reader/test_hparams_read.py: tb_layergrad.cli.report",
     "reader/test_origin_read.py: tb_layergrad.nonfinite_origin",
     "reader/test_report_rules.py: tb_layergrad.plugin.bodies",
     "reader/test_verdict_rules.py: tb_layergrad.nonfinite_origin",

@@ -215,3 +215,11 @@ def test_an_asked_target_is_the_only_one(named_targets, capsys):
     doc = json.loads(out)
     assert doc["target"] == "maker" and [(r["run"], r["target"]) for r in doc["runs"]] == [("gan", "maker")]
     assert [s["run"] for s in doc["skipped"]] == ["plain"]
+
+
+def test_sort_rules():
+    rows = [[2.0], [None], ["b"], [float("nan")], [1.0], [True], ["a"], [2.0]]
+    assert report.order(rows, ["x"], "x") == [4, 5, 0, 7, 6, 2, 1, 3]
+    assert report.order(rows, ["x"], "-x") == [2, 6, 0, 7, 4, 5, 1, 3]
+    with pytest.raises(ValueError, match="use one of: x"):
+        report.order(rows, ["x"], "y")
