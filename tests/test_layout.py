@@ -331,7 +331,6 @@ def _helpers_imported_by_name(path: Path) -> Set[str]:
 # The test files that still import a helper module by name, until each is moved onto the fixtures: this set only
 # shrinks (the test below fails on a file that has left it as on one that joins it).
 NOT_YET_ON_FIXTURES: Set[str] = {
-    "keras/test_fit_gallery.py",
     "tab/test_tab_charts_e2e.py",
     "tab/test_tab_e2e.py",
     "tab/test_tab_runs_e2e.py",
@@ -351,3 +350,134 @@ def test_no_test_file_imports_a_helper_module_by_name():
     assert not NOT_YET_ON_FIXTURES - importing, (
         f"on fixtures now, drop from the list: {sorted(NOT_YET_ON_FIXTURES - importing)}"
     )
+
+
+# -- the tests' private imports across rooms (docs/DESIGN.md, "How the tests are built") -----------------------------
+# The public surface a test may import anywhere: the API, the command's entry (`cli.main`), and the on-disk contract.
+PUBLIC_MODULES = {
+    "tb_layergrad",
+    "tb_layergrad.summary",
+    "tb_layergrad.distribute",
+    "tb_layergrad.cli",
+    "tb_layergrad.metadata",
+}
+TEST_ROOMS = {"jax_backend": "jax"}  # tests/<folder> -> the room of tb_layergrad it tests, where the names differ
+
+
+def _package_module(name: str) -> str:
+    """`tb_layergrad.cli.report.build` -> `tb_layergrad.cli.report`: the module an imported name lives in."""
+    parts = name.split(".")
+    while len(parts) > 1 and not (
+        PACKAGE.joinpath(*parts[1:]).with_suffix(".py").is_file() or PACKAGE.joinpath(*parts[1:]).is_dir()
+    ):
+        parts.pop()
+    return ".".join(parts)
+
+
+def _private_imports_across_rooms(path: Path) -> Set[str]:
+    """The private modules of tb_layergrad that the test file `path` imports from another room than its own (a
+    file at the top of tests/ tests the whole: it has no room)."""
+    where = path.relative_to(TESTS).parts
+    room = TEST_ROOMS.get(where[0], where[0]) if len(where) > 1 else None
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            module = _package_module(name) if name.startswith("tb_layergrad.") else None
+            if module and module not in PUBLIC_MODULES and module.split(".")[1] != room:
+                found.add(module)
+    return found
+
+
+# The (test file, private module) pairs across rooms still to move onto the public surface (the API, the command,
+# the plugin's HTTP routes): this set only shrinks (the test below fails on a pair that has left it as on one that
+# joins it).
+CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
+    "cli/test_report_cli.py: tb_layergrad.reader.run_health",
+    "cli/test_verdict_demo.py: tb_layergrad.reader.trends",
+    "distribute/test_distribute_units.py: tb_layergrad.keras.replica_payload",
+    "jax_backend/test_jax_writer.py: tb_layergrad.writer.event_writer",
+    "jax_backend/test_jax_writer.py: tb_layergrad.writer.step_records",
+    "keras/test_fit_activations.py: tb_layergrad.cli.demo_nan",
+    "keras/test_fit_calls.py: tb_layergrad.capturing.layer_tree",
+    "keras/test_fit_logger.py: tb_layergrad.kernel.fused",
+    "keras/test_fit_per_example.py: tb_layergrad.cli.demo_nan",
+    "keras/test_fit_per_example.py: tb_layergrad.summary.per_example_write",
+    "keras/test_fit_per_example_mixed_precision.py: tb_layergrad.summary.per_example_write",
+    "keras/test_fit_targets.py: tb_layergrad.capturing.targets",
+    "keras/test_tuner.py: tb_layergrad.kernel.cache",
+    "kernel/test_fused_kernel.py: tb_layergrad.statistics.reductions",
+    "kernel/test_fused_kernel.py: tb_layergrad.summary.write",
+    "plugin/test_binned_routes.py: tb_layergrad.reader.anomalies",
+    "plugin/test_depth_route.py: tb_layergrad.reader.series",
+    "plugin/test_live_equality.py: tb_layergrad.reader.record_index",
+    "plugin/test_plugin_routes.py: tb_layergrad.reader.series",
+    "plugin/test_prefetch.py: tb_layergrad.reader.catalog",
+    "plugin/test_prefetch.py: tb_layergrad.reader.stats_store",
+    "plugin/test_reliability_routes.py: tb_layergrad.reader.examples",
+    "plugin/test_reliability_routes.py: tb_layergrad.reader.series",
+    "plugin/test_sweep_route.py: tb_layergrad.reader.anomalies",
+    "plugin/test_sweep_route.py: tb_layergrad.reader.run_health",
+    "plugin/test_sweep_tensorboard.py: tb_layergrad.cli.report",
+    "plugin/test_sweep_tensorboard.py: tb_layergrad.reader.anomalies",
+    "reader/test_damage.py: tb_layergrad.cli.report",
+    "reader/test_detector_over_steps.py: tb_layergrad.cli.report",
+    "reader/test_detectors.py: tb_layergrad.cli.report",
+    "reader/test_examples_report.py: tb_layergrad.cli.report",
+    "reader/test_hparams_read.py: tb_layergrad.cli.report",
+    "reader/test_origin_read.py: tb_layergrad.nonfinite_origin",
+    "reader/test_report_rules.py: tb_layergrad.plugin.bodies",
+    "reader/test_verdict_rules.py: tb_layergrad.nonfinite_origin",
+    "statistics/test_reliability_reductions.py: tb_layergrad.kernel.fused",
+    "summary/test_format_v2.py: tb_layergrad.capturing.gradient_map",
+    "summary/test_format_v2.py: tb_layergrad.kernel.fused",
+    "summary/test_noise_scale.py: tb_layergrad.kernel.fused",
+    "summary/test_noise_scale.py: tb_layergrad.statistics.per_example_records",
+    "summary/test_per_example_write.py: tb_layergrad.capturing.per_example_map",
+    "summary/test_per_example_write.py: tb_layergrad.statistics.per_example_records",
+    "summary/test_record_writes.py: tb_layergrad.kernel.fused",
+    "summary/test_summary.py: tb_layergrad.kernel.fused",
+    "summary/test_summary.py: tb_layergrad.statistics.reductions",
+    "tab/test_tab_demo_e2e.py: tb_layergrad.cli.demo_nan",
+    "tab/test_tab_examples_e2e.py: tb_layergrad.cli.demo",
+    "tab/test_tab_gan_e2e.py: tb_layergrad.cli.demo",
+    "tab/test_tab_gan_e2e.py: tb_layergrad.cli.demo_gan",
+    "tab/test_tab_origin_e2e.py: tb_layergrad.cli.demo_nan",
+    "tab/test_tab_runs_e2e.py: tb_layergrad.cli.demo_sweep",
+    "tab/test_tab_runs_e2e.py: tb_layergrad.reader.anomalies",
+    "test_artifact.py: tb_layergrad.plugin.static",
+    "test_bench_smoke.py: tb_layergrad.reader.damage",
+    "test_layout.py: tb_layergrad.reader.anomalies",
+    "test_layout.py: tb_layergrad.reader.dominance",
+    "test_readme.py: tb_layergrad.kernel.cache",
+}
+
+
+def test_no_test_imports_a_private_module_of_another_room():
+    """A test goes through the public surface (the API, `tb_layergrad.summary`, `tb_layergrad.distribute`, the
+    `tb-layergrad` command, the plugin's HTTP routes) and imports a private module only to unit-test it, in its
+    room, or to name the on-disk contract (`tb_layergrad.metadata`)."""
+    found = {
+        f"{path.relative_to(TESTS)}: {module}"
+        for path in sorted(TESTS.rglob("test_*.py"))
+        for module in _private_imports_across_rooms(path)
+    }
+    assert not found - CROSS_ROOM_PRIVATE_IMPORTS, (
+        f"private imports across rooms: {sorted(found - CROSS_ROOM_PRIVATE_IMPORTS)}"
+    )
+    assert not CROSS_ROOM_PRIVATE_IMPORTS - found, (
+        f"moved onto the public surface, drop from the list: {sorted(CROSS_ROOM_PRIVATE_IMPORTS - found)}"
+    )
+
+
+def test_a_private_import_across_rooms_is_found():
+    """The finder above sees `from tb_layergrad.cli import report` in a reader test, and not the public names."""
+    assert _package_module("tb_layergrad.cli.report.build_rows") == "tb_layergrad.cli.report"
+    assert _package_module("tb_layergrad.GradientLogger") == "tb_layergrad"
+    assert "tb_layergrad.cli.report" in _private_imports_across_rooms(TESTS / "reader" / "test_damage.py")
+    assert not _private_imports_across_rooms(TESTS / "test_public_api.py")
