@@ -24,7 +24,8 @@ Figures:
 - the path without the fused kernel (TensorFlow's ops: every GPU, macOS, Windows, ARM, `TB_LAYERGRAD_FUSED=0`)
   against its targets, and the kernel beside it (where it still wins); `--only-no-kernel` alone, its section only.
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
-per batch inside each call, the first batches (tracing) excluded.
+per batch inside each call, the first batches (tracing) excluded. A full run rewrites --out, keeping the sections
+it does not measure (the JAX fit written by bench/jax_fit.py, the long run's, dated earlier records).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import platform
 import shutil
 import sys
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -103,6 +104,7 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
         )
         loop_rows.append((name, base, ratios))
         figures.setdefault("loop", {})[name] = ratios
+        figures.setdefault("loop_rounds", {})[name] = (base, loop_rounds)
         model, x, _ = MODELS[name]()
         layers = len(model.layers)
         byte_rows.append(
@@ -198,6 +200,14 @@ def no_kernel_tables(models: List[str], rounds: int, block_seconds: float, figur
         )
         rows.append((name, base, ratios, done))
         print(f"  measured {name}: {ratios}", flush=True)
+    return no_kernel_section(rows, figures, command, start_load)
+
+
+def no_kernel_section(
+    rows: List[Tuple[str, float, Dict[str, float], int]], figures: Dict, command: str, start_load: float
+) -> List[str]:
+    """The no-kernel section's lines from (model, plain step s, {NO_KERNEL_VARIANTS key: ratio}, rounds) rows: those
+    of `--only-no-kernel`, or the custom loop's of a full run (the same variants, measured in that one process)."""
     figures["no_kernel"] = {name: ratios for name, _, ratios, _ in rows}
 
     def judged(value: float, target: float) -> str:
@@ -223,10 +233,38 @@ def no_kernel_tables(models: List[str], rounds: int, block_seconds: float, figur
         f"Medians of within-round ratios over {', '.join(f'{n}: {d}' for n, _, _, d in rows)} interleaved rounds, in "
         "one process per model; the TensorFlow-ops variants are traced with the kernel disabled, which is what "
         "`TB_LAYERGRAD_FUSED=0`, a GPU, macOS, Windows or ARM get. Load average (1 min) at the start "
-        f"{start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: the machine may be shared.",
+        f"{start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: the machine may be shared. The kernel is kept where "
+        "it wins by more than 3%; why TensorFlow's ops do not reach these targets on a CPU (one kernel per figure and "
+        "per tensor already costs about what the fused kernel does on the MLP, more on the CNN): docs/DESIGN.md, "
+        '"Reductions".',
         "",
     ]
     return lines
+
+
+def kept_sections(old_text: str, new_lines: List[str]) -> List[str]:
+    """The sections of the report `old_text` that `new_lines` do not hold: those other commands write (the JAX fit by
+    bench/jax_fit.py, `--only-long-run`'s, a dated record of an earlier version), so a full run keeps them.
+
+    A section is its `### ` heading up to the next one; two are the same section when their headings agree up to
+    the first ":" (else " ("), the part that names what was measured (the rest holds sizes and dates)."""
+
+    def key(heading: str) -> str:
+        cut = heading.find(":")
+        cut = heading.find(" (") if cut < 0 else cut
+        return heading if cut < 0 else heading[:cut]
+
+    written = {key(part) for line in new_lines for part in line.split("\n") if part.startswith("### ")}
+    kept: List[str] = []
+    keep = False
+    for line in old_text.rstrip("\n").split("\n"):
+        if line.startswith("### "):
+            keep = key(line) not in written
+        if keep:
+            kept.append(line)
+    if kept and kept[-1] != "":
+        kept.append("")
+    return kept
 
 
 def per_example_tables(models: List[str], rounds: int, block_seconds: float, figures: Dict) -> List[str]:
@@ -686,6 +724,16 @@ def main() -> None:
         body += overhead_tables(models, rounds, block_seconds, fit_steps, figures)
         command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
         body += weights_tables(rounds, block_seconds, fit_steps, figures, command)
+        rows = [  # the custom loop's own variants, measured above in one process per model
+            (
+                name,
+                base,
+                {short: figures["loop"][name][key] for short, key in list(NO_KERNEL_VARIANTS.items())[1:]},
+                done,
+            )
+            for name, (base, done) in figures["loop_rounds"].items()
+        ]
+        body += no_kernel_section(rows, figures, command, start_load)
     if not args.skip_per_example:
         body += per_example_tables(
             ["mlp"] if args.smoke else ["mlp", "cnn", "transformer"], rounds, block_seconds, figures
@@ -701,6 +749,9 @@ def main() -> None:
         command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
         body += tab_sweep_tables(args.smoke, loaders, figures, command)
     lines += format_targets(figures, format_sizes) + target_table(figures, format_sizes[1]) + body
+    if args.out != "-" and os.path.exists(args.out):
+        with open(args.out, encoding="utf-8") as f:
+            lines += kept_sections(f.read(), lines + [READING])
     if not args.smoke:
         lines.append(READING)
     lines.insert(
