@@ -14,6 +14,24 @@ def fit_mode(request) -> str:
     return request.param
 
 
+def pytest_generate_tests(metafunc):
+    """A test naming `gallery_case` and `gallery_mode` runs once per case of the gallery and mode fit() runs it in:
+    graph and eager each case; under XLA (its compile time is most of a case's) the two steps whose tapes XLA
+    compiles unlike the others': WGAN-GP's two tapes with a nested one (the guide's GAN is its two tapes without the
+    penalty) and the CycleGAN's one persistent tape asked four times. Several tapes, calls, asks and sub-models
+    built by the first step are crossed under XLA pairwise by the generated steps (test_fit_generated_steps), a
+    one-tape step by the standard step's case (test_fit_neutral). Ids `<case>-<mode>`."""
+    if "gallery_case" not in metafunc.fixturenames:
+        return
+    gan, single, body, calls = (
+        importlib.import_module(name) for name in ("gallery_gan", "gallery_single", "gallery_body", "gallery_calls")
+    )
+    cases = [gan.GAN_CASE, gan.WGAN_CASE, *single.SINGLE_CASES, *body.BODY_CASES, *calls.CALL_CASES]
+    xla_cases = [gan.WGAN_CASE, calls.CYCLEGAN_CASE]
+    params = [(c, m) for c in cases for m in ("graph", "eager")] + [(c, "xla") for c in xla_cases]
+    metafunc.parametrize("gallery_case, gallery_mode", [pytest.param(c, m, id=f"{c.name}-{m}") for c, m in params])
+
+
 @pytest.fixture(scope="session")
 def custom_steps():
     """tests/custom_steps.py, as a namespace: custom `train_step`s as Keras' guide and keras-io write them, small
