@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
 
 from tb_layergrad import logger_arguments, metadata, nonfinite_origin
 from tb_layergrad.capturing.layer_tree import LayerTree
@@ -24,12 +25,15 @@ from tb_layergrad.jax.step_trace import StepTrace
 from tb_layergrad.writer.event_writer import EventWriter
 from tb_layergrad.writer.step_records import GroupStep
 
-#: The arguments of TensorFlow's `GradientLogger` that the JAX one does not implement yet, and their defaults.
+#: The arguments of TensorFlow's `GradientLogger` that the JAX one does not implement yet, their defaults, and why.
 NOT_YET_ON_JAX = {
-    "timesteps": False,
-    "targets": None,
-    "per_example": False,
-    "max_elements": 0,
+    "timesteps": (
+        False,
+        "Keras' RNN layers run their cell inside a `lax.scan` on JAX, where dL/dh_t needs a perturbation threaded "
+        "through the scan's carry; not built yet",
+    ),
+    "targets": (None, "an extra backward pass per target inside the observed step; not built yet"),
+    "per_example": (False, "per-example norms (a vmap of the layers' gradients); not built yet"),
 }
 _MISSING = object()
 
@@ -44,8 +48,8 @@ class GradientLogger(keras.callbacks.Callback):
     unchanged. Every step is checked for a NaN/Inf (loss, output gradients, activations when recorded): the
     first step with one is written in full, and where it was born is `self.nonfinite`.
 
-    Not yet on JAX (refused before training, docs/FIT.md "On JAX"): `timesteps`, `targets`, `per_example`,
-    `max_elements`, `update_freq="epoch"`, loss scaling (mixed float16).
+    Not yet on JAX (refused before training, saying why; docs/FIT.md "On JAX"): `timesteps`, `targets`,
+    `per_example`, loss scaling (mixed float16).
 
     Example:
 
@@ -63,10 +67,12 @@ class GradientLogger(keras.callbacks.Callback):
         log_dir: the directory of the TensorBoard logs (records go to `log_dir/train`), or a
             `keras.callbacks.TensorBoard` callback whose `log_dir` to follow.
         layers: `None` for every layer, or layer names, full paths, glob patterns or `Layer` objects.
-        update_freq: `"batch"` or an integer N: log every N-th batch trained (step % N == 0).
+        update_freq: `"batch"` or an integer N: log every N-th batch trained (step % N == 0); `"epoch"`: the last
+            batch of each epoch (fit() must know the steps per epoch).
         weights: also log d(loss)/d(weight) for the weights of the chosen layers.
         activations: also log the layer outputs themselves (source "activation").
-        timesteps, targets, per_example, max_elements: not yet on JAX; only their defaults are accepted.
+        max_elements: when > 0, also log each raw tensor, bounded to this many elements (kind `tensor`).
+        timesteps, targets, per_example: not yet on JAX; only their defaults are accepted.
         on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go on), "stop" (write it, print
             where it was born, end fit() after that step), "raise" (write it, raise
             `tb_layergrad.NonFiniteError`), or "ignore" (no check at every step). "stop" and "raise" wait
@@ -93,15 +99,13 @@ class GradientLogger(keras.callbacks.Callback):
         on_nonfinite: str = "log",
     ):
         super().__init__()
-        given = {"timesteps": timesteps, "targets": targets, "per_example": per_example, "max_elements": max_elements}
-        refused = [f"{name}={value!r}" for name, value in given.items() if value not in (NOT_YET_ON_JAX[name], None)]
-        if update_freq == "epoch":
-            refused.append("update_freq='epoch'")
+        given = {"timesteps": timesteps, "targets": targets, "per_example": per_example}
+        refused = [(name, value) for name, value in given.items() if value not in (NOT_YET_ON_JAX[name][0], None)]
         if refused:
+            why = "; ".join(f"{name}={value!r}: {NOT_YET_ON_JAX[name][1]}" for name, value in refused)
             raise NotImplementedError(
-                f"GradientLogger on JAX does not support {', '.join(refused)} yet (they work with "
-                "KERAS_BACKEND=tensorflow). On JAX: layers, update_freq=N, weights, activations, on_nonfinite "
-                '(docs/FIT.md, "On JAX").'
+                f"GradientLogger on JAX does not support {why}. They work with KERAS_BACKEND=tensorflow. On JAX: "
+                'layers, update_freq, weights, activations, max_elements, on_nonfinite (docs/FIT.md, "On JAX").'
             )
         self.on_nonfinite = logger_arguments.on_nonfinite(on_nonfinite)
         update_freq = logger_arguments.update_freq(update_freq)
@@ -110,6 +114,8 @@ class GradientLogger(keras.callbacks.Callback):
         self.update_freq = update_freq
         self.weights = bool(weights)
         self.activations = bool(activations)
+        self.max_elements = logger_arguments.max_elements(max_elements)
+        self._epoch: Optional[tuple] = None  # update_freq="epoch": (batch count before this fit(), steps per epoch)
         self._writer: Optional[EventWriter] = None
         self._trace: Optional[StepTrace] = None
         self._installed: Optional[Dict[str, Any]] = None
@@ -144,6 +150,16 @@ class GradientLogger(keras.callbacks.Callback):
                 "GradientLogger on JAX does not support loss scaling (a LossScaleOptimizer, mixed_float16) yet: "
                 "it works with KERAS_BACKEND=tensorflow"
             )
+        self._epoch = None
+        if self.update_freq == "epoch":
+            steps = (self.params or {}).get("steps")
+            if not steps:
+                raise ValueError(
+                    "GradientLogger(update_freq='epoch') on JAX writes the last batch of each epoch, decided inside "
+                    "the compiled step: fit() must know the steps per epoch (pass steps_per_epoch=, or data of "
+                    "known length)"
+                )
+            self._epoch = (int(np.asarray(optimizer.iterations)), int(steps))
         tree = LayerTree(model)
         nodes = tree.select(self.layers)
         if self._writer is None or self._writer.closed or self._writer.run_dir != self.run_dir:
@@ -226,6 +242,7 @@ class GradientLogger(keras.callbacks.Callback):
                 [s.key for s in outputs],
                 [s.index for s in outputs],
                 [s.cotangent for s in outputs],
+                max_elements=self.max_elements,
             )
         ]
         if trace.target is not None and trace.target.value is not None:
@@ -240,6 +257,7 @@ class GradientLogger(keras.callbacks.Callback):
                     [s.key for s in seen],
                     [s.index for s in seen],
                     [s.value for s in seen],
+                    max_elements=self.max_elements,
                 )
             )
         if weights:
@@ -251,16 +269,24 @@ class GradientLogger(keras.callbacks.Callback):
                     [path for _, path, _ in rows],
                     [owner for _, _, owner in rows],
                     [grads[i] for i, _, _ in rows],
+                    max_elements=self.max_elements,
                 )
             )
-        write = step % self.update_freq == 0
+        write = self._logged(step)
         if self.on_nonfinite != "ignore":
             write = write | step_callback.nonfinite(groups)
         step_callback.emit(step, write, groups, self._on_host)
 
+    def _logged(self, step: Any) -> Any:
+        """Is `step` (a traced or a host number) on the schedule of `update_freq`?"""
+        if self._epoch is not None:
+            start, steps = self._epoch
+            return (step - start) % steps == 0
+        return step % self.update_freq == 0
+
     def _on_host(self, step: int, records: List[GroupStep]) -> None:
         """A written step arrives (on JAX's callback thread): queue it for the writer's thread."""
-        logged = step % self.update_freq == 0
+        logged = bool(self._logged(step))
         bad = any(r.group.source != metadata.SOURCE_WEIGHT and r.stats[:, 1:4].sum() > 0 for r in records)
         if bad and self._nonfinite is None:
             self._nonfinite = _origin(step, records, self.activations)

@@ -165,13 +165,73 @@ def test_raise_and_stop_act_after_the_first_nonfinite_step(logdir):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [{"timesteps": True}, {"per_example": True}, {"max_elements": 10}, {"update_freq": "epoch"},
-     {"targets": {"t": lambda y: y[:, 0]}}],
+    "kwargs, why",
+    [({"timesteps": True}, "lax.scan"), ({"per_example": True}, "vmap"),
+     ({"targets": {"t": lambda y: y[:, 0]}}, "backward pass")],
 )  # fmt: skip
-def test_what_is_not_yet_on_jax_is_refused_before_training(logdir, kwargs):
-    with pytest.raises(NotImplementedError, match="does not support .* yet .*KERAS_BACKEND=tensorflow"):
+def test_what_is_not_yet_on_jax_is_refused_before_training_saying_why(logdir, kwargs, why):
+    with pytest.raises(NotImplementedError, match=f"does not support .*{why}.*KERAS_BACKEND=tensorflow"):
         tb_layergrad.GradientLogger(logdir, **kwargs)
+
+
+def test_update_freq_epoch_writes_the_last_batch_of_each_epoch_across_fits(logdir):
+    x, y = _data()  # 4 batches an epoch
+    model = _model()
+    logger = tb_layergrad.GradientLogger(logdir, update_freq="epoch")
+    model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[logger])
+    model.fit(x[: 3 * BATCH], y[: 3 * BATCH], batch_size=BATCH, epochs=2, verbose=0, callbacks=[logger])
+    logger.close()
+    assert sorted({k[2] for k in _rows(logdir)}) == [4, 8, 12, 15, 18]
+
+    def batches():
+        while True:
+            yield x[:BATCH], y[:BATCH]
+
+    with pytest.raises(ValueError, match="steps per epoch"):
+        _model().fit(
+            batches(), epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir, update_freq="epoch")]
+        )
+
+
+def _bounded(g, max_elements):
+    """docs/FORMAT.md's `tensor` view, written out in numpy."""
+    g = np.asarray(g, np.float32)
+    g = g.reshape(1, -1) if g.ndim <= 1 else g.reshape(g.shape[0], -1)
+    stride = max(1, -(-g.shape[1] // max_elements))
+    g = g[:, ::stride]
+    return g[: min(g.shape[0], max(1, max_elements // g.shape[1]))]
+
+
+@pytest.mark.parametrize("max_elements", [3, 40])
+def test_max_elements_writes_the_bounded_raw_tensors(logdir, tolerances, max_elements):
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    from tb_layergrad import metadata
+
+    x, y = _data()
+    model = _model()
+    before = _weights(model)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(logdir, weights=True, activations=True, max_elements=max_elements)])  # fmt: skip
+    acc = event_accumulator.EventAccumulator(os.path.join(logdir, "train"), size_guidance={"tensors": 0})
+    acc.Reload()
+    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+    h1 = np.tanh(x[:BATCH].astype(np.float64) @ before[0] + before[1])
+    wanted = [("loss", "output", k, g) for k, g in outputs.items()] + [
+        ("loss", "weight", k, g) for k, g in weights.items()
+    ]
+    wanted.append(("forward", "activation", "mlp/h1", h1))
+    for target, source, layer, g in wanted:
+        events = acc.Tensors(metadata.make_tag(target, source, layer, metadata.KIND_TENSOR))
+        assert [e.step for e in events] == [1, 2, 3, 4], (source, layer)
+        got, want = tensor_util.make_ndarray(events[0].tensor_proto), _bounded(g, max_elements)
+        assert got.dtype == np.float32 and got.shape == want.shape and got.size <= max(max_elements, want.shape[1])
+        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * float(np.abs(g).max()) + 1e-7 * np.abs(want).max())
+    assert not [t for t in acc.Tags()["tensors"] if t.startswith("loss/target/") and t.endswith("/tensor")]
 
 
 def test_another_backend_is_refused_saying_what_works():
