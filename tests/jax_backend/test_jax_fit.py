@@ -45,9 +45,10 @@ def _weights(model):
     return [np.asarray(w) for w in model.get_weights()]
 
 
-def _reference(weights, x, y):
+def _reference(weights, x, y, of_output=None):
     """dL/d(each layer output) and dL/d(each weight) of the MLP written out in JAX: a zero added to each
-    output is differentiated (the total derivative through everything after it)."""
+    output is differentiated (the total derivative through everything after it). L is the mse loss, or
+    `of_output(out)` summed over the batch (a target)."""
     w1, b1, w2, b2, w3, b3 = [jnp.asarray(w) for w in weights]
 
     def loss(params, eps):
@@ -55,6 +56,8 @@ def _reference(weights, x, y):
         h1 = jnp.tanh(x @ w1 + b1) + eps[0]
         h2 = jax.nn.relu(h1 @ w2 + b2) + eps[1]
         out = h2 @ w3 + b3 + eps[2]
+        if of_output is not None:
+            return jnp.sum(of_output(out))
         return jnp.mean(jnp.mean((out - y) ** 2, axis=-1))
 
     eps = [jnp.zeros((len(x), HIDDEN)), jnp.zeros((len(x), HIDDEN)), jnp.zeros((len(x), 2))]
@@ -167,11 +170,47 @@ def test_raise_and_stop_act_after_the_first_nonfinite_step(logdir):
 @pytest.mark.parametrize(
     "kwargs, why",
     [({"timesteps": True}, "lax.scan"), ({"per_example": True}, "vmap"),
-     ({"targets": {"t": lambda y: y[:, 0]}}, "backward pass")],
+     ({"targets": {"penalty": "inputs"}}, "GradientTape")],
 )  # fmt: skip
 def test_what_is_not_yet_on_jax_is_refused_before_training_saying_why(logdir, kwargs, why):
     with pytest.raises(NotImplementedError, match=f"does not support .*{why}.*KERAS_BACKEND=tensorflow"):
         tb_layergrad.GradientLogger(logdir, **kwargs)
+
+
+def test_targets_are_the_pure_jax_reference_and_training_is_bitwise_unchanged(logdir, tolerances):
+    x, y = _data()
+    trained = []
+    for callbacks in ([], [tb_layergrad.GradientLogger(logdir, weights=True, update_freq=2,
+                                                       targets={"first": lambda y_pred: y_pred[:, 0]})]):  # fmt: skip
+        model = _model()
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        trained.append(_weights(model))
+    for a, b in zip(*trained):
+        np.testing.assert_array_equal(a, b)
+    # Step 2: the weights after one Adam update, as the model held them before its second batch.
+    model = _model()
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    value, outputs, weights = _reference(_weights(model), x[BATCH : 2 * BATCH], None, of_output=lambda o: o[:, 0])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH, HIDDEN, HIDDEN, BATCH]
+    )
+    frame = tb_layergrad.load(logdir)
+    first = {(r.source, r.layer, int(r.step)): r for r in frame[frame["target"] == "first"].itertuples()}
+    assert sorted({k[2] for k in first}) == [2, 4]
+    assert abs(first[("target", "first", 2)].mean - value) <= rtol * np.abs(value) + 1e-6
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            got, scale = first[(source, layer, 2)], float(np.abs(g).max())
+            assert got.elements == g.size, (source, layer)
+            for field, v in (("min", g.min()), ("max", g.max()), ("mean", g.mean())):
+                assert abs(getattr(got, field) - v) <= rtol * scale, (source, layer, field)
+    loss = frame[(frame["target"] == "loss") & (frame["source"] == "output") & (frame["layer"] == "mlp/out")]
+    assert sorted(loss["step"]) == [2, 4] and float(loss["norm"].iloc[0]) != first[("output", "mlp/out", 2)].norm
+
+    with pytest.raises(ValueError, match="one value per example"):
+        _model().fit(x, y, batch_size=BATCH, epochs=1, verbose=0,
+                     callbacks=[tb_layergrad.GradientLogger(logdir + "_bad", targets={"t": lambda y_pred: y_pred})])  # fmt: skip
 
 
 def test_update_freq_epoch_writes_the_last_batch_of_each_epoch_across_fits(logdir):
