@@ -168,6 +168,7 @@ class GradientLogger(keras.callbacks.Callback):
         self._pending = [] if _devices_of_the_step() > 1 else None
         tree = LayerTree(model)
         nodes = tree.select(self.layers)
+        _refuse_rematerialised_containers(tree, nodes)
         if self._writer is None or self._writer.closed or self._writer.run_dir != self.run_dir:
             self._writer = EventWriter(self.run_dir)
         iterations = [i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations]
@@ -427,6 +428,24 @@ class GradientLogger(keras.callbacks.Callback):
         model.make_train_function(force=True)
         if self._writer is not None:
             self._writer.flush()
+
+
+def _refuse_rematerialised_containers(tree: LayerTree, nodes: List[Any]) -> None:
+    """A model or sub-model built inside `keras.RematScope` runs its layers inside one `jax.checkpoint`, whose
+    backward pass is a trace of its own: their gradients cannot be handed out of it. Layers rematerialised one
+    by one are observed after their checkpoint (`layer_outputs`)."""
+    for container in tree.nodes:
+        mode = getattr(getattr(container.layer, "_remat_mode", None), "mode", None)
+        if mode in (None, "activations") or not container.children:
+            continue
+        inside = [n.path for n in nodes if n.path.startswith(container.path + "/")]
+        if inside:
+            raise NotImplementedError(
+                f"GradientLogger on JAX cannot observe {inside[0]}: {container.path!r} is rematerialised as a whole "
+                f"(keras.RematScope(mode={mode!r}) around the model), so its layers run inside one jax.checkpoint "
+                "whose backward pass their gradients cannot leave. Build the model outside the RematScope and its "
+                "layers inside it (each layer rematerialised on its own): that is observed, training unchanged."
+            )
 
 
 def _checked_targets(targets: Any) -> Dict[str, Callable]:

@@ -3,6 +3,7 @@ unchanged, the step the count of batches across fit() calls, and what is not yet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,17 +24,16 @@ def _data(n: int = 4 * BATCH):
     return rng.randn(n, FEATURES).astype(np.float32), rng.randn(n, 2).astype(np.float32)
 
 
-def _model(jit_compile=True, steps_per_execution=1, seed=11):
+def _model(jit_compile=True, steps_per_execution=1, seed=11, remat=None):
+    """The MLP; `remat`: a `keras.RematScope` its layers are built in (the model itself outside it)."""
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((FEATURES,)),
+    with remat or contextlib.nullcontext():
+        layers = [
             keras.layers.Dense(HIDDEN, activation="tanh", name="h1"),
             keras.layers.Dense(HIDDEN, activation="relu", name="h2"),
             keras.layers.Dense(2, name="out"),
-        ],
-        name="mlp",
-    )
+        ]
+    model = keras.Sequential([keras.Input((FEATURES,)), *layers], name="mlp")
     model.compile(
         optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
@@ -114,6 +114,43 @@ def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution)
         np.testing.assert_array_equal(a, b)
     assert trained[0][1] == trained[1][1]
     assert sorted({k[2] for k in _rows(logdir)}) == [2, 4, 6, 8, 10, 12]
+
+
+@pytest.mark.skipif(not hasattr(keras, "RematScope"), reason="this Keras has no RematScope (rematerialisation)")
+def test_rematerialised_layers_train_bitwise_unchanged_and_are_observed(logdir, tolerances):
+    """Keras' `RematScope(mode="full")`: each layer's call under `jax.checkpoint`, whose backward pass re-runs
+    the forward pass: the observing identity runs in both, and training is unchanged."""
+    x, y = _data()
+    trained = []
+    for callbacks in ([], [tb_layergrad.GradientLogger(logdir, weights=True, activations=True)]):
+        model = _model(remat=keras.RematScope(mode="full"))
+        before = _weights(model)
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        trained.append(_weights(model))
+    for a, b in zip(*trained):
+        np.testing.assert_array_equal(a, b)
+    rows = _rows(logdir)
+    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            assert abs(rows[(source, layer, 1)].norm - np.sqrt((g * g).sum())) <= rtol * np.abs(g).max() * np.sqrt(
+                g.size
+            ), (source, layer)
+    assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(not hasattr(keras, "RematScope"), reason="this Keras has no RematScope (rematerialisation)")
+def test_a_model_rematerialised_as_a_whole_is_refused_saying_what_works(logdir):
+    with keras.RematScope(mode="full"):
+        model = _model()
+    x, y = _data()
+    with pytest.raises(NotImplementedError, match="rematerialised as a whole.*layers inside it"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir)])
+    assert type(model.layers[0]) is keras.layers.Dense and "train_step" not in model.__dict__
 
 
 def test_the_step_is_the_batch_count_across_fits_and_the_model_is_restored(logdir):
