@@ -13,7 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_bench_run_smoke(tmp_path):
+    """A full run (tiny) over an existing report: every section it measures written anew, once; the sections other
+    commands write (the JAX fit, a long run) kept."""
     out = tmp_path / "PERFORMANCE.md"
+    others = ["### fit() on JAX: old figures", "", "| jax | 1 |", "", "### Long run: 5 steps", "", "| long | 2 |"]
+    out.write_text("\n".join(["# Performance", "", "### Custom training loop (tf.function step), old", "", *others]))
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--out", str(out)],
         capture_output=True,
@@ -29,11 +33,15 @@ def test_bench_run_smoke(tmp_path):
         "Tab latency",
         "Per-example gradient norms",
         "fit() with weights=True",
+        "Without the fused kernel",
     ):
         assert heading in text, heading
+    headings = [line for line in text.splitlines() if line.startswith("### ")]
+    assert len(headings) == len(set(headings)) and "### Custom training loop (tf.function step), old" not in headings
+    assert "\n".join(others) in text
     # Every measured cell is a number with a unit, not a placeholder.
     rows = [line for line in text.splitlines() if line.startswith("| mlp |") or line.startswith("| 3 x 4 x 20 |")]
-    assert len(rows) == 6, rows  # loop, fit(), fit() with weights=True, bytes, per-example, tab
+    assert len(rows) == 7, rows  # loop, fit(), fit() with weights=True, no kernel, bytes, per-example, tab
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         numbers = cells[2:] if "loader" in text and "load_fast" in row else cells[1:]
