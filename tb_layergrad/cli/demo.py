@@ -24,6 +24,11 @@ with `tb_layergrad.capture` + `tb_layergrad.summary.gradients`.
 Quick mode trains fewer steps (every behaviour still shows); `--serve` then starts
 TensorBoard on the logdir. Keras and TensorFlow are imported by the functions that train (here and in
 `demo_nan`, `demo_sweep`, `demo_fit`): the demo's plan and names cost no TensorFlow to import.
+
+On JAX (`KERAS_BACKEND=jax`) the same fit() runs train, written without TensorFlow; the runs whose training is
+TensorFlow's own (`TENSORFLOW_ONLY`: a custom loop and a step that differentiate with `tf.GradientTape`) are
+not trained, and the demo says why. What GradientLogger does not do on JAX yet is left out of a run there
+(`demo_fit.on_tensorflow`): the RNN runs' `timesteps`, the `mislabelled` run's `per_example`.
 """
 
 from __future__ import annotations
@@ -62,6 +67,11 @@ RUNS = (
     DemoRun("gan", "GAN: the discriminator wins, the generator's gradients vanish"),
 )
 RUN_NAMES = tuple(r.name for r in RUNS)
+#: The runs that differentiate with `tf.GradientTape` themselves, and so train on TensorFlow only.
+TENSORFLOW_ONLY = {
+    "seed_minimalrnn": "a custom training loop with tf.GradientTape",
+    "gan": "a train_step with tf.GradientTape",
+}
 
 MLP_DEPTH = 8  # hidden layers of the sigmoid / ReLU pair
 SEQ_LEN = 80  # timesteps of the long-range task
@@ -175,19 +185,20 @@ def _rnn_runs(logdir: str, steps: int) -> None:
             rnn = layers.SimpleRNN(32, name="rnn")
         model = keras.Sequential([keras.Input((SEQ_LEN, 1)), rnn, layers.Dense(1, name="out")], name=name)
         loss = keras.losses.BinaryCrossentropy(from_logits=True)
-        _fit(name, logdir, model, (x, y), steps, optimizer=keras.optimizers.Adam(0.003), loss=loss, timesteps=True)
+        optimizer = keras.optimizers.Adam(0.003)
+        _fit(name, logdir, model, (x, y), steps, optimizer=optimizer, loss=loss, timesteps=demo_fit.on_tensorflow())
 
 
 def forget_bias(value: float):
     """An LSTM bias initializer: `value` for the forget gate, 0 elsewhere (Keras' gate order i, f, c, o)."""
+    import keras
     import numpy as np
-    import tensorflow as tf
 
     def init(shape, dtype=None):
         units = shape[0] // 4
         bias = np.zeros(shape, np.float32)
         bias[units : 2 * units] = value
-        return tf.constant(bias, dtype=dtype or tf.float32)
+        return keras.ops.convert_to_tensor(bias, dtype=dtype or "float32")
 
     return init
 
@@ -277,7 +288,10 @@ def _mislabelled_run(logdir: str, steps: int) -> None:
     keras.utils.set_random_seed(4)
     hidden = [layers.Dense(32, activation="relu", name="dense_0"), layers.Dense(32, activation="relu", name="dense_1")]
     optimizer = keras.optimizers.Adam(0.01)
-    _fit_classifier("mislabelled", logdir, hidden, (x, y), steps, optimizer, batch=MISLABELLED_BATCH, per_example=True)
+    per_example = demo_fit.on_tensorflow()
+    _fit_classifier(
+        "mislabelled", logdir, hidden, (x, y), steps, optimizer, batch=MISLABELLED_BATCH, per_example=per_example
+    )
 
 
 def _clear_previous(logdir: str) -> int:
@@ -298,7 +312,9 @@ def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
         print(f"  (replacing the runs of an earlier demo in {logdir})")
     plan = Plan.for_mode(quick)
     keras.utils.set_random_seed(0)
-    _seed_run(logdir, plan.seed)
+    on_tf = demo_fit.on_tensorflow()
+    if on_tf:
+        _seed_run(logdir, plan.seed)
     _mlp_runs(logdir, plan.mlp)
     _rnn_runs(logdir, plan.rnn)
     _dead_run(logdir, plan.dead)
@@ -306,10 +322,15 @@ def run(logdir: str = DEFAULT_LOGDIR, quick: bool = False) -> List[str]:
     demo_nan.nan_pass_runs(logdir, plan.nan, _SHOWS)
     _explode_runs(logdir, plan.explode)
     _mislabelled_run(logdir, plan.mlp)
-    from tb_layergrad.cli import demo_gan  # imports Keras: only when the demo trains
+    if on_tf:
+        from tb_layergrad.cli import demo_gan  # imports TensorFlow: only when the demo trains on it
 
-    demo_gan.gan_run(logdir, plan.gan, _SHOWS)
-    return list(RUN_NAMES) + demo_sweep.sweep_runs(logdir, quick)
+        demo_gan.gan_run(logdir, plan.gan, _SHOWS)
+    else:
+        for name, why in TENSORFLOW_ONLY.items():
+            print(f"  {name:<17} not trained: it needs TensorFlow ({why}; KERAS_BACKEND=tensorflow)", flush=True)
+    trained = [name for name in RUN_NAMES if on_tf or name not in TENSORFLOW_ONLY]
+    return trained + demo_sweep.sweep_runs(logdir, quick)
 
 
 def serve(logdir: str, port: Optional[int] = None, host: str = "127.0.0.1", block: bool = True) -> Any:
@@ -336,7 +357,7 @@ def serve(logdir: str, port: Optional[int] = None, host: str = "127.0.0.1", bloc
 def main(logdir: str = DEFAULT_LOGDIR, quick: bool = False, do_serve: bool = False, port: Optional[int] = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     started = time.time()
-    count = len(RUNS) + len(demo_sweep.RUN_NAMES)
+    count = len(RUNS) + len(demo_sweep.RUN_NAMES) - (0 if demo_fit.on_tensorflow() else len(TENSORFLOW_ONLY))
     print(f"Training {count} demo runs{' (quick)' if quick else ''} on CPU into {os.path.abspath(logdir)}")
     print("  (the first step of each run builds its graph: a few seconds)", flush=True)
     runs = run(logdir, quick)

@@ -12,6 +12,7 @@ import sys
 import time
 
 import tb_layergrad
+from tb_layergrad import backend
 
 
 class Progress:
@@ -50,6 +51,11 @@ class Progress:
         self.stream.write(self._line() + "\n")
         self.stream.flush()
         return time.time() - self.started
+
+
+def on_tensorflow() -> bool:
+    """Does Keras train on TensorFlow here? Else on JAX, where the TensorFlow-only runs and options are left out."""
+    return backend.keras_backend() == "tensorflow"
 
 
 def progress_callback(progress: Progress):

@@ -19,10 +19,10 @@ NAN_EVERY = 5  # nan_forward, nan_backward: logged every 5 steps
 
 def naive_binary_crossentropy(y_true, p):
     """The textbook formula, without Keras' clipping: log(1 - p) is log(0) once p rounds to 1.0."""
-    import tensorflow as tf
+    from keras import ops
 
-    y_true = tf.reshape(tf.cast(y_true, p.dtype), tf.shape(p))
-    return -tf.reduce_mean(y_true * tf.math.log(p) + (1.0 - y_true) * tf.math.log(1.0 - p))
+    y_true = ops.reshape(ops.cast(y_true, p.dtype), ops.shape(p))
+    return -ops.mean(y_true * ops.log(p) + (1.0 - y_true) * ops.log(1.0 - p))
 
 
 def nan_log0_run(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
@@ -77,14 +77,13 @@ def nan_pass_runs(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
     non-finite step is written off the schedule.
     """
     import keras
-    import tensorflow as tf
-    from keras import layers
+    from keras import layers, ops
 
     forward = [
         layers.Dense(16, name="dense_0"),
         # Positive for small inputs (bias 2); a large input drives some below 0, and log is NaN there.
         layers.Dense(8, bias_initializer=keras.initializers.Constant(2.0), name="shift"),
-        layers.Lambda(tf.math.log, name="log_features"),
+        layers.Lambda(ops.log, name="log_features"),
     ]
     backward = [
         # Positive for small inputs (bias 1): the large input drives some to exactly 0 after the ReLU.
@@ -95,7 +94,7 @@ def nan_pass_runs(logdir: str, steps: int, shows: Mapping[str, str]) -> None:
             kernel_initializer=keras.initializers.Constant(0.1),
             name="dense_0",
         ),
-        layers.Lambda(tf.sqrt, name="sqrt_features"),  # sqrt(0) = 0, but its gradient there is infinite
+        layers.Lambda(ops.sqrt, name="sqrt_features"),  # sqrt(0) = 0, but its gradient there is infinite
     ]
     for name, stack, bad_step, scale, seed in (
         ("nan_forward", forward, NAN_FORWARD_STEP, 50.0, 5),

@@ -8,7 +8,8 @@ first layers' gradient vanishes at every learning rate, with ReLU at none: the a
 not the learning rate.
 
 Eager and short: the sweep must add little to the demo's time (fits of this size trace longer than
-they train).
+they train). On JAX, where `hp.KerasCallback` cannot run (it writes with TensorFlow), `HParamsWriter` writes the
+same session record (`hp.hparams_pb`) with TensorBoard's TensorFlow-free event writer.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import glob
 import itertools
 import os
+import time
 from typing import List
 
 from tb_layergrad.cli import demo_fit
@@ -47,6 +49,28 @@ def _clear_previous(logdir: str) -> None:
             os.remove(path)
 
 
+def hparams_callback(run_dir: str, values: dict):
+    """`hp.KerasCallback(run_dir, values)` on TensorFlow; on JAX a callback that writes the same record."""
+    import keras
+
+    if demo_fit.on_tensorflow():
+        from tensorboard.plugins.hparams import api as hp
+
+        return hp.KerasCallback(run_dir, values)
+
+    class HParamsWriter(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            from tensorboard.compat.proto import event_pb2
+            from tensorboard.plugins.hparams import summary_v2
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            writer = EventFileWriter(run_dir)
+            writer.add_event(event_pb2.Event(step=0, wall_time=time.time(), summary=summary_v2.hparams_pb(values)))
+            writer.close()
+
+    return HParamsWriter()
+
+
 def sweep_runs(logdir: str, quick: bool) -> List[str]:
     """Train the six trials into `logdir/sweep/...`; returns their run names.
 
@@ -64,7 +88,6 @@ def sweep_runs(logdir: str, quick: bool) -> List[str]:
     """
     import keras
     import numpy as np
-    from tensorboard.plugins.hparams import api as hp
 
     import tb_layergrad
 
@@ -91,7 +114,7 @@ def sweep_runs(logdir: str, quick: bool) -> List[str]:
             shuffle=False,
             verbose=0,
             callbacks=[
-                hp.KerasCallback(run_dir, {"learning_rate": lr, "activation": activation}),
+                hparams_callback(run_dir, {"learning_rate": lr, "activation": activation}),
                 tb_layergrad.GradientLogger(run_dir),
                 demo_fit.progress_callback(progress),
             ],

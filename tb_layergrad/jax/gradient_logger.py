@@ -9,12 +9,14 @@ step's records are reduced and handed out (`step_callback`), once the backward p
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
 import jax
 import jax.numpy as jnp
 import keras
+import numpy as np
 
 from tb_layergrad import logger_arguments, metadata, nonfinite_origin
 from tb_layergrad.capturing.layer_tree import LayerTree
@@ -24,12 +26,14 @@ from tb_layergrad.jax.step_trace import StepTrace
 from tb_layergrad.writer.event_writer import EventWriter
 from tb_layergrad.writer.step_records import GroupStep
 
-#: The arguments of TensorFlow's `GradientLogger` that the JAX one does not implement yet, and their defaults.
+#: The arguments of TensorFlow's `GradientLogger` that the JAX one does not implement yet, their defaults, and why.
 NOT_YET_ON_JAX = {
-    "timesteps": False,
-    "targets": None,
-    "per_example": False,
-    "max_elements": 0,
+    "timesteps": (
+        False,
+        "Keras' RNN layers run their cell inside a `lax.scan` on JAX, where dL/dh_t needs a perturbation threaded "
+        "through the scan's carry; not built yet",
+    ),
+    "per_example": (False, "per-example norms (a vmap of the layers' gradients); not built yet"),
 }
 _MISSING = object()
 
@@ -44,8 +48,8 @@ class GradientLogger(keras.callbacks.Callback):
     unchanged. Every step is checked for a NaN/Inf (loss, output gradients, activations when recorded): the
     first step with one is written in full, and where it was born is `self.nonfinite`.
 
-    Not yet on JAX (refused before training, docs/FIT.md "On JAX"): `timesteps`, `targets`, `per_example`,
-    `max_elements`, `update_freq="epoch"`, loss scaling (mixed float16).
+    Not yet on JAX (refused before training, saying why; docs/FIT.md "On JAX"): `timesteps`, `per_example`,
+    loss scaling (mixed float16).
 
     Example:
 
@@ -63,10 +67,14 @@ class GradientLogger(keras.callbacks.Callback):
         log_dir: the directory of the TensorBoard logs (records go to `log_dir/train`), or a
             `keras.callbacks.TensorBoard` callback whose `log_dir` to follow.
         layers: `None` for every layer, or layer names, full paths, glob patterns or `Layer` objects.
-        update_freq: `"batch"` or an integer N: log every N-th batch trained (step % N == 0).
+        update_freq: `"batch"` or an integer N: log every N-th batch trained (step % N == 0); `"epoch"`: the last
+            batch of each epoch (fit() must know the steps per epoch).
         weights: also log d(loss)/d(weight) for the weights of the chosen layers.
         activations: also log the layer outputs themselves (source "activation").
-        timesteps, targets, per_example, max_elements: not yet on JAX; only their defaults are accepted.
+        max_elements: when > 0, also log each raw tensor, bounded to this many elements (kind `tensor`).
+        targets: `{name: fn(y_pred)}`, one value per example (or a scalar): the sum over the batch is
+            differentiated by its own backward pass of the step's forward pass, on written steps only.
+        timesteps, per_example: not yet on JAX; only their defaults are accepted.
         on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go on), "stop" (write it, print
             where it was born, end fit() after that step), "raise" (write it, raise
             `tb_layergrad.NonFiniteError`), or "ignore" (no check at every step). "stop" and "raise" wait
@@ -93,15 +101,13 @@ class GradientLogger(keras.callbacks.Callback):
         on_nonfinite: str = "log",
     ):
         super().__init__()
-        given = {"timesteps": timesteps, "targets": targets, "per_example": per_example, "max_elements": max_elements}
-        refused = [f"{name}={value!r}" for name, value in given.items() if value not in (NOT_YET_ON_JAX[name], None)]
-        if update_freq == "epoch":
-            refused.append("update_freq='epoch'")
+        given = {"timesteps": timesteps, "per_example": per_example}
+        refused = [(name, value) for name, value in given.items() if value not in (NOT_YET_ON_JAX[name][0], None)]
         if refused:
+            why = "; ".join(f"{name}={value!r}: {NOT_YET_ON_JAX[name][1]}" for name, value in refused)
             raise NotImplementedError(
-                f"GradientLogger on JAX does not support {', '.join(refused)} yet (they work with "
-                "KERAS_BACKEND=tensorflow). On JAX: layers, update_freq=N, weights, activations, on_nonfinite "
-                '(docs/FIT.md, "On JAX").'
+                f"GradientLogger on JAX does not support {why}. They work with KERAS_BACKEND=tensorflow. On JAX: "
+                'layers, update_freq, weights, activations, max_elements, targets, on_nonfinite (docs/FIT.md, "On JAX").'
             )
         self.on_nonfinite = logger_arguments.on_nonfinite(on_nonfinite)
         update_freq = logger_arguments.update_freq(update_freq)
@@ -110,6 +116,11 @@ class GradientLogger(keras.callbacks.Callback):
         self.update_freq = update_freq
         self.weights = bool(weights)
         self.activations = bool(activations)
+        self.max_elements = logger_arguments.max_elements(max_elements)
+        self.targets = _checked_targets(targets)
+        self._epoch: Optional[tuple] = None  # update_freq="epoch": (batch count before this fit(), steps per epoch)
+        self._pending: Optional[List[tuple]] = None  # several devices: (step, records) as they arrive, unordered
+        self._pending_lock = threading.Lock()
         self._writer: Optional[EventWriter] = None
         self._trace: Optional[StepTrace] = None
         self._installed: Optional[Dict[str, Any]] = None
@@ -144,8 +155,20 @@ class GradientLogger(keras.callbacks.Callback):
                 "GradientLogger on JAX does not support loss scaling (a LossScaleOptimizer, mixed_float16) yet: "
                 "it works with KERAS_BACKEND=tensorflow"
             )
+        self._epoch = None
+        if self.update_freq == "epoch":
+            steps = (self.params or {}).get("steps")
+            if not steps:
+                raise ValueError(
+                    "GradientLogger(update_freq='epoch') on JAX writes the last batch of each epoch, decided inside "
+                    "the compiled step: fit() must know the steps per epoch (pass steps_per_epoch=, or data of "
+                    "known length)"
+                )
+            self._epoch = (int(np.asarray(optimizer.iterations)), int(steps))
+        self._pending = [] if _devices_of_the_step() > 1 else None
         tree = LayerTree(model)
         nodes = tree.select(self.layers)
+        _refuse_rematerialised_containers(tree, nodes)
         if self._writer is None or self._writer.closed or self._writer.run_dir != self.run_dir:
             self._writer = EventWriter(self.run_dir)
         iterations = [i for i, v in enumerate(optimizer.variables) if v is optimizer.iterations]
@@ -164,6 +187,7 @@ class GradientLogger(keras.callbacks.Callback):
 
         def train_step(state: Any, data: Any) -> Any:
             trace, self._trace = StepTrace(), None
+            trace.inputs = (state, data)
             self._trace = trace
             try:
                 return step_fn(state, data)
@@ -188,7 +212,11 @@ class GradientLogger(keras.callbacks.Callback):
             if trace is not None and iterations:
                 trace.applied = True
                 step = jnp.asarray(optimizer_variables[iterations[0]]).astype(jnp.int32) + 1
-                self._emit(trace, step, list(grads), weights if len(grads) == trainable else {})
+                every = len(grads) == trainable
+                more = (
+                    (lambda: self._target_groups(trace, model, list(trainable_variables), weights)) if every else list
+                )
+                self._emit(trace, step, list(grads), weights if every else {}, more)
             return apply_fn(optimizer_variables, grads, trainable_variables)
 
         try:
@@ -217,7 +245,62 @@ class GradientLogger(keras.callbacks.Callback):
                 rows[i] = (path, owner.index)
         return rows
 
-    def _emit(self, trace: StepTrace, step: jax.Array, grads: List[Any], weights: Dict[int, tuple]) -> None:
+    def _target_groups(
+        self, trace: StepTrace, model: Any, trainable: List[Any], weights: Dict[int, tuple]
+    ) -> List[step_callback.Group]:
+        """Each of `targets`: its own backward pass of the step's forward pass (the same weights, state and
+        batch, so the same dropout masks), traced on the written steps only; its groups as the loss's."""
+        if not self.targets or trace.inputs is None:
+            return []
+        state, data = trace.inputs
+        x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
+        non_trainable = state[1]
+        groups: List[step_callback.Group] = []
+        for name, fn in self.targets.items():
+            seen = StepTrace()
+
+            def value_of(variables: List[Any], fn: Callable = fn, seen: StepTrace = seen) -> Any:
+                outer, self._trace = self._trace, seen
+                try:
+                    y_pred, _ = model.stateless_call(variables, non_trainable, x, training=True)
+                finally:
+                    self._trace = outer
+                return jnp.sum(_one_per_example(name, fn(y_pred), y_pred))
+
+            value, grads = jax.value_and_grad(value_of)(trainable)
+            outputs = [s for s in seen.outputs() if s.cotangent is not None]
+            groups.append(
+                step_callback.Group(
+                    name,
+                    metadata.SOURCE_OUTPUT,
+                    [s.key for s in outputs],
+                    [s.index for s in outputs],
+                    [s.cotangent for s in outputs],
+                    max_elements=self.max_elements,
+                )
+            )
+            rows = [(i, path, owner) for i, (path, owner) in sorted(weights.items())]
+            groups.append(
+                step_callback.Group(
+                    name,
+                    metadata.SOURCE_WEIGHT,
+                    [path for _, path, _ in rows],
+                    [owner for _, _, owner in rows],
+                    [grads[i] for i, _, _ in rows],
+                    max_elements=self.max_elements,
+                )
+            )
+            groups.append(step_callback.Group(name, metadata.SOURCE_TARGET, [name], [-1], [value], histogram=False))
+        return groups
+
+    def _emit(
+        self,
+        trace: StepTrace,
+        step: jax.Array,
+        grads: List[Any],
+        weights: Dict[int, tuple],
+        more: Callable[[], List[step_callback.Group]] = list,
+    ) -> None:
         outputs = [s for s in trace.outputs() if s.cotangent is not None]
         groups = [
             step_callback.Group(
@@ -226,6 +309,7 @@ class GradientLogger(keras.callbacks.Callback):
                 [s.key for s in outputs],
                 [s.index for s in outputs],
                 [s.cotangent for s in outputs],
+                max_elements=self.max_elements,
             )
         ]
         if trace.target is not None and trace.target.value is not None:
@@ -240,6 +324,7 @@ class GradientLogger(keras.callbacks.Callback):
                     [s.key for s in seen],
                     [s.index for s in seen],
                     [s.value for s in seen],
+                    max_elements=self.max_elements,
                 )
             )
         if weights:
@@ -251,16 +336,43 @@ class GradientLogger(keras.callbacks.Callback):
                     [path for _, path, _ in rows],
                     [owner for _, _, owner in rows],
                     [grads[i] for i, _, _ in rows],
+                    max_elements=self.max_elements,
                 )
             )
-        write = step % self.update_freq == 0
+        write = self._logged(step)
         if self.on_nonfinite != "ignore":
             write = write | step_callback.nonfinite(groups)
-        step_callback.emit(step, write, groups, self._on_host)
+        step_callback.emit(step, write, groups, self._on_host, ordered=self._pending is None, more=more)
+
+    def _logged(self, step: Any) -> Any:
+        """Is `step` (a traced or a host number) on the schedule of `update_freq`?"""
+        if self._epoch is not None:
+            start, steps = self._epoch
+            return (step - start) % steps == 0
+        return step % self.update_freq == 0
 
     def _on_host(self, step: int, records: List[GroupStep]) -> None:
-        """A written step arrives (on JAX's callback thread): queue it for the writer's thread."""
-        logged = step % self.update_freq == 0
+        """A written step arrives (on JAX's callback thread): queue it for the writer's thread, or, where the
+        steps arrive unordered (several devices), keep it until `_drain` puts them in order."""
+        pending = self._pending
+        if pending is not None:
+            with self._pending_lock:
+                pending.append((step, records))
+            return
+        self._take(step, records)
+
+    def _drain(self) -> None:
+        """Every step's callback has run: take the kept steps, in step order."""
+        jax.effects_barrier()
+        if self._pending is None:
+            return
+        with self._pending_lock:
+            pending, self._pending[:] = sorted(self._pending, key=lambda item: item[0]), []
+        for step, records in pending:
+            self._take(step, records)
+
+    def _take(self, step: int, records: List[GroupStep]) -> None:
+        logged = bool(self._logged(step))
         bad = any(r.group.source != metadata.SOURCE_WEIGHT and r.stats[:, 1:4].sum() > 0 for r in records)
         if bad and self._nonfinite is None:
             self._nonfinite = _origin(step, records, self.activations)
@@ -273,7 +385,7 @@ class GradientLogger(keras.callbacks.Callback):
         """ "stop" and "raise" act after the step with the first NaN/Inf: its callback must have run by now."""
         if self.on_nonfinite not in ("stop", "raise") or self._installed is None or self._acted:
             return
-        jax.effects_barrier()
+        self._drain()
         if self._nonfinite is None:
             return
         self._acted = True
@@ -285,7 +397,7 @@ class GradientLogger(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
         if self._writer is not None:
-            jax.effects_barrier()
+            self._drain()
             self._writer.flush()
 
     def on_train_end(self, logs: Any = None) -> None:
@@ -305,7 +417,7 @@ class GradientLogger(keras.callbacks.Callback):
         installed, self._installed = self._installed, None
         if installed is None:
             return
-        jax.effects_barrier()  # every step's callback has run: nothing arrives after the flush
+        self._drain()  # every step's callback has run: nothing arrives after the flush
         model, optimizer, saved = installed["model"], installed["optimizer"], installed["saved"]
         installed["outputs"].restore()
         for owner, name in ((model, "train_step"), (model, "stateless_compute_loss"), (optimizer, "stateless_apply")):
@@ -316,6 +428,67 @@ class GradientLogger(keras.callbacks.Callback):
         model.make_train_function(force=True)
         if self._writer is not None:
             self._writer.flush()
+
+
+def _refuse_rematerialised_containers(tree: LayerTree, nodes: List[Any]) -> None:
+    """A model or sub-model built inside `keras.RematScope` runs its layers inside one `jax.checkpoint`, whose
+    backward pass is a trace of its own: their gradients cannot be handed out of it. Layers rematerialised one
+    by one are observed after their checkpoint (`layer_outputs`)."""
+    for container in tree.nodes:
+        mode = getattr(getattr(container.layer, "_remat_mode", None), "mode", None)
+        if mode in (None, "activations") or not container.children:
+            continue
+        inside = [n.path for n in nodes if n.path.startswith(container.path + "/")]
+        if inside:
+            raise NotImplementedError(
+                f"GradientLogger on JAX cannot observe {inside[0]}: {container.path!r} is rematerialised as a whole "
+                f"(keras.RematScope(mode={mode!r}) around the model), so its layers run inside one jax.checkpoint "
+                "whose backward pass their gradients cannot leave. Build the model outside the RematScope and its "
+                "layers inside it (each layer rematerialised on its own): that is observed, training unchanged."
+            )
+
+
+def _checked_targets(targets: Any) -> Dict[str, Callable]:
+    """{name: fn(y_pred)}, each a function (the TensorFlow room's "inputs" needs a tape; refused, saying so)."""
+    if targets is None:
+        return {}
+    if not isinstance(targets, Mapping):
+        raise TypeError(f"targets must be a dict {{name: fn(y_pred)}}, got {type(targets).__name__}")
+    out = {}
+    for name, fn in targets.items():
+        if not isinstance(name, str) or not name or name in (metadata.DEFAULT_TARGET, metadata.ACTIVATION_TARGET):
+            raise ValueError(
+                f"a target's name must be a non-empty string other than 'loss' and 'forward', got {name!r}"
+            )
+        if not callable(fn):
+            raise NotImplementedError(
+                f"GradientLogger on JAX does not support targets={{{name!r}: {fn!r}}}: on JAX a target is a function "
+                "of the model's prediction (a `tf.GradientTape` w.r.t. inputs, 'inputs', works with "
+                "KERAS_BACKEND=tensorflow)"
+            )
+        out[name] = fn
+    return out
+
+
+def _one_per_example(name: str, value: Any, y_pred: Any) -> Any:
+    """`value` if it is one value per example ([batch] or [batch, 1]) or a scalar; else a ValueError (traced,
+    before any update)."""
+    value = jnp.asarray(value)
+    leaves = jax.tree_util.tree_leaves(y_pred)
+    batch = leaves[0].shape[0] if leaves and leaves[0].ndim else None
+    if value.ndim == 0 or value.shape in ((batch,), (batch, 1)):
+        return value
+    raise ValueError(
+        f"target {name!r} must give one value per example ([batch] or [batch, 1]) or a scalar; it gives shape "
+        f"{tuple(value.shape)} for a batch of {batch}"
+    )
+
+
+def _devices_of_the_step() -> int:
+    """How many devices Keras' step runs on: those of the distribution set (`keras.distribution`), else one."""
+    distribution = keras.distribution.distribution()
+    mesh = getattr(distribution, "device_mesh", None)
+    return int(np.prod(mesh.shape)) if mesh is not None else 1
 
 
 def _origin(step: int, records: List[GroupStep], activations: bool) -> Optional[nonfinite_origin.Origin]:

@@ -2,7 +2,9 @@
 
 Why a subclass of the instance's own class and not an attribute on the instance: Keras' JAX layers may run
 their call under `jax.checkpoint` (rematerialisation), where a bound function stored on the instance keeps
-values of the inner trace alive past it; a class attribute is looked up afresh. Only while a `StepTrace` is
+values of the inner trace alive past it; a class attribute is looked up afresh. The subclass also puts the
+observation after the checkpoint (`rematerialized_call`): inside it, the value and cotangent would belong to
+the checkpoint's own trace and leak out of it. Only while a `StepTrace` is
 open (the train step being traced) is anything observed: evaluation and prediction call the real `call`.
 """
 
@@ -31,9 +33,7 @@ class LayerOutputs:
         cls = type(layer)
         original = cls.call
 
-        @functools.wraps(original)
-        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
-            out = original(self, *args, **kwargs)
+        def observe(out: Any) -> Any:
             trace = current()
             if trace is None:
                 return out
@@ -50,7 +50,24 @@ class LayerOutputs:
                 observed.append(trace.observe(key, node.index, leaf))
             return jax.tree_util.tree_unflatten(treedef, observed)
 
-        layer.__class__ = type(cls.__name__, (cls,), {"call": call, "__module__": cls.__module__})
+        @functools.wraps(original)
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return observe(original(self, *args, **kwargs))
+
+        attributes = {"call": call, "__module__": cls.__module__}
+        if hasattr(cls, "rematerialized_call"):
+            base_remat = cls.rematerialized_call
+
+            def rematerialized_call(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+                """Rematerialised (`keras.RematScope`): the layer's own call goes under `jax.checkpoint`, the
+                observation after it, where its value and cotangent are the step's, not the checkpoint's."""
+                if getattr(fn, "__func__", None) is not call:
+                    return base_remat(self, fn, *args, **kwargs)
+                inner = base_remat(self, functools.partial(original, self), *args, **kwargs)
+                return lambda *a, **k: observe(inner(*a, **k))
+
+            attributes["rematerialized_call"] = rematerialized_call
+        layer.__class__ = type(cls.__name__, (cls,), attributes)
 
         def restore() -> None:
             layer.__class__ = cls

@@ -4,7 +4,9 @@ Why a second implementation: the records must be reduced where the gradients are
 to the host costs a copy of each), and TensorFlow is not there. It is the general (masked) path of the
 TensorFlow reference, operation for operation: counts exact, non-finite elements counted and never bucketed,
 moments of x / 2**e (no overflow or underflow), subnormals counted as zero, buckets settled against the
-float64 edges every writer computes (`metadata.histogram_edges`), so the counts are the reference's. Float64
+float64 edges every writer computes (`metadata.histogram_edges`), so the counts are the reference's. The sums of
+the moments accumulate in float64 (each term rounded in the tensor's dtype, as the reference's): within the
+reference's float32 bound, and one variadic reduce per pass over the tensor. Float64
 is switched on for these operations only (`jax.enable_x64`), never for the model's.
 """
 
@@ -45,32 +47,44 @@ def records(tensors: Sequence[jax.Array], buckets: int = 30) -> Tuple[jax.Array,
         return jnp.stack([s for s, _ in each]), jnp.stack([c for _, c in each])
 
 
-def _count(mask: jax.Array) -> jax.Array:
-    acc = jnp.int32 if mask.size < 2**31 else jnp.int64
-    return jnp.sum(mask, dtype=acc).astype(jnp.float64)
-
-
 def _one(x: jax.Array, k: int) -> Tuple[jax.Array, jax.Array]:
     dt = compute_dtype(x.dtype)
     x = x.astype(dt).reshape(-1)
     tiny = jnp.asarray(_SMALLEST_NORMAL[dt], dt)
+    acc = jnp.int32 if x.size < 2**31 else jnp.int64
+    inf, zero = jnp.asarray(jnp.inf, dt), jnp.zeros([], dt)
     finite = jnp.isfinite(x)
-    zero = jnp.abs(x) < tiny
-    n_finite = _count(finite)
-    lo = jnp.min(jnp.where(finite, x, jnp.asarray(jnp.inf, dt)), initial=jnp.asarray(jnp.inf, dt))
-    hi = jnp.max(jnp.where(finite, x, jnp.asarray(-jnp.inf, dt)), initial=jnp.asarray(-jnp.inf, dt))
+    zero_mask = jnp.abs(x) < tiny
+    # Each pass is ONE variadic reduce: XLA's CPU backend gives separate sibling reductions a loop each, each
+    # reading the tensor again, which costs more than the arithmetic.
+    n_finite, nan, pos_inf, neg_inf, zeros, lo, hi = jax.lax.reduce(
+        (finite.astype(acc), jnp.isnan(x).astype(acc), (x == inf).astype(acc), (x == -inf).astype(acc),
+         zero_mask.astype(acc), jnp.where(finite, x, inf), jnp.where(finite, x, -inf)),
+        (acc(0), acc(0), acc(0), acc(0), acc(0), inf, -inf),
+        lambda a, b: (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4],
+                      jnp.minimum(a[5], b[5]), jnp.maximum(a[6], b[6])),
+        (0,),
+    )  # fmt: skip
+    n_finite = n_finite.astype(jnp.float64)
     has_finite = n_finite > 0
-    lo = _flush(jnp.where(has_finite, lo, jnp.zeros([], dt)), tiny)
-    hi = _flush(jnp.where(has_finite, hi, jnp.zeros([], dt)), tiny)
+    lo = _flush(jnp.where(has_finite, lo, zero), tiny)
+    hi = _flush(jnp.where(has_finite, hi, zero), tiny)
     scale = _pow2_scale(jnp.maximum(jnp.abs(lo), jnp.abs(hi)))
     scale64 = scale.astype(jnp.float64)
-    xs = jnp.where(finite & ~zero, x / scale, jnp.zeros([], dt))
+    xs = jnp.where(finite & ~zero_mask, x / scale, zero)
+    # Accumulated in float64: a variadic reduce adds in one sequential order per thread, where float32 would lose
+    # digits that a single reduction's tree order keeps; each square is still rounded in the tensor's dtype.
+    w, z64 = xs.astype(jnp.float64), jnp.zeros([], jnp.float64)
+    total, squares, absolute = jax.lax.reduce(
+        (w, (xs * xs).astype(jnp.float64), jnp.abs(w)), (z64, z64, z64),
+        lambda a, b: (a[0] + b[0], a[1] + b[1], a[2] + b[2]), (0,),
+    )  # fmt: skip
     n_div = jnp.maximum(n_finite.astype(dt), jnp.ones([], dt))
-    mean = jnp.sum(xs) / n_div
-    centered = jnp.where(finite, xs - mean, jnp.zeros([], dt))
+    mean = total.astype(dt) / n_div
+    centered = jnp.where(finite, xs - mean, zero)
     var = jnp.sum(centered * centered) / n_div
-    norm = jnp.sqrt(jnp.sum(xs * xs)).astype(jnp.float64) * scale64
-    mean_abs = jnp.sum(jnp.abs(xs)) / n_div
+    norm = jnp.sqrt(squares.astype(dt)).astype(jnp.float64) * scale64
+    mean_abs = absolute.astype(dt) / n_div
 
     def defined(v: jax.Array, scaled: bool = False) -> jax.Array:
         v = v.astype(jnp.float64) * scale64 if scaled else v.astype(jnp.float64)
@@ -79,10 +93,10 @@ def _one(x: jax.Array, k: int) -> Tuple[jax.Array, jax.Array]:
     stats = jnp.stack(
         metadata.stat_values(
             elements=jnp.asarray(float(x.size), jnp.float64),
-            nan=_count(jnp.isnan(x)),
-            pos_inf=_count(x == jnp.inf),
-            neg_inf=_count(x == -jnp.inf),
-            zeros=_count(zero),
+            nan=nan.astype(jnp.float64),
+            pos_inf=pos_inf.astype(jnp.float64),
+            neg_inf=neg_inf.astype(jnp.float64),
+            zeros=zeros.astype(jnp.float64),
             min=defined(lo),
             max=defined(hi),
             mean=defined(mean, scaled=True),

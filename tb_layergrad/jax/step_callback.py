@@ -2,7 +2,9 @@
 
 Why one callback per step: each host callback has a fixed cost of the order of a millisecond, which a callback
 per tensor or per layer pays many times over (docs/PERFORMANCE.md); all groups' arrays travel together, and
-`ordered=True` keeps the steps in order. Why behind a `lax.cond`: a step that is not written reduces nothing.
+`ordered=True` keeps the steps in order. JAX runs ordered effects on one device only: a step sharded over several
+(`keras.distribution`) hands its records out unordered, and the logger puts them in step order on the host.
+Why behind a `lax.cond`: a step that is not written reduces nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Group:
     indexes: List[int]
     tensors: List[Any]
     histogram: bool = True
+    max_elements: int = 0  # > 0: also each tensor's bounded raw view (kind `tensor`)
 
     def info(self) -> metadata.GroupInfo:
         return metadata.GroupInfo(
@@ -56,28 +59,63 @@ def nonfinite(groups: Sequence[Group]) -> jax.Array:
     return jnp.any(jnp.stack(flags)) if flags else jnp.asarray(False)
 
 
-def emit(step: jax.Array, write: jax.Array, groups: Sequence[Group], host: Callable[..., None]) -> None:
-    """When `write` holds, reduce every group and call `host(step, [GroupStep...])` once, in step order."""
-    groups = [g for g in groups if g.tensors]
-    infos = [g.info() for g in groups]
+def bounded(x: Any, max_elements: int) -> jax.Array:
+    """float32 [rows, cols]: the deterministic bounded view of docs/FORMAT.md's `tensor` record.
 
-    def on_host(step_value: Any, *arrays: Any) -> None:
-        records = [
-            GroupStep(info, np.asarray(arrays[2 * i]), np.asarray(arrays[2 * i + 1]) if g.histogram else None)
-            for i, (info, g) in enumerate(zip(infos, groups))
-        ]
-        host(int(np.asarray(step_value)), records)
+    `x` seen as [shape[0], prod(shape[1:])] (a scalar or vector as one row); whole rows from the top while
+    `rows * cols <= max_elements` (at least one); a row longer than that alone strided by the smallest `s` that
+    fits (columns 0, s, 2s, ...). Shapes are static here, so it is slicing only.
+    """
+    x = jnp.asarray(x, jnp.float32)
+    x = x.reshape(1, -1) if x.ndim <= 1 else x.reshape(x.shape[0], -1)
+    rows, cols = x.shape
+    stride = max(1, -(-cols // max_elements))
+    x = x[:, ::stride]
+    keep = min(rows, max(1, max_elements // max(x.shape[1], 1)))
+    return x[:keep]
+
+
+def emit(
+    step: jax.Array,
+    write: jax.Array,
+    groups: Sequence[Group],
+    host: Callable[..., None],
+    ordered: bool = True,
+    more: Callable[[], List[Group]] = list,
+) -> None:
+    """When `write` holds, reduce every group and call `host(step, [GroupStep...])` once (in step order if
+    `ordered`). `more()` traces further groups on the written steps only (the targets' own passes)."""
 
     def reduce_and_send() -> None:
+        todo = [g for g in [*groups, *more()] if g.tensors]
+        infos = [g.info() for g in todo]
+
+        def on_host(step_value: Any, *arrays: Any) -> None:
+            records, at = [], 0
+            for info, g in zip(infos, todo):
+                raws = len(g.tensors) if g.max_elements > 0 else 0
+                stats, counts, raw = arrays[at], arrays[at + 1], arrays[at + 2 : at + 2 + raws]
+                at += 2 + raws
+                records.append(
+                    GroupStep(
+                        info,
+                        np.asarray(stats),
+                        np.asarray(counts) if g.histogram else None,
+                        [np.asarray(r) for r in raw] if raws else None,
+                    )
+                )
+            host(int(np.asarray(step_value)), records)
+
         with jax.enable_x64(True):
             arrays: List[Any] = []
-            for g in groups:
+            for g in todo:
                 stats, counts = _records(g.tensors)
                 arrays += [stats, counts]
-            jax.debug.callback(on_host, step, *arrays, ordered=True)
+                if g.max_elements > 0:
+                    arrays += [bounded(t, g.max_elements) for t in g.tensors]
+            if todo:
+                jax.debug.callback(on_host, step, *arrays, ordered=ordered)
 
-    if not groups:
-        return
     if isinstance(write, jax.core.Tracer):
         jax.lax.cond(write, reduce_and_send, lambda: None)
     elif bool(write):  # an eager step (jit_compile=False): a cond here would be compiled anew at every step

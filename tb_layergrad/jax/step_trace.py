@@ -33,6 +33,7 @@ class StepTrace:
         self._calls: Dict[str, int] = {}
         self.target: Optional[Seen] = None
         self.applied = False  # has the optimizer applied this step's gradients (the records handed out)?
+        self.inputs: Any = None  # (state, data) the train step received: what a target's own pass re-runs
 
     def call_number(self, path: str) -> int:
         """1 for a layer's first call in this step, 2 for its second (`path#2`), ..."""

@@ -27,6 +27,7 @@ class GroupStep:
     group: metadata.GroupInfo  # of kind `stats`; the other kinds are derived from it
     stats: np.ndarray  # float64 [L, len(STAT_FIELDS)]
     counts: "np.ndarray | None"  # [L, k], any integer or float dtype holding whole numbers
+    raw: "Sequence[np.ndarray] | None" = None  # one bounded float32 [rows, cols] view per layer (kind `tensor`)
 
 
 class StepRecords:
@@ -53,6 +54,8 @@ class StepRecords:
                         g.group.with_kind(metadata.KIND_HISTOGRAM), step, counts.astype(metadata.count_dtype(top))
                     )
                 )
+            for layer, index, dtype, tensor in zip(g.group.layers, g.group.indexes, g.group.dtypes, g.raw or ()):
+                out.append(self._raw(g.group, layer, index, dtype, step, tensor))
             rows = self._nonfinite_rows(g.group, step, stats)
             if rows is not None:
                 out.append(self._value(g.group.with_kind(metadata.KIND_FIRST_NONFINITE), step, rows))
@@ -68,6 +71,19 @@ class StepRecords:
         if not any(layer in seen for layer in group.layers):
             return None
         return np.array([seen.get(layer, -1) for layer in group.layers], dtype=np.int64)
+
+    @staticmethod
+    def _raw(
+        group: metadata.GroupInfo, layer: str, index: int, dtype: str, step: int, tensor: np.ndarray
+    ) -> summary_pb2.Summary.Value:
+        """A per-layer `tensor` record: its metadata in every record of the tag (docs/FORMAT.md)."""
+        info = metadata.SeriesInfo(
+            layer=layer, kind=metadata.KIND_TENSOR, target=group.target, source=group.source, index=index, dtype=dtype
+        )
+        array = np.asarray(tensor, dtype=np.float32)
+        value = summary_pb2.Summary.Value(tag=info.tag, tensor=tensor_util.make_tensor_proto(array))
+        value.metadata.CopyFrom(metadata.create_summary_metadata(info))
+        return value
 
     def _value(self, info: metadata.GroupInfo, step: int, array: np.ndarray) -> summary_pb2.Summary.Value:
         tag = info.tag_at(step)

@@ -3,6 +3,7 @@ unchanged, the step the count of batches across fit() calls, and what is not yet
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -23,17 +24,16 @@ def _data(n: int = 4 * BATCH):
     return rng.randn(n, FEATURES).astype(np.float32), rng.randn(n, 2).astype(np.float32)
 
 
-def _model(jit_compile=True, steps_per_execution=1, seed=11):
+def _model(jit_compile=True, steps_per_execution=1, seed=11, remat=None):
+    """The MLP; `remat`: a `keras.RematScope` its layers are built in (the model itself outside it)."""
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential(
-        [
-            keras.Input((FEATURES,)),
+    with remat or contextlib.nullcontext():
+        layers = [
             keras.layers.Dense(HIDDEN, activation="tanh", name="h1"),
             keras.layers.Dense(HIDDEN, activation="relu", name="h2"),
             keras.layers.Dense(2, name="out"),
-        ],
-        name="mlp",
-    )
+        ]
+    model = keras.Sequential([keras.Input((FEATURES,)), *layers], name="mlp")
     model.compile(
         optimizer=keras.optimizers.Adam(1e-2), loss="mse", jit_compile=jit_compile,
         steps_per_execution=steps_per_execution,
@@ -45,9 +45,10 @@ def _weights(model):
     return [np.asarray(w) for w in model.get_weights()]
 
 
-def _reference(weights, x, y):
+def _reference(weights, x, y, of_output=None):
     """dL/d(each layer output) and dL/d(each weight) of the MLP written out in JAX: a zero added to each
-    output is differentiated (the total derivative through everything after it)."""
+    output is differentiated (the total derivative through everything after it). L is the mse loss, or
+    `of_output(out)` summed over the batch (a target)."""
     w1, b1, w2, b2, w3, b3 = [jnp.asarray(w) for w in weights]
 
     def loss(params, eps):
@@ -55,6 +56,8 @@ def _reference(weights, x, y):
         h1 = jnp.tanh(x @ w1 + b1) + eps[0]
         h2 = jax.nn.relu(h1 @ w2 + b2) + eps[1]
         out = h2 @ w3 + b3 + eps[2]
+        if of_output is not None:
+            return jnp.sum(of_output(out))
         return jnp.mean(jnp.mean((out - y) ** 2, axis=-1))
 
     eps = [jnp.zeros((len(x), HIDDEN)), jnp.zeros((len(x), HIDDEN)), jnp.zeros((len(x), 2))]
@@ -113,6 +116,43 @@ def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution)
     assert sorted({k[2] for k in _rows(logdir)}) == [2, 4, 6, 8, 10, 12]
 
 
+@pytest.mark.skipif(not hasattr(keras, "RematScope"), reason="this Keras has no RematScope (rematerialisation)")
+def test_rematerialised_layers_train_bitwise_unchanged_and_are_observed(logdir, tolerances):
+    """Keras' `RematScope(mode="full")`: each layer's call under `jax.checkpoint`, whose backward pass re-runs
+    the forward pass: the observing identity runs in both, and training is unchanged."""
+    x, y = _data()
+    trained = []
+    for callbacks in ([], [tb_layergrad.GradientLogger(logdir, weights=True, activations=True)]):
+        model = _model(remat=keras.RematScope(mode="full"))
+        before = _weights(model)
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        trained.append(_weights(model))
+    for a, b in zip(*trained):
+        np.testing.assert_array_equal(a, b)
+    rows = _rows(logdir)
+    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            assert abs(rows[(source, layer, 1)].norm - np.sqrt((g * g).sum())) <= rtol * np.abs(g).max() * np.sqrt(
+                g.size
+            ), (source, layer)
+    assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]
+
+
+@pytest.mark.skipif(not hasattr(keras, "RematScope"), reason="this Keras has no RematScope (rematerialisation)")
+def test_a_model_rematerialised_as_a_whole_is_refused_saying_what_works(logdir):
+    with keras.RematScope(mode="full"):
+        model = _model()
+    x, y = _data()
+    with pytest.raises(NotImplementedError, match="rematerialised as a whole.*layers inside it"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir)])
+    assert type(model.layers[0]) is keras.layers.Dense and "train_step" not in model.__dict__
+
+
 def test_the_step_is_the_batch_count_across_fits_and_the_model_is_restored(logdir):
     x, y = _data()
     model = _model()
@@ -165,13 +205,109 @@ def test_raise_and_stop_act_after_the_first_nonfinite_step(logdir):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
-    [{"timesteps": True}, {"per_example": True}, {"max_elements": 10}, {"update_freq": "epoch"},
-     {"targets": {"t": lambda y: y[:, 0]}}],
+    "kwargs, why",
+    [({"timesteps": True}, "lax.scan"), ({"per_example": True}, "vmap"),
+     ({"targets": {"penalty": "inputs"}}, "GradientTape")],
 )  # fmt: skip
-def test_what_is_not_yet_on_jax_is_refused_before_training(logdir, kwargs):
-    with pytest.raises(NotImplementedError, match="does not support .* yet .*KERAS_BACKEND=tensorflow"):
+def test_what_is_not_yet_on_jax_is_refused_before_training_saying_why(logdir, kwargs, why):
+    with pytest.raises(NotImplementedError, match=f"does not support .*{why}.*KERAS_BACKEND=tensorflow"):
         tb_layergrad.GradientLogger(logdir, **kwargs)
+
+
+def test_targets_are_the_pure_jax_reference_and_training_is_bitwise_unchanged(logdir, tolerances):
+    x, y = _data()
+    trained = []
+    for callbacks in ([], [tb_layergrad.GradientLogger(logdir, weights=True, update_freq=2,
+                                                       targets={"first": lambda y_pred: y_pred[:, 0]})]):  # fmt: skip
+        model = _model()
+        model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        trained.append(_weights(model))
+    for a, b in zip(*trained):
+        np.testing.assert_array_equal(a, b)
+    # Step 2: the weights after one Adam update, as the model held them before its second batch.
+    model = _model()
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    value, outputs, weights = _reference(_weights(model), x[BATCH : 2 * BATCH], None, of_output=lambda o: o[:, 0])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH, HIDDEN, HIDDEN, BATCH]
+    )
+    frame = tb_layergrad.load(logdir)
+    first = {(r.source, r.layer, int(r.step)): r for r in frame[frame["target"] == "first"].itertuples()}
+    assert sorted({k[2] for k in first}) == [2, 4]
+    assert abs(first[("target", "first", 2)].mean - value) <= rtol * np.abs(value) + 1e-6
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            got, scale = first[(source, layer, 2)], float(np.abs(g).max())
+            assert got.elements == g.size, (source, layer)
+            for field, v in (("min", g.min()), ("max", g.max()), ("mean", g.mean())):
+                assert abs(getattr(got, field) - v) <= rtol * scale, (source, layer, field)
+    loss = frame[(frame["target"] == "loss") & (frame["source"] == "output") & (frame["layer"] == "mlp/out")]
+    assert sorted(loss["step"]) == [2, 4] and float(loss["norm"].iloc[0]) != first[("output", "mlp/out", 2)].norm
+
+    with pytest.raises(ValueError, match="one value per example"):
+        _model().fit(x, y, batch_size=BATCH, epochs=1, verbose=0,
+                     callbacks=[tb_layergrad.GradientLogger(logdir + "_bad", targets={"t": lambda y_pred: y_pred})])  # fmt: skip
+
+
+def test_update_freq_epoch_writes_the_last_batch_of_each_epoch_across_fits(logdir):
+    x, y = _data()  # 4 batches an epoch
+    model = _model()
+    logger = tb_layergrad.GradientLogger(logdir, update_freq="epoch")
+    model.fit(x, y, batch_size=BATCH, epochs=3, verbose=0, callbacks=[logger])
+    model.fit(x[: 3 * BATCH], y[: 3 * BATCH], batch_size=BATCH, epochs=2, verbose=0, callbacks=[logger])
+    logger.close()
+    assert sorted({k[2] for k in _rows(logdir)}) == [4, 8, 12, 15, 18]
+
+    def batches():
+        while True:
+            yield x[:BATCH], y[:BATCH]
+
+    with pytest.raises(ValueError, match="steps per epoch"):
+        _model().fit(
+            batches(), epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir, update_freq="epoch")]
+        )
+
+
+def _bounded(g, max_elements):
+    """docs/FORMAT.md's `tensor` view, written out in numpy."""
+    g = np.asarray(g, np.float32)
+    g = g.reshape(1, -1) if g.ndim <= 1 else g.reshape(g.shape[0], -1)
+    stride = max(1, -(-g.shape[1] // max_elements))
+    g = g[:, ::stride]
+    return g[: min(g.shape[0], max(1, max_elements // g.shape[1]))]
+
+
+@pytest.mark.parametrize("max_elements", [3, 40])
+def test_max_elements_writes_the_bounded_raw_tensors(logdir, tolerances, max_elements):
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    from tb_layergrad import metadata
+
+    x, y = _data()
+    model = _model()
+    before = _weights(model)
+    model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[tb_layergrad.GradientLogger(logdir, weights=True, activations=True, max_elements=max_elements)])  # fmt: skip
+    acc = event_accumulator.EventAccumulator(os.path.join(logdir, "train"), size_guidance={"tensors": 0})
+    acc.Reload()
+    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+    h1 = np.tanh(x[:BATCH].astype(np.float64) @ before[0] + before[1])
+    wanted = [("loss", "output", k, g) for k, g in outputs.items()] + [
+        ("loss", "weight", k, g) for k, g in weights.items()
+    ]
+    wanted.append(("forward", "activation", "mlp/h1", h1))
+    for target, source, layer, g in wanted:
+        events = acc.Tensors(metadata.make_tag(target, source, layer, metadata.KIND_TENSOR))
+        assert [e.step for e in events] == [1, 2, 3, 4], (source, layer)
+        got, want = tensor_util.make_ndarray(events[0].tensor_proto), _bounded(g, max_elements)
+        assert got.dtype == np.float32 and got.shape == want.shape and got.size <= max(max_elements, want.shape[1])
+        np.testing.assert_allclose(got, want, rtol=0, atol=rtol * float(np.abs(g).max()) + 1e-7 * np.abs(want).max())
+    assert not [t for t in acc.Tags()["tensors"] if t.startswith("loss/target/") and t.endswith("/tensor")]
 
 
 def test_another_backend_is_refused_saying_what_works():
