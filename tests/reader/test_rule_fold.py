@@ -10,12 +10,13 @@ evaluation field by field; a step written again, a table read anew or shrunk is 
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 import pytest
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import anomalies, rule_fold, series
+from tb_layergrad.reader import anomalies, rule_fold, run_health, series
 from tb_layergrad.reader.rule_fold import RuleFold
 from tb_layergrad.reader.stats_store import StatsRows, column_major
 
@@ -163,3 +164,30 @@ def test_a_shrunk_table_or_layers_at_other_steps_are_evaluated_whole():
     _same(fold.evaluate("k", LAYERS, short, target_rows=short_target, **args), _whole(short, short_target, None))
     other = [*tables[:3], StatsRows(tables[3].steps[::2], tables[3].wall_times[::2], tables[3].table[::2])]
     assert fold.evaluate("k", LAYERS, other, target_rows=target, **args) is None  # the caller takes the union
+
+
+class _Tables:
+    """What `run_health.global_norm_trend` reads of a run: its `stats` tables by series key."""
+
+    def __init__(self, rows) -> None:
+        self._rows = rows
+
+    def stats(self, chosen, start=None, end=None):
+        return {s.key: self._rows[s.key] for s in chosen}
+
+
+@pytest.mark.parametrize("bad_tail", [0, 30, 200])
+def test_the_global_norm_trend_from_the_last_rows_equals_the_whole_runs(bad_tail):
+    """The sweep's global-norm trend is read from the layers' last rows (grown until they hold a window of usable
+    steps): the same number as over every step, with NaN/Inf steps at the end pushing the window back."""
+    rng = np.random.default_rng(bad_tail)
+    steps = np.arange(1000, dtype=np.int64)
+    store = _Store(len(LAYERS), room=1000)
+    store.append(steps, _rows(rng, steps), np.ones(steps.size))
+    if bad_tail:
+        store.table[-bad_tail:, 1, S["nan"]] = 1
+    tables, _ = store.layer_rows()
+    src = _Tables(dict(zip(LAYERS, tables)))
+    got = run_health.global_norm_trend(src, [types.SimpleNamespace(key=layer) for layer in LAYERS])
+    want, _ = run_health._norm_trend([(t.steps, t.table) for t in tables])  # noqa: SLF001 - the whole run's
+    assert got == want and got is not None
