@@ -53,20 +53,9 @@ def read_run(
     named = [None if layer not in running else running_first_step(data[running[layer].key], start) for layer in layers]
     timesteps = {layer: data[s.key].values for layer, s in ts_series.items()}
     indices = [rc.layer_index(layer) for layer in layers]
-    result = None
-    if src.folds is not None and start is None and end is None:  # the whole run: extended by its new steps
-        result = src.folds.evaluate(
-            (src.experiment_id, rc.run, target, source),
-            layers,
-            [tables[s.key] for s in stats_series],
-            run=rc.run,
-            target=target,
-            source=source,
-            indices=indices,
-            running_first_steps=named,
-            timesteps=timesteps,
-            target_rows=_target_rows(src, target, None, None),
-        )
+    # The whole run: the rules kept by the plugin, extended by the new steps (`rule_fold`).
+    whole = start is None and end is None
+    result = _folded(src, target, source, stats_series, tables, named, timesteps) if whole else None
     if result is None:
         columns = [(tables[s.key].steps, tables[s.key].table) for s in stats_series]
         steps = series.union_steps([c[0] for c in columns])
@@ -92,6 +81,33 @@ def read_run(
     return result
 
 
+def _folded(
+    src: RunSource,
+    target: str,
+    source: str,
+    chosen: Sequence[catalog.Series],
+    tables: Dict[catalog.SeriesKey, StatsRows],
+    named: Optional[List[Optional[int]]] = None,
+    timesteps: Optional[Dict[str, list]] = None,
+) -> Optional[anomalies.RunAnomalies]:
+    """The rules over the whole run as the plugin keeps them (`rule_fold`, its key the run, target and source);
+    None without a fold (`report`, `load()`) or where the layers do not share their steps."""
+    if src.folds is None or not chosen:
+        return None
+    return src.folds.evaluate(
+        (src.experiment_id, src.rc.run, target, source),
+        [s.info.layer for s in chosen],
+        [tables[s.key] for s in chosen],
+        run=src.rc.run,
+        target=target,
+        source=source,
+        indices=[src.rc.layer_index(s.info.layer) for s in chosen],
+        running_first_steps=named,
+        timesteps=timesteps,
+        target_rows=_target_rows(src, target, None, None),
+    )
+
+
 def _target_rows(src: RunSource, target: str, start: Optional[int], end: Optional[int]) -> Optional[StatsRows]:
     """The rows of the target's own `target` series (its mean: the loss); None without one (an activation's
     `forward`, files of older writers)."""
@@ -114,22 +130,10 @@ def whole_run_flags(
     """`downsample.run_flags` of `chosen` (the run's stats series of (target, source), model order) over the whole
     run, on `steps`: from the rules the plugin keeps of the run (`rule_fold`), else evaluated whole."""
     whole = src.stats(chosen)
+    result = _folded(src, target, source, chosen, whole)
+    if result is not None:
+        return downsample.on_steps(result.steps, result.flags, result.recorded, steps)[0]
     tables = [whole[s.key] for s in chosen]
-    if src.folds is not None and tables:
-        result = src.folds.evaluate(
-            (src.experiment_id, src.rc.run, target, source),
-            [s.info.layer for s in chosen],
-            tables,
-            run=src.rc.run,
-            target=target,
-            source=source,
-            indices=[src.rc.layer_index(s.info.layer) for s in chosen],
-            running_first_steps=None,
-            timesteps=None,
-            target_rows=_target_rows(src, target, None, None),
-        )
-        if result is not None:
-            return downsample.on_steps(result.steps, result.flags, result.recorded, steps)[0]
     return downsample.run_flags([(t.steps, t.table) for t in tables], steps)[0]
 
 
