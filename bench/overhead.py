@@ -229,16 +229,22 @@ class BatchTimer(keras.callbacks.Callback):
         super().__init__()
         self.skip = skip
         self.start = 0.0
+        self.start_cpu = 0.0
         self.batches = 0
         self.seconds_per_batch = float("nan")
+        #: the process's CPU seconds (all its threads) per batch over the same span
+        self.cpu_seconds_per_batch = float("nan")
 
     def on_train_batch_end(self, batch, logs=None):
         if batch == self.skip:
             self.start = time.perf_counter()
+            self.start_cpu = time.process_time()
         self.batches = batch
 
     def on_epoch_end(self, epoch, logs=None):
-        self.seconds_per_batch = (time.perf_counter() - self.start) / max(1, self.batches - self.skip)
+        timed = max(1, self.batches - self.skip)
+        self.seconds_per_batch = (time.perf_counter() - self.start) / timed
+        self.cpu_seconds_per_batch = (time.process_time() - self.start_cpu) / timed
 
 
 def fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
@@ -284,7 +290,8 @@ def weights_fit_variants(name: str, logdir: str, steps: int) -> Dict[str, Step]:
 
 def _fit_runner(name: str, steps: int) -> Callable[[List], Step]:
     """`fit(callbacks)`: a call of one fit() epoch of `steps` batches of `name`'s model (one model for all variants,
-    compiled once), returning its mean seconds per batch, tracing excluded (`BatchTimer`)."""
+    compiled once), returning its mean seconds per batch, tracing excluded (`BatchTimer`); each call's CPU seconds
+    per batch (the whole process's) are appended to the call's `cpu` list."""
     model, x, y = MODELS[name]()
     n = int(x.shape[0])
     xs = tf.tile(x, [steps] + [1] * (len(x.shape) - 1))
@@ -295,11 +302,43 @@ def _fit_runner(name: str, steps: int) -> Callable[[List], Step]:
         def run():
             timer = BatchTimer()
             model.fit(xs, ys, batch_size=n, epochs=1, verbose=0, shuffle=False, callbacks=callbacks + [timer])
+            run.cpu.append(timer.cpu_seconds_per_batch)
             return timer.seconds_per_batch
 
+        run.cpu = []
         return run
 
     return fit
+
+
+def paired_cpu(variants: Dict[str, Step]) -> Dict[str, float]:
+    """{variant: median over rounds of its CPU seconds per batch / the baseline's}, of `_fit_runner` calls made by
+    `interleaved_results` (their `cpu` lists, one entry per round). Why beside the time: on a shared machine a
+    step's wall time includes waiting for a core; the process's CPU time is the work the variant adds."""
+    return _paired({k: v.cpu for k, v in variants.items()})[1]  # type: ignore[attr-defined]
+
+
+def reduction_cpu_seconds(tensors: List[tf.Tensor], buckets: int = 30, calls: int = 200) -> float:
+    """CPU seconds of one call of the fused kernel's reduction (histograms and stats) of `tensors`, alone: `calls`
+    calls in one `tf.while_loop` (no per-call dispatch), the median of 7 such loops."""
+    if fused_kernel.op() is None:
+        return float("nan")
+
+    @tf.function(autograph=False)
+    def loop():
+        def body(i, acc):
+            _, stats = fused_kernel.histograms_and_stats(tensors, buckets)
+            return i + 1, acc + stats[0, 0]
+
+        return tf.while_loop(lambda i, _: i < calls, body, [tf.constant(0), tf.constant(0.0, tf.float64)])
+
+    loop()
+    times = []
+    for _ in range(7):
+        start = time.process_time()
+        loop()
+        times.append((time.process_time() - start) / calls)
+    return statistics.median(times)
 
 
 def interleaved_results(variants: Dict[str, Step], rounds: int) -> Tuple[float, Dict[str, float]]:

@@ -191,6 +191,13 @@ def model_zoo():
 
 
 @pytest.fixture(scope="session")
+def numpy_reference():
+    """tests/numpy_reference.py, as a namespace: the statistics of docs/FORMAT.md recomputed with plain numpy in
+    float64, independently of the reductions."""
+    return importlib.import_module("numpy_reference")
+
+
+@pytest.fixture(scope="session")
 def origin_fixtures():
     """tests/origin_fixtures.py, as a namespace: a logdir where a NaN is born in each pass, written with the real
     summary ops (docs/ANOMALIES.md, "Where it broke")."""
@@ -253,3 +260,36 @@ def tolerances():
     """tests/tolerances.py, as a namespace: test tolerances derived from the dtype and the reduction length
     (docs/DESIGN.md, "Tolerances")."""
     return importlib.import_module("tolerances")
+
+
+# --- the command, in this process ---
+
+
+@pytest.fixture
+def report_command():
+    """`tb-layergrad report ARGS...` run in this process (`tb_layergrad.cli.main`, the command's entry point):
+    `(exit status, stdout, stderr)`. Tests of the report go through the command, not the report's modules."""
+    import contextlib
+    import io
+
+    from tb_layergrad import cli
+
+    def run(*args: str):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["report", *map(str, args)])
+        return code, out.getvalue(), err.getvalue()
+
+    return run
+
+
+@pytest.fixture
+def report_json(report_command):
+    """`tb-layergrad report LOGDIR ARGS... --format json`, read: the document (the command must succeed)."""
+
+    def run(logdir, *args: str) -> dict:
+        code, out, err = report_command(logdir, *args, "--format", "json")
+        assert code == 0, err
+        return json.loads(out)
+
+    return run

@@ -40,6 +40,31 @@ TRAIN_STEPS = list(range(10))
 EVAL_STEPS = list(range(0, 20, 2))  # overlaps train on even steps, extends past it
 BUCKETS = 6
 
+# The statistics the routes serve (docs/HTTP_API.md, `stat`): the stored fields of the on-disk contract, then the
+# derived ones; COUNT_STATS are sent as JSON integers; EXAMPLE_STATS read a layer's per-example records.
+HTTP_STATS = metadata.STAT_FIELDS + ("nonfinite", "nonfinite_frac", "zero_frac", "rms")
+COUNT_STATS = frozenset({"elements", "nan", "pos_inf", "neg_inf", "zeros", "no_gradient", "nonfinite"})
+EXAMPLE_STATS = ("example_norm_min", "example_norm_median", "example_norm_max", "example_norm_top_share")
+
+
+def expected_stat(raw: np.ndarray, name: str) -> float:
+    """One statistic the routes serve, from a stored stats vector (`metadata.STAT_FIELDS` order): the derived
+    ones recomputed here, by their definitions in docs/HTTP_API.md."""
+    s = dict(zip(metadata.STAT_FIELDS, raw.astype(np.float64)))
+    nonfinite = s["nan"] + s["pos_inf"] + s["neg_inf"]
+    if name in s:
+        return s[name]
+    if name == "nonfinite":
+        return nonfinite
+    if name == "nonfinite_frac":
+        return nonfinite / s["elements"] if s["elements"] > 0 else np.nan
+    if name == "zero_frac":
+        return s["zeros"] / s["elements"] if s["elements"] > 0 else np.nan
+    if name == "rms":
+        finite = s["elements"] - nonfinite
+        return s["norm"] / np.sqrt(finite) if finite > 0 and not s["no_gradient"] else np.nan
+    raise KeyError(name)
+
 
 def layer_data(run: str, target: str, layer: str, step: int) -> np.ndarray:
     """The deterministic float32 'gradient' written for one (run, target, layer, step)."""

@@ -13,7 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_bench_run_smoke(tmp_path):
+    """A full run (tiny) over an existing report: every section it measures written anew, once; the sections other
+    commands write (the JAX fit, a long run) kept."""
     out = tmp_path / "PERFORMANCE.md"
+    others = ["### fit() on JAX: old figures", "", "| jax | 1 |", "", "### Long run: 5 steps", "", "| long | 2 |"]
+    out.write_text("\n".join(["# Performance", "", "### Custom training loop (tf.function step), old", "", *others]))
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--out", str(out)],
         capture_output=True,
@@ -29,11 +33,15 @@ def test_bench_run_smoke(tmp_path):
         "Tab latency",
         "Per-example gradient norms",
         "fit() with weights=True",
+        "Without the fused kernel",
     ):
         assert heading in text, heading
+    headings = [line for line in text.splitlines() if line.startswith("### ")]
+    assert len(headings) == len(set(headings)) and "### Custom training loop (tf.function step), old" not in headings
+    assert "\n".join(others) in text
     # Every measured cell is a number with a unit, not a placeholder.
     rows = [line for line in text.splitlines() if line.startswith("| mlp |") or line.startswith("| 3 x 4 x 20 |")]
-    assert len(rows) == 6, rows  # loop, fit(), fit() with weights=True, bytes, per-example, tab
+    assert len(rows) == 7, rows  # loop, fit(), fit() with weights=True, no kernel, bytes, per-example, tab
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
         numbers = cells[2:] if "loader" in text and "load_fast" in row else cells[1:]
@@ -153,3 +161,32 @@ def test_long_run_writer_writes_what_the_callback_writes(tmp_path):
     assert all(v.tensor.tensor_content in written_by_callback[v.tag.rsplit("/", 1)[0]] for v in values)
     assert sorted(v.tag for v in values if v.HasField("metadata")) == sorted({v.tag for v in values})
     assert damage.Scanner(str(tmp_path / "long")).scan() == {}
+
+
+@pytest.mark.slow
+def test_gpu_bench_smoke(tmp_path):
+    """`bench/gpu.py --smoke` (on the CPU, tiny batch, the MLP): every figure present, the records equal the CPU's
+    (here: the CPU's own, so within the bound), training bitwise unchanged under op determinism, its section
+    written into an existing report whose other figures are kept."""
+    out, figures_path = tmp_path / "PERFORMANCE.md", tmp_path / "gpu.json"
+    out.write_text("# Performance\n\n### Old figures\n\nkept\n")
+    command = [sys.executable, os.path.join(ROOT, "bench", "gpu.py"), "--smoke", "--models", "mlp"]
+    proc = subprocess.run(
+        command + ["--out", str(out), "--json", str(figures_path)], capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    figures = json.loads(figures_path.read_text())
+    assert figures["device"] and figures["smoke"] is True
+    mlp = figures["models"]["mlp"]
+    variants = {"every step", "every 10th", "per_example, every step"}
+    assert set(mlp["loop"]) >= variants and set(mlp["fit"]) >= variants
+    assert all(mlp[kind][k] > 0 for kind in ("loop", "fit") for k in variants)
+    assert mlp["values"]["within"] and mlp["values"]["records"] > 0
+    assert set(mlp["values"]["worst_over_bound"]) >= {"min", "max", "norm", "example_norm_max"}
+    assert mlp["determinism"] == {"logger_runs_equal": True, "equal_without_logger": True}
+    lines = out.read_text().splitlines()
+    assert "### Old figures" in lines and "kept" in lines
+    (row,) = [line for line in lines if line.startswith("| mlp |")]
+    assert "(within)" in row and "runs equal, equal without" in row

@@ -351,3 +351,94 @@ def test_no_test_file_imports_a_helper_module_by_name():
     assert not NOT_YET_ON_FIXTURES - importing, (
         f"on fixtures now, drop from the list: {sorted(NOT_YET_ON_FIXTURES - importing)}"
     )
+
+
+# The names a test may import from any room (docs/DESIGN.md, "How the tests are built"): the public API, the
+# command (`tb_layergrad.cli`, whose one public name is `main`) and the on-disk contract (`tb_layergrad.metadata`).
+PUBLIC_MODULES = {"tb_layergrad.summary", "tb_layergrad.distribute", "tb_layergrad.cli", "tb_layergrad.metadata"}
+TEST_ROOM_OF = {"jax_backend": "jax"}  # tests/<folder> -> the package's room it tests, where the names differ
+
+
+def _cross_room_private_imports() -> Set[str]:
+    """`<test file>: <module>` for each private module of another room that a file of tests/<room>/ imports."""
+    import tb_layergrad
+
+    public_names = set(tb_layergrad.__all__)
+
+    def is_module(dotted: str) -> bool:
+        path = PACKAGE.joinpath(*dotted.split(".")[1:])
+        return path.is_dir() or path.with_suffix(".py").is_file()
+
+    found = set()
+    for folder in sorted(p for p in TESTS.iterdir() if p.is_dir()):
+        room = TEST_ROOM_OF.get(folder.name, folder.name)
+        if not (PACKAGE / room).is_dir():
+            continue
+        for path in sorted(folder.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Import):
+                    modules = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules = [
+                        f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}") else node.module
+                        for alias in node.names
+                        if not (node.module == "tb_layergrad" and alias.name in public_names)
+                    ]
+                else:
+                    continue
+                for module in modules:
+                    parts = module.split(".")
+                    if parts[0] != "tb_layergrad" or len(parts) < 2 or parts[1] == room:
+                        continue
+                    if module in PUBLIC_MODULES or module.startswith("tb_layergrad.metadata."):
+                        continue
+                    found.add(f"{path.relative_to(TESTS)}: {module}")
+    return found
+
+
+# The cross-room private imports left in tests/<room>/, each one still to move onto the public surface: this set
+# only shrinks (the test below fails on an import that joins it as on one that has left it).
+CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
+    "distribute/test_distribute_units.py: tb_layergrad.keras.replica_payload",
+    "jax_backend/test_jax_writer.py: tb_layergrad.writer.event_writer",
+    "jax_backend/test_jax_writer.py: tb_layergrad.writer.step_records",
+    "keras/test_fit_activations.py: tb_layergrad.cli.demo_nan",
+    "keras/test_fit_calls.py: tb_layergrad.capturing.layer_tree",
+    "keras/test_fit_logger.py: tb_layergrad.kernel.fused",
+    "keras/test_fit_per_example.py: tb_layergrad.cli.demo_nan",
+    "keras/test_fit_per_example.py: tb_layergrad.summary.per_example_write",
+    "keras/test_fit_per_example_mixed_precision.py: tb_layergrad.summary.per_example_write",
+    "keras/test_fit_targets.py: tb_layergrad.capturing.targets",
+    "keras/test_tuner.py: tb_layergrad.kernel.cache",
+    "kernel/test_fused_kernel.py: tb_layergrad.statistics.reductions",
+    "kernel/test_fused_kernel.py: tb_layergrad.summary.write",
+    "plugin/test_live_equality.py: tb_layergrad.reader.record_index",
+    "plugin/test_prefetch.py: tb_layergrad.reader.catalog",
+    "plugin/test_prefetch.py: tb_layergrad.reader.stats_store",
+    "plugin/test_sweep_route.py: tb_layergrad.reader.anomalies",
+    "plugin/test_sweep_tensorboard.py: tb_layergrad.reader.anomalies",
+    "reader/test_examples_report.py: tb_layergrad.cli.report",
+    "reader/test_origin_read.py: tb_layergrad.nonfinite_origin",
+    "reader/test_report_rules.py: tb_layergrad.plugin.bodies",
+    "reader/test_verdict_rules.py: tb_layergrad.nonfinite_origin",
+    "statistics/test_reliability_reductions.py: tb_layergrad.kernel.fused",
+    "summary/test_format_v2.py: tb_layergrad.capturing.gradient_map",
+    "summary/test_format_v2.py: tb_layergrad.kernel.fused",
+    "summary/test_noise_scale.py: tb_layergrad.kernel.fused",
+    "summary/test_per_example_write.py: tb_layergrad.capturing.per_example_map",
+    "summary/test_record_writes.py: tb_layergrad.kernel.fused",
+    "summary/test_summary.py: tb_layergrad.kernel.fused",
+}
+
+
+def test_tests_cross_rooms_only_through_the_public_surface():
+    """A test goes through the public API, the command or the HTTP routes; it imports a private module only in
+    that module's room (docs/DESIGN.md, "How the tests are built")."""
+    found = _cross_room_private_imports()
+    assert not found - CROSS_ROOM_PRIVATE_IMPORTS, (
+        f"private modules of another room (docs/DESIGN.md, 'How the tests are built': test through the public "
+        f"API, the command or the HTTP routes): {sorted(found - CROSS_ROOM_PRIVATE_IMPORTS)}"
+    )
+    assert not CROSS_ROOM_PRIVATE_IMPORTS - found, (
+        f"gone now, drop from CROSS_ROOM_PRIVATE_IMPORTS: {sorted(CROSS_ROOM_PRIVATE_IMPORTS - found)}"
+    )

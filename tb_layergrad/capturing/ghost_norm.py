@@ -20,7 +20,7 @@ of the *given* δ: the caller scales by the batch size to undo a batch-mean loss
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -31,6 +31,18 @@ class Outer:
 
     a: Any
     d: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Blocks:
+    """G_i = [G_i^(1); ...; G_i^(K)], each block an `Outer` with the same d: ‖G_i‖² = Σ_k ‖G_i^(k)‖².
+
+    A convolution's kernel gradient by kernel offset k: the input window that offset multiplies at every
+    output position, against δ. Its blocks together are the patches' `Outer`, without the patches: no
+    [B, T, k²·C] tensor is gathered, and each block is one [C, T] x [T, q] product per example.
+    """
+
+    blocks: Tuple[Outer, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +64,7 @@ class Summed:
     v: Any
 
 
-Factor = Any  # Outer | Lookup | Summed
+Factor = Any  # Outer | Blocks | Lookup | Summed
 
 
 def _float(t: Any) -> Any:
@@ -79,6 +91,8 @@ def concat(factors: Sequence[Factor]) -> Factor:
     first = factors[0]
     if len(factors) == 1:
         return first
+    if isinstance(first, Blocks):  # the same kernel offsets in every call: block k of each call side by side
+        return Blocks(tuple(concat([f.blocks[k] for f in factors]) for k in range(len(first.blocks))))
     if isinstance(first, Outer):
         return Outer(tf.concat([_float(f.a) for f in factors], 1), tf.concat([_float(f.d) for f in factors], 1))
     if isinstance(first, Lookup):
@@ -93,6 +107,8 @@ def squared_norm(factor: Factor) -> Any:
         if _static(v.shape[1]) == 1:  # the same ops as an Outer's δ term of one position: one computation of both
             return tf.reduce_sum(tf.square(v), axis=[1, 2])
         return tf.reduce_sum(tf.square(tf.reduce_sum(v, axis=1)), axis=-1)
+    if isinstance(factor, Blocks):
+        return tf.add_n([squared_norm(block) for block in factor.blocks])
     if isinstance(factor, Lookup):
         d = _float(factor.d)
         same = tf.cast(tf.equal(factor.ids[:, :, None], factor.ids[:, None, :]), d.dtype)

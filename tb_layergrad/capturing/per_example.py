@@ -10,8 +10,9 @@ and a reason, never an approximation.
   EinsumDense      `P C, C F -> P F` forms (e.g. `ab,bc->ac`, `abc,cd->abd`, `...d,de->...e`,
                    `abc,cde->abde`): kernel Outer(a[C], δ[F]) over the positions P; bias: δ summed
                    over the output axes the bias broadcasts along
-  Conv1D/Conv2D    kernel: Outer(patches of a, δ) over the output positions (the patch ordering does
-                   not change a norm); bias: Σ over positions of δ. groups > 1: unsupported
+  Conv1D/Conv2D    kernel: Outer(patches of a, δ) over the output positions for short patches, else
+                   Blocks: one Outer per kernel offset (its input window, δ); bias: Σ over positions
+                   of δ. groups > 1: unsupported
   Embedding        Lookup(ids, δ at the output): repeated ids in one example share one row; float ids
                    are truncated to int32 first, as the layer's own call does
   LayerNorm        gamma: Σ_t x̂_t ⊙ δ_t, beta: Σ_t δ_t, δ at the output, x̂ recomputed from the input
@@ -36,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad.capturing.ghost_norm import Factor, Lookup, Outer, Summed
+from tb_layergrad.capturing.ghost_norm import Blocks, Factor, Lookup, Outer, Summed
 
 
 class Unsupported(Exception):
@@ -219,31 +220,64 @@ def _conv(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
         size, stride, rate = [1] + size, [1] + stride, [1] + rate
     elif rank != 2:
         raise Unsupported(f"{rank}-D convolution")
-    patches = _patches(a, size, stride, rate, padding.upper())
     q = int(d.shape[-1])
     dp = _positions(d, q)
-    return {"kernel": Outer(_positions(patches, int(patches.shape[-1])), dp), "bias": Summed(dp)}
-
-
-PATCHES_BY_CONVOLUTION = 64  # patch length up to which an identity-kernel convolution is the faster way
-
-
-def _patches(a: Any, size: List[int], stride: List[int], rate: List[int], padding: str) -> Any:
-    """[B, H', W', kh·kw·C]: each output position's input patch, as the convolution sees it.
-
-    Two exact ways (each patch element is one input element, copied): a convolution whose kernel is
-    the identity (cost ∝ patch length², oneDNN's fast path) or `tf.image.extract_patches` (a gather,
-    memory-bound). Measured with 3x3 kernels, the convolution is the faster up to 8 input channels and
-    the slower from 16 on, three times so at 64 (docs/PER_EXAMPLE.md, "Cost"): so it serves up to length 64.
-    """
     channels = int(a.shape[-1])
     length = size[0] * size[1] * channels
     if length <= PATCHES_BY_CONVOLUTION:
-        eye = tf.reshape(tf.eye(length, dtype=a.dtype), [size[0], size[1], channels, length])
-        return tf.nn.conv2d(a, eye, strides=[1, *stride, 1], padding=padding, dilations=[1, *rate, 1])
-    return tf.image.extract_patches(
-        a, sizes=[1, *size, 1], strides=[1, *stride, 1], rates=[1, *rate, 1], padding=padding
-    )
+        patches = _patches(a, size, stride, rate, padding.upper())
+        kernel = Outer(_positions(patches, length), dp)
+    else:
+        windows = _windows(a, d, size, stride, rate, padding.upper())
+        kernel = Blocks(tuple(Outer(_positions(w, channels), dp) for w in windows))
+    return {"kernel": kernel, "bias": Summed(dp)}
+
+
+# Patch length up to which the patches are made by an identity-kernel convolution (one op; its cost grows with
+# the length squared); above it the kernel gradient is taken by kernel offset (`_windows`, `ghost_norm.Blocks`).
+PATCHES_BY_CONVOLUTION = 32
+
+
+def _patches(a: Any, size: List[int], stride: List[int], rate: List[int], padding: str) -> Any:
+    """[B, H', W', kh·kw·C]: each output position's input patch, as the convolution sees it (exact: each patch
+    element is one input element, copied by a convolution whose kernel is the identity)."""
+    channels = int(a.shape[-1])
+    length = size[0] * size[1] * channels
+    eye = tf.reshape(tf.eye(length, dtype=a.dtype), [size[0], size[1], channels, length])
+    return tf.nn.conv2d(a, eye, strides=[1, *stride, 1], padding=padding, dilations=[1, *rate, 1])
+
+
+def _windows(a: Any, d: Any, size: List[int], stride: List[int], rate: List[int], padding: str) -> List[Any]:
+    """[B, H', W', C] per kernel offset (row-major): the input element that offset multiplies at each output
+    position, zero where the convolution reads its padding. `d` ([B, H', W', q]) gives the output's size.
+
+    Why not the patches: gathering them (`tf.image.extract_patches`) is memory-bound and slow, and they are
+    k² times the input; a strided slice per offset, each multiplied with δ at once, does the same
+    arithmetic as the patches' product without them (docs/PER_EXAMPLE.md, "Cost").
+    """
+    pads, outs = [[0, 0]], []
+    for axis in (0, 1):
+        n = a.shape[1 + axis] if a.shape[1 + axis] is not None else tf.shape(a)[1 + axis]
+        out = d.shape[1 + axis] if d.shape[1 + axis] is not None else tf.shape(d)[1 + axis]
+        reach = (size[axis] - 1) * rate[axis] + 1
+        # TensorFlow's SAME: the total padding that centres the kernel, its smaller half before.
+        total = (out - 1) * stride[axis] + reach - n if padding == "SAME" else 0
+        total = max(total, 0) if isinstance(total, int) else tf.maximum(total, 0)
+        pads.append([total // 2, total - total // 2])
+        outs.append(out)
+    padded = tf.pad(a, pads + [[0, 0]]) if padding == "SAME" else a
+    windows = []
+    for i in range(size[0]):
+        for j in range(size[1]):
+            top, left = i * rate[0], j * rate[1]
+            windows.append(
+                padded[
+                    :,
+                    top : top + (outs[0] - 1) * stride[0] + 1 : stride[0],
+                    left : left + (outs[1] - 1) * stride[1] + 1 : stride[1],
+                ]
+            )
+    return windows
 
 
 def _embedding(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:

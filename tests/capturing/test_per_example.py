@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import tb_layergrad
-from tb_layergrad.capturing import ghost_norm
+from tb_layergrad.capturing import ghost_norm, per_example
 from tb_layergrad.capturing.layer_tree import LayerTree
 from tb_layergrad.capturing.per_example import PATCHES_BY_CONVOLUTION
 
@@ -116,7 +116,7 @@ def sequence():
 
 
 def cnn1d():
-    """Patch lengths 9 and 15 (identity-kernel convolution) and 72 (extract_patches)."""
+    """Patch lengths 9 and 15 (identity-kernel convolution) and 72 (by kernel offset)."""
     inp = keras.Input((12, 3))
     h = layers.Conv1D(5, 3, padding="causal", dilation_rate=2, activation="relu", name="causal")(inp)
     h = layers.Conv1D(24, 3, strides=2, padding="same", activation="tanh", name="strided")(h)
@@ -127,7 +127,7 @@ def cnn1d():
 
 
 def cnn2d():
-    """Patch lengths 18 and 20 (identity-kernel convolution) and 72 (extract_patches)."""
+    """Patch lengths 18 and 20 (identity-kernel convolution) and 72 (by kernel offset)."""
     inp = keras.Input((9, 9, 2))
     h = layers.Conv2D(8, 3, strides=2, padding="same", activation="relu", name="same_s2")(inp)
     h = layers.Conv2D(5, (3, 3), padding="valid", activation="tanh", name="valid")(h)
@@ -515,3 +515,45 @@ def test_ghost_and_explicit_agree(tokens, p, q):
     gram = tf.reduce_sum(tf.matmul(a, a, transpose_b=True) * tf.matmul(d, d, transpose_b=True), axis=[1, 2])
     np.testing.assert_allclose(ghost_norm.norm([ghost_norm.Outer(a, d)]).numpy(), explicit.numpy(), rtol=RTOL)
     np.testing.assert_allclose(np.sqrt(gram.numpy()), explicit.numpy(), rtol=RTOL)
+
+
+# (layer, input shape): both ways of the convolution rule (patch lengths <= and > PATCHES_BY_CONVOLUTION), every
+# padding, strides, dilations, odd and even sizes, a non-square kernel.
+CONVOLUTIONS = [
+    (lambda c: layers.Conv2D(3, 3, padding="same"), (9, 9)),
+    (lambda c: layers.Conv2D(3, 3, strides=2, padding="same"), (8, 9)),
+    (lambda c: layers.Conv2D(3, (2, 3), strides=(3, 2), padding="same"), (10, 7)),
+    (lambda c: layers.Conv2D(3, 3, dilation_rate=2, padding="same"), (8, 8)),
+    (lambda c: layers.Conv2D(3, (3, 2), strides=2, padding="valid"), (9, 8)),
+    (lambda c: layers.Conv2D(3, 2, dilation_rate=(2, 3), padding="valid"), (8, 9)),
+    (lambda c: layers.Conv1D(3, 3, padding="causal", dilation_rate=2), (11,)),
+    (lambda c: layers.Conv1D(3, 4, strides=3, padding="same"), (11,)),
+    (lambda c: layers.Conv1D(3, 3, strides=2, padding="valid"), (10,)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CONVOLUTIONS)))
+@pytest.mark.slow
+def test_convolution_rule_equals_the_layers_own_gradient_per_example(case):
+    """The kernel rule's norms against the gradient of Keras' own convolution, one example at a time:
+    `tape.gradient(Σ conv(a_i) ⊙ δ_i, kernel)` is example i's kernel gradient for that δ. One input channel: the
+    patches by convolution; twelve: by kernel offset, also with spatial sizes unknown while tracing."""
+    make, spatial = CONVOLUTIONS[case]
+    for channels in (1, 12):
+        layer = make(channels)
+        a = tf.random.normal([3, *spatial, channels])
+        d = tf.random.normal(layer.compute_output_shape((3, *spatial, channels)))
+        length = int(np.prod(layer.kernel_size)) * channels
+        assert (length <= PATCHES_BY_CONVOLUTION) == (channels == 1)
+        want = []
+        for i in range(3):
+            with tf.GradientTape() as tape:
+                product = tf.reduce_sum(layer(a[i : i + 1]) * d[i : i + 1])
+            want.append(float(tf.norm(tape.gradient(product, layer.kernel))))
+        factors = per_example._conv(layer, a, d)
+        np.testing.assert_allclose(ghost_norm.norm([factors["kernel"]]).numpy(), want, rtol=RTOL)
+    unknown = [tf.TensorSpec([None] * (len(spatial) + 1) + [n]) for n in (channels, 3)]
+    traced = tf.function(
+        lambda a, d: ghost_norm.norm([per_example._conv(layer, a, d)["kernel"]]), input_signature=unknown
+    )
+    np.testing.assert_allclose(traced(a, d).numpy(), want, rtol=RTOL)

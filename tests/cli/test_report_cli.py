@@ -17,7 +17,6 @@ import pytest
 
 from tb_layergrad import cli
 from tb_layergrad.cli import report
-from tb_layergrad.reader import run_health
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -218,7 +217,9 @@ def test_an_asked_target_is_the_only_one(named_targets, capsys):
     assert [s["run"] for s in doc["skipped"]] == ["plain"]
 
 
-def test_default_targets():
-    assert run_health.default_targets(["critic", "maker"]) == ["critic", "maker"]
-    assert run_health.default_targets(["aux", "loss"]) == ["loss"]
-    assert run_health.default_targets([]) == []
+def test_sort_rules():
+    rows = [[2.0], [None], ["b"], [float("nan")], [1.0], [True], ["a"], [2.0]]
+    assert report.order(rows, ["x"], "x") == [4, 5, 0, 7, 6, 2, 1, 3]
+    assert report.order(rows, ["x"], "-x") == [2, 6, 0, 7, 4, 5, 1, 3]
+    with pytest.raises(ValueError, match="use one of: x"):
+        report.order(rows, ["x"], "y")

@@ -3,6 +3,7 @@ weights of the dominated run and the runs with per-example records, one test eac
 
 import dominated_fixtures
 import examples_fixtures
+import plugin_fixtures
 import pytest
 from plugin_fixtures import InProcess
 
@@ -24,4 +25,10 @@ def dominated_weight(request) -> str:
 def examples_run(request) -> str:
     """Each run with per-example records of tests/examples_fixtures.py: its fields in the written order, and renamed
     and reordered (one missing, one unknown), one test per run."""
+    return request.param
+
+
+@pytest.fixture(params=plugin_fixtures.HTTP_STATS)
+def http_stat(request) -> str:
+    """Each statistic the routes serve (docs/HTTP_API.md, `stat`), one test each."""
     return request.param

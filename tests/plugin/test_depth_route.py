@@ -14,8 +14,6 @@ import urllib.parse
 import numpy as np
 import pytest
 
-from tb_layergrad.reader import series
-
 RUNS = 100
 LAYERS = [f"net/l{i:02d}" for i in range(50)]
 STEPS = 60
@@ -95,7 +93,9 @@ def test_depth_of_a_hundred_runs_is_each_runs_column_at_the_step_or_before(
 
 
 @pytest.mark.parametrize("loader", [0, 1], ids=["load_fast=true", "load_fast=false"])
-def test_depth_at_an_earlier_step_a_derived_statistic_and_without_a_step(sweep, loader, tensorboard_process):
+def test_depth_at_an_earlier_step_a_derived_statistic_and_without_a_step(
+    sweep, loader, tensorboard_process, plugin_fixtures
+):
     procs, tables = sweep
     tb = procs[loader]
     runs = [run_name(k) for k in range(0, RUNS, 9)]
@@ -104,7 +104,7 @@ def test_depth_at_an_earlier_step_a_derived_statistic_and_without_a_step(sweep, 
         assert body["missing"] == [] and body["stat"] == stat
         for p in body["profiles"]:
             assert p["step"] == 17
-            want = [series.stat_column(tables[p["run"]][layer][17:18], stat)[0] for layer in LAYERS]
+            want = [plugin_fixtures.expected_stat(tables[p["run"]][layer][17], stat) for layer in LAYERS]
             if stat == "elements":
                 assert p["values"] == [int(w) for w in want]  # a count: a JSON integer
             else:

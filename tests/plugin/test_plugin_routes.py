@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import series
 
 LOSS, OUT, WEIGHT = metadata.DEFAULT_TARGET, metadata.SOURCE_OUTPUT, metadata.SOURCE_WEIGHT
 TRAIN_OUTPUT_LAYERS = ["model/embedding", "model/dense", "model/rnn", "model/unused", "extra/no_index"]
@@ -39,24 +38,6 @@ def get_json(plugin_fixtures):
         return body
 
     return get
-
-
-def expected_stat(raw: np.ndarray, name: str) -> float:
-    """One statistic from a stored stats vector, derived ones recomputed here."""
-    s = dict(zip(metadata.STAT_FIELDS, raw.astype(np.float64)))
-    nonfinite = s["nan"] + s["pos_inf"] + s["neg_inf"]
-    if name in s:
-        return s[name]
-    if name == "nonfinite":
-        return nonfinite
-    if name == "nonfinite_frac":
-        return nonfinite / s["elements"] if s["elements"] > 0 else np.nan
-    if name == "zero_frac":
-        return s["zeros"] / s["elements"] if s["elements"] > 0 else np.nan
-    if name == "rms":
-        finite = s["elements"] - nonfinite
-        return s["norm"] / np.sqrt(finite) if finite > 0 and not s["no_gradient"] else np.nan
-    raise KeyError(name)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +87,7 @@ def test_plugins_listing_enables_the_tab(tb, plugin_fixtures):
 def test_runs_lists_layers_in_model_order_with_what_exists(tb, small_logdir, plugin_fixtures, get_json):
     body = get_json(tb, "runs")
     assert body["format_version"] == metadata.FORMAT_VERSION
-    assert body["stats"] == list(series.ALL_STATS)
+    assert body["stats"] == list(plugin_fixtures.HTTP_STATS)
     # The stored statistics in record order, from the one source the writer uses too: the tab reads them here.
     assert body["stored_stats"] == list(metadata.STAT_FIELDS)
     assert body["stats"][: len(metadata.STAT_FIELDS)] == body["stored_stats"]
@@ -171,8 +152,10 @@ def test_runs_reads_no_tensor_bodies(tb, get_json):
 # -- gradient-flow matrix ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stat", series.ALL_STATS)
-def test_matrix_every_stat_matches_what_was_written(tb, small_logdir, stat, plugin_fixtures, get_json, assert_same):
+def test_matrix_every_stat_matches_what_was_written(
+    tb, small_logdir, http_stat, plugin_fixtures, get_json, assert_same
+):
+    stat = http_stat
     body = get_json(tb, "matrix", {"run": "train", "stat": stat})
     assert (body["run"], body["target"], body["source"], body["stat"]) == ("train", LOSS, OUT, stat)
     assert body["layers"] == TRAIN_OUTPUT_LAYERS
@@ -180,8 +163,8 @@ def test_matrix_every_stat_matches_what_was_written(tb, small_logdir, stat, plug
     assert len(body["values"]) == len(body["layers"])
     for layer, row in zip(body["layers"], body["values"]):
         written = small_logdir.stats[("train", LOSS, OUT, layer)]
-        assert_same(row, [expected_stat(written[s], stat) for s in plugin_fixtures.TRAIN_STEPS])
-        if stat in series.COUNT_STATS:
+        assert_same(row, [plugin_fixtures.expected_stat(written[s], stat) for s in plugin_fixtures.TRAIN_STEPS])
+        if stat in plugin_fixtures.COUNT_STATS:
             assert all(isinstance(v, int) for v in row)
 
 
@@ -276,9 +259,9 @@ def test_stats_route_matches_what_was_written(
     assert (body["run"], body["target"], body["source"], body["layer"]) == key
     assert body["index"] == small_logdir.indices[layer]
     assert len(body["wall_times"]) == len(steps) and all(isinstance(t, float) for t in body["wall_times"])
-    assert list(body["stats"]) == list(series.ALL_STATS)
-    for name in series.ALL_STATS:
-        assert_same(body["stats"][name], [expected_stat(written[s], name) for s in steps])
+    assert list(body["stats"]) == list(plugin_fixtures.HTTP_STATS)
+    for name in plugin_fixtures.HTTP_STATS:
+        assert_same(body["stats"][name], [plugin_fixtures.expected_stat(written[s], name) for s in steps])
     # independent numpy recomputation from the input arrays (float32 sums: the derived bounds)
     if key in small_logdir.inputs:
         for i, s in enumerate(steps):

@@ -29,7 +29,6 @@ from hypothesis import strategies as st
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 from tb_layergrad.plugin.loader import LayerGradPlugin
-from tb_layergrad.reader import examples, series
 
 SCALE = int(os.environ.get("RELIABILITY_EXAMPLES_SCALE", "1"))
 QUERY_EXAMPLES = 150 * SCALE  # per route
@@ -155,14 +154,16 @@ _INTS = st.one_of(
 
 
 @st.composite
-def queries(draw, reliability_fixtures, route: str, written: Dict[str, List[str]]) -> List[Tuple[str, str]]:
+def queries(
+    draw, reliability_fixtures, plugin_fixtures, route: str, written: Dict[str, List[str]]
+) -> List[Tuple[str, str]]:
     names = _names(written)
     values = {
         "run": names,
         "layer": names,
         "target": st.one_of(st.sampled_from(["loss", reliability_fixtures.HOSTILE_TARGET]), names),
         "source": st.one_of(st.sampled_from(["output", "weight"]), names),
-        "stat": st.one_of(st.sampled_from(series.ALL_STATS + tuple(examples.MATRIX_STATS)), names),
+        "stat": st.one_of(st.sampled_from(plugin_fixtures.HTTP_STATS + plugin_fixtures.EXAMPLE_STATS), names),
         "start": _INTS,
         "end": _INTS,
         "step": _INTS,
@@ -233,7 +234,7 @@ def _ints(pairs, key):
     return None
 
 
-def check_ok_json(reliability_fixtures, route: str, pairs, body: dict) -> None:
+def check_ok_json(plugin_fixtures, reliability_fixtures, route: str, pairs, body: dict) -> None:
     """A 200 is consistent with itself, with the query and with what the logdir holds."""
     steps = body.get("steps")
     if steps is not None:
@@ -249,7 +250,7 @@ def check_ok_json(reliability_fixtures, route: str, pairs, body: dict) -> None:
     elif route == "matrix":
         assert len(body["values"]) == len(body["layers"]) and all(len(r) == len(steps) for r in body["values"])
     elif route == "stats":
-        assert set(body["stats"]) == set(series.ALL_STATS)
+        assert set(body["stats"]) == set(plugin_fixtures.HTTP_STATS)
         assert all(len(col) == len(steps) for col in body["stats"].values()) and len(body["wall_times"]) == len(steps)
         assert body["stats"]["norm"] == [reliability_fixtures.norm(body["index"], s) for s in steps]
     elif route == "histograms":
@@ -329,7 +330,7 @@ def check_response(
     if code >= 400:
         assert body["code"] == code and isinstance(body["error"], str) and body["error"], where
     else:
-        check_ok_json(reliability_fixtures, route, pairs, body)
+        check_ok_json(plugin_fixtures, reliability_fixtures, route, pairs, body)
 
 
 @pytest.fixture
@@ -363,7 +364,7 @@ def test_generated_queries(hostile, with_examples, errors_logged, route, logdir,
     tally = Tally()
 
     @settings(max_examples=QUERY_EXAMPLES, **_SETTINGS)
-    @given(pairs=queries(reliability_fixtures, route, written), head=st.integers(0, 9))
+    @given(pairs=queries(reliability_fixtures, plugin_fixtures, route, written), head=st.integers(0, 9))
     def prop(pairs, head):
         method = "HEAD" if head == 0 else "GET"
         response = tb.client.open(API + route, method=method, query_string=pairs)

@@ -8,7 +8,6 @@ damaged file is the step named. Checksums against TensorBoard's own (pure-Python
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import warnings
@@ -90,19 +89,21 @@ def test_checksums_are_tensorboards(tmp_path):
         assert [int(c) for c in got] == [masked_crc32c(data[s : s + length].tobytes()) for s in starts]
 
 
-def test_report_and_load_name_the_damage_and_serve_the_rest(tmp_path, reliability_fixtures):
+def test_report_and_load_name_the_damage_and_serve_the_rest(tmp_path, reliability_fixtures, report_command):
     pytest.importorskip("pandas")
     import tb_layergrad
-    from tb_layergrad.cli import report
 
     expect = reliability_fixtures.damaged_logdir(str(tmp_path))
-    rep = report.build(str(tmp_path))
-    lines = [w for w in rep.warnings if w.startswith("run ")]
+    code, out, _ = report_command(tmp_path, "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    lines = [w for w in doc["warnings"] if w.startswith("run ")]
     assert sorted(line.split(":")[0] for line in lines) == sorted(f"run {r!r}" for r in expect)
-    assert json.loads(report.render(rep, "json"))["warnings"] == rep.warnings
-    text = report.render(rep, "text")
-    assert "event file 'truncated/" in text and "read up to step 4" in text
-    assert {r.run for r in rep.runs} == {"intact", "truncated", "garbage", "flipped"}  # the rest as before
+    code, _, err = report_command(tmp_path, "--format", "csv")  # the CSV says its warnings on stderr
+    assert code == 0 and err.splitlines() == [f"tb-layergrad report: warning: {w}" for w in doc["warnings"]]
+    code, text, _ = report_command(tmp_path)
+    assert code == 0 and "event file 'truncated/" in text and "read up to step 4" in text
+    assert {r["run"] for r in doc["runs"]} == {"intact", "truncated", "garbage", "flipped"}  # the rest as before
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -115,19 +116,9 @@ def test_report_and_load_name_the_damage_and_serve_the_rest(tmp_path, reliabilit
     steps = df[df.layer == "net/a"].groupby("run").step.max().to_dict()
     assert steps == {"intact": 5, "truncated": 4, "garbage": 5, "flipped": 2}
 
-    out = io.StringIO()
-    assert report.main(report_args(str(tmp_path), "intact"), out=out, err=io.StringIO()) == 0
-    assert "event file" not in out.getvalue()  # only the runs asked are checked
-
-
-def report_args(logdir: str, run: str):
-    import argparse
-
-    from tb_layergrad.cli import report
-
-    parser = argparse.ArgumentParser()
-    report.add_arguments(parser)
-    return parser.parse_args([logdir, "--run", run])
+    code, out, _ = report_command(tmp_path, "--run", "intact")
+    assert code == 0
+    assert "event file" not in out  # only the runs asked are checked
 
 
 def test_the_records_read_are_those_tensorboards_reader_reads(tmp_path, reliability_fixtures):

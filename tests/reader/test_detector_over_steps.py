@@ -11,7 +11,6 @@ import math
 
 import pytest
 
-from tb_layergrad.cli import report
 from tb_layergrad.reader import anomalies, trends
 
 
@@ -80,8 +79,8 @@ def test_the_verdict_names_the_step_of_the_collapse_and_one_finding_all_layers(b
     assert body["summary"]["latest"][anomalies.VANISHING_OVER_STEPS] == len(known_answer_fixtures.LAYERS)
 
 
-def test_report_and_load_tell_the_same(logdir, bodies, known_answer_fixtures):
-    doc = report.to_json(report.build(logdir, runs=["stall_3", "regression"]))
+def test_report_and_load_tell_the_same(logdir, bodies, known_answer_fixtures, report_json):
+    doc = report_json(logdir, "--run", "stall_3", "--run", "regression")
     for r in doc["runs"]:
         route = bodies[r["run"]]
         assert [e["verdict"] for e in r["layers"]] == [e["verdict"] for e in route["layers"]]

@@ -10,7 +10,6 @@ import json
 import numpy as np
 import pytest
 
-from tb_layergrad.cli import report
 from tb_layergrad.reader import anomalies
 
 
@@ -62,7 +61,7 @@ def test_a_cell_has_one_state(tb, known_answer_fixtures, plugin_fixtures):
 
 @pytest.mark.parametrize("run, pass_", [("nan_backward", "backward"), ("nan_forward", "forward")])
 def test_the_origin_is_its_own_state_and_the_reached_layers_another(
-    tb, logdir, run, pass_, known_answer_fixtures, plugin_fixtures
+    tb, logdir, run, pass_, known_answer_fixtures, plugin_fixtures, report_json
 ):
     # A NaN born backward reaches the layers before the gate; one born forward, every layer but the gate.
     reached = (
@@ -84,7 +83,7 @@ def test_the_origin_is_its_own_state_and_the_reached_layers_another(
         (known_answer_fixtures.path("gate"), known_answer_fixtures.K, o["line"])
     ]
     # The same states in the report (JSON and the text's verdict column) and in load()'s `state` column.
-    doc = report.to_json(report.build(logdir, runs=[run]))
+    doc = report_json(logdir, "--run", run)
     assert {e["layer"]: e["verdict"]["state"] for e in doc["runs"][0]["layers"]} == want
     df = _load(logdir, run)
     out = df[df.source == "output"]
@@ -157,7 +156,7 @@ def _load(logdir: str, run: str):
     return tb_layergrad.load(logdir, runs=[run])
 
 
-def test_report_text_shows_the_verdicts_and_nan(logdir, capsys, known_answer_fixtures):
+def test_report_text_shows_the_verdicts_and_nan(logdir, capsys, known_answer_fixtures, report_json):
     from tb_layergrad import cli
 
     assert cli.main(["report", logdir, "--run", "nan_backward"]) == 0
@@ -167,5 +166,5 @@ def test_report_text_shows_the_verdicts_and_nan(logdir, capsys, known_answer_fix
     assert rows["gate"].rstrip().endswith(f"NaN/Inf born here @{known_answer_fixtures.K}") and rows[
         "d1"
     ].rstrip().endswith(f"NaN/Inf @{known_answer_fixtures.K}")
-    doc = report.to_json(report.build(logdir, runs=["nan_backward"]))
+    doc = report_json(logdir, "--run", "nan_backward")
     assert json.dumps(doc, allow_nan=False)

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tb_layergrad.reader import anomalies, trends
+from tb_layergrad.reader import anomalies, run_health, trends
 
 DOC = pathlib.Path(__file__).resolve().parents[2] / "docs" / "ANOMALIES.md"
 
@@ -200,3 +200,17 @@ def test_any_numbers_give_strict_json():
             named = [int(x) if x >= 0 else None for x in rng.integers(-3, 10**6, size=L)]
             run = anomalies.evaluate([f"l{i}" for i in range(L)], steps, m, timesteps=ts, running_first_steps=named)
             json.dumps(anomalies_body(run), allow_nan=False)
+
+
+def test_default_targets():
+    assert run_health.default_targets(["critic", "maker"]) == ["critic", "maker"]
+    assert run_health.default_targets(["aux", "loss"]) == ["loss"]
+    assert run_health.default_targets([]) == []
+
+
+def test_every_verdict_state_has_a_severity_and_every_latest_count_a_measure():
+    """A state added to the verdicts must rank in the sweep (a row of that run would fail) and be a column."""
+    assert set(anomalies.SEVERITY) == set(anomalies.STATES)
+    measured = {m.key for m in run_health.MEASURES}
+    counted = {s for s in anomalies.STATES if s not in ("ok", "nan_origin", "nonfinite", "dominated")}
+    assert {f"latest.{s}" for s in counted} <= measured and "dominated_steps" in measured  # steps, not layers

@@ -16,7 +16,6 @@ import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad.kernel import fused as fused_kernel
-from tb_layergrad.statistics import per_example_records
 from tb_layergrad.summary import per_example_write as pw
 
 keras = tf.keras
@@ -139,17 +138,6 @@ def test_only_for_the_target_loss(tmp_path, tb_reading):
         tb_layergrad.summary.gradients(grads, step=1)
     assert tb_reading.scalars(str(tmp_path)).get(".", {}) == {}
     assert ("mean_output", "weight") in tb_reading.examples(str(tmp_path))["."]
-
-
-@pytest.mark.parametrize("b", [2, 5, 64])
-def test_estimate_is_the_formula(b):
-    rng = np.random.RandomState(b)
-    sum_sq, batch_sq = rng.uniform(1, 2, size=3) * b, rng.uniform(0, 1, size=3)
-    got = per_example_records.noise_scale(tf.constant(sum_sq), tf.constant(batch_sq), b)
-    s, g2 = sum_sq.sum() / b, batch_sq.sum()
-    assert float(got.signal) == pytest.approx((b * g2 - s) / (b - 1), rel=1e-12)
-    assert float(got.trace) == pytest.approx((s - g2) * b / (b - 1), rel=1e-12)
-    assert float(got.b_simple) == pytest.approx(float(got.trace) / float(got.signal), rel=1e-12)
 
 
 @pytest.mark.slow

@@ -16,7 +16,6 @@ import tensorflow as tf
 import tb_layergrad
 from tb_layergrad import metadata
 from tb_layergrad.capturing import per_example_map
-from tb_layergrad.statistics import per_example_records
 
 keras = tf.keras
 layers = keras.layers
@@ -134,27 +133,6 @@ def test_explicit_mapping_and_unknown_paths(tmp_path, tb_reading):
     assert (out[[F[f"top_index_{j}"] for j in range(1, 6)]] == -1).all()
     assert np.isnan(out[[F[f"top_norm_{j}"] for j in range(1, 6)]]).all()
     assert ("loss", "weight") in tb_reading.examples(str(tmp_path))["."]  # its rows: all unsupported
-
-
-@pytest.mark.parametrize("batch", [0, 1, 2, 3, 7])
-def test_small_batches_pad_with_nan_and_minus_one(batch, per_example_reference):
-    n = np.arange(batch, dtype=np.float32)[::-1].copy()
-    row = per_example_records.exact_row(tf.constant(n)).numpy()
-    assert row.shape == (len(metadata.EXAMPLE_FIELDS),)
-    assert row[F["examples"]] == batch and row[F["status"]] == 0
-    if batch == 0:
-        assert np.isnan(row[[F["min"], F["median"], F["max"], F["top_share"]]]).all() and row[F["sum_sq"]] == 0
-    else:
-        per_example_reference.assert_row(row, n, 0.0)
-    k = min(batch, metadata.EXAMPLE_TOP_K)
-    assert (row[[F[f"top_index_{j}"] for j in range(k + 1, 6)]] == -1).all()
-    assert np.isnan(row[[F[f"top_norm_{j}"] for j in range(k + 1, 6)]]).all()
-
-
-def test_top_share_nan_when_every_norm_is_zero():
-    row = per_example_records.exact_row(tf.zeros([4])).numpy()
-    assert row[F["sum_sq"]] == 0 and np.isnan(row[F["top_share"]]) and row[F["max"]] == 0
-    assert [row[F[f"top_index_{j}"]] for j in range(1, 5)] == [0, 1, 2, 3]
 
 
 def test_batch_normalization_in_training_gets_status_coupled(tmp_path, tb_reading):
