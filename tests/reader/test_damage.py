@@ -145,12 +145,11 @@ def test_the_records_read_are_those_tensorboards_reader_reads(tmp_path, reliabil
     assert compared > 20
 
 
-def test_report_and_load_check_each_bytes_checksums_once(tmp_path, monkeypatch, reliability_fixtures):
+def test_report_and_load_check_each_bytes_checksums_once(tmp_path, monkeypatch, reliability_fixtures, report_command):
     """Three walks of each file in one read (TensorBoard's multiplexer, the record index, the damage check), one
     check of each record's checksums (`damage.checked_once`): the bytes checksummed are at most the file's."""
     pytest.importorskip("pandas")
     import tb_layergrad
-    from tb_layergrad.cli import report
 
     f = reliability_fixtures.write_run(str(tmp_path / "run"), reliability_fixtures.DAMAGE_LAYERS, range(40))
     checked = []
@@ -160,7 +159,8 @@ def test_report_and_load_check_each_bytes_checksums_once(tmp_path, monkeypatch, 
     assert len(tb_layergrad.load(str(tmp_path))) > 0
     assert 0 < sum(checked) <= size
     checked.clear()
-    assert [r.run for r in report.build(str(tmp_path)).runs] == ["run"]
+    code, out, _ = report_command(tmp_path, "--format", "json")
+    assert code == 0 and [r["run"] for r in json.loads(out)["runs"]] == ["run"]
     assert 0 < sum(checked) <= size
     checked.clear()
     damage.Scanner(str(tmp_path)).scan()  # outside a read of report or load(): every walk checks
