@@ -146,7 +146,9 @@ def build(
     """
     if not event_files.is_url(logdir) and not os.path.isdir(logdir):
         raise ReportError(f"no such directory: {logdir}")
-    with event_files.tensorflow_free(logdir):
+    from tb_layergrad.reader import damage  # when a report is built (`_build`)
+
+    with event_files.tensorflow_free(logdir), damage.checked_once():  # each file's checksums verified once
         return _build(logdir, runs, target, source, fail_on)
 
 

@@ -21,6 +21,7 @@ from tb_layergrad.plugin import listing
 from tb_layergrad.reader import catalog, damage, noise_scale, run_health
 from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.catalog import quote
+from tb_layergrad.reader.rule_fold import RuleFold
 from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -42,6 +43,7 @@ class Reading:
         self.blocks = BlockCache()
         self.health = run_health.HealthCache()  # the `sweep` route's rows, per run while it is unchanged
         self.answers = AnswerCache()  # the `anomalies` and `matrix` routes' bodies, per run while it is unchanged
+        self.folds = RuleFold()  # the rules of each run, extended by its new steps
         self.noise_ends = noise_scale.EndCache()
         self.damage = damage.Watch(logdir or "")
 
@@ -65,7 +67,7 @@ class Reading:
         return self.catalog(ctx, eid, runs=[run]).run(run)
 
     def source(self, ctx: object, eid: str, rc: catalog.RunCatalog) -> RunSource:
-        return RunSource(self.provider, ctx, eid, rc, self.stats, self.blocks)
+        return RunSource(self.provider, ctx, eid, rc, self.stats, self.blocks, self.folds)
 
     def latest_records(self, run: str, tags: Sequence[str], step: Optional[int]) -> Optional[Dict[str, list]]:
         """`{tag: [TensorDatum...]}`: each tag's records at its latest step at or before `step` (None: its last), found

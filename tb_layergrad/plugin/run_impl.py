@@ -23,7 +23,6 @@ from tb_layergrad.plugin.queries import CompareQuery, NoiseScaleQuery, RunQuery
 from tb_layergrad.plugin.responses import RawJson, csv_number, csv_text, dumps, float_rows_json
 from tb_layergrad.reader import (
     catalog,
-    downsample,
     examples,
     hparams,
     layer_points,
@@ -95,9 +94,8 @@ def matrix_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict:
             return _matrix_body(head, [(rows[s.key].steps, rows[s.key].column(field)) for s in chosen], q.stat, q)
         tables = src.stats(chosen, q.start, q.end)
 
-        def flags_of_bins(steps: np.ndarray) -> np.ndarray:
-            whole = tables if q.start is None and q.end is None else src.stats(chosen)  # the rules see the whole run
-            return downsample.run_flags([(whole[s.key].steps, whole[s.key].table) for s in chosen], steps)[0]
+        def flags_of_bins(steps: np.ndarray) -> np.ndarray:  # the rules see the whole run
+            return run_anomalies.whole_run_flags(src, q.target, q.source, chosen, steps)
 
         columns = [(tables[s.key].steps, tables[s.key].column(q.stat)) for s in chosen]
         return _matrix_body(head, columns, q.stat, q, flags_of_bins)

@@ -154,12 +154,14 @@ def baselines(rms) -> Tuple[np.ndarray, np.ndarray]:
     return base, end
 
 
-def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
+def detect(rms, norm, nonfinite, zero_frac, base_of=None, first_column: int = 0) -> np.ndarray:
     """The flags of every cell: uint8 [layers, steps], bits NONFINITE | VANISHING | EXPLODING | DEAD.
 
     Arguments are [layers, steps] arrays (NaN where missing). The rules, in order
     (docs/ANOMALIES.md): non-finite excludes the others; dead excludes vanishing and
     exploding; exploding excludes vanishing. So a cell has at most one flag: its state.
+    `base_of`: the layers' `baselines` over the whole run when the arrays are its columns from
+    `first_column` on (`rule_fold`: a cell's flags depend on its column and those baselines only).
     """
     r = _as_matrix(rms)
     shape = r.shape
@@ -171,8 +173,8 @@ def detect(rms, norm, nonfinite, zero_frac) -> np.ndarray:
         is_nonfinite = rec & (nf > 0)
         is_dead = rec & ~is_nonfinite & ((n == 0) | (z >= DEAD_ZERO_FRAC))
         live = rec & ~is_nonfinite & ~is_dead & (r > 0)
-        base, base_end = baselines(r)
-        after = np.arange(shape[1])[None, :] > base_end[:, None]
+        base, base_end = baselines(r) if base_of is None else base_of
+        after = first_column + np.arange(shape[1])[None, :] > base_end[:, None]
         growth = after & (r > EXPLODE_GROWTH * base[:, None])  # NaN baseline: never
         exploding = live & ((r > EXPLODE_ABS) | growth)
         # Vanishing is against the layers that are not exploding: one layer blowing up does not make the

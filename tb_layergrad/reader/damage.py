@@ -21,6 +21,7 @@ for `SETTLED_S`. A checksum that does not match or an unreadable file is damage 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -164,6 +165,51 @@ class DamageWarning(UserWarning):
     """`tb_layergrad.load()` read a logdir with a damaged event file (`Damage.line()` says which)."""
 
 
+_checked: Optional[Dict[Tuple[int, int], int]] = None  # inside `checked_once`: (device, inode) -> bytes verified
+_checked_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def checked_once() -> Iterator[None]:
+    """While inside, a file's bytes whose checksums were verified once are not verified again.
+
+    Why: `load()` and `report` walk each event file three times in one read (TensorBoard's multiplexer through
+    `event_files`, the record index, the damage check), each checking every record's two checksums, the most
+    costly part of a walk. In one read the file is the same, so the first walk's checks stand for the others;
+    each walk still frames the records itself (a damaged file is found where it was). Outside, every walk
+    checks (a server reads files that may be rewritten between its walks). Re-entrant."""
+    global _checked
+    with _checked_lock:
+        outer = _checked
+        if outer is None:
+            _checked = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            with _checked_lock:
+                _checked = None
+
+
+def _verified(fh) -> Tuple[Optional[Tuple[int, int]], int]:
+    """(the open file's key in `checked_once`'s registry, or None outside it; how many of its first bytes are
+    verified)."""
+    if _checked is None:
+        return None, 0
+    st = os.fstat(fh.fileno())
+    key = (st.st_dev, st.st_ino)
+    with _checked_lock:
+        return key, (_checked or {}).get(key, 0)
+
+
+def _mark_verified(key: Optional[Tuple[int, int]], upto: int) -> None:
+    if key is None:
+        return
+    with _checked_lock:
+        if _checked is not None and _checked.get(key, 0) < upto:
+            _checked[key] = upto
+
+
 def is_event_file(name: str) -> bool:
     """TensorBoard's rule (both loaders): a file whose name contains `tfevents`."""
     return "tfevents" in name
@@ -284,11 +330,13 @@ def _advance(path: str, state: FileState) -> int:
     try:
         with open(path, "rb") as fh:
             state.unreadable = ""
+            key, known = _verified(fh)
             while state.offset < state.size:
                 fh.seek(state.offset)
                 buf = fh.read(max(CHUNK_BYTES, _needed(fh, state)))
                 read += len(buf)
-                used = _verify(buf, state) if buf else 0
+                used = _verify(buf, state, known=known - state.offset) if buf else 0
+                _mark_verified(key, state.offset)
                 if used == 0 or state.stopped is not None or fh.tell() >= state.size:
                     break  # a fault, or the end: what is left is a partial record, read again when it grows
     except OSError as e:
@@ -321,21 +369,25 @@ def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryv
     call reads what was appended since (an index kept as a file grows, `record_index`)."""
     with open(path, "rb") as fh:
         state.size = os.fstat(fh.fileno()).st_size
+        key, known = _verified(fh)
         while state.offset < state.size and state.stopped is None:
             fh.seek(state.offset)
             start = state.offset
             buf = fh.read(max(CHUNK_BYTES, _needed(fh, state)))
             good: List[Tuple[int, int]] = []
-            if not buf or _verify(buf, state, good) == 0:
+            if not buf or _verify(buf, state, good, known - start) == 0:
                 break
+            _mark_verified(key, state.offset)
             view = memoryview(buf)
             for at, length in good:
                 yield start + at, view[at : at + length]
 
 
-def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] = None) -> int:
+def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] = None, known: int = 0) -> int:
     """Verify the whole records at the start of `buf` (read at `state.offset`); returns the bytes accepted.
-    `good`: (start, length) in `buf` of each accepted record's payload is appended to it."""
+    `good`: (start, length) in `buf` of each accepted record's payload is appended to it. `known`: the first
+    bytes of `buf` verified before in this read (`checked_once`): the records within them are framed, not
+    checked again."""
     view = memoryview(buf)
     starts: List[int] = []
     lengths: List[int] = []
@@ -361,15 +413,17 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] 
     if heads:
         data = np.frombuffer(buf, np.uint8)
         at = np.asarray(heads, np.int64)
+        new = np.flatnonzero(at + _HEADER > known)  # the lengths not verified before
+        at = at[new]
         want = data[(at + 8)[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
-        bad = np.flatnonzero(masked_crc32c_many(data, at, 8) != want)
+        bad = new[np.flatnonzero(masked_crc32c_many(data, at, 8) != want)]
         if bad.size:
             first = int(bad[0])
             state.stopped = (CORRUPT, state.offset + heads[first], "its length's checksum does not match")
             state.partial = False
             del starts[first:], lengths[first:]
     keep = good
-    good = _payloads_good(buf, starts, lengths)
+    good = _payloads_good(buf, starts, lengths, known)
     if good < len(starts):
         state.stopped = (CORRUPT, state.offset + starts[good] - _HEADER, "its payload's checksum does not match")
         state.partial = False
@@ -385,16 +439,18 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] 
     return accepted
 
 
-def _payloads_good(buf: bytes, starts: List[int], lengths: List[int]) -> int:
-    """How many of the records, in order, have a payload whose checksum matches (stops at the first that does not)."""
+def _payloads_good(buf: bytes, starts: List[int], lengths: List[int], known: int = 0) -> int:
+    """How many of the records, in order, have a payload whose checksum matches (stops at the first that does not);
+    those ending within the first `known` bytes (verified before, `checked_once`) are not checked again."""
     if not starts:
         return 0
     data = np.frombuffer(buf, np.uint8)
     starts_a = np.asarray(starts, np.int64)
     lengths_a = np.asarray(lengths, np.int64)
     ok = np.ones([len(starts)], bool)
-    for length in np.unique(lengths_a):
-        idx = np.flatnonzero(lengths_a == length)
+    fresh = starts_a + lengths_a + _FOOTER > known
+    for length in np.unique(lengths_a[fresh]):
+        idx = np.flatnonzero(fresh & (lengths_a == length))
         s = starts_a[idx]
         want = data[(s + int(length))[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
         ok[idx] = masked_crc32c_many(data, s, int(length)) == want

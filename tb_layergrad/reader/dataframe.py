@@ -133,7 +133,7 @@ def load(
             "extra: pip install 'tb-layergrad[pandas]' (or pip install pandas). Without pandas, "
             "`tb-layergrad report LOGDIR --format csv|json` gives the per-layer verdicts."
         ) from e
-    with event_files.tensorflow_free(logdir):
+    with event_files.tensorflow_free(logdir), damage.checked_once():
         return _load(pd, logdir, runs, layers, steps, columns)
 
 
@@ -274,7 +274,7 @@ def origins(
     The `Origin` of `tb_layergrad.nonfinite_origin` (`.step`, `.pass_`, `.origin`, `.line`,
     `.to_json()`); `load(logdir).attrs["nonfinite_origin"]` holds the same as dicts.
     """
-    with event_files.tensorflow_free(logdir):
+    with event_files.tensorflow_free(logdir), damage.checked_once():
         provider = event_files.open_provider(logdir)
         ctx = tb_context.RequestContext()
         return _origins(provider, ctx, catalog.load(provider, ctx, "", runs))

@@ -164,6 +164,13 @@ def run_flags(tables: Sequence[Tuple[np.ndarray, np.ndarray]], steps: np.ndarray
     }
     flags = anomalies.detect(stats["rms"], stats["norm"], stats["nonfinite"], stats["zero_frac"])
     present = anomalies.recorded(stats["rms"], stats["norm"], stats["nonfinite"], stats["zero_frac"])
+    return on_steps(every, flags, present, steps)
+
+
+def on_steps(
+    every: np.ndarray, flags: np.ndarray, present: np.ndarray, steps: np.ndarray
+) -> Tuple[np.ndarray, np.ndarray]:
+    """(flags, recorded) of the run's steps `every` taken at `steps` (0 and False at a step not among them)."""
     at = np.minimum(np.searchsorted(every, steps), max(every.size - 1, 0))
     hit = every[at] == steps if every.size else np.zeros(steps.shape, bool)
     out_flags = np.where(hit[None, :], flags[:, at], 0).astype(np.uint8)

@@ -8,14 +8,15 @@ statistics table and derived statistics as the `matrix` route, then
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.reader import anomalies, catalog, dominance, examples, layer_points, origin, series
+from tb_layergrad.reader import anomalies, catalog, dominance, downsample, examples, layer_points, origin, series
 from tb_layergrad.reader.origin import running_first_step
 from tb_layergrad.reader.run_source import RunSource
+from tb_layergrad.reader.stats_store import StatsRows
 
 
 def read_run(
@@ -49,43 +50,91 @@ def read_run(
                 ts_series[layer] = t
     data = layer_points.read_points(src, [*running.values(), *ts_series.values()], start, end)
     tables = src.stats(stats_series, start, end)
-
-    columns = [(tables[s.key].steps, tables[s.key].table) for s in stats_series]
-    steps = series.union_steps([c[0] for c in columns])
-    stats = {
-        name: np.stack([series.align(pts, series.stat_column(table, name), steps) for pts, table in columns])
-        if columns
-        else np.zeros([0, steps.size])
-        for name in anomalies.REQUIRED_STATS
-    }
     named = [None if layer not in running else running_first_step(data[running[layer].key], start) for layer in layers]
     timesteps = {layer: data[s.key].values for layer, s in ts_series.items()}
-    result = anomalies.evaluate(
-        layers,
-        steps,
-        stats,
-        run=rc.run,
-        target=target,
-        source=source,
-        indices=[rc.layer_index(layer) for layer in layers],
-        running_first_steps=named,
-        timesteps=timesteps,
-        target_values=_target_values(src, target, steps, start, end),
-    )
+    indices = [rc.layer_index(layer) for layer in layers]
+    # The whole run: the rules kept by the plugin, extended by the new steps (`rule_fold`).
+    whole = start is None and end is None
+    result = _folded(src, target, source, stats_series, tables, named, timesteps) if whole else None
+    if result is None:
+        columns = [(tables[s.key].steps, tables[s.key].table) for s in stats_series]
+        steps = series.union_steps([c[0] for c in columns])
+        stats = {
+            name: np.stack([series.align(pts, series.stat_column(table, name), steps) for pts, table in columns])
+            if columns
+            else np.zeros([0, steps.size])
+            for name in anomalies.REQUIRED_STATS
+        }
+        result = anomalies.evaluate(
+            layers,
+            steps,
+            stats,
+            run=rc.run,
+            target=target,
+            source=source,
+            indices=indices,
+            running_first_steps=named,
+            timesteps=timesteps,
+            target_values=_target_values(src, target, steps, start, end),
+        )
     result.origin = origin.locate_run(src, origin_target or target, start, end)
     return result
+
+
+def _folded(
+    src: RunSource,
+    target: str,
+    source: str,
+    chosen: Sequence[catalog.Series],
+    tables: Dict[catalog.SeriesKey, StatsRows],
+    named: Optional[List[Optional[int]]] = None,
+    timesteps: Optional[Dict[str, list]] = None,
+) -> Optional[anomalies.RunAnomalies]:
+    """The rules over the whole run as the plugin keeps them (`rule_fold`, its key the run, target and source);
+    None without a fold (`report`, `load()`) or where the layers do not share their steps."""
+    if src.folds is None or not chosen:
+        return None
+    return src.folds.evaluate(
+        (src.experiment_id, src.rc.run, target, source),
+        [s.info.layer for s in chosen],
+        [tables[s.key] for s in chosen],
+        run=src.rc.run,
+        target=target,
+        source=source,
+        indices=[src.rc.layer_index(s.info.layer) for s in chosen],
+        running_first_steps=named,
+        timesteps=timesteps,
+        target_rows=_target_rows(src, target, None, None),
+    )
+
+
+def _target_rows(src: RunSource, target: str, start: Optional[int], end: Optional[int]) -> Optional[StatsRows]:
+    """The rows of the target's own `target` series (its mean: the loss); None without one (an activation's
+    `forward`, files of older writers)."""
+    found = src.rc.find(target, target, metadata.SOURCE_TARGET, metadata.KIND_STATS)
+    return None if found is None else src.stats([found], start, end)[found.key]
 
 
 def _target_values(
     src: RunSource, target: str, steps: np.ndarray, start: Optional[int], end: Optional[int]
 ) -> Optional[np.ndarray]:
     """The target's own value (its `target` series' mean: the loss) at each of `steps`, NaN where not recorded;
-    None without a target series (an activation's `forward`, files of older writers)."""
-    found = src.rc.find(target, target, metadata.SOURCE_TARGET, metadata.KIND_STATS)
-    if found is None:
-        return None
-    rows = src.stats([found], start, end)[found.key]
-    return series.align(rows.steps, rows.column("mean"), steps)
+    None without a target series."""
+    rows = _target_rows(src, target, start, end)
+    return None if rows is None else series.align(rows.steps, rows.column("mean"), steps)
+
+
+def whole_run_flags(
+    src: RunSource, target: str, source: str, chosen: Sequence[catalog.Series], steps: np.ndarray
+) -> np.ndarray:
+    """`downsample.run_flags` of `chosen` (the run's stats series of (target, source), model order) over the whole
+    run, on `steps`: from the rules the plugin keeps of the run (`rule_fold`), else evaluated whole."""
+    whole = src.stats(chosen)
+    result = _folded(src, target, source, chosen, whole)
+    if result is not None:
+        return downsample.on_steps(result.steps, result.flags, result.recorded, steps)[0]
+    tables = [whole[s.key] for s in chosen]
+    return downsample.run_flags([(t.steps, t.table) for t in tables], steps)[0]
 
 
 def read_dominance(

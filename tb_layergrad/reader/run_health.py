@@ -104,18 +104,42 @@ def worst_health(src: RunSource, targets: Sequence[str], source: str) -> Tuple[s
 
 def global_norm_trend(src: RunSource, stats_series: Sequence[catalog.Series]) -> Optional[float]:
     """`trends.trend` of the global gradient norm: sqrt of the sum of the layers' squared norms, at the steps
-    where every layer has a record (a NaN/Inf in any layer leaves the step out, as for a layer's trend)."""
+    where every layer has a record (a NaN/Inf in any layer leaves the step out, as for a layer's trend).
+
+    Read from the layers' last rows when their last steps are the same (the union's last steps then): the trend
+    is over the last TREND_WINDOW usable steps, so a run being written is not stacked whole at each change."""
     if not stats_series:
         return None
-    tables = src.stats(stats_series)
-    steps = series.union_steps([tables[s.key].steps for s in stats_series])
-    norm = np.stack([series.align(tables[s.key].steps, tables[s.key].column("norm"), steps) for s in stats_series])
-    bad = np.stack([series.align(tables[s.key].steps, tables[s.key].column("nonfinite"), steps) for s in stats_series])
+    read = src.stats(stats_series)
+    tables = [(read[s.key].steps, read[s.key].table) for s in stats_series]
+    n = min(len(steps) for steps, _ in tables)
+    k = _TAIL
+    while k < n:
+        tail = [(steps[len(steps) - k :], table[len(steps) - k :]) for steps, table in tables]
+        if not all(np.array_equal(a, tail[0][0]) for a, _ in tail[1:]):
+            break
+        value, usable = _norm_trend(tail)
+        if usable >= trends.TREND_WINDOW:
+            return value
+        k *= 4
+    return _norm_trend(tables)[0]
+
+
+_TAIL = 64  # the layers' last rows looked at first for the global norm's trend
+
+
+def _norm_trend(tables: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[Optional[float], int]:
+    """(the global norm's trend over these rows, how many of their steps it could use)."""
+    steps = series.union_steps([t[0] for t in tables])
+    norm = np.stack([series.align(pts, series.stat_column(table, "norm"), steps) for pts, table in tables])
+    bad = np.stack([series.align(pts, series.stat_column(table, "nonfinite"), steps) for pts, table in tables])
     whole = ~np.isnan(norm).any(axis=0) & ~np.isnan(bad).any(axis=0)
     with np.errstate(over="ignore", invalid="ignore"):
         total = np.sqrt(np.square(norm[:, whole]).sum(axis=0))
-    value = trends.trend(steps[whole], total, bad[:, whole].sum(axis=0))
-    return value if value is None or math.isfinite(value) else None
+    nonfinite = bad[:, whole].sum(axis=0)
+    value = trends.trend(steps[whole], total, nonfinite)
+    usable = int(trends.usable(total, nonfinite).sum())
+    return (value if value is None or math.isfinite(value) else None), usable
 
 
 def health(src: RunSource, target: str, source: str = metadata.SOURCE_OUTPUT) -> dict:

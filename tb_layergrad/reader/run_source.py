@@ -15,6 +15,7 @@ from tensorboard.data import provider as tb_provider
 
 from tb_layergrad.reader import catalog
 from tb_layergrad.reader.block_cache import BlockCache
+from tb_layergrad.reader.rule_fold import RuleFold
 from tb_layergrad.reader.stats_store import StatsRows, StatsStore
 
 
@@ -29,6 +30,8 @@ class RunSource:
       rc: the run's catalog (`catalog.load(...).run(name)`).
       store: the plugin's `StatsStore`, so that routes share its tables; None: a store of this read alone.
       blocks: the plugin's cache of decoded version-2 blocks; None: none kept.
+      folds: the plugin's rules of each run evaluated so far, extended by its new steps (`rule_fold`); None:
+        each evaluation is whole.
 
     Example:
 
@@ -46,6 +49,7 @@ class RunSource:
     rc: catalog.RunCatalog
     store: Optional[StatsStore] = None
     blocks: Optional[BlockCache] = None
+    folds: Optional[RuleFold] = None
 
     def __post_init__(self) -> None:
         if self.store is None:

@@ -86,7 +86,7 @@ def _edges(row: np.ndarray, usable: np.ndarray) -> Optional[tuple]:
     return float(np.median(row[idx[:EDGE_STEPS]])), float(np.median(row[idx[-EDGE_STEPS:]]))
 
 
-def _usable(norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray]) -> np.ndarray:
+def usable(norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray]) -> np.ndarray:
     """bool: the steps whose norm is finite and > 0 and that hold no NaN/Inf (what the two ends are made of)."""
     with np.errstate(invalid="ignore"):
         usable = np.isfinite(norm_row) & (norm_row > 0)
@@ -112,7 +112,7 @@ def step_decay(norm_row: np.ndarray, nonfinite_row: Optional[np.ndarray] = None)
         step_decay(np.r_[np.ones(6), np.full(6, 1e-3)])  # -3.0
     """
     norm_row = np.asarray(norm_row, dtype=np.float64)
-    edges = _edges(norm_row, _usable(norm_row, nonfinite_row))
+    edges = _edges(norm_row, usable(norm_row, nonfinite_row))
     return None if edges is None else math.log10(edges[1]) - math.log10(edges[0])
 
 
@@ -147,10 +147,10 @@ def collapse_step(steps: np.ndarray, norm_row: np.ndarray, nonfinite_row: Option
     `step_decay`, same arguments with the steps): where its collapse is first seen. None if none is (or the row
     has no early level)."""
     norm_row = np.asarray(norm_row, dtype=np.float64)
-    usable = _usable(norm_row, nonfinite_row)
-    edges = _edges(norm_row, usable)
+    ok = usable(norm_row, nonfinite_row)
+    edges = _edges(norm_row, ok)
     if edges is None:
         return None
     with np.errstate(invalid="ignore"):
-        low = np.flatnonzero(usable & (norm_row <= edges[0] * 10.0**-STEP_DECAY_DECADES))
+        low = np.flatnonzero(ok & (norm_row <= edges[0] * 10.0**-STEP_DECAY_DECADES))
     return int(np.asarray(steps)[low[0]]) if low.size else None

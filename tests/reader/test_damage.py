@@ -143,3 +143,25 @@ def test_the_records_read_are_those_tensorboards_reader_reads(tmp_path, reliabil
             assert list(damage.read_records(path)) == theirs, path
             compared += len(theirs)
     assert compared > 20
+
+
+def test_report_and_load_check_each_bytes_checksums_once(tmp_path, monkeypatch, reliability_fixtures, report_command):
+    """Three walks of each file in one read (TensorBoard's multiplexer, the record index, the damage check), one
+    check of each record's checksums (`damage.checked_once`): the bytes checksummed are at most the file's."""
+    pytest.importorskip("pandas")
+    import tb_layergrad
+
+    f = reliability_fixtures.write_run(str(tmp_path / "run"), reliability_fixtures.DAMAGE_LAYERS, range(40))
+    checked = []
+    real = damage.masked_crc32c_many
+    monkeypatch.setattr(damage, "masked_crc32c_many", lambda d, s, n: checked.append(len(s) * n) or real(d, s, n))
+    size = os.path.getsize(f.path)
+    assert len(tb_layergrad.load(str(tmp_path))) > 0
+    assert 0 < sum(checked) <= size
+    checked.clear()
+    code, out, _ = report_command(tmp_path, "--format", "json")
+    assert code == 0 and [r["run"] for r in json.loads(out)["runs"]] == ["run"]
+    assert 0 < sum(checked) <= size
+    checked.clear()
+    damage.Scanner(str(tmp_path)).scan()  # outside a read of report or load(): every walk checks
+    assert sum(checked) > 0
