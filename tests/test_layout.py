@@ -400,6 +400,9 @@ def _private_imports_across_rooms(path: Path) -> Set[str]:
 # joins it).
 CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
     "distribute/test_distribute_units.py: tb_layergrad.keras.replica_payload",
+    "jax_backend/test_jax_demo.py: tb_layergrad.cli.demo",
+    "jax_backend/test_jax_demo.py: tb_layergrad.cli.demo_nan",
+    "jax_backend/test_jax_demo.py: tb_layergrad.cli.demo_sweep",
     "jax_backend/test_jax_writer.py: tb_layergrad.writer.event_writer",
     "jax_backend/test_jax_writer.py: tb_layergrad.writer.step_records",
     "keras/test_fit_activations.py: tb_layergrad.cli.demo_nan",
