@@ -72,6 +72,28 @@ def _rows(logdir):
     return {(r.source, r.layer, int(r.step)): r for r in frame.itertuples()}
 
 
+def _loss_rtol(tolerances) -> float:
+    """The bound of a value of the mse loss's step against `_reference`: the longest chain of reductions to a
+    gradient is the forward pass (FEATURES, HIDDEN, HIDDEN), the loss's mean (BATCH * 2), back through HIDDEN,
+    HIDDEN, and a weight gradient's sum over the batch."""
+    return tolerances.TWO_SIDES * tolerances.chain_rtol(
+        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
+    )
+
+
+def _assert_first_step_norms(rows, before, x, y, tolerances) -> None:
+    """Step 1's norm of every output and weight gradient, read back by `load()`, against `_reference` from the
+    weights `before` the first batch."""
+    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
+    rtol = _loss_rtol(tolerances)
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            assert abs(rows[(source, layer, 1)].norm - np.sqrt((g * g).sum())) <= rtol * np.abs(g).max() * np.sqrt(
+                g.size
+            ), (source, layer)
+
+
 def test_every_value_is_the_pure_jax_reference(logdir, tolerances):
     x, y = _data()
     model = _model()
@@ -80,11 +102,7 @@ def test_every_value_is_the_pure_jax_reference(logdir, tolerances):
               callbacks=[tb_layergrad.GradientLogger(logdir, weights=True, activations=True)])  # fmt: skip
     rows = _rows(logdir)
     loss, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
-    # The longest chain of reductions to a gradient: the forward pass (FEATURES, HIDDEN, HIDDEN), the loss's
-    # mean (BATCH * 2), back through HIDDEN, HIDDEN, and a weight gradient's sum over the batch.
-    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
-        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
-    )
+    rtol = _loss_rtol(tolerances)
     for source, want in (("output", outputs), ("weight", weights)):
         for layer, g in want.items():
             g = np.asarray(g, np.float64)
@@ -130,16 +148,7 @@ def test_rematerialised_layers_train_bitwise_unchanged_and_are_observed(logdir, 
     for a, b in zip(*trained):
         np.testing.assert_array_equal(a, b)
     rows = _rows(logdir)
-    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
-    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
-        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
-    )
-    for source, want in (("output", outputs), ("weight", weights)):
-        for layer, g in want.items():
-            g = np.asarray(g, np.float64)
-            assert abs(rows[(source, layer, 1)].norm - np.sqrt((g * g).sum())) <= rtol * np.abs(g).max() * np.sqrt(
-                g.size
-            ), (source, layer)
+    _assert_first_step_norms(rows, before, x, y, tolerances)
     assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]
 
 
@@ -293,9 +302,7 @@ def test_max_elements_writes_the_bounded_raw_tensors(logdir, tolerances, max_ele
     acc = event_accumulator.EventAccumulator(os.path.join(logdir, "train"), size_guidance={"tensors": 0})
     acc.Reload()
     _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
-    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
-        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
-    )
+    rtol = _loss_rtol(tolerances)
     h1 = np.tanh(x[:BATCH].astype(np.float64) @ before[0] + before[1])
     wanted = [("loss", "output", k, g) for k, g in outputs.items()] + [
         ("loss", "weight", k, g) for k, g in weights.items()
@@ -351,14 +358,5 @@ def test_a_users_jax_train_step_is_observed_too(logdir, tolerances):
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
               callbacks=[tb_layergrad.GradientLogger(logdir, weights=True)])  # fmt: skip
     rows = _rows(logdir)
-    _, outputs, weights = _reference(before, x[:BATCH], y[:BATCH])
-    rtol = tolerances.TWO_SIDES * tolerances.chain_rtol(
-        np.float32, [FEATURES, HIDDEN, HIDDEN, BATCH * 2, HIDDEN, HIDDEN, BATCH]
-    )
-    for source, want in (("output", outputs), ("weight", weights)):
-        for layer, g in want.items():
-            g = np.asarray(g, np.float64)
-            assert abs(rows[(source, layer, 1)].norm - np.sqrt((g * g).sum())) <= rtol * np.abs(g).max() * np.sqrt(
-                g.size
-            ), (source, layer)
+    _assert_first_step_norms(rows, before, x, y, tolerances)
     assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]
