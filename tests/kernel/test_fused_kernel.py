@@ -135,6 +135,41 @@ def test_big_tensor_counts_every_chunk(tolerances):
     assert hist.numpy()[:, 2].sum() == finite.size
 
 
+# The records of a step larger than the kernel's one-thread limit (kParallelMinElements in records.cc), in a
+# process with `threads` intra-op threads: tensors with NaN, Inf, subnormals and a float16 one, saved to a file.
+_THREADS_CODE = """
+import sys
+import numpy as np, tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+from tb_layergrad.kernel import fused
+rng = np.random.default_rng(3)
+big = (rng.normal(size=700_001) * 3).astype(np.float32)
+big[big < -2] = 0.0
+big[[40_000, 300_000, 500_000, 650_000]] = [np.nan, np.inf, -np.inf, 1e-40]
+xs = [big, rng.normal(size=(784, 256)).astype(np.float32) * 1e-3, rng.normal(size=(256,)).astype(np.float32),
+      rng.normal(size=(300, 300)).astype(np.float16)]
+hist, stats = fused.histograms_and_stats([tf.constant(x) for x in xs], 30)
+np.savez(sys.argv[2], hist=hist.numpy(), stats=stats.numpy())
+"""
+
+
+@pytest.mark.slow
+def test_records_do_not_depend_on_the_number_of_threads(tmp_path):
+    """Fixed chunks, merged in their order (records.cc): one thread and several give the same bits."""
+    files = {n: tmp_path / f"threads{n}.npz" for n in (1, 4)}
+    runs = {
+        n: subprocess.Popen([sys.executable, "-c", _THREADS_CODE, str(n), str(f)], stderr=subprocess.PIPE, text=True)
+        for n, f in files.items()
+    }
+    for run in runs.values():
+        _, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+    one, several = (np.load(files[n]) for n in (1, 4))
+    assert one["stats"][0, S["nan"]] == 1 and one["stats"][0, S["zeros"]] > 0  # the specials were read
+    np.testing.assert_array_equal(one["stats"], several["stats"])
+    np.testing.assert_array_equal(one["hist"], several["hist"])
+
+
 def test_a_step_reduces_every_tensor_in_one_op():
     tensors = [tf.random.normal([128, 256]), tf.random.normal([128, 10]), tf.random.normal([4], dtype=tf.float64)]
     fn = tf.function(lambda ts: write.reduce(ts, 30))
