@@ -31,6 +31,8 @@ using tensorflow::Tensor;
 
 constexpr int64_t kChunk = 1 << 15;    // elements per unit of parallel work
 constexpr int64_t kParallelMinElements = 1 << 17;  // fewer elements in all: one thread
+// The same for the NaN/Inf scan of an unrecorded step: one maximum over the bits, far less work per element.
+constexpr int64_t kParallelMinScanElements = 1 << 19;
 
 namespace {
 
@@ -245,7 +247,7 @@ double TensorChunkBuckets(const Tensor& x, const Chunk& c, const Moments& m, int
 // records are the same bits whatever the number of threads that read them (tested with one and four).
 class Chunks {
  public:
-  Chunks(OpKernelContext* ctx, const tensorflow::OpInputList& xs) {
+  Chunks(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int64_t min_parallel) {
     int64_t total = 0;
     for (int t = 0; t < xs.size(); ++t) {
       const int64_t n = xs[t].NumElements();
@@ -256,7 +258,7 @@ class Chunks {
     // thread): a small model's gradients are read twice on one thread (docs/DESIGN.md, "Reductions").
     pool_ = ctx->device()->tensorflow_cpu_worker_threads()->workers;
     const int threads = pool_ != nullptr ? pool_->NumThreads() : 1;
-    const int64_t blocks = total >= kParallelMinElements ? std::min<int64_t>(threads, static_cast<int64_t>(chunks_.size())) : 1;
+    const int64_t blocks = total >= min_parallel ? std::min<int64_t>(threads, static_cast<int64_t>(chunks_.size())) : 1;
     // Contiguous runs of chunks holding about total / blocks elements each, one per thread.
     bounds_.push_back(0);
     int64_t seen = 0;
@@ -324,7 +326,7 @@ bool TensorChunkHasNonfinite(const Tensor& x, const Chunk& c) {
 }  // namespace
 
 void NonfiniteFlags(OpKernelContext* ctx, const tensorflow::OpInputList& xs, bool* out) {
-  const Chunks chunks(ctx, xs);
+  const Chunks chunks(ctx, xs, kParallelMinScanElements);
   std::unique_ptr<bool[]> found(new bool[chunks.size()]);
   chunks.ForEach([&](int64_t first, int64_t last) {
     for (int64_t u = first; u < last; ++u) found[u] = TensorChunkHasNonfinite(xs[chunks.all()[u].tensor], chunks.all()[u]);
@@ -335,7 +337,7 @@ void NonfiniteFlags(OpKernelContext* ctx, const tensorflow::OpInputList& xs, boo
 
 void ComputeRecords(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int k, Tensor* hist_out, Tensor* stats_out) {
   const int num = xs.size();
-  const Chunks chunked(ctx, xs);
+  const Chunks chunked(ctx, xs, kParallelMinElements);
   const std::vector<Chunk>& chunks = chunked.all();
   const int64_t units = chunked.size();
 
