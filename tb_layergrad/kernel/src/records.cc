@@ -13,8 +13,6 @@
 // max - min overflows float32), the last bucket closed.
 #include "records.h"
 
-#include "tensorflow/core/platform/blocking_counter.h"
-
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -30,9 +28,7 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 
 constexpr int64_t kChunk = 1 << 15;    // elements per unit of parallel work
-constexpr int64_t kParallelMinElements = 1 << 17;  // fewer elements in all: one thread
-// The same for the NaN/Inf scan of an unrecorded step: one maximum over the bits, far less work per element.
-constexpr int64_t kParallelMinScanElements = 1 << 19;
+constexpr int64_t kParallelMinElements = 1 << 19;  // fewer elements in all: one thread
 
 namespace {
 
@@ -242,61 +238,37 @@ double TensorChunkBuckets(const Tensor& x, const Chunk& c, const Moments& m, int
 }
 
 // The tensors of a step cut into chunks of at most kChunk elements, and a way to run over them.
-//
-// Why fixed chunks: each chunk's partial results are kept apart and merged in chunk order, so the
-// records are the same bits whatever the number of threads that read them (tested with one and four).
 class Chunks {
  public:
-  Chunks(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int64_t min_parallel) {
+  Chunks(OpKernelContext* ctx, const tensorflow::OpInputList& xs) {
     int64_t total = 0;
     for (int t = 0; t < xs.size(); ++t) {
       const int64_t n = xs[t].NumElements();
       total += n;
       for (int64_t b = 0; b < n; b += kChunk) chunks_.push_back({t, b, std::min(n, b + kChunk)});
     }
-    // Spread over TensorFlow's CPU worker threads only when the work outweighs the handoff (waking a
-    // thread): a small model's gradients are read twice on one thread (docs/DESIGN.md, "Reductions").
+    // Spread over TensorFlow's CPU threads only when the work outweighs the handoff: waking and
+    // stealing cost as much as reading a small model's gradients twice on one thread
+    // (docs/DESIGN.md, "Benchmark notes").
     pool_ = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    const int threads = pool_ != nullptr ? pool_->NumThreads() : 1;
-    const int64_t blocks = total >= min_parallel ? std::min<int64_t>(threads, static_cast<int64_t>(chunks_.size())) : 1;
-    // Contiguous runs of chunks holding about total / blocks elements each, one per thread.
-    bounds_.push_back(0);
-    int64_t seen = 0;
-    for (size_t u = 0; u < chunks_.size(); ++u) {
-      seen += chunks_[u].end - chunks_[u].begin;
-      const int64_t b = static_cast<int64_t>(bounds_.size());
-      if (b < blocks && u + 1 < chunks_.size() && seen * blocks >= b * total) bounds_.push_back(static_cast<int64_t>(u) + 1);
-    }
-    bounds_.push_back(size());
+    parallel_ = total >= kParallelMinElements && chunks_.size() > 1;
   }
 
   const std::vector<Chunk>& all() const { return chunks_; }
   int64_t size() const { return static_cast<int64_t>(chunks_.size()); }
 
-  // work(first, last) over every chunk index, in runs [bounds_[b], bounds_[b + 1]), each on its own thread,
-  // the calling thread taking the first: one handoff per worker thread and read. No run waits on another
-  // (the caller waits for them all), and the caller reads alone where it is itself one of the pool's threads.
   void ForEach(const std::function<void(int64_t, int64_t)>& work) const {
-    const int64_t runs = static_cast<int64_t>(bounds_.size()) - 1;
-    if (runs <= 1 || pool_->CurrentThreadId() >= 0) {
+    if (parallel_) {
+      pool_->ParallelFor(size(), 4 * kChunk /* ~cycles per chunk and read */, work);
+    } else {
       work(0, size());
-      return;
     }
-    tensorflow::BlockingCounter done(static_cast<int>(runs - 1));
-    for (int64_t b = 1; b < runs; ++b) {
-      pool_->Schedule([&, b] {
-        work(bounds_[b], bounds_[b + 1]);
-        done.DecrementCount();
-      });
-    }
-    work(bounds_[0], bounds_[1]);
-    done.Wait();
   }
 
  private:
   std::vector<Chunk> chunks_;
-  std::vector<int64_t> bounds_;  // the first chunk of each run, then size()
   decltype(tensorflow::DeviceBase::CpuWorkerThreads{}.workers) pool_ = nullptr;  // TensorFlow's CPU worker pool
+  bool parallel_ = false;
 };
 
 // The largest magnitude bits of a chunk: a NaN or an Inf is any value whose exponent bits are all
@@ -326,7 +298,7 @@ bool TensorChunkHasNonfinite(const Tensor& x, const Chunk& c) {
 }  // namespace
 
 void NonfiniteFlags(OpKernelContext* ctx, const tensorflow::OpInputList& xs, bool* out) {
-  const Chunks chunks(ctx, xs, kParallelMinScanElements);
+  const Chunks chunks(ctx, xs);
   std::unique_ptr<bool[]> found(new bool[chunks.size()]);
   chunks.ForEach([&](int64_t first, int64_t last) {
     for (int64_t u = first; u < last; ++u) found[u] = TensorChunkHasNonfinite(xs[chunks.all()[u].tensor], chunks.all()[u]);
@@ -337,14 +309,15 @@ void NonfiniteFlags(OpKernelContext* ctx, const tensorflow::OpInputList& xs, boo
 
 void ComputeRecords(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int k, Tensor* hist_out, Tensor* stats_out) {
   const int num = xs.size();
-  const Chunks chunked(ctx, xs, kParallelMinElements);
+  const Chunks chunked(ctx, xs);
   const std::vector<Chunk>& chunks = chunked.all();
   const int64_t units = chunked.size();
+  auto for_each_chunk = [&](const std::function<void(int64_t, int64_t)>& work) { chunked.ForEach(work); };
 
   // Read 1: moments and range, per chunk, then per tensor.
   std::vector<Moments> chunk_moments(chunks.size());
   std::unique_ptr<bool[]> chunk_clean(new bool[chunks.size()]);
-  chunked.ForEach([&](int64_t first, int64_t last) {
+  for_each_chunk([&](int64_t first, int64_t last) {
     for (int64_t u = first; u < last; ++u) chunk_moments[u] = TensorChunkMoments(xs[chunks[u].tensor], chunks[u], &chunk_clean[u]);
   });
   std::vector<Moments> moments(num);
@@ -358,7 +331,7 @@ void ComputeRecords(OpKernelContext* ctx, const tensorflow::OpInputList& xs, int
   // Read 2: buckets and centered squares, where there are at least two distinct finite values.
   std::vector<int64_t> counts(static_cast<size_t>(units) * k, 0);
   std::vector<double> centered(chunks.size(), 0);
-  chunked.ForEach([&](int64_t first, int64_t last) {
+  for_each_chunk([&](int64_t first, int64_t last) {
     for (int64_t u = first; u < last; ++u) {
       const Chunk& c = chunks[u];
       const Moments& m = moments[c.tensor];
