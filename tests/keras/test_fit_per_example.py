@@ -220,15 +220,13 @@ def test_with_an_extra_target_the_loss_records_are_unchanged(
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode, fit_helpers, tb_reading):
+def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode, fit_helpers, tb_reading, demo_plan):
     """Every 10th step logged; step 7's batch makes a gradient non-finite while the loss stays finite, so the
     logger writes step 7 in full after all (the first non-finite step of a run). Its `examples` rows are
     computed then: the rows computed ahead under the schedule's condition do not exist for that step (they
     would read as zeros), so the layer whose gradient broke has a non-finite largest norm and the others
     positive ones."""
-    from tb_layergrad.cli.demo_nan import inputs_with_one_bad_batch
-
-    x, y = inputs_with_one_bad_batch(12, 7, -50.0, 6)
+    x, y = demo_plan.inputs_with_one_bad_batch(12, 7, -50.0, 6)
     model = fit_helpers.sqrt_model()
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **fit_helpers.compile_kwargs(mode))
     logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, update_freq=10)
