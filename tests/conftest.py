@@ -150,6 +150,29 @@ def demo_plan():
     )
 
 
+@pytest.fixture(scope="session")
+def verdicts():
+    """A layer's verdict states as documented, not as coded (the tests' independent expectation): `states`, most
+    serious first (docs/ANOMALIES.md, "One verdict"), and `severity`, the rank the `sweep` route gives a run's worst
+    one (docs/HTTP_API.md)."""
+    import types
+
+    states = (
+        "nan_origin",
+        "nonfinite",
+        "exploding",
+        "dead",
+        "vanishing",
+        "vanishing_over_steps",
+        "vanishing_through_time",
+        "dominated",
+        "ok",
+    )
+    severity = {"nan_origin": 4, "nonfinite": 4, "exploding": 3, "dead": 2, "ok": 0}
+    severity.update({s: 1 for s in ("vanishing", "vanishing_over_steps", "vanishing_through_time", "dominated")})
+    return types.SimpleNamespace(states=states, severity=severity)
+
+
 # --- the helper modules every room may use, one namespace fixture each ---
 
 
@@ -330,12 +353,13 @@ def report_json(report_command):
 @pytest.fixture(scope="session")
 def fused_kernel():
     """The fused kernel's switch in this process: `off()`, a context inside which a step is traced with TensorFlow's
-    ops (what TB_LAYERGRAD_FUSED=0, a GPU, macOS or ARM get), and `missing()` / `write_missing()`: why its op / its
-    write op is not used here (None when it is). Why a fixture: TB_LAYERGRAD_FUSED is read once per process, and
-    these tests compare both paths in one."""
+    ops (what TB_LAYERGRAD_FUSED=0, a GPU, macOS or ARM get), `missing()` / `write_missing()`: why its op / its
+    write op is not used here (None when it is), and `cannot_attempt()`: why no build can even be tried here
+    (platform, no compiler; None where one can, and nothing is built). Why a fixture: TB_LAYERGRAD_FUSED is read once
+    per process, and these tests compare both paths in one."""
     import types
 
-    from tb_layergrad.kernel import fused
+    from tb_layergrad.kernel import cache, fused
 
     def missing():
         return None if fused.op() is not None else fused.unavailable_reason()
@@ -345,7 +369,9 @@ def fused_kernel():
             return None
         return fused.unavailable_reason() or "the fused write op cannot write to TensorFlow's summary writers here"
 
-    return types.SimpleNamespace(off=fused.disabled, missing=missing, write_missing=write_missing)
+    return types.SimpleNamespace(
+        off=fused.disabled, missing=missing, write_missing=write_missing, cannot_attempt=cache.unavailable_reason
+    )
 
 
 @pytest.fixture
