@@ -4,6 +4,7 @@ TensorFlow's log level is left as the user has it: the tests' subprocesses then 
 (tb-layergrad's commands must be quiet without TF_CPP_MIN_LOG_LEVEL).
 """
 
+import contextlib
 import importlib
 import json
 import os
@@ -355,8 +356,8 @@ def fused_kernel():
     """The fused kernel's switch in this process: `off()`, a context inside which a step is traced with TensorFlow's
     ops (what TB_LAYERGRAD_FUSED=0, a GPU, macOS or ARM get), `missing()` / `write_missing()`: why its op / its
     write op is not used here (None when it is), and `cannot_attempt()`: why no build can even be tried here
-    (platform, no compiler; None where one can, and nothing is built). Why a fixture: TB_LAYERGRAD_FUSED is read once
-    per process, and these tests compare both paths in one."""
+    (platform, no compiler; None where one can, and nothing is built). `off()` sets TB_LAYERGRAD_FUSED=0, the
+    user's switch, read each time a step is traced; a session-wide fixture because `monkeypatch` is per test."""
     import types
 
     from tb_layergrad.kernel import cache, fused
@@ -369,8 +370,20 @@ def fused_kernel():
             return None
         return fused.unavailable_reason() or "the fused write op cannot write to TensorFlow's summary writers here"
 
+    @contextlib.contextmanager
+    def off():
+        before = os.environ.get(fused.ENV_SWITCH)
+        os.environ[fused.ENV_SWITCH] = "0"
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[fused.ENV_SWITCH]
+            else:
+                os.environ[fused.ENV_SWITCH] = before
+
     return types.SimpleNamespace(
-        off=fused.disabled, missing=missing, write_missing=write_missing, cannot_attempt=cache.unavailable_reason
+        off=off, missing=missing, write_missing=write_missing, cannot_attempt=cache.unavailable_reason
     )
 
 
