@@ -47,8 +47,8 @@ class _Series:
     values: array.array = dataclasses.field(default_factory=lambda: array.array("i"))  # index in the summary
     max_step: Optional[int] = None
     max_wall: Optional[float] = None
-    # Each record's array, decoded as the file was walked, until the series is first read (`RecordIndex(walked=...)`).
-    arrays: Optional[List[np.ndarray]] = None
+    # Each record's tensor as the walk parsed it (`_packed`), until the series is first read (`keep_walked`).
+    arrays: Optional[list] = None
 
 
 @dataclasses.dataclass
@@ -216,7 +216,7 @@ class RecordIndex:
             s.lengths.append(length)
             s.values.append(i)
             if s.arrays is not None:
-                s.arrays.append(_ndarray(value.tensor))
+                s.arrays.append(_packed(value.tensor))
             s.max_step = event.step if s.max_step is None else max(s.max_step, event.step)
             s.max_wall = event.wall_time if s.max_wall is None else max(s.max_wall, event.wall_time)
         return ours
@@ -279,7 +279,9 @@ class RecordIndex:
         """The records `rows` of `s` from the arrays kept as the file was walked, which are then dropped (called
         under the index's lock: `_selected`)."""
         arrays, s.arrays = s.arrays, None
-        return [tb_provider.TensorDatum(step=s.steps[i], wall_time=s.walls[i], numpy=arrays[i]) for i in rows]
+        return [
+            tb_provider.TensorDatum(step=s.steps[i], wall_time=s.walls[i], numpy=_unpacked(arrays[i])) for i in rows
+        ]
 
     def read_since(
         self, run: str, since: Dict[str, Optional[Position]]
@@ -400,12 +402,25 @@ _NUMPY_DTYPES: Dict[int, object] = {}  # TensorProto dtype -> the numpy dtype `m
 def _ndarray(tensor) -> np.ndarray:
     """`tensor_util.make_ndarray`'s array, the same way for a tensor's packed bytes (what the writer writes)
     without its per-call dtype lookup and element count, which were most of reading a record."""
+    return _unpacked(_packed(tensor))
+
+
+def _packed(tensor) -> object:
+    """What `_unpacked` makes a tensor's array of: its packed bytes, dtype and shape (not decoded: a walk keeps every
+    record of every series, and a reader may ask for few of them), or the array itself for a tensor without them."""
     if not tensor.tensor_content:
         return tensor_util.make_ndarray(tensor)
-    dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    return tensor.tensor_content, tensor.dtype, [d.size for d in tensor.tensor_shape.dim]
+
+
+def _unpacked(packed: object) -> np.ndarray:
+    if isinstance(packed, np.ndarray):
+        return packed
+    content, dtype_enum, shape = packed
+    dtype = _NUMPY_DTYPES.get(dtype_enum)
     if dtype is None:
-        dtype = _NUMPY_DTYPES[tensor.dtype] = dtypes.as_dtype(tensor.dtype).as_numpy_dtype
-    return np.frombuffer(tensor.tensor_content, dtype=dtype).copy().reshape([d.size for d in tensor.tensor_shape.dim])
+        dtype = _NUMPY_DTYPES[dtype_enum] = dtypes.as_dtype(dtype_enum).as_numpy_dtype
+    return np.frombuffer(content, dtype=dtype).copy().reshape(shape)
 
 
 def _size(path: str) -> int:
