@@ -177,7 +177,7 @@ def _queries(run: str, layer: str) -> Dict[str, dict]:
         "matrix": {"run": run, "points": 600},
         "stats": {"run": run, "layer": layer, "points": 600},
         "histograms": {"run": run, "layer": layer, "max_steps": 50},
-        "anomalies": {"run": run},
+        "anomalies": {"run": run, "points": 600},  # as the tab asks: the rules, no step's flags past 600
         "sweep": {},
         "csv": {"run": run, "layer": layer, "start": 0, "end": 1000},
     }

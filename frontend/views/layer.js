@@ -122,9 +122,10 @@ export class LayerView {
     const window_ = { ...rangeOf(state.zoom), points: pointsFor(this.charts.chartWidth() - 72) };
     try {
       // Each series' verdict over the whole run, from the `anomalies` route (the rules compare the layer
-      // with every other layer of its target and source). Without it the view still works.
+      // with every other layer of its target and source; `points: 1`: its summaries, not each step's flags, which
+      // this view does not draw). Without it the view still works.
       const verdictOf = (x) =>
-        x.activation ? Promise.resolve(null) : api.anomalies({ run: state.run, target: x.target, source: x.source, layer: x.layer }, { signal }).then(
+        x.activation ? Promise.resolve(null) : api.anomalies({ run: state.run, target: x.target, source: x.source, layer: x.layer, points: 1 }, { signal }).then(
           (b) => {
             const entry = b.layers.find((l) => l.layer === x.layer);
             if (!entry || !entry.verdict) return null;

@@ -164,12 +164,15 @@ export class OverviewView {
     // One bin per pixel of the heatmap (docs/HTTP_API.md, "Binned answers"); a zoom narrows the range.
     const window_ = start !== undefined ? { start } : { ...rangeOf(state.zoom), points: pointsFor(this._plotWidth()) };
     try {
-      // The flags depend on the whole run (a layer's baseline is its first steps): always asked for in full.
-      // They, and where the run broke (`summary.origin`), are of the gradients, whichever values colour the cells.
+      // The flags depend on the whole run (a layer's baseline is its first steps): the rules are always asked for
+      // over it, each step's flags only for the grid's steps, and none when the grid is binned (the matrix's bins
+      // carry them; docs/HTTP_API.md). They, and where the run broke (`summary.origin`), are of the gradients,
+      // whichever values colour the cells.
       const values = this._of(state) === "activation" ? valuesOf({ of: "activation" }) : { target: state.target, source: state.source };
+      const flagSteps = window_.points ? { points: window_.points, ...(state.zoom ? { flags_start: state.zoom[0], flags_end: state.zoom[1] } : {}) } : {};
       let [bodies, an] = await Promise.all([
         Promise.all(stats.map((stat) => api.matrix({ run: state.run, ...values, stat, ...window_ }, { signal: abort.signal }))),
-        api.anomalies({ run: state.run, target: state.target, source: state.source }, { signal: abort.signal }),
+        api.anomalies({ run: state.run, target: state.target, source: state.source, ...flagSteps }, { signal: abort.signal }),
       ]);
       if (abort.signal.aborted) return;
       // The layers and bins of a statistics answer; a per-example one is put on its rows by layer name.

@@ -165,7 +165,7 @@ def _build(
     provider = event_files.open_provider(logdir)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "")
-    said = damage.Scanner(logdir).said(cat.runs, runs or None)
+    said = damage.Scanner(logdir, known=event_files.walked(provider)).said(cat.runs, runs or None)
     damaged = [d.line() for run in sorted(said) for d in said[run]]  # files read up to a fault: said first
     if not cat.runs:
         raise ReportError(f"no tb_layergrad data under {logdir}" + "".join(f"; {w}" for w in damaged + cat.warnings))

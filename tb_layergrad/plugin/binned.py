@@ -68,6 +68,20 @@ def columns_body(
     values, recorded = _on_axis(columns, steps)
     b = downsample.downsample(steps, values, points, start, end, flags=flags, recorded=recorded)
     flags = np.zeros(values.shape, np.uint8) if flags is None else flags
+    return binned_columns(b, steps, stat, points, values[:, b.kept], flags[:, b.kept], recorded[:, b.kept])
+
+
+def binned_columns(
+    b: downsample.Binned,
+    steps: np.ndarray,
+    stat: str,
+    points: int,
+    kept_values: np.ndarray,
+    kept_flags: np.ndarray,
+    kept_recorded: np.ndarray,
+) -> dict:
+    """`columns_body` of bins made already (`downsample.downsample`, or `bin_pyramid` for a whole run being
+    written): `kept_*` [columns, kept] are the columns at the kept rows `b.kept` of `steps`."""
     return {
         **_head(b, points),
         "min": [_values(row, stat) for row in b.lo],
@@ -76,8 +90,8 @@ def columns_body(
         "flags": downsample.encode(b.flags, b.recorded),
         "kept": {
             "steps": [int(s) for s in steps[b.kept]],
-            "values": [_values(row, stat) for row in values[:, b.kept]],
-            "flags": downsample.encode(flags[:, b.kept], recorded[:, b.kept]),
+            "values": [_values(row, stat) for row in kept_values],
+            "flags": downsample.encode(kept_flags, kept_recorded),
         },
     }
 
@@ -105,6 +119,21 @@ def stats_body(
     recorded = np.ones(values.shape, bool)
     row_flags = np.repeat(flags, len(names), axis=0)
     b = downsample.downsample(steps, values, points, start, end, flags=row_flags, recorded=recorded)
+    return binned_stats(b, steps, wall_times, points, values[:, b.kept], flags[:, b.kept])
+
+
+def binned_stats(
+    b: downsample.Binned,
+    steps: np.ndarray,
+    wall_times: np.ndarray,
+    points: int,
+    kept_values: np.ndarray,
+    kept_flags: np.ndarray,
+) -> dict:
+    """`stats_body` of bins made already (`downsample.downsample` of `series.ALL_STATS`' columns, or `bin_pyramid`
+    for a whole run being written): `kept_values` [statistics, kept], `kept_flags` [1, kept] at `b.kept`."""
+    names = series.ALL_STATS
+    recorded = np.ones((1, b.kept.size), bool)
     first_rows = np.searchsorted(steps, b.first)
     per: Dict[str, dict] = {"min": {}, "max": {}, "not_finite": {}}
     for k, name in enumerate(names):
@@ -119,7 +148,7 @@ def stats_body(
         "kept": {
             "steps": [int(s) for s in steps[b.kept]],
             "wall_times": float_list(wall_times[b.kept]),
-            "stats": {name: _values(values[k, b.kept], name) for k, name in enumerate(names)},
-            "flags": downsample.encode(flags[:, b.kept], recorded[:1, b.kept])[0],
+            "stats": {name: _values(kept_values[k], name) for k, name in enumerate(names)},
+            "flags": downsample.encode(kept_flags, recorded)[0],
         },
     }

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 from tb_layergrad import metadata
 from tb_layergrad.plugin.responses import finite_or_none, float_list
 from tb_layergrad.reader import anomalies, catalog, dominance, series, trends
@@ -100,16 +102,32 @@ def describe_layer(rc: catalog.RunCatalog, layer: str) -> dict:
     }
 
 
-def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = None) -> dict:
+def anomalies_body(
+    result: anomalies.RunAnomalies,
+    only_layer: Optional[str] = None,
+    flags_start: Optional[int] = None,
+    flags_end: Optional[int] = None,
+    points: Optional[int] = None,
+) -> dict:
     """The `anomalies` route: the rules' flags per step and the summaries, of one layer or all; `dominated`
-    only when the reader could say (the run has per-example records for the target and source)."""
-    flags = result.flag_strings()
+    only when the reader could say (the run has per-example records for the target and source).
+
+    The per-step fields (`steps`, `max_rms`, `vanish_reference`, each layer's `flags`) are those of the steps in
+    [flags_start, flags_end]; more of them than `points`: none (`"binned": true`), so that the answer a chart asks
+    for is as long as the chart is wide, not as the run is long (the binned `matrix` carries the flags per bin)."""
+    lo = 0 if flags_start is None else int(np.searchsorted(result.steps, flags_start, side="left"))
+    hi = result.steps.size if flags_end is None else int(np.searchsorted(result.steps, flags_end, side="right"))
+    hi = max(lo, hi)
+    binned = points is not None and hi - lo > points
+    if binned:
+        lo = hi
+    cut = slice(lo, hi)
     layers = []
     for i, s in enumerate(result.summaries):
         if only_layer is not None and s.layer != only_layer:
             continue
         entry = result.layer_json(i)  # with its `verdict` (`anomalies.layer_verdicts`)
-        entry["flags"] = flags[i]
+        entry["flags"] = anomalies.encode_flags(result.flags[i, cut], result.recorded[i, cut])
         layers.append(entry)
     body = {
         "run": result.run,
@@ -118,9 +136,10 @@ def anomalies_body(result: anomalies.RunAnomalies, only_layer: Optional[str] = N
         "thresholds": dict(anomalies.THRESHOLDS),
         "trend_window": trends.TREND_WINDOW,
         "flag_bits": dict(anomalies.FLAG_BITS),
-        "steps": [int(x) for x in result.steps],
-        "max_rms": float_list(result.max_rms),
-        "vanish_reference": float_list(result.vanish_reference),
+        **({"binned": binned} if points is not None else {}),
+        "steps": [int(x) for x in result.steps[cut]],
+        "max_rms": float_list(result.max_rms[cut]),
+        "vanish_reference": float_list(result.vanish_reference[cut]),
         "layers": layers,
         "summary": result.summary_json(),
     }

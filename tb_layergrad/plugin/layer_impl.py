@@ -7,6 +7,8 @@ query (`queries.LayerQuery`); it returns the JSON body as a dict (docs/HTTP_API.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 from tensorboard import errors
 
@@ -15,8 +17,10 @@ from tb_layergrad.plugin import binned, example_bodies
 from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.queries import LayerQuery
 from tb_layergrad.plugin.responses import count_list, finite_or_none, float_list, float_matrix
-from tb_layergrad.reader import downsample, examples, layer_points, series
+from tb_layergrad.reader import catalog, downsample, examples, layer_points, series
 from tb_layergrad.reader.catalog import quote
+from tb_layergrad.reader.run_source import RunSource
+from tb_layergrad.reader.stats_store import StatsRows
 
 
 def stat_values(values: np.ndarray, stat: str) -> list:
@@ -34,6 +38,10 @@ def stats_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
     rows = src.stats([s], q.start, q.end)[s.key]
     head = {**q.head(), "index": s.info.index, "dtype": s.info.dtype}
     if binned.needed(q.points, rows.steps):
+        if q.start is None and q.end is None:  # the whole run: its bins appended to
+            got = _pyramid_stats(reading, eid, q, s, src, rows)
+            if got is not None:
+                return {**head, **got}
         whole = rows if q.start is None and q.end is None else src.stats([s])[s.key]  # the rules see the whole run
         flags, _ = downsample.run_flags([(whole.steps, whole.table)], rows.steps)
         return {**head, **binned.stats_body(rows.steps, rows.wall_times, rows.table, flags, q.points, q.start, q.end)}
@@ -45,6 +53,36 @@ def stats_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
         "wall_times": float_list(rows.wall_times),
         "stats": {name: stat_values(rows.column(name), name) for name in series.ALL_STATS},
     }
+
+
+def _pyramid_stats(
+    reading: Reading, eid: str, q: LayerQuery, s: catalog.Series, src: RunSource, rows: StatsRows
+) -> Optional[dict]:
+    """The binned `stats` of a whole run from its power-of-two bins kept and appended to (`reader.bin_pyramid`), the
+    layer's own flags extended by its new steps (`rule_fold`, the layer alone): the body `binned.stats_body` gives,
+    at a cost of the run's new steps; None where those cannot answer it."""
+    if src.folds is None:
+        return None
+    key = (eid, q.run, q.target, q.source, s.info.layer)
+    alone = src.folds.evaluate(
+        (*key, "alone"),
+        [s.info.layer],
+        [rows],
+        run=q.run,
+        target=q.target,
+        source=q.source,
+        indices=[s.info.index],
+        running_first_steps=[None],
+        timesteps=None,
+        target_rows=None,
+    )
+    if alone is None or alone.steps.size != len(rows):
+        return None
+    got = reading.bins.binned_stats(key, rows, series.ALL_STATS, alone.flags, q.points)
+    if got is None:
+        return None
+    b, kept = got
+    return binned.binned_stats(b, rows.steps, rows.wall_times, q.points, kept.values, kept.flags[:1])
 
 
 def histograms_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:

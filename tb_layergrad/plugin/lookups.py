@@ -19,6 +19,7 @@ from tensorboard.data import provider as tb_provider
 from tb_layergrad import metadata
 from tb_layergrad.plugin import listing
 from tb_layergrad.reader import catalog, damage, noise_scale, run_health
+from tb_layergrad.reader.bin_pyramid import BinPyramids
 from tb_layergrad.reader.block_cache import BlockCache
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.rule_fold import RuleFold
@@ -44,6 +45,7 @@ class Reading:
         self.health = run_health.HealthCache()  # the `sweep` route's rows, per run while it is unchanged
         self.answers = AnswerCache()  # the `anomalies` and `matrix` routes' bodies, per run while it is unchanged
         self.folds = RuleFold()  # the rules of each run, extended by its new steps
+        self.bins = BinPyramids()  # the binned matrix's bins of each run, appended to by its new steps
         self.noise_ends = noise_scale.EndCache()
         self.damage = damage.Watch(logdir or "")
 

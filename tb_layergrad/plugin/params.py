@@ -99,10 +99,10 @@ def step(args: MultiDict, name: str = "step") -> Optional[int]:
     return integer(args, name, 0, MAX_STEP)
 
 
-def step_range(args: MultiDict) -> Tuple[Optional[int], Optional[int]]:
-    start, end = step(args, "start"), step(args, "end")
+def step_range(args: MultiDict, first: str = "start", last: str = "end") -> Tuple[Optional[int], Optional[int]]:
+    start, end = step(args, first), step(args, last)
     if start is not None and end is not None and start > end:
-        raise _bad(f"start ({start}) is after end ({end})")
+        raise _bad(f"{first} ({start}) is after {last} ({end})")
     return start, end
 
 

@@ -50,6 +50,8 @@ class RunQuery:
     stat: Optional[str] = None
     max_steps: Optional[int] = None
     points: Optional[int] = None
+    flags_start: Optional[int] = None  # `anomalies`: the steps whose flags are sent (the rules see [start, end])
+    flags_end: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,9 +172,18 @@ def csv_query(args: MultiDict) -> RunQuery:
 
 
 def anomalies_query(args: MultiDict) -> RunQuery:
+    """`flags_start`/`flags_end`: the steps whose flags are sent; `points`: none sent if they are more (a binned
+    `matrix` carries them per bin), so that a long run's answer is not every step's flags."""
     run = params.required_name(args, "run")
     q = _run_query(args, run)
-    return dataclasses.replace(q, layer=params.optional_name(args, "layer", None))
+    flags_start, flags_end = params.step_range(args, "flags_start", "flags_end")
+    return dataclasses.replace(
+        q,
+        layer=params.optional_name(args, "layer", None),
+        points=params.points(args),
+        flags_start=flags_start,
+        flags_end=flags_end,
+    )
 
 
 def compare_query(args: MultiDict) -> CompareQuery:

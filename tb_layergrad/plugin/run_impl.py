@@ -30,7 +30,9 @@ from tb_layergrad.reader import (
     series,
 )
 from tb_layergrad.reader.catalog import quote
+from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.series import align
+from tb_layergrad.reader.stats_store import StatsRows
 
 _UNSAFE_FILENAME = re.compile(r"[^A-Za-z0-9._-]+")
 Columns = Sequence[Tuple[np.ndarray, np.ndarray]]  # (steps, values) per layer or run
@@ -93,6 +95,10 @@ def matrix_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict:
             field = examples.MATRIX_STATS[q.stat]
             return _matrix_body(head, [(rows[s.key].steps, rows[s.key].column(field)) for s in chosen], q.stat, q)
         tables = src.stats(chosen, q.start, q.end)
+        if q.points is not None and q.start is None and q.end is None:  # the whole run: its bins appended to
+            got = _pyramid_body(reading, eid, q, head, src, chosen, tables)
+            if got is not None:
+                return got
 
         def flags_of_bins(steps: np.ndarray) -> np.ndarray:  # the rules see the whole run
             return run_anomalies.whole_run_flags(src, q.target, q.source, chosen, steps)
@@ -101,6 +107,31 @@ def matrix_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict:
         return _matrix_body(head, columns, q.stat, q, flags_of_bins)
 
     return reading.answers.answer((eid, "matrix", q), src.rc.signature, compute)
+
+
+def _pyramid_body(
+    reading: Reading,
+    eid: str,
+    q: RunQuery,
+    head: dict,
+    src: RunSource,
+    chosen: Sequence[catalog.Series],
+    tables: Dict[catalog.SeriesKey, StatsRows],
+) -> Optional[dict]:
+    """The binned matrix of a whole run from its power-of-two bins kept and appended to (`reader.bin_pyramid`):
+    the body `_matrix_body` gives, at a cost of the run's new steps; None where those cannot answer it."""
+    rows = [tables[s.key] for s in chosen]
+    if not rows or not binned.needed(q.points, rows[0].steps):
+        return None
+    flags = run_anomalies.folded_flags(src, q.target, q.source, chosen, tables)
+    if flags is None:
+        return None
+    got = reading.bins.binned((eid, q.run, q.target, q.source, q.stat), rows, q.stat, flags, q.points)
+    if got is None:
+        return None
+    b, kept = got
+    recorded = np.ones(kept.values.shape, bool)
+    return {**head, **binned.binned_columns(b, rows[0].steps, q.stat, q.points, kept.values, kept.flags, recorded)}
 
 
 def _compared(reading: Reading, ctx: object, eid: str, q: CompareQuery) -> Dict[str, catalog.Series]:
@@ -192,7 +223,7 @@ def anomalies_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict
             raise missing_series(rc, q.target, q.source, "stats")
         # One example dominating a layer (docs/ANOMALIES.md): the report's reader, None without per-example records.
         result.dominated = run_anomalies.read_dominance(src, q.target, q.source, q.start, q.end)
-        return bodies.anomalies_body(result, q.layer)
+        return bodies.anomalies_body(result, q.layer, q.flags_start, q.flags_end, q.points)
 
     return reading.answers.answer((eid, "anomalies", q), rc.signature, compute)
 

@@ -173,9 +173,10 @@ _checked_lock = threading.Lock()
 def checked_once() -> Iterator[None]:
     """While inside, a file's bytes whose checksums were verified once are not verified again.
 
-    Why: `load()` and `report` walk each event file three times in one read (TensorBoard's multiplexer through
-    `event_files`, the record index, the damage check), each checking every record's two checksums, the most
-    costly part of a walk. In one read the file is the same, so the first walk's checks stand for the others;
+    Why: `load()` and `report` may walk an event file more than once in one read (TensorBoard's multiplexer and the
+    record index share one walk, `RecordIndex.walk`, but a file that walk did not take is read by each), each
+    walk checking every record's two checksums, the most costly part of a walk. In one read the file is the same,
+    so the first walk's checks stand for the others;
     each walk still frames the records itself (a damaged file is found where it was). Outside, every walk
     checks (a server reads files that may be rewritten between its walks). Re-entrant."""
     global _checked
@@ -228,11 +229,13 @@ class Scanner:
       settled_s: how long a partial last record or an empty file must stay unchanged to be damage.
     """
 
-    def __init__(self, logdir: str, settled_s: float = SETTLED_S) -> None:
+    def __init__(self, logdir: str, settled_s: float = SETTLED_S, known: Optional[Dict[str, FileState]] = None) -> None:
+        """`known`: {normalized path: its state} of files another walk of this read verified already (the record
+        index's, `RecordIndex.file_states`): a scan reads only what it did not."""
         self.logdir = logdir
         self.checked = bool(logdir) and "://" not in logdir
         self._settled_s = settled_s
-        self._files: Dict[str, FileState] = {}
+        self._files: Dict[str, FileState] = dict(known or {})
         self._lock = threading.RLock()
         self._bytes_read = 0
 
@@ -368,7 +371,8 @@ def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryv
     in order, up to the first damage or partial record; `state` advances past each chunk read, so the next
     call reads what was appended since (an index kept as a file grows, `record_index`)."""
     with open(path, "rb") as fh:
-        state.size = os.fstat(fh.fileno()).st_size
+        st = os.fstat(fh.fileno())
+        state.size, state.mtime = st.st_size, st.st_mtime  # as `Scanner` takes them: it may go on from `state`
         key, known = _verified(fh)
         while state.offset < state.size and state.stopped is None:
             fh.seek(state.offset)

@@ -159,12 +159,15 @@ def _load(
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "", runs)
     frames = []
+    origins: Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]] = {}
     for run_name, rc in cat.runs.items():
         stats_series = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
         store = StatsStore(provider)
         # The whole run's tables: the verdicts read them, and they are kept by the store for that read.
         tables = store.read(ctx, "", run_name, stats_series)
-        states = run_anomalies.read_states(RunSource(provider, ctx, "", rc, store=store)) if want_state else {}
+        src = RunSource(provider, ctx, "", rc, store=store)
+        states = run_anomalies.read_states(src) if want_state else {}
+        origins[run_name] = _run_origins(src)  # from the tables read once for this run
         example_series = [s for s in rc.series if s.info.kind == metadata.KIND_EXAMPLES]
         examples = _examples(provider, ctx, run_name, example_series) if want_examples else {}
         order = {layer: i for i, layer in enumerate(rc.layers())}
@@ -208,14 +211,16 @@ def _load(
     for name in hparams.names(values):
         if asked is None or hparams.column(name) in asked:
             df[hparams.column(name)] = pd.Series([values[run].get(name) for run in df["run"]], index=df.index)
-    said = damage.Scanner(logdir).said(cat.runs, None if runs is None else set(runs))
+    said = damage.Scanner(logdir, known=event_files.walked(provider)).said(
+        cat.runs, None if runs is None else set(runs)
+    )
     found = [d for run in sorted(said) for d in said[run]]
     for d in found:
         warnings.warn(d.line(), damage.DamageWarning, stacklevel=3)
     df.attrs["damage"] = [d.to_json() for d in found]
     df.attrs["nonfinite_origin"] = {
         run: {t: (o.to_json() if o is not None else None) for t, o in by_target.items()}
-        for run, by_target in _origins(provider, ctx, cat).items()
+        for run, by_target in origins.items()
     }
     return df
 
@@ -281,7 +286,8 @@ def origins(
 
 
 def _origins(provider: Any, ctx: Any, cat: catalog.Catalog) -> Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]]:
-    return {
-        run: {t: origin.locate_run(RunSource(provider, ctx, "", rc), t) for t in rc.targets()}
-        for run, rc in cat.runs.items()
-    }
+    return {run: _run_origins(RunSource(provider, ctx, "", rc)) for run, rc in cat.runs.items()}
+
+
+def _run_origins(src: RunSource) -> Dict[str, Optional[nonfinite_origin.Origin]]:
+    return {t: origin.locate_run(src, t) for t in src.rc.targets()}

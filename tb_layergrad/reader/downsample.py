@@ -76,11 +76,17 @@ def kept_rows(flags: np.ndarray, recorded: np.ndarray, limit: int) -> np.ndarray
         np.bitwise_or.reduce(onsets(flags, recorded), axis=0) if flags.shape[0] else np.zeros(flags.shape[1], np.uint8)
     )
     rows = np.flatnonzero(started)
+    return choose_kept(rows, started[rows], limit)
+
+
+def choose_kept(rows: np.ndarray, started: np.ndarray, limit: int) -> np.ndarray:
+    """Of the ascending `rows` where flags start (`started`: the bits each starts), at most `limit`: the most serious
+    kinds first, then the earliest; ascending."""
     if rows.size <= limit:
         return rows
     rank = np.full(rows.size, len(_PRIORITY), np.int64)
     for r, bit in reversed(list(enumerate(_PRIORITY))):
-        rank[(started[rows] & bit) > 0] = r
+        rank[(started & bit) > 0] = r
     chosen = rows[np.lexsort((rows, rank))[:limit]]
     return np.sort(chosen)
 

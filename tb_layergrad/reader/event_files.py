@@ -26,7 +26,7 @@ import importlib
 import os
 import threading
 import types
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from tensorboard import compat
 
@@ -42,6 +42,7 @@ _READING_MODULES = (
     "tensorboard.backend.event_processing.plugin_asset_util",
 )
 _lock = threading.RLock()
+_walking: Optional[record_index.RecordIndex] = None  # the index `open_provider` builds as the multiplexer loads
 
 
 def is_url(logdir: str) -> bool:
@@ -73,7 +74,10 @@ class _RecordReader:
         if not os.path.exists(path):
             raise stub.errors.NotFoundError(None, None, f"{path} does not point to valid Events file")
         self._errors = stub.errors
-        self._records = damage.read_records(path)
+        index = _walking
+        # Inside `open_provider`: the file is indexed in the same walk, and only the records that are not ours are
+        # handed on (the multiplexer keeps none of ours; the index reads them).
+        self._records = index.walk(path) if index is not None else damage.read_records(path)
         self._current: Optional[bytes] = None
 
     def GetNext(self) -> None:  # noqa: N802 - the stand-in's name
@@ -127,6 +131,7 @@ def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
     # Imported when asked: the plugin, which imports the reader at TensorBoard's start, never reads this way.
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
+    global _walking
     local = not is_url(logdir)
     mux = plugin_event_multiplexer.EventMultiplexer(tensor_size_guidance={metadata.PLUGIN_NAME: 1 if local else 0})
     if runs is None:
@@ -145,6 +150,25 @@ def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
                 path = os.path.join(logdir, *name.split("/"))
             if is_url(logdir) or os.path.isdir(path):
                 mux.AddRun(path, name)
-    mux.Reload()
+    index = record_index.RecordIndex(logdir, keep_walked=True) if local else None
+    with _lock:  # one walk of each file: the multiplexer's reader indexes our records as it goes (`_RecordReader`)
+        _walking = index if _swapped_in(_READING_MODULES[-2]) else None
+        try:
+            mux.Reload()
+        finally:
+            _walking = None
     provider = data_provider.MultiplexerDataProvider(mux, logdir)
-    return record_index.LocalProvider(provider, logdir) if local else provider
+    return record_index.LocalProvider(provider, logdir, index=index) if local else provider
+
+
+def _swapped_in(name: str) -> bool:
+    """Whether module `name` reads through `tensorflow_free`'s stand-in now (else TensorFlow's reader, which never
+    calls `_RecordReader`)."""
+    module = importlib.import_module(name)
+    return getattr(getattr(module, "tf", None), "__name__", "") == "tb_layergrad_tensorflow_stub"
+
+
+def walked(provider: Any) -> Dict[str, damage.FileState]:
+    """What `open_provider`'s walk verified of each file (`damage.Scanner`'s `known`); {} for a `gs://` logdir."""
+    index = getattr(provider, "index", None)
+    return index.file_states() if index is not None else {}

@@ -76,10 +76,14 @@ def first_nonfinite_steps(
             running[s.key] = f
     records = layer_points.read_points(src, list(running.values()), start, end)
     out: Dict[catalog.SeriesKey, Optional[int]] = {}
+    whole = start is None and end is None and src.folds is not None  # kept by the plugin, extended by new rows
     for s in stats_series:
         rows = tables[s.key]
-        bad = np.flatnonzero(rows.column("nonfinite") > 0)
-        first = int(rows.steps[bad[0]]) if bad.size else None
+        if whole:
+            first = src.folds.first_nonfinite((src.experiment_id, rc.run, s.key), rows)
+        else:
+            bad = np.flatnonzero(rows.column("nonfinite") > 0)
+            first = int(rows.steps[bad[0]]) if bad.size else None
         f = running.get(s.key)
         if f is not None:
             named = running_first_step(records[f.key], start)

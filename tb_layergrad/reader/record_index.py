@@ -21,7 +21,7 @@ import dataclasses
 import os
 import random
 import threading
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -47,6 +47,8 @@ class _Series:
     values: array.array = dataclasses.field(default_factory=lambda: array.array("i"))  # index in the summary
     max_step: Optional[int] = None
     max_wall: Optional[float] = None
+    # Each record's tensor as the walk parsed it (`_packed`), until the series is first read (`keep_walked`).
+    arrays: Optional[list] = None
 
 
 @dataclasses.dataclass
@@ -59,6 +61,8 @@ class _Run:
     meta: Dict[str, summary_pb2.SummaryMetadata] = dataclasses.field(default_factory=dict)  # every tag's first
     series: Dict[str, _Series] = dataclasses.field(default_factory=dict)  # the layergrad tensor tags
 
+
+NOT_AN_EVENT = "a record that is not an Event"
 
 # Where a reader of a series stopped: (the run's reading, records read). The records past it are the same as
 # the end of a whole read of the series as long as the run was not read anew (a file removed or shrunk).
@@ -84,8 +88,12 @@ class RecordIndex:
       logdir: a local folder (TensorBoard's `--logdir`).
     """
 
-    def __init__(self, logdir: str) -> None:
+    def __init__(self, logdir: str, keep_walked: bool = False) -> None:
+        """`keep_walked`: the records `walk` reads are decoded as it parses them and kept until their series is
+        first read (a reader of every record once, `load()` and `report`: each event parsed once, not again by
+        offset); the plugin's index keeps only where each record lies."""
         self.logdir = logdir
+        self._keep_walked = keep_walked
         self._runs: Dict[str, _Run] = {}
         self._lock = threading.RLock()
         self._epochs = 0
@@ -119,6 +127,18 @@ class RecordIndex:
                         state.files.append(path)
                     self._advance(state, state.files.index(path), path)
 
+    def file_states(self) -> Dict[str, damage.FileState]:
+        """{path (normalized): how far the index read the file} of every file walked, but those it stopped at a
+        record that is no Event (framed well: the damage check reads past it): for `damage.Scanner`, which then
+        reads only what the index did not."""
+        with self._lock:
+            return {
+                os.path.normpath(p): fs
+                for r in self._runs.values()
+                for p, fs in r.states.items()
+                if fs.stopped is None or fs.stopped[2] != NOT_AN_EVENT
+            }
+
     def forget(self, run: str) -> None:
         """Drops what is known of `run`: the next refresh reads its files anew."""
         with self._lock:
@@ -130,22 +150,52 @@ class RecordIndex:
             if fs.stopped is not None or os.stat(path).st_size <= fs.offset:
                 return  # nothing new; or a fault the loaders read no further than, nor do we
             for offset, payload in damage.read_new_records(path, fs):
-                if not self._add(run, file_no, offset, len(payload), payload):
+                if self._add(run, file_no, offset, len(payload), payload) is None:
                     # A well-framed record that is no Event: TensorBoard's loaders read no further, nor do we.
-                    fs.stopped = (damage.CORRUPT, offset, "a record that is not an Event")
+                    fs.stopped = (damage.CORRUPT, offset, NOT_AN_EVENT)
                     break
         except OSError:
             return  # unreadable now (the damage check says so); read from where it stopped when readable
 
+    def walk(self, path: str) -> Iterator[bytes]:
+        """The records of the event file `path` that are not all layergrad tensors, while it is indexed: one walk of
+        the file for the index and a reader of the rest (TensorBoard's multiplexer in `load()` and `report`,
+        `event_files`), each record parsed once here. As `read_records`: up to the first damaged record, and no
+        further than a record that is no Event (the index stops there too)."""
+        folder, name = os.path.split(os.path.normpath(path))
+        run_name = os.path.relpath(folder, os.path.normpath(self.logdir)).replace(os.sep, "/")
+        path = os.path.join(self._folder(run_name), name)  # as `refresh` names it
+        with self._lock:
+            run = self._runs.get(run_name) or self._runs.setdefault(run_name, self._new_run())
+            if path not in run.states:
+                run.states[path] = damage.FileState()
+                run.files.append(path)
+            fs, file_no = run.states[path], run.files.index(path)
+        if fs.offset or fs.stopped is not None:  # walked before: the multiplexer's share is read as it was
+            yield from damage.read_records(path)
+            return
+        for offset, payload in damage.read_new_records(path, fs):
+            with self._lock:
+                ours = self._add(run, file_no, offset, len(payload), payload, self._keep_walked)
+            if ours is None:
+                fs.stopped = (damage.CORRUPT, offset, NOT_AN_EVENT)
+                return
+            if not ours:
+                yield bytes(payload)
+
     @staticmethod
-    def _add(run: _Run, file_no: int, offset: int, length: int, payload: memoryview) -> bool:
-        """Indexes the record's layergrad tensors; False when it is no Event."""
+    def _add(
+        run: _Run, file_no: int, offset: int, length: int, payload: memoryview, keep: bool = False
+    ) -> Optional[bool]:
+        """Indexes the record's layergrad tensors; None when it is no Event, else whether every value of it is a
+        layergrad tensor (an event without a summary is not)."""
         try:
             event = event_pb2.Event.FromString(bytes(payload))
         except DecodeError:
+            return None
+        if not event.HasField("summary") or not event.summary.value:
             return False
-        if not event.HasField("summary"):
-            return True
+        ours = True
         for i, value in enumerate(event.summary.value):
             if value.HasField("metadata") and value.tag not in run.meta:
                 run.meta[value.tag] = value.metadata
@@ -154,9 +204,10 @@ class RecordIndex:
                     md.plugin_data.plugin_name == metadata.PLUGIN_NAME
                     and md.data_class == summary_pb2.DATA_CLASS_TENSOR
                 ):
-                    run.series[value.tag] = _Series(meta=md)
+                    run.series[value.tag] = _Series(meta=md, arrays=[] if keep else None)
             s = run.series.get(value.tag)
             if s is None or not value.HasField("tensor"):
+                ours = False
                 continue
             s.steps.append(event.step)
             s.walls.append(event.wall_time)
@@ -164,9 +215,11 @@ class RecordIndex:
             s.offsets.append(offset)
             s.lengths.append(length)
             s.values.append(i)
+            if s.arrays is not None:
+                s.arrays.append(_packed(value.tensor))
             s.max_step = event.step if s.max_step is None else max(s.max_step, event.step)
             s.max_wall = event.wall_time if s.max_wall is None else max(s.max_wall, event.wall_time)
-        return True
+        return ours
 
     def _selected(self, runs: Sequence[str], run_tag_filter: Optional[tb_provider.RunTagFilter]):
         tags = None if run_tag_filter is None or run_tag_filter.tags is None else set(run_tag_filter.tags)
@@ -207,12 +260,28 @@ class RecordIndex:
     ) -> Dict[str, Dict[str, List[tb_provider.TensorDatum]]]:
         """`DataProvider.read_tensors` of the layergrad series of `runs`: each record read from its file."""
         plans: List[Tuple[str, str, List[str], List[Tuple[int, int, int, int]]]] = []
+        walked: Dict[str, Dict[str, List[tb_provider.TensorDatum]]] = {}
         for run, r, chosen in self._selected(runs, run_tag_filter):
             for tag, s in chosen:
                 n = len(s.steps)
-                picks = [(s.files[i], s.offsets[i], s.lengths[i], s.values[i]) for i in downsample(n, downsample_to)]
+                rows = downsample(n, downsample_to)
+                if s.arrays is not None:
+                    walked.setdefault(run, {})[tag] = self._walked(s, rows)
+                    continue
+                picks = [(s.files[i], s.offsets[i], s.lengths[i], s.values[i]) for i in rows]
                 plans.append((run, tag, list(r.files), picks))
-        return self._read_plans(plans)
+        out = self._read_plans(plans)
+        for run, tags in walked.items():
+            out.setdefault(run, {}).update(tags)
+        return out
+
+    def _walked(self, s: _Series, rows: Iterable[int]) -> List[tb_provider.TensorDatum]:
+        """The records `rows` of `s` from the arrays kept as the file was walked, which are then dropped (called
+        under the index's lock: `_selected`)."""
+        arrays, s.arrays = s.arrays, None
+        return [
+            tb_provider.TensorDatum(step=s.steps[i], wall_time=s.walls[i], numpy=_unpacked(arrays[i])) for i in rows
+        ]
 
     def read_since(
         self, run: str, since: Dict[str, Optional[Position]]
@@ -226,18 +295,23 @@ class RecordIndex:
         was given, or the run was read anew since). Tags the run does not have are absent."""
         f = tb_provider.RunTagFilter(runs=[run], tags=list(since))
         plans, where = [], {}
+        walked: Dict[str, List[tb_provider.TensorDatum]] = {}
         for _, r, chosen in self._selected([run], f):
             for tag, s in chosen:
                 n = len(s.steps)
                 pos = since.get(tag)
                 whole = pos is None or pos[0] != r.epoch or pos[1] > n
                 first = 0 if whole else pos[1]
+                where[tag] = ((r.epoch, n), whole)
+                if s.arrays is not None:
+                    walked[tag] = self._walked(s, range(first, n))
+                    continue
                 picks = [(s.files[i], s.offsets[i], s.lengths[i], s.values[i]) for i in range(first, n)]
                 plans.append((run, tag, list(r.files), picks))
-                where[tag] = ((r.epoch, n), whole)
-        read = self._read_plans(plans).get(run)
+        read = self._read_plans(plans).get(run) if plans else {}
         if read is None:
             return {}
+        read.update(walked)
         return {tag: (where[tag][0], where[tag][1], data) for tag, data in read.items()}
 
     def _read_plans(
@@ -328,12 +402,25 @@ _NUMPY_DTYPES: Dict[int, object] = {}  # TensorProto dtype -> the numpy dtype `m
 def _ndarray(tensor) -> np.ndarray:
     """`tensor_util.make_ndarray`'s array, the same way for a tensor's packed bytes (what the writer writes)
     without its per-call dtype lookup and element count, which were most of reading a record."""
+    return _unpacked(_packed(tensor))
+
+
+def _packed(tensor) -> object:
+    """What `_unpacked` makes a tensor's array of: its packed bytes, dtype and shape (not decoded: a walk keeps every
+    record of every series, and a reader may ask for few of them), or the array itself for a tensor without them."""
     if not tensor.tensor_content:
         return tensor_util.make_ndarray(tensor)
-    dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    return tensor.tensor_content, tensor.dtype, [d.size for d in tensor.tensor_shape.dim]
+
+
+def _unpacked(packed: object) -> np.ndarray:
+    if isinstance(packed, np.ndarray):
+        return packed
+    content, dtype_enum, shape = packed
+    dtype = _NUMPY_DTYPES.get(dtype_enum)
     if dtype is None:
-        dtype = _NUMPY_DTYPES[tensor.dtype] = dtypes.as_dtype(tensor.dtype).as_numpy_dtype
-    return np.frombuffer(tensor.tensor_content, dtype=dtype).copy().reshape([d.size for d in tensor.tensor_shape.dim])
+        dtype = _NUMPY_DTYPES[dtype_enum] = dtypes.as_dtype(dtype_enum).as_numpy_dtype
+    return np.frombuffer(content, dtype=dtype).copy().reshape(shape)
 
 
 def _size(path: str) -> int:
@@ -349,9 +436,11 @@ class LocalProvider:
     Every other call (runs, scalars, other plugins' series, hparams) is TensorBoard's. The runs are those
     TensorBoard lists, so a run appears when TensorBoard finds it."""
 
-    def __init__(self, data_provider: object, logdir: str) -> None:
+    def __init__(self, data_provider: object, logdir: str, index: Optional[RecordIndex] = None) -> None:
+        """`index`: the index of `logdir` to read through (one built as TensorBoard's loader walked the files,
+        `RecordIndex.walk`); None: a new one."""
         self._provider = data_provider
-        self.index = RecordIndex(logdir)
+        self.index = index if index is not None else RecordIndex(logdir)
 
     def __getattr__(self, name: str):
         return getattr(self._provider, name)

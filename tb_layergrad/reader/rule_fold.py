@@ -17,6 +17,7 @@ a step written again, a file shrunk or read anew, layers logged at other steps) 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import threading
@@ -32,16 +33,16 @@ _EDGE = trends.EDGE_STEPS
 _TAIL = 64  # last rows looked at first for a layer's windows at the end (grown until they hold enough)
 
 
-def _mark(table: np.ndarray) -> tuple:
+def mark(table: np.ndarray) -> tuple:
     """What says that a later table begins with these rows: the memory that holds them (a weak reference, so
     that a table dropped by the store is not kept alive here), where they begin, their layout and count."""
     owner = table.base if table.base is not None else table
     return (weakref.ref(owner), table.__array_interface__["data"][0], table.strides, table.shape[0])
 
 
-def _extends(mark: tuple, table: np.ndarray) -> bool:
-    """`table` is the rows `mark` was taken of, with or without rows after them."""
-    ref, at, strides, n = mark
+def extends(kept: tuple, table: np.ndarray) -> bool:
+    """`table` is the rows `kept` (a `mark`) was taken of, with or without rows after them."""
+    ref, at, strides, n = kept
     owner = table.base if table.base is not None else table
     return (
         n > 0
@@ -127,6 +128,27 @@ class RuleFold:
         self._states: Dict[Hashable, _State] = {}
         self._lock = threading.Lock()
         self._key_locks: Dict[Hashable, threading.Lock] = {}
+        self._firsts: "collections.OrderedDict[Hashable, Tuple[tuple, Optional[int]]]" = collections.OrderedDict()
+
+    def first_nonfinite(self, key: Hashable, rows: StatsRows) -> Optional[int]:
+        """The first step of `rows` (one series' whole table) whose record counts a NaN/Inf, or None; only the rows
+        after those looked at last under `key` are looked at when the table is the same memory with rows after
+        them (where a run first went non-finite, `origin`, asked at every change of a run being written)."""
+        with self._lock:
+            kept = self._firsts.get(key)
+        n0, found = 0, None
+        if kept is not None and extends(kept[0], rows.table):
+            n0, found = kept[0][3], kept[1]
+        if found is None and len(rows) > n0:
+            bad = np.flatnonzero(series.stat_column(rows.table[n0:], "nonfinite") > 0)
+            found = int(rows.steps[n0 + bad[0]]) if bad.size else None
+        if len(rows):
+            with self._lock:
+                self._firsts[key] = (mark(rows.table), found)
+                self._firsts.move_to_end(key)
+                while len(self._firsts) > self._max * 64:
+                    self._firsts.popitem(last=False)
+        return found
 
     def evaluate(
         self,
@@ -160,7 +182,7 @@ class RuleFold:
             if (
                 state is not None
                 and state.key == shape
-                and all(_extends(m, t) for m, t in zip(state.marks, marks))
+                and all(extends(m, t) for m, t in zip(state.marks, marks))
                 and (target_rows is None or self._target_follows(state, target_rows, first))
             ):
                 n0 = state.n
@@ -173,7 +195,7 @@ class RuleFold:
             result = self._extend(
                 state, n0, tables, target_rows, run, target, source, layers, indices, running_first_steps, timesteps
             )
-            state.marks = [_mark(m) for m in marks]
+            state.marks = [mark(m) for m in marks]
             with self._lock:
                 self._states[key] = state
                 while len(self._states) > self._max:

@@ -124,6 +124,21 @@ def _target_values(
     return None if rows is None else series.align(rows.steps, rows.column("mean"), steps)
 
 
+def folded_flags(
+    src: RunSource,
+    target: str,
+    source: str,
+    chosen: Sequence[catalog.Series],
+    tables: Dict[catalog.SeriesKey, StatsRows],
+) -> Optional[np.ndarray]:
+    """The rules' flags (uint8 [layers, steps]) of `chosen` over the whole run (`tables`: each one's whole rows, on
+    the same steps) as the plugin keeps them (`rule_fold`); None without a fold or where the steps differ."""
+    result = _folded(src, target, source, chosen, tables)
+    if result is None or any(len(tables[s.key]) != result.steps.size for s in chosen):
+        return None
+    return result.flags
+
+
 def whole_run_flags(
     src: RunSource, target: str, source: str, chosen: Sequence[catalog.Series], steps: np.ndarray
 ) -> np.ndarray:

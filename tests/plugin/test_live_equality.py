@@ -99,9 +99,14 @@ def _bodies(tb) -> dict:
         "runs": {},
         "matrix": {**q, "stat": "rms"},
         "matrix_binned": {**q, "stat": "norm", "points": 50},
+        "matrix_binned_range": {**q, "stat": "norm", "points": 50, "start": 0},
         "stats": {**q, "layer": layer},
+        "stats_binned": {**q, "layer": layer, "points": 40},
+        "stats_binned_range": {**q, "layer": layer, "points": 40, "start": 0},  # binned by `downsample`
         "histograms": {**q, "layer": layer},
         "anomalies": q,
+        "anomalies_window": {**q, "points": 100, "flags_start": 90, "flags_end": 150},
+        "anomalies_binned": {**q, "points": 10},
         "sweep": {},
         "csv": q,
     }
@@ -112,6 +117,12 @@ def _bodies(tb) -> dict:
         got = tb.get(name.split("_")[0], query)
         assert got.status_code == 200, (name, got.data[:300])
         out[name] = got.data if name == "csv" else json.loads(got.data)
+    for name in ("matrix_binned", "stats_binned"):  # the whole run's bins, appended to, are `downsample`'s
+        whole, ranged = out[name], out[name + "_range"]
+        assert ranged["binned"] and len(ranged["steps"]) > 1, name
+        assert {k: v for k, v in whole.items() if k not in ("start", "end")} == {
+            k: v for k, v in ranged.items() if k not in ("start", "end")
+        }, name
     for row in out["runs"]["runs"]:  # what the plugin has read so far, not what the run holds
         row.pop("sweep_read", None)
         row.pop("statistics_read", None)
@@ -217,3 +228,24 @@ def test_each_new_record_is_read_once_whoever_asks(
     decoded.clear()
     _bodies(live)
     assert decoded == []
+
+
+def test_anomalies_send_the_flags_of_the_steps_asked(tmp_path, plugin_fixtures, long_fixtures, reliability_fixtures):
+    """`flags_start`/`flags_end`: each step's fields of those steps only; `points`: none when they are more (the
+    tab's binned grid takes its flags from the matrix's bins); the rules and summaries those of the whole run."""
+    w = _Writer(str(tmp_path), long_fixtures, reliability_fixtures)
+    w.write(range(240))
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    whole = json.loads(tb.get("anomalies", {"run": RUN}).data)
+    window = json.loads(tb.get("anomalies", {"run": RUN, "flags_start": 200, "flags_end": 235, "points": 36}).data)
+    rows = slice(200, 236)  # a record at every step from 0
+    assert window["binned"] is False and window["steps"] == whole["steps"][rows] == list(range(200, 236))
+    assert window["max_rms"] == whole["max_rms"][rows] and window["vanish_reference"] == whole["vanish_reference"][rows]
+    assert [e["flags"] for e in window["layers"]] == [e["flags"][rows] for e in whole["layers"]]
+    assert window["layers"][1]["flags"][30:32] == "11"  # the NaN and the Inf of net/mid
+    binned = json.loads(tb.get("anomalies", {"run": RUN, "flags_start": 200, "flags_end": 235, "points": 35}).data)
+    assert binned["binned"] is True and binned["steps"] == [] and {e["flags"] for e in binned["layers"]} == {""}
+    for body in (window, binned):
+        assert body["summary"] == whole["summary"]
+        assert [{**e, "flags": ""} for e in body["layers"]] == [{**e, "flags": ""} for e in whole["layers"]]
+    assert tb.get("anomalies", {"run": RUN, "flags_start": 5, "flags_end": 4}).status_code == 400

@@ -110,3 +110,43 @@ def test_a_run_being_written_is_read_from_where_the_last_read_stopped(tmp_path, 
     listed = ours.list_tensors(ctx, experiment_id=EID, plugin_name=metadata.PLUGIN_NAME)
     assert {s.max_step for s in listed["live"].values()} == {11}
     assert os.path.getsize(f.path) > 0
+
+
+def test_load_and_report_walk_each_file_once(tmp_path, monkeypatch, reliability_fixtures):
+    """`event_files.open_provider` (what `load()` and `report` read through) indexes our records in the walk
+    TensorBoard's multiplexer makes, which gets only the other records: each file is walked once, the answers are
+    those of TensorBoard keeping every record, the other summaries are TensorBoard's, and the damage check reads
+    nothing the walk verified."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+
+    from tb_layergrad.reader import damage, event_files
+
+    logdir = str(tmp_path)
+    reliability_fixtures.damaged_logdir(logdir)
+    f = reliability_fixtures.write_run(os.path.join(logdir, "mixed"), reliability_fixtures.DAMAGE_LAYERS, range(3))
+    for step in range(3, 6):  # another plugin's scalars between our records
+        scalar = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag="lr", simple_value=0.1 * step)])
+        f.append_raw(
+            reliability_fixtures.frame(event_pb2.Event(step=step, wall_time=1.0, summary=scalar).SerializeToString())
+        )
+        f.write(step, reliability_fixtures.DAMAGE_LAYERS)
+    walks = []
+    real = damage.read_new_records
+    monkeypatch.setattr(damage, "read_new_records", lambda path, state: walks.append(path) or real(path, state))
+    ctx = context.RequestContext()
+    with event_files.tensorflow_free(logdir), damage.checked_once():
+        ours = event_files.open_provider(logdir)
+        walked = list(walks)
+        assert len(walked) == len(set(walked)) == 7  # each event file TensorBoard reads (not the unreadable), once
+        kw = dict(experiment_id=EID, plugin_name=metadata.PLUGIN_NAME)
+        assert not any(ours._provider.list_tensors(ctx, **kw).values())  # noqa: SLF001 - TensorBoard kept none of ours
+        assert _same(_tensorboard(logdir), ours, ctx) > 0  # read first as walked, then from the files
+        said = damage.Scanner(logdir, known=event_files.walked(ours))
+        fresh = damage.Scanner(logdir)
+        assert said.scan() == fresh.scan() != {} and said.bytes_read == 0 < fresh.bytes_read
+    scalars = dict(experiment_id=EID, plugin_name="scalars", downsample=10)
+    got = ours.read_scalars(ctx, **scalars)["mixed"]["lr"]
+    assert [(d.step, d.value) for d in got] == [
+        (d.step, d.value) for d in _tensorboard(logdir).read_scalars(ctx, **scalars)["mixed"]["lr"]
+    ]
+    assert [d.step for d in got] == [3, 4, 5]

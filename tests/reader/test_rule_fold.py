@@ -145,6 +145,9 @@ def test_a_run_folded_step_by_step_equals_its_whole_evaluation(seed, monkeypatch
         )
         want = _whole(tables, target, running)
         _same(got, want)
+        for j, t in enumerate(tables):  # each layer's first NaN/Inf step (`origin`), scanned from the new rows
+            bad = np.flatnonzero(t.column("nonfinite") > 0)
+            assert fold.first_nonfinite(("k", j), t) == (int(t.steps[bad[0]]) if bad.size else None)
         seen_states.update(s for v in want.verdicts() for s in (v.state, *(a["state"] for a in v.also)))
         seen_states.update(anomalies.flag_names(int(np.bitwise_or.reduce(want.flags, axis=None))))
     assert {"nonfinite", "exploding", "dead", "vanishing", "vanishing_over_steps"} <= seen_states  # all reached
