@@ -26,7 +26,6 @@ holds. Both raise RuntimeError where the kernel is not available (`unavailable_r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
@@ -39,7 +38,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -60,7 +59,6 @@ _BUILD_TIMEOUT_S = 600
 
 _lock = threading.Lock()
 _state: dict = {}  # "module": the loaded library or None once decided; "error": why not
-_enabled = [True]
 
 
 def _cpu_flags() -> str:
@@ -195,9 +193,17 @@ def _compile(compiler: str, output: Path, target: Path) -> None:
     raise RuntimeError(f"{message}\n(later processes do not compile again; {cache.retry_hint(target)})")
 
 
+def _switched_off() -> bool:
+    """Whether the user turned the kernel off (`TB_LAYERGRAD_FUSED=0`).
+
+    Why read on every call, not once: a step is traced when it first runs, so a user
+    who sets the variable in a notebook after importing, or compares both paths in
+    one process, gets what they set for every step traced from then on.
+    """
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+
+
 def _load() -> Tuple[Optional[Any], Optional[str]]:
-    if os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
-        return None, f"{ENV_SWITCH}=0"
     unsupported = cache.supported_platform()
     if unsupported:  # not a warning: TensorFlow's ops are what this platform is meant to use
         log.info("tb_layergrad: %s; TensorFlow ops compute the records", unsupported)
@@ -247,8 +253,9 @@ def _write_op_error(module: Any) -> Optional[str]:
 
 
 def _module() -> Optional[Any]:
-    """The loaded library, or None when it cannot be used here (decided once per process)."""
-    if not _enabled[0]:
+    """The loaded library, or None when it cannot be used here (built and loaded once per process; the switch
+    is read each time)."""
+    if _switched_off():
         return None
     with _lock:
         if "module" not in _state:
@@ -273,18 +280,7 @@ def write_op():
 
 def unavailable_reason() -> Optional[str]:
     """Why `op()` is None (None when it is not, or has not been asked for yet)."""
-    return _state.get("error") if _enabled[0] else "disabled by tb_layergrad.kernel.fused.disabled()"
-
-
-@contextlib.contextmanager
-def disabled() -> Iterator[None]:
-    """Use TensorFlow's ops instead of the kernel while tracing/running inside (tests, comparisons)."""
-    before = _enabled[0]
-    _enabled[0] = False
-    try:
-        yield
-    finally:
-        _enabled[0] = before
+    return f"{ENV_SWITCH}=0" if _switched_off() else _state.get("error")
 
 
 # -- the two ops, called from Python: what they take, in a few named parts --------------------

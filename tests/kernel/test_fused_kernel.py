@@ -74,11 +74,12 @@ def _cases() -> list:
 
 @pytest.mark.parametrize("graph", [False, True])
 @pytest.mark.slow
-def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph, reference_checks, tolerances):
+def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph, reference_checks, tolerances, monkeypatch):
     tensors = [tf.constant(a) if isinstance(a, np.ndarray) else a for a in _cases()]
     run = tf.function if graph else (lambda f: f)
     fused = run(lambda ts: write.reduce(ts, 30))(tensors)
-    with fused_kernel.disabled():
+    with monkeypatch.context() as env:
+        env.setenv(fused_kernel.ENV_SWITCH, "0")
         plain = run(lambda ts: write.reduce(ts, 30))(tensors)
     for t, (hist, stats), (p_hist, p_stats) in zip(tensors, fused, plain):
         hist, stats = hist.numpy(), stats.numpy()
@@ -135,7 +136,7 @@ def test_big_tensor_counts_every_chunk(tolerances):
     assert hist.numpy()[:, 2].sum() == finite.size
 
 
-def test_a_step_reduces_every_tensor_in_one_op():
+def test_a_step_reduces_every_tensor_in_one_op(monkeypatch):
     tensors = [tf.random.normal([128, 256]), tf.random.normal([128, 10]), tf.random.normal([4], dtype=tf.float64)]
     fn = tf.function(lambda ts: write.reduce(ts, 30))
     graph = fn.get_concrete_function(tensors).graph
@@ -144,7 +145,8 @@ def test_a_step_reduces_every_tensor_in_one_op():
     # The float64 tensor takes TensorFlow's path (the kernel reads 16- and 32-bit floats only).
     result = fn(tensors)
     assert len(result) == 3
-    with fused_kernel.disabled():
+    with monkeypatch.context() as env:
+        env.setenv(fused_kernel.ENV_SWITCH, "0")
         alone = reductions.histogram_and_stats(tensors[2], 30)
     np.testing.assert_array_equal(result[2][1].numpy(), alone[1].numpy())
 
@@ -185,3 +187,21 @@ def test_without_the_kernel_the_records_are_the_same(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1].split(" | ")[:2] == ["True", f"{fused_kernel.ENV_SWITCH}=0"]
+
+
+def test_the_switch_is_read_each_time_a_step_is_traced(monkeypatch):
+    """`TB_LAYERGRAD_FUSED=0` set after the kernel was loaded (a notebook, a comparison in one process) takes effect
+    for the next traced step, and unset brings the kernel back: what a step uses is what the user set."""
+    available = fused_kernel.op() is not None
+    step = lambda: tf.function(lambda t: write.reduce([t], 30)).get_concrete_function(tf.ones([8]))  # noqa: E731
+
+    def fused_ops(concrete) -> int:
+        return [op.type for op in concrete.graph.get_operations()].count(fused_kernel.OP_NAME)
+
+    assert fused_ops(step()) == (1 if available else 0)
+    monkeypatch.setenv(fused_kernel.ENV_SWITCH, "0")
+    assert fused_kernel.op() is None and fused_kernel.unavailable_reason() == f"{fused_kernel.ENV_SWITCH}=0"
+    assert fused_ops(step()) == 0
+    monkeypatch.delenv(fused_kernel.ENV_SWITCH)
+    assert (fused_kernel.op() is not None) == available
+    assert fused_ops(step()) == (1 if available else 0)
