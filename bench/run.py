@@ -51,6 +51,9 @@ SHORT_STEP_ROUNDS = 4
 # fit() runs this many times the rounds, of epochs of ~0.5 s or 14 batches (docs/DESIGN.md, "Benchmark notes");
 # a model whose plain step is under 10 ms (the MLP) SHORT_STEP_ROUNDS times more again (180).
 FIT_ROUNDS = 3
+# --smoke: one round everywhere (it only checks that the scripts run; its figures mean nothing), not the extra
+# rounds that steady a figure: (SHORT_STEP_ROUNDS, FIT_ROUNDS) as --smoke uses them.
+SMOKE_EXTRA_ROUNDS = (1, 1)
 # The section of the cost of weights=True in fit(), and its target (issue: within 1.02x of weights=False).
 WEIGHTS_HEADING = "### fit() with weights=True"
 WEIGHTS_TARGET = 1.02
@@ -92,7 +95,14 @@ def machine() -> str:
     )
 
 
-def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_steps: int, figures: Dict) -> List[str]:
+def overhead_tables(
+    models: List[str],
+    rounds: int,
+    block_seconds: float,
+    fit_steps: int,
+    figures: Dict,
+    extra_rounds: Tuple[int, int] = (SHORT_STEP_ROUNDS, FIT_ROUNDS),
+) -> List[str]:
     import overhead
     from models import MODELS
 
@@ -101,7 +111,7 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
     for name in models:
         logdir = overhead.new_logdir()
         base, ratios, per_round, loop_rounds = overhead.interleaved(
-            overhead.custom_loop_variants(name, logdir), rounds, block_seconds, short_step_rounds=SHORT_STEP_ROUNDS
+            overhead.custom_loop_variants(name, logdir), rounds, block_seconds, short_step_rounds=extra_rounds[0]
         )
         loop_rows.append((name, base, ratios))
         figures.setdefault("loop", {})[name] = ratios
@@ -118,7 +128,7 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
             )
         )
         steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))  # at least ~one block
-        fit_rounds = rounds * FIT_ROUNDS * (SHORT_STEP_ROUNDS if base < overhead.SHORT_STEP_S else 1)
+        fit_rounds = rounds * extra_rounds[1] * (extra_rounds[0] if base < overhead.SHORT_STEP_S else 1)
         base_fit, ratios = overhead.interleaved_results(overhead.fit_variants(name, logdir, steps), fit_rounds)
         fit_rows.append((name, base_fit, ratios))
         figures.setdefault("fit", {})[name] = ratios
@@ -147,7 +157,14 @@ def overhead_tables(models: List[str], rounds: int, block_seconds: float, fit_st
     return lines
 
 
-def weights_tables(rounds: int, block_seconds: float, fit_steps: int, figures: Dict, command: str) -> List[str]:
+def weights_tables(
+    rounds: int,
+    block_seconds: float,
+    fit_steps: int,
+    figures: Dict,
+    command: str,
+    extra_rounds: Tuple[int, int] = (SHORT_STEP_ROUNDS, FIT_ROUNDS),
+) -> List[str]:
     """The section of the cost of `weights=True` in fit(): the MLP (the shortest step, where a fixed cost shows
     most), every layer every step, against the same logger with `weights=False`, interleaved in one process; the
     CPU time beside it, and the fused kernel's reduction of the weight gradients alone (what the added time is)."""
@@ -162,7 +179,7 @@ def weights_tables(rounds: int, block_seconds: float, fit_steps: int, figures: D
         steps = overhead.fit_epoch_steps(max(fit_steps, int(block_seconds / base)))
         # The MLP's step is a short one (SHORT_STEP_ROUNDS more rounds) even where a loaded machine makes the probe
         # read more than SHORT_STEP_S: under load a ratio needs more rounds, not fewer.
-        fit_rounds = rounds * FIT_ROUNDS * SHORT_STEP_ROUNDS
+        fit_rounds = rounds * extra_rounds[1] * extra_rounds[0]
         start_load = os.getloadavg()[0]
         variants = overhead.weights_fit_variants("mlp", logdir, steps)
         step, ratios = overhead.interleaved_results(variants, fit_rounds)
@@ -223,7 +240,14 @@ def weights_tables(rounds: int, block_seconds: float, fit_steps: int, figures: D
     ]
 
 
-def no_kernel_tables(models: List[str], rounds: int, block_seconds: float, figures: Dict, command: str) -> List[str]:
+def no_kernel_tables(
+    models: List[str],
+    rounds: int,
+    block_seconds: float,
+    figures: Dict,
+    command: str,
+    extra_rounds: Tuple[int, int] = (SHORT_STEP_ROUNDS, FIT_ROUNDS),
+) -> List[str]:
     """The section of the path without the fused kernel: custom loop, every layer, every step and every 10th, through
     TensorFlow's ops and through the kernel, interleaved with the plain step in one process per model."""
     import overhead
@@ -233,9 +257,7 @@ def no_kernel_tables(models: List[str], rounds: int, block_seconds: float, figur
     for name in models:
         every = overhead.custom_loop_variants(name, overhead.new_logdir())
         variants = {short: every[key] for short, key in NO_KERNEL_VARIANTS.items()}
-        base, ratios, _, done = overhead.interleaved(
-            variants, rounds, block_seconds, short_step_rounds=SHORT_STEP_ROUNDS
-        )
+        base, ratios, _, done = overhead.interleaved(variants, rounds, block_seconds, short_step_rounds=extra_rounds[0])
         rows.append((name, base, ratios, done))
         print(f"  measured {name}: {ratios}", flush=True)
     return no_kernel_section(rows, figures, command, start_load)
@@ -689,15 +711,17 @@ def main() -> None:
     parser.add_argument(
         "--rounds",
         type=int,
-        help="interleaved rounds (default 15; x3 for fit(); x4 more when the plain step is under 10 ms; smoke 1)",
+        help="interleaved rounds (default 15; x3 for fit(); x4 more when the plain step is under 10 ms; smoke 1, no x)",
     )
     parser.add_argument(
         "--out", default=os.path.join(ROOT, "docs", "PERFORMANCE.md"), help="where to write the report ('-' for none)"
     )
     args = parser.parse_args()
 
+    extra_rounds = (SHORT_STEP_ROUNDS, FIT_ROUNDS)
     if args.smoke:
         models, rounds, block_seconds, fit_steps = ["mlp"], 1, 0.01, 8
+        extra_rounds = SMOKE_EXTRA_ROUNDS
         sizes, loaders = [(3, 4, 20)], ["false"]
         format_sizes = SMOKE_FORMAT_SIZES
     else:
@@ -733,7 +757,7 @@ def main() -> None:
         return
     if args.only_fit_weights:  # only this section of --out is rewritten
         command = f"`python bench/run.py --only-fit-weights{' --smoke' if args.smoke else ''}`"
-        lines = weights_tables(args.rounds or rounds, block_seconds, fit_steps, {}, command)
+        lines = weights_tables(args.rounds or rounds, block_seconds, fit_steps, {}, command, extra_rounds)
         print("\n".join(lines), flush=True)
         sweep_latency.rewrite(args.out, lines, WEIGHTS_HEADING)
         return
@@ -742,7 +766,7 @@ def main() -> None:
     if args.only_no_kernel:  # only this section of --out is rewritten
         command = f"`python bench/run.py --only-no-kernel{' --smoke' if args.smoke else ''}"
         command += f"{f' --rounds {args.rounds}' if args.rounds else ''}`"
-        lines = no_kernel_tables(models, args.rounds or rounds, block_seconds, {}, command)
+        lines = no_kernel_tables(models, args.rounds or rounds, block_seconds, {}, command, extra_rounds)
         print("\n".join(lines), flush=True)
         sweep_latency.rewrite(args.out, lines, NO_KERNEL_HEADING)
         return
@@ -759,9 +783,9 @@ def main() -> None:
     figures: Dict = {}
     body: List[str] = []
     if not args.skip_overhead:
-        body += overhead_tables(models, rounds, block_seconds, fit_steps, figures)
+        body += overhead_tables(models, rounds, block_seconds, fit_steps, figures, extra_rounds)
         command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
-        body += weights_tables(rounds, block_seconds, fit_steps, figures, command)
+        body += weights_tables(rounds, block_seconds, fit_steps, figures, command, extra_rounds)
         rows = [  # the custom loop's own variants, measured above in one process per model
             (
                 name,

@@ -10,6 +10,8 @@ import pytest
 from tb_layergrad.cli import demo as demo_module
 from tb_layergrad.cli import demo_gan
 
+pytestmark = pytest.mark.slow  # every test reads `tb-layergrad demo --quick`, trained in a subprocess
+
 
 @pytest.fixture(scope="module")
 def tb(demo, plugin_fixtures):
@@ -20,7 +22,6 @@ def _states(layers) -> dict:
     return {e["layer"].split("/", 1)[1]: e["verdict"]["state"] for e in layers}
 
 
-@pytest.mark.slow
 def test_every_reader_gives_the_same_verdicts_and_findings(demo, tb, plugin_fixtures):
     for name, run in demo["runs"].items():
         body = plugin_fixtures.get_json(tb, "anomalies", {"run": name})

@@ -141,7 +141,7 @@ def test_each_call_of_a_persistent_tape_whatever_applies_it(tmp_path, mode, fit_
     model, before, x, messages = _four_ways(
         fit_helpers, gallery_steps, tmp_path, mode, {"weights": True, "targets": {"penalty": "inputs"}}
     )
-    if mode != "xla":  # under XLA: the same math (docs/FIT.md), checked on the gallery's steps
+    if mode != "xla":  # under XLA: the same math (docs/FIT.md), checked on the generated steps
         for a, b in zip(plain.get_weights(), model.get_weights()):
             np.testing.assert_array_equal(a, b)
     assert messages == []

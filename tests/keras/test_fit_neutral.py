@@ -320,6 +320,7 @@ def _trained(fit_helpers, kind, optimizer, feed, callbacks, policy="float32"):
         ("l1l2", "sgd", "tf.data", 1, "float32"),
     ],
 )
+@pytest.mark.slow  # ten cases, each trained twice: left to CI by the quick loop
 def test_weights_true_trains_bitwise_whatever_feeds_the_step(
     tmp_path, kind, optimizer, feed, update_freq, policy, fit_helpers, tolerances
 ):
