@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import tb_layergrad
+from tb_layergrad import metadata
 from tb_layergrad.cli import demo as demo_module
 from tb_layergrad.cli import demo_nan, demo_sweep
 
@@ -76,3 +77,18 @@ def test_load_reads_every_run_with_the_sweeps_hyperparameters(jax_demo):
     assert len(sweep) == len(demo_sweep.RUN_NAMES)
     for run, lr, activation in zip(sweep["run"], sweep["hp/learning_rate"], sweep["hp/activation"]):
         assert run == demo_sweep.run_name(lr, activation)
+
+
+def test_the_mislabelled_example_leads_the_per_example_norms(jax_demo, tb_reading):
+    """`mislabelled` on JAX, as tests/cli/test_demo.py asks of TensorFlow's: once learnt (from step 16 on), each
+    batch's flipped label is the largest per-example norm of the logits' kernel, with most of its energy."""
+    found = tb_reading.examples(jax_demo["logdir"])["mislabelled"][("loss", "weight")]
+    F = metadata.EXAMPLE_INDEX
+    steps = demo_module.Plan.for_mode(True).mlp
+    assert sorted(found) == list(range(1, steps + 1))
+    late = {step: at for step, at in demo_module.mislabelled_positions(steps).items() if step >= 16}
+    assert late
+    for step, position in late.items():
+        row = found[step]["mislabelled/logits/kernel"]
+        assert row[F["top_index_1"]] == position, step
+        assert row[F["top_share"]] > 0.9, (step, row[F["top_share"]])

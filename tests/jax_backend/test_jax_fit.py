@@ -215,9 +215,8 @@ def test_raise_and_stop_act_after_the_first_nonfinite_step(logdir):
 
 @pytest.mark.parametrize(
     "kwargs, why",
-    [({"timesteps": True}, "lax.scan"), ({"per_example": True}, "vmap"),
-     ({"targets": {"penalty": "inputs"}}, "GradientTape")],
-)  # fmt: skip
+    [({"timesteps": True}, "lax.scan"), ({"targets": {"penalty": "inputs"}}, "GradientTape")],
+)
 def test_what_is_not_yet_on_jax_is_refused_before_training_saying_why(logdir, kwargs, why):
     with pytest.raises(NotImplementedError, match=f"does not support .*{why}.*KERAS_BACKEND=tensorflow"):
         tb_layergrad.GradientLogger(logdir, **kwargs)
