@@ -161,7 +161,11 @@ class GradientLogger(keras.callbacks.Callback):
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             raise NotImplementedError(
                 "GradientLogger on JAX does not support loss scaling (a LossScaleOptimizer, mixed_float16) yet: "
-                "it works with KERAS_BACKEND=tensorflow"
+                "Keras skips the update of a step whose scaled gradients overflow and leaves the optimizer's "
+                "update count where it was, and on JAX the step number is read from that count inside the "
+                "compiled step (it has no counter of its own there), so the batch after an overflow would be "
+                "written under the skipped step's number. It works with KERAS_BACKEND=tensorflow, which counts "
+                "batches in a variable of its own"
             )
         self._epoch = None
         if self.update_freq == "epoch":

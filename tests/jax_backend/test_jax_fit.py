@@ -222,6 +222,16 @@ def test_what_is_not_yet_on_jax_is_refused_before_training_saying_why(logdir, kw
         tb_layergrad.GradientLogger(logdir, **kwargs)
 
 
+def test_loss_scaling_is_refused_before_training_saying_why(logdir):
+    """The step number is the optimizer's update count on JAX, which a skipped (overflowed) step leaves behind."""
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), loss="mse")
+    with pytest.raises(NotImplementedError, match="loss scaling.*overflow.*KERAS_BACKEND=tensorflow"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir)])
+    assert int(model.optimizer.iterations.numpy()) == 0
+
+
 def test_targets_are_the_pure_jax_reference_and_training_is_bitwise_unchanged(logdir, tolerances):
     x, y = _data()
     trained = []
