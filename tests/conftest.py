@@ -121,6 +121,58 @@ def demo(tmp_path_factory):
     }
 
 
+@pytest.fixture(scope="session")
+def demo_plan():
+    """What `tb-layergrad demo --quick` plants, as the demo defines it: the ground truth its report, routes and tab
+    are checked against outside tests/cli/ (which checks the demo itself). `runs` / `tensorflow_only`: its runs, and
+    those that train on TensorFlow only; `steps`: the quick plan's steps per kind of run; `nan_forward_step` /
+    `nan_backward_step`: the batches where a NaN / Inf is born; `sweep_runs`, `sweep_run_name(lr, activation)`;
+    the GAN's `d_target`, `g_target`, `g_output` and `gan_vanish`; `mislabelled_positions(steps)`; and
+    `inputs_with_one_bad_batch(steps, bad_step, scale, seed)`, the data that makes the NaN runs break."""
+    import types
+
+    from tb_layergrad.cli import demo, demo_gan, demo_nan, demo_sweep
+
+    return types.SimpleNamespace(
+        runs=demo.RUN_NAMES,
+        tensorflow_only=demo.TENSORFLOW_ONLY,
+        steps=demo.Plan.for_mode(quick=True),
+        nan_forward_step=demo_nan.NAN_FORWARD_STEP,
+        nan_backward_step=demo_nan.NAN_BACKWARD_STEP,
+        sweep_runs=demo_sweep.RUN_NAMES,
+        sweep_run_name=demo_sweep.run_name,
+        d_target=demo_gan.D_TARGET,
+        g_target=demo_gan.G_TARGET,
+        g_output=demo_gan.G_OUTPUT,
+        gan_vanish=demo_gan.GAN_VANISH,
+        mislabelled_positions=demo.mislabelled_positions,
+        inputs_with_one_bad_batch=demo_nan.inputs_with_one_bad_batch,
+    )
+
+
+@pytest.fixture(scope="session")
+def verdicts():
+    """A layer's verdict states as documented, not as coded (the tests' independent expectation): `states`, most
+    serious first (docs/ANOMALIES.md, "One verdict"), and `severity`, the rank the `sweep` route gives a run's worst
+    one (docs/HTTP_API.md)."""
+    import types
+
+    states = (
+        "nan_origin",
+        "nonfinite",
+        "exploding",
+        "dead",
+        "vanishing",
+        "vanishing_over_steps",
+        "vanishing_through_time",
+        "dominated",
+        "ok",
+    )
+    severity = {"nan_origin": 4, "nonfinite": 4, "exploding": 3, "dead": 2, "ok": 0}
+    severity.update({s: 1 for s in ("vanishing", "vanishing_over_steps", "vanishing_through_time", "dominated")})
+    return types.SimpleNamespace(states=states, severity=severity)
+
+
 # --- the helper modules every room may use, one namespace fixture each ---
 
 
@@ -293,3 +345,37 @@ def report_json(report_command):
         return json.loads(out)
 
     return run
+
+
+# --- the fused kernel, on and off in one process ---
+
+
+@pytest.fixture(scope="session")
+def fused_kernel():
+    """The fused kernel's switch in this process: `off()`, a context inside which a step is traced with TensorFlow's
+    ops (what TB_LAYERGRAD_FUSED=0, a GPU, macOS or ARM get), `missing()` / `write_missing()`: why its op / its
+    write op is not used here (None when it is), and `cannot_attempt()`: why no build can even be tried here
+    (platform, no compiler; None where one can, and nothing is built). Why a fixture: TB_LAYERGRAD_FUSED is read once
+    per process, and these tests compare both paths in one."""
+    import types
+
+    from tb_layergrad.kernel import cache, fused
+
+    def missing():
+        return None if fused.op() is not None else fused.unavailable_reason()
+
+    def write_missing():
+        if fused.write_op() is not None:
+            return None
+        return fused.unavailable_reason() or "the fused write op cannot write to TensorFlow's summary writers here"
+
+    return types.SimpleNamespace(
+        off=fused.disabled, missing=missing, write_missing=write_missing, cannot_attempt=cache.unavailable_reason
+    )
+
+
+@pytest.fixture
+def tensorflow_ops(fused_kernel):
+    """The test runs (and traces its steps) with TensorFlow's ops instead of the fused kernel."""
+    with fused_kernel.off():
+        yield

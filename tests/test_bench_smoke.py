@@ -135,15 +135,14 @@ def test_tab_sweep_bench_rewrites_only_its_section(tmp_path):
 
 
 @pytest.mark.slow
-def test_long_run_writer_writes_what_the_callback_writes(tmp_path):
+def test_long_run_writer_writes_what_the_callback_writes(tmp_path, report_json):
     """bench/long_run.py's synthetic run: the records of a real GradientLogger run (its template) at every step,
-    each tensor as the callback wrote it, readable by TensorBoard, no damage; metadata on each tag's first record."""
+    each tensor as the callback wrote it, readable by TensorBoard, no damage (`tb-layergrad report` warns of none);
+    metadata on each tag's first record."""
     sys.path.insert(0, os.path.join(ROOT, "bench"))
     import long_run
     from tensorboard.backend.event_processing import event_file_loader
     from tensorboard.compat.proto import event_pb2
-
-    from tb_layergrad.reader import damage
 
     template = long_run.template(str(tmp_path / "template"), steps=6)
     real = [event_pb2.Event.FromString(r) for r in long_run._records(template)][1:]
@@ -154,13 +153,13 @@ def test_long_run_writer_writes_what_the_callback_writes(tmp_path):
     per_step = len(real) // len({e.step for e in real})
     w = long_run.write_logdir(str(tmp_path / "long"), 40, str(tmp_path / "template"))
     w.close()
-    events = [event_pb2.Event.FromString(r) for r in damage.read_records(w.path)][1:]
+    events = [event_pb2.Event.FromString(r) for r in event_file_loader.RawEventFileLoader(w.path).Load()][1:]
     assert len(list(event_file_loader.EventFileLoader(w.path).Load())) == 1 + len(events) == 1 + 40 * per_step
     assert sorted({e.step for e in events}) == list(range(40))
     values = [v for e in events for v in e.summary.value]
     assert all(v.tensor.tensor_content in written_by_callback[v.tag.rsplit("/", 1)[0]] for v in values)
     assert sorted(v.tag for v in values if v.HasField("metadata")) == sorted({v.tag for v in values})
-    assert damage.Scanner(str(tmp_path / "long")).scan() == {}
+    assert report_json(tmp_path / "long")["warnings"] == []
 
 
 @pytest.mark.slow

@@ -11,8 +11,6 @@ import sys
 import numpy as np
 import pytest
 
-from tb_layergrad.kernel import cache as kernel_cache
-
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -106,7 +104,7 @@ def pytest_output(tmp_path: pathlib.Path, env: dict) -> pathlib.Path:
 
 
 @pytest.mark.slow
-def test_ci_fails_when_a_test_skipped_for_a_missing_compiler(tmp_path):
+def test_ci_fails_when_a_test_skipped_for_a_missing_compiler(tmp_path, fused_kernel):
     no_compiler = {k: v for k, v in os.environ.items() if k != "CXX"}
     no_compiler["PATH"] = str(tmp_path / "empty")  # no c++, g++ or clang++
     skipped = pytest_output(tmp_path, no_compiler)
@@ -115,7 +113,7 @@ def test_ci_fails_when_a_test_skipped_for_a_missing_compiler(tmp_path):
     done = ci_helper(f'check_pytest 0 "{skipped}"', tmp_path)
     assert done.returncode == 1 and "skipped for a missing requirement" in done.stderr
 
-    if kernel_cache.unavailable_reason() is None:  # here the compiler is found: the same test runs and passes
+    if fused_kernel.cannot_attempt() is None:  # here the compiler is found: the same test runs and passes
         ran = pytest_output(tmp_path, dict(os.environ))
         assert "1 passed" in ran.read_text()
         assert ci_helper(f'check_pytest 0 "{ran}"', tmp_path).returncode == 0

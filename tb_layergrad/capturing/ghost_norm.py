@@ -6,12 +6,15 @@ convolution on every patch) has, for example i, the weight gradient G_i = Σ_t a
 layer's input at t, δ: the gradient at its pre-activation). Its norm needs no per-example backward
 pass, only a and δ, which one ordinary backward pass already yields. Two ways to get ‖G_i‖²:
 
-  explicit:  form G_i (p x q) and sum its squares                cost ∝ T·p·q, memory B·p·q
-  ghost:     Σ_{t,s} (a_t·a_s)(δ_t·δ_s) from two T x T Grams      cost ∝ T²·(p+q), memory B·T²
+  explicit:  form G_i (p x q) and sum its squares                cost ∝ T·p·q + p·q, memory B·p·q
+  ghost:     Σ_{t,s} (a_t·a_s)(δ_t·δ_s) from two T x T Grams      cost ∝ T²·(p+q) + T², memory B·T²
 
-The rule (`use_ghost`): ghost when T·(p+q) < p·q, i.e. when the Grams are smaller than the
-gradient; explicit otherwise or when T is not known when tracing (explicit memory does not grow
-with T). With T = 1 both are ‖a‖·‖δ‖, computed as such.
+The rule (`use_ghost`): the cheaper of the two, counting each way's products and the result it
+squares and sums (p·q against T², the part that is memory traffic rather than arithmetic: at equal
+products the explicit way's result is at least 4 times the Grams', and measured slower);
+explicit when T is not known when tracing (explicit memory does not grow with T). With T = 1 both
+are ‖a‖·‖δ‖, computed as such. Layers that read the same input (a Transformer's query, key and
+value) build the same input Gram: the graph optimizer keeps one.
 
 All arithmetic is float32 at least (float64 inputs stay float64); every function returns the norm
 of the *given* δ: the caller scales by the batch size to undo a batch-mean loss.
@@ -80,7 +83,7 @@ def use_ghost(tokens: Optional[int], p: Optional[int], q: Optional[int]) -> bool
     """The cheaper of the two for T tokens, p inputs, q outputs (see the module docstring)."""
     if tokens is None or p is None or q is None:
         return False
-    return tokens * (p + q) < p * q
+    return tokens * tokens * (p + q + 1) < p * q * (tokens + 1)
 
 
 def concat(factors: Sequence[Factor]) -> Factor:

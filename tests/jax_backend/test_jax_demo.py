@@ -13,8 +13,6 @@ import pytest
 
 import tb_layergrad
 from tb_layergrad import metadata
-from tb_layergrad.cli import demo as demo_module
-from tb_layergrad.cli import demo_nan, demo_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -41,17 +39,17 @@ def _layers(run: dict) -> dict:
     return {entry["layer"].split("/", 1)[1]: entry for entry in run["layers"]}
 
 
-def test_the_fit_runs_are_written_and_the_tensorflow_ones_say_why_not(jax_demo):
-    trained = set(demo_module.RUN_NAMES) - set(demo_module.TENSORFLOW_ONLY)
-    assert sorted(jax_demo["runs"]) == sorted(trained | set(demo_sweep.RUN_NAMES))
-    for name in demo_module.TENSORFLOW_ONLY:
+def test_the_fit_runs_are_written_and_the_tensorflow_ones_say_why_not(jax_demo, demo_plan):
+    trained = set(demo_plan.runs) - set(demo_plan.tensorflow_only)
+    assert sorted(jax_demo["runs"]) == sorted(trained | set(demo_plan.sweep_runs))
+    for name in demo_plan.tensorflow_only:
         line = next(l for l in jax_demo["stdout"].splitlines() if l.strip().startswith(name + " "))
         assert "needs TensorFlow" in line and "KERAS_BACKEND=tensorflow" in line
-    plan = demo_module.Plan.for_mode(quick=True)
+    plan = demo_plan.steps
     assert jax_demo["runs"]["mlp_sigmoid"]["summary"]["last_step"] == plan.mlp
 
 
-def test_the_planted_behaviours_show_in_the_report(jax_demo):
+def test_the_planted_behaviours_show_in_the_report(jax_demo, demo_plan):
     runs = jax_demo["runs"]
     sig, relu = _layers(runs["mlp_sigmoid"]), _layers(runs["mlp_relu_he"])
     assert "vanishing" in sig["dense_0"]["now"] and sig["dense_0"]["last_norm"] < 1e-3 * sig["logits"]["last_norm"]
@@ -63,30 +61,30 @@ def test_the_planted_behaviours_show_in_the_report(jax_demo):
     first = runs["nan_log0"]["summary"]["first_nonfinite"]
     assert (first["pass"], first["origin"]) == ("loss", "loss")
     for run, step, pass_, layer in (
-        ("nan_forward", demo_nan.NAN_FORWARD_STEP, "forward", "log_features"),
-        ("nan_backward", demo_nan.NAN_BACKWARD_STEP, "backward", "sqrt_features"),
+        ("nan_forward", demo_plan.nan_forward_step, "forward", "log_features"),
+        ("nan_backward", demo_plan.nan_backward_step, "backward", "sqrt_features"),
     ):
         first = runs[run]["summary"]["first_nonfinite"]
         assert (first["step"], first["pass"], first["origin"]) == (step, pass_, f"{run}/{layer}")
 
 
-def test_load_reads_every_run_with_the_sweeps_hyperparameters(jax_demo):
+def test_load_reads_every_run_with_the_sweeps_hyperparameters(jax_demo, demo_plan):
     frame = tb_layergrad.load(jax_demo["logdir"])
     assert set(frame["run"]) == set(jax_demo["runs"])
-    sweep = frame[frame["run"].isin(demo_sweep.RUN_NAMES)].drop_duplicates("run")
-    assert len(sweep) == len(demo_sweep.RUN_NAMES)
+    sweep = frame[frame["run"].isin(demo_plan.sweep_runs)].drop_duplicates("run")
+    assert len(sweep) == len(demo_plan.sweep_runs)
     for run, lr, activation in zip(sweep["run"], sweep["hp/learning_rate"], sweep["hp/activation"]):
-        assert run == demo_sweep.run_name(lr, activation)
+        assert run == demo_plan.sweep_run_name(lr, activation)
 
 
-def test_the_mislabelled_example_leads_the_per_example_norms(jax_demo, tb_reading):
+def test_the_mislabelled_example_leads_the_per_example_norms(jax_demo, demo_plan, tb_reading):
     """`mislabelled` on JAX, as tests/cli/test_demo.py asks of TensorFlow's: once learnt (from step 16 on), each
     batch's flipped label is the largest per-example norm of the logits' kernel, with most of its energy."""
     found = tb_reading.examples(jax_demo["logdir"])["mislabelled"][("loss", "weight")]
     F = metadata.EXAMPLE_INDEX
-    steps = demo_module.Plan.for_mode(True).mlp
+    steps = demo_plan.steps.mlp
     assert sorted(found) == list(range(1, steps + 1))
-    late = {step: at for step, at in demo_module.mislabelled_positions(steps).items() if step >= 16}
+    late = {step: at for step, at in demo_plan.mislabelled_positions(steps).items() if step >= 16}
     assert late
     for step, position in late.items():
         row = found[step]["mislabelled/logits/kernel"]

@@ -190,12 +190,6 @@ def test_summary_activations_alone(tmp_path, fit_helpers):
 
 
 # -- where it broke -----------------------------------------------------------------
-def _bad_batch_data(steps: int, bad_step: int, scale: float, seed: int):
-    from tb_layergrad.cli.demo_nan import inputs_with_one_bad_batch
-
-    return inputs_with_one_bad_batch(steps, bad_step, scale, seed)
-
-
 def _log_model():
     """A large input drives `shift` below 0 and log is NaN there: born in the forward pass of `log_features`."""
     keras.utils.set_random_seed(0)
@@ -224,8 +218,8 @@ def _nonfinite(fit_helpers, series, tag, step) -> bool:
 
 
 @pytest.mark.slow
-def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, fit_mode, fit_helpers):
-    x, y = _bad_batch_data(12, 7, -50.0, seed=6)
+def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, fit_mode, fit_helpers, demo_plan):
+    x, y = demo_plan.inputs_with_one_bad_batch(12, 7, -50.0, seed=6)
     logger, series = _fit(
         fit_helpers, tmp_path, fit_helpers.sqrt_model(), x, y, fit_mode, update_freq=10, activations=True
     )
@@ -240,24 +234,24 @@ def test_backward_nan_off_schedule_is_written_and_placed(tmp_path, fit_mode, fit
 
 @pytest.mark.parametrize("mode", ["graph", "xla"])
 @pytest.mark.slow
-def test_forward_nan_is_placed_in_its_layer(tmp_path, mode, fit_helpers):
-    x, y = _bad_batch_data(12, 5, 50.0, seed=5)
+def test_forward_nan_is_placed_in_its_layer(tmp_path, mode, fit_helpers, demo_plan):
+    x, y = demo_plan.inputs_with_one_bad_batch(12, 5, 50.0, seed=5)
     logger, series = _fit(fit_helpers, tmp_path, _log_model(), x, y, mode, update_freq=10, activations=True)
     assert _nonfinite(fit_helpers, series, "forward/activation/lg/log_features/stats", 5)
     assert not _nonfinite(fit_helpers, series, "forward/activation/lg/shift/stats", 5)
     assert (logger.nonfinite.step, logger.nonfinite.pass_, logger.nonfinite.origin) == (5, "forward", "lg/log_features")
 
 
-def test_loss_nan_without_activations_cannot_be_placed(tmp_path, fit_helpers):
+def test_loss_nan_without_activations_cannot_be_placed(tmp_path, fit_helpers, demo_plan):
     """No activations: a non-finite loss is the forward pass or the loss; the records say which they can."""
-    x, y = _bad_batch_data(8, 3, 50.0, seed=5)
+    x, y = demo_plan.inputs_with_one_bad_batch(8, 3, 50.0, seed=5)
     logger, series = _fit(fit_helpers, tmp_path, _log_model(), x, y, update_freq=10)
     assert (logger.nonfinite.step, logger.nonfinite.pass_, logger.nonfinite.origin) == (3, "forward_or_loss", None)
     assert _nonfinite(fit_helpers, series, "loss/target/loss/stats", 3)
 
 
-def test_on_nonfinite_stop_ends_training_at_that_step(tmp_path, capsys, fit_helpers):
-    x, y = _bad_batch_data(12, 7, -50.0, seed=6)
+def test_on_nonfinite_stop_ends_training_at_that_step(tmp_path, capsys, fit_helpers, demo_plan):
+    x, y = demo_plan.inputs_with_one_bad_batch(12, 7, -50.0, seed=6)
     model = fit_helpers.sqrt_model()
     logger, series = _fit(fit_helpers, tmp_path, model, x, y, update_freq=5, activations=True, on_nonfinite="stop")
     assert int(model.optimizer.iterations.numpy()) == 7  # the step of the first NaN/Inf is the last one trained
@@ -267,8 +261,8 @@ def test_on_nonfinite_stop_ends_training_at_that_step(tmp_path, capsys, fit_help
     assert "step 7" in out and "backward" in out and "sq/sqrt_features" in out
 
 
-def test_on_nonfinite_raise(tmp_path, fit_helpers):
-    x, y = _bad_batch_data(12, 4, -50.0, seed=6)
+def test_on_nonfinite_raise(tmp_path, fit_helpers, demo_plan):
+    x, y = demo_plan.inputs_with_one_bad_batch(12, 4, -50.0, seed=6)
     model = fit_helpers.sqrt_model()
     with pytest.raises(FloatingPointError, match="step 4: backward pass.*sq/sqrt_features") as raised:
         _fit(fit_helpers, tmp_path, model, x, y, update_freq=5, on_nonfinite="raise")
@@ -284,8 +278,8 @@ def test_on_nonfinite_must_be_one_of_four(tmp_path, bad, fit_helpers):
         tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), on_nonfinite=bad)
 
 
-def test_custom_loop_says_where_it_broke(tmp_path, fit_helpers):
-    x, y = _bad_batch_data(2, 1, -50.0, seed=6)
+def test_custom_loop_says_where_it_broke(tmp_path, fit_helpers, demo_plan):
+    x, y = demo_plan.inputs_with_one_bad_batch(2, 1, -50.0, seed=6)
     model = fit_helpers.sqrt_model()
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model, tape=tape, activations=True) as cap:
@@ -295,7 +289,7 @@ def test_custom_loop_says_where_it_broke(tmp_path, fit_helpers):
     assert "backward pass of sq/sqrt_features" in origin.line
 
     model = _log_model()
-    x, y = _bad_batch_data(2, 1, 50.0, seed=5)
+    x, y = demo_plan.inputs_with_one_bad_batch(2, 1, 50.0, seed=5)
     with tf.GradientTape() as tape:
         with tb_layergrad.capture(model, tape=tape, activations=True) as cap:
             loss = tf.reduce_mean(tf.square(model(x[:64]) - y[:64]))
@@ -309,10 +303,10 @@ def test_custom_loop_says_where_it_broke(tmp_path, fit_helpers):
 
 
 @pytest.mark.slow
-def test_a_nan_only_in_the_loss_value_writes_the_step_in_full(tmp_path, fit_mode, fit_helpers):
+def test_a_nan_only_in_the_loss_value_writes_the_step_in_full(tmp_path, fit_mode, fit_helpers, demo_plan):
     """The loss is NaN, its gradients are not (a term under stop_gradient): still the first non-finite step,
     written in full (the fused op writes because the loss series, written by TensorFlow's ops, says so)."""
-    x, y = _bad_batch_data(12, 7, 1.0, seed=6)
+    x, y = demo_plan.inputs_with_one_bad_batch(12, 7, 1.0, seed=6)
     y[6 * 64] = -1000.0  # batch 7: log(y + 100) is NaN, and nothing is differentiated through it
 
     def loss(y_true, y_pred):

@@ -131,18 +131,16 @@ def test_subclassed_seed_model_matches_reproduction(tmp_path, fit_mode, fit_help
 
 
 @pytest.mark.slow
-def test_without_the_fused_kernel_the_records_match_too(tmp_path, fit_helpers):
-    """Where the kernel cannot be built, fit()'s step reduces with TensorFlow's ops, one call per tensor."""
-    from tb_layergrad.kernel import fused as fused_kernel
-
+def test_without_the_fused_kernel_the_records_match_too(tmp_path, fit_helpers, tensorflow_ops):
+    """Where the kernel cannot be built, fit()'s step reduces with TensorFlow's ops, one call per tensor (read
+    while fit() traces its step: `tensorflow_ops` holds for the whole test)."""
     keras.utils.set_random_seed(3)
     model, manual = fit_helpers.mlp_sequential()
     model.compile(optimizer=keras.optimizers.Adam(0.01), loss=_loss(), **fit_helpers.compile_kwargs("graph"))
     x, y = _data(n=16)
     saver = fit_helpers.WeightsBeforeStep()
     logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), max_elements=fit_helpers.MAX, weights=True)
-    with fused_kernel.disabled():  # read while fit() traces its step
-        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[saver, logger])
+    model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[saver, logger])
     series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
     assert fit_helpers.layergrad_steps(series) == [1, 2]
     for step in (1, 2):

@@ -15,12 +15,13 @@ import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad import metadata
-from tb_layergrad.summary import per_example_write as pw
 
 RTOL = 1e-4
 F = metadata.EXAMPLE_INDEX
 keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise, as in fit_helpers
 layers = keras.layers
+
+NOISE = metadata.NOISE_SCALE_TAGS  # the noise scale's scalar tags (docs/FORMAT.md)
 
 
 def _loss(y, pred):
@@ -111,11 +112,11 @@ def test_norms_and_noise_scale_equal_one_tape_per_example(
             per_example_reference.assert_row(row, want[layer], RTOL, f"{mode} {layer}")
     scalars = tb_reading.scalars(str(tmp_path))["train"]
     tol = per_example_reference.noise_scale_tolerance(noise, RTOL)
-    np.testing.assert_allclose(scalars[pw.TRACE_TAG][1], noise["trace"], rtol=0, atol=tol["trace"])
-    np.testing.assert_allclose(scalars[pw.SIGNAL_TAG][1], noise["signal"], rtol=0, atol=tol["signal"])
+    np.testing.assert_allclose(scalars[NOISE["trace"]][1], noise["trace"], rtol=0, atol=tol["trace"])
+    np.testing.assert_allclose(scalars[NOISE["signal"]][1], noise["signal"], rtol=0, atol=tol["signal"])
     assert noise["signal"] > 0
-    np.testing.assert_allclose(scalars[pw.NOISE_SCALE_TAG][1], noise["b_simple"], rtol=tol["b_simple"])
-    assert scalars[pw.COVERAGE_TAG][1] == 1.0
+    np.testing.assert_allclose(scalars[NOISE["noise_scale"]][1], noise["b_simple"], rtol=tol["b_simple"])
+    assert scalars[NOISE["coverage"]][1] == 1.0
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
@@ -127,7 +128,7 @@ def test_nothing_written_on_unlogged_steps(tmp_path, mode, tb_reading, fit_helpe
     found = tb_reading.examples(str(tmp_path))["train"]
     assert {k: sorted(v) for k, v in found.items()} == {("loss", "output"): [2, 4], ("loss", "weight"): [2, 4]}
     scalars = tb_reading.scalars(str(tmp_path))["train"]
-    assert sorted(scalars[pw.COVERAGE_TAG]) == [2, 4] and sorted(scalars[pw.TRACE_TAG]) == [2, 4]
+    assert sorted(scalars[NOISE["coverage"]]) == [2, 4] and sorted(scalars[NOISE["trace"]]) == [2, 4]
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
@@ -157,7 +158,7 @@ def test_batch_normalization_is_flagged_and_gets_no_noise_scale(tmp_path, tb_rea
     assert weight["fitbn/bn/gamma"][F["status"]] == metadata.EXAMPLE_COUPLED
     assert found[("loss", "output")][1]["fitbn/a"][F["status"]] == metadata.EXAMPLE_COUPLED
     scalars = tb_reading.scalars(str(tmp_path))["train"]
-    assert pw.NOISE_SCALE_TAG not in scalars and scalars[pw.COVERAGE_TAG][1] < 1
+    assert NOISE["noise_scale"] not in scalars and scalars[NOISE["coverage"]][1] < 1
 
 
 @pytest.mark.slow
@@ -220,15 +221,13 @@ def test_with_an_extra_target_the_loss_records_are_unchanged(
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
 @pytest.mark.slow
-def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode, fit_helpers, tb_reading):
+def test_a_step_written_for_a_nan_off_schedule_has_its_rows(tmp_path, mode, fit_helpers, tb_reading, demo_plan):
     """Every 10th step logged; step 7's batch makes a gradient non-finite while the loss stays finite, so the
     logger writes step 7 in full after all (the first non-finite step of a run). Its `examples` rows are
     computed then: the rows computed ahead under the schedule's condition do not exist for that step (they
     would read as zeros), so the layer whose gradient broke has a non-finite largest norm and the others
     positive ones."""
-    from tb_layergrad.cli.demo_nan import inputs_with_one_bad_batch
-
-    x, y = inputs_with_one_bad_batch(12, 7, -50.0, 6)
+    x, y = demo_plan.inputs_with_one_bad_batch(12, 7, -50.0, 6)
     model = fit_helpers.sqrt_model()
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", **fit_helpers.compile_kwargs(mode))
     logger = tb_layergrad.GradientLogger(str(tmp_path), weights=True, per_example=True, update_freq=10)

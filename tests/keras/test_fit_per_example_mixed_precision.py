@@ -41,10 +41,12 @@ import pytest
 import tensorflow as tf
 
 import tb_layergrad
-from tb_layergrad.summary import per_example_write as pw
+from tb_layergrad import metadata
 
 keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1, Keras 3 otherwise: the tests run on both
 layers = keras.layers
+
+NOISE = metadata.NOISE_SCALE_TAGS  # the noise scale's scalar tags (docs/FORMAT.md)
 
 
 @pytest.fixture
@@ -230,10 +232,10 @@ def test_norms_and_noise_scale_are_unscaled_and_equal_float32_tapes(
     # still tells its order of magnitude (a loss scale left in the norms but not in G_B would be 2**30 off).
     assert step.noise["signal"] > 0 and tol["b_simple"] < 1, tol
     scalars = step.scalars
-    np.testing.assert_allclose(scalars[pw.TRACE_TAG][1], step.noise["trace"], rtol=0, atol=tol["trace"])
-    np.testing.assert_allclose(scalars[pw.SIGNAL_TAG][1], step.noise["signal"], rtol=0, atol=tol["signal"])
-    np.testing.assert_allclose(scalars[pw.NOISE_SCALE_TAG][1], step.noise["b_simple"], rtol=tol["b_simple"])
-    assert scalars[pw.COVERAGE_TAG][1] == 1.0
+    np.testing.assert_allclose(scalars[NOISE["trace"]][1], step.noise["trace"], rtol=0, atol=tol["trace"])
+    np.testing.assert_allclose(scalars[NOISE["signal"]][1], step.noise["signal"], rtol=0, atol=tol["signal"])
+    np.testing.assert_allclose(scalars[NOISE["noise_scale"]][1], step.noise["b_simple"], rtol=tol["b_simple"])
+    assert scalars[NOISE["coverage"]][1] == 1.0
 
 
 @pytest.mark.parametrize("mode", ["graph", "eager"])
@@ -250,4 +252,4 @@ def test_an_overflowing_step_keeps_its_rows_and_writes_no_noise_scale(
     for a, b in zip(step.before, step.after):
         np.testing.assert_array_equal(a, b)  # the step overflowed: Keras did not apply it
     _assert_rows(per_example_reference, step, mode)
-    assert set(step.scalars) == {pw.COVERAGE_TAG} and step.scalars[pw.COVERAGE_TAG][1] == 1.0
+    assert set(step.scalars) == {NOISE["coverage"]} and step.scalars[NOISE["coverage"]][1] == 1.0

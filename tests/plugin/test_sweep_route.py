@@ -11,8 +11,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tb_layergrad.reader import anomalies
-
 HEALTH_FIELDS = ("last_step", "layers", "severity", "verdict", "first_nonfinite", "latest", "dominated_steps")
 
 
@@ -38,19 +36,19 @@ def expected_norm_trend(plugin_fixtures, tb, run, target, window=20):
     return float(np.polyfit(x, y, 1)[0] * (x[-1] - x[0]))
 
 
-def expected_row(plugin_fixtures, tb, run, target, source="output"):
-    """The health fields of a run's row from its `anomalies` route."""
+def expected_row(plugin_fixtures, verdicts, tb, run, target, source="output"):
+    """The health fields of a run's row from its `anomalies` route (`verdicts`: the documented order and ranks)."""
     a = plugin_fixtures.get_json(tb, "anomalies", {"run": run, "target": target, "source": source})
     s = a["summary"]
     states = [layer["verdict"]["state"] for layer in a["layers"]]
-    worst = min(states, key=anomalies.STATES.index)
+    worst = min(states, key=verdicts.states.index)
     where = s["origin"] or s["first_nonfinite"]
     first = None if where is None else {"step": where["step"], "pass": where.get("pass"), "origin": where.get("origin")}
     dominated = a.get("dominated")
     return {
         "last_step": s["last_step"],
         "layers": s["layers"],
-        "severity": anomalies.SEVERITY[worst],
+        "severity": verdicts.severity[worst],
         "verdict": worst,
         "first_nonfinite": first,
         "latest": s["latest"],
@@ -65,7 +63,7 @@ def health_of(row):
     return out
 
 
-def test_each_row_is_what_the_anomalies_route_says_of_the_run(tb, plugin_fixtures):
+def test_each_row_is_what_the_anomalies_route_says_of_the_run(tb, plugin_fixtures, verdicts):
     body = plugin_fixtures.get_json(tb, "sweep", {})
     assert body["source"] == "output" and body["target"] is None
     by_run = {r["run"]: r for r in body["runs"]}
@@ -73,7 +71,7 @@ def test_each_row_is_what_the_anomalies_route_says_of_the_run(tb, plugin_fixture
     assert any(plugin_fixtures.FUTURE_RUN in w for w in body["warnings"])
     for run, row in by_run.items():
         assert row["target"] == "loss"
-        want, findings = expected_row(plugin_fixtures, tb, run, "loss")
+        want, findings = expected_row(plugin_fixtures, verdicts, tb, run, "loss")
         assert health_of(row) == want
         assert row["line"] == findings[0]["line"] if findings else row["line"].startswith("no finding")
         assert row["norm_trend"] == pytest.approx(
@@ -82,18 +80,18 @@ def test_each_row_is_what_the_anomalies_route_says_of_the_run(tb, plugin_fixture
         assert row["noise_scale_end"] is None and row["dominated_steps"] is None and row["hparams"] == {}
     train = by_run["train"]
     assert train["verdict"] == "nonfinite" and train["severity"] == 4 and train["first_nonfinite"]["step"] == 5
-    findings = expected_row(plugin_fixtures, tb, "train", "loss")[1]
+    findings = expected_row(plugin_fixtures, verdicts, tb, "train", "loss")[1]
     assert train["first_nonfinite"]["line"] == next(f["line"] for f in findings if f["kind"] == "nonfinite")
 
 
-def test_a_target_asked_is_every_rows(tb, plugin_fixtures):
+def test_a_target_asked_is_every_rows(tb, plugin_fixtures, verdicts):
     body = plugin_fixtures.get_json(tb, "sweep", {"target": plugin_fixtures.AUX_TARGET})
     by_run = {r["run"]: r for r in body["runs"]}
     for run, row in by_run.items():
         assert row["target"] == plugin_fixtures.AUX_TARGET
         runs = plugin_fixtures.get_json(tb, "runs", {"run": run})["runs"][0]
         if plugin_fixtures.AUX_TARGET in runs["targets"]:
-            assert health_of(row) == expected_row(plugin_fixtures, tb, run, plugin_fixtures.AUX_TARGET)[0]
+            assert health_of(row) == expected_row(plugin_fixtures, verdicts, tb, run, plugin_fixtures.AUX_TARGET)[0]
         else:  # still listed, health unknown
             assert row["verdict"] is None and row["severity"] is None and row["layers"] == 0
 
@@ -111,11 +109,11 @@ def test_measures_name_numeric_fields_of_every_row(tb, plugin_fixtures):
             assert value is None or isinstance(value, (int, float)) and not isinstance(value, bool), m["key"]
 
 
-def test_dominance_and_noise_scale_against_their_routes(ex, examples_fixtures, plugin_fixtures):
+def test_dominance_and_noise_scale_against_their_routes(ex, examples_fixtures, plugin_fixtures, verdicts):
     written, tb = ex
     by_run = {r["run"]: r for r in plugin_fixtures.get_json(tb, "sweep", {})["runs"]}
     for run, row in by_run.items():
-        assert health_of(row) == expected_row(plugin_fixtures, tb, run, "loss")[0]
+        assert health_of(row) == expected_row(plugin_fixtures, verdicts, tb, run, "loss")[0]
     assert (
         by_run[examples_fixtures.RUN]["dominated_steps"] >= 1
         and by_run[examples_fixtures.PLAIN]["dominated_steps"] is None
@@ -201,7 +199,9 @@ def test_warnings_are_said_on_every_poll(tb, plugin_fixtures):
 
 
 @pytest.mark.parametrize("source", ["output", "activation"])
-def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source, plugin_fixtures, origin_fixtures):
+def test_where_each_run_broke_as_the_fixture_states_it(
+    origin_logdir, source, plugin_fixtures, origin_fixtures, verdicts
+):
 
     tb = plugin_fixtures.InProcess(origin_logdir.logdir)
     by_run = {r["run"]: r for r in plugin_fixtures.get_json(tb, "sweep", {"source": source})["runs"]}
@@ -214,7 +214,7 @@ def test_where_each_run_broke_as_the_fixture_states_it(origin_logdir, source, pl
         if not row["layers"]:  # a run without activations, asked for them: listed, its health unknown
             assert source == "activation" and run not in origin_fixtures.WITH_ACTIVATIONS and row["verdict"] is None
             continue
-        assert health_of(row) == expected_row(plugin_fixtures, tb, run, "loss", source)[0], run
+        assert health_of(row) == expected_row(plugin_fixtures, verdicts, tb, run, "loss", source)[0], run
         assert {k: row["first_nonfinite"][k] for k in ("step", "pass", "origin")} == {
             k: want[k] for k in ("step", "pass", "origin")
         }
@@ -273,8 +273,8 @@ def test_a_run_without_loss_is_rowed_on_its_worst_target(tmp_path, plugin_fixtur
     writer.close()
     tb = plugin_fixtures.InProcess(str(tmp_path))
     each = {t: plugin_fixtures.get_json(tb, "sweep", {"target": t})["runs"][0] for t in ("discriminator", "generator")}
-    assert each["discriminator"]["verdict"] == anomalies.OK
-    assert each["generator"]["verdict"] == anomalies.VANISHING_OVER_STEPS
+    assert each["discriminator"]["verdict"] == "ok"
+    assert each["generator"]["verdict"] == "vanishing_over_steps"
     row = plugin_fixtures.get_json(tb, "sweep", {})["runs"][0]
     assert row["target"] == "generator"
     assert {k: row[k] for k in HEALTH_FIELDS} == {k: each["generator"][k] for k in HEALTH_FIELDS}

@@ -13,8 +13,6 @@ import os
 
 import pytest
 
-from tb_layergrad.reader import anomalies
-
 HOSTILE_RUN = '<img src=x onerror="alert(1)">'
 LONG = "&<script>alert(1)</script>" + "x" * 10_000
 HOSTILE = {"<b>name</b>": LONG, "nan": float("nan"), "learning_rate": "fast", "units": 8}
@@ -33,19 +31,19 @@ def logdir(tmp_path_factory, hparams_fixtures):
     return d
 
 
-def expected_rows(report_json, logdir):
+def expected_rows(report_json, verdicts, logdir):
     """Each run's health as `tb-layergrad report` sees it; its verdict the worst of its layers' (docs/ANOMALIES.md)."""
     out = {}
     for r in report_json(logdir)["runs"]:
         summary = r["summary"]
-        worst = min((e["verdict"]["state"] for e in r["layers"]), key=anomalies.STATES.index)
+        worst = min((e["verdict"]["state"] for e in r["layers"]), key=verdicts.states.index)
         first = summary["first_nonfinite"]
         out[r["run"]] = {
             "target": r["target"],
             "last_step": summary["last_step"],
             "layers": summary["layers"],
             "verdict": worst,
-            "severity": anomalies.SEVERITY[worst],
+            "severity": verdicts.severity[worst],
             "first_nonfinite": None if first is None else first["step"],
             "latest": summary["latest"],
             "dominated_steps": None,
@@ -54,9 +52,11 @@ def expected_rows(report_json, logdir):
 
 
 @pytest.mark.slow
-def test_the_sweep_route_under_both_loaders(logdir, tmp_path, hparams_fixtures, tensorboard_process, report_json):
+def test_the_sweep_route_under_both_loaders(
+    logdir, tmp_path, hparams_fixtures, tensorboard_process, report_json, verdicts
+):
 
-    want = expected_rows(report_json, logdir)
+    want = expected_rows(report_json, verdicts, logdir)
     runs = {
         **{run: hparams_fixtures.STEPS for run in hparams_fixtures.EXPECTED},
         f"{HOSTILE_RUN}/train": hparams_fixtures.STEPS,

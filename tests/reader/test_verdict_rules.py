@@ -85,19 +85,11 @@ def test_vanishing_over_steps_needs_a_loss_that_did_not_follow_and_rides_beside_
     assert [v.state for v in anomalies.evaluate(layers, steps, stats).verdicts()] == ["ok", "ok", "vanishing"]
 
 
-def test_the_states_in_their_order():
-    """STATES is the precedence, most serious first (what a reader that counts or sorts verdicts relies on)."""
-    assert anomalies.STATES == (
-        "nan_origin",
-        "nonfinite",
-        "exploding",
-        "dead",
-        "vanishing",
-        "vanishing_over_steps",
-        "vanishing_through_time",
-        "dominated",
-        "ok",
-    )
+def test_the_states_in_their_order(verdicts):
+    """STATES is the precedence, most serious first (what a reader that counts or sorts verdicts relies on): the
+    order docs/ANOMALIES.md writes (the fixture), and SEVERITY the ranks docs/HTTP_API.md gives."""
+    assert anomalies.STATES == verdicts.states
+    assert anomalies.SEVERITY == verdicts.severity
 
 
 def test_the_two_measures_of_vanishing_over_steps():

@@ -41,7 +41,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from tb_layergrad import metadata, summary
-from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.statistics import reductions
 
 S = metadata.STAT_INDEX
@@ -149,13 +148,13 @@ def marked(mode: str, *rest):
 _FUNCTIONS: Dict[tuple, object] = {}
 
 
-def run(mode: str, x: tf.Tensor, buckets: int):
+def run(fused_kernel, mode: str, x: tf.Tensor, buckets: int):
     """`kernel`: the fused kernel (float64 still on TensorFlow's fast path); `fast`: TensorFlow's ops
-    without it; `general`: the masked path (`xla_safe=True`)."""
+    without it; `general`: the masked path (`xla_safe=True`). `fused_kernel`: the fixture, its switch."""
     xla_safe = mode.endswith("general")
     if mode.endswith("kernel"):
-        assert fused_kernel.op() is not None, f"the fused kernel did not build: {fused_kernel.unavailable_reason()}"
-    with fused_kernel.disabled() if mode.endswith("fast") else contextlib.nullcontext():
+        assert fused_kernel.missing() is None, f"the fused kernel did not build: {fused_kernel.missing()}"
+    with fused_kernel.off() if mode.endswith("fast") else contextlib.nullcontext():
         if mode.startswith("eager"):
             return reductions.histogram_and_stats(x, buckets, xla_safe=xla_safe)
         key = (mode, x.dtype, buckets)
@@ -163,10 +162,10 @@ def run(mode: str, x: tf.Tensor, buckets: int):
             spec = tf.TensorSpec(None, x.dtype)
             fn = lambda t: reductions.histogram_and_stats(t, buckets, xla_safe=xla_safe)  # noqa: E731
             _FUNCTIONS[key] = tf.function(fn, input_signature=[spec], jit_compile=mode.startswith("xla") or None)
-        return _FUNCTIONS[key](x)  # traced on the first call: inside the `disabled()` above
+        return _FUNCTIONS[key](x)  # traced on the first call: inside the `off()` above
 
 
-def _property(reference_checks, mode: str, tally: collections.Counter):
+def _property(reference_checks, fused_kernel, mode: str, tally: collections.Counter):
     @seed(zlib.crc32(mode.encode()))  # reproducible, and different inputs in each mode
     @settings(
         max_examples=EXAMPLES[mode],
@@ -188,7 +187,7 @@ def _property(reference_checks, mode: str, tally: collections.Counter):
                     repr(tf.cast(x, tf.float64).numpy().reshape(-1).tolist()),
                     file=f,
                 )
-        hist, stats = run(mode, x, buckets)
+        hist, stats = run(fused_kernel, mode, x, buckets)
         reference_checks.check_stats(stats.numpy(), x, mode)
         reference_checks.check_histogram(hist.numpy(), x, buckets, mode)
 
@@ -203,9 +202,9 @@ def _count(tally: collections.Counter, x: tf.Tensor) -> None:
     tally["with_nan_or_inf"] += bool((~np.isfinite(v)).any())
 
 
-def _run_property(reference_checks, reliability_fixtures, mode: str) -> None:
+def _run_property(reference_checks, reliability_fixtures, fused_kernel, mode: str) -> None:
     tally: collections.Counter = collections.Counter()
-    _property(reference_checks, mode, tally)()
+    _property(reference_checks, fused_kernel, mode, tally)()
     reliability_fixtures.record("reductions", f"generated tensors: {mode}", tally.pop("cases"), **tally)
 
 
@@ -217,13 +216,13 @@ def _run_property(reference_checks, reliability_fixtures, mode: str) -> None:
     ],
 )
 @pytest.mark.slow
-def test_reductions_property(mode, reference_checks, reliability_fixtures):
-    _run_property(reference_checks, reliability_fixtures, mode)
+def test_reductions_property(mode, reference_checks, reliability_fixtures, fused_kernel):
+    _run_property(reference_checks, reliability_fixtures, fused_kernel, mode)
 
 
 @pytest.mark.slow
-def test_reductions_property_under_xla(reference_checks, reliability_fixtures):
-    _run_property(reference_checks, reliability_fixtures, "xla-general")
+def test_reductions_property_under_xla(reference_checks, reliability_fixtures, fused_kernel):
+    _run_property(reference_checks, reliability_fixtures, fused_kernel, "xla-general")
 
 
 def test_summary_op_property(tmp_path_factory, reference_checks, reliability_fixtures, tb_reading):
@@ -297,9 +296,9 @@ XLA_REGRESSIONS = [
     ],  # an XLA compile takes ~1 s
 )
 @pytest.mark.slow
-def test_found_inputs(mode, dtype, values, buckets, reference_checks):
+def test_found_inputs(mode, dtype, values, buckets, reference_checks, fused_kernel):
     x = tf.cast(tf.constant(values, tf.float64 if dtype == "float64" else tf.float32), DTYPES[dtype])
-    hist, stats = run(mode, x, buckets)
+    hist, stats = run(fused_kernel, mode, x, buckets)
     reference_checks.check_stats(stats.numpy(), x, mode)
     reference_checks.check_histogram(hist.numpy(), x, buckets, mode)
 
@@ -317,12 +316,12 @@ def test_counts_stay_exact_past_float32_integers():
 
 @pytest.mark.parametrize("mode", ["eager-fast", "function-fast", "eager-general", "function-general"])
 @pytest.mark.parametrize("value", [0.1, 1 / 3, -3.7, 2.5e-30])
-def test_one_unique_value_is_its_own_mean_with_std_zero(mode, value):
+def test_one_unique_value_is_its_own_mean_with_std_zero(mode, value, fused_kernel):
     """A tensor of one unique value (a step's scalar target value is one) has that value as its mean and std 0,
     exactly: not a rounded sum's, and without leaving the fast path (the one path of a batch)."""
     for shape in ([], [7], [3, 5]):
         x = tf.fill(shape, tf.constant(value, tf.float32))
-        hist, stats = run(mode, x, 30)
+        hist, stats = run(fused_kernel, mode, x, 30)
         stats = stats.numpy()
         assert stats[S["mean"]] == np.float32(value) and stats[S["std"]] == 0.0, (mode, shape, stats)
         assert stats[S["min"]] == stats[S["max"]] == np.float32(value)

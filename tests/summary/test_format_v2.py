@@ -17,7 +17,6 @@ from tensorboard.backend.event_processing import event_file_loader
 
 import tb_layergrad
 from tb_layergrad import metadata
-from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.summary import write
 
 # The group kinds every version-2 write has (`examples` only with per_example=True).
@@ -66,9 +65,11 @@ def _bucket_counts(x: np.ndarray, buckets: int) -> np.ndarray:
 
 @pytest.mark.parametrize("fused", [True, False], ids=["fused op", "TensorFlow ops"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
-def test_records_decode_to_the_numbers_numpy_computes(tmp_path, monkeypatch, fused, graph, numpy_reference, tolerances):
-    if fused and fused_kernel.write_op() is None:
-        pytest.skip(f"no fused kernel here: {fused_kernel.unavailable_reason()}")
+def test_records_decode_to_the_numbers_numpy_computes(
+    tmp_path, monkeypatch, fused, graph, numpy_reference, tolerances, fused_kernel
+):
+    if fused and fused_kernel.write_missing():
+        pytest.skip(f"no fused kernel here: {fused_kernel.write_missing()}")
     if not fused:
         monkeypatch.setattr(write, "fused_writer", lambda writer=None: None)
     grads = _gradients(1)

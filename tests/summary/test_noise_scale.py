@@ -8,14 +8,11 @@ formula's terms is derived in per_example_reference.noise_scale_tolerance.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tb_layergrad
-from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.summary import per_example_write as pw
 
 keras = tf.keras
@@ -53,13 +50,6 @@ def _check(per_example_reference, got, model, x, y, variables=None):
     np.testing.assert_allclose(got[pw.TRACE_TAG][1], want["trace"], rtol=0, atol=tol["trace"])
     np.testing.assert_allclose(got[pw.SIGNAL_TAG][1], want["signal"], rtol=0, atol=tol["signal"])
     return want, tol
-
-
-@pytest.fixture(params=[pytest.param("fused op", marks=pytest.mark.kernel), "TensorFlow ops"])
-def write_path(request):
-    """Both ways ‖G_B‖² is had: from the stats the fused write op wrote, and from the gradients (TensorFlow's ops)."""
-    with fused_kernel.disabled() if request.param == "TensorFlow ops" else contextlib.nullcontext():
-        yield request.param
 
 
 def test_scalars_equal_the_formula_on_independent_gradients(tmp_path, write_path, per_example_reference, tb_reading):

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tb_layergrad
 from tb_layergrad import metadata
-from tb_layergrad.kernel import fused as fused_kernel
 
 S = metadata.STAT_INDEX
 
@@ -181,13 +178,6 @@ def test_target_name_is_its_own_series(tmp_path, tb_reading):
     write(tmp_path, lambda: (tb_layergrad.summary.gradients({"a": tf.ones([2])}, step=1, target="class_3"), None))
     recs = tb_reading.read_all(str(tmp_path))["run"]
     assert recs["class_3/output/a/stats"][0].target == "class_3"
-
-
-@pytest.fixture(params=[pytest.param("fused op", marks=pytest.mark.kernel), "TensorFlow ops"])
-def write_path(request):
-    """Both ways the first non-finite steps are kept: in the fused write op, and in nonfinite.py's variable."""
-    with fused_kernel.disabled() if request.param == "TensorFlow ops" else contextlib.nullcontext():
-        yield request.param
 
 
 @pytest.mark.slow

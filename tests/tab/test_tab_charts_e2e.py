@@ -19,10 +19,6 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import charts_fixtures as cf  # noqa: E402
-import examples_fixtures as ef  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
-import truth_fixtures as tr  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser]
 
@@ -33,23 +29,28 @@ OLD_AREA = 225 * 115
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, charts_fixtures, examples_fixtures, tab_fixtures, truth_fixtures):
     logdir = str(tmp_path_factory.mktemp("charts"))
     work = tmp_path_factory.mktemp("work")
-    last = {cf.STEADY: cf.STEPS - 1, cf.ZERO: cf.STEPS - 1, cf.ACT: cf.STEPS - 1, cf.NOISY: ef.STEPS - 1}
-    last.update(tr.LAST_STEPS)
+    last = {
+        charts_fixtures.STEADY: charts_fixtures.STEPS - 1,
+        charts_fixtures.ZERO: charts_fixtures.STEPS - 1,
+        charts_fixtures.ACT: charts_fixtures.STEPS - 1,
+        charts_fixtures.NOISY: examples_fixtures.STEPS - 1,
+    }
+    last.update(truth_fixtures.LAST_STEPS)
 
     def write():
-        return cf.write_charts_logdir(logdir), tr.write_truth_runs(logdir)
+        return charts_fixtures.write_charts_logdir(logdir), truth_fixtures.write_truth_runs(logdir)
 
-    with tf_.served(logdir, work, last, write, write_first=True, reload_interval=0) as (tb, browser, written):
+    with tab_fixtures.served(logdir, work, last, write, write_first=True, reload_interval=0) as (tb, browser, written):
         yield {"tb": tb, "browser": browser, "written": written[0], "truth": written[1]}
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(env):
+def no_browser_errors(env, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(env["browser"])
+    tab_fixtures.assert_no_browser_errors(env["browser"])
 
 
 def layer_view(env, run: str, layer: str, **state):
@@ -70,8 +71,8 @@ def step_shown(frame) -> int:
     return int(frame.locator(".lg-step-value").inner_text())
 
 
-def test_layer_charts_are_twice_as_large_with_4_to_6_ticks_and_fractions_on_0_to_1(env):
-    frame = layer_view(env, cf.STEADY, "net/b")
+def test_layer_charts_are_twice_as_large_with_4_to_6_ticks_and_fractions_on_0_to_1(env, charts_fixtures):
+    frame = layer_view(env, charts_fixtures.STEADY, "net/b")
     svgs = frame.locator(".lg-panel-charts svg.lg-lines")
     assert svgs.count() == 6
     for k in range(6):
@@ -81,59 +82,64 @@ def test_layer_charts_are_twice_as_large_with_4_to_6_ticks_and_fractions_on_0_to
         assert 4 <= svg.locator("text.lg-ytick").count() <= 6
         assert 4 <= svg.locator("text.lg-xtick").count() <= 6
     # Fractions on 0…1: the axis' range, its ticks, and net/b's zero fraction (a quarter of it is 0) drawn at 0.25.
-    want = cf.gradient(cf.STEADY, "net/b", 0)
+    want = charts_fixtures.gradient(charts_fixtures.STEADY, "net/b", 0)
     zero_frac = float(np.mean(want == 0))
     for title in ("zero fraction", "non-finite fraction"):
         c = chart(frame, title)
         svg = c.locator("svg")
         assert (float(svg.get_attribute("data-y0")), float(svg.get_attribute("data-y1"))) == (0.0, 1.0)
-        labels = [float(t) for t in cf.texts(svg.locator("text.lg-ytick"))]
+        labels = [float(t) for t in charts_fixtures.texts(svg.locator("text.lg-ytick"))]
         assert min(labels) == 0 and max(labels) == 1 and 4 <= len(labels) <= 6
     frame_rect = chart(frame, "zero fraction").locator("rect.lg-frame")
     top, height = float(frame_rect.get_attribute("y")), float(frame_rect.get_attribute("height"))
-    ys = {y for _, y in cf.path_points(chart(frame, "zero fraction").locator("path.lg-line").get_attribute("d"))}
+    ys = {
+        y
+        for _, y in charts_fixtures.path_points(
+            chart(frame, "zero fraction").locator("path.lg-line").get_attribute("d")
+        )
+    }
     assert all(abs(y - (top + height * (1 - zero_frac))) <= 0.1 for y in ys), (ys, zero_frac)
     # The histograms: 4 to 6 value ticks, step labels that do not overlap.
     assert 4 <= frame.locator(".lg-panel-hist svg text.lg-xtick").count() <= 6
     labels = [t.bounding_box() for t in frame.locator(".lg-panel-hist svg text:not(.lg-xtick)").all()]
     assert len(labels) >= 4
-    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
+    assert not any(charts_fixtures.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
 
 
-def test_numbers_are_printed_with_4_significant_digits_everywhere(env):
-    frame = layer_view(env, cf.STEADY, "net/a", step=5)
+def test_numbers_are_printed_with_4_significant_digits_everywhere(env, charts_fixtures, tab_fixtures):
+    frame = layer_view(env, charts_fixtures.STEADY, "net/a", step=5)
     cells = frame.locator(".lg-stats-table td[data-value]")
     assert cells.count() >= 10
     for k in range(cells.count()):
         td = cells.nth(k)
         text, exact = td.inner_text(), float(td.get_attribute("data-value"))
-        cf.assert_four_digits([text])
+        charts_fixtures.assert_four_digits([text])
         assert float(text) == pytest.approx(exact, rel=5e-4, abs=0)
     # The value written: the table's norm is numpy's within 4 significant digits.
     norm = float(frame.locator('td[data-stat="norm"]').first.inner_text())
-    x = cf.gradient(cf.STEADY, "net/a", 5)
-    want = tf_.numpy_stats(x)["norm"]
-    assert norm == pytest.approx(want, abs=tf_.shown_atol(x, "norm", digits=4))
+    x = charts_fixtures.gradient(charts_fixtures.STEADY, "net/a", 5)
+    want = tab_fixtures.numpy_stats(x)["norm"]
+    assert norm == pytest.approx(want, abs=tab_fixtures.shown_atol(x, "norm", digits=4))
     # Axes (charts, histograms) and a chart's tooltip.
-    cf.assert_four_digits(cf.texts(frame.locator(".lg-layer svg text.lg-tick")))
+    charts_fixtures.assert_four_digits(charts_fixtures.texts(frame.locator(".lg-layer svg text.lg-tick")))
     svg = frame.locator(".lg-panel-charts svg.lg-lines").first
     box = svg.bounding_box()
     svg.hover(position={"x": box["width"] * 0.5, "y": box["height"] * 0.5})
     frame.locator(".lg-tooltip").wait_for(state="visible")
-    cf.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
+    charts_fixtures.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
     # The overview's tooltip.
-    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    frame = env["browser"].open(env["tb"].base, {"run": charts_fixtures.STEADY})
     # Drawn, not only attached: the tooltip needs the matrix the heatmap was drawn from.
-    canvas = frame.locator(f".lg-heatmap-canvas[data-cols='{cf.STEPS}']")
+    canvas = frame.locator(f".lg-heatmap-canvas[data-cols='{charts_fixtures.STEPS}']")
     canvas.wait_for()
     box = canvas.bounding_box()
-    canvas.hover(position={"x": 5.5 * box["width"] / cf.STEPS, "y": 0.5 * box["height"] / 2})
+    canvas.hover(position={"x": 5.5 * box["width"] / charts_fixtures.STEPS, "y": 0.5 * box["height"] / 2})
     frame.locator(".lg-tooltip").wait_for(state="visible")
-    cf.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
+    charts_fixtures.assert_four_digits(frame.locator(".lg-tooltip td").all_inner_texts())
 
 
-def test_the_chosen_step_has_a_colour_no_series_has(env):
-    frame = layer_view(env, cf.ACT, "net/a", step=12)
+def test_the_chosen_step_has_a_colour_no_series_has(env, charts_fixtures):
+    frame = layer_view(env, charts_fixtures.ACT, "net/a", step=12)
     frame.wait_for_selector(".lg-panel-act-hist path.lg-ridge.lg-current")
     colour = lambda loc: loc.evaluate("e => getComputedStyle(e).stroke")  # noqa: E731
     markers = frame.locator(".lg-panel-charts line.lg-marker")
@@ -161,41 +167,41 @@ def test_the_chosen_step_has_a_colour_no_series_has(env):
         assert {colour(others.nth(k)) for k in range(others.count())} == {by_head[head]}
 
 
-def test_zoom_reaches_the_histograms(env):
+def test_zoom_reaches_the_histograms(env, charts_fixtures, tab_fixtures):
     def ridge_steps(frame):
         return [
             int(s)
             for s in frame.locator(".lg-panel-hist path.lg-ridge").evaluate_all("es => es.map(e => e.dataset.step)")
         ]
 
-    frame = layer_view(env, cf.STEADY, "net/a", zoom="10-25")
+    frame = layer_view(env, charts_fixtures.STEADY, "net/a", zoom="10-25")
     frame.wait_for_selector('.lg-panel-charts .lg-zoom-bar[data-zoom="10-25"]')
     assert ridge_steps(frame) == list(range(10, 26))  # 16 steps: all of them
     assert "10–25 (zoomed)" in frame.locator(".lg-panel-hist .lg-chart-title").inner_text()
     frame.locator(".lg-panel-charts .lg-zoom-reset").click()
     frame.wait_for_function("() => document.querySelectorAll('.lg-panel-hist path.lg-ridge').length === 20")
     steps = ridge_steps(frame)
-    assert steps[0] == 0 and steps[-1] == cf.STEPS - 1
+    assert steps[0] == 0 and steps[-1] == charts_fixtures.STEPS - 1
     # A drag across a chart over steps zooms the histograms too.
     page = env["browser"].page
     svg = frame.locator(".lg-panel-charts svg.lg-lines").first
     catcher = svg.locator("rect.lg-catcher")
     box = catcher.bounding_box()
     y = box["y"] + box["height"] / 2
-    at = lambda step: box["x"] + box["width"] * step / (cf.STEPS - 1)  # noqa: E731
+    at = lambda step: box["x"] + box["width"] * step / (charts_fixtures.STEPS - 1)  # noqa: E731
     page.mouse.move(at(20), y)
     page.mouse.down()
     page.mouse.move(at(30), y, steps=5)
     page.mouse.up()
     frame.wait_for_selector(".lg-panel-charts .lg-zoom-reset")
-    a, z = (int(v) for v in tf_.parent_state(page)["zoom"].split("-"))
+    a, z = (int(v) for v in tab_fixtures.parent_state(page)["zoom"].split("-"))
     assert 19 <= a <= 21 and 29 <= z <= 31
     frame.wait_for_function(f"() => document.querySelector('.lg-panel-hist path.lg-ridge')?.dataset.step === '{a}'")
     assert ridge_steps(frame) == list(range(a, z + 1))
 
 
-def test_step_keys_move_the_same_whatever_has_the_focus(env):
-    frame = layer_view(env, cf.STEADY, "net/a", step=0)
+def test_step_keys_move_the_same_whatever_has_the_focus(env, charts_fixtures):
+    frame = layer_view(env, charts_fixtures.STEADY, "net/a", step=0)
     page = env["browser"].page
 
     def press(key, want):
@@ -217,12 +223,12 @@ def test_step_keys_move_the_same_whatever_has_the_focus(env):
     press("ArrowLeft", 30)
 
 
-def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env):
+def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env, charts_fixtures, examples_fixtures):
     written = env["written"]
-    frame = env["browser"].open(env["tb"].base, {"run": cf.NOISY})
+    frame = env["browser"].open(env["tb"].base, {"run": charts_fixtures.NOISY})
     panel = frame.locator('[data-panel="noise-scale"]')
     frame.wait_for_selector(f'[data-panel="noise-scale"] path.lg-line[data-series="{SMOOTHED}"]')
-    steps = np.arange(ef.STEPS)
+    steps = np.arange(examples_fixtures.STEPS)
     signal = written.signal.astype(np.float32).astype(np.float64)
     for w in (0.6, 0.9):
         if w != 0.6:
@@ -230,7 +236,7 @@ def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env):
             frame.wait_for_function(
                 f"() => document.querySelector('[data-panel=\"noise-scale\"]').dataset.smoothing === '{w}'"
             )
-        defined = cf.ema(signal, w) > 0
+        defined = charts_fixtures.ema(signal, w) > 0
         assert not defined.all() and defined.any()  # the run has undefined steps at both weights
         # One path; one stroke per run of defined steps (continuous there), lone steps as dots.
         paths = panel.locator(f'path.lg-line[data-series="{SMOOTHED}"]')
@@ -247,7 +253,7 @@ def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env):
             else:
                 k += 1
         assert d.count("M") == len(runs)
-        assert len(cf.path_points(d)) == int(defined.sum())
+        assert len(charts_fixtures.path_points(d)) == int(defined.sum())
         # Each gap shaded, from the last defined step before it to the first after, with its reason.
         gaps = []
         for (_, j), (k2, _) in zip(runs, runs[1:]):
@@ -274,62 +280,73 @@ def test_noise_scale_marks_what_it_cannot_draw_and_draws_one_smoothed_path(env):
     )
 
 
-def test_the_layer_view_charts_share_the_smoothing(env):
-    frame = layer_view(env, cf.STEADY, "net/a")
+def test_the_layer_view_charts_share_the_smoothing(env, charts_fixtures, tab_fixtures):
+    frame = layer_view(env, charts_fixtures.STEADY, "net/a")
     norm = chart(frame, "L2 norm")
     frame.locator(".lg-layer-smoothing").fill("0")
     frame.wait_for_function("() => document.querySelector('.lg-layer-smoothing-value')?.textContent === '0.000'")
     assert norm.locator("path.lg-line-raw").count() == 0
-    plain = cf.path_points(norm.locator("path.lg-line").get_attribute("d"))
+    plain = charts_fixtures.path_points(norm.locator("path.lg-line").get_attribute("d"))
     frame.locator(".lg-layer-smoothing").fill("0.9")
     frame.wait_for_function("() => document.querySelector('.lg-layer-smoothing-value')?.textContent === '0.900'")
-    raw = cf.path_points(norm.locator("path.lg-line-raw").get_attribute("d"))
-    smooth = cf.path_points(norm.locator("path.lg-line").get_attribute("d"))
+    raw = charts_fixtures.path_points(norm.locator("path.lg-line-raw").get_attribute("d"))
+    smooth = charts_fixtures.path_points(norm.locator("path.lg-line").get_attribute("d"))
     assert raw == plain and smooth != plain
     # The smoothed line is numpy's EMA of the written norms, on the chart's own (log) axis.
-    norms = np.array([tf_.numpy_stats(cf.gradient(cf.STEADY, "net/a", s))["norm"] for s in range(cf.STEPS)])
+    norms = np.array(
+        [
+            tab_fixtures.numpy_stats(charts_fixtures.gradient(charts_fixtures.STEADY, "net/a", s))["norm"]
+            for s in range(charts_fixtures.STEPS)
+        ]
+    )
     svg = norm.locator("svg")
     y0, y1 = float(svg.get_attribute("data-y0")), float(svg.get_attribute("data-y1"))
     rect = norm.locator("rect.lg-frame")
     top, height = float(rect.get_attribute("y")), float(rect.get_attribute("height"))
-    want = top + height * (np.log10(y1) - np.log10(cf.ema(norms, 0.9))) / (np.log10(y1) - np.log10(y0))
+    want = top + height * (np.log10(y1) - np.log10(charts_fixtures.ema(norms, 0.9))) / (np.log10(y1) - np.log10(y0))
     np.testing.assert_allclose([y for _, y in smooth], want, atol=0.06)  # the path's one decimal
     # Non-finite counts are never smoothed (a lone NaN step stays a spike).
     assert chart(frame, "non-finite fraction").locator("path.lg-line-raw").count() == 0
     frame.locator(".lg-layer-smoothing").fill("0.6")
 
 
-def test_a_zero_on_a_log_axis_is_named_and_marked(env):
+def test_a_zero_on_a_log_axis_is_named_and_marked(env, charts_fixtures, tab_fixtures):
     page = env["browser"].page
     frame = env["browser"].open(
-        env["tb"].base, {"view": "compare", "runs": f'["{cf.STEADY}","{cf.ZERO}"]', "layer": "net/b"}
+        env["tb"].base,
+        {"view": "compare", "runs": f'["{charts_fixtures.STEADY}","{charts_fixtures.ZERO}"]', "layer": "net/b"},
     )
     note = frame.locator(".lg-panel-wide .lg-chart-note")
     frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note')?.textContent.length > 0")
-    assert note.inner_text() == f"▾ under the plot: {cf.ZERO}: 0 (not drawn on a log scale) at {cf.STEPS} steps"
-    marks = frame.locator(f'.lg-panel-wide path.lg-nonpos[data-series="{cf.ZERO}"]')
-    assert marks.count() == cf.STEPS
+    assert (
+        note.inner_text()
+        == f"▾ under the plot: {charts_fixtures.ZERO}: 0 (not drawn on a log scale) at {charts_fixtures.STEPS} steps"
+    )
+    marks = frame.locator(f'.lg-panel-wide path.lg-nonpos[data-series="{charts_fixtures.ZERO}"]')
+    assert marks.count() == charts_fixtures.STEPS
     # The tooltip says it too.
     svg = frame.locator(".lg-panel-wide svg.lg-lines")
     box = svg.bounding_box()
     svg.hover(position={"x": box["width"] / 2, "y": box["height"] / 2})
-    row = frame.locator(".lg-tooltip tr", has_text=cf.ZERO).locator("td")
+    row = frame.locator(".lg-tooltip tr", has_text=charts_fixtures.ZERO).locator("td")
     row.wait_for()
     assert row.inner_text().endswith("0 (not drawn on a log scale)")
     # On a linear axis the zeros are drawn: nothing to say.
     frame.locator('.lg-compare .lg-toggle[aria-label="y scale"] .lg-toggle-btn', has_text="linear").click()
     frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note').textContent === ''")
-    assert tf_.parent_state(page)["log"] == "0"
+    assert tab_fixtures.parent_state(page)["log"] == "0"
     frame.locator('.lg-compare .lg-toggle[aria-label="y scale"] .lg-toggle-btn', has_text="log").click()
     # A run alone whose values are all 0: the log scale cannot show it, and the chart says it draws linear.
-    frame = env["browser"].open(env["tb"].base, {"view": "compare", "runs": f'["{cf.ZERO}"]', "layer": "net/b"})
+    frame = env["browser"].open(
+        env["tb"].base, {"view": "compare", "runs": f'["{charts_fixtures.ZERO}"]', "layer": "net/b"}
+    )
     frame.wait_for_function("() => document.querySelector('.lg-panel-wide .lg-chart-note')?.textContent.length > 0")
     assert (
         frame.locator(".lg-panel-wide .lg-chart-note")
         .inner_text()
         .startswith("no value above 0: drawn on a linear scale")
     )
-    item = frame.locator(f'.lg-run-item[data-run="{cf.ZERO}"]')
+    item = frame.locator(f'.lg-run-item[data-run="{charts_fixtures.ZERO}"]')
     assert item.locator("input").is_checked() and frame.locator(".lg-run-item.lg-on").count() == 1
     # Unticking the only run compares none, and says so (no other runs come back by themselves).
     item.locator("input").uncheck()
@@ -339,22 +356,26 @@ def test_a_zero_on_a_log_axis_is_named_and_marked(env):
     assert frame.locator(".lg-run-item.lg-on").count() == 0 and frame.locator(".lg-compare-body").is_hidden()
 
 
-def test_a_toggle_that_can_show_nothing_is_disabled_with_its_reason(env):
-    frame = env["browser"].open(env["tb"].base, {"view": "compare", "runs": f'["{cf.STEADY}","{cf.ZERO}"]'})
+def test_a_toggle_that_can_show_nothing_is_disabled_with_its_reason(env, charts_fixtures):
+    frame = env["browser"].open(
+        env["tb"].base, {"view": "compare", "runs": f'["{charts_fixtures.STEADY}","{charts_fixtures.ZERO}"]'}
+    )
     button = frame.locator('.lg-toggle[aria-label="values"] .lg-toggle-btn', has_text="activations")
     button.wait_for()
     assert button.is_disabled()
     assert button.get_attribute("title").startswith(
         "Nothing to compare: none of the selected runs recorded activations"
     )
-    frame = env["browser"].open(env["tb"].base, {"view": "compare", "runs": f'["{cf.STEADY}","{cf.ACT}"]'})
+    frame = env["browser"].open(
+        env["tb"].base, {"view": "compare", "runs": f'["{charts_fixtures.STEADY}","{charts_fixtures.ACT}"]'}
+    )
     button = frame.locator('.lg-toggle[aria-label="values"] .lg-toggle-btn', has_text="activations")
     button.wait_for()
     assert button.is_enabled() and button.get_attribute("title") is None
 
 
-def test_colour_bar_labels_do_not_overlap(env):
-    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+def test_colour_bar_labels_do_not_overlap(env, charts_fixtures):
+    frame = env["browser"].open(env["tb"].base, {"run": charts_fixtures.STEADY})
     frame.wait_for_selector(".lg-colorbar-tick")
     # No label of the colour bar overlaps another, the title or the swatches beside it.
     ticks = [t.bounding_box() for t in frame.locator(".lg-colorbar-tick").all()]
@@ -363,28 +384,30 @@ def test_colour_bar_labels_do_not_overlap(env):
         for e in frame.locator(".lg-heat-legend .lg-legend-title, .lg-heat-legend .lg-legend-item").all()
     ]
     assert len(ticks) >= 2
-    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
-    assert not any(cf.boxes_overlap(a, b) for a in ticks for b in others)
-    cf.assert_four_digits(frame.locator(".lg-colorbar-tick").all_inner_texts())
+    assert not any(charts_fixtures.boxes_overlap(a, b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
+    assert not any(charts_fixtures.boxes_overlap(a, b) for a in ticks for b in others)
+    charts_fixtures.assert_four_digits(frame.locator(".lg-colorbar-tick").all_inner_texts())
 
 
-def test_the_overview_step_axis_has_4_to_6_round_ticks_under_their_steps(env):
-    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+def test_the_overview_step_axis_has_4_to_6_round_ticks_under_their_steps(env, charts_fixtures):
+    frame = env["browser"].open(env["tb"].base, {"run": charts_fixtures.STEADY})
     canvas = frame.locator(".lg-overview .lg-heatmap-canvas")
     canvas.wait_for()
     ticks = frame.locator(".lg-overview svg text.lg-xtick")
     frame.wait_for_function("() => document.querySelectorAll('.lg-overview svg text.lg-xtick').length > 0")
     assert 4 <= ticks.count() <= 6
-    steps = [int(t) for t in cf.texts(ticks)]
+    steps = [int(t) for t in charts_fixtures.texts(ticks)]
     assert steps == sorted(steps) and all(s % 5 == 0 for s in steps)
     width = float(
         frame.locator(".lg-overview svg text.lg-xtick").first.evaluate("e => e.ownerSVGElement.width.baseVal.value")
     )
     xs = [float(x) for x in ticks.evaluate_all("es => es.map(e => e.getAttribute('x'))")]
-    assert xs == pytest.approx([(s + 0.5) * width / cf.STEPS for s in steps], abs=0.01)  # steps 0…39, a column each
+    assert xs == pytest.approx(
+        [(s + 0.5) * width / charts_fixtures.STEPS for s in steps], abs=0.01
+    )  # steps 0…39, a column each
 
 
-def test_every_axis_gets_4_to_6_ticks_inside_its_range(env):
+def test_every_axis_gets_4_to_6_ticks_inside_its_range(env, charts_fixtures):
     """The tab's own tick functions (run in the page) over many ranges: linear, integer (steps) and log."""
     rng = np.random.default_rng(0)
     linear = [
@@ -392,7 +415,7 @@ def test_every_axis_gets_4_to_6_ticks_inside_its_range(env):
     ]
     integer = [(int(a), int(a + s)) for a, s in zip(rng.integers(0, 10**6, 200), rng.integers(3, 10**6, 200))]
     logs = [(float(10**a), float(10 ** (a + s))) for a, s in zip(rng.uniform(-12, 3, 200), rng.uniform(0.05, 15, 200))]
-    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    frame = env["browser"].open(env["tb"].base, {"run": charts_fixtures.STEADY})
     frame.wait_for_selector(".lg-overview")
     got = frame.evaluate(
         """async ([linear, integer, logs]) => {
@@ -535,21 +558,21 @@ def assert_only_data_drawn(charts: list, body: dict, w: float) -> int:
 @pytest.mark.parametrize(
     "run,layer",
     [
-        (tr.GAPS, "net/nan"),
-        (tr.GAPS, "net/zero"),
-        (tr.GAPS, "net/big"),
-        (tr.GAPS, "net/allinf"),
-        (tr.ONE, "net/nan"),
-        (tr.LONG, "net/nan"),
+        ("gaps", "net/nan"),  # the runs of tests/truth_fixtures.py: GAPS, ONE and LONG
+        ("gaps", "net/zero"),
+        ("gaps", "net/big"),
+        ("gaps", "net/allinf"),
+        ("one", "net/nan"),
+        ("long", "net/nan"),
     ],
 )
-def test_every_point_drawn_is_a_data_point_of_its_series(env, run, layer):
+def test_every_point_drawn_is_a_data_point_of_its_series(env, run, layer, truth_fixtures):
     frame = env["browser"].open(env["tb"].base, {"run": run, "view": "layer", "layer": layer})
     frame.wait_for_selector(f'.lg-stats-table[data-layer="{layer}"]')
     frame.wait_for_function("() => document.querySelectorAll('.lg-panel-charts svg.lg-lines[data-empty]').length === 6")
     body = frame.evaluate(PAGE_STATS)
-    steps = tr.steps_of(run)
-    if run == tr.LONG:
+    steps = truth_fixtures.steps_of(run)
+    if run == truth_fixtures.LONG:
         assert body["binned"]  # 100,000 steps: each drawn value is a bin's largest or smallest, a recorded value
         whole = frame.evaluate(f"async () => (await fetch('./stats?run={run}&layer={layer}')).json()")
         assert whole["steps"] == steps
@@ -567,7 +590,7 @@ def test_every_point_drawn_is_a_data_point_of_its_series(env, run, layer):
         assert len(charts) == 6
         assert assert_only_data_drawn(charts, body, w) > 0 or layer == "net/allinf"
     by_title = {c["title"].split(" (")[0]: c for c in charts}
-    if layer == "net/nan" and run == tr.GAPS:
+    if layer == "net/nan" and run == truth_fixtures.GAPS:
         # No finite element over steps 40-59: nothing drawn there, smoothed or not, and the chart says so.
         note = by_title["mean |g|"]["note"]
         assert "not drawn: output: no value at 20 steps (40–59) — no finite element there" in note, note
@@ -584,16 +607,18 @@ def test_every_point_drawn_is_a_data_point_of_its_series(env, run, layer):
     frame.locator(".lg-layer-smoothing").fill("0.6")
 
 
-def test_histogram_ridges_across_decades_get_an_axis_each_and_labels_apart(env):
+def test_histogram_ridges_across_decades_get_an_axis_each_and_labels_apart(env, charts_fixtures, tab_fixtures):
     """A gradient growing 10x every 10 steps: by default each ridge on its own range (its label says it), a click
     puts them on one axis; ridge labels never overlap either way."""
-    frame = layer_view(env, cf.STEADY, "net/a")
+    frame = layer_view(env, charts_fixtures.STEADY, "net/a")
     panel = frame.locator(".lg-panel-hist")
     svg = panel.locator("svg.lg-hist")
     assert svg.get_attribute("data-per-step") == "0"  # within 20%: one axis
     assert panel.locator(".lg-hist-spread").inner_text() == ""
     labels = [b for b in (t.bounding_box() for t in panel.locator("text.lg-ridge-label").all())]
-    assert len(labels) >= 4 and not any(cf.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
+    assert len(labels) >= 4 and not any(
+        charts_fixtures.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]
+    )
     # The tab's own chart, on buckets whose range grows 1000-fold over the steps.
     got = frame.evaluate(
         """async () => {
@@ -607,19 +632,19 @@ def test_histogram_ridges_across_decades_get_an_axis_each_and_labels_apart(env):
     assert got["labels"] == [0, 1, 2, 3, 5]  # 62 is within 12 px of the chosen (55)
     frame.locator('.lg-toggle[aria-label="histogram x axis"] .lg-toggle-btn', has_text="axis per step").click()
     frame.wait_for_selector('.lg-panel-hist svg.lg-hist[data-per-step="1"]')
-    assert tf_.parent_state(env["browser"].page)["hx"] == "step"
-    texts = cf.texts(panel.locator("text.lg-ridge-label"))
+    assert tab_fixtures.parent_state(env["browser"].page)["hx"] == "step"
+    texts = charts_fixtures.texts(panel.locator("text.lg-ridge-label"))
     assert all(re.fullmatch(r"step \d+ ±[\d.e-]+", t) for t in texts), texts
-    assert cf.texts(panel.locator("text.lg-xtick")) == ["−max", "0", "+max"]
+    assert charts_fixtures.texts(panel.locator("text.lg-xtick")) == ["−max", "0", "+max"]
     labels = [t.bounding_box() for t in panel.locator("text.lg-ridge-label").all()]
-    assert not any(cf.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
+    assert not any(charts_fixtures.boxes_overlap(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :])
     frame.locator('.lg-toggle[aria-label="histogram x axis"] .lg-toggle-btn', has_text="one axis").click()
     frame.wait_for_selector('.lg-panel-hist svg.lg-hist[data-per-step="0"]')
 
 
-def test_an_axis_has_one_number_format(env):
+def test_an_axis_has_one_number_format(env, charts_fixtures):
     """The tab's axis format: every tick in exponent form as soon as one needs it (a log axis 1e4…1e6)."""
-    frame = env["browser"].open(env["tb"].base, {"run": cf.STEADY})
+    frame = env["browser"].open(env["tb"].base, {"run": charts_fixtures.STEADY})
     frame.wait_for_selector(".lg-overview")
     got = frame.evaluate(
         """async () => {
@@ -637,20 +662,24 @@ def test_an_axis_has_one_number_format(env):
     ]
 
 
-def test_compare_breaks_a_runs_line_where_it_recorded_no_value_and_joins_steps_it_did_not_record(env):
+def test_compare_breaks_a_runs_line_where_it_recorded_no_value_and_joins_steps_it_did_not_record(
+    env, charts_fixtures, truth_fixtures
+):
     """Compare: `gaps` tells a step recorded without a value (the norm overflowed at BIG_STEP: the line breaks)
     from one not recorded (steps 20-24: joined, as TensorBoard joins a run logged at other steps)."""
     frame = env["browser"].open(
-        env["tb"].base, {"view": "compare", "runs": f'["{tr.GAPS}"]', "layer": "net/big", "stat": "norm"}
+        env["tb"].base, {"view": "compare", "runs": f'["{truth_fixtures.GAPS}"]', "layer": "net/big", "stat": "norm"}
     )
-    frame.wait_for_selector(f'.lg-panel-wide path.lg-line[data-series="{tr.GAPS}"]')
+    frame.wait_for_selector(f'.lg-panel-wide path.lg-line[data-series="{truth_fixtures.GAPS}"]')
     body = frame.evaluate(
         """async () => {
             const e = performance.getEntriesByType('resource').filter((r) => new URL(r.name).pathname.endsWith('/compare'));
             return (await fetch(e[e.length - 1].name)).json();
         }"""
     )
-    assert body["steps"] == tr.GAP_STEPS and body["gaps"] == [[tr.GAP_STEPS.index(tr.BIG_STEP)]]
+    assert body["steps"] == truth_fixtures.GAP_STEPS and body["gaps"] == [
+        [truth_fixtures.GAP_STEPS.index(truth_fixtures.BIG_STEP)]
+    ]
     for w in (0.6, 0.0):
         frame.locator(".lg-compare-smoothing").fill(str(w))
         frame.wait_for_function(
@@ -659,7 +688,10 @@ def test_compare_breaks_a_runs_line_where_it_recorded_no_value_and_joins_steps_i
         svg = frame.locator(".lg-panel-wide svg.lg-lines")
         for sel in ("path.lg-line", "path.lg-line-raw") if w else ("path.lg-line",):
             d = svg.locator(sel).first.get_attribute("d")
-            parts = [cf.path_points("M" + p) for p in d.split("M")[1:]]
-            assert [len(p) for p in parts] == [tr.BIG_STEP, len(tr.GAP_STEPS) - tr.BIG_STEP - 1], (sel, w)
+            parts = [charts_fixtures.path_points("M" + p) for p in d.split("M")[1:]]
+            assert [len(p) for p in parts] == [
+                truth_fixtures.BIG_STEP,
+                len(truth_fixtures.GAP_STEPS) - truth_fixtures.BIG_STEP - 1,
+            ], (sel, w)
     assert "no value at 1 step (12)" in frame.locator(".lg-panel-wide .lg-chart-note").inner_text()
     frame.locator(".lg-compare-smoothing").fill("0.6")

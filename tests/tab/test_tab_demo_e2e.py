@@ -19,8 +19,6 @@ if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
 
-from tb_layergrad.cli import demo_nan  # noqa: E402
-
 pytestmark = [pytest.mark.timeout(600), pytest.mark.browser, pytest.mark.slow]
 HEALTHY = ("mlp_relu_he", "rnn_lstm", "explode_clipnorm")
 
@@ -82,9 +80,9 @@ def overview(tensorboard_process, demo_tab, run: str) -> dict:
     return {"rows": rows, "states": {k: r["state"] for k, r in rows.items()}, "banners": shown["banners"]}
 
 
-def test_nan_backward_marks_sqrt_features_as_the_origin(demo_tab, tensorboard_process):
+def test_nan_backward_marks_sqrt_features_as_the_origin(demo_tab, tensorboard_process, demo_plan):
     o = overview(tensorboard_process, demo_tab, "nan_backward")
-    step = demo_nan.NAN_BACKWARD_STEP
+    step = demo_plan.nan_backward_step
     assert o["states"] == {"dense_0": "nonfinite", "sqrt_features": "nan_origin", "head": "ok"}
     (origin,) = o["rows"]["sqrt_features"]["chips"]
     (reached,) = o["rows"]["dense_0"]["chips"]

@@ -22,22 +22,6 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import tab_fixtures as tf_  # noqa: E402
-from tab_fixtures import (  # noqa: E402
-    HOSTILE_ATTR_LAYERS,
-    HOSTILE_ATTR_RUN,
-    HOSTILE_JS_RUN,
-    HOSTILE_LAYER,
-    HOSTILE_RUN,
-    HOSTILE_RUNS,
-    HOSTILE_TARGET,
-    INJECTED_JS,
-    NAN_LAYER,
-    NAN_STEP,
-    assert_nothing_injected,
-)
-from tensorboard_process import PLUGIN_API  # noqa: E402
-
 from tb_layergrad import metadata  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.browser, pytest.mark.slow]
@@ -47,11 +31,15 @@ DENSE = "loss|output|net/dense"
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def env(tmp_path_factory, tab_fixtures):
     logdir = str(tmp_path_factory.mktemp("logs"))
     work = tmp_path_factory.mktemp("work")
-    last = {"train": tf_.STEPS[-1], "eval": tf_.EVAL_STEPS[-1], **{r: tf_.STEPS[-1] for r in HOSTILE_RUNS}}
-    with tf_.served(logdir, work, last, lambda: tf_.write_tab_logdir(logdir), poll_ms=POLL_MS) as (
+    last = {
+        "train": tab_fixtures.STEPS[-1],
+        "eval": tab_fixtures.EVAL_STEPS[-1],
+        **{r: tab_fixtures.STEPS[-1] for r in tab_fixtures.HOSTILE_RUNS},
+    }
+    with tab_fixtures.served(logdir, work, last, lambda: tab_fixtures.write_tab_logdir(logdir), poll_ms=POLL_MS) as (
         tb,
         browser,
         written,
@@ -60,12 +48,9 @@ def env(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(env):
+def no_browser_errors(env, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(env["browser"])
-
-
-parent_state = tf_.parent_state
+    tab_fixtures.assert_no_browser_errors(env["browser"])
 
 
 def shown_number(text: str):
@@ -85,14 +70,18 @@ def wait_step(frame, step: int, layer: str = ""):
     assert frame.locator(".lg-step-value").inner_text() == str(step)
 
 
-def assert_table_matches(frame, written, run: str, step: int, layer: str = "net/dense", target="loss", source="output"):
+def assert_table_matches(
+    tab_fixtures, frame, written, run: str, step: int, layer: str = "net/dense", target="loss", source="output"
+):
     key = f"{target}|{source}|{layer}"
     expected = written.expected_stats(run, layer, step, target, source)
     for stat in ("elements", "nan", "pos_inf", "neg_inf", "zeros"):
         assert table_value(frame, key, stat) == expected[stat], (stat, step)
     for stat in ("min", "max", "mean", "std", "norm", "mean_abs", "rms", "zero_frac"):
         got = table_value(frame, key, stat)
-        atol = tf_.shown_atol(written.arrays[(run, target, source, layer)][step], stat, digits=tf_.TABLE_DIGITS)
+        atol = tab_fixtures.shown_atol(
+            written.arrays[(run, target, source, layer)][step], stat, digits=tab_fixtures.TABLE_DIGITS
+        )
         assert got == pytest.approx(expected[stat], rel=0, abs=atol), (stat, step, got, expected[stat])
 
 
@@ -104,10 +93,10 @@ def cell_click(frame, row: int, col: int):
     canvas.click(position={"x": (col + 0.5) * box["width"] / cols, "y": (row + 0.5) * box["height"] / rows})
 
 
-def test_tab_opens_and_overview_shows_every_layer_in_model_order(env):
+def test_tab_opens_and_overview_shows_every_layer_in_model_order(env, tab_fixtures):
     b, page = env["browser"], env["browser"].page
     page.goto(env["tb"].base + "/")
-    page.get_by_role("tab", name=tf_.TAB_NAME).click()
+    page.get_by_role("tab", name=tab_fixtures.TAB_NAME).click()
     frame = b.frame()
     # Several runs: the tab lands on the Runs view, the run with the NaN first; its name opens its overview.
     frame.wait_for_selector(".lg-runs .lg-runs-table tbody tr")
@@ -115,17 +104,20 @@ def test_tab_opens_and_overview_shows_every_layer_in_model_order(env):
     frame.locator('.lg-runs-table tr[data-run="train"] .lg-runs-open').click()
     frame.wait_for_function("() => document.querySelector('.lg-run-name')?.textContent === 'train'")
     labels = frame.locator(".lg-row-label")
-    assert labels.evaluate_all("els => els.map(e => e.dataset.layer)") == [p for p, _ in tf_.LAYERS]
+    assert labels.evaluate_all("els => els.map(e => e.dataset.layer)") == [p for p, _ in tab_fixtures.LAYERS]
     assert labels.all_inner_texts() == ["zeta_embed", "dense", "lstm", "alpha_head"]  # the common "net/" is shown once
     canvas = frame.locator(".lg-heatmap-canvas")
     assert canvas.get_attribute("data-rows") == "4" and canvas.get_attribute("data-cols") == "20"
     # The anomalies the logdir holds: the planted NaN, and an embedding 1e5 times weaker than the head.
     alert = frame.locator(".lg-alert-nonfinite").inner_text()  # where it broke: no loss series here, so pass unknown
-    assert f"step {NAN_STEP}: {NAN_LAYER} (the loss was not recorded: pass unknown)" in alert
-    assert frame.locator('.lg-row-chip[data-row="1"] .lg-chip-nonfinite').inner_text() == f"NaN/Inf @{NAN_STEP}"
+    assert f"step {tab_fixtures.NAN_STEP}: {tab_fixtures.NAN_LAYER} (the loss was not recorded: pass unknown)" in alert
+    assert (
+        frame.locator('.lg-row-chip[data-row="1"] .lg-chip-nonfinite').inner_text()
+        == f"NaN/Inf @{tab_fixtures.NAN_STEP}"
+    )
     assert frame.locator('.lg-row-chip[data-row="0"] .lg-chip-vanishing').count() == 1
     assert frame.locator(".lg-legend-title").inner_text().startswith("L2 norm")
-    assert parent_state(page)["run"] == "train"
+    assert tab_fixtures.parent_state(page)["run"] == "train"
     # Hover shows the value (layer net/lstm, step 4).
     box = canvas.bounding_box()
     canvas.hover(position={"x": 4.5 * box["width"] / 20, "y": 2.5 * box["height"] / 4})
@@ -135,26 +127,35 @@ def test_tab_opens_and_overview_shows_every_layer_in_model_order(env):
     norm_text = tip.locator("tr", has_text="L2 norm").locator("td").inner_text()
     lstm_4 = env["written"].arrays[("train", "loss", "output", "net/lstm")][4]
     assert float(norm_text) == pytest.approx(
-        tf_.numpy_stats(lstm_4)["norm"], rel=0, abs=tf_.shown_atol(lstm_4, "norm", digits=tf_.TABLE_DIGITS)
+        tab_fixtures.numpy_stats(lstm_4)["norm"],
+        rel=0,
+        abs=tab_fixtures.shown_atol(lstm_4, "norm", digits=tab_fixtures.TABLE_DIGITS),
     )  # the tab's 4 significant digits
 
 
-def test_click_on_a_cell_opens_the_layer_at_that_step(env):
+def test_click_on_a_cell_opens_the_layer_at_that_step(env, tab_fixtures):
     b, page, written = env["browser"], env["browser"].page, env["written"]
     frame = b.open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas[data-cols='20']")
-    cell_click(frame, row=1, col=NAN_STEP)
+    cell_click(frame, row=1, col=tab_fixtures.NAN_STEP)
     frame.wait_for_selector(".lg-layer .lg-layer-name")
-    assert frame.locator(".lg-layer-name").inner_text() == NAN_LAYER
-    wait_step(frame, NAN_STEP)
-    assert parent_state(page) == {"run": "train", "view": "layer", "layer": NAN_LAYER, "step": str(NAN_STEP)}
-    assert_table_matches(frame, written, "train", NAN_STEP)
+    assert frame.locator(".lg-layer-name").inner_text() == tab_fixtures.NAN_LAYER
+    wait_step(frame, tab_fixtures.NAN_STEP)
+    assert tab_fixtures.parent_state(page) == {
+        "run": "train",
+        "view": "layer",
+        "layer": tab_fixtures.NAN_LAYER,
+        "step": str(tab_fixtures.NAN_STEP),
+    }
+    assert_table_matches(tab_fixtures, frame, written, "train", tab_fixtures.NAN_STEP)
     assert table_value(frame, DENSE, "nan") == 1 and table_value(frame, DENSE, "pos_inf") == 1
     # Weight gradients beside the output gradient, one column per target.
     heads = frame.locator(".lg-series-head").all_inner_texts()
     assert heads == ["loss · output", "aux · output", "loss · bias (weight)", "loss · kernel (weight)"]
-    assert_table_matches(frame, written, "train", NAN_STEP, layer="net/dense/kernel", source="weight")
-    assert_table_matches(frame, written, "train", NAN_STEP, target="aux")
+    assert_table_matches(
+        tab_fixtures, frame, written, "train", tab_fixtures.NAN_STEP, layer="net/dense/kernel", source="weight"
+    )
+    assert_table_matches(tab_fixtures, frame, written, "train", tab_fixtures.NAN_STEP, target="aux")
     # The layer's CSV: one column per stored statistic, in record order, as the `runs` route names them.
     with page.expect_download() as dl:
         frame.locator(".lg-layer .lg-button", has_text="Download CSV").click()
@@ -163,7 +164,8 @@ def test_click_on_a_cell_opens_the_layer_at_that_step(env):
     at_nan = [
         r
         for r in rows
-        if (r["target"], r["source"], r["layer"], r["step"]) == ("loss", "output", NAN_LAYER, str(NAN_STEP))
+        if (r["target"], r["source"], r["layer"], r["step"])
+        == ("loss", "output", tab_fixtures.NAN_LAYER, str(tab_fixtures.NAN_STEP))
     ]
     assert [(float(r["nan"]), float(r["pos_inf"])) for r in at_nan] == [(1.0, 1.0)]
     # One line per series in the charts over steps; the raw tensor at this step, with its two non-finite values.
@@ -174,24 +176,26 @@ def test_click_on_a_cell_opens_the_layer_at_that_step(env):
     assert frame.locator(".lg-panel-tensor .lg-heatmap-canvas").get_attribute("data-rows") == "4"
     # Histograms: one ridge per step, the chosen one highlighted.
     assert frame.locator(".lg-panel-hist path.lg-ridge").count() == 20
-    assert frame.locator(".lg-panel-hist path.lg-ridge.lg-current").get_attribute("data-step") == str(NAN_STEP)
+    assert frame.locator(".lg-panel-hist path.lg-ridge.lg-current").get_attribute("data-step") == str(
+        tab_fixtures.NAN_STEP
+    )
     frame.locator(".lg-panel-hist .lg-toggle-btn", has_text="overlay").click()
     frame.wait_for_selector(".lg-panel-hist path.lg-overlay-line.lg-current")
-    assert parent_state(page)["hist"] == "overlay"
+    assert tab_fixtures.parent_state(page)["hist"] == "overlay"
 
 
-def test_slider_and_arrow_keys_change_the_step_and_the_numbers(env):
+def test_slider_and_arrow_keys_change_the_step_and_the_numbers(env, tab_fixtures):
     b, page, written = env["browser"], env["browser"].page, env["written"]
-    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": NAN_LAYER, "step": 3})
+    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": tab_fixtures.NAN_LAYER, "step": 3})
     wait_step(frame, 3)
-    assert_table_matches(frame, written, "train", 3)
+    assert_table_matches(tab_fixtures, frame, written, "train", 3)
     frame.locator(".lg-layer-name").click()  # focus in the tab, not on a control
     page.keyboard.press("ArrowRight")
     wait_step(frame, 4)
-    assert_table_matches(frame, written, "train", 4)
+    assert_table_matches(tab_fixtures, frame, written, "train", 4)
     page.keyboard.press("Shift+ArrowRight")
     wait_step(frame, 14)
-    assert_table_matches(frame, written, "train", 14)
+    assert_table_matches(tab_fixtures, frame, written, "train", 14)
     page.keyboard.press("ArrowLeft")
     wait_step(frame, 13)
     # The slider itself: focused, the arrow keys move it one logged step.
@@ -201,8 +205,8 @@ def test_slider_and_arrow_keys_change_the_step_and_the_numbers(env):
     wait_step(frame, 14)
     slider.fill("19")
     wait_step(frame, 19)
-    assert_table_matches(frame, written, "train", 19)
-    assert parent_state(page)["step"] == "19"
+    assert_table_matches(tab_fixtures, frame, written, "train", 19)
+    assert tab_fixtures.parent_state(page)["step"] == "19"
     page.keyboard.press("Home")
     wait_step(frame, 0)
     # No raw tensor at step 1: the tab says which one it shows instead.
@@ -219,7 +223,7 @@ def test_slider_and_arrow_keys_change_the_step_and_the_numbers(env):
     assert frame.locator(".lg-panel-tensor").is_hidden()
 
 
-def test_compare_runs_shows_both_with_their_own_colours(env):
+def test_compare_runs_shows_both_with_their_own_colours(env, tab_fixtures):
     b, page, written = env["browser"], env["browser"].page, env["written"]
     frame = b.open(
         env["tb"].base,
@@ -246,22 +250,22 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
         frame.locator(".lg-compare .lg-button", has_text="Download CSV").click()
     rows = list(csv.DictReader(io.StringIO(open(dl.value.path(), encoding="utf-8").read())))
     over = {(r["run"], int(r["step"])): r["value"] for r in rows if r["chart"] == "over_steps"}
-    for run, steps in (("train", tf_.STEPS), ("eval", tf_.EVAL_STEPS)):
+    for run, steps in (("train", tab_fixtures.STEPS), ("eval", tab_fixtures.EVAL_STEPS)):
         for step in steps:
             a = written.arrays[(run, "loss", "output", "net/lstm")][step]
             assert float(over[(run, step)]) == pytest.approx(
-                tf_.numpy_stats(a)["norm"], rel=0, abs=tf_.shown_atol(a, "norm")
+                tab_fixtures.numpy_stats(a)["norm"], rel=0, abs=tab_fixtures.shown_atol(a, "norm")
             )
     depth_rows = [r for r in rows if r["chart"] == "depth_profile" and r["run"] == "eval"]
-    assert [r["layer"] for r in depth_rows] == [p for p, _ in tf_.LAYERS]
+    assert [r["layer"] for r in depth_rows] == [p for p, _ in tab_fixtures.LAYERS]
     zeta = written.arrays[("eval", "loss", "output", "net/zeta_embed")][8]
     assert float(depth_rows[0]["value"]) == pytest.approx(
-        tf_.numpy_stats(zeta)["norm"], rel=0, abs=tf_.shown_atol(zeta, "norm")
+        tab_fixtures.numpy_stats(zeta)["norm"], rel=0, abs=tab_fixtures.shown_atol(zeta, "norm")
     )
     # Picking a run adds it with a new colour; the others keep theirs.
-    frame.locator(".lg-run-item", has_text=HOSTILE_RUN).locator("input").check()
+    frame.locator(".lg-run-item", has_text=tab_fixtures.HOSTILE_RUN).locator("input").check()
     frame.wait_for_function("() => document.querySelectorAll('.lg-run-item.lg-on').length === 3")
-    assert json.loads(parent_state(page)["runs"]) == ["train", "eval", HOSTILE_RUN]
+    assert json.loads(tab_fixtures.parent_state(page)["runs"]) == ["train", "eval", tab_fixtures.HOSTILE_RUN]
     frame.wait_for_selector(".lg-panel-wide .lg-legend-item:nth-child(3)")
     after = frame.locator(".lg-panel-wide .lg-legend-item .lg-swatch").evaluate_all(
         "els => els.map(e => e.style.background)"
@@ -269,18 +273,20 @@ def test_compare_runs_shows_both_with_their_own_colours(env):
     assert len(set(after)) == 3
 
 
-def test_hostile_run_and_layer_names_render_as_text(env):
+def test_hostile_run_and_layer_names_render_as_text(env, tab_fixtures):
     b, page = env["browser"], env["browser"].page
-    frame = b.open(env["tb"].base, {"run": HOSTILE_RUN})
-    frame.wait_for_function("(name) => document.querySelector('.lg-run-name')?.textContent === name", arg=HOSTILE_RUN)
-    assert frame.locator('select[aria-label="run"] option:checked').inner_text() == HOSTILE_RUN
+    frame = b.open(env["tb"].base, {"run": tab_fixtures.HOSTILE_RUN})
+    frame.wait_for_function(
+        "(name) => document.querySelector('.lg-run-name')?.textContent === name", arg=tab_fixtures.HOSTILE_RUN
+    )
+    assert frame.locator('select[aria-label="run"] option:checked').inner_text() == tab_fixtures.HOSTILE_RUN
     assert frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.textContent)") == [
         "first",
-        HOSTILE_LAYER.split("/", 1)[1],
+        tab_fixtures.HOSTILE_LAYER.split("/", 1)[1],
     ]
     cell_click(frame, row=1, col=3)
     frame.wait_for_function(
-        "(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=HOSTILE_LAYER
+        "(name) => document.querySelector('.lg-layer-name')?.textContent === name", arg=tab_fixtures.HOSTILE_LAYER
     )
     frame.locator(".lg-tab", has_text="Compare runs").click()
     frame.wait_for_selector(".lg-run-item.lg-on")
@@ -327,23 +333,23 @@ def test_empty_state_then_data_arrives_by_polling(env):
     frame.wait_for_selector(".lg-heatmap-canvas[data-cols='20']", timeout=10_000)  # the next poll brings the data
 
 
-def test_a_run_being_written_refreshes_without_a_reload(env):
+def test_a_run_being_written_refreshes_without_a_reload(env, tab_fixtures):
     b = env["browser"]
     frame = b.open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas[data-cols='20']")
     frame.evaluate("() => { document.querySelector('.lg-heatmap-canvas').__mark = 1; }")
-    tf_.append_steps(env["logdir"], "train", [20, 21])
+    tab_fixtures.append_steps(env["logdir"], "train", [20, 21])
     frame.wait_for_selector(".lg-heatmap-canvas[data-cols='22']", timeout=20_000)
     # Same canvas element, updated in place (no full re-render); the new steps are on the axis.
     assert frame.evaluate("() => document.querySelector('.lg-heatmap-canvas').__mark") == 1
     assert "0–21" in frame.locator(".lg-summary-head").inner_text()
 
 
-def test_state_in_the_url_reopens_the_same_view(env):
+def test_state_in_the_url_reopens_the_same_view(env, tab_fixtures):
     b, page = env["browser"], env["browser"].page
     frame = b.open(env["tb"].base, {"run": "eval", "view": "layer", "layer": "net/alpha_head", "step": 6, "log": "0"})
     wait_step(frame, 6)
-    assert_table_matches(frame, env["written"], "eval", 6, layer="net/alpha_head")
+    assert_table_matches(tab_fixtures, frame, env["written"], "eval", 6, layer="net/alpha_head")
     assert frame.locator(".lg-toggle-btn.lg-on", has_text="linear").count() == 1
     frame.locator(".lg-layer-name").click()
     page.keyboard.press("ArrowRight")
@@ -403,11 +409,9 @@ def test_heatmap_draws_200_layers_by_5000_steps(env):
     assert drawn is not None and drawn[0] > 0 and drawn[1] > 0  # a canvas was drawn
 
 
-def test_overview_flags_are_the_routes_and_match_numpy(env):
+def test_overview_flags_are_the_routes_and_match_numpy(env, tab_fixtures, report_fixtures):
     """The overview asks the `anomalies` route (it computes no rule), and the flags it places on its grid
     are the cell-by-cell evaluation of docs/ANOMALIES.md on the arrays that were written."""
-    from report_fixtures import numpy_cell, reference_detect
-
     b, page = env["browser"], env["browser"].page
     asked = []
     listener = lambda r: asked.append(r.url) if "/layergrad/anomalies?" in r.url else None  # noqa: E731
@@ -432,17 +436,17 @@ def test_overview_flags_are_the_routes_and_match_numpy(env):
     )
     layers, steps = got["layers"], got["steps"]
     assert (
-        layers == [p for p, _ in tf_.LAYERS] and steps[:20] == tf_.STEPS
+        layers == [p for p, _ in tab_fixtures.LAYERS] and steps[:20] == tab_fixtures.STEPS
     )  # (an earlier test may have appended 20, 21)
     m = {k: np.full((len(layers), len(steps)), np.nan) for k in ("rms", "norm", "nonfinite", "zero_frac")}
     for i, layer in enumerate(layers):
         for j, step in enumerate(steps):
-            for k, v in numpy_cell(tf_.layer_array("train", "loss", layer, step)).items():
+            for k, v in report_fixtures.numpy_cell(tab_fixtures.layer_array("train", "loss", layer, step)).items():
                 m[k][i, j] = v
-    expected = reference_detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
+    expected = report_fixtures.reference_detect(m["rms"], m["norm"], m["nonfinite"], m["zero_frac"])
     np.testing.assert_array_equal(np.asarray(got["flags"], np.uint8).reshape(expected.shape), expected)
     assert (expected[0] & 2).all()  # the embedding, 1e5 times weaker than the head, vanishes at every step
-    assert got["first"] == [None, NAN_STEP, None, None]
+    assert got["first"] == [None, tab_fixtures.NAN_STEP, None, None]
 
 
 def verdict_chips(frame):
@@ -453,12 +457,12 @@ def verdict_chips(frame):
     )
 
 
-def test_layer_view_shows_the_layers_verdict(env):
+def test_layer_view_shows_the_layers_verdict(env, tab_fixtures, tensorboard_process):
     """The layer view's chips are the route's verdict of the layer, one per series (target, source, the weights
     it owns), as the overview and the report show it: the vanishing one needs the other layers (a one-layer
     evaluation in the browser could never show it). A chip opens the step its verdict names."""
     b = env["browser"]
-    for layer, step, want in ((NAN_LAYER, 2, "nonfinite"), ("net/zeta_embed", 3, "vanishing")):
+    for layer, step, want in ((tab_fixtures.NAN_LAYER, 2, "nonfinite"), ("net/zeta_embed", 3, "vanishing")):
         frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": layer, "step": step})
         wait_step(frame, step, layer)
         chips = verdict_chips(frame)
@@ -468,25 +472,25 @@ def test_layer_view_shows_the_layers_verdict(env):
         for key, state, text in chips:
             target, source, path = key.split("|", 2)
             query = urllib.parse.urlencode({"run": "train", "target": target, "source": source, "layer": path})
-            verdict = env["tb"].get_json(f"{PLUGIN_API}anomalies?{query}")["layers"][0]["verdict"]
+            verdict = env["tb"].get_json(f"{tensorboard_process.PLUGIN_API}anomalies?{query}")["layers"][0]["verdict"]
             assert state == verdict["state"], key
             assert text.endswith(f": {verdict['text']}") and text.startswith(f"{target} · "), (key, text)
         assert chips[0][1] == want
-        if layer == NAN_LAYER:  # its two targets' outputs and the two weights it owns
+        if layer == tab_fixtures.NAN_LAYER:  # its two targets' outputs and the two weights it owns
             assert len(chips) == 4
-    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": NAN_LAYER, "step": 2})
+    frame = b.open(env["tb"].base, {"run": "train", "view": "layer", "layer": tab_fixtures.NAN_LAYER, "step": 2})
     wait_step(frame, 2)
-    chip = frame.locator(f'.lg-layer-verdict .lg-chip[data-series="loss|output|{NAN_LAYER}"]')
-    assert chip.inner_text() == f"loss · output: NaN/Inf @{NAN_STEP}"
+    chip = frame.locator(f'.lg-layer-verdict .lg-chip[data-series="loss|output|{tab_fixtures.NAN_LAYER}"]')
+    assert chip.inner_text() == f"loss · output: NaN/Inf @{tab_fixtures.NAN_STEP}"
     chip.click()
-    wait_step(frame, NAN_STEP)
-    assert parent_state(b.page)["step"] == str(NAN_STEP)
+    wait_step(frame, tab_fixtures.NAN_STEP)
+    assert tab_fixtures.parent_state(b.page)["step"] == str(tab_fixtures.NAN_STEP)
 
 
-def test_url_state_round_trips_any_name_and_keeps_tensorboards_keys(env):
+def test_url_state_round_trips_any_name_and_keeps_tensorboards_keys(env, tab_fixtures):
     frame = env["browser"].open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas")
-    names = [*tf_.HOSTILE_NAMES, "a&b=c#d%25e", "run with spaces/and/slashes", "ünïcødé ✓"]
+    names = [*tab_fixtures.HOSTILE_NAMES, "a&b=c#d%25e", "run with spaces/and/slashes", "ünïcødé ✓"]
     out = frame.evaluate(
         """async (names) => {
           const { stateFromHash, hashWithState, parseHash } = await import('./state.js');
@@ -506,7 +510,7 @@ def test_url_state_round_trips_any_name_and_keeps_tensorboards_keys(env):
         assert head == ["layergrad"] and tb_pairs == [["_smoothingWeight", "0.6"], ["tagFilter", "a&b"]]
 
 
-def test_polls_only_while_the_tab_is_visible(env):
+def test_polls_only_while_the_tab_is_visible(env, tab_fixtures):
     """TensorBoard hides (height 0) rather than destroys the iframe of a tab that is not shown."""
     b, page = env["browser"], env["browser"].page
     frame = b.open(env["tb"].base, {"run": "train"})
@@ -517,12 +521,12 @@ def test_polls_only_while_the_tab_is_visible(env):
     try:
         page.wait_for_timeout(2 * POLL_MS + 700)
         assert len(polls) >= 1  # visible: polling
-        page.evaluate(f"() => {{ document.querySelector('{tf_.IFRAME}').style.height = '0px'; }}")
+        page.evaluate(f"() => {{ document.querySelector('{tab_fixtures.IFRAME}').style.height = '0px'; }}")
         page.wait_for_timeout(500)
         hidden_from = len(polls)
         page.wait_for_timeout(3 * POLL_MS)
         assert len(polls) == hidden_from  # hidden: no request at all
-        page.evaluate(f"() => {{ document.querySelector('{tf_.IFRAME}').style.height = ''; }}")
+        page.evaluate(f"() => {{ document.querySelector('{tab_fixtures.IFRAME}').style.height = ''; }}")
         page.wait_for_timeout(1500)
         assert len(polls) > hidden_from  # shown again: catches up at once
     finally:
@@ -551,111 +555,129 @@ def take_expected_errors(b, *needles: str):
     return expected
 
 
-def test_attribute_breakout_names_render_as_text_in_every_view(env):
+def test_attribute_breakout_names_render_as_text_in_every_view(env, tab_fixtures):
     """A run, layers and a target named with attribute breakouts (`" autofocus onfocus="...`, `'><svg onload=...>`),
     a closing `</script>` and `javascript:` URLs: shown as the exact text in the overview, layer view, compare view,
     run/layer/target selectors, tooltips and legends; no element, attribute or script comes out of them."""
     b, page = env["browser"], env["browser"].page
-    all_runs = sorted(["train", "eval", *HOSTILE_RUNS])
+    all_runs = sorted(["train", "eval", *tab_fixtures.HOSTILE_RUNS])
     # Overview.
-    frame = b.open(env["tb"].base, {"run": HOSTILE_ATTR_RUN})
-    wait_text(frame, ".lg-run-name", HOSTILE_ATTR_RUN)
+    frame = b.open(env["tb"].base, {"run": tab_fixtures.HOSTILE_ATTR_RUN})
+    wait_text(frame, ".lg-run-name", tab_fixtures.HOSTILE_ATTR_RUN)
     frame.wait_for_function(
-        "(n) => document.querySelectorAll('.lg-row-label').length === n", arg=len(HOSTILE_ATTR_LAYERS)
+        "(n) => document.querySelectorAll('.lg-row-label').length === n", arg=len(tab_fixtures.HOSTILE_ATTR_LAYERS)
     )
     assert texts(frame, 'select[aria-label="run"] option') == all_runs
-    assert texts(frame, 'select[aria-label="run"] option:checked') == [HOSTILE_ATTR_RUN]
-    assert texts(frame, ".lg-row-label") == HOSTILE_ATTR_LAYERS  # no common prefix: the full names
-    assert frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.dataset.layer)") == HOSTILE_ATTR_LAYERS
-    assert texts(frame, 'select[aria-label="target"] option') == sorted(["loss", HOSTILE_TARGET])
+    assert texts(frame, 'select[aria-label="run"] option:checked') == [tab_fixtures.HOSTILE_ATTR_RUN]
+    assert texts(frame, ".lg-row-label") == tab_fixtures.HOSTILE_ATTR_LAYERS  # no common prefix: the full names
+    assert (
+        frame.locator(".lg-row-label").evaluate_all("els => els.map(e => e.dataset.layer)")
+        == tab_fixtures.HOSTILE_ATTR_LAYERS
+    )
+    assert texts(frame, 'select[aria-label="target"] option') == sorted(["loss", tab_fixtures.HOSTILE_TARGET])
     assert frame.locator('select[aria-label="target"]').is_visible()
     href = frame.locator(".lg-overview a.lg-button").get_attribute("href")
-    assert href.startswith("./csv?run=") and urllib.parse.parse_qs(href.split("?", 1)[1])["run"] == [HOSTILE_ATTR_RUN]
+    assert href.startswith("./csv?run=") and urllib.parse.parse_qs(href.split("?", 1)[1])["run"] == [
+        tab_fixtures.HOSTILE_ATTR_RUN
+    ]
     canvas = frame.locator(".lg-heatmap-canvas")
     box = canvas.bounding_box()
     canvas.hover(position={"x": 2.5 * box["width"] / 20, "y": 0.5 * box["height"] / 3})
     frame.locator(".lg-tooltip").wait_for(state="visible")
-    assert texts(frame, ".lg-tooltip-title") == [HOSTILE_ATTR_LAYERS[0]]
+    assert texts(frame, ".lg-tooltip-title") == [tab_fixtures.HOSTILE_ATTR_LAYERS[0]]
     page.mouse.move(0, 0)
-    assert_nothing_injected(b, frame)
+    tab_fixtures.assert_nothing_injected(b, frame)
     # The hostile target: picked in the selector, its overview has the one layer that has it.
-    frame.select_option('select[aria-label="target"]', HOSTILE_TARGET)
+    frame.select_option('select[aria-label="target"]', tab_fixtures.HOSTILE_TARGET)
     frame.wait_for_function("() => document.querySelectorAll('.lg-row-label').length === 1")
-    assert texts(frame, ".lg-row-label") == [HOSTILE_ATTR_LAYERS[0]]
-    assert texts(frame, 'select[aria-label="target"] option:checked') == [HOSTILE_TARGET]
-    assert parent_state(page)["target"] == HOSTILE_TARGET
+    assert texts(frame, ".lg-row-label") == [tab_fixtures.HOSTILE_ATTR_LAYERS[0]]
+    assert texts(frame, 'select[aria-label="target"] option:checked') == [tab_fixtures.HOSTILE_TARGET]
+    assert tab_fixtures.parent_state(page)["target"] == tab_fixtures.HOSTILE_TARGET
     frame.select_option('select[aria-label="target"]', "loss")
     # Layer view of each hostile layer (picked in the layer selector: no page load in between).
     frame.locator(".lg-row-label").first.click()
     frame.wait_for_selector(".lg-layer .lg-stats-table")
-    assert texts(frame, 'select[aria-label="layer"] option') == HOSTILE_ATTR_LAYERS
-    for layer in HOSTILE_ATTR_LAYERS:
+    assert texts(frame, 'select[aria-label="layer"] option') == tab_fixtures.HOSTILE_ATTR_LAYERS
+    for layer in tab_fixtures.HOSTILE_ATTR_LAYERS:
         if texts(frame, ".lg-layer-name") != [layer]:
             frame.select_option('select[aria-label="layer"]', layer)
         wait_text(frame, ".lg-layer-name", layer)
         frame.wait_for_function("(l) => document.querySelector('.lg-stats-table')?.dataset.layer === l", arg=layer)
-        assert frame.locator(".lg-stats-table").get_attribute("data-run") == HOSTILE_ATTR_RUN
+        assert frame.locator(".lg-stats-table").get_attribute("data-run") == tab_fixtures.HOSTILE_ATTR_RUN
         assert texts(frame, 'select[aria-label="layer"] option:checked') == [layer]
-        assert frame.locator(".lg-layer-head .lg-muted").text_content().startswith(HOSTILE_ATTR_RUN + " · ")
-        assert parent_state(page)["layer"] == layer
-        assert_nothing_injected(b, frame)
+        assert (
+            frame.locator(".lg-layer-head .lg-muted").text_content().startswith(tab_fixtures.HOSTILE_ATTR_RUN + " · ")
+        )
+        assert tab_fixtures.parent_state(page)["layer"] == layer
+        tab_fixtures.assert_nothing_injected(b, frame)
     # The layer with two targets: the hostile one in the table's heads, the legend, the header, the histogram selector.
-    frame.select_option('select[aria-label="layer"]', HOSTILE_ATTR_LAYERS[0])
-    wait_text(frame, ".lg-layer-name", HOSTILE_ATTR_LAYERS[0])
-    series = ["loss · output", f"{HOSTILE_TARGET} · output"]
+    frame.select_option('select[aria-label="layer"]', tab_fixtures.HOSTILE_ATTR_LAYERS[0])
+    wait_text(frame, ".lg-layer-name", tab_fixtures.HOSTILE_ATTR_LAYERS[0])
+    series = ["loss · output", f"{tab_fixtures.HOSTILE_TARGET} · output"]
     frame.wait_for_function("(n) => document.querySelectorAll('.lg-series-head').length === n", arg=2)
     assert texts(frame, ".lg-series-head") == series
     assert texts(frame, ".lg-panel-charts .lg-panel-head .lg-legend-name") == series
     assert texts(frame, 'select[aria-label="histogram series"] option') == series
-    assert frame.locator(".lg-layer-head .lg-muted").text_content().endswith(f"targets: {HOSTILE_TARGET}, loss")
-    assert_nothing_injected(b, frame)
+    assert (
+        frame.locator(".lg-layer-head .lg-muted")
+        .text_content()
+        .endswith(f"targets: {tab_fixtures.HOSTILE_TARGET}, loss")
+    )
+    tab_fixtures.assert_nothing_injected(b, frame)
     # Compare: three hostile runs; one lacks the layer and is named in a note.
     frame = b.open(
         env["tb"].base,
-        {"run": HOSTILE_ATTR_RUN, "view": "compare", "layer": "net/first", "runs": json.dumps(list(HOSTILE_RUNS))},
+        {
+            "run": tab_fixtures.HOSTILE_ATTR_RUN,
+            "view": "compare",
+            "layer": "net/first",
+            "runs": json.dumps(list(tab_fixtures.HOSTILE_RUNS)),
+        },
     )
     frame.wait_for_selector(".lg-compare path.lg-line")
     assert texts(frame, ".lg-run-item-name") == all_runs
-    assert texts(frame, ".lg-run-item.lg-on .lg-run-item-name") == sorted(HOSTILE_RUNS)
-    assert texts(frame, ".lg-compare .lg-note") == [f"No layer 'first' in: {HOSTILE_ATTR_RUN}."]
-    assert set(texts(frame, ".lg-panel-wide .lg-legend-name")) <= set(HOSTILE_RUNS)
-    assert HOSTILE_RUN in texts(frame, ".lg-panel-wide .lg-legend-name") and HOSTILE_JS_RUN in texts(
+    assert texts(frame, ".lg-run-item.lg-on .lg-run-item-name") == sorted(tab_fixtures.HOSTILE_RUNS)
+    assert texts(frame, ".lg-compare .lg-note") == [f"No layer 'first' in: {tab_fixtures.HOSTILE_ATTR_RUN}."]
+    assert set(texts(frame, ".lg-panel-wide .lg-legend-name")) <= set(tab_fixtures.HOSTILE_RUNS)
+    assert tab_fixtures.HOSTILE_RUN in texts(
         frame, ".lg-panel-wide .lg-legend-name"
-    )
+    ) and tab_fixtures.HOSTILE_JS_RUN in texts(frame, ".lg-panel-wide .lg-legend-name")
     keys = texts(frame, '.lg-compare select[aria-label="layer"] option')
     assert keys == [
         "first",
-        HOSTILE_LAYER.split("/", 1)[1],
-        *[k.split("/", 1)[-1] for k in HOSTILE_ATTR_LAYERS],
+        tab_fixtures.HOSTILE_LAYER.split("/", 1)[1],
+        *[k.split("/", 1)[-1] for k in tab_fixtures.HOSTILE_ATTR_LAYERS],
     ]  # paths without the model
-    assert texts(frame, '.lg-compare select[aria-label="target"] option') == sorted(["loss", HOSTILE_TARGET])
-    assert_nothing_injected(b, frame)
+    assert texts(frame, '.lg-compare select[aria-label="target"] option') == sorted(
+        ["loss", tab_fixtures.HOSTILE_TARGET]
+    )
+    tab_fixtures.assert_nothing_injected(b, frame)
     # The overview of the `javascript:` run: its CSV link stays a relative URL of the plugin.
-    frame = b.open(env["tb"].base, {"run": HOSTILE_JS_RUN})
-    wait_text(frame, ".lg-run-name", HOSTILE_JS_RUN)
+    frame = b.open(env["tb"].base, {"run": tab_fixtures.HOSTILE_JS_RUN})
+    wait_text(frame, ".lg-run-name", tab_fixtures.HOSTILE_JS_RUN)
     link = frame.locator(".lg-overview a.lg-button")
     assert link.get_attribute("href") == "./csv?" + urllib.parse.urlencode(
-        {"run": HOSTILE_JS_RUN, "target": "loss", "source": "output"}
+        {"run": tab_fixtures.HOSTILE_JS_RUN, "target": "loss", "source": "output"}
     )
     assert (
         link.evaluate("a => a.protocol") == "http:"
-        and link.get_attribute("download") == f"layergrad-{HOSTILE_JS_RUN}.csv"
+        and link.get_attribute("download") == f"layergrad-{tab_fixtures.HOSTILE_JS_RUN}.csv"
     )
-    assert_nothing_injected(b, frame)
+    tab_fixtures.assert_nothing_injected(b, frame)
 
 
-def test_hostile_names_inside_error_messages_render_as_text(env):
+def test_hostile_names_inside_error_messages_render_as_text(env, tab_fixtures):
     """Unknown names that are HTML: the route's 404 message quotes them, the tab shows that message as text."""
     b, page = env["browser"], env["browser"].page
     layer = "net/<script>alert(10)</script>"
-    frame = b.open(env["tb"].base, {"run": HOSTILE_ATTR_RUN, "view": "layer", "layer": layer})
+    frame = b.open(env["tb"].base, {"run": tab_fixtures.HOSTILE_ATTR_RUN, "view": "layer", "layer": layer})
     box = frame.locator(".lg-layer .lg-error")
     box.wait_for()
-    assert f"layer '{layer}' of run '{HOSTILE_ATTR_RUN}'" in box.text_content()
+    assert f"layer '{layer}' of run '{tab_fixtures.HOSTILE_ATTR_RUN}'" in box.text_content()
     assert f"layer '{layer}' not found" in box.text_content() and "(HTTP 404 from 'stats')" in box.text_content()
     assert box.locator("*").evaluate_all("els => els.map(e => e.tagName)") == ["STRONG", "SPAN"]  # nothing else inside
     assert f"{layer} (not in this run)" in texts(frame, 'select[aria-label="layer"] option')
-    assert_nothing_injected(b, frame)
+    tab_fixtures.assert_nothing_injected(b, frame)
     # An unknown run, then a target the run does not have.
     run = '"><img src=q onerror=alert(11)>'
     frame = b.open(env["tb"].base, {"run": run})
@@ -664,13 +686,13 @@ def test_hostile_names_inside_error_messages_render_as_text(env):
     assert f"Could not load the gradient-flow matrix of run '{run}'" in box.text_content()
     assert f"run {run!r} not found" in box.text_content()
     assert f"{run} (not found)" in texts(frame, 'select[aria-label="run"] option')
-    assert_nothing_injected(b, frame)
-    frame = b.open(env["tb"].base, {"run": "train", "target": HOSTILE_TARGET})
+    tab_fixtures.assert_nothing_injected(b, frame)
+    frame = b.open(env["tb"].base, {"run": "train", "target": tab_fixtures.HOSTILE_TARGET})
     box = frame.locator(".lg-overview .lg-error")
     box.wait_for()
-    assert f"target {HOSTILE_TARGET!r} not found in run 'train'" in box.text_content()
-    assert f"{HOSTILE_TARGET} (not in run)" in texts(frame, 'select[aria-label="target"] option')
-    assert_nothing_injected(b, frame)
+    assert f"target {tab_fixtures.HOSTILE_TARGET!r} not found in run 'train'" in box.text_content()
+    assert f"{tab_fixtures.HOSTILE_TARGET} (not in run)" in texts(frame, 'select[aria-label="target"] option')
+    tab_fixtures.assert_nothing_injected(b, frame)
     # The browser logs each 404 itself: those only. The `anomalies` one may come after the message is shown.
     deadline = time.monotonic() + 10
     while not any("/layergrad/anomalies?run=train" in e for e in b.errors):
@@ -699,12 +721,12 @@ FAULTS = {
 class Fault:
     """Makes one of the plugin's routes fail in the browser (`kind` of FAULTS) until `heal()`; then passes through."""
 
-    def __init__(self, page, route: str, kind: str):
-        self.page, self.route, self.kind = page, route, kind
+    def __init__(self, page, plugin: str, route: str, kind: str):
+        self.page, self.plugin, self.route, self.kind = page, plugin, route, kind
         self.failed = 0
         self.failing = True
         # The route itself, not a static file named alike (`sweep` and `sweep.js`).
-        self._match = lambda url: urllib.parse.urlsplit(url).path.endswith(f"/data/plugin/{tf_.PLUGIN}/{route}")  # noqa: E731
+        self._match = lambda url: urllib.parse.urlsplit(url).path.endswith(f"/data/plugin/{plugin}/{route}")  # noqa: E731
         page.route(self._match, self._handle)
 
     def _handle(self, route):
@@ -737,7 +759,7 @@ class Fault:
     def remove(self, b):
         self.page.unroute(self._match, self._handle)
         # The browser logs each failed request itself: those, and only those, are expected.
-        expected = take_expected_errors(b, f"/{tf_.PLUGIN}/{self.route}")
+        expected = take_expected_errors(b, f"/{self.plugin}/{self.route}")
         assert len(expected) >= min(1, self.failed), (self.failed, expected)
 
 
@@ -748,11 +770,11 @@ def assert_readable(box_text: str, fault: Fault):
 
 
 @pytest.mark.parametrize("kind", list(FAULTS))
-def test_runs_route_failing_at_start_shows_a_message_and_recovers(env, kind):
+def test_runs_route_failing_at_start_shows_a_message_and_recovers(env, kind, tab_fixtures):
     """The very first `runs` request fails: a message instead of a blank tab; the tab keeps asking and fills in
     once the route answers again (and "Retry now" asks at once)."""
     b, page = env["browser"], env["browser"].page
-    fault = Fault(page, "runs", kind)
+    fault = Fault(page, tab_fixtures.PLUGIN, "runs", kind)
     try:
         frame = b.open(env["tb"].base, {"run": "train"})
         box = frame.locator(".lg-banner .lg-error")
@@ -766,7 +788,7 @@ def test_runs_route_failing_at_start_shows_a_message_and_recovers(env, kind):
         assert box.is_visible() and box.bounding_box()["height"] > 10
         fault.wait_failed(fault.failed + 1)  # polling goes on; the message stays
         assert frame.locator(".lg-banner .lg-error").text_content() == text
-        assert frame.evaluate(INJECTED_JS) == []
+        assert frame.evaluate(tab_fixtures.INJECTED_JS) == []
         fault.heal()
         if kind == "json500":
             # "Retry now" does not wait for the next poll.
@@ -775,24 +797,26 @@ def test_runs_route_failing_at_start_shows_a_message_and_recovers(env, kind):
         frame.wait_for_selector(".lg-heatmap-canvas", timeout=10_000)
         wait_text(frame, ".lg-run-name", "train")
         assert frame.locator(".lg-banner .lg-error").count() == 0
-        assert frame.locator(".lg-row-label").count() == len(tf_.LAYERS)
+        assert frame.locator(".lg-row-label").count() == len(tab_fixtures.LAYERS)
     finally:
         fault.remove(b)
 
 
-def test_runs_route_failing_mid_session_keeps_the_data_and_says_so(env):
+def test_runs_route_failing_mid_session_keeps_the_data_and_says_so(env, tab_fixtures):
     """TensorBoard goes away while the tab is open: the overview stays, a message says why nothing updates,
     and goes once TensorBoard answers again."""
     b, page = env["browser"], env["browser"].page
     frame = b.open(env["tb"].base, {"run": "train"})
     frame.wait_for_selector(".lg-heatmap-canvas")
     wait_text(frame, ".lg-run-name", "train")
-    fault = Fault(page, "runs", "abort")
+    fault = Fault(page, tab_fixtures.PLUGIN, "runs", "abort")
     try:
         box = frame.locator(".lg-banner .lg-error")
         box.wait_for(timeout=10_000)
         assert_readable(box.text_content(), fault)
-        assert frame.locator(".lg-row-label").count() == len(tf_.LAYERS)  # the data shown before is still there
+        assert frame.locator(".lg-row-label").count() == len(
+            tab_fixtures.LAYERS
+        )  # the data shown before is still there
         fault.heal()
         box.wait_for(state="detached", timeout=10_000)
         assert frame.locator(".lg-status").text_content().startswith("updated ")
@@ -824,12 +848,12 @@ VIEW_FAULTS = [
 @pytest.mark.parametrize(
     "state,route,kind,ready", VIEW_FAULTS, ids=[f"{s.get('view', 'overview')}-{r}-{k}" for s, r, k, _ in VIEW_FAULTS]
 )
-def test_view_route_failing_shows_a_message_in_the_view_and_recovers(env, state, route, kind, ready):
+def test_view_route_failing_shows_a_message_in_the_view_and_recovers(env, state, route, kind, ready, tab_fixtures):
     """`runs` works, the route a view draws from fails: the view (toolbar and all) says so, asks again on the next
     polls while the failure is one that can pass (5xx, no connection), and draws once the route works."""
     b, page = env["browser"], env["browser"].page
     view = state.get("view", "overview")
-    fault = Fault(page, route, kind)
+    fault = Fault(page, tab_fixtures.PLUGIN, route, kind)
     try:
         frame = b.open(env["tb"].base, state)
         box = frame.locator(f".lg-{view} .lg-messages .lg-error")

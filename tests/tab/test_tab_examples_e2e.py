@@ -352,18 +352,16 @@ def test_a_run_without_them_shows_none(env, examples_fixtures):
 
 
 @pytest.fixture(scope="module")
-def mislabelled(demo, env, tmp_path_factory, tensorboard_process):
+def mislabelled(demo, env, tmp_path_factory, tensorboard_process, demo_plan):
     """A second `tensorboard`, on the demo's logdir; the module's browser. The planted flips that the classifier
     has learnt past (from step 16 on, as tests/cli/test_demo.py checks in the records)."""
-
-    from tb_layergrad.cli import demo as demo_module
 
     work = tmp_path_factory.mktemp("mislabelled_tab")
     tb = tensorboard_process.TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
     try:
         last = demo["runs"]["mislabelled"]["summary"]["last_step"]
         tb.wait_for_runs({"mislabelled": last})
-        planted = demo_module.mislabelled_positions(last)
+        planted = demo_plan.mislabelled_positions(last)
         learnt = {s: p for s, p in planted.items() if s >= 16}
         yield {"tb": tb, "browser": env["browser"], "planted": planted, "learnt": learnt}
     finally:

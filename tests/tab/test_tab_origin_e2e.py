@@ -232,17 +232,15 @@ DEMO_NAN_RUNS = {  # run: (pass, origin), as tb_layergrad/cli/demo.py plants the
 
 
 @pytest.fixture(scope="module")
-def demo_tab(demo, env, tmp_path_factory, tensorboard_process):
+def demo_tab(demo, env, tmp_path_factory, tensorboard_process, demo_plan):
     """A second `tensorboard`, on the demo's logdir; the module's browser (one Playwright per thread)."""
-    from tb_layergrad.cli import demo_nan
-
     work = tmp_path_factory.mktemp("demo_tab")
     tb = tensorboard_process.TensorBoardProcess(demo["logdir"], log_path=str(work / "tensorboard.log"))
     try:
         tb.wait_for_runs({run: demo["runs"][run]["summary"]["last_step"] for run in DEMO_NAN_RUNS})
         steps = {
-            "nan_forward": demo_nan.NAN_FORWARD_STEP,
-            "nan_backward": demo_nan.NAN_BACKWARD_STEP,
+            "nan_forward": demo_plan.nan_forward_step,
+            "nan_backward": demo_plan.nan_backward_step,
             "nan_log0": demo["runs"]["nan_log0"]["summary"]["first_nonfinite"]["step"],
         }
         yield {"tb": tb, "browser": env["browser"], "steps": steps}

@@ -21,16 +21,9 @@ pytest.importorskip("playwright")
 if not os.path.exists("/usr/bin/chromium"):
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-import runs_view_fixtures as rf  # noqa: E402
-import tab_fixtures as tf_  # noqa: E402
-from tensorboard_process import PLUGIN_API, TensorBoardProcess  # noqa: E402
-
-from tb_layergrad.cli import demo_sweep  # noqa: E402
-from tb_layergrad.reader import anomalies as verdict_rules  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.browser, pytest.mark.slow]
 
-DIGITS = tf_.TABLE_DIGITS
 CELL_CHARS = 120  # frontend/views/runs_table.js: characters a cell shows before "…"
 
 # The table as shown: header ids, and per row (in the order shown) its run, visibility, tick and cells.
@@ -48,13 +41,13 @@ POINTS = """() => Array.from(document.querySelectorAll('.lg-scatter-point')).map
   cy: Number(c.getAttribute('cy')), fill: c.getAttribute('fill')}))"""
 
 
-def serve(logdir: str, load_fast: str, work, wanted: int) -> TensorBoardProcess:
+def serve(tensorboard_process, logdir: str, load_fast: str, work, wanted: int):
     """A real TensorBoard on `logdir` once its `sweep` route lists `wanted` runs with health."""
-    tb = TensorBoardProcess(logdir, str(work / "tensorboard.log"), load_fast=load_fast)
+    tb = tensorboard_process.TensorBoardProcess(logdir, str(work / "tensorboard.log"), load_fast=load_fast)
     try:
 
         def ready(p) -> bool:
-            runs = p.get_json(PLUGIN_API + "sweep")["runs"]
+            runs = p.get_json(tensorboard_process.PLUGIN_API + "sweep")["runs"]
             return len(runs) >= wanted and all(r["layers"] for r in runs)
 
         tb.wait_until(ready, f"{wanted} runs in the sweep route", timeout=120)
@@ -65,44 +58,46 @@ def serve(logdir: str, load_fast: str, work, wanted: int) -> TensorBoardProcess:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def browser(tmp_path_factory, tab_fixtures):
     """One headless Chromium for the module (Playwright's sync API runs one at a time)."""
-    b = tf_.Browser(str(tmp_path_factory.mktemp("runs_profile")), poll_ms=60_000)
+    b = tab_fixtures.Browser(str(tmp_path_factory.mktemp("runs_profile")), poll_ms=60_000)
     yield b
     b.close()
 
 
 @pytest.fixture(scope="module", params=["true", "false"], ids=["load_fast", "python_loader"])
-def demo_tab(request, demo, browser, tmp_path_factory):
+def demo_tab(request, demo, browser, tmp_path_factory, tensorboard_process, tab_fixtures):
     work = tmp_path_factory.mktemp(f"runs_demo_{request.param}")
-    tb = serve(demo["logdir"], request.param, work, len({run for run, _ in demo["by_target"]}))
+    tb = serve(tensorboard_process, demo["logdir"], request.param, work, len({run for run, _ in demo["by_target"]}))
     try:
-        yield {"tb": tb, "browser": browser, "demo": demo, "sweep": tb.get_json(PLUGIN_API + "sweep")}
+        sweep = tb.get_json(tensorboard_process.PLUGIN_API + "sweep")
+        yield {"tb": tb, "browser": browser, "demo": demo, "sweep": sweep, "digits": tab_fixtures.TABLE_DIGITS}
     finally:
         tb.stop()
 
 
 @pytest.fixture(scope="module")
-def fixtures_logdir(tmp_path_factory):
+def fixtures_logdir(tmp_path_factory, runs_view_fixtures):
     d = str(tmp_path_factory.mktemp("runs_view_logdir"))
-    rf.write_runs_view_logdir(d)
+    runs_view_fixtures.write_runs_view_logdir(d)
     return d
 
 
 @pytest.fixture(scope="module", params=["true", "false"], ids=["load_fast", "python_loader"])
-def hp_tab(request, fixtures_logdir, browser, tmp_path_factory):
+def hp_tab(request, fixtures_logdir, browser, tmp_path_factory, tensorboard_process, tab_fixtures):
     work = tmp_path_factory.mktemp(f"runs_hp_{request.param}")
-    tb = serve(fixtures_logdir, request.param, work, 4 + len(tf_.HOSTILE_RUNS))
+    tb = serve(tensorboard_process, fixtures_logdir, request.param, work, 4 + len(tab_fixtures.HOSTILE_RUNS))
     try:
-        yield {"tb": tb, "browser": browser, "sweep": tb.get_json(PLUGIN_API + "sweep")}
+        sweep = tb.get_json(tensorboard_process.PLUGIN_API + "sweep")
+        yield {"tb": tb, "browser": browser, "sweep": sweep, "digits": tab_fixtures.TABLE_DIGITS}
     finally:
         tb.stop()
 
 
 @pytest.fixture(autouse=True)
-def no_browser_errors(browser):
+def no_browser_errors(browser, tab_fixtures):
     yield
-    tf_.assert_no_browser_errors(browser)
+    tab_fixtures.assert_no_browser_errors(browser)
 
 
 def open_runs(env, state=None):
@@ -125,36 +120,36 @@ def number(text: str):
     return None if text in ("", "—") else float(text)
 
 
-def assert_number(text: str, want) -> None:
-    """`text` shows `want` with the tab's significant digits (None: shown as '—' or nothing)."""
+def assert_number(text: str, want, digits: int) -> None:
+    """`text` shows `want` with the tab's `digits` significant digits (None: shown as '—' or nothing)."""
     got = number(text)
     if want is None:
         assert got is None, text
         return
-    assert got == pytest.approx(want, rel=0, abs=0.5 * 10.0 ** (1 - DIGITS) * abs(want)), (text, want)
+    assert got == pytest.approx(want, rel=0, abs=0.5 * 10.0 ** (1 - digits) * abs(want)), (text, want)
 
 
-def worst_state(layers: list) -> str:
-    """The run's worst layer verdict in `report`'s layers (the order of docs/ANOMALIES.md)."""
-    return min((l["verdict"]["state"] for l in layers), key=verdict_rules.STATES.index)
+def worst_state(verdicts, layers: list) -> str:
+    """The run's worst layer verdict in `report`'s layers (`verdicts`: the order of docs/ANOMALIES.md)."""
+    return min((l["verdict"]["state"] for l in layers), key=verdicts.states.index)
 
 
 # -- the demo's sweep ------------------------------------------------------------------------------------------
 
 
-def test_the_tab_lands_on_the_runs_view_with_every_run(demo_tab):
+def test_the_tab_lands_on_the_runs_view_with_every_run(demo_tab, tab_fixtures, demo_plan):
     """No state in the URL and several runs: the Runs view, every run once, the most severe first."""
     page = demo_tab["browser"].page
     page.goto("about:blank")
     page.goto(demo_tab["tb"].base + "/")
-    page.get_by_role("tab", name=tf_.TAB_NAME).click()
+    page.get_by_role("tab", name=tab_fixtures.TAB_NAME).click()
     frame = demo_tab["browser"].frame()
     frame.wait_for_selector(".lg-runs[data-draw-ms]", timeout=30_000)
     assert frame.locator('.lg-tab[aria-selected="true"]').inner_text() == "Runs"
     t = read(frame)
     route = {r["run"]: r for r in demo_tab["sweep"]["runs"]}
     assert sorted(r["run"] for r in t["rows"]) == sorted(route)
-    assert set(demo_sweep.RUN_NAMES) <= set(route)
+    assert set(demo_plan.sweep_runs) <= set(route)
     severities = [route[r["run"]]["severity"] for r in t["rows"]]
     assert severities == sorted(severities, reverse=True), severities
     assert severities[0] == 4  # the demo's NaN runs lead
@@ -169,7 +164,7 @@ def test_the_tab_lands_on_the_runs_view_with_every_run(demo_tab):
     assert asked["sweep"][0]["start"] < asked["runs"][0]["end"], asked
 
 
-def test_each_row_shows_the_routes_and_the_reports_hparams_and_health(demo_tab):
+def test_each_row_shows_the_routes_and_the_reports_hparams_and_health(demo_tab, demo_plan, verdicts):
     frame = open_runs(demo_tab)
     t = read(frame)
     heads = [h["col"] for h in t["heads"]]
@@ -193,22 +188,22 @@ def test_each_row_shows_the_routes_and_the_reports_hparams_and_health(demo_tab):
             elif v is None:
                 assert c[f"hp:{n}"]["text"] == ""
             else:
-                assert_number(c[f"hp:{n}"]["text"], v)
+                assert_number(c[f"hp:{n}"]["text"], v, demo_tab["digits"])
         # Health: the worst of the report's layer verdicts, its latest counts, its first NaN/Inf and origin.
-        assert c["verdict"]["state"] == r["verdict"] == worst_state(rep["layers"]), row["run"]
+        assert c["verdict"]["state"] == r["verdict"] == worst_state(verdicts, rep["layers"]), row["run"]
         assert c["verdict"]["title"] == r["line"] == c["finding"]["title"]
         assert c["finding"]["text"] == (r["line"] if len(r["line"]) <= CELL_CHARS else r["line"][:CELL_CHARS] + "…")
         for k, v in rep["summary"]["latest"].items():
-            assert_number(c[f"m:latest.{k}"]["text"], v)
+            assert_number(c[f"m:latest.{k}"]["text"], v, demo_tab["digits"])
         first = rep["summary"]["first_nonfinite"]
-        assert_number(c["m:first_nonfinite.step"]["text"], first and first["step"])
+        assert_number(c["m:first_nonfinite.step"]["text"], first and first["step"], demo_tab["digits"])
         origin = rep["summary"]["origin"]
         assert c["pass"]["text"] == (origin["pass"] if origin else "")
         assert c["origin"]["text"] == (origin["origin"] if origin else "")
         for key in ("noise_scale_end", "norm_trend", "dominated_steps", "last_step", "layers"):
-            assert_number(c[f"m:{key}"]["text"], r[key])
+            assert_number(c[f"m:{key}"]["text"], r[key], demo_tab["digits"])
         assert r["last_step"] == rep["summary"]["last_step"] and r["layers"] == rep["summary"]["layers"]
-    sweep = [row for row in t["rows"] if row["run"] in demo_sweep.RUN_NAMES]
+    sweep = [row for row in t["rows"] if row["run"] in demo_plan.sweep_runs]
     # The demo's point: the sigmoid trials vanish at every learning rate, the ReLU ones at none.
     for row in sweep:
         sigmoid = row["cells"]["hp:activation"]["text"] == "sigmoid"
@@ -270,7 +265,7 @@ def test_the_runs_view_fits_a_1280_px_window_with_the_run_column_put(demo_tab):
         page.set_viewport_size({"width": 1400, "height": 1000})
 
 
-def test_a_header_sorts_ascending_then_descending_empty_cells_last(demo_tab):
+def test_a_header_sorts_ascending_then_descending_empty_cells_last(demo_tab, tab_fixtures, demo_plan):
     frame = open_runs(demo_tab)
     lr = {r["run"]: r["hparams"].get("learning_rate") for r in demo_tab["sweep"]["runs"]}
     header = frame.locator('th[data-col="hp:learning_rate"] .lg-sort')
@@ -280,10 +275,10 @@ def test_a_header_sorts_ascending_then_descending_empty_cells_last(demo_tab):
         order = shown(frame)
         values = [lr[r] for r in order]
         k = sum(v is not None for v in values)
-        assert k == len(demo_sweep.RUN_NAMES) and all(v is None for v in values[k:])  # empty cells last
+        assert k == len(demo_plan.sweep_runs) and all(v is None for v in values[k:])  # empty cells last
         assert values[:k] == sorted(values[:k], reverse=direction == "descending")
         want = "hp:learning_rate" if direction == "ascending" else "-hp:learning_rate"
-        assert tf_.parent_state(demo_tab["browser"].page)["sort"] == want
+        assert tab_fixtures.parent_state(demo_tab["browser"].page)["sort"] == want
     # A health column: by the route's numbers, the largest first on the second click (the measures' group is
     # folded into one column by default: unfolded first).
     if not frame.locator('th[data-col="m:latest.vanishing"]').is_visible():
@@ -296,7 +291,7 @@ def test_a_header_sorts_ascending_then_descending_empty_cells_last(demo_tab):
     assert values == sorted(values, reverse=True) and values[0] > 0
 
 
-def test_regex_filter_on_run_names_and_an_invalid_one(demo_tab):
+def test_regex_filter_on_run_names_and_an_invalid_one(demo_tab, tab_fixtures):
     frame = open_runs(demo_tab)
     box = frame.locator(".lg-runs-filter")
     box.fill("act=relu$")
@@ -305,7 +300,7 @@ def test_regex_filter_on_run_names_and_an_invalid_one(demo_tab):
     assert sorted(shown(frame)) == sorted(r for r in everyone if re.search("act=relu$", r))
     assert len(shown(frame)) == 3
     assert frame.locator(".lg-runs-count").inner_text() == f"3 of {len(everyone)} runs shown"
-    assert tf_.parent_state(demo_tab["browser"].page)["filter"] == "act=relu$"
+    assert tab_fixtures.parent_state(demo_tab["browser"].page)["filter"] == "act=relu$"
     box.fill("sweep/(")  # not a regular expression: said so, nothing thrown, nothing filtered out
     frame.wait_for_selector('.lg-runs-filter[aria-invalid="true"]')
     assert "invalid regular expression" in frame.locator(".lg-filter-error").inner_text()
@@ -315,7 +310,7 @@ def test_regex_filter_on_run_names_and_an_invalid_one(demo_tab):
     assert frame.locator(".lg-filter-error").inner_text() == ""
 
 
-def test_hparam_filter_keeps_the_runs_of_one_value(demo_tab):
+def test_hparam_filter_keeps_the_runs_of_one_value(demo_tab, demo_plan):
     frame = open_runs(demo_tab)
     frame.select_option('select[data-hparam="activation"]', label="sigmoid")
     frame.wait_for_function("() => document.querySelector('.lg-runs-count').textContent.includes('of')")
@@ -325,14 +320,14 @@ def test_hparam_filter_keeps_the_runs_of_one_value(demo_tab):
     frame.select_option('select[data-hparam="activation"]', label="(none)")
     frame.wait_for_function(
         "(n) => document.querySelectorAll('.lg-runs-table tbody tr:not([hidden])').length === n",
-        arg=len(demo_tab["sweep"]["runs"]) - len(demo_sweep.RUN_NAMES),
+        arg=len(demo_tab["sweep"]["runs"]) - len(demo_plan.sweep_runs),
     )
-    assert not set(shown(frame)) & set(demo_sweep.RUN_NAMES)
+    assert not set(shown(frame)) & set(demo_plan.sweep_runs)
 
 
-def test_the_runs_ticked_are_the_runs_compare_shows(demo_tab):
+def test_the_runs_ticked_are_the_runs_compare_shows(demo_tab, tab_fixtures, demo_plan):
     frame = open_runs(demo_tab)
-    picked = [demo_sweep.RUN_NAMES[0], "dead_relu", demo_sweep.RUN_NAMES[4]]
+    picked = [demo_plan.sweep_runs[0], "dead_relu", demo_plan.sweep_runs[4]]
     for run in picked:
         frame.locator(f'.lg-runs-table tr[data-run="{run}"] input[type=checkbox]').check()
     assert [r["run"] for r in read(frame)["rows"] if r["checked"]] == sorted(picked, key=shown(frame).index)
@@ -344,7 +339,7 @@ def test_the_runs_ticked_are_the_runs_compare_shows(demo_tab):
     assert sorted(on) == sorted(picked)
     for run in picked:  # a series each in the charts (the sweep's layers are not dead_relu's: its line is empty)
         frame.wait_for_selector(f'.lg-compare path.lg-line[data-series="{run}"]', state="attached", timeout=20_000)
-    assert tf_.parent_state(demo_tab["browser"].page)["runs"] == '["' + '","'.join(picked) + '"]'
+    assert tab_fixtures.parent_state(demo_tab["browser"].page)["runs"] == '["' + '","'.join(picked) + '"]'
     # Back on the Runs tab, still ticked; unticking one there leaves two in Compare.
     frame.get_by_role("tab", name="Runs", exact=True).click()
     frame.locator('.lg-runs-table tr[data-run="dead_relu"] input[type=checkbox]').uncheck()
@@ -352,15 +347,15 @@ def test_the_runs_ticked_are_the_runs_compare_shows(demo_tab):
     frame.wait_for_function("() => document.querySelectorAll('.lg-compare .lg-run-item.lg-on').length === 2")
 
 
-def test_a_run_name_opens_its_overview(demo_tab):
+def test_a_run_name_opens_its_overview(demo_tab, tab_fixtures):
     frame = open_runs(demo_tab)
     frame.locator('.lg-runs-table tr[data-run="nan_backward"] .lg-runs-open').click()
     frame.wait_for_function("() => document.querySelector('.lg-run-name')?.textContent === 'nan_backward'")
-    state = tf_.parent_state(demo_tab["browser"].page)
+    state = tab_fixtures.parent_state(demo_tab["browser"].page)
     assert (state["view"], state["run"]) == ("overview", "nan_backward")
 
 
-def test_a_run_without_loss_opens_on_the_target_its_row_is_about(demo_tab):
+def test_a_run_without_loss_opens_on_the_target_its_row_is_about(demo_tab, tab_fixtures):
     """The demo's GAN (no `loss`): its row is its generator's, whose gradient vanishes over steps, and its name
     opens that target's overview, where the same finding is the banner."""
     row = next(r for r in demo_tab["sweep"]["runs"] if r["run"] == "gan")
@@ -370,18 +365,18 @@ def test_a_run_without_loss_opens_on_the_target_its_row_is_about(demo_tab):
     assert "vanishing over steps" in cell.inner_text()
     cell.locator(".lg-runs-open").click()
     frame.wait_for_function("() => document.querySelector('.lg-run-name')?.textContent === 'gan'")
-    state = tf_.parent_state(demo_tab["browser"].page)
+    state = tab_fixtures.parent_state(demo_tab["browser"].page)
     assert (state["view"], state["run"], state["target"]) == ("overview", "gan", "generator")
     frame.locator('.lg-summary .lg-alert[data-kind="vanishing_over_steps"]').wait_for(timeout=20_000)
 
 
-def test_scatter_places_one_point_per_run_by_its_values(demo_tab):
+def test_scatter_places_one_point_per_run_by_its_values(demo_tab, demo_plan):
     frame = open_runs(demo_tab, {"sx": "learning_rate", "sy": "latest.vanishing", "sc": "activation"})
     frame.wait_for_selector(".lg-scatter-point")
     pts = frame.evaluate(POINTS)
     route = {r["run"]: r for r in demo_tab["sweep"]["runs"]}
     have = [r for r, x in route.items() if isinstance(x["hparams"].get("learning_rate"), float) and x["latest"]]
-    assert sorted(p["run"] for p in pts) == sorted(have) and len(pts) == len(demo_sweep.RUN_NAMES)
+    assert sorted(p["run"] for p in pts) == sorted(have) and len(pts) == len(demo_plan.sweep_runs)
     for p in pts:
         assert float(p["x"]) == route[p["run"]]["hparams"]["learning_rate"]
         assert p["y"] == route[p["run"]]["latest"]["vanishing"]
@@ -407,7 +402,9 @@ def test_scatter_places_one_point_per_run_by_its_values(demo_tab):
     tip = frame.locator(".lg-tooltip")
     tip.wait_for(state="visible")
     assert target["run"] in tip.inner_text()
-    assert_number(tip.locator("tr", has_text="learning_rate").locator("td").inner_text(), float(target["x"]))
+    assert_number(
+        tip.locator("tr", has_text="learning_rate").locator("td").inner_text(), float(target["x"]), demo_tab["digits"]
+    )
     dot.click()
     frame.wait_for_function("(n) => document.querySelector('.lg-run-name')?.textContent === n", arg=target["run"])
 
@@ -439,13 +436,13 @@ def test_scatter_points_are_whole_inside_the_plot_on_every_axis(demo_tab):
             assert [p for p in points if not p["inside"]] == [], (sx, xlog, sy)
 
 
-def test_scatter_of_a_string_hparam_is_categorical_and_log_says_why_not(demo_tab):
+def test_scatter_of_a_string_hparam_is_categorical_and_log_says_why_not(demo_tab, demo_plan):
     frame = open_runs(demo_tab, {"sx": "activation", "sy": "severity", "sc": ""})
     frame.wait_for_selector(".lg-scatter-point")
     log = frame.locator('.lg-panel-scatter .lg-toggle-btn[data-value="1"]')
     assert log.is_disabled() and "not numbers" in log.get_attribute("title")
     pts = frame.evaluate(POINTS)
-    assert len(pts) == len(demo_sweep.RUN_NAMES)
+    assert len(pts) == len(demo_plan.sweep_runs)
     cx = {p["x"]: set() for p in pts}
     for p in pts:
         cx[p["x"]].add(round(p["cx"]))
@@ -456,14 +453,14 @@ def test_scatter_of_a_string_hparam_is_categorical_and_log_says_why_not(demo_tab
 # -- hyperparameters as written by hp.hparams and hp.KerasCallback, and hostile ones ---------------------------
 
 
-def test_hparams_of_hp_hparams_and_keras_callback_and_runs_without(hp_tab):
+def test_hparams_of_hp_hparams_and_keras_callback_and_runs_without(hp_tab, runs_view_fixtures):
     frame = open_runs(hp_tab)
     rows = {r["run"]: r["cells"] for r in read(frame)["rows"]}
     names = [h["name"] for h in hp_tab["sweep"]["hparams"]]
     kinds = {h["name"]: h["kind"] for h in hp_tab["sweep"]["hparams"]}
     assert kinds["mixed"] == "mixed" and kinds["lr"] == "mixed" and kinds["batch_norm"] == "bool"
     for run, cells in rows.items():
-        want = rf.expected_hparams(run)
+        want = runs_view_fixtures.expected_hparams(run)
         assert {r["run"]: r["hparams"] for r in hp_tab["sweep"]["runs"]}[run] == want
         for n in names:
             text = cells[f"hp:{n}"]["text"]
@@ -478,7 +475,7 @@ def test_hparams_of_hp_hparams_and_keras_callback_and_runs_without(hp_tab):
                 assert text == (v if len(v) <= CELL_CHARS else v[:CELL_CHARS] + "…"), (run, n)
                 assert cells[f"hp:{n}"]["title"] == (v if len(v) > CELL_CHARS else "")
             else:
-                assert_number(text, v)
+                assert_number(text, v, hp_tab["digits"])
     assert all(rows["bare/train"][f"hp:{n}"]["text"] == "" for n in names)
     assert rows["top/train"]["hp:activation"]["text"] == "<b>tanh</b>"
 
@@ -495,17 +492,20 @@ def test_a_mixed_column_sorts_numbers_then_text_and_filters_each_apart(hp_tab):
     assert shown(frame) == ["top/train"]
 
 
-def test_hostile_names_and_values_are_text(hp_tab):
+def test_hostile_names_and_values_are_text(hp_tab, tab_fixtures, runs_view_fixtures):
     frame = open_runs(hp_tab, {"sx": "act", "sy": "layers"})
     rows = {r["run"]: r["cells"] for r in read(frame)["rows"]}
-    for run in tf_.HOSTILE_RUNS:
+    for run in tab_fixtures.HOSTILE_RUNS:
         assert rows[run]["run"]["text"] == run and rows[run]["run"]["title"] == run
-    assert rows[tf_.HOSTILE_RUN]["hp:act"]["text"] == rf.HOSTILE_HPARAMS[tf_.HOSTILE_RUN]["act"]
-    long = rows[tf_.HOSTILE_RUN]["hp:long"]
-    assert long["text"] == rf.LONG[:CELL_CHARS] + "…" and long["title"] == rf.LONG
-    assert rows[tf_.HOSTILE_ATTR_RUN]["hp:lr"]["text"] == "—"  # NaN
+    assert (
+        rows[tab_fixtures.HOSTILE_RUN]["hp:act"]["text"]
+        == runs_view_fixtures.HOSTILE_HPARAMS[tab_fixtures.HOSTILE_RUN]["act"]
+    )
+    long = rows[tab_fixtures.HOSTILE_RUN]["hp:long"]
+    assert long["text"] == runs_view_fixtures.LONG[:CELL_CHARS] + "…" and long["title"] == runs_view_fixtures.LONG
+    assert rows[tab_fixtures.HOSTILE_ATTR_RUN]["hp:lr"]["text"] == "—"  # NaN
     heads = {h["col"]: h["text"] for h in read(frame)["heads"]}
-    assert heads[f"hp:{rf.HOSTILE_HP_NAME}"] == rf.HOSTILE_HP_NAME
+    assert heads[f"hp:{runs_view_fixtures.HOSTILE_HP_NAME}"] == runs_view_fixtures.HOSTILE_HP_NAME
     # Nothing the values name became an element in the tab (the scatter's categories and legend too).
     injected = frame.evaluate(
         """() => Array.from(document.querySelectorAll('.lg-root *')).filter((e) =>
@@ -563,10 +563,10 @@ def sweep200(tmp_path_factory):
 
 
 @pytest.mark.parametrize("load_fast", ["true", "false"], ids=["load_fast", "python_loader"])
-def test_200_runs_are_drawn_and_sorted(sweep200, load_fast, browser, tmp_path):
+def test_200_runs_are_drawn_and_sorted(sweep200, load_fast, browser, tmp_path, tensorboard_process):
     """Every run of a 200-run sweep in the table and the scatter, and a sort (how fast: bench/tab_sweep.py)."""
     logdir, grid = sweep200
-    tb = serve(logdir, load_fast, tmp_path, SWEEP_RUNS)
+    tb = serve(tensorboard_process, logdir, load_fast, tmp_path, SWEEP_RUNS)
     try:
         env = {"tb": tb, "browser": browser}
         frame = open_runs(env)
