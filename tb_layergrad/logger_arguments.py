@@ -7,6 +7,7 @@ meanings and messages, and must not import TensorFlow to check them.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, Union
 
 #: what `on_nonfinite=` may say: `nonfinite_check.MODES` act on the step, "ignore" checks nothing
@@ -66,3 +67,18 @@ def _path(value: Any, what: str) -> str:
     if not path:
         raise ValueError(f"{what}, got an empty one")
     return path
+
+
+def warn_without_effect(weights: bool, per_example: bool, stacklevel: int = 3) -> None:
+    """Warn of `per_example=True` without `weights=True`: the noise scale needs the weight gradients.
+
+    `stacklevel`: the user's line, from the logger's `__init__` calling this directly (3).
+    """
+    if per_example and not weights:
+        warnings.warn(
+            "GradientLogger(per_example=True, weights=False): the gradient noise scale needs the weight "
+            "gradients and is not written (the per-example norms of the layer outputs are); pass weights=True "
+            "for it",
+            UserWarning,
+            stacklevel=stacklevel,
+        )

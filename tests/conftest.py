@@ -6,6 +6,7 @@ TensorFlow's log level is left as the user has it: the tests' subprocesses then 
 
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -128,12 +129,23 @@ def demo_plan():
     are checked against outside tests/cli/ (which checks the demo itself). `runs` / `tensorflow_only`: its runs, and
     those that train on TensorFlow only; `steps`: the quick plan's steps per kind of run; `nan_forward_step` /
     `nan_backward_step`: the batches where a NaN / Inf is born; `sweep_runs`, `sweep_run_name(lr, activation)`;
-    the GAN's `d_target`, `g_target`, `g_output` and `gan_vanish`; `mislabelled_positions(steps)`; and
+    the GAN's `d_target`, `g_target`, `g_output` and `gan_vanish` (where TensorFlow is installed: the GAN run
+    needs it); `mislabelled_positions(steps)`; and
     `inputs_with_one_bad_batch(steps, bad_step, scale, seed)`, the data that makes the NaN runs break."""
     import types
 
-    from tb_layergrad.cli import demo, demo_gan, demo_nan, demo_sweep
+    from tb_layergrad.cli import demo, demo_nan, demo_sweep
 
+    gan = {}
+    if importlib.util.find_spec("tensorflow") is not None:  # the GAN run is TensorFlow's own (not on the JAX leg)
+        from tb_layergrad.cli import demo_gan
+
+        gan = dict(
+            d_target=demo_gan.D_TARGET,
+            g_target=demo_gan.G_TARGET,
+            g_output=demo_gan.G_OUTPUT,
+            gan_vanish=demo_gan.GAN_VANISH,
+        )
     return types.SimpleNamespace(
         runs=demo.RUN_NAMES,
         tensorflow_only=demo.TENSORFLOW_ONLY,
@@ -142,12 +154,9 @@ def demo_plan():
         nan_backward_step=demo_nan.NAN_BACKWARD_STEP,
         sweep_runs=demo_sweep.RUN_NAMES,
         sweep_run_name=demo_sweep.run_name,
-        d_target=demo_gan.D_TARGET,
-        g_target=demo_gan.G_TARGET,
-        g_output=demo_gan.G_OUTPUT,
-        gan_vanish=demo_gan.GAN_VANISH,
         mislabelled_positions=demo.mislabelled_positions,
         inputs_with_one_bad_batch=demo_nan.inputs_with_one_bad_batch,
+        **gan,
     )
 
 

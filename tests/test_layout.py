@@ -42,7 +42,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "backend": set(),  # names each backend's room as a string: imported when `GradientLogger` is first read
     "writer": {"metadata"},
     "logger_arguments": set(),
-    "jax": {"metadata", "nonfinite_origin", "logger_arguments", "capturing", "writer"},
+    "jax": {"metadata", "nonfinite_origin", "logger_arguments", "capturing", "statistics", "writer"},
     "cli": {
         "__init__",
         "metadata",

@@ -24,10 +24,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
 
-from tb_layergrad.capturing import ghost_norm
+from tb_layergrad.capturing import ghost_norm, per_example
 from tb_layergrad.capturing.layer_tree import trainable_weights
-from tb_layergrad.capturing.per_example import Rule, Unsupported, couples_examples, rule_for, short_name
 from tb_layergrad.capturing.per_example_map import COUPLED_REASON, Deferred, PerExampleNorms, PerGraph
+from tb_layergrad.capturing.per_example_rules import Rule, Unsupported, couples_examples, rule_for, short_name
 from tb_layergrad.capturing.preactivation import PreactivationObserver
 
 
@@ -193,7 +193,7 @@ class PerExamplePass:
             if delta is None:
                 return "the target does not depend on this layer's δ"
             try:
-                result.append(rule.factors(owner.layer, c.inputs, delta))
+                result.append(per_example.factors(rule, owner.layer, c.inputs, delta))
             except Unsupported as e:
                 return str(e)
             except (TypeError, ValueError) as e:  # an input the rule cannot take (ragged, sparse, unknown rank)

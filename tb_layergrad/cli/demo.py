@@ -28,7 +28,7 @@ TensorBoard on the logdir. Keras and TensorFlow are imported by the functions th
 On JAX (`KERAS_BACKEND=jax`) the same fit() runs train, written without TensorFlow; the runs whose training is
 TensorFlow's own (`TENSORFLOW_ONLY`: a custom loop and a step that differentiate with `tf.GradientTape`) are
 not trained, and the demo says why. What GradientLogger does not do on JAX yet is left out of a run there
-(`demo_fit.on_tensorflow`): the RNN runs' `timesteps`, the `mislabelled` run's `per_example`.
+(`demo_fit.on_tensorflow`): the RNN runs' `timesteps`.
 """
 
 from __future__ import annotations
@@ -288,10 +288,7 @@ def _mislabelled_run(logdir: str, steps: int) -> None:
     keras.utils.set_random_seed(4)
     hidden = [layers.Dense(32, activation="relu", name="dense_0"), layers.Dense(32, activation="relu", name="dense_1")]
     optimizer = keras.optimizers.Adam(0.01)
-    per_example = demo_fit.on_tensorflow()
-    _fit_classifier(
-        "mislabelled", logdir, hidden, (x, y), steps, optimizer, batch=MISLABELLED_BATCH, per_example=per_example
-    )
+    _fit_classifier("mislabelled", logdir, hidden, (x, y), steps, optimizer, batch=MISLABELLED_BATCH, per_example=True)
 
 
 def _clear_previous(logdir: str) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +20,7 @@ import numpy as np
 
 from tb_layergrad import logger_arguments, metadata, nonfinite_origin
 from tb_layergrad.capturing.layer_tree import LayerTree
-from tb_layergrad.jax import step_callback
+from tb_layergrad.jax import example_norms, step_callback
 from tb_layergrad.jax.layer_outputs import LayerOutputs
 from tb_layergrad.jax.step_trace import StepTrace
 from tb_layergrad.writer.event_writer import EventWriter
@@ -33,7 +33,6 @@ NOT_YET_ON_JAX = {
         "Keras' RNN layers run their cell inside a `lax.scan` on JAX, where dL/dh_t needs a perturbation threaded "
         "through the scan's carry; not built yet",
     ),
-    "per_example": (False, "per-example norms (a vmap of the layers' gradients); not built yet"),
 }
 _MISSING = object()
 
@@ -48,8 +47,8 @@ class GradientLogger(keras.callbacks.Callback):
     unchanged. Every step is checked for a NaN/Inf (loss, output gradients, activations when recorded): the
     first step with one is written in full, and where it was born is `self.nonfinite`.
 
-    Not yet on JAX (refused before training, saying why; docs/FIT.md "On JAX"): `timesteps`, `per_example`,
-    loss scaling (mixed float16).
+    Not yet on JAX (refused before training, saying why; docs/FIT.md "On JAX"): `timesteps`, loss scaling
+    (mixed float16).
 
     Example:
 
@@ -74,7 +73,10 @@ class GradientLogger(keras.callbacks.Callback):
         max_elements: when > 0, also log each raw tensor, bounded to this many elements (kind `tensor`).
         targets: `{name: fn(y_pred)}`, one value per example (or a scalar): the sum over the batch is
             differentiated by its own backward pass of the step's forward pass, on written steps only.
-        timesteps, per_example: not yet on JAX; only their defaults are accepted.
+        per_example: also log, per layer output and per weight of a layer with an exact rule, the distribution
+            over the batch of each example's own loss gradient norm (kind `examples`) and, with `weights=True`,
+            the gradient noise scale (docs/PER_EXAMPLE.md).
+        timesteps: not yet on JAX; only its default is accepted.
         on_nonfinite: at the first step with a NaN/Inf: "log" (write it, go on), "stop" (write it, print
             where it was born, end fit() after that step), "raise" (write it, raise
             `tb_layergrad.NonFiniteError`), or "ignore" (no check at every step). "stop" and "raise" wait
@@ -101,13 +103,14 @@ class GradientLogger(keras.callbacks.Callback):
         on_nonfinite: str = "log",
     ):
         super().__init__()
-        given = {"timesteps": timesteps, "per_example": per_example}
+        given = {"timesteps": timesteps}
         refused = [(name, value) for name, value in given.items() if value not in (NOT_YET_ON_JAX[name][0], None)]
         if refused:
             why = "; ".join(f"{name}={value!r}: {NOT_YET_ON_JAX[name][1]}" for name, value in refused)
             raise NotImplementedError(
                 f"GradientLogger on JAX does not support {why}. They work with KERAS_BACKEND=tensorflow. On JAX: "
-                'layers, update_freq, weights, activations, max_elements, targets, on_nonfinite (docs/FIT.md, "On JAX").'
+                "layers, update_freq, weights, activations, max_elements, targets, per_example, on_nonfinite "
+                '(docs/FIT.md, "On JAX").'
             )
         self.on_nonfinite = logger_arguments.on_nonfinite(on_nonfinite)
         update_freq = logger_arguments.update_freq(update_freq)
@@ -118,6 +121,8 @@ class GradientLogger(keras.callbacks.Callback):
         self.activations = bool(activations)
         self.max_elements = logger_arguments.max_elements(max_elements)
         self.targets = _checked_targets(targets)
+        self.per_example = bool(per_example)
+        logger_arguments.warn_without_effect(self.weights, self.per_example)
         self._epoch: Optional[tuple] = None  # update_freq="epoch": (batch count before this fit(), steps per epoch)
         self._pending: Optional[List[tuple]] = None  # several devices: (step, records) as they arrive, unordered
         self._pending_lock = threading.Lock()
@@ -126,6 +131,9 @@ class GradientLogger(keras.callbacks.Callback):
         self._installed: Optional[Dict[str, Any]] = None
         self._nonfinite: Optional[nonfinite_origin.Origin] = None
         self._acted = False  # has "stop" or "raise" acted on the first NaN/Inf?
+        self._examples: Optional[Dict[int, example_norms.WeightRow]] = None  # per_example: the weight rows
+        self._sizes: Dict[str, int] = {}  # per_example: each weight's parameter count, by path
+        self._parameters = 0  # per_example: all trainable parameters (the noise scale's coverage)
 
     @property
     def log_dir(self) -> str:
@@ -153,7 +161,11 @@ class GradientLogger(keras.callbacks.Callback):
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
             raise NotImplementedError(
                 "GradientLogger on JAX does not support loss scaling (a LossScaleOptimizer, mixed_float16) yet: "
-                "it works with KERAS_BACKEND=tensorflow"
+                "Keras skips the update of a step whose scaled gradients overflow and leaves the optimizer's "
+                "update count where it was, and on JAX the step number is read from that count inside the "
+                "compiled step (it has no counter of its own there), so the batch after an overflow would be "
+                "written under the skipped step's number. It works with KERAS_BACKEND=tensorflow, which counts "
+                "batches in a variable of its own"
             )
         self._epoch = None
         if self.update_freq == "epoch":
@@ -179,7 +191,11 @@ class GradientLogger(keras.callbacks.Callback):
             "stateless_apply": optimizer.__dict__.get("stateless_apply", _MISSING),
             "stateless_compute_loss": model.__dict__.get("stateless_compute_loss", _MISSING),
         }
-        outputs = LayerOutputs(nodes, lambda: self._trace)
+        chosen = {n.index for n in nodes}
+        watch = [n for n in tree.nodes if n.index not in chosen and n.layer is not model]
+        outputs = LayerOutputs(nodes, lambda: self._trace, self.per_example, watch)
+        self._examples = self._weight_examples(tree, outputs, model, weights) if self.per_example else None
+        ids = ([id(v) for v in model.trainable_variables], [id(v) for v in model.non_trainable_variables])
         self._installed = {"saved": saved, "outputs": outputs, "optimizer": optimizer, "model": model}
         step_fn = model.train_step
         apply_fn = optimizer.stateless_apply
@@ -216,7 +232,8 @@ class GradientLogger(keras.callbacks.Callback):
                 more = (
                     (lambda: self._target_groups(trace, model, list(trainable_variables), weights)) if every else list
                 )
-                self._emit(trace, step, list(grads), weights if every else {}, more)
+                values = _variable_values(ids, trainable_variables, trace) if self.per_example else {}
+                self._emit(trace, step, list(grads), weights if every else {}, more, values)
             return apply_fn(optimizer_variables, grads, trainable_variables)
 
         try:
@@ -227,6 +244,20 @@ class GradientLogger(keras.callbacks.Callback):
         except BaseException:
             self._restore()
             raise
+
+    def _weight_examples(
+        self, tree: LayerTree, outputs: LayerOutputs, model: Any, weights: Dict[int, tuple]
+    ) -> Dict[int, example_norms.WeightRow]:
+        """Position in `model.trainable_variables` -> its `WeightRow`; the parameter counts the noise scale's
+        coverage needs (each weight's, and all trainable parameters', as TensorFlow's)."""
+        variables = model.trainable_variables
+        by_index = {n.index: n for n in tree.nodes}
+        self._sizes = {path: int(np.prod(variables[i].shape)) for i, (path, _) in weights.items()}
+        self._parameters = sum(int(np.prod(v.shape)) for v in variables)
+        return {
+            i: example_norms.WeightRow(variables[i], by_index[owner], outputs.rules.get(owner))
+            for i, (_, owner) in weights.items()
+        }
 
     @staticmethod
     def _weight_rows(tree: LayerTree, nodes: List[Any], variables: List[Any]) -> Dict[int, tuple]:
@@ -300,8 +331,11 @@ class GradientLogger(keras.callbacks.Callback):
         grads: List[Any],
         weights: Dict[int, tuple],
         more: Callable[[], List[step_callback.Group]] = list,
+        values: Optional[Dict[int, Any]] = None,
     ) -> None:
         outputs = [s for s in trace.outputs() if s.cotangent is not None]
+        batch = next((int(s.cotangent.shape[0]) for s in outputs if s.cotangent.ndim), 0)
+        examples = self.per_example and batch > 0
         groups = [
             step_callback.Group(
                 metadata.DEFAULT_TARGET,
@@ -310,6 +344,8 @@ class GradientLogger(keras.callbacks.Callback):
                 [s.index for s in outputs],
                 [s.cotangent for s in outputs],
                 max_elements=self.max_elements,
+                examples=(lambda: example_norms.output_rows(outputs, trace.coupled)) if examples else None,
+                batch=batch,
             )
         ]
         if trace.target is not None and trace.target.value is not None:
@@ -329,6 +365,13 @@ class GradientLogger(keras.callbacks.Callback):
             )
         if weights:
             rows = [(i, path, owner) for i, (path, owner) in sorted(weights.items()) if grads[i] is not None]
+            described = self._examples or {}
+
+            def weight_rows() -> List[Any]:
+                return example_norms.weight_rows(
+                    [described[i] for i, _, _ in rows], trace.calls, trace.seen, trace.coupled, values or {}
+                )
+
             groups.append(
                 step_callback.Group(
                     metadata.DEFAULT_TARGET,
@@ -337,6 +380,8 @@ class GradientLogger(keras.callbacks.Callback):
                     [owner for _, _, owner in rows],
                     [grads[i] for i, _, _ in rows],
                     max_elements=self.max_elements,
+                    examples=weight_rows if examples else None,
+                    batch=batch,
                 )
             )
         write = self._logged(step)
@@ -379,7 +424,20 @@ class GradientLogger(keras.callbacks.Callback):
         elif not logged:
             return  # a later non-finite step off the schedule: only the first is written
         if self._writer is not None and not self._writer.closed:
-            self._writer.write(step, records)
+            self._writer.write(step, records, scalars=self._noise_scale(records))
+
+    def _noise_scale(self, records: List[GroupStep]) -> Dict[str, float]:
+        """The loss's noise scale scalars from its weight group's records (docs/FORMAT.md), or none."""
+        for r in records:
+            group = r.group
+            if (group.target, group.source) != (metadata.DEFAULT_TARGET, metadata.SOURCE_WEIGHT):
+                continue
+            if r.examples is None or not len(r.examples):
+                return {}
+            sizes = [self._sizes.get(layer, 0) for layer in group.layers]
+            coupled = bool(np.any(r.examples[:, metadata.EXAMPLE_INDEX["status"]] == metadata.EXAMPLE_COUPLED))
+            return example_norms.noise_scale(r.stats, r.examples, sizes, self._parameters, coupled)
+        return {}
 
     def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
         """ "stop" and "raise" act after the step with the first NaN/Inf: its callback must have run by now."""
@@ -482,6 +540,16 @@ def _one_per_example(name: str, value: Any, y_pred: Any) -> Any:
         f"target {name!r} must give one value per example ([batch] or [batch, 1]) or a scalar; it gives shape "
         f"{tuple(value.shape)} for a batch of {batch}"
     )
+
+
+def _variable_values(ids: tuple, trainable: Sequence[Any], trace: StepTrace) -> Dict[int, Any]:
+    """id(variable) -> the value the step's forward pass read: the trainable ones the optimizer receives, the
+    others from the state the step received (what a layer's per-example re-call needs). `ids`: the ids of
+    the model's trainable and non-trainable variables, read before training."""
+    values = dict(zip(ids[0], trainable))
+    if trace.inputs is not None:
+        values.update(zip(ids[1], trace.inputs[0][1]))
+    return values
 
 
 def _devices_of_the_step() -> int:

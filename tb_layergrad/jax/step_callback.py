@@ -10,14 +10,14 @@ Why behind a `lax.cond`: a step that is not written reduces nothing.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Sequence
+from typing import Any, Callable, List, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from tb_layergrad import metadata
-from tb_layergrad.jax import reductions
+from tb_layergrad.jax import example_norms, reductions
 from tb_layergrad.writer.step_records import GroupStep
 
 BUCKETS = 30
@@ -36,6 +36,8 @@ class Group:
     tensors: List[Any]
     histogram: bool = True
     max_elements: int = 0  # > 0: also each tensor's bounded raw view (kind `tensor`)
+    examples: Optional[Callable[[], List[Any]]] = None  # traced in the written branch: `example_norms.Row`s
+    batch: int = 0  # the examples in the batch (static), with `examples`
 
     def info(self) -> metadata.GroupInfo:
         return metadata.GroupInfo(
@@ -92,20 +94,28 @@ def emit(
 
         def on_host(step_value: Any, *arrays: Any) -> None:
             records, at = [], 0
-            for info, g in zip(infos, todo):
+            for info, g, statuses in zip(infos, todo, example_statuses):
                 raws = len(g.tensors) if g.max_elements > 0 else 0
                 stats, counts, raw = arrays[at], arrays[at + 1], arrays[at + 2 : at + 2 + raws]
                 at += 2 + raws
+                table = None
+                if statuses is not None:
+                    squares = None
+                    if metadata.EXAMPLE_EXACT in statuses:
+                        squares, at = arrays[at], at + 1
+                    table = example_norms.table(statuses, squares, g.batch)
                 records.append(
                     GroupStep(
                         info,
                         np.asarray(stats),
                         np.asarray(counts) if g.histogram else None,
                         [np.asarray(r) for r in raw] if raws else None,
+                        table,
                     )
                 )
             host(int(np.asarray(step_value)), records)
 
+        example_statuses: List[Optional[List[int]]] = []
         with jax.enable_x64(True):
             arrays: List[Any] = []
             for g in todo:
@@ -113,6 +123,13 @@ def emit(
                 arrays += [stats, counts]
                 if g.max_elements > 0:
                     arrays += [bounded(t, g.max_elements) for t in g.tensors]
+                if g.examples is None:
+                    example_statuses.append(None)
+                    continue
+                exact, statuses = example_norms.split(g.examples())
+                example_statuses.append(statuses)
+                if exact:
+                    arrays.append(jnp.stack(exact))
             if todo:
                 jax.debug.callback(on_host, step, *arrays, ordered=ordered)
 

@@ -10,7 +10,7 @@ optimizer receives the weight gradients) and hand them out in ONE host callback.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 
@@ -21,6 +21,7 @@ class Seen:
 
     key: str
     index: int
+    seq: int = 0  # how many values were observed before this one in the step (call order)
     value: Any = None  # the forward value, once the forward rule or the plain call ran
     cotangent: Any = None  # dL/d(value), once the backward rule ran
 
@@ -34,6 +35,8 @@ class StepTrace:
         self.target: Optional[Seen] = None
         self.applied = False  # has the optimizer applied this step's gradients (the records handed out)?
         self.inputs: Any = None  # (state, data) the train step received: what a target's own pass re-runs
+        self.calls: List[Any] = []  # per-example: the calls of layers with a rule (`example_norms.Call`)
+        self.coupled: List[Tuple[int, str]] = []  # per-example: (values observed when it returned, layer path)
 
     def call_number(self, path: str) -> int:
         """1 for a layer's first call in this step, 2 for its second (`path#2`), ..."""
@@ -42,8 +45,16 @@ class StepTrace:
 
     def observe(self, key: str, index: int, x: Any) -> Any:
         """`x` unchanged, its value and cotangent kept under `key` (docs/FORMAT.md's record key)."""
-        seen = self.seen.setdefault(key, Seen(key, index))
+        seen = self.seen.setdefault(key, Seen(key, index, len(self.seen)))
         return _identity(seen)(x)
+
+    def keep(self, x: Any) -> Tuple[Any, Seen]:
+        """`x` unchanged (to be used in its place) and a `Seen` whose `value` will be x's value in the step's
+        own trace, not the differentiated function's: what a layer's input is after the backward pass."""
+        seen = Seen("", -1, len(self.seen), value=x)  # where x is not differentiated, it is the step's own
+        if not _inexact(x):
+            return x, seen
+        return _identity(seen, keep_in_primal=False)(x), seen
 
     def observe_target(self, name: str, loss: Any) -> Any:
         self.target = Seen(name, -1)
@@ -54,10 +65,19 @@ class StepTrace:
         return sorted(self.seen.values(), key=lambda s: (s.index, s.key))
 
 
-def _identity(seen: Seen) -> Any:
+def _inexact(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    return dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.inexact)
+
+
+def _identity(seen: Seen, keep_in_primal: bool = True) -> Any:
+    """`keep_in_primal=False`: only the forward rule keeps the value (run where x is differentiated); the
+    primal function is traced on a value of its own trace, which must not leave it."""
+
     @jax.custom_vjp
     def identity(x: Any) -> Any:
-        seen.value = x
+        if keep_in_primal:
+            seen.value = x
         return x
 
     def forward(x: Any) -> Any:

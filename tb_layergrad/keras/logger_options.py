@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import tensorflow as tf
 
+from tb_layergrad import logger_arguments
 from tb_layergrad.capturing.layer_capture import Capture
 from tb_layergrad.capturing.rnn_probe import TimestepProbe
 from tb_layergrad.capturing.targets import check_target_shape, validate_targets
@@ -58,14 +59,7 @@ def warn_without_effect(weights: bool, per_example: bool, input_target: Optional
             UserWarning,
             stacklevel=3,
         )
-    if per_example and not weights:
-        warnings.warn(
-            "GradientLogger(per_example=True, weights=False): the gradient noise scale needs the weight "
-            "gradients and is not written (the per-example norms of the layer outputs are); pass weights=True "
-            "for it",
-            UserWarning,
-            stacklevel=3,
-        )
+    logger_arguments.warn_without_effect(weights, per_example, stacklevel=4)
 
 
 def check_model(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence
 
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
@@ -39,11 +39,19 @@ class EventWriter:
         self._thread.start()
         self.closed = False
 
-    def write(self, step: int, groups: Sequence[GroupStep], wall_time: Optional[float] = None) -> None:
+    def write(
+        self,
+        step: int,
+        groups: Sequence[GroupStep],
+        wall_time: Optional[float] = None,
+        scalars: Optional[Mapping[str, float]] = None,
+    ) -> None:
+        """Queue one step's group records and `scalars` ({tag: value}, TensorBoard scalars)."""
         if self.closed:
             raise RuntimeError(f"the event writer of {self.run_dir} is closed")
         self._raise_error()
-        self._queue.put((int(step), list(groups), time.time() if wall_time is None else float(wall_time)))
+        when = time.time() if wall_time is None else float(wall_time)
+        self._queue.put((int(step), list(groups), when, dict(scalars or {})))
 
     def flush(self) -> None:
         if self.closed:
@@ -77,8 +85,8 @@ class EventWriter:
                 if item[0] is _CLOSE:
                     self._file.close()
                     return
-                step, groups, wall_time = item
-                values: List[summary_pb2.Summary.Value] = self._records.values(step, groups)
+                step, groups, wall_time, scalars = item
+                values: List[summary_pb2.Summary.Value] = self._records.values(step, groups, scalars)
                 if values:
                     event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
                     self._file.add_event(event)

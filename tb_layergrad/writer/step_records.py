@@ -9,10 +9,11 @@ tag's first record of a file, a `first_nonfinite` row per layer from the group's
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 from tensorboard.compat.proto import summary_pb2
+from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.util import tensor_util
 
 from tb_layergrad import metadata
@@ -28,6 +29,7 @@ class GroupStep:
     stats: np.ndarray  # float64 [L, len(STAT_FIELDS)]
     counts: "np.ndarray | None"  # [L, k], any integer or float dtype holding whole numbers
     raw: "Sequence[np.ndarray] | None" = None  # one bounded float32 [rows, cols] view per layer (kind `tensor`)
+    examples: "np.ndarray | None" = None  # float64 [L, len(EXAMPLE_FIELDS)]: the `examples` rows (`example_rows`)
 
 
 class StepRecords:
@@ -41,7 +43,10 @@ class StepRecords:
         self._described: set = set()
         self._first_nonfinite: Dict[tuple, Dict[str, int]] = {}
 
-    def values(self, step: int, groups: Sequence[GroupStep]) -> List[summary_pb2.Summary.Value]:
+    def values(
+        self, step: int, groups: Sequence[GroupStep], scalars: Optional[Mapping[str, float]] = None
+    ) -> List[summary_pb2.Summary.Value]:
+        """The step's values; `scalars`: {tag: value} written as TensorBoard scalars (the noise scale's)."""
         out: List[summary_pb2.Summary.Value] = []
         for g in groups:
             stats = np.asarray(g.stats, dtype=np.float64)
@@ -59,6 +64,13 @@ class StepRecords:
             rows = self._nonfinite_rows(g.group, step, stats)
             if rows is not None:
                 out.append(self._value(g.group.with_kind(metadata.KIND_FIRST_NONFINITE), step, rows))
+            if g.examples is not None:
+                examples = np.asarray(g.examples, dtype=np.float64)
+                out.append(self._value(g.group.with_kind(metadata.KIND_EXAMPLES), step, examples))
+        for tag, number in (scalars or {}).items():
+            value = summary_pb2.Summary.Value(tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(number)))
+            value.metadata.CopyFrom(scalar_metadata.create_summary_metadata(display_name=tag, description=""))
+            out.append(value)
         return out
 
     def _nonfinite_rows(self, group: metadata.GroupInfo, step: int, stats: np.ndarray) -> "np.ndarray | None":

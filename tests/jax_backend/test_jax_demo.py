@@ -12,6 +12,7 @@ import sys
 import pytest
 
 import tb_layergrad
+from tb_layergrad import metadata
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -74,3 +75,18 @@ def test_load_reads_every_run_with_the_sweeps_hyperparameters(jax_demo, demo_pla
     assert len(sweep) == len(demo_plan.sweep_runs)
     for run, lr, activation in zip(sweep["run"], sweep["hp/learning_rate"], sweep["hp/activation"]):
         assert run == demo_plan.sweep_run_name(lr, activation)
+
+
+def test_the_mislabelled_example_leads_the_per_example_norms(jax_demo, demo_plan, tb_reading):
+    """`mislabelled` on JAX, as tests/cli/test_demo.py asks of TensorFlow's: once learnt (from step 16 on), each
+    batch's flipped label is the largest per-example norm of the logits' kernel, with most of its energy."""
+    found = tb_reading.examples(jax_demo["logdir"])["mislabelled"][("loss", "weight")]
+    F = metadata.EXAMPLE_INDEX
+    steps = demo_plan.steps.mlp
+    assert sorted(found) == list(range(1, steps + 1))
+    late = {step: at for step, at in demo_plan.mislabelled_positions(steps).items() if step >= 16}
+    assert late
+    for step, position in late.items():
+        row = found[step]["mislabelled/logits/kernel"]
+        assert row[F["top_index_1"]] == position, step
+        assert row[F["top_share"]] > 0.9, (step, row[F["top_share"]])

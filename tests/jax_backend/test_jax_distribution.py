@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tb_layergrad
+from tb_layergrad import metadata
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -49,7 +50,7 @@ def fit(logdir: str, start: str) -> None:
     model = _model()
     with np.load(start) as weights:
         model.set_weights([weights[f"arr_{i}"] for i in range(len(weights.files))])
-    logger = tb_layergrad.GradientLogger(logdir, weights=True, activations=True)
+    logger = tb_layergrad.GradientLogger(logdir, weights=True, activations=True, per_example=True)
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
     logger.close()
 
@@ -68,7 +69,7 @@ def _steps_in_file_order(logdir):
     return [e.step for e in event_file_loader.EventFileLoader(path).Load() if e.HasField("summary")]
 
 
-def test_data_parallel_records_the_global_batch_as_one_device_does(tmp_path, tolerances):
+def test_data_parallel_records_the_global_batch_as_one_device_does(tmp_path, tolerances, tb_reading):
     keras.utils.set_random_seed(7)
     start = os.fspath(tmp_path / "start.npz")
     np.savez(start, *_model().get_weights())
@@ -99,3 +100,16 @@ def test_data_parallel_records_the_global_batch_as_one_device_does(tmp_path, tol
         for field in ("min", "max", "mean", "std", "norm", "mean_abs"):
             bound = rtol * scale * (np.sqrt(w.elements) if field == "norm" else 1)
             assert abs(getattr(g, field) - getattr(w, field)) <= bound, (key, field)
+    # Per-example rows: the global batch's examples, in global batch order, the same numbers.
+    F = metadata.EXAMPLE_INDEX
+    examples_want, examples_got = (tb_reading.examples(d)["train"] for d in (one, four))
+    assert examples_got.keys() == examples_want.keys() == {("loss", "output"), ("loss", "weight")}
+    for group, steps in examples_want.items():
+        for step, rows in steps.items():
+            for layer, w in rows.items():
+                g, scale = examples_got[group][step][layer], max(w[F["max"]], 1e-30)
+                assert g[F["examples"]] == BATCH and g[F["status"]] == w[F["status"]], (group, step, layer)
+                for field in ("min", "median", "max", "top_norm_1", "top_norm_5"):
+                    assert abs(g[F[field]] - w[F[field]]) <= rtol * scale, (group, step, layer, field)
+                if w[F["top_norm_1"]] - w[F["top_norm_2"]] > 2 * rtol * scale:  # not a near tie
+                    assert g[F["top_index_1"]] == w[F["top_index_1"]], (group, step, layer)

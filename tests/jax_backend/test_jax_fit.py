@@ -215,12 +215,21 @@ def test_raise_and_stop_act_after_the_first_nonfinite_step(logdir):
 
 @pytest.mark.parametrize(
     "kwargs, why",
-    [({"timesteps": True}, "lax.scan"), ({"per_example": True}, "vmap"),
-     ({"targets": {"penalty": "inputs"}}, "GradientTape")],
-)  # fmt: skip
+    [({"timesteps": True}, "lax.scan"), ({"targets": {"penalty": "inputs"}}, "GradientTape")],
+)
 def test_what_is_not_yet_on_jax_is_refused_before_training_saying_why(logdir, kwargs, why):
     with pytest.raises(NotImplementedError, match=f"does not support .*{why}.*KERAS_BACKEND=tensorflow"):
         tb_layergrad.GradientLogger(logdir, **kwargs)
+
+
+def test_loss_scaling_is_refused_before_training_saying_why(logdir):
+    """The step number is the optimizer's update count on JAX, which a skipped (overflowed) step leaves behind."""
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer=keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()), loss="mse")
+    with pytest.raises(NotImplementedError, match="loss scaling.*overflow.*KERAS_BACKEND=tensorflow"):
+        model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, callbacks=[tb_layergrad.GradientLogger(logdir)])
+    assert int(model.optimizer.iterations.numpy()) == 0
 
 
 def test_targets_are_the_pure_jax_reference_and_training_is_bitwise_unchanged(logdir, tolerances):
