@@ -9,13 +9,13 @@ machine's speed drifts within seconds; turns of ~0.03-0.13 s cancel most of it).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import statistics
 import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Tuple
+from unittest import mock
 
 import keras
 import numpy as np
@@ -39,20 +39,6 @@ MIN_RUN_S = 0.03
 # number of logged calls. (Blocks of 4 CNN calls held one logged call or none, and the median
 # over such rounds read 1.07 in one run.)
 LOG_PERIOD = 10
-
-
-@contextlib.contextmanager
-def _kernel_switched_off():
-    """`TB_LAYERGRAD_FUSED=0`, the user's switch, while a step is traced: what a GPU, macOS, Windows or ARM get."""
-    before = os.environ.get(fused_kernel.ENV_SWITCH)
-    os.environ[fused_kernel.ENV_SWITCH] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[fused_kernel.ENV_SWITCH]
-        else:
-            os.environ[fused_kernel.ENV_SWITCH] = before
 
 
 def _loss():
@@ -175,7 +161,8 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
     ours = lambda every: logged(every, "ours", tb_layergrad.summary.gradients)  # noqa: E731
 
     def without_kernel(grads) -> None:  # ours where the fused kernel cannot be built: TensorFlow's ops
-        with _kernel_switched_off():  # read while the step is traced
+        # TB_LAYERGRAD_FUSED=0, the user's switch, read while the step is traced
+        with mock.patch.dict(os.environ, {fused_kernel.ENV_SWITCH: "0"}):
             tb_layergrad.summary.gradients(grads)
 
     tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731

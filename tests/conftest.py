@@ -4,7 +4,6 @@ TensorFlow's log level is left as the user has it: the tests' subprocesses then 
 (tb-layergrad's commands must be quiet without TF_CPP_MIN_LOG_LEVEL).
 """
 
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -13,6 +12,7 @@ import pathlib
 import subprocess
 import sys
 import time
+from unittest import mock
 
 import pytest
 
@@ -379,17 +379,8 @@ def fused_kernel():
             return None
         return fused.unavailable_reason() or "the fused write op cannot write to TensorFlow's summary writers here"
 
-    @contextlib.contextmanager
     def off():
-        before = os.environ.get(fused.ENV_SWITCH)
-        os.environ[fused.ENV_SWITCH] = "0"
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ[fused.ENV_SWITCH]
-            else:
-                os.environ[fused.ENV_SWITCH] = before
+        return mock.patch.dict(os.environ, {fused.ENV_SWITCH: "0"})
 
     return types.SimpleNamespace(
         off=off, missing=missing, write_missing=write_missing, cannot_attempt=cache.unavailable_reason
