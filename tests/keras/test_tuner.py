@@ -147,6 +147,7 @@ def test_each_trial_writes_its_own_steps_to_its_own_run(searched, fit_helpers):
             assert not np.allclose(last_out[a], last_out[b]), (a, b)
 
 
+@pytest.mark.slow  # the search it reads takes seconds
 def test_each_run_has_its_trials_hyperparameters(searched):
     trials, logdir = searched
     df = tb_layergrad.load(logdir)
@@ -158,6 +159,7 @@ def test_each_run_has_its_trials_hyperparameters(searched):
             assert rows[f"hp/{name}"].tolist() == [value] * len(rows), (trial_id, name)
 
 
+@pytest.mark.slow  # the search it reads takes seconds
 def test_keras_tensorboard_keeps_its_own_runs(searched, tb_reading):
     """Keras' callback writes each trial's epoch scalars to its train and validation runs, as without us."""
     trials, logdir = searched

@@ -13,6 +13,9 @@ import pytest
 
 from tb_layergrad.reader import anomalies, trends
 
+# Every test reads the module's planted logdir, which takes seconds to write: out of the quick loop, in CI's main leg.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, known_answer_fixtures):
@@ -39,7 +42,6 @@ def _truth(known_answer_fixtures, run: str) -> bool:
     )
 
 
-@pytest.mark.slow
 def test_precision_and_recall_over_layers(bodies, known_answer_fixtures):
     flagged = {(run, e["layer"]) for run, b in bodies.items() for e in b["layers"] if _over(e)}
     truth = {(run, e["layer"]) for run, b in bodies.items() for e in b["layers"] if _truth(known_answer_fixtures, run)}

@@ -12,6 +12,9 @@ import pytest
 
 from tb_layergrad.reader import anomalies
 
+# Every test reads the module's planted logdir, which takes seconds to write: out of the quick loop, in CI's main leg.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def logdir(tmp_path_factory, known_answer_fixtures):
@@ -38,7 +41,6 @@ def _flags(known_answer_fixtures, body, kind: str) -> np.ndarray:
 
 @pytest.mark.parametrize("run", ["vanish", "explode", "dead", "clean"])
 @pytest.mark.parametrize("kind", ["vanishing", "exploding", "dead"])
-@pytest.mark.slow
 def test_cell_detectors_find_exactly_the_planted_cells(tb, run, kind, known_answer_fixtures, plugin_fixtures):
     """A 1e-5, 1e4 or 0 factor on the gradient from step K on: flagged cells == planted cells, in every run
     (so no other kind fires either: the layers after the gate are neither vanishing nor exploding)."""
