@@ -1,10 +1,15 @@
-"""What a logged step hands out: each group's records reduced on the device, in ONE ordered host callback.
+"""What a logged step hands out: its tensors, in ONE ordered host callback, reduced there by a function of its own.
 
 Why one callback per step: each host callback has a fixed cost of the order of a millisecond, which a callback
 per tensor or per layer pays many times over (docs/PERFORMANCE.md); all groups' arrays travel together, and
 `ordered=True` keeps the steps in order. JAX runs ordered effects on one device only: a step sharded over several
 (`keras.distribution`) hands its records out unordered, and the logger puts them in step order on the host.
-Why behind a `lax.cond`: a step that is not written reduces nothing.
+Why behind a `lax.cond`: a step that is not written hands out nothing. Why the reductions are not in that
+branch: XLA allocates the scratch memory of both branches at every run of the step, taken or not, and once it
+passes glibc's largest mmap threshold (32 MB) every step maps it afresh and pays a page fault per page it
+touches (docs/DESIGN.md, "The cost of a step that is not written on JAX"). The branch holds the callback only
+(and what needs the step's own trace: per-example rows, the targets' passes); the statistics and histogram are
+computed in the callback by `reductions`, compiled on their own, on the very values the step computed.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from tb_layergrad.writer.step_records import GroupStep
 BUCKETS = 30
 # Compiled once per list of shapes: an eager step (jit_compile=False) would otherwise dispatch each operation.
 _records = jax.jit(lambda tensors: reductions.records(tensors, BUCKETS))
+# Where the callback reduces: the tensors are on the host already, and an accelerator would need them sent back.
+_HOST = jax.devices("cpu")[0]
 
 
 @dataclasses.dataclass
@@ -95,9 +102,12 @@ def emit(
         def on_host(step_value: Any, *arrays: Any) -> None:
             records, at = [], 0
             for info, g, statuses in zip(infos, todo, example_statuses):
-                raws = len(g.tensors) if g.max_elements > 0 else 0
-                stats, counts, raw = arrays[at], arrays[at + 1], arrays[at + 2 : at + 2 + raws]
-                at += 2 + raws
+                n = len(g.tensors)
+                raws = n if g.max_elements > 0 else 0
+                tensors, raw = arrays[at : at + n], arrays[at + n : at + n + raws]
+                at += n + raws
+                with jax.enable_x64(True), jax.default_device(_HOST):
+                    stats, counts = jax.device_get(_records(list(tensors)))
                 table = None
                 if statuses is not None:
                     squares = None
@@ -116,22 +126,20 @@ def emit(
             host(int(np.asarray(step_value)), records)
 
         example_statuses: List[Optional[List[int]]] = []
-        with jax.enable_x64(True):
-            arrays: List[Any] = []
-            for g in todo:
-                stats, counts = _records(g.tensors)
-                arrays += [stats, counts]
-                if g.max_elements > 0:
-                    arrays += [bounded(t, g.max_elements) for t in g.tensors]
-                if g.examples is None:
-                    example_statuses.append(None)
-                    continue
-                exact, statuses = example_norms.split(g.examples())
-                example_statuses.append(statuses)
-                if exact:
-                    arrays.append(jnp.stack(exact))
-            if todo:
-                jax.debug.callback(on_host, step, *arrays, ordered=ordered)
+        arrays: List[Any] = []
+        for g in todo:
+            arrays += list(g.tensors)
+            if g.max_elements > 0:
+                arrays += [bounded(t, g.max_elements) for t in g.tensors]
+            if g.examples is None:
+                example_statuses.append(None)
+                continue
+            exact, statuses = example_norms.split(g.examples())
+            example_statuses.append(statuses)
+            if exact:
+                arrays.append(jnp.stack(exact))
+        if todo:
+            jax.debug.callback(on_host, step, *arrays, ordered=ordered)
 
     if isinstance(write, jax.core.Tracer):
         jax.lax.cond(write, reduce_and_send, lambda: None)
