@@ -30,7 +30,15 @@ def _cases():
     with_nonfinite = rng.randn(4, 250).astype(np.float32)
     with_nonfinite[0, 3], with_nonfinite[1, 4], with_nonfinite[2, 5] = np.nan, np.inf, -np.inf
     near_max = (rng.rand(300).astype(np.float32) * 2 - 1) * np.float32(3e38)
+    # Each float64 edge inside [lo, hi], the float32 values nearest it and one step either side: where a bucket
+    # found in float32 would differ from the float64 edges' if it were rounded the wrong way.
+    left, _ = metadata.histogram_edges(-1.0, 1.3, K)
+    near = np.asarray(left[1:], np.float64).astype(np.float32)
+    at_edges = np.concatenate(
+        [[-1.0, 1.3], near, np.nextafter(near, np.float32(np.inf)), np.nextafter(near, np.float32(-np.inf))]
+    ).astype(np.float32)
     return {
+        "at_edges": at_edges,
         "normal": rng.randn(3, 7, 11).astype(np.float32),
         "nonfinite": with_nonfinite,
         "one_value": np.full((5, 3), 0.25, np.float32),
