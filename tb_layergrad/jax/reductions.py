@@ -1,4 +1,4 @@
-"""The histogram and statistics of a tensor in JAX, on its device: the definitions of `statistics/reductions.py`.
+"""The histogram and statistics of a tensor in JAX (compiled by XLA): the definitions of `statistics/reductions.py`.
 
 Why a second implementation: TensorFlow is not there, and XLA's compiled reductions take half the time of the
 same definitions in numpy (docs/PERFORMANCE.md). It is the general (masked) path of the
