@@ -65,6 +65,11 @@ def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir
             build(),
             [tb_layergrad.GradientLogger(os.path.join(logdir, name, "10"), weights=True, update_freq=10)],
         ),
+        # What a step off the schedule costs: the observation and the NaN/Inf check, nothing written.
+        "not written": (
+            build(),
+            [tb_layergrad.GradientLogger(os.path.join(logdir, name, "0"), weights=True, update_freq=10**9)],
+        ),
     }
     ratios = {v: [] for v in variants if v != "plain"}
     plain_steps = []
@@ -90,6 +95,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: that it runs")
+    parser.add_argument("--only", choices=["mlp", "cnn"], help="one model")
     args = parser.parse_args()
     small = args.smoke
     with tempfile.TemporaryDirectory() as logdir:
@@ -98,12 +104,17 @@ def main() -> None:
             ("cnn", lambda: _cnn(4 if small else 32), (32, 32, 3), 8 if small else 64),
         ]
         print(f"jax {jax.__version__}, keras {keras.__version__}, {jax.devices()[0].platform}")
-        print("| model | plain step (ms) | every step | every 10th step |")
-        print("|---|---|---|---|")
-        for name, build, shape, batch in cases:
+        print(f"load average at the start: {os.getloadavg()[0]:.1f}")
+        print("| model | plain step (ms) | every step | every 10th step | not written |")
+        print("|---|---|---|---|---|")
+        for name, build, shape, batch in [c for c in cases if args.only in (None, c[0])]:
             steps, rounds = (5, 1) if small else (args.steps, args.rounds)
             r = measure(name, build, shape, batch, steps, rounds, logdir)
-            print(f"| {name} | {r['plain step (ms)']:.1f} | {r['every step']:.2f}x | {r['every 10th step']:.2f}x |")
+            print(
+                f"| {name} | {r['plain step (ms)']:.1f} | {r['every step']:.2f}x | {r['every 10th step']:.2f}x "
+                f"| {r['not written']:.2f}x |"
+            )
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
