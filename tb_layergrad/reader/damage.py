@@ -411,6 +411,15 @@ def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryv
     """(offset in the file, payload) of each whole record of `path` after `state.offset` whose checksums match,
     in order, up to the first damage or partial record; `state` advances past each chunk read, so the next
     call reads what was appended since (an index kept as a file grows, `record_index`)."""
+    for start, buf, good in read_new_chunks(path, state):
+        view = memoryview(buf)
+        for at, length in good:
+            yield start + at, view[at : at + length]
+
+
+def read_new_chunks(path: str, state: FileState) -> Iterator[Tuple[int, bytes, List[Tuple[int, int]]]]:
+    """`read_new_records` a chunk at a time: (offset in the file of `buf`, `buf`, (start, length) in `buf` of the
+    payload of each record of it that `read_new_records` yields), for a reader of many records at once."""
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
         state.size, state.mtime = st.st_size, st.st_mtime  # as `Scanner` takes them: it may go on from `state`
@@ -423,9 +432,7 @@ def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryv
             if not buf or _verify(buf, state, good, known - start) == 0:
                 break
             _mark_verified(key, state.offset)
-            view = memoryview(buf)
-            for at, length in good:
-                yield start + at, view[at : at + length]
+            yield start, buf, good
 
 
 def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] = None, known: int = 0) -> int:
