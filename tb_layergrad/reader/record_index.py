@@ -200,34 +200,32 @@ class RecordIndex:
         indexing stopped, or None)."""
         rest: List[bytes] = []
         series = run.series
-        decoded = tensor_events.decode(buf, [a for a, _ in good], [n for _, n in good])
-        for (at, length), fields in zip(good, decoded):
-            if fields is None:  # any other record: parsed with protobuf
+        at_in_buf = [a for a, _ in good]
+        length_of = [n for _, n in good]
+        read = tensor_events.decode(buf, at_in_buf, length_of)
+        places = (start + np.asarray(at_in_buf, np.int64), np.asarray(length_of, np.int64))
+        pending: Dict[str, List[int]] = {}  # tag -> the records of it read, not yet indexed
+        for j, tag in enumerate(read.tags):
+            if tag is None:  # any other record: parsed with protobuf, after the records before it
+                _extend(run, file_no, buf, read, places, pending)
+                pending = {}
+                at, length = good[j]
                 payload = memoryview(buf)[at : at + length]
                 ours = self._add(run, file_no, start + at, length, payload, keep)
                 if ours is None:
                     return rest, start + at
                 if not ours and hand_on:
                     rest.append(bytes(payload))
-                continue
-            step, wall, tag, dtype, shape, content_at, content_len = fields
-            s = series.get(tag)
-            if s is None:  # a tensor of another plugin (no metadata here: its tag's was read before, or none)
-                if hand_on:
-                    rest.append(buf[at : at + length])
-                continue
-            s.steps.append(step)
-            s.walls.append(wall)
-            s.files.append(file_no)
-            s.offsets.append(start + at)
-            s.lengths.append(length)
-            s.values.append(0)
-            if s.arrays is not None:
-                s.arrays.append((buf[content_at : content_at + content_len], dtype, shape))
-            if s.max_step is None or step > s.max_step:
-                s.max_step = step
-            if s.max_wall is None or wall > s.max_wall:
-                s.max_wall = wall
+            elif tag in series:
+                got = pending.get(tag)
+                if got is None:
+                    pending[tag] = [j]
+                else:
+                    got.append(j)
+            elif hand_on:  # a tensor of another plugin (no metadata here: its tag's was read before, or none)
+                at, length = good[j]
+                rest.append(buf[at : at + length])
+        _extend(run, file_no, buf, read, places, pending)
         return rest, None
 
     @staticmethod
@@ -410,6 +408,43 @@ class RecordIndex:
             self.forget(run)  # as `read_tensors`: read anew at the next refresh, and none of it answered now
             return {}
         return out
+
+
+def _extend(
+    run: _Run,
+    file_no: int,
+    buf: bytes,
+    read: tensor_events.Records,
+    places: Tuple[np.ndarray, np.ndarray],
+    pending: Dict[str, List[int]],
+) -> None:
+    """Indexes the records `pending` ({tag: their positions in `read`, in order}) as `RecordIndex._add` would one by
+    one: each series' columns extended at once."""
+    for tag, js in pending.items():
+        s = run.series[tag]
+        idx = np.asarray(js, np.int64)
+        steps, walls = read.steps[idx], read.walls[idx]
+        s.steps.frombytes(steps.astype(np.longlong).tobytes())
+        s.walls.frombytes(walls.astype(np.double).tobytes())
+        s.files.frombytes(np.full(idx.size, file_no, np.intc).tobytes())
+        s.offsets.frombytes(places[0][idx].astype(np.longlong).tobytes())
+        s.lengths.frombytes(places[1][idx].astype(np.longlong).tobytes())
+        s.values.frombytes(np.zeros(idx.size, np.intc).tobytes())  # the summary's one value
+        if s.arrays is not None:
+            ends = read.content_at[idx] + read.content_len[idx]
+            contents = [buf[a:e] for a, e in zip(read.content_at[idx].tolist(), ends.tolist())]
+            s.arrays.extend(zip(contents, [read.dtypes[j] for j in js], [read.shapes[j] for j in js]))
+        top = int(steps.max())
+        if s.max_step is None or top > s.max_step:
+            s.max_step = top
+        if np.isnan(walls).any():  # max() in order, as `_add` takes it (a NaN first stays)
+            for w in walls.tolist():
+                if s.max_wall is None or w > s.max_wall:
+                    s.max_wall = w
+        else:
+            top_wall = float(walls.max())
+            if s.max_wall is None or top_wall > s.max_wall:
+                s.max_wall = top_wall
 
 
 def _at_latest(steps: array.array, step: Optional[int]) -> List[int]:

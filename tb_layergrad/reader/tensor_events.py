@@ -14,14 +14,27 @@ checked, and the fields fill the record exactly.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
 from tensorboard.compat.proto import tensor_shape_pb2
 
-# One record: (step, wall_time, tag, dtype enum, shape, start of its tensor_content in the buffer, its length).
-Fields = Tuple[int, float, str, int, List[int], int, int]
+
+@dataclasses.dataclass
+class Records:
+    """What `decode` read of each record given, by position: `tags[j]` None for a record not read (the other
+    columns' values there mean nothing)."""
+
+    tags: List[Optional[str]]
+    steps: np.ndarray  # int64
+    walls: np.ndarray  # float64
+    dtypes: List[int]  # the dtype enum of the tensor
+    shapes: List[Optional[List[int]]]
+    content_at: np.ndarray  # int64: where its tensor_content starts in the buffer
+    content_len: np.ndarray  # int64
+
 
 _SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
 _FAR = 1 << 40  # a length past any buffer: where a varint read from bytes that are no field leads
@@ -79,14 +92,14 @@ def _tag(blob: bytes) -> Optional[str]:
     return tag
 
 
-def decode(buf: bytes, starts: Sequence[int], lengths: Sequence[int]) -> List[Optional[Fields]]:
+def decode(buf: bytes, starts: Sequence[int], lengths: Sequence[int]) -> Records:
     """The fields of each record `buf[s : s + n]` (`starts`, `lengths`) that is an Event of one tensor summary in
-    the layout above; None for every other record (to be parsed with protobuf)."""
-    if not len(starts):
-        return []
+    the layout above; the others are left (`Records.tags` None: to be parsed with protobuf)."""
     data = np.frombuffer(buf, np.uint8)
     s = np.asarray(starts, np.int64)
     end = s + np.asarray(lengths, np.int64)
+    if not s.size:
+        return Records([], np.zeros([0], np.int64), np.zeros([0]), [], [], s, s)
     # Event: wall_time (field 1, fixed64), step (2, varint; absent at step 0), summary (5, the rest of the record).
     ok = _byte(data, s, end, 0x09)
     has_step = _byte(data, s + 9, end, 0x10)
@@ -121,23 +134,19 @@ def decode(buf: bytes, starts: Sequence[int], lengths: Sequence[int]) -> List[Op
     ok &= good & (content_at + content_len == end) & (content_len > 0)
     wall = data[np.where(ok, s, 0)[:, None] + 1 + np.arange(8)].copy().view("<f8").reshape(-1)
 
-    out: List[Optional[Fields]] = [None] * len(starts)
+    tags: List[Optional[str]] = [None] * s.size
+    shapes: List[Optional[List[int]]] = [None] * s.size
     idx = np.flatnonzero(ok)
+    tag_end, shape_end = tag_at + tag_len, shape_at + shape_len
     columns = zip(
-        idx.tolist(),
-        step.view(np.int64)[idx].tolist(),
-        wall[idx].tolist(),
-        tag_at[idx].tolist(),
-        tag_len[idx].tolist(),
-        dtype[idx].tolist(),
-        shape_at[idx].tolist(),
-        shape_len[idx].tolist(),
-        content_at[idx].tolist(),
-        content_len[idx].tolist(),
+        idx.tolist(), tag_at[idx].tolist(), tag_end[idx].tolist(), shape_at[idx].tolist(), shape_end[idx].tolist()
     )
-    for j, st, w, ta, tl, dt, sa, sl, ca, cl in columns:
-        tag = _tag(buf[ta : ta + tl])
-        shape = _shape(buf[sa : sa + sl])
+    known_tags, known_shapes = _TAGS, _SHAPES
+    for j, ta, te, sa, se in columns:
+        key = buf[ta:te]
+        tag = known_tags.get(key) or _tag(key)
+        key = buf[sa:se]
+        shape = known_shapes.get(key) or _shape(key)
         if tag is not None and shape is not None:
-            out[j] = (st, w, tag, dt, shape, ca, cl)
-    return out
+            tags[j], shapes[j] = tag, shape
+    return Records(tags, step.view(np.int64), wall, dtype.tolist(), shapes, content_at, content_len)

@@ -36,9 +36,15 @@ def _decoded(payloads):
     """`decode` of `payloads` framed in one buffer as an event file frames them (12 bytes before, 4 after)."""
     starts = np.cumsum([0] + [12 + len(p) + 4 for p in payloads])[:-1] + 12
     buf = b"".join(b"\0" * 12 + p + b"\1\2\3\4" for p in payloads)
+    r = tensor_events.decode(buf, starts.tolist(), [len(p) for p in payloads])
     out = []
-    for f in tensor_events.decode(buf, starts.tolist(), [len(p) for p in payloads]):
-        out.append(None if f is None else f[:5] + (buf[f[5] : f[5] + f[6]],))
+    for j, tag in enumerate(r.tags):
+        at, n = int(r.content_at[j]), int(r.content_len[j])
+        out.append(
+            None
+            if tag is None
+            else (int(r.steps[j]), float(r.walls[j]), tag, r.dtypes[j], r.shapes[j], buf[at : at + n])
+        )
     return out
 
 
