@@ -40,21 +40,25 @@ _SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
 _FAR = 1 << 40  # a length past any buffer: where a varint read from bytes that are no field leads
 
 
-def _varint(data: np.ndarray, pos: np.ndarray, end: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(value as uint64, bytes it takes, whether it is a whole varint before `end`) of the varint at each `pos`."""
-    at = pos[:, None] + np.arange(10)
+def _varint(
+    data: np.ndarray, pos: np.ndarray, end: np.ndarray, width: int = 10
+) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(value as uint64, bytes it takes, whether it is a whole varint of at most `width` bytes before `end`) of
+    the varint at each `pos`."""
+    at = pos[:, None] + np.arange(width)
     b = data[np.clip(at, 0, data.size - 1)].astype(np.uint64)
     last = (b & np.uint64(0x80)) == 0
     n = np.argmax(last, axis=1) + 1
     ok = last.any(axis=1) & (pos + n <= end)
-    parts = np.where(np.arange(10) < n[:, None], (b & np.uint64(0x7F)) << _SHIFTS, np.uint64(0))
+    parts = np.where(np.arange(width) < n[:, None], (b & np.uint64(0x7F)) << _SHIFTS[:width], np.uint64(0))
     return np.bitwise_or.reduce(parts, axis=1), n, ok
 
 
 def _length(data: np.ndarray, pos: np.ndarray, end: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(start of the field's bytes, their length, whether both are inside `end`) of the length-delimited field
-    whose length is the varint at `pos`."""
-    value, n, ok = _varint(data, pos, end)
+    whose length is the varint at `pos`: of at most 5 bytes (32 GiB; a longer one, which no record of ours
+    has, is left to protobuf like any other record)."""
+    value, n, ok = _varint(data, pos, end, 5)
     length = np.minimum(value, np.uint64(_FAR)).astype(np.int64)
     start = pos + n
     return start, length, ok & (start + length <= end)
