@@ -3,9 +3,10 @@
 however its result is applied; named after what it differentiates.
 
 The published steps (keras.io's CycleGAN, SimCLR, image captioning) are in the gallery (tests/gallery_calls.py,
-run by tests/test_fit_gallery.py: values against independent tapes, Keras' TensorBoard steps, training
+run by tests/keras/test_fit_gallery.py: values against independent tapes, Keras' TensorBoard steps, training
 unchanged); here: the name rule on a model of every shape of owner, one persistent tape whose calls are applied
-four ways, nested tapes, and what a step whose weights its first run builds is told.
+four ways, nested tapes, what a step whose weights its first run builds is told, the name of a call made before
+that step builds more weights, and `targets=` on a persistent tape asked several times.
 """
 
 from __future__ import annotations
