@@ -902,8 +902,8 @@ def _check_replay(tolerances, reference: Reference, after: Dict[str, np.ndarray]
 
 # What tf_keras' own code brings to a generated step: its train function (the mode, steps per execution), its data
 # adapter, its batch count (update_freq) and building a model in the first step. The rest of a step (sub-models,
-# optimizers, tapes, calls, loop, penalty, LayerNormalization) is the step's own code, observed through
-# TensorFlow's tape.
+# optimizers, tapes, calls, loop, penalty, the normalization layer, the named target, whose prediction the logger
+# takes from the model's own `call`) is the step's own code, observed through TensorFlow's tape.
 KERAS_SIDE = ("mode", "steps_per_execution", "update_freq", "data", "lazy")
 
 
