@@ -70,6 +70,9 @@ setup(
         "protobuf>=3.20",
         "filelock>=3.12",  # the kernel build's lock, on every OS (no fcntl)
         "platformdirs>=3",  # the kernel cache's folder, per OS
+        # The event files' checksums in C (reader/damage.py; numpy where its C extension is missing): wheels for
+        # Linux, macOS and Windows, no TensorFlow.
+        "google-crc32c>=1.5",
     ],
     extras_require={
         "cpu": [f"tensorflow-cpu{TENSORFLOW}", KERAS],

@@ -67,7 +67,7 @@ def test_test_extra_brings_no_tensorflow_the_cpu_and_tf_extras_do():
     # The JAX extra: Keras and JAX, and no TensorFlow (GradientLogger on JAX writes without it).
     assert sorted(requirements("jax")) == ["jax", "keras"]
     assert {"pytest", "pytest-timeout", "playwright"} <= set(requirements("test"))
-    assert {"filelock", "platformdirs", "tensorboard"} <= set(requirements(""))
+    assert {"filelock", "platformdirs", "tensorboard", "google-crc32c"} <= set(requirements(""))
 
 
 def collect(*args: str) -> subprocess.CompletedProcess:

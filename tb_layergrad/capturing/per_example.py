@@ -47,9 +47,18 @@ def _f32(t: Any) -> Any:
     return t if t.dtype in (tf.float32, tf.float64) else tf.cast(t, tf.float32)
 
 
+def batch_count(t: Any) -> Any:
+    """The example count of `t` [B, ...]: a Python int where the static shape has it, else a tensor.
+
+    Why not always `tf.shape(t)[0]`: the norms are built in a branch function of their own, where those shape
+    ops are not folded away and run at every written step, a few per path.
+    """
+    return t.shape[0] if t.shape.rank and t.shape[0] is not None else tf.shape(t)[0]
+
+
 def _positions(t: Any, features: int) -> Any:
     """[B, ..., features] -> [B, positions, features]."""
-    return tf.reshape(_f32(t), [tf.shape(t)[0], -1, features])
+    return tf.reshape(_f32(t), [batch_count(t), -1, features])
 
 
 def _summed_to(delta: Any, shape: Sequence[int]) -> Summed:
@@ -58,7 +67,7 @@ def _summed_to(delta: Any, shape: Sequence[int]) -> Summed:
     lead = list(range(1, rank - m))
     ones = [rank - m + j for j, n in enumerate(shape) if n == 1 and delta.shape[rank - m + j] != 1]
     v = tf.reduce_sum(_f32(delta), axis=lead + ones) if lead + ones else _f32(delta)
-    return Summed(tf.reshape(v, [tf.shape(delta)[0], 1, -1]))
+    return Summed(tf.reshape(v, [batch_count(delta), 1, -1]))
 
 
 def _dense(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
@@ -163,7 +172,7 @@ def _embedding(layer: Any, inputs: Any, delta: Any) -> Dict[str, Factor]:
     ids = tf.convert_to_tensor(inputs)
     if not ids.dtype.is_integer:  # float ids (an Input without dtype): the layer truncates them to int32 to look up
         ids = tf.cast(ids, tf.int32)
-    ids = tf.reshape(ids, [tf.shape(ids)[0], -1])
+    ids = tf.reshape(ids, [batch_count(ids), -1])
     return {"embeddings": Lookup(ids, _positions(delta, int(delta.shape[-1])))}
 
 
@@ -192,7 +201,8 @@ def _scale_and_offset(x: Any, x_hat: Any, delta: Any, axes: List[int]) -> Dict[s
     d = _f32(delta)
 
     def per_position(t: Any) -> Summed:
-        return Summed(tf.reshape(tf.transpose(t, perm), [tf.shape(t)[0], -1, k]))
+        moved = t if perm == list(range(rank)) else tf.transpose(t, perm)
+        return Summed(tf.reshape(moved, [batch_count(t), -1, k]))
 
     return {"gamma": per_position(x_hat * d), "beta": per_position(d)}
 

@@ -223,7 +223,10 @@ class _FactorMemo:
 
 def _squared_rows(g: Any) -> Any:
     """Σ of squares of each example's slice of `g` [B, ...]: a [B] tensor."""
-    flat = tf.reshape(_float(g), [tf.shape(g)[0], -1])  # any rank, known or not
+    g = _float(g)
+    if g.shape.rank == 2:
+        return tf.reduce_sum(tf.square(g), axis=1)
+    flat = tf.reshape(g, [per_example.batch_count(g), -1])  # any rank, known or not
     return tf.reduce_sum(tf.square(flat), axis=1)
 
 
@@ -232,4 +235,6 @@ def _float(t: Any) -> Any:
 
 
 def _batch_size(g: Any) -> Any:
-    return tf.cast(tf.shape(g)[0], tf.float32 if g.dtype != tf.float64 else tf.float64)
+    dtype = tf.float32 if g.dtype != tf.float64 else tf.float64
+    count = per_example.batch_count(g)
+    return tf.constant(float(count), dtype) if isinstance(count, int) else tf.cast(count, dtype)

@@ -123,6 +123,7 @@ class FitStep:
             scope.enter_context(tape_observer.observing(seen))
             seen.install_hooks()
             logs = self.inner(data)
+        seen.name_targets()
         if seen.tape is None:
             raise RuntimeError(
                 f"{type(self.model).__name__}.train_step entered no tf.GradientTape: GradientLogger logs the gradients "

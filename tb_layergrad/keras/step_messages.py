@@ -33,7 +33,9 @@ def warn_about(model: Any, seen: Any) -> None:
             RuntimeWarning,
             stacklevel=3,
         )
-    without = [t.name for t in seen.logged if not t.values]
+    # the targets of a tape are computed at its first call: a persistent tape's later calls are under a tape that did
+    called = {id(t.aux) for t in seen.logged if t.values}
+    without = [t.name for t in seen.logged if not t.values and id(t.aux) not in called]
     if seen.fit_step.config.targets and len(without) < len(seen.logged) and without:
         warnings.warn(
             f"GradientLogger(targets=...): {step} did not call the model itself under the tapes of "

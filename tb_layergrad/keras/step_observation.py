@@ -40,6 +40,7 @@ class LoggedTape:
     eps_grads: Dict[str, Any] = dataclasses.field(default_factory=dict)
     #: the `targets=` values (scaled like the loss) from the model's own call under this tape, on `aux`; {} if none
     values: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    asked: frozenset = frozenset()  # id() of the model's trainable weights it asked for
 
 
 class StepObservation(tape_observer.Observation):
@@ -167,7 +168,7 @@ class StepObservation(tape_observer.Observation):
             {p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT or p in variables}
         )
         eps_grads = dict(zip(self.probe.sources.keys(), combined.extra_gradients)) if eps else {}
-        self.logged.append(LoggedTape(name, gmap, aux, eps_grads, values))
+        self.logged.append(LoggedTape(name, gmap, aux, eps_grads, values, asked))
         return combined.source_gradients
 
     def _answer_for_inputs(
@@ -187,6 +188,20 @@ class StepObservation(tape_observer.Observation):
         gmap = gmap.with_entries({p: gmap.entry(p) for p in gmap if gmap.entry(p).source != metadata.SOURCE_WEIGHT})
         self.input_logged.append(LoggedTape(name, gmap, None))
         return combined.source_gradients
+
+    def name_targets(self) -> None:
+        """Name each call again once the step has run, from the weights the model then has.
+
+        A call is named when it is answered too (it must be, to be numbered), but a
+        step that builds its weights (its first run or trace) may build some after
+        that call: asking for all the weights built so far is not asking for all of
+        the model's, and the name must be the one every later step gives it.
+        """
+        self._know_weights()
+        named: List[LoggedTape] = []
+        for tape in self.logged:
+            tape.name = self._numbered(target_name(self.cap.tree, self._owners, tape.asked, self._trainable), named)
+            named.append(tape)
 
     @staticmethod
     def _numbered(base: str, before: List[LoggedTape]) -> str:

@@ -8,10 +8,12 @@ loaders read them: TFRecord framing (length, its masked CRC32C, payload, its mas
 file, and says for each damaged one which run, which file, and up to which step it was read.
 
 The check is incremental: each file keeps how far it was verified, so a run being written costs the
-bytes appended since the last scan, never the whole file again. Payload checksums are computed for
-many records at once with numpy (CRC is linear: a byte's contribution depends only on its value and on
-how many bytes follow it, `_CONTRIBUTIONS`), since TensorBoard's own pure-Python CRC would take minutes
-on a large run. Only local paths are checked: a `gs://` logdir is read by TensorBoard through
+bytes appended since the last scan, never the whole file again. Checksums are computed in C by
+google-crc32c, one call per record (a dependency: the checksums were most of a walk, and its C code uses
+the CPU's CRC instruction where there is one); without its C extension, for many records at once with
+numpy (CRC is linear: a byte's contribution depends only on its value and on how many bytes follow it,
+`_CONTRIBUTIONS`), never TensorBoard's own pure-Python CRC, which would take minutes on a large run.
+Only local paths are checked: a `gs://` logdir is read by TensorBoard through
 TensorFlow's file systems, which the reader does not import (`Scanner.checked` is False, and `scan` finds nothing).
 
 A partial last record and an empty file are what a writer leaves between two flushes (TensorFlow's
@@ -28,7 +30,8 @@ import os
 import struct
 import threading
 import time
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+import warnings
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -92,26 +95,64 @@ def masked_crc32c_many(data: np.ndarray, starts: np.ndarray, length: int) -> np.
             block += offsets
             out[lo : lo + rows_at_once] = np.bitwise_xor.reduce(np.take(table, block), axis=1)
         reg = out ^ (reg >> np.uint32(8 * m)) if m < 4 else out
-    crc = reg ^ np.uint32(0xFFFFFFFF)
+    return _masked(reg ^ np.uint32(0xFFFFFFFF))
+
+
+def _masked(crc: np.ndarray) -> np.ndarray:
+    """TFRecord's mask of CRC-32C values (uint32): rotated right by 15 bits, plus a constant."""
     return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
 
 
-def _steps(payloads: List[memoryview]) -> np.ndarray:
-    """The `step` of each Event record (field 2, a varint; 0 when absent), read from its first bytes only."""
-    out = np.zeros([len(payloads)], np.int64)
-    for i, p in enumerate(payloads):
-        pos = 9 if len(p) >= 9 and p[0] == 0x09 else 0  # wall_time: field 1, a double
-        if pos < len(p) and p[pos] == 0x10:
-            value, shift, pos = 0, 0, pos + 1
-            while pos < len(p) and shift < 64:
-                b = p[pos]
-                value |= (b & 0x7F) << shift
-                pos += 1
-                shift += 7
-                if not b & 0x80:
-                    break
-            out[i] = value - (1 << 64) if value >= 1 << 63 else value
+def _c_crc32c() -> Optional[Callable[[bytes], int]]:
+    """google-crc32c's CRC-32C of a `bytes`, in C; None where it is not installed or has no C extension (its
+    pure-Python fallback checks byte by byte in Python, slower than `masked_crc32c_many`)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # its notice that it fell back to pure Python
+            from google_crc32c import cext
+    except ImportError:
+        return None
+    return cext.value
+
+
+_C_VALUE = _c_crc32c()
+
+
+def masked_crc32c_each(buf: bytes, starts: Sequence[int], lengths: Sequence[int]) -> np.ndarray:
+    """The masked CRC-32C of `buf[s : s + n]` for each `s` of `starts` and `n` of `lengths` (uint32): one call of
+    C code per record (`_C_VALUE`), else `masked_crc32c_many` for the records of each length at once."""
+    if _C_VALUE is not None:
+        value = _C_VALUE
+        crc = np.fromiter((value(buf[s : s + n]) for s, n in zip(starts, lengths)), np.uint32, len(starts))
+        return _masked(crc)
+    data = np.frombuffer(buf, np.uint8)
+    starts_a = np.asarray(starts, np.int64)
+    lengths_a = np.asarray(lengths, np.int64)
+    out = np.zeros([starts_a.size], np.uint32)
+    for length in np.unique(lengths_a):
+        idx = np.flatnonzero(lengths_a == length)
+        out[idx] = masked_crc32c_many(data, starts_a[idx], int(length))
     return out
+
+
+def _steps(buf: bytes, starts: List[int], lengths: List[int]) -> np.ndarray:
+    """The `step` of each Event record (field 2, a varint; 0 when absent) of the payloads `buf[s : s + n]`, read
+    from their first bytes only, all at once (a loop over each record's bytes in Python cost more than their
+    checksums in C)."""
+    data = np.frombuffer(buf, np.uint8)
+    s = np.asarray(starts, np.int64)
+    end = s + np.asarray(lengths, np.int64)
+    # A payload is followed by its checksum, so `s` and the byte after a 9-byte wall time are inside `buf`.
+    pos = np.where((end - s >= 9) & (data[s] == 0x09), s + 9, s)  # wall_time: field 1, a double
+    has = pos < end
+    has[has] = data[pos[has]] == 0x10
+    at = pos[:, None] + 1 + np.arange(10)  # a varint of up to 10 bytes (64 bits), no further than the payload
+    b = data[np.minimum(at, data.size - 1)].astype(np.uint64)
+    last = (b & np.uint64(0x80)) == 0
+    used = (at < end[:, None]) & (np.cumsum(last, axis=1) - last == 0)  # up to its last byte
+    parts = np.where(used, (b & np.uint64(0x7F)) << (np.arange(10, dtype=np.uint64) * np.uint64(7)), np.uint64(0))
+    value = np.bitwise_or.reduce(parts, axis=1)
+    return np.where(has, value, np.uint64(0)).view(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,6 +411,15 @@ def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryv
     """(offset in the file, payload) of each whole record of `path` after `state.offset` whose checksums match,
     in order, up to the first damage or partial record; `state` advances past each chunk read, so the next
     call reads what was appended since (an index kept as a file grows, `record_index`)."""
+    for start, buf, good in read_new_chunks(path, state):
+        view = memoryview(buf)
+        for at, length in good:
+            yield start + at, view[at : at + length]
+
+
+def read_new_chunks(path: str, state: FileState) -> Iterator[Tuple[int, bytes, List[Tuple[int, int]]]]:
+    """`read_new_records` a chunk at a time: (offset in the file of `buf`, `buf`, (start, length) in `buf` of the
+    payload of each record of it that `read_new_records` yields), for a reader of many records at once."""
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
         state.size, state.mtime = st.st_size, st.st_mtime  # as `Scanner` takes them: it may go on from `state`
@@ -382,9 +432,7 @@ def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryv
             if not buf or _verify(buf, state, good, known - start) == 0:
                 break
             _mark_verified(key, state.offset)
-            view = memoryview(buf)
-            for at, length in good:
-                yield start + at, view[at : at + length]
+            yield start, buf, good
 
 
 def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] = None, known: int = 0) -> int:
@@ -392,7 +440,6 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] 
     `good`: (start, length) in `buf` of each accepted record's payload is appended to it. `known`: the first
     bytes of `buf` verified before in this read (`checked_once`): the records within them are framed, not
     checked again."""
-    view = memoryview(buf)
     starts: List[int] = []
     lengths: List[int] = []
     pos = 0
@@ -420,7 +467,7 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] 
         new = np.flatnonzero(at + _HEADER > known)  # the lengths not verified before
         at = at[new]
         want = data[(at + 8)[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
-        bad = new[np.flatnonzero(masked_crc32c_many(data, at, 8) != want)]
+        bad = new[np.flatnonzero(masked_crc32c_each(buf, at.tolist(), [8] * at.size) != want)]
         if bad.size:
             first = int(bad[0])
             state.stopped = (CORRUPT, state.offset + heads[first], "its length's checksum does not match")
@@ -435,7 +482,7 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] 
     if good and keep is not None:
         keep.extend(zip(starts[:good], lengths[:good]))
     if good:
-        steps = _steps([view[s : s + n] for s, n in zip(starts[:good], lengths[:good])])
+        steps = _steps(buf, starts[:good], lengths[:good])
         top = int(steps.max())
         state.step = top if state.step is None else max(state.step, top)
         state.records += good
@@ -451,14 +498,10 @@ def _payloads_good(buf: bytes, starts: List[int], lengths: List[int], known: int
     data = np.frombuffer(buf, np.uint8)
     starts_a = np.asarray(starts, np.int64)
     lengths_a = np.asarray(lengths, np.int64)
-    ok = np.ones([len(starts)], bool)
-    fresh = starts_a + lengths_a + _FOOTER > known
-    for length in np.unique(lengths_a[fresh]):
-        idx = np.flatnonzero(fresh & (lengths_a == length))
-        s = starts_a[idx]
-        want = data[(s + int(length))[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
-        ok[idx] = masked_crc32c_many(data, s, int(length)) == want
-    bad = np.flatnonzero(~ok)
+    fresh = np.flatnonzero(starts_a + lengths_a + _FOOTER > known)
+    s, n = starts_a[fresh], lengths_a[fresh]
+    want = data[(s + n)[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
+    bad = fresh[masked_crc32c_each(buf, s.tolist(), n.tolist()) != want]
     return int(bad[0]) if bad.size else len(starts)
 
 

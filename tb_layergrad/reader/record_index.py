@@ -31,7 +31,7 @@ from tensorboard.data import provider as tb_provider
 from tensorboard.util import tensor_util
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import damage
+from tb_layergrad.reader import damage, tensor_events
 
 
 @dataclasses.dataclass
@@ -149,10 +149,11 @@ class RecordIndex:
         try:
             if fs.stopped is not None or os.stat(path).st_size <= fs.offset:
                 return  # nothing new; or a fault the loaders read no further than, nor do we
-            for offset, payload in damage.read_new_records(path, fs):
-                if self._add(run, file_no, offset, len(payload), payload) is None:
+            for start, buf, good in damage.read_new_chunks(path, fs):
+                _, stop = self._add_chunk(run, file_no, start, buf, good)
+                if stop is not None:
                     # A well-framed record that is no Event: TensorBoard's loaders read no further, nor do we.
-                    fs.stopped = (damage.CORRUPT, offset, NOT_AN_EVENT)
+                    fs.stopped = (damage.CORRUPT, stop, NOT_AN_EVENT)
                     break
         except OSError:
             return  # unreadable now (the damage check says so); read from where it stopped when readable
@@ -174,14 +175,58 @@ class RecordIndex:
         if fs.offset or fs.stopped is not None:  # walked before: the multiplexer's share is read as it was
             yield from damage.read_records(path)
             return
-        for offset, payload in damage.read_new_records(path, fs):
+        for start, buf, good in damage.read_new_chunks(path, fs):
             with self._lock:
-                ours = self._add(run, file_no, offset, len(payload), payload, self._keep_walked)
-            if ours is None:
-                fs.stopped = (damage.CORRUPT, offset, NOT_AN_EVENT)
+                rest, stop = self._add_chunk(run, file_no, start, buf, good, self._keep_walked, hand_on=True)
+            yield from rest
+            if stop is not None:
+                fs.stopped = (damage.CORRUPT, stop, NOT_AN_EVENT)
                 return
-            if not ours:
-                yield bytes(payload)
+
+    def _add_chunk(
+        self,
+        run: _Run,
+        file_no: int,
+        start: int,
+        buf: bytes,
+        good: List[Tuple[int, int]],
+        keep: bool = False,
+        hand_on: bool = False,
+    ) -> Tuple[List[bytes], Optional[int]]:
+        """Indexes the records `good` ((start, length) of each payload in `buf`, read at `start` in the file) as
+        `_add` does, those of one tensor summary in the layout every step's record is written in read for the chunk
+        at once (`tensor_events`), the others parsed one by one. Returns (with `hand_on`: the payloads of the
+        records that are not all layergrad tensors, in order; the offset of a record that is no Event, where
+        indexing stopped, or None)."""
+        rest: List[bytes] = []
+        series = run.series
+        at_in_buf = [a for a, _ in good]
+        length_of = [n for _, n in good]
+        read = tensor_events.decode(buf, at_in_buf, length_of)
+        places = (start + np.asarray(at_in_buf, np.int64), np.asarray(length_of, np.int64))
+        pending: Dict[str, List[int]] = {}  # tag -> the records of it read, not yet indexed
+        for j, tag in enumerate(read.tags):
+            if tag is None:  # any other record: parsed with protobuf, after the records before it
+                _extend(run, file_no, buf, read, places, pending)
+                pending = {}
+                at, length = good[j]
+                payload = memoryview(buf)[at : at + length]
+                ours = self._add(run, file_no, start + at, length, payload, keep)
+                if ours is None:
+                    return rest, start + at
+                if not ours and hand_on:
+                    rest.append(bytes(payload))
+            elif tag in series:
+                got = pending.get(tag)
+                if got is None:
+                    pending[tag] = [j]
+                else:
+                    got.append(j)
+            elif hand_on:  # a tensor of another plugin (no metadata here: its tag's was read before, or none)
+                at, length = good[j]
+                rest.append(buf[at : at + length])
+        _extend(run, file_no, buf, read, places, pending)
+        return rest, None
 
     @staticmethod
     def _add(
@@ -279,9 +324,9 @@ class RecordIndex:
         """The records `rows` of `s` from the arrays kept as the file was walked, which are then dropped (called
         under the index's lock: `_selected`)."""
         arrays, s.arrays = s.arrays, None
-        return [
-            tb_provider.TensorDatum(step=s.steps[i], wall_time=s.walls[i], numpy=_unpacked(arrays[i])) for i in rows
-        ]
+        rows = list(rows)
+        decoded = _unpacked_many([arrays[i] for i in rows])
+        return [tb_provider.TensorDatum(step=s.steps[i], wall_time=s.walls[i], numpy=a) for i, a in zip(rows, decoded)]
 
     def read_since(
         self, run: str, since: Dict[str, Optional[Position]]
@@ -365,6 +410,43 @@ class RecordIndex:
         return out
 
 
+def _extend(
+    run: _Run,
+    file_no: int,
+    buf: bytes,
+    read: tensor_events.Records,
+    places: Tuple[np.ndarray, np.ndarray],
+    pending: Dict[str, List[int]],
+) -> None:
+    """Indexes the records `pending` ({tag: their positions in `read`, in order}) as `RecordIndex._add` would one by
+    one: each series' columns extended at once."""
+    for tag, js in pending.items():
+        s = run.series[tag]
+        idx = np.asarray(js, np.int64)
+        steps, walls = read.steps[idx], read.walls[idx]
+        s.steps.frombytes(steps.astype(np.longlong).tobytes())
+        s.walls.frombytes(walls.astype(np.double).tobytes())
+        s.files.frombytes(np.full(idx.size, file_no, np.intc).tobytes())
+        s.offsets.frombytes(places[0][idx].astype(np.longlong).tobytes())
+        s.lengths.frombytes(places[1][idx].astype(np.longlong).tobytes())
+        s.values.frombytes(np.zeros(idx.size, np.intc).tobytes())  # the summary's one value
+        if s.arrays is not None:
+            ends = read.content_at[idx] + read.content_len[idx]
+            contents = [buf[a:e] for a, e in zip(read.content_at[idx].tolist(), ends.tolist())]
+            s.arrays.extend(zip(contents, [read.dtypes[j] for j in js], [read.shapes[j] for j in js]))
+        top = int(steps.max())
+        if s.max_step is None or top > s.max_step:
+            s.max_step = top
+        if np.isnan(walls).any():  # max() in order, as `_add` takes it (a NaN first stays)
+            for w in walls.tolist():
+                if s.max_wall is None or w > s.max_wall:
+                    s.max_wall = w
+        else:
+            top_wall = float(walls.max())
+            if s.max_wall is None or top_wall > s.max_wall:
+                s.max_wall = top_wall
+
+
 def _at_latest(steps: array.array, step: Optional[int]) -> List[int]:
     """The positions in `steps` of its greatest value at or before `step` (None: its greatest), in order."""
     if not len(steps):
@@ -413,14 +495,40 @@ def _packed(tensor) -> object:
     return tensor.tensor_content, tensor.dtype, [d.size for d in tensor.tensor_shape.dim]
 
 
+def _numpy_dtype(dtype_enum: int) -> object:
+    dtype = _NUMPY_DTYPES.get(dtype_enum)
+    if dtype is None:
+        dtype = _NUMPY_DTYPES[dtype_enum] = dtypes.as_dtype(dtype_enum).as_numpy_dtype
+    return dtype
+
+
 def _unpacked(packed: object) -> np.ndarray:
     if isinstance(packed, np.ndarray):
         return packed
     content, dtype_enum, shape = packed
-    dtype = _NUMPY_DTYPES.get(dtype_enum)
-    if dtype is None:
-        dtype = _NUMPY_DTYPES[dtype_enum] = dtypes.as_dtype(dtype_enum).as_numpy_dtype
-    return np.frombuffer(content, dtype=dtype).copy().reshape(shape)
+    return np.frombuffer(content, dtype=_numpy_dtype(dtype_enum)).copy().reshape(shape)
+
+
+def _unpacked_many(packed: List[object]) -> List[np.ndarray]:
+    """`_unpacked` of each: those of one dtype, shape (of at least one dimension) and size decoded as one array
+    whose rows they are (one copy for a series, not one per record); any other, or a group whose bytes do not
+    fill its shape, one by one (as `_unpacked`, which raises what it raised)."""
+    out: List[Optional[np.ndarray]] = [None] * len(packed)
+    groups: Dict[Tuple[int, Tuple[int, ...], int], List[int]] = {}
+    for j, p in enumerate(packed):
+        if isinstance(p, np.ndarray) or not p[2]:
+            out[j] = _unpacked(p)
+        else:
+            groups.setdefault((p[1], tuple(p[2]), len(p[0])), []).append(j)
+    for (dtype_enum, shape, _), idx in groups.items():
+        try:
+            flat = np.frombuffer(bytearray().join([packed[j][0] for j in idx]), dtype=_numpy_dtype(dtype_enum))
+            rows = list(flat.reshape((len(idx),) + shape))
+        except ValueError:
+            rows = [_unpacked(packed[j]) for j in idx]
+        for j, a in zip(idx, rows):
+            out[j] = a
+    return out
 
 
 def _size(path: str) -> int:

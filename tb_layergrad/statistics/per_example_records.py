@@ -51,28 +51,36 @@ def exact_rows_from_squares(squares: Any) -> tf.Tensor:
     their sum, and the order, hence the picked examples, is the norms'; only the picked values need a root.
     """
     sq = tf.cast(squares, tf.float64)
-    rows = tf.shape(sq)[0]
-    count = tf.shape(sq)[1]
-    some = count > 0
+    # The sizes as Python ints where the shape has them: no shape ops, no guards for an empty batch to run.
+    rows = sq.shape[0] if sq.shape[0] is not None else tf.shape(sq)[0]
+    count = sq.shape[1] if sq.shape[1] is not None else tf.shape(sq)[1]
     nan = tf.constant(_NAN, tf.float64)
     # ONE full top_k: the examples in descending order, the lower index first among equal values (TensorFlow's
     # documented tie rule, which is the contract's); the first K are the top ones, and the order statistics are
     # read from the same ranking (a column of zeros appended so that an empty batch gathers nothing out of
     # range; its values are replaced by NaN below). The median: the mean of the middle two for an even count.
     ranked = tf.math.top_k(sq, k=count, sorted=True)
-    padded = tf.concat([ranked.values, tf.zeros([rows, 1], tf.float64)], 1)
-    last = tf.maximum(count - 1, 0)
-    picked = tf.gather(padded, tf.stack([last, last // 2, count // 2, 0]), axis=1)  # [L, 4] squares
-    roots = tf.sqrt(picked)
-    smallest = tf.where(some, roots[:, 0], nan)
-    median = tf.where(some, (roots[:, 1] + roots[:, 2]) / 2.0, nan)
-    largest = tf.where(some, roots[:, 3], nan)
+    if isinstance(count, int) and count > 0:
+        picked = tf.gather(ranked.values, [count - 1, (count - 1) // 2, count // 2, 0], axis=1)  # [L, 4] squares
+        roots = tf.sqrt(picked)
+        smallest, median, largest = roots[:, 0], (roots[:, 1] + roots[:, 2]) / 2.0, roots[:, 3]
+    else:
+        some = count > 0
+        padded = tf.concat([ranked.values, tf.zeros([rows, 1], tf.float64)], 1)
+        last = tf.maximum(count - 1, 0)
+        picked = tf.gather(padded, tf.stack([last, last // 2, count // 2, 0]), axis=1)  # [L, 4] squares
+        roots = tf.sqrt(picked)
+        smallest = tf.where(some, roots[:, 0], nan)
+        median = tf.where(some, (roots[:, 1] + roots[:, 2]) / 2.0, nan)
+        largest = tf.where(some, roots[:, 3], nan)
     sum_sq = tf.reduce_sum(sq, axis=1)
     positive = sum_sq > 0
     top_share = tf.where(positive, picked[:, 3] / tf.where(positive, sum_sq, 1.0), nan)
-    k = tf.minimum(count, K)
-    indexes = tf.pad(tf.cast(ranked.indices[:, :k], tf.float64), [[0, 0], [0, K - k]], constant_values=-1.0)
-    values = tf.pad(tf.sqrt(ranked.values[:, :k]), [[0, 0], [0, K - k]], constant_values=_NAN)
+    k = min(count, K) if isinstance(count, int) else tf.minimum(count, K)
+    indexes, values = tf.cast(ranked.indices[:, :k], tf.float64), tf.sqrt(ranked.values[:, :k])
+    if not isinstance(k, int) or k < K:
+        indexes = tf.pad(indexes, [[0, 0], [0, K - k]], constant_values=-1.0)
+        values = tf.pad(values, [[0, 0], [0, K - k]], constant_values=_NAN)
     head = tf.stack(
         [
             tf.fill([rows], tf.cast(count, tf.float64)),

@@ -129,7 +129,7 @@ def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tenso
     should = _or_nonfinite(should, rest_flags, condition.record_if_nonfinite)
     ahead = per_example_write.rows_ahead(plan, should, final=not checking)
     written: List[tf.Tensor] = []
-    fused_flags, fused_stats = None, {}
+    fused_flags, fused_stats = None, None
     if split.fused:
         record = tf.constant(should) if isinstance(should, bool) else should
         at = dataclasses.replace(condition, record=record, step=read_step(condition.step))
@@ -137,8 +137,7 @@ def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tenso
         written.append(out.written)
         fused_flags = out.nonfinite
         if plan.per_example is not None:  # the noise scale reads the batch gradients' norms from them
-            tags = _tags(split.fused)
-            fused_stats = dict(zip(tags, tf.unstack(out.stats, len(tags))))
+            fused_stats = (_tags(split.fused), out.stats)
     if checking:
         flags = _flags_in_plan_order(present, split, fused_flags, rest_flags)
         should = _or_nonfinite(should, [tf.reduce_any(flags)] if present else [], condition.record_if_nonfinite)
@@ -146,10 +145,21 @@ def _write_step(plan: Plan, condition: Condition, writer: Any) -> Tuple[tf.Tenso
         flags = tf.zeros([len(present)], tf.bool)
     fused_raw = any(s.wants_raw for g in split.fused for s in g)
     if split.rest or plan.timesteps or fused_raw or plan.per_example is not None:
-        written.append(when(should, lambda: _write_with_ops(plan, split, condition, writer, fused_stats, ahead)))
+        # The fused stats are split by tag inside the branch: an unlogged step runs no op for them.
+        written.append(
+            when(should, lambda: _write_with_ops(plan, split, condition, writer, _by_tag(fused_stats), ahead))
+        )
     if not written:
         return tf.constant(False), flags
     return (written[0] if len(written) == 1 else tf.reduce_any(tf.stack(written))), flags
+
+
+def _by_tag(fused_stats: Optional[Tuple[List[str], tf.Tensor]]) -> Dict[str, Any]:
+    """tag -> the stats [12] the fused op wrote for it, from (its tags, its [n, 12] stats); {} for none."""
+    if fused_stats is None:
+        return {}
+    tags, stats = fused_stats
+    return dict(zip(tags, tf.unstack(stats, len(tags))))
 
 
 def _split(plan: Plan, resource: Any) -> _Split:

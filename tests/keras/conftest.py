@@ -19,9 +19,9 @@ def pytest_generate_tests(metafunc):
     graph and eager. Not under XLA (its compile time is most of a case's): what XLA compiles unlike graph mode in a
     gallery step (several tapes, a nested penalty tape, a persistent tape asked four times and applied by several
     optimizers, sub-models built by the first step) is crossed under XLA on the newest and the oldest releases
-    (Keras 3 and tf_keras) by the generated steps (test_fit_generated_steps: 01-xla and 06-xla a persistent tape
-    asked four times, 11, 16, 18 and 19-xla a nested penalty tape) and by test_fit_calls' persistent tape asked
-    four ways; a one-tape step by the standard step's case (test_fit_neutral). Ids `<case>-<mode>`."""
+    (Keras 3 and tf_keras) by the generated steps (test_fit_generated_steps: its pairwise covering puts a
+    persistent tape asked four times and a nested penalty tape under XLA, each in some example) and by
+    test_fit_calls' persistent tape asked four ways; a one-tape step by the standard step's case (test_fit_neutral). Ids `<case>-<mode>`."""
     if "gallery_case" not in metafunc.fixturenames:
         return
     gan, single, body, calls = (

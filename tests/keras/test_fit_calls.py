@@ -3,9 +3,10 @@
 however its result is applied; named after what it differentiates.
 
 The published steps (keras.io's CycleGAN, SimCLR, image captioning) are in the gallery (tests/gallery_calls.py,
-run by tests/test_fit_gallery.py: values against independent tapes, Keras' TensorBoard steps, training
+run by tests/keras/test_fit_gallery.py: values against independent tapes, Keras' TensorBoard steps, training
 unchanged); here: the name rule on a model of every shape of owner, one persistent tape whose calls are applied
-four ways, nested tapes, and what a step whose weights its first run builds is told.
+four ways, nested tapes, what a step whose weights its first run builds is told, the name of a call made before
+that step builds more weights, and `targets=` on a persistent tape asked several times.
 """
 
 from __future__ import annotations
@@ -461,3 +462,79 @@ def test_a_list_of_losses_is_one_target_valued_at_their_sum(tmp_path, mode, fit_
         "sum of the losses",
         4 * gallery_steps.BATCH * 4,
     )
+
+
+class LateProbe(keras.Model):
+    """keras.io's SimCLR, tiny: an encoder `Sequential` without `Input`, a contrastive tape that asks for the encoder's
+    and the projection head's weights, then a linear probe, built by the second tape of the first step."""
+
+    def __init__(self):
+        super().__init__(name="late")
+        self.encoder = keras.Sequential([layers.Dense(5, activation="relu", name="e0")], name="encoder")
+        self.projection_head = keras.Sequential([layers.Dense(4, name="p0")], name="projection_head")
+        self.linear_probe = keras.Sequential([layers.Dense(3, name="l0")], name="linear_probe")
+        self.c_opt, self.p_opt = keras.optimizers.SGD(0.05), keras.optimizers.SGD(0.05)
+
+    def train_step(self, x):
+        with tf.GradientTape() as tape:
+            z = self.projection_head(self.encoder(x))
+            c_loss = tf.reduce_mean(tf.square(z))
+        w = self.encoder.trainable_weights + self.projection_head.trainable_weights
+        self.c_opt.apply_gradients(zip(tape.gradient(c_loss, w), w))
+        with tf.GradientTape() as tape:
+            p_loss = tf.reduce_mean(tf.square(self.linear_probe(self.encoder(x)) - 1.0))
+        w = self.linear_probe.trainable_weights
+        self.p_opt.apply_gradients(zip(tape.gradient(p_loss, w), w))
+        return {"c_loss": c_loss, "p_loss": p_loss}
+
+
+@pytest.mark.parametrize("mode", ["graph", "eager"])
+def test_a_call_named_after_what_it_asks_when_later_weights_are_built_after_it(tmp_path, mode, fit_helpers):
+    """At the contrastive call of the first step the probe is not built yet: its weights are all the model has so
+    far, not all of the model's. Its name is the one every later step gives it, in eager and graph mode."""
+    keras.utils.set_random_seed(9)
+    model = LateProbe()
+    model.compile(**fit_helpers.compile_kwargs(mode))
+    x = np.random.default_rng(9).normal(size=(8, 4)).astype(np.float32)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), weights=True)
+    model.fit(x, batch_size=4, epochs=1, verbose=0, callbacks=[logger])
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert {info.target for info, _ in series.values()} == {"encoder+projection_head", "linear_probe"}
+    for target in ("encoder+projection_head", "linear_probe"):
+        assert fit_helpers.layergrad_steps(series, target) == [1, 2]
+    weights = {info.layer for info, _ in series.values() if info.source == "weight"}
+    assert {"late/encoder/e0/kernel", "late/linear_probe/l0/kernel"} <= weights
+
+
+class PersistentPrediction(keras.Model):
+    """One persistent tape under which the model itself is called, asked twice: `targets=` are computed once for
+    it (at its first call), and nothing is warned: the model was called under it."""
+
+    def __init__(self):
+        super().__init__(name="pp")
+        self.a, self.b = _stack("a"), _stack("b")
+
+    def call(self, x):
+        return self.b(self.a(x))
+
+    def train_step(self, x):
+        with tf.GradientTape(persistent=True) as tape:
+            loss_all = tf.reduce_mean(tf.square(self(x) - x))
+            loss_a = tf.reduce_mean(tf.square(self.a(x)))
+        for loss, variables in ((loss_all, self.trainable_variables), (loss_a, _w(self.a))):
+            self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return {"loss": loss_all}
+
+
+def test_targets_on_a_persistent_tape_asked_twice_are_not_warned_about(tmp_path, fit_helpers):
+    keras.utils.set_random_seed(10)
+    model = PersistentPrediction()
+    model.compile(optimizer=keras.optimizers.SGD(0.05))
+    x = np.random.default_rng(10).normal(size=(8, 4)).astype(np.float32)
+    logger = tb_layergrad.GradientLogger(fit_helpers.log_dir(tmp_path), targets={"unit_0": lambda y: y[:, 0]})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, batch_size=4, epochs=1, verbose=0, callbacks=[logger])
+    assert [str(w.message) for w in caught if "GradientLogger" in str(w.message)] == []
+    series = fit_helpers.read_series(fit_helpers.log_dir(tmp_path))
+    assert {info.target for info, _ in series.values()} == {"loss", "a", "unit_0"}

@@ -131,8 +131,8 @@ def test_load_and_report_walk_each_file_once(tmp_path, monkeypatch, reliability_
         )
         f.write(step, reliability_fixtures.DAMAGE_LAYERS)
     walks = []
-    real = damage.read_new_records
-    monkeypatch.setattr(damage, "read_new_records", lambda path, state: walks.append(path) or real(path, state))
+    real = damage.read_new_chunks
+    monkeypatch.setattr(damage, "read_new_chunks", lambda path, state: walks.append(path) or real(path, state))
     ctx = context.RequestContext()
     with event_files.tensorflow_free(logdir), damage.checked_once():
         ours = event_files.open_provider(logdir)
