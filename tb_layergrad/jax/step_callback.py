@@ -9,7 +9,10 @@ branch: XLA allocates the scratch memory of both branches at every run of the st
 passes glibc's largest mmap threshold (32 MB) every step maps it afresh and pays a page fault per page it
 touches (docs/DESIGN.md, "The cost of a step that is not written on JAX"). The branch holds the callback only
 (and what needs the step's own trace: per-example rows, the targets' passes); the statistics and histogram are
-computed in the callback by `reductions`, compiled on their own, on the very values the step computed.
+computed in the callback by `reductions`, compiled on their own, on the very values the step computed. That is
+the CPU's case only (`reduced_on_device`): on an accelerator the tensors would have to be copied to the host
+first, and its allocator does not map memory per run, so there the records are reduced in the branch and only
+they travel.
 """
 
 from __future__ import annotations
@@ -28,8 +31,18 @@ from tb_layergrad.writer.step_records import GroupStep
 BUCKETS = 30
 # Compiled once per list of shapes: an eager step (jit_compile=False) would otherwise dispatch each operation.
 _records = jax.jit(lambda tensors: reductions.records(tensors, BUCKETS))
-# Where the callback reduces: the tensors are on the host already, and an accelerator would need them sent back.
+# Where the callback reduces (CPU steps): the tensors it is handed are on the host already.
 _HOST = jax.devices("cpu")[0]
+
+
+def reduced_on_device() -> bool:
+    """Are a written step's records reduced inside the step rather than in its host callback?
+
+    On the CPU, no: reductions in the written branch grow the scratch memory every step allocates, written or
+    not (the module's docstring). On an accelerator, yes: handing the host every tensor would copy each one
+    across, where the records are a few hundred numbers per layer.
+    """
+    return jax.default_backend() != "cpu"
 
 
 @dataclasses.dataclass
@@ -102,12 +115,15 @@ def emit(
         def on_host(step_value: Any, *arrays: Any) -> None:
             records, at = [], 0
             for info, g, statuses in zip(infos, todo, example_statuses):
-                n = len(g.tensors)
-                raws = n if g.max_elements > 0 else 0
-                tensors, raw = arrays[at : at + n], arrays[at + n : at + n + raws]
+                n = 2 if on_device else len(g.tensors)  # the group's records, or its tensors to reduce here
+                raws = len(g.tensors) if g.max_elements > 0 else 0
+                handed, raw = arrays[at : at + n], arrays[at + n : at + n + raws]
                 at += n + raws
-                with jax.enable_x64(True), jax.default_device(_HOST):
-                    stats, counts = jax.device_get(_records(list(tensors)))
+                if on_device:
+                    stats, counts = handed
+                else:
+                    with jax.enable_x64(True), jax.default_device(_HOST):
+                        stats, counts = jax.device_get(_records(list(handed)))
                 table = None
                 if statuses is not None:
                     squares = None
@@ -125,10 +141,15 @@ def emit(
                 )
             host(int(np.asarray(step_value)), records)
 
+        on_device = reduced_on_device()
         example_statuses: List[Optional[List[int]]] = []
         arrays: List[Any] = []
         for g in todo:
-            arrays += list(g.tensors)
+            if on_device:
+                with jax.enable_x64(True):
+                    arrays += list(_records(g.tensors))
+            else:
+                arrays += list(g.tensors)
             if g.max_elements > 0:
                 arrays += [bounded(t, g.max_elements) for t in g.tensors]
             if g.examples is None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import tb_layergrad
+from tb_layergrad.jax import step_callback
 
 BATCH, FEATURES, HIDDEN = 8, 5, 16
 
@@ -94,7 +95,15 @@ def _assert_first_step_norms(rows, before, x, y, tolerances) -> None:
             ), (source, layer)
 
 
-def test_every_value_is_the_pure_jax_reference(logdir, tolerances):
+@pytest.fixture(params=["host", "device"])
+def reduced_where(request, monkeypatch):
+    """Where a written step's records are reduced: in its host callback (what a CPU step does) or inside the
+    step (what an accelerator's does: `step_callback.reduced_on_device`), both run here on the CPU."""
+    monkeypatch.setattr(step_callback, "reduced_on_device", lambda: request.param == "device")
+    return request.param
+
+
+def test_every_value_is_the_pure_jax_reference(logdir, tolerances, reduced_where):
     x, y = _data()
     model = _model()
     before = _weights(model)
@@ -121,7 +130,7 @@ def test_every_value_is_the_pure_jax_reference(logdir, tolerances):
 
 
 @pytest.mark.parametrize("jit_compile, steps_per_execution", [(True, 1), (False, 1), (True, 3)])
-def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution):
+def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution, reduced_where):
     x, y = _data(6 * BATCH)
     trained = []
     for callbacks in ([], [tb_layergrad.GradientLogger(logdir, weights=True, activations=True, update_freq=2)]):
