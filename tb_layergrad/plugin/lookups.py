@@ -138,7 +138,9 @@ class AnswerCache:
     Why: the anomaly rules (and the binned matrix) take every step of the run, and 16 readers of a run being
     written would each compute them again on the same cores, for the same new steps. So an answer is computed once per change of
     the run, and a request that finds it being computed answers the one kept, as of an earlier step (as
-    `HealthCache.row` does); requests one after another still see every new step.
+    `HealthCache.row` does), or with none kept (the run's first read, seconds on a long run) waits for that
+    computation's answer rather than computing it again beside it; requests one after another still see every
+    new step.
 
     Args:
       max_answers: how many to keep (the least recently used are dropped).
@@ -149,11 +151,20 @@ class AnswerCache:
         self._kept: "collections.OrderedDict[Hashable, Tuple[tuple, Any]]" = collections.OrderedDict()
         self._computing: set = set()
         self._lock = threading.Lock()
+        self._computed = threading.Condition(self._lock)  # notified when a computation ends
 
     def answer(self, key: Hashable, signature: tuple, compute: Callable[[], Any]) -> Any:
-        """The kept answer for `key` if computed at `signature` (or being computed again now), else `compute()`."""
+        """The kept answer for `key` if computed at `signature` (or being computed again now), else `compute()`;
+        with none kept while another thread computes it, that thread's answer (its own `compute()` if that one
+        failed)."""
         with self._lock:
             hit = self._kept.get(key)
+            if hit is None and key in self._computing:
+                self._computed.wait_for(lambda: key not in self._computing)
+                hit = self._kept.get(key)  # None: the computation waited for failed, this thread computes
+                if hit is not None:
+                    self._kept.move_to_end(key)
+                    return hit[1]
             if hit is not None and (hit[0] == signature or key in self._computing):
                 self._kept.move_to_end(key)
                 return hit[1]
@@ -161,15 +172,20 @@ class AnswerCache:
             self._computing.add(key)
         try:
             value = compute()
-        finally:
+        except BaseException:
             if mine:
                 with self._lock:
                     self._computing.discard(key)
+                    self._computed.notify_all()
+            raise
         with self._lock:
             self._kept[key] = (signature, value)
             self._kept.move_to_end(key)
             while len(self._kept) > self._max:
                 self._kept.popitem(last=False)
+            if mine:
+                self._computing.discard(key)
+                self._computed.notify_all()
         return value
 
 

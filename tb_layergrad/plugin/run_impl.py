@@ -199,9 +199,10 @@ def csv_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> Tuple[str,
         t = tables[s.key]
         names = [q.run, q.target, q.source, s.info.layer, str(src.rc.layer_index(s.info.layer))]
         # As read (`series.stat_column`): a `norm` without a finite element is nan, like the other moments.
-        columns = [t.column(name) for name in series.STORED_STATS]
-        for j, (step, wall) in enumerate(zip(t.steps, t.wall_times)):
-            stats = [csv_number(col[j], name in series.COUNT_STATS) for name, col in zip(series.STORED_STATS, columns)]
+        counts = [name in series.COUNT_STATS for name in series.STORED_STATS]
+        columns = [t.column(name).tolist() for name in series.STORED_STATS]  # Python floats: a cell each
+        for step, wall, *values in zip(t.steps.tolist(), t.wall_times.tolist(), *columns):
+            stats = [csv_number(v, integer) for v, integer in zip(values, counts)]
             rows.append([*names, str(int(step)), csv_number(wall), *stats])
     header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
     filename = "layergrad-" + (_UNSAFE_FILENAME.sub("_", q.run).strip("._") or "run") + ".csv"

@@ -22,7 +22,7 @@ import numpy as np
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import catalog, series
+from tb_layergrad.reader import block_cache, catalog, series
 from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsRows
 
@@ -49,18 +49,18 @@ def read_points(
     others = [s for s in chosen if s.info.kind != metadata.KIND_STATS]
     if not others:
         return out
-    kept = {}  # a group block's fitting records, whole: from the cache, or read below
-    claimed = []  # blocks this thread reads (`BlockCache.claim`)
-    for s in others:
-        for p in s.parts:
-            if p.grouped and p.tag not in kept and blocks is not None:
-                kept[p.tag] = blocks.get(experiment_id, rc.run, p)
-                if kept[p.tag] is None:
-                    kept[p.tag] = blocks.claim(experiment_id, rc.run, p)
-                    if kept[p.tag] is None:
-                        claimed.append(p)
-    kept = {t: v for t, v in kept.items() if v is not None}
+    found = {}  # a group block's fitting records, whole: from the cache, or read below
+    claimed = []  # blocks this thread reads (`BlockCache.claim`), claimed in the order of their tags
+    grouped = {p.tag: p for s in others for p in s.parts if p.grouped} if blocks is not None else {}
     try:
+        for tag in sorted(grouped):
+            p = grouped[tag]
+            found[tag] = blocks.get(experiment_id, rc.run, p)
+            if found[tag] is None:
+                found[tag] = blocks.claim(experiment_id, rc.run, p)
+                if found[tag] is None:
+                    claimed.append(p)
+        kept = {t: v for t, v in found.items() if v is not None}
         _read_others(src, others, kept, out, start, end, max_steps)
     finally:
         for p in claimed:
@@ -101,7 +101,7 @@ def _read_others(
                     if blocks is not None:
                         blocks.put(experiment_id, rc.run, p, kept[p.tag])
                 elif p.tag in positions and blocks is not None:
-                    blocks.put(experiment_id, rc.run, p, kept[p.tag], positions[p.tag])
+                    blocks.put(experiment_id, rc.run, p, kept[p.tag], *positions[p.tag])
                 groups[p.tag] = _between(kept[p.tag], start, end)
             selected.append(groups[p.tag] if p.grouped else series.select(data.get(p.tag, ()), start, end))
         selected = _thinned_together(selected, max_steps)
@@ -110,10 +110,10 @@ def _read_others(
 
 def _grown(
     src: RunSource, parts: Dict[str, Tuple[str, catalog.Part]], kept: Dict[str, series.Points]
-) -> Dict[str, tuple]:
+) -> Dict[str, Tuple[tuple, Optional[int]]]:
     """Group blocks changed since `src.blocks` kept them, continued from where their read stopped when the provider
     can (`series.read_since`): the block as kept with its new records after it, into `kept`; the positions the
-    reads stopped at (a block read whole that way too). Why: the last block of a run being written grows at every
+    reads stopped at (a block read whole that way too), each with the block's bytes where known (`BlockCache.put`). Why: the last block of a run being written grows at every
     step, and reading it whole at each change is work in proportion to the run. The same points as a whole read:
     new records are appended only when all their steps follow the kept ones, else the block is read whole."""
     blocks, run = src.blocks, src.rc.run
@@ -129,10 +129,11 @@ def _grown(
     for t, (kind, p) in parts.items():
         position, whole, records = read.get(t, (None, True, ()))
         new = _group_points(kind, p, records, run)
+        size = None
         if whole:
             kept[t] = new
         else:
-            old = before[t][0]
+            old, _, old_size = before[t]
             if len(new) and len(old) and int(new.steps[0]) <= int(old.steps[-1]):
                 continue  # a step written again (a restarted run): read whole below
             kept[t] = series.Points(
@@ -140,24 +141,34 @@ def _grown(
                 np.concatenate([old.wall_times, new.wall_times]),
                 [*old.values, *new.values],
             )
+            size = old_size + block_cache.nbytes(new)
         if position is not None:
-            out[t] = position
+            out[t] = (position, size)
     return out
 
 
 def _thinned_together(parts: List[series.Points], max_steps: Optional[int]) -> List[series.Points]:
     """Each part keeping only the steps `series.thin` keeps of their union: thinned before their rows are cut
     out and laid out (a chart of 60 histograms builds 60, not 5,000), to the steps thinning the united series
-    would keep."""
-    steps = np.unique(np.concatenate([p.steps for p in parts])) if parts else np.zeros([0], np.int64)
-    if max_steps is None or steps.size <= max_steps:
+    would keep. Parts one after another (a layer's blocks) are thinned by position, without sorting their union:
+    the work of the steps kept, not of the run."""
+    if max_steps is None:
         return parts
-    keep = steps[series.pick_evenly(steps.size, max_steps)]
-    out = []
-    for p in parts:
-        idx = np.flatnonzero(np.isin(p.steps, keep))
-        out.append(series.Points(p.steps[idx], p.wall_times[idx], [p.values[i] for i in idx]))
-    return out
+    sizes = [len(p) for p in parts]
+    filled = [p for p in parts if len(p)]
+    if all(int(a.steps[-1]) < int(b.steps[0]) for a, b in zip(filled, filled[1:])):  # the union: one after another
+        if sum(sizes) <= max_steps:
+            return parts
+        at = series.pick_evenly(sum(sizes), max_steps)
+        starts = np.cumsum([0, *sizes])
+        picks = [at[(at >= lo) & (at < hi)] - lo for lo, hi in zip(starts[:-1], starts[1:])]
+    else:
+        steps = np.unique(np.concatenate([p.steps for p in parts])) if parts else np.zeros([0], np.int64)
+        if steps.size <= max_steps:
+            return parts
+        keep = steps[series.pick_evenly(steps.size, max_steps)]
+        picks = [np.flatnonzero(np.isin(p.steps, keep)) for p in parts]
+    return [series.Points(p.steps[idx], p.wall_times[idx], [p.values[i] for i in idx]) for p, idx in zip(parts, picks)]
 
 
 def read_one(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import array
 import dataclasses
+import itertools
 import os
 import random
 import threading
@@ -97,6 +98,8 @@ class RecordIndex:
         self._runs: Dict[str, _Run] = {}
         self._lock = threading.RLock()
         self._epochs = 0
+        self._tickets = itertools.count(1)  # taken as a refresh is asked for, and as one starts reading a run
+        self._refreshed: Dict[str, int] = {}  # run -> the ticket its last refresh started at
 
     def _new_run(self) -> _Run:
         self._epochs += 1
@@ -108,9 +111,18 @@ class RecordIndex:
     def refresh(self, runs: Iterable[str]) -> None:
         """Reads what was appended to the event files of `runs` since the last refresh. A run one of whose files
         was removed or shrank is read anew: what it had cannot be read from its files any more, so it keeps
-        none of it rather than a part."""
+        none of it rather than a part.
+
+        A run another thread began to refresh after this call began is not read again: that refresh, done once
+        this one holds the lock, read every byte written before this call. Why: every request refreshes its run,
+        and 16 readers of a run being written queued on the lock, each then walking the few records appended
+        while it waited: the new records are walked once per change, not once per request."""
+        asked = next(self._tickets)
         with self._lock:
             for run in runs:
+                if self._refreshed.get(run, 0) > asked:
+                    continue
+                self._refreshed[run] = next(self._tickets)
                 folder = self._folder(run)
                 try:
                     names = sorted(n for n in os.listdir(folder) if damage.is_event_file(n))
@@ -143,6 +155,7 @@ class RecordIndex:
         """Drops what is known of `run`: the next refresh reads its files anew."""
         with self._lock:
             self._runs.pop(run, None)
+            self._refreshed.pop(run, None)
 
     def _advance(self, run: _Run, file_no: int, path: str) -> None:
         fs = run.states[path]

@@ -104,6 +104,7 @@ def _bodies(tb) -> dict:
         "stats_binned": {**q, "layer": layer, "points": 40},
         "stats_binned_range": {**q, "layer": layer, "points": 40, "start": 0},  # binned by `downsample`
         "histograms": {**q, "layer": layer},
+        "histograms_thinned": {**q, "layer": layer, "max_steps": 7},  # steps of several blocks picked by position
         "anomalies": q,
         "anomalies_window": {**q, "points": 100, "flags_start": 90, "flags_end": 150},
         "anomalies_binned": {**q, "points": 10},
@@ -123,6 +124,10 @@ def _bodies(tb) -> dict:
         assert {k: v for k, v in whole.items() if k not in ("start", "end")} == {
             k: v for k, v in ranged.items() if k not in ("start", "end")
         }, name
+    whole, thinned = out["histograms"], out["histograms_thinned"]  # the steps thinning the whole series keeps
+    picked = np.round(np.linspace(0, len(whole["steps"]) - 1, 7)).astype(int) if len(whole["steps"]) > 7 else None
+    for field in ("steps", "wall_times", "histograms"):
+        assert thinned[field] == (whole[field] if picked is None else [whole[field][i] for i in picked]), field
     for row in out["runs"]["runs"]:  # what the plugin has read so far, not what the run holds
         row.pop("sweep_read", None)
         row.pop("statistics_read", None)
@@ -201,6 +206,18 @@ def test_an_answer_is_computed_once_per_change_of_the_run():
     other.join()
     assert got == ["as of step 3"] and len(calls) == 2
     assert cache.answer("q", (4,), compute) == 3  # asked after: the newest steps
+
+    started.clear(), release.clear(), got.clear()  # a first answer, none kept: the others wait for it
+    first = threading.Thread(target=lambda: got.append(cache.answer("new", (1,), slow)))
+    first.start()
+    started.wait()
+    waiter = threading.Thread(target=lambda: got.append(cache.answer("new", (2,), compute)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and got == []
+    release.set()
+    first.join(), waiter.join()
+    assert got == ["as of step 3"] * 2 and len(calls) == 3  # computed once, not again beside it
 
 
 def test_each_new_record_is_read_once_whoever_asks(

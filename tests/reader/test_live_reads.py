@@ -109,3 +109,29 @@ def test_a_block_read_by_another_thread_is_answered_as_kept():
     other.join()
     assert len(cache.get("", "run", grown)) == 15
     assert cache.claim("", "run", _part("t/0", 20)) is None  # nobody reads it now: this thread is its reader
+
+
+def test_a_block_never_kept_is_read_once_while_others_wait_for_it():
+    cache = BlockCache()
+    part = _part("t/0", 9)
+    claimed, got, release = [], [], threading.Event()
+
+    def reader() -> None:
+        claimed.append(cache.claim("", "run", part))
+        release.wait()
+        cache.put("", "run", part, _points(10))
+        cache.release("", "run", part)
+
+    first = threading.Thread(target=reader)
+    first.start()
+    while not claimed:
+        first.join(0.01)
+    waiter = threading.Thread(target=lambda: got.append(cache.claim("", "run", part)))
+    waiter.start()
+    waiter.join(0.2)
+    assert claimed == [None] and waiter.is_alive() and not got  # nothing kept to answer with: it waits
+    release.set()
+    first.join()
+    waiter.join()
+    assert len(got) == 1 and got[0] is not None and len(got[0]) == 10  # the block as read, not read again
+    assert cache.claim("", "run", part) is not None  # kept as listed: nobody reads it again

@@ -8,6 +8,7 @@ last read stopped."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 from tensorboard import context
@@ -150,3 +151,50 @@ def test_load_and_report_walk_each_file_once(tmp_path, monkeypatch, reliability_
         (d.step, d.value) for d in _tensorboard(logdir).read_scalars(ctx, **scalars)["mixed"]["lr"]
     ]
     assert [d.step for d in got] == [3, 4, 5]
+
+
+def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, monkeypatch, reliability_fixtures):
+    """Two requests that ask while a refresh holds the index: the first to get it reads the records appended meanwhile,
+    the other finds them read (a refresh that began after it asked read every byte written before), not a third walk."""
+    layers = reliability_fixtures.DAMAGE_LAYERS
+    f = reliability_fixtures.write_run(str(tmp_path / "live"), layers, range(3))
+    index = record_index.RecordIndex(str(tmp_path))
+    index.refresh(["live"])
+    walks, inside, go = [], threading.Event(), threading.Event()
+    real = index._advance  # noqa: SLF001 - each walk of the run's file counted
+
+    def counted(run, file_no, path):
+        walks.append(threading.current_thread().name)
+        if len(walks) == 1:
+            inside.set()
+            go.wait()
+        return real(run, file_no, path)
+
+    class Counted:  # the index's lock, its takers counted
+        def __init__(self, lock) -> None:
+            self.lock, self.entered = lock, 0
+
+        def __enter__(self):
+            self.entered += 1
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    monkeypatch.setattr(index, "_advance", counted)
+    lock = index._lock = Counted(index._lock)  # noqa: SLF001
+    first = threading.Thread(target=index.refresh, args=(["live"],), name="first")
+    first.start()
+    inside.wait()
+    f.write(3, layers)  # appended while the first refresh holds the index
+    queued = [threading.Thread(target=index.refresh, args=(["live"],), name=f"queued{i}") for i in range(2)]
+    for t in queued:
+        t.start()
+    while lock.entered < 3:  # both wait for the lock
+        first.join(0.01)
+    go.set()
+    for t in (first, *queued):
+        t.join()
+    assert len(walks) == 2 and walks[0] == "first"
+    listed = index.list_tensors(["live"])["live"]
+    assert listed and {s.max_step for s in listed.values()} == {3}  # the record appended meanwhile read
