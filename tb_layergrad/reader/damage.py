@@ -109,10 +109,10 @@ def _c_crc32c() -> Optional[Callable[[bytes], int]]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # its notice that it fell back to pure Python
-            from google_crc32c import cext
+            import google_crc32c
     except ImportError:
         return None
-    return cext.value
+    return google_crc32c.value if google_crc32c.implementation == "c" else None
 
 
 _C_VALUE = _c_crc32c()
