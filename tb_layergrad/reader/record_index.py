@@ -202,27 +202,26 @@ class RecordIndex:
         file_no: int,
         start: int,
         buf: bytes,
-        good: List[Tuple[int, int]],
+        good: Tuple[np.ndarray, np.ndarray],
         keep: bool = False,
         hand_on: bool = False,
     ) -> Tuple[List[bytes], Optional[int]]:
-        """Indexes the records `good` ((start, length) of each payload in `buf`, read at `start` in the file) as
+        """Indexes the records `good` ((starts, lengths) of their payloads in `buf`, read at `start` in the file) as
         `_add` does, those of one tensor summary in the layout every step's record is written in read for the chunk
         at once (`tensor_events`), the others parsed one by one. Returns (with `hand_on`: the payloads of the
         records that are not all layergrad tensors, in order; the offset of a record that is no Event, where
         indexing stopped, or None)."""
         rest: List[bytes] = []
         series = run.series
-        at_in_buf = [a for a, _ in good]
-        length_of = [n for _, n in good]
-        read = tensor_events.decode(buf, at_in_buf, length_of)
-        places = (start + np.asarray(at_in_buf, np.int64), np.asarray(length_of, np.int64))
+        at_in_buf, length_of = good[0].tolist(), good[1].tolist()
+        read = tensor_events.decode(buf, good[0], good[1])
+        places = (start + good[0], good[1])
         pending: Dict[str, List[int]] = {}  # tag -> the records of it read, not yet indexed
         for j, tag in enumerate(read.tags):
             if tag is None:  # any other record: parsed with protobuf, after the records before it
                 _extend(run, file_no, buf, read, places, pending)
                 pending = {}
-                at, length = good[j]
+                at, length = at_in_buf[j], length_of[j]
                 payload = memoryview(buf)[at : at + length]
                 ours = self._add(run, file_no, start + at, length, payload, keep)
                 if ours is None:
@@ -236,8 +235,7 @@ class RecordIndex:
                 else:
                     got.append(j)
             elif hand_on:  # a tensor of another plugin (no metadata here: its tag's was read before, or none)
-                at, length = good[j]
-                rest.append(buf[at : at + length])
+                rest.append(buf[at_in_buf[j] : at_in_buf[j] + length_of[j]])
         _extend(run, file_no, buf, read, places, pending)
         return rest, None
 
