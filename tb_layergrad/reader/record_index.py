@@ -32,7 +32,7 @@ from tensorboard.data import provider as tb_provider
 from tensorboard.util import tensor_util
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import damage, tensor_events
+from tb_layergrad.reader import damage, series, tensor_events
 
 
 @dataclasses.dataclass
@@ -331,11 +331,19 @@ class RecordIndex:
             out.setdefault(run, {}).update(tags)
         return out
 
-    def _walked(self, s: _Series, rows: Iterable[int]) -> List[tb_provider.TensorDatum]:
+    def _walked(self, s: _Series, rows: Iterable[int]) -> Sequence[tb_provider.TensorDatum]:
         """The records `rows` of `s` from the arrays kept as the file was walked, which are then dropped (called
-        under the index's lock: `_selected`)."""
+        under the index's lock: `_selected`): a `series.Batch` when every record's tensor is of one dtype and
+        shape (`_joined`), else a list."""
         arrays, s.arrays = s.arrays, None
         rows = list(rows)
+        values = _joined(arrays) if rows and arrays else None
+        if values is not None:
+            at = np.asarray(rows, np.int64)
+            steps = np.frombuffer(s.steps, np.int64)[at]  # copies: the index's arrays grow later
+            walls = np.frombuffer(s.walls, np.float64)[at]
+            return series.Batch(steps, walls, values if len(rows) == values.shape[0] else values[at])
+        arrays = [r for a in arrays or () for r in (a.records() if isinstance(a, _Piece) else (a,))]
         decoded = _unpacked_many([arrays[i] for i in rows])
         return [tb_provider.TensorDatum(step=s.steps[i], wall_time=s.walls[i], numpy=a) for i, a in zip(rows, decoded)]
 
@@ -442,9 +450,14 @@ def _extend(
         s.lengths.frombytes(places[1][idx].astype(np.longlong).tobytes())
         s.values.frombytes(np.zeros(idx.size, np.intc).tobytes())  # the summary's one value
         if s.arrays is not None:
-            ends = read.content_at[idx] + read.content_len[idx]
-            contents = [buf[a:e] for a, e in zip(read.content_at[idx].tolist(), ends.tolist())]
-            s.arrays.extend(zip(contents, [read.dtypes[j] for j in js], [read.shapes[j] for j in js]))
+            at, length = read.content_at[idx], read.content_len[idx]
+            dtype_enums, shapes = [read.dtypes[j] for j in js], [read.shapes[j] for j in js]
+            piece = _piece(buf, at, length, dtype_enums, shapes)
+            if piece is not None:
+                s.arrays.append(piece)
+            else:
+                contents = [buf[a:e] for a, e in zip(at.tolist(), (at + length).tolist())]
+                s.arrays.extend(zip(contents, dtype_enums, shapes))
         top = int(steps.max())
         if s.max_step is None or top > s.max_step:
             s.max_step = top
@@ -456,6 +469,67 @@ def _extend(
             top_wall = float(walls.max())
             if s.max_wall is None or top_wall > s.max_wall:
                 s.max_wall = top_wall
+
+
+@dataclasses.dataclass
+class _Piece:
+    """The tensors of consecutive records of one series read in one chunk, all of one dtype and shape: their
+    packed bytes joined (one object for many records, not a tuple and a bytes each)."""
+
+    blob: bytearray
+    dtype: int  # the TensorProto dtype enum
+    shape: Tuple[int, ...]
+    count: int
+
+    def records(self) -> List[tuple]:
+        """What `_packed` keeps of each record."""
+        n = len(self.blob) // self.count
+        return [(bytes(self.blob[i * n : (i + 1) * n]), self.dtype, list(self.shape)) for i in range(self.count)]
+
+
+def _piece(
+    buf: bytes, at: np.ndarray, length: np.ndarray, dtype_enums: List[int], shapes: List[List[int]]
+) -> Optional[_Piece]:
+    """The `_Piece` of the tensor contents `buf[a : a + n]` (`at`, `length`) of one dtype and shape (of at least one
+    dimension) whose bytes fill that shape; None when they are not (kept record by record, decoded as before)."""
+    dtype_enum, shape = dtype_enums[0], shapes[0]
+    if not shape or dtype_enums.count(dtype_enum) != len(dtype_enums) or shapes.count(shape) != len(shapes):
+        return None
+    n = int(length[0])
+    try:
+        dtype = np.dtype(_numpy_dtype(dtype_enum))
+    except (TypeError, ValueError, KeyError):  # no dtype numpy reads: decoded record by record, raising as before
+        return None
+    if dtype.kind == "O" or n != dtype.itemsize * int(np.prod(shape)) or bool((length != n).any()):
+        return None
+    starts = at.tolist()
+    blob = bytearray().join(map(buf.__getitem__, map(slice, starts, (at + n).tolist())))
+    return _Piece(blob, dtype_enum, tuple(shape), len(starts))
+
+
+def _joined(arrays: list) -> Optional[np.ndarray]:
+    """The tensors kept of a series' records (`_Piece`s and `_packed` records) as one array [records, ...shape],
+    when all are packed bytes of one dtype and shape (of at least one dimension) that fill it; else None."""
+    blobs, kinds = [], set()
+    for a in arrays:
+        if isinstance(a, _Piece):
+            blobs.append(a.blob)
+            kinds.add((a.dtype, a.shape, len(a.blob) // a.count))
+        elif isinstance(a, tuple) and a[2]:
+            blobs.append(a[0])
+            kinds.add((a[1], tuple(a[2]), len(a[0])))
+        else:
+            return None
+    if len(kinds) != 1:
+        return None
+    ((dtype_enum, shape, n),) = kinds
+    try:
+        dtype = np.dtype(_numpy_dtype(dtype_enum))
+    except (TypeError, ValueError, KeyError):  # no dtype numpy reads: decoded record by record, raising as before
+        return None
+    if dtype.kind == "O" or n != dtype.itemsize * int(np.prod(shape)):
+        return None
+    return np.frombuffer(bytearray().join(blobs), dtype=dtype).reshape((-1,) + shape)
 
 
 def _at_latest(steps: array.array, step: Optional[int]) -> List[int]:

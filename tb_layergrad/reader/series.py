@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
@@ -47,6 +47,49 @@ class Points:
 
 
 EMPTY = Points(np.zeros([0], np.int64), np.zeros([0], np.float64), [])
+
+
+@dataclasses.dataclass(eq=False)
+class Batch(Sequence[tb_provider.TensorDatum]):
+    """Records of one tag as arrays: a sequence of its `TensorDatum`s, in order, for any reader of them, whose
+    columns a reader of many records reads at once (`stats_store.block_points`). Why: a long run's series is
+    hundreds of thousands of records, and an object per record, then a check and a copy per record, cost more
+    than reading them (`record_index` answers a series read as its file was walked this way)."""
+
+    steps: np.ndarray  # int64 [n]
+    wall_times: np.ndarray  # float64 [n]
+    values: np.ndarray  # [n, ...]: each record's tensor, all of one dtype and shape
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204 - an index or a slice, as a list's
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return tb_provider.TensorDatum(
+            step=int(self.steps[i]), wall_time=float(self.wall_times[i]), numpy=self.values[i]
+        )
+
+    def __iter__(self) -> Iterator[tb_provider.TensorDatum]:
+        for step, wall, value in zip(self.steps.tolist(), self.wall_times.tolist(), self.values):
+            yield tb_provider.TensorDatum(step=step, wall_time=wall, numpy=value)
+
+    def fit(self, shape: Sequence[Optional[int]]) -> bool:
+        """Whether every record has the shape `fits` asks for (they are of one shape)."""
+        got = self.values.shape[1:]
+        return len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+
+    def last_of_each_step(self) -> "np.ndarray | slice":
+        """The positions of `select`'s records: by ascending step, the last record of a repeated step (all of them,
+        a slice, when the steps ascend)."""
+        steps = self.steps
+        if steps.size < 2 or bool((steps[1:] > steps[:-1]).all()):
+            return slice(None)
+        order = np.argsort(steps, kind="stable")
+        ordered = steps[order]
+        last = np.ones(steps.size, bool)
+        last[:-1] = ordered[1:] != ordered[:-1]
+        return order[last]
 
 
 def read(
