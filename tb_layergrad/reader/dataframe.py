@@ -209,7 +209,11 @@ def _load(
     values = hparams.by_run(provider, ctx, "", list(cat.runs))
     for name in hparams.names(values):
         if asked is None or hparams.column(name) in asked:
-            df[hparams.column(name)] = pd.Series([values[run].get(name) for run in df["run"]], index=df.index)
+            # Each row's value, listed part by part (a run's rows are its parts'), for pandas to infer as before.
+            by_row: List[Any] = []
+            for p in parts:
+                by_row += [values[p.labels["run"]].get(name)] * len(p.rows)
+            df[hparams.column(name)] = pd.Series(by_row, index=df.index)
     said = damage.Scanner(logdir, known=event_files.walked(provider)).said(
         cat.runs, None if runs is None else set(runs)
     )
