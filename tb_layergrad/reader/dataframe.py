@@ -249,8 +249,9 @@ def _frame(pd: Any, parts: List[_Part], out_columns: List[str]) -> Any:
     Why not a frame per series joined by `pd.concat`: each was copied twice (its own block, then the join),
     most of `load()`'s time on a long run. The float columns are filled in place into one block that the
     frame takes as it is, and a string column is given its dtype, which pandas would otherwise infer from
-    every row (what made one frame of joined columns slower than the join before). The dtypes are those pandas gives a series' frame:
-    `str` (pandas 3) or `object` for strings, int64 for `index` and `step`, float64 for the rest."""
+    every row (what made one frame of joined columns slower than the join before). The dtypes are those
+    pandas gives a series' frame: `str` (pandas 3) or `object` for strings, int64 for `index` and `step`,
+    float64 for the rest."""
     lengths = np.asarray([len(p.rows) for p in parts], np.int64)
     n = int(lengths.sum())
     ends = np.cumsum(lengths)
