@@ -22,7 +22,7 @@ import itertools
 import os
 import random
 import threading
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -89,12 +89,15 @@ class RecordIndex:
       logdir: a local folder (TensorBoard's `--logdir`).
     """
 
-    def __init__(self, logdir: str, keep_walked: bool = False) -> None:
+    def __init__(self, logdir: str, keep_walked: bool = False, unkept_kinds: Iterable[str] = ()) -> None:
         """`keep_walked`: the records `walk` reads are decoded as it parses them and kept until their series is
         first read (a reader of every record once, `load()` and `report`: each event parsed once, not again by
-        offset); the plugin's index keeps only where each record lies."""
+        offset), but those of series of `unkept_kinds` (a reader that never reads them: kept, they would be
+        copied and held for nothing; read by offset if asked); the plugin's index keeps only where each
+        record lies."""
         self.logdir = logdir
         self._keep_walked = keep_walked
+        self._unkept = frozenset(unkept_kinds)
         self._runs: Dict[str, _Run] = {}
         self._lock = threading.RLock()
         self._epochs = 0
@@ -223,7 +226,7 @@ class RecordIndex:
                 pending = {}
                 at, length = at_in_buf[j], length_of[j]
                 payload = memoryview(buf)[at : at + length]
-                ours = self._add(run, file_no, start + at, length, payload, keep)
+                ours = self._add(run, file_no, start + at, length, payload, keep, self._unkept)
                 if ours is None:
                     return rest, start + at
                 if not ours and hand_on:
@@ -241,7 +244,13 @@ class RecordIndex:
 
     @staticmethod
     def _add(
-        run: _Run, file_no: int, offset: int, length: int, payload: memoryview, keep: bool = False
+        run: _Run,
+        file_no: int,
+        offset: int,
+        length: int,
+        payload: memoryview,
+        keep: bool = False,
+        unkept: FrozenSet[str] = frozenset(),
     ) -> Optional[bool]:
         """Indexes the record's layergrad tensors; None when it is no Event, else whether every value of it is a
         layergrad tensor (an event without a summary is not)."""
@@ -260,7 +269,8 @@ class RecordIndex:
                     md.plugin_data.plugin_name == metadata.PLUGIN_NAME
                     and md.data_class == summary_pb2.DATA_CLASS_TENSOR
                 ):
-                    run.series[value.tag] = _Series(meta=md, arrays=[] if keep else None)
+                    kept = keep and _kind(md) not in unkept
+                    run.series[value.tag] = _Series(meta=md, arrays=[] if kept else None)
             s = run.series.get(value.tag)
             if s is None or not value.HasField("tensor"):
                 ours = False
@@ -530,6 +540,14 @@ def _joined(arrays: list) -> Optional[np.ndarray]:
     if dtype.kind == "O" or n != dtype.itemsize * int(np.prod(shape)):
         return None
     return np.frombuffer(bytearray().join(blobs), dtype=dtype).reshape((-1,) + shape)
+
+
+def _kind(md: summary_pb2.SummaryMetadata) -> Optional[str]:
+    """The kind of series a layergrad tag's metadata says (None where it cannot be read: the catalog says why)."""
+    try:
+        return metadata.parse_plugin_content(md.plugin_data.content).kind
+    except (ValueError, TypeError):
+        return None
 
 
 def _at_latest(steps: array.array, step: Optional[int]) -> List[int]:
