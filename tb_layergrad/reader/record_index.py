@@ -506,15 +506,21 @@ def _piece(
     if not shape or dtype_enums.count(dtype_enum) != len(dtype_enums) or shapes.count(shape) != len(shapes):
         return None
     n = int(length[0])
-    try:
-        dtype = np.dtype(_numpy_dtype(dtype_enum))
-    except (TypeError, ValueError, KeyError):  # no dtype numpy reads: decoded record by record, raising as before
-        return None
-    if dtype.kind == "O" or n != dtype.itemsize * int(np.prod(shape)) or bool((length != n).any()):
+    if _filled(dtype_enum, shape, n) is None or bool((length != n).any()):
         return None
     starts = at.tolist()
     blob = bytearray().join(map(buf.__getitem__, map(slice, starts, (at + n).tolist())))
     return _Piece(blob, dtype_enum, tuple(shape), len(starts))
+
+
+def _filled(dtype_enum: int, shape: Sequence[int], n: int) -> Optional[np.dtype]:
+    """The numpy dtype of a tensor of `dtype_enum` and `shape` whose packed bytes, `n` of them, fill it; None where
+    numpy does not read that dtype from bytes or they do not fill it (decoded record by record, raising as before)."""
+    try:
+        dtype = np.dtype(_numpy_dtype(dtype_enum))
+    except (TypeError, ValueError, KeyError):
+        return None
+    return None if dtype.kind == "O" or n != dtype.itemsize * int(np.prod(shape)) else dtype
 
 
 def _joined(arrays: list) -> Optional[np.ndarray]:
@@ -533,11 +539,8 @@ def _joined(arrays: list) -> Optional[np.ndarray]:
     if len(kinds) != 1:
         return None
     ((dtype_enum, shape, n),) = kinds
-    try:
-        dtype = np.dtype(_numpy_dtype(dtype_enum))
-    except (TypeError, ValueError, KeyError):  # no dtype numpy reads: decoded record by record, raising as before
-        return None
-    if dtype.kind == "O" or n != dtype.itemsize * int(np.prod(shape)):
+    dtype = _filled(dtype_enum, shape, n)
+    if dtype is None:
         return None
     return np.frombuffer(bytearray().join(blobs), dtype=dtype).reshape((-1,) + shape)
 
