@@ -180,6 +180,15 @@ def records(arrays: Sequence[np.ndarray], buckets: int) -> Optional[Tuple[np.nda
     sizes = (ctypes.c_int64 * max(num, 1))(*[x.size for x in xs])
     dtypes = (ctypes.c_int32 * max(num, 1))(*[DTYPES[x.dtype.name] for x in xs])
     status = fn(num, data, sizes, dtypes, buckets, _threads(), stats.ctypes.data, counts.ctypes.data)
+    if status == -2:
+        raise MemoryError("the host reductions ran out of memory")
     if status != 0:
         raise RuntimeError(f"the host reductions refused their input (status {status})")
     return stats, counts
+
+
+def main() -> None:
+    """Build now and print where (`python -m tb_layergrad.kernel`); retries a remembered failure, so that the
+    compiler's message is shown again."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(build(retry=True))

@@ -9,8 +9,10 @@
 // settled against those edges. float64 data (and integers, widened to it by the caller) take a plain
 // three-read path on x / 2**e, like the reference's general path (no overflow, no underflow).
 #include <atomic>
+#include <new>
 #include <cstring>
 #include <memory>
+#include <system_error>
 #include <thread>
 
 #include "records_core.h"
@@ -178,7 +180,13 @@ void ForEachUnit(int64_t units, int threads, bool parallel, const Work& work) {
   };
   std::vector<std::thread> pool;
   pool.reserve(helpers);
-  for (int h = 0; h < helpers; ++h) pool.emplace_back(run);
+  for (int h = 0; h < helpers; ++h) {
+    try {
+      pool.emplace_back(run);
+    } catch (const std::system_error&) {
+      break;  // no more threads to be had: the ones running (this one at least) take every unit
+    }
+  }
   run();
   for (std::thread& t : pool) t.join();
 }
@@ -272,6 +280,11 @@ void Float64Records(const double* x, int64_t n, int k, double* row, int64_t* cou
 }
 
 }  // namespace
+
+// The records of the C interface below (its arguments).
+int Records(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k, int threads,
+            double* stats, int64_t* counts);
+
 }  // namespace tb_layergrad
 
 extern "C" {
@@ -281,10 +294,23 @@ int tb_layergrad_host_num_stats() { return tb_layergrad::kNumStats; }
 
 // Fills stats [num, kNumStats] (float64) and counts [num, k] (int64), both allocated by the caller, with the
 // records of the `num` arrays data[t] of sizes[t] elements of dtypes[t] (DType), reading them on up to
-// `threads` threads. Returns 0, or -1 for an unknown dtype or k < 1 (nothing written then).
+// `threads` threads. Returns 0, -1 for an unknown dtype or k < 1, -2 when memory ran out (no exception
+// crosses the C interface).
 int tb_layergrad_host_records(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k,
                               int threads, double* stats, int64_t* counts) {
-  using namespace tb_layergrad;
+  try {
+    return tb_layergrad::Records(num, data, sizes, dtypes, k, threads, stats, counts);
+  } catch (const std::bad_alloc&) {
+    return -2;
+  }
+}
+
+}  // extern "C"
+
+namespace tb_layergrad {
+
+int Records(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k, int threads,
+            double* stats, int64_t* counts) {
   if (k < 1) return -1;
   for (int t = 0; t < num; ++t) {
     if (dtypes[t] < kFloat32 || dtypes[t] > kFloat64) return -1;
@@ -363,4 +389,4 @@ int tb_layergrad_host_records(int num, const void* const* data, const int64_t* s
   return 0;
 }
 
-}  // extern "C"
+}  // namespace tb_layergrad
