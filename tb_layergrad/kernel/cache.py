@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import os
 import platform
@@ -30,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 
 log = logging.getLogger("tb_layergrad")
 
@@ -102,6 +103,25 @@ def target_flags(compiler: str) -> Tuple[str, ...]:
     except (OSError, subprocess.SubprocessError):
         macros = ""
     return ("-march=native", "-mno-avx512fp16") if "__AVX512FP16__" in macros else ("-march=native",)
+
+
+def compiler_or_raise(compiler: Optional[str] = None) -> str:
+    """`compiler`, else `find_compiler()`; RuntimeError when there is none."""
+    compiler = compiler or find_compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    return compiler
+
+
+def library_path(name: str, inputs: Sequence[Union[bytes, str]], command: List[str], compiler: str) -> Path:
+    """Where the build `name` of these `inputs` (its sources' bytes, what else it is built against) by `command`
+    lives: keyed by them, the compiler's version and the CPU kind (`-march=native`), so a change of any of them
+    is a build of its own."""
+    key = hashlib.sha256()
+    for part in (*inputs, " ".join(command), compiler_identity(compiler), cpu_flags(), sys.platform):
+        key.update(part if isinstance(part, bytes) else part.encode())
+        key.update(b"\0")
+    return cache_dir() / f"{name}-{key.hexdigest()[:20]}.so"
 
 
 def unavailable_reason() -> Optional[str]:

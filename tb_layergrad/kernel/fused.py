@@ -27,11 +27,9 @@ holds. Both raise RuntimeError where the kernel is not available (`unavailable_r
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -78,19 +76,8 @@ def _build_command(compiler: str, output: Path) -> List[str]:
 
 def library_path(compiler: str) -> Path:
     """Where the build for this source, command (compiler, flags, TensorFlow), compiler version and CPU lives."""
-    key = hashlib.sha256()
-    parts = (
-        *(f.read_bytes() for f in SOURCES + HEADERS),
-        tf.__version__,
-        " ".join(_build_command(compiler, Path("out"))),
-        cache.compiler_identity(compiler),
-        cache.cpu_flags(),
-        sys.platform,
-    )
-    for part in parts:
-        key.update(part if isinstance(part, bytes) else part.encode())
-        key.update(b"\0")
-    return cache.cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
+    inputs = (*(f.read_bytes() for f in SOURCES + HEADERS), tf.__version__)
+    return cache.library_path("histograms_and_stats", inputs, _build_command(compiler, Path("out")), compiler)
 
 
 def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
@@ -99,9 +86,7 @@ def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
     A failed build is remembered (`cache.failure_marker`) and raised again
     without compiling, unless `retry`.
     """
-    compiler = compiler or cache.find_compiler()
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    compiler = cache.compiler_or_raise(compiler)
     return cache.build(
         library_path(compiler),
         lambda output: _build_command(compiler, output),

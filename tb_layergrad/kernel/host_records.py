@@ -18,10 +18,8 @@ integers and booleans are widened to float64 and other floats (float8 kinds) to 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import sys
 import threading
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -65,25 +63,13 @@ def _build_command(compiler: str, output: Path) -> List[str]:
 
 def library_path(compiler: str) -> Path:
     """Where the build for this source, command, compiler version and CPU lives."""
-    key = hashlib.sha256()
-    parts = (
-        *(f.read_bytes() for f in (SOURCE, *HEADERS)),
-        " ".join(_build_command(compiler, Path("out"))),
-        cache.compiler_identity(compiler),
-        cache.cpu_flags(),
-        sys.platform,
-    )
-    for part in parts:
-        key.update(part if isinstance(part, bytes) else part.encode())
-        key.update(b"\0")
-    return cache.cache_dir() / f"host_records-{key.hexdigest()[:20]}.so"
+    inputs = tuple(f.read_bytes() for f in (SOURCE, *HEADERS))
+    return cache.library_path("host_records", inputs, _build_command(compiler, Path("out")), compiler)
 
 
 def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
     """Compiles the library unless it is cached; returns it. Raises RuntimeError on failure (remembered)."""
-    compiler = compiler or cache.find_compiler()
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    compiler = cache.compiler_or_raise(compiler)
     return cache.build(
         library_path(compiler),
         lambda output: _build_command(compiler, output),

@@ -59,73 +59,6 @@ inline float RoundUp(double e) {
   return f;
 }
 
-// Bucket counts and the centered sum of squares of one chunk's finite elements, against the written edges:
-// bucket i holds x with below[i] <= x < above[i] (below[0] = -Inf, above[k - 1] = +Inf: clamped ends), where
-// below[i] = above[i - 1] is the i-th left edge rounded up to float32. The float32 index estimate is
-// records_core.h's; it is at most one bucket off (its rounding is a few float32 ulps of an index below k),
-// which one comparison on each side settles. Outside the vectorized case the estimate is settled in a loop.
-template <typename T>
-double ChunkEdgeBuckets(const T* x, int64_t n, double lo, double hi, double mean, int k, const float* below,
-                        const float* above, bool clean, int64_t* counts) {
-  const double scale = k / (hi - lo);
-  const double top = k - 1;
-  const float lo_f = static_cast<float>(lo), scale_f = static_cast<float>(scale), top_f = static_cast<float>(top);
-  const bool float_index = std::isfinite(static_cast<float>(hi) - lo_f) && std::isfinite(scale_f);
-  constexpr int kBlock = 256;
-  int32_t index[kBlock];
-  double centered = 0;
-  std::vector<uint32_t> sets(4 * static_cast<size_t>(k), 0);
-  uint32_t* const s0 = sets.data();
-  uint32_t* const s1 = s0 + k;
-  uint32_t* const s2 = s1 + k;
-  uint32_t* const s3 = s2 + k;
-  const bool fast = clean && float_index;
-  for (int64_t start = 0; start < n; start += kBlock) {
-    const int m = static_cast<int>(std::min<int64_t>(kBlock, n - start));
-    double block_centered = 0;
-    if (fast) {
-#pragma omp simd reduction(+ : block_centered)
-      for (int j = 0; j < m; ++j) {
-        const float v = Load(x, start + j);
-        float b = (v - lo_f) * scale_f;
-        b = b < 0.0f ? 0.0f : b;
-        b = b > top_f ? top_f : b;
-        int32_t i = static_cast<int32_t>(b);
-        i += (v >= above[i] ? 1 : 0) - (v < below[i] ? 1 : 0);
-        index[j] = i;
-        const double e = static_cast<double>(v) - mean;
-        block_centered += e * e;
-      }
-      int j = 0;
-      for (; j + 4 <= m; j += 4) {
-        ++s0[index[j]];
-        ++s1[index[j + 1]];
-        ++s2[index[j + 2]];
-        ++s3[index[j + 3]];
-      }
-      for (; j < m; ++j) ++s0[index[j]];
-    } else {
-      for (int j = 0; j < m; ++j) {
-        float v = Load(x, start + j);
-        if (!std::isfinite(v)) continue;  // not counted
-        v = std::fabs(v) < FLT_MIN ? 0.0f : v;
-        const double d = v;
-        double b = (d - lo) * scale;
-        b = b < 0 ? 0 : (b > top ? top : b);
-        int32_t i = static_cast<int32_t>(b);
-        while (v < below[i]) --i;
-        while (v >= above[i]) ++i;
-        ++s0[i];
-        const double e = d - mean;
-        block_centered += e * e;
-      }
-    }
-    centered += block_centered;
-  }
-  for (int i = 0; i < k; ++i) counts[i] += static_cast<int64_t>(s0[i]) + s1[i] + s2[i] + s3[i];
-  return centered;
-}
-
 struct Chunk {
   int tensor;
   int64_t begin, end;
@@ -154,14 +87,14 @@ double InputChunkBuckets(const Input& x, const Chunk& c, const Moments& m, doubl
   const int64_t n = c.end - c.begin;
   switch (x.dtype) {
     case kFloat32:
-      return ChunkEdgeBuckets(static_cast<const float*>(x.data) + c.begin, n, m.lo, m.hi, mean, k, below, above,
-                              clean, counts);
+      return ChunkBucketsOf<true>(static_cast<const float*>(x.data) + c.begin, n, m.lo, m.hi, mean, k, clean,
+                                  counts, below, above);
     case kFloat16:
-      return ChunkEdgeBuckets(static_cast<const Half*>(x.data) + c.begin, n, m.lo, m.hi, mean, k, below, above,
-                              clean, counts);
+      return ChunkBucketsOf<true>(static_cast<const Half*>(x.data) + c.begin, n, m.lo, m.hi, mean, k, clean,
+                                  counts, below, above);
     default:
-      return ChunkEdgeBuckets(static_cast<const BFloat16*>(x.data) + c.begin, n, m.lo, m.hi, mean, k, below,
-                              above, clean, counts);
+      return ChunkBucketsOf<true>(static_cast<const BFloat16*>(x.data) + c.begin, n, m.lo, m.hi, mean, k, clean,
+                                  counts, below, above);
   }
 }
 

@@ -159,8 +159,15 @@ Moments ChunkMoments(const T* x, int64_t n, bool* clean) {
 // `clean` (no NaN, Inf or subnormal in the tensor) takes the vectorized loop.
 // Bucket indices are computed in float32, as docs/FORMAT.md says (and in
 // float64 when the span overflows float32).
-template <typename T>
-double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, int k, bool clean, int64_t* counts) {
+//
+// `Exact` (host_records.cc): the counts are those of the written float64 edges. Bucket i then holds x with
+// below[i] <= x < above[i] (below[0] = -Inf, above[k - 1] = +Inf), below[i] = above[i - 1] being the i-th left
+// edge rounded up to float32 (for a float32 x, x >= e exactly when x >= that rounding). The float32 index is
+// at most one bucket off (its rounding is a few float32 ulps of an index below k): one comparison on each side
+// settles it in the vectorized loop; the branching loop settles in a loop.
+template <bool Exact, typename T>
+double ChunkBucketsOf(const T* x, int64_t n, double lo, double hi, double mean, int k, bool clean, int64_t* counts,
+                      const float* below, const float* above) {
   const double scale = k / (hi - lo);
   const double top = k - 1;
   // In float32 where hi - lo fits (a span past FLT_MAX would read Inf and bucket everything last).
@@ -188,7 +195,9 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
         float b = (v - lo_f) * scale_f;  // float32: twice the SIMD lanes of float64
         b = b < 0.0f ? 0.0f : b;
         b = b > top_f ? top_f : b;
-        index[j] = static_cast<int32_t>(b);
+        int32_t i = static_cast<int32_t>(b);
+        if constexpr (Exact) i += (v >= above[i] ? 1 : 0) - (v < below[i] ? 1 : 0);
+        index[j] = i;
         const double e = static_cast<double>(v) - mean;
         block_centered += e * e;
       }
@@ -208,7 +217,12 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
         const double d = v;
         double b = (d - lo) * scale;
         b = b < 0 ? 0 : (b > top ? top : b);
-        ++s0[static_cast<int32_t>(b)];
+        int32_t i = static_cast<int32_t>(b);
+        if constexpr (Exact) {
+          while (v < below[i]) --i;
+          while (v >= above[i]) ++i;
+        }
+        ++s0[i];
         const double e = d - mean;
         block_centered += e * e;
       }
@@ -217,6 +231,12 @@ double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, in
   }
   for (int i = 0; i < k; ++i) counts[i] += static_cast<int64_t>(s0[i]) + s1[i] + s2[i] + s3[i];
   return centered;
+}
+
+// The TensorFlow op's buckets (float32 indices; docs/FORMAT.md lets an element next to an edge land on either side).
+template <typename T>
+double ChunkBuckets(const T* x, int64_t n, double lo, double hi, double mean, int k, bool clean, int64_t* counts) {
+  return ChunkBucketsOf<false>(x, n, lo, hi, mean, k, clean, counts, nullptr, nullptr);
 }
 
 // The largest magnitude bits of a chunk: a NaN or an Inf is any value whose exponent bits are all
