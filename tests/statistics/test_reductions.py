@@ -22,6 +22,10 @@ def test_reductions_compile_under_xla(reference_checks, tolerances):
     a = tf.random.normal([1000])
     eager = reductions.histogram_and_stats(a, 30)
     xla = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True), jit_compile=True)(a)
+    counts = tf.function(
+        lambda t: reductions.histograms_and_stats([t], 30, xla_safe=True, edges=False)[0][0], jit_compile=True
+    )(a)
+    np.testing.assert_array_equal(counts.numpy(), xla[0].numpy()[:, 2])
     # Each against the independent reference (its sums in another order under XLA).
     for name, (hist, stats) in (("eager", eager), ("xla", xla)):
         reference_checks.check_stats(stats.numpy(), a, name)
@@ -80,6 +84,11 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan, numpy_referen
     run = tf.function if graph else (lambda f: f)
     together = run(lambda ts: reductions.histograms_and_stats(ts, 7))(tensors)
     assert len(together) == len(arrays)
+    # What the write path takes: each histogram's counts alone, the same numbers.
+    counts_only = run(lambda ts: reductions.histograms_and_stats(ts, 7, edges=False))(tensors)
+    for (hist, stats), (counts, same_stats) in zip(together, counts_only):
+        np.testing.assert_array_equal(counts.numpy(), hist.numpy()[:, 2])
+        np.testing.assert_array_equal(same_stats.numpy(), stats.numpy())
     for a, t, (hist, stats) in zip(arrays, tensors, together):
         one_h, one_s = run(lambda x: reductions.histogram_and_stats(x, 7))(t)
         np.testing.assert_array_equal(hist.numpy()[:, 2], one_h.numpy()[:, 2])
