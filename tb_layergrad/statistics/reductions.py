@@ -396,7 +396,12 @@ def _left_edges(lo: tf.Tensor, hi: tf.Tensor, k: int, scale: tf.Tensor) -> tf.Te
     lo64 = tf.cast(lo, tf.float64)[..., tf.newaxis]
     hi64 = tf.cast(hi, tf.float64)[..., tf.newaxis]
     i = tf.range(k, dtype=tf.float64)
-    left = (lo64 / s + i * ((hi64 / s - lo64 / s) / k)) * s
+    offset = i * ((hi64 / s - lo64 / s) / k)
+    # Every writer rounds the product, then the sum. XLA fuses a product and the sum it feeds into one
+    # multiply-add (one rounding), which moves an edge by a hair: for min = -max the middle edge misses 0.0 and
+    # the elements that are 0.0 change bucket. A select between the two is not fused (NaN for NaN: the product).
+    offset = tf.where(tf.math.is_nan(offset), tf.constant(float("nan"), tf.float64), offset)
+    left = (lo64 / s + offset) * s
     left = tf.where(i > 0, left, lo64)  # lo / s may underflow when hi >> lo: the first edge is lo itself
     return left if lo.shape.rank else tf.reshape(left, [k])
 

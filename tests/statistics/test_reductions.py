@@ -35,6 +35,21 @@ def test_reductions_compile_under_xla(reference_checks, tolerances):
     )
 
 
+def test_general_path_under_xla_keeps_the_written_edges(tolerances):
+    """min = -max: the middle edge is 0.0 as every writer computes it (the product rounded, then the sum), also
+    where XLA would fuse the two into one multiply-add, so the elements that are 0.0 stay in their bucket."""
+    a = tf.constant([-3.0, 0.0, 0.0, 3.0, 1.0, -2.5, 0.2, -0.2])
+    left = np.asarray(metadata.histogram_edges(-3.0, 3.0, 30)[0])
+    for jit in (False, True):
+        hist = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True)[0], jit_compile=jit)(a)
+        hist = hist.numpy()
+        assert hist[15, 0] == 0.0 and hist[14, 1] == 0.0, f"jit_compile={jit}"
+        # The other edges within their bound of the written ones (a division may become a product by 1 / k).
+        np.testing.assert_allclose(hist[:, 0], left, rtol=0, atol=edge_atol(tolerances, hist))
+        want, _ = np.histogram(a.numpy().astype(np.float64), bins=np.append(hist[:, 0], hist[-1, 1]))
+        np.testing.assert_array_equal(hist[:, 2], want, err_msg=f"jit_compile={jit}")
+
+
 @pytest.mark.parametrize("shift", [0.0, 1e4])
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64, tf.float16])
 @pytest.mark.slow
