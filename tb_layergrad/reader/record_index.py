@@ -119,26 +119,36 @@ class RecordIndex:
         and 16 readers of a run being written queued on the lock, each then walking the few records appended
         while it waited: the new records are walked once per change, not once per request."""
         asked = next(self._tickets)
+        runs = list(runs)
+        seen = {run: _listing(self._folder(run)) for run in runs}
         with self._lock:
-            for run in runs:
-                if self._refreshed.get(run, 0) > asked:
-                    continue
-                self._refreshed[run] = next(self._tickets)
-                folder = self._folder(run)
-                try:
-                    names = sorted(n for n in os.listdir(folder) if damage.is_event_file(n))
-                except OSError:
-                    self._runs.pop(run, None)
-                    continue
-                paths = [p for p in (os.path.join(folder, n) for n in names) if not os.path.isdir(p)]
-                state = self._runs.get(run) or self._runs.setdefault(run, self._new_run())
-                if any(p not in paths or _size(p) < state.states[p].offset for p in state.files):
-                    state = self._runs[run] = self._new_run()
-                for path in paths:
-                    if path not in state.states:
-                        state.states[path] = damage.FileState()
-                        state.files.append(path)
-                    self._advance(state, state.files.index(path), path)
+            self._refresh(runs, asked, seen)
+
+    def _refresh(self, runs: Sequence[str], asked: int, seen: Dict[str, Optional[Dict[str, int]]]) -> None:
+        """`refresh` under the index's lock; `seen`: each run's `_listing` taken after the call began and before the
+        lock was taken (the files' sizes: no file system call waits under the lock, where every other request would
+        wait behind it; where it disagrees with what is known, another refresh read past it meanwhile or a file was
+        removed or shrank, and the run's files are listed again under the lock)."""
+        for run in runs:
+            if self._refreshed.get(run, 0) > asked:
+                continue
+            self._refreshed[run] = next(self._tickets)
+            sizes = seen.get(run)
+            state = self._runs.get(run)
+            if sizes is not None and state is not None:
+                if any(p not in sizes or sizes[p] < state.states[p].offset for p in state.files):
+                    sizes = _listing(self._folder(run))  # other than known: looked at again, now
+            if sizes is None:
+                self._runs.pop(run, None)
+                continue
+            state = self._runs.get(run) or self._runs.setdefault(run, self._new_run())
+            if any(p not in sizes or sizes[p] < state.states[p].offset for p in state.files):
+                state = self._runs[run] = self._new_run()
+            for path, size in sizes.items():
+                if path not in state.states:
+                    state.states[path] = damage.FileState()
+                    state.files.append(path)
+                self._advance(state, state.files.index(path), path, size)
 
     def file_states(self) -> Dict[str, damage.FileState]:
         """{path (normalized): how far the index read the file} of every file walked, but those it stopped at a
@@ -158,10 +168,11 @@ class RecordIndex:
             self._runs.pop(run, None)
             self._refreshed.pop(run, None)
 
-    def _advance(self, run: _Run, file_no: int, path: str) -> None:
+    def _advance(self, run: _Run, file_no: int, path: str, size: int) -> None:
+        """Reads the file's records past where the last read stopped, if its `size` (as listed) goes past it."""
         fs = run.states[path]
         try:
-            if fs.stopped is not None or os.stat(path).st_size <= fs.offset:
+            if fs.stopped is not None or size <= fs.offset:
                 return  # nothing new; or a fault the loaders read no further than, nor do we
             for start, buf, good in damage.read_new_chunks(path, fs):
                 _, stop = self._add_chunk(run, file_no, start, buf, good)
@@ -283,8 +294,10 @@ class RecordIndex:
     def _selected(self, runs: Sequence[str], run_tag_filter: Optional[tb_provider.RunTagFilter]):
         tags = None if run_tag_filter is None or run_tag_filter.tags is None else set(run_tag_filter.tags)
         wanted = runs if run_tag_filter is None or run_tag_filter.runs is None else set(runs) & set(run_tag_filter.runs)
-        self.refresh(sorted(wanted))
-        with self._lock:
+        asked = next(self._tickets)
+        seen = {run: _listing(self._folder(run)) for run in sorted(wanted)}
+        with self._lock:  # refreshed and selected in one hold of the lock: each request waits for it once
+            self._refresh(sorted(wanted), asked, seen)
             for run in sorted(wanted):
                 r = self._runs.get(run)
                 if r is None:
@@ -630,6 +643,25 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return -1
+
+
+def _listing(folder: str) -> Optional[Dict[str, int]]:
+    """{path: size (-1: unreadable)} of the event files of a run's folder, in name order (the order TensorBoard reads
+    them); None when the folder cannot be listed. One listing of the folder and one `stat` per file."""
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted((e for e in found if damage.is_event_file(e.name)), key=lambda e: e.name)
+    except OSError:
+        return None
+    out: Dict[str, int] = {}
+    for e in entries:
+        try:
+            if e.is_dir():
+                continue
+        except OSError:
+            pass  # as `os.path.isdir`: not a folder
+        out[os.path.join(folder, e.name)] = _size(e.path)
+    return out
 
 
 class LocalProvider:

@@ -163,12 +163,12 @@ def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, mo
     walks, inside, go = [], threading.Event(), threading.Event()
     real = index._advance  # noqa: SLF001 - each walk of the run's file counted
 
-    def counted(run, file_no, path):
+    def counted(run, file_no, path, size):
         walks.append(threading.current_thread().name)
         if len(walks) == 1:
             inside.set()
             go.wait()
-        return real(run, file_no, path)
+        return real(run, file_no, path, size)
 
     class Counted:  # the index's lock, its takers counted
         def __init__(self, lock) -> None:
