@@ -281,7 +281,7 @@ def live(
                     errors.append(f"{route}: {code}")
                 if route == "runs" and code == 200:
                     top = max(r["max_step"] or 0 for r in json.loads(body)["runs"])
-                    seen = [written[s] for s in written if s <= top]
+                    seen = [t for s, t in written.copy().items() if s <= top]  # the writer adds to it meanwhile
                     if seen:
                         fresh.append(time.perf_counter() - max(seen))
 

@@ -17,6 +17,7 @@ reader does not import.
 from __future__ import annotations
 
 import array
+import bisect
 import dataclasses
 import itertools
 import os
@@ -121,26 +122,36 @@ class RecordIndex:
         and 16 readers of a run being written queued on the lock, each then walking the few records appended
         while it waited: the new records are walked once per change, not once per request."""
         asked = next(self._tickets)
+        runs = list(runs)
+        seen = {run: _listing(self._folder(run)) for run in runs}
         with self._lock:
-            for run in runs:
-                if self._refreshed.get(run, 0) > asked:
-                    continue
-                self._refreshed[run] = next(self._tickets)
-                folder = self._folder(run)
-                try:
-                    names = sorted(n for n in os.listdir(folder) if damage.is_event_file(n))
-                except OSError:
-                    self._runs.pop(run, None)
-                    continue
-                paths = [p for p in (os.path.join(folder, n) for n in names) if not os.path.isdir(p)]
-                state = self._runs.get(run) or self._runs.setdefault(run, self._new_run())
-                if any(p not in paths or _size(p) < state.states[p].offset for p in state.files):
-                    state = self._runs[run] = self._new_run()
-                for path in paths:
-                    if path not in state.states:
-                        state.states[path] = damage.FileState()
-                        state.files.append(path)
-                    self._advance(state, state.files.index(path), path)
+            self._refresh(runs, asked, seen)
+
+    def _refresh(self, runs: Sequence[str], asked: int, seen: Dict[str, Optional[Dict[str, int]]]) -> None:
+        """`refresh` under the index's lock; `seen`: each run's `_listing` taken after the call began and before the
+        lock was taken (the files' sizes: no file system call waits under the lock, where every other request would
+        wait behind it; where it disagrees with what is known, another refresh read past it meanwhile or a file was
+        removed or shrank, and the run's files are listed again under the lock)."""
+        for run in runs:
+            if self._refreshed.get(run, 0) > asked:
+                continue
+            self._refreshed[run] = next(self._tickets)
+            sizes = seen.get(run)
+            state = self._runs.get(run)
+            if sizes is not None and state is not None:
+                if any(p not in sizes or sizes[p] < state.states[p].offset for p in state.files):
+                    sizes = _listing(self._folder(run))  # other than known: looked at again, now
+            if sizes is None:
+                self._runs.pop(run, None)
+                continue
+            state = self._runs.get(run) or self._runs.setdefault(run, self._new_run())
+            if any(p not in sizes or sizes[p] < state.states[p].offset for p in state.files):
+                state = self._runs[run] = self._new_run()
+            for path, size in sizes.items():
+                if path not in state.states:
+                    state.states[path] = damage.FileState()
+                    state.files.append(path)
+                self._advance(state, state.files.index(path), path, size)
 
     def file_states(self) -> Dict[str, damage.FileState]:
         """{path (normalized): how far the index read the file} of every file walked, but those it stopped at a
@@ -160,10 +171,11 @@ class RecordIndex:
             self._runs.pop(run, None)
             self._refreshed.pop(run, None)
 
-    def _advance(self, run: _Run, file_no: int, path: str) -> None:
+    def _advance(self, run: _Run, file_no: int, path: str, size: int) -> None:
+        """Reads the file's records past where the last read stopped, if its `size` (as listed) goes past it."""
         fs = run.states[path]
         try:
-            if fs.stopped is not None or os.stat(path).st_size <= fs.offset:
+            if fs.stopped is not None or size <= fs.offset:
                 return  # nothing new; or a fault the loaders read no further than, nor do we
             for start, buf, good in damage.read_new_chunks(path, fs):
                 _, stop = self._add_chunk(run, file_no, start, buf, good)
@@ -290,8 +302,10 @@ class RecordIndex:
     def _selected(self, runs: Sequence[str], run_tag_filter: Optional[tb_provider.RunTagFilter]):
         tags = None if run_tag_filter is None or run_tag_filter.tags is None else set(run_tag_filter.tags)
         wanted = runs if run_tag_filter is None or run_tag_filter.runs is None else set(runs) & set(run_tag_filter.runs)
-        self.refresh(sorted(wanted))
-        with self._lock:
+        asked = next(self._tickets)
+        seen = {run: _listing(self._folder(run)) for run in sorted(wanted)}
+        with self._lock:  # refreshed and selected in one hold of the lock: each request waits for it once
+            self._refresh(sorted(wanted), asked, seen)
             for run in sorted(wanted):
                 r = self._runs.get(run)
                 if r is None:
@@ -399,10 +413,9 @@ class RecordIndex:
         for run, series_of_run in by_run.items():
             files = series_of_run[0][1]
             try:
-                events = _events(files, {(p[0], p[1], p[2]) for _, _, picks in series_of_run for p in picks})
-                out[run] = {
-                    tag: [_datum(events[(p[0], p[1], p[2])], p[3]) for p in picks] for tag, _, picks in series_of_run
-                }
+                data = _data(files, [p for _, _, picks in series_of_run for p in picks])
+                ends = np.cumsum([len(picks) for _, _, picks in series_of_run]).tolist()
+                out[run] = {tag: data[end - len(picks) : end] for (tag, _, picks), end in zip(series_of_run, ends)}
             except (OSError, DecodeError, IndexError, KeyError):
                 # A file removed or rewritten since it was indexed: the run is read anew at the next refresh;
                 # this answer has none of its series rather than a part of them.
@@ -415,7 +428,7 @@ class RecordIndex:
         `read_tensors` would return at that step, found in the index and read alone: the latest histogram of a run
         is one record to read, not its block of a thousand. `run` as listed (no call to TensorBoard here)."""
         self.refresh([run])
-        picks: List[Tuple[str, Tuple[int, int, int], int]] = []
+        picks: List[Tuple[str, Tuple[int, int, int, int]]] = []
         with self._lock:
             r = self._runs.get(run)
             if r is None:
@@ -426,13 +439,13 @@ class RecordIndex:
                 if s is None:
                     continue
                 picks += [
-                    (tag, (s.files[i], s.offsets[i], s.lengths[i]), s.values[i]) for i in _at_latest(s.steps, step)
+                    (tag, (s.files[i], s.offsets[i], s.lengths[i], s.values[i])) for i in _at_latest(s.steps, step)
                 ]
         try:
-            events = _events(files, {place for _, place, _ in picks})
+            data = _data(files, [pick for _, pick in picks])
             out: Dict[str, List[tb_provider.TensorDatum]] = {}
-            for tag, place, value_index in picks:
-                out.setdefault(tag, []).append(_datum(events[place], value_index))
+            for (tag, _), datum in zip(picks, data):
+                out.setdefault(tag, []).append(datum)
         except (OSError, DecodeError, IndexError, KeyError):
             self.forget(run)  # as `read_tensors`: read anew at the next refresh, and none of it answered now
             return {}
@@ -564,18 +577,99 @@ def _at_latest(steps: array.array, step: Optional[int]) -> List[int]:
     return [int(i) for i in np.flatnonzero(at == within.max())]
 
 
-def _events(files: List[str], places: Iterable[Tuple[int, int, int]]) -> Dict[Tuple[int, int, int], event_pb2.Event]:
-    """The events at `places` (file, offset, length), each read and parsed once, in file order."""
-    out: Dict[Tuple[int, int, int], event_pb2.Event] = {}
-    by_file: Dict[int, List[Tuple[int, int, int]]] = {}
-    for place in places:
-        by_file.setdefault(place[0], []).append(place)
-    for file_no, at in by_file.items():
-        at.sort()
+# Records closer than this in a file are read in one read (the bytes between them read too), up to a window's bytes.
+_GAP_BYTES = 64 << 10
+_WINDOW_BYTES = 4 << 20
+
+Pick = Tuple[int, int, int, int]  # a record to read: (file, offset, length, index of the value in its summary)
+
+
+def _data(files: List[str], picks: Sequence[Pick]) -> List[tb_provider.TensorDatum]:
+    """The record at each of `picks`, each read and parsed once, in file order: what `_datum` makes of the event
+    protobuf parses there. Why not protobuf for each: a block of a run logged every step is 65,536 records, and a
+    seek, a read, a parse and the fields through protobuf's Python objects per record were most of a layer's first
+    histograms. So records near each other are read in one read, those in the layout every step writes read for the
+    window at once (`tensor_events`: the values protobuf parses) and their arrays made together (`_arrays`); any
+    other record (a value after the first, a tag's first with its metadata, one cut short by the file's end, bytes
+    no longer an Event) is parsed with protobuf as before, raising what it raised."""
+    if not picks:
+        return []
+    at = np.asarray(picks, np.int64).reshape(-1, 4)
+    order = np.lexsort(at.T[::-1])  # by file, offset, length, value
+    at = at[order]
+    first = np.ones(len(at), bool)
+    first[1:] = np.any(at[1:] != at[:-1], axis=1)
+    unique = at[first]
+    which = np.empty(len(at), np.int64)
+    which[order] = np.cumsum(first) - 1  # each pick's row in `unique`
+    found: List[Optional[tb_provider.TensorDatum]] = [None] * len(unique)
+    events: Dict[Tuple[int, int, int], event_pb2.Event] = {}
+    for file_no in np.unique(unique[:, 0]).tolist():
+        rows = np.flatnonzero(unique[:, 0] == file_no)
+        offsets = unique[rows, 1]
+        reach = np.maximum.accumulate(offsets + unique[rows, 2])  # the end of the farthest record so far
+        gaps = (np.flatnonzero(offsets[1:] - reach[:-1] > _GAP_BYTES) + 1).tolist() + [len(rows)]
         with open(files[file_no], "rb") as fh:
-            for place in at:
-                fh.seek(place[1])
-                out[place] = event_pb2.Event.FromString(fh.read(place[2]))
+            i = 0
+            while i < len(rows):
+                lo = int(offsets[i])
+                j = min(gaps[bisect.bisect_right(gaps, i)], int(np.searchsorted(reach, lo + _WINDOW_BYTES, "right")))
+                j = max(j, i + 1)  # a record larger than a window: read alone
+                fh.seek(lo)
+                buf = fh.read(int(reach[j - 1]) - lo)
+                for row, datum in zip(rows[i:j].tolist(), _read_window(buf, lo, unique[rows[i:j]], events)):
+                    found[row] = datum
+                i = j
+    for row, datum in enumerate(found):
+        if datum is None:
+            file_no, offset, length, value_index = unique[row].tolist()
+            found[row] = _datum(events[(file_no, offset, length)], value_index)
+    return [found[k] for k in which.tolist()]
+
+
+def _read_window(
+    buf: bytes, lo: int, picks: np.ndarray, events: Dict[Tuple[int, int, int], event_pb2.Event]
+) -> List[Optional[tb_provider.TensorDatum]]:
+    """The records `picks` ([n, 4] of `Pick`s) of `buf` (the file's bytes from `lo`), where `tensor_events` reads
+    them and `_arrays` makes their arrays; None for each other one, its event parsed with protobuf into `events`."""
+    starts, lengths = picks[:, 1] - lo, picks[:, 2]
+    whole = np.flatnonzero((picks[:, 3] == 0) & (starts + lengths <= len(buf)))
+    read = tensor_events.decode(buf, starts[whole].tolist(), lengths[whole].tolist())
+    steps, walls = read.steps.tolist(), read.walls.tolist()
+    out: List[Optional[tb_provider.TensorDatum]] = [None] * len(picks)
+    at = whole.tolist()
+    for j, a in _arrays(buf, read).items():
+        out[at[j]] = tb_provider.TensorDatum(step=steps[j], wall_time=walls[j], numpy=a)
+    for k, datum in enumerate(out):
+        if datum is None:
+            place = tuple(picks[k, :3].tolist())
+            if place not in events:
+                start, length = int(starts[k]), int(lengths[k])
+                events[place] = event_pb2.Event.FromString(buf[start : start + length])
+    return out
+
+
+def _arrays(buf: bytes, read: tensor_events.Records) -> Dict[int, np.ndarray]:
+    """{position in `read`: the array `_unpacked` makes of its tensor} of the records `read` read. Those of one dtype,
+    shape (of at least one dimension) and length whose bytes fill the shape are joined into one array whose rows
+    they are (one copy, not an array per record); any other one by one (as `_unpacked`, raising what it
+    raised)."""
+    out: Dict[int, np.ndarray] = {}
+    groups: Dict[Tuple[int, Tuple[int, ...], int], List[int]] = {}
+    lengths = read.content_len.tolist()
+    for j, (tag, dtype_enum, shape) in enumerate(zip(read.tags, read.dtypes, read.shapes)):
+        if tag is not None:
+            groups.setdefault((dtype_enum, tuple(shape), lengths[j]), []).append(j)
+    for (dtype_enum, shape, length), js in groups.items():
+        dtype = np.dtype(_numpy_dtype(dtype_enum))
+        fills = bool(shape) and not dtype.hasobject and length == dtype.itemsize * int(np.prod(shape))
+        if not fills:
+            for j in js:
+                at = int(read.content_at[j])
+                out[j] = _unpacked((buf[at : at + length], dtype_enum, list(shape)))
+            continue
+        joined = bytearray().join([buf[at : at + length] for at in read.content_at[js].tolist()])
+        out.update(zip(js, np.frombuffer(joined, dtype).reshape((len(js),) + shape)))
     return out
 
 
@@ -642,6 +736,25 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return -1
+
+
+def _listing(folder: str) -> Optional[Dict[str, int]]:
+    """{path: size (-1: unreadable)} of the event files of a run's folder, in name order (the order TensorBoard reads
+    them); None when the folder cannot be listed. One listing of the folder and one `stat` per file."""
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted((e for e in found if damage.is_event_file(e.name)), key=lambda e: e.name)
+    except OSError:
+        return None
+    out: Dict[str, int] = {}
+    for e in entries:
+        try:
+            if e.is_dir():
+                continue
+        except OSError:
+            pass  # as `os.path.isdir`: not a folder
+        out[os.path.join(folder, e.name)] = _size(e.path)
+    return out
 
 
 class LocalProvider:

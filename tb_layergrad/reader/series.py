@@ -182,11 +182,15 @@ def _too_large(error: Exception) -> bool:
     return name == "RESOURCE_EXHAUSTED" or "RESOURCE_EXHAUSTED" in str(error)
 
 
+def _shape_fits(got: Sequence[int], shape: Sequence[Optional[int]]) -> bool:
+    return len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+
+
 def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Optional[int]]) -> bool:
     """Whether a version-2 record has the shape its metadata promises (None: any length there);
     one that does not (rows != len(layers)) is skipped with a warning rather than misread or fatal."""
     got = np.shape(datum.numpy)
-    ok = len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+    ok = _shape_fits(got, shape)
     if not ok:
         expected = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
         logger.warning(
@@ -201,8 +205,33 @@ def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Opt
     return ok
 
 
+def select_fitting(
+    data: Sequence[tb_provider.TensorDatum], tag: str, run: str, shape: Sequence[Optional[int]]
+) -> Points:
+    """`select` of the records that `fits`: each distinct shape checked once when every record holds an array (a
+    block is 65,536 records of one shape), else record by record (each misfit warned, as `fits` does)."""
+    arrays = [d.numpy for d in data]
+    if all(type(a) is np.ndarray for a in arrays) and all(_shape_fits(got, shape) for got in {a.shape for a in arrays}):
+        return select(data)
+    return select([d for d in data if fits(d, tag, run, shape)])
+
+
 def select(data: Sequence[tb_provider.TensorDatum], start: Optional[int] = None, end: Optional[int] = None) -> Points:
-    """Sort by step, keep the last record of a repeated step, keep [start, end]."""
+    """Sort by step, keep the last record of a repeated step, keep [start, end]. Records already in ascending
+    steps, each once (a block as written), are kept by position: no dictionary of every step."""
+    data = data if isinstance(data, (list, tuple)) else list(data)
+    steps = np.asarray([int(d.step) for d in data], dtype=np.int64)
+    if steps.size and bool(np.all(steps[1:] > steps[:-1])):
+        lo = 0 if start is None else int(np.searchsorted(steps, start, side="left"))
+        hi = steps.size if end is None else int(np.searchsorted(steps, end, side="right"))
+        if lo >= hi:
+            return EMPTY
+        kept = data[lo:hi]
+        return Points(
+            steps=steps[lo:hi].copy(),
+            wall_times=np.asarray([d.wall_time for d in kept], dtype=np.float64),
+            values=[np.asarray(d.numpy) for d in kept],
+        )
     by_step: Dict[int, tb_provider.TensorDatum] = {}
     for datum in data:
         step = int(datum.step)

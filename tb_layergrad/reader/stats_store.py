@@ -114,8 +114,7 @@ def group_rows(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run:
     """A version-2 stats tag as a table in STAT_FIELDS order: columns mapped by name (an unknown one
     ignored, a missing one NaN); a record whose shape is not [layers, fields] is skipped (warned)."""
     width = len(part.fields)
-    kept = [d for d in data if series.fits(d, part.tag, run, (part.rows, width))]
-    points = series.select(kept)
+    points = series.select_fitting(data, part.tag, run, (part.rows, width))
     if not len(points):
         return GroupRows(points.steps, points.wall_times, np.zeros([0, part.rows, len(series.STORED_STATS)]))
     raw = np.stack([np.asarray(v, dtype=np.float64) for v in points.values])
@@ -251,8 +250,7 @@ def block_points(
         at = data.last_of_each_step()
         table = np.asarray(data.values[at], dtype=np.float64)
         return GroupRows(data.steps[at].astype(np.int64), data.wall_times[at].astype(np.float64), table)
-    kept = [d for d in data if series.fits(d, part.tag, run, (part.rows, len(part.fields)))]
-    return series.select(kept)
+    return series.select_fitting(data, part.tag, run, (part.rows, len(part.fields)))
 
 
 _Key = Tuple[str, str, str]  # (experiment id, run, tag)
