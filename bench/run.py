@@ -94,9 +94,10 @@ FIT_LABELS = {
     "ours_every_10+activations": "`update_freq=10, activations=True`",
     "keras.TensorBoard(histogram_freq=1)": "`keras.callbacks.TensorBoard(histogram_freq=1)`",
 }
-# Sections the full run does not write and keeps, by heading (docs/PERFORMANCE.md): the GPU's, whose text names
-# `bench/gpu.py`, and the per-example norms' (where skipped), whose text names `bench/per_example.py`. Every other section kept names in its heading the date and command that measured it
-# (`dated`): the JAX fit (bench/jax_fit.py), the long runs (`--only-long-run`), a part this run skipped.
+# Sections a full run keeps where it does not write them, by heading (docs/PERFORMANCE.md): the GPU's, whose text
+# names `bench/gpu.py`, and the per-example norms' (skipped), whose text names `bench/per_example.py`. Every other
+# section kept names in its heading the date and command that measured it (`dated`, MEASURED): the JAX fit
+# (bench/jax_fit.py), the long runs (`--only-long-run`), a part this run skipped.
 KEPT_HEADINGS = ("### On a GPU", "### Per-example gradient norms")
 # A heading that names when and with what its figures were measured (`dated`, the --only-* sections, bench/*.py).
 MEASURED = re.compile(r"[(;] ?measured \d{4}-\d{2}-\d{2} with `[^`]+`")
@@ -140,7 +141,8 @@ def machine() -> str:
         "built and used" if fused_kernel.op() is not None else f"NOT available ({fused_kernel.unavailable_reason()})"
     )
     return (
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}; {instruction_set()}); Python {platform.python_version()}, "
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}; {instruction_set()}); "
+        f"Python {platform.python_version()}, "
         f"TensorFlow {tf.__version__}, Keras {keras.__version__}, TensorBoard {tensorboard.__version__}; "
         f"tb_layergrad's fused reduction kernel: {kernel}"
     )
