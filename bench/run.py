@@ -1,7 +1,12 @@
 """One command for every benchmark figure; prints a table and writes docs/PERFORMANCE.md.
 
-    python bench/run.py            # the full run (tens of minutes; quiet machine please)
-    python bench/run.py --smoke    # seconds: keeps the scripts working (CI runs this)
+    python bench/run.py            # everything (quiet machine please)
+    python bench/run.py --rounds 5 --skip-format --skip-sweep --skip-tab-sweep   # the training step and the tab;
+                                   # the skipped parts' dated sections are kept
+    python bench/run.py --smoke    # keeps the scripts working (CI: tests/test_bench_smoke.py)
+
+How long each part takes, and so which flags fit a time slot: docs/DESIGN.md, "Benchmark notes"; the page's
+header says what each part of its run took.
 
 Figures:
 - training-step overhead, plain step vs ours, MLP / CNN / LSTM, custom loop and
@@ -25,8 +30,10 @@ Figures:
   against its targets, and the kernel beside it (where it still wins); `--only-no-kernel` alone, its section only.
 - on a GPU: `bench/gpu.py` writes its own section (a full run here keeps it).
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
-per batch inside each call, the first batches (tracing) excluded. A full run rewrites --out, keeping the sections
-it does not measure (the JAX fit written by bench/jax_fit.py, the long run's, dated earlier records).
+per batch inside each call, the first batches (tracing) excluded. A full run rewrites --out: every section it
+measures names its date and command in its heading; of the old page it keeps only the sections it does not
+measure that say where their figures come from (`kept_sections`: the JAX fit by bench/jax_fit.py, the long runs,
+the GPU's, a skipped part's dated section), nothing else (no old header note, no section no command writes).
 """
 
 from __future__ import annotations
