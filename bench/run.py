@@ -1,7 +1,7 @@
 """One command for every benchmark figure; prints a table and writes docs/PERFORMANCE.md.
 
     python bench/run.py            # everything (quiet machine please)
-    python bench/run.py --rounds 5 --skip-format --skip-sweep --skip-tab-sweep   # the training step and the tab;
+    python bench/run.py --rounds 6 --skip-format --skip-sweep --skip-tab-sweep   # the training step and the tab;
                                    # the skipped parts' dated sections are kept
     python bench/run.py --smoke    # keeps the scripts working (CI: tests/test_bench_smoke.py)
 
