@@ -14,6 +14,7 @@ import random
 import statistics
 import tempfile
 import time
+from unittest import mock
 
 import jax
 import keras
@@ -54,7 +55,11 @@ def _cnn(width: int):
     return model
 
 
-def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir: str) -> dict:
+# The records reduced on the host by XLA's compiled definitions, as where the C++ loops are not built.
+XLA_ON_HOST = {"TB_LAYERGRAD_FUSED": "0"}
+
+
+def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir: str, with_xla: bool = False) -> dict:
     rng = np.random.RandomState(0)
     x = rng.rand(batch * steps, *shape).astype(np.float32)
     y = rng.randint(0, 10, batch * steps)
@@ -71,6 +76,13 @@ def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir
             [tb_layergrad.GradientLogger(os.path.join(logdir, name, "0"), weights=True, update_freq=10**9)],
         ),
     }
+    env = {v: {} for v in variants}
+    if with_xla:  # the same written steps, reduced by XLA on the host: an A/B of the two in this process
+        for label, freq in (("every step, XLA", 1), ("every 10th, XLA", 10)):
+            logger = tb_layergrad.GradientLogger(
+                os.path.join(logdir, name, f"xla{freq}"), weights=True, update_freq=freq
+            )
+            variants[label], env[label] = (build(), [logger]), XLA_ON_HOST
     ratios = {v: [] for v in variants if v != "plain"}
     plain_steps = []
     for _ in range(rounds + 1):  # the first round compiles
@@ -80,7 +92,8 @@ def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir
         for variant in order:
             model, callbacks = variants[variant]
             timer = _StepTimer()
-            model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, timer])
+            with mock.patch.dict(os.environ, env[variant]):
+                model.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, timer])
             seconds[variant] = timer.seconds / (steps - 1)
         for variant in ratios:
             ratios[variant].append(seconds[variant] / seconds["plain"])
@@ -96,6 +109,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: that it runs")
     parser.add_argument("--only", choices=["mlp", "cnn"], help="one model")
+    parser.add_argument("--with-xla", action="store_true", help="also the written steps reduced by XLA on the host")
     args = parser.parse_args()
     small = args.smoke
     with tempfile.TemporaryDirectory() as logdir:
@@ -109,10 +123,11 @@ def main() -> None:
         print("|---|---|---|---|---|")
         for name, build, shape, batch in [c for c in cases if args.only in (None, c[0])]:
             steps, rounds = (5, 1) if small else (args.steps, args.rounds)
-            r = measure(name, build, shape, batch, steps, rounds, logdir)
+            r = measure(name, build, shape, batch, steps, rounds, logdir, args.with_xla)
+            xla = f" (XLA: {r['every step, XLA']:.2f}x / {r['every 10th, XLA']:.2f}x)" if args.with_xla else ""
             print(
                 f"| {name} | {r['plain step (ms)']:.1f} | {r['every step']:.2f}x | {r['every 10th step']:.2f}x "
-                f"| {r['not written']:.2f}x |"
+                f"| {r['not written']:.2f}x |{xla}"
             )
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 

@@ -281,7 +281,7 @@ def live(
                     errors.append(f"{route}: {code}")
                 if route == "runs" and code == 200:
                     top = max(r["max_step"] or 0 for r in json.loads(body)["runs"])
-                    seen = [written[s] for s in written if s <= top]
+                    seen = [t for s, t in written.copy().items() if s <= top]  # the writer adds to it meanwhile
                     if seen:
                         fresh.append(time.perf_counter() - max(seen))
 
@@ -382,9 +382,10 @@ def table(
         "|---|---|---|---|---|",
     ]
     for name, r in results.items():
+        # A data server that holds none of the run reads a hair under its empty-logdir baseline: 0, not "-0".
         lines.append(
             f"| {name} | {r['load_s']:.1f} s | {r['rss_per_byte']:.1f} ({_met(r['rss_per_byte'] <= RSS_PER_BYTE_TARGET)}) "
-            f"| {r['server_mb']:.0f} MB | {r['python_mb']:.0f} MB (once loaded: {r['python_loaded_mb']:.0f} MB) |"
+            f"| {max(r['server_mb'], 0.0):.0f} MB | {r['python_mb']:.0f} MB (once loaded: {r['python_loaded_mb']:.0f} MB) |"
         )
     live = {name: r["live"] for name, r in results.items() if "live" in r}
     if live:

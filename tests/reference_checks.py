@@ -1,34 +1,64 @@
 """The reductions' numbers checked against an exact reference: float64, overflow-safe (scaled by a power of two)
 and exactly rounded sums (`math.fsum`), with bounds derived from the dtype and the reduction length
 (tests/tolerances.py). Used by the tests of every path that computes them: TensorFlow's ops, the fused
-kernel, the summary ops and the plugin's answers."""
+kernel, its TensorFlow-free host build, the summary ops and the plugin's answers. It takes TensorFlow tensors or
+numpy arrays, and needs TensorFlow only for the former (the host build's tests run where it is not installed)."""
 
 from __future__ import annotations
 
 import math
-from typing import Dict
+from typing import Any, Dict
 
 import numpy as np
-import tensorflow as tf
 from tolerances import TWO_SIDES, gamma, unit_roundoff
 
 from tb_layergrad import metadata
-from tb_layergrad.statistics import reductions
 
 # The smallest normal number of the compute dtype: TensorFlow flushes anything smaller to zero.
-TINY = {tf.float32: float(np.finfo(np.float32).tiny), tf.float64: float(np.finfo(np.float64).tiny)}
+TINY = {np.float32: float(np.finfo(np.float32).tiny), np.float64: float(np.finfo(np.float64).tiny)}
 # A moment whose true value is subnormal in float64 may be written as 0 (flushed, like its inputs).
 FLUSH = float(np.finfo(np.float64).tiny)
 
 
-def _held_values(x: tf.Tensor) -> np.ndarray:
+def _numpy(x: Any) -> np.ndarray:
+    """A TensorFlow tensor's values (its numpy dtype kept), or a numpy array as it is."""
+    return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+
+def compute_dtype(x: Any) -> type:
+    """The reductions' compute dtype (statistics/reductions.compute_dtype): float64 for float64, integer and
+    boolean data, float32 for the other floats."""
+    dt = _numpy(x).dtype
+    return np.float64 if dt == np.float64 or dt.kind in "biu" else np.float32
+
+
+def held_values(x: Any) -> np.ndarray:
     """The values as the reductions see them: in the compute dtype, subnormals flushed to zero."""
-    cdt = reductions.compute_dtype(x.dtype)
-    v = np.asarray(tf.cast(x, tf.float64).numpy(), np.float64).reshape(-1).copy()
-    if cdt == tf.float32:
+    cdt = compute_dtype(x)
+    v = _numpy(x).astype(np.float64).reshape(-1)
+    if cdt == np.float32:
         v = v.astype(np.float32).astype(np.float64)  # exact: every input dtype fits in float32
     v[np.isfinite(v) & (np.abs(v) < TINY[cdt])] = 0.0
     return v
+
+
+def edge_counts(x: Any, buckets: int) -> np.ndarray:
+    """int64 [buckets]: the finite held values counted against the written edges (`metadata.histogram_edges`),
+    [left_i, left_i+1), the last closed: the counts of a path that buckets exactly.
+
+    The edges are taken on min / s and max / s (s a power of two, so the same edges wherever max - min fits
+    float64) and scaled back, as the reductions' general path does, so that float64 data near its largest
+    values have finite edges too."""
+    fin = held_values(x)
+    fin = fin[np.isfinite(fin)]
+    if not fin.size:
+        return np.zeros(buckets, np.int64)
+    s = _pow2_at_most(float(np.abs(fin).max()))
+    left, _ = metadata.histogram_edges(float(fin.min()) / s, float(fin.max()) / s, buckets)
+    left = np.asarray(left) * s
+    left[0] = fin.min()
+    index = np.searchsorted(left, fin, side="right") - 1
+    return np.bincount(np.clip(index, 0, buckets - 1), minlength=buckets)
 
 
 def _pow2_at_most(m: float) -> float:
@@ -64,11 +94,11 @@ def reference(v: np.ndarray) -> Dict[str, float]:
     return out
 
 
-def check_stats(stats: np.ndarray, x: tf.Tensor, where: str) -> None:
-    v = _held_values(x)
+def check_stats(stats: np.ndarray, x: Any, where: str) -> None:
+    v = held_values(x)
     want = reference(v)
     got = {name: float(stats[i]) for i, name in enumerate(metadata.STAT_FIELDS)}
-    msg = f"{where}: dtype {x.dtype.name}, {v.size} elements, got {got}, want {want}"
+    msg = f"{where}: dtype {_numpy(x).dtype.name}, {v.size} elements, got {got}, want {want}"
     assert stats.shape == (len(metadata.STAT_FIELDS),), msg
     for name in ("elements", "nan", "pos_inf", "neg_inf", "zeros", "no_gradient"):
         assert got[name] == want[name], f"{name} -- {msg}"
@@ -81,7 +111,7 @@ def check_stats(stats: np.ndarray, x: tf.Tensor, where: str) -> None:
             assert math.isnan(got[name]), f"{name} -- {msg}"
         assert got["norm"] == 0.0, msg
         return
-    cdt = np.float64 if reductions.compute_dtype(x.dtype) == tf.float64 else np.float32
+    cdt = compute_dtype(x)
     # An n-term sum in the compute dtype, any order (the kernel's float32 blocks and float64 across
     # are within it; tests/tolerances.py): n - 1 roundings, the division 1 more, relative to the
     # sum of |terms|; the norm's squares 1 more and its sqrt halves the sum's. The reference (fsum,
@@ -113,10 +143,10 @@ def check_stats(stats: np.ndarray, x: tf.Tensor, where: str) -> None:
     )
 
 
-def check_histogram(hist: np.ndarray, x: tf.Tensor, buckets: int, where: str) -> None:
-    v = _held_values(x)
+def check_histogram(hist: np.ndarray, x: Any, buckets: int, where: str) -> None:
+    v = held_values(x)
     fin = v[np.isfinite(v)]
-    msg = f"{where}: dtype {x.dtype.name}, {v.size} elements, {buckets} buckets\n{hist}"
+    msg = f"{where}: dtype {_numpy(x).dtype.name}, {v.size} elements, {buckets} buckets\n{hist}"
     assert hist.shape == (buckets, 3), msg
     assert np.all(np.isfinite(hist)), msg
     counts = hist[:, 2]
@@ -139,7 +169,7 @@ def check_histogram(hist: np.ndarray, x: tf.Tensor, buckets: int, where: str) ->
     # An element within the compute dtype's rounding of an interior edge may land on either side:
     # x - lo, hi - lo, / k and the quotient round 4 times, on magnitudes <= 2 max|x| (|x - lo| <=
     # hi - lo <= 2 max|x|), for either of the two edges compared (TWO_SIDES).
-    cdt = np.float64 if reductions.compute_dtype(x.dtype) == tf.float64 else np.float32
+    cdt = compute_dtype(x)
     slack = TWO_SIDES * gamma(4, cdt) * 2 * max(abs(fin.min()), abs(fin.max()))
     with np.errstate(over="ignore"):
         near = sum(int(np.sum(np.abs(fin - e) <= slack)) for e in left[1:])

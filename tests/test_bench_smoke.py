@@ -225,3 +225,15 @@ def test_gpu_bench_smoke(tmp_path):
     assert "### Old figures" in lines and "kept" in lines
     (row,) = [line for line in lines if line.startswith("| mlp |")]
     assert "(within)" in row and "runs equal, equal without" in row
+
+
+@pytest.mark.slow
+def test_reduction_pieces_smoke():
+    """`bench/reduction_pieces.py --smoke` (one round of the MLP): a row per piece, each a time per element."""
+    command = [sys.executable, os.path.join(ROOT, "bench", "reduction_pieces.py"), "--smoke"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line.strip("|").split("|") for line in proc.stdout.splitlines() if line.startswith("| ")]
+    pieces = {cells[0].strip(): cells[1:] for cells in rows if not cells[0].strip().startswith("piece")}
+    assert {"statistics.reductions (as the step, counts only)", "histogram_fixed_width"} <= set(pieces), pieces
+    assert all(float(cells[0]) > 0 for cells in pieces.values()), pieces

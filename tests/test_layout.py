@@ -24,7 +24,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "nonfinite_origin": set(),  # the rule of where a NaN was born: pure Python, asked by writers and readers alike
     "capturing": {"metadata", "nonfinite_origin"},
     "statistics": {"metadata"},
-    "kernel": set(),
+    "kernel": {"metadata"},  # host_records' rows are metadata.STAT_FIELDS
     "distribute": {"metadata", "capturing", "statistics"},
     "summary": {"metadata", "capturing", "statistics", "kernel", "distribute"},
     "keras": {
@@ -42,7 +42,8 @@ ALLOWED: Dict[str, Set[str]] = {
     "backend": set(),  # names each backend's room as a string: imported when `GradientLogger` is first read
     "writer": {"metadata"},
     "logger_arguments": set(),
-    "jax": {"metadata", "nonfinite_origin", "logger_arguments", "capturing", "statistics", "writer"},
+    # kernel: host_records only (the fused loops without TensorFlow, for the host callback)
+    "jax": {"metadata", "nonfinite_origin", "logger_arguments", "capturing", "statistics", "kernel", "writer"},
     "cli": {
         "__init__",
         "metadata",

@@ -126,7 +126,13 @@ def left_edges(lo: jax.Array, hi: jax.Array, k: int, scale: jax.Array) -> jax.Ar
     s = scale.astype(jnp.float64)
     lo64, hi64 = lo.astype(jnp.float64), hi.astype(jnp.float64)
     i = jnp.arange(k, dtype=jnp.float64)
-    left = (lo64 / s + i * ((hi64 / s - lo64 / s) / k)) * s
+    offset = i * ((hi64 / s - lo64 / s) / k)
+    # Every writer rounds the product, then the sum. XLA's code generators fuse a product and the sum it feeds into
+    # one multiply-add (one rounding), which moves an edge by a hair: for min = -max the middle edge misses 0.0,
+    # and the elements that are 0.0 change bucket. A select between the two is not fused (and, NaN for NaN, is
+    # the product itself); an optimization barrier or a precision round trip is simplified away.
+    offset = jnp.where(jnp.isnan(offset), jnp.nan, offset)
+    left = (lo64 / s + offset) * s
     return jnp.where(i > 0, left, lo64)
 
 

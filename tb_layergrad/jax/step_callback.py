@@ -9,7 +9,8 @@ branch: XLA allocates the scratch memory of both branches at every run of the st
 passes glibc's largest mmap threshold (32 MB) every step maps it afresh and pays a page fault per page it
 touches (docs/DESIGN.md, "The cost of a step that is not written on JAX"). The branch holds the callback only
 (and what needs the step's own trace: per-example rows, the targets' passes); the statistics and histogram are
-computed in the callback by `reductions`, compiled on their own, on the very values the step computed. That is
+computed in the callback (`host_records`: the fused kernel's C++ loops, or `reductions` compiled on their own),
+on the very values the step computed. That is
 the CPU's case only (`reduced_on_device`): on an accelerator the tensors would have to be copied to the host
 first, and its allocator does not map memory per run, so there the records are reduced in the branch and only
 they travel.
@@ -18,7 +19,7 @@ they travel.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ import numpy as np
 
 from tb_layergrad import metadata
 from tb_layergrad.jax import example_norms, reductions
+from tb_layergrad.kernel import host_records as kernel_host_records
 from tb_layergrad.writer.step_records import GroupStep
 
 BUCKETS = 30
@@ -33,6 +35,21 @@ BUCKETS = 30
 _records = jax.jit(lambda tensors: reductions.records(tensors, BUCKETS))
 # Where the callback reduces (CPU steps): the tensors it is handed are on the host already.
 _HOST = jax.devices("cpu")[0]
+
+
+def host_records(arrays: Sequence[Any]) -> Tuple[np.ndarray, np.ndarray]:
+    """(stats [T, NUM_STATS], counts [T, BUCKETS]) of the tensors a CPU step handed its callback.
+
+    The one place that decides what reduces them on the host: the fused kernel's C++ loops
+    (`kernel.host_records`) where they are built here, about a tenth of the time per element of the same
+    definitions under XLA's CPU code (docs/DESIGN.md, "The cost of a written step on JAX"); elsewhere (no
+    compiler, not Linux x86-64, `TB_LAYERGRAD_FUSED=0`) `reductions` compiled on its own, on the host device.
+    """
+    done = kernel_host_records.records([np.asarray(a) for a in arrays], BUCKETS)
+    if done is not None:
+        return done
+    with jax.enable_x64(True), jax.default_device(_HOST):
+        return tuple(jax.device_get(_records(list(arrays))))
 
 
 def reduced_on_device() -> bool:
@@ -119,11 +136,7 @@ def emit(
                 raws = len(g.tensors) if g.max_elements > 0 else 0
                 handed, raw = arrays[at : at + n], arrays[at + n : at + n + raws]
                 at += n + raws
-                if on_device:
-                    stats, counts = handed
-                else:
-                    with jax.enable_x64(True), jax.default_device(_HOST):
-                        stats, counts = jax.device_get(_records(list(handed)))
+                stats, counts = handed if on_device else host_records(handed)
                 table = None
                 if statuses is not None:
                     squares = None

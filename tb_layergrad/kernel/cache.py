@@ -1,10 +1,12 @@
-"""Where the fused kernel is built, with what, and which cached builds may be loaded.
+"""Where the C++ builds are made, with what, and which cached builds may be loaded.
 
 Kept apart from `tb_layergrad.kernel`'s loader and free of TensorFlow so that the tests'
 conftest and other tools can ask "can the kernel be built here?" cheaply, and
 free of POSIX-only modules so that the package imports on every OS
 TensorFlow ships for.
 
+- Two builds use it: TensorFlow's fused kernel (`fused`) and the TensorFlow-free records of JAX's host
+  callback (`host_records`); `build` compiles either once into the cache.
 - The kernel is built and tested on Linux x86-64 only; elsewhere TensorFlow's
   ops compute the same records (`supported_platform`).
 - A build that failed is remembered in a marker file keyed by the build (sources,
@@ -18,18 +20,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import logging
 import os
 import platform
 import shutil
 import stat
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
+
+log = logging.getLogger("tb_layergrad")
 
 ENV_CACHE = "TB_LAYERGRAD_CACHE"
 # Named in the message of a remembered failure: it builds again, ignoring the marker.
 RETRY_COMMAND = "python -m tb_layergrad.kernel"
+BUILD_TIMEOUT_S = 600
 # Where the missing-requirement reasons start (the tests' skip reasons; .ci/run looks for them).
 MISSING = "missing here:"
 
@@ -59,6 +68,60 @@ def find_compiler() -> Optional[str]:
         if found:
             return found
     return None
+
+
+def cpu_flags() -> str:
+    """The CPU's feature flags: the build uses -march=native, so a cached library is per CPU kind."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+@functools.lru_cache(maxsize=None)
+def target_flags(compiler: str) -> Tuple[str, ...]:
+    """-march=native, without the AVX512-FP16 extension where the compiler would turn it on.
+
+    Why: on a CPU with AVX512-FP16 (e.g. Sapphire Rapids), -march=native makes
+    TensorFlow's bundled Eigen include its half-precision AVX512 packet code,
+    which GCC does not compile. Neither build does half-precision arithmetic (each
+    widens 16-bit data to float32), so the extension is not needed. Asked of the
+    compiler's own predefined macros, not of the CPU's name.
+    """
+    try:
+        macros = subprocess.run(
+            [compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        macros = ""
+    return ("-march=native", "-mno-avx512fp16") if "__AVX512FP16__" in macros else ("-march=native",)
+
+
+def compiler_or_raise(compiler: Optional[str] = None) -> str:
+    """`compiler`, else `find_compiler()`; RuntimeError when there is none."""
+    compiler = compiler or find_compiler()
+    if compiler is None:
+        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+    return compiler
+
+
+def library_path(name: str, inputs: Sequence[Union[bytes, str]], command: List[str], compiler: str) -> Path:
+    """Where the build `name` of these `inputs` (its sources' bytes, what else it is built against) by `command`
+    lives: keyed by them, the compiler's version and the CPU kind (`-march=native`), so a change of any of them
+    is a build of its own."""
+    key = hashlib.sha256()
+    for part in (*inputs, " ".join(command), compiler_identity(compiler), cpu_flags(), sys.platform):
+        key.update(part if isinstance(part, bytes) else part.encode())
+        key.update(b"\0")
+    return cache_dir() / f"{name}-{key.hexdigest()[:20]}.so"
 
 
 def unavailable_reason() -> Optional[str]:
@@ -147,3 +210,57 @@ def build_lock(path: Path, timeout: float) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(path), timeout=timeout):
         yield
+
+
+def loadable(target: Path, warn: bool = True) -> bool:
+    """Whether a cached build exists and may be loaded (see `refusal`)."""
+    if not target.exists():
+        return False
+    problem = refusal(target)
+    if problem and warn:
+        log.warning("tb_layergrad: not loading the cached kernel %s: %s; building it again", target, problem)
+    return problem is None
+
+
+def build(target: Path, command: Callable[[Path], List[str]], what: str, announce: str, retry: bool = False) -> Path:
+    """`target`, compiled by `command(output)` unless it is cached; raises RuntimeError on failure.
+
+    One build at a time across processes; the library appears at once (renamed into place), private to this
+    user. A failed build is remembered (`failure_marker`) and raised again without compiling, unless `retry`.
+    `what`: the sources and compiler, for the failure's message; `announce`: what is compiled, for the log.
+    """
+    if loadable(target):
+        return target
+    failed = None if retry else remembered_failure(target)
+    if failed:
+        raise RuntimeError(failed)
+    with build_lock(target.with_suffix(".lock"), timeout=BUILD_TIMEOUT_S + 60):
+        if loadable(target, warn=False):  # built by another process while this one waited
+            return target
+        failed = None if retry else remembered_failure(target)  # or failed there
+        if failed:
+            raise RuntimeError(failed)
+        log.warning("tb_layergrad: compiling %s into %s", announce, target.parent)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            partial = Path(tmp) / target.name
+            _compile(command(partial), what, target)
+            make_private(partial)
+            os.replace(partial, target)  # atomic: a reader sees no half-written library
+        forget_failure(target)
+        log.info("tb_layergrad: %s built in %.1f s", target.name, time.perf_counter() - started)
+    return target
+
+
+def _compile(command: List[str], what: str, target: Path) -> None:
+    """Runs the compiler; on failure remembers it for `target` and raises RuntimeError."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        message = f"compiling {what} failed: no result after {BUILD_TIMEOUT_S} s"
+    else:
+        if done.returncode == 0:
+            return
+        message = f"compiling {what} failed ({done.returncode}):\n{done.stderr[-4000:]}"
+    remember_failure(target, message)
+    raise RuntimeError(f"{message}\n(later processes do not compile again; {retry_hint(target)})")

@@ -27,16 +27,11 @@ holds. Both raise RuntimeError where the kernel is not available (`unavailable_r
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
 import logging
 import os
-import platform
 import subprocess
-import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -47,7 +42,8 @@ from tb_layergrad.kernel import cache
 log = logging.getLogger("tb_layergrad")
 
 KERNELS = Path(__file__).with_name("src")
-SOURCES = tuple(sorted(KERNELS.glob("*.cc")))
+# The TensorFlow ops' sources (host_records.cc is the TensorFlow-free build's: `host_records`).
+SOURCES = tuple(sorted(f for f in KERNELS.glob("*.cc") if f.name != "host_records.cc"))
 HEADERS = tuple(sorted(KERNELS.glob("*.h")))
 OP_NAME = "TbLayergradHistogramsAndStats"
 WRITE_OP_NAME = "TbLayergradWriteHistogramsAndStats"
@@ -55,45 +51,9 @@ WRITE_OP_NAME = "TbLayergradWriteHistogramsAndStats"
 DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 ENV_SWITCH = "TB_LAYERGRAD_FUSED"
 ENV_CACHE = cache.ENV_CACHE
-_BUILD_TIMEOUT_S = 600
 
 _lock = threading.Lock()
 _state: dict = {}  # "module": the loaded library or None once decided; "error": why not
-
-
-def _cpu_flags() -> str:
-    """The CPU's feature flags: the build uses -march=native, so a cached library is per CPU kind."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-@functools.lru_cache(maxsize=None)
-def _target_flags(compiler: str) -> Tuple[str, ...]:
-    """-march=native, without the AVX512-FP16 extension where the compiler would turn it on.
-
-    Why: on a CPU with AVX512-FP16 (e.g. Sapphire Rapids), -march=native makes
-    TensorFlow's bundled Eigen include its half-precision AVX512 packet code,
-    which GCC does not compile. The kernel does no half-precision arithmetic (it
-    widens 16-bit data to float32), so the extension is not needed. Asked of the
-    compiler's own predefined macros, not of the CPU's name.
-    """
-    try:
-        macros = subprocess.run(
-            [compiler, "-march=native", "-dM", "-E", "-x", "c++", os.devnull],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        macros = ""
-    return ("-march=native", "-mno-avx512fp16") if "__AVX512FP16__" in macros else ("-march=native",)
 
 
 def _build_command(compiler: str, output: Path) -> List[str]:
@@ -102,7 +62,7 @@ def _build_command(compiler: str, output: Path) -> List[str]:
         "-shared",
         "-fPIC",
         "-O3",
-        *_target_flags(compiler),
+        *cache.target_flags(compiler),
         "-ffp-contract=off",
         "-fopenmp-simd",
         "-w",
@@ -116,29 +76,8 @@ def _build_command(compiler: str, output: Path) -> List[str]:
 
 def library_path(compiler: str) -> Path:
     """Where the build for this source, command (compiler, flags, TensorFlow), compiler version and CPU lives."""
-    key = hashlib.sha256()
-    parts = (
-        *(f.read_bytes() for f in SOURCES + HEADERS),
-        tf.__version__,
-        " ".join(_build_command(compiler, Path("out"))),
-        cache.compiler_identity(compiler),
-        _cpu_flags(),
-        sys.platform,
-    )
-    for part in parts:
-        key.update(part if isinstance(part, bytes) else part.encode())
-        key.update(b"\0")
-    return cache.cache_dir() / f"histograms_and_stats-{key.hexdigest()[:20]}.so"
-
-
-def _loadable(target: Path, warn: bool = True) -> bool:
-    """Whether a cached build exists and may be loaded (see `cache.refusal`)."""
-    if not target.exists():
-        return False
-    problem = cache.refusal(target)
-    if problem and warn:
-        log.warning("tb_layergrad: not loading the cached kernel %s: %s; building it again", target, problem)
-    return problem is None
+    inputs = (*(f.read_bytes() for f in SOURCES + HEADERS), tf.__version__)
+    return cache.library_path("histograms_and_stats", inputs, _build_command(compiler, Path("out")), compiler)
 
 
 def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
@@ -147,50 +86,14 @@ def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
     A failed build is remembered (`cache.failure_marker`) and raised again
     without compiling, unless `retry`.
     """
-    compiler = compiler or cache.find_compiler()
-    if compiler is None:
-        raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
-    target = library_path(compiler)
-    if _loadable(target):
-        return target
-    failed = None if retry else cache.remembered_failure(target)
-    if failed:
-        raise RuntimeError(failed)
-    with cache.build_lock(target.with_suffix(".lock"), timeout=_BUILD_TIMEOUT_S + 60):
-        if _loadable(target, warn=False):  # built by another process while this one waited
-            return target
-        failed = None if retry else cache.remembered_failure(target)  # or failed there
-        if failed:
-            raise RuntimeError(failed)
-        log.warning(
-            "tb_layergrad: compiling its fused reduction kernel for this TensorFlow (once, ~30 s) into %s",
-            target.parent,
-        )
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            partial = Path(tmp) / target.name
-            _compile(compiler, partial, target)
-            cache.make_private(partial)
-            os.replace(partial, target)  # atomic: a reader sees no half-written library
-        cache.forget_failure(target)
-        log.info("tb_layergrad: fused kernel built in %.1f s", time.perf_counter() - started)
-    return target
-
-
-def _compile(compiler: str, output: Path, target: Path) -> None:
-    """Runs the compiler; on failure remembers it for `target` and raises RuntimeError."""
-    try:
-        done = subprocess.run(
-            _build_command(compiler, output), capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired:
-        message = f"compiling {KERNELS.name}/*.cc with {compiler} failed: no result after {_BUILD_TIMEOUT_S} s"
-    else:
-        if done.returncode == 0:
-            return
-        message = f"compiling {KERNELS.name}/*.cc with {compiler} failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    cache.remember_failure(target, message)
-    raise RuntimeError(f"{message}\n(later processes do not compile again; {cache.retry_hint(target)})")
+    compiler = cache.compiler_or_raise(compiler)
+    return cache.build(
+        library_path(compiler),
+        lambda output: _build_command(compiler, output),
+        what=f"{KERNELS.name}/*.cc with {compiler}",
+        announce="its fused reduction kernel for this TensorFlow (once, ~30 s)",
+        retry=retry,
+    )
 
 
 def _switched_off() -> bool:

@@ -35,6 +35,15 @@ def int_list(steps: np.ndarray) -> list:
 def stats_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
     """Every statistic of one layer per step; binned to `q.points` when the range holds more steps."""
     s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_STATS)
+
+    def compute() -> dict:
+        return _stats_body(reading, eid, q, s, src)
+
+    # Once per change of the layer's series, whoever asks (`AnswerCache`): the body is of its records alone.
+    return reading.answers.answer((eid, "stats", q), src.rc.signature, compute)
+
+
+def _stats_body(reading: Reading, eid: str, q: LayerQuery, s: catalog.Series, src: RunSource) -> dict:
     rows = src.stats([s], q.start, q.end)[s.key]
     head = {**q.head(), "index": s.info.index, "dtype": s.info.dtype}
     if binned.needed(q.points, rows.steps):

@@ -43,7 +43,7 @@ class Reading:
         self.stats = StatsStore(data_provider)
         self.blocks = BlockCache()
         self.health = run_health.HealthCache()  # the `sweep` route's rows, per run while it is unchanged
-        self.answers = AnswerCache()  # the `anomalies` and `matrix` routes' bodies, per run while it is unchanged
+        self.answers = AnswerCache()  # the `anomalies`, `matrix`, `stats` bodies, while their series are unchanged
         self.folds = RuleFold()  # the rules of each run, extended by its new steps
         self.bins = BinPyramids()  # the binned matrix's bins of each run, appended to by its new steps
         self.noise_ends = noise_scale.EndCache()
@@ -135,8 +135,8 @@ class AnswerCache:
     """A route's answers by (experiment, query), kept while the run's listing is the same (`RunCatalog.signature`);
     thread-safe.
 
-    Why: the anomaly rules (and the binned matrix) take every step of the run, and 16 readers of a run being
-    written would each compute them again on the same cores, for the same new steps. So an answer is computed once per change of
+    Why: the anomaly rules (and the binned matrix, and a layer's binned statistics) take every step of the run, and
+    16 readers of a run being written would each compute them again on the same cores, for the same new steps. So an answer is computed once per change of
     the run, and a request that finds it being computed answers the one kept, as of an earlier step (as
     `HealthCache.row` does), or with none kept (the run's first read, seconds on a long run) waits for that
     computation's answer rather than computing it again beside it; requests one after another still see every

@@ -8,11 +8,13 @@ loaders read them: TFRecord framing (length, its masked CRC32C, payload, its mas
 file, and says for each damaged one which run, which file, and up to which step it was read.
 
 The check is incremental: each file keeps how far it was verified, so a run being written costs the
-bytes appended since the last scan, never the whole file again. Checksums are computed in C by
-google-crc32c, one call per record (a dependency: the checksums were most of a walk, and its C code uses
+bytes appended since the last scan, never the whole file again. The payloads' checksums are computed in C
+by google-crc32c, one call per record (a dependency: the checksums were most of a walk, and its C code uses
 the CPU's CRC instruction where there is one); without its C extension, for many records at once with
 numpy (CRC is linear: a byte's contribution depends only on its value and on how many bytes follow it,
-`_CONTRIBUTIONS`), never TensorBoard's own pure-Python CRC, which would take minutes on a large run.
+`_CONTRIBUTIONS`), never TensorBoard's own pure-Python CRC, which would take minutes on a large run. The
+lengths' checksums, eight bytes each, are numpy's for every record of a chunk at once (a call per record
+cost more than the bytes).
 Only local paths are checked: a `gs://` logdir is read by TensorBoard through
 TensorFlow's file systems, which the reader does not import (`Scanner.checked` is False, and `scan` finds nothing).
 
@@ -122,8 +124,10 @@ def masked_crc32c_each(buf: bytes, starts: Sequence[int], lengths: Sequence[int]
     """The masked CRC-32C of `buf[s : s + n]` for each `s` of `starts` and `n` of `lengths` (uint32): one call of
     C code per record (`_C_VALUE`), else `masked_crc32c_many` for the records of each length at once."""
     if _C_VALUE is not None:
-        value = _C_VALUE
-        crc = np.fromiter((value(buf[s : s + n]) for s, n in zip(starts, lengths)), np.uint32, len(starts))
+        starts = np.asarray(starts, np.int64)
+        ends = (starts + np.asarray(lengths, np.int64)).tolist()
+        # The records' bytes sliced and checked from C iterators: no Python frame per record.
+        crc = np.fromiter(map(_C_VALUE, map(buf.__getitem__, map(slice, starts.tolist(), ends))), np.uint32, len(ends))
         return _masked(crc)
     data = np.frombuffer(buf, np.uint8)
     starts_a = np.asarray(starts, np.int64)
@@ -413,13 +417,14 @@ def read_new_records(path: str, state: FileState) -> Iterator[Tuple[int, memoryv
     call reads what was appended since (an index kept as a file grows, `record_index`)."""
     for start, buf, good in read_new_chunks(path, state):
         view = memoryview(buf)
-        for at, length in good:
+        for at, length in zip(good[0].tolist(), good[1].tolist()):
             yield start + at, view[at : at + length]
 
 
-def read_new_chunks(path: str, state: FileState) -> Iterator[Tuple[int, bytes, List[Tuple[int, int]]]]:
-    """`read_new_records` a chunk at a time: (offset in the file of `buf`, `buf`, (start, length) in `buf` of the
-    payload of each record of it that `read_new_records` yields), for a reader of many records at once."""
+def read_new_chunks(path: str, state: FileState) -> Iterator[Tuple[int, bytes, Tuple[np.ndarray, np.ndarray]]]:
+    """`read_new_records` a chunk at a time: (offset in the file of `buf`, `buf`, (starts, lengths): int64 arrays
+    of where in `buf` the payload of each record of it that `read_new_records` yields starts, and its length),
+    for a reader of many records at once."""
     with open(path, "rb") as fh:
         st = os.fstat(fh.fileno())
         state.size, state.mtime = st.st_size, st.st_mtime  # as `Scanner` takes them: it may go on from `state`
@@ -428,81 +433,85 @@ def read_new_chunks(path: str, state: FileState) -> Iterator[Tuple[int, bytes, L
             fh.seek(state.offset)
             start = state.offset
             buf = fh.read(max(CHUNK_BYTES, _needed(fh, state)))
-            good: List[Tuple[int, int]] = []
+            good: List[np.ndarray] = []
             if not buf or _verify(buf, state, good, known - start) == 0:
                 break
             _mark_verified(key, state.offset)
-            yield start, buf, good
+            yield start, buf, (good[0], good[1])
 
 
-def _verify(buf: bytes, state: FileState, good: Optional[List[Tuple[int, int]]] = None, known: int = 0) -> int:
+_LENGTH = struct.Struct("<Q")
+
+
+def _frame(buf: bytes) -> Tuple[List[int], int, bool]:
+    """(where each whole record of `buf` starts, from its start; where the header of a record that is not whole
+    starts, -1 if none; whether bytes that are no whole record end `buf`). TFRecord framing is read record by
+    record (each length says where the next record is), the one loop in Python per record of a walk."""
+    heads: List[int] = []
+    add = heads.append
+    unpack = _LENGTH.unpack_from
+    pos, end = 0, len(buf)
+    while end - pos >= _HEADER:
+        (length,) = unpack(buf, pos)
+        after = pos + _HEADER + length + _FOOTER
+        if after > end:
+            return heads, pos, True
+        add(pos)
+        pos = after
+    return heads, -1, pos < end
+
+
+def _verify(buf: bytes, state: FileState, good: Optional[List[np.ndarray]] = None, known: int = 0) -> int:
     """Verify the whole records at the start of `buf` (read at `state.offset`); returns the bytes accepted.
-    `good`: (start, length) in `buf` of each accepted record's payload is appended to it. `known`: the first
-    bytes of `buf` verified before in this read (`checked_once`): the records within them are framed, not
-    checked again."""
-    starts: List[int] = []
-    lengths: List[int] = []
-    pos = 0
-    state.partial = False
-    end = len(buf)
-    last_header = -1  # a whole header after the last whole record (its record is not whole)
-    while pos < end:
-        if end - pos < _HEADER:
-            state.partial = True
-            break
-        (length,) = struct.unpack_from("<Q", buf, pos)
-        if end - pos < _HEADER + length + _FOOTER:
-            state.partial = True
-            last_header = pos
-            break
-        starts.append(pos + _HEADER)
-        lengths.append(length)
-        pos += _HEADER + length + _FOOTER
-    # The lengths' checksums, all at once: the first that does not match is where the file's records end (the
-    # lengths after it, read from bytes that are no header, were followed no further than the buffer).
-    heads = [s - _HEADER for s in starts] + ([last_header] if last_header >= 0 else [])
-    if heads:
-        data = np.frombuffer(buf, np.uint8)
-        at = np.asarray(heads, np.int64)
-        new = np.flatnonzero(at + _HEADER > known)  # the lengths not verified before
-        at = at[new]
-        want = data[(at + 8)[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
-        bad = new[np.flatnonzero(masked_crc32c_each(buf, at.tolist(), [8] * at.size) != want)]
+    `good`: the int64 arrays of the start and the length in `buf` of each accepted record's payload are appended
+    to it. `known`: the first bytes of `buf` verified before in this read (`checked_once`): the records within
+    them are framed, not checked again."""
+    heads, last_header, state.partial = _frame(buf)
+    data = np.frombuffer(buf, np.uint8)
+    at = np.asarray(heads, np.int64)
+    lengths = data[at[:, None] + np.arange(8)].copy().view("<u8").reshape(-1).astype(np.int64)
+    # The lengths' checksums, all at once (numpy: eight bytes each, one call for all): the first that does not
+    # match is where the file's records end (the lengths after it, read from bytes that are no header, were
+    # followed no further than the buffer).
+    checked = np.append(at, last_header) if last_header >= 0 else at
+    new = np.flatnonzero(checked + _HEADER > known)  # the lengths not verified before
+    if new.size:
+        want = data[(checked[new] + 8)[:, None] + np.arange(4)].copy().view("<u4").reshape(-1)
+        bad = new[np.flatnonzero(masked_crc32c_many(data, checked[new], 8) != want)]
         if bad.size:
             first = int(bad[0])
-            state.stopped = (CORRUPT, state.offset + heads[first], "its length's checksum does not match")
+            state.stopped = (CORRUPT, state.offset + int(checked[first]), "its length's checksum does not match")
             state.partial = False
-            del starts[first:], lengths[first:]
-    keep = good
-    good = _payloads_good(buf, starts, lengths, known)
-    if good < len(starts):
-        state.stopped = (CORRUPT, state.offset + starts[good] - _HEADER, "its payload's checksum does not match")
+            at, lengths = at[:first], lengths[:first]
+    starts = at + _HEADER
+    ok = _payloads_good(buf, starts, lengths, known)
+    if ok < starts.size:
+        state.stopped = (CORRUPT, state.offset + int(at[ok]), "its payload's checksum does not match")
         state.partial = False
-    accepted = starts[good - 1] + lengths[good - 1] + _FOOTER if good else 0
-    if good and keep is not None:
-        keep.extend(zip(starts[:good], lengths[:good]))
-    if good:
-        steps = _steps(buf, starts[:good], lengths[:good])
-        top = int(steps.max())
-        state.step = top if state.step is None else max(state.step, top)
-        state.records += good
+    if not ok:
+        return 0
+    starts, lengths = starts[:ok], lengths[:ok]
+    if good is not None:
+        good.extend((starts, lengths))
+    top = int(_steps(buf, starts, lengths).max())
+    state.step = top if state.step is None else max(state.step, top)
+    state.records += ok
+    accepted = int(starts[-1] + lengths[-1]) + _FOOTER
     state.offset += accepted
     return accepted
 
 
-def _payloads_good(buf: bytes, starts: List[int], lengths: List[int], known: int = 0) -> int:
+def _payloads_good(buf: bytes, starts: np.ndarray, lengths: np.ndarray, known: int = 0) -> int:
     """How many of the records, in order, have a payload whose checksum matches (stops at the first that does not);
     those ending within the first `known` bytes (verified before, `checked_once`) are not checked again."""
-    if not starts:
+    if not starts.size:
         return 0
     data = np.frombuffer(buf, np.uint8)
-    starts_a = np.asarray(starts, np.int64)
-    lengths_a = np.asarray(lengths, np.int64)
-    fresh = np.flatnonzero(starts_a + lengths_a + _FOOTER > known)
-    s, n = starts_a[fresh], lengths_a[fresh]
+    fresh = np.flatnonzero(starts + lengths + _FOOTER > known)
+    s, n = starts[fresh], lengths[fresh]
     want = data[(s + n)[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
-    bad = fresh[masked_crc32c_each(buf, s.tolist(), n.tolist()) != want]
-    return int(bad[0]) if bad.size else len(starts)
+    bad = fresh[masked_crc32c_each(buf, s, n) != want]
+    return int(bad[0]) if bad.size else int(starts.size)
 
 
 class Watch:

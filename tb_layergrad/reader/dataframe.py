@@ -14,14 +14,15 @@ kept: no sampling. TensorFlow is not imported.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Any, Dict, Iterable, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 from tensorboard import context as tb_context
 
 from tb_layergrad import metadata, nonfinite_origin
-from tb_layergrad.reader import catalog, damage, event_files, hparams, origin, run_anomalies, series
+from tb_layergrad.reader import anomalies, catalog, damage, event_files, hparams, origin, run_anomalies, series
 from tb_layergrad.reader.run_source import RunSource
 from tb_layergrad.reader.stats_store import StatsStore
 
@@ -158,7 +159,7 @@ def _load(
     provider = event_files.open_provider(logdir, runs)
     ctx = tb_context.RequestContext()
     cat = catalog.load(provider, ctx, "", runs)
-    frames = []
+    parts: List[_Part] = []
     origins: Dict[str, Dict[str, Optional[nonfinite_origin.Origin]]] = {}
     for run_name, rc in cat.runs.items():
         stats_series = [s for s in rc.series if s.info.kind == metadata.KIND_STATS]
@@ -185,32 +186,34 @@ def _load(
         for s in sorted(stats_series, key=rank):
             if layers is not None and s.info.layer not in layers:
                 continue
-            rows = tables[s.key].between(start, end)
-            frame = {
-                "run": run_name,
-                "layer": s.info.layer,
-                "index": -1 if s.info.source == metadata.SOURCE_TARGET else rc.layer_index(s.info.layer),
-                "target": s.info.target,
-                "source": s.info.source,
-                "step": rows.steps,
-                "wall_time": rows.wall_times,
-            }
-            for name in series.ALL_STATS:
-                if name in out_columns:
-                    frame[name] = rows.column(name)
             key = (s.info.layer, s.info.target, s.info.source)
-            if want_examples:
-                written = examples.get(key, {})
-                for field, column in EXAMPLE_COLUMNS.items():
-                    frame[column] = _at_steps(rows.steps, {st: v.get(field) for st, v in written.items()}, np.nan)
-            if want_state:
-                frame["state"] = _at_steps(rows.steps, states.get(key, {}), "ok")
-            frames.append(pd.DataFrame({c: frame[c] for c in out_columns}, columns=out_columns))
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=out_columns)
+            written = examples.get(key, {})
+            parts.append(
+                _Part(
+                    labels={
+                        "run": run_name,
+                        "layer": s.info.layer,
+                        "target": s.info.target,
+                        "source": s.info.source,
+                    },
+                    index=-1 if s.info.source == metadata.SOURCE_TARGET else rc.layer_index(s.info.layer),
+                    rows=tables[s.key].between(start, end),
+                    examples={
+                        column: {st: v.get(field) for st, v in written.items()}
+                        for field, column in EXAMPLE_COLUMNS.items()
+                    },
+                    states=states.get(key, {}),
+                )
+            )
+    df = _frame(pd, parts, out_columns) if parts else pd.DataFrame(columns=out_columns)
     values = hparams.by_run(provider, ctx, "", list(cat.runs))
     for name in hparams.names(values):
         if asked is None or hparams.column(name) in asked:
-            df[hparams.column(name)] = pd.Series([values[run].get(name) for run in df["run"]], index=df.index)
+            # Each row's value, listed part by part (a run's rows are its parts'), for pandas to infer as before.
+            by_row: List[Any] = []
+            for p in parts:
+                by_row += [values[p.labels["run"]].get(name)] * len(p.rows)
+            df[hparams.column(name)] = pd.Series(by_row, index=df.index)
     said = damage.Scanner(logdir, known=event_files.walked(provider)).said(
         cat.runs, None if runs is None else set(runs)
     )
@@ -225,11 +228,89 @@ def _load(
     return df
 
 
-def _at_steps(steps: Any, by_step: Dict[int, Any], missing: Any) -> Any:
-    """The values of `by_step` at each of `steps` (ascending int64), `missing` where a step has none: one
-    vectorized lookup (a long run is millions of rows, a few of them in `by_step`)."""
-    dtype = np.float64 if isinstance(missing, float) else object
-    out = np.full(steps.shape, missing, dtype=dtype)
+@dataclasses.dataclass
+class _Part:
+    """One series' rows of the frame: the labels of its every row, its table, its sparse columns by step."""
+
+    labels: Dict[str, str]  # run, layer, target, source
+    index: int
+    rows: Any  # stats_store.StatsRows
+    examples: Dict[str, Dict[int, Any]]  # column -> {step: value}
+    states: Dict[int, str]  # the cells that are not `ok`
+
+
+# The columns of the frame that hold numbers other than the key integers, each a float64 column.
+_FLOAT_COLUMNS = frozenset(("wall_time",) + series.ALL_STATS + tuple(EXAMPLE_COLUMNS.values()))
+
+
+def _frame(pd: Any, parts: List[_Part], out_columns: List[str]) -> Any:
+    """The frame of `parts` in order, each column made once.
+
+    Why not a frame per series joined by `pd.concat`: each was copied twice (its own block, then the join),
+    most of `load()`'s time on a long run. The float columns are filled in place into one block that the
+    frame takes as it is, and a string column is given its dtype, which pandas would otherwise infer from
+    every row (what made one frame of joined columns slower than the join before). The dtypes are those
+    pandas gives a series' frame: `str` (pandas 3) or `object` for strings, int64 for `index` and `step`,
+    float64 for the rest."""
+    lengths = np.asarray([len(p.rows) for p in parts], np.int64)
+    n = int(lengths.sum())
+    ends = np.cumsum(lengths)
+    spans = list(zip((ends - lengths).tolist(), ends.tolist()))
+    floats = [c for c in out_columns if c in _FLOAT_COLUMNS]
+    block = np.empty([len(floats), n], np.float64)
+    for i, c in enumerate(floats):
+        for p, (a, b) in zip(parts, spans):
+            if c == "wall_time":
+                block[i, a:b] = p.rows.wall_times
+            elif c in p.examples:
+                block[i, a:b] = _at_steps(p.rows.steps, p.examples[c], np.nan)
+            else:
+                block[i, a:b] = p.rows.column(c)
+    df = pd.DataFrame(block.T, columns=floats, copy=False)
+    for at, c in enumerate(out_columns):
+        if c in _FLOAT_COLUMNS:
+            continue
+        if c == "step":
+            column = np.concatenate([p.rows.steps for p in parts]).astype(np.int64, copy=False)
+        elif c == "index":
+            column = np.repeat(np.asarray([p.index for p in parts], np.int64), lengths)
+        elif c == "state":
+            names = {anomalies.OK: 0}
+            codes = np.concatenate([_state_codes(p.rows.steps, p.states, names) for p in parts])
+            strings = np.asarray(list(names), dtype=object)[codes]
+            # Of the dtype pandas infers from the rows' states: of none, an `object` column.
+            column = _strings(pd, strings, list(names) if n else [])
+        else:
+            strings = np.empty([n], dtype=object)
+            for p, (a, b) in zip(parts, spans):
+                strings[a:b] = p.labels[c]
+            column = _strings(pd, strings, [p.labels[c] for p in parts])
+        df.insert(at, c, column)
+    return df
+
+
+def _strings(pd: Any, strings: np.ndarray, distinct: List[str]) -> Any:
+    """A column of `strings` (an object array of the `distinct` strings) of the dtype pandas infers from those
+    strings (`str` in pandas 3, else `object`), given rather than inferred from every row."""
+    return pd.Series(strings, dtype=pd.Index(distinct).dtype, copy=False)
+
+
+def _state_codes(steps: np.ndarray, by_step: Dict[int, str], names: Dict[str, int]) -> np.ndarray:
+    """The code in `names` (extended with any new state) of each step's state: `ok` where `by_step` has none."""
+    out = np.full(steps.shape, names[anomalies.OK], np.int64)
+    if by_step and steps.size:
+        keys = np.fromiter(by_step, np.int64, len(by_step))
+        at = np.searchsorted(steps, keys)
+        hit = (at < steps.size) & (steps[np.minimum(at, steps.size - 1)] == keys)
+        codes = np.asarray([names.setdefault(v, len(names)) for v in by_step.values()], np.int64)
+        out[at[hit]] = codes[hit]
+    return out
+
+
+def _at_steps(steps: Any, by_step: Dict[int, Any], missing: float) -> Any:
+    """The values of `by_step` at each of `steps` (ascending int64), `missing` where a step has none (or None):
+    one vectorized lookup (a long run is millions of rows, a few of them in `by_step`)."""
+    out = np.full(steps.shape, missing, dtype=np.float64)
     if by_step and steps.size:
         keys = np.fromiter(by_step, np.int64, len(by_step))
         at = np.searchsorted(steps, keys)

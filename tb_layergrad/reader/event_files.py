@@ -150,7 +150,10 @@ def open_provider(logdir: str, runs: Optional[Iterable[str]] = None) -> Any:
                 path = os.path.join(logdir, *name.split("/"))
             if is_url(logdir) or os.path.isdir(path):
                 mux.AddRun(path, name)
-    index = record_index.RecordIndex(logdir, keep_walked=True) if local else None
+    # `load()` and `report` read every series once but the histograms (read from the file if ever asked).
+    index = (
+        record_index.RecordIndex(logdir, keep_walked=True, unkept_kinds=(metadata.KIND_HISTOGRAM,)) if local else None
+    )
     with _lock:  # one walk of each file: the multiplexer's reader indexes our records as it goes (`_RecordReader`)
         _walking = index if _swapped_in(_READING_MODULES[-2]) else None
         try:

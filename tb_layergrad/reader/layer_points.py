@@ -279,7 +279,7 @@ def _group_points(kind: str, part: catalog.Part, data: Sequence[tb_provider.Tens
         shape = (part.rows, len(part.fields))
     else:
         shape = (part.rows,)
-    return series.select([d for d in data if series.fits(d, part.tag, run, shape)])
+    return series.select_fitting(data, part.tag, run, shape)
 
 
 def _between(points: series.Points, start: Optional[int], end: Optional[int]) -> series.Points:

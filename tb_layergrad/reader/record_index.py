@@ -17,12 +17,13 @@ reader does not import.
 from __future__ import annotations
 
 import array
+import bisect
 import dataclasses
 import itertools
 import os
 import random
 import threading
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -32,7 +33,7 @@ from tensorboard.data import provider as tb_provider
 from tensorboard.util import tensor_util
 
 from tb_layergrad import metadata
-from tb_layergrad.reader import damage, tensor_events
+from tb_layergrad.reader import damage, series, tensor_events
 
 
 @dataclasses.dataclass
@@ -89,12 +90,15 @@ class RecordIndex:
       logdir: a local folder (TensorBoard's `--logdir`).
     """
 
-    def __init__(self, logdir: str, keep_walked: bool = False) -> None:
+    def __init__(self, logdir: str, keep_walked: bool = False, unkept_kinds: Iterable[str] = ()) -> None:
         """`keep_walked`: the records `walk` reads are decoded as it parses them and kept until their series is
         first read (a reader of every record once, `load()` and `report`: each event parsed once, not again by
-        offset); the plugin's index keeps only where each record lies."""
+        offset), but those of series of `unkept_kinds` (a reader that never reads them: kept, they would be
+        copied and held for nothing; read by offset if asked); the plugin's index keeps only where each
+        record lies."""
         self.logdir = logdir
         self._keep_walked = keep_walked
+        self._unkept = frozenset(unkept_kinds)
         self._runs: Dict[str, _Run] = {}
         self._lock = threading.RLock()
         self._epochs = 0
@@ -118,26 +122,36 @@ class RecordIndex:
         and 16 readers of a run being written queued on the lock, each then walking the few records appended
         while it waited: the new records are walked once per change, not once per request."""
         asked = next(self._tickets)
+        runs = list(runs)
+        seen = {run: _listing(self._folder(run)) for run in runs}
         with self._lock:
-            for run in runs:
-                if self._refreshed.get(run, 0) > asked:
-                    continue
-                self._refreshed[run] = next(self._tickets)
-                folder = self._folder(run)
-                try:
-                    names = sorted(n for n in os.listdir(folder) if damage.is_event_file(n))
-                except OSError:
-                    self._runs.pop(run, None)
-                    continue
-                paths = [p for p in (os.path.join(folder, n) for n in names) if not os.path.isdir(p)]
-                state = self._runs.get(run) or self._runs.setdefault(run, self._new_run())
-                if any(p not in paths or _size(p) < state.states[p].offset for p in state.files):
-                    state = self._runs[run] = self._new_run()
-                for path in paths:
-                    if path not in state.states:
-                        state.states[path] = damage.FileState()
-                        state.files.append(path)
-                    self._advance(state, state.files.index(path), path)
+            self._refresh(runs, asked, seen)
+
+    def _refresh(self, runs: Sequence[str], asked: int, seen: Dict[str, Optional[Dict[str, int]]]) -> None:
+        """`refresh` under the index's lock; `seen`: each run's `_listing` taken after the call began and before the
+        lock was taken (the files' sizes: no file system call waits under the lock, where every other request would
+        wait behind it; where it disagrees with what is known, another refresh read past it meanwhile or a file was
+        removed or shrank, and the run's files are listed again under the lock)."""
+        for run in runs:
+            if self._refreshed.get(run, 0) > asked:
+                continue
+            self._refreshed[run] = next(self._tickets)
+            sizes = seen.get(run)
+            state = self._runs.get(run)
+            if sizes is not None and state is not None:
+                if any(p not in sizes or sizes[p] < state.states[p].offset for p in state.files):
+                    sizes = _listing(self._folder(run))  # other than known: looked at again, now
+            if sizes is None:
+                self._runs.pop(run, None)
+                continue
+            state = self._runs.get(run) or self._runs.setdefault(run, self._new_run())
+            if any(p not in sizes or sizes[p] < state.states[p].offset for p in state.files):
+                state = self._runs[run] = self._new_run()
+            for path, size in sizes.items():
+                if path not in state.states:
+                    state.states[path] = damage.FileState()
+                    state.files.append(path)
+                self._advance(state, state.files.index(path), path, size)
 
     def file_states(self) -> Dict[str, damage.FileState]:
         """{path (normalized): how far the index read the file} of every file walked, but those it stopped at a
@@ -157,10 +171,11 @@ class RecordIndex:
             self._runs.pop(run, None)
             self._refreshed.pop(run, None)
 
-    def _advance(self, run: _Run, file_no: int, path: str) -> None:
+    def _advance(self, run: _Run, file_no: int, path: str, size: int) -> None:
+        """Reads the file's records past where the last read stopped, if its `size` (as listed) goes past it."""
         fs = run.states[path]
         try:
-            if fs.stopped is not None or os.stat(path).st_size <= fs.offset:
+            if fs.stopped is not None or size <= fs.offset:
                 return  # nothing new; or a fault the loaders read no further than, nor do we
             for start, buf, good in damage.read_new_chunks(path, fs):
                 _, stop = self._add_chunk(run, file_no, start, buf, good)
@@ -202,29 +217,28 @@ class RecordIndex:
         file_no: int,
         start: int,
         buf: bytes,
-        good: List[Tuple[int, int]],
+        good: Tuple[np.ndarray, np.ndarray],
         keep: bool = False,
         hand_on: bool = False,
     ) -> Tuple[List[bytes], Optional[int]]:
-        """Indexes the records `good` ((start, length) of each payload in `buf`, read at `start` in the file) as
+        """Indexes the records `good` ((starts, lengths) of their payloads in `buf`, read at `start` in the file) as
         `_add` does, those of one tensor summary in the layout every step's record is written in read for the chunk
         at once (`tensor_events`), the others parsed one by one. Returns (with `hand_on`: the payloads of the
         records that are not all layergrad tensors, in order; the offset of a record that is no Event, where
         indexing stopped, or None)."""
         rest: List[bytes] = []
         series = run.series
-        at_in_buf = [a for a, _ in good]
-        length_of = [n for _, n in good]
-        read = tensor_events.decode(buf, at_in_buf, length_of)
-        places = (start + np.asarray(at_in_buf, np.int64), np.asarray(length_of, np.int64))
+        at_in_buf, length_of = good[0].tolist(), good[1].tolist()
+        read = tensor_events.decode(buf, good[0], good[1])
+        places = (start + good[0], good[1])
         pending: Dict[str, List[int]] = {}  # tag -> the records of it read, not yet indexed
         for j, tag in enumerate(read.tags):
             if tag is None:  # any other record: parsed with protobuf, after the records before it
                 _extend(run, file_no, buf, read, places, pending)
                 pending = {}
-                at, length = good[j]
+                at, length = at_in_buf[j], length_of[j]
                 payload = memoryview(buf)[at : at + length]
-                ours = self._add(run, file_no, start + at, length, payload, keep)
+                ours = self._add(run, file_no, start + at, length, payload, keep, self._unkept)
                 if ours is None:
                     return rest, start + at
                 if not ours and hand_on:
@@ -236,14 +250,19 @@ class RecordIndex:
                 else:
                     got.append(j)
             elif hand_on:  # a tensor of another plugin (no metadata here: its tag's was read before, or none)
-                at, length = good[j]
-                rest.append(buf[at : at + length])
+                rest.append(buf[at_in_buf[j] : at_in_buf[j] + length_of[j]])
         _extend(run, file_no, buf, read, places, pending)
         return rest, None
 
     @staticmethod
     def _add(
-        run: _Run, file_no: int, offset: int, length: int, payload: memoryview, keep: bool = False
+        run: _Run,
+        file_no: int,
+        offset: int,
+        length: int,
+        payload: memoryview,
+        keep: bool = False,
+        unkept: FrozenSet[str] = frozenset(),
     ) -> Optional[bool]:
         """Indexes the record's layergrad tensors; None when it is no Event, else whether every value of it is a
         layergrad tensor (an event without a summary is not)."""
@@ -262,7 +281,8 @@ class RecordIndex:
                     md.plugin_data.plugin_name == metadata.PLUGIN_NAME
                     and md.data_class == summary_pb2.DATA_CLASS_TENSOR
                 ):
-                    run.series[value.tag] = _Series(meta=md, arrays=[] if keep else None)
+                    kept = keep and _kind(md) not in unkept
+                    run.series[value.tag] = _Series(meta=md, arrays=[] if kept else None)
             s = run.series.get(value.tag)
             if s is None or not value.HasField("tensor"):
                 ours = False
@@ -282,8 +302,10 @@ class RecordIndex:
     def _selected(self, runs: Sequence[str], run_tag_filter: Optional[tb_provider.RunTagFilter]):
         tags = None if run_tag_filter is None or run_tag_filter.tags is None else set(run_tag_filter.tags)
         wanted = runs if run_tag_filter is None or run_tag_filter.runs is None else set(runs) & set(run_tag_filter.runs)
-        self.refresh(sorted(wanted))
-        with self._lock:
+        asked = next(self._tickets)
+        seen = {run: _listing(self._folder(run)) for run in sorted(wanted)}
+        with self._lock:  # refreshed and selected in one hold of the lock: each request waits for it once
+            self._refresh(sorted(wanted), asked, seen)
             for run in sorted(wanted):
                 r = self._runs.get(run)
                 if r is None:
@@ -333,11 +355,19 @@ class RecordIndex:
             out.setdefault(run, {}).update(tags)
         return out
 
-    def _walked(self, s: _Series, rows: Iterable[int]) -> List[tb_provider.TensorDatum]:
+    def _walked(self, s: _Series, rows: Iterable[int]) -> Sequence[tb_provider.TensorDatum]:
         """The records `rows` of `s` from the arrays kept as the file was walked, which are then dropped (called
-        under the index's lock: `_selected`)."""
+        under the index's lock: `_selected`): a `series.Batch` when every record's tensor is of one dtype and
+        shape (`_joined`), else a list."""
         arrays, s.arrays = s.arrays, None
         rows = list(rows)
+        values = _joined(arrays) if rows and arrays else None
+        if values is not None:
+            at = np.asarray(rows, np.int64)
+            steps = np.frombuffer(s.steps, np.int64)[at]  # copies: the index's arrays grow later
+            walls = np.frombuffer(s.walls, np.float64)[at]
+            return series.Batch(steps, walls, values if len(rows) == values.shape[0] else values[at])
+        arrays = [r for a in arrays or () for r in (a.records() if isinstance(a, _Piece) else (a,))]
         decoded = _unpacked_many([arrays[i] for i in rows])
         return [tb_provider.TensorDatum(step=s.steps[i], wall_time=s.walls[i], numpy=a) for i, a in zip(rows, decoded)]
 
@@ -383,10 +413,9 @@ class RecordIndex:
         for run, series_of_run in by_run.items():
             files = series_of_run[0][1]
             try:
-                events = _events(files, {(p[0], p[1], p[2]) for _, _, picks in series_of_run for p in picks})
-                out[run] = {
-                    tag: [_datum(events[(p[0], p[1], p[2])], p[3]) for p in picks] for tag, _, picks in series_of_run
-                }
+                data = _data(files, [p for _, _, picks in series_of_run for p in picks])
+                ends = np.cumsum([len(picks) for _, _, picks in series_of_run]).tolist()
+                out[run] = {tag: data[end - len(picks) : end] for (tag, _, picks), end in zip(series_of_run, ends)}
             except (OSError, DecodeError, IndexError, KeyError):
                 # A file removed or rewritten since it was indexed: the run is read anew at the next refresh;
                 # this answer has none of its series rather than a part of them.
@@ -399,7 +428,7 @@ class RecordIndex:
         `read_tensors` would return at that step, found in the index and read alone: the latest histogram of a run
         is one record to read, not its block of a thousand. `run` as listed (no call to TensorBoard here)."""
         self.refresh([run])
-        picks: List[Tuple[str, Tuple[int, int, int], int]] = []
+        picks: List[Tuple[str, Tuple[int, int, int, int]]] = []
         with self._lock:
             r = self._runs.get(run)
             if r is None:
@@ -410,13 +439,13 @@ class RecordIndex:
                 if s is None:
                     continue
                 picks += [
-                    (tag, (s.files[i], s.offsets[i], s.lengths[i]), s.values[i]) for i in _at_latest(s.steps, step)
+                    (tag, (s.files[i], s.offsets[i], s.lengths[i], s.values[i])) for i in _at_latest(s.steps, step)
                 ]
         try:
-            events = _events(files, {place for _, place, _ in picks})
+            data = _data(files, [pick for _, pick in picks])
             out: Dict[str, List[tb_provider.TensorDatum]] = {}
-            for tag, place, value_index in picks:
-                out.setdefault(tag, []).append(_datum(events[place], value_index))
+            for (tag, _), datum in zip(picks, data):
+                out.setdefault(tag, []).append(datum)
         except (OSError, DecodeError, IndexError, KeyError):
             self.forget(run)  # as `read_tensors`: read anew at the next refresh, and none of it answered now
             return {}
@@ -444,9 +473,14 @@ def _extend(
         s.lengths.frombytes(places[1][idx].astype(np.longlong).tobytes())
         s.values.frombytes(np.zeros(idx.size, np.intc).tobytes())  # the summary's one value
         if s.arrays is not None:
-            ends = read.content_at[idx] + read.content_len[idx]
-            contents = [buf[a:e] for a, e in zip(read.content_at[idx].tolist(), ends.tolist())]
-            s.arrays.extend(zip(contents, [read.dtypes[j] for j in js], [read.shapes[j] for j in js]))
+            at, length = read.content_at[idx], read.content_len[idx]
+            dtype_enums, shapes = [read.dtypes[j] for j in js], [read.shapes[j] for j in js]
+            piece = _piece(buf, at, length, dtype_enums, shapes)
+            if piece is not None:
+                s.arrays.append(piece)
+            else:
+                contents = [buf[a:e] for a, e in zip(at.tolist(), (at + length).tolist())]
+                s.arrays.extend(zip(contents, dtype_enums, shapes))
         top = int(steps.max())
         if s.max_step is None or top > s.max_step:
             s.max_step = top
@@ -460,6 +494,78 @@ def _extend(
                 s.max_wall = top_wall
 
 
+@dataclasses.dataclass
+class _Piece:
+    """The tensors of consecutive records of one series read in one chunk, all of one dtype and shape: their
+    packed bytes joined (one object for many records, not a tuple and a bytes each)."""
+
+    blob: bytearray
+    dtype: int  # the TensorProto dtype enum
+    shape: Tuple[int, ...]
+    count: int
+
+    def records(self) -> List[tuple]:
+        """What `_packed` keeps of each record."""
+        n = len(self.blob) // self.count
+        return [(bytes(self.blob[i * n : (i + 1) * n]), self.dtype, list(self.shape)) for i in range(self.count)]
+
+
+def _piece(
+    buf: bytes, at: np.ndarray, length: np.ndarray, dtype_enums: List[int], shapes: List[List[int]]
+) -> Optional[_Piece]:
+    """The `_Piece` of the tensor contents `buf[a : a + n]` (`at`, `length`) of one dtype and shape (of at least one
+    dimension) whose bytes fill that shape; None when they are not (kept record by record, decoded as before)."""
+    dtype_enum, shape = dtype_enums[0], shapes[0]
+    if not shape or dtype_enums.count(dtype_enum) != len(dtype_enums) or shapes.count(shape) != len(shapes):
+        return None
+    n = int(length[0])
+    if _filled(dtype_enum, shape, n) is None or bool((length != n).any()):
+        return None
+    starts = at.tolist()
+    blob = bytearray().join(map(buf.__getitem__, map(slice, starts, (at + n).tolist())))
+    return _Piece(blob, dtype_enum, tuple(shape), len(starts))
+
+
+def _filled(dtype_enum: int, shape: Sequence[int], n: int) -> Optional[np.dtype]:
+    """The numpy dtype of a tensor of `dtype_enum` and `shape` whose packed bytes, `n` of them, fill it; None where
+    numpy does not read that dtype from bytes or they do not fill it (decoded record by record, raising as before)."""
+    try:
+        dtype = np.dtype(_numpy_dtype(dtype_enum))
+    except (TypeError, ValueError, KeyError):
+        return None
+    return None if dtype.kind == "O" or n != dtype.itemsize * int(np.prod(shape)) else dtype
+
+
+def _joined(arrays: list) -> Optional[np.ndarray]:
+    """The tensors kept of a series' records (`_Piece`s and `_packed` records) as one array [records, ...shape],
+    when all are packed bytes of one dtype and shape (of at least one dimension) that fill it; else None."""
+    blobs, kinds = [], set()
+    for a in arrays:
+        if isinstance(a, _Piece):
+            blobs.append(a.blob)
+            kinds.add((a.dtype, a.shape, len(a.blob) // a.count))
+        elif isinstance(a, tuple) and a[2]:
+            blobs.append(a[0])
+            kinds.add((a[1], tuple(a[2]), len(a[0])))
+        else:
+            return None
+    if len(kinds) != 1:
+        return None
+    ((dtype_enum, shape, n),) = kinds
+    dtype = _filled(dtype_enum, shape, n)
+    if dtype is None:
+        return None
+    return np.frombuffer(bytearray().join(blobs), dtype=dtype).reshape((-1,) + shape)
+
+
+def _kind(md: summary_pb2.SummaryMetadata) -> Optional[str]:
+    """The kind of series a layergrad tag's metadata says (None where it cannot be read: the catalog says why)."""
+    try:
+        return metadata.parse_plugin_content(md.plugin_data.content).kind
+    except (ValueError, TypeError):
+        return None
+
+
 def _at_latest(steps: array.array, step: Optional[int]) -> List[int]:
     """The positions in `steps` of its greatest value at or before `step` (None: its greatest), in order."""
     if not len(steps):
@@ -471,18 +577,99 @@ def _at_latest(steps: array.array, step: Optional[int]) -> List[int]:
     return [int(i) for i in np.flatnonzero(at == within.max())]
 
 
-def _events(files: List[str], places: Iterable[Tuple[int, int, int]]) -> Dict[Tuple[int, int, int], event_pb2.Event]:
-    """The events at `places` (file, offset, length), each read and parsed once, in file order."""
-    out: Dict[Tuple[int, int, int], event_pb2.Event] = {}
-    by_file: Dict[int, List[Tuple[int, int, int]]] = {}
-    for place in places:
-        by_file.setdefault(place[0], []).append(place)
-    for file_no, at in by_file.items():
-        at.sort()
+# Records closer than this in a file are read in one read (the bytes between them read too), up to a window's bytes.
+_GAP_BYTES = 64 << 10
+_WINDOW_BYTES = 4 << 20
+
+Pick = Tuple[int, int, int, int]  # a record to read: (file, offset, length, index of the value in its summary)
+
+
+def _data(files: List[str], picks: Sequence[Pick]) -> List[tb_provider.TensorDatum]:
+    """The record at each of `picks`, each read and parsed once, in file order: what `_datum` makes of the event
+    protobuf parses there. Why not protobuf for each: a block of a run logged every step is 65,536 records, and a
+    seek, a read, a parse and the fields through protobuf's Python objects per record were most of a layer's first
+    histograms. So records near each other are read in one read, those in the layout every step writes read for the
+    window at once (`tensor_events`: the values protobuf parses) and their arrays made together (`_arrays`); any
+    other record (a value after the first, a tag's first with its metadata, one cut short by the file's end, bytes
+    no longer an Event) is parsed with protobuf as before, raising what it raised."""
+    if not picks:
+        return []
+    at = np.asarray(picks, np.int64).reshape(-1, 4)
+    order = np.lexsort(at.T[::-1])  # by file, offset, length, value
+    at = at[order]
+    first = np.ones(len(at), bool)
+    first[1:] = np.any(at[1:] != at[:-1], axis=1)
+    unique = at[first]
+    which = np.empty(len(at), np.int64)
+    which[order] = np.cumsum(first) - 1  # each pick's row in `unique`
+    found: List[Optional[tb_provider.TensorDatum]] = [None] * len(unique)
+    events: Dict[Tuple[int, int, int], event_pb2.Event] = {}
+    for file_no in np.unique(unique[:, 0]).tolist():
+        rows = np.flatnonzero(unique[:, 0] == file_no)
+        offsets = unique[rows, 1]
+        reach = np.maximum.accumulate(offsets + unique[rows, 2])  # the end of the farthest record so far
+        gaps = (np.flatnonzero(offsets[1:] - reach[:-1] > _GAP_BYTES) + 1).tolist() + [len(rows)]
         with open(files[file_no], "rb") as fh:
-            for place in at:
-                fh.seek(place[1])
-                out[place] = event_pb2.Event.FromString(fh.read(place[2]))
+            i = 0
+            while i < len(rows):
+                lo = int(offsets[i])
+                j = min(gaps[bisect.bisect_right(gaps, i)], int(np.searchsorted(reach, lo + _WINDOW_BYTES, "right")))
+                j = max(j, i + 1)  # a record larger than a window: read alone
+                fh.seek(lo)
+                buf = fh.read(int(reach[j - 1]) - lo)
+                for row, datum in zip(rows[i:j].tolist(), _read_window(buf, lo, unique[rows[i:j]], events)):
+                    found[row] = datum
+                i = j
+    for row, datum in enumerate(found):
+        if datum is None:
+            file_no, offset, length, value_index = unique[row].tolist()
+            found[row] = _datum(events[(file_no, offset, length)], value_index)
+    return [found[k] for k in which.tolist()]
+
+
+def _read_window(
+    buf: bytes, lo: int, picks: np.ndarray, events: Dict[Tuple[int, int, int], event_pb2.Event]
+) -> List[Optional[tb_provider.TensorDatum]]:
+    """The records `picks` ([n, 4] of `Pick`s) of `buf` (the file's bytes from `lo`), where `tensor_events` reads
+    them and `_arrays` makes their arrays; None for each other one, its event parsed with protobuf into `events`."""
+    starts, lengths = picks[:, 1] - lo, picks[:, 2]
+    whole = np.flatnonzero((picks[:, 3] == 0) & (starts + lengths <= len(buf)))
+    read = tensor_events.decode(buf, starts[whole].tolist(), lengths[whole].tolist())
+    steps, walls = read.steps.tolist(), read.walls.tolist()
+    out: List[Optional[tb_provider.TensorDatum]] = [None] * len(picks)
+    at = whole.tolist()
+    for j, a in _arrays(buf, read).items():
+        out[at[j]] = tb_provider.TensorDatum(step=steps[j], wall_time=walls[j], numpy=a)
+    for k, datum in enumerate(out):
+        if datum is None:
+            place = tuple(picks[k, :3].tolist())
+            if place not in events:
+                start, length = int(starts[k]), int(lengths[k])
+                events[place] = event_pb2.Event.FromString(buf[start : start + length])
+    return out
+
+
+def _arrays(buf: bytes, read: tensor_events.Records) -> Dict[int, np.ndarray]:
+    """{position in `read`: the array `_unpacked` makes of its tensor} of the records `read` read. Those of one dtype,
+    shape (of at least one dimension) and length whose bytes fill the shape are joined into one array whose rows
+    they are (one copy, not an array per record); any other one by one (as `_unpacked`, raising what it
+    raised)."""
+    out: Dict[int, np.ndarray] = {}
+    groups: Dict[Tuple[int, Tuple[int, ...], int], List[int]] = {}
+    lengths = read.content_len.tolist()
+    for j, (tag, dtype_enum, shape) in enumerate(zip(read.tags, read.dtypes, read.shapes)):
+        if tag is not None:
+            groups.setdefault((dtype_enum, tuple(shape), lengths[j]), []).append(j)
+    for (dtype_enum, shape, length), js in groups.items():
+        dtype = np.dtype(_numpy_dtype(dtype_enum))
+        fills = bool(shape) and not dtype.hasobject and length == dtype.itemsize * int(np.prod(shape))
+        if not fills:
+            for j in js:
+                at = int(read.content_at[j])
+                out[j] = _unpacked((buf[at : at + length], dtype_enum, list(shape)))
+            continue
+        joined = bytearray().join([buf[at : at + length] for at in read.content_at[js].tolist()])
+        out.update(zip(js, np.frombuffer(joined, dtype).reshape((len(js),) + shape)))
     return out
 
 
@@ -549,6 +736,25 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return -1
+
+
+def _listing(folder: str) -> Optional[Dict[str, int]]:
+    """{path: size (-1: unreadable)} of the event files of a run's folder, in name order (the order TensorBoard reads
+    them); None when the folder cannot be listed. One listing of the folder and one `stat` per file."""
+    try:
+        with os.scandir(folder) as found:
+            entries = sorted((e for e in found if damage.is_event_file(e.name)), key=lambda e: e.name)
+    except OSError:
+        return None
+    out: Dict[str, int] = {}
+    for e in entries:
+        try:
+            if e.is_dir():
+                continue
+        except OSError:
+            pass  # as `os.path.isdir`: not a folder
+        out[os.path.join(folder, e.name)] = _size(e.path)
+    return out
 
 
 class LocalProvider:

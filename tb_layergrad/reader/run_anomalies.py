@@ -180,19 +180,21 @@ def read_dominance(
 
 def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
     """{(layer, target, source): {step: state}} of every gradient series of run `src.rc` (`anomalies.cell_states`,
-    the verdicts of the tab and the report, one example dominating included), and of its activations and target values: `nonfinite` or `ok`,
+    the verdicts of the tab and the report, one example dominating included), and of its activations and target values: `nonfinite`,
     `nan_origin` on the cell where the first NaN/Inf was born (an activation in the forward pass, the target's
-    own value in the loss, a layer's output gradient in the backward pass)."""
+    own value in the loss, a layer's output gradient in the backward pass). Only the cells that are not `ok`:
+    a long run is millions of cells, nearly all `ok`; a step absent is `ok` (or not recorded)."""
     rc = src.rc
     out: Dict[tuple, Dict[int, str]] = {}
     values = [s for s in rc.series if s.info.kind == metadata.KIND_STATS and s.info.source in _VALUE_SOURCES]
     tables = src.stats(values)
+    value_steps = {}
     for s in values:
         rows = tables[s.key]
-        bad = rows.column("nonfinite") > 0
-        out[(s.info.layer, s.info.target, s.info.source)] = {
-            int(step): anomalies.NONFINITE_STATE if b else anomalies.OK for step, b in zip(rows.steps, bad)
-        }
+        key = (s.info.layer, s.info.target, s.info.source)
+        value_steps[key] = rows.steps
+        bad = rows.steps[rows.column("nonfinite") > 0]
+        out[key] = dict.fromkeys(bad.tolist(), anomalies.NONFINITE_STATE)
     for target in rc.targets():
         for source in (metadata.SOURCE_OUTPUT, metadata.SOURCE_WEIGHT):
             result = read_run(src, target, source)
@@ -200,8 +202,10 @@ def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
                 continue
             result.dominated = read_dominance(src, target, source)
             cells = anomalies.cell_states(result)
+            steps = np.asarray(result.steps)
             for i, layer in enumerate(result.layers):
-                out[(layer, target, source)] = {int(st): c for st, c in zip(result.steps, cells[i]) if c}
+                kept = (cells[i] != anomalies.OK) & (cells[i] != "")
+                out[(layer, target, source)] = dict(zip(steps[kept].tolist(), cells[i][kept].tolist()))
             o = result.origin
             if source != metadata.SOURCE_OUTPUT or o is None or o.origin is None:
                 continue
@@ -211,7 +215,7 @@ def read_states(src: RunSource) -> Dict[tuple, Dict[int, str]]:
                 key = (o.origin, target, metadata.SOURCE_TARGET)
             else:
                 continue
-            if o.step in out.get(key, {}):
+            if key in value_steps and (value_steps[key] == o.step).any():
                 out[key][o.step] = anomalies.NAN_ORIGIN
     return out
 

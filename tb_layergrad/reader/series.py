@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tensorboard.data import provider as tb_provider
@@ -47,6 +47,49 @@ class Points:
 
 
 EMPTY = Points(np.zeros([0], np.int64), np.zeros([0], np.float64), [])
+
+
+@dataclasses.dataclass(eq=False)
+class Batch(Sequence[tb_provider.TensorDatum]):
+    """Records of one tag as arrays: a sequence of its `TensorDatum`s, in order, for any reader of them, whose
+    columns a reader of many records reads at once (`stats_store.block_points`). Why: a long run's series is
+    hundreds of thousands of records, and an object per record, then a check and a copy per record, cost more
+    than reading them (`record_index` answers a series read as its file was walked this way)."""
+
+    steps: np.ndarray  # int64 [n]
+    wall_times: np.ndarray  # float64 [n]
+    values: np.ndarray  # [n, ...]: each record's tensor, all of one dtype and shape
+
+    def __len__(self) -> int:
+        return int(self.steps.shape[0])
+
+    def __getitem__(self, i):  # noqa: ANN001, ANN204 - an index or a slice, as a list's
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return tb_provider.TensorDatum(
+            step=int(self.steps[i]), wall_time=float(self.wall_times[i]), numpy=self.values[i]
+        )
+
+    def __iter__(self) -> Iterator[tb_provider.TensorDatum]:
+        for step, wall, value in zip(self.steps.tolist(), self.wall_times.tolist(), self.values):
+            yield tb_provider.TensorDatum(step=step, wall_time=wall, numpy=value)
+
+    def fit(self, shape: Sequence[Optional[int]]) -> bool:
+        """Whether every record has the shape `fits` asks for (they are of one shape)."""
+        got = self.values.shape[1:]
+        return len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+
+    def last_of_each_step(self) -> "np.ndarray | slice":
+        """The positions of `select`'s records: by ascending step, the last record of a repeated step (all of them,
+        a slice, when the steps ascend)."""
+        steps = self.steps
+        if steps.size < 2 or bool((steps[1:] > steps[:-1]).all()):
+            return slice(None)
+        order = np.argsort(steps, kind="stable")
+        ordered = steps[order]
+        last = np.ones(steps.size, bool)
+        last[:-1] = ordered[1:] != ordered[:-1]
+        return order[last]
 
 
 def read(
@@ -139,11 +182,15 @@ def _too_large(error: Exception) -> bool:
     return name == "RESOURCE_EXHAUSTED" or "RESOURCE_EXHAUSTED" in str(error)
 
 
+def _shape_fits(got: Sequence[int], shape: Sequence[Optional[int]]) -> bool:
+    return len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+
+
 def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Optional[int]]) -> bool:
     """Whether a version-2 record has the shape its metadata promises (None: any length there);
     one that does not (rows != len(layers)) is skipped with a warning rather than misread or fatal."""
     got = np.shape(datum.numpy)
-    ok = len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+    ok = _shape_fits(got, shape)
     if not ok:
         expected = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
         logger.warning(
@@ -158,8 +205,33 @@ def fits(datum: tb_provider.TensorDatum, tag: str, run: str, shape: Sequence[Opt
     return ok
 
 
+def select_fitting(
+    data: Sequence[tb_provider.TensorDatum], tag: str, run: str, shape: Sequence[Optional[int]]
+) -> Points:
+    """`select` of the records that `fits`: each distinct shape checked once when every record holds an array (a
+    block is 65,536 records of one shape), else record by record (each misfit warned, as `fits` does)."""
+    arrays = [d.numpy for d in data]
+    if all(type(a) is np.ndarray for a in arrays) and all(_shape_fits(got, shape) for got in {a.shape for a in arrays}):
+        return select(data)
+    return select([d for d in data if fits(d, tag, run, shape)])
+
+
 def select(data: Sequence[tb_provider.TensorDatum], start: Optional[int] = None, end: Optional[int] = None) -> Points:
-    """Sort by step, keep the last record of a repeated step, keep [start, end]."""
+    """Sort by step, keep the last record of a repeated step, keep [start, end]. Records already in ascending
+    steps, each once (a block as written), are kept by position: no dictionary of every step."""
+    data = data if isinstance(data, (list, tuple)) else list(data)
+    steps = np.asarray([int(d.step) for d in data], dtype=np.int64)
+    if steps.size and bool(np.all(steps[1:] > steps[:-1])):
+        lo = 0 if start is None else int(np.searchsorted(steps, start, side="left"))
+        hi = steps.size if end is None else int(np.searchsorted(steps, end, side="right"))
+        if lo >= hi:
+            return EMPTY
+        kept = data[lo:hi]
+        return Points(
+            steps=steps[lo:hi].copy(),
+            wall_times=np.asarray([d.wall_time for d in kept], dtype=np.float64),
+            values=[np.asarray(d.numpy) for d in kept],
+        )
     by_step: Dict[int, tb_provider.TensorDatum] = {}
     for datum in data:
         step = int(datum.step)

@@ -114,8 +114,7 @@ def group_rows(data: Sequence[tb_provider.TensorDatum], part: catalog.Part, run:
     """A version-2 stats tag as a table in STAT_FIELDS order: columns mapped by name (an unknown one
     ignored, a missing one NaN); a record whose shape is not [layers, fields] is skipped (warned)."""
     width = len(part.fields)
-    kept = [d for d in data if series.fits(d, part.tag, run, (part.rows, width))]
-    points = series.select(kept)
+    points = series.select_fitting(data, part.tag, run, (part.rows, width))
     if not len(points):
         return GroupRows(points.steps, points.wall_times, np.zeros([0, part.rows, len(series.STORED_STATS)]))
     raw = np.stack([np.asarray(v, dtype=np.float64) for v in points.values])
@@ -246,8 +245,12 @@ def block_points(
     (`unite` copies them once), else already mapped to them (`group_rows`)."""
     if tuple(part.fields) != series.STORED_STATS:
         return group_rows(data, part, run)
-    kept = [d for d in data if series.fits(d, part.tag, run, (part.rows, len(part.fields)))]
-    return series.select(kept)
+    if isinstance(data, series.Batch) and len(data) and data.fit((part.rows, len(part.fields))):
+        # Records as arrays: `select`'s records at once (a record that does not fit is said record by record below).
+        at = data.last_of_each_step()
+        table = np.asarray(data.values[at], dtype=np.float64)
+        return GroupRows(data.steps[at].astype(np.int64), data.wall_times[at].astype(np.float64), table)
+    return series.select_fitting(data, part.tag, run, (part.rows, len(part.fields)))
 
 
 _Key = Tuple[str, str, str]  # (experiment id, run, tag)

@@ -74,7 +74,7 @@ def histogram_and_stats(data: tf.Tensor, buckets: int = 30, xla_safe: bool = Fal
 
 
 def histograms_and_stats(
-    tensors: Sequence[tf.Tensor], buckets: int = 30, xla_safe: bool = False
+    tensors: Sequence[tf.Tensor], buckets: int = 30, xla_safe: bool = False, edges: bool = True
 ) -> List[Tuple[tf.Tensor, tf.Tensor]]:
     """`histogram_and_stats` of several tensors at once; the same numbers, fewer ops.
 
@@ -86,6 +86,9 @@ def histograms_and_stats(
     choice for all: the fast path when every tensor qualifies, else each
     tensor on its own path. `xla_safe`: the general path of each tensor, as
     one call of a function traced once per dtype (`_one_tensor_function`).
+    `edges=False`: each histogram is its [buckets] counts alone, what a record
+    holds (docs/FORMAT.md: readers put the edges back from min and max); the
+    all-finite path then computes no edges.
     """
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")
@@ -96,11 +99,12 @@ def histograms_and_stats(
     if xla_safe:
         for i, x in flat.items():
             hist, stats = _one_tensor_function(x.dtype, buckets, xla_safe=True)(tf.reshape(x, [-1]))
-            out[i] = (tf.ensure_shape(hist, [buckets, 3]), tf.ensure_shape(stats, [NUM_STATS]))
+            hist = tf.ensure_shape(hist, [buckets, 3])
+            out[i] = (hist if edges else hist[:, 2], tf.ensure_shape(stats, [NUM_STATS]))
         return out  # type: ignore[return-value]
     for dt in dict.fromkeys(x.dtype for x in flat.values()):  # one batch per compute dtype, in order of appearance
         index = [i for i, x in flat.items() if x.dtype == dt]
-        for i, result in zip(index, _fast_or_general([flat[i] for i in index], buckets)):
+        for i, result in zip(index, _fast_or_general([flat[i] for i in index], buckets, edges)):
             out[i] = result
     return out  # type: ignore[return-value]
 
@@ -124,8 +128,8 @@ def _element_counts(xs: List[tf.Tensor]) -> tf.Tensor:
     return tf.stack([tf.cast(tf.size(x, out_type=tf.int64), tf.float64) for x in xs])
 
 
-def _fast_or_general(xs: List[tf.Tensor], k: int) -> List[Tuple[tf.Tensor, tf.Tensor]]:
-    """Why stacked: each branch returns [T, k, 3] and [T, NUM_STATS], so the
+def _fast_or_general(xs: List[tf.Tensor], k: int, edges: bool = True) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+    """Why stacked: each branch returns [T, k, 3] (or [T, k] without `edges`) and [T, NUM_STATS], so the
     condition merges 2 tensors, not 2 per tensor (each merge is an op the
     executor runs), and one unstack hands them out."""
     dt = xs[0].dtype
@@ -142,15 +146,20 @@ def _fast_or_general(xs: List[tf.Tensor], k: int) -> List[Tuple[tf.Tensor, tf.Te
     fast = _fast_path_applies(m)
 
     def all_fast() -> Tuple[tf.Tensor, tf.Tensor]:
-        return _fast(xs, m, k)
+        return _fast(xs, m, k, edges)
+
+    def general(x: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+        hist, stats = _general(x, k)
+        return (hist if edges else hist[:, 2]), stats
 
     def each_on_its_own() -> Tuple[tf.Tensor, tf.Tensor]:
         if len(xs) == 1:
             x = xs[0]
-            hist, stats = tf.cond(fast[0], lambda: tuple(t[0] for t in _fast([x], m, k)), lambda: _general(x, k))
+            hist, stats = tf.cond(fast[0], lambda: tuple(t[0] for t in _fast([x], m, k, edges)), lambda: general(x))
             return hist[tf.newaxis], stats[tf.newaxis]
         each = [_one_tensor_function(dt, k, xla_safe=False)(tf.reshape(x, [-1])) for x in xs]
-        return tf.stack([h for h, _ in each]), tf.stack([s for _, s in each])
+        hists = tf.stack([h for h, _ in each])
+        return (hists if edges else hists[:, :, 2]), tf.stack([s for _, s in each])
 
     if len(xs) == 1:
         hist, stats = each_on_its_own()
@@ -216,8 +225,8 @@ def _one_pass_moments(m: _Moments) -> Tuple[tf.Tensor, tf.Tensor]:
     return tf.where(unique, m.lo, mean), tf.where(unique, tf.zeros_like(var), var)
 
 
-def _fast(xs: List[tf.Tensor], m: _Moments, k: int) -> Tuple[tf.Tensor, tf.Tensor]:
-    """Histograms [T, k, 3] and stats [T, NUM_STATS] of all-finite tensors.
+def _fast(xs: List[tf.Tensor], m: _Moments, k: int, edges: bool = True) -> Tuple[tf.Tensor, tf.Tensor]:
+    """Histograms [T, k, 3] (counts [T, k] without `edges`) and stats [T, NUM_STATS] of all-finite tensors.
 
     No conditional in here: each costs a branch dispatch. One unique value
     (lo == hi) is bucketed against the stand-in range [0, 1] (a zero-width
@@ -254,6 +263,8 @@ def _fast(xs: List[tf.Tensor], m: _Moments, k: int) -> Tuple[tf.Tensor, tf.Tenso
         ),
         axis=1,
     )
+    if not edges:
+        return counts, stats
     top = tf.maximum(tf.abs(m.lo), tf.abs(m.hi))
     return _with_edges(counts, m.lo, m.hi, k, _pow2_scale(top)), stats
 
@@ -385,7 +396,12 @@ def _left_edges(lo: tf.Tensor, hi: tf.Tensor, k: int, scale: tf.Tensor) -> tf.Te
     lo64 = tf.cast(lo, tf.float64)[..., tf.newaxis]
     hi64 = tf.cast(hi, tf.float64)[..., tf.newaxis]
     i = tf.range(k, dtype=tf.float64)
-    left = (lo64 / s + i * ((hi64 / s - lo64 / s) / k)) * s
+    offset = i * ((hi64 / s - lo64 / s) / k)
+    # Every writer rounds the product, then the sum. XLA fuses a product and the sum it feeds into one
+    # multiply-add (one rounding), which moves an edge by a hair: for min = -max the middle edge misses 0.0 and
+    # the elements that are 0.0 change bucket. A select between the two is not fused (NaN for NaN: the product).
+    offset = tf.where(tf.math.is_nan(offset), tf.constant(float("nan"), tf.float64), offset)
+    left = (lo64 / s + offset) * s
     left = tf.where(i > 0, left, lo64)  # lo / s may underflow when hi >> lo: the first edge is lo itself
     return left if lo.shape.rank else tf.reshape(left, [k])
 

@@ -31,7 +31,8 @@ class Series:
 
     `data` is the gradient (None: "no gradient", the target does not depend on
     it); `reduced` its (histogram, stats) when already computed (e.g. before
-    crossing replicas); `raw` its bounded raw tensor when already cut.
+    crossing replicas; the histogram [k, 3], or its counts [k] alone); `raw`
+    its bounded raw tensor when already cut.
     """
 
     info: metadata.SeriesInfo  # kind "stats"; the other kinds differ only in kind

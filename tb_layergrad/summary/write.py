@@ -272,21 +272,25 @@ def _series(groups: Sequence[metadata.GroupInfo], kind: str, description: str) -
     )
 
 
-def reduce(tensors: Sequence[Any], buckets: int, xla_safe: bool = False) -> List[Tuple[tf.Tensor, tf.Tensor]]:
+def reduce(
+    tensors: Sequence[Any], buckets: int, xla_safe: bool = False, edges: bool = True
+) -> List[Tuple[tf.Tensor, tf.Tensor]]:
     """(histogram [buckets, 3], stats) of each tensor: the kernel's op for those it reads, TensorFlow's otherwise.
 
-    `xla_safe`: inside an XLA-compiled function, where the kernel cannot run.
+    `xla_safe`: inside an XLA-compiled function, where the kernel cannot run. `edges=False`: each
+    histogram is its [buckets] counts alone (what is written; TensorFlow's ops then skip the edges).
     """
     given = [tf.convert_to_tensor(t) for t in tensors]
     out: List[Optional[Tuple[tf.Tensor, tf.Tensor]]] = [None] * len(given)
     fused = [] if xla_safe or kernel.op() is None else [i for i, x in enumerate(given) if _fusable(x)]
     if fused:
         hist, stats = kernel.histograms_and_stats([given[i] for i in fused], buckets)
+        hist = hist if edges else hist[:, :, 2]
         for i, h, s in zip(fused, tf.unstack(hist, len(fused)), tf.unstack(stats, len(fused))):
             out[i] = (h, s)
     rest = [i for i, result in enumerate(out) if result is None]
     if rest:
-        for i, result in zip(rest, reductions.histograms_and_stats([given[i] for i in rest], buckets, xla_safe)):
+        for i, result in zip(rest, reductions.histograms_and_stats([given[i] for i in rest], buckets, xla_safe, edges)):
             out[i] = result
     return out  # type: ignore[return-value]
 
@@ -310,7 +314,7 @@ def _write_with_ops(
     entered = writer.as_default if writer is not None else contextlib.nullcontext
     with entered():
         step = read_step(condition.step)
-        rest = reduced_plan(dataclasses.replace(plan, series=split.rest))
+        rest = reduced_plan(dataclasses.replace(plan, series=split.rest), edges=False)
         records = [
             _Record(s, *(s.reduced if s.present else special_records.no_gradient_records(s.elements, plan.buckets)))
             for s in rest.series
@@ -367,13 +371,19 @@ def _write_group(members: Sequence[_Record], step: tf.Tensor, description: str, 
             tf.summary.write(tag, value, step=step, metadata=serialized)
             written.append(tf.constant(True))
         else:
-            counts = tf.stack([tf.cast(r.histogram, tf.float64)[:, 2] for r in members])
+            counts = tf.stack([_counts(r.histogram) for r in members])
             write_if(
                 histograms,
                 lambda tag=tag, counts=counts, serialized=serialized: _write_counts(tag, counts, step, serialized),
             )
             written.append(tf.convert_to_tensor(histograms, tf.bool))
     pending.store(tf.stack(written))
+
+
+def _counts(histogram: Any) -> tf.Tensor:
+    """The float64 counts [k] of a histogram given as [k, 3] (left, right, count) or as its counts alone."""
+    histogram = tf.cast(histogram, tf.float64)
+    return histogram if histogram.shape.rank == 1 else histogram[:, 2]
 
 
 _COUNT_TYPES = tuple(tf.as_dtype(name) for name, _ in metadata.COUNT_DTYPES)
@@ -408,17 +418,18 @@ def _write_raw(s: Series, step: tf.Tensor, description: str) -> None:
         _write(s.of_kind(metadata.KIND_TENSOR), raw, step, description)
 
 
-def reduced_plan(plan: Plan, xla_safe: bool = False) -> Plan:
+def reduced_plan(plan: Plan, xla_safe: bool = False, edges: bool = True) -> Plan:
     """`plan` with every present series reduced to (histogram, stats), and its small records computed.
 
     Where the records must be finished inside a step, e.g. before they cross
-    replicas (`tb_layergrad.keras`); `xla_safe` inside an XLA-compiled step.
+    replicas (`tb_layergrad.keras`); `xla_safe` inside an XLA-compiled step;
+    `edges=False` where they are written next, which takes the counts alone.
     """
     plan = plan.prepared()
     todo = [i for i, s in enumerate(plan.series) if s.data is not None and s.reduced is None]
     if not todo:
         return plan
-    records = reduce([plan.series[i].data for i in todo], plan.buckets, xla_safe)
+    records = reduce([plan.series[i].data for i in todo], plan.buckets, xla_safe, edges)
     series = list(plan.series)
     for i, result in zip(todo, records):  # the gradient is not needed any more: only the records leave
         series[i] = dataclasses.replace(series[i], data=None, reduced=result)

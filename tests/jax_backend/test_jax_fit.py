@@ -103,7 +103,17 @@ def reduced_where(request, monkeypatch):
     return request.param
 
 
-def test_every_value_is_the_pure_jax_reference(logdir, tolerances, reduced_where):
+@pytest.fixture(params=["host", "host without C++", "device"])
+def reduced_by(request, monkeypatch):
+    """`reduced_where`, and on the host by either of the callback's two ways (`step_callback.host_records`): the
+    fused kernel's loops built without TensorFlow, or where they are not (here: switched off) XLA's."""
+    monkeypatch.setattr(step_callback, "reduced_on_device", lambda: request.param == "device")
+    if request.param == "host without C++":
+        monkeypatch.setenv("TB_LAYERGRAD_FUSED", "0")
+    return request.param
+
+
+def test_every_value_is_the_pure_jax_reference(logdir, tolerances, reduced_by):
     x, y = _data()
     model = _model()
     before = _weights(model)

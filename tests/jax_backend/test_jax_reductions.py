@@ -48,6 +48,10 @@ def _cases():
         "tiny": (rng.randn(200) * 1e-30).astype(np.float32),
         "float16": (rng.randn(500) * 10).astype(np.float16),
         "with_zeros": np.maximum(rng.randn(400), 0).astype(np.float32),
+        # min = -max puts the middle edge at lo + 15 * width = 0.0 with two roundings, as every writer computes
+        # it; one rounding (a multiply-add) leaves it a hair off 0.0, which moves the elements that are 0.0.
+        "symmetric": np.array([-3.0, 0.0, 0.0, 3.0, 1.0, -2.5], np.float32),
+        "float16_span": np.array([-65504.0, 0.0, 65504.0, 1.0, -3.0], np.float16),
     }
 
 

@@ -240,3 +240,17 @@ def test_the_switch_is_read_each_time_a_step_is_traced(monkeypatch):
     monkeypatch.delenv(fused_kernel.ENV_SWITCH)
     assert (fused_kernel.op() is not None) == available
     assert fused_ops(step()) == (1 if available else 0)
+
+
+def test_the_host_build_computes_the_kernels_statistics_bit_for_bit():
+    """kernel/host_records (JAX's host callback) runs the same loops (src/records_core.h) without TensorFlow: the
+    same stats bits on every case above; its counts are those of the written float64 edges, which the kernel's
+    float32 index may put an element next to an edge on either side of (docs/FORMAT.md), so only their sum is
+    the same here (tests/kernel/test_host_records.py checks them exactly)."""
+    from tb_layergrad.kernel import host_records
+
+    tensors = [tf.constant(a) if isinstance(a, np.ndarray) else a for a in _cases()]
+    hist, stats = fused_kernel.histograms_and_stats(tensors, 30)
+    host_stats, host_counts = host_records.records([t.numpy() for t in tensors], 30)
+    np.testing.assert_array_equal(host_stats, stats.numpy())
+    np.testing.assert_array_equal(host_counts.sum(axis=1), hist.numpy()[:, :, 2].sum(axis=1))

@@ -52,13 +52,13 @@ def test_bad_content_raises_every_time(raw, error):
 
 
 def test_the_kernels_statistic_positions_are_stat_fields():
-    """records.h names each position of a stats record; they must be metadata.STAT_FIELDS, in order."""
+    """records_core.h names each position of a stats record; they must be metadata.STAT_FIELDS, in order."""
     import re
     from pathlib import Path
 
     import tb_layergrad
 
-    header = (Path(tb_layergrad.__file__).parent / "kernel" / "src" / "records.h").read_text()
+    header = (Path(tb_layergrad.__file__).parent / "kernel" / "src" / "records_core.h").read_text()
     enum = re.search(r"enum Stat : int \{(.*?)\};", header, re.S).group(1)
     names = [name.strip() for name in enum.split(",")]
     assert all(re.fullmatch(r"k[A-Za-z]+", name) for name in names), names  # no explicit values: positions count

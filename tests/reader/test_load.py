@@ -71,3 +71,41 @@ def test_load_of_a_part_is_that_part_of_the_whole(small_logdir):
     want = whole[(whole.run == run) & (whole.layer == layer) & (whole.step >= start) & (whole.step <= end)]
     pd.testing.assert_frame_equal(part.reset_index(drop=True), want[list(part.columns)].reset_index(drop=True))
     assert part.attrs["damage"] == []
+
+
+def test_load_skips_a_record_of_other_rows_and_keeps_the_later_of_a_repeated_step(tmp_path, caplog, plugin_fixtures):
+    """A record whose rows disagree with its layers is skipped with its warning, and a step written again (a
+    restarted run) takes the later record: as the tab's `stats` route reads them (TensorBoard's reader), whether
+    a series' records are all of one shape (read as arrays at once) or not (read one by one)."""
+    import logging
+
+    a = metadata.SeriesInfo(layer="m/a", kind=metadata.KIND_STATS, index=0)
+    b = metadata.SeriesInfo(layer="m/b", kind=metadata.KIND_STATS, index=1)
+    stats = metadata.GroupInfo.of(metadata.KIND_STATS, [a, b])
+
+    def row(norm: float) -> np.ndarray:
+        values = dict(elements=4, nan=0, pos_inf=0, neg_inf=0, zeros=0, min=0.0, max=1.0, mean=0.5, std=0.1)
+        values.update(norm=norm, mean_abs=0.5, no_gradient=0)
+        return np.asarray(metadata.stat_values(**values), np.float64)
+
+    def good(norm: float) -> np.ndarray:
+        return np.stack([row(norm), row(norm * 10)])
+
+    steps = {"mixed": [0, 1, 2, 2, 3], "restarted": [0, 1, 2, 1, 2, 3]}
+    for run, written in steps.items():
+        records = [(s, stats.tag_at(s), stats, good(float(i + 1))) for i, s in enumerate(written)]
+        if run == "mixed":
+            records[1] = (1, stats.tag_at(1), stats, good(2.0)[:1])  # one row for two layers
+        plugin_fixtures.write_records(str(tmp_path / run), records)
+    with caplog.at_level(logging.WARNING):
+        df = tb_layergrad.load(str(tmp_path))
+    assert any("expected [2, 12]" in r.getMessage() for r in caplog.records)
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    want = {"mixed": ([0, 2, 3], [10.0, 40.0, 50.0]), "restarted": ([0, 1, 2, 3], [10.0, 40.0, 50.0, 60.0])}
+    for run, (want_steps, want_norms) in want.items():
+        rows = df[(df.run == run) & (df.layer == "m/b")]
+        assert list(rows.step) == want_steps
+        np.testing.assert_array_equal(rows.norm.to_numpy(), want_norms)
+        route = plugin_fixtures.get_json(tb, "stats", {"run": run, "layer": "m/b"})
+        assert route["steps"] == want_steps
+        np.testing.assert_array_equal(plugin_fixtures.as_float(route["stats"]["norm"]), want_norms)

@@ -163,12 +163,12 @@ def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, mo
     walks, inside, go = [], threading.Event(), threading.Event()
     real = index._advance  # noqa: SLF001 - each walk of the run's file counted
 
-    def counted(run, file_no, path):
+    def counted(run, file_no, path, size):
         walks.append(threading.current_thread().name)
         if len(walks) == 1:
             inside.set()
             go.wait()
-        return real(run, file_no, path)
+        return real(run, file_no, path, size)
 
     class Counted:  # the index's lock, its takers counted
         def __init__(self, lock) -> None:
@@ -198,3 +198,63 @@ def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, mo
     assert len(walks) == 2 and walks[0] == "first"
     listed = index.list_tensors(["live"])["live"]
     assert listed and {s.max_step for s in listed.values()} == {3}  # the record appended meanwhile read
+
+
+def _one_value_runs(logdir: str, reliability_fixtures) -> None:
+    """Runs whose events hold one summary value each, the layout every step's record is written in (read for many
+    records at once), beside the fixtures' events of many values (parsed with protobuf): statistics, histograms,
+    a damaged file, and a second file of a run."""
+    layers = reliability_fixtures.DAMAGE_LAYERS
+    for kind in (metadata.KIND_STATS, metadata.KIND_HISTOGRAM):
+        run = os.path.join(logdir, f"one_{kind}")
+        reliability_fixtures.write_run(run, layers[:1], range(7), kinds=[kind])
+        reliability_fixtures.write_run(run, layers[:1], range(7, 12), suffix="b", kinds=[kind])
+    reliability_fixtures.write_run(os.path.join(logdir, "many"), layers, range(5))
+    reliability_fixtures.cut(reliability_fixtures.write_run(os.path.join(logdir, "cut"), layers[:1], range(6)))
+
+
+def test_records_read_together_in_windows_of_any_size_answer_as_tensorboard(
+    tmp_path, monkeypatch, reliability_fixtures
+):
+    """Records near each other are read in one read, up to a window's bytes (`record_index._data`): a window of one
+    byte (each record alone), of a few records, with no gap read over, or the defaults, the same answers."""
+    logdir = str(tmp_path)
+    _one_value_runs(logdir, reliability_fixtures)
+    ctx = context.RequestContext()
+    tb = _tensorboard(logdir)
+    for window, gap in ((1, 0), (700, 0), (2000, 1 << 20), (record_index._WINDOW_BYTES, record_index._GAP_BYTES)):  # noqa: SLF001
+        monkeypatch.setattr(record_index, "_WINDOW_BYTES", window)
+        monkeypatch.setattr(record_index, "_GAP_BYTES", gap)
+        assert _same(tb, record_index.LocalProvider(tb, logdir), ctx) > 0
+
+
+def test_a_file_changed_after_it_was_indexed_is_read_as_it_is_now(tmp_path, reliability_fixtures):
+    """Records are read by offset from the file as it is when asked: rewritten with other values at the same places,
+    the answer holds those values (as protobuf parses the bytes there); rewritten with bytes that are no record, the
+    run is left out of that answer and read anew at the next refresh."""
+    logdir = str(tmp_path)
+    layers = reliability_fixtures.DAMAGE_LAYERS[:1]
+    f = reliability_fixtures.write_run(os.path.join(logdir, "run"), layers, range(1, 7), kinds=[metadata.KIND_STATS])
+    ctx = context.RequestContext()
+    ours = record_index.LocalProvider(_tensorboard(logdir), logdir)
+    kw = dict(experiment_id=EID, plugin_name=metadata.PLUGIN_NAME, downsample=series.READ_ALL)
+    norm = metadata.STAT_INDEX["norm"]
+    assert [d.numpy[norm] for d in next(iter(ours.read_tensors(ctx, **kw)["run"].values()))] == [
+        reliability_fixtures.norm(0, s) for s in range(1, 7)
+    ]
+    with open(f.path, "rb") as fh:
+        written = fh.read()
+    # The same records with other values (the same sizes): the steps of another run, written over the file.
+    other = tmp_path / "other"
+    g = reliability_fixtures.write_run(str(other / "run"), layers, range(100, 106), kinds=[metadata.KIND_STATS])
+    with open(g.path, "rb") as fh:
+        rewritten = fh.read()
+    assert len(rewritten) == len(written)
+    with open(f.path, "r+b") as fh:
+        fh.write(rewritten)
+    got = next(iter(ours.read_tensors(ctx, **kw)["run"].values()))
+    assert [(d.step, d.numpy[norm]) for d in got] == [(s, reliability_fixtures.norm(0, s)) for s in range(100, 106)]
+    with open(f.path, "r+b") as fh:  # no record any more: the run is not answered, then read anew (nothing in it)
+        fh.write(b"\xff" * len(written))
+    assert "run" not in ours.read_tensors(ctx, **kw)
+    assert not ours.read_tensors(ctx, **kw).get("run")

@@ -22,6 +22,10 @@ def test_reductions_compile_under_xla(reference_checks, tolerances):
     a = tf.random.normal([1000])
     eager = reductions.histogram_and_stats(a, 30)
     xla = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True), jit_compile=True)(a)
+    counts = tf.function(
+        lambda t: reductions.histograms_and_stats([t], 30, xla_safe=True, edges=False)[0][0], jit_compile=True
+    )(a)
+    np.testing.assert_array_equal(counts.numpy(), xla[0].numpy()[:, 2])
     # Each against the independent reference (its sums in another order under XLA).
     for name, (hist, stats) in (("eager", eager), ("xla", xla)):
         reference_checks.check_stats(stats.numpy(), a, name)
@@ -29,6 +33,21 @@ def test_reductions_compile_under_xla(reference_checks, tolerances):
     np.testing.assert_allclose(
         xla[0].numpy()[:, :2], eager[0].numpy()[:, :2], rtol=0, atol=edge_atol(tolerances, eager[0].numpy())
     )
+
+
+def test_general_path_under_xla_keeps_the_written_edges(tolerances):
+    """min = -max: the middle edge is 0.0 as every writer computes it (the product rounded, then the sum), also
+    where XLA would fuse the two into one multiply-add, so the elements that are 0.0 stay in their bucket."""
+    a = tf.constant([-3.0, 0.0, 0.0, 3.0, 1.0, -2.5, 0.2, -0.2])
+    left = np.asarray(metadata.histogram_edges(-3.0, 3.0, 30)[0])
+    for jit in (False, True):
+        hist = tf.function(lambda t: reductions.histogram_and_stats(t, 30, xla_safe=True)[0], jit_compile=jit)(a)
+        hist = hist.numpy()
+        assert hist[15, 0] == 0.0 and hist[14, 1] == 0.0, f"jit_compile={jit}"
+        # The other edges within their bound of the written ones (a division may become a product by 1 / k).
+        np.testing.assert_allclose(hist[:, 0], left, rtol=0, atol=edge_atol(tolerances, hist))
+        want, _ = np.histogram(a.numpy().astype(np.float64), bins=np.append(hist[:, 0], hist[-1, 1]))
+        np.testing.assert_array_equal(hist[:, 2], want, err_msg=f"jit_compile={jit}")
 
 
 @pytest.mark.parametrize("shift", [0.0, 1e4])
@@ -80,6 +99,11 @@ def test_many_tensors_at_once_equal_one_at_a_time(graph, with_nan, numpy_referen
     run = tf.function if graph else (lambda f: f)
     together = run(lambda ts: reductions.histograms_and_stats(ts, 7))(tensors)
     assert len(together) == len(arrays)
+    # What the write path takes: each histogram's counts alone, the same numbers.
+    counts_only = run(lambda ts: reductions.histograms_and_stats(ts, 7, edges=False))(tensors)
+    for (hist, stats), (counts, same_stats) in zip(together, counts_only):
+        np.testing.assert_array_equal(counts.numpy(), hist.numpy()[:, 2])
+        np.testing.assert_array_equal(same_stats.numpy(), stats.numpy())
     for a, t, (hist, stats) in zip(arrays, tensors, together):
         one_h, one_s = run(lambda x: reductions.histogram_and_stats(x, 7))(t)
         np.testing.assert_array_equal(hist.numpy()[:, 2], one_h.numpy()[:, 2])

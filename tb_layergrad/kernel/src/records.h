@@ -9,12 +9,9 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
+#include "records_core.h"
 
 namespace tb_layergrad {
-
-// The positions in a `stats` record: tb_layergrad.metadata.STAT_FIELDS, in that order
-// (tests/kernel/test_fused_kernel.py pins these names and values to it).
-enum Stat : int { kElements, kNan, kPosInf, kNegInf, kZeros, kMin, kMax, kMean, kStd, kNorm, kMeanAbs, kNoGradient, kNumStats };
 
 // Fills `hist` [T, k, 3] (left edge, right edge, count) and `stats` [T, kNumStats],
 // both float64 and allocated by the caller, from the T float16/bfloat16/float32 `xs`.

@@ -1,0 +1,185 @@
+"""The fused kernel's one-pass loops without TensorFlow: the records of host (numpy) arrays through ctypes.
+
+Why: JAX's CPU step hands a written step's tensors to one host callback, which must reduce them; XLA's
+compiled definitions (`tb_layergrad.jax.reductions`) take about ten times the fused kernel's time per element
+(docs/DESIGN.md, "The cost of a written step on JAX"). `src/host_records.cc` runs the kernel's loops
+(`src/records_core.h`) behind a plain C interface, on the arrays the callback already holds, and spreads them
+over the host's cores. Built like the kernel (`cache`: on first use, with the machine's compiler, once per
+compiler and CPU kind), but needing neither TensorFlow nor Python's headers, so a JAX install without
+TensorFlow builds it too. Where it cannot be built (no compiler, not Linux x86-64, `TB_LAYERGRAD_FUSED=0`),
+`records()` returns None and the caller computes the same records its own way.
+
+The records: stats [T, NUM_STATS] float64 as the kernel's (the same bits on float16/bfloat16/float32 data),
+histogram counts [T, buckets] against the float64 edges every writer computes (`metadata.histogram_edges`,
+exactly, like `jax.reductions`). float64 data are reduced on x / 2**e like the reference's general path;
+integers and booleans are widened to float64 and other floats (float8 kinds) to float32 first (exact).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from tb_layergrad import metadata
+from tb_layergrad.kernel import cache
+
+log = logging.getLogger("tb_layergrad")
+
+SOURCE = Path(__file__).with_name("src") / "host_records.cc"
+HEADERS = (SOURCE.with_name("records_core.h"),)
+# The switch the fused kernel reads: off, both compute the records without C++.
+ENV_SWITCH = "TB_LAYERGRAD_FUSED"
+# The element types the interface reads, by their code in host_records.cc (DType).
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
+NUM_STATS = len(metadata.STAT_FIELDS)
+
+_lock = threading.Lock()
+_state: dict = {}  # "function": the loaded C function or None once decided; "error": why not
+
+
+def _build_command(compiler: str, output: Path) -> List[str]:
+    return [
+        compiler,
+        "-shared",
+        "-fPIC",
+        "-O3",
+        "-std=c++17",
+        *cache.target_flags(compiler),
+        "-ffp-contract=off",
+        "-fopenmp-simd",
+        "-pthread",
+        "-w",
+        str(SOURCE),
+        "-o",
+        str(output),
+    ]
+
+
+def library_path(compiler: str) -> Path:
+    """Where the build for this source, command, compiler version and CPU lives."""
+    inputs = tuple(f.read_bytes() for f in (SOURCE, *HEADERS))
+    return cache.library_path("host_records", inputs, _build_command(compiler, Path("out")), compiler)
+
+
+def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
+    """Compiles the library unless it is cached; returns it. Raises RuntimeError on failure (remembered)."""
+    compiler = cache.compiler_or_raise(compiler)
+    return cache.build(
+        library_path(compiler),
+        lambda output: _build_command(compiler, output),
+        what=f"{SOURCE.name} with {compiler}",
+        announce="its host reduction loops (once, a few seconds)",
+        retry=retry,
+    )
+
+
+def _switched_off() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def _load() -> Tuple[Optional[ctypes._CFuncPtr], Optional[str]]:
+    reason = cache.supported_platform()
+    if reason:
+        return None, reason
+    try:
+        library = ctypes.CDLL(str(build()))
+    except (RuntimeError, OSError) as e:
+        return None, str(e)
+    if library.tb_layergrad_host_num_stats() != NUM_STATS:
+        return None, f"the library's stats rows hold {library.tb_layergrad_host_num_stats()} values, not {NUM_STATS}"
+    fn = library.tb_layergrad_host_records
+    fn.restype = ctypes.c_int
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(ctypes.c_void_p),
+        ctypes.POINTER(ctypes.c_int64),
+        ctypes.POINTER(ctypes.c_int32),
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+    ]
+    return fn, None
+
+
+def _function() -> Optional[ctypes._CFuncPtr]:
+    """The C function, or None where it cannot be used (built and loaded once per process; the switch is read
+    each time). Why it is not used is logged once."""
+    if _switched_off():
+        return None
+    with _lock:
+        if "function" not in _state:
+            _state["function"], _state["error"] = _load()
+            if _state["error"]:
+                # Not a warning on another platform: XLA's reductions are what it is meant to use (as the op's).
+                say = log.info if cache.supported_platform() else log.warning
+                say(
+                    "tb_layergrad: the C++ host reductions are not available, XLA computes the records: %s",
+                    _state["error"],
+                )
+    return _state["function"]
+
+
+def available() -> bool:
+    return _function() is not None
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why `records` returns None (None when it does not, or has not been asked yet)."""
+    return f"{ENV_SWITCH}=0" if _switched_off() else _state.get("error")
+
+
+def _threads() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def _readable(x: np.ndarray) -> np.ndarray:
+    """`x` flat and contiguous in a dtype the interface reads (a copy only where it must widen)."""
+    x = np.asarray(x)
+    if x.dtype.name not in DTYPES:
+        if x.dtype.kind in "biu":
+            x = x.astype(np.float64)
+        elif x.dtype.kind in "fV":
+            x = x.astype(np.float32)  # ml_dtypes' float8 kinds: exact in float32
+        else:
+            raise TypeError(f"cannot summarize a tensor of dtype {x.dtype.name}")
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+def records(arrays: Sequence[np.ndarray], buckets: int) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+    """(stats float64 [T, NUM_STATS], counts int64 [T, buckets]) of each array, or None where the library
+    cannot be used here (`unavailable_reason`)."""
+    if buckets < 1:
+        raise ValueError(f"buckets must be >= 1, got {buckets}")
+    fn = _function()
+    if fn is None:
+        return None
+    xs = [_readable(a) for a in arrays]
+    num = len(xs)
+    stats = np.empty((num, NUM_STATS), np.float64)
+    counts = np.empty((num, buckets), np.int64)
+    data = (ctypes.c_void_p * max(num, 1))(*[x.ctypes.data for x in xs])
+    sizes = (ctypes.c_int64 * max(num, 1))(*[x.size for x in xs])
+    dtypes = (ctypes.c_int32 * max(num, 1))(*[DTYPES[x.dtype.name] for x in xs])
+    status = fn(num, data, sizes, dtypes, buckets, _threads(), stats.ctypes.data, counts.ctypes.data)
+    if status == -2:
+        raise MemoryError("the host reductions ran out of memory")
+    if status != 0:
+        raise RuntimeError(f"the host reductions refused their input (status {status})")
+    return stats, counts
+
+
+def main() -> None:
+    """Build now and print where (`python -m tb_layergrad.kernel`); retries a remembered failure, so that the
+    compiler's message is shown again."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    print(build(retry=True))
