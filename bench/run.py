@@ -1,7 +1,12 @@
 """One command for every benchmark figure; prints a table and writes docs/PERFORMANCE.md.
 
-    python bench/run.py            # the full run (tens of minutes; quiet machine please)
-    python bench/run.py --smoke    # seconds: keeps the scripts working (CI runs this)
+    python bench/run.py            # everything (quiet machine please)
+    python bench/run.py --rounds 6 --skip-format --skip-sweep --skip-tab-sweep   # the training step and the tab;
+                                   # the skipped parts' dated sections are kept
+    python bench/run.py --smoke    # keeps the scripts working (CI: tests/test_bench_smoke.py)
+
+How long each part takes, and so which flags fit a time slot: docs/DESIGN.md, "Benchmark notes"; the page's
+header says what each part of its run took.
 
 Figures:
 - training-step overhead, plain step vs ours, MLP / CNN / LSTM, custom loop and
@@ -25,8 +30,10 @@ Figures:
   against its targets, and the kernel beside it (where it still wins); `--only-no-kernel` alone, its section only.
 - on a GPU: `bench/gpu.py` writes its own section (a full run here keeps it).
 Ratios are medians over interleaved rounds of within-round ratios, in one process; fit() steps are timed
-per batch inside each call, the first batches (tracing) excluded. A full run rewrites --out, keeping the sections
-it does not measure (the JAX fit written by bench/jax_fit.py, the long run's, dated earlier records).
+per batch inside each call, the first batches (tracing) excluded. A full run rewrites --out: every section it
+measures names its date and command in its heading; of the old page it keeps only the sections it does not
+measure that say where their figures come from (`kept_sections`: the JAX fit by bench/jax_fit.py, the long runs,
+the GPU's, a skipped part's dated section), nothing else (no old header note, no section no command writes).
 """
 
 from __future__ import annotations
@@ -35,10 +42,12 @@ import argparse
 import datetime
 import os
 import platform
+import re
 import shutil
 import sys
 import tempfile
-from typing import Dict, List, Optional, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -70,6 +79,59 @@ NO_KERNEL_VARIANTS = {
     "kernel_1": "ours_every_1",
     "kernel_10": "ours_every_10",
 }
+# The targets with the fused kernel, every step (per model; else 1.10x) and every 10th step, custom loop and fit().
+EVERY_STEP_TARGETS = {"cnn": 1.50}
+EVERY_10_TARGET = 1.03
+# fit()'s variant that checks no step for NaN/Inf (bench/overhead.py's key).
+FIT_NONFINITE_IGNORED = 'ours_every_10, on_nonfinite="ignore"'
+# The targets of `per_example=True` every step (custom loop, ratio to the plain step).
+PER_EXAMPLE_TARGETS = {"mlp": 1.20, "cnn": 1.50, "transformer": 1.20}
+# The variants' keys (bench/overhead.py) as the page names them: in the public API's words. The custom loop logs
+# through `summary.gradients` under `tf.summary.record_if`; fit() through `GradientLogger`'s arguments.
+LOOP_LABELS = {
+    "ours_every_1": "`summary.gradients` every step",
+    "ours_every_10": "`summary.gradients` every 10th step",
+    "ours_every_1, TensorFlow ops (no fused kernel)": "every step, `TB_LAYERGRAD_FUSED=0` (TensorFlow ops)",
+    "ours_every_10, TensorFlow ops (no fused kernel)": "every 10th step, `TB_LAYERGRAD_FUSED=0` (TensorFlow ops)",
+    "tf.summary.histogram_every_1": "`tf.summary.histogram` every step",
+    "tf.summary.histogram_every_10": "`tf.summary.histogram` every 10th step",
+}
+FIT_LABELS = {
+    "ours_every_1": "`GradientLogger(update_freq=1)`",
+    "ours_every_10": "`update_freq=10`",
+    'ours_every_10, on_nonfinite="ignore"': '`update_freq=10, on_nonfinite="ignore"`',
+    "ours_every_1+activations": "`update_freq=1, activations=True`",
+    "ours_every_10+activations": "`update_freq=10, activations=True`",
+    "keras.TensorBoard(histogram_freq=1)": "`keras.callbacks.TensorBoard(histogram_freq=1)`",
+}
+# Sections a full run keeps where it does not write them, by heading (docs/PERFORMANCE.md): the GPU's, whose text
+# names `bench/gpu.py`, and the per-example norms' (skipped), whose text names `bench/per_example.py`. Every other
+# section kept names in its heading the date and command that measured it (`dated`, MEASURED): the JAX fit
+# (bench/jax_fit.py), the long runs (`--only-long-run`), a part this run skipped.
+KEPT_HEADINGS = ("### On a GPU", "### Per-example gradient norms")
+# A heading that names when and with what its figures were measured (`dated`, the --only-* sections, bench/*.py).
+MEASURED = re.compile(r"[(;] ?measured \d{4}-\d{2}-\d{2} with `[^`]+`")
+
+
+def instruction_set() -> str:
+    """The widest vector instruction set of the CPU, from /proc/cpuinfo's flags: targets hold on both AVX2 and
+    AVX-512 machines (the fused kernel is built for the host's, TensorFlow's ops choose theirs at run time)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return "instruction set unknown"
+    if "avx512f" in flags:
+        return "AVX-512"
+    return "AVX2" if "avx2" in flags else "neither AVX2 nor AVX-512"
+
+
+def dated(heading: str, command: str, note: str = "") -> str:
+    """`heading` (a `### ` line, with or without its trailing newline) saying when and with what it was measured
+    (after `note`, if any): a section kept by a later run that skips its part still says where its figures come
+    from."""
+    end = "\n" if heading.endswith("\n") else ""
+    return f"{heading.rstrip()} ({note}measured {datetime.date.today().isoformat()} with {command}){end}"
 
 
 def machine() -> str:
@@ -89,7 +151,8 @@ def machine() -> str:
         "built and used" if fused_kernel.op() is not None else f"NOT available ({fused_kernel.unavailable_reason()})"
     )
     return (
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}); Python {platform.python_version()}, "
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores ({cpu}; {instruction_set()}); "
+        f"Python {platform.python_version()}, "
         f"TensorFlow {tf.__version__}, Keras {keras.__version__}, TensorBoard {tensorboard.__version__}; "
         f"tb_layergrad's fused reduction kernel: {kernel}"
     )
@@ -101,6 +164,7 @@ def overhead_tables(
     block_seconds: float,
     fit_steps: int,
     figures: Dict,
+    command: str,
     extra_rounds: Tuple[int, int] = (SHORT_STEP_ROUNDS, FIT_ROUNDS),
 ) -> List[str]:
     import overhead
@@ -135,20 +199,18 @@ def overhead_tables(
         shutil.rmtree(logdir, ignore_errors=True)
         print(f"  measured {name}", flush=True)
 
-    def table(title: str, rows, ratio_of) -> None:
+    def table(title: str, rows, labels: Dict[str, str]) -> None:
         keys = list(rows[0][2])
-        lines.append(f"### {title}\n")
-        lines.append("| model | plain step | " + " | ".join(keys) + " |")
+        lines.append(dated(f"### {title}\n", command))
+        lines.append("| model | plain step | " + " | ".join(labels.get(k, k) for k in keys) + " |")
         lines.append("|---|---|" + "---|" * len(keys))
         for name, base, res in rows:
-            lines.append(
-                f"| {name} | {base * 1e3:.2f} ms | " + " | ".join(f"{ratio_of(res[k], base):.2f}x" for k in keys) + " |"
-            )
+            lines.append(f"| {name} | {base * 1e3:.2f} ms | " + " | ".join(f"{res[k]:.2f}x" for k in keys) + " |")
         lines.append("")
 
-    table("Custom training loop (tf.function step), ratio to the plain step", loop_rows, lambda v, b: v)
-    table("model.fit(), ratio to fit() without callbacks", fit_rows, lambda v, b: v)
-    lines.append("### Event-file bytes per layer per logged step (histogram + stats records)\n")
+    table("Custom training loop (tf.function step), ratio to the plain step", loop_rows, LOOP_LABELS)
+    table("model.fit(), ratio to fit() without callbacks", fit_rows, FIT_LABELS)
+    lines.append(dated("### Event-file bytes per layer per logged step (histogram + stats records)\n", command))
     lines.append("| model | layers | bytes / layer / step |")
     lines.append("|---|---|---|")
     for name, layers, b in byte_rows:
@@ -303,23 +365,26 @@ def no_kernel_section(
 
 
 def kept_sections(old_text: str, new_lines: List[str]) -> List[str]:
-    """The sections of the report `old_text` that `new_lines` do not hold: those other commands write (the JAX fit by
-    bench/jax_fit.py, `--only-long-run`'s, a dated record of an earlier version), so a full run keeps them.
+    """The sections of the report `old_text` that `new_lines` do not hold and that say where their figures come
+    from, so a full run keeps them: those whose heading names the date and command that measured them (`dated`;
+    bench/jax_fit.py's JAX fit, `--only-long-run`'s long runs, dated records of earlier versions, a part this run
+    skipped) and those of KEPT_HEADINGS. Any other text of the old report (its header, a section no command
+    writes any more) is not kept: the page holds no stale figures.
 
     A section is its `### ` heading up to the next one; two are the same section when their headings agree up to
-    the first ":" (else " ("), the part that names what was measured (the rest holds sizes and dates)."""
+    the first ":" or " (", the part that names what was measured (the rest holds sizes, dates and notes)."""
 
     def key(heading: str) -> str:
-        cut = heading.find(":")
-        cut = heading.find(" (") if cut < 0 else cut
-        return heading if cut < 0 else heading[:cut]
+        cuts = [i for i in (heading.find(":"), heading.find(" (")) if i >= 0]
+        return heading[: min(cuts)] if cuts else heading
 
     written = {key(part) for line in new_lines for part in line.split("\n") if part.startswith("### ")}
     kept: List[str] = []
     keep = False
     for line in old_text.rstrip("\n").split("\n"):
         if line.startswith("### "):
-            keep = key(line) not in written
+            says_where = bool(MEASURED.search(line)) or line.startswith(KEPT_HEADINGS)
+            keep = key(line) not in written and says_where
         if keep:
             kept.append(line)
     if kept and kept[-1] != "":
@@ -327,13 +392,20 @@ def kept_sections(old_text: str, new_lines: List[str]) -> List[str]:
     return kept
 
 
-def per_example_tables(models: List[str], rounds: int, block_seconds: float, figures: Dict) -> List[str]:
-    """The cost of `per_example=True` against a plain step (bench/per_example.py), as a table."""
+def per_example_tables(models: List[str], rounds: int, block_seconds: float, figures: Dict, command: str) -> List[str]:
+    """The cost of `per_example=True` against a plain step (bench/per_example.py), as a table, its targets judged."""
     import per_example
 
     rows = per_example.measure(models, rounds, block_seconds)
     figures["per_example"] = {name: ratios for name, _, ratios in rows}
-    return per_example.table(rows)
+    heading, *lines = per_example.table(rows)
+    judged = [
+        f"{name} {ratios['per_example, every step']:.2f}x (target <= {PER_EXAMPLE_TARGETS[name]:.2f}x, "
+        f"{'met' if ratios['per_example, every step'] <= PER_EXAMPLE_TARGETS[name] else 'NOT met'})"
+        for name, _, ratios in rows
+        if name in PER_EXAMPLE_TARGETS
+    ]
+    return [dated(heading, command), *lines, f"`per_example=True` every step: {', '.join(judged)}.", ""]
 
 
 def synthetic(runs: int, layers: int, steps: int, version: int) -> str:
@@ -369,10 +441,14 @@ def tab_sweep_tables(smoke: bool, loaders: List[str], figures: Dict, command: st
     return lines
 
 
-def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
+def tab_tables(sizes: List[tuple], loaders: List[str], figures: Dict, command: str) -> List[str]:
     import tab_latency
 
-    lines = ["### Tab latency (warm, median), real tensorboard process, synthetic logdir (format version 2)\n"]
+    lines = [
+        dated(
+            "### Tab latency (warm, median), real tensorboard process, synthetic logdir (format version 2)\n", command
+        )
+    ]
     lines.append(
         "| runs x layers x steps | loader | load time | listing | flow matrix | layer detail | 3-run compare | TensorBoard RSS |"
     )
@@ -404,7 +480,7 @@ V1_MAX_RECORDS = 9_000_000
 TAB_POINTS = 1000
 
 
-def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List[str]:
+def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict, command: str) -> List[str]:
     """Bytes by part of a real fit() (the format written, version 2), then format versions 1 and 2 side by side
     in TensorBoard (version 1 laid out by `synthetic_logdir`, as older logdirs hold it): start-up, load time,
     memory and the routes, per size and loader."""
@@ -413,27 +489,26 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
 
     real, *others = sizes
     lines = [
-        f"### Event-file bytes of fit() with GradientLogger's defaults "
-        f"({real[1]} Dense layers, {real[2]} steps, every step)\n"
-    ]
-    lines.append(
-        "| format version | bytes / layer / step | framing | metadata | stats | histogram | other | fit() time |"
-    )
-    lines.append("|---|---|---|---|---|---|---|---|")
-    logdirs = []
-    for version in (2,):  # the one format written
-        logdir = tempfile.mkdtemp(prefix=f"layergrad_fit_v{version}_")
-        seconds = format_bytes.write_fit_logdir(logdir, real[1], real[2])
-        parts = format_bytes.bytes_by_part(logdir)
-        per = real[1] * real[2]
-        figures.setdefault("format_bytes", {})[version] = sum(parts.values()) / per
-        lines.append(
-            f"| {version} | {sum(parts.values()) / per:.0f} | "
-            + " | ".join(f"{parts[k] / per:.1f}" for k in format_bytes.PARTS)
-            + f" | {seconds:.0f} s |"
+        dated(
+            f"### Event-file bytes of fit() with GradientLogger's defaults: {real[1]} Dense layers, {real[2]} "
+            "steps, every step, format version 2 (the one written)\n",
+            command,
         )
-        print("  " + lines[-1], flush=True)
-        logdirs.append((real, version, logdir, real[2]))  # GradientLogger's steps are 1..steps
+    ]
+    lines.append("| bytes / layer / step | " + " | ".join(format_bytes.PARTS) + " | fit() time |")
+    lines.append("|---|" + "---|" * (len(format_bytes.PARTS) + 1))
+    logdir = tempfile.mkdtemp(prefix="layergrad_fit_v2_")
+    seconds = format_bytes.write_fit_logdir(logdir, real[1], real[2])
+    parts = format_bytes.bytes_by_part(logdir)
+    per = real[1] * real[2]
+    figures.setdefault("format_bytes", {})[2] = sum(parts.values()) / per
+    lines.append(
+        f"| {sum(parts.values()) / per:.0f} | "
+        + " | ".join(f"{parts[k] / per:.1f}" for k in format_bytes.PARTS)
+        + f" | {seconds:.0f} s |"
+    )
+    print("  " + lines[-1], flush=True)
+    logdirs = [(real, 2, logdir, real[2])]  # GradientLogger's steps are 1..steps
     for runs, layers, steps in others:
         for version in (1, 2):
             if version == 1 and runs * layers * steps * 2 > V1_MAX_RECORDS:
@@ -441,7 +516,11 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
             logdirs.append(((runs, layers, steps), version, synthetic(runs, layers, steps, version), steps - 1))
     lines += [
         "",
-        "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; first requests)\n",
+        dated(
+            "### Format versions 1 and 2 in TensorBoard: start-up, load, memory, routes (warm medians; first "
+            "requests; version 1 as earlier releases wrote it, read by today's plugin)\n",
+            command,
+        ),
         "| runs x layers x steps | version | loader | start-up | loaded after start-up | statistics read ahead after "
         "loading | RSS | listing | flow matrix (first) | layer stats | anomalies | 3-run compare | slowest first "
         "request, read ahead | slowest first request, nothing read ahead |",
@@ -476,8 +555,8 @@ def format_tables(sizes: List[tuple], loaders: List[str], figures: Dict) -> List
     return lines
 
 
-def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
-    """The large-logdir targets next to what this run measured."""
+def format_targets(figures: Dict, sizes: List[tuple], command: str) -> List[str]:
+    """The large-logdir targets next to what this run measured, the tab's (warm medians) among them."""
     rows = []
     got = figures.get("format_bytes", {}).get(2)
     if got is not None:
@@ -520,10 +599,23 @@ def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
                 f"| {what}: slowest first request right after loading, nothing read ahead "
                 f"(`--layergrad_prefetch=false`) | – | {m['slowest_cold_unread_s']:.2f} s | – |"
             )
+    for loader in ("true", "false"):  # the tab's targets, at the second size (the format written)
+        m = tab.get((*sizes[1], 2, loader))
+        if m is None:
+            continue
+        for field, what, limit in (
+            ("matrix_s", "flow matrix", 1.0),
+            ("layer_detail_s", "layer detail", 0.3),
+            ("listing_s", "listing", 0.2),
+        ):
+            rows.append(
+                f"| tab {sizes[1][0]}x{sizes[1][1]}x{sizes[1][2]}, {'Rust' if loader == 'true' else 'Python'} loader: "
+                f"{what} | < {limit * 1e3:.0f} ms | {m[field] * 1e3:.0f} ms | {'met' if m[field] < limit else 'NOT met'} |"
+            )
     if not rows:
         return []
     return [
-        "### Targets for large logdirs, and this run\n",
+        dated("### Targets for large logdirs, and this run\n", command),
         "| figure | target | measured | |",
         "|---|---|---|---|",
         *rows,
@@ -531,107 +623,72 @@ def format_targets(figures: Dict, sizes: List[tuple]) -> List[str]:
     ]
 
 
-def target_table(figures: Dict, tab_size: tuple) -> List[str]:
-    """The training-step and tab targets next to what this run measured (ratios to a plain step; tab medians, warm)."""
+def target_table(figures: Dict, command: str) -> List[str]:
+    """The training-step targets next to what this run measured (ratios to a plain step): with the fused kernel,
+    without it (`TB_LAYERGRAD_FUSED=0`, what a GPU, macOS, Windows and ARM run), and `per_example=True`."""
     rows = []
 
-    def row(what: str, target: str, value: Optional[float], ok: Optional[bool], unit: str = "x") -> None:
-        shown = "–" if value is None else (f"{value:.2f}x" if unit == "x" else f"{value * 1e3:.0f} ms")
-        rows.append(f"| {what} | {target} | {shown} | {'–' if ok is None else ('met' if ok else 'NOT met')} |")
+    def row(what: str, target: Optional[float], value: Optional[float]) -> None:
+        """The ratio `value` against `target` (at most it); without a target (or a value), shown, not judged. A value
+        that reads as the target to two places gets three: "1.03x ... NOT met" would read as a contradiction."""
+        shown = "–" if value is None else f"{value:.2f}x"
+        if value is not None and target is not None and f"{value:.2f}" == f"{target:.2f}":
+            shown = f"{value:.3f}x"
+        if target is None or value is None:
+            rows.append(f"| {what} | – | {shown} | – |")
+        else:
+            rows.append(f"| {what} | <= {target:.2f}x | {shown} | {'met' if value <= target else 'NOT met'} |")
 
-    for mode, label in (("loop", "custom loop"), ("fit", "fit()")):
-        for name, r in figures.get(mode, {}).items():
-            every10, every1 = r.get("ours_every_10"), r.get("ours_every_1")
-            unchecked = r.get('ours_every_10, on_nonfinite="ignore"')
-            if unchecked is not None:  # fit(): the schedule alone; by default every step is also checked for NaN/Inf
-                row(
-                    f'{label}, {name}, all layers every 10 steps, on_nonfinite="ignore"',
-                    "<= 1.03x",
-                    unchecked,
-                    unchecked <= 1.03,
-                )
-                row(
-                    f"{label}, {name}, all layers every 10 steps, and every step checked for NaN/Inf (default)",
-                    "–",
-                    every10,
-                    None,
-                )
-            else:
-                row(f"{label}, {name}, all layers every 10 steps", "<= 1.03x", every10, every10 <= 1.03)
-            acts = r.get("ours_every_1+activations")
-            if acts is not None:
-                row(f"{label}, {name}, all layers every step, with activations", "–", acts, None)
-            limit = 1.5 if name == "cnn" else 1.10
-            row(f"{label}, {name}, all layers every step", f"<= {limit:.2f}x", every1, every1 <= limit)
-            floor = r.get("floor: our records, unreduced")
-            if floor is not None:  # what writing the format's records costs, with nothing reduced
-                row(f"{label}, {name}, every step: our records written, nothing reduced (floor)", "–", floor, None)
-            one_event = r.get("floor: our records as one event per step")
-            if one_event is not None:  # the same, all of a step's records in one event (not how ours writes)
-                row(
-                    f"{label}, {name}, every step: the same records as one event per step (floor)", "–", one_event, None
-                )
-            kernels = r.get("floor + one kernel per statistic")
-            if kernels is not None:  # ... plus the one TensorFlow kernel each recorded figure needs
-                row(
-                    f"{label}, {name}, every step: + one TensorFlow kernel per statistic and the histogram (floor)",
-                    "–",
-                    kernels,
-                    None,
-                )
-            plain_ops = r.get("ours_every_1, TensorFlow ops (no fused kernel)")
-            if plain_ops is not None:  # where the fused kernel cannot be built (no compiler, a GPU)
-                limit = NO_KERNEL_TARGETS.get(name, 1.10)
-                row(
-                    f"{label}, {name}, every step, without the fused kernel (TensorFlow ops)",
-                    f"<= {limit:.2f}x",
-                    plain_ops,
-                    plain_ops <= limit,
-                )
-            ops_10 = r.get("ours_every_10, TensorFlow ops (no fused kernel)")
-            if ops_10 is not None:
-                row(
-                    f"{label}, {name}, every 10 steps, without the fused kernel (TensorFlow ops)",
-                    f"<= {NO_KERNEL_EVERY_10_TARGET:.2f}x",
-                    ops_10,
-                    ops_10 <= NO_KERNEL_EVERY_10_TARGET,
-                )
+    for name, r in figures.get("loop", {}).items():
+        what = f"custom loop, {name}"
+        row(f"{what}, {LOOP_LABELS['ours_every_1']}", EVERY_STEP_TARGETS.get(name, 1.10), r.get("ours_every_1"))
+        row(f"{what}, {LOOP_LABELS['ours_every_10']}", EVERY_10_TARGET, r.get("ours_every_10"))
+        for key, label in (
+            ("floor: our records, unreduced", "every step: our records written, nothing reduced (floor)"),
+            ("floor: our records as one event per step", "every step: the same records as one event per step (floor)"),
+            (
+                "floor + one kernel per statistic",
+                "every step: + one TensorFlow kernel per statistic and the histogram (floor)",
+            ),
+        ):
+            if key in r:
+                row(f"{what}, {label}", None, r[key])
+        # Without the fused kernel: TensorFlow's ops, the path of a GPU, macOS, Windows, ARM.
+        for key, target in (
+            ("ours_every_1, TensorFlow ops (no fused kernel)", NO_KERNEL_TARGETS.get(name, 1.10)),
+            ("ours_every_10, TensorFlow ops (no fused kernel)", NO_KERNEL_EVERY_10_TARGET),
+        ):
+            if key in r:
+                row(f"{what}, {LOOP_LABELS[key]}", target, r[key])
+    for name, r in figures.get("fit", {}).items():
+        what = f"fit(), {name}"
+        # The schedule alone; by default every step is also checked for NaN/Inf (the observing step runs always).
+        row(
+            f'{what}, `GradientLogger(update_freq=10, on_nonfinite="ignore")`',
+            EVERY_10_TARGET,
+            r.get(FIT_NONFINITE_IGNORED),
+        )
+        row(f"{what}, `GradientLogger(update_freq=10)` (every step checked for NaN/Inf)", None, r.get("ours_every_10"))
+        row(f"{what}, `GradientLogger(update_freq=1, activations=True)`", None, r.get("ours_every_1+activations"))
+        row(f"{what}, `GradientLogger(update_freq=1)`", EVERY_STEP_TARGETS.get(name, 1.10), r.get("ours_every_1"))
     cnn = figures.get("loop", {}).get("cnn")
     if cnn:
         ours, hist = cnn["ours_every_1"] - 1, cnn["tf.summary.histogram_every_1"] - 1
         factor = hist / ours if ours > 0 else float("inf")
         rows.append(
-            f"| custom loop, cnn: overhead of tf.summary.histogram / ours | >= 5 | {factor:.1f} | {'met' if factor >= 5 else 'NOT met'} |"
+            f"| custom loop, cnn: overhead of `tf.summary.histogram` / ours, every step | >= 5 | {factor:.1f} | "
+            f"{'met' if factor >= 5 else 'NOT met'} |"
         )
-    for name, r in figures.get("per_example", {}).items():  # per_example=True every step, MLP and Transformer
-        every1 = r.get("per_example, every step")
-        target = name in ("mlp", "transformer")
+    for name, r in figures.get("per_example", {}).items():
         row(
-            f"custom loop, {name}, per_example=True every step (weights, records)",
-            "<= 1.50x" if target else "–",
-            every1,
-            every1 <= 1.5 if target else None,
+            f"custom loop, {name}, `capture(weights=True, per_example=True)` every step",
+            PER_EXAMPLE_TARGETS.get(name),
+            r.get("per_example, every step"),
         )
-    for key, m in figures.get("tab", {}).items():
-        if key[:3] != tab_size:
-            continue
-        loader = {"true": "Rust", "false": "Python"}[key[3]]
-        for field, what, limit in (
-            ("matrix_s", "flow matrix", 1.0),
-            ("layer_detail_s", "layer detail", 0.3),
-            ("listing_s", "listing", 0.2),
-        ):
-            row(
-                f"tab {tab_size[0]}x{tab_size[1]}x{tab_size[2]}, {loader} loader: {what}",
-                f"< {limit * 1e3:.0f} ms",
-                m[field],
-                m[field] < limit,
-                unit="s",
-            )
     if not rows:
         return []
     return [
-        "### Targets for the training step and the tab, and this run\n",
+        dated("### Targets for the training step, and this run\n", command, f"CPU: {instruction_set()}; "),
         "| figure | target | measured | |",
         "|---|---|---|---|",
         *rows,
@@ -654,12 +711,14 @@ READING = """### Reading the figures
   record holds (sum, sum of squares, min, max, sum of |x|, non-zero count): the records with nothing but
   the kernels they need, no path choice, no NaN/Inf handling, no edges. Ours minus this floor is what the
   exact, NaN-safe epilogue costs; this floor minus the first is what the statistics cost.
-- *TensorFlow ops (no fused kernel)*: ours where the fused kernel cannot be built. *Without the fused
-  kernel* sets that path against its targets, with the kernel beside it: the fused kernel is kept where
-  TensorFlow's ops take more than 3% longer than it every step.
-- fit(): *ours_every_N* is the default, which also checks every step for a NaN/Inf (the observing step
-  runs at every step); *on_nonfinite="ignore"* runs Keras' own step on the steps that log nothing;
-  *+activations* also logs the layer outputs.
+- Custom loop: *`summary.gradients` every 10th step* writes under `tf.summary.record_if(step % 10 == 0)`.
+- *`TB_LAYERGRAD_FUSED=0` (TensorFlow ops)*: ours where the fused kernel is not used (that variable, a GPU,
+  macOS, Windows, ARM, no C++ compiler). *Without the fused kernel* sets that path against its targets, with
+  the kernel beside it: the fused kernel is kept where TensorFlow's ops take more than 3% longer than it
+  every step.
+- fit(): *`GradientLogger(update_freq=N)`* with its defaults also checks every step for a NaN/Inf (the
+  observing step runs at every step); *`on_nonfinite="ignore"`* runs Keras' own step on the steps that
+  write nothing; *`activations=True`* also logs the layer outputs.
 - Route timings are medians of 11 warm requests. The machine may be shared: compare ratios within one run.
 
 How the figures are taken (interleaving, rounds, epochs) and the decisions they led to, with their
@@ -772,20 +831,35 @@ def main() -> None:
         return
     if args.rounds:
         rounds = args.rounds
+    flags = f"{' --smoke' if args.smoke else ''}{f' --rounds {args.rounds}' if args.rounds else ''}"
+    flags += f" --models {args.models}" if args.models else ""
+    command = f"`python bench/run.py{flags}`"  # what re-measures a section this run writes
     lines = [
         "# Performance",
         "",
-        f"Measured {datetime.date.today().isoformat()} with `python bench/run.py`{' --smoke' if args.smoke else ''}"
-        f"{f' --rounds {args.rounds}' if args.rounds else ''} on: {machine()}.",
+        f"Measured {datetime.date.today().isoformat()} with {command} on: {machine()}.",
         "",
     ]
     start_load = os.getloadavg()[0]
     figures: Dict = {}
     body: List[str] = []
+    took: Dict[str, float] = {}  # seconds per part: what the coordinator of a full run plans with
+
+    def part(name: str, measure: Callable[[], List[str]]) -> List[str]:
+        start = time.perf_counter()
+        out = measure()
+        took[name] = time.perf_counter() - start
+        print(f"  {name}: {took[name]:.0f} s", flush=True)
+        return out
+
     if not args.skip_overhead:
-        body += overhead_tables(models, rounds, block_seconds, fit_steps, figures, extra_rounds)
-        command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
-        body += weights_tables(rounds, block_seconds, fit_steps, figures, command, extra_rounds)
+        body += part(
+            "overhead",
+            lambda: overhead_tables(models, rounds, block_seconds, fit_steps, figures, command, extra_rounds),
+        )
+        body += part(
+            "fit weights", lambda: weights_tables(rounds, block_seconds, fit_steps, figures, command, extra_rounds)
+        )
         rows = [  # the custom loop's own variants, measured above in one process per model
             (
                 name,
@@ -797,20 +871,19 @@ def main() -> None:
         ]
         body += no_kernel_section(rows, figures, command, start_load)
     if not args.skip_per_example:
-        body += per_example_tables(
-            ["mlp"] if args.smoke else ["mlp", "cnn", "transformer"], rounds, block_seconds, figures
+        per_example_models = ["mlp"] if args.smoke else ["mlp", "cnn", "transformer"]
+        body += part(
+            "per-example", lambda: per_example_tables(per_example_models, rounds, block_seconds, figures, command)
         )
     if not args.skip_tab:
-        body += tab_tables(sizes, loaders, figures)
+        body += part("tab", lambda: tab_tables(sizes, loaders, figures, command))
     if not args.skip_format:
-        body += format_tables(format_sizes, loaders, figures)
+        body += part("format", lambda: format_tables(format_sizes, loaders, figures, command))
     if not args.skip_sweep:
-        command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
-        body += sweep_tables(sweep_size, loaders, figures, command)
+        body += part("sweep", lambda: sweep_tables(sweep_size, loaders, figures, command))
     if not args.skip_tab_sweep:
-        command = f"`python bench/run.py{' --smoke' if args.smoke else ''}`"
-        body += tab_sweep_tables(args.smoke, loaders, figures, command)
-    lines += format_targets(figures, format_sizes) + target_table(figures, format_sizes[1]) + body
+        body += part("tab sweep", lambda: tab_sweep_tables(args.smoke, loaders, figures, command))
+    lines += format_targets(figures, format_sizes, command) + target_table(figures, command) + body
     if args.out != "-" and os.path.exists(args.out):
         with open(args.out, encoding="utf-8") as f:
             lines += kept_sections(f.read(), lines + [READING])
@@ -819,7 +892,9 @@ def main() -> None:
     lines.insert(
         3,
         f"Load average (1 min) at the start {start_load:.1f}, at the end {os.getloadavg()[0]:.1f}: "
-        "ratios are medians over rounds of within-round ratios, but a busy machine still adds noise.\n",
+        "ratios are medians over rounds of within-round ratios, but a busy machine still adds noise. The run took "
+        f"{sum(took.values()) / 60:.0f} min ({', '.join(f'{k} {v / 60:.1f}' for k, v in took.items())}). Sections "
+        "measured by other commands say which in their heading.\n",
     )
     text = "\n".join(lines)
     print(text)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -13,11 +14,26 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.mark.slow
 def test_bench_run_smoke(tmp_path):
-    """A full run (tiny) over an existing report: every section it measures written anew, once; the sections other
-    commands write (the JAX fit, a long run) kept."""
+    """A full run (tiny) over an existing report: every section it measures written anew, once, in the public API's
+    words, its targets judged; the sections other commands write (the JAX fit, a long run, the GPU's) kept, and no
+    other text of the old report (its header's notes, a section no command writes any more)."""
     out = tmp_path / "PERFORMANCE.md"
-    others = ["### fit() on JAX: old figures", "", "| jax | 1 |", "", "### Long run: 5 steps", "", "| long | 2 |"]
-    out.write_text("\n".join(["# Performance", "", "### Custom training loop (tf.function step), old", "", *others]))
+    others = [
+        "### fit() on JAX: old figures (measured 2026-01-02 with `KERAS_BACKEND=jax python bench/jax_fit.py`)",
+        "",
+        "| jax | 1 |",
+        "",
+        "### Long run: 5 steps (measured 2026-01-02 with `python bench/run.py --only-long-run`)",
+        "",
+        "| long | 2 |",
+        "",
+        "### On a GPU: to be measured",
+        "",
+        "run `python bench/gpu.py`",
+    ]
+    stale = ["A note on an old API", "", "### Format versions 1 and 2: event-file bytes, old", "", "| 1 | 1316 |"]
+    old = ["# Performance", "", *stale[:2], "### Custom training loop (tf.function step), old", "", *stale[2:], ""]
+    out.write_text("\n".join(old + others))
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "bench", "run.py"), "--smoke", "--out", str(out)],
         capture_output=True,
@@ -39,6 +55,26 @@ def test_bench_run_smoke(tmp_path):
     headings = [line for line in text.splitlines() if line.startswith("### ")]
     assert len(headings) == len(set(headings)) and "### Custom training loop (tf.function step), old" not in headings
     assert "\n".join(others) in text
+    assert not any(line in text for line in stale if line), text[:2000]
+    assert not any(name in text for name in ("check_every_step", "every_n_steps", "ours_every", "format_version=1"))
+    assert re.search(r"^Measured .*; (AVX-512|AVX2|neither AVX2 nor AVX-512)\)", text, re.M), text[:600]  # the CPU's
+    # fit()'s variants by GradientLogger's arguments; the targets of the path without the fused kernel and of
+    # per_example=True judged from this run's figures.
+    targets = [line for line in text.splitlines() if line.startswith(("| custom loop, ", "| fit(), "))]
+    judged = {line.split(" | ")[0][2:]: line.split(" | ")[1] for line in targets if line.endswith("met |")}
+    assert judged == {
+        "custom loop, mlp, `summary.gradients` every step": "<= 1.10x",
+        "custom loop, mlp, `summary.gradients` every 10th step": "<= 1.03x",
+        "custom loop, mlp, every step, `TB_LAYERGRAD_FUSED=0` (TensorFlow ops)": "<= 1.10x",
+        "custom loop, mlp, every 10th step, `TB_LAYERGRAD_FUSED=0` (TensorFlow ops)": "<= 1.03x",
+        'fit(), mlp, `GradientLogger(update_freq=10, on_nonfinite="ignore")`': "<= 1.03x",
+        "fit(), mlp, `GradientLogger(update_freq=1)`": "<= 1.10x",
+        "custom loop, mlp, `capture(weights=True, per_example=True)` every step": "<= 1.20x",
+    }, targets
+    # The tab's targets among the large logdirs' (the format part measures them), judged.
+    tab = [line for line in text.splitlines() if line.startswith("| tab 2x4x20, Python loader: ")]
+    assert [line.split(" | ")[1] for line in tab] == ["< 1000 ms", "< 300 ms", "< 200 ms"], tab
+    assert all(line.endswith(("| met |", "| NOT met |")) for line in tab), tab
     # Every measured cell is a number with a unit, not a placeholder.
     rows = [line for line in text.splitlines() if line.startswith("| mlp |") or line.startswith("| 3 x 4 x 20 |")]
     assert len(rows) == 7, rows  # loop, fit(), fit() with weights=True, no kernel, bytes, per-example, tab
