@@ -23,6 +23,7 @@ import tensorflow as tf
 from models import MODELS
 
 import tb_layergrad
+from tb_layergrad.kernel import cache as kernel_cache
 from tb_layergrad.kernel import fused as fused_kernel
 
 Step = Callable[[], object]
@@ -162,7 +163,7 @@ def custom_loop_variants(name: str, logdir: str) -> Dict[str, Step]:
 
     def without_kernel(grads) -> None:  # ours where the fused kernel cannot be built: TensorFlow's ops
         # TB_LAYERGRAD_FUSED=0, the user's switch, read while the step is traced
-        with mock.patch.dict(os.environ, {fused_kernel.ENV_SWITCH: "0"}):
+        with mock.patch.dict(os.environ, {kernel_cache.ENV_SWITCH: "0"}):
             tb_layergrad.summary.gradients(grads)
 
     tb_histogram = lambda every: logged(every, "tbhist", tf_histograms)  # noqa: E731

@@ -380,7 +380,7 @@ def fused_kernel():
         return fused.unavailable_reason() or "the fused write op cannot write to TensorFlow's summary writers here"
 
     def off():
-        return mock.patch.dict(os.environ, {fused.ENV_SWITCH: "0"})
+        return mock.patch.dict(os.environ, {cache.ENV_SWITCH: "0"})
 
     return types.SimpleNamespace(
         off=off, missing=missing, write_missing=write_missing, cannot_attempt=cache.unavailable_reason

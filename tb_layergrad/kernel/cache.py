@@ -36,6 +36,8 @@ from typing import Callable, Iterator, List, Optional, Sequence, Tuple, Union
 log = logging.getLogger("tb_layergrad")
 
 ENV_CACHE = "TB_LAYERGRAD_CACHE"
+# Off ("0", "false", "no", "off"): neither build computes records; TensorFlow's ops or XLA do.
+ENV_SWITCH = "TB_LAYERGRAD_FUSED"
 # Named in the message of a remembered failure: it builds again, ignoring the marker.
 RETRY_COMMAND = "python -m tb_layergrad.kernel"
 BUILD_TIMEOUT_S = 600
@@ -80,6 +82,22 @@ def cpu_flags() -> str:
     except OSError:
         pass
     return platform.processor()
+
+
+def switched_off() -> bool:
+    """Whether the user turned the C++ builds off (`TB_LAYERGRAD_FUSED=0`).
+
+    Why read on every call, not once: a step is traced when it first runs, so a user
+    who sets the variable in a notebook after importing, or compares both paths in
+    one process, gets what they set for every step traced from then on.
+    """
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
+
+
+def arithmetic_flags(compiler: str) -> Tuple[str, ...]:
+    """The flags both builds compute with: the host's instruction set, and no contraction of a product and a sum
+    into one multiply-add, so that the histogram edges round twice, as every writer computes them."""
+    return ("-O3", *target_flags(compiler), "-ffp-contract=off", "-fopenmp-simd")
 
 
 @functools.lru_cache(maxsize=None)

@@ -49,7 +49,6 @@ OP_NAME = "TbLayergradHistogramsAndStats"
 WRITE_OP_NAME = "TbLayergradWriteHistogramsAndStats"
 # The dtypes the kernel reads (float16/bfloat16 are widened to float32 inside it).
 DTYPES = (tf.float16, tf.bfloat16, tf.float32)
-ENV_SWITCH = "TB_LAYERGRAD_FUSED"
 ENV_CACHE = cache.ENV_CACHE
 
 _lock = threading.Lock()
@@ -61,10 +60,7 @@ def _build_command(compiler: str, output: Path) -> List[str]:
         compiler,
         "-shared",
         "-fPIC",
-        "-O3",
-        *cache.target_flags(compiler),
-        "-ffp-contract=off",
-        "-fopenmp-simd",
+        *cache.arithmetic_flags(compiler),
         "-w",
         *map(str, SOURCES),
         "-o",
@@ -94,16 +90,6 @@ def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
         announce="its fused reduction kernel for this TensorFlow (once, ~30 s)",
         retry=retry,
     )
-
-
-def _switched_off() -> bool:
-    """Whether the user turned the kernel off (`TB_LAYERGRAD_FUSED=0`).
-
-    Why read on every call, not once: a step is traced when it first runs, so a user
-    who sets the variable in a notebook after importing, or compares both paths in
-    one process, gets what they set for every step traced from then on.
-    """
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def _load() -> Tuple[Optional[Any], Optional[str]]:
@@ -158,7 +144,7 @@ def _write_op_error(module: Any) -> Optional[str]:
 def _module() -> Optional[Any]:
     """The loaded library, or None when it cannot be used here (built and loaded once per process; the switch
     is read each time)."""
-    if _switched_off():
+    if cache.switched_off():
         return None
     with _lock:
         if "module" not in _state:
@@ -183,7 +169,7 @@ def write_op():
 
 def unavailable_reason() -> Optional[str]:
     """Why `op()` is None (None when it is not, or has not been asked for yet)."""
-    return f"{ENV_SWITCH}=0" if _switched_off() else _state.get("error")
+    return f"{cache.ENV_SWITCH}=0" if cache.switched_off() else _state.get("error")
 
 
 # -- the two ops, called from Python: what they take, in a few named parts --------------------

@@ -33,8 +33,6 @@ log = logging.getLogger("tb_layergrad")
 
 SOURCE = Path(__file__).with_name("src") / "host_records.cc"
 HEADERS = (SOURCE.with_name("records_core.h"),)
-# The switch the fused kernel reads: off, both compute the records without C++.
-ENV_SWITCH = "TB_LAYERGRAD_FUSED"
 # The element types the interface reads, by their code in host_records.cc (DType).
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 NUM_STATS = len(metadata.STAT_FIELDS)
@@ -48,11 +46,8 @@ def _build_command(compiler: str, output: Path) -> List[str]:
         compiler,
         "-shared",
         "-fPIC",
-        "-O3",
         "-std=c++17",
-        *cache.target_flags(compiler),
-        "-ffp-contract=off",
-        "-fopenmp-simd",
+        *cache.arithmetic_flags(compiler),
         "-pthread",
         "-w",
         str(SOURCE),
@@ -77,10 +72,6 @@ def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
         announce="its host reduction loops (once, a few seconds)",
         retry=retry,
     )
-
-
-def _switched_off() -> bool:
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() in ("0", "false", "no", "off")
 
 
 def _load() -> Tuple[Optional[ctypes._CFuncPtr], Optional[str]]:
@@ -111,7 +102,7 @@ def _load() -> Tuple[Optional[ctypes._CFuncPtr], Optional[str]]:
 def _function() -> Optional[ctypes._CFuncPtr]:
     """The C function, or None where it cannot be used (built and loaded once per process; the switch is read
     each time). Why it is not used is logged once."""
-    if _switched_off():
+    if cache.switched_off():
         return None
     with _lock:
         if "function" not in _state:
@@ -132,7 +123,7 @@ def available() -> bool:
 
 def unavailable_reason() -> Optional[str]:
     """Why `records` returns None (None when it does not, or has not been asked yet)."""
-    return f"{ENV_SWITCH}=0" if _switched_off() else _state.get("error")
+    return f"{cache.ENV_SWITCH}=0" if cache.switched_off() else _state.get("error")
 
 
 def _threads() -> int:

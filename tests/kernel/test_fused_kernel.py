@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 from tb_layergrad import metadata
+from tb_layergrad.kernel import cache as kernel_cache
 from tb_layergrad.kernel import fused as fused_kernel
 from tb_layergrad.statistics import reductions
 from tb_layergrad.summary import write
@@ -79,7 +80,7 @@ def test_kernel_records_match_the_reference_and_the_tensorflow_path(graph, refer
     run = tf.function if graph else (lambda f: f)
     fused = run(lambda ts: write.reduce(ts, 30))(tensors)
     with monkeypatch.context() as env:
-        env.setenv(fused_kernel.ENV_SWITCH, "0")
+        env.setenv(kernel_cache.ENV_SWITCH, "0")
         plain = run(lambda ts: write.reduce(ts, 30))(tensors)
     for t, (hist, stats), (p_hist, p_stats) in zip(tensors, fused, plain):
         hist, stats = hist.numpy(), stats.numpy()
@@ -181,7 +182,7 @@ def test_a_step_reduces_every_tensor_in_one_op(monkeypatch):
     result = fn(tensors)
     assert len(result) == 3
     with monkeypatch.context() as env:
-        env.setenv(fused_kernel.ENV_SWITCH, "0")
+        env.setenv(kernel_cache.ENV_SWITCH, "0")
         alone = reductions.histogram_and_stats(tensors[2], 30)
     np.testing.assert_array_equal(result[2][1].numpy(), alone[1].numpy())
 
@@ -218,10 +219,10 @@ def test_without_the_kernel_the_records_are_the_same(tmp_path):
     assert "TensorFlow ops are used instead" in out.stderr
     assert numbers == "[4.0, 1.0, 0.0, 0.0, 0.0] [1.0, 1.0, 1.0]"
 
-    env = dict(os.environ, **{fused_kernel.ENV_SWITCH: "0"})
+    env = dict(os.environ, **{kernel_cache.ENV_SWITCH: "0"})
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1].split(" | ")[:2] == ["True", f"{fused_kernel.ENV_SWITCH}=0"]
+    assert out.stdout.strip().splitlines()[-1].split(" | ")[:2] == ["True", f"{kernel_cache.ENV_SWITCH}=0"]
 
 
 def test_the_switch_is_read_each_time_a_step_is_traced(monkeypatch):
@@ -234,10 +235,10 @@ def test_the_switch_is_read_each_time_a_step_is_traced(monkeypatch):
         return [op.type for op in concrete.graph.get_operations()].count(fused_kernel.OP_NAME)
 
     assert fused_ops(step()) == (1 if available else 0)
-    monkeypatch.setenv(fused_kernel.ENV_SWITCH, "0")
-    assert fused_kernel.op() is None and fused_kernel.unavailable_reason() == f"{fused_kernel.ENV_SWITCH}=0"
+    monkeypatch.setenv(kernel_cache.ENV_SWITCH, "0")
+    assert fused_kernel.op() is None and fused_kernel.unavailable_reason() == f"{kernel_cache.ENV_SWITCH}=0"
     assert fused_ops(step()) == 0
-    monkeypatch.delenv(fused_kernel.ENV_SWITCH)
+    monkeypatch.delenv(kernel_cache.ENV_SWITCH)
     assert (fused_kernel.op() is not None) == available
     assert fused_ops(step()) == (1 if available else 0)
 

@@ -141,6 +141,6 @@ def test_a_failed_build_is_said_once_and_leaves_the_fallback_to_the_caller(tmp_p
 
 
 def test_switched_off_with_the_kernels_switch(monkeypatch):
-    monkeypatch.setenv(host_records.ENV_SWITCH, "0")
+    monkeypatch.setenv(kernel_cache.ENV_SWITCH, "0")
     assert host_records.records([CASES["normal"]], K) is None
-    assert host_records.unavailable_reason() == f"{host_records.ENV_SWITCH}=0"
+    assert host_records.unavailable_reason() == f"{kernel_cache.ENV_SWITCH}=0"
