@@ -41,8 +41,8 @@ def host_records(arrays: Sequence[Any]) -> Tuple[np.ndarray, np.ndarray]:
     """(stats [T, NUM_STATS], counts [T, BUCKETS]) of the tensors a CPU step handed its callback.
 
     The one place that decides what reduces them on the host: the fused kernel's C++ loops
-    (`kernel.host_records`) where they are built here, about a tenth of the time per element of the same
-    definitions under XLA's CPU code (docs/DESIGN.md, "The cost of a written step on JAX"); elsewhere (no
+    (`kernel.host_records`) where they are built here, one pass per tensor where the same definitions under
+    XLA's CPU code make several (docs/DESIGN.md, "The cost of a written step on JAX"); elsewhere (no
     compiler, not Linux x86-64, `TB_LAYERGRAD_FUSED=0`) `reductions` compiled on its own, on the host device.
     """
     done = kernel_host_records.records([np.asarray(a) for a in arrays], BUCKETS)

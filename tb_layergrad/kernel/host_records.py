@@ -1,8 +1,8 @@
 """The fused kernel's one-pass loops without TensorFlow: the records of host (numpy) arrays through ctypes.
 
 Why: JAX's CPU step hands a written step's tensors to one host callback, which must reduce them; XLA's
-compiled definitions (`tb_layergrad.jax.reductions`) take about ten times the fused kernel's time per element
-(docs/DESIGN.md, "The cost of a written step on JAX"). `src/host_records.cc` runs the kernel's loops
+compiled definitions (`tb_layergrad.jax.reductions`) make several passes per tensor where the fused kernel
+makes one (docs/DESIGN.md, "The cost of a written step on JAX"). `src/host_records.cc` runs the kernel's loops
 (`src/records_core.h`) behind a plain C interface, on the arrays the callback already holds, and spreads them
 over the host's cores. Built like the kernel (`cache`: on first use, with the machine's compiler, once per
 compiler and CPU kind), but needing neither TensorFlow nor Python's headers, so a JAX install without
