@@ -76,8 +76,7 @@ class Batch(Sequence[tb_provider.TensorDatum]):
 
     def fit(self, shape: Sequence[Optional[int]]) -> bool:
         """Whether every record has the shape `fits` asks for (they are of one shape)."""
-        got = self.values.shape[1:]
-        return len(got) == len(shape) and all(want is None or g == want for g, want in zip(got, shape))
+        return _shape_fits(self.values.shape[1:], shape)
 
     def last_of_each_step(self) -> "np.ndarray | slice":
         """The positions of `select`'s records: by ascending step, the last record of a repeated step (all of them,
