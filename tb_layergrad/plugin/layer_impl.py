@@ -40,7 +40,7 @@ def stats_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
         return _stats_body(reading, eid, q, s, src)
 
     # Once per change of the layer's series, whoever asks (`AnswerCache`): the body is of its records alone.
-    return reading.answers.answer((eid, "stats", q), src.rc.signature, compute)
+    return reading.answers.answer((eid, "stats", q), src, compute)
 
 
 def _stats_body(reading: Reading, eid: str, q: LayerQuery, s: catalog.Series, src: RunSource) -> dict:

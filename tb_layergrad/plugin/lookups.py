@@ -148,15 +148,19 @@ class AnswerCache:
 
     def __init__(self, max_answers: int = 64) -> None:
         self._max = max_answers
-        self._kept: "collections.OrderedDict[Hashable, Tuple[tuple, Any]]" = collections.OrderedDict()
+        # key -> (the listing's signature the answer is of, None: of none; the answer)
+        self._kept: "collections.OrderedDict[Hashable, Tuple[Optional[tuple], Any]]" = collections.OrderedDict()
         self._computing: set = set()
         self._lock = threading.Lock()
         self._computed = threading.Condition(self._lock)  # notified when a computation ends
 
-    def answer(self, key: Hashable, signature: tuple, compute: Callable[[], Any]) -> Any:
-        """The kept answer for `key` if computed at `signature` (or being computed again now), else `compute()`;
-        with none kept while another thread computes it, that thread's answer (its own `compute()` if that one
-        failed)."""
+    def answer(self, key: Hashable, src: RunSource, compute: Callable[[], Any]) -> Any:
+        """The kept answer for `key` if computed at the listing of `src.rc` (`signature`), or being computed again
+        now, else `compute()` (which reads through `src`); with none kept while another thread computes it, that
+        thread's answer (its own `compute()` if that one failed). An answer computed from tables kept as of another
+        listing (`src.behind`: read while another request read the run) answers this request but is kept as no
+        listing's: the next request computes it again, so a run that stops changing shows its last steps."""
+        signature = src.rc.signature
         with self._lock:
             hit = self._kept.get(key)
             if hit is None and key in self._computing:
@@ -179,7 +183,7 @@ class AnswerCache:
                     self._computed.notify_all()
             raise
         with self._lock:
-            self._kept[key] = (signature, value)
+            self._kept[key] = (None if src.behind else signature, value)
             self._kept.move_to_end(key)
             while len(self._kept) > self._max:
                 self._kept.popitem(last=False)

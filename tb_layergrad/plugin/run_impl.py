@@ -106,7 +106,7 @@ def matrix_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict:
         columns = [(tables[s.key].steps, tables[s.key].column(q.stat)) for s in chosen]
         return _matrix_body(head, columns, q.stat, q, flags_of_bins)
 
-    return reading.answers.answer((eid, "matrix", q), src.rc.signature, compute)
+    return reading.answers.answer((eid, "matrix", q), src, compute)
 
 
 def _pyramid_body(
@@ -226,7 +226,7 @@ def anomalies_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict
         result.dominated = run_anomalies.read_dominance(src, q.target, q.source, q.start, q.end)
         return bodies.anomalies_body(result, q.layer, q.flags_start, q.flags_end, q.points)
 
-    return reading.answers.answer((eid, "anomalies", q), rc.signature, compute)
+    return reading.answers.answer((eid, "anomalies", q), src, compute)
 
 
 def noise_scale_impl(reading: Reading, ctx: object, eid: str, q: NoiseScaleQuery) -> dict:

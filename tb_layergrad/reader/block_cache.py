@@ -46,24 +46,25 @@ class BlockCache:
         self._bytes = 0
         self._reading: Dict[_Key, int] = {}  # blocks being read now -> the reading thread
 
-    def claim(self, experiment_id: str, run: str, part: catalog.Part) -> Optional[series.Points]:
-        """After a `get` that missed: the block as kept at an earlier version while another thread reads it now
-        (a block being written changes at every step: one thread reads it, the others answer with what is kept);
-        with nothing kept, the block as that thread keeps it once read (waited for, not read a second time);
-        else None, and this thread is the block's reader until its `release`. A thread claims the blocks it
-        reads in the order of their tags (`layer_points.read_points`), so two readers never wait for each other."""
+    def claim(self, experiment_id: str, run: str, part: catalog.Part) -> Optional[Tuple[series.Points, bool]]:
+        """After a `get` that missed: (the block as kept at an earlier version, False) while another thread reads it
+        now (a block being written changes at every step: one thread reads it, the others answer with what is
+        kept, an answer then of no listing: `RunSource.behind`); with nothing kept, (the block as that thread keeps
+        it once read, whether that is the version listed) (waited for, not read a second time); else None, and
+        this thread is the block's reader until its `release`. A thread claims the blocks it reads in the order of
+        their tags (`layer_points.read_points`), so two readers never wait for each other."""
         key = (experiment_id, run, part.tag)
         me = threading.get_ident()
         with self._lock:
             while key in self._reading and self._reading[key] != me:
                 hit = self._blocks.get(key)
                 if hit is not None:
-                    return hit[1]
+                    return hit[1], hit[0] == version(part)
                 self._read_done.wait()
             hit = self._blocks.get(key)
             if hit is not None and hit[0] == version(part) and key not in self._reading:
                 self._blocks.move_to_end(key)
-                return hit[1]  # read meanwhile by the thread waited for
+                return hit[1], True  # read meanwhile by the thread waited for
             self._reading[key] = me
             return None
 

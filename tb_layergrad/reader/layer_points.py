@@ -57,9 +57,12 @@ def read_points(
             p = grouped[tag]
             found[tag] = blocks.get(experiment_id, rc.run, p)
             if found[tag] is None:
-                found[tag] = blocks.claim(experiment_id, rc.run, p)
-                if found[tag] is None:
+                kept_block = blocks.claim(experiment_id, rc.run, p)
+                if kept_block is None:
                     claimed.append(p)
+                else:
+                    found[tag], as_listed = kept_block
+                    src.behind = src.behind or not as_listed
         kept = {t: v for t, v in found.items() if v is not None}
         _read_others(src, others, kept, out, start, end, max_steps)
     finally:

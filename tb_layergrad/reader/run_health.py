@@ -212,7 +212,7 @@ class HealthCache:
 
     def __init__(self, max_rows: int = 4096) -> None:
         self._max_rows = max_rows
-        self._rows: "collections.OrderedDict[tuple, Tuple[tuple, dict]]" = collections.OrderedDict()
+        self._rows: "collections.OrderedDict[tuple, Tuple[Optional[tuple], dict]]" = collections.OrderedDict()
         self._lock = threading.Lock()
         self._computing: set = set()  # rows being computed now
         self.computed = 0  # rows computed since start: what a test of "nothing recomputed" reads
@@ -254,7 +254,8 @@ class HealthCache:
         value = {"target": chosen, **found, "warnings": list(rc.warnings)}
         with self._lock:
             self.computed += 1
-            self._rows[key] = (rc.signature, value)
+            # Computed from tables kept as of another listing (`RunSource.behind`): kept as no listing's row.
+            self._rows[key] = (None if src.behind else rc.signature, value)
             self._rows.move_to_end(key)
             while len(self._rows) > self._max_rows:
                 self._rows.popitem(last=False)

@@ -50,6 +50,9 @@ class RunSource:
     store: Optional[StatsStore] = None
     blocks: Optional[BlockCache] = None
     folds: Optional[RuleFold] = None
+    # Whether a read answered tables kept as of another listing than `rc`'s (`StatsStore.read_listed`): what is
+    # computed from this source then holds for no listing, and is not kept as `rc.signature`'s.
+    behind: bool = dataclasses.field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.store is None:
@@ -63,4 +66,6 @@ class RunSource:
         self, chosen: Sequence[catalog.Series], start: Optional[int] = None, end: Optional[int] = None
     ) -> Dict[catalog.SeriesKey, StatsRows]:
         """`{key: StatsRows}` of `stats` series of this run within [start, end], through the store."""
-        return self.store.read(self.ctx, self.experiment_id, self.rc.run, chosen, start, end)
+        rows, listed = self.store.read_listed(self.ctx, self.experiment_id, self.rc.run, chosen, start, end)
+        self.behind = self.behind or not listed
+        return rows

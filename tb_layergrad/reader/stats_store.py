@@ -313,12 +313,15 @@ class StatsStore:
     def holds_all(self, experiment_id: str, run: str, stats_series: Sequence[catalog.Series]) -> bool:
         """Whether every part of these series is kept as listed (a group may hold more blocks besides)."""
         with self._lock:
-            for s in stats_series:
-                for p in s.parts:
-                    hit = self._tables.get((experiment_id, run, p.group if p.grouped else p.tag))
-                    held = None if hit is None else (hit[1].versions.get(p.tag) if p.grouped else hit[0])
-                    if held != _version(p):
-                        return False
+            return self._holds_all(experiment_id, run, stats_series)
+
+    def _holds_all(self, experiment_id: str, run: str, stats_series: Sequence[catalog.Series]) -> bool:
+        for s in stats_series:
+            for p in s.parts:
+                hit = self._tables.get((experiment_id, run, p.group if p.grouped else p.tag))
+                held = None if hit is None else (hit[1].versions.get(p.tag) if p.grouped else hit[0])
+                if held != _version(p):
+                    return False
         return True
 
     def read_ahead(self, ctx: object, experiment_id: str, run: str, stats_series: Sequence[catalog.Series]) -> bool:
@@ -344,13 +347,30 @@ class StatsStore:
         start: Optional[int] = None,
         end: Optional[int] = None,
     ) -> Dict[catalog.SeriesKey, StatsRows]:
-        """`{series key: StatsRows}` of the given stats series of one run, within [start, end].
+        """`{series key: StatsRows}` of the given stats series of one run, within [start, end] (`read_listed`'s
+        rows)."""
+        return self.read_listed(ctx, experiment_id, run, stats_series, start, end)[0]
+
+    def read_listed(
+        self,
+        ctx: object,
+        experiment_id: str,
+        run: str,
+        stats_series: Sequence[catalog.Series],
+        start: Optional[int] = None,
+        end: Optional[int] = None,
+    ) -> Tuple[Dict[catalog.SeriesKey, StatsRows], bool]:
+        """(`{series key: StatsRows}` of the given stats series of one run, within [start, end]; whether they are
+        the records the series' listing says: False when they are tables kept as of another listing).
 
         While another request (or the read-ahead) reads the run, the tables kept of every series asked are
         answered at once (a run being written: as of that read's start) instead of waiting for the read and
         then reading the run's new records again: a run appended at every step is then read by one request at
         a time, however many ask, and none waits longer than one read. With nothing kept, it waits for that
-        read, and answers what it kept if it read what is asked."""
+        read, and answers what it kept if it read what is asked. Why say which: an answer made of rows older
+        than the listing it was asked with must not be kept as that listing's answer (`AnswerCache`,
+        `HealthCache`), or a run that then stops changing (a finished run, a record completed) would show its
+        earlier steps for good."""
         lock = self._run_lock(experiment_id, run)
         if not lock.acquire(blocking=False):
             kept = self._kept(experiment_id, run, stats_series, start, end)
@@ -359,11 +379,13 @@ class StatsStore:
             lock.acquire()
             try:  # the read waited for may have kept what is asked (as of its start): not read a second time
                 kept = self._kept(experiment_id, run, stats_series, start, end)
-                return kept if kept is not None else self._read(ctx, experiment_id, run, stats_series, start, end)
+                if kept is not None:
+                    return kept
+                return self._read(ctx, experiment_id, run, stats_series, start, end), True
             finally:
                 lock.release()
         try:
-            return self._read(ctx, experiment_id, run, stats_series, start, end)
+            return self._read(ctx, experiment_id, run, stats_series, start, end), True
         finally:
             lock.release()
 
@@ -374,8 +396,9 @@ class StatsStore:
         stats_series: Sequence[catalog.Series],
         start: Optional[int],
         end: Optional[int],
-    ) -> Optional[Dict[catalog.SeriesKey, StatsRows]]:
-        """The series as the tables kept hold them, whatever their version; None if one has no table kept."""
+    ) -> Optional[Tuple[Dict[catalog.SeriesKey, StatsRows], bool]]:
+        """The series as the tables kept hold them, whatever their version, and whether that is the version listed
+        (as `holds_all`, in the same hold of the lock); None if one has no table kept."""
         out = {}
         with self._lock:
             for s in stats_series:
@@ -386,7 +409,7 @@ class StatsStore:
                         return None
                     rows.append(hit[1].rows.layer(row) if row is not None else hit[1])
                 out[s.key] = union(rows).between(start, end)
-        return out
+            return out, self._holds_all(experiment_id, run, stats_series)
 
     def _read(
         self,

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import threading
+import types
 
 import numpy as np
 import pytest
@@ -180,6 +181,11 @@ def test_a_run_read_while_written_answers_as_a_fresh_read(
     assert compared == 10
 
 
+def _at(signature: int, behind: bool = False) -> types.SimpleNamespace:
+    """What `AnswerCache.answer` reads of a `RunSource`: its listing's signature, whether a read was behind it."""
+    return types.SimpleNamespace(rc=types.SimpleNamespace(signature=(signature,)), behind=behind)
+
+
 def test_an_answer_is_computed_once_per_change_of_the_run():
     cache = AnswerCache()
     calls = []
@@ -188,9 +194,9 @@ def test_an_answer_is_computed_once_per_change_of_the_run():
         calls.append(1)
         return len(calls)
 
-    assert cache.answer("q", (1,), compute) == 1
-    assert cache.answer("q", (1,), compute) == 1  # the run unchanged: nothing computed
-    assert cache.answer("q", (2,), compute) == 2
+    assert cache.answer("q", _at(1), compute) == 1
+    assert cache.answer("q", _at(1), compute) == 1  # the run unchanged: nothing computed
+    assert cache.answer("q", _at(2), compute) == 2
     started, release, got = threading.Event(), threading.Event(), []
 
     def slow() -> str:
@@ -198,26 +204,72 @@ def test_an_answer_is_computed_once_per_change_of_the_run():
         release.wait()
         return "as of step 3"
 
-    other = threading.Thread(target=lambda: got.append(cache.answer("q", (3,), slow)))
+    other = threading.Thread(target=lambda: got.append(cache.answer("q", _at(3), slow)))
     other.start()
     started.wait()
-    assert cache.answer("q", (4,), compute) == 2  # being computed: the kept answer, not a second computation
+    assert cache.answer("q", _at(4), compute) == 2  # being computed: the kept answer, not a second computation
     release.set()
     other.join()
     assert got == ["as of step 3"] and len(calls) == 2
-    assert cache.answer("q", (4,), compute) == 3  # asked after: the newest steps
+    assert cache.answer("q", _at(4), compute) == 3  # asked after: the newest steps
 
     started.clear(), release.clear(), got.clear()  # a first answer, none kept: the others wait for it
-    first = threading.Thread(target=lambda: got.append(cache.answer("new", (1,), slow)))
+    first = threading.Thread(target=lambda: got.append(cache.answer("new", _at(1), slow)))
     first.start()
     started.wait()
-    waiter = threading.Thread(target=lambda: got.append(cache.answer("new", (2,), compute)))
+    waiter = threading.Thread(target=lambda: got.append(cache.answer("new", _at(2), compute)))
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive() and got == []
     release.set()
     first.join(), waiter.join()
     assert got == ["as of step 3"] * 2 and len(calls) == 3  # computed once, not again beside it
+
+
+def test_an_answer_read_behind_its_listing_is_not_kept_as_that_listing():
+    cache = AnswerCache()
+    calls = []
+
+    def compute() -> int:
+        calls.append(1)
+        return len(calls)
+
+    assert cache.answer("q", _at(1, behind=True), compute) == 1  # answered, as of an earlier listing
+    assert cache.answer("q", _at(1), compute) == 2  # the same listing asked again: computed again
+    assert cache.answer("q", _at(1), compute) == 2  # now of that listing: kept
+
+
+def test_a_record_completed_while_its_run_is_read_is_served(tmp_path, plugin_fixtures, reliability_fixtures):
+    """The last record of a run completed while another request reads the run's statistics: that request's
+    answer (the tables kept, of the steps before) is not kept as the new listing's, and once nothing changes
+    any more every route serves the completed step (a run that stops changing shows its last steps)."""
+    f = reliability_fixtures.write_run(str(tmp_path / "cut"), ["net/a", "net/b"], range(10))
+    with open(f.path, "rb") as fh:
+        data = fh.read()
+    cut = f.offsets[-1] + 12 + (len(data) - f.offsets[-1] - 12) // 2  # inside the payload of step 9's record
+    with open(f.path, "r+b") as fh:
+        fh.truncate(cut)
+    tb = plugin_fixtures.InProcess(str(tmp_path))
+    asked = {
+        "matrix": {"run": "cut"},
+        "stats": {"run": "cut", "layer": "net/a"},
+        "anomalies": {"run": "cut"},
+        "sweep": {},
+    }
+
+    def last_steps() -> dict:
+        out = {}
+        for route, query in asked.items():
+            body = plugin_fixtures.strict_json(tb.get(route, query).get_data())
+            out[route] = body["runs"][0]["last_step"] if route == "sweep" else body["steps"][-1]
+        return out
+
+    assert last_steps() == {"matrix": 8, "stats": 8, "anomalies": 8, "sweep": 8}
+    f.append_raw(data[cut:])
+    reading = tb.plugin._routes.reading  # noqa: SLF001 - the plugin's shared reading state
+    with reading.stats._run_lock("", "cut"):  # noqa: SLF001 - another request reading the run now
+        assert last_steps() == {"matrix": 8, "stats": 8, "anomalies": 8, "sweep": 8}  # the tables kept
+    assert last_steps() == {"matrix": 9, "stats": 9, "anomalies": 9, "sweep": 9}
 
 
 def test_each_new_record_is_read_once_whoever_asks(

@@ -103,8 +103,8 @@ def test_a_block_read_by_another_thread_is_answered_as_kept():
     while not claimed:
         other.join(0.01)
     assert claimed == [None]  # that thread reads the block now
-    kept = cache.claim("", "run", grown)
-    assert kept is not None and len(kept) == 10  # this one answers with the block as kept
+    kept, as_listed = cache.claim("", "run", grown)
+    assert len(kept) == 10 and not as_listed  # this one answers with the block as kept, of an earlier listing
     checked.set()
     other.join()
     assert len(cache.get("", "run", grown)) == 15
@@ -133,5 +133,6 @@ def test_a_block_never_kept_is_read_once_while_others_wait_for_it():
     release.set()
     first.join()
     waiter.join()
-    assert len(got) == 1 and got[0] is not None and len(got[0]) == 10  # the block as read, not read again
-    assert cache.claim("", "run", part) is not None  # kept as listed: nobody reads it again
+    assert len(got) == 1 and got[0] is not None and len(got[0][0]) == 10 and got[0][1]  # as read, not read again
+    again = cache.claim("", "run", part)
+    assert again[0] is got[0][0] and again[1]  # kept as listed: nobody reads it again
