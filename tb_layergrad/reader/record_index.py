@@ -102,8 +102,8 @@ class RecordIndex:
         self._runs: Dict[str, _Run] = {}
         self._lock = threading.RLock()
         self._epochs = 0
-        self._tickets = itertools.count(1)  # taken as a refresh is asked for, and as one starts reading a run
-        self._refreshed: Dict[str, int] = {}  # run -> the ticket its last refresh started at
+        self._tickets = itertools.count(1)  # taken as a refresh begins to list the runs' folders (`_list`)
+        self._refreshed: Dict[str, int] = {}  # run -> the latest ticket of a listing a refresh of it read
 
     def _new_run(self) -> _Run:
         self._epochs += 1
@@ -117,30 +117,39 @@ class RecordIndex:
         was removed or shrank is read anew: what it had cannot be read from its files any more, so it keeps
         none of it rather than a part.
 
-        A run another thread began to refresh after this call began is not read again: that refresh, done once
-        this one holds the lock, read every byte written before this call. Why: every request refreshes its run,
-        and 16 readers of a run being written queued on the lock, each then walking the few records appended
-        while it waited: the new records are walked once per change, not once per request."""
-        asked = next(self._tickets)
+        A run whose files another thread began to list after this call began, and then read, is not read again:
+        that refresh, done once this one holds the lock, read every byte written before this call began. Why: every
+        request refreshes its run, and 16 readers of a run being written queued on the lock, each then walking
+        the few records appended while it waited: the new records are walked once per change, not once per
+        request."""
         runs = list(runs)
-        seen = {run: _listing(self._folder(run)) for run in runs}
+        asked, seen = self._list(runs)
         with self._lock:
             self._refresh(runs, asked, seen)
 
+    def _list(self, runs: Sequence[str]) -> Tuple[int, Dict[str, Optional[Dict[str, int]]]]:
+        """(a ticket taken before the runs' folders are listed, each run's `_listing`), outside the index's lock: no
+        file system call waits under it, where every other request would wait behind it."""
+        asked = next(self._tickets)
+        return asked, {run: _listing(self._folder(run)) for run in runs}
+
     def _refresh(self, runs: Sequence[str], asked: int, seen: Dict[str, Optional[Dict[str, int]]]) -> None:
-        """`refresh` under the index's lock; `seen`: each run's `_listing` taken after the call began and before the
-        lock was taken (the files' sizes: no file system call waits under the lock, where every other request would
-        wait behind it; where it disagrees with what is known, another refresh read past it meanwhile or a file was
-        removed or shrank, and the run's files are listed again under the lock)."""
+        """`refresh` under the index's lock, with `_list`'s ticket and listings. A file is read when it is new or its
+        size (as listed) goes past where the last read stopped, and then to its end as it is now: what was read
+        covers every byte written before the listing began (`asked`), so a call that asked before that has
+        nothing left to read (the ticket the run keeps). Where the listing disagrees with what is known (another
+        refresh read past it meanwhile, or a file was removed or shrank) the run's files are listed again, now."""
         for run in runs:
             if self._refreshed.get(run, 0) > asked:
                 continue
-            self._refreshed[run] = next(self._tickets)
             sizes = seen.get(run)
+            covered = asked
             state = self._runs.get(run)
             if sizes is not None and state is not None:
                 if any(p not in sizes or sizes[p] < state.states[p].offset for p in state.files):
+                    covered = next(self._tickets)
                     sizes = _listing(self._folder(run))  # other than known: looked at again, now
+            self._refreshed[run] = max(self._refreshed.get(run, 0), covered)
             if sizes is None:
                 self._runs.pop(run, None)
                 continue
@@ -151,7 +160,9 @@ class RecordIndex:
                 if path not in state.states:
                     state.states[path] = damage.FileState()
                     state.files.append(path)
-                self._advance(state, state.files.index(path), path, size)
+                fs = state.states[path]
+                if fs.stopped is None and size > fs.offset:
+                    self._advance(state, state.files.index(path), path)
 
     def file_states(self) -> Dict[str, damage.FileState]:
         """{path (normalized): how far the index read the file} of every file walked, but those it stopped at a
@@ -171,12 +182,10 @@ class RecordIndex:
             self._runs.pop(run, None)
             self._refreshed.pop(run, None)
 
-    def _advance(self, run: _Run, file_no: int, path: str, size: int) -> None:
-        """Reads the file's records past where the last read stopped, if its `size` (as listed) goes past it."""
+    def _advance(self, run: _Run, file_no: int, path: str) -> None:
+        """Reads the file's records past where the last read stopped, to its end as it is now."""
         fs = run.states[path]
         try:
-            if fs.stopped is not None or size <= fs.offset:
-                return  # nothing new; or a fault the loaders read no further than, nor do we
             for start, buf, good in damage.read_new_chunks(path, fs):
                 _, stop = self._add_chunk(run, file_no, start, buf, good)
                 if stop is not None:
@@ -302,8 +311,7 @@ class RecordIndex:
     def _selected(self, runs: Sequence[str], run_tag_filter: Optional[tb_provider.RunTagFilter]):
         tags = None if run_tag_filter is None or run_tag_filter.tags is None else set(run_tag_filter.tags)
         wanted = runs if run_tag_filter is None or run_tag_filter.runs is None else set(runs) & set(run_tag_filter.runs)
-        asked = next(self._tickets)
-        seen = {run: _listing(self._folder(run)) for run in sorted(wanted)}
+        asked, seen = self._list(sorted(wanted))
         with self._lock:  # refreshed and selected in one hold of the lock: each request waits for it once
             self._refresh(sorted(wanted), asked, seen)
             for run in sorted(wanted):

@@ -154,8 +154,10 @@ def test_load_and_report_walk_each_file_once(tmp_path, monkeypatch, reliability_
 
 
 def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, monkeypatch, reliability_fixtures):
-    """Two requests that ask while a refresh holds the index: the first to get it reads the records appended meanwhile,
-    the other finds them read (a refresh that began after it asked read every byte written before), not a third walk."""
+    """Two requests that ask while a refresh holds the index, after a record was appended that the refresh did not
+    read: the first of them to get the index reads it, the other finds it read (a refresh whose listing began after
+    it asked read every byte written before), not a third walk; and a request whose listing shows nothing new walks
+    nothing."""
     layers = reliability_fixtures.DAMAGE_LAYERS
     f = reliability_fixtures.write_run(str(tmp_path / "live"), layers, range(3))
     index = record_index.RecordIndex(str(tmp_path))
@@ -163,12 +165,12 @@ def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, mo
     walks, inside, go = [], threading.Event(), threading.Event()
     real = index._advance  # noqa: SLF001 - each walk of the run's file counted
 
-    def counted(run, file_no, path, size):
+    def counted(run, file_no, path):
         walks.append(threading.current_thread().name)
+        real(run, file_no, path)
         if len(walks) == 1:
             inside.set()
             go.wait()
-        return real(run, file_no, path, size)
 
     class Counted:  # the index's lock, its takers counted
         def __init__(self, lock) -> None:
@@ -183,10 +185,11 @@ def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, mo
 
     monkeypatch.setattr(index, "_advance", counted)
     lock = index._lock = Counted(index._lock)  # noqa: SLF001
+    f.write(3, layers)
     first = threading.Thread(target=index.refresh, args=(["live"],), name="first")
     first.start()
-    inside.wait()
-    f.write(3, layers)  # appended while the first refresh holds the index
+    inside.wait()  # the first refresh read step 3 and holds the index
+    f.write(4, layers)  # appended while the first refresh holds the index, after its read
     queued = [threading.Thread(target=index.refresh, args=(["live"],), name=f"queued{i}") for i in range(2)]
     for t in queued:
         t.start()
@@ -195,9 +198,60 @@ def test_requests_queued_behind_a_refresh_walk_the_new_records_once(tmp_path, mo
     go.set()
     for t in (first, *queued):
         t.join()
-    assert len(walks) == 2 and walks[0] == "first"
+    assert len(walks) == 2 and walks[0] == "first" and walks[1].startswith("queued")
     listed = index.list_tensors(["live"])["live"]
-    assert listed and {s.max_step for s in listed.values()} == {3}  # the record appended meanwhile read
+    assert listed and {s.max_step for s in listed.values()} == {4}  # the record appended meanwhile read
+    index.refresh(["live"])
+    assert len(walks) == 2  # nothing new listed: no walk
+
+
+def test_a_refresh_listed_before_a_write_does_not_stand_for_a_call_after_it(
+    tmp_path, monkeypatch, reliability_fixtures
+):
+    """A refresh that listed the run's files before a record was appended, and took the index after a call that
+    listed them after it: that refresh read nothing new, so the call reads the record (it is not skipped as read)."""
+    layers = reliability_fixtures.DAMAGE_LAYERS
+    f = reliability_fixtures.write_run(str(tmp_path / "live"), layers, range(3))
+    index = record_index.RecordIndex(str(tmp_path))
+    index.refresh(["live"])
+    listed, go = threading.Event(), threading.Event()
+    real = index._list  # noqa: SLF001 - the listing before the lock, held for the early refresh
+
+    def held(runs):
+        got = real(runs)
+        if threading.current_thread().name == "early":
+            listed.set()
+            go.wait()
+        return got
+
+    monkeypatch.setattr(index, "_list", held)
+    early = threading.Thread(target=index.refresh, args=(["live"],), name="early")
+    early.start()
+    listed.wait()  # listed: steps 0..2
+    f.write(3, layers)
+    late = {}
+    monkeypatch.setattr(index, "_lock", _TakenAfter(index._lock, go, early))  # noqa: SLF001
+    late["listed"] = index.list_tensors(["live"])[
+        "live"
+    ]  # asks after the write; the early refresh holds the index first
+    early.join()
+    assert {s.max_step for s in late["listed"].values()} == {3}
+
+
+class _TakenAfter:
+    """A lock this thread takes only after `thread` (released by `go`) has taken and let go of it."""
+
+    def __init__(self, lock, go: threading.Event, thread: threading.Thread) -> None:
+        self.lock, self.go, self.thread = lock, go, thread
+
+    def __enter__(self):
+        if threading.current_thread() is not self.thread and self.thread.is_alive():
+            self.go.set()
+            self.thread.join()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
 
 
 def _one_value_runs(logdir: str, reliability_fixtures) -> None:
