@@ -186,6 +186,64 @@ def _at(signature: int, behind: bool = False) -> types.SimpleNamespace:
     return types.SimpleNamespace(rc=types.SimpleNamespace(signature=(signature,)), behind=behind)
 
 
+@pytest.mark.slow  # ~10 s: routes asked from eight threads through five appends
+def test_a_run_read_by_many_at_once_while_written_answers_as_a_fresh_read(
+    tmp_path, plugin_fixtures, long_fixtures, reliability_fixtures
+):
+    """The tab's readers at once: every route asked from eight threads while the run grows (appends of a few steps,
+    one ending in half a record, then completed); once it stops changing, every route answers as a fresh plugin
+    reading the same bytes. Why: a request that found the run being read answers as of an earlier read, and that
+    answer must not stay once the run has stopped changing (a finished run, or a record completed last)."""
+    rf, InProcess = reliability_fixtures, plugin_fixtures.InProcess  # noqa: N806 - the class, by its name
+    logdir = str(tmp_path)
+    w = _Writer(logdir, long_fixtures, rf)
+    w.write(range(60))
+    live = InProcess(logdir)
+    queries = [
+        ("matrix", {"run": RUN, "stat": "rms"}),
+        ("matrix", {"run": RUN, "stat": "norm", "points": 50}),
+        ("stats", {"run": RUN, "layer": LAYERS[1]}),
+        ("histograms", {"run": RUN, "layer": LAYERS[1]}),
+        ("anomalies", {"run": RUN}),
+        ("sweep", {}),
+        ("csv", {"run": RUN}),
+        ("runs", {}),
+    ]
+    rng = np.random.default_rng(3)
+    step = 60
+    for last in range(5):
+        stop = threading.Event()
+        errors: list = []
+
+        def ask(route: str, query: dict) -> None:
+            while not stop.is_set():
+                code = live.get(route, query).status_code
+                if code != 200:
+                    errors.append((route, code))
+
+        threads = [threading.Thread(target=ask, args=q) for q in queries]
+        for t in threads:
+            t.start()
+        k = int(rng.integers(1, 8))
+        w.write(range(step, step + k))
+        step += k
+        if last == 4:  # the last record written in two halves, the second while the routes are asked
+            whole = rf.frame(w.event(step))
+            w.file.append_raw(whole[:20])
+            threading.Event().wait(0.05)
+            w.file.append_raw(whole[20:])
+            step += 1
+        threading.Event().wait(0.3)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors, errors[:5]
+    got, want = _bodies(live), _bodies(InProcess(logdir))
+    for name in want:
+        assert got[name] == want[name], name
+    assert json.loads(live.get("matrix", {"run": RUN}).data)["steps"][-1] == step - 1
+
+
 def test_an_answer_is_computed_once_per_change_of_the_run():
     cache = AnswerCache()
     calls = []
