@@ -128,6 +128,7 @@ class GradientLogger(keras.callbacks.Callback):
         self._pending_lock = threading.Lock()
         self._writer: Optional[EventWriter] = None
         self._trace: Optional[StepTrace] = None
+        self._host_step = 0  # on_nonfinite="ignore": the batches trained so far, counted as the step counts them
         self._installed: Optional[Dict[str, Any]] = None
         self._nonfinite: Optional[nonfinite_origin.Origin] = None
         self._acted = False  # has "stop" or "raise" acted on the first NaN/Inf?
@@ -241,9 +242,47 @@ class GradientLogger(keras.callbacks.Callback):
             object.__setattr__(model, "stateless_compute_loss", stateless_compute_loss)
             object.__setattr__(optimizer, "stateless_apply", stateless_apply)
             model.make_train_function(force=True)
+            if self.on_nonfinite == "ignore":
+                self._unwritten_steps_untouched(model, optimizer, step_fn, train_step)
         except BaseException:
             self._restore()
             raise
+
+    def _unwritten_steps_untouched(self, model: Any, optimizer: Any, step_fn: Callable, train_step: Callable) -> None:
+        """With nothing to check between written steps, those run Keras' own train function, untouched.
+
+        `model.train_function` chooses per batch, by the step counted on the host (the optimizer's update count
+        when fit() begins, plus the batches since), between Keras' own (built from the step `step_fn` the logger
+        found) and the observing one. Why not one step that decides inside: on the CPU a compiled step that
+        holds a host callback runs synchronously (the call returns once the step has run), its branch taken or
+        not, so Python's work between steps no longer overlaps the step (docs/DESIGN.md, "The cost of a step
+        that is not written on JAX"). The observing step still decides from its own count whether it writes.
+        """
+        written = model.train_function
+        object.__setattr__(model, "train_step", step_fn)
+        try:
+            model.make_train_function(force=True)
+            untouched = model.train_function
+        finally:
+            object.__setattr__(model, "train_step", train_step)
+        self._host_step = int(np.asarray(optimizer.iterations))
+
+        def train_function(state: Any, iterator: Any) -> Any:
+            """One execution: `steps_per_execution` batches (fewer at the data's end), each by its own step."""
+            logs = None
+            for i in range(max(1, int(getattr(model, "steps_per_execution", 1) or 1))):
+                try:
+                    data = next(iterator)
+                except StopIteration:
+                    if i == 0:
+                        raise
+                    break
+                self._host_step += 1
+                chosen = written if bool(self._logged(self._host_step)) else untouched
+                logs, state = chosen(state, iter([data]))
+            return logs, state
+
+        model.train_function = train_function
 
     def _weight_examples(
         self, tree: LayerTree, outputs: LayerOutputs, model: Any, weights: Dict[int, tuple]

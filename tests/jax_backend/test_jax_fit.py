@@ -153,6 +153,33 @@ def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution,
     assert sorted({k[2] for k in _rows(logdir)}) == [2, 4, 6, 8, 10, 12]
 
 
+def test_with_ignore_the_steps_off_the_schedule_run_keras_own_step(logdir, tolerances):
+    """on_nonfinite="ignore": the steps off the schedule run Keras' own train function, chosen per batch on the
+    host (inside an execution of two batches too): training bitwise unchanged, the written steps the
+    reference's."""
+    x, y = _data(6 * BATCH)
+    trained = []
+    logger = tb_layergrad.GradientLogger(logdir, weights=True, update_freq=2, on_nonfinite="ignore")
+    for callbacks in ([], [logger]):
+        model = _model(steps_per_execution=2)
+        history = model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+        trained.append((_weights(model), history.history["loss"]))
+    for a, b in zip(trained[0][0], trained[1][0]):
+        np.testing.assert_array_equal(a, b)
+    assert trained[0][1] == trained[1][1]
+    rows = _rows(logdir)
+    assert sorted({k[2] for k in rows}) == [2, 4, 6]
+    model = _model()
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    _, outputs, weights = _reference(_weights(model), x[BATCH : 2 * BATCH], y[BATCH : 2 * BATCH])
+    rtol = _loss_rtol(tolerances)
+    for source, want in (("output", outputs), ("weight", weights)):
+        for layer, g in want.items():
+            g = np.asarray(g, np.float64)
+            bound = rtol * np.abs(g).max() * np.sqrt(g.size)
+            assert abs(rows[(source, layer, 2)].norm - np.sqrt((g * g).sum())) <= bound, (source, layer)
+
+
 @pytest.mark.skipif(not hasattr(keras, "RematScope"), reason="this Keras has no RematScope (rematerialisation)")
 def test_rematerialised_layers_train_bitwise_unchanged_and_are_observed(logdir, tolerances):
     """Keras' `RematScope(mode="full")`: each layer's call under `jax.checkpoint`, whose backward pass re-runs
