@@ -16,7 +16,7 @@ from tb_layergrad import metadata
 from tb_layergrad.plugin import binned, example_bodies
 from tb_layergrad.plugin.lookups import Reading
 from tb_layergrad.plugin.queries import LayerQuery
-from tb_layergrad.plugin.responses import count_list, finite_or_none, float_list, float_matrix
+from tb_layergrad.plugin.responses import EncodedBody, count_list, finite_or_none, float_list, float_matrix
 from tb_layergrad.reader import catalog, downsample, examples, layer_points, series
 from tb_layergrad.reader.catalog import quote
 from tb_layergrad.reader.run_source import RunSource
@@ -32,7 +32,7 @@ def int_list(steps: np.ndarray) -> list:
     return [int(s) for s in steps]
 
 
-def stats_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
+def stats_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> EncodedBody:
     """Every statistic of one layer per step; binned to `q.points` when the range holds more steps."""
     s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_STATS)
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 from tensorboard import errors
 from tensorboard.data import provider as tb_provider
 
 from tb_layergrad import metadata
-from tb_layergrad.plugin import listing
+from tb_layergrad.plugin import listing, responses
 from tb_layergrad.reader import catalog, damage, noise_scale, run_health
 from tb_layergrad.reader.bin_pyramid import BinPyramids
 from tb_layergrad.reader.block_cache import BlockCache
@@ -132,7 +132,8 @@ class Reading:
 
 
 class AnswerCache:
-    """A route's answers by (experiment, query), kept while the run's listing is the same (`RunCatalog.signature`);
+    """A route's answers by (experiment, query), kept while the run's listing is the same (`RunCatalog.signature`)
+    as the JSON body they are sent as (`responses.encode`: encoded once, however many readers it answers);
     thread-safe.
 
     Why: the anomaly rules (and the binned matrix, and a layer's binned statistics) take every step of the run, and
@@ -149,13 +150,15 @@ class AnswerCache:
     def __init__(self, max_answers: int = 64) -> None:
         self._max = max_answers
         # key -> (the listing's signature the answer is of, None: of none; the answer)
-        self._kept: "collections.OrderedDict[Hashable, Tuple[Optional[tuple], Any]]" = collections.OrderedDict()
+        self._kept: "collections.OrderedDict[Hashable, Tuple[Optional[tuple], responses.EncodedBody]]" = (
+            collections.OrderedDict()
+        )
         self._computing: set = set()
         self._lock = threading.Lock()
         self._computed = threading.Condition(self._lock)  # notified when a computation ends
 
-    def answer(self, key: Hashable, src: RunSource, compute: Callable[[], Any]) -> Any:
-        """The kept answer for `key` if computed at the listing of `src.rc` (`signature`), or being computed again
+    def answer(self, key: Hashable, src: RunSource, compute: Callable[[], dict]) -> responses.EncodedBody:
+        """The body of the kept answer for `key` if computed at the listing of `src.rc` (`signature`), or being computed again
         now, else `compute()` (which reads through `src`); with none kept while another thread computes it, that
         thread's answer (its own `compute()` if that one failed). An answer computed from tables kept as of another
         listing (`src.behind`: read while another request read the run) answers this request but is kept as no
@@ -175,7 +178,7 @@ class AnswerCache:
             mine = key not in self._computing
             self._computing.add(key)
         try:
-            value = compute()
+            value = responses.encode(compute())
         except BaseException:
             if mine:
                 with self._lock:

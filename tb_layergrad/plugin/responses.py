@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import csv
 import functools
+import gzip
 import io
 import json
 import logging
 import math
-from typing import Any, Callable, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Union
 
 import numpy as np
 from tensorboard import errors
@@ -109,7 +110,26 @@ class RawJson(str):
     """A value that is JSON text already (`float_rows_json`): `json_response` writes it as it is."""
 
 
-def json_response(request: wrappers.Request, doc: dict, code: int = 200) -> wrappers.Response:
+class EncodedBody:
+    """A JSON body encoded once (`encode`), and gzipped once for the requests that accept it.
+
+    Why: a body kept for a run's listing (`lookups.AnswerCache`) answers every reader of the run until the run
+    changes, and encoding (and compressing, for a browser) a body of a few hundred KiB again for each of
+    them was most of what those readers cost while a run is written."""
+
+    __slots__ = ("data", "_gzipped")
+
+    def __init__(self, text: str) -> None:
+        self.data = text.encode("utf-8")
+        self._gzipped: Optional[bytes] = None
+
+    def gzipped(self) -> bytes:
+        if self._gzipped is None:  # two threads may both compress it: the same bytes
+            self._gzipped = gzip.compress(self.data, compresslevel=3, mtime=0)
+        return self._gzipped
+
+
+def encode(doc: dict) -> EncodedBody:
     """`doc` as strict JSON after `api_version`; its `RawJson` values are written last, as they are."""
     body = {"api_version": API_VERSION}
     body.update((key, value) for key, value in doc.items() if not isinstance(value, RawJson))
@@ -117,7 +137,25 @@ def json_response(request: wrappers.Request, doc: dict, code: int = 200) -> wrap
     raw = [(key, value) for key, value in doc.items() if isinstance(value, RawJson)]
     if raw:
         text = text[:-1] + "".join(f",{dumps(key)}:{value}" for key, value in raw) + "}"
-    return http_util.Respond(request, text, JSON_TYPE, code=code)
+    return EncodedBody(text)
+
+
+def accepts_gzip(request: wrappers.Request) -> bool:
+    """Whether the request's Accept-Encoding names gzip with a weight above 0 (RFC 9110)."""
+    for part in request.headers.get("Accept-Encoding", "").split(","):
+        name, _, params = part.partition(";")
+        if name.strip().lower() in ("gzip", "x-gzip"):
+            weight = params.replace(" ", "").lower()
+            return not (weight.startswith("q=0") and weight[3:].strip(".0") == "")
+    return False
+
+
+def json_response(request: wrappers.Request, doc: Union[dict, EncodedBody], code: int = 200) -> wrappers.Response:
+    """`doc` (a dict, or a body `encode`d already) as strict JSON, gzipped where the request accepts it."""
+    body = doc if isinstance(doc, EncodedBody) else encode(doc)
+    if accepts_gzip(request):
+        return http_util.Respond(request, body.gzipped(), JSON_TYPE, code=code, content_encoding="gzip")
+    return http_util.Respond(request, body.data, JSON_TYPE, code=code)
 
 
 def error_response(request: wrappers.Request, code: int, message: str) -> wrappers.Response:
@@ -156,22 +194,27 @@ def json_errors(handler: Handler) -> Callable[[Any, dict, Callable], Iterable[by
     return app
 
 
-def csv_number(value: float, integer: bool = False) -> str:
-    """One CSV cell: shortest round-trip repr; nan/inf/-inf spelled as float() reads them."""
-    value = float(value)
-    if math.isnan(value):  # math, not numpy: a cell per statistic per step, numpy's per-call cost was most of it
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if integer and value == int(value):
-        return str(int(value))
-    return repr(value)
+def csv_cells(values: np.ndarray, integer: bool = False) -> List[str]:
+    """A column of CSV cells: each value's shortest round-trip repr (nan, inf and -inf spelled as float() reads
+    them), and for counts (`integer`) an integral value as an integer. A column at a time, not a call per cell:
+    the export is a cell per statistic per step, and a Python call per cell was most of the route's work."""
+    arr = np.asarray(values, dtype=np.float64).reshape(-1)
+    cells = list(map(repr, arr.tolist()))  # repr of a Python float: the shortest that reads back the same
+    if not integer:
+        return cells
+    whole = np.isfinite(arr) & (np.floor(arr) == arr)
+    small = whole & (np.abs(arr) < 2.0**63)  # what int64 holds exactly; a larger whole count through int()
+    if small.all():
+        return list(map(str, arr.astype(np.int64).tolist()))
+    for i, v in zip(np.flatnonzero(small).tolist(), arr[small].astype(np.int64).tolist()):
+        cells[i] = str(v)
+    for i in np.flatnonzero(whole & ~small).tolist():
+        cells[i] = str(int(arr[i]))
+    return cells
 
 
-def csv_text(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
-    """CSV with RFC 4180 quoting of cells that need it (names may hold commas)."""
+def csv_line(cells: Sequence[str]) -> str:
+    """One CSV line without its end, RFC 4180 quoting the cells that need it (names may hold commas)."""
     buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
+    csv.writer(buf, lineterminator="").writerow(cells)
     return buf.getvalue()

@@ -9,7 +9,7 @@ missing. A `responses.RawJson` value is JSON text already (`responses.float_rows
 from __future__ import annotations
 
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from tensorboard import errors
@@ -20,7 +20,7 @@ from tb_layergrad.plugin import binned, bodies, example_bodies
 from tb_layergrad.plugin.layer_impl import int_list, stat_values
 from tb_layergrad.plugin.lookups import Reading, missing_series
 from tb_layergrad.plugin.queries import CompareQuery, NoiseScaleQuery, RunQuery
-from tb_layergrad.plugin.responses import RawJson, csv_number, csv_text, dumps, float_rows_json
+from tb_layergrad.plugin.responses import EncodedBody, RawJson, csv_cells, csv_line, dumps, float_rows_json
 from tb_layergrad.reader import (
     catalog,
     examples,
@@ -80,7 +80,7 @@ def _matrix_body(
     return {**head, **({"binned": False} if q.points else {}), "steps": int_list(steps), "values": RawJson(values)}
 
 
-def matrix_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict:
+def matrix_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> EncodedBody:
     """A statistic of every layer at every step: of the `stats` records, or of the per-example records
     for a `stat` named `example_norm_*` (`examples.MATRIX_STATS`)."""
     per_example = q.stat in examples.MATRIX_STATS
@@ -194,22 +194,21 @@ def csv_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> Tuple[str,
     else:
         chosen, src = reading.every_layer(ctx, eid, q.run, q.target, q.source, metadata.KIND_STATS)
     tables = src.stats(chosen, q.start, q.end)
-    rows: List[List[str]] = []
+    header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
+    lines = [csv_line(header)]
     for s in chosen:
         t = tables[s.key]
-        names = [q.run, q.target, q.source, s.info.layer, str(src.rc.layer_index(s.info.layer))]
+        # The names are quoted once per layer; the numbers never need quoting.
+        prefix = csv_line([q.run, q.target, q.source, s.info.layer, str(src.rc.layer_index(s.info.layer))]) + ","
         # As read (`series.stat_column`): a `norm` without a finite element is nan, like the other moments.
-        counts = [name in series.COUNT_STATS for name in series.STORED_STATS]
-        columns = [t.column(name).tolist() for name in series.STORED_STATS]  # Python floats: a cell each
-        for step, wall, *values in zip(t.steps.tolist(), t.wall_times.tolist(), *columns):
-            stats = [csv_number(v, integer) for v, integer in zip(values, counts)]
-            rows.append([*names, str(int(step)), csv_number(wall), *stats])
-    header = ["run", "target", "source", "layer", "index", "step", "wall_time", *series.STORED_STATS]
+        columns = [list(map(str, t.steps.tolist())), csv_cells(t.wall_times)]
+        columns += [csv_cells(t.column(name), name in series.COUNT_STATS) for name in series.STORED_STATS]
+        lines += [prefix + ",".join(cells) for cells in zip(*columns)]
     filename = "layergrad-" + (_UNSAFE_FILENAME.sub("_", q.run).strip("._") or "run") + ".csv"
-    return csv_text(header, rows), filename
+    return "\n".join(lines) + "\n", filename
 
 
-def anomalies_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> dict:
+def anomalies_impl(reading: Reading, ctx: object, eid: str, q: RunQuery) -> EncodedBody:
     """The anomaly rules (docs/ANOMALIES.md) applied to one run: flags per step, summaries, where it broke."""
     rc = reading.run_catalog(ctx, eid, q.run)
     if q.layer is not None:

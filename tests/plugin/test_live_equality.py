@@ -181,6 +181,11 @@ def test_a_run_read_while_written_answers_as_a_fresh_read(
     assert compared == 10
 
 
+def _n(body) -> object:
+    """The `n` of an answer kept by `AnswerCache` (its JSON body, `responses.encode`)."""
+    return json.loads(body.data)["n"]
+
+
 def _at(signature: int, behind: bool = False) -> types.SimpleNamespace:
     """What `AnswerCache.answer` reads of a `RunSource`: its listing's signature, whether a read was behind it."""
     return types.SimpleNamespace(rc=types.SimpleNamespace(signature=(signature,)), behind=behind)
@@ -248,28 +253,28 @@ def test_an_answer_is_computed_once_per_change_of_the_run():
     cache = AnswerCache()
     calls = []
 
-    def compute() -> int:
+    def compute() -> dict:
         calls.append(1)
-        return len(calls)
+        return {"n": len(calls)}
 
-    assert cache.answer("q", _at(1), compute) == 1
-    assert cache.answer("q", _at(1), compute) == 1  # the run unchanged: nothing computed
-    assert cache.answer("q", _at(2), compute) == 2
+    assert _n(cache.answer("q", _at(1), compute)) == 1
+    assert _n(cache.answer("q", _at(1), compute)) == 1  # the run unchanged: nothing computed
+    assert _n(cache.answer("q", _at(2), compute)) == 2
     started, release, got = threading.Event(), threading.Event(), []
 
-    def slow() -> str:
+    def slow() -> dict:
         started.set()
         release.wait()
-        return "as of step 3"
+        return {"n": "as of step 3"}
 
     other = threading.Thread(target=lambda: got.append(cache.answer("q", _at(3), slow)))
     other.start()
     started.wait()
-    assert cache.answer("q", _at(4), compute) == 2  # being computed: the kept answer, not a second computation
+    assert _n(cache.answer("q", _at(4), compute)) == 2  # being computed: the kept answer, not a second computation
     release.set()
     other.join()
-    assert got == ["as of step 3"] and len(calls) == 2
-    assert cache.answer("q", _at(4), compute) == 3  # asked after: the newest steps
+    assert [_n(b) for b in got] == ["as of step 3"] and len(calls) == 2
+    assert _n(cache.answer("q", _at(4), compute)) == 3  # asked after: the newest steps
 
     started.clear(), release.clear(), got.clear()  # a first answer, none kept: the others wait for it
     first = threading.Thread(target=lambda: got.append(cache.answer("new", _at(1), slow)))
@@ -281,20 +286,20 @@ def test_an_answer_is_computed_once_per_change_of_the_run():
     assert waiter.is_alive() and got == []
     release.set()
     first.join(), waiter.join()
-    assert got == ["as of step 3"] * 2 and len(calls) == 3  # computed once, not again beside it
+    assert [_n(b) for b in got] == ["as of step 3"] * 2 and len(calls) == 3  # computed once, not again beside it
 
 
 def test_an_answer_read_behind_its_listing_is_not_kept_as_that_listing():
     cache = AnswerCache()
     calls = []
 
-    def compute() -> int:
+    def compute() -> dict:
         calls.append(1)
-        return len(calls)
+        return {"n": len(calls)}
 
-    assert cache.answer("q", _at(1, behind=True), compute) == 1  # answered, as of an earlier listing
-    assert cache.answer("q", _at(1), compute) == 2  # the same listing asked again: computed again
-    assert cache.answer("q", _at(1), compute) == 2  # now of that listing: kept
+    assert _n(cache.answer("q", _at(1, behind=True), compute)) == 1  # answered, as of an earlier listing
+    assert _n(cache.answer("q", _at(1), compute)) == 2  # the same listing asked again: computed again
+    assert _n(cache.answer("q", _at(1), compute)) == 2  # now of that listing: kept
 
 
 def test_a_record_completed_while_its_run_is_read_is_served(tmp_path, plugin_fixtures, reliability_fixtures):

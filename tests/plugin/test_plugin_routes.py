@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 import subprocess
 import sys
@@ -655,3 +656,62 @@ def test_fast_float_rows_parse_to_the_same_float64():
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert [None if v is None else float(v) for v in g] == w
+
+
+def test_csv_cells_read_back_as_the_values():
+    """The export's cells, made a column at a time: each parses back (float()) to the float64 it was, nan and
+    +-inf spelled as float() reads them, the shortest repr; a count that is a whole number is written as one
+    (Python's own int() text, past int64 too), any other count as a float."""
+    from tb_layergrad.plugin import responses
+
+    rng = np.random.default_rng(11)
+    values = np.concatenate(
+        [
+            [0.0, -0.0, 1.0, 0.1, 1 / 3, 5e-324, 1.7976931348623157e308, -123.456, np.nan, np.inf, -np.inf],
+            [2.0**53 + 2, 2.0**63, -(2.0**63), 2.0**64, 1e22, 7.0, -3.0, 0.5, 2.5],
+            rng.normal(size=200) * 10.0 ** rng.integers(-300, 300, size=200),
+            rng.integers(0, 10**6, size=50).astype(np.float64),
+        ]
+    )
+    for integer in (False, True):
+        cells = responses.csv_cells(values, integer=integer)
+        assert len(cells) == values.size
+        for cell, v in zip(cells, values.tolist()):
+            np.testing.assert_array_equal(float(cell), v)  # NaN equal to NaN, -0.0 as written
+            if integer and math.isfinite(v) and v == int(v):
+                assert cell == str(int(v))
+            else:
+                assert cell == repr(v)
+    whole = rng.integers(0, 10**9, size=100).astype(np.float64)  # every cell an integer: the column at once
+    assert responses.csv_cells(whole, integer=True) == [str(int(v)) for v in whole.tolist()]
+    assert responses.csv_cells(np.zeros(0), integer=True) == []
+
+
+@pytest.mark.parametrize(
+    "route,query",
+    [
+        ("matrix", {"run": "train"}),
+        ("anomalies", {"run": "train"}),
+        ("runs", {}),
+        ("matrix", {"run": "no such run"}),  # an error body: gzipped alike
+    ],
+)
+def test_a_browser_gets_the_body_gzipped(tb, route, query):
+    """A request that accepts gzip (every browser's) gets the same JSON compressed, with its Content-Encoding; a
+    kept answer (`AnswerCache`) is sent as the same bytes to each; gzip refused (q=0) or not named: plain."""
+    import gzip
+    import json
+
+    path = tb.prefix + "/data/plugin/layergrad/" + route
+    plain = tb.client.get(path, query_string=query)
+    assert "Content-Encoding" not in plain.headers
+    zipped = [tb.client.get(path, query_string=query, headers={"Accept-Encoding": "gzip, deflate, br"}) for _ in "ab"]
+    for r in zipped:
+        assert r.status_code == plain.status_code
+        assert r.headers["Content-Encoding"] == "gzip"
+        assert int(r.headers["Content-Length"]) == len(r.get_data())
+        assert json.loads(gzip.decompress(r.get_data())) == json.loads(plain.get_data())
+    assert zipped[0].get_data() == zipped[1].get_data()
+    for refused in ("gzip;q=0", "gzip; q=0.000", "identity"):
+        r = tb.client.get(path, query_string=query, headers={"Accept-Encoding": refused})
+        assert "Content-Encoding" not in r.headers and r.get_data() == plain.get_data()
