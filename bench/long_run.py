@@ -13,7 +13,7 @@ Measured, for each loader (`--load_fast=true`: Rust data server; `false`: Python
   the same with nothing of ours asked yet (`rss_loaded_mb`: TensorBoard's own reservoirs);
 - `load_s`: seconds from start until the `runs` route lists the last step;
 - live: once the run's statistics are read (the tab open on it), a writer appends `--rate` steps a second while
-  `--readers` threads ask the tab's routes in turn; p50/p95/max per route, and `fresh_s`: how long after a step is written the `runs` route lists it
+  `--readers` threads ask the tab's routes in turn, as a browser asks (gzip accepted); p50/p95/max per route, and `fresh_s`: how long after a step is written the `runs` route lists it
   (the largest of the samples taken).
 
     python bench/long_run.py --steps 100000 [--loaders true,false] [--rate 500 --readers 16 --live-s 60]
@@ -273,7 +273,7 @@ def live(
                 k += 1
                 t = time.perf_counter()
                 try:
-                    code, body = tb.get(route, queries[route], timeout=120)
+                    code, body = tb.get(route, queries[route], timeout=120, gzip_ok=True)  # as the tab's browser
                 except OSError as e:  # a timeout: counted at its length
                     code, body = 0, str(e).encode()
                 times[route].append(time.perf_counter() - t)

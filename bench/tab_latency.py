@@ -53,9 +53,13 @@ class TensorBoard:
     def __init__(self, logdir: str, load_fast: str, extra: Optional[List[str]] = None):
         self.process = TensorBoardProcess(logdir, None, load_fast=load_fast, reload_interval=0, extra=extra)
 
-    def get(self, route: str, query: Optional[Dict] = None, timeout: float = 600) -> Tuple[int, bytes]:
+    def get(
+        self, route: str, query: Optional[Dict] = None, timeout: float = 600, gzip_ok: bool = False
+    ) -> Tuple[int, bytes]:
+        """(status, body) of a route; `gzip_ok`: asked as a browser asks (`Accept-Encoding: gzip`), the body returned
+        decompressed."""
         path = PLUGIN_API + route + ("?" + urllib.parse.urlencode(query, doseq=True) if query else "")
-        return self.process.get(path, timeout)[:2]
+        return self.process.get(path, timeout, gzip_ok)[:2]
 
     def wait_loaded(self, runs: int, last_step: int, timeout: float) -> Tuple[float, float]:
         """(seconds until the plugin answers at all: start-up; seconds until every run reports `last_step`)."""

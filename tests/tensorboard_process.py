@@ -8,6 +8,7 @@ Its stderr goes to a file (nobody drains a pipe while it runs), or nowhere with 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import signal
@@ -26,6 +27,11 @@ def free_port() -> int:
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _decoded(body: bytes, headers) -> bytes:
+    """A body as sent, decompressed if it was gzipped."""
+    return gzip.decompress(body) if headers.get("Content-Encoding", "") == "gzip" else body
 
 
 class TensorBoardProcess:
@@ -76,13 +82,15 @@ class TensorBoardProcess:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")[-3000:]
 
-    def get(self, path: str, timeout: float = 10.0) -> Tuple[int, bytes, str]:
-        """(status, body, content type) of a GET of `path` (an HTTP error is an answer, not an exception)."""
+    def get(self, path: str, timeout: float = 10.0, gzip_ok: bool = False) -> Tuple[int, bytes, str]:
+        """(status, body, content type) of a GET of `path` (an HTTP error is an answer, not an exception).
+        `gzip_ok`: accept a gzipped body, as a browser does (the body returned is the decompressed one)."""
+        request = urllib.request.Request(self.base + path, headers={"Accept-Encoding": "gzip"} if gzip_ok else {})
         try:
-            with urllib.request.urlopen(self.base + path, timeout=timeout) as r:
-                return r.status, r.read(), r.headers.get("Content-Type", "")
+            with urllib.request.urlopen(request, timeout=timeout) as r:
+                return r.status, _decoded(r.read(), r.headers), r.headers.get("Content-Type", "")
         except urllib.error.HTTPError as e:
-            return e.code, e.read(), e.headers.get("Content-Type", "")
+            return e.code, _decoded(e.read(), e.headers), e.headers.get("Content-Type", "")
 
     def get_json(self, path: str, timeout: float = 10.0):
         """The JSON of a 200 answer (anything else raises ValueError)."""

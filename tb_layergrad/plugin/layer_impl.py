@@ -94,20 +94,25 @@ def _pyramid_stats(
     return binned.binned_stats(b, rows.steps, rows.wall_times, q.points, kept.values, kept.flags[:1])
 
 
-def histograms_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
+def histograms_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> EncodedBody:
     """One layer's histograms as [k, 3] rows of (left, right, count) per step."""
     s, src = reading.one_series(ctx, eid, q.run, q.layer, q.target, q.source, metadata.KIND_HISTOGRAM)
-    points = layer_points.read_one(src, s, q.start, q.end, q.max_steps)
-    hists = []
-    for value in points.values:
-        arr = np.asarray(value, dtype=np.float64)
-        hists.append(float_matrix(arr.reshape(-1, 3)) if arr.size % 3 == 0 and arr.size else [])
-    return {
-        **q.head(),
-        "steps": int_list(points.steps),
-        "wall_times": float_list(points.wall_times),
-        "histograms": hists,
-    }
+
+    def compute() -> dict:
+        points = layer_points.read_one(src, s, q.start, q.end, q.max_steps)
+        hists = []
+        for value in points.values:
+            arr = np.asarray(value, dtype=np.float64)
+            hists.append(float_matrix(arr.reshape(-1, 3)) if arr.size % 3 == 0 and arr.size else [])
+        return {
+            **q.head(),
+            "steps": int_list(points.steps),
+            "wall_times": float_list(points.wall_times),
+            "histograms": hists,
+        }
+
+    # As `stats`: once per change of the layer's series (its tags are all `src.rc` lists), whoever asks.
+    return reading.answers.answer((eid, "histograms", q), src, compute)
 
 
 def tensor_impl(reading: Reading, ctx: object, eid: str, q: LayerQuery) -> dict:
