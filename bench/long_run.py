@@ -13,8 +13,8 @@ Measured, for each loader (`--load_fast=true`: Rust data server; `false`: Python
   the same with nothing of ours asked yet (`rss_loaded_mb`: TensorBoard's own reservoirs);
 - `load_s`: seconds from start until the `runs` route lists the last step;
 - live: once the run's statistics are read (the tab open on it), a writer appends `--rate` steps a second while
-  `--readers` threads ask the tab's routes in turn, as a browser asks (gzip accepted); p50/p95/max per route, and `fresh_s`: how long after a step is written the `runs` route lists it
-  (the largest of the samples taken).
+  `--readers` threads ask the tab's routes in turn, as a browser asks (gzip accepted); p50/p95/max per route,
+  and `fresh_s`: how long after a step is written the `runs` route lists it (the largest of the samples taken).
 
     python bench/long_run.py --steps 100000 [--loaders true,false] [--rate 500 --readers 16 --live-s 60]
     python bench/long_run.py --write-only OUT --steps 100000   # the logdir alone
@@ -393,7 +393,7 @@ def table(
         lines += [
             "",
             f"While written: {spec['rate']} steps/s appended for {spec['seconds']:g} s, {spec['readers']} concurrent "
-            f"readers asking the routes in turn (targets: p95 <= {P95_TARGET_S:g} s, max <= {MAX_TARGET_S:g} s, "
+            f"readers asking the routes in turn, gzip accepted as by a browser (targets: p95 <= {P95_TARGET_S:g} s, max <= {MAX_TARGET_S:g} s, "
             f"newest step listed <= {FRESH_TARGET_S:g} s after written)\n",
             "| loader | route | requests | p50 | p95 | max |",
             "|---|---|---:|---:|---:|---:|",
