@@ -218,6 +218,9 @@ class LayerSummary:
     trend: Optional[float]  # decades over the last TREND_WINDOW logged steps, see `trends.trend`
     first_nonfinite_step: Optional[int]  # the layer's first step with a NaN/Inf (sent as `first_nonfinite`)
     counts: Dict[str, int]  # logged steps flagged with each kind
+    # The first logged step flagged with each kind (absent: never): what a verdict names, kept by the rules'
+    # fold as it extends a run (`rule_fold`), so that a verdict does not look through every step of a long run.
+    firsts: Dict[str, int]
     now: int  # flags at last_step
     timestep_decay: Optional[float] = None  # RNN layers with per-timestep records, see `timestep_decay`
     has_timesteps: bool = False
@@ -339,6 +342,17 @@ def _num(v) -> Optional[float]:
     return v if math.isfinite(v) else None
 
 
+def first_flagged(flags: np.ndarray, steps: np.ndarray) -> Dict[str, int]:
+    """{kind: the first of `steps` whose `flags` (the layer's flags at those steps) hold it}, kinds never flagged
+    left out (`LayerSummary.firsts`)."""
+    out = {}
+    for kind, bit in FLAG_BITS.items():
+        hits = np.flatnonzero(flags & bit)
+        if hits.size:
+            out[kind] = int(steps[hits[0]])
+    return out
+
+
 def evaluate(
     layers: Sequence[str],
     steps: Iterable[int],
@@ -400,6 +414,7 @@ def evaluate(
                 trend=trends.trend(steps[cols], m["norm"][i, cols], m["nonfinite"][i, cols]),
                 first_nonfinite_step=first,
                 counts={k: int(((row[cols] & bit) > 0).sum()) for k, bit in FLAG_BITS.items()},
+                firsts=first_flagged(row[cols], steps[cols]),
                 now=int(row[last]) if last is not None else 0,
                 timestep_decay=trends.timestep_decay(ts) if ts else None,
                 has_timesteps=ts is not None,
@@ -515,9 +530,7 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
     fall = trends.target_fall(run.target_edges)
     by_layer = {d.layer: d for d in run.dominated or ()}
     out = []
-    for i, s in enumerate(run.summaries):
-        row = run.flags[i][run.recorded[i]]
-        steps = run.steps[run.recorded[i]]
+    for s in run.summaries:
         found: List[Verdict] = []  # every state of the layer, most serious first
         if s.layer == born:
             found.append(Verdict(NAN_ORIGIN, True, run.origin.step, f"{LABELS[NAN_ORIGIN]} @{run.origin.step}"))
@@ -528,12 +541,11 @@ def layer_verdicts(run: RunAnomalies) -> List[Verdict]:
             cell = None
             for kind, bit in CELL_STATES:
                 if s.now & bit:
-                    cell = Verdict(kind, True, int(steps[np.flatnonzero(row & bit)[0]]), kind)
+                    cell = Verdict(kind, True, s.firsts[kind], kind)
                     break
-            for kind, bit in CELL_STATES if cell is None else ():
-                hits = np.flatnonzero(row & bit)
-                if hits.size:
-                    cell = Verdict(kind, False, int(steps[hits[0]]), f"{kind} {hits.size}/{s.recorded}")
+            for kind, _ in CELL_STATES if cell is None else ():
+                if s.counts[kind]:
+                    cell = Verdict(kind, False, s.firsts[kind], f"{kind} {s.counts[kind]}/{s.recorded}")
                     break
             if cell is not None:
                 found.append(cell)

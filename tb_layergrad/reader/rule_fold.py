@@ -64,6 +64,7 @@ class _Layer:
     now: int = 0  # the flags there
     first_nonfinite: Optional[int] = None  # the column
     counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(len(anomalies.FLAG_BITS), np.int64))
+    firsts: Dict[str, int] = dataclasses.field(default_factory=dict)  # kind -> the column first flagged with it
     usable: int = 0  # steps whose norm is finite and > 0 without a NaN/Inf (`trends.usable`)
     early: List[float] = dataclasses.field(default_factory=list)  # the first EDGE_STEPS of their norms
     decay_col: Optional[int] = None  # `trends.collapse_step`'s column, once the layer has an early level
@@ -312,6 +313,8 @@ class RuleFold:
         if lay.first_nonfinite is None and bad.size:
             lay.first_nonfinite = n0 + int(bad[0])
         lay.counts += [int(((row[cols] & bit) > 0).sum()) for bit in anomalies.FLAG_BITS.values()]
+        for kind, step in anomalies.first_flagged(row[cols], n0 + cols).items():
+            lay.firsts.setdefault(kind, step)  # the new columns' first, where no earlier one was flagged
         ok = trends.usable(m["norm"][i], m["nonfinite"][i])
         had_edges = lay.usable >= 2 * _EDGE
         lay.usable += int(ok.sum())
@@ -362,6 +365,7 @@ class RuleFold:
             trend=trend,
             first_nonfinite_step=first,
             counts={name: int(c) for name, c in zip(anomalies.FLAG_BITS, lay.counts)},
+            firsts={kind: int(steps[col]) for kind, col in lay.firsts.items()},
             now=lay.now if last is not None else 0,
             timestep_decay=trends.timestep_decay(ts) if ts else None,
             has_timesteps=ts is not None,

@@ -105,6 +105,12 @@ def _same(got: anomalies.RunAnomalies, want: anomalies.RunAnomalies) -> None:
         np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
     assert got.target_edges == want.target_edges
     assert [dataclasses.asdict(s) for s in got.summaries] == [dataclasses.asdict(s) for s in want.summaries]
+    for i, s in enumerate(want.summaries):  # the first step of each kind, against a scan of the layer's flags
+        recorded = want.flags[i][want.recorded[i]]
+        scanned = {
+            k: want.steps[want.recorded[i]][np.flatnonzero(recorded & bit)] for k, bit in anomalies.FLAG_BITS.items()
+        }
+        assert s.firsts == {k: int(hits[0]) for k, hits in scanned.items() if hits.size}
     assert [v.to_json() for v in got.verdicts()] == [v.to_json() for v in want.verdicts()]
     assert got.summary_json() == want.summary_json()
 
