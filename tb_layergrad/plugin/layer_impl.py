@@ -1,8 +1,9 @@
 """The answers of the one-layer routes (`stats`, `histograms`, `tensor`, `timesteps`, `examples`): read, then shape.
 
 Each `*_impl` takes the plugin's `Reading`, the request's context and experiment, and a validated
-query (`queries.LayerQuery`); it returns the JSON body as a dict (docs/HTTP_API.md), or raises a
-`tensorboard.errors` 404 naming what is missing.
+query (`queries.LayerQuery`); it returns the JSON body (docs/HTTP_API.md) as a dict, or encoded already where
+the body is kept per change of the run (`lookups.AnswerCache`), or raises a `tensorboard.errors` 404 naming what is
+missing.
 """
 
 from __future__ import annotations

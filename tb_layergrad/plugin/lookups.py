@@ -158,9 +158,9 @@ class AnswerCache:
         self._computed = threading.Condition(self._lock)  # notified when a computation ends
 
     def answer(self, key: Hashable, src: RunSource, compute: Callable[[], dict]) -> responses.EncodedBody:
-        """The body of the kept answer for `key` if computed at the listing of `src.rc` (`signature`), or being computed again
-        now, else `compute()` (which reads through `src`); with none kept while another thread computes it, that
-        thread's answer (its own `compute()` if that one failed). An answer computed from tables kept as of another
+        """The body of the kept answer for `key` if computed at the listing of `src.rc` (`signature`), or being
+        computed again now, else of `compute()` (which reads through `src`); with none kept while another thread
+        computes it, that thread's answer (its own `compute()` if that one failed). An answer computed from tables kept as of another
         listing (`src.behind`: read while another request read the run) answers this request but is kept as no
         listing's: the next request computes it again, so a run that stops changing shows its last steps."""
         signature = src.rc.signature

@@ -2,8 +2,9 @@
 `anomalies`, `noise_scale`, `hparams`.
 
 Each `*_impl` takes the plugin's `Reading`, the request's context and experiment, and a validated query
-(`queries`); it returns the body (docs/HTTP_API.md), or raises a `tensorboard.errors` 404 naming what is
-missing. A `responses.RawJson` value is JSON text already (`responses.float_rows_json`).
+(`queries`); it returns the body (docs/HTTP_API.md) as a dict, or encoded already where the body is kept per
+change of the run (`lookups.AnswerCache`), or raises a `tensorboard.errors` 404 naming what is missing. A
+`responses.RawJson` value is JSON text already (`responses.float_rows_json`).
 """
 
 from __future__ import annotations

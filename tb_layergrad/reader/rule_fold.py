@@ -313,8 +313,8 @@ class RuleFold:
         if lay.first_nonfinite is None and bad.size:
             lay.first_nonfinite = n0 + int(bad[0])
         lay.counts += [int(((row[cols] & bit) > 0).sum()) for bit in anomalies.FLAG_BITS.values()]
-        for kind, step in anomalies.first_flagged(row[cols], n0 + cols).items():
-            lay.firsts.setdefault(kind, step)  # the new columns' first, where no earlier one was flagged
+        for kind, col in anomalies.first_flagged(row[cols], n0 + cols).items():
+            lay.firsts.setdefault(kind, col)  # the new columns' first, where no earlier one was flagged
         ok = trends.usable(m["norm"][i], m["nonfinite"][i])
         had_edges = lay.usable >= 2 * _EDGE
         lay.usable += int(ok.sum())
