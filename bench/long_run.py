@@ -393,8 +393,8 @@ def table(
         lines += [
             "",
             f"While written: {spec['rate']} steps/s appended for {spec['seconds']:g} s, {spec['readers']} concurrent "
-            f"readers asking the routes in turn, gzip accepted as by a browser (targets: p95 <= {P95_TARGET_S:g} s, max <= {MAX_TARGET_S:g} s, "
-            f"newest step listed <= {FRESH_TARGET_S:g} s after written)\n",
+            f"readers asking the routes in turn, gzip accepted as by a browser (targets: p95 <= {P95_TARGET_S:g} s, "
+            f"max <= {MAX_TARGET_S:g} s, newest step listed <= {FRESH_TARGET_S:g} s after written)\n",
             "| loader | route | requests | p50 | p95 | max |",
             "|---|---|---:|---:|---:|---:|",
         ]
