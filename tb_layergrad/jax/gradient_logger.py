@@ -3,13 +3,13 @@
 The step is observed, never copied: the chosen layers' outputs pass through an identity whose backward rule
 keeps dL/d(output) (`layer_outputs`, `step_trace`), the loss through one that keeps its value, and the
 optimizer's `stateless_apply`, which receives exactly the weight gradients the step computed, is where the
-step's records are reduced and handed out (`step_callback`), once the backward pass is complete.
+step's records are reduced and handed out as outputs of the step (`step_outputs`), once the backward pass is
+complete.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from tb_layergrad import logger_arguments, metadata, nonfinite_origin
 from tb_layergrad.capturing.layer_tree import LayerTree
-from tb_layergrad.jax import example_norms, step_callback
+from tb_layergrad.jax import example_norms, step_outputs
 from tb_layergrad.jax.layer_outputs import LayerOutputs
 from tb_layergrad.jax.step_trace import StepTrace
 from tb_layergrad.writer.event_writer import EventWriter
@@ -35,6 +35,8 @@ NOT_YET_ON_JAX = {
     ),
 }
 _MISSING = object()
+# The logs' key prefix under which a step hands out its records (taken out before Keras' loop sees the logs).
+_HANDED = "_tb_layergrad_handed_"
 
 
 class GradientLogger(keras.callbacks.Callback):
@@ -124,8 +126,8 @@ class GradientLogger(keras.callbacks.Callback):
         self.per_example = bool(per_example)
         logger_arguments.warn_without_effect(self.weights, self.per_example)
         self._epoch: Optional[tuple] = None  # update_freq="epoch": (batch count before this fit(), steps per epoch)
-        self._pending: Optional[List[tuple]] = None  # several devices: (step, records) as they arrive, unordered
-        self._pending_lock = threading.Lock()
+        self._handed: Optional[step_outputs.HandedSteps] = None  # the steps' records, read as they finish
+        self._layouts: List[step_outputs.Layout] = []  # how each trace's handed arrays read (by the logs' key)
         self._writer: Optional[EventWriter] = None
         self._trace: Optional[StepTrace] = None
         self._host_step = 0  # on_nonfinite="ignore": the batches trained so far, counted as the step counts them
@@ -178,7 +180,8 @@ class GradientLogger(keras.callbacks.Callback):
                     "known length)"
                 )
             self._epoch = (int(np.asarray(optimizer.iterations)), int(steps))
-        self._pending = [] if _devices_of_the_step() > 1 else None
+        self._handed = step_outputs.HandedSteps(self._take)
+        self._layouts = []
         tree = LayerTree(model)
         nodes = tree.select(self.layers)
         _refuse_rematerialised_containers(tree, nodes)
@@ -207,9 +210,14 @@ class GradientLogger(keras.callbacks.Callback):
             trace.inputs = (state, data)
             self._trace = trace
             try:
-                return step_fn(state, data)
+                logs, state = step_fn(state, data)
             finally:
                 self._trace = None
+            if trace.handed is not None:  # leaves the step beside its logs; `model.train_function` takes it out
+                layout, arrays = trace.handed
+                self._layouts.append(layout)
+                logs = {**logs, f"{_HANDED}{len(self._layouts) - 1}": arrays}
+            return logs, state
 
         def stateless_compute_loss(*args: Any, **kwargs: Any) -> Any:
             loss, variables = loss_fn(*args, **kwargs)
@@ -242,29 +250,31 @@ class GradientLogger(keras.callbacks.Callback):
             object.__setattr__(model, "stateless_compute_loss", stateless_compute_loss)
             object.__setattr__(optimizer, "stateless_apply", stateless_apply)
             model.make_train_function(force=True)
-            if self.on_nonfinite == "ignore":
-                self._unwritten_steps_untouched(model, optimizer, step_fn, train_step)
+            self._train_function(model, optimizer, step_fn, train_step)
         except BaseException:
             self._restore()
             raise
 
-    def _unwritten_steps_untouched(self, model: Any, optimizer: Any, step_fn: Callable, train_step: Callable) -> None:
-        """With nothing to check between written steps, those run Keras' own train function, untouched.
+    def _train_function(self, model: Any, optimizer: Any, step_fn: Callable, train_step: Callable) -> None:
+        """`model.train_function` runs one batch at a time through the observing step and takes each step's
+        handed records out of its logs (to `HandedSteps`), so that Keras' loop and callbacks see its own logs.
 
-        `model.train_function` chooses per batch, by the step counted on the host (the optimizer's update count
-        when fit() begins, plus the batches since), between Keras' own (built from the step `step_fn` the logger
-        found) and the observing one. Why not one step that decides inside: on the CPU a compiled step that
-        holds a host callback runs synchronously (the call returns once the step has run), its branch taken or
-        not, so Python's work between steps no longer overlaps the step (docs/DESIGN.md, "The cost of a step
-        that is not written on JAX"). The observing step still decides from its own count whether it writes.
+        Why one batch per call: with `steps_per_execution` Keras returns the last batch's logs only. With
+        `on_nonfinite="ignore"`, where nothing is looked at between written steps, those run Keras' own train
+        function, untouched: chosen per batch by the step counted on the host (the optimizer's update count when
+        fit() begins, plus the batches since), between Keras' own (built from the step `step_fn` the logger
+        found) and the observing one, which still decides from its own count whether it writes (docs/DESIGN.md,
+        "The cost of a step that is not written on JAX").
         """
         written = model.train_function
-        object.__setattr__(model, "train_step", step_fn)
-        try:
-            model.make_train_function(force=True)
-            untouched = model.train_function
-        finally:
-            object.__setattr__(model, "train_step", train_step)
+        untouched = None
+        if self.on_nonfinite == "ignore":
+            object.__setattr__(model, "train_step", step_fn)
+            try:
+                model.make_train_function(force=True)
+                untouched = model.train_function
+            finally:
+                object.__setattr__(model, "train_step", train_step)
         self._host_step = int(np.asarray(optimizer.iterations))
 
         def train_function(state: Any, iterator: Any) -> Any:
@@ -278,11 +288,24 @@ class GradientLogger(keras.callbacks.Callback):
                         raise
                     break
                 self._host_step += 1
-                chosen = written if bool(self._logged(self._host_step)) else untouched
+                chosen = written if untouched is None or bool(self._logged(self._host_step)) else untouched
                 logs, state = chosen(state, iter([data]))
+                logs = self._hand_over(logs)
             return logs, state
 
         model.train_function = train_function
+
+    def _hand_over(self, logs: Any) -> Any:
+        """`logs` without the arrays the step handed out, which go to `HandedSteps` (read as the step finishes)."""
+        if not isinstance(logs, dict):
+            return logs
+        kept = {}
+        for key, value in logs.items():
+            if isinstance(key, str) and key.startswith(_HANDED) and self._handed is not None:
+                self._handed.put(self._layouts[int(key[len(_HANDED) :])], value)
+            else:
+                kept[key] = value
+        return kept
 
     def _weight_examples(
         self, tree: LayerTree, outputs: LayerOutputs, model: Any, weights: Dict[int, tuple]
@@ -317,7 +340,7 @@ class GradientLogger(keras.callbacks.Callback):
 
     def _target_groups(
         self, trace: StepTrace, model: Any, trainable: List[Any], weights: Dict[int, tuple]
-    ) -> List[step_callback.Group]:
+    ) -> List[step_outputs.Group]:
         """Each of `targets`: its own backward pass of the step's forward pass (the same weights, state and
         batch, so the same dropout masks), traced on the written steps only; its groups as the loss's."""
         if not self.targets or trace.inputs is None:
@@ -325,7 +348,7 @@ class GradientLogger(keras.callbacks.Callback):
         state, data = trace.inputs
         x, _, _ = keras.utils.unpack_x_y_sample_weight(data)
         non_trainable = state[1]
-        groups: List[step_callback.Group] = []
+        groups: List[step_outputs.Group] = []
         for name, fn in self.targets.items():
             seen = StepTrace()
 
@@ -340,7 +363,7 @@ class GradientLogger(keras.callbacks.Callback):
             value, grads = jax.value_and_grad(value_of)(trainable)
             outputs = [s for s in seen.outputs() if s.cotangent is not None]
             groups.append(
-                step_callback.Group(
+                step_outputs.Group(
                     name,
                     metadata.SOURCE_OUTPUT,
                     [s.key for s in outputs],
@@ -351,7 +374,7 @@ class GradientLogger(keras.callbacks.Callback):
             )
             rows = [(i, path, owner) for i, (path, owner) in sorted(weights.items())]
             groups.append(
-                step_callback.Group(
+                step_outputs.Group(
                     name,
                     metadata.SOURCE_WEIGHT,
                     [path for _, path, _ in rows],
@@ -360,7 +383,7 @@ class GradientLogger(keras.callbacks.Callback):
                     max_elements=self.max_elements,
                 )
             )
-            groups.append(step_callback.Group(name, metadata.SOURCE_TARGET, [name], [-1], [value], histogram=False))
+            groups.append(step_outputs.Group(name, metadata.SOURCE_TARGET, [name], [-1], [value], histogram=False))
         return groups
 
     def _emit(
@@ -369,14 +392,14 @@ class GradientLogger(keras.callbacks.Callback):
         step: jax.Array,
         grads: List[Any],
         weights: Dict[int, tuple],
-        more: Callable[[], List[step_callback.Group]] = list,
+        more: Callable[[], List[step_outputs.Group]] = list,
         values: Optional[Dict[int, Any]] = None,
     ) -> None:
         outputs = [s for s in trace.outputs() if s.cotangent is not None]
         batch = next((int(s.cotangent.shape[0]) for s in outputs if s.cotangent.ndim), 0)
         examples = self.per_example and batch > 0
         groups = [
-            step_callback.Group(
+            step_outputs.Group(
                 metadata.DEFAULT_TARGET,
                 metadata.SOURCE_OUTPUT,
                 [s.key for s in outputs],
@@ -389,11 +412,11 @@ class GradientLogger(keras.callbacks.Callback):
         ]
         if trace.target is not None and trace.target.value is not None:
             t = trace.target
-            groups.append(step_callback.Group(t.key, metadata.SOURCE_TARGET, [t.key], [-1], [t.value], histogram=False))
+            groups.append(step_outputs.Group(t.key, metadata.SOURCE_TARGET, [t.key], [-1], [t.value], histogram=False))
         if self.activations:
             seen = [s for s in trace.outputs() if s.value is not None]
             groups.append(
-                step_callback.Group(
+                step_outputs.Group(
                     metadata.ACTIVATION_TARGET,
                     metadata.SOURCE_ACTIVATION,
                     [s.key for s in seen],
@@ -412,7 +435,7 @@ class GradientLogger(keras.callbacks.Callback):
                 )
 
             groups.append(
-                step_callback.Group(
+                step_outputs.Group(
                     metadata.DEFAULT_TARGET,
                     metadata.SOURCE_WEIGHT,
                     [path for _, path, _ in rows],
@@ -425,8 +448,8 @@ class GradientLogger(keras.callbacks.Callback):
             )
         write = self._logged(step)
         if self.on_nonfinite != "ignore":
-            write = write | step_callback.nonfinite(groups)
-        step_callback.emit(step, write, groups, self._on_host, ordered=self._pending is None, more=more)
+            write = write | step_outputs.nonfinite(groups)
+        trace.handed = step_outputs.hand_out(step, write, groups, more=more)
 
     def _logged(self, step: Any) -> Any:
         """Is `step` (a traced or a host number) on the schedule of `update_freq`?"""
@@ -435,27 +458,13 @@ class GradientLogger(keras.callbacks.Callback):
             return (step - start) % steps == 0
         return step % self.update_freq == 0
 
-    def _on_host(self, step: int, records: List[GroupStep]) -> None:
-        """A written step arrives (on JAX's callback thread): queue it for the writer's thread, or, where the
-        steps arrive unordered (several devices), keep it until `_drain` puts them in order."""
-        pending = self._pending
-        if pending is not None:
-            with self._pending_lock:
-                pending.append((step, records))
-            return
-        self._take(step, records)
-
     def _drain(self) -> None:
-        """Every step's callback has run: take the kept steps, in step order."""
-        jax.effects_barrier()
-        if self._pending is None:
-            return
-        with self._pending_lock:
-            pending, self._pending[:] = sorted(self._pending, key=lambda item: item[0]), []
-        for step, records in pending:
-            self._take(step, records)
+        """Every step trained so far has run and its records are taken (raises what went wrong in taking them)."""
+        if self._handed is not None:
+            self._handed.wait()
 
     def _take(self, step: int, records: List[GroupStep]) -> None:
+        """A written step's records (on `HandedSteps`' thread): the first NaN/Inf located, then to the writer."""
         logged = bool(self._logged(step))
         bad = any(r.group.source != metadata.SOURCE_WEIGHT and r.stats[:, 1:4].sum() > 0 for r in records)
         if bad and self._nonfinite is None:
@@ -514,17 +523,27 @@ class GradientLogger(keras.callbacks.Callback):
         installed, self._installed = self._installed, None
         if installed is None:
             return
-        self._drain()  # every step's callback has run: nothing arrives after the flush
-        model, optimizer, saved = installed["model"], installed["optimizer"], installed["saved"]
-        installed["outputs"].restore()
-        for owner, name in ((model, "train_step"), (model, "stateless_compute_loss"), (optimizer, "stateless_apply")):
-            if saved[name] is _MISSING:
-                owner.__dict__.pop(name, None)
-            else:
-                object.__setattr__(owner, name, saved[name])
-        model.make_train_function(force=True)
-        if self._writer is not None:
-            self._writer.flush()
+        handed, self._handed = self._handed, None
+        try:
+            if handed is not None:
+                handed.wait()  # every step has run and its records are taken: nothing arrives after the flush
+        finally:
+            if handed is not None:
+                handed.close()
+            model, optimizer, saved = installed["model"], installed["optimizer"], installed["saved"]
+            installed["outputs"].restore()
+            for owner, name in (
+                (model, "train_step"),
+                (model, "stateless_compute_loss"),
+                (optimizer, "stateless_apply"),
+            ):
+                if saved[name] is _MISSING:
+                    owner.__dict__.pop(name, None)
+                else:
+                    object.__setattr__(owner, name, saved[name])
+            model.make_train_function(force=True)
+            if self._writer is not None:
+                self._writer.flush()
 
 
 def _refuse_rematerialised_containers(tree: LayerTree, nodes: List[Any]) -> None:
@@ -589,13 +608,6 @@ def _variable_values(ids: tuple, trainable: Sequence[Any], trace: StepTrace) -> 
     if trace.inputs is not None:
         values.update(zip(ids[1], trace.inputs[0][1]))
     return values
-
-
-def _devices_of_the_step() -> int:
-    """How many devices Keras' step runs on: those of the distribution set (`keras.distribution`), else one."""
-    distribution = keras.distribution.distribution()
-    mesh = getattr(distribution, "device_mesh", None)
-    return int(np.prod(mesh.shape)) if mesh is not None else 1
 
 
 def _origin(step: int, records: List[GroupStep], activations: bool) -> Optional[nonfinite_origin.Origin]:

@@ -34,6 +34,7 @@ class StepTrace:
         self._calls: Dict[str, int] = {}
         self.target: Optional[Seen] = None
         self.applied = False  # has the optimizer applied this step's gradients (the records handed out)?
+        self.handed: Any = None  # what the step hands out for its records: (`step_outputs.Layout`, arrays)
         self.inputs: Any = None  # (state, data) the train step received: what a target's own pass re-runs
         self.calls: List[Any] = []  # per-example: the calls of layers with a rule (`example_norms.Call`)
         self.coupled: List[Tuple[int, str]] = []  # per-example: (values observed when it returned, layer path)

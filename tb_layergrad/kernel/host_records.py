@@ -33,6 +33,9 @@ log = logging.getLogger("tb_layergrad")
 
 SOURCE = Path(__file__).with_name("src") / "host_records.cc"
 HEADERS = (SOURCE.with_name("records_core.h"),)
+# The XLA FFI handler around the same loops, built with them into one library against jaxlib's headers.
+STEP_SOURCE = SOURCE.with_name("jax_step_records.cc")
+STEP_SYMBOL = "tb_layergrad_step_records"
 # The element types the interface reads, by their code in host_records.cc (DType).
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 NUM_STATS = len(metadata.STAT_FIELDS)
@@ -41,7 +44,9 @@ _lock = threading.Lock()
 _state: dict = {}  # "function": the loaded C function or None once decided; "error": why not
 
 
-def _build_command(compiler: str, output: Path) -> List[str]:
+def _build_command(compiler: str, output: Path, ffi_include: Optional[Path] = None) -> List[str]:
+    """The plain C library, or with `ffi_include` (jaxlib's headers) the same loops and the step's FFI handler."""
+    sources = [str(SOURCE)] if ffi_include is None else ["-I", str(ffi_include), str(SOURCE), str(STEP_SOURCE)]
     return [
         compiler,
         "-shared",
@@ -50,26 +55,37 @@ def _build_command(compiler: str, output: Path) -> List[str]:
         *cache.arithmetic_flags(compiler),
         "-pthread",
         "-w",
-        str(SOURCE),
+        *sources,
         "-o",
         str(output),
     ]
 
 
-def library_path(compiler: str) -> Path:
-    """Where the build for this source, command, compiler version and CPU lives."""
-    inputs = tuple(f.read_bytes() for f in (SOURCE, *HEADERS))
-    return cache.library_path("host_records", inputs, _build_command(compiler, Path("out")), compiler)
+def _ffi_headers(ffi_include: Path) -> List[Path]:
+    return sorted((ffi_include / "xla" / "ffi" / "api").glob("*.h"))
 
 
-def build(compiler: Optional[str] = None, retry: bool = False) -> Path:
-    """Compiles the library unless it is cached; returns it. Raises RuntimeError on failure (remembered)."""
+def library_path(compiler: str, ffi_include: Optional[Path] = None) -> Path:
+    """Where the build for these sources (and FFI headers), command, compiler version and CPU lives."""
+    files = (SOURCE, *HEADERS) if ffi_include is None else (SOURCE, *HEADERS, STEP_SOURCE, *_ffi_headers(ffi_include))
+    inputs = tuple(f.read_bytes() for f in files)
+    name = "host_records" if ffi_include is None else "step_records"
+    return cache.library_path(name, inputs, _build_command(compiler, Path("out"), ffi_include), compiler)
+
+
+def build(compiler: Optional[str] = None, retry: bool = False, ffi_include: Optional[Path] = None) -> Path:
+    """Compiles the library unless it is cached; returns it. Raises RuntimeError on failure (remembered).
+
+    With `ffi_include` (`jax.ffi.include_dir()`), the library that also holds the step's FFI handler
+    (`STEP_SYMBOL`): keyed by those headers too, so each jaxlib whose headers differ gets a build of its own."""
     compiler = cache.compiler_or_raise(compiler)
     return cache.build(
-        library_path(compiler),
-        lambda output: _build_command(compiler, output),
-        what=f"{SOURCE.name} with {compiler}",
-        announce="its host reduction loops (once, a few seconds)",
+        library_path(compiler, ffi_include),
+        lambda output: _build_command(compiler, output, ffi_include),
+        what=f"{(STEP_SOURCE if ffi_include else SOURCE).name} with {compiler}",
+        announce="its reduction loops for JAX's step (once, a few seconds)"
+        if ffi_include
+        else "its host reduction loops (once, a few seconds)",
         retry=retry,
     )
 
@@ -126,7 +142,48 @@ def unavailable_reason() -> Optional[str]:
     return f"{cache.ENV_SWITCH}=0" if cache.switched_off() else _state.get("error")
 
 
-def _threads() -> int:
+_step_state: dict = {}  # "handler": the step's FFI handler or None once decided; "error": why not
+
+
+def _load_step_handler(ffi_include: Path) -> Tuple[Optional[ctypes._CFuncPtr], Optional[str]]:
+    reason = cache.supported_platform()
+    if reason:
+        return None, reason
+    try:
+        library = ctypes.CDLL(str(build(ffi_include=ffi_include)))
+    except (RuntimeError, OSError) as e:
+        return None, str(e)
+    if library.tb_layergrad_host_num_stats() != NUM_STATS:
+        return None, f"the library's stats rows hold {library.tb_layergrad_host_num_stats()} values, not {NUM_STATS}"
+    return getattr(library, STEP_SYMBOL), None
+
+
+def step_handler(ffi_include: Path) -> Optional[ctypes._CFuncPtr]:
+    """The XLA FFI handler that computes a JAX step's records inside the step (`STEP_SYMBOL`, built with
+    jaxlib's headers at `ffi_include`), or None where it cannot be used here (`step_handler_unavailable_reason`).
+    Built and loaded once per process (the switch is read each time); why it is not used is logged once."""
+    if cache.switched_off():
+        return None
+    with _lock:
+        if "handler" not in _step_state:
+            _step_state["handler"], _step_state["error"] = _load_step_handler(Path(ffi_include))
+            if _step_state["error"]:
+                say = log.info if cache.supported_platform() else log.warning
+                say(
+                    "tb_layergrad: the C++ reductions inside JAX's step are not available, XLA computes the "
+                    "records: %s",
+                    _step_state["error"],
+                )
+    return _step_state["handler"]
+
+
+def step_handler_unavailable_reason() -> Optional[str]:
+    """Why `step_handler` returns None (None when it does not, or has not been asked yet)."""
+    return f"{cache.ENV_SWITCH}=0" if cache.switched_off() else _step_state.get("error")
+
+
+def threads() -> int:
+    """The cores this process may run on: what the loops spread a large step's tensors over."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -161,7 +218,7 @@ def records(arrays: Sequence[np.ndarray], buckets: int) -> Optional[Tuple[np.nda
     data = (ctypes.c_void_p * max(num, 1))(*[x.ctypes.data for x in xs])
     sizes = (ctypes.c_int64 * max(num, 1))(*[x.size for x in xs])
     dtypes = (ctypes.c_int32 * max(num, 1))(*[DTYPES[x.dtype.name] for x in xs])
-    status = fn(num, data, sizes, dtypes, buckets, _threads(), stats.ctypes.data, counts.ctypes.data)
+    status = fn(num, data, sizes, dtypes, buckets, threads(), stats.ctypes.data, counts.ctypes.data)
     if status == -2:
         raise MemoryError("the host reductions ran out of memory")
     if status != 0:

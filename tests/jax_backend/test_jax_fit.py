@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tb_layergrad
-from tb_layergrad.jax import step_callback
+from tb_layergrad.jax import step_outputs
 
 BATCH, FEATURES, HIDDEN = 8, 5, 16
 
@@ -95,21 +95,14 @@ def _assert_first_step_norms(rows, before, x, y, tolerances) -> None:
             ), (source, layer)
 
 
-@pytest.fixture(params=["host", "device"])
-def reduced_where(request, monkeypatch):
-    """Where a written step's records are reduced: in its host callback (what a CPU step does) or inside the
-    step (what an accelerator's does: `step_callback.reduced_on_device`), both run here on the CPU."""
-    monkeypatch.setattr(step_callback, "reduced_on_device", lambda: request.param == "device")
-    return request.param
-
-
-@pytest.fixture(params=["host", "host without C++", "device"])
+@pytest.fixture(params=["C++ loops", "XLA"])
 def reduced_by(request, monkeypatch):
-    """`reduced_where`, and on the host by either of the callback's two ways (`step_callback.host_records`): the
-    fused kernel's loops built without TensorFlow, or where they are not (here: switched off) XLA's."""
-    monkeypatch.setattr(step_callback, "reduced_on_device", lambda: request.param == "device")
-    if request.param == "host without C++":
+    """What computes a written step's records inside it (`step_outputs.reduced_by_the_loops`): the fused kernel's
+    loops as an XLA FFI call (a CPU step's way, where they are built) or XLA's own definitions (an accelerator's
+    way, and a CPU's where the loops are not built: here switched off)."""
+    if request.param == "XLA":
         monkeypatch.setenv("TB_LAYERGRAD_FUSED", "0")
+    assert step_outputs.reduced_by_the_loops() == (request.param == "C++ loops"), "the loops did not build here"
     return request.param
 
 
@@ -140,7 +133,7 @@ def test_every_value_is_the_pure_jax_reference(logdir, tolerances, reduced_by):
 
 
 @pytest.mark.parametrize("jit_compile, steps_per_execution", [(True, 1), (False, 1), (True, 3)])
-def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution, reduced_where):
+def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution, reduced_by):
     x, y = _data(6 * BATCH)
     trained = []
     for callbacks in ([], [tb_layergrad.GradientLogger(logdir, weights=True, activations=True, update_freq=2)]):

@@ -99,3 +99,36 @@ def test_the_model_stays_in_32_bits():
         return x * 2.0
 
     assert jax.jit(step)(jnp.ones(3)).dtype == jnp.float32
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int32"])
+def test_the_step_check_finds_exactly_the_tensors_with_a_nan_or_inf(dtype):
+    """`step_outputs.nonfinite` (run at every step, compiled): True exactly where numpy finds a NaN/Inf, each kind
+    at the start, middle and end; never for finite values that a sum would overflow (the dtype's largest, many
+    times) or for an empty tensor."""
+    from tb_layergrad.jax import step_outputs
+
+    def group(*tensors):
+        return step_outputs.Group(
+            "loss", metadata.SOURCE_OUTPUT, ["t"] * len(tensors), [0] * len(tensors), list(tensors)
+        )
+
+    with jax.enable_x64(dtype == "float64"):
+        dt = jnp.dtype(dtype)
+        big = float(jnp.finfo(dt).max) if jnp.issubdtype(dt, jnp.floating) else int(jnp.iinfo(dt).max)
+        finite = np.full(1000, big, np.float64)
+        finite[::2] = -big
+        cases = [(finite, False), (np.zeros(0), False), (np.arange(7.0), False)]
+        if jnp.issubdtype(dt, jnp.floating):
+            for bad in (np.nan, np.inf, -np.inf):
+                for at in (0, 500, 999):
+                    x = finite.copy()
+                    x[at] = bad
+                    cases.append((x, True))
+        check = jax.jit(lambda *ts: step_outputs.nonfinite([group(*ts)]))
+        for values, want in cases:
+            x = jnp.asarray(values, dt)
+            assert bool(check(x)) == want == (not np.all(np.isfinite(np.asarray(x, np.float64)))), (values[:3], want)
+            assert bool(check(jnp.zeros(3, dt), x)) == want  # any tensor of the step
+        weights = step_outputs.Group("loss", metadata.SOURCE_WEIGHT, ["w"], [0], [jnp.asarray([np.nan], jnp.float32)])
+        assert not bool(step_outputs.nonfinite([weights]))  # weight gradients are not checked (the docstring's)

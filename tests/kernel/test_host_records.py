@@ -119,7 +119,7 @@ def test_records_do_not_depend_on_the_number_of_threads(monkeypatch):
     xs = [_big_with_specials(PARALLEL_MIN + 3 * CHUNK + 7), CASES["normal"], CASES["float16"]]
     results = {}
     for threads in (1, 4):
-        monkeypatch.setattr(host_records, "_threads", lambda threads=threads: threads)
+        monkeypatch.setattr(host_records, "threads", lambda threads=threads: threads)
         results[threads] = host_records.records(xs, K)
     for one, several in zip(results[1], results[4]):
         np.testing.assert_array_equal(one, several)
