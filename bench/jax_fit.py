@@ -61,8 +61,8 @@ def _cnn(width: int):
     return model
 
 
-# The records reduced on the host by XLA's compiled definitions, as where the C++ loops are not built.
-XLA_ON_HOST = {"TB_LAYERGRAD_FUSED": "0"}
+# The records reduced inside the step by XLA's definitions, as where the C++ loops are not built.
+XLA_IN_THE_STEP = {"TB_LAYERGRAD_FUSED": "0"}
 
 
 def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir: str, with_xla: bool = False) -> dict:
@@ -88,12 +88,12 @@ def measure(name: str, build, shape, batch: int, steps: int, rounds: int, logdir
         )
         variants[label] = (build(), [logger])
     env = {v: {} for v in variants}
-    if with_xla:  # the same written steps, reduced by XLA on the host: an A/B of the two in this process
+    if with_xla:  # the same written steps, reduced by XLA inside the step: an A/B of the two in this process
         for label, freq in (("every step, XLA", 1), ("every 10th, XLA", 10)):
             logger = tb_layergrad.GradientLogger(
                 os.path.join(logdir, name, f"xla{freq}"), weights=True, update_freq=freq
             )
-            variants[label], env[label] = (build(), [logger]), XLA_ON_HOST
+            variants[label], env[label] = (build(), [logger]), XLA_IN_THE_STEP
     ratios = {v: [] for v in variants if v != "plain"}
     plain_steps = []
     for _ in range(rounds + 1):  # the first round compiles
@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: that it runs")
     parser.add_argument("--only", choices=["mlp", "cnn"], help="one model")
-    parser.add_argument("--with-xla", action="store_true", help="also the written steps reduced by XLA on the host")
+    parser.add_argument("--with-xla", action="store_true", help="also the written steps reduced by XLA inside the step")
     args = parser.parse_args()
     small = args.smoke
     with tempfile.TemporaryDirectory() as logdir:

@@ -42,7 +42,7 @@ ALLOWED: Dict[str, Set[str]] = {
     "backend": set(),  # names each backend's room as a string: imported when `GradientLogger` is first read
     "writer": {"metadata"},
     "logger_arguments": set(),
-    # kernel: host_records only (the fused loops without TensorFlow, for the host callback)
+    # kernel: host_records only (the fused loops without TensorFlow, for JAX's step)
     "jax": {"metadata", "nonfinite_origin", "logger_arguments", "capturing", "statistics", "kernel", "writer"},
     "cli": {
         "__init__",

@@ -37,8 +37,8 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
 def records(tensors: Sequence[jax.Array], buckets: int = 30) -> Tuple[jax.Array, jax.Array]:
     """(stats float64 [T, NUM_STATS], histogram counts int32 [T, buckets]) of each tensor, traced in float64.
 
-    Call it inside `jax.enable_x64(True)` when its results are used further (a host callback): outside it,
-    JAX would hand the float64 results on as float32.
+    Call it inside `jax.enable_x64(True)` when its results are used further (returned by the step): outside
+    it, JAX would hand the float64 results on as float32.
     """
     if buckets < 1:
         raise ValueError(f"buckets must be >= 1, got {buckets}")

@@ -4,7 +4,7 @@ Why gathered at trace time: Keras' JAX step is one function of (state, data), di
 `jax.value_and_grad` over the trainable variables only. Each observed value passes through an identity with a
 custom VJP (`observe`): its forward rule sees the value, its backward rule the cotangent dL/d(value), both as
 values of the step's own trace, so the step can reduce them all at once after the backward pass (where the
-optimizer receives the weight gradients) and hand them out in ONE host callback.
+optimizer receives the weight gradients) and hand their records out as outputs of the step.
 """
 
 from __future__ import annotations

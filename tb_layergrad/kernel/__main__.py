@@ -1,5 +1,6 @@
 """`python -m tb_layergrad.kernel`: build the C++ now (e.g. in a Docker image) and print where: the fused op where
-TensorFlow is installed, and the loops JAX's host callback runs (`host_records`, no TensorFlow needed)."""
+TensorFlow is installed, the loops without TensorFlow (`host_records`), and where JAX is installed the same loops
+as the FFI handler its compiled step calls."""
 
 import importlib.util
 
@@ -9,4 +10,4 @@ if importlib.util.find_spec("tensorflow") is not None:
     from tb_layergrad.kernel.fused import main
 
     main()
-host_records.main()
+host_records.main(with_jax=importlib.util.find_spec("jax") is not None)

@@ -1,13 +1,15 @@
-"""The fused kernel's one-pass loops without TensorFlow: the records of host (numpy) arrays through ctypes.
+"""The fused kernel's one-pass loops without TensorFlow: inside JAX's compiled step, and on host arrays.
 
-Why: JAX's CPU step hands a written step's tensors to one host callback, which must reduce them; XLA's
-compiled definitions (`tb_layergrad.jax.reductions`) make several passes per tensor where the fused kernel
-makes one (docs/DESIGN.md, "The cost of a written step on JAX"). `src/host_records.cc` runs the kernel's loops
-(`src/records_core.h`) behind a plain C interface, on the arrays the callback already holds, and spreads them
-over the host's cores. Built like the kernel (`cache`: on first use, with the machine's compiler, once per
-compiler and CPU kind), but needing neither TensorFlow nor Python's headers, so a JAX install without
-TensorFlow builds it too. Where it cannot be built (no compiler, not Linux x86-64, `TB_LAYERGRAD_FUSED=0`),
-`records()` returns None and the caller computes the same records its own way.
+Why: a written JAX step on the CPU must reduce its tensors to records, and XLA's compiled definitions
+(`tb_layergrad.jax.reductions`) make several passes per tensor where the fused kernel makes one (docs/DESIGN.md,
+"The cost of a written step on JAX"). `src/host_records.cc` runs the kernel's loops (`src/records_core.h`) over
+the tensors, spread over the host's cores, behind a plain C interface (`records()`, on numpy arrays through
+ctypes: what the tests hold to the reference and to TensorFlow's op); `src/jax_step_records.cc`, built with it
+against jaxlib's FFI headers, is the XLA FFI handler the JAX step calls on its own buffers (`step_handler`).
+Built like the kernel (`cache`: on first use, with the machine's compiler, once per compiler and CPU kind, and
+per FFI headers), needing neither TensorFlow nor Python's headers, so a JAX install without TensorFlow builds
+them. Where they cannot be built (no compiler, not Linux x86-64, `TB_LAYERGRAD_FUSED=0`), `records()` and
+`step_handler()` return None and the caller computes the same records its own way.
 
 The records: stats [T, NUM_STATS] float64 as the kernel's (the same bits on float16/bfloat16/float32 data),
 histogram counts [T, buckets] against the float64 edges every writer computes (`metadata.histogram_edges`,
@@ -226,8 +228,12 @@ def records(arrays: Sequence[np.ndarray], buckets: int) -> Optional[Tuple[np.nda
     return stats, counts
 
 
-def main() -> None:
+def main(with_jax: bool = False) -> None:
     """Build now and print where (`python -m tb_layergrad.kernel`); retries a remembered failure, so that the
-    compiler's message is shown again."""
+    compiler's message is shown again. `with_jax`: also the library with the JAX step's FFI handler."""
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     print(build(retry=True))
+    if with_jax:
+        import jax  # only here: the kernel's room needs no JAX to import
+
+        print(build(retry=True, ffi_include=Path(jax.ffi.include_dir())))

@@ -1,6 +1,6 @@
 """An event file written by a thread of its own, with no TensorFlow: TensorBoard's `EventFileWriter`.
 
-Why a thread: a step's records arrive from the device (a host callback) while training goes on; building
+Why a thread: a step's records arrive from the device (read as the step finishes) while training goes on; building
 their protos and framing them (TensorBoard's pure-Python CRC32C) must not hold up the step that handed them
 out. Why TensorBoard's writer: it is the framing TensorBoard's own readers read (TFRecord, masked CRC32C,
 an `Event` per record), with its file name and first `file_version` event, and it needs no TensorFlow.

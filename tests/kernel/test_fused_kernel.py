@@ -244,7 +244,7 @@ def test_the_switch_is_read_each_time_a_step_is_traced(monkeypatch):
 
 
 def test_the_host_build_computes_the_kernels_statistics_bit_for_bit():
-    """kernel/host_records (JAX's host callback) runs the same loops (src/records_core.h) without TensorFlow: the
+    """kernel/host_records (inside JAX's step) runs the same loops (src/records_core.h) without TensorFlow: the
     same stats bits on every case above; its counts are those of the written float64 edges, which the kernel's
     float32 index may put an element next to an edge on either side of (docs/FORMAT.md), so only their sum is
     the same here (tests/kernel/test_host_records.py checks them exactly)."""

@@ -1,11 +1,12 @@
 """The fused kernel's loops built without TensorFlow (tb_layergrad/kernel/host_records.py, src/host_records.cc).
 
-What JAX's host callback reduces a written step's tensors with: the records against the exact reference
+What a written JAX step reduces its tensors with, inside the step: the records against the exact reference
 (`reference_checks`: counts exact, moments within their derived bounds), the histogram counts exactly those of
 the written float64 edges, on the fused kernel's edge cases (NaN/Inf in later chunks, subnormals, one unique
 value, magnitudes near float32's ends, float16/bfloat16/float64/integers); the same bits on any number of
-threads; a failed build remembered and said once, with None for the caller's fallback. TensorFlow-free: it
-runs on the JAX leg too (well under a second besides the one build).
+threads; a failed build remembered and said once, with None for the caller's fallback; where JAX is installed,
+the same bits from the FFI handler the compiled step calls. TensorFlow-free: it runs on the JAX leg too (well
+under a second besides the builds).
 """
 
 from __future__ import annotations
@@ -144,3 +145,21 @@ def test_switched_off_with_the_kernels_switch(monkeypatch):
     monkeypatch.setenv(kernel_cache.ENV_SWITCH, "0")
     assert host_records.records([CASES["normal"]], K) is None
     assert host_records.unavailable_reason() == f"{kernel_cache.ENV_SWITCH}=0"
+
+
+def test_the_jax_steps_ffi_call_gives_the_same_records_bit_for_bit():
+    """The handler a compiled JAX step calls (src/jax_step_records.cc, `step_outputs`' way on the CPU) on every
+    case above, all in one call as a step makes it: the same stats bits and counts as `records()` (held to the
+    reference above), the integers and booleans widened inside the step as `records()` widens them."""
+    jax = pytest.importorskip("jax")
+    from tb_layergrad.jax import step_outputs
+
+    assert step_outputs.reduced_by_the_loops(), host_records.step_handler_unavailable_reason()
+    names = sorted(CASES)
+    with jax.enable_x64(True):
+        arrays = [jax.numpy.asarray(CASES[n]) for n in names]
+        stats, counts = jax.jit(lambda xs: step_outputs._reduce(xs))(arrays)
+    want_stats, want_counts = host_records.records([CASES[n] for n in names], K)
+    assert step_outputs.BUCKETS == K
+    np.testing.assert_array_equal(np.asarray(stats), want_stats)
+    np.testing.assert_array_equal(np.asarray(counts), want_counts)

@@ -7,6 +7,8 @@
 // where they are and returns a few hundred numbers per layer, which leave the step as its outputs. XLA only
 // calls it on the steps that are written (it sits in the written branch of a lax.cond), and its operands are
 // buffers the step holds anyway: it adds no scratch memory of its own.
+#include <xmmintrin.h>
+
 #include <cstdint>
 #include <vector>
 
@@ -19,6 +21,20 @@ extern "C" int tb_layergrad_host_records(int num, const void* const* data, const
 namespace {
 
 namespace ffi = xla::ffi;
+
+// XLA runs a CPU step with subnormal numbers flushed to zero (FTZ and DAZ set in MXCSR), which would make the
+// loops see a subnormal element as 0: the records must not depend on who calls them (host_records.cc computes
+// them in the default mode, as the reference does). Cleared for the call, restored after; the loops' threads
+// inherit the mode of the thread that starts them.
+class DefaultFloatingPointMode {
+ public:
+  DefaultFloatingPointMode() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero)); }
+  ~DefaultFloatingPointMode() { _mm_setcsr(saved_); }
+
+ private:
+  static constexpr unsigned kFlushToZero = 0x8000, kDenormalsAreZero = 0x0040;
+  unsigned saved_;
+};
 
 // host_records.cc's DType codes; -1: not read here (the caller widens such tensors first).
 int32_t DTypeCode(ffi::DataType type) {
@@ -55,6 +71,7 @@ ffi::Error StepRecords(ffi::RemainingArgs tensors, int64_t buckets, int64_t thre
     dtypes[t] = DTypeCode(x->element_type());
     if (dtypes[t] < 0) return ffi::Error::InvalidArgument("a tensor of a dtype the loops do not read");
   }
+  DefaultFloatingPointMode mode;
   const int status = tb_layergrad_host_records(static_cast<int>(num), data.data(), sizes.data(), dtypes.data(),
                                                static_cast<int>(buckets), static_cast<int>(threads),
                                                stats->typed_data(), counts->typed_data());
