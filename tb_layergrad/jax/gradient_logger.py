@@ -213,11 +213,18 @@ class GradientLogger(keras.callbacks.Callback):
                 logs, state = step_fn(state, data)
             finally:
                 self._trace = None
-            if trace.handed is not None:  # leaves the step beside its logs; `model.train_function` takes it out
-                layout, arrays = trace.handed
-                self._layouts.append(layout)
-                logs = {**logs, f"{_HANDED}{len(self._layouts) - 1}": arrays}
-            return logs, state
+            if trace.handed is None:
+                return logs, state
+            logs = {} if logs is None else logs  # Keras' loop reads None as no logs
+            if not isinstance(logs, Mapping):
+                raise TypeError(
+                    "GradientLogger on JAX: the train step returned logs of type "
+                    f"{type(logs).__name__}; Keras' fit() expects a dict of metrics (the step's records leave it "
+                    "beside them)"
+                )
+            layout, arrays = trace.handed  # leaves the step beside its logs; `model.train_function` takes it out
+            self._layouts.append(layout)
+            return {**logs, f"{_HANDED}{len(self._layouts) - 1}": arrays}, state
 
         def stateless_compute_loss(*args: Any, **kwargs: Any) -> Any:
             loss, variables = loss_fn(*args, **kwargs)
@@ -297,14 +304,14 @@ class GradientLogger(keras.callbacks.Callback):
 
     def _hand_over(self, logs: Any) -> Any:
         """`logs` without the arrays the step handed out, which go to `HandedSteps` (read as the step finishes)."""
-        if not isinstance(logs, dict):
+        if not isinstance(logs, Mapping):
             return logs
         kept = {}
         for key, value in logs.items():
-            if isinstance(key, str) and key.startswith(_HANDED) and self._handed is not None:
-                self._handed.put(self._layouts[int(key[len(_HANDED) :])], value)
-            else:
+            if not (isinstance(key, str) and key.startswith(_HANDED)):
                 kept[key] = value
+            elif self._handed is not None:
+                self._handed.put(self._layouts[int(key[len(_HANDED) :])], value)
         return kept
 
     def _weight_examples(

@@ -265,9 +265,9 @@ class HandedSteps:
                     return
                 layout, arrays = item
                 step, written, records = layout.records(jax.device_get(arrays))
-                if written and self._error is None:
+                if written:
                     self._take(step, records)
-            except BaseException as e:  # handed to the training thread at its next wait()
+            except BaseException as e:  # the first is handed to the training thread at its next wait()
                 if self._error is None:
                     self._error = e
             finally:

@@ -144,6 +144,27 @@ def test_training_is_bitwise_unchanged(logdir, jit_compile, steps_per_execution,
         np.testing.assert_array_equal(a, b)
     assert trained[0][1] == trained[1][1]
     assert sorted({k[2] for k in _rows(logdir)}) == [2, 4, 6, 8, 10, 12]
+    assert list(history.history) == ["loss"]  # the records the step handed out beside its logs taken out
+
+
+def test_a_step_holds_no_host_callback(logdir, monkeypatch):
+    """Every kind of record (outputs, weights, activations, raw views, per-example rows, a target's pass, the
+    loss) leaves the step as its outputs: no host callback is traced, which would make JAX's CPU step run
+    synchronously (docs/DESIGN.md, "The cost of a step that is not written on JAX")."""
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a host callback was traced")
+
+    for name in ("jax.debug.callback", "jax.pure_callback", "jax.experimental.io_callback"):
+        monkeypatch.setattr(name, refused)
+    x, y = _data()
+    logger = tb_layergrad.GradientLogger(
+        logdir, weights=True, activations=True, max_elements=8, per_example=True, targets={"first": lambda p: p[:, 0]}
+    )
+    _model().fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[logger])
+    rows = _rows(logdir)
+    assert {k[0] for k in rows} >= {"output", "weight", "activation", "target"}
+    assert sorted({k[2] for k in rows}) == [1, 2, 3, 4]
 
 
 def test_with_ignore_the_steps_off_the_schedule_run_keras_own_step(logdir, tolerances):
