@@ -398,6 +398,8 @@ CROSS_ROOM_PRIVATE_IMPORTS: Set[str] = {
     # The kernel against the TensorFlow ops it replaces, and summary.write's choice of it (one op in the graph).
     "kernel/test_fused_kernel.py: tb_layergrad.statistics.reductions",
     "kernel/test_fused_kernel.py: tb_layergrad.summary.write",
+    # The loops as JAX's compiled step calls them (its FFI call), held to their C interface on the kernel's cases.
+    "kernel/test_host_records.py: tb_layergrad.jax.step_outputs",
     # Counts the records the reader decodes (no route says how many it read).
     "plugin/test_live_equality.py: tb_layergrad.reader.record_index",
     # The read-ahead against the reader's store it fills: its byte budget, what it loaded, when.

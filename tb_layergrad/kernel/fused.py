@@ -42,8 +42,9 @@ from tb_layergrad.kernel import cache
 log = logging.getLogger("tb_layergrad")
 
 KERNELS = Path(__file__).with_name("src")
-# The TensorFlow ops' sources (host_records.cc is the TensorFlow-free build's: `host_records`).
-SOURCES = tuple(sorted(f for f in KERNELS.glob("*.cc") if f.name != "host_records.cc"))
+# The TensorFlow ops' sources (host_records.cc and jax_step_records.cc are the TensorFlow-free builds':
+# `host_records`).
+SOURCES = tuple(sorted(f for f in KERNELS.glob("*.cc") if f.name not in ("host_records.cc", "jax_step_records.cc")))
 HEADERS = tuple(sorted(KERNELS.glob("*.h")))
 OP_NAME = "TbLayergradHistogramsAndStats"
 WRITE_OP_NAME = "TbLayergradWriteHistogramsAndStats"
