@@ -32,7 +32,7 @@ from tb_layergrad.writer.step_records import GroupStep
 
 BUCKETS = 30
 NUM_STATS = len(metadata.STAT_FIELDS)
-# XLA's definitions of the records, compiled once per list of shapes where they run outside a compiled step.
+# XLA's definitions of the records: inlined in a compiled step, compiled once per list of shapes for an eager one.
 _records = jax.jit(lambda tensors: reductions.records(tensors, BUCKETS))
 # The name the loops' FFI handler is registered under, for the CPU platform (once per process).
 FFI_TARGET = "tb_layergrad_step_records"
@@ -42,14 +42,14 @@ _register_lock = threading.Lock()
 
 def _ffi_target() -> Optional[str]:
     """FFI_TARGET once the loops are built and registered with XLA here, else None (said once, by the build)."""
-    if host_records.step_handler(Path(jax.ffi.include_dir())) is None:
+    handler = host_records.step_handler(Path(jax.ffi.include_dir()))
+    if handler is None:
         return None
     with _register_lock:
-        if "target" not in _registered:
-            handler = host_records.step_handler(Path(jax.ffi.include_dir()))
+        if not _registered:
             jax.ffi.register_ffi_target(FFI_TARGET, jax.ffi.pycapsule(handler), platform="cpu")
             _registered["target"] = FFI_TARGET
-    return _registered["target"]
+    return FFI_TARGET
 
 
 def reduced_by_the_loops() -> bool:

@@ -149,17 +149,21 @@ def test_switched_off_with_the_kernels_switch(monkeypatch):
 
 def test_the_jax_steps_ffi_call_gives_the_same_records_bit_for_bit():
     """The handler a compiled JAX step calls (src/jax_step_records.cc, `step_outputs`' way on the CPU) on every
-    case above, all in one call as a step makes it: the same stats bits and counts as `records()` (held to the
-    reference above), the integers and booleans widened inside the step as `records()` widens them."""
+    case above, all in one call as a step makes it, once on one thread and once with enough elements for all
+    the cores: the same stats bits and counts as `records()` (held to the reference above), though XLA runs the
+    step with subnormals flushed to zero; the integers and booleans widened inside the step as `records()` widens
+    them."""
     jax = pytest.importorskip("jax")
     from tb_layergrad.jax import step_outputs
 
     assert step_outputs.reduced_by_the_loops(), host_records.step_handler_unavailable_reason()
-    names = sorted(CASES)
-    with jax.enable_x64(True):
-        arrays = [jax.numpy.asarray(CASES[n]) for n in names]
-        stats, counts = jax.jit(lambda xs: step_outputs._reduce(xs))(arrays)
-    want_stats, want_counts = host_records.records([CASES[n] for n in names], K)
     assert step_outputs.BUCKETS == K
-    np.testing.assert_array_equal(np.asarray(stats), want_stats)
-    np.testing.assert_array_equal(np.asarray(counts), want_counts)
+    cases = [CASES[n] for n in sorted(CASES)]
+    many = [*cases, np.tile(CASES["chunks_with_specials"], 4)]  # past PARALLEL_MIN: every core's thread
+    assert sum(np.size(x) for x in cases) < PARALLEL_MIN <= sum(np.size(x) for x in many)
+    for xs in (cases, many):
+        with jax.enable_x64(True):
+            stats, counts = jax.jit(lambda arrays: step_outputs._reduce(arrays))([jax.numpy.asarray(x) for x in xs])
+        want_stats, want_counts = host_records.records(xs, K)
+        np.testing.assert_array_equal(np.asarray(stats), want_stats)
+        np.testing.assert_array_equal(np.asarray(counts), want_counts)
