@@ -31,8 +31,10 @@ def package_version() -> str:
 # work, while capping at a minor would hold back every user's TensorFlow on the day it is released.
 TENSORFLOW = ">=2.16,<3"
 KERAS = "keras>=3.3,<4"
-# GradientLogger on JAX writes with TensorBoard's TensorFlow-free writer: this extra installs no TensorFlow.
+# GradientLogger on JAX writes its event files without TensorFlow: this extra installs none.
 JAX = "jax>=0.10"  # the oldest tested: CI's JAX leg runs the newest release
+# The event files' checksums in C (writer/event_writer.py); without it TensorBoard's pure-Python one.
+CRC32C = "google-crc32c>=1.5"
 
 TEST_REQUIRES = [
     "pytest>=7",
@@ -77,7 +79,7 @@ setup(
     extras_require={
         "cpu": [f"tensorflow-cpu{TENSORFLOW}", KERAS],
         "tf": [f"tensorflow{TENSORFLOW}", KERAS],
-        "jax": [JAX, KERAS],
+        "jax": [JAX, KERAS, CRC32C],
         "pandas": ["pandas>=1.5"],
         "test": TEST_REQUIRES,
     },

@@ -9,9 +9,12 @@ import os
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_file_loader
+from tensorboard.compat.proto import event_pb2
+from tensorboard.summary.writer import record_writer
 
 import tb_layergrad
 from tb_layergrad import metadata
+from tb_layergrad.writer import event_writer
 from tb_layergrad.writer.event_writer import EventWriter
 from tb_layergrad.writer.step_records import GroupStep
 
@@ -73,6 +76,8 @@ def test_metadata_in_each_tags_first_record_and_counts_in_the_narrowest_type(log
             described.append((value.tag, value.HasField("metadata")))
             if "/histogram/" in value.tag:
                 dtypes.add(value.tensor.dtype)
+            # The numbers as TensorFlow's summary writer keeps them: bytes, not one field per element.
+            assert value.tensor.tensor_content and not value.tensor.int_val and not value.tensor.double_val
     tags = list(dict.fromkeys(tag for tag, _ in described))
     assert [tag for tag, has in described if has] == tags
     assert dtypes == {4}  # DT_UINT8: counts up to 4
@@ -93,3 +98,35 @@ def test_a_write_after_close_says_so(tmp_path):
     writer.close()  # twice is fine
     with pytest.raises(RuntimeError, match="closed"):
         writer.write(1, [])
+
+
+@pytest.mark.parametrize("crc", ["google-crc32c", "tensorboard's"])
+def test_each_record_is_framed_with_tensorboards_checksum(crc, monkeypatch):
+    """The checksum where `google-crc32c` is installed (the [jax] extra) and where it is not: TensorBoard's own
+    (pure Python) for every length around the framing's 8-byte header."""
+    if crc == "google-crc32c":
+        pytest.importorskip("google_crc32c")
+    else:
+        monkeypatch.setattr(event_writer, "google_crc32c", None)
+    rng = np.random.default_rng(3)
+    for size in (0, 1, 7, 8, 9, 255, 4096, 100_003):
+        data = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert event_writer.masked_crc32c(data) == record_writer.masked_crc32c(data), size
+        record = event_writer.tf_record(data)
+        assert len(record) == size + 16 and record[12 : 12 + size] == data
+
+
+def test_files_made_in_one_second_are_each_read_to_their_end(tmp_path):
+    """Each writer its own file (the counter and suffix keep names apart from each other and from TensorBoard's
+    writer's): a `file_version` event first, then every step, nothing after the last record."""
+    run_dir = os.fspath(tmp_path / "train")
+    for _ in range(3):
+        _write(run_dir, STEPS)
+    paths = sorted(glob.glob(os.path.join(run_dir, "*tfevents*")))
+    assert len(paths) == 3 and all(p.endswith(event_writer.FILE_SUFFIX) for p in paths)
+    for path in paths:
+        events = list(event_file_loader.RawEventFileLoader(path).Load())
+        first = event_pb2.Event.FromString(events[0])
+        assert first.file_version == "brain.Event:2"
+        assert [event_pb2.Event.FromString(e).step for e in events[1:]] == [s[0] for s in STEPS]
+        assert sum(len(e) + 16 for e in events) == os.path.getsize(path)

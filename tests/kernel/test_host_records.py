@@ -39,9 +39,9 @@ def _big_with_specials(n: int) -> np.ndarray:
     return x
 
 
-def _at_edges() -> np.ndarray:
+def _at_edges(buckets: int = K) -> np.ndarray:
     """Each float64 edge of [-1, 1.3], the float32 values nearest it and one step either side."""
-    left, _ = metadata.histogram_edges(-1.0, 1.3, K)
+    left, _ = metadata.histogram_edges(-1.0, 1.3, buckets)
     near = np.asarray(left[1:], np.float64).astype(np.float32)
     up, down = np.nextafter(near, np.float32(np.inf)), np.nextafter(near, np.float32(-np.inf))
     return np.concatenate([[-1.0, 1.3], near, up, down]).astype(np.float32)
@@ -96,6 +96,18 @@ def test_records_match_the_reference_and_the_written_edges(name, reference_check
     assert stats.shape == (1, len(metadata.STAT_FIELDS)) and counts.shape == (1, K)
     reference_checks.check_stats(stats[0], x, "host records")
     np.testing.assert_array_equal(counts[0], reference_checks.edge_counts(x, K), err_msg=name)
+
+
+@pytest.mark.parametrize("buckets", [1, 2, 16, 17, 31, 32, 33, 64, 100])
+def test_the_buckets_are_those_of_the_written_edges_for_any_number_of_them(buckets, reference_checks):
+    """Up to 32 edges are held in registers where the CPU has AVX-512, more are read from memory: either way
+    (and in a block's last, partial vector) every element lands in the bucket of the written float64 edges."""
+    rng = np.random.default_rng(buckets)
+    edges = np.tile(_at_edges(buckets), 3)
+    for x in (edges, rng.normal(size=CHUNK + 16 * 7 + 5).astype(np.float32), edges[: 16 * 3 + 9]):
+        stats, counts = host_records.records([x], buckets)
+        np.testing.assert_array_equal(counts[0], reference_checks.edge_counts(x, buckets), err_msg=f"{x.size}")
+        reference_checks.check_stats(stats[0], x, f"{buckets} buckets, {x.size} elements")
 
 
 def test_several_tensors_of_each_dtype_in_one_call_are_each_their_own(reference_checks):

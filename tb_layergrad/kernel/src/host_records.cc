@@ -11,6 +11,7 @@
 #include <atomic>
 #include <new>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <system_error>
 #include <thread>
@@ -18,6 +19,11 @@
 #include "records_core.h"
 
 namespace tb_layergrad {
+
+// Where a call's helpers run (the C interface below): on threads of its own (`schedule` null), or as tasks of
+// the caller's pool (XLA's, from a custom call), whose idle threads take them at once.
+using Schedule = void (*)(void* pool, void (*task)(void* data), void* data);
+
 namespace {
 
 // The element types of the interface: tb_layergrad/kernel/host_records.py's DTYPES, in that order.
@@ -100,28 +106,51 @@ double InputChunkBuckets(const Input& x, const Chunk& c, const Moments& m, doubl
 
 // Runs work(u) for u in [0, units) on up to `threads` threads (this one included), each unit once. Every unit
 // writes its own slot, merged afterwards in unit order: the result does not depend on the number of threads.
+//
+// A pool's task may start late, even after this call returned (a pool may run its tasks one at a time), so
+// what a task reads is shared and outlives the call, and a task that finds no unit left leaves `work` alone;
+// this thread takes units too, so the call finishes whether or not any task ever starts.
 template <typename Work>
-void ForEachUnit(int64_t units, int threads, bool parallel, const Work& work) {
+void ForEachUnit(int64_t units, int threads, bool parallel, Schedule schedule, void* pool, const Work& work) {
   const int helpers = parallel ? static_cast<int>(std::min<int64_t>(threads, units)) - 1 : 0;
   if (helpers <= 0) {
     for (int64_t u = 0; u < units; ++u) work(u);
     return;
   }
-  std::atomic<int64_t> next{0};
-  auto run = [&] {
-    for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) work(u);
+  struct Shared {
+    std::atomic<int64_t> next{0}, done{0};
+    int64_t units = 0;
+    std::function<void(int64_t)> work;
+    void Run() {
+      for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
+        work(u);
+        done.fetch_add(1, std::memory_order_release);
+      }
+    }
   };
-  std::vector<std::thread> pool;
-  pool.reserve(helpers);
+  auto shared = std::make_shared<Shared>();
+  shared->units = units;
+  shared->work = [&work](int64_t u) { work(u); };
+  std::vector<std::thread> own;
   for (int h = 0; h < helpers; ++h) {
+    if (schedule != nullptr) {
+      auto* task_data = new std::shared_ptr<Shared>(shared);
+      schedule(pool, [](void* data) {
+        std::unique_ptr<std::shared_ptr<Shared>> held(static_cast<std::shared_ptr<Shared>*>(data));
+        (*held)->Run();
+      }, task_data);
+      continue;
+    }
     try {
-      pool.emplace_back(run);
+      own.emplace_back([shared] { shared->Run(); });
     } catch (const std::system_error&) {
       break;  // no more threads to be had: the ones running (this one at least) take every unit
     }
   }
-  run();
-  for (std::thread& t : pool) t.join();
+  shared->Run();
+  // Units other threads took are finished by them: wait for those (each is one chunk's read).
+  while (shared->done.load(std::memory_order_acquire) < units) std::this_thread::yield();
+  for (std::thread& t : own) t.join();
 }
 
 // The left edges written (metadata.histogram_edges): lo + i * ((hi - lo) / k), on lo / s and hi / s (s a power
@@ -216,7 +245,7 @@ void Float64Records(const double* x, int64_t n, int k, double* row, int64_t* cou
 
 // The records of the C interface below (its arguments).
 int Records(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k, int threads,
-            double* stats, int64_t* counts);
+            Schedule schedule, void* pool, double* stats, int64_t* counts);
 
 }  // namespace tb_layergrad
 
@@ -225,14 +254,26 @@ extern "C" {
 // The number of values in a stats row (metadata.STAT_FIELDS): the caller checks it before any call.
 int tb_layergrad_host_num_stats() { return tb_layergrad::kNumStats; }
 
+int tb_layergrad_host_records_on(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k,
+                                 int threads, tb_layergrad::Schedule schedule, void* pool, double* stats,
+                                 int64_t* counts);
+
 // Fills stats [num, kNumStats] (float64) and counts [num, k] (int64), both allocated by the caller, with the
 // records of the `num` arrays data[t] of sizes[t] elements of dtypes[t] (DType), reading them on up to
 // `threads` threads. Returns 0, -1 for an unknown dtype or k < 1, -2 when memory ran out (no exception
 // crosses the C interface).
 int tb_layergrad_host_records(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k,
                               int threads, double* stats, int64_t* counts) {
+  return tb_layergrad_host_records_on(num, data, sizes, dtypes, k, threads, nullptr, nullptr, stats, counts);
+}
+
+// The same, its helpers run as tasks of the caller's pool: schedule(pool, task, data) runs task(data) once, on any
+// thread, at any time (even after this returned).
+int tb_layergrad_host_records_on(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k,
+                                 int threads, tb_layergrad::Schedule schedule, void* pool, double* stats,
+                                 int64_t* counts) {
   try {
-    return tb_layergrad::Records(num, data, sizes, dtypes, k, threads, stats, counts);
+    return tb_layergrad::Records(num, data, sizes, dtypes, k, threads, schedule, pool, stats, counts);
   } catch (const std::bad_alloc&) {
     return -2;
   }
@@ -243,7 +284,7 @@ int tb_layergrad_host_records(int num, const void* const* data, const int64_t* s
 namespace tb_layergrad {
 
 int Records(int num, const void* const* data, const int64_t* sizes, const int32_t* dtypes, int k, int threads,
-            double* stats, int64_t* counts) {
+            Schedule schedule, void* pool, double* stats, int64_t* counts) {
   if (k < 1) return -1;
   for (int t = 0; t < num; ++t) {
     if (dtypes[t] < kFloat32 || dtypes[t] > kFloat64) return -1;
@@ -264,7 +305,7 @@ int Records(int num, const void* const* data, const int64_t* sizes, const int32_
   // Read 1: moments and range, per chunk, then per tensor (in chunk order).
   std::vector<Moments> chunk_moments(units);
   std::unique_ptr<bool[]> chunk_clean(new bool[units > 0 ? units : 1]);
-  ForEachUnit(units, threads, parallel, [&](int64_t u) {
+  ForEachUnit(units, threads, parallel, schedule, pool, [&](int64_t u) {
     chunk_moments[u] = InputChunkMoments(xs[chunks[u].tensor], chunks[u], &chunk_clean[u]);
   });
   std::vector<Moments> moments(num);
@@ -291,7 +332,7 @@ int Records(int num, const void* const* data, const int64_t* sizes, const int32_
   // Read 2: buckets and centered squares, where there are at least two distinct finite values.
   std::vector<int64_t> chunk_counts(static_cast<size_t>(units) * k, 0);
   std::vector<double> centered(units, 0);
-  ForEachUnit(units, threads, parallel, [&](int64_t u) {
+  ForEachUnit(units, threads, parallel, schedule, pool, [&](int64_t u) {
     const Chunk& c = chunks[u];
     const Moments& m = moments[c.tensor];
     const int64_t finite = xs[c.tensor].size - m.nan - m.pos_inf - m.neg_inf;

@@ -15,8 +15,10 @@
 #include "xla/ffi/api/ffi.h"
 
 extern "C" int tb_layergrad_host_num_stats();
-extern "C" int tb_layergrad_host_records(int num, const void* const* data, const int64_t* sizes,
-                                         const int32_t* dtypes, int k, int threads, double* stats, int64_t* counts);
+extern "C" int tb_layergrad_host_records_on(int num, const void* const* data, const int64_t* sizes,
+                                            const int32_t* dtypes, int k, int threads,
+                                            void (*schedule)(void* pool, void (*task)(void* data), void* data),
+                                            void* pool, double* stats, int64_t* counts);
 
 namespace {
 
@@ -24,8 +26,8 @@ namespace ffi = xla::ffi;
 
 // XLA runs a CPU step with subnormal numbers flushed to zero (FTZ and DAZ set in MXCSR), which would make the
 // loops see a subnormal element as 0: the records must not depend on who calls them (host_records.cc computes
-// them in the default mode, as the reference does). Cleared for the call, restored after; the loops' threads
-// inherit the mode of the thread that starts them.
+// them in the default mode, as the reference does). Cleared for the call and for each of its tasks on XLA's
+// pool, restored after.
 class DefaultFloatingPointMode {
  public:
   DefaultFloatingPointMode() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~(kFlushToZero | kDenormalsAreZero)); }
@@ -52,7 +54,17 @@ int32_t DTypeCode(ffi::DataType type) {
   }
 }
 
-ffi::Error StepRecords(ffi::RemainingArgs tensors, int64_t buckets, int64_t threads,
+// The loops' helpers as tasks of XLA's own pool (the one that runs the step's other work on CPU): its threads
+// wait for work while the step runs, and would keep a core from threads of the loops' own. Each task runs in
+// the default mode too, whatever the pool's thread was set to.
+void OnXlaPool(void* pool, void (*task)(void* data), void* data) {
+  static_cast<ffi::ThreadPool*>(pool)->Schedule([task, data] {
+    DefaultFloatingPointMode mode;
+    task(data);
+  });
+}
+
+ffi::Error StepRecords(ffi::ThreadPool pool, ffi::RemainingArgs tensors, int64_t buckets, int64_t threads,
                        ffi::Result<ffi::Buffer<ffi::F64>> stats, ffi::Result<ffi::Buffer<ffi::S64>> counts) {
   const int64_t num = static_cast<int64_t>(tensors.size());
   if (buckets < 1 || threads < 1) return ffi::Error::InvalidArgument("buckets and threads must be >= 1");
@@ -72,9 +84,9 @@ ffi::Error StepRecords(ffi::RemainingArgs tensors, int64_t buckets, int64_t thre
     if (dtypes[t] < 0) return ffi::Error::InvalidArgument("a tensor of a dtype the loops do not read");
   }
   DefaultFloatingPointMode mode;
-  const int status = tb_layergrad_host_records(static_cast<int>(num), data.data(), sizes.data(), dtypes.data(),
-                                               static_cast<int>(buckets), static_cast<int>(threads),
-                                               stats->typed_data(), counts->typed_data());
+  const int status = tb_layergrad_host_records_on(static_cast<int>(num), data.data(), sizes.data(), dtypes.data(),
+                                                  static_cast<int>(buckets), static_cast<int>(threads), OnXlaPool,
+                                                  &pool, stats->typed_data(), counts->typed_data());
   if (status == -2) return ffi::Error(ffi::ErrorCode::kResourceExhausted, "the step's records ran out of memory");
   if (status != 0) return ffi::Error::InvalidArgument("the step's records refused their input");
   return ffi::Error::Success();
@@ -84,6 +96,7 @@ ffi::Error StepRecords(ffi::RemainingArgs tensors, int64_t buckets, int64_t thre
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(tb_layergrad_step_records, StepRecords,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .RemainingArgs()
                                   .Attr<int64_t>("buckets")
                                   .Attr<int64_t>("threads")
