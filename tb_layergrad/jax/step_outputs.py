@@ -15,6 +15,7 @@ accelerator, no compiler, another platform, `TB_LAYERGRAD_FUSED=0`) the same def
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import queue
 import threading
@@ -228,34 +229,64 @@ def hand_out(
     return layouts[-1], (jnp.asarray(step, jnp.int32), jnp.asarray(write), *arrays)
 
 
-class HandedSteps:
-    """The arrays each step handed out, read on a thread of their own as their steps finish, in the order the
-    steps ran; `take(step, records)` for each written step.
+def _on_host(x: Any) -> np.ndarray:
+    """One array a step handed out, on the host (waiting for its step): a view of a CPU buffer, and none of
+    `jax.device_get`'s work for trees and other devices, which costs a written step more than its reads."""
+    return np.asarray(x)
 
-    Why a thread: reading an array waits for its step to have run, and the training thread meanwhile goes on
-    dispatching the next steps (JAX runs them asynchronously), as it does without the logger.
+
+class HandedSteps:
+    """The arrays each step handed out, read as their steps finish, in the order the steps ran; `take(step,
+    records)` for each written step, on a thread of its own.
+
+    Why the training thread looks at each step's written flag only once its step has run (`put` forwards the
+    steps that are done, `wait` waits for the rest): waiting on an array that is not ready yet spins a while
+    before it sleeps, and on a thread of ours that spin would take a core from the step, at every step. The
+    written steps go to the thread: reading their records and writing them must not hold up the training
+    thread, which meanwhile goes on dispatching the next steps (JAX runs them asynchronously).
     """
 
     def __init__(self, take: Callable[[int, List[GroupStep]], None]) -> None:
         self._take = take
+        self._pending: "collections.deque[Tuple[Layout, Tuple[Any, ...]]]" = collections.deque()
         self._queue: "queue.Queue[Optional[Tuple[Layout, Tuple[Any, ...]]]]" = queue.Queue()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._run, name="tb_layergrad-jax-steps", daemon=True)
         self._thread.start()
 
     def put(self, layout: Layout, arrays: Tuple[Any, ...]) -> None:
-        self._queue.put((layout, arrays))
+        """A step's arrays, in the order the steps ran; the steps that are done by now are forwarded."""
+        self._pending.append((layout, arrays))
+        self._forward(wait=False)
 
     def wait(self) -> None:
         """Every step put so far is taken; raises the first error met in taking them (once)."""
+        self._forward(wait=True)
         self._queue.join()
         error, self._error = self._error, None
         if error is not None:
             raise error
 
     def close(self) -> None:
+        self._forward(wait=True)
         self._queue.put(None)
         self._thread.join()
+
+    def _forward(self, wait: bool) -> None:
+        """The written steps among the first pending ones to the thread, in order: those that are done (`wait`:
+        all, waiting for each); the first step not done yet stops it, so the order holds."""
+        while self._pending:
+            layout, arrays = self._pending[0]
+            written = arrays[1]
+            if not wait and isinstance(written, jax.Array) and not written.is_ready():
+                return
+            self._pending.popleft()
+            try:
+                if bool(_on_host(written)):  # most steps write nothing: their records are not fetched
+                    self._queue.put((layout, arrays))
+            except BaseException as e:  # a failed step: raised at the next wait(), as a failed take
+                if self._error is None:
+                    self._error = e
 
     def _run(self) -> None:
         while True:
@@ -264,9 +295,8 @@ class HandedSteps:
                 if item is None:
                     return
                 layout, arrays = item
-                if bool(jax.device_get(arrays[1])):  # most steps write nothing: their records are not fetched
-                    step, _, records = layout.records(jax.device_get(arrays))
-                    self._take(step, records)
+                step, _, records = layout.records([_on_host(a) for a in arrays])
+                self._take(step, records)
             except BaseException as e:  # the first is handed to the training thread at its next wait()
                 if self._error is None:
                     self._error = e

@@ -130,7 +130,7 @@ class GroupInfo:
         return f"{self.tag}/{block_start(step, self.block_steps)}"
 
     def with_kind(self, kind: str) -> "GroupInfo":
-        return dataclasses.replace(self, kind=kind, fields=FIELDS_OF_KIND.get(kind, ()))
+        return _with_kind(self, kind)
 
     def members(self, rows: Optional[Sequence[int]] = None) -> Tuple[SeriesInfo, ...]:
         """One `SeriesInfo` per row (version 2), as a reader lists layers; `rows`: only those rows, in that order."""
@@ -200,3 +200,9 @@ def histogram_edges(lo: float, hi: float, buckets: int) -> Tuple[list, list]:
     left = [lo if i == 0 else lo + i * width for i in range(buckets)]
     right = left[1:] + [hi]
     return left, right
+
+
+@functools.lru_cache(maxsize=1024)
+def _with_kind(info: GroupInfo, kind: str) -> GroupInfo:
+    """Kept: a writer asks every step for the same few kinds of the same groups, and a new one is validated."""
+    return dataclasses.replace(info, kind=kind, fields=FIELDS_OF_KIND.get(kind, ()))

@@ -85,3 +85,47 @@ def test_an_error_in_taking_a_step_is_raised_at_the_next_wait_once():
     handed.wait()
     handed.close()
     assert taken == [2, 6, 8]  # every other written step is taken, the failed one's error raised
+
+
+def test_put_reads_no_step_that_is_still_running(monkeypatch):
+    """`put` runs on the training thread after each step is dispatched: it reads the written flag of the steps
+    that are done only (waiting on one that runs would spin, taking a core from it); `wait` reads the rest."""
+    reads = []
+    on_host = step_outputs._on_host
+
+    def spy(x):
+        reads.append((in_put[0], x.is_ready()))
+        return on_host(x)
+
+    monkeypatch.setattr(step_outputs, "_on_host", spy)
+    in_put = [False]
+    taken = []
+    handed = step_outputs.HandedSteps(lambda step, records: taken.append(step))
+
+    @jax.jit
+    def slow_step(step, values):
+        def body(_, x):
+            return jnp.tanh(x @ x) / 2
+
+        tensors = [jax.lax.fori_loop(0, 40, body, values)]
+        group = step_outputs.Group("loss", metadata.SOURCE_OUTPUT, ["l0"], [0], tensors)
+        layout, arrays = step_outputs.hand_out(step, jnp.asarray(True), [group])
+        layouts.append(layout)
+        return arrays
+
+    layouts = []
+    values = jnp.eye(600, dtype=jnp.float32)
+    jax.block_until_ready(slow_step(jnp.int32(0), values))  # compiled
+    running = 0
+    for step in range(1, 6):
+        arrays = slow_step(jnp.int32(step), values)
+        in_put[0] = True
+        handed.put(layouts[-1], arrays)
+        in_put[0] = False
+        running += not arrays[1].is_ready()
+    handed.wait()
+    handed.close()
+    assert taken == [1, 2, 3, 4, 5]
+    assert running > 0, "every step was done before its put: nothing was checked"
+    assert all(ready for during_put, ready in reads if during_put)
+    assert len(reads) == 5 + 5 * 4  # each flag, then each written step's number, flag, stats and counts
