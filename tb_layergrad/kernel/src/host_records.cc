@@ -119,11 +119,16 @@ void ForEachUnit(int64_t units, int threads, bool parallel, Schedule schedule, v
   }
   struct Shared {
     std::atomic<int64_t> next{0}, done{0};
+    std::atomic<bool> out_of_memory{false};
     int64_t units = 0;
     std::function<void(int64_t)> work;
     void Run() {
       for (int64_t u = next.fetch_add(1); u < units; u = next.fetch_add(1)) {
-        work(u);
+        try {
+          work(u);
+        } catch (const std::bad_alloc&) {  // on another thread: told to the caller, not thrown there
+          out_of_memory.store(true);
+        }
         done.fetch_add(1, std::memory_order_release);
       }
     }
@@ -151,6 +156,7 @@ void ForEachUnit(int64_t units, int threads, bool parallel, Schedule schedule, v
   // Units other threads took are finished by them: wait for those (each is one chunk's read).
   while (shared->done.load(std::memory_order_acquire) < units) std::this_thread::yield();
   for (std::thread& t : own) t.join();
+  if (shared->out_of_memory.load()) throw std::bad_alloc();  // the C interface returns -2
 }
 
 // The left edges written (metadata.histogram_edges): lo + i * ((hi - lo) / k), on lo / s and hi / s (s a power

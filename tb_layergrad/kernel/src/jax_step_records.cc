@@ -54,9 +54,9 @@ int32_t DTypeCode(ffi::DataType type) {
   }
 }
 
-// The loops' helpers as tasks of XLA's own pool (the one that runs the step's other work on CPU): its threads
-// wait for work while the step runs, and would keep a core from threads of the loops' own. Each task runs in
-// the default mode too, whatever the pool's thread was set to.
+// The loops' helpers as tasks of XLA's own pool, the one that runs the step's other work on the CPU: inside a
+// step a thread of the loops' own brought nothing measurable (docs/DESIGN.md, "The cost of a written step on
+// JAX"). Each task runs in the default mode too, whatever the pool's thread was set to.
 void OnXlaPool(void* pool, void (*task)(void* data), void* data) {
   static_cast<ffi::ThreadPool*>(pool)->Schedule([task, data] {
     DefaultFloatingPointMode mode;
