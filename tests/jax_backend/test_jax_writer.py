@@ -130,3 +130,16 @@ def test_files_made_in_one_second_are_each_read_to_their_end(tmp_path):
         assert first.file_version == "brain.Event:2"
         assert [event_pb2.Event.FromString(e).step for e in events[1:]] == [s[0] for s in STEPS]
         assert sum(len(e) + 16 for e in events) == os.path.getsize(path)
+
+
+@pytest.mark.timeout(300)
+def test_tensorboard_serves_the_file_with_either_loader(tmp_path, tensorboard_process):
+    """`tensorboard --logdir` finds the file (by its `tfevents`, whatever follows) with the Rust data server and
+    with the Python loader, and the plugin's `runs` route lists every step written."""
+    logdir = tmp_path / "logs"
+    _write(os.fspath(logdir / "train"), STEPS)
+    with tensorboard_process.tensorboards(os.fspath(logdir), [("true", []), ("false", [])], os.fspath(tmp_path)) as tbs:
+        for tb in tbs:
+            body = tb.wait_for_runs({"train": STEPS[-1][0]})
+            (run,) = [r for r in body["runs"] if r["run"] == "train"]
+            assert run["max_step"] == STEPS[-1][0]
