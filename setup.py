@@ -33,8 +33,6 @@ TENSORFLOW = ">=2.16,<3"
 KERAS = "keras>=3.3,<4"
 # GradientLogger on JAX writes its event files without TensorFlow: this extra installs none.
 JAX = "jax>=0.10"  # the oldest tested: CI's JAX leg runs the newest release
-# The event files' checksums in C (writer/event_writer.py); without it TensorBoard's pure-Python one.
-CRC32C = "google-crc32c>=1.5"
 
 TEST_REQUIRES = [
     "pytest>=7",
@@ -72,14 +70,14 @@ setup(
         "protobuf>=3.20",
         "filelock>=3.12",  # the kernel build's lock, on every OS (no fcntl)
         "platformdirs>=3",  # the kernel cache's folder, per OS
-        # The event files' checksums in C (reader/damage.py; numpy where its C extension is missing): wheels for
-        # Linux, macOS and Windows, no TensorFlow.
+        # The event files' checksums in C, read and written (metadata/tf_record.py; numpy where its C extension
+        # is missing): wheels for Linux, macOS and Windows, no TensorFlow.
         "google-crc32c>=1.5",
     ],
     extras_require={
         "cpu": [f"tensorflow-cpu{TENSORFLOW}", KERAS],
         "tf": [f"tensorflow{TENSORFLOW}", KERAS],
-        "jax": [JAX, KERAS, CRC32C],
+        "jax": [JAX, KERAS],
         "pandas": ["pandas>=1.5"],
         "test": TEST_REQUIRES,
     },

@@ -8,13 +8,10 @@ loaders read them: TFRecord framing (length, its masked CRC32C, payload, its mas
 file, and says for each damaged one which run, which file, and up to which step it was read.
 
 The check is incremental: each file keeps how far it was verified, so a run being written costs the
-bytes appended since the last scan, never the whole file again. The payloads' checksums are computed in C
-by google-crc32c, one call per record (a dependency: the checksums were most of a walk, and its C code uses
-the CPU's CRC instruction where there is one); without its C extension, for many records at once with
-numpy (CRC is linear: a byte's contribution depends only on its value and on how many bytes follow it,
-`_CONTRIBUTIONS`), never TensorBoard's own pure-Python CRC, which would take minutes on a large run. The
-lengths' checksums, eight bytes each, are numpy's for every record of a chunk at once (a call per record
-cost more than the bytes).
+bytes appended since the last scan, never the whole file again. The payloads' checksums are
+`metadata.tf_record`'s, one call of C code per record where google-crc32c has it (the checksums were most of
+a walk), numpy's for many records at once otherwise; the lengths' checksums, eight bytes each, are numpy's for
+every record of a chunk at once (a call per record cost more than the bytes).
 Only local paths are checked: a `gs://` logdir is read by TensorBoard through
 TensorFlow's file systems, which the reader does not import (`Scanner.checked` is False, and `scan` finds nothing).
 
@@ -32,10 +29,11 @@ import os
 import struct
 import threading
 import time
-import warnings
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
+
+from tb_layergrad.metadata.tf_record import FOOTER, HEADER, masked_crc32c_each, masked_crc32c_many
 
 # How long a partial last record or an empty file must stay unchanged to be named (TensorFlow's summary writers
 # flush every two minutes by default, `flush_millis=120000`, and a flush may leave a record half written
@@ -43,100 +41,11 @@ import numpy as np
 SETTLED_S = 180.0
 # How much of a file one read takes: bounds the memory of a scan, whatever the file's size.
 CHUNK_BYTES = 16 << 20
-_HEADER = 12  # uint64 length + uint32 masked CRC of it
-_FOOTER = 4  # uint32 masked CRC of the payload
-_MASK_DELTA = 0xA282EAD8
 
 TRUNCATED = "truncated"
 CORRUPT = "corrupt"
 EMPTY = "empty"
 UNREADABLE = "unreadable"
-
-
-def _crc_table() -> np.ndarray:
-    poly = 0x82F63B78  # CRC-32C (Castagnoli), reflected
-    table = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        table = np.where(table & 1, (table >> 1) ^ np.uint32(poly), table >> 1).astype(np.uint32)
-    return table
-
-
-_TABLE = _crc_table()
-# Bytes of a record whose checksums are computed in one pass; longer records take several.
-_CRC_BLOCK = 1024
-# The rows of `_CONTRIBUTIONS`: row k is the register (initial 0) after one byte of each value followed by k
-# zero bytes. A CRC without its initial and final XOR is linear over GF(2), so the register after a block is the
-# XOR of its bytes' rows, each picked by the byte's value and by how many bytes follow it in the block.
-_CONTRIBUTIONS = [_TABLE.copy()]
-for _ in range(1, _CRC_BLOCK):
-    _CONTRIBUTIONS.append(_TABLE[_CONTRIBUTIONS[-1] & 0xFF] ^ (_CONTRIBUTIONS[-1] >> np.uint32(8)))
-_CONTRIBUTIONS = np.stack(_CONTRIBUTIONS)
-del _
-
-
-def masked_crc32c_many(data: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
-    """The masked CRC-32C of `data[s : s + length]` for each `s` of `starts` (uint8 `data`), all at once.
-
-    Block by block: a register `r` followed by a block of `m` bytes is the register 0 followed by the block
-    with `r`'s bytes XOR-ed into its first four (what the initial 0xFFFFFFFF is too), plus what of `r` has not
-    shifted out when `m < 4`."""
-    n = starts.shape[0]
-    reg = np.full([n], 0xFFFFFFFF, np.uint32)
-    rows_at_once = max(1, (4 << 20) // _CRC_BLOCK)
-    for a in range(0, length, _CRC_BLOCK):
-        m = min(_CRC_BLOCK, length - a)
-        table = _CONTRIBUTIONS[m - 1 :: -1].reshape(-1) if m > 1 else _CONTRIBUTIONS[:1].reshape(-1)
-        cols = np.arange(m, dtype=np.int64)
-        offsets = (cols * 256).astype(np.int32)
-        out = np.zeros([n], np.uint32)
-        for lo in range(0, n, rows_at_once):
-            block = data[starts[lo : lo + rows_at_once, None] + a + cols[None, :]].astype(np.int32)
-            r = reg[lo : lo + rows_at_once]
-            for j in range(min(4, m)):
-                block[:, j] ^= ((r >> np.uint32(8 * j)) & np.uint32(0xFF)).astype(np.int32)
-            block += offsets
-            out[lo : lo + rows_at_once] = np.bitwise_xor.reduce(np.take(table, block), axis=1)
-        reg = out ^ (reg >> np.uint32(8 * m)) if m < 4 else out
-    return _masked(reg ^ np.uint32(0xFFFFFFFF))
-
-
-def _masked(crc: np.ndarray) -> np.ndarray:
-    """TFRecord's mask of CRC-32C values (uint32): rotated right by 15 bits, plus a constant."""
-    return ((crc >> np.uint32(15)) | (crc << np.uint32(17))) + np.uint32(_MASK_DELTA)
-
-
-def _c_crc32c() -> Optional[Callable[[bytes], int]]:
-    """google-crc32c's CRC-32C of a `bytes`, in C; None where it is not installed or has no C extension (its
-    pure-Python fallback checks byte by byte in Python, slower than `masked_crc32c_many`)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # its notice that it fell back to pure Python
-            import google_crc32c
-    except ImportError:
-        return None
-    return google_crc32c.value if google_crc32c.implementation == "c" else None
-
-
-_C_VALUE = _c_crc32c()
-
-
-def masked_crc32c_each(buf: bytes, starts: Sequence[int], lengths: Sequence[int]) -> np.ndarray:
-    """The masked CRC-32C of `buf[s : s + n]` for each `s` of `starts` and `n` of `lengths` (uint32): one call of
-    C code per record (`_C_VALUE`), else `masked_crc32c_many` for the records of each length at once."""
-    if _C_VALUE is not None:
-        starts = np.asarray(starts, np.int64)
-        ends = (starts + np.asarray(lengths, np.int64)).tolist()
-        # The records' bytes sliced and checked from C iterators: no Python frame per record.
-        crc = np.fromiter(map(_C_VALUE, map(buf.__getitem__, map(slice, starts.tolist(), ends))), np.uint32, len(ends))
-        return _masked(crc)
-    data = np.frombuffer(buf, np.uint8)
-    starts_a = np.asarray(starts, np.int64)
-    lengths_a = np.asarray(lengths, np.int64)
-    out = np.zeros([starts_a.size], np.uint32)
-    for length in np.unique(lengths_a):
-        idx = np.flatnonzero(lengths_a == length)
-        out[idx] = masked_crc32c_many(data, starts_a[idx], int(length))
-    return out
 
 
 def _steps(buf: bytes, starts: List[int], lengths: List[int]) -> np.ndarray:
@@ -394,12 +303,12 @@ def _advance(path: str, state: FileState) -> int:
 
 def _needed(fh, state: FileState) -> int:
     """The bytes the record at `state.offset` takes, when its header says more than a chunk."""
-    head = fh.read(_HEADER)
+    head = fh.read(HEADER)
     fh.seek(state.offset)
     if len(head) < 8:
         return 0
     (length,) = struct.unpack_from("<Q", head)
-    return min(_HEADER + length + _FOOTER, max(state.size - state.offset, 0))
+    return min(HEADER + length + FOOTER, max(state.size - state.offset, 0))
 
 
 def read_records(path: str) -> Iterator[bytes]:
@@ -451,9 +360,9 @@ def _frame(buf: bytes) -> Tuple[List[int], int, bool]:
     add = heads.append
     unpack = _LENGTH.unpack_from
     pos, end = 0, len(buf)
-    while end - pos >= _HEADER:
+    while end - pos >= HEADER:
         (length,) = unpack(buf, pos)
-        after = pos + _HEADER + length + _FOOTER
+        after = pos + HEADER + length + FOOTER
         if after > end:
             return heads, pos, True
         add(pos)
@@ -474,7 +383,7 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[np.ndarray]] = Non
     # match is where the file's records end (the lengths after it, read from bytes that are no header, were
     # followed no further than the buffer).
     checked = np.append(at, last_header) if last_header >= 0 else at
-    new = np.flatnonzero(checked + _HEADER > known)  # the lengths not verified before
+    new = np.flatnonzero(checked + HEADER > known)  # the lengths not verified before
     if new.size:
         want = data[(checked[new] + 8)[:, None] + np.arange(4)].copy().view("<u4").reshape(-1)
         bad = new[np.flatnonzero(masked_crc32c_many(data, checked[new], 8) != want)]
@@ -483,7 +392,7 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[np.ndarray]] = Non
             state.stopped = (CORRUPT, state.offset + int(checked[first]), "its length's checksum does not match")
             state.partial = False
             at, lengths = at[:first], lengths[:first]
-    starts = at + _HEADER
+    starts = at + HEADER
     ok = _payloads_good(buf, starts, lengths, known)
     if ok < starts.size:
         state.stopped = (CORRUPT, state.offset + int(at[ok]), "its payload's checksum does not match")
@@ -496,7 +405,7 @@ def _verify(buf: bytes, state: FileState, good: Optional[List[np.ndarray]] = Non
     top = int(_steps(buf, starts, lengths).max())
     state.step = top if state.step is None else max(state.step, top)
     state.records += ok
-    accepted = int(starts[-1] + lengths[-1]) + _FOOTER
+    accepted = int(starts[-1] + lengths[-1]) + FOOTER
     state.offset += accepted
     return accepted
 
@@ -507,7 +416,7 @@ def _payloads_good(buf: bytes, starts: np.ndarray, lengths: np.ndarray, known: i
     if not starts.size:
         return 0
     data = np.frombuffer(buf, np.uint8)
-    fresh = np.flatnonzero(starts + lengths + _FOOTER > known)
+    fresh = np.flatnonzero(starts + lengths + FOOTER > known)
     s, n = starts[fresh], lengths[fresh]
     want = data[(s + n)[:, None] + np.arange(4)[None, :]].copy().view("<u4").reshape(-1)
     bad = fresh[masked_crc32c_each(buf, s, n) != want]

@@ -1,12 +1,11 @@
-"""An event file written by a thread of its own, with no TensorFlow: TFRecord framing of `Event` protos.
+"""An event file written by a thread of its own, with no TensorFlow: `Event` protos framed as TFRecords.
 
 Why a thread: a step's records arrive from the device (read as the step finishes) while training goes on; building
-their protos and framing them must not hold up the step that handed them out. Why our own framing and not
-TensorBoard's `EventFileWriter`: that one checksums each record with a pure-Python CRC32C on a second thread of
-its own, which made it the larger part of a written step's work on the host; here the checksum is
-`google-crc32c`'s (the `[jax]` extra installs it; TensorBoard's own where it is missing). What is written is
-what TensorBoard's readers read (docs/FORMAT.md, its opening): an `Event` per record, framed as TFRecords, the
-first one a `file_version`, in a file whose name holds `tfevents`.
+their protos and framing them must not hold up the step that handed them out. Why not TensorBoard's
+`EventFileWriter`: it checksums each record with a pure-Python CRC-32C, on a second thread of its own, which made
+it the larger part of a written step's work on the host; here the framing is `metadata.tf_record`'s, the
+checksums in C. What is written is what TensorBoard's readers read (docs/FORMAT.md, its opening): a
+`file_version` event first, then an `Event` per step, in a file whose name holds `tfevents`.
 """
 
 from __future__ import annotations
@@ -15,40 +14,20 @@ import itertools
 import os
 import queue
 import socket
-import struct
 import threading
 import time
 from typing import Any, List, Mapping, Optional, Sequence
 
 from tensorboard.compat import tf
 from tensorboard.compat.proto import event_pb2, summary_pb2
-from tensorboard.summary.writer import record_writer
 
+from tb_layergrad.metadata import tf_record
 from tb_layergrad.writer.step_records import GroupStep, StepRecords
-
-try:
-    import google_crc32c
-except ImportError:  # installed without the [jax] extra
-    google_crc32c = None
 
 # Files this process made, numbered so that two made in one second have different names; the suffix keeps them
 # apart from files of TensorBoard's writer in the same directory (numbered by a counter of its own).
 _FILE_NUMBERS = itertools.count()
 FILE_SUFFIX = ".layergrad"
-
-
-def masked_crc32c(data: bytes) -> int:
-    """TFRecord's checksum of `data`: its CRC32C rotated right by 15 bits plus 0xa282ead8, modulo 2**32."""
-    if google_crc32c is None:
-        return record_writer.masked_crc32c(data)
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def tf_record(data: bytes) -> bytes:
-    """`data` framed as one TFRecord: its length (uint64), the length's checksum, the data, the data's checksum."""
-    length = struct.pack("<Q", len(data))
-    return b"".join((length, struct.pack("<I", masked_crc32c(length)), data, struct.pack("<I", masked_crc32c(data))))
 
 
 def new_event_file(run_dir: str) -> Any:
@@ -63,7 +42,7 @@ def new_event_file(run_dir: str) -> Any:
         file_version="brain.Event:2",
         source_metadata=event_pb2.SourceMetadata(writer="tb_layergrad"),
     )
-    file.write(tf_record(first.SerializeToString()))
+    file.write(tf_record.frame(first.SerializeToString()))
     file.flush()
     return file
 
@@ -139,7 +118,7 @@ class EventWriter:
                 values: List[summary_pb2.Summary.Value] = self._records.values(step, groups, scalars)
                 if values:
                     event = event_pb2.Event(wall_time=wall_time, step=step, summary=summary_pb2.Summary(value=values))
-                    self._file.write(tf_record(event.SerializeToString()))
+                    self._file.write(tf_record.frame(event.SerializeToString()))
             except BaseException as error:  # kept for the caller's thread
                 self._error = error
                 if item[0] is _FLUSH:

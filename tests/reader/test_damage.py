@@ -3,7 +3,8 @@ itself, by `tb-layergrad report` and by `tb_layergrad.load()`. The routes and bo
 tests/reader/test_reliability_logdirs.py (`damage_named`); the tab: tests/tab/test_tab_damage_e2e.py.
 
 "Up to which step" is checked against TensorBoard's own event-file loader: the last step it reads from each
-damaged file is the step named. Checksums against TensorBoard's own (pure-Python) masked CRC32C.
+damaged file is the step named. The checksums themselves, with google-crc32c's C extension and without it:
+tests/metadata/test_tf_record.py.
 """
 
 from __future__ import annotations
@@ -75,29 +76,6 @@ def test_the_check_reads_each_appended_byte_once(tmp_path, reliability_fixtures)
     assert scanner.bytes_read == first + record + 5 + 5 + 64  # from the partial record on, once
     scanner.scan()
     assert scanner.bytes_read == first + record + 5 + 5 + 64  # a fault is not read again
-
-
-def test_checksums_are_tensorboards(tmp_path):
-    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
-
-    rng = np.random.default_rng(0)
-    for length in (0, 1, 3, 4, 5, 1023, 1024, 1025, 2500):
-        data = rng.integers(0, 256, size=3 * length + 7, dtype=np.uint8)
-        starts = np.asarray([1, length + 3, 2 * length + 7 - 1 - 3 if length else 5])
-        starts = np.minimum(starts, data.size - length)
-        theirs = [masked_crc32c(data[s : s + length].tobytes()) for s in starts]
-        assert [int(c) for c in damage.masked_crc32c_many(data, starts, length)] == theirs
-        buf, lengths = data.tobytes(), [length] * starts.size
-        assert [int(c) for c in damage.masked_crc32c_each(buf, starts.tolist(), lengths)] == theirs
-
-
-def test_checksums_without_the_c_extension_are_the_same(tmp_path, monkeypatch, reliability_fixtures):
-    """Where google-crc32c's C extension is missing, numpy checks the same records and names the same damage."""
-    expect = reliability_fixtures.damaged_logdir(str(tmp_path))
-    with_c = damage.Scanner(str(tmp_path)).scan()
-    monkeypatch.setattr(damage, "_C_VALUE", None)
-    assert damage.Scanner(str(tmp_path)).scan() == with_c
-    assert set(with_c) == set(expect)
 
 
 def test_report_and_load_name_the_damage_and_serve_the_rest(tmp_path, reliability_fixtures, report_command):
