@@ -1,6 +1,7 @@
 """The on-disk contract (docs/FORMAT.md): plugin name, tags, versioned metadata, tensor layouts.
 
-Free of TensorFlow (the TensorBoard plugin imports it); every name is read as `tb_layergrad.metadata.<name>`.
+Free of TensorFlow (the TensorBoard plugin imports it); every name is read as `tb_layergrad.metadata.<name>`,
+but the files' TFRecord framing, read and written byte by byte, which is its own module (`metadata.tf_record`).
 Change it and docs/FORMAT.md together, and bump FORMAT_VERSION when a reader of the old version would misread
 the new files. Only the newest version is written; `parse_plugin_content` reads every older one.
 """
