@@ -5,7 +5,8 @@ Why outputs and not a host callback: on JAX's CPU a compiled step that holds a h
 and a callback receives each tensor as a copy (docs/DESIGN.md, "The cost of a step that is not written on
 JAX"). Here the written branch of a `lax.cond` reduces the step's tensors to its records, a few hundred numbers
 per layer, and the step returns them with its number and whether it wrote them, beside its logs; the host reads
-them once they are ready, on a thread of its own, in the order the steps ran (`HandedSteps`).
+them once the step has run, in the order the steps ran (`HandedSteps`: the flag on the training thread, the
+written steps' records on a thread of its own).
 
 What reduces them (`_reduce`, the one place that decides): on the CPU the fused kernel's loops as an XLA FFI
 custom call (`kernel.host_records.step_handler`): one pass per tensor where XLA's definitions make several, and
@@ -278,7 +279,7 @@ class HandedSteps:
         while self._pending:
             layout, arrays = self._pending[0]
             written = arrays[1]
-            if not wait and isinstance(written, jax.Array) and not written.is_ready():
+            if not wait and not written.is_ready():
                 return
             self._pending.popleft()
             try:
